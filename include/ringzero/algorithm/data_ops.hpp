@@ -1,0 +1,65 @@
+#pragma once
+/// @file
+/// `data_ops`: the work an algorithm does on its own rank's memory (copy, combine, scale), kept
+/// apart from the transfers so that one schedule serves host memory and CUDA device memory.
+/// `host_data_ops` runs the host primitives on the calling thread; a device implementation
+/// enqueues kernels on the communicator's stream.
+
+#include <cstdint>
+
+#include "ringzero/backend/communicator.hpp"
+#include "ringzero/primitive/copy.hpp"
+#include "ringzero/primitive/reduce.hpp"
+
+namespace ringzero::algorithms {
+
+/// Work on one rank's own buffers. Counts in elements, sizes in bytes.
+class data_ops {
+ public:
+  virtual ~data_ops() = default;
+  /// Copies `bytes` bytes (no-op when dst == src). `streaming`: the result will not be read soon.
+  virtual void copy(void* dst, const void* src, std::uint64_t bytes, bool streaming = false) const = 0;
+  /// `dst = a (op) b` per `spec` (primitive::reduce_into semantics).
+  virtual void reduce(void* dst, const void* a, const void* b, std::uint64_t count,
+                      const primitive::reduce_spec& spec) const = 0;
+  /// `dst = scalar * src` with premul_sum's arithmetic.
+  virtual void scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar) const = 0;
+  /// A combine for `sendrecv_reduce` applying `*spec` (which must outlive every use).
+  virtual combine_fn combine(const primitive::reduce_spec* spec) const = 0;
+  /// Orders this rank's writes before a later release (streaming stores need a fence).
+  virtual void fence() const {}
+};
+
+/// `data_ops` on host memory, executed synchronously on the calling thread.
+class host_data_ops final : public data_ops {
+ public:
+  void copy(void* dst, const void* src, std::uint64_t bytes, bool streaming = false) const override {
+    if (streaming) primitive::copy_bytes_streaming(dst, src, static_cast<std::size_t>(bytes));
+    else primitive::copy_bytes(dst, src, static_cast<std::size_t>(bytes));
+  }
+  void reduce(void* dst, const void* a, const void* b, std::uint64_t count,
+              const primitive::reduce_spec& spec) const override {
+    primitive::reduce_into(dst, a, b, count, spec);
+  }
+  void scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar) const override {
+    primitive::scale_into(dst, src, count, type, scalar);
+  }
+  combine_fn combine(const primitive::reduce_spec* spec) const override {
+    combine_fn f;
+    f.fn = [](const void* context, void* dst, const void* a, const void* b, std::uint64_t count) {
+      primitive::reduce_into(dst, a, b, count, *static_cast<const primitive::reduce_spec*>(context));
+    };
+    f.context = spec;
+    f.element_size = dtype_size(spec->type);
+    return f;
+  }
+  void fence() const override { primitive::store_fence(); }
+};
+
+/// The `data_ops` for a communicator's memory space (host only until the CUDA backend adds its own).
+inline const data_ops& host_ops() noexcept {
+  static const host_data_ops ops;
+  return ops;
+}
+
+}  // namespace ringzero::algorithms

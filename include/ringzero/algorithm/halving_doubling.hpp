@@ -1,0 +1,195 @@
+#pragma once
+/// @file
+/// The `halving_doubling` algorithm over point-to-point transfers (any backend).
+///
+/// all_reduce is Rabenseifner's algorithm: a recursive-halving reduce-scatter then a
+/// recursive-doubling all-gather, 2 log2(p) steps moving 2(p-1)/p of the buffer, with the
+/// standard handling of world sizes that are not a power of two (Thakur, Rabenseifner & Gropp,
+/// "Optimization of collective communication operations in MPICH", 2005): with p the largest
+/// power of two <= n and rem = n - p, the even ranks below 2*rem first hand their whole input to
+/// their odd neighbour and receive the whole result at the end. reduce_scatter and all_gather
+/// are the halves (the folded ranks exchange only their own block); reduce is the reduce-scatter
+/// followed by a gather at the root (Rabenseifner); broadcast is a scatter from the root followed
+/// by the all-gather (van de Geijn). all_to_all has no halving-doubling form here.
+/// Determinism: fixed combine order per block; identical run to run and on every rank.
+
+#include <cstdint>
+
+#include "ringzero/algorithm/call.hpp"
+
+namespace ringzero::algorithms {
+
+namespace detail {
+
+/// Elements of virtual ranks [g0, g1)'s groups of blocks.
+inline range hd_groups(const partition& blocks, const hd_layout& layout, int g0, int g1) {
+  return blocks.blocks(static_cast<std::uint64_t>(layout.first_block(g0)), static_cast<std::uint64_t>(layout.first_block(g1)));
+}
+
+/// Recursive halving among the p virtual ranks. `current` is what this rank contributes (its raw
+/// input, or `acc` after a fold); afterwards `acc` holds the final values of virtual rank v's group.
+inline void hd_halving(const call& c, const void* current, void* acc, const partition& blocks, const hd_layout& layout, int v) {
+  const primitive::reduce_spec partial = c.spec();
+  const primitive::reduce_spec last = c.final_spec();
+  const combine_fn combine_partial = c.ops.combine(&partial);
+  const combine_fn combine_last = c.ops.combine(&last);
+  int lo = 0, hi = layout.p;
+  for (int d = layout.p / 2; d >= 1; d /= 2) {
+    const int partner = layout.real_rank(v ^ d);
+    const int mid = lo + (hi - lo) / 2;
+    const bool lower = (v & d) == 0;
+    const range keep = lower ? hd_groups(blocks, layout, lo, mid) : hd_groups(blocks, layout, mid, hi);
+    const range give = lower ? hd_groups(blocks, layout, mid, hi) : hd_groups(blocks, layout, lo, mid);
+    c.comm.sendrecv_reduce(c.at(current, give.begin), c.bytes(give.size()), give.empty() ? -1 : partner,
+                           c.at(current, keep.begin), c.at(acc, keep.begin), c.bytes(keep.size()),
+                           keep.empty() ? -1 : partner, d == 1 ? combine_last : combine_partial);
+    current = acc;
+    if (lower) hi = mid;
+    else lo = mid;
+  }
+}
+
+/// Recursive doubling among the p virtual ranks: from virtual rank v's group in `buffer` to all.
+inline void hd_doubling(const call& c, void* buffer, const partition& blocks, const hd_layout& layout, int v) {
+  for (int d = 1; d < layout.p; d *= 2) {
+    const int partner_v = v ^ d;
+    const int mine_lo = v & ~(d - 1), theirs_lo = partner_v & ~(d - 1);
+    const range mine = hd_groups(blocks, layout, mine_lo, mine_lo + d);
+    const range theirs = hd_groups(blocks, layout, theirs_lo, theirs_lo + d);
+    const int partner = layout.real_rank(partner_v);
+    c.comm.sendrecv(c.at(static_cast<const void*>(buffer), mine.begin), c.bytes(mine.size()), mine.empty() ? -1 : partner,
+                    c.at(buffer, theirs.begin), c.bytes(theirs.size()), theirs.empty() ? -1 : partner);
+  }
+}
+
+/// Reduce-scatter of `input` (layout `blocks`, one block per rank) into `acc` (same layout):
+/// afterwards `acc` block r holds the final block r on rank r.
+inline void hd_reduce_scatter_blocks(const call& c, const void* input, void* acc, const partition& blocks) {
+  const int r = c.rank();
+  const hd_layout layout(c.n());
+  const std::uint64_t all = blocks.count;
+  const range own = blocks.block(static_cast<std::uint64_t>(r));
+  if (r < 2 * layout.rem) {
+    if (r % 2 == 0) {  // fold into r+1, then receive the own finished block from it
+      c.comm.sendrecv(input, c.bytes(all), r + 1, nullptr, 0, -1);
+      if (!own.empty()) c.comm.sendrecv(nullptr, 0, -1, c.at(acc, own.begin), c.bytes(own.size()), r + 1);
+      return;
+    }
+    const primitive::reduce_spec partial = c.spec();
+    c.comm.sendrecv_reduce(nullptr, 0, -1, input, acc, c.bytes(all), r - 1, c.ops.combine(&partial));
+    hd_halving(c, acc, acc, blocks, layout, layout.virtual_rank(r));
+    const range theirs = blocks.block(static_cast<std::uint64_t>(r - 1));
+    if (!theirs.empty()) c.comm.sendrecv(c.at(static_cast<const void*>(acc), theirs.begin), c.bytes(theirs.size()), r - 1, nullptr, 0, -1);
+    return;
+  }
+  hd_halving(c, input, acc, blocks, layout, layout.virtual_rank(r));
+}
+
+/// All-gather in place on `buffer` whose block r is rank r's contribution.
+inline void hd_all_gather_blocks(const call& c, void* buffer, const partition& blocks) {
+  const int r = c.rank();
+  const hd_layout layout(c.n());
+  const std::uint64_t all = blocks.count;
+  if (r < 2 * layout.rem) {
+    if (r % 2 == 0) {  // hand the own block to r+1, then receive everything from it
+      const range own = blocks.block(static_cast<std::uint64_t>(r));
+      if (!own.empty()) c.comm.sendrecv(c.at(static_cast<const void*>(buffer), own.begin), c.bytes(own.size()), r + 1, nullptr, 0, -1);
+      c.comm.sendrecv(nullptr, 0, -1, buffer, c.bytes(all), r + 1);
+      return;
+    }
+    const range theirs = blocks.block(static_cast<std::uint64_t>(r - 1));
+    if (!theirs.empty()) c.comm.sendrecv(nullptr, 0, -1, c.at(buffer, theirs.begin), c.bytes(theirs.size()), r - 1);
+    hd_doubling(c, buffer, blocks, layout, layout.virtual_rank(r));
+    c.comm.sendrecv(buffer, c.bytes(all), r - 1, nullptr, 0, -1);
+    return;
+  }
+  hd_doubling(c, buffer, blocks, layout, layout.virtual_rank(r));
+}
+
+}  // namespace detail
+
+/// halving_doubling all_reduce (Rabenseifner). Preconditions: n >= 2, count > 0.
+inline void hd_all_reduce(const call& c) {
+  const int r = c.rank();
+  const hd_layout layout(c.n());
+  const std::uint64_t count = c.d.count;
+  const partition blocks = c.blocks_of(count);
+  const void* input = c.scaled_input(c.d.send, count);
+  void* acc = c.d.recv;
+  const void* current = input;
+  if (r < 2 * layout.rem) {
+    if (r % 2 == 0) {  // fold the whole input into r+1; receive the whole result back
+      c.comm.sendrecv(input, c.bytes(count), r + 1, nullptr, 0, -1);
+      c.comm.sendrecv(nullptr, 0, -1, acc, c.bytes(count), r + 1);
+      return;
+    }
+    const primitive::reduce_spec partial = c.spec();
+    c.comm.sendrecv_reduce(nullptr, 0, -1, input, acc, c.bytes(count), r - 1, c.ops.combine(&partial));
+    current = acc;
+  }
+  const int v = layout.virtual_rank(r);
+  detail::hd_halving(c, current, acc, blocks, layout, v);
+  detail::hd_doubling(c, acc, blocks, layout, v);
+  if (r < 2 * layout.rem) c.comm.sendrecv(acc, c.bytes(count), r - 1, nullptr, 0, -1);
+}
+
+/// halving_doubling reduce_scatter: recursive halving over the n blocks of `count` elements.
+inline void hd_reduce_scatter(const call& c) {
+  const int n = c.n(), r = c.rank();
+  const std::uint64_t count = c.d.count;
+  const std::uint64_t all = count * static_cast<std::uint64_t>(n);
+  const partition blocks(all, n, count);
+  const void* input = c.scaled_input(c.d.send, all);
+  void* acc = c.comm.scratch(scratch_accumulator, static_cast<std::size_t>(c.bytes(all)));
+  detail::hd_reduce_scatter_blocks(c, input, acc, blocks);
+  c.ops.copy(c.d.recv, c.at(static_cast<const void*>(acc), static_cast<std::uint64_t>(r) * count), c.bytes(count));
+}
+
+/// halving_doubling all_gather: recursive doubling over the n blocks of `count` elements.
+inline void hd_all_gather(const call& c) {
+  const int n = c.n(), r = c.rank();
+  const std::uint64_t count = c.d.count;
+  c.ops.copy(c.at(c.d.recv, static_cast<std::uint64_t>(r) * count), c.d.send, c.bytes(count));
+  detail::hd_all_gather_blocks(c, c.d.recv, partition(count * static_cast<std::uint64_t>(n), n, count));
+}
+
+/// halving_doubling reduce: recursive-halving reduce-scatter, then a gather of the finished
+/// blocks at the root. Non-root outputs are never touched (case C9).
+inline void hd_reduce(const call& c) {
+  const int n = c.n(), r = c.rank(), root = c.d.root;
+  const std::uint64_t count = c.d.count;
+  const partition blocks = c.blocks_of(count);
+  const void* input = c.scaled_input(c.d.send, count);
+  void* acc = r == root ? c.d.recv : c.comm.scratch(scratch_accumulator, static_cast<std::size_t>(c.bytes(count)));
+  detail::hd_reduce_scatter_blocks(c, input, acc, blocks);
+  if (r == root) {
+    for (int q = 0; q < n; ++q) {
+      const range b = blocks.block(static_cast<std::uint64_t>(q));
+      if (q != root && !b.empty()) c.comm.sendrecv(nullptr, 0, -1, c.at(acc, b.begin), c.bytes(b.size()), q);
+    }
+  } else {
+    const range b = blocks.block(static_cast<std::uint64_t>(r));
+    if (!b.empty()) c.comm.sendrecv(c.at(static_cast<const void*>(acc), b.begin), c.bytes(b.size()), root, nullptr, 0, -1);
+  }
+}
+
+/// halving_doubling broadcast: the root scatters block q to rank q, then a recursive-doubling
+/// all-gather (van de Geijn).
+inline void hd_broadcast(const call& c) {
+  const int n = c.n(), r = c.rank(), root = c.d.root;
+  const std::uint64_t count = c.d.count;
+  const partition blocks = c.blocks_of(count);
+  if (r == root) {
+    c.ops.copy(c.d.recv, c.d.send, c.bytes(count));
+    for (int q = 0; q < n; ++q) {
+      const range b = blocks.block(static_cast<std::uint64_t>(q));
+      if (q != root && !b.empty()) c.comm.sendrecv(c.at(static_cast<const void*>(c.d.recv), b.begin), c.bytes(b.size()), q, nullptr, 0, -1);
+    }
+  } else {
+    const range b = blocks.block(static_cast<std::uint64_t>(r));
+    if (!b.empty()) c.comm.sendrecv(nullptr, 0, -1, c.at(c.d.recv, b.begin), c.bytes(b.size()), root);
+  }
+  detail::hd_all_gather_blocks(c, c.d.recv, blocks);
+}
+
+}  // namespace ringzero::algorithms

@@ -1,0 +1,227 @@
+#pragma once
+/// @file
+/// `communicator`: the abstract interface every backend implements (local threads, MPI, NCCL).
+///
+/// A communicator has a rank, a world size, a memory space, a timeout, and point-to-point
+/// transfers of bytes (`sendrecv`, and `sendrecv_reduce`, which combines what it receives into
+/// a buffer). The collective layer (collective/) brackets every collective with `begin` and
+/// `end`, where backends check NCCL's contract; algorithms (algorithm/) are written against the
+/// transfers alone, so every algorithm runs on every backend. A backend may also offer its own
+/// collectives (`run_native`) and, on shared memory, its peers' buffers (`peer_descriptor`).
+///
+/// Thread and ordering semantics: a communicator belongs to one rank and is used by one thread
+/// at a time (like an NCCL communicator); its asynchronous operations run on its progress thread
+/// in issue order. Users normally call the free functions of collective/, not these members.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ringzero/backend/descriptor.hpp"
+#include "ringzero/backend/progress.hpp"
+#include "ringzero/core/env.hpp"
+#include "ringzero/core/error.hpp"
+#include "ringzero/core/workspace_pool.hpp"
+
+namespace ringzero {
+
+/// Which backend a communicator belongs to.
+enum class backend_kind : std::uint8_t { local = 0, mpi = 1, nccl = 2 };
+
+/// "local", "mpi" or "nccl".
+constexpr std::string_view backend_name(backend_kind b) noexcept {
+  switch (b) {
+    case backend_kind::local: return "local";
+    case backend_kind::mpi: return "mpi";
+    case backend_kind::nccl: return "nccl";
+  }
+  return "invalid";
+}
+
+/// Where a communicator's buffers live: host memory, or CUDA device memory (ordered on a stream).
+enum class memory_space : std::uint8_t { host = 0, cuda = 1 };
+
+/// A type-erased element-wise combine `dst[i] = a[i] (op) b[i]` over `count` elements, built by
+/// the algorithm layer and called by a backend's `sendrecv_reduce` (Gloo's type-erased reduce
+/// function). `a` is the receiver's own operand, `b` the received data.
+struct combine_fn {
+  void (*fn)(const void* context, void* dst, const void* a, const void* b, std::uint64_t count) = nullptr;
+  const void* context = nullptr;
+  std::size_t element_size = 1;  ///< bytes per element of every operand
+
+  /// Calls the combine.
+  void operator()(void* dst, const void* a, const void* b, std::uint64_t count) const { fn(context, dst, a, b, count); }
+};
+
+/// Cost parameters of a backend for the algorithm-selection model (collective/selection.hpp):
+/// an alpha-beta-gamma model (Hockney; Thakur, Rabenseifner & Gropp 2005) plus the terms of the
+/// shared-memory `direct` algorithm. Units: microseconds and microseconds per byte.
+struct link_model {
+  double alpha_us = 1.0;                ///< latency of one point-to-point step
+  double beta_us_per_byte = 1e-4;       ///< per byte transferred between two ranks
+  double gamma_us_per_byte = 1e-4;      ///< per byte combined by a reduction
+  double sync_us = 0.0;                 ///< one all-rank synchronisation (direct only)
+  double memory_us_per_byte = 1e-4;     ///< per byte of memory traffic on one rank (direct only)
+};
+
+/// The abstract communicator. See the file comment for its contract.
+class communicator {
+ public:
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  virtual ~communicator() = default;
+
+  /// This rank, 0 <= rank() < world_size().
+  int rank() const noexcept { return rank_; }
+  /// Number of ranks (>= 1).
+  int world_size() const noexcept { return world_size_; }
+  /// Which backend this is.
+  virtual backend_kind backend() const noexcept = 0;
+  /// Where buffers passed to this communicator must live.
+  virtual memory_space space() const noexcept { return memory_space::host; }
+  /// How long a collective or transfer may wait for peers before failing with errc::timeout.
+  std::chrono::duration<double> timeout() const noexcept { return timeout_; }
+  /// Sets the timeout (seconds > 0); throws errc::invalid_argument otherwise.
+  void set_timeout(std::chrono::duration<double> t) {
+    if (!(t.count() > 0.0))
+      raise(errc::invalid_argument, "timeout must be positive, got " + std::to_string(t.count()) + " s");
+    timeout_ = t;
+  }
+  /// The algorithm RINGZERO_ALGO forced when this communicator was made (automatic if unset).
+  algorithm forced_algorithm() const noexcept { return forced_algorithm_; }
+  /// Forces `a` for every collective with an automatic choice where it is available
+  /// (`algorithm::automatic` restores the cost model).
+  void set_forced_algorithm(algorithm a) noexcept { forced_algorithm_ = a; }
+
+  /// Number of collectives issued on this communicator so far (the next one's sequence number).
+  std::uint64_t issued() const noexcept { return sequence_; }
+
+  // ---- used by the collective and algorithm layers -------------------------------------
+
+  /// Reserves the next collective sequence number.
+  std::uint64_t next_sequence() noexcept { return sequence_++; }
+
+  /// Starts collective `d` on this rank: checks the cross-rank contract where the backend can
+  /// and throws `ringzero::error` (contract_mismatch, invalid_argument, timeout, aborted,
+  /// peer_exited) on every rank when it fails. Every rank calls `begin` then `end` per collective.
+  virtual void begin(const collective_descriptor& d) = 0;
+  /// Finishes collective `d`: returns once no peer will touch this rank's buffers any more.
+  virtual void end(const collective_descriptor& d) = 0;
+
+  /// Sends `send_bytes` bytes from `send` to rank `to` and receives `recv_bytes` bytes from rank
+  /// `from` into `recv`, concurrently; `to` or `from` may be -1 for none. Returns when both are
+  /// complete. Throws errc::size_mismatch when a peer's matching transfer has another size,
+  /// errc::timeout / aborted / peer_exited when it cannot complete.
+  virtual void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
+                        int from) = 0;
+
+  /// Like `sendrecv`, but the received `bytes` are combined on arrival: `acc = own (op) received`
+  /// via `combine` (`own` may equal `acc`). Sends `send_bytes` from `send` to `to` (or none if
+  /// `to` is -1). Zero-copy backends combine straight from the sender's memory.
+  virtual void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
+                               std::uint64_t bytes, int from, const combine_fn& combine) = 0;
+
+  /// Rank `r`'s descriptor of the current collective when the backend shares memory between
+  /// ranks (valid between `begin` and `end`); nullptr on backends without shared memory.
+  virtual const collective_descriptor* peer_descriptor(int r) const noexcept {
+    (void)r;
+    return nullptr;
+  }
+
+  /// True when this backend can run `k` with algorithm `a` (ring and halving_doubling are
+  /// available everywhere; direct needs shared memory; native needs the backend's own collective).
+  virtual bool supports(algorithm a, collective_kind k) const noexcept {
+    (void)k;
+    return a == algorithm::ring || a == algorithm::halving_doubling;
+  }
+
+  /// Runs `d` with the backend's own collective. Default: throws errc::unsupported.
+  virtual void run_native(const collective_descriptor& d) {
+    raise(errc::unsupported, "backend " + std::string(backend_name(backend())) + " has no native " +
+                                 std::string(collective_name(d.kind)));
+  }
+
+  /// True when the cost model should pick the backend's own collective for `k` whenever it
+  /// has one (NCCL's collectives beat any schedule built from its send/recv).
+  virtual bool prefers_native(collective_kind k) const noexcept {
+    (void)k;
+    return false;
+  }
+
+  /// Cost parameters of this backend (collective/selection.hpp).
+  virtual link_model link() const noexcept = 0;
+
+  /// Makes every rank's pending and future waits on this communicator fail promptly with
+  /// `reason` (called when a rank fails in the middle of a collective, so peers never hang).
+  /// Default: nothing (backends without shared state rely on their timeout).
+  virtual void abort(const std::string& reason) noexcept { (void)reason; }
+
+  /// Scratch memory in this communicator's memory space: slot `slot`, at least `bytes` bytes,
+  /// reused across calls (see workspace_pool). Valid until the same slot grows.
+  virtual void* scratch(int slot, std::size_t bytes) { return pool_.get(slot, bytes); }
+
+  /// Bytes of scratch memory currently held.
+  virtual std::size_t scratch_bytes() const noexcept { return pool_.capacity_bytes(); }
+
+  /// The progress engine that runs this communicator's asynchronous operations.
+  detail::progress_engine& progress() noexcept { return progress_; }
+
+  /// The collective currently running on this rank (for error messages), or nullptr.
+  const collective_descriptor* current() const noexcept { return current_.load(std::memory_order_acquire); }
+  /// Sets the collective currently running (the collective layer does this).
+  void set_current(const collective_descriptor* d) noexcept { current_.store(d, std::memory_order_release); }
+
+  /// Where an error raised now happened: backend, rank, world size and current collective.
+  error_context context() const {
+    error_context c;
+    c.backend = std::string(backend_name(backend()));
+    c.rank = rank_;
+    c.world_size = world_size_;
+    if (const collective_descriptor* d = current()) {
+      c.collective = std::string(collective_name(d->kind));
+      if (d->kind != collective_kind::send && d->kind != collective_kind::recv)
+        c.sequence = static_cast<std::int64_t>(d->sequence);
+    }
+    return c;
+  }
+
+  /// Throws `ringzero::error(code, context(), message)`.
+  [[noreturn]] void raise(errc code, const std::string& message) const { throw error(code, context(), message); }
+
+ protected:
+  /// Base constructor; throws errc::invalid_argument unless 0 <= rank < world_size, or when
+  /// RINGZERO_TIMEOUT or RINGZERO_ALGO is malformed. The timeout starts from RINGZERO_TIMEOUT
+  /// (default 300 s), the forced algorithm from RINGZERO_ALGO.
+  communicator(int rank, int world_size)
+      : rank_(rank), world_size_(world_size), timeout_(env_timeout()), forced_algorithm_(env_algorithm()) {
+    if (world_size < 1)
+      throw error(errc::invalid_argument, "world size must be at least 1, got " + std::to_string(world_size));
+    if (rank < 0 || rank >= world_size)
+      throw error(errc::invalid_argument,
+                  "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_size) + ")");
+  }
+
+  /// Stops the progress thread after its queued work; derived destructors call this first so
+  /// that no queued operation runs against a half-destroyed communicator.
+  void stop_progress() noexcept {
+    try {
+      progress_.shutdown();
+    } catch (...) {
+    }
+  }
+
+ private:
+  int rank_;
+  int world_size_;
+  std::chrono::duration<double> timeout_;
+  algorithm forced_algorithm_ = algorithm::automatic;
+  std::uint64_t sequence_ = 0;
+  std::atomic<const collective_descriptor*> current_{nullptr};
+  workspace_pool pool_;
+  detail::progress_engine progress_;
+};
+
+}  // namespace ringzero

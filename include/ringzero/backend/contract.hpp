@@ -1,0 +1,166 @@
+#pragma once
+/// @file
+/// The cross-rank contract check: given every rank's descriptor of the same collective, decide
+/// whether they agree (NCCL's contract: same collective, count, dtype, op and root, in the same
+/// order) and whether any rank passed invalid arguments, and describe each difference with every
+/// rank's value ("count mismatch: rank 0: 2560; ranks 1-3: 5120").
+///
+/// Every rank runs the same pure function on the same descriptors, so all ranks reach the same
+/// verdict and raise the same error: no rank runs a collective that another rank refused.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ringzero/backend/descriptor.hpp"
+#include "ringzero/core/error.hpp"
+
+namespace ringzero {
+
+/// A failed contract: the error code to raise and its message.
+struct contract_violation {
+  errc code = errc::contract_mismatch;
+  std::string message;
+};
+
+namespace detail {
+
+/// "rank 3", "ranks 1-3", "ranks 0, 2, 5-7" for a sorted list of ranks.
+inline std::string describe_ranks(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (i != 0) s += ", ";
+    s += std::to_string(ranks[i]);
+    if (j > i) s += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+/// Groups ranks by value: "rank 0: 2560; ranks 1-3: 5120", groups ordered by their first rank.
+inline std::string describe_values(const std::vector<std::string>& value_of_rank) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int r = 0; r < static_cast<int>(value_of_rank.size()); ++r) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == value_of_rank[static_cast<std::size_t>(r)]; });
+    if (it == groups.end()) groups.push_back({value_of_rank[static_cast<std::size_t>(r)], {r}});
+    else it->second.push_back(r);
+  }
+  std::string s;
+  for (const auto& g : groups) {
+    if (!s.empty()) s += "; ";
+    s += describe_ranks(g.second) + ": " + g.first;
+  }
+  return s;
+}
+
+/// "[0x7f.., +4096 B)" for a byte range.
+inline std::string describe_range(const void* p, std::uint64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "[%p, +%llu B)", p, static_cast<unsigned long long>(bytes));
+  return buf;
+}
+
+inline bool ranges_overlap(const void* a, std::uint64_t an, const void* b, std::uint64_t bn) noexcept {
+  if (an == 0 || bn == 0) return false;
+  const auto pa = reinterpret_cast<std::uintptr_t>(a);
+  const auto pb = reinterpret_cast<std::uintptr_t>(b);
+  return pa < pb + bn && pb < pa + an;
+}
+
+}  // namespace detail
+
+/// Checks the descriptors of one collective from all `n` ranks (`get(r)` returns rank r's).
+/// With `cross_rank_buffers` (ranks share an address space) it also refuses a rank writing
+/// memory that another rank reads or writes in the same collective.
+/// Returns std::nullopt when the call may run. Pure and deterministic.
+template <class Get>
+std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_rank_buffers) {
+  auto values = [&](auto&& f) {
+    std::vector<std::string> v(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) v[static_cast<std::size_t>(r)] = f(get(r));
+    return v;
+  };
+  auto all_equal = [&](auto&& f) {
+    for (int r = 1; r < n; ++r)
+      if (!(f(get(r)) == f(get(0)))) return false;
+    return true;
+  };
+
+  // 1. Local argument errors, reported on every rank.
+  {
+    std::string s;
+    for (int r = 0; r < n; ++r) {
+      const auto& d = get(r);
+      if (d.invalid.empty()) continue;
+      if (!s.empty()) s += "; ";
+      s += "rank " + std::to_string(r) + ": " + d.invalid;
+    }
+    if (!s.empty()) return contract_violation{errc::invalid_argument, "invalid arguments (" + s + "); no rank ran it"};
+  }
+  // 2. The same collective.
+  if (!all_equal([](const collective_descriptor& d) { return d.kind; }))
+    return contract_violation{errc::contract_mismatch,
+                              "collective mismatch: " + detail::describe_values(values([](const collective_descriptor& d) {
+                                return std::string(collective_name(d.kind));
+                              }))};
+  const collective_kind kind = get(0).kind;
+  // 3. Count, dtype, op, root, algorithm.
+  if (kind != collective_kind::barrier) {
+    if (!all_equal([](const collective_descriptor& d) { return d.count; }))
+      return contract_violation{errc::contract_mismatch,
+                                "count mismatch: " + detail::describe_values(values([](const collective_descriptor& d) {
+                                  return std::to_string(d.count);
+                                }))};
+    if (!all_equal([](const collective_descriptor& d) { return d.type; }))
+      return contract_violation{errc::contract_mismatch,
+                                "dtype mismatch: " + detail::describe_values(values([](const collective_descriptor& d) {
+                                  return std::string(dtype_name(d.type));
+                                }))};
+  }
+  if (is_reduction(kind) && !all_equal([](const collective_descriptor& d) { return d.op.kind; }))
+    return contract_violation{errc::contract_mismatch,
+                              "reduce op mismatch: " + detail::describe_values(values([](const collective_descriptor& d) {
+                                return std::string(reduce_kind_name(d.op.kind));
+                              }))};
+  if (has_root(kind) && !all_equal([](const collective_descriptor& d) { return d.root; }))
+    return contract_violation{errc::contract_mismatch,
+                              "root mismatch: " + detail::describe_values(values([](const collective_descriptor& d) {
+                                return std::to_string(d.root);
+                              }))};
+  if (!all_equal([](const collective_descriptor& d) { return d.algo; }))
+    return contract_violation{errc::contract_mismatch,
+                              "algorithm mismatch (check RINGZERO_ALGO and per-call options): " +
+                                  detail::describe_values(values([](const collective_descriptor& d) {
+                                    return std::string(algorithm_name(d.algo));
+                                  }))};
+  // 4. No rank writes what another rank reads or writes.
+  if (cross_rank_buffers) {
+    for (int w = 0; w < n; ++w) {
+      const auto& dw = get(w);
+      if (dw.recv_bytes == 0) continue;
+      for (int o = 0; o < n; ++o) {
+        if (o == w) continue;
+        const auto& d_o = get(o);
+        const bool hits_recv = detail::ranges_overlap(dw.recv, dw.recv_bytes, d_o.recv, d_o.recv_bytes);
+        const bool hits_send = detail::ranges_overlap(dw.recv, dw.recv_bytes, d_o.send, d_o.send_bytes);
+        if (hits_recv || hits_send)
+          return contract_violation{
+              errc::invalid_argument,
+              "buffer overlap between ranks: rank " + std::to_string(w) + "'s receive buffer " +
+                  detail::describe_range(dw.recv, dw.recv_bytes) + " overlaps rank " + std::to_string(o) + "'s " +
+                  (hits_recv ? "receive buffer " + detail::describe_range(d_o.recv, d_o.recv_bytes)
+                             : "send buffer " + detail::describe_range(d_o.send, d_o.send_bytes)) +
+                  "; every rank needs its own output"};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace ringzero

@@ -1,0 +1,35 @@
+#pragma once
+/// @file
+/// `collective_descriptor`: what one rank asked of one collective (kind, sequence number,
+/// count, dtype, op, root, algorithm, buffers, and whether its arguments were valid).
+/// Backends exchange descriptors to check NCCL's contract (same collectives, in the same order,
+/// with the same count, dtype, op and root on every rank) and, on the local backend, to find
+/// their peers' buffers.
+
+#include <cstdint>
+#include <string>
+
+#include "ringzero/core/algorithm.hpp"
+#include "ringzero/core/dtype.hpp"
+#include "ringzero/core/reduce_op.hpp"
+
+namespace ringzero {
+
+/// One rank's view of one collective call. Counts are in elements, extents in bytes.
+struct collective_descriptor {
+  collective_kind kind = collective_kind::barrier;
+  std::uint64_t sequence = 0;     ///< n-th collective issued on this communicator (from 0)
+  std::uint64_t count = 0;        ///< the count argument as passed (per rank, NCCL's meaning)
+  dtype type = dtype::float32;
+  reduce_op op{};                 ///< reductions only; scalar may differ between ranks
+  int root = -1;                  ///< broadcast and reduce only
+  algorithm algo = algorithm::automatic;  ///< the resolved algorithm (never automatic once issued)
+  const void* send = nullptr;     ///< send buffer as passed
+  void* recv = nullptr;           ///< receive buffer as passed
+  std::uint64_t send_bytes = 0;   ///< bytes this rank reads from `send` (0 when it reads none)
+  std::uint64_t recv_bytes = 0;   ///< bytes this rank writes to `recv` (0 when it writes none)
+  bool in_place = false;          ///< the buffers follow NCCL's in-place convention
+  std::string invalid;            ///< non-empty: why this rank's arguments are invalid
+};
+
+}  // namespace ringzero

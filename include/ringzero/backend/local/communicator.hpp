@@ -1,0 +1,241 @@
+#pragma once
+/// @file
+/// `local::communicator`: one rank of a `local::world`, ranks being threads of one process.
+///
+/// - Zero copy: a receiver reads (and reduces from) the sender's buffer in place; the `direct`
+///   algorithm reads every peer's buffers through `peer_descriptor`.
+/// - Contract: every collective exchanges descriptors on entry; a mismatch in collective, count,
+///   dtype, op, root or algorithm, invalid arguments on any rank, or ranks writing each other's
+///   buffers raise the same `ringzero::error` on every rank before any data moves.
+/// - Timeout: a wait longer than `timeout()` fails with errc::timeout naming the ranks that never
+///   arrived, and aborts the world so that every other waiting rank fails too (never a hang).
+///   A rank that left the world (returned or threw) fails its waiting peers with errc::peer_exited.
+/// Thread semantics: used by its owning rank thread (and its progress thread); see communicator.
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/contract.hpp"
+#include "ringzero/backend/local/world.hpp"
+#include "ringzero/core/wait.hpp"
+
+namespace ringzero::local {
+
+/// One rank of a local world. See the file comment.
+class communicator final : public ringzero::communicator {
+ public:
+  /// Rank `rank` of `w`. Throws errc::invalid_argument when rank is outside [0, w.size()).
+  /// `w` must outlive the communicator. At most one communicator per rank and world.
+  communicator(world& w, int rank)
+      : ringzero::communicator(rank, w.size()),
+        world_(w),
+        sent_(static_cast<std::size_t>(w.size()), 0),
+        received_(static_cast<std::size_t>(w.size()), 0) {}
+
+  ~communicator() override { stop_progress(); }
+
+  backend_kind backend() const noexcept override { return backend_kind::local; }
+
+  /// ring, halving_doubling and direct; no native collectives.
+  bool supports(algorithm a, collective_kind) const noexcept override {
+    return a == algorithm::ring || a == algorithm::halving_doubling || a == algorithm::direct;
+  }
+
+  /// Shared-memory costs: a rendezvous of ~0.3 us per step and ~10 GB/s per rank of memory
+  /// traffic (measured on the 2-core development VM; see docs/algorithms.md).
+  link_model link() const noexcept override {
+    link_model m;
+    m.alpha_us = 0.3;
+    m.beta_us_per_byte = 1.0 / 10e3;
+    m.gamma_us_per_byte = 1.0 / 10e3;
+    m.sync_us = 0.3;
+    m.memory_us_per_byte = 1.0 / 10e3;
+    return m;
+  }
+
+  void abort(const std::string& reason) noexcept override {
+    try {
+      world_.abort("rank " + std::to_string(rank()) + ": " + reason);
+    } catch (...) {
+    }
+  }
+
+  /// The world this rank belongs to.
+  world& shared_world() noexcept { return world_; }
+
+  void begin(const collective_descriptor& d) override {
+    detail::rank_slot& me = world_.slot(rank());
+    me.desc = d;
+    const std::uint64_t tag = d.sequence + 1;
+    me.arrived.store(tag, std::memory_order_release);
+    wait_for_all(&detail::rank_slot::arrived, tag, "arrive at");
+    auto violation = check_contract(
+        world_size(), [&](int r) -> const collective_descriptor& { return world_.slot(r).desc; }, true);
+    if (violation) {
+      end(d);
+      raise(violation->code, violation->message);
+    }
+  }
+
+  void end(const collective_descriptor& d) override {
+    const std::uint64_t tag = d.sequence + 1;
+    world_.slot(rank()).departed.store(tag, std::memory_order_release);
+    wait_for_all(&detail::rank_slot::departed, tag, "finish");
+  }
+
+  const collective_descriptor* peer_descriptor(int r) const noexcept override { return &world_.slot(r).desc; }
+
+  void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
+                int from) override {
+    check_peer(to, "send to");
+    check_peer(from, "receive from");
+    const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
+    if (from >= 0) {
+      const void* data = await_message(from, recv_bytes);
+      if (recv_bytes != 0 && data != recv) std::memcpy(recv, data, static_cast<std::size_t>(recv_bytes));
+      consume(from);
+    }
+    if (to >= 0) await_consumed(to, k, send_bytes);
+  }
+
+  void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
+                       std::uint64_t bytes, int from, const combine_fn& combine) override {
+    check_peer(to, "send to");
+    check_peer(from, "receive from");
+    const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
+    if (from >= 0) {
+      const void* data = await_message(from, bytes);
+      if (bytes != 0) combine(acc, own, data, bytes / combine.element_size);
+      consume(from);
+    }
+    if (to >= 0) await_consumed(to, k, send_bytes);
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  clock::time_point deadline() const {
+    return clock::now() + std::chrono::duration_cast<clock::duration>(timeout());
+  }
+
+  void check_peer(int peer, const char* what) const {
+    if (peer < -1 || peer >= world_size())
+      raise(errc::invalid_argument, std::string("cannot ") + what + " rank " + std::to_string(peer) +
+                                        ": outside [0, " + std::to_string(world_size()) + ")");
+  }
+
+  status failure_of(int peer) const {
+    if (world_.aborted()) return status::aborted;
+    if (world_.exited(peer)) return status::peer_exited;
+    return status::ok;
+  }
+
+  std::string operation_name() const {
+    const collective_descriptor* d = current();
+    if (!d) return "a transfer";
+    std::string s(collective_name(d->kind));
+    if (d->kind != collective_kind::send && d->kind != collective_kind::recv) s += " #" + std::to_string(d->sequence);
+    return s;
+  }
+
+  [[noreturn]] void fail_wait(status st, const std::string& waiting_for, const std::vector<int>& missing) {
+    const std::string who = detail_describe(missing);
+    if (st == status::timeout) {
+      const std::string msg = "timed out after " + seconds_text() + " s waiting for " + who + " to " + waiting_for +
+                              " " + operation_name() + " (they never arrived)";
+      world_.abort("rank " + std::to_string(rank()) + ": " + msg, errc::timeout);
+      raise(errc::timeout, msg);
+    }
+    if (st == status::peer_exited) {
+      std::string msg;
+      for (int r : missing)
+        if (world_.exited(r)) {
+          msg = "rank " + std::to_string(r) + " left the world (" + world_.exit_description(r) + ") while this rank waited for it to " +
+                waiting_for + " " + operation_name();
+          break;
+        }
+      world_.abort("rank " + std::to_string(rank()) + ": " + msg, errc::peer_exited);
+      raise(errc::peer_exited, msg);
+    }
+    raise(world_.abort_code(), "communicator aborted while waiting for " + who + " to " + waiting_for + " " +
+                                   operation_name() + "; first failure: " + world_.abort_reason());
+  }
+
+  static std::string detail_describe(const std::vector<int>& ranks) { return ringzero::detail::describe_ranks(ranks); }
+
+  std::string seconds_text() const {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", timeout().count());
+    return buf;
+  }
+
+  /// Waits until every peer's `field` reached `tag`; throws on timeout, abort or exit.
+  void wait_for_all(std::atomic<std::uint64_t> detail::rank_slot::*field, std::uint64_t tag, const char* what) {
+    const auto until = deadline();
+    for (int r = 0; r < world_size(); ++r) {
+      if (r == rank()) continue;
+      auto& peer = world_.slot(r).*field;
+      status st = ringzero::detail::wait_until([&] { return peer.load(std::memory_order_acquire) >= tag; },
+                                               [&] { return failure_of(r); }, until, world_.oversubscribed());
+      if (st == status::ok) continue;
+      std::vector<int> missing;
+      for (int q = 0; q < world_size(); ++q)
+        if (q != rank() && (world_.slot(q).*field).load(std::memory_order_acquire) < tag) missing.push_back(q);
+      if (missing.empty()) continue;  // everyone arrived just as we gave up
+      fail_wait(st, what, missing);
+    }
+  }
+
+  std::uint64_t post(int to, const void* data, std::uint64_t bytes) {
+    detail::mailbox& box = world_.box(rank(), to);
+    const std::uint64_t k = ++sent_[static_cast<std::size_t>(to)];
+    box.data = data;
+    box.bytes = bytes;
+    box.posted.store(k, std::memory_order_release);
+    return k;
+  }
+
+  const void* await_message(int from, std::uint64_t expected) {
+    detail::mailbox& box = world_.box(from, rank());
+    const std::uint64_t k = ++received_[static_cast<std::size_t>(from)];
+    status st = ringzero::detail::wait_until([&] { return box.posted.load(std::memory_order_acquire) >= k; },
+                                             [&] { return failure_of(from); }, deadline(), world_.oversubscribed());
+    if (st != status::ok) fail_wait(st, "send its data for", {from});
+    if (box.bytes != expected) {
+      const std::uint64_t got = box.bytes;
+      box.expected = expected;
+      box.consumed.store(k, std::memory_order_release);
+      raise(errc::size_mismatch, "rank " + std::to_string(from) + " sends " + std::to_string(got) +
+                                     " bytes but rank " + std::to_string(rank()) + " expects " +
+                                     std::to_string(expected) + " bytes");
+    }
+    return box.data;
+  }
+
+  void consume(int from) {
+    detail::mailbox& box = world_.box(from, rank());
+    box.expected = box.bytes;
+    box.consumed.store(received_[static_cast<std::size_t>(from)], std::memory_order_release);
+  }
+
+  void await_consumed(int to, std::uint64_t k, std::uint64_t bytes) {
+    detail::mailbox& box = world_.box(rank(), to);
+    status st = ringzero::detail::wait_until([&] { return box.consumed.load(std::memory_order_acquire) >= k; },
+                                             [&] { return failure_of(to); }, deadline(), world_.oversubscribed());
+    if (st != status::ok) fail_wait(st, "receive the data of", {to});
+    if (box.expected != bytes)
+      raise(errc::size_mismatch, "rank " + std::to_string(rank()) + " sends " + std::to_string(bytes) +
+                                     " bytes but rank " + std::to_string(to) + " expects " +
+                                     std::to_string(box.expected) + " bytes");
+  }
+
+  world& world_;
+  std::vector<std::uint64_t> sent_;
+  std::vector<std::uint64_t> received_;
+};
+
+}  // namespace ringzero::local

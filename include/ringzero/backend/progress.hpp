@@ -1,0 +1,171 @@
+#pragma once
+/// @file
+/// Asynchronous execution for host communicators: `work` (a handle to wait on) and the
+/// per-communicator `progress_engine`, one background thread that runs submitted operations in
+/// submission order.
+///
+/// Ordering: operations on one communicator complete in the order they were issued, async or
+/// not (a blocking call issued while async work is pending is queued behind it). This is the
+/// host analogue of issuing NCCL calls on one CUDA stream.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "ringzero/core/wait.hpp"
+
+namespace ringzero {
+
+namespace detail {
+
+/// Completion state shared by a `work` handle and the engine that runs the operation.
+struct work_state {
+  std::atomic<bool> done{false};
+  std::exception_ptr failure;  ///< written before `done` is set
+  std::mutex mutex;
+  std::condition_variable cv;
+
+  void finish(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      failure = std::move(e);
+      done.store(true, std::memory_order_release);
+    }
+    cv.notify_all();
+  }
+
+  void wait() {
+    for (int i = 0; i < 4000; ++i) {
+      if (done.load(std::memory_order_acquire)) return;
+      cpu_relax();
+    }
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return done.load(std::memory_order_acquire); });
+  }
+};
+
+}  // namespace detail
+
+/// A handle to an asynchronous operation (like `c10d::Work` or an MPI request).
+/// A default-constructed `work` is empty and already complete. Copies share the same operation.
+/// Thread safety: `wait` and `test` may be called from any thread.
+class work {
+ public:
+  work() = default;
+  /// Wraps a state created by a progress engine.
+  explicit work(std::shared_ptr<detail::work_state> s) noexcept : state_(std::move(s)) {}
+
+  /// Blocks until the operation finished; rethrows its `ringzero::error` if it failed
+  /// (every `wait` on a failed operation rethrows the same error).
+  void wait() const {
+    if (!state_) return;
+    state_->wait();
+    if (state_->failure) std::rethrow_exception(state_->failure);
+  }
+
+  /// True when the operation finished (successfully or not); never blocks, never throws.
+  bool test() const noexcept { return !state_ || state_->done.load(std::memory_order_acquire); }
+
+  /// False for a default-constructed handle.
+  bool valid() const noexcept { return static_cast<bool>(state_); }
+
+ private:
+  std::shared_ptr<detail::work_state> state_;
+};
+
+namespace detail {
+
+/// One background thread per communicator running tasks in FIFO order. The thread starts on
+/// the first submission. The destructor waits for every submitted task, then joins.
+/// Thread safety: `submit`, `idle` and `drain` are called by the communicator's owning thread.
+class progress_engine {
+ public:
+  progress_engine() = default;
+  progress_engine(const progress_engine&) = delete;
+  progress_engine& operator=(const progress_engine&) = delete;
+  ~progress_engine() { shutdown(); }
+
+  /// Queues `task`; its exception (if any) is stored in the returned state.
+  std::shared_ptr<work_state> submit(std::function<void()> task) {
+    auto state = std::make_shared<work_state>();
+    pending_.fetch_add(1, std::memory_order_acq_rel);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+      queue_.push_back(item{std::move(task), state});
+    }
+    cv_.notify_one();
+    return state;
+  }
+
+  /// True when no submitted task is queued or running.
+  bool idle() const noexcept { return pending_.load(std::memory_order_acquire) == 0; }
+
+  /// Waits until every submitted task has finished (their errors stay in their `work`).
+  void drain() {
+    if (idle()) return;
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_cv_.wait(lock, [&] { return idle(); });
+  }
+
+  /// Finishes every queued task and stops the thread (idempotent).
+  void shutdown() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!thread_.joinable()) return;
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  struct item {
+    std::function<void()> task;
+    std::shared_ptr<work_state> state;
+  };
+
+  void run() {
+    for (;;) {
+      item next;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        next = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr failure;
+      try {
+        next.task();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      next.task = nullptr;
+      next.state->finish(failure);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        pending_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+      idle_cv_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::deque<item> queue_;
+  std::thread thread_;
+  std::atomic<std::uint64_t> pending_{0};
+  bool stop_ = false;
+};
+
+}  // namespace detail
+}  // namespace ringzero

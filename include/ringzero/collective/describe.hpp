@@ -1,0 +1,162 @@
+#pragma once
+/// @file
+/// Building one rank's `collective_descriptor` from a public call, with every local argument
+/// check: dtype and op values, premul_sum's scalar, root range, byte-size overflow, null buffers,
+/// overlapping buffers that do not follow NCCL's in-place convention, and the algorithm.
+///
+/// A failed check does not throw here: it is recorded in `descriptor.invalid` and reported on
+/// every rank by the backend's contract check, so a bad argument on one rank can never leave the
+/// others waiting. Buffer roles follow NCCL: counts are per rank; all_reduce/broadcast/reduce
+/// are in place when send == recv, reduce_scatter when recv == send + rank*count, all_gather
+/// when send == recv + rank*count; broadcast ignores send on non-root ranks and reduce ignores
+/// recv on non-root ranks.
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/contract.hpp"
+#include "ringzero/collective/options.hpp"
+#include "ringzero/collective/selection.hpp"
+
+namespace ringzero::detail {
+
+/// The arguments of one public collective call.
+struct collective_request {
+  collective_kind kind = collective_kind::barrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::uint64_t count = 0;
+  dtype type = dtype::float32;
+  reduce_op op{};
+  int root = -1;
+  collective_options options{};
+  std::string invalid;  ///< a problem found by a typed wrapper (e.g. span sizes), if any
+};
+
+/// A request with the given fields (root -1 and op sum where the collective has none).
+inline collective_request make_request(collective_kind kind, const void* send, void* recv, std::uint64_t count, dtype type,
+                                       reduce_op op, int root, const collective_options& options) {
+  collective_request q;
+  q.kind = kind;
+  q.send = send;
+  q.recv = recv;
+  q.count = count;
+  q.type = type;
+  q.op = op;
+  q.root = root;
+  q.options = options;
+  return q;
+}
+
+/// "send has 3 elements but recv needs 4" when a typed call's spans disagree, else "".
+inline std::string span_mismatch(std::uint64_t send_size, std::uint64_t send_needed, std::uint64_t recv_size,
+                                 std::uint64_t recv_needed) {
+  if (send_size == send_needed && recv_size == recv_needed) return {};
+  return "send span has " + std::to_string(send_size) + " elements (needs " + std::to_string(send_needed) +
+         ") and recv span has " + std::to_string(recv_size) + " elements (needs " + std::to_string(recv_needed) + ")";
+}
+
+/// `a * b` or std::nullopt on 64-bit overflow.
+inline std::optional<std::uint64_t> checked_mul(std::uint64_t a, std::uint64_t b) noexcept {
+  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return std::nullopt;
+  return a * b;
+}
+
+/// The descriptor of `q` on communicator `c` (sequence number not yet assigned).
+inline collective_descriptor describe(const communicator& c, const collective_request& q) {
+  collective_descriptor d;
+  d.kind = q.kind;
+  d.count = q.count;
+  d.type = q.type;
+  d.op = q.op;
+  d.root = has_root(q.kind) ? q.root : -1;
+  d.send = q.send;
+  d.recv = q.recv;
+  d.invalid = q.invalid;
+  const int n = c.world_size(), r = c.rank();
+  const std::string name(collective_name(q.kind));
+  auto fail = [&](std::string why) {
+    if (d.invalid.empty()) d.invalid = std::move(why);
+  };
+
+  if (q.kind != collective_kind::barrier && !is_valid(q.type))
+    fail("unknown dtype value " + std::to_string(static_cast<unsigned>(q.type)));
+  if (is_reduction(q.kind)) {
+    if (!is_valid(q.op.kind)) fail("unknown reduce op value " + std::to_string(static_cast<unsigned>(q.op.kind)));
+    else if (q.op.kind == reduce_kind::premul_sum) {
+      const double s = q.op.scalar;
+      if (!std::isfinite(s)) fail("premul_sum scalar is not finite");
+      else if (is_valid(q.type) && !is_floating_point(q.type) && (s != std::trunc(s) || std::fabs(s) >= 9007199254740992.0))
+        fail("premul_sum scalar " + std::to_string(s) + " is not an integer below 2^53 in magnitude, as " +
+             std::string(dtype_name(q.type)) + " requires");
+    }
+  }
+  if (has_root(q.kind) && (q.root < 0 || q.root >= n))
+    fail("root " + std::to_string(q.root) + " is outside [0, " + std::to_string(n) + ")");
+
+  // Element counts of the two buffers, by collective and role.
+  const bool is_root = d.root == r;
+  std::uint64_t send_elems = 0, recv_elems = 0;
+  std::optional<std::uint64_t> whole = checked_mul(q.count, static_cast<std::uint64_t>(n));
+  switch (q.kind) {
+    case collective_kind::all_reduce: send_elems = recv_elems = q.count; break;
+    case collective_kind::reduce_scatter: send_elems = whole.value_or(0); recv_elems = q.count; break;
+    case collective_kind::all_gather: send_elems = q.count; recv_elems = whole.value_or(0); break;
+    case collective_kind::broadcast: send_elems = is_root ? q.count : 0; recv_elems = q.count; break;
+    case collective_kind::reduce: send_elems = q.count; recv_elems = is_root ? q.count : 0; break;
+    case collective_kind::all_to_all: send_elems = recv_elems = whole.value_or(0); break;
+    default: break;
+  }
+  const std::size_t es = is_valid(q.type) ? dtype_size(q.type) : 1;
+  const auto send_bytes = checked_mul(send_elems, es), recv_bytes = checked_mul(recv_elems, es);
+  const bool needs_whole = q.kind == collective_kind::reduce_scatter || q.kind == collective_kind::all_gather ||
+                           q.kind == collective_kind::all_to_all;
+  if ((needs_whole && !whole) || !send_bytes || !recv_bytes || !checked_mul(q.count, es)) {
+    fail("count " + std::to_string(q.count) + " of " + std::string(dtype_name(q.type)) +
+         " overflows the buffer size in bytes" + (needs_whole ? " (times world size " + std::to_string(n) + ")" : ""));
+  } else {
+    d.send_bytes = *send_bytes;
+    d.recv_bytes = *recv_bytes;
+  }
+  if (d.send_bytes > 0 && q.send == nullptr) fail("send buffer is null with count " + std::to_string(q.count));
+  if (d.recv_bytes > 0 && q.recv == nullptr) fail("receive buffer is null with count " + std::to_string(q.count));
+
+  // In-place conventions, and any other overlap of this rank's own buffers.
+  if (d.send_bytes > 0 && d.recv_bytes > 0 && d.invalid.empty()) {
+    const auto* s = static_cast<const unsigned char*>(q.send);
+    const auto* v = static_cast<const unsigned char*>(q.recv);
+    const std::uint64_t block = q.count * es, offset = static_cast<std::uint64_t>(r) * block;
+    switch (q.kind) {
+      case collective_kind::all_reduce:
+      case collective_kind::broadcast:
+      case collective_kind::reduce: d.in_place = s == v; break;
+      case collective_kind::reduce_scatter: d.in_place = v == s + offset; break;
+      case collective_kind::all_gather: d.in_place = s == v + offset; break;
+      default: break;
+    }
+    if (!d.in_place && ranges_overlap(q.send, d.send_bytes, q.recv, d.recv_bytes)) {
+      std::string rule;
+      switch (q.kind) {
+        case collective_kind::reduce_scatter: rule = "in place requires recv == send + rank*count"; break;
+        case collective_kind::all_gather: rule = "in place requires send == recv + rank*count"; break;
+        case collective_kind::all_to_all: rule = "all_to_all cannot run in place"; break;
+        default: rule = "in place requires send == recv"; break;
+      }
+      fail("send buffer " + describe_range(q.send, d.send_bytes) + " and receive buffer " +
+           describe_range(q.recv, d.recv_bytes) + " overlap (" + rule + ")");
+    }
+  }
+
+  // The algorithm (identical on every rank for valid calls: a function of count, dtype and world).
+  const double model_bytes = static_cast<double>(q.count) * static_cast<double>(es) *
+                             (needs_whole ? static_cast<double>(n) : 1.0);
+  std::string problem;
+  d.algo = resolve_algorithm(c, q.kind, model_bytes, q.options.algo, c.forced_algorithm(), problem);
+  if (!problem.empty()) fail(problem);
+  return d;
+}
+
+}  // namespace ringzero::detail

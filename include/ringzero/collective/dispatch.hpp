@@ -1,0 +1,126 @@
+#pragma once
+/// @file
+/// Running one collective: sequence number, blocking or asynchronous issue, the contract check
+/// (`begin`), the world-of-one and zero-count cases, the algorithm, and `end`.
+///
+/// Issue order is execution order: a blocking call made while asynchronous work is pending waits
+/// behind it on the progress thread. A failure inside an algorithm aborts the communicator so
+/// that peers fail promptly instead of waiting for a rank that has given up.
+
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "ringzero/algorithm/direct.hpp"
+#include "ringzero/algorithm/halving_doubling.hpp"
+#include "ringzero/algorithm/ring.hpp"
+#include "ringzero/collective/describe.hpp"
+
+namespace ringzero::detail {
+
+/// Sets and clears the communicator's current collective (for error messages).
+class current_collective {
+ public:
+  current_collective(communicator& c, const collective_descriptor* d) noexcept : c_(c) { c_.set_current(d); }
+  ~current_collective() { c_.set_current(nullptr); }
+  current_collective(const current_collective&) = delete;
+  current_collective& operator=(const current_collective&) = delete;
+
+ private:
+  communicator& c_;
+};
+
+/// A world of one: the output is the input (bit for bit, case C4), or the input times the
+/// scalar for premul_sum.
+inline void run_world_of_one(const algorithms::call& c) {
+  const collective_descriptor& d = c.d;
+  if (d.kind == collective_kind::reduce || d.kind == collective_kind::all_reduce || d.kind == collective_kind::reduce_scatter) {
+    if (d.op.kind == reduce_kind::premul_sum) {
+      c.ops.scale(d.recv, d.send, d.count, d.type, d.op.scalar);
+      return;
+    }
+  }
+  c.ops.copy(d.recv, d.send, c.bytes(d.count));
+}
+
+/// Runs `d`'s algorithm on `c` (n >= 2, count > 0).
+inline void run_algorithm(const algorithms::call& c) {
+  using namespace algorithms;
+  const collective_descriptor& d = c.d;
+  switch (d.algo) {
+    case algorithm::native: c.comm.run_native(d); return;
+    case algorithm::direct:
+      switch (d.kind) {
+        case collective_kind::barrier: return;  // begin and end already synchronise all ranks
+        case collective_kind::all_reduce: return direct_all_reduce(c);
+        case collective_kind::reduce_scatter: return direct_reduce_scatter(c);
+        case collective_kind::all_gather: return direct_all_gather(c);
+        case collective_kind::broadcast: return direct_broadcast(c);
+        case collective_kind::reduce: return direct_reduce(c);
+        case collective_kind::all_to_all: return direct_all_to_all(c);
+        default: return;
+      }
+    case algorithm::ring:
+      switch (d.kind) {
+        case collective_kind::all_reduce: return ring_all_reduce(c);
+        case collective_kind::reduce_scatter: return ring_reduce_scatter(c);
+        case collective_kind::all_gather: return ring_all_gather(c);
+        case collective_kind::broadcast: return ring_broadcast(c);
+        case collective_kind::reduce: return ring_reduce(c);
+        case collective_kind::all_to_all: return ring_all_to_all(c);
+        case collective_kind::barrier: return dissemination_barrier(c);
+        default: return;
+      }
+    case algorithm::halving_doubling:
+      switch (d.kind) {
+        case collective_kind::all_reduce: return hd_all_reduce(c);
+        case collective_kind::reduce_scatter: return hd_reduce_scatter(c);
+        case collective_kind::all_gather: return hd_all_gather(c);
+        case collective_kind::broadcast: return hd_broadcast(c);
+        case collective_kind::reduce: return hd_reduce(c);
+        case collective_kind::barrier: return dissemination_barrier(c);
+        default: return;
+      }
+    case algorithm::automatic: break;
+  }
+  c.comm.raise(errc::internal, "collective issued without a resolved algorithm");
+}
+
+/// Executes descriptor `d` on `c` on the calling thread.
+inline void execute(communicator& c, const collective_descriptor& d) {
+  current_collective guard(c, &d);
+  c.begin(d);
+  if (d.kind == collective_kind::barrier ? c.world_size() > 1 : d.count != 0) {
+    if (c.space() != memory_space::host)
+      c.raise(errc::unsupported, "this build has no data operations for the communicator's memory space");
+    const algorithms::call call{c, d, algorithms::host_ops()};
+    try {
+      if (c.world_size() == 1) run_world_of_one(call);
+      else run_algorithm(call);
+    } catch (const std::exception& e) {
+      c.abort(std::string(collective_name(d.kind)) + " #" + std::to_string(d.sequence) + " failed: " + e.what());
+      throw;
+    }
+  }
+  c.end(d);
+}
+
+/// Issues `d` on `c`: assigns its sequence number, then runs it inline (blocking, nothing
+/// pending), or behind pending work on the progress thread. Returns a handle (empty when it
+/// already ran). Blocking calls rethrow the collective's error.
+inline work issue(communicator& c, collective_descriptor d, bool async) {
+  d.sequence = c.next_sequence();
+  if (!async && c.progress().idle()) {
+    execute(c, d);
+    return {};
+  }
+  communicator* comm = &c;
+  work w(c.progress().submit([comm, d = std::move(d)] { execute(*comm, d); }));
+  if (!async) w.wait();
+  return w;
+}
+
+/// Describes and issues a request (the body of every public collective).
+inline work issue(communicator& c, const collective_request& q, bool async) { return issue(c, describe(c, q), async); }
+
+}  // namespace ringzero::detail

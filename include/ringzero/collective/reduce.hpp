@@ -1,0 +1,33 @@
+#pragma once
+/// @file
+/// reduce: the root receives the element-wise reduction of all ranks' inputs (ncclReduce).
+
+#include <cstdint>
+#include <span>
+
+#include "ringzero/collective/dispatch.hpp"
+
+namespace ringzero {
+
+/// Reduces `count` elements from every rank's `send` with `op` into the root's `recv`.
+/// `recv` is written on the root only; on other ranks it is ignored (may be null) and never
+/// touched (case C9). In place when `send == recv` on the root.
+/// Errors, thread semantics and determinism as `all_reduce`; follows ncclReduce.
+inline void reduce(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type, reduce_op op,
+                   int root, const collective_options& options = {}) {
+  detail::issue(comm, detail::make_request(collective_kind::reduce, send, recv, count, type, op, root, options), false);
+}
+
+/// Asynchronous `reduce` (see `all_reduce_async` for the handle's semantics).
+inline work reduce_async(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type, reduce_op op,
+                         int root, const collective_options& options = {}) {
+  return detail::issue(comm, detail::make_request(collective_kind::reduce, send, recv, count, type, op, root, options), true);
+}
+
+/// Typed in-place `reduce` of `buffer` into the root's `buffer`.
+template <element_type T>
+void reduce(communicator& comm, std::span<T> buffer, reduce_op op, int root, const collective_options& options = {}) {
+  reduce(comm, buffer.data(), buffer.data(), buffer.size(), dtype_of<T>, op, root, options);
+}
+
+}  // namespace ringzero

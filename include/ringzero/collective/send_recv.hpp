@@ -1,0 +1,94 @@
+#pragma once
+/// @file
+/// Point-to-point transfers: send, recv and sendrecv (ncclSend / ncclRecv semantics).
+///
+/// A send completes when its receiver has taken the data (rendezvous; on the local backend the
+/// receiver copies straight from the sender's buffer). Transfers between a pair of ranks match
+/// in order. Two ranks that must exchange data use `sendrecv` (like NCCL's group of a send and a
+/// recv): two blocking sends towards each other would each wait for the other, and fail with
+/// errc::timeout. The sizes of a matched send and receive must be equal: otherwise both ranks
+/// get errc::size_mismatch naming both sizes (case C12), never a partial copy.
+/// Thread semantics: blocking, ordered after the communicator's earlier async operations.
+/// Zero-element transfers still match (and check sizes); null pointers are allowed for them.
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "ringzero/collective/dispatch.hpp"
+
+namespace ringzero {
+
+namespace detail {
+
+/// Validates one side of a transfer on the calling rank; throws errc::invalid_argument.
+inline std::uint64_t transfer_bytes(const communicator& c, const void* buffer, std::uint64_t count, dtype type, int peer,
+                                    const char* what) {
+  if (!is_valid(type))
+    c.raise(errc::invalid_argument, std::string(what) + ": unknown dtype value " + std::to_string(static_cast<unsigned>(type)));
+  if (peer < 0 || peer >= c.world_size())
+    c.raise(errc::invalid_argument, std::string(what) + ": peer " + std::to_string(peer) + " is outside [0, " +
+                                        std::to_string(c.world_size()) + ")");
+  const auto bytes = checked_mul(count, dtype_size(type));
+  if (!bytes)
+    c.raise(errc::invalid_argument, std::string(what) + ": count " + std::to_string(count) + " of " +
+                                        std::string(dtype_name(type)) + " overflows the buffer size in bytes");
+  if (*bytes > 0 && buffer == nullptr)
+    c.raise(errc::invalid_argument, std::string(what) + ": buffer is null with count " + std::to_string(count));
+  return *bytes;
+}
+
+/// Runs one transfer on `c`, after its pending async work, naming `kind` in errors.
+inline void transfer(communicator& c, collective_kind kind, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                     std::uint64_t recv_bytes, int from) {
+  c.progress().drain();
+  collective_descriptor d;
+  d.kind = kind;
+  current_collective guard(c, &d);
+  c.sendrecv(send, send_bytes, to, recv, recv_bytes, from);
+}
+
+}  // namespace detail
+
+/// Sends `count` elements of `type` from `buffer` to rank `peer` (!= own rank; use `sendrecv`
+/// to send to oneself). Blocks until `peer` has received them.
+/// Errors: invalid_argument (bad peer, dtype, null buffer, overflow); size_mismatch; timeout;
+/// aborted; peer_exited.
+inline void send(communicator& comm, const void* buffer, std::uint64_t count, dtype type, int peer) {
+  const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "send");
+  if (peer == comm.rank()) comm.raise(errc::invalid_argument, "send to oneself would never complete; use sendrecv");
+  detail::transfer(comm, collective_kind::send, buffer, bytes, peer, nullptr, 0, -1);
+}
+
+/// Receives `count` elements of `type` from rank `peer` into `buffer`. Errors as `send`.
+inline void recv(communicator& comm, void* buffer, std::uint64_t count, dtype type, int peer) {
+  const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "recv");
+  if (peer == comm.rank()) comm.raise(errc::invalid_argument, "recv from oneself would never complete; use sendrecv");
+  detail::transfer(comm, collective_kind::recv, nullptr, 0, -1, buffer, bytes, peer);
+}
+
+/// Sends `send_count` elements to `to` and receives `recv_count` elements from `from`,
+/// concurrently (`to` and `from` may be the own rank). `send` and `recv` must not overlap.
+/// Errors as `send`.
+inline void sendrecv(communicator& comm, const void* send_buffer, std::uint64_t send_count, int to, void* recv_buffer,
+                     std::uint64_t recv_count, int from, dtype type) {
+  const std::uint64_t sb = detail::transfer_bytes(comm, send_buffer, send_count, type, to, "sendrecv (send side)");
+  const std::uint64_t rb = detail::transfer_bytes(comm, recv_buffer, recv_count, type, from, "sendrecv (recv side)");
+  if (detail::ranges_overlap(send_buffer, sb, recv_buffer, rb))
+    comm.raise(errc::invalid_argument, "sendrecv: send and receive buffers overlap");
+  detail::transfer(comm, collective_kind::send, send_buffer, sb, to, recv_buffer, rb, from);
+}
+
+/// Typed `send` of a span.
+template <element_type T>
+void send(communicator& comm, std::span<const T> buffer, int peer) {
+  send(comm, buffer.data(), buffer.size(), dtype_of<T>, peer);
+}
+
+/// Typed `recv` into a span (its size is the expected count).
+template <element_type T>
+void recv(communicator& comm, std::span<T> buffer, int peer) {
+  recv(comm, buffer.data(), buffer.size(), dtype_of<T>, peer);
+}
+
+}  // namespace ringzero

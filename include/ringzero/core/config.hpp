@@ -1,0 +1,47 @@
+#pragma once
+/// @file
+/// Compile-time configuration of ringzero: version, compiler and CUDA detection, the
+/// optional backends, and the few macros the other headers share.
+///
+/// Backends that need an external library are opt-in: define `RINGZERO_HAS_MPI=1` or
+/// `RINGZERO_HAS_NCCL=1` (the Meson dependency, the pkg-config file and the CMake package do
+/// this when the library was found at configure time) and include the backend's header.
+/// Every macro is `RINGZERO_`-prefixed.
+
+#define RINGZERO_VERSION_MAJOR 0
+#define RINGZERO_VERSION_MINOR 1
+#define RINGZERO_VERSION_PATCH 0
+/// The version as one integer, major * 10000 + minor * 100 + patch.
+#define RINGZERO_VERSION (RINGZERO_VERSION_MAJOR * 10000 + RINGZERO_VERSION_MINOR * 100 + RINGZERO_VERSION_PATCH)
+
+#if defined(__CUDACC__)
+/// Marks a function usable from host and CUDA device code when compiled by nvcc.
+#define RINGZERO_HOST_DEVICE __host__ __device__
+#else
+#define RINGZERO_HOST_DEVICE
+#endif
+
+#ifndef RINGZERO_HAS_MPI
+/// 1 when the MPI backend may be used (set by the build when MPI was found).
+#define RINGZERO_HAS_MPI 0
+#endif
+
+#ifndef RINGZERO_HAS_NCCL
+/// 1 when the NCCL backend may be used (set by the build when NCCL and cudart were found).
+#define RINGZERO_HAS_NCCL 0
+#endif
+
+#ifndef RINGZERO_HAS_CUDA
+/// 1 when the CUDA runtime is available to host code (set by the build when cudart was found).
+#define RINGZERO_HAS_CUDA 0
+#endif
+
+#if defined(__x86_64__) || defined(_M_X64)
+/// 1 on x86-64, where the host primitives may use SSE2 non-temporal stores.
+#define RINGZERO_X86_64 1
+#else
+#define RINGZERO_X86_64 0
+#endif
+
+/// Size in bytes of a cache line; shared atomics are padded to it to avoid false sharing.
+#define RINGZERO_CACHE_LINE 64

@@ -1,0 +1,74 @@
+#pragma once
+/// @file
+/// Reduction operators: sum, prod, min, max, avg and premul_sum(scalar), with NCCL's meaning.
+///
+/// Semantics shared by every backend and algorithm:
+/// - Integer sum, prod and premul_sum wrap modulo 2^bits (two's complement), never overflow UB.
+/// - avg is the sum (wrapping for integers) divided by the world size once, at the end:
+///   floating types divide in their arithmetic type and round once; integer types truncate toward
+///   zero. This follows NCCL's integer `ncclAvg` (sum, then divide) and is exact for floats whose
+///   sums are exact.
+/// - premul_sum(s) multiplies each rank's input by `s` before summing (NCCL's
+///   `ncclRedOpCreatePreMulSum`); like NCCL, ranks may pass different scalars. For integer types
+///   `s` must be an integer value with |s| < 2^53; it is applied with wrapping multiplication.
+/// - min and max compare unsigned types as unsigned; for floating types a NaN operand makes the
+///   result a NaN.
+/// - float16 and bfloat16 values are combined in float32 and rounded once per combine.
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace ringzero {
+
+/// Which reduction. The numbering is stable (exchanged between processes).
+enum class reduce_kind : std::uint8_t { sum = 0, prod = 1, min = 2, max = 3, avg = 4, premul_sum = 5 };
+
+/// Number of `reduce_kind` enumerators.
+inline constexpr int reduce_kind_count = 6;
+
+/// True when `k` is one of the enumerators.
+constexpr bool is_valid(reduce_kind k) noexcept {
+  return static_cast<unsigned>(k) < static_cast<unsigned>(reduce_kind_count);
+}
+
+/// Name as nccl-tests prints it: "sum", "prod", "min", "max", "avg", "premulsum"; "invalid" otherwise.
+constexpr std::string_view reduce_kind_name(reduce_kind k) noexcept {
+  switch (k) {
+    case reduce_kind::sum: return "sum";
+    case reduce_kind::prod: return "prod";
+    case reduce_kind::min: return "min";
+    case reduce_kind::max: return "max";
+    case reduce_kind::avg: return "avg";
+    case reduce_kind::premul_sum: return "premulsum";
+  }
+  return "invalid";
+}
+
+/// Parses a name printed by `reduce_kind_name` (also "premul_sum"); std::nullopt when unknown.
+constexpr std::optional<reduce_kind> parse_reduce_kind(std::string_view s) noexcept {
+  for (int i = 0; i < reduce_kind_count; ++i)
+    if (s == reduce_kind_name(static_cast<reduce_kind>(i))) return static_cast<reduce_kind>(i);
+  if (s == "premul_sum") return reduce_kind::premul_sum;
+  return std::nullopt;
+}
+
+/// A reduction operator: a kind, plus the scalar of premul_sum.
+/// Implicitly constructible from a `reduce_kind`, so `reduce_kind::sum` can be passed wherever a
+/// `reduce_op` is expected; build premul_sum with `reduce_op::premul_sum(s)`.
+struct reduce_op {
+  reduce_kind kind = reduce_kind::sum;  ///< which reduction
+  double scalar = 1.0;                  ///< multiplier of premul_sum; ignored by the other kinds
+
+  constexpr reduce_op() noexcept = default;
+  /// The operator `k` (for premul_sum the scalar is 1).
+  constexpr reduce_op(reduce_kind k) noexcept : kind(k) {}  // NOLINT(google-explicit-constructor)
+  /// premul_sum with multiplier `s`: result = sum over ranks of s_rank * x_rank.
+  static constexpr reduce_op premul_sum(double s) noexcept {
+    reduce_op op(reduce_kind::premul_sum);
+    op.scalar = s;
+    return op;
+  }
+};
+
+}  // namespace ringzero

@@ -1,0 +1,216 @@
+#pragma once
+/// @file
+/// Host element-wise reduction: `reduce_into(dst, a, b, count, spec)` computes
+/// `dst[i] = post(pre_a(a[i]) (op) pre_b(b[i]))` for every dtype and reduce kind, and
+/// `scale_into` applies premul_sum's multiplier alone.
+///
+/// This is the only place where values are combined on the CPU, so every algorithm and backend
+/// shares one definition of the arithmetic (see core/reduce_op.hpp): integer sums and products
+/// wrap, avg divides once at the end (`post`), premul_sum scales each raw input once (`pre`),
+/// float16/bfloat16 combine in float32 and round once per combine.
+///
+/// Counts are in elements; `dst` may be `a` or `b` (in-place accumulation) but must not
+/// otherwise overlap them. The loops are written so that the compiler vectorises them.
+/// Thread safety: pure functions of their arguments. Determinism: element-wise, order-free.
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "ringzero/core/dtype.hpp"
+#include "ringzero/core/error.hpp"
+#include "ringzero/core/reduce_op.hpp"
+
+namespace ringzero::primitive {
+
+/// What one combine applies. `kind` is one of sum, prod, min, max, avg, premul_sum.
+/// - `pre_a` / `pre_b`: multiply that operand by `scalar_a` / `scalar_b` first (premul_sum on a
+///   raw input; false when the operand is already a partial result).
+/// - `divisor`: when non-zero, divide the combined value by it (avg, on the combine that
+///   produces the final value); integers truncate toward zero.
+struct reduce_spec {
+  dtype type = dtype::float32;
+  reduce_kind kind = reduce_kind::sum;
+  bool pre_a = false;
+  bool pre_b = false;
+  double scalar_a = 1.0;
+  double scalar_b = 1.0;
+  std::int64_t divisor = 0;
+};
+
+namespace detail {
+
+template <class T>
+inline constexpr bool is_half_v = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+
+/// The type values are combined in: float for the 16-bit floats, the type itself otherwise.
+template <class T>
+using compute_t = std::conditional_t<is_half_v<T>, float, T>;
+
+template <class T>
+inline compute_t<T> load(T x) noexcept {
+  return static_cast<compute_t<T>>(x);
+}
+
+template <class T>
+inline T store(compute_t<T> x) noexcept {
+  if constexpr (is_half_v<T>) return T(x);
+  else return x;
+}
+
+template <class C>
+inline C add(C a, C b) noexcept {
+  if constexpr (std::is_integral_v<C>) {
+    using U = std::make_unsigned_t<C>;
+    return static_cast<C>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
+
+template <class C>
+inline C mul(C a, C b) noexcept {
+  if constexpr (std::is_integral_v<C>) {
+    using U = std::make_unsigned_t<C>;
+    // unsigned char promotes to int: 255 * 255 still fits, and the result is reduced modulo 2^bits.
+    return static_cast<C>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  } else {
+    return a * b;
+  }
+}
+
+template <class C>
+inline C min_of(C a, C b) noexcept {
+  if constexpr (std::is_floating_point_v<C>) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return b < a ? b : a;
+}
+
+template <class C>
+inline C max_of(C a, C b) noexcept {
+  if constexpr (std::is_floating_point_v<C>) {
+    if (a != a) return a;
+    if (b != b) return b;
+  }
+  return a < b ? b : a;
+}
+
+template <class C>
+inline C divide(C a, std::int64_t n) noexcept {
+  if constexpr (std::is_floating_point_v<C>) {
+    return a / static_cast<C>(n);
+  } else if constexpr (std::is_signed_v<C>) {
+    return static_cast<C>(static_cast<std::int64_t>(a) / n);
+  } else {
+    return static_cast<C>(static_cast<std::uint64_t>(a) / static_cast<std::uint64_t>(n));
+  }
+}
+
+/// premul_sum's multiplier in the compute type (integers: the integral value, wrapped).
+template <class C>
+inline C scalar_as(double s) noexcept {
+  if constexpr (std::is_floating_point_v<C>) {
+    return static_cast<C>(s);
+  } else {
+    using U = std::make_unsigned_t<C>;
+    return static_cast<C>(static_cast<U>(static_cast<std::uint64_t>(static_cast<std::int64_t>(s))));
+  }
+}
+
+enum class binary { sum, prod, min, max };
+
+template <binary B, class C>
+inline C apply(C a, C b) noexcept {
+  if constexpr (B == binary::sum) return add(a, b);
+  else if constexpr (B == binary::prod) return mul(a, b);
+  else if constexpr (B == binary::min) return min_of(a, b);
+  else return max_of(a, b);
+}
+
+template <class T, binary B, bool PreA, bool PreB, bool Post>
+void combine_loop(T* dst, const T* a, const T* b, std::uint64_t n, compute_t<T> sa, compute_t<T> sb,
+                  std::int64_t divisor) noexcept {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    compute_t<T> x = load(a[i]);
+    compute_t<T> y = load(b[i]);
+    if constexpr (PreA) x = mul(x, sa);
+    if constexpr (PreB) y = mul(y, sb);
+    compute_t<T> r = apply<B>(x, y);
+    if constexpr (Post) r = divide(r, divisor);
+    dst[i] = store<T>(r);
+  }
+}
+
+template <class T>
+void reduce_typed(T* dst, const T* a, const T* b, std::uint64_t n, const reduce_spec& s) noexcept {
+  using C = compute_t<T>;
+  const C sa = scalar_as<C>(s.scalar_a);
+  const C sb = scalar_as<C>(s.scalar_b);
+  const std::int64_t d = s.divisor;
+  switch (s.kind) {
+    case reduce_kind::prod: return combine_loop<T, binary::prod, false, false, false>(dst, a, b, n, sa, sb, d);
+    case reduce_kind::min: return combine_loop<T, binary::min, false, false, false>(dst, a, b, n, sa, sb, d);
+    case reduce_kind::max: return combine_loop<T, binary::max, false, false, false>(dst, a, b, n, sa, sb, d);
+    default: break;  // sum, avg and premul_sum are all sums with optional pre/post steps
+  }
+  const bool pa = s.pre_a && s.kind == reduce_kind::premul_sum;
+  const bool pb = s.pre_b && s.kind == reduce_kind::premul_sum;
+  const bool post = d != 0;
+  const int variant = (pa ? 4 : 0) | (pb ? 2 : 0) | (post ? 1 : 0);
+  switch (variant) {
+    case 0: return combine_loop<T, binary::sum, false, false, false>(dst, a, b, n, sa, sb, d);
+    case 1: return combine_loop<T, binary::sum, false, false, true>(dst, a, b, n, sa, sb, d);
+    case 2: return combine_loop<T, binary::sum, false, true, false>(dst, a, b, n, sa, sb, d);
+    case 3: return combine_loop<T, binary::sum, false, true, true>(dst, a, b, n, sa, sb, d);
+    case 4: return combine_loop<T, binary::sum, true, false, false>(dst, a, b, n, sa, sb, d);
+    case 5: return combine_loop<T, binary::sum, true, false, true>(dst, a, b, n, sa, sb, d);
+    case 6: return combine_loop<T, binary::sum, true, true, false>(dst, a, b, n, sa, sb, d);
+    default: return combine_loop<T, binary::sum, true, true, true>(dst, a, b, n, sa, sb, d);
+  }
+}
+
+template <class T>
+void scale_typed(T* dst, const T* src, std::uint64_t n, double scalar) noexcept {
+  using C = compute_t<T>;
+  const C s = scalar_as<C>(scalar);
+  for (std::uint64_t i = 0; i < n; ++i) dst[i] = store<T>(mul(load(src[i]), s));
+}
+
+template <class T>
+void divide_typed(T* dst, const T* src, std::uint64_t n, std::int64_t divisor) noexcept {
+  for (std::uint64_t i = 0; i < n; ++i) dst[i] = store<T>(divide(load(src[i]), divisor));
+}
+
+}  // namespace detail
+
+/// `dst[i] = post(pre_a(a[i]) op pre_b(b[i]))` for `i < count` (elements of `spec.type`).
+/// Preconditions: `spec.type` and `spec.kind` valid; `dst` equals or is disjoint from each of `a`
+/// and `b`; pointers non-null when `count > 0`. Never throws.
+inline void reduce_into(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec) noexcept {
+  if (count == 0) return;
+  visit_dtype(spec.type, [&]<class T>() {
+    detail::reduce_typed<T>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, spec);
+  });
+}
+
+/// `dst[i] = scalar * src[i]` (premul_sum's pre-step) with premul_sum's arithmetic for `type`.
+/// `dst` may equal `src`. Never throws.
+inline void scale_into(void* dst, const void* src, std::uint64_t count, dtype type, double scalar) noexcept {
+  if (count == 0) return;
+  visit_dtype(type, [&]<class T>() {
+    detail::scale_typed<T>(static_cast<T*>(dst), static_cast<const T*>(src), count, scalar);
+  });
+}
+
+/// `dst[i] = src[i] / divisor` with avg's arithmetic (integers truncate toward zero).
+/// `dst` may equal `src`. Precondition: divisor > 0. Never throws.
+inline void divide_into(void* dst, const void* src, std::uint64_t count, dtype type, std::int64_t divisor) noexcept {
+  if (count == 0) return;
+  visit_dtype(type, [&]<class T>() {
+    detail::divide_typed<T>(static_cast<T*>(dst), static_cast<const T*>(src), count, divisor);
+  });
+}
+
+}  // namespace ringzero::primitive
