@@ -6,7 +6,10 @@
 /// premul_sum scales each raw input once (`pre`), min/max propagate NaN and compare unsigned
 /// types as unsigned, float16/bfloat16 combine in float32 and round once per combine. Floating
 /// arithmetic is explicitly rounded (no contraction into FMA), so results are bit-identical to
-/// the host's, NaN payloads included.
+/// the host's, with one exception: the payload of a NaN that arithmetic produces (a sum or
+/// product with a NaN operand) is the hardware's, so both sides give a NaN but x86 keeps an
+/// operand's payload where NVIDIA GPUs return the canonical NaN. min and max pass a NaN
+/// operand through unchanged on both.
 ///
 /// Memory access: 16-byte vectors with a scalar head and tail (primitive/elementwise.cuh).
 /// `dst` may equal `a` or `b`; otherwise no overlap. Asynchronous on `stream`; returns the

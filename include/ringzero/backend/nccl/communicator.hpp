@@ -401,8 +401,10 @@ class communicator final : public ringzero::communicator {
       abort_reason_ = reason;
     } catch (...) {
     }
-    if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+    // Flag first: waiters stop at once, while ncclCommAbort may take a while (it can wait for
+    // device work to drain before freeing memory).
     aborted_.store(true, std::memory_order_release);
+    if (comm_ != nullptr) (void)ncclCommAbort(comm_);
   }
 
   /// NCCL failed with `r` in `what`: abort (NCCL requires it after an error) and raise.
