@@ -45,15 +45,17 @@ class communicator final : public ringzero::communicator {
     return a == algorithm::ring || a == algorithm::halving_doubling || a == algorithm::direct;
   }
 
-  /// Shared-memory costs: a rendezvous of ~0.3 us per step and ~10 GB/s per rank of memory
-  /// traffic (measured on the 2-core development VM; see docs/algorithms.md).
+  /// Shared-memory costs: a rendezvous of ~0.3 us per step and ~10 GB/s of memory traffic
+  /// per rank (mu). A byte "transferred" by a zero-copy receive is read from the peer and written
+  /// locally (beta = 2 mu); a byte combined also reads the own operand (gamma = mu).
+  /// See docs/algorithms.md.
   link_model link() const noexcept override {
     link_model m;
-    m.alpha_us = 0.3;
-    m.beta_us_per_byte = 1.0 / 10e3;
-    m.gamma_us_per_byte = 1.0 / 10e3;
-    m.sync_us = 0.3;
     m.memory_us_per_byte = 1.0 / 10e3;
+    m.alpha_us = 0.3;
+    m.beta_us_per_byte = 2 * m.memory_us_per_byte;
+    m.gamma_us_per_byte = m.memory_us_per_byte;
+    m.sync_us = 0.3;
     return m;
   }
 
