@@ -192,11 +192,28 @@ class communicator final : public ringzero::communicator {
     }
   }
 
+  /// The tag of the current operation: 1 + sequence for a collective's internal transfers, 0 for
+  /// send/recv. A message is only accepted by the same kind of operation on the receiver, so
+  /// point-to-point traffic and collectives issued in a different order on two ranks raise an
+  /// error instead of delivering one operation's data to another.
+  std::uint64_t current_tag() const noexcept {
+    const collective_descriptor* d = current();
+    if (!d || d->kind == collective_kind::send || d->kind == collective_kind::recv) return 0;
+    return d->sequence + 1;
+  }
+
+  static std::string tag_name(std::uint64_t tag) {
+    return tag == 0 ? std::string("a send/recv") : "collective #" + std::to_string(tag - 1);
+  }
+
   std::uint64_t post(int to, const void* data, std::uint64_t bytes) {
     detail::mailbox& box = world_.box(rank(), to);
     const std::uint64_t k = ++sent_[static_cast<std::size_t>(to)];
+    // The previous message on this channel is always consumed here (every send waits for its
+    // receiver), so the fields may be overwritten.
     box.data = data;
     box.bytes = bytes;
+    box.tag = current_tag();
     box.posted.store(k, std::memory_order_release);
     return k;
   }
@@ -207,8 +224,19 @@ class communicator final : public ringzero::communicator {
     status st = ringzero::detail::wait_until([&] { return box.posted.load(std::memory_order_acquire) >= k; },
                                              [&] { return failure_of(from); }, deadline(), world_.oversubscribed());
     if (st != status::ok) fail_wait(st, "send its data for", {from});
+    const std::uint64_t want_tag = current_tag();
+    if (box.tag != want_tag) {
+      const std::uint64_t got_tag = box.tag;
+      box.tag_mismatch = true;
+      box.expected = expected;
+      box.consumed.store(k, std::memory_order_release);
+      raise(errc::contract_mismatch, "rank " + std::to_string(from) + " sent data for " + tag_name(got_tag) +
+                                         " while rank " + std::to_string(rank()) + " expected data for " +
+                                         tag_name(want_tag) + ": the two ranks issued operations in different orders");
+    }
     if (box.bytes != expected) {
       const std::uint64_t got = box.bytes;
+      box.tag_mismatch = false;
       box.expected = expected;
       box.consumed.store(k, std::memory_order_release);
       raise(errc::size_mismatch, "rank " + std::to_string(from) + " sends " + std::to_string(got) +
@@ -221,6 +249,7 @@ class communicator final : public ringzero::communicator {
   void consume(int from) {
     detail::mailbox& box = world_.box(from, rank());
     box.expected = box.bytes;
+    box.tag_mismatch = false;
     box.consumed.store(received_[static_cast<std::size_t>(from)], std::memory_order_release);
   }
 
@@ -229,6 +258,9 @@ class communicator final : public ringzero::communicator {
     status st = ringzero::detail::wait_until([&] { return box.consumed.load(std::memory_order_acquire) >= k; },
                                              [&] { return failure_of(to); }, deadline(), world_.oversubscribed());
     if (st != status::ok) fail_wait(st, "receive the data of", {to});
+    if (box.tag_mismatch)
+      raise(errc::contract_mismatch, "rank " + std::to_string(to) + " expected data of another operation than " +
+                                         tag_name(current_tag()) + ": the two ranks issued operations in different orders");
     if (box.expected != bytes)
       raise(errc::size_mismatch, "rank " + std::to_string(rank()) + " sends " + std::to_string(bytes) +
                                      " bytes but rank " + std::to_string(to) + " expects " +
