@@ -74,6 +74,7 @@ class communicator final : public ringzero::communicator {
     me.desc = d;
     const std::uint64_t tag = d.sequence + 1;
     me.arrived.store(tag, std::memory_order_release);
+    world_.bell(rank()).ring();
     wait_for_all(&detail::rank_slot::arrived, tag, "arrive at");
     auto violation = check_contract(
         world_size(), [&](int r) -> const collective_descriptor& { return world_.slot(r).desc; }, true);
@@ -86,6 +87,7 @@ class communicator final : public ringzero::communicator {
   void end(const collective_descriptor& d) override {
     const std::uint64_t tag = d.sequence + 1;
     world_.slot(rank()).departed.store(tag, std::memory_order_release);
+    world_.bell(rank()).ring();
     wait_for_all(&detail::rank_slot::departed, tag, "finish");
   }
 
@@ -182,7 +184,8 @@ class communicator final : public ringzero::communicator {
       if (r == rank()) continue;
       auto& peer = world_.slot(r).*field;
       status st = ringzero::detail::wait_until([&] { return peer.load(std::memory_order_acquire) >= tag; },
-                                               [&] { return failure_of(r); }, until, world_.oversubscribed());
+                                               [&] { return failure_of(r); }, until, world_.oversubscribed(),
+                                               &world_.bell(r));
       if (st == status::ok) continue;
       std::vector<int> missing;
       for (int q = 0; q < world_size(); ++q)
@@ -215,6 +218,7 @@ class communicator final : public ringzero::communicator {
     box.bytes = bytes;
     box.tag = current_tag();
     box.posted.store(k, std::memory_order_release);
+    world_.bell(rank()).ring();
     return k;
   }
 
@@ -222,7 +226,8 @@ class communicator final : public ringzero::communicator {
     detail::mailbox& box = world_.box(from, rank());
     const std::uint64_t k = ++received_[static_cast<std::size_t>(from)];
     status st = ringzero::detail::wait_until([&] { return box.posted.load(std::memory_order_acquire) >= k; },
-                                             [&] { return failure_of(from); }, deadline(), world_.oversubscribed());
+                                             [&] { return failure_of(from); }, deadline(), world_.oversubscribed(),
+                                             &world_.bell(from));
     if (st != status::ok) fail_wait(st, "send its data for", {from});
     const std::uint64_t want_tag = current_tag();
     if (box.tag != want_tag) {
@@ -230,6 +235,7 @@ class communicator final : public ringzero::communicator {
       box.tag_mismatch = true;
       box.expected = expected;
       box.consumed.store(k, std::memory_order_release);
+      world_.bell(rank()).ring();
       raise(errc::contract_mismatch, "rank " + std::to_string(from) + " sent data for " + tag_name(got_tag) +
                                          " while rank " + std::to_string(rank()) + " expected data for " +
                                          tag_name(want_tag) + ": the two ranks issued operations in different orders");
@@ -239,6 +245,7 @@ class communicator final : public ringzero::communicator {
       box.tag_mismatch = false;
       box.expected = expected;
       box.consumed.store(k, std::memory_order_release);
+      world_.bell(rank()).ring();
       raise(errc::size_mismatch, "rank " + std::to_string(from) + " sends " + std::to_string(got) +
                                      " bytes but rank " + std::to_string(rank()) + " expects " +
                                      std::to_string(expected) + " bytes");
@@ -251,12 +258,14 @@ class communicator final : public ringzero::communicator {
     box.expected = box.bytes;
     box.tag_mismatch = false;
     box.consumed.store(received_[static_cast<std::size_t>(from)], std::memory_order_release);
+    world_.bell(rank()).ring();
   }
 
   void await_consumed(int to, std::uint64_t k, std::uint64_t bytes) {
     detail::mailbox& box = world_.box(rank(), to);
     status st = ringzero::detail::wait_until([&] { return box.consumed.load(std::memory_order_acquire) >= k; },
-                                             [&] { return failure_of(to); }, deadline(), world_.oversubscribed());
+                                             [&] { return failure_of(to); }, deadline(), world_.oversubscribed(),
+                                             &world_.bell(to));
     if (st != status::ok) fail_wait(st, "receive the data of", {to});
     if (box.tag_mismatch)
       raise(errc::contract_mismatch, "rank " + std::to_string(to) + " expected data of another operation than " +
