@@ -70,6 +70,8 @@ class communicator final : public ringzero::communicator {
   world& shared_world() noexcept { return world_; }
 
   void begin(const collective_descriptor& d) override {
+    if (world_.aborted())
+      raise(world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
     detail::rank_slot& me = world_.slot(rank());
     me.desc = d;
     const std::uint64_t tag = d.sequence + 1;
@@ -97,6 +99,7 @@ class communicator final : public ringzero::communicator {
                 int from) override {
     check_peer(to, "send to");
     check_peer(from, "receive from");
+    if (world_.aborted()) raise(world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
       const void* data = await_message(from, recv_bytes);
