@@ -90,6 +90,16 @@ std::vector<primitive::reduce_spec> reduce_variants(dtype t) {
   auto sum_div = spec_of(t, reduce_kind::sum);
   sum_div.divisor = 7;
   v.push_back(sum_div);
+  auto avg_pre = spec_of(t, reduce_kind::avg);  // direct's first fold: pre-scaled inputs, then the division
+  avg_pre.pre_a = avg_pre.pre_b = true;
+  avg_pre.scalar_a = fp ? 0.5 : 2.0;
+  avg_pre.scalar_b = fp ? 3.0 : -3.0;
+  avg_pre.divisor = 2;
+  v.push_back(avg_pre);
+  auto max_pre = spec_of(t, reduce_kind::max);  // prod, min and max ignore the pre-scaling
+  max_pre.pre_a = true;
+  max_pre.scalar_a = fp ? 7.5 : 9.0;
+  v.push_back(max_pre);
   return v;
 }
 

@@ -65,8 +65,8 @@ cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t
   if constexpr (B == primitive::detail::binary::sum) {
     f.scalar_a = primitive::detail::scalar_as<compute>(spec.scalar_a);
     f.scalar_b = primitive::detail::scalar_as<compute>(spec.scalar_b);
-    f.pre_a = spec.pre_a && spec.kind == reduce_kind::premul_sum;
-    f.pre_b = spec.pre_b && spec.kind == reduce_kind::premul_sum;
+    f.pre_a = spec.pre_a;  // honoured by every sum-like kind, as on the host
+    f.pre_b = spec.pre_b;
     f.divisor = spec.divisor;
   }
   return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, f, stream);
