@@ -1,6 +1,7 @@
 // ringzero-gpu-bench: the GPU's copy bandwidth and the bandwidth of every CUDA primitive.
 //
 //   ringzero-gpu-bench [--size-mib 256] [--iters 20] [--warmup 3] [--device 0] [--json FILE]
+//                      [--ranks 2,4] [--no-collectives]
 //
 // First the card's copy bandwidth, two ways: cudaMemcpyAsync device to device, and a copy
 // kernel built like the primitives (16-byte vectors; copy_kernel.cu). Then reduce_into, cast,
@@ -11,13 +12,22 @@
 // is comparable with the copy bandwidth; "of copy" is the fraction of the better copy.
 // #wrong: elements of the first and last 64 Ki outputs that differ from the host primitive's
 // result on the same inputs (bitwise; a NaN produced by arithmetic matches any NaN).
-// The last lines check this project's target on a Hopper GPU: reduce_into and cast reach at
-// least 85% of the copy bandwidth. Exit status: 0 when every row is right, 1 when a result is
+// Then all_reduce (float32 sum, out of place, --size-mib per rank) on the local backend with
+// device memory, every rank of --ranks on this one GPU, ring and halving_doubling: time per call
+// (mean of --iters back-to-back calls up to the streams' completion), algbw = S / time, busbw =
+// algbw * 2(n-1)/n, and "x bound": the time over the copy-bandwidth bound of the ring, the bytes
+// its n ranks must move through the one device's memory, 5(n-1)S (each of the n-1
+// reduce-scatter steps reads two blocks of S/n and writes one; each of the n-1 all-gather steps
+// copies S/n), divided by the copy bandwidth. Results are checked exactly (every rank holds
+// r + 1, so every element must be n(n+1)/2).
+// The last lines check this project's targets on a Hopper GPU: reduce_into and cast reach at
+// least 85% of the copy bandwidth, and ring all_reduce stays within 2x of its bound. Exit status: 0 when every row is right, 1 when a result is
 // wrong, 2 on an error (no device, bad option).
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +40,9 @@
 
 #include "copy_kernel.hpp"
 #include "ringzero/backend/cuda/runtime.hpp"
+#include "ringzero/backend/local/cuda.hpp"
+#include "ringzero/collective/all_reduce.hpp"
+#include "ringzero/collective/barrier.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/primitive/cast.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
@@ -46,6 +59,8 @@ struct options {
   int warmup = 3;
   int device = 0;
   std::string json_path;
+  std::vector<int> ranks{2, 4};
+  bool collectives = true;
 };
 
 void check(cudaError_t e, const char* what) { rz::cudart::check(e, what); }
@@ -145,6 +160,60 @@ long long count_wrong(rz::dtype t, const unsigned char* out, std::uint64_t n, bo
   return wrong;
 }
 
+struct collective_row {
+  int ranks = 0;
+  std::string algo;
+  double time_us = 0, algbw = 0, busbw = 0, bound_ratio = 0;
+  long long wrong = 0;
+};
+
+/// all_reduce float32 sum of `bytes` per rank on `n` ranks sharing `device` (see the file comment).
+collective_row bench_all_reduce(int n, rz::algorithm algo, std::size_t bytes, int device, int iters, int warmup, double copy_gbps) {
+  collective_row row;
+  row.ranks = n;
+  row.algo = std::string(rz::algorithm_name(algo));
+  const std::uint64_t count = bytes / 4;
+  std::vector<double> seconds(static_cast<std::size_t>(n), 0.0);
+  std::vector<long long> wrong(static_cast<std::size_t>(n), 0);
+  rz::local::cuda_launch_options lo;
+  lo.devices = {device};
+  rz::local::launch_cuda(
+      n,
+      [&](rz::local::cuda_communicator& c) {
+        const auto& k = rz::primitive::require_device_primitives();
+        device_buffer send(bytes), recv(bytes);
+        if (k.fill(send.p, count, rz::dtype::float32, c.rank() + 1.0, c.cuda_stream()) != 0)
+          throw rz::error(rz::errc::backend_failure, "fill failed");
+        rz::collective_options opts;
+        opts.algo = algo;
+        for (int i = 0; i < warmup; ++i) rz::all_reduce(c, send.p, recv.p, count, rz::dtype::float32, rz::reduce_kind::sum, opts);
+        c.synchronize();
+        rz::barrier(c);
+        c.synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i) rz::all_reduce(c, send.p, recv.p, count, rz::dtype::float32, rz::reduce_kind::sum, opts);
+        c.synchronize();
+        seconds[static_cast<std::size_t>(c.rank())] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        // Exact check of the last result: n(n+1)/2 everywhere (sampled windows at both ends and the middle).
+        const float want = static_cast<float>(n * (n + 1) / 2);
+        const std::uint64_t w = std::min<std::uint64_t>(count, 1 << 20);
+        for (std::uint64_t first : {std::uint64_t{0}, count / 2 - std::min(count / 2, w / 2), count - w}) {
+          std::vector<float> got(static_cast<std::size_t>(w));
+          rz::cudart::check(cudaMemcpy(got.data(), recv.p + first * 4, w * 4, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+          for (float v : got) wrong[static_cast<std::size_t>(c.rank())] += v != want;
+        }
+      },
+      lo);
+  const double slowest = *std::max_element(seconds.begin(), seconds.end());
+  row.time_us = 1e6 * slowest / iters;
+  row.algbw = static_cast<double>(bytes) / row.time_us / 1e3;
+  row.busbw = row.algbw * 2.0 * (n - 1) / n;
+  const double bound_us = 5.0 * (n - 1) * static_cast<double>(bytes) / (copy_gbps * 1e3);
+  row.bound_ratio = row.time_us / bound_us;
+  for (long long x : wrong) row.wrong += x;
+  return row;
+}
+
 int parse_options(int argc, char** argv, options& o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -157,8 +226,20 @@ int parse_options(int argc, char** argv, options& o) {
     else if (a == "--warmup") o.warmup = std::stoi(value());
     else if (a == "--device") o.device = std::stoi(value());
     else if (a == "--json") o.json_path = value();
+    else if (a == "--no-collectives") o.collectives = false;
+    else if (a == "--ranks") {
+      o.ranks.clear();
+      std::string list = value();
+      for (std::size_t start = 0; start <= list.size();) {
+        const std::size_t comma = list.find(',', start);
+        o.ranks.push_back(std::stoi(list.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    }
     else if (a == "-h" || a == "--help") {
-      std::printf("usage: ringzero-gpu-bench [--size-mib 256] [--iters 20] [--warmup 3] [--device 0] [--json FILE]\n");
+      std::printf("usage: ringzero-gpu-bench [--size-mib 256] [--iters 20] [--warmup 3] [--device 0] [--json FILE]\n"
+                  "                          [--ranks 2,4] [--no-collectives]\n");
       return 1;
     } else {
       throw rz::error(rz::errc::invalid_argument, "unknown option " + a);
@@ -297,9 +378,29 @@ int main(int argc, char** argv) {
         worst_name = r.name;
       }
     }
+    std::vector<collective_row> collectives;
+    if (o.collectives) {
+      std::fflush(stdout);
+      for (int n : o.ranks)
+        for (rz::algorithm a : {rz::algorithm::ring, rz::algorithm::halving_doubling})
+          collectives.push_back(bench_all_reduce(n, a, S, o.device, o.iters, o.warmup, copy_gbps));
+      std::printf("# all_reduce float32 sum, %zu MiB per rank, local backend, all ranks on GPU %d (out of place)\n", S >> 20, o.device);
+      std::printf("# %5s %-17s %11s %9s %9s %9s %7s\n", "ranks", "algorithm", "time (us)", "algbw", "busbw", "x bound", "#wrong");
+      for (const auto& c : collectives) {
+        std::printf("  %5d %-17s %11.1f %9.1f %9.1f %9.2f %7lld\n", c.ranks, c.algo.c_str(), c.time_us, c.algbw, c.busbw,
+                    c.bound_ratio, c.wrong);
+        wrong_total += c.wrong;
+      }
+    }
     std::printf("# copy bandwidth (better of the two copies): %.1f GB/s (bytes read + written)\n", copy_gbps);
     std::printf("# target reduce_into and cast >= 85%% of copy: worst %s at %.1f%%: %s\n", worst_name.c_str(), 100.0 * worst_target,
                 worst_target >= 0.85 ? "PASS" : "MISS");
+    double worst_ring = 0;
+    for (const auto& c : collectives)
+      if (c.algo == "ring") worst_ring = std::max(worst_ring, c.bound_ratio);
+    if (!collectives.empty())
+      std::printf("# target ring all_reduce within 2x of its copy-bandwidth bound: worst %.2fx: %s\n", worst_ring,
+                  worst_ring <= 2.0 ? "PASS" : "MISS");
     std::printf("# errors: %lld wrong element(s) %s\n", wrong_total, wrong_total == 0 ? "OK" : "FAILED");
     if (!o.json_path.empty()) {
       std::ofstream f(o.json_path);
@@ -311,7 +412,15 @@ int main(int argc, char** argv) {
           << ", \"gbps\": " << r.gbps << ", \"fraction_of_copy\": " << r.gbps / copy_gbps << ", \"wrong\": " << r.wrong << "}"
           << (i + 1 < rows.size() ? ",\n" : "\n");
       }
-      f << "  ],\n  \"worst_target_fraction\": " << worst_target << ",\n  \"wrong\": " << wrong_total << "\n}\n";
+      f << "  ],\n  \"all_reduce\": [\n";
+      for (std::size_t i = 0; i < collectives.size(); ++i) {
+        const collective_row& c = collectives[i];
+        f << "    {\"ranks\": " << c.ranks << ", \"algorithm\": \"" << c.algo << "\", \"time_us\": " << c.time_us
+          << ", \"algbw_gbps\": " << c.algbw << ", \"busbw_gbps\": " << c.busbw << ", \"bound_ratio\": " << c.bound_ratio
+          << ", \"wrong\": " << c.wrong << "}" << (i + 1 < collectives.size() ? ",\n" : "\n");
+      }
+      f << "  ],\n  \"worst_target_fraction\": " << worst_target << ",\n  \"worst_ring_bound_ratio\": " << worst_ring
+        << ",\n  \"wrong\": " << wrong_total << "\n}\n";
     }
     (void)cudaStreamDestroy(stream);
     return wrong_total == 0 ? 0 : 1;

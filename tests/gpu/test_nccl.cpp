@@ -194,6 +194,13 @@ TEST_CASE("the contract check runs through NCCL; invalid arguments are refused")
   });
 }
 
+TEST_CASE("nccl::init_all refuses two ranks on one GPU and bad devices") {
+  CHECK(error_of([] { (void)nccl::init_all({0, 0}); }) == errc::invalid_argument);
+  CHECK(error_of([] { (void)nccl::init_all({1000}); }) == errc::invalid_argument);
+  CHECK(error_of([] { (void)nccl::init_all({}); }) == errc::invalid_argument);
+}
+
+// Last in the file: it aborts a communicator with work still enqueued behind a blocked stream.
 namespace {
 
 /// A stream blocker: a host function enqueued on the stream that returns only once released,
@@ -229,7 +236,7 @@ TEST_CASE("a collective that cannot complete is aborted after the timeout (watch
     const auto start = std::chrono::steady_clock::now();
     try {
       c.synchronize();
-      FAIL("a blocked collective completed");
+      FAIL_CHECK("a blocked collective completed");
     } catch (const error& e) {
       CHECK(e.kind() == errc::timeout);
       CHECK(std::string(e.what()).find("within 1 s") != std::string::npos);
@@ -244,10 +251,4 @@ TEST_CASE("a collective that cannot complete is aborted after the timeout (watch
     cudart::check(cudaStreamSynchronize(c.stream()), "cudaStreamSynchronize");
     comms.clear();
   }
-}
-
-TEST_CASE("nccl::init_all refuses two ranks on one GPU and bad devices") {
-  CHECK(error_of([] { (void)nccl::init_all({0, 0}); }) == errc::invalid_argument);
-  CHECK(error_of([] { (void)nccl::init_all({1000}); }) == errc::invalid_argument);
-  CHECK(error_of([] { (void)nccl::init_all({}); }) == errc::invalid_argument);
 }
