@@ -245,7 +245,8 @@ if has ringzero-gpu-bench; then
     1) record "gpu bench" fail "$errors_line" ;;
     124) record "gpu bench" timeout "see gpu_bench.log" ;;
     125) record "gpu bench" skip "out of time" ;;
-    *) record "gpu bench" fail "status $rc: $(tail -1 "$gpu_log")" ;;
+    *) if grep -q "no CUDA device" "$gpu_log"; then record "gpu bench" skip "no CUDA device"
+       else record "gpu bench" fail "status $rc: $(tail -1 "$gpu_log")"; fi ;;
   esac
   [ -n "$prim_line" ] && record "primitives >= 85% copy" "$(echo "$prim_line" | awk '{print $NF}')" "$prim_line"
   [ -n "$ring_line" ] && record "ring all_reduce <= 2x bound" "$(echo "$ring_line" | awk '{print $NF}')" "$ring_line"
@@ -274,7 +275,8 @@ run_bench() {  # run_bench LABEL CAP ARGS...
     0) record "bench $label" ok "avg busbw ${busbw} GB/s; $last; $errors" ;;
     124) record "bench $label" timeout "see collectives.log" ;;
     125) record "bench $label" skip "out of time" ;;
-    *) record "bench $label" fail "status $rc: $(tail -1 "$coll_log")" ;;
+    *) if tail -1 "$coll_log" | grep -q "no CUDA device"; then record "bench $label" skip "no CUDA device"
+       else record "bench $label" fail "status $rc: $(tail -1 "$coll_log")"; fi ;;
   esac
 }
 if has ringzero-bench; then
@@ -336,7 +338,7 @@ fi
   echo "==== ringzero device check: ${gpu_name:-no GPU}, $(( $(date +%s) - t_start )) s ===="
   for row in "${summary_rows[@]}"; do
     IFS=$'\t' read -r step status detail <<< "$row"
-    printf '%-30s %-8s %s\n' "$step" "$status" "$detail"
+    printf '%-36s %-8s %s\n' "$step" "$status" "$detail"
   done
   echo "==== $( [ $failures = 0 ] && echo "no step failed" || echo "$failures step(s) failed or missed a target") ===="
 } | tee "$out/summary.txt"
