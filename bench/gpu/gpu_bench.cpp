@@ -4,7 +4,8 @@
 //                      [--ranks 2,4] [--no-collectives]
 //
 // First the card's copy bandwidth, two ways: cudaMemcpyAsync device to device, and a copy
-// kernel built like the primitives (16-byte vectors; copy_kernel.cu). Then reduce_into, cast,
+// kernel built like the primitives (16-byte vectors; copy_kernel.cu); then, for reference, a
+// copy and a float32 sum through CUB's cub::DeviceTransform (CCCL's tuned transform). Then reduce_into, cast,
 // scale and fill on buffers of --size-mib MiB (the largest operand of each call). Each row is
 // the median of --iters timed launches (CUDA events) after --warmup launches. Bandwidth counts
 // the bytes each call must read plus the bytes it must write (a copy of S bytes moves 2S; a
@@ -294,6 +295,10 @@ int main(int argc, char** argv) {
     add("copy kernel (16-byte vectors)", 2.0 * S, [&] { return ringzero_bench_copy_kernel(d.p, a.p, S, s); }, false);
     rows.back().wrong = std::memcmp(download(d.p, 4096).data(), download(a.p, 4096).data(), 4096) == 0 ? 0 : 1;
     const double copy_gbps = std::max(rows[0].gbps, rows[1].gbps);
+    // CUB's transform as a reference for the primitives' own kernels (not part of the ceiling).
+    add("copy (cub::DeviceTransform)", 2.0 * S, [&] { return ringzero_bench_cub_copy(d.p, a.p, S, s); }, false);
+    rows.back().wrong = std::memcmp(download(d.p, 4096).data(), download(a.p, 4096).data(), 4096) == 0 ? 0 : 1;
+    add("sum float32 (cub::DeviceTransform)", 3.0 * S, [&] { return ringzero_bench_cub_sum_float(d.p, a.p, b.p, S / 4, s); }, false);
 
     // reduce_into.
     struct reduce_case {
