@@ -336,18 +336,20 @@ void print_summary(const std::vector<shard_plan>& plans, std::optional<std::uint
   fmt::print("precision: {}\n\n", precision_text(plans.front().request().precision));
   fmt::print("Memory per rank and traffic per step, by stage ({} ranks, {} per replica group)\n", plans.front().world_size(),
              plans.back().shards());
-  fmt::print("  {:<6}{:>13}{:>13}{:>13}{:>13}{:>13}{:>13}{:>13}{:>16}{}\n", "stage", "parameters", "gradients", "master",
-             "optimizer", "buffers", "total", "paper", "volume (elem)", gpu ? "  fits" : "");
+  fmt::print("  {:<6}{:>12}{:>12}{:>12}{:>12}{:>14}{:>14}{:>12}{:>12}{:>16}{}\n", "stage", "parameters", "gradients", "master",
+             "optimizer", "model states", "paper (K=12)", "buffers", "total", "volume (elem)", gpu ? "  fits" : "");
   for (const shard_plan& plan : plans) {
     const auto& m = plan.memory();
     const auto c = ringzero::zero::compare_with_paper(plan);
-    fmt::print("  {:<6}{:>13}{:>13}{:>13}{:>13}{:>13}{:>13}{:>13}{:>16}{}\n", plan.stage(), human(static_cast<double>(m.parameters)),
+    fmt::print("  {:<6}{:>12}{:>12}{:>12}{:>12}{:>14}{:>14}{:>12}{:>12}{:>16}{}\n", plan.stage(), human(static_cast<double>(m.parameters)),
                human(static_cast<double>(m.gradients)), human(static_cast<double>(m.master_weights)),
-               human(static_cast<double>(m.optimizer_states)), human(static_cast<double>(m.communication_buffers)),
-               human(static_cast<double>(m.total())), human(c.paper.total()), grouped(c.planned_volume + c.replica_volume),
+               human(static_cast<double>(m.optimizer_states)), human(static_cast<double>(m.model_states())),
+               human(c.paper.total()), human(static_cast<double>(m.communication_buffers)),
+               human(static_cast<double>(m.total())), grouped(c.planned_volume + c.replica_volume),
                gpu ? (m.total() <= *gpu ? "  yes" : "  NO") : "");
   }
-  fmt::print("  (paper: the ZeRO paper's model-state formula with K = 12; run with --stage N for details)\n");
+  fmt::print("  (paper: the ZeRO paper's model-state formula with K = 12; fits: total <= GPU memory, activations not\n"
+             "   counted; volume: elements each rank moves per step in the paper's accounting; --stage N for details)\n");
 }
 
 }  // namespace
