@@ -46,6 +46,8 @@
 /// - Hybrid sharding: pass the communicator of the rank's replica group (the ranks that shard one
 ///   copy; `comm`) and the communicator of the ranks holding the same shard in other groups
 ///   (`replica_comm`); gradient shards are then also averaged across replica groups, once per step.
+/// - Backends: any communicator whose buffers are host memory (local, MPI); a device-memory
+///   communicator (NCCL) is refused with errc::unsupported.
 /// - Refusal: the constructor compares the plan with the parameters the trainer registers, the
 ///   communicators and the optimizer, agrees across ranks (a collective), and throws
 ///   `ringzero::error(errc::invalid_argument)` on every rank before any step when anything differs.
@@ -117,6 +119,7 @@ class sharded_model {
         shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
         gathers_(plan_.make_gather_schedule()),
         gradients_(plan_.make_gradient_schedule()) {
+    require_host_memory();
     agree(check(registered));
     allocate();
   }
@@ -388,6 +391,7 @@ class sharded_model {
         shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
         gathers_(plan_.make_gather_schedule()),
         gradients_(plan_.make_gradient_schedule()) {
+    require_host_memory();
     agree(check(plan_.parameters()));
     allocate();
   }
@@ -401,6 +405,15 @@ class sharded_model {
   [[noreturn]] void raise(const std::string& message) const { comm_.raise(errc::invalid_argument, "zero::sharded_model: " + message); }
 
   const std::string& name(std::size_t p) const { return plan_.parameters()[p].name; }
+
+  /// The runtime's buffers are host memory; a communicator of device memory (NCCL) cannot use
+  /// them. Every rank of a job has the same backend, so every rank refuses alike.
+  void require_host_memory() const {
+    if (comm_.space() != memory_space::host || (replica_ != nullptr && replica_->space() != memory_space::host))
+      comm_.raise(errc::unsupported, "zero::sharded_model keeps its buffers in host memory; the " +
+                                         std::string(backend_name(comm_.backend())) +
+                                         " communicator needs device memory, which this runtime does not allocate yet");
+  }
 
   const parameter_placement& placement(std::size_t p) const {
     if (p >= plan_.placements().size())
