@@ -470,6 +470,30 @@ TEST_CASE("accumulation scales the per-micro-batch collectives only") {
   }
 }
 
+TEST_CASE("64-bit sizes: a parameter of 3*2^31+5 elements on 5 ranks tiles exactly (case C11)") {
+  plan_request q;
+  q.parameters = {spec("huge", {3ull * (1ull << 31) + 5}, dtype::float64), spec("tail", {7})};
+  q.world_size = 5;
+  q.stage = 3;
+  q.alignment_bytes = 64;
+  const shard_plan plan(q);
+  const flat_buffer& f = plan.buffers()[0];
+  CHECK(f.numel % (5 * 8) == 0);
+  CHECK(f.numel - f.payload < 5 * 8);
+  std::uint64_t covered = 0, expected_offset = 0;
+  for (int r = 0; r < 5; ++r) {
+    const auto frags = plan.fragments(r);
+    REQUIRE_FALSE(frags.empty());
+    CHECK(frags[0].parameter == 0);
+    CHECK(frags[0].parameter_offset == expected_offset);
+    covered += frags[0].count;
+    expected_offset += frags[0].count;
+  }
+  CHECK(covered == 3ull * (1ull << 31) + 5);
+  CHECK(plan.memory().parameters == (f.numel / 5) * 8 + (plan.buffers()[1].numel / 5) * 4);
+  CHECK(plan.owner(0, 3ull * (1ull << 31) + 4) == 4);
+}
+
 TEST_CASE("preset models have their published parameter counts") {
   const std::pair<const char*, std::uint64_t> expected[] = {{"gpt2", 124439808ull},
                                                             {"gpt2-medium", 354823168ull},

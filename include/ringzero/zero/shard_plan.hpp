@@ -74,7 +74,7 @@ struct plan_request {
   int world_size = 1;
   /// Ranks per replica group: the ranks that together hold one copy of the model state (shard
   /// within a group, replicate across groups). 0: the whole world (plain ZeRO). Must divide
-  /// `world_size`. Ignored at stage 0.
+  /// `world_size` (checked at every stage); stage 0 shards nothing, so it has no other effect there.
   int replica_group_size = 0;
   /// ZeRO stage: 0 (plain data parallelism), 1 (optimizer states), 2 (+ gradients),
   /// 3 (+ parameters).
