@@ -5,7 +5,6 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -142,17 +141,21 @@ TEST_CASE("a bucket is reduced as soon as it is complete, before finish() (overl
     CHECK(red.buckets()[0].parameters == std::vector<std::size_t>{1});
     auto g1 = red.gradient_span<float>(1);
     std::fill(g1.begin(), g1.end(), static_cast<float>(comm.rank() + 1));  // average 1.5
+    CHECK_FALSE(red.bucket_communicated(0));
     red.mark_ready(1);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::atomic_ref<float>(g1[63]).load() != 1.5f && std::chrono::steady_clock::now() < deadline)
+    while (!red.bucket_communicated(0) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    CHECK(std::atomic_ref<float>(g1[63]).load() == 1.5f);  // reduced while "backward" still runs
+    REQUIRE(red.bucket_communicated(0));  // reduced while "backward" still runs
+    CHECK(g1[63] == 1.5f);
+    CHECK_FALSE(red.bucket_communicated(1));
     auto g0 = red.gradient_span<float>(0);
     std::fill(g0.begin(), g0.end(), 2.0f);
     red.mark_ready(0);
     red.finish();
     CHECK(g0[0] == 2.0f);
     CHECK(g1[0] == 1.5f);
+    CHECK_FALSE(red.bucket_communicated(0));  // outside a step
     CHECK(red.stats().reduction_seconds > 0.0);
     CHECK(red.stats().hidden_fraction() >= 0.0);
     CHECK(red.stats().hidden_fraction() <= 1.0);

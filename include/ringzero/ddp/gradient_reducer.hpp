@@ -427,6 +427,14 @@ class gradient_reducer {
     last_trained_rank_ = -1;
   }
 
+  /// True when bucket `k` (reduction order) was launched in the current step and its
+  /// communication has completed; `finish()` still has to complete it (hooks, copies). Never
+  /// blocks; false for an index out of range and outside a step. Lets a trainer observe the
+  /// overlap, and orders the memory of that bucket's reduction before the caller's later reads.
+  bool bucket_communicated(std::size_t k) const noexcept {
+    return k < buckets_.size() && buckets_[k].pending_work.valid() && buckets_[k].pending_work.test();
+  }
+
   // ---- measurements -----------------------------------------------------------------------
 
   /// Counters and timings since construction or the last `reset_stats()`.
