@@ -1,6 +1,7 @@
 #pragma once
 /// @file
-/// The umbrella header: core types, the local (threads) backend and every collective.
+/// The umbrella header: core types, the local (threads) backend, every collective, and DDP
+/// (bucket assignment, the gradient reducer and its communication hooks).
 /// The MPI and NCCL backends are opt-in (backend/mpi.hpp, backend/nccl.hpp) so that including
 /// this header needs no external library.
 ///
@@ -34,3 +35,10 @@
 #include "ringzero/collective/reduce.hpp"
 #include "ringzero/collective/reduce_scatter.hpp"
 #include "ringzero/collective/send_recv.hpp"
+
+#include "ringzero/ddp/allreduce_hook.hpp"
+#include "ringzero/ddp/bucket_assignment.hpp"
+#include "ringzero/ddp/comm_hook.hpp"
+#include "ringzero/ddp/compression_hook.hpp"
+#include "ringzero/ddp/gradient_bucket.hpp"
+#include "ringzero/ddp/gradient_reducer.hpp"
