@@ -65,6 +65,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -107,6 +108,20 @@ inline void retire_after_abort(aligned_storage memory) {
   static std::vector<aligned_storage>* graveyard = new std::vector<aligned_storage>();  // never destroyed
   std::lock_guard<std::mutex> lock(mutex);
   graveyard->push_back(std::move(memory));
+}
+
+/// Waits for `w` and rethrows its error, yielding the core while it polls: the operation runs on
+/// the communicator's progress thread, which may share this core (pinned rank threads), so a
+/// busy spin would only delay it. After `yield_for` the wait blocks (work::wait).
+inline void await_work(const work& w, std::chrono::microseconds yield_for = std::chrono::microseconds(2000)) {
+  if (!w.test()) {
+    const auto until = std::chrono::steady_clock::now() + yield_for;
+    for (unsigned i = 1; !w.test(); ++i) {
+      if ((i & 31u) == 0 && std::chrono::steady_clock::now() >= until) break;
+      std::this_thread::yield();
+    }
+  }
+  w.wait();
 }
 
 }  // namespace detail
@@ -710,7 +725,7 @@ class gradient_reducer {
     if (!agreement_pending_) return;
     const auto t0 = clock::now();
     try {
-      agreement_.wait();
+      detail::await_work(agreement_);
     } catch (const std::exception& e) {
       fail_from(e, "the agreement of step " + std::to_string(step_) + " (join mode) failed");
     }
@@ -808,7 +823,7 @@ class gradient_reducer {
       bucket& b = buckets_[k];
       const auto t0 = clock::now();
       try {
-        b.pending_work.wait();
+        detail::await_work(b.pending_work);
       } catch (const std::exception& e) {
         fail_from(e, "step " + std::to_string(step_) + ": reducing bucket " + std::to_string(k) + " (parameters " +
                          describe_bucket(k) + ") failed. If ranks run different numbers of synchronised steps " +
