@@ -463,6 +463,20 @@ TEST_CASE("marking twice, an index out of range, or switching sync mid-step: err
   }
 }
 
+TEST_CASE("finish() after the no_sync scope ended is explained") {
+  auto out = run_ranks(2, [&](communicator& comm) {
+    toy_model m({16, 16}, {});
+    gradient_reducer red(comm, m.parameters());
+    {
+      auto guard = red.no_sync();
+      red.mark_ready(1);
+      red.mark_ready(0);
+    }
+    red.finish();
+  });
+  for (auto& o : out) CHECK_MESSAGE(contains(o.what, "call finish() inside the no_sync scope"), o.what);
+}
+
 TEST_CASE("a reducer that failed stays failed") {
   auto out = run_ranks(1, [&](communicator& comm) {
     toy_model m({4}, {});

@@ -380,6 +380,7 @@ class gradient_reducer {
     check_usable();
     if (!require_sync_) {
       ++stats_.local_steps;
+      unsynced_marks_ = 0;
       return;
     }
     if (!step_open_) open_step();
@@ -389,6 +390,11 @@ class gradient_reducer {
       if (!ready_[k]) missing.push_back(k);
     if (!missing.empty()) {
       if (!options_.find_unused_parameters) {
+        if (missing.size() == params_.size() && unsynced_marks_ > 0)
+          fail(errc::invalid_argument,
+               "finish() in step " + std::to_string(step_) + ": no gradient was marked ready since gradient sync was "
+               "turned back on, but " + std::to_string(unsynced_marks_) + " were marked under no_sync: call finish() "
+               "inside the no_sync scope (or not at all) for accumulation micro-steps");
         std::string names;
         for (std::size_t k = 0; k < missing.size() && k < 8; ++k) names += (k ? ", " : "") + describe(missing[k]);
         if (missing.size() > 8) names += ", ... (" + std::to_string(missing.size()) + " in all)";
@@ -405,6 +411,7 @@ class gradient_reducer {
     wait_and_complete(/*shadow=*/false);
     if (rebuild_pending()) rebuild(/*have_order=*/true);
     close_step();
+    unsynced_marks_ = 0;
   }
 
   /// Uneven inputs: this rank has no more data. Shadows the other ranks' synchronised steps
@@ -764,7 +771,10 @@ class gradient_reducer {
   void mark(std::size_t i, bool zero) {
     check_usable();
     check_index(i, zero ? "mark_unused" : "mark_ready");
-    if (!require_sync_) return;  // accumulation micro-step: nothing to communicate
+    if (!require_sync_) {  // accumulation micro-step: nothing to communicate
+      ++unsynced_marks_;
+      return;
+    }
     if (!step_open_) open_step();
     if (ready_[i])
       fail(errc::invalid_argument, std::string(zero ? "mark_unused" : "mark_ready") + "(" + describe(i) +
@@ -961,6 +971,7 @@ class gradient_reducer {
   bool require_sync_ = true;
   bool rebuilt_ = false;
   std::uint64_t step_ = 0;
+  std::uint64_t unsynced_marks_ = 0;  // marks under no_sync since the last finish()
   int step_contributors_ = 1;
 
   // join mode
