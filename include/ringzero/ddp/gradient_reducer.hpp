@@ -688,7 +688,7 @@ class gradient_reducer {
 
   void check_usable() const {
     if (!failure_.empty())
-      throw error(errc::aborted, comm_.context(), "gradient_reducer is unusable after an earlier failure: " + failure_);
+      throw error(errc::aborted, context(), "gradient_reducer is unusable after an earlier failure: " + failure_);
   }
 
   void check_index(std::size_t i, const char* what) {
@@ -697,7 +697,18 @@ class gradient_reducer {
                                        std::to_string(params_.size()) + " parameters registered)");
   }
 
-  [[noreturn]] void raise(errc code, const std::string& message) const { comm_.raise(code, message); }
+  /// Backend, rank and world size for errors. Deliberately not `communicator::context()`: that
+  /// one names the collective running now, which may be on the progress thread (reading its
+  /// descriptor from here would race with the progress thread finishing it).
+  error_context context() const {
+    error_context c;
+    c.backend = std::string(backend_name(comm_.backend()));
+    c.rank = comm_.rank();
+    c.world_size = comm_.world_size();
+    return c;
+  }
+
+  [[noreturn]] void raise(errc code, const std::string& message) const { throw error(code, context(), message); }
 
   /// Records the failure, aborts the communicator (so peers waiting on this rank fail
   /// promptly) and throws.
