@@ -19,7 +19,7 @@
 // dataset-fashion-mnist package in /usr/share/datasets/fashion-mnist):
 //   examples/ddp_fashion_mnist --ranks 2 --epochs 10
 //   examples/ddp_fashion_mnist --ranks 2 --optimizer adamw --lr 1e-3 --compress bf16
-//   examples/ddp_fashion_mnist --ranks 2 --accumulate 4 --batch-size 32 --json metrics.json
+//   examples/ddp_fashion_mnist --ranks 2 --accumulate 4 --batch-size 64 --json metrics.json
 //   examples/ddp_fashion_mnist --compare-ranks 1,2 --epochs 3
 // The last one trains on 1 rank and then on 2 ranks with the same global batch and prints the
 // per-epoch speedup and both test accuracies side by side. `--help` lists every option.
@@ -61,14 +61,18 @@ struct options {
   int ranks = 2;
   std::string compare_ranks;  // "1,2": compare mode
   int epochs = 10;
-  int batch_size = 128;       // per rank, per micro-step
+  int batch_size = 256;       // per rank, per micro-step
   int global_batch = 0;       // 0: ranks * accumulate * batch_size
   int accumulate = 1;
   float lr = -1.0f;           // <0: optimizer's default
   bool scale_lr = false;
   std::string optimizer = "sgd";
   std::uint64_t seed = 1;
-  double bucket_mb = -1.0;    // <0: PyTorch's defaults (1 MiB first bucket, then 25 MiB)
+  // Bucket limit. PyTorch's defaults (1 MiB first bucket, then 25 MiB: --bucket-mb 25
+  // --first-bucket-mb 1) would put this 0.9 MiB model in one bucket, reduced only after the whole
+  // backward pass; 0.1 MiB closes the first bucket after fc2 (134 KiB: fc3 and fc2), which is then
+  // reduced while fc1's gradients are computed.
+  double bucket_mb = 0.1;
   double first_bucket_mb = -1.0;
   std::string compress = "none";
   bool bucket_view = true;
@@ -108,14 +112,12 @@ struct run_result {
   std::vector<epoch_metrics> epochs;
 };
 
-float default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3f : 0.05f; }
+float default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3f : 0.1f; }
 
 std::vector<std::uint64_t> bucket_limits(const options& o) {
-  std::vector<std::uint64_t> limits(rz::default_bucket_byte_limits.begin(), rz::default_bucket_byte_limits.end());
   auto bytes = [](double mb) { return static_cast<std::uint64_t>(mb * 1024.0 * 1024.0); };
-  if (o.bucket_mb >= 0) limits = {bytes(o.bucket_mb)};
-  if (o.first_bucket_mb >= 0) limits = {bytes(o.first_bucket_mb), o.bucket_mb >= 0 ? bytes(o.bucket_mb) : limits.back()};
-  return limits;
+  if (o.first_bucket_mb >= 0) return {bytes(o.first_bucket_mb), bytes(o.bucket_mb)};
+  return {bytes(o.bucket_mb)};
 }
 
 std::shared_ptr<rz::comm_hook> make_hook(const std::string& compress) {
@@ -328,13 +330,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation with no_sync)")
       ->check(CLI::Range(1, 1 << 16));
-  app.add_option("--lr", o.lr, "learning rate (default: 0.05 for sgd, 1e-3 for adamw)");
+  app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adamw)");
   app.add_flag("--scale-lr", o.scale_lr, "multiply the learning rate by the number of ranks (linear scaling rule)");
   app.add_option("--optimizer", o.optimizer, "sgd (momentum 0.9) or adamw (weight decay 0.01)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
   app.add_option("--seed", o.seed, "seed of the initialisation and of the per-epoch permutations");
-  app.add_option("--bucket-mb", o.bucket_mb, "bucket size limit in MiB (default: 1 MiB first bucket, then 25 MiB)");
-  app.add_option("--first-bucket-mb", o.first_bucket_mb, "limit of the first bucket in MiB");
+  app.add_option("--bucket-mb", o.bucket_mb,
+                 "bucket size limit in MiB (default 0.1: two buckets for this model; PyTorch's default is 25 with a 1 MiB "
+                 "first bucket)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--first-bucket-mb", o.first_bucket_mb, "limit of the first bucket in MiB (default: as the others)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--compress", o.compress, "gradient compression hook: none, fp16, bf16")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
   app.add_flag("--bucket-view,!--no-bucket-view", o.bucket_view,
