@@ -418,7 +418,8 @@ class gradient_reducer {
   /// (matching each bucket's reduction with zeros, and the rebuild if it is still due) until
   /// every rank has called `join()`; then broadcasts the parameters from the lowest rank that
   /// trained in the last step (so every rank ends with the same model) and returns. The reducer
-  /// can be used for more steps afterwards (a new epoch).
+  /// can be used for more steps afterwards (a new epoch). Optimizer state is not synchronised
+  /// (as in PyTorch): a rank that joined early keeps its older optimizer state.
   /// Errors (communicator aborted first): `reducer_options::join` is off; called in the middle
   /// of a step; any error of the collectives.
   void join() {
