@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// The umbrella header: core types, the local (threads) backend, every collective, and DDP
-/// (bucket assignment, the gradient reducer and its communication hooks).
+/// The umbrella header: core types, the local (threads) backend, every collective, DDP (bucket
+/// assignment, the gradient reducer and its communication hooks) and ZeRO (shard planner,
+/// memory and traffic model, sharded runtime).
 /// The MPI and NCCL backends are opt-in (backend/mpi.hpp, backend/nccl.hpp) so that including
 /// this header needs no external library.
 ///
@@ -42,3 +43,8 @@
 #include "ringzero/ddp/compression_hook.hpp"
 #include "ringzero/ddp/gradient_bucket.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
+
+#include "ringzero/zero/model_presets.hpp"
+#include "ringzero/zero/paper_comparison.hpp"
+#include "ringzero/zero/shard_plan.hpp"
+#include "ringzero/zero/sharded_model.hpp"

@@ -35,9 +35,9 @@ inline std::string describe_ranks(const std::vector<int>& ranks) {
   for (std::size_t i = 0; i < ranks.size();) {
     std::size_t j = i;
     while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (i != 0) s += ", ";
-    s += std::to_string(ranks[i]);
-    if (j > i) s += "-" + std::to_string(ranks[j]);
+    if (i != 0) s.append(", ");
+    s.append(std::to_string(ranks[i]));
+    if (j > i) s.append("-").append(std::to_string(ranks[j]));
     i = j + 1;
   }
   return s;
