@@ -9,6 +9,7 @@
 /// host analogue of issuing NCCL calls on one CUDA stream.
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -29,6 +30,7 @@ namespace detail {
 struct work_state {
   std::atomic<bool> done{false};
   std::exception_ptr failure;  ///< written before `done` is set
+  std::chrono::steady_clock::time_point finished_at{};  ///< written before `done` is set
   std::mutex mutex;
   std::condition_variable cv;
 
@@ -36,6 +38,7 @@ struct work_state {
     {
       std::lock_guard<std::mutex> lock(mutex);
       failure = std::move(e);
+      finished_at = std::chrono::steady_clock::now();
       done.store(true, std::memory_order_release);
     }
     cv.notify_all();
@@ -72,6 +75,14 @@ class work {
 
   /// True when the operation finished (successfully or not); never blocks, never throws.
   bool test() const noexcept { return !state_ || state_->done.load(std::memory_order_acquire); }
+
+  /// When the operation finished (steady clock), for instrumentation such as measuring how much
+  /// communication overlapped computation. Meaningful once `test()` is true; a default-constructed
+  /// handle returns the clock's epoch.
+  std::chrono::steady_clock::time_point completion_time() const noexcept {
+    if (!state_ || !state_->done.load(std::memory_order_acquire)) return {};
+    return state_->finished_at;
+  }
 
   /// False for a default-constructed handle.
   bool valid() const noexcept { return static_cast<bool>(state_); }
