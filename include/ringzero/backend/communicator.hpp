@@ -146,6 +146,11 @@ class communicator {
   virtual void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
                                std::uint64_t bytes, int from, const combine_fn& combine) = 0;
 
+  /// Called after a failure inside collective `d` (after `abort`): returns once peers can no longer
+  /// touch this rank's buffers for `d`, so the caller may free them. Default: nothing (backends
+  /// whose transfers copy through their own buffers).
+  virtual void abandon(const collective_descriptor& d) noexcept { (void)d; }
+
   /// Rank `r`'s descriptor of the current collective when the backend shares memory between
   /// ranks (valid between `begin` and `end`); nullptr on backends without shared memory.
   virtual const collective_descriptor* peer_descriptor(int r) const noexcept {

@@ -44,10 +44,17 @@ struct work_state {
     cv.notify_all();
   }
 
+  /// Waits for `done`: a short spin (a few microseconds), then yielding the core for up to
+  /// ~50 us (the progress thread may share it with the waiter), then blocking.
   void wait() {
-    for (int i = 0; i < 4000; ++i) {
+    for (int i = 0; i < 64; ++i) {
       if (done.load(std::memory_order_acquire)) return;
       cpu_relax();
+    }
+    const auto yield_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    while (std::chrono::steady_clock::now() < yield_until) {
+      if (done.load(std::memory_order_acquire)) return;
+      std::this_thread::yield();
     }
     std::unique_lock<std::mutex> lock(mutex);
     cv.wait(lock, [&] { return done.load(std::memory_order_acquire); });
