@@ -885,10 +885,14 @@ class gradient_reducer {
     const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(type);
     const std::size_t whole = bytes * static_cast<std::size_t>(comm_.world_size());
     if (control_bytes_ < whole + bytes) {
+      // Sized at once for the rebuild's exchange too (params + 1 int64 per rank), so that the
+      // rebuild allocates nothing unless it changes the layout.
+      const std::size_t rebuild_bytes = (params_.size() + 1) * sizeof(std::int64_t) * (static_cast<std::size_t>(comm_.world_size()) + 1);
+      const std::size_t size = std::max(whole + bytes, rebuild_bytes);
       if (control_storage_) memory_.synchronize();
       control_storage_.reset();
-      control_storage_ = memory_.allocate(whole + bytes);
-      control_bytes_ = whole + bytes;
+      control_storage_ = memory_.allocate(size);
+      control_bytes_ = size;
     }
     auto* gathered = static_cast<std::byte*>(control_storage_.get());
     memory_.from_host(gathered + whole, mine, bytes);
