@@ -13,8 +13,8 @@
 #      cuBLAS);
 #   2. the GPU tests (suite 'gpu': every primitive exactly against the host primitive, the local
 #      backend with device memory on 2, 3 and 4 ranks on one GPU, the DDP gradient reducer on
-#      device memory against the host reducer bit for bit, NCCL with one rank) and the no-device
-#      test;
+#      device memory against the host reducer bit for bit, the examples' GPU MLP and optimizers
+#      against the CPU ones, NCCL with one rank) and the no-device test;
 #   3. ringzero-gpu-bench: the card's copy bandwidth (cudaMemcpyAsync and a copy kernel), every
 #      primitive's bandwidth at 256 MiB, and ring / halving-doubling all_reduce on 2 and 4 ranks
 #      of one GPU against the ring's copy-bandwidth bound;
@@ -124,6 +124,8 @@ zlib_inc=$(find_header zlib.h "$deps/include" /usr/include || true)
 zlib=$(ls /usr/lib/x86_64-linux-gnu/libz.so* /lib/x86_64-linux-gnu/libz.so* 2>/dev/null | head -1)
 cublas_lib=""
 for f in "$cuda_lib/libcublas.so" "$cuda_lib"/libcublas.so.*; do [ -f "$f" ] && { cublas_lib=$f; break; }; done
+mlp_ok=0  # the examples' GPU MLP (its kernels, its test) can be built: Eigen and cuBLAS
+[ -f examples/common/cuda_mlp_kernels.cu ] && [ -n "$eigen_inc" ] && [ -n "$cublas_lib" ] && mlp_ok=1
 trainer_skip=""  # why the trainer cannot be built or run here, if it cannot
 if [ ! -f "$trainer" ]; then trainer_skip="no $trainer in this tree"
 elif ! grep -q -- '"--device"' "$trainer"; then trainer_skip="the trainer in this tree has no --device option yet"
@@ -211,9 +213,16 @@ else
   if [ $bench_inc_ok = 1 ] && [ -f bench/ringzero_bench.cpp ]; then
     spawn ringzero_bench.o compile_cxx bench/ringzero_bench.cpp "$obj/ringzero_bench.o"
   fi
-  if [ -z "$trainer_skip" ]; then
+  trainer_incs=(-isystem "$eigen_inc")
+  # never -isystem /usr/include: it breaks the standard library's #include_next
+  [ -n "$zlib_inc" ] && [ "$zlib_inc" != /usr/include ] && trainer_incs+=(-isystem "$zlib_inc")
+  if [ $mlp_ok = 1 ]; then
     spawn cuda_mlp_kernels.o compile_nvcc examples/common/cuda_mlp_kernels.cu "$obj/cuda_mlp_kernels.o"
-    spawn ddp_fashion_mnist.o compile_cxx "$trainer" "$obj/ddp_fashion_mnist.o" -isystem "$eigen_inc" -isystem "$zlib_inc" \
+    [ -n "$doctest_inc" ] && [ -f tests/gpu/test_cuda_mlp.cpp ] && spawn test_cuda_mlp.o compile_cxx tests/gpu/test_cuda_mlp.cpp \
+      "$obj/test_cuda_mlp.o" "${trainer_incs[@]}" -Iexamples/common -DEIGEN_DONT_PARALLELIZE -DRINGZERO_EXAMPLES_HAVE_CUDA=1
+  fi
+  if [ -z "$trainer_skip" ]; then
+    spawn ddp_fashion_mnist.o compile_cxx "$trainer" "$obj/ddp_fashion_mnist.o" "${trainer_incs[@]}" \
       -Iexamples/common -DEIGEN_DONT_PARALLELIZE -DRINGZERO_EXAMPLES_HAVE_CUDA=1
   fi
   wait
@@ -225,6 +234,10 @@ else
   link test_gpu_primitives "$obj/gpu_main.o" "$obj/test_primitives.o" "$obj/ringzero_cuda.o" && built+=(test_gpu_primitives)
   link test_gpu_local "$obj/gpu_main.o" "$obj/test_local_cuda.o" "$obj/ringzero_cuda.o" && built+=(test_gpu_local)
   link test_gpu_ddp "$obj/gpu_main.o" "$obj/test_ddp_cuda.o" "$obj/ringzero_cuda.o" && built+=(test_gpu_ddp)
+  if [ -f "$obj/test_cuda_mlp.o" ] && [ -f "$obj/cuda_mlp_kernels.o" ]; then
+    link test_gpu_cuda_mlp "$obj/gpu_main.o" "$obj/test_cuda_mlp.o" "$obj/cuda_mlp_kernels.o" "$obj/ringzero_cuda.o" "$cublas_lib" &&
+      built+=(test_gpu_cuda_mlp)
+  fi
   if [ -z "$trainer_skip" ] && [ -f "$obj/ddp_fashion_mnist.o" ] && [ -f "$obj/cuda_mlp_kernels.o" ] && [ -f "$obj/ringzero_cuda.o" ]; then
     echo "### link ddp_fashion_mnist" >> "$build_log"
     "$cxx" -o "$bin/ddp_fashion_mnist" "$obj/ddp_fashion_mnist.o" "$obj/cuda_mlp_kernels.o" "$obj/ringzero_cuda.o" "$zlib" \
@@ -264,6 +277,7 @@ run_test test_cuda_no_device 30
 run_test test_gpu_primitives 150
 run_test test_gpu_local 150
 if [ -f tests/gpu/test_ddp_cuda.cpp ]; then run_test test_gpu_ddp 90; fi
+if [ $mlp_ok = 1 ]; then run_test test_gpu_cuda_mlp 40; else record "test test_gpu_cuda_mlp" skip "no Eigen or cuBLAS"; fi
 if [ $have_nccl = 1 ]; then run_test test_gpu_nccl 100; else record "test test_gpu_nccl" skip "no NCCL on this machine"; fi
 
 # ------------------------------------------------------------------ 3. copy and primitive bandwidth
