@@ -37,7 +37,10 @@ inline std::string describe_ranks(const std::vector<int>& ranks) {
     while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
     if (i != 0) s += ", ";
     s += std::to_string(ranks[i]);
-    if (j > i) s += "-" + std::to_string(ranks[j]);
+    if (j > i) {
+      s += '-';  // appended separately: `"-" + std::to_string(..)` trips GCC 12's -Wrestrict false positive
+      s += std::to_string(ranks[j]);
+    }
     i = j + 1;
   }
   return s;
