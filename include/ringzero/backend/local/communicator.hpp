@@ -73,6 +73,11 @@ class communicator final : public ringzero::communicator {
     const std::uint64_t tag = d.sequence + 1;
     me.arrived.store(tag, std::memory_order_release);
     wait_for_all(&detail::rank_slot::arrived, tag, "arrive at");
+    // Peers that arrived may have failed since (a timeout, an exception) and left, taking their
+    // buffers with them: a collective never starts on an aborted world.
+    if (world_.aborted())
+      raise(world_.abort_code(), "communicator aborted before " + operation_name() +
+                                     " could start; first failure: " + world_.abort_reason());
     auto violation = check_contract(
         world_size(), [&](int r) -> const collective_descriptor& { return world_.slot(r).desc; }, true);
     if (violation) {
