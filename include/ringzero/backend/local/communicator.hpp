@@ -100,9 +100,14 @@ class communicator final : public ringzero::communicator {
     check_peer(from, "receive from");
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
-      const void* data = await_message(from, recv_bytes);
-      if (recv_bytes != 0 && data != recv) std::memcpy(recv, data, static_cast<std::size_t>(recv_bytes));
-      consume(from);
+      try {
+        const void* data = await_message(from, recv_bytes);
+        if (recv_bytes != 0 && data != recv) std::memcpy(recv, data, static_cast<std::size_t>(recv_bytes));
+        consume(from);
+      } catch (...) {
+        if (to >= 0) settle_posted(to, k);
+        throw;
+      }
     }
     if (to >= 0) await_consumed(to, k, send_bytes);
   }
@@ -113,9 +118,14 @@ class communicator final : public ringzero::communicator {
     check_peer(from, "receive from");
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
-      const void* data = await_message(from, bytes);
-      if (bytes != 0) combine(acc, own, data, bytes / combine.element_size);
-      consume(from);
+      try {
+        const void* data = await_message(from, bytes);
+        if (bytes != 0) combine(acc, own, data, bytes / combine.element_size);
+        consume(from);
+      } catch (...) {
+        if (to >= 0) settle_posted(to, k);
+        throw;
+      }
     }
     if (to >= 0) await_consumed(to, k, send_bytes);
   }
@@ -236,6 +246,16 @@ class communicator final : public ringzero::communicator {
       raise(errc::size_mismatch, "rank " + std::to_string(rank()) + " sends " + std::to_string(bytes) +
                                      " bytes but rank " + std::to_string(to) + " expects " +
                                      std::to_string(box.expected) + " bytes");
+  }
+
+  /// After the receive half of a transfer failed: waits (within the timeout, unless the world is
+  /// aborted or the peer gone) until rank `to` has taken message `k`, which points into the
+  /// caller's send buffer, so that the caller may free that buffer once the error reaches it
+  /// (case C12: a size mismatch on one half of a sendrecv while the peer still reads the other).
+  void settle_posted(int to, std::uint64_t k) noexcept {
+    detail::mailbox& box = world_.box(rank(), to);
+    (void)ringzero::detail::wait_until([&] { return box.consumed.load(std::memory_order_acquire) >= k; },
+                                       [&] { return failure_of(to); }, deadline(), world_.oversubscribed());
   }
 
   world& world_;
