@@ -34,9 +34,6 @@ void direct_fold(const call& c, void* tile, std::uint64_t first, std::uint64_t l
   primitive::reduce_spec s = c.spec();
   const bool premul = c.d.op.kind == reduce_kind::premul_sum;
   const std::int64_t divisor = c.d.op.kind == reduce_kind::avg ? n : 0;
-  // spec() maps premul_sum to sum (its operands are pre-scaled); here the raw inputs are read,
-  // so keep premul_sum: reduce_into applies pre_a / pre_b only for that kind.
-  if (premul) s.kind = reduce_kind::premul_sum;
   s.pre_a = premul;
   s.pre_b = premul;
   s.scalar_a = c.comm.peer_descriptor(0)->op.scalar;
