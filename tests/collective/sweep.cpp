@@ -49,15 +49,17 @@ bool whole_buffer(collective_kind kind) {
 /// (data movement); at world 13 only 1- and 2-byte dtypes (13 ranks x 13 blocks x 1000003
 /// elements of 8 bytes would need 2.7 GB for all_to_all).
 ///
-/// Quick mode (sanitizer builds): the large count only on worlds 3 and 8 (a non-power of two
-/// and a power of two), for one dtype of each element size with a different op each: float32
-/// sum, float64 premul_sum, bfloat16 avg, int8 max, and float32 and int8 for data movement.
-/// Everything else at the large count is dropped; the small counts still cover every world,
-/// dtype, op, placement, root and algorithm, the large ones the tiling, slicing and streaming paths.
+/// Quick mode (sanitizer builds, where instrumented loops over millions of elements dominate):
+/// the large count only on worlds 3 and 4 (2 and 3 for the whole-buffer collectives), a
+/// non-power of two and a power of two, for one dtype of each element size with a different op
+/// each: float32 sum, float64 premul_sum, bfloat16 avg, int8 max, and float32 and int8 for data
+/// movement. Everything else at the large count is dropped; the small counts still cover every
+/// world, dtype, op, placement, root and algorithm, the large ones the tiling, slicing and
+/// streaming paths.
 bool run_large([[maybe_unused]] collective_kind kind, [[maybe_unused]] int world, [[maybe_unused]] dtype t,
                [[maybe_unused]] use u) {
 #if defined(RINGZERO_TEST_SWEEP_QUICK)
-  if (world != 3 && world != 8) return false;
+  if (whole_buffer(kind) ? world != 2 && world != 3 : world != 3 && world != 4) return false;
   switch (u) {
     case use::sum: return t == dtype::float32;
     case use::premul_sum: return t == dtype::float64;
@@ -72,6 +74,22 @@ bool run_large([[maybe_unused]] collective_kind kind, [[maybe_unused]] int world
   const int ti = static_cast<int>(t), ui = static_cast<int>(u);
   if (u == use::copy) return (ti + world) % 3 == 0;
   return (ti + ui + world) % 6 == 0;
+#endif
+}
+
+/// Whether a 1000003-element call that `run_large` keeps runs in this placement. Full mode:
+/// all_reduce, reduce and broadcast run both placements on worlds 1-4 and one per (dtype, use),
+/// alternating, on worlds 5-8 and 13, so that every dtype and op still runs at the large count
+/// on every world and both placements are covered there too (this halves the largest part of
+/// the full sweep); the whole-buffer collectives, already thinned by `run_large`, run both.
+/// Quick mode: both placements of the few large calls it keeps.
+bool run_large_placement([[maybe_unused]] collective_kind kind, [[maybe_unused]] int world,
+                         [[maybe_unused]] dtype t, [[maybe_unused]] use u, [[maybe_unused]] bool in_place) {
+#if defined(RINGZERO_TEST_SWEEP_QUICK)
+  return true;
+#else
+  if (world <= 4 || whole_buffer(kind)) return true;
+  return in_place == ((static_cast<int>(t) + static_cast<int>(u) + world) % 2 == 0);
 #endif
 }
 
@@ -275,6 +293,7 @@ class rank_sweep {
           const std::uint64_t bytes = count * es;
           reserve(bytes, bytes);
           for (bool in_place : {false, true}) {
+            if (count == large_count && !run_large_placement(site_.kind, world(), t, use_of(k), in_place)) continue;
             begin_case(count, t, op_text(k).c_str(), in_place);
             std::uint8_t* send = send_buffer(bytes);
             std::uint8_t* recv = in_place ? send : recv_buffer(bytes);
@@ -300,6 +319,7 @@ class rank_sweep {
           const std::uint64_t own_phase = static_cast<std::uint64_t>(rank()) * count;
           reserve(all, block);
           for (bool in_place : {false, true}) {
+            if (count == large_count && !run_large_placement(site_.kind, world(), t, use_of(k), in_place)) continue;
             begin_case(count, t, op_text(k).c_str(), in_place);
             std::uint8_t* send = send_buffer(all);
             std::uint8_t* recv = in_place ? (send ? send + own_phase * es : nullptr) : recv_buffer(block);
@@ -325,6 +345,7 @@ class rank_sweep {
           reserve(bytes, bytes);
           for (bool in_place : {false, true})
             for (int root : roots_for(world(), count, large_calls++)) {
+              if (count == large_count && !run_large_placement(site_.kind, world(), t, use_of(k), in_place)) continue;
               begin_case(count, t, op_text(k).c_str(), in_place, root);
               std::uint8_t* send = send_buffer(bytes);
               std::uint8_t* recv = in_place ? send : recv_buffer(bytes);
@@ -352,6 +373,7 @@ class rank_sweep {
         for (bool in_place : {false, true})
           for (int root : roots_for(world(), count, calls)) {
             ++calls;
+            if (count == large_count && !run_large_placement(site_.kind, world(), t, use::copy, in_place)) continue;
             begin_case(count, t, "", in_place, root);
             std::uint8_t* send = send_buffer(bytes);
             std::uint8_t* recv = in_place ? send : recv_buffer(bytes);
@@ -381,6 +403,7 @@ class rank_sweep {
         const std::uint64_t block = count * es, all = whole(count) * es;
         reserve(block, all);
         for (bool in_place : {false, true}) {
+          if (count == large_count && !run_large_placement(site_.kind, world(), t, use::copy, in_place)) continue;
           begin_case(count, t, "", in_place);
           std::uint8_t* recv = recv_buffer(all);
           if (all) std::memset(recv, sentinel, all);
