@@ -9,6 +9,7 @@
 /// host analogue of issuing NCCL calls on one CUDA stream.
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -29,6 +30,7 @@ namespace detail {
 struct work_state {
   std::atomic<bool> done{false};
   std::exception_ptr failure;  ///< written before `done` is set
+  std::chrono::steady_clock::time_point finished_at{};  ///< written before `done` is set
   std::mutex mutex;
   std::condition_variable cv;
 
@@ -36,15 +38,23 @@ struct work_state {
     {
       std::lock_guard<std::mutex> lock(mutex);
       failure = std::move(e);
+      finished_at = std::chrono::steady_clock::now();
       done.store(true, std::memory_order_release);
     }
     cv.notify_all();
   }
 
+  /// Waits for `done`: a short spin (a few microseconds), then yielding the core for up to
+  /// ~50 us (the progress thread may share it with the waiter), then blocking.
   void wait() {
-    for (int i = 0; i < 4000; ++i) {
+    for (int i = 0; i < 64; ++i) {
       if (done.load(std::memory_order_acquire)) return;
       cpu_relax();
+    }
+    const auto yield_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    while (std::chrono::steady_clock::now() < yield_until) {
+      if (done.load(std::memory_order_acquire)) return;
+      std::this_thread::yield();
     }
     std::unique_lock<std::mutex> lock(mutex);
     cv.wait(lock, [&] { return done.load(std::memory_order_acquire); });
@@ -72,6 +82,14 @@ class work {
 
   /// True when the operation finished (successfully or not); never blocks, never throws.
   bool test() const noexcept { return !state_ || state_->done.load(std::memory_order_acquire); }
+
+  /// When the operation finished (steady clock), for instrumentation such as measuring how much
+  /// communication overlapped computation. Meaningful once `test()` is true; a default-constructed
+  /// handle returns the clock's epoch.
+  std::chrono::steady_clock::time_point completion_time() const noexcept {
+    if (!state_ || !state_->done.load(std::memory_order_acquire)) return {};
+    return state_->finished_at;
+  }
 
   /// False for a default-constructed handle.
   bool valid() const noexcept { return static_cast<bool>(state_); }
