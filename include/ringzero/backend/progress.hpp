@@ -20,6 +20,11 @@
 #include <thread>
 #include <utility>
 
+#if defined(__linux__)
+#include <sched.h>
+#include <unistd.h>
+#endif
+
 #include "ringzero/core/wait.hpp"
 
 namespace ringzero {
@@ -100,8 +105,27 @@ class work {
 
 namespace detail {
 
+/// Gives the calling thread the affinity mask of the process's main thread (on Linux; elsewhere
+/// nothing). A new thread inherits the affinity of the thread that creates it, and a progress
+/// thread is created by its communicator's rank thread: when `local::launch` pins rank r to core r
+/// (launch_options::pin_threads, RINGZERO_PIN), the progress thread would be pinned to that same
+/// core and could only run its collectives when the rank's computation leaves the core, so
+/// asynchronous work (DDP's bucket all_reduce, ZeRO stage 3's prefetched all_gather) would not
+/// overlap computation at all. The main thread's mask is what the process was started with
+/// (`taskset`, `mpirun --bind-to`, a cpuset), so that restriction is kept. Best effort: failure
+/// leaves the inherited mask.
+inline void unpin_to_process_affinity() noexcept {
+#if defined(__linux__)
+  cpu_set_t process;
+  CPU_ZERO(&process);
+  if (sched_getaffinity(getpid(), sizeof process, &process) != 0 || CPU_COUNT(&process) == 0) return;
+  (void)sched_setaffinity(0, sizeof process, &process);
+#endif
+}
+
 /// One background thread per communicator running tasks in FIFO order. The thread starts on
-/// the first submission. The destructor waits for every submitted task, then joins.
+/// the first submission and may run on any CPU of the process, even when its owning thread is
+/// pinned (see unpin_to_process_affinity). The destructor waits for every submitted task, then joins.
 /// Thread safety: `submit`, `idle` and `drain` are called by the communicator's owning thread.
 class progress_engine {
  public:
@@ -151,6 +175,7 @@ class progress_engine {
   };
 
   void run() {
+    unpin_to_process_affinity();  // not the owning rank thread's pinned core; see the function
     for (;;) {
       item next;
       {

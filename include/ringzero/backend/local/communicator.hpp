@@ -81,6 +81,11 @@ class communicator : public ringzero::communicator {
     world_.bell(rank()).ring();
     try {
       wait_for_all(&detail::rank_slot::arrived, tag, "arrive at");
+      // Peers that arrived may have failed since (a timeout, an exception) and left, taking
+      // their buffers with them: a collective never starts on an aborted world.
+      if (world_.aborted())
+        raise(world_.abort_code(), "communicator aborted before " + operation_name() +
+                                       " could start; first failure: " + world_.abort_reason());
     } catch (...) {
       leave(tag);
       throw;
@@ -118,9 +123,14 @@ class communicator : public ringzero::communicator {
     if (world_.aborted()) raise(world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
-      const void* data = await_message(from, recv_bytes);
-      if (recv_bytes != 0 && data != recv) copy_received(recv, data, recv_bytes, from);
-      consume(from);
+      try {
+        const void* data = await_message(from, recv_bytes);
+        if (recv_bytes != 0 && data != recv) copy_received(recv, data, recv_bytes, from);
+        consume(from);
+      } catch (...) {
+        if (to >= 0) settle_posted(to, k);
+        throw;
+      }
     }
     if (to >= 0) await_consumed(to, k, send_bytes);
   }
@@ -131,9 +141,14 @@ class communicator : public ringzero::communicator {
     check_peer(from, "receive from");
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
-      const void* data = await_message(from, bytes);
-      if (bytes != 0) combine(acc, own, readable_received(data, bytes, from), bytes / combine.element_size);
-      consume(from);
+      try {
+        const void* data = await_message(from, bytes);
+        if (bytes != 0) combine(acc, own, readable_received(data, bytes, from), bytes / combine.element_size);
+        consume(from);
+      } catch (...) {
+        if (to >= 0) settle_posted(to, k);
+        throw;
+      }
     }
     if (to >= 0) await_consumed(to, k, send_bytes);
   }
@@ -374,6 +389,22 @@ class communicator : public ringzero::communicator {
                                      " bytes but rank " + std::to_string(to) + " expects " +
                                      std::to_string(box.expected) + " bytes");
     on_consumed(to, box.consumed_signal);
+  }
+
+  /// After the receive half of a transfer failed: waits (within the timeout, unless the world is
+  /// aborted or the peer gone) until rank `to` has taken message `k`, which points into the
+  /// caller's send buffer, so that the caller may free that buffer once the error reaches it
+  /// (case C12: a size mismatch on one half of a sendrecv while the peer still reads the other).
+  void settle_posted(int to, std::uint64_t k) noexcept {
+    detail::mailbox& box = world_.box(rank(), to);
+    const status st = ringzero::detail::wait_until([&] { return box.consumed.load(std::memory_order_acquire) >= k; },
+                                                   [&] { return failure_of(to); }, deadline(), world_.oversubscribed(),
+                                                   &world_.bell(to));
+    if (st != status::ok) return;
+    try {
+      on_consumed(to, box.consumed_signal);
+    } catch (...) {  // the receive error being reported matters more
+    }
   }
 
   world& world_;
