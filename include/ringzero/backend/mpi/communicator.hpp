@@ -63,6 +63,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -183,7 +184,7 @@ class communicator final : public ringzero::communicator {
       depart();
     } catch (...) {
     }
-    abandon(notice_requests_);
+    (void)abandon(notice_requests_);
   }
 
   backend_kind backend() const noexcept override { return backend_kind::mpi; }
@@ -257,7 +258,7 @@ class communicator final : public ringzero::communicator {
   MPI_Comm handle() const noexcept { return data_.get(); }
 
   std::size_t scratch_bytes() const noexcept override {
-    return ringzero::communicator::scratch_bytes() + staging_.capacity_bytes();
+    return ringzero::communicator::scratch_bytes() + (staging_ ? staging_->capacity_bytes() : 0);
   }
 
   // ---- the collective layer's interface --------------------------------------------------
@@ -268,12 +269,12 @@ class communicator final : public ringzero::communicator {
       return;
     }
     raise_if_unusable();
+    poll_notices();  // an abort or departure that already arrived fails here, before anything is sent
+    raise_if_unusable();
     if (check_) {
       exchange_descriptors(d);
       return;
     }
-    poll_notices();
-    raise_if_unusable();
     if (!d.invalid.empty()) {
       fail(errc::invalid_argument, "invalid arguments (rank " + std::to_string(rank()) + ": " + d.invalid +
                                        "); the communicator is aborted so that no peer waits for this rank");
@@ -376,6 +377,11 @@ class communicator final : public ringzero::communicator {
     check(MPI_Comm_set_errhandler(control_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
 
     detail::hello_record mine;
+    {
+      std::random_device entropy;
+      mine.instance = (std::uint64_t{entropy()} << 32) ^ entropy() ^
+                      static_cast<std::uint64_t>(clock::now().time_since_epoch().count());
+    }
     mine.version = RINGZERO_VERSION;
     mine.check = check_ ? 1 : 0;
     mine.slice_bytes = options_.slice_bytes;
@@ -391,6 +397,7 @@ class communicator final : public ringzero::communicator {
           raise(errc::invalid_argument, std::string(what) + " differs between ranks: " + ringzero::detail::describe_values(values));
     };
     auto number = [](auto v) { return std::to_string(v); };
+    instance_ = all.front().instance;
     agree("the ringzero version", &detail::hello_record::version, number);
     agree("the check mode (RINGZERO_CHECK / communicator_options::check)", &detail::hello_record::check, number);
     agree("slice_bytes", &detail::hello_record::slice_bytes, number);
@@ -410,6 +417,12 @@ class communicator final : public ringzero::communicator {
   // ---- MPI call helpers --------------------------------------------------------------------
 
   detail::call_lock mpi_lock() const { return detail::call_lock(serialize_); }
+
+  /// The backend's own scratch pool (receive staging, native scratch), made on first use.
+  workspace_pool& staging() {
+    if (!staging_) staging_ = std::make_unique<workspace_pool>();
+    return *staging_;
+  }
 
   /// Throws errc::backend_failure naming `what` when `rc` is not MPI_SUCCESS.
   void check(int rc, const char* what) const {
@@ -468,6 +481,7 @@ class communicator final : public ringzero::communicator {
     for (int p = 0; p < world_size(); ++p) {
       if (p == rank() || peers_[static_cast<std::size_t>(p)].departed) continue;
       auto n = std::make_unique<detail::notice>();
+      n->instance = instance_;
       n->kind = detail::notice_kind::abort;
       n->code = static_cast<std::int32_t>(code);
       n->set_text(text);
@@ -480,10 +494,20 @@ class communicator final : public ringzero::communicator {
     }
   }
 
+  /// The text of `e` without std::system_error's trailing ": <category message>" (the peer that
+  /// receives it as an abort reason adds its own).
+  static std::string reason_of(const error& e) {
+    std::string text = e.what();
+    const std::string suffix = ": " + e.code().message();
+    if (text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0)
+      text.resize(text.size() - suffix.size());
+    return text;
+  }
+
   /// Aborts the communicator with `code` (telling every peer) and throws it.
   [[noreturn]] void fail(errc code, const std::string& message) {
     error e(code, context(), message);
-    notify_abort(code, e.what());
+    notify_abort(code, reason_of(e));
     throw e;
   }
 
@@ -491,16 +515,16 @@ class communicator final : public ringzero::communicator {
   [[noreturn]] void timed_out(const std::string& message) {
     error e(errc::timeout, context(), message);
     if (policy_ == failure_policy::abort_job) abort_job(e, data_.get());
-    notify_abort(errc::timeout, e.what());
+    notify_abort(errc::timeout, reason_of(e));
     throw e;
   }
 
-  /// Throws when the communicator was aborted, or, in a collective, when a peer has left.
-  void raise_if_unusable() const {
+  /// Throws when the communicator was aborted, or, in a collective, when a peer has left (then
+  /// aborting it, so that ranks waiting for this one learn the cause).
+  void raise_if_unusable() {
     if (aborted_) raise(abort_code_, "the communicator was aborted: " + abort_reason_);
     for (int p = 0; p < world_size(); ++p)
-      if (peers_[static_cast<std::size_t>(p)].departed)
-        raise(errc::peer_exited, departed_text(p) + " before " + operation_name());
+      if (peers_[static_cast<std::size_t>(p)].departed) fail(errc::peer_exited, departed_text(p) + " before " + operation_name());
   }
 
   std::string departed_text(int p) const {
@@ -519,11 +543,13 @@ class communicator final : public ringzero::communicator {
         return;
       int bytes = 0;
       MPI_Get_count(&status, MPI_BYTE, &bytes);
+      // Received into room for the whole message (never truncated: see `transfer`).
+      notice_buffer_.resize(std::max<std::size_t>(sizeof(detail::notice), static_cast<std::size_t>(std::max(bytes, 0))));
+      if (MPI_Mrecv(notice_buffer_.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
       detail::notice n;
-      const int cap = static_cast<int>(sizeof n);
-      if (MPI_Mrecv(&n, std::min(bytes, cap), MPI_BYTE, &message, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+      std::memcpy(&n, notice_buffer_.data(), std::min(sizeof n, static_cast<std::size_t>(std::max(bytes, 0))));
       const int from = status.MPI_SOURCE;
-      if (from < 0 || from >= world_size()) continue;
+      if (from < 0 || from >= world_size() || n.instance != instance_) continue;  // a leftover of an older communicator
       if (n.kind == detail::notice_kind::abort) {
         if (!aborted_) {
           aborted_ = true;
@@ -541,35 +567,51 @@ class communicator final : public ringzero::communicator {
     }
   }
 
-  /// Cancels and frees every active request of `requests` (after a failure: no buffer of a
-  /// failed operation is written once this returns, as far as MPI can cancel).
-  void abandon(std::vector<MPI_Request>& requests) noexcept {
-    if (!is_active()) return;
+  /// Cancels every active request of `requests` and waits (up to 200 ms) for them to finish;
+  /// frees those that do not. Returns false when some request was freed while still active:
+  /// MPI may then still write into its buffer later (after a failure, when a peer is slow or
+  /// gone), so staging memory of such a receive is never reused (`poison_staging`).
+  bool abandon(std::vector<MPI_Request>& requests) noexcept {
+    bool all_finished = true;
+    if (!is_active()) return true;
     auto lock = mpi_lock();
+    for (MPI_Request& r : requests)
+      if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
+    const auto until = clock::now() + std::chrono::milliseconds(200);
     for (MPI_Request& r : requests) {
-      if (r == MPI_REQUEST_NULL) continue;
-      MPI_Cancel(&r);
-      int flag = 0;
-      for (int i = 0; i < 100 && !flag && r != MPI_REQUEST_NULL; ++i) MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
-      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      while (r != MPI_REQUEST_NULL && clock::now() < until) {
+        int flag = 0;
+        MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+        if (!flag) std::this_thread::yield();
+      }
+      if (r != MPI_REQUEST_NULL) {
+        MPI_Request_free(&r);
+        all_finished = false;
+      }
     }
     requests.clear();
+    return all_finished;
   }
 
-  /// Abandons `requests` unless dismissed (an exception left the wait).
+  /// Gives up the staging memory (deliberately leaked: an abandoned receive may still write it).
+  void poison_staging() noexcept { (void)staging_.release(); }
+
+  /// Abandons `requests` unless dismissed (an exception left the wait); with `staging`, a
+  /// receive that could not be finished poisons the staging memory.
   class request_guard {
    public:
-    request_guard(communicator& c, std::vector<MPI_Request>& r) noexcept : c_(c), r_(r) {}
+    request_guard(communicator& c, std::vector<MPI_Request>& r, bool staging = false) noexcept : c_(c), r_(r), staging_(staging) {}
     request_guard(const request_guard&) = delete;
     request_guard& operator=(const request_guard&) = delete;
     ~request_guard() {
-      if (!dismissed_) c_.abandon(r_);
+      if (!dismissed_ && !c_.abandon(r_) && staging_) c_.poison_staging();
     }
     void dismiss() noexcept { dismissed_ = true; }
 
    private:
     communicator& c_;
     std::vector<MPI_Request>& r_;
+    bool staging_;
     bool dismissed_ = false;
   };
 
@@ -619,6 +661,13 @@ class communicator final : public ringzero::communicator {
 
   /// The body of sendrecv (combine == nullptr: receive into `recv`) and sendrecv_reduce
   /// (receive into staging, then `acc = own (op) received` slice by slice).
+  ///
+  /// No receive is ever posted with room for less than a sender may send (a slice is at most
+  /// `slice_bytes`): Open MPI 4.1 writes the whole of a truncated rendezvous message past the
+  /// posted count (seen with the shared-memory single-copy path), so a size mismatch must be
+  /// found before the data lands. Combining receives post full-slice staging buffers; plain
+  /// receives post full slices into the output, and a shorter final slice is matched with
+  /// MPI_Improbe, checked, and only then received (MPI_Imrecv).
   void transfer(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes, int from,
                 const void* own, void* acc, const combine_fn* combine) {
     check_peer(to, "send to");
@@ -632,28 +681,29 @@ class communicator final : public ringzero::communicator {
     const std::uint64_t R = from >= 0 ? detail::slice_count(recv_bytes, slice) : 0;
     const std::uint64_t recv_window = reducing ? static_cast<std::uint64_t>(options_.pipeline_depth) : transfer_window;
     const std::uint64_t send_window = transfer_window;
-    unsigned char* staging = nullptr;
+    auto slice_len = [&](std::uint64_t total, std::uint64_t j) { return std::min(slice, total - std::min(total, j * slice)); };
+    // Plain receives whose last slice is short match it by probing (see above).
+    const bool probe_tail = !reducing && R > 0 && slice_len(recv_bytes, R - 1) < slice;
+    const std::uint64_t posted_slices = probe_tail ? R - 1 : R;
+    unsigned char* stage = nullptr;
     if (reducing && R > 0)
-      staging = static_cast<unsigned char*>(
-          staging_.get(staging_receive, static_cast<std::size_t>(std::min(R, recv_window) * std::min(slice, std::max<std::uint64_t>(recv_bytes, 1)))));
-    const std::uint64_t stage_stride = std::min(slice, std::max<std::uint64_t>(recv_bytes, 1));
+      stage = static_cast<unsigned char*>(staging().get(staging_receive, static_cast<std::size_t>(std::min(R, recv_window) * slice)));
 
     recv_requests_.assign(static_cast<std::size_t>(std::min(R, recv_window)), MPI_REQUEST_NULL);
     send_requests_.assign(static_cast<std::size_t>(std::min(S, send_window)), MPI_REQUEST_NULL);
-    request_guard recv_guard(*this, recv_requests_);
+    request_guard recv_guard(*this, recv_requests_, reducing);
     request_guard send_guard(*this, send_requests_);
-    auto slice_len = [&](std::uint64_t total, std::uint64_t j) { return std::min(slice, total - std::min(total, j * slice)); };
 
     const std::uint64_t recv_base = from >= 0 ? data_received_[static_cast<std::size_t>(from)] : 0;
     const std::uint64_t send_base = to >= 0 ? data_sent_[static_cast<std::size_t>(to)] : 0;
     std::uint64_t posted_recv = 0, done_recv = 0, posted_send = 0, done_send = 0;
+    bool tail_matched = false;
 
     auto post_recv = [&](std::uint64_t j) {
       const std::size_t slot = static_cast<std::size_t>(j % recv_window);
-      void* dst = reducing ? static_cast<void*>(staging + slot * stage_stride) : static_cast<void*>(static_cast<unsigned char*>(recv) + j * slice);
-      check(MPI_Irecv(dst, static_cast<int>(slice_len(recv_bytes, j)), MPI_BYTE, from, MPI_ANY_TAG, data_.get(),
-                      &recv_requests_[slot]),
-            "MPI_Irecv");
+      // Every posted receive has room for a whole slice: full slices of the output, or staging.
+      void* dst = reducing ? static_cast<void*>(stage + slot * slice) : static_cast<void*>(static_cast<unsigned char*>(recv) + j * slice);
+      check(MPI_Irecv(dst, static_cast<int>(slice), MPI_BYTE, from, MPI_ANY_TAG, data_.get(), &recv_requests_[slot]), "MPI_Irecv");
     };
     auto post_send = [&](std::uint64_t i) {
       const std::size_t slot = static_cast<std::size_t>(i % send_window);
@@ -664,34 +714,71 @@ class communicator final : public ringzero::communicator {
     };
     {
       auto lock = mpi_lock();
-      while (posted_recv < R && posted_recv < recv_window) post_recv(posted_recv++);
+      while (posted_recv < posted_slices && posted_recv < recv_window) post_recv(posted_recv++);
       while (posted_send < S && posted_send < send_window) post_send(posted_send++);
     }
+
+    // Matches the short last slice of a plain receive once every earlier slice arrived: checks
+    // its tag and size from the probe, then receives it into the output. False: not there yet.
+    auto match_tail = [&]() -> bool {
+      const std::uint64_t j = R - 1;
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      {
+        auto lock = mpi_lock();
+        check(MPI_Improbe(from, MPI_ANY_TAG, data_.get(), &flag, &message, &status), "MPI_Improbe");
+      }
+      if (!flag) return false;
+      if (!slice_matches(status, cls, j, R, slice_len(recv_bytes, j))) {
+        // Take the message off the wire into memory of its own size, then report it.
+        int count = 0;
+        MPI_Get_count(&status, MPI_BYTE, &count);
+        std::vector<unsigned char> sink(static_cast<std::size_t>(std::max(count, 1)));
+        {
+          auto lock = mpi_lock();
+          MPI_Mrecv(sink.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE);
+        }
+        verify_slice(status, from, cls, recv_bytes, j, R, slice_len(recv_bytes, j));
+      }
+      auto lock = mpi_lock();
+      check(MPI_Imrecv(static_cast<unsigned char*>(recv) + j * slice, static_cast<int>(slice_len(recv_bytes, j)), MPI_BYTE,
+                       &message, &recv_requests_[static_cast<std::size_t>(j % recv_window)]),
+            "MPI_Imrecv");
+      return true;
+    };
 
     auto step = [&]() -> step_result {
       bool progressed = false;
       while (done_recv < R) {
+        if (probe_tail && done_recv == R - 1 && !tail_matched) {
+          if (!match_tail()) break;
+          tail_matched = true;
+          progressed = true;
+        }
         const std::size_t slot = static_cast<std::size_t>(done_recv % recv_window);
         int flag = 0;
         MPI_Status status;
+        status.MPI_TAG = -1;
         int rc;
         {
           auto lock = mpi_lock();
           rc = MPI_Test(&recv_requests_[slot], &flag, &status);
         }
-        if (rc != MPI_SUCCESS) receive_failed(rc, from, recv_bytes, done_recv, R);
+        if (rc != MPI_SUCCESS) receive_failed(rc, status, from, cls, recv_bytes, done_recv, R);
         if (!flag) break;
-        verify_slice(status, from, cls, recv_bytes, done_recv, R, slice_len(recv_bytes, done_recv));
+        if (!(probe_tail && done_recv == R - 1))  // the probed tail was checked before it was received
+          verify_slice(status, from, cls, recv_bytes, done_recv, R, slice_len(recv_bytes, done_recv));
         ++data_received_[static_cast<std::size_t>(from)];
         if (reducing) {
           const std::uint64_t len = slice_len(recv_bytes, done_recv);
           const std::uint64_t off = done_recv * slice;
           if (len != 0)
             (*combine)(static_cast<unsigned char*>(acc) + off, static_cast<const unsigned char*>(own) + off,
-                       staging + slot * stage_stride, len / combine->element_size);
+                       stage + slot * slice, len / combine->element_size);
         }
         ++done_recv;
-        if (posted_recv < R) {
+        if (posted_recv < posted_slices) {
           auto lock = mpi_lock();
           post_recv(posted_recv++);
         }
@@ -753,29 +840,44 @@ class communicator final : public ringzero::communicator {
     send_guard.dismiss();
   }
 
-  /// A receive failed inside MPI: a truncation (the sender sent more) is a size mismatch.
-  [[noreturn]] void receive_failed(int rc, int from, std::uint64_t expected, std::uint64_t slice_index, std::uint64_t slices) {
-    if (detail::error_class(rc) == MPI_ERR_TRUNCATE)
+  /// A receive failed inside MPI: a truncation (the sender sent more) is a size mismatch,
+  /// unless the message belongs to another collective altogether.
+  [[noreturn]] void receive_failed(int rc, const MPI_Status& status, int from, int cls, std::uint64_t expected,
+                                   std::uint64_t slice_index, std::uint64_t slices) {
+    if (detail::error_class(rc) == MPI_ERR_TRUNCATE) {
+      if (status.MPI_TAG >= 0 && detail::tag_class(status.MPI_TAG) != cls) class_mismatch(from, detail::tag_class(status.MPI_TAG), cls);
       fail(errc::size_mismatch, "rank " + std::to_string(from) + " sends more than the " + std::to_string(expected) +
                                     " bytes rank " + std::to_string(rank()) + " expects in " + operation_name() +
                                     (slices > 1 ? " (at slice " + std::to_string(slice_index) + ")" : ""));
+    }
     fail(errc::backend_failure, "MPI_Irecv from rank " + std::to_string(from) + " failed: " + detail::error_string(rc));
+  }
+
+  /// Rank `from` sent a message of tag class `got` while this rank expects class `want`.
+  [[noreturn]] void class_mismatch(int from, int got, int want) {
+    auto side = [](int c) {
+      return c == detail::point_to_point_class ? std::string("a point-to-point send/recv")
+                                               : "a collective with sequence number = " + std::to_string(c) + " (mod 63)";
+    };
+    fail(errc::contract_mismatch,
+         "rank " + std::to_string(from) + " sent data of " + side(got) + " while rank " + std::to_string(rank()) + " runs " +
+             operation_name() + " (" + side(want) +
+             "): the ranks do not run the same collectives in the same order (RINGZERO_CHECK=1 finds where they diverge)");
+  }
+
+  /// True when a message with `status` is slice `j` of `slices` of `len` bytes, class `cls`.
+  static bool slice_matches(const MPI_Status& status, int cls, std::uint64_t j, std::uint64_t slices, std::uint64_t len) {
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    return detail::tag_class(status.MPI_TAG) == cls && static_cast<std::uint64_t>(count) == len &&
+           detail::tag_remaining(status.MPI_TAG) == detail::tag_remaining(detail::data_tag(0, slices - 1 - j));
   }
 
   /// Checks that slice `j` of `slices` (expected `len` bytes) is what the sender meant.
   void verify_slice(const MPI_Status& status, int from, int cls, std::uint64_t expected_total, std::uint64_t j,
                     std::uint64_t slices, std::uint64_t len) {
     const int got_class = detail::tag_class(status.MPI_TAG);
-    if (got_class != cls) {
-      auto side = [](int c) {
-        return c == detail::point_to_point_class ? std::string("a point-to-point send/recv")
-                                                 : "a collective with sequence number = " + std::to_string(c) + " (mod 63)";
-      };
-      fail(errc::contract_mismatch,
-           "rank " + std::to_string(from) + " sent data of " + side(got_class) + " while rank " + std::to_string(rank()) +
-               " runs " + operation_name() + " (" + side(cls) +
-               "): the ranks do not run the same collectives in the same order (RINGZERO_CHECK=1 finds where they diverge)");
-    }
+    if (got_class != cls) class_mismatch(from, got_class, cls);
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
     const std::uint64_t got = static_cast<std::uint64_t>(count);
@@ -800,6 +902,7 @@ class communicator final : public ringzero::communicator {
   void exchange_descriptors(const collective_descriptor& d) {
     const int n = world_size(), me = rank();
     detail::encode(d, own_record_);
+    own_record_.instance = instance_;
     recv_requests_.assign(static_cast<std::size_t>(n), MPI_REQUEST_NULL);
     send_requests_.assign(static_cast<std::size_t>(n), MPI_REQUEST_NULL);
     request_guard recv_guard(*this, recv_requests_);
@@ -832,7 +935,12 @@ class communicator final : public ringzero::communicator {
         if (rr != MPI_REQUEST_NULL) {
           int flag = 0;
           check(MPI_Test(&rr, &flag, MPI_STATUS_IGNORE), "MPI_Test (descriptor)");
-          if (flag) {
+          if (flag && records_[static_cast<std::size_t>(p)].instance != instance_) {
+            // A leftover of an older communicator on a reused MPI context: drop it, listen again.
+            check(MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(detail::wire_descriptor)),
+                            MPI_BYTE, p, detail::tag_descriptor, control_.get(), &rr),
+                  "MPI_Irecv (descriptor)");
+          } else if (flag) {
             arrived[static_cast<std::size_t>(p)] = 1;
             ++records_received_[static_cast<std::size_t>(p)];
             --pending;
@@ -898,7 +1006,9 @@ class communicator final : public ringzero::communicator {
       request_guard send_guard(*this, send_requests_);
       {
         auto lock = mpi_lock();
-        check(MPI_Irecv(nullptr, 0, MPI_BYTE, from, detail::tag_sync, control_.get(), &recv_requests_[0]), "MPI_Irecv (sync)");
+        check(MPI_Irecv(sync_buffer_, static_cast<int>(sizeof sync_buffer_), MPI_BYTE, from, detail::tag_sync, control_.get(),
+                        &recv_requests_[0]),
+              "MPI_Irecv (sync)");
         check(MPI_Isend(nullptr, 0, MPI_BYTE, to, detail::tag_sync, control_.get(), &send_requests_[0]), "MPI_Isend (sync)");
       }
       auto step_fn = [&]() -> step_result {
@@ -935,6 +1045,7 @@ class communicator final : public ringzero::communicator {
       for (int p = 0; p < n; ++p) {
         if (p == me) continue;
         auto body = std::make_unique<detail::notice>();
+        body->instance = instance_;
         body->kind = detail::notice_kind::depart;
         body->data_sent = data_sent_[static_cast<std::size_t>(p)];
         body->data_received = data_received_[static_cast<std::size_t>(p)];
@@ -974,7 +1085,7 @@ class communicator final : public ringzero::communicator {
       if (clock::now() >= until) break;
       backoff(idle);
     }
-    abandon(sends);
+    (void)abandon(sends);
   }
 
   // ---- native collectives -----------------------------------------------------------------
@@ -1065,14 +1176,17 @@ class communicator final : public ringzero::communicator {
   std::string abort_reason_;
   std::vector<MPI_Request> notice_requests_;
   std::vector<std::unique_ptr<detail::notice>> notices_;
+  std::vector<unsigned char> notice_buffer_;
+  unsigned char sync_buffer_[64] = {};
   std::vector<MPI_Request> recv_requests_;
   std::vector<MPI_Request> send_requests_;
   detail::wire_descriptor own_record_;
   std::vector<detail::wire_descriptor> records_;
   std::vector<collective_descriptor> decoded_;
   std::vector<char> arrived_;
-  workspace_pool staging_;
+  std::unique_ptr<workspace_pool> staging_;
   int uncaught_at_start_ = 0;
+  std::uint64_t instance_ = 0;
   detail::watchdog watchdog_;
 };
 
@@ -1090,7 +1204,7 @@ inline void communicator::run_native(const collective_descriptor& d) {
   // premul_sum: this rank's input times its scalar, in scratch, then a plain sum.
   auto input_of = [&](std::uint64_t elements) -> const void* {
     if (!premul) return d.send;
-    void* scaled = staging_.get(staging_native, static_cast<std::size_t>(elements * es));
+    void* scaled = staging().get(staging_native, static_cast<std::size_t>(elements * es));
     primitive::scale_into(scaled, d.send, elements, d.type, d.op.scalar);
     return scaled;
   };
@@ -1111,7 +1225,7 @@ inline void communicator::run_native(const collective_descriptor& d) {
       // MPI_IN_PLACE would leave the result at the start of the buffer, not at rank*count
       // (NCCL's convention): an in-place call reduces into scratch and copies.
       const bool aliased = in == d.send && d.in_place;
-      void* out = aliased ? staging_.get(staging_native, static_cast<std::size_t>(count * es)) : d.recv;
+      void* out = aliased ? staging().get(staging_native, static_cast<std::size_t>(count * es)) : d.recv;
       if (count <= static_cast<std::uint64_t>(INT_MAX)) {
         native_check(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), type, op, comm), "MPI_Reduce_scatter_block");
       } else {

@@ -7,6 +7,9 @@
 ///
 /// Records are plain bytes in the sender's layout: all ranks of a job must share one ABI
 /// (the same build of ringzero on machines of the same architecture), as MPI_BYTE transfers do.
+/// Notices and descriptors carry the communicator's instance id (chosen by rank 0 when it is
+/// made): a message left over from a destroyed communicator whose MPI context was reused is
+/// recognised and dropped instead of being taken for the new communicator's.
 
 #include <algorithm>
 #include <cstddef>
@@ -51,6 +54,7 @@ constexpr int tag_remaining(int tag) noexcept { return tag % (tag_remaining_cap 
 /// contract compares, plus the reason its arguments are invalid (truncated to fit).
 struct wire_descriptor {
   static constexpr std::size_t max_reason = 448;
+  std::uint64_t instance = 0;
   std::uint64_t sequence = 0;
   std::uint64_t count = 0;
   std::int32_t root = -1;
@@ -109,6 +113,7 @@ enum class notice_kind : std::uint32_t {
 /// peer sent fewer than k.
 struct notice {
   static constexpr std::size_t max_text = 1024;
+  std::uint64_t instance = 0;
   notice_kind kind = notice_kind::abort;
   std::int32_t code = 0;  ///< an errc value (abort)
   std::uint64_t data_sent = 0;
@@ -131,6 +136,7 @@ struct notice {
 
 /// What every rank states when a communicator is made; ranks must agree on all of it.
 struct hello_record {
+  std::uint64_t instance = 0;  ///< rank 0's becomes the communicator's instance id
   std::uint32_t version = 0;
   std::uint32_t check = 0;
   std::uint64_t slice_bytes = 0;
