@@ -6,13 +6,14 @@
 // backend offers (ring, halving_doubling, and direct or native) x out-of-place / in-place
 // (NCCL's conventions) x counts 0, 1, world+1 and 100003. Inputs are small integers whose
 // reductions are exact in every dtype and in any order (nccl-tests' trick), so results are
-// compared bit for bit. Outputs start filled with a sentinel and are framed by guard elements:
+// compared bit for bit; integer sums include elements near the type's maximum, so they wrap. Outputs start filled with a sentinel and are framed by guard elements:
 // a result element never written, a guard overwritten, or a non-root reduce output touched
 // (case C9) fails the case.
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -132,6 +133,9 @@ T input(reduce_kind op, int r, std::uint64_t i, int n) {
       }
     }
     default: {
+      // Integer sums wrap: every 61st element is near the type's maximum on every rank (case C1).
+      if constexpr (std::is_integral_v<T>)
+        if (i % 61 == 5) return static_cast<T>(std::numeric_limits<T>::max() - static_cast<T>(ri));
       const auto v = static_cast<std::int64_t>((i * 7 + ri * 3) % 5);
       if constexpr (is_unsigned_int<T>) return make<T>(v + 1);
       else return make<T>(v - 2);

@@ -519,12 +519,11 @@ class communicator final : public ringzero::communicator {
     throw e;
   }
 
-  /// Throws when the communicator was aborted, or, in a collective, when a peer has left (then
-  /// aborting it, so that ranks waiting for this one learn the cause).
-  void raise_if_unusable() {
+  /// Throws when the communicator was aborted. (A peer that left is not an error by itself: it
+  /// may have sent all it had to send, e.g. a non-root rank of a reduce whose sends completed
+  /// eagerly. The waits decide from the departure's message counts.)
+  void raise_if_unusable() const {
     if (aborted_) raise(abort_code_, "the communicator was aborted: " + abort_reason_);
-    for (int p = 0; p < world_size(); ++p)
-      if (peers_[static_cast<std::size_t>(p)].departed) fail(errc::peer_exited, departed_text(p) + " before " + operation_name());
   }
 
   std::string departed_text(int p) const {
@@ -996,6 +995,8 @@ class communicator final : public ringzero::communicator {
   /// A dissemination barrier on the control communicator, polled against the timeout.
   void synchronize(const char* what) {
     raise_if_unusable();
+    for (int p = 0; p < world_size(); ++p)
+      if (peers_[static_cast<std::size_t>(p)].departed) fail(errc::peer_exited, departed_text(p) + " before " + what);
     const int n = world_size(), me = rank();
     const auto until = deadline();
     for (int step = 1; step < n; step *= 2) {

@@ -6,6 +6,7 @@
 /// |------------------|-------------------|-----------------------------------------------------|
 /// | float32, float64 | MPI_FLOAT, MPI_DOUBLE | MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX             |
 /// | int8 ... uint64  | MPI_INT8_T ... MPI_UINT64_T | MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX       |
+/// |                  |                   | (8-bit sums: user-defined ops, see operation_of)    |
 /// | float16, bfloat16| MPI_UINT16_T (bits) | user-defined ops (MPI_Op_create) that combine in  |
 /// |                  |                   | float32 with ringzero's own arithmetic             |
 ///
@@ -74,23 +75,28 @@ constexpr int combining_index(reduce_kind k) noexcept {
   }
 }
 
-/// User-defined operations for float16 and bfloat16, created once per process on first use
-/// (thread-safe) and kept until MPI_Finalize.
-struct half_ops {
-  MPI_Op op[2][combining_kinds] = {};
+/// ringzero's user-defined MPI operations, created once per process on first use (thread-safe)
+/// and kept until MPI_Finalize: every combining kind for float16 and bfloat16 (MPI has no
+/// such types), and sum for int8 and uint8 (see `operation_of`).
+struct user_ops {
+  MPI_Op half[2][combining_kinds] = {};
+  MPI_Op int8_sum = MPI_OP_NULL;
+  MPI_Op uint8_sum = MPI_OP_NULL;
 
-  static half_ops& instance() {
-    static half_ops ops;
+  static user_ops& instance() {
+    static user_ops ops;
     static std::once_flag once;
     std::call_once(once, [] {
-      MPI_Op_create(&user_op_body<dtype::float16, reduce_kind::sum>, 1, &ops.op[0][0]);
-      MPI_Op_create(&user_op_body<dtype::float16, reduce_kind::prod>, 1, &ops.op[0][1]);
-      MPI_Op_create(&user_op_body<dtype::float16, reduce_kind::min>, 1, &ops.op[0][2]);
-      MPI_Op_create(&user_op_body<dtype::float16, reduce_kind::max>, 1, &ops.op[0][3]);
-      MPI_Op_create(&user_op_body<dtype::bfloat16, reduce_kind::sum>, 1, &ops.op[1][0]);
-      MPI_Op_create(&user_op_body<dtype::bfloat16, reduce_kind::prod>, 1, &ops.op[1][1]);
-      MPI_Op_create(&user_op_body<dtype::bfloat16, reduce_kind::min>, 1, &ops.op[1][2]);
-      MPI_Op_create(&user_op_body<dtype::bfloat16, reduce_kind::max>, 1, &ops.op[1][3]);
+      MPI_Op_create(&user_op_body<dtype::float16, reduce_kind::sum>, 1, &ops.half[0][0]);
+      MPI_Op_create(&user_op_body<dtype::float16, reduce_kind::prod>, 1, &ops.half[0][1]);
+      MPI_Op_create(&user_op_body<dtype::float16, reduce_kind::min>, 1, &ops.half[0][2]);
+      MPI_Op_create(&user_op_body<dtype::float16, reduce_kind::max>, 1, &ops.half[0][3]);
+      MPI_Op_create(&user_op_body<dtype::bfloat16, reduce_kind::sum>, 1, &ops.half[1][0]);
+      MPI_Op_create(&user_op_body<dtype::bfloat16, reduce_kind::prod>, 1, &ops.half[1][1]);
+      MPI_Op_create(&user_op_body<dtype::bfloat16, reduce_kind::min>, 1, &ops.half[1][2]);
+      MPI_Op_create(&user_op_body<dtype::bfloat16, reduce_kind::max>, 1, &ops.half[1][3]);
+      MPI_Op_create(&user_op_body<dtype::int8, reduce_kind::sum>, 1, &ops.int8_sum);
+      MPI_Op_create(&user_op_body<dtype::uint8, reduce_kind::sum>, 1, &ops.uint8_sum);
     });
     return ops;
   }
@@ -100,11 +106,18 @@ struct half_ops {
 
 /// The MPI operation that combines elements of `t` for `k` (sum for avg and premul_sum, whose
 /// extra steps the caller applies). Predefined ops for the standard types, ringzero's
-/// user-defined ops for float16 and bfloat16. Preconditions: valid `t` and `k`; MPI active.
+/// user-defined ops for float16 and bfloat16, and for 8-bit integer sums: Open MPI 4.1's
+/// vectorised (AVX) MPI_SUM on MPI_INT8_T and MPI_UINT8_T saturates instead of wrapping
+/// (120 + 100 gives 127, not -36: case C1) in the part of a buffer it vectorises. (Checked on
+/// Open MPI 4.1.4: the 32- and 64-bit sums and every prod, min and max wrap or compare as
+/// ringzero's do.)
+/// Preconditions: valid `t` and `k`; MPI active.
 inline MPI_Op operation_of(dtype t, reduce_kind k) {
   const int i = detail::combining_index(k);
   if (t == dtype::float16 || t == dtype::bfloat16)
-    return detail::half_ops::instance().op[t == dtype::float16 ? 0 : 1][i];
+    return detail::user_ops::instance().half[t == dtype::float16 ? 0 : 1][i];
+  if (t == dtype::int8 && i == 0) return detail::user_ops::instance().int8_sum;
+  if (t == dtype::uint8 && i == 0) return detail::user_ops::instance().uint8_sum;
   constexpr MPI_Op predefined[detail::combining_kinds] = {MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX};
   return predefined[i];
 }
