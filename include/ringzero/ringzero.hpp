@@ -1,6 +1,7 @@
 #pragma once
 /// @file
-/// The umbrella header: core types, the local (threads) backend and every collective.
+/// The umbrella header: core types, the local (threads) backend, every collective, and ZeRO
+/// (shard planner, memory and traffic model, sharded runtime).
 /// The MPI and NCCL backends are opt-in (backend/mpi.hpp, backend/nccl.hpp) so that including
 /// this header needs no external library.
 ///
@@ -34,3 +35,8 @@
 #include "ringzero/collective/reduce.hpp"
 #include "ringzero/collective/reduce_scatter.hpp"
 #include "ringzero/collective/send_recv.hpp"
+
+#include "ringzero/zero/model_presets.hpp"
+#include "ringzero/zero/paper_comparison.hpp"
+#include "ringzero/zero/shard_plan.hpp"
+#include "ringzero/zero/sharded_model.hpp"

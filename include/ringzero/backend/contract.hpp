@@ -35,9 +35,9 @@ inline std::string describe_ranks(const std::vector<int>& ranks) {
   for (std::size_t i = 0; i < ranks.size();) {
     std::size_t j = i;
     while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (i != 0) s += ", ";
-    s += std::to_string(ranks[i]);
-    if (j > i) s += "-" + std::to_string(ranks[j]);
+    if (i != 0) s.append(", ");
+    s.append(std::to_string(ranks[i]));
+    if (j > i) s.append("-").append(std::to_string(ranks[j]));
     i = j + 1;
   }
   return s;
@@ -92,16 +92,28 @@ std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_ra
     return true;
   };
 
-  // 1. Local argument errors, reported on every rank.
+  // 1. Local argument errors, reported on every rank (ranks with the same problem grouped).
   {
-    std::string s;
+    bool any = false;
+    std::vector<std::string> problems(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) {
       const auto& d = get(r);
-      if (d.invalid.empty()) continue;
-      if (!s.empty()) s += "; ";
-      s += "rank " + std::to_string(r) + ": " + d.invalid;
+      problems[static_cast<std::size_t>(r)] = d.invalid.empty() ? std::string("valid") : d.invalid;
+      any = any || !d.invalid.empty();
     }
-    if (!s.empty()) return contract_violation{errc::invalid_argument, "invalid arguments (" + s + "); no rank ran it"};
+    if (any) {
+      std::string s;
+      for (int r = 0; r < n; ++r) {
+        const auto& d = get(r);
+        if (d.invalid.empty()) continue;
+        if (!s.empty()) s += "; ";
+        s += "rank " + std::to_string(r) + ": " + d.invalid;
+      }
+      // Grouped form when several ranks share a problem: "ranks 0-3: send buffer is null ...".
+      const std::string grouped = detail::describe_values(problems);
+      return contract_violation{errc::invalid_argument,
+                                "invalid arguments (" + (grouped.size() < s.size() ? grouped : s) + "); no rank ran it"};
+    }
   }
   // 2. The same collective.
   if (!all_equal([](const collective_descriptor& d) { return d.kind; }))

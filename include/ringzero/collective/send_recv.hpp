@@ -79,6 +79,35 @@ inline void sendrecv(communicator& comm, const void* send_buffer, std::uint64_t 
   detail::transfer(comm, collective_kind::send, send_buffer, sb, to, recv_buffer, rb, from);
 }
 
+/// Asynchronous `send`: queued on `comm`'s progress thread behind its earlier async operations
+/// and run in issue order, one at a time (like NCCL calls on one stream without a group). So a
+/// rank must not wait for a peer's message while its own earlier async send to that peer is
+/// still queued: exchange data with `sendrecv`. `buffer` must stay valid until the work completes.
+inline work send_async(communicator& comm, const void* buffer, std::uint64_t count, dtype type, int peer) {
+  const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "send");
+  if (peer == comm.rank()) comm.raise(errc::invalid_argument, "send to oneself would never complete; use sendrecv");
+  communicator* c = &comm;
+  return work(comm.progress().submit([c, buffer, bytes, peer] {
+    collective_descriptor d;
+    d.kind = collective_kind::send;
+    detail::current_collective guard(*c, &d);
+    c->sendrecv(buffer, bytes, peer, nullptr, 0, -1);
+  }));
+}
+
+/// Asynchronous `recv` (see `send_async` for ordering).
+inline work recv_async(communicator& comm, void* buffer, std::uint64_t count, dtype type, int peer) {
+  const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "recv");
+  if (peer == comm.rank()) comm.raise(errc::invalid_argument, "recv from oneself would never complete; use sendrecv");
+  communicator* c = &comm;
+  return work(comm.progress().submit([c, buffer, bytes, peer] {
+    collective_descriptor d;
+    d.kind = collective_kind::recv;
+    detail::current_collective guard(*c, &d);
+    c->sendrecv(nullptr, 0, -1, buffer, bytes, peer);
+  }));
+}
+
 /// Typed `send` of a span.
 template <element_type T>
 void send(communicator& comm, std::span<const T> buffer, int peer) {

@@ -1,14 +1,20 @@
 #pragma once
 /// @file
-/// How a rank waits for another: spin briefly, then yield, then sleep with a growing interval,
-/// checking a failure condition and a deadline all along. Used by every backend that polls.
+/// How a rank waits for another: spin briefly, yield briefly, then block on the other rank's
+/// `doorbell` (a futex on Linux) until it rings, checking a failure condition and a deadline all
+/// along. Used by every backend that polls shared state.
 ///
 /// Spinning keeps small collectives in the microsecond range when every rank has a core; when
-/// there are more ranks than cores (`oversubscribed`), spinning only steals time from the rank
-/// being waited for, so the waiter yields at once.
+/// there are more ranks than cores (`oversubscribed`) spinning only steals time from the rank
+/// being waited for, so the waiter skips it. Blocking matters when a rank waits long (a peer
+/// still computing its backward pass, 13 ranks on 2 cores): the waiter then costs no CPU, and the
+/// peer's doorbell wakes it within microseconds of the event.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
+#include <cstdint>
 #include <thread>
 
 #include "ringzero/core/config.hpp"
@@ -16,6 +22,12 @@
 
 #if RINGZERO_X86_64
 #include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 #endif
 
 namespace ringzero::detail {
@@ -31,39 +43,101 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+/// A rank's doorbell: the rank rings it after every store that a peer may wait for; a waiter
+/// blocks on it instead of polling. Cheap when nobody waits (one atomic add and one load).
+/// Thread safety: all members may be used concurrently.
+struct alignas(RINGZERO_CACHE_LINE) doorbell {
+  std::atomic<std::uint32_t> epoch{0};    ///< incremented by every ring
+  std::atomic<std::uint32_t> waiters{0};  ///< threads currently blocked (or about to block) on it
+
+  /// Wakes every thread blocked on this doorbell. Call after the store being announced.
+  void ring() noexcept {
+    epoch.fetch_add(1, std::memory_order_seq_cst);
+    if (waiters.load(std::memory_order_seq_cst) != 0) {
+#if defined(__linux__)
+      syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&epoch), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+#endif
+    }
+  }
+
+  /// Blocks until the epoch differs from `seen` or `limit` elapsed (spurious returns allowed).
+  void block(std::uint32_t seen, std::chrono::microseconds limit) const noexcept {
+#if defined(__linux__)
+    timespec ts;
+    ts.tv_sec = static_cast<time_t>(limit.count() / 1000000);
+    ts.tv_nsec = static_cast<long>((limit.count() % 1000000) * 1000);
+    syscall(SYS_futex, reinterpret_cast<const std::uint32_t*>(&epoch), FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
+#else
+    (void)seen;
+    std::this_thread::sleep_for(std::min(limit, std::chrono::microseconds(200)));
+#endif
+  }
+};
+
 /// Tuning of `wait_until`.
 struct wait_policy {
-  unsigned spin_iterations = 2000;   ///< pauses before the first yield (0 when oversubscribed)
-  unsigned yield_iterations = 20000; ///< yields before the first sleep
-  std::chrono::microseconds first_sleep{20};  ///< first sleep; doubles up to max_sleep
-  std::chrono::microseconds max_sleep{1000};
+  std::chrono::microseconds spin{30};    ///< spinning before the first yield (none when oversubscribed)
+  std::chrono::microseconds yield{100};  ///< yielding before blocking
+  std::chrono::microseconds max_block{10000};  ///< longest single block (failures are re-checked after it)
 };
 
 /// Polls `ready()` until it returns true (then `status::ok`), `failed()` returns a status other
 /// than ok (then that status), or `deadline` passes (then `status::timeout`). `ready` is checked
-/// before `failed`, so an event that happened before a failure is still seen.
+/// before `failed`, so an event that happened before a failure is still seen. With a doorbell
+/// (the waited-for rank's), the waiter blocks on it after spinning and yielding; the rank must
+/// ring it after each store that can make `ready()` true, and failure paths must ring it too.
 /// `Ready` is `bool()`, `Failed` is `status()`; both must be cheap and thread-safe.
 template <class Ready, class Failed>
 [[nodiscard]] status wait_until(Ready&& ready, Failed&& failed, std::chrono::steady_clock::time_point deadline,
-                                bool oversubscribed, const wait_policy& policy = {}) {
+                                bool oversubscribed, doorbell* bell = nullptr, const wait_policy& policy = {}) {
   if (ready()) return status::ok;
-  const unsigned spins = oversubscribed ? 0u : policy.spin_iterations;
-  for (unsigned i = 0; i < spins; ++i) {
-    cpu_relax();
-    if (ready()) return status::ok;
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  if (!oversubscribed) {
+    const auto spin_until = start + policy.spin;
+    for (unsigned i = 1;; ++i) {
+      cpu_relax();
+      if (ready()) return status::ok;
+      if ((i & 63u) == 0 && clock::now() >= spin_until) break;
+    }
   }
-  auto sleep = policy.first_sleep;
+  const auto yield_until = start + policy.spin + policy.yield;
   for (unsigned i = 0;; ++i) {
     if (ready()) return status::ok;
     if ((i & 15u) == 0) {
       if (status s = failed(); s != status::ok) return ready() ? status::ok : s;
-      if (std::chrono::steady_clock::now() >= deadline) return ready() ? status::ok : status::timeout;
+      const auto now = clock::now();
+      if (now >= deadline) return ready() ? status::ok : status::timeout;
+      if (now >= yield_until) break;
     }
-    if (i < policy.yield_iterations) {
-      std::this_thread::yield();
+    std::this_thread::yield();
+  }
+  for (;;) {
+    std::uint32_t seen = 0;
+    if (bell) {
+      bell->waiters.fetch_add(1, std::memory_order_seq_cst);
+      seen = bell->epoch.load(std::memory_order_seq_cst);
+    }
+    if (ready()) {
+      if (bell) bell->waiters.fetch_sub(1, std::memory_order_seq_cst);
+      return status::ok;
+    }
+    if (status s = failed(); s != status::ok) {
+      if (bell) bell->waiters.fetch_sub(1, std::memory_order_seq_cst);
+      return ready() ? status::ok : s;
+    }
+    const auto now = clock::now();
+    if (now >= deadline) {
+      if (bell) bell->waiters.fetch_sub(1, std::memory_order_seq_cst);
+      return ready() ? status::ok : status::timeout;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) + std::chrono::microseconds(1);
+    const auto limit = left < policy.max_block ? left : policy.max_block;
+    if (bell) {
+      bell->block(seen, limit);
+      bell->waiters.fetch_sub(1, std::memory_order_seq_cst);
     } else {
-      std::this_thread::sleep_for(sleep);
-      if (sleep < policy.max_sleep) sleep *= 2;
+      std::this_thread::sleep_for(std::min(limit, std::chrono::microseconds(200)));
     }
   }
 }

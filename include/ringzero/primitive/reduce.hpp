@@ -25,7 +25,8 @@ namespace ringzero::primitive {
 
 /// What one combine applies. `kind` is one of sum, prod, min, max, avg, premul_sum.
 /// - `pre_a` / `pre_b`: multiply that operand by `scalar_a` / `scalar_b` first (premul_sum on a
-///   raw input; false when the operand is already a partial result).
+///   raw input; false when the operand is already a partial result). Honoured for the sum-like
+///   kinds (sum, avg, premul_sum); ignored for prod, min and max.
 /// - `divisor`: when non-zero, divide the combined value by it (avg, on the combine that
 ///   produces the final value); integers truncate toward zero.
 struct reduce_spec {
@@ -155,8 +156,8 @@ void reduce_typed(T* dst, const T* a, const T* b, std::uint64_t n, const reduce_
     case reduce_kind::max: return combine_loop<T, binary::max, false, false, false>(dst, a, b, n, sa, sb, d);
     default: break;  // sum, avg and premul_sum are all sums with optional pre/post steps
   }
-  const bool pa = s.pre_a && s.kind == reduce_kind::premul_sum;
-  const bool pb = s.pre_b && s.kind == reduce_kind::premul_sum;
+  const bool pa = s.pre_a;
+  const bool pb = s.pre_b;
   const bool post = d != 0;
   const int variant = (pa ? 4 : 0) | (pb ? 2 : 0) | (post ? 1 : 0);
   switch (variant) {

@@ -45,15 +45,17 @@ class communicator final : public ringzero::communicator {
     return a == algorithm::ring || a == algorithm::halving_doubling || a == algorithm::direct;
   }
 
-  /// Shared-memory costs: a rendezvous of ~0.3 us per step and ~10 GB/s per rank of memory
-  /// traffic (measured on the 2-core development VM; see docs/algorithms.md).
+  /// Shared-memory costs: a rendezvous of ~0.3 us per step and ~10 GB/s of memory traffic
+  /// per rank (mu). A byte "transferred" by a zero-copy receive is read from the peer and written
+  /// locally (beta = 2 mu); a byte combined also reads the own operand (gamma = mu).
+  /// See docs/algorithms.md.
   link_model link() const noexcept override {
     link_model m;
-    m.alpha_us = 0.3;
-    m.beta_us_per_byte = 1.0 / 10e3;
-    m.gamma_us_per_byte = 1.0 / 10e3;
-    m.sync_us = 0.3;
     m.memory_us_per_byte = 1.0 / 10e3;
+    m.alpha_us = 0.3;
+    m.beta_us_per_byte = 2 * m.memory_us_per_byte;
+    m.gamma_us_per_byte = m.memory_us_per_byte;
+    m.sync_us = 0.3;
     return m;
   }
 
@@ -68,10 +70,13 @@ class communicator final : public ringzero::communicator {
   world& shared_world() noexcept { return world_; }
 
   void begin(const collective_descriptor& d) override {
+    if (world_.aborted())
+      raise(world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
     detail::rank_slot& me = world_.slot(rank());
     me.desc = d;
     const std::uint64_t tag = d.sequence + 1;
     me.arrived.store(tag, std::memory_order_release);
+    world_.bell(rank()).ring();
     wait_for_all(&detail::rank_slot::arrived, tag, "arrive at");
     auto violation = check_contract(
         world_size(), [&](int r) -> const collective_descriptor& { return world_.slot(r).desc; }, true);
@@ -84,6 +89,7 @@ class communicator final : public ringzero::communicator {
   void end(const collective_descriptor& d) override {
     const std::uint64_t tag = d.sequence + 1;
     world_.slot(rank()).departed.store(tag, std::memory_order_release);
+    world_.bell(rank()).ring();
     wait_for_all(&detail::rank_slot::departed, tag, "finish");
   }
 
@@ -93,6 +99,7 @@ class communicator final : public ringzero::communicator {
                 int from) override {
     check_peer(to, "send to");
     check_peer(from, "receive from");
+    if (world_.aborted()) raise(world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
       const void* data = await_message(from, recv_bytes);
@@ -180,7 +187,8 @@ class communicator final : public ringzero::communicator {
       if (r == rank()) continue;
       auto& peer = world_.slot(r).*field;
       status st = ringzero::detail::wait_until([&] { return peer.load(std::memory_order_acquire) >= tag; },
-                                               [&] { return failure_of(r); }, until, world_.oversubscribed());
+                                               [&] { return failure_of(r); }, until, world_.oversubscribed(),
+                                               &world_.bell(r));
       if (st == status::ok) continue;
       std::vector<int> missing;
       for (int q = 0; q < world_size(); ++q)
@@ -190,12 +198,30 @@ class communicator final : public ringzero::communicator {
     }
   }
 
+  /// The tag of the current operation: 1 + sequence for a collective's internal transfers, 0 for
+  /// send/recv. A message is only accepted by the same kind of operation on the receiver, so
+  /// point-to-point traffic and collectives issued in a different order on two ranks raise an
+  /// error instead of delivering one operation's data to another.
+  std::uint64_t current_tag() const noexcept {
+    const collective_descriptor* d = current();
+    if (!d || d->kind == collective_kind::send || d->kind == collective_kind::recv) return 0;
+    return d->sequence + 1;
+  }
+
+  static std::string tag_name(std::uint64_t tag) {
+    return tag == 0 ? std::string("a send/recv") : "collective #" + std::to_string(tag - 1);
+  }
+
   std::uint64_t post(int to, const void* data, std::uint64_t bytes) {
     detail::mailbox& box = world_.box(rank(), to);
     const std::uint64_t k = ++sent_[static_cast<std::size_t>(to)];
+    // The previous message on this channel is always consumed here (every send waits for its
+    // receiver), so the fields may be overwritten.
     box.data = data;
     box.bytes = bytes;
+    box.tag = current_tag();
     box.posted.store(k, std::memory_order_release);
+    world_.bell(rank()).ring();
     return k;
   }
 
@@ -203,12 +229,26 @@ class communicator final : public ringzero::communicator {
     detail::mailbox& box = world_.box(from, rank());
     const std::uint64_t k = ++received_[static_cast<std::size_t>(from)];
     status st = ringzero::detail::wait_until([&] { return box.posted.load(std::memory_order_acquire) >= k; },
-                                             [&] { return failure_of(from); }, deadline(), world_.oversubscribed());
+                                             [&] { return failure_of(from); }, deadline(), world_.oversubscribed(),
+                                             &world_.bell(from));
     if (st != status::ok) fail_wait(st, "send its data for", {from});
-    if (box.bytes != expected) {
-      const std::uint64_t got = box.bytes;
+    const std::uint64_t want_tag = current_tag();
+    if (box.tag != want_tag) {
+      const std::uint64_t got_tag = box.tag;
+      box.tag_mismatch = true;
       box.expected = expected;
       box.consumed.store(k, std::memory_order_release);
+      world_.bell(rank()).ring();
+      raise(errc::contract_mismatch, "rank " + std::to_string(from) + " sent data for " + tag_name(got_tag) +
+                                         " while rank " + std::to_string(rank()) + " expected data for " +
+                                         tag_name(want_tag) + ": the two ranks issued operations in different orders");
+    }
+    if (box.bytes != expected) {
+      const std::uint64_t got = box.bytes;
+      box.tag_mismatch = false;
+      box.expected = expected;
+      box.consumed.store(k, std::memory_order_release);
+      world_.bell(rank()).ring();
       raise(errc::size_mismatch, "rank " + std::to_string(from) + " sends " + std::to_string(got) +
                                      " bytes but rank " + std::to_string(rank()) + " expects " +
                                      std::to_string(expected) + " bytes");
@@ -219,14 +259,20 @@ class communicator final : public ringzero::communicator {
   void consume(int from) {
     detail::mailbox& box = world_.box(from, rank());
     box.expected = box.bytes;
+    box.tag_mismatch = false;
     box.consumed.store(received_[static_cast<std::size_t>(from)], std::memory_order_release);
+    world_.bell(rank()).ring();
   }
 
   void await_consumed(int to, std::uint64_t k, std::uint64_t bytes) {
     detail::mailbox& box = world_.box(rank(), to);
     status st = ringzero::detail::wait_until([&] { return box.consumed.load(std::memory_order_acquire) >= k; },
-                                             [&] { return failure_of(to); }, deadline(), world_.oversubscribed());
+                                             [&] { return failure_of(to); }, deadline(), world_.oversubscribed(),
+                                             &world_.bell(to));
     if (st != status::ok) fail_wait(st, "receive the data of", {to});
+    if (box.tag_mismatch)
+      raise(errc::contract_mismatch, "rank " + std::to_string(to) + " expected data of another operation than " +
+                                         tag_name(current_tag()) + ": the two ranks issued operations in different orders");
     if (box.expected != bytes)
       raise(errc::size_mismatch, "rank " + std::to_string(rank()) + " sends " + std::to_string(bytes) +
                                      " bytes but rank " + std::to_string(to) + " expects " +

@@ -108,7 +108,16 @@ void launch(int world_size, F&& fn, const launch_options& options = {}) {
   };
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world_size));
-  for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
+  try {
+    for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
+  } catch (const std::system_error& e) {
+    // Could not start every rank: abort the ones already running, join them, report.
+    w.abort(std::string("local::launch could not start all ranks: ") + e.what());
+    for (int r = static_cast<int>(threads.size()); r < world_size; ++r) w.mark_exited(r, true, "never started");
+    for (auto& t : threads) t.join();
+    throw error(errc::backend_failure, "local::launch started only " + std::to_string(threads.size()) + " of " +
+                                           std::to_string(world_size) + " rank threads: " + e.what());
+  }
   for (auto& t : threads) t.join();
   for (auto& f : failures)
     if (f) std::rethrow_exception(f);

@@ -23,6 +23,7 @@
 #include "ringzero/backend/descriptor.hpp"
 #include "ringzero/core/config.hpp"
 #include "ringzero/core/error.hpp"
+#include "ringzero/core/wait.hpp"
 
 #if defined(__linux__)
 #include <sched.h>
@@ -44,8 +45,10 @@ struct alignas(RINGZERO_CACHE_LINE) mailbox {
   std::atomic<std::uint64_t> posted{0};    ///< number of messages the sender has published
   const void* data = nullptr;              ///< the sender's buffer (valid until consumed)
   std::uint64_t bytes = 0;                 ///< its size
+  std::uint64_t tag = 0;                   ///< 1 + sequence of the collective it belongs to; 0: send/recv
   alignas(RINGZERO_CACHE_LINE) std::atomic<std::uint64_t> consumed{0};  ///< messages the receiver finished
   std::uint64_t expected = 0;              ///< bytes the receiver expected for the last consumed message
+  bool tag_mismatch = false;               ///< the receiver expected another operation's message
 };
 
 /// Number of processors this process may run on (at least 1).
@@ -74,6 +77,7 @@ class world {
       throw error(errc::invalid_argument, "local world size must be at least 1, got " + std::to_string(world_size));
     slots_ = std::make_unique<detail::rank_slot[]>(static_cast<std::size_t>(n_));
     boxes_ = std::make_unique<detail::mailbox[]>(static_cast<std::size_t>(n_) * static_cast<std::size_t>(n_));
+    bells_ = std::make_unique<ringzero::detail::doorbell[]>(static_cast<std::size_t>(n_));
     exit_state_ = std::make_unique<std::atomic<int>[]>(static_cast<std::size_t>(n_));
     for (int r = 0; r < n_; ++r) exit_state_[static_cast<std::size_t>(r)].store(0, std::memory_order_relaxed);
     exit_what_.resize(static_cast<std::size_t>(n_));
@@ -109,6 +113,7 @@ class world {
       }
     }
     aborted_.store(true, std::memory_order_release);
+    for (int r = 0; r < n_; ++r) bell(r).ring();  // wake every blocked waiter
   }
 
   /// The code of the first abort (errc::aborted when the world was not aborted).
@@ -124,6 +129,7 @@ class world {
       exit_what_[static_cast<std::size_t>(r)] = what;
     }
     exit_state_[static_cast<std::size_t>(r)].store(failed ? 2 : 1, std::memory_order_release);
+    bell(r).ring();
   }
 
   /// True once rank `r` left.
@@ -138,6 +144,8 @@ class world {
     return "it threw: " + exit_what_[static_cast<std::size_t>(r)];
   }
 
+  /// Rank `r`'s doorbell: rung after each of its stores that peers wait for (internal).
+  ringzero::detail::doorbell& bell(int r) noexcept { return bells_[static_cast<std::size_t>(r)]; }
   /// Rank `r`'s collective slot (internal).
   detail::rank_slot& slot(int r) noexcept { return slots_[static_cast<std::size_t>(r)]; }
   /// The mailbox from rank `from` to rank `to` (internal).
@@ -150,6 +158,7 @@ class world {
   bool oversubscribed_ = false;
   std::unique_ptr<detail::rank_slot[]> slots_;
   std::unique_ptr<detail::mailbox[]> boxes_;
+  std::unique_ptr<ringzero::detail::doorbell[]> bells_;
   std::unique_ptr<std::atomic<int>[]> exit_state_;
   std::vector<std::string> exit_what_;
   std::atomic<bool> aborted_{false};

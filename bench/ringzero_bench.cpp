@@ -1,0 +1,497 @@
+// ringzero-bench: collective throughput in the manner of nccl-tests.
+//
+//   ringzero-bench all_reduce -b 8 -e 256M -f 2 -n 20 -w 5 -c 1 -d float -o sum --ranks 2 --algo auto
+//
+// For each size from -b to -e (multiplied by -f, or stepped by -i) and each dtype / op / root,
+// it runs the collective out of place and in place, checks the result bitwise against exact
+// expected values (-c 1), then times -n iterations after -w warm-up iterations and prints
+// nccl-tests' columns: size (B), count (elements), type, redop, root, then per placement time
+// (us, the median of the per-iteration times, each the slowest rank's), algbw and busbw (GB/s),
+// %peak (the fraction of the memory-bandwidth bound reached) and #wrong. Bus-bandwidth factors
+// follow nccl-tests (all_reduce 2(n-1)/n; reduce_scatter, all_gather, all_to_all (n-1)/n of the
+// total bytes; broadcast and reduce 1). Before the table it measures the machine's memory
+// bandwidth with a STREAM-style copy on the same rank threads; docs/performance.md explains how the
+// bound's bytes are counted. The exit status is non-zero when any #wrong is non-zero.
+//
+// Sizes: like nccl-tests, `size` is the larger of a rank's send and receive buffers; for
+// reduce_scatter, all_gather and all_to_all the per-rank count is size / (elements * world size),
+// rounded down to a multiple of 4 elements.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "exact_values.hpp"
+#include "memory_bandwidth.hpp"
+#include "ringzero/ringzero.hpp"
+
+namespace rz = ringzero;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct options {
+  rz::collective_kind kind = rz::collective_kind::all_reduce;
+  std::uint64_t min_bytes = 32 << 20, max_bytes = 32 << 20, step_bytes = 1 << 20;
+  std::uint64_t step_factor = 1;
+  int iters = 20, warmup = 5, check = 1, ranks = 0;
+  std::vector<rz::dtype> dtypes{rz::dtype::float32};
+  std::vector<rz::reduce_kind> ops{rz::reduce_kind::sum};
+  std::vector<int> roots{0};
+  rz::algorithm algo = rz::algorithm::automatic;
+  bool pin = false;
+  std::string json_path;
+  std::uint64_t bandwidth_bytes = 0;
+};
+
+std::uint64_t parse_size(const std::string& s) {
+  if (s.empty()) throw CLI::ValidationError("size", "empty size");
+  std::size_t used = 0;
+  const double v = std::stod(s, &used);
+  std::string suffix = s.substr(used);
+  double scale = 1;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024.0;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty() && suffix != "B") throw CLI::ValidationError("size", "unknown suffix in '" + s + "'");
+  if (v < 0) throw CLI::ValidationError("size", "negative size '" + s + "'");
+  return static_cast<std::uint64_t>(v * scale);
+}
+
+// nccl-tests' bus-bandwidth factor.
+double bus_factor(rz::collective_kind k, int n) {
+  const double nn = n;
+  switch (k) {
+    case rz::collective_kind::all_reduce: return 2.0 * (nn - 1) / nn;
+    case rz::collective_kind::reduce_scatter:
+    case rz::collective_kind::all_gather:
+    case rz::collective_kind::all_to_all: return (nn - 1) / nn;
+    default: return 1.0;
+  }
+}
+
+// The least memory traffic (bytes read + written, summed over all ranks) of any shared-memory
+// algorithm for the collective: every input byte read once and every output byte written once.
+// `S` is the per-rank count in bytes of the collective's "whole" buffer (see docs/performance.md).
+double collective_min_bytes(rz::collective_kind k, int n, double S) {
+  const double nn = n;
+  switch (k) {
+    case rz::collective_kind::all_reduce: return nn * 2 * S;              // read S, write S per rank
+    case rz::collective_kind::reduce_scatter: return nn * (S + S / nn);   // read S (n blocks), write S/n
+    case rz::collective_kind::all_gather: return nn * (S / nn + S);       // read S/n own... and write S
+    case rz::collective_kind::broadcast: return S + nn * S;               // root read S, every rank writes S
+    case rz::collective_kind::reduce: return nn * S + S;                  // every input read, root writes S
+    case rz::collective_kind::all_to_all: return nn * 2 * S;              // read S, write S per rank
+    default: return 0;
+  }
+}
+
+struct row_result {
+  double time_us = 0, mean_us = 0, algbw = 0, busbw = 0, peak_fraction = 0;
+  std::int64_t wrong = -1;  // -1: not applicable (N/A)
+};
+
+struct shared_state {
+  std::mutex mutex;
+  nlohmann::json rows = nlohmann::json::array();
+  double busbw_sum = 0;
+  int busbw_rows = 0;
+  std::int64_t wrong_total = 0;
+  double copy_bandwidth = 0;
+};
+
+// Elements per rank (the collective's count argument) for a size in bytes.
+std::uint64_t count_for(rz::collective_kind k, std::uint64_t bytes, std::size_t es, int n) {
+  const std::uint64_t elems = bytes / es;
+  switch (k) {
+    case rz::collective_kind::reduce_scatter:
+    case rz::collective_kind::all_gather:
+    case rz::collective_kind::all_to_all: return elems / (4u * static_cast<std::uint64_t>(n)) * 4u;
+    default: return elems;
+  }
+}
+
+class rank_bench {
+ public:
+  rank_bench(rz::communicator& comm, const options& o, shared_state& shared) : comm_(comm), o_(o), shared_(shared) {
+    n_ = comm.world_size();
+    r_ = comm.rank();
+    // Buffers allocated and touched once, reused by every row.
+    buffer_bytes_ = std::max<std::uint64_t>(o.max_bytes, 64);
+    send_ = allocate(buffer_bytes_);
+    recv_ = allocate(buffer_bytes_);
+    times_.resize(static_cast<std::size_t>(std::max(o.iters, 1)));
+    slowest_.resize(times_.size());
+  }
+
+  void run() {
+    measure_copy_bandwidth();
+    if (r_ == 0) print_header();
+    for (std::uint64_t bytes = o_.min_bytes; bytes <= o_.max_bytes;) {
+      for (rz::dtype t : o_.dtypes)
+        for (rz::reduce_kind op : reduction() ? o_.ops : std::vector<rz::reduce_kind>{rz::reduce_kind::sum})
+          for (int root : rooted() ? o_.roots : std::vector<int>{-1}) run_row(bytes, t, op, root);
+      const std::uint64_t next = o_.step_factor > 1 ? bytes * o_.step_factor : bytes + o_.step_bytes;
+      if (next <= bytes) break;
+      bytes = next;
+    }
+  }
+
+ private:
+  struct free_deleter {
+    void operator()(void* p) const noexcept { std::free(p); }
+  };
+  using buffer = std::unique_ptr<unsigned char, free_deleter>;
+
+  static buffer allocate(std::uint64_t bytes) {
+    const std::uint64_t rounded = (bytes + 4095) / 4096 * 4096;
+    auto* p = static_cast<unsigned char*>(std::aligned_alloc(4096, rounded));
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, rounded);
+    return buffer(p);
+  }
+
+  bool reduction() const { return rz::is_reduction(o_.kind); }
+  bool rooted() const { return rz::has_root(o_.kind); }
+
+  void measure_copy_bandwidth() {
+    const std::uint64_t bytes = o_.bandwidth_bytes ? o_.bandwidth_bytes : std::max<std::uint64_t>(buffer_bytes_, 64ull << 20);
+    buffer a = allocate(bytes), b = allocate(bytes);
+    const rz::bench::copy_bandwidth bw = rz::bench::measure_copy_bandwidth(comm_, a.get(), b.get(), bytes, 5);
+    if (r_ == 0) {
+      std::lock_guard<std::mutex> lock(shared_.mutex);
+      shared_.copy_bandwidth = bw.best();
+      fmt::print("# Memory bandwidth: STREAM-style copy of {} MiB per rank on {} rank thread(s): loop {:.2f} GB/s, "
+                 "memcpy {:.2f} GB/s (read + write bytes, median of 5)\n",
+                 bytes >> 20, n_, bw.loop_gbps, bw.memcpy_gbps, bw.best());
+      fmt::print("# %peak = (least bytes any shared-memory algorithm must move) / {:.2f} GB/s / time\n", bw.best());
+      copy_gbps_ = bw.best();
+    }
+    copy_gbps_ = bw.best();
+  }
+
+  void print_header() const {
+    fmt::print("# ringzero-bench {} : {} rank(s) on the local backend, algorithm {}\n", rz::collective_name(o_.kind), n_,
+               rz::algorithm_name(o_.algo));
+    fmt::print("# {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {:>40}  {:>40}\n", "", "", "", "", "", "",
+               "out-of-place", "in-place");
+    fmt::print("# {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {:>9} {:>7} {:>7} {:>6} {:>6}  {:>9} {:>7} {:>7} {:>6} {:>6}\n",
+               "size", "count", "type", "redop", "root", "algo", "time", "algbw", "busbw", "%peak", "#wrong", "time",
+               "algbw", "busbw", "%peak", "#wrong");
+    fmt::print("# {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {:>9} {:>7} {:>7} {:>6} {:>6}  {:>9} {:>7} {:>7} {:>6} {:>6}\n",
+               "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "");
+    std::fflush(stdout);
+  }
+
+  // Buffers and counts of one row.
+  struct row_setup {
+    std::uint64_t count = 0;        // the collective's count argument
+    std::uint64_t send_elems = 0, recv_elems = 0;
+    std::uint64_t size_bytes = 0;   // max(send, recv) bytes of one rank
+    double whole_bytes = 0;         // S of collective_min_bytes
+  };
+
+  row_setup setup(std::uint64_t bytes, rz::dtype t) const {
+    row_setup s;
+    const std::size_t es = rz::dtype_size(t);
+    const std::uint64_t n = static_cast<std::uint64_t>(n_);
+    s.count = count_for(o_.kind, bytes, es, n_);
+    switch (o_.kind) {
+      case rz::collective_kind::reduce_scatter: s.send_elems = s.count * n; s.recv_elems = s.count; break;
+      case rz::collective_kind::all_gather: s.send_elems = s.count; s.recv_elems = s.count * n; break;
+      case rz::collective_kind::all_to_all: s.send_elems = s.recv_elems = s.count * n; break;
+      default: s.send_elems = s.recv_elems = s.count; break;
+    }
+    s.size_bytes = std::max(s.send_elems, s.recv_elems) * es;
+    s.whole_bytes = static_cast<double>(s.size_bytes);
+    return s;
+  }
+
+  // Runs the collective once with the row's arguments.
+  void call(const row_setup& s, rz::dtype t, rz::reduce_kind opk, int root, bool in_place) {
+    rz::collective_options opts;
+    opts.algo = o_.algo;
+    const rz::reduce_op op = opk == rz::reduce_kind::premul_sum ? rz::reduce_op::premul_sum(rz::bench::premul_scalar) : rz::reduce_op(opk);
+    const std::size_t es = rz::dtype_size(t);
+    unsigned char* send = send_.get();
+    unsigned char* recv = recv_.get();
+    const std::uint64_t block = s.count * es, offset = static_cast<std::uint64_t>(r_) * block;
+    switch (o_.kind) {
+      case rz::collective_kind::all_reduce: rz::all_reduce(comm_, in_place ? recv : send, recv, s.count, t, op, opts); break;
+      case rz::collective_kind::reduce_scatter:
+        rz::reduce_scatter(comm_, in_place ? recv : send, in_place ? recv + offset : recv, s.count, t, op, opts);
+        break;
+      case rz::collective_kind::all_gather:
+        rz::all_gather(comm_, in_place ? recv + offset : send, recv, s.count, t, opts);
+        break;
+      case rz::collective_kind::broadcast: rz::broadcast(comm_, in_place ? recv : send, recv, s.count, t, root, opts); break;
+      case rz::collective_kind::reduce: rz::reduce(comm_, in_place ? recv : send, recv, s.count, t, op, root, opts); break;
+      case rz::collective_kind::all_to_all: rz::all_to_all(comm_, send, recv, s.count, t, opts); break;
+      default: rz::barrier(comm_, opts); break;
+    }
+  }
+
+  // Writes this rank's input for the row (in place: into the receive buffer at its input's place).
+  void fill(const row_setup& s, rz::dtype t, rz::reduce_kind op, bool in_place) {
+    const std::size_t es = rz::dtype_size(t);
+    unsigned char* recv = recv_.get();
+    const std::uint64_t offset = static_cast<std::uint64_t>(r_) * s.count * es;
+    switch (o_.kind) {
+      case rz::collective_kind::all_gather:
+        rz::bench::fill_input(in_place ? recv + offset : send_.get(), s.count, t, op, r_, 0);
+        if (!in_place) std::memset(recv, 0xA5, s.recv_elems * es);
+        break;
+      default:
+        rz::bench::fill_input(in_place ? recv : send_.get(), s.send_elems, t, op, r_, 0);
+        if (!in_place) std::memset(recv, 0xA5, s.recv_elems * es);
+        break;
+    }
+  }
+
+  // Counts elements of this rank's output that differ bitwise from the expected values.
+  std::int64_t verify(const row_setup& s, rz::dtype t, rz::reduce_kind op, int root, bool in_place) const {
+    const std::size_t es = rz::dtype_size(t);
+    const unsigned char* out = recv_.get();
+    if (in_place && o_.kind == rz::collective_kind::reduce_scatter) out += static_cast<std::uint64_t>(r_) * s.count * es;
+    std::int64_t wrong = 0;
+    unsigned char expected[rz::bench::pattern_period][8];
+    auto compare_reduced = [&](std::uint64_t first_global, std::uint64_t elems) {
+      for (int k = 0; k < rz::bench::pattern_period; ++k) rz::bench::expected_reduction(t, op, n_, k, expected[k]);
+      for (std::uint64_t i = 0; i < elems; ++i)
+        if (std::memcmp(out + i * es, expected[(first_global + i) % rz::bench::pattern_period], es) != 0) ++wrong;
+    };
+    auto compare_copied = [&](std::uint64_t at, int source_rank, std::uint64_t source_first, std::uint64_t elems) {
+      for (int k = 0; k < rz::bench::pattern_period; ++k) rz::bench::expected_copy(t, op, source_rank, static_cast<std::uint64_t>(k), expected[k]);
+      for (std::uint64_t i = 0; i < elems; ++i)
+        if (std::memcmp(out + (at + i) * es, expected[(source_first + i) % rz::bench::pattern_period], es) != 0) ++wrong;
+    };
+    switch (o_.kind) {
+      case rz::collective_kind::all_reduce: compare_reduced(0, s.count); break;
+      case rz::collective_kind::reduce:
+        if (r_ == root) compare_reduced(0, s.count);
+        break;
+      case rz::collective_kind::reduce_scatter: compare_reduced(static_cast<std::uint64_t>(r_) * s.count, s.count); break;
+      case rz::collective_kind::all_gather:
+        for (int q = 0; q < n_; ++q) compare_copied(static_cast<std::uint64_t>(q) * s.count, q, 0, s.count);
+        break;
+      case rz::collective_kind::broadcast: compare_copied(0, root, 0, s.count); break;
+      case rz::collective_kind::all_to_all:
+        for (int q = 0; q < n_; ++q)
+          compare_copied(static_cast<std::uint64_t>(q) * s.count, q, static_cast<std::uint64_t>(r_) * s.count, s.count);
+        break;
+      default: break;
+    }
+    return wrong;
+  }
+
+  double all_max(double v) {
+    double out = 0;
+    rz::all_reduce(comm_, &v, &out, 1, rz::dtype::float64, rz::reduce_kind::max);
+    return out;
+  }
+
+  std::int64_t all_sum(std::int64_t v) {
+    std::int64_t out = 0;
+    rz::all_reduce(comm_, &v, &out, 1, rz::dtype::int64, rz::reduce_kind::sum);
+    return out;
+  }
+
+  row_result measure(const row_setup& s, rz::dtype t, rz::reduce_kind op, int root, bool in_place) {
+    row_result res;
+    if (in_place && o_.kind == rz::collective_kind::all_to_all) return res;  // N/A, like nccl-tests' sendrecv
+    if (o_.check) {
+      fill(s, t, op, in_place);
+      call(s, t, op, root, in_place);
+      res.wrong = all_sum(verify(s, t, op, root, in_place));
+    } else {
+      res.wrong = 0;
+    }
+    for (int i = 0; i < o_.warmup; ++i) call(s, t, op, root, in_place);
+    rz::barrier(comm_);
+    auto last = clock_type::now();
+    for (std::size_t i = 0; i < times_.size(); ++i) {
+      call(s, t, op, root, in_place);
+      const auto now = clock_type::now();
+      times_[i] = std::chrono::duration<double, std::micro>(now - last).count();
+      last = now;
+    }
+    // The slowest rank's time of each iteration, then the median and mean over iterations.
+    rz::all_reduce(comm_, times_.data(), slowest_.data(), slowest_.size(), rz::dtype::float64, rz::reduce_kind::max);
+    std::vector<double> sorted = slowest_;
+    std::sort(sorted.begin(), sorted.end());
+    const std::size_t m = sorted.size();
+    res.time_us = m % 2 ? sorted[m / 2] : 0.5 * (sorted[m / 2 - 1] + sorted[m / 2]);
+    double total = 0;
+    for (double x : slowest_) total += x;
+    res.mean_us = total / static_cast<double>(m);
+    res.algbw = res.time_us > 0 ? static_cast<double>(s.size_bytes) / res.time_us / 1e3 : 0;
+    res.busbw = res.algbw * bus_factor(o_.kind, n_);
+    const double bound_us = collective_min_bytes(o_.kind, n_, s.whole_bytes) / (copy_gbps_ * 1e3);
+    res.peak_fraction = res.time_us > 0 ? bound_us / res.time_us : 0;
+    return res;
+  }
+
+  void run_row(std::uint64_t bytes, rz::dtype t, rz::reduce_kind op, int root) {
+    const row_setup s = setup(bytes, t);
+    if (s.count == 0 && bytes != 0 && o_.kind != rz::collective_kind::barrier) return;  // too small for this world
+    std::string problem;
+    const rz::algorithm resolved = rz::resolve_algorithm(comm_, o_.kind, s.whole_bytes, o_.algo, comm_.forced_algorithm(), problem);
+    const row_result out = measure(s, t, op, root, false);
+    const row_result in = measure(s, t, op, root, true);
+    if (r_ != 0) return;
+    auto cell = [](const row_result& x) {
+      if (x.wrong < 0) return fmt::format("{:>9} {:>7} {:>7} {:>6} {:>6}", "N/A", "N/A", "N/A", "N/A", "N/A");
+      return fmt::format("{:>9.2f} {:>7.2f} {:>7.2f} {:>5.1f}% {:>6}", x.time_us, x.algbw, x.busbw, 100 * x.peak_fraction, x.wrong);
+    };
+    const std::string opname = reduction() ? std::string(rz::reduce_kind_name(op)) : "none";
+    fmt::print("  {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {}  {}\n", s.size_bytes, s.size_bytes / rz::dtype_size(t),
+               rz::dtype_short_name(t), opname, root, rz::algorithm_name(resolved), cell(out), cell(in));
+    std::fflush(stdout);
+    std::lock_guard<std::mutex> lock(shared_.mutex);
+    auto json_of = [](const row_result& x) {
+      if (x.wrong < 0) return nlohmann::json(nullptr);
+      return nlohmann::json{{"time_us", x.time_us}, {"mean_time_us", x.mean_us}, {"algbw_gbps", x.algbw},
+                            {"busbw_gbps", x.busbw}, {"peak_fraction", x.peak_fraction}, {"wrong", x.wrong}};
+    };
+    shared_.rows.push_back({{"collective", rz::collective_name(o_.kind)}, {"size_bytes", s.size_bytes},
+                            {"count", s.count}, {"type", rz::dtype_name(t)}, {"redop", opname}, {"root", root},
+                            {"algorithm", rz::algorithm_name(resolved)}, {"ranks", n_},
+                            {"out_of_place", json_of(out)}, {"in_place", json_of(in)}});
+    for (const row_result* x : {&out, &in}) {
+      if (x->wrong < 0) continue;
+      shared_.busbw_sum += x->busbw;
+      ++shared_.busbw_rows;
+      shared_.wrong_total += x->wrong;
+    }
+  }
+
+  rz::communicator& comm_;
+  const options& o_;
+  shared_state& shared_;
+  int n_ = 1, r_ = 0;
+  std::uint64_t buffer_bytes_ = 0;
+  buffer send_, recv_;
+  std::vector<double> times_, slowest_;
+  double copy_gbps_ = 1;
+};
+
+template <class T, class Parse>
+std::vector<T> parse_list(const std::string& text, const std::vector<T>& all, Parse&& parse, const char* what) {
+  if (text == "all") return all;
+  std::vector<T> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    auto v = parse(item);
+    if (!v) throw CLI::ValidationError(what, "unknown value '" + item + "'");
+    out.push_back(*v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ringzero-bench: collective throughput in the manner of nccl-tests"};
+  options o;
+  std::string collective = "all_reduce", min_b = "32M", max_b = "32M", step_b = "1M", dtypes = "float", ops = "sum",
+              roots = "0", algo = "auto", bw_size;
+  app.add_option("collective", collective,
+                 "all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all or barrier")->required();
+  app.add_option("-b,--minbytes", min_b, "smallest size (B; suffixes K, M, G)")->capture_default_str();
+  app.add_option("-e,--maxbytes", max_b, "largest size (B; suffixes K, M, G)")->capture_default_str();
+  app.add_option("-i,--stepbytes", step_b, "size increment when -f is 1")->capture_default_str();
+  app.add_option("-f,--stepfactor", o.step_factor, "size multiplication factor")->capture_default_str();
+  app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str()->check(CLI::Range(1, 10000000));
+  app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per row")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--check", o.check, "check results bitwise (0 or 1)")->capture_default_str()->check(CLI::Range(0, 1));
+  app.add_option("-d,--datatype", dtypes, "dtype(s): float, double, half, bfloat16, int8, ... comma-separated, or all")->capture_default_str();
+  app.add_option("-o,--op", ops, "reduce op(s): sum, prod, min, max, avg, premulsum, comma-separated, or all")->capture_default_str();
+  app.add_option("-r,--root", roots, "root rank(s) for broadcast/reduce: comma-separated, or all")->capture_default_str();
+  app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend; default: number of CPUs)")->check(CLI::Range(1, 4096));
+  app.add_option("--algo", algo, "auto, ring, direct, halving_doubling (RINGZERO_ALGO also works)")->capture_default_str();
+  app.add_flag("--pin", o.pin, "pin rank threads to cores");
+  app.add_option("--json", o.json_path, "write every row to this JSON file");
+  app.add_option("--bandwidth-bytes", bw_size, "per-rank size of the memory-bandwidth copy (default max(maxbytes, 64M))");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const auto kind = rz::parse_collective(collective);
+    if (!kind || *kind == rz::collective_kind::send || *kind == rz::collective_kind::recv)
+      throw CLI::ValidationError("collective", "unknown collective '" + collective + "'");
+    o.kind = *kind;
+    o.min_bytes = parse_size(min_b);
+    o.max_bytes = parse_size(max_b);
+    o.step_bytes = parse_size(step_b);
+    if (!bw_size.empty()) o.bandwidth_bytes = parse_size(bw_size);
+    if (o.max_bytes < o.min_bytes) throw CLI::ValidationError("maxbytes", "-e is smaller than -b");
+    if (o.step_factor < 1) throw CLI::ValidationError("stepfactor", "must be at least 1");
+    if (o.step_factor == 1 && o.step_bytes == 0) throw CLI::ValidationError("stepbytes", "must be positive when -f is 1");
+    o.dtypes = parse_list<rz::dtype>(dtypes, std::vector<rz::dtype>(std::begin(rz::all_dtypes), std::end(rz::all_dtypes)),
+                                     [](const std::string& s) { return rz::parse_dtype(s); }, "datatype");
+    std::vector<rz::reduce_kind> all_ops;
+    for (int i = 0; i < rz::reduce_kind_count; ++i) all_ops.push_back(static_cast<rz::reduce_kind>(i));
+    o.ops = parse_list<rz::reduce_kind>(ops, all_ops, [](const std::string& s) { return rz::parse_reduce_kind(s); }, "op");
+    const auto a = rz::parse_algorithm(algo);
+    if (!a) throw CLI::ValidationError("algo", "unknown algorithm '" + algo + "'");
+    o.algo = *a;
+    if (o.ranks == 0) o.ranks = std::max(1, rz::local::detail::available_cpus());
+    std::vector<int> all_roots;
+    for (int r = 0; r < o.ranks; ++r) all_roots.push_back(r);
+    o.roots = parse_list<int>(roots, all_roots,
+                              [&](const std::string& s) -> std::optional<int> {
+                                try {
+                                  const int v = std::stoi(s);
+                                  if (v < 0 || v >= o.ranks) return std::nullopt;
+                                  return v;
+                                } catch (...) {
+                                  return std::nullopt;
+                                }
+                              },
+                              "root");
+  } catch (const CLI::Error& e) {
+    return app.exit(e);
+  }
+
+  shared_state shared;
+  try {
+    rz::local::launch_options lo;
+    lo.pin_threads = o.pin;
+    rz::local::launch(o.ranks, [&](rz::communicator& comm) { rank_bench(comm, o, shared).run(); }, lo);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ringzero-bench: %s\n", e.what());
+    return 2;
+  }
+  fmt::print("# Errors: {} wrong element(s) {}\n", shared.wrong_total, shared.wrong_total == 0 ? "OK" : "FAILED");
+  fmt::print("# Avg bus bandwidth    : {:.4f}\n", shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0);
+  if (!o.json_path.empty()) {
+    nlohmann::json doc{{"program", "ringzero-bench"}, {"collective", rz::collective_name(o.kind)}, {"ranks", o.ranks},
+                       {"backend", "local"}, {"copy_bandwidth_gbps", shared.copy_bandwidth}, {"rows", shared.rows},
+                       {"avg_busbw_gbps", shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0},
+                       {"wrong", shared.wrong_total}};
+    std::ofstream f(o.json_path);
+    if (!f) {
+      std::fprintf(stderr, "ringzero-bench: cannot write %s\n", o.json_path.c_str());
+      return 2;
+    }
+    f << doc.dump(2) << "\n";
+  }
+  return shared.wrong_total == 0 ? 0 : 1;
+}

@@ -1,0 +1,146 @@
+#pragma once
+/// @file
+/// `zero::detail::gather_schedule`: the bookkeeping of stage-3 parameter gathers — which gather
+/// units currently hold a gathered (full) copy of their parameters, with reference counts,
+/// prefetch and release — separated from the memory and the collectives.
+///
+/// The same logic drives the runtime (zero/sharded_model.hpp, whose hooks issue the all_gather
+/// and hand out buffers) and the planner's simulation of the canonical schedule
+/// (zero/shard_plan.hpp, whose hooks do nothing), so the number of gather buffers the plan
+/// predicts is the number the runtime allocates for a trainer that visits units in order.
+///
+/// Rules (FSDP's, with reshard after forward):
+/// - `use(u)` makes unit u and the units it borrows (tied storage owned by another unit) gathered
+///   and counts one reference on each; a unit not held starts its gather (`hooks.start`).
+/// - `prefetch(v)` starts the gather of v (and what it borrows) without a reference; the
+///   prefetched unit is kept until a `use` takes it or `release_all` drops it.
+/// - `done(u)` drops the references `use(u)` took; a unit left with none (and not awaiting
+///   use as a prefetch) is freed (`hooks.free`).
+/// Pure bookkeeping: no allocation after construction except inside the hooks.
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+namespace ringzero::zero::detail {
+
+/// See the file comment. Hooks: `start(u)`, `wait(u)`, `free(u)`.
+class gather_schedule {
+ public:
+  /// `borrowed[u]`: the units whose storage unit u uses (never u itself). `empty[u]`: unit u has
+  /// nothing to gather (it is never held, but what it borrows is).
+  gather_schedule(std::vector<std::vector<std::size_t>> borrowed, std::vector<bool> empty)
+      : borrowed_(std::move(borrowed)), empty_(std::move(empty)), state_(borrowed_.size()) {}
+
+  /// Number of units.
+  std::size_t units() const noexcept { return state_.size(); }
+  /// True when unit u holds a gathered copy (possibly still arriving).
+  bool held(std::size_t u) const noexcept { return state_[u].held; }
+  /// References on unit u.
+  int references(std::size_t u) const noexcept { return state_[u].refs; }
+  /// True when a `use(u)` has not yet been matched by `done(u)`.
+  bool in_use(std::size_t u) const noexcept { return state_[u].uses > 0; }
+  /// Units holding a gathered copy now.
+  std::size_t held_count() const noexcept { return held_; }
+  /// Largest `held_count()` seen so far.
+  std::size_t peak() const noexcept { return peak_; }
+
+  /// Starts the gathers of u and its borrowed units that are not held and takes one reference
+  /// on each. Call `wait_for(u)` before reading them.
+  template <class Hooks>
+  void use(std::size_t u, Hooks& hooks) {
+    state_[u].uses += 1;
+    for_each_needed(u, [&](std::size_t w) {
+      start_if_needed(w, hooks);
+      state_[w].refs += 1;
+      state_[w].prefetched = false;
+    });
+  }
+
+  /// Waits until u and its borrowed units have arrived.
+  template <class Hooks>
+  void wait_for(std::size_t u, Hooks& hooks) {
+    for_each_needed(u, [&](std::size_t w) { hooks.wait(w); });
+  }
+
+  /// Starts the gathers of v and its borrowed units that are not held, without references.
+  template <class Hooks>
+  void prefetch(std::size_t v, Hooks& hooks) {
+    for_each_needed(v, [&](std::size_t w) {
+      if (state_[w].held) return;
+      start_if_needed(w, hooks);
+      state_[w].prefetched = true;
+    });
+  }
+
+  /// Drops the references `use(u)` took; frees units left without references or prefetch.
+  /// Returns false (and changes nothing) when u holds no reference.
+  template <class Hooks>
+  bool done(std::size_t u, Hooks& hooks) {
+    if (!in_use(u)) return false;
+    state_[u].uses -= 1;
+    for_each_needed(u, [&](std::size_t w) {
+      state_[w].refs -= 1;
+      if (state_[w].refs == 0 && !state_[w].prefetched) free(w, hooks);
+    });
+    return true;
+  }
+
+  /// Frees every held unit and clears every reference (end of a micro-batch).
+  template <class Hooks>
+  void release_all(Hooks& hooks) {
+    for (std::size_t w = 0; w < state_.size(); ++w) {
+      state_[w].refs = 0;
+      state_[w].uses = 0;
+      state_[w].prefetched = false;
+      if (state_[w].held) free(w, hooks);
+    }
+  }
+
+ private:
+  struct unit_state {
+    bool held = false;
+    bool prefetched = false;
+    int refs = 0;  ///< uses of this unit's own gather (its own use and borrowers' uses)
+    int uses = 0;  ///< use(u) calls not yet matched by done(u)
+  };
+
+  template <class F>
+  void for_each_needed(std::size_t u, F&& f) {
+    if (!empty_[u]) f(u);
+    for (std::size_t w : borrowed_[u])
+      if (!empty_[w]) f(w);
+  }
+
+  template <class Hooks>
+  void start_if_needed(std::size_t w, Hooks& hooks) {
+    if (state_[w].held) return;
+    state_[w].held = true;
+    ++held_;
+    peak_ = std::max(peak_, held_);
+    hooks.start(w);
+  }
+
+  template <class Hooks>
+  void free(std::size_t w, Hooks& hooks) {
+    state_[w].held = false;
+    --held_;
+    hooks.free(w);
+  }
+
+  std::vector<std::vector<std::size_t>> borrowed_;
+  std::vector<bool> empty_;
+  std::vector<unit_state> state_;
+  std::size_t held_ = 0;
+  std::size_t peak_ = 0;
+};
+
+/// Hooks that do nothing (the planner's simulation).
+struct null_gather_hooks {
+  void start(std::size_t) noexcept {}
+  void wait(std::size_t) noexcept {}
+  void free(std::size_t) noexcept {}
+};
+
+}  // namespace ringzero::zero::detail

@@ -1,0 +1,51 @@
+#pragma once
+/// @file
+/// `zero::detail::host_buffer`: one zero-filled, 64-byte-aligned block of host memory that the
+/// ZeRO runtime allocates once (at construction or when a pool grows) and reuses. Every page is
+/// touched when it is allocated, never on the training path (first touches are slow on virtual
+/// machines). `bytes()` is the size asked for, which is what the runtime's memory report counts.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "ringzero/core/error.hpp"
+
+namespace ringzero::zero::detail {
+
+/// See the file comment. Move-only.
+class host_buffer {
+ public:
+  host_buffer() = default;
+  /// `bytes` zeroed bytes (none for 0). Throws errc::internal when memory is exhausted.
+  explicit host_buffer(std::uint64_t bytes) : bytes_(bytes) {
+    if (bytes == 0) return;
+    const std::uint64_t rounded = (bytes + 63) / 64 * 64;
+    void* p = rounded >= bytes ? std::aligned_alloc(64, static_cast<std::size_t>(rounded)) : nullptr;
+    if (p == nullptr) throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes");
+    std::memset(p, 0, static_cast<std::size_t>(rounded));
+    data_.reset(static_cast<unsigned char*>(p));
+  }
+
+  /// The memory (nullptr when empty).
+  unsigned char* data() noexcept { return data_.get(); }
+  const unsigned char* data() const noexcept { return data_.get(); }
+  /// Bytes asked for.
+  std::uint64_t bytes() const noexcept { return bytes_; }
+  /// Sets every byte to zero.
+  void zero() noexcept {
+    if (bytes_ != 0) std::memset(data_.get(), 0, static_cast<std::size_t>(bytes_));
+  }
+
+ private:
+  struct free_deleter {
+    void operator()(unsigned char* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<unsigned char, free_deleter> data_;
+  std::uint64_t bytes_ = 0;
+};
+
+}  // namespace ringzero::zero::detail

@@ -1,0 +1,79 @@
+#pragma once
+/// @file
+/// Per-rank memory by category (`zero::memory_breakdown`) and the ZeRO paper's memory model
+/// (`zero::paper_model_state_memory`).
+///
+/// The paper (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+/// Parameter Models", sections 3.1 and 5, Figure 1) counts the model states of a model with Psi
+/// parameters on N data-parallel devices, with 2 bytes per parameter element, 2 bytes per
+/// gradient element and K bytes of optimizer state per element (K = 12 for mixed-precision Adam:
+/// a float32 master copy, momentum and variance):
+///
+/// | stage                 | parameters | gradients | optimizer states | total (K = 12)   |
+/// |-----------------------|------------|-----------|------------------|------------------|
+/// | 0 (plain DP)          | 2 Psi      | 2 Psi     | K Psi            | 16 Psi           |
+/// | 1 (P_os)              | 2 Psi      | 2 Psi     | K Psi / N        | 4 Psi + 12 Psi/N |
+/// | 2 (P_os+g)            | 2 Psi      | 2 Psi / N | K Psi / N        | 2 Psi + 14 Psi/N |
+/// | 3 (P_os+g+p)          | 2 Psi / N  | 2 Psi / N | K Psi / N        | 16 Psi / N       |
+///
+/// `paper_model_state_memory` evaluates exactly this table (in double precision, exact while the
+/// byte counts stay below 2^53); `model_state_memory` generalises it to other element sizes.
+/// Everything here is pure and constexpr.
+
+#include <cstdint>
+
+namespace ringzero::zero {
+
+/// Bytes held by one rank, by category. Units: bytes.
+struct memory_breakdown {
+  std::uint64_t parameters = 0;             ///< training parameters (full, or the shard at stage 3)
+  std::uint64_t gradients = 0;              ///< gradients (full at stages 0-1, the shard at 2-3)
+  std::uint64_t master_weights = 0;         ///< master copy of the parameters the optimizer updates
+  std::uint64_t optimizer_states = 0;       ///< optimizer state tensors (momentum, variance, ...)
+  std::uint64_t communication_buffers = 0;  ///< gather buffers and gradient buckets (stages 2-3)
+
+  /// Parameters + gradients + master weights + optimizer states (the paper's "model states").
+  constexpr std::uint64_t model_states() const noexcept {
+    return parameters + gradients + master_weights + optimizer_states;
+  }
+  /// Model states plus communication buffers.
+  constexpr std::uint64_t total() const noexcept { return model_states() + communication_buffers; }
+
+  friend constexpr bool operator==(const memory_breakdown&, const memory_breakdown&) = default;
+};
+
+/// Element sizes of the paper's model: bytes per element of parameters, of gradients, and of
+/// optimizer state (K, which includes the master copy).
+struct element_bytes {
+  double parameter = 2;
+  double gradient = 2;
+  double optimizer = 12;  ///< the paper's K
+};
+
+/// Model-state memory of one device in the paper's model, by category. Units: bytes.
+struct model_memory {
+  double parameters = 0;
+  double gradients = 0;
+  double optimizer_states = 0;  ///< K Psi or K Psi / N: master weights included
+  /// Sum of the three categories.
+  constexpr double total() const noexcept { return parameters + gradients + optimizer_states; }
+};
+
+/// The model-state memory per device of a model with `psi` parameter elements on `n` devices at
+/// ZeRO `stage` (0-3), with element sizes `bytes` (the table in the file comment).
+/// Preconditions: n >= 1, 0 <= stage <= 3 (a stage outside that range is treated as 3).
+constexpr model_memory model_state_memory(double psi, double n, int stage, element_bytes bytes) noexcept {
+  model_memory m;
+  m.parameters = bytes.parameter * psi / (stage >= 3 ? n : 1.0);
+  m.gradients = bytes.gradient * psi / (stage >= 2 ? n : 1.0);
+  m.optimizer_states = bytes.optimizer * psi / (stage >= 1 ? n : 1.0);
+  return m;
+}
+
+/// The paper's formulas under its own assumptions (mixed-precision Adam, 2 + 2 + K bytes with
+/// K = `k`, 12 by default): 16 Psi, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N, 16 Psi/N for stages 0-3.
+constexpr model_memory paper_model_state_memory(double psi, double n, int stage, double k = 12) noexcept {
+  return model_state_memory(psi, n, stage, element_bytes{2, 2, k});
+}
+
+}  // namespace ringzero::zero

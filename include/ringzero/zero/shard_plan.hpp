@@ -1,0 +1,750 @@
+#pragma once
+/// @file
+/// `zero::shard_plan`: how ZeRO stage 0-3 (Rajbhandari et al. 2020) lays a model's parameters
+/// out in flat buffers and shards them across ranks, computed by a pure function of a
+/// `plan_request` (the constructor): no backend, no memory beyond the plan itself, usable to plan
+/// a job of thousands of ranks on one CPU thread.
+///
+/// Layout. Every gather unit (zero/parameter_spec.hpp) gets one flat buffer per (element type,
+/// trainable) pair of its parameters, so frozen parameters never take part in gradient
+/// reduction and every buffer has one element type. In a buffer, parameters follow in
+/// registration order, each starting at an element offset that is a multiple of the alignment
+/// (`alignment_bytes` / element size, at least 1); the buffer is then padded with zeros to a
+/// multiple of (shards * alignment), so it splits into `shards` equal, aligned shards (FSDP's
+/// flat parameter and DeepSpeed's padded partitions work the same way). Padding is minimal: each
+/// gap between parameters is smaller than the alignment and the tail is smaller than
+/// shards * alignment. A tied parameter occupies one storage, in the buffer of the tie group's
+/// first member; zero-size parameters take no space.
+///
+/// Sharding. With G = `replica_group_size` (default: the world size), the ranks form
+/// world_size / G replica groups of G consecutive ranks; rank r holds shard r mod G of every
+/// buffer, so inside each replica group every element is owned by exactly one rank, and the
+/// groups replicate each other (hybrid sharding, FSDP's HYBRID_SHARD). Stage 0 shards nothing
+/// (one shard per buffer, every rank owns everything). What is sharded per stage:
+///
+/// | stage | parameters   | gradients          | master weights, optimizer states |
+/// |-------|--------------|--------------------|----------------------------------|
+/// | 0     | full         | full               | full                             |
+/// | 1     | full         | full               | shard                            |
+/// | 2     | full         | shard (+ buckets)  | shard                            |
+/// | 3     | shard (+ gather buffers) | shard (+ buckets) | shard                 |
+///
+/// Memory per rank is identical on every rank (shards are equal); `memory()` gives it by
+/// category in bytes, padding included. Communication buffers are the gradient buckets (stages
+/// 2-3) and gather buffers (stage 3) of the canonical schedule (units in order forward, reverse
+/// order backward; zero/gather_schedule.hpp, zero/gradient_schedule.hpp), each as large as the
+/// largest unit needs. `traffic()` gives the collectives per optimizer step.
+///
+/// Errors: every bad request throws `ringzero::error(errc::invalid_argument)` naming the problem.
+/// Determinism: the plan is a pure function of the request; equal requests give equal plans
+/// with equal `fingerprint()`s on every machine.
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ringzero/algorithm/partition.hpp"
+#include "ringzero/core/dtype.hpp"
+#include "ringzero/core/error.hpp"
+#include "ringzero/zero/gather_schedule.hpp"
+#include "ringzero/zero/gradient_schedule.hpp"
+#include "ringzero/zero/memory_model.hpp"
+#include "ringzero/zero/parameter_spec.hpp"
+#include "ringzero/zero/precision.hpp"
+#include "ringzero/zero/traffic_model.hpp"
+
+namespace ringzero::zero {
+
+/// "No index".
+inline constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+/// Everything a shard plan depends on.
+struct plan_request {
+  /// The model's parameters in registration order (names unique).
+  std::vector<parameter_spec> parameters;
+  /// Total number of ranks (>= 1).
+  int world_size = 1;
+  /// Ranks per replica group: the ranks that together hold one copy of the model state (shard
+  /// within a group, replicate across groups). 0: the whole world (plain ZeRO). Must divide
+  /// `world_size` (checked at every stage); stage 0 shards nothing, so it has no other effect there.
+  int replica_group_size = 0;
+  /// ZeRO stage: 0 (plain data parallelism), 1 (optimizer states), 2 (+ gradients),
+  /// 3 (+ parameters).
+  int stage = 0;
+  /// Alignment of every parameter's start and of every shard boundary, in BYTES (a power of
+  /// two; for an element type of s bytes the unit is max(1, alignment_bytes / s) elements).
+  std::uint64_t alignment_bytes = 16;
+  /// Element types of the model state.
+  zero::precision precision{};
+  /// Largest automatic gather unit in bytes (parameters without a `unit` are grouped, in order,
+  /// into units of at most this size; a larger parameter gets a unit of its own).
+  std::uint64_t unit_bytes = std::uint64_t{25} << 20;
+  /// Micro-batches per optimizer step (gradient accumulation), >= 1; scales the traffic of the
+  /// collectives that run per micro-batch (stage 2's reduce_scatter, stage 3's all of them).
+  int accumulation_steps = 1;
+  /// Stage 3: gather the next unit while the current one computes (one more gather buffer).
+  bool prefetch = true;
+  /// Stages 2-3: reductions allowed in flight before a new gradient bucket waits for the oldest
+  /// (>= 1; 2 lets one reduction overlap the backward of the next unit).
+  int max_inflight_reductions = 2;
+};
+
+/// Where one parameter lives in the plan.
+struct parameter_placement {
+  dtype type = dtype::float32;  ///< resolved element type
+  std::uint64_t numel = 0;      ///< elements
+  std::size_t storage = 0;      ///< index of the parameter owning the storage (itself unless an alias)
+  bool alias = false;           ///< true for a tied parameter that is not its group's first member
+  std::size_t unit = 0;         ///< the gather unit that uses this parameter
+  std::size_t buffer = 0;       ///< the flat buffer holding the storage
+  std::uint64_t offset = 0;     ///< element offset of the storage in that buffer
+};
+
+/// One flat buffer: the storage-owning parameters of one unit with one element type and one
+/// trainable flag, aligned and padded, split into equal shards.
+struct flat_buffer {
+  std::size_t unit = 0;                      ///< owning gather unit
+  dtype type = dtype::float32;               ///< element type of the parameters
+  dtype gradient_type = dtype::float32;      ///< element type of the gradients (trainable only)
+  bool trainable = true;                     ///< false: frozen, no gradient or optimizer state
+  bool has_master = false;                   ///< the optimizer keeps a master copy (trainable only)
+  std::vector<std::size_t> parameters;       ///< storage-owning parameters, in layout order
+  std::uint64_t payload = 0;                 ///< elements of those parameters
+  std::uint64_t numel = 0;                   ///< elements including padding (shards * shard_numel)
+  std::uint64_t shard_numel = 0;             ///< elements of one shard
+  std::uint64_t gather_offset = 0;           ///< byte offset in its unit's gather buffer (stage 3)
+  std::uint64_t gradient_offset = 0;         ///< byte offset in its unit's gradient bucket (stages 2-3)
+
+  /// Elements of shard `index` (0 <= index < shards): [index*shard_numel, (index+1)*shard_numel).
+  constexpr algorithms::range shard(int index) const noexcept {
+    const auto i = static_cast<std::uint64_t>(index);
+    return {i * shard_numel, (i + 1) * shard_numel};
+  }
+  /// Padding elements (alignment gaps and tail).
+  constexpr std::uint64_t padding() const noexcept { return numel - payload; }
+};
+
+/// A gather unit: the parameters that are gathered, used and released together at stage 3 (and
+/// whose gradients are reduced together at every stage). FSDP's wrapping unit.
+struct gather_unit {
+  std::string name;                   ///< the `parameter_spec::unit` (or "auto:<k>")
+  std::vector<std::size_t> buffers;   ///< its flat buffers
+  std::vector<std::size_t> members;   ///< every parameter used in it, aliases included, in order
+  std::vector<std::size_t> borrowed;  ///< other units whose storage its aliases use
+  std::uint64_t gather_bytes = 0;     ///< bytes of its gathered parameters (gather buffer layout)
+  std::uint64_t gradient_bytes = 0;   ///< bytes of its full gradients (gradient bucket layout)
+  bool has_gradients = false;         ///< it owns trainable storage of at least one element
+};
+
+/// A piece of one parameter owned by one rank: `count` elements from `parameter_offset` (in the
+/// parameter, flattened) that sit at `shard_offset` in the rank's shard of `buffer`.
+struct fragment {
+  std::size_t parameter = 0;
+  std::size_t buffer = 0;
+  std::uint64_t parameter_offset = 0;
+  std::uint64_t shard_offset = 0;
+  std::uint64_t count = 0;
+  friend constexpr bool operator==(const fragment&, const fragment&) = default;
+};
+
+/// The communication buffers of the canonical schedule (all ranks alike).
+struct communication_buffers {
+  std::uint64_t gather_buffer_bytes = 0;    ///< one gather buffer: the largest unit's gather_bytes
+  std::uint64_t gather_buffers = 0;         ///< gather buffers live at once (stage 3)
+  std::uint64_t gradient_bucket_bytes = 0;  ///< one bucket: the largest unit's gradient_bytes
+  std::uint64_t gradient_buckets = 0;       ///< buckets live at once (stages 2-3)
+  /// Bytes of all of them.
+  constexpr std::uint64_t bytes() const noexcept {
+    return gather_buffer_bytes * gather_buffers + gradient_bucket_bytes * gradient_buckets;
+  }
+};
+
+namespace detail {
+
+/// FNV-1a, 64 bit: the plan fingerprint (stable across machines and runs).
+class fnv1a {
+ public:
+  void bytes(const void* data, std::size_t n) noexcept {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) h_ = (h_ ^ p[i]) * 0x100000001b3ull;
+  }
+  void u64(std::uint64_t v) noexcept {
+    for (int i = 0; i < 8; ++i) {
+      const unsigned char b = static_cast<unsigned char>(v >> (8 * i));
+      bytes(&b, 1);
+    }
+  }
+  void text(std::string_view s) noexcept {
+    u64(s.size());
+    bytes(s.data(), s.size());
+  }
+  std::uint64_t value() const noexcept { return h_; }
+
+ private:
+  std::uint64_t h_ = 0xcbf29ce484222325ull;
+};
+
+/// `x` rounded up to a multiple of `m` (m >= 1), or std::nullopt on overflow.
+inline std::optional<std::uint64_t> round_up(std::uint64_t x, std::uint64_t m) noexcept {
+  const std::uint64_t r = x % m;
+  if (r == 0) return x;
+  if (x > std::numeric_limits<std::uint64_t>::max() - (m - r)) return std::nullopt;
+  return x + (m - r);
+}
+
+/// `a + b` or std::nullopt on overflow.
+inline std::optional<std::uint64_t> checked_add(std::uint64_t a, std::uint64_t b) noexcept {
+  if (a > std::numeric_limits<std::uint64_t>::max() - b) return std::nullopt;
+  return a + b;
+}
+
+/// `a * b` or std::nullopt on overflow.
+inline std::optional<std::uint64_t> checked_product(std::uint64_t a, std::uint64_t b) noexcept {
+  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return std::nullopt;
+  return a * b;
+}
+
+[[noreturn]] inline void plan_error(const std::string& message) {
+  throw error(errc::invalid_argument, "zero::shard_plan: " + message);
+}
+
+}  // namespace detail
+
+/// A ZeRO shard plan. See the file comment.
+class shard_plan {
+ public:
+  /// Computes the plan of `request` (a pure function). Throws `ringzero::error` with
+  /// errc::invalid_argument naming the problem when the request cannot be met: world size < 1;
+  /// a replica group size that is negative or does not divide the world size; a stage outside
+  /// 0-3; an alignment that is not a power of two; an unknown dtype value (of a parameter or of
+  /// the precision setup); a negative number of optimizer states; a non-floating gradient,
+  /// master or optimizer-state type; an empty or duplicate parameter name; a trainable parameter
+  /// of an integer type; a parameter whose size in bytes overflows 64 bits; tie-group members that
+  /// differ in shape, dtype or trainable flag; a parameter whose unit name collides with an
+  /// automatic unit name ("auto:<k>"); accumulation_steps < 1 or max_inflight_reductions < 1.
+  explicit shard_plan(plan_request request) : request_(std::move(request)) {
+    validate_request();
+    place_parameters();
+    build_buffers();
+    index_storages();
+    simulate_schedule();
+    compute_memory();
+    compute_traffic();
+    compute_fingerprint();
+  }
+
+  /// The request this plan was made from.
+  const plan_request& request() const noexcept { return request_; }
+  /// ZeRO stage (0-3).
+  int stage() const noexcept { return request_.stage; }
+  /// Total ranks.
+  int world_size() const noexcept { return request_.world_size; }
+  /// Shards per buffer: the replica group size at stages 1-3, 1 at stage 0.
+  int shards() const noexcept { return shards_; }
+  /// Number of replica groups (world_size / replica group size; world_size at stage 0).
+  int replica_groups() const noexcept { return request_.world_size / shards_; }
+  /// The shard rank `rank` holds: rank mod shards(). Precondition: 0 <= rank < world_size().
+  int shard_index(int rank) const noexcept { return rank % shards_; }
+  /// The replica group of `rank`: rank / shards().
+  int replica_group(int rank) const noexcept { return rank / shards_; }
+
+  /// The parameters (as requested).
+  const std::vector<parameter_spec>& parameters() const noexcept { return request_.parameters; }
+  /// Where each parameter lives (same order as `parameters()`).
+  const std::vector<parameter_placement>& placements() const noexcept { return placements_; }
+  /// Index of the parameter named `name`, or std::nullopt.
+  std::optional<std::size_t> find(std::string_view name) const {
+    auto it = by_name_.find(std::string(name));
+    if (it == by_name_.end()) return std::nullopt;
+    return it->second;
+  }
+  /// The flat buffers, unit by unit.
+  const std::vector<flat_buffer>& buffers() const noexcept { return buffers_; }
+  /// The gather units in order (forward order).
+  const std::vector<gather_unit>& units() const noexcept { return units_; }
+
+  /// Elements of rank `rank`'s shard of `buffer`, as a range of the buffer.
+  algorithms::range shard_range(std::size_t buffer, int rank) const {
+    check_rank(rank);
+    return buffers_.at(buffer).shard(shard_index(rank));
+  }
+
+  /// The parameter fragments rank `rank` owns, by buffer then offset. Together, the fragments of
+  /// the ranks of one replica group tile every parameter's storage exactly once; aliases and
+  /// zero-size parameters have none. Computed on demand (O(parameters of the overlapping buffers)).
+  std::vector<fragment> fragments(int rank) const {
+    check_rank(rank);
+    std::vector<fragment> out;
+    const int index = shard_index(rank);
+    for (std::size_t b = 0; b < buffers_.size(); ++b) {
+      const flat_buffer& buf = buffers_[b];
+      const algorithms::range own = buf.shard(index);
+      for (std::size_t p : buf.parameters) {
+        const parameter_placement& pl = placements_[p];
+        const std::uint64_t lo = std::max(own.begin, pl.offset), hi = std::min(own.end, pl.offset + pl.numel);
+        if (lo >= hi) continue;
+        out.push_back(fragment{p, b, lo - pl.offset, lo - own.begin, hi - lo});
+      }
+    }
+    return out;
+  }
+
+  /// The shard index (within a replica group) owning element `element` of parameter `parameter`'s
+  /// storage. Throws errc::invalid_argument when out of range.
+  int owner(std::size_t parameter, std::uint64_t element) const {
+    const parameter_placement& pl = placements_.at(parameter);
+    if (element >= pl.numel)
+      detail::plan_error("element " + std::to_string(element) + " is outside parameter '" +
+                         request_.parameters[parameter].name + "' of " + std::to_string(pl.numel) + " elements");
+    const flat_buffer& buf = buffers_[pl.buffer];
+    return static_cast<int>((pl.offset + element) / buf.shard_numel);
+  }
+
+  /// Memory of every rank by category, in bytes (identical on every rank; padding included).
+  const memory_breakdown& memory() const noexcept { return memory_; }
+  /// The communication buffers of the canonical schedule.
+  const communication_buffers& communication() const noexcept { return communication_; }
+  /// Collectives per optimizer step (each rank takes part in each entry).
+  const std::vector<traffic_entry>& traffic() const noexcept { return traffic_; }
+
+  /// Unique parameter elements (tied storage counted once).
+  std::uint64_t parameter_elements() const noexcept { return parameter_elements_; }
+  /// Unique trainable parameter elements.
+  std::uint64_t trainable_elements() const noexcept { return trainable_elements_; }
+  /// Padding elements over all buffers.
+  std::uint64_t padding_elements() const noexcept { return padding_elements_; }
+
+  /// The trainable storages (non-alias trainable parameters with at least one element), numbered
+  /// 0..S-1 in registration order.
+  const std::vector<std::size_t>& trainable_storages() const noexcept { return trainable_storages_; }
+  /// The number of parameter p's trainable storage (that of its tie group's owner), or `npos` for
+  /// a frozen or zero-size parameter (which has no gradient data).
+  std::size_t storage_id(std::size_t p) const { return storage_id_.at(placements_.at(p).storage); }
+  /// The units whose gradient buckets the backward of unit u writes into (u itself when it owns
+  /// trainable storage, and the owners of its aliases' storage).
+  const std::vector<std::size_t>& gradient_units(std::size_t u) const { return gradient_units_.at(u); }
+
+  /// The bookkeeping of stage-3 gathers for this plan (zero/gather_schedule.hpp).
+  detail::gather_schedule make_gather_schedule() const {
+    std::vector<std::vector<std::size_t>> borrowed(units_.size());
+    std::vector<bool> empty(units_.size());
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      borrowed[u] = units_[u].borrowed;
+      empty[u] = units_[u].gather_bytes == 0;
+    }
+    return detail::gather_schedule(std::move(borrowed), std::move(empty));
+  }
+  /// The bookkeeping of gradient reduction for this plan (zero/gradient_schedule.hpp).
+  detail::gradient_schedule make_gradient_schedule() const {
+    std::vector<std::size_t> storage_unit(trainable_storages_.size());
+    for (std::size_t s = 0; s < trainable_storages_.size(); ++s) storage_unit[s] = placements_[trainable_storages_[s]].unit;
+    return detail::gradient_schedule(units_.size(), std::move(storage_unit), storage_uses_, request_.max_inflight_reductions);
+  }
+
+  /// A 64-bit fingerprint of the request (FNV-1a): equal requests give equal fingerprints.
+  std::uint64_t fingerprint() const noexcept { return fingerprint_; }
+
+ private:
+  void check_rank(int rank) const {
+    if (rank < 0 || rank >= request_.world_size)
+      detail::plan_error("rank " + std::to_string(rank) + " is outside [0, " + std::to_string(request_.world_size) + ")");
+  }
+
+  std::uint64_t align_elements(dtype t) const noexcept {
+    const std::uint64_t s = dtype_size(t);
+    return request_.alignment_bytes <= s ? 1 : request_.alignment_bytes / s;
+  }
+
+  void validate_request() {
+    const plan_request& q = request_;
+    if (q.world_size < 1) detail::plan_error("world size must be at least 1, got " + std::to_string(q.world_size));
+    if (q.replica_group_size < 0)
+      detail::plan_error("replica group size must be positive (or 0 for the whole world), got " +
+                         std::to_string(q.replica_group_size));
+    const int group = q.replica_group_size == 0 ? q.world_size : q.replica_group_size;
+    if (q.world_size % group != 0)
+      detail::plan_error("replica group size " + std::to_string(group) + " does not divide world size " +
+                         std::to_string(q.world_size));
+    if (q.stage < 0 || q.stage > 3) detail::plan_error("stage must be 0, 1, 2 or 3, got " + std::to_string(q.stage));
+    if (q.alignment_bytes == 0 || !std::has_single_bit(q.alignment_bytes))
+      detail::plan_error("alignment must be a power of two (in bytes), got " + std::to_string(q.alignment_bytes));
+    if (q.accumulation_steps < 1)
+      detail::plan_error("accumulation steps must be at least 1, got " + std::to_string(q.accumulation_steps));
+    if (q.max_inflight_reductions < 1)
+      detail::plan_error("max_inflight_reductions must be at least 1, got " + std::to_string(q.max_inflight_reductions));
+    shards_ = q.stage == 0 ? 1 : group;
+
+    const zero::precision& pr = q.precision;
+    auto check_type = [](dtype t, const char* what, bool floating) {
+      if (!is_valid(t))
+        detail::plan_error(std::string("unknown dtype value ") + std::to_string(static_cast<unsigned>(t)) + " for the " + what);
+      if (floating && !is_floating_point(t))
+        detail::plan_error(std::string("the ") + what + " must have a floating-point dtype, got " + std::string(dtype_name(t)));
+    };
+    check_type(pr.parameter, "default parameter type", false);
+    if (pr.gradient) check_type(*pr.gradient, "gradient type", true);
+    if (pr.master) check_type(*pr.master, "master weight type", true);
+    check_type(pr.optimizer_state, "optimizer state type", true);
+    if (pr.optimizer_states < 0)
+      detail::plan_error("the number of optimizer states per element must be >= 0, got " + std::to_string(pr.optimizer_states));
+  }
+
+  void place_parameters() {
+    const plan_request& q = request_;
+    const std::size_t n = q.parameters.size();
+    placements_.resize(n);
+    std::map<std::string, std::size_t> tie_owner;
+    std::map<std::string, std::size_t> unit_index;
+    std::size_t auto_count = 0;
+    std::size_t current_auto = npos;
+    std::uint64_t current_auto_bytes = 0;
+
+    auto unit_for = [&](const std::string& name) {
+      auto [it, inserted] = unit_index.emplace(name, units_.size());
+      if (inserted) {
+        gather_unit u;
+        u.name = name;
+        units_.push_back(std::move(u));
+      }
+      return it->second;
+    };
+
+    for (std::size_t i = 0; i < n; ++i) {
+      const parameter_spec& s = q.parameters[i];
+      parameter_placement& pl = placements_[i];
+      const std::string who = "parameter " + std::to_string(i) + " ('" + s.name + "')";
+      if (s.name.empty()) detail::plan_error("parameter " + std::to_string(i) + " has an empty name");
+      if (!by_name_.emplace(s.name, i).second)
+        detail::plan_error("parameter name '" + s.name + "' is used twice (indices " + std::to_string(by_name_[s.name]) +
+                           " and " + std::to_string(i) + ")");
+      pl.type = q.precision.parameter_type(s.type);
+      if (!is_valid(pl.type))
+        detail::plan_error(who + " has unknown dtype value " + std::to_string(static_cast<unsigned>(pl.type)));
+      if (s.trainable && !is_floating_point(pl.type))
+        detail::plan_error(who + " is trainable but has the integer dtype " + std::string(dtype_name(pl.type)) +
+                           " (mark it frozen)");
+      const auto numel = s.numel();
+      if (!numel || !detail::checked_product(*numel, dtype_size(pl.type)) ||
+          !detail::checked_product(*numel, 16))  // room for every per-element category
+        detail::plan_error(who + " with shape " + shape_text(s.shape) + " is too large: its size in bytes overflows 64 bits");
+      pl.numel = *numel;
+      pl.storage = i;
+
+      if (!s.tie_group.empty()) {
+        auto [it, first] = tie_owner.emplace(s.tie_group, i);
+        if (!first) {
+          const std::size_t o = it->second;
+          const parameter_spec& os = q.parameters[o];
+          const parameter_placement& op = placements_[o];
+          auto differ = [&](const std::string& what, const std::string& a, const std::string& b) {
+            detail::plan_error("tie group '" + s.tie_group + "': '" + os.name + "' and '" + s.name + "' have different " +
+                               what + " (" + a + " vs " + b + ")");
+          };
+          if (os.shape != s.shape) differ("shapes", shape_text(os.shape), shape_text(s.shape));
+          if (op.type != pl.type) differ("dtypes", std::string(dtype_name(op.type)), std::string(dtype_name(pl.type)));
+          if (os.trainable != s.trainable)
+            differ("trainable flags", os.trainable ? "trainable" : "frozen", s.trainable ? "trainable" : "frozen");
+          pl.storage = o;
+          pl.alias = true;
+        }
+      }
+
+      // The unit.
+      if (!s.unit.empty()) {
+        if (s.unit.rfind("auto:", 0) == 0)
+          detail::plan_error(who + " names unit '" + s.unit + "'; names starting with 'auto:' are reserved for automatic units");
+        pl.unit = unit_for(s.unit);
+        current_auto = npos;
+      } else if (pl.alias) {
+        pl.unit = placements_[pl.storage].unit;
+      } else {
+        const std::uint64_t bytes = pl.numel * dtype_size(pl.type);
+        if (current_auto == npos || (current_auto_bytes > 0 && bytes > q.unit_bytes - std::min(q.unit_bytes, current_auto_bytes))) {
+          current_auto = unit_for("auto:" + std::to_string(auto_count++));
+          current_auto_bytes = 0;
+        }
+        current_auto_bytes += bytes;
+        pl.unit = current_auto;
+      }
+      units_[pl.unit].members.push_back(i);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const parameter_placement& pl = placements_[i];
+      if (!pl.alias) continue;
+      const std::size_t owner_unit = placements_[pl.storage].unit;
+      auto& borrowed = units_[pl.unit].borrowed;
+      if (owner_unit != pl.unit && std::find(borrowed.begin(), borrowed.end(), owner_unit) == borrowed.end())
+        borrowed.push_back(owner_unit);
+    }
+  }
+
+  void build_buffers() {
+    const plan_request& q = request_;
+    const auto shards = static_cast<std::uint64_t>(shards_);
+    const std::uint64_t region_alignment = std::max<std::uint64_t>(q.alignment_bytes, 16);
+    auto overflow = [](const std::string& what) { detail::plan_error(what + " overflows 64 bits"); };
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      gather_unit& unit = units_[u];
+      // One buffer per (dtype, trainable), in order of first appearance among the unit's storages.
+      for (std::size_t p : unit.members) {
+        const parameter_placement& pl = placements_[p];
+        if (pl.alias) continue;
+        const bool trainable = q.parameters[p].trainable;
+        std::size_t b = npos;
+        for (std::size_t k : unit.buffers)
+          if (buffers_[k].type == pl.type && buffers_[k].trainable == trainable) b = k;
+        if (b == npos) {
+          flat_buffer f;
+          f.unit = u;
+          f.type = pl.type;
+          f.trainable = trainable;
+          f.gradient_type = q.precision.gradient_type(pl.type);
+          f.has_master = trainable && q.precision.has_master(pl.type);
+          b = buffers_.size();
+          buffers_.push_back(std::move(f));
+          unit.buffers.push_back(b);
+        }
+        buffers_[b].parameters.push_back(p);
+      }
+      std::uint64_t gather_at = 0, gradient_at = 0;
+      for (std::size_t b : unit.buffers) {
+        flat_buffer& f = buffers_[b];
+        const std::uint64_t align = align_elements(f.type);
+        std::uint64_t at = 0;
+        for (std::size_t p : f.parameters) {
+          parameter_placement& pl = placements_[p];
+          if (pl.numel > 0) {
+            const auto start = detail::round_up(at, align);
+            if (!start) overflow("the layout of unit '" + unit.name + "'");
+            at = *start;
+          }
+          pl.buffer = b;
+          pl.offset = at;
+          const auto end = detail::checked_add(at, pl.numel);
+          if (!end) overflow("the layout of unit '" + unit.name + "'");
+          at = *end;
+          f.payload += pl.numel;
+        }
+        const auto granule = detail::checked_product(shards, align);
+        const auto padded = granule ? detail::round_up(at, *granule) : std::nullopt;
+        if (!padded || !detail::checked_product(*padded, 16)) overflow("the padded size of unit '" + unit.name + "'");
+        f.numel = *padded;
+        f.shard_numel = f.numel / shards;
+        parameter_elements_ += f.payload;
+        if (f.trainable) trainable_elements_ += f.payload;
+        padding_elements_ += f.padding();
+        // Regions in the unit's gather buffer and gradient bucket.
+        gather_at = *detail::round_up(gather_at, region_alignment);
+        f.gather_offset = gather_at;
+        gather_at += f.numel * dtype_size(f.type);
+        if (f.trainable) {
+          gradient_at = *detail::round_up(gradient_at, region_alignment);
+          f.gradient_offset = gradient_at;
+          gradient_at += f.numel * dtype_size(f.gradient_type);
+        }
+      }
+      unit.gather_bytes = gather_at;
+      unit.gradient_bytes = gradient_at;
+    }
+    for (std::size_t i = 0; i < placements_.size(); ++i)
+      if (placements_[i].alias) {
+        placements_[i].buffer = placements_[placements_[i].storage].buffer;
+        placements_[i].offset = placements_[placements_[i].storage].offset;
+      }
+  }
+
+  /// Runs the canonical schedule of one micro-batch through the runtime's bookkeeping and records
+  /// how many gather buffers and gradient buckets it holds at once, and how often each unit is
+  /// gathered.
+  void simulate_schedule() {
+    const std::size_t n = units_.size();
+    gathers_forward_.assign(n, 0);
+    gathers_backward_.assign(n, 0);
+    if (request_.stage < 2 || n == 0) return;
+    struct counting_hooks {
+      std::vector<std::uint64_t>* starts;
+      void start(std::size_t u) { (*starts)[u] += 1; }
+      void wait(std::size_t) noexcept {}
+      void free(std::size_t) noexcept {}
+    };
+    detail::null_gradient_hooks gh;
+    detail::gradient_schedule grads = make_gradient_schedule();
+    const bool stage3 = request_.stage == 3;
+    detail::gather_schedule gathers = make_gather_schedule();
+    counting_hooks forward{&gathers_forward_}, backward{&gathers_backward_};
+    if (stage3) {
+      for (std::size_t u = 0; u < n; ++u) {
+        gathers.use(u, forward);
+        if (request_.prefetch && u + 1 < n) gathers.prefetch(u + 1, forward);
+        gathers.wait_for(u, forward);
+        gathers.done(u, forward);
+      }
+    }
+    for (std::size_t u = n; u-- > 0;) {
+      if (stage3) {
+        gathers.use(u, backward);
+        if (request_.prefetch && u > 0) gathers.prefetch(u - 1, backward);
+        gathers.wait_for(u, backward);
+      }
+      for (std::size_t w : gradient_units_[u]) grads.acquire(w, gh);
+      if (stage3) gathers.done(u, backward);
+      grads.unit_done(u, gh);
+    }
+    grads.finish(gh);
+    if (stage3) gathers.release_all(backward);
+
+    for (const gather_unit& u : units_) {
+      communication_.gather_buffer_bytes = std::max(communication_.gather_buffer_bytes, u.gather_bytes);
+      communication_.gradient_bucket_bytes = std::max(communication_.gradient_bucket_bytes, u.gradient_bytes);
+    }
+    communication_.gradient_buckets = grads.buckets();
+    if (stage3) communication_.gather_buffers = gathers.peak();
+    else communication_.gather_buffer_bytes = 0;
+    if (communication_.gradient_buckets == 0) communication_.gradient_bucket_bytes = 0;
+  }
+
+  /// Numbers the trainable storages and lists, per unit, the storages it uses and the units
+  /// whose gradient buckets its backward writes into.
+  void index_storages() {
+    storage_id_.assign(placements_.size(), npos);
+    for (gather_unit& u : units_) u.has_gradients = false;
+    for (std::size_t p = 0; p < placements_.size(); ++p)
+      if (!placements_[p].alias && request_.parameters[p].trainable && placements_[p].numel > 0) {
+        units_[placements_[p].unit].has_gradients = true;
+        storage_id_[p] = trainable_storages_.size();
+        trainable_storages_.push_back(p);
+      }
+    storage_uses_.assign(units_.size(), {});
+    gradient_units_.assign(units_.size(), {});
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      for (std::size_t p : units_[u].members) {
+        const std::size_t s = storage_id_[placements_[p].storage];
+        if (s == npos) continue;
+        auto& uses = storage_uses_[u];
+        if (std::find(uses.begin(), uses.end(), s) == uses.end()) uses.push_back(s);
+        const std::size_t w = placements_[placements_[p].storage].unit;
+        auto& targets = gradient_units_[u];
+        if (std::find(targets.begin(), targets.end(), w) == targets.end()) targets.push_back(w);
+      }
+    }
+  }
+
+  void compute_memory() {
+    const int stage = request_.stage;
+    const zero::precision& pr = request_.precision;
+    for (const flat_buffer& f : buffers_) {
+      const std::uint64_t full = f.numel, shard = f.shard_numel;
+      memory_.parameters += (stage >= 3 ? shard : full) * dtype_size(f.type);
+      if (!f.trainable) continue;
+      memory_.gradients += (stage >= 2 ? shard : full) * dtype_size(f.gradient_type);
+      const std::uint64_t own = stage >= 1 ? shard : full;
+      if (f.has_master) memory_.master_weights += own * dtype_size(*pr.master);
+      memory_.optimizer_states += own * pr.state_bytes_per_element();
+    }
+    memory_.communication_buffers = communication_.bytes();
+  }
+
+  void compute_traffic() {
+    const plan_request& q = request_;
+    const int stage = q.stage;
+    const auto accumulation = static_cast<std::uint64_t>(q.accumulation_steps);
+    const int groups = replica_groups();
+    auto add = [&](collective_kind k, rank_group g, int ranks, std::string purpose, std::uint64_t repeat, bool trainable_only,
+                   bool gradient, bool shard_only, const std::vector<std::uint64_t>* per_unit) {
+      traffic_entry e;
+      e.collective = k;
+      e.group = g;
+      e.ranks = ranks;
+      e.purpose = std::move(purpose);
+      for (const flat_buffer& f : buffers_) {
+        if (trainable_only && !f.trainable) continue;
+        const std::uint64_t count = shard_only ? f.shard_numel : f.numel;
+        if (count == 0) continue;
+        const std::uint64_t times = repeat * (per_unit ? (*per_unit)[f.unit] : 1);
+        e.calls += times;
+        e.elements += times * count;
+        e.bytes += times * count * dtype_size(gradient ? f.gradient_type : f.type);
+      }
+      if (e.calls > 0) traffic_.push_back(std::move(e));
+    };
+    if (stage == 0) {
+      add(collective_kind::all_reduce, rank_group::world, q.world_size, "gradients", 1, true, true, false, nullptr);
+      return;
+    }
+    if (stage == 3) {
+      add(collective_kind::all_gather, rank_group::shard, shards_, "parameters before forward", accumulation, false, false,
+          false, &gathers_forward_);
+      add(collective_kind::all_gather, rank_group::shard, shards_, "parameters before backward", accumulation, false, false,
+          false, &gathers_backward_);
+    }
+    add(collective_kind::reduce_scatter, rank_group::shard, shards_, "gradients", stage >= 2 ? accumulation : 1, true, true,
+        false, nullptr);
+    if (groups > 1)
+      add(collective_kind::all_reduce, rank_group::replica, groups, "gradient shards across replica groups", 1, true, true,
+          true, nullptr);
+    if (stage <= 2)
+      add(collective_kind::all_gather, rank_group::shard, shards_, "parameters after the optimizer step", 1, true, false,
+          false, nullptr);
+  }
+
+  void compute_fingerprint() {
+    detail::fnv1a h;
+    const plan_request& q = request_;
+    h.text("ringzero.zero.shard_plan.v1");
+    h.u64(static_cast<std::uint64_t>(q.world_size));
+    h.u64(static_cast<std::uint64_t>(q.replica_group_size == 0 ? q.world_size : q.replica_group_size));
+    h.u64(static_cast<std::uint64_t>(q.stage));
+    h.u64(q.alignment_bytes);
+    h.u64(q.unit_bytes);
+    h.u64(static_cast<std::uint64_t>(q.accumulation_steps));
+    h.u64(q.prefetch ? 1 : 0);
+    h.u64(static_cast<std::uint64_t>(q.max_inflight_reductions));
+    const zero::precision& pr = q.precision;
+    h.u64(static_cast<std::uint64_t>(pr.parameter));
+    h.u64(pr.gradient ? 1 + static_cast<std::uint64_t>(*pr.gradient) : 0);
+    h.u64(pr.master ? 1 + static_cast<std::uint64_t>(*pr.master) : 0);
+    h.u64(static_cast<std::uint64_t>(pr.optimizer_state));
+    h.u64(static_cast<std::uint64_t>(pr.optimizer_states));
+    h.u64(q.parameters.size());
+    for (const parameter_spec& s : q.parameters) {
+      h.text(s.name);
+      h.u64(s.shape.size());
+      for (std::uint64_t d : s.shape) h.u64(d);
+      h.u64(s.type ? 1 + static_cast<std::uint64_t>(*s.type) : 0);
+      h.u64(s.trainable ? 1 : 0);
+      h.text(s.tie_group);
+      h.text(s.unit);
+    }
+    fingerprint_ = h.value();
+  }
+
+  plan_request request_;
+  int shards_ = 1;
+  std::vector<parameter_placement> placements_;
+  std::map<std::string, std::size_t> by_name_;
+  std::vector<flat_buffer> buffers_;
+  std::vector<gather_unit> units_;
+  std::vector<std::size_t> storage_id_;
+  std::vector<std::size_t> trainable_storages_;
+  std::vector<std::vector<std::size_t>> storage_uses_;
+  std::vector<std::vector<std::size_t>> gradient_units_;
+  std::vector<std::uint64_t> gathers_forward_;
+  std::vector<std::uint64_t> gathers_backward_;
+  communication_buffers communication_;
+  memory_breakdown memory_;
+  std::vector<traffic_entry> traffic_;
+  std::uint64_t parameter_elements_ = 0;
+  std::uint64_t trainable_elements_ = 0;
+  std::uint64_t padding_elements_ = 0;
+  std::uint64_t fingerprint_ = 0;
+};
+
+}  // namespace ringzero::zero

@@ -1,0 +1,704 @@
+#pragma once
+/// @file
+/// `zero::sharded_model`: ZeRO stages 0-3 at run time, over any `ringzero::communicator`.
+///
+/// The model owns the model state a `shard_plan` describes — parameters, gradients, master
+/// weights, optimizer states and communication buffers — and the trainer computes with views of
+/// it (`parameter<T>(i)`, `gradient<T>(i)`: contiguous arrays, so an Eigen trainer wraps them in
+/// `Eigen::Map`). What each stage does (Rajbhandari et al. 2020; PyTorch FSDP's hooks):
+/// - stage 0: gradients are averaged with one all_reduce per unit; every rank updates everything.
+/// - stage 1: gradients are averaged with a reduce_scatter per unit (in place, in the full
+///   gradient buffer); each rank updates its shard; an all_gather per buffer after the step
+///   brings every rank the new parameters.
+/// - stage 2: gradients live in a pooled bucket per unit only while backward produces them; the
+///   bucket is reduce_scattered as soon as the unit is ready (asynchronously, overlapping the rest
+///   of backward) and the rank's shard is accumulated into its gradient shard; the bucket is then
+///   reused. Parameters are all_gathered after the step as at stage 1.
+/// - stage 3: each rank stores only its parameter shard. `pre_forward(u)` / `pre_backward(u)`
+///   all_gather unit u into a pooled gather buffer (and prefetch the next unit: u+1 in forward,
+///   u-1 in backward); `post_forward(u)` / `post_backward(u)` release it. Gradients as stage 2.
+///
+/// The training loop, identical at every stage (the hooks are no-ops where a stage needs none):
+/// @code
+///   for (int micro = 0; micro < accumulation_steps; ++micro) {
+///     for (u = 0; u < units; ++u) { model.pre_forward(u); /* forward of unit u */ model.post_forward(u); }
+///     for (u = units; u-- > 0;) {
+///       model.pre_backward(u);
+///       /* backward of unit u: model.gradient<float>(i) += dL/dw_i for its parameters */
+///       model.post_backward(u);  // (or model.mark_ready(i) per parameter)
+///     }
+///     model.end_backward();
+///   }
+///   model.step();  // clip, update the shard, gather (stages 1-2), zero the gradients
+/// @endcode
+///
+/// Semantics:
+/// - Gradients are summed over micro-batches and averaged over all ranks (PyTorch DDP's
+///   semantics with no_sync accumulation). The trainer ADDS each gradient into its view.
+///   Stages 0-1 reduce once per step (in the last micro-batch); stages 2-3 once per micro-batch.
+/// - Views: parameter views are valid for the model's lifetime at stages 0-2, and at stage 3 only
+///   while a unit using the parameter is gathered. Gradient views are valid for the model's
+///   lifetime at stages 0-1 and, at stages 2-3, until the owning unit's reduction starts or
+///   `end_backward()`; ask again every micro-batch. Tied parameters share one view.
+/// - Clipping: `max_grad_norm` clips the global L2 norm of the averaged gradients, computed from
+///   each rank's own shard and summed over the shard group (torch.nn.utils.clip_grad_norm_'s
+///   coefficient max_norm / (norm + 1e-6), applied when below 1).
+/// - Hybrid sharding: pass the communicator of the rank's replica group (the ranks that shard one
+///   copy; `comm`) and the communicator of the ranks holding the same shard in other groups
+///   (`replica_comm`); gradient shards are then also averaged across replica groups, once per step.
+/// - Backends: any communicator whose buffers are host memory (local, MPI); a device-memory
+///   communicator (NCCL) is refused with errc::unsupported.
+/// - Refusal: the constructor compares the plan with the parameters the trainer registers, the
+///   communicators and the optimizer, agrees across ranks (a collective), and throws
+///   `ringzero::error(errc::invalid_argument)` on every rank before any step when anything differs.
+/// - Thread semantics: one thread per rank, as for its communicators. Collective calls (the
+///   constructor, every hook that gathers or reduces, `end_backward`, `step`, `read_parameter` at
+///   stage 3) must be made in the same order on every rank.
+/// - Memory: everything is allocated at construction, except the pools of gather buffers and
+///   gradient buckets, which grow on demand and are reused; for a trainer that visits units in the
+///   canonical order, `memory_in_use()` equals `plan().memory()` exactly.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ringzero/backend/communicator.hpp"
+#include "ringzero/collective/all_gather.hpp"
+#include "ringzero/collective/all_reduce.hpp"
+#include "ringzero/collective/reduce_scatter.hpp"
+#include "ringzero/zero/gather_schedule.hpp"
+#include "ringzero/zero/gradient_schedule.hpp"
+#include "ringzero/zero/host_buffer.hpp"
+#include "ringzero/zero/optimizer.hpp"
+#include "ringzero/zero/shard_plan.hpp"
+#include "ringzero/zero/sharded_optimizer.hpp"
+
+namespace ringzero::zero {
+
+/// Options of a `sharded_model`.
+struct sharded_model_options {
+  /// The optimizer; its state count must match the plan's `precision::optimizer_states`.
+  optimizer_options optimizer{};
+  /// Clip the global gradient norm to this value (> 0); 0: no clipping.
+  double max_grad_norm = 0;
+  /// Skip the update (and zero the gradients) when the global gradient norm is not finite, as
+  /// mixed-precision trainers do on overflow; false: apply it anyway.
+  bool skip_nonfinite_steps = true;
+};
+
+/// What `sharded_model::step()` did.
+struct step_result {
+  double gradient_norm = 0;     ///< global L2 norm of the averaged gradients, before clipping
+  double clip_coefficient = 1;  ///< factor the gradients were multiplied by (1: not clipped)
+  bool skipped = false;         ///< the norm was not finite and the update was skipped
+  std::uint64_t steps = 0;      ///< optimizer updates applied so far
+};
+
+/// See the file comment.
+class sharded_model {
+ public:
+  /// A model running `plan` on `comm` (and `replica_comm` for hybrid sharding) for a trainer
+  /// that registers `registered` (which must equal the plan's parameters). A collective over
+  /// both communicators. Throws errc::invalid_argument on every rank when a rank's registered
+  /// parameters, world size, replica group size or optimizer do not match its plan, or when the
+  /// ranks' plans differ (the message says what differs).
+  sharded_model(communicator& comm, shard_plan plan, std::span<const parameter_spec> registered,
+                const sharded_model_options& options = {}, communicator* replica_comm = nullptr)
+      : comm_(comm),
+        replica_(replica_comm),
+        plan_(std::move(plan)),
+        options_(options),
+        shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
+        gathers_(plan_.make_gather_schedule()),
+        gradients_(plan_.make_gradient_schedule()) {
+    require_host_memory();
+    agree(check(registered));
+    allocate();
+  }
+
+  /// Plans `request` for these communicators (its world size and replica group size are set
+  /// from them) and runs it for a trainer registering `request.parameters`. Throws as the
+  /// planner and the other constructor do.
+  sharded_model(communicator& comm, plan_request request, const sharded_model_options& options = {},
+                communicator* replica_comm = nullptr)
+      : sharded_model(comm, plan_for(comm, std::move(request), replica_comm), options, replica_comm) {}
+
+  sharded_model(const sharded_model&) = delete;
+  sharded_model& operator=(const sharded_model&) = delete;
+
+  /// Waits for every collective still in flight (their errors are dropped), then frees.
+  ~sharded_model() {
+    for (auto& list : gather_work_) wait_quietly(list);
+    for (auto& list : reduce_work_) wait_quietly(list);
+  }
+
+  /// The plan.
+  const shard_plan& plan() const noexcept { return plan_; }
+  /// Number of parameters.
+  std::size_t parameter_count() const noexcept { return plan_.parameters().size(); }
+  /// Number of gather units.
+  std::size_t unit_count() const noexcept { return plan_.units().size(); }
+  /// Index of the parameter named `name`; throws errc::invalid_argument when there is none.
+  std::size_t index(std::string_view name) const {
+    if (auto i = plan_.find(name)) return *i;
+    raise("no parameter is named '" + std::string(name) + "'");
+  }
+  /// The unit that uses parameter p (the unit whose pre_forward/pre_backward gathers it).
+  std::size_t unit_of(std::size_t p) const { return placement(p).unit; }
+
+  /// Parameter p's values (its tie group's storage for an alias): `numel` elements of its dtype,
+  /// laid out as the trainer's shape, row-major or not as the trainer decides. Throws
+  /// errc::invalid_argument when T is not the parameter's dtype or, at stage 3, when no unit using
+  /// it is gathered. See the file comment for how long the view stays valid.
+  template <element_type T>
+  std::span<T> parameter(std::size_t p) {
+    const parameter_placement& pl = placement(p);
+    check_type(dtype_of<T>, pl.type, p, "parameter");
+    if (pl.numel == 0) return {};
+    return {reinterpret_cast<T*>(parameter_storage(p)), static_cast<std::size_t>(pl.numel)};
+  }
+
+  /// Parameter p's gradient, to ADD this micro-batch's gradient into (its tie group's one
+  /// gradient for an alias). Throws errc::invalid_argument for a frozen parameter, when T is not
+  /// the gradient dtype, or when the owning unit's reduction has already started in this
+  /// micro-batch. Stages 2-3 take a bucket from the pool on the first request of a unit.
+  template <element_type T>
+  std::span<T> gradient(std::size_t p) {
+    const parameter_placement& pl = placement(p);
+    if (!plan_.parameters()[p].trainable) raise("parameter '" + name(p) + "' is frozen: it has no gradient");
+    const flat_buffer& f = plan_.buffers()[pl.buffer];
+    check_type(dtype_of<T>, f.gradient_type, p, "gradient");
+    if (pl.numel == 0) return {};
+    const std::size_t w = storage_unit(p);
+    const std::uint64_t gs = dtype_size(f.gradient_type);
+    if (syncing()) {
+      const auto phase = gradients_.state(w);
+      if (phase == detail::gradient_schedule::phase::launched || phase == detail::gradient_schedule::phase::completed)
+        raise("the gradient of '" + name(p) + "' was requested after the reduction of unit '" + plan_.units()[w].name +
+              "' started in this micro-batch (request gradients before mark_ready / post_backward)");
+    }
+    if (plan_.stage() <= 1) return {reinterpret_cast<T*>(grads_[pl.buffer].data() + pl.offset * gs), static_cast<std::size_t>(pl.numel)};
+    gradient_hooks h{*this};
+    gradients_.acquire(w, h);
+    unsigned char* bucket = buckets_[unit_bucket_[w]].data();
+    return {reinterpret_cast<T*>(bucket + f.gradient_offset + pl.offset * gs), static_cast<std::size_t>(pl.numel)};
+  }
+
+  /// Sets parameter p (and its master weights) from `values` (`numel` float values, rounded to
+  /// the parameter's dtype). Every rank must pass the same values; at stage 3 each rank keeps
+  /// only what it owns. Local (not a collective). Throws errc::invalid_argument on a size mismatch.
+  void set_parameter(std::size_t p, std::span<const float> values) {
+    const parameter_placement& pl = placement(p);
+    if (values.size() != pl.numel)
+      raise("set_parameter('" + name(p) + "'): got " + std::to_string(values.size()) + " values for " +
+            std::to_string(pl.numel) + " elements");
+    const flat_buffer& f = plan_.buffers()[pl.buffer];
+    const algorithms::range own = owned_range(pl.buffer);
+    const std::uint64_t lo = std::max(own.begin, pl.offset), hi = std::min(own.end, pl.offset + pl.numel);
+    visit_dtype(f.type, [&]<class T>() {
+      T* dst = reinterpret_cast<T*>(params_[pl.buffer].data());
+      if (plan_.stage() <= 2) {
+        for (std::uint64_t k = 0; k < pl.numel; ++k) dst[pl.offset + k] = static_cast<T>(values[k]);
+      } else {
+        for (std::uint64_t e = lo; e < hi; ++e) dst[e - own.begin] = static_cast<T>(values[e - pl.offset]);
+      }
+    });
+    if (float* m = f.trainable ? optimizer_->master(pl.buffer) : nullptr)
+      for (std::uint64_t e = lo; e < hi; ++e) m[e - own.begin] = values[e - pl.offset];
+  }
+
+  /// Copies parameter p's current values into `out` (`numel` floats). At stage 3 this is a
+  /// collective (every rank calls it for the same p, in the same order) unless a unit holding
+  /// p is gathered. Throws errc::invalid_argument on a size mismatch.
+  void read_parameter(std::size_t p, std::span<float> out) {
+    const parameter_placement& pl = placement(p);
+    if (out.size() != pl.numel)
+      raise("read_parameter('" + name(p) + "'): output has " + std::to_string(out.size()) + " elements, the parameter " +
+            std::to_string(pl.numel));
+    const flat_buffer& f = plan_.buffers()[pl.buffer];
+    const unsigned char* src = nullptr;
+    std::size_t borrowed_slot = npos;
+    if (plan_.stage() <= 2) {
+      src = params_[pl.buffer].data();
+    } else {
+      const std::size_t w = storage_unit(p);
+      if (gathers_.held(w)) {
+        wait_gather(w);
+        src = gathers_buffers_[unit_gather_[w]].data() + f.gather_offset;
+      } else {
+        borrowed_slot = take_gather_slot();
+        unsigned char* dst = gathers_buffers_[borrowed_slot].data() + f.gather_offset;
+        if (f.shard_numel > 0) all_gather(comm_, params_[pl.buffer].data(), dst, f.shard_numel, f.type);
+        src = dst;
+      }
+    }
+    visit_dtype(f.type, [&]<class T>() {
+      const T* s = reinterpret_cast<const T*>(src) + pl.offset;
+      for (std::uint64_t k = 0; k < pl.numel; ++k) out[k] = static_cast<float>(s[k]);
+    });
+    if (borrowed_slot != npos) gather_free_.push_back(borrowed_slot);
+  }
+
+  /// Before the forward of unit u: at stage 3, gathers u (and the units whose tied storage it
+  /// uses), starts gathering u+1, and waits for u. No-op at stages 0-2.
+  void pre_forward(std::size_t u) { pre(u, true); }
+  /// After the forward of unit u: at stage 3, releases what `pre_forward(u)` gathered.
+  void post_forward(std::size_t u) { post(u, "post_forward", "pre_forward"); }
+  /// Before the backward of unit u: at stage 3, gathers u again, starts gathering u-1, waits for u.
+  void pre_backward(std::size_t u) { pre(u, false); }
+  /// After the backward of unit u: releases its gather (stage 3) and, once every unit using a
+  /// storage has finished, marks that storage's gradient final, which may start reductions.
+  void post_backward(std::size_t u) {
+    post(u, "post_backward", "pre_backward");
+    if (syncing()) {
+      gradient_hooks h{*this};
+      gradients_.unit_done(u, h);
+    }
+  }
+
+  /// Parameter p's gradient is final for this micro-batch (PyTorch's gradient hook): its unit's
+  /// reduction may start once every storage of the unit is final. Throws errc::invalid_argument
+  /// for a frozen parameter or when p's storage was already marked in this micro-batch.
+  void mark_ready(std::size_t p) {
+    const parameter_placement& pl = placement(p);
+    if (!plan_.parameters()[p].trainable) raise("mark_ready('" + name(p) + "'): the parameter is frozen");
+    if (pl.numel == 0) return;
+    const std::size_t s = plan_.storage_id(p);
+    if (marked_[s])
+      raise("mark_ready('" + name(p) + "'): the gradient of its storage ('" + name(pl.storage) +
+            "') was already marked ready in this micro-batch");
+    marked_[s] = true;
+    if (syncing()) {
+      gradient_hooks h{*this};
+      (void)gradients_.storage_ready(s, h);
+    }
+  }
+
+  /// Ends the backward of one micro-batch: starts every reduction not yet started (stages 2-3,
+  /// and stages 0-1 in the last micro-batch), waits for them, and releases every gather buffer.
+  /// Throws errc::invalid_argument when called more often than the plan's accumulation_steps
+  /// before `step()`.
+  void end_backward() {
+    const int steps = plan_.request().accumulation_steps;
+    if (micro_ >= steps)
+      raise("end_backward() called " + std::to_string(micro_ + 1) + " times before step(), but the plan accumulates " +
+            std::to_string(steps) + " micro-batch(es) per step");
+    if (syncing()) {
+      gradient_hooks h{*this};
+      gradients_.finish(h);
+    }
+    if (plan_.stage() == 3) {
+      gather_hooks h{*this};
+      gathers_.release_all(h);
+    }
+    std::fill(marked_.begin(), marked_.end(), false);
+    ++micro_;
+  }
+
+  /// The optimizer step: ends the last micro-batch if `end_backward()` was not called for it,
+  /// averages gradient shards across replica groups, computes the global gradient norm, clips,
+  /// updates the rank's shard, all_gathers the parameters (stages 1-2), zeroes the gradients.
+  /// Throws errc::invalid_argument when the number of micro-batches is not the plan's
+  /// accumulation_steps.
+  step_result step() {
+    const int steps = plan_.request().accumulation_steps;
+    if (micro_ == steps - 1) end_backward();
+    if (micro_ != steps)
+      raise("step() after " + std::to_string(micro_) + " micro-batch(es), but the plan accumulates " + std::to_string(steps) +
+            " (call end_backward() after each)");
+    micro_ = 0;
+    const auto& buffers = plan_.buffers();
+    if (replica_ != nullptr && replica_->world_size() > 1)
+      for (std::size_t b = 0; b < buffers.size(); ++b)
+        if (buffers[b].trainable && buffers[b].numel > 0) {
+          unsigned char* g = owned_gradient(b);
+          all_reduce(*replica_, g, g, owned_range(b).size(), buffers[b].gradient_type, reduce_kind::avg);
+        }
+
+    double squares = 0;
+    for (std::size_t b = 0; b < buffers.size(); ++b)
+      if (buffers[b].trainable) squares += sum_of_squares(b);
+    if (plan_.stage() >= 1 && comm_.world_size() > 1) all_reduce(comm_, &squares, &squares, 1, dtype::float64, reduce_kind::sum);
+    step_result result;
+    result.gradient_norm = std::sqrt(squares);
+    if (!std::isfinite(result.gradient_norm) && options_.skip_nonfinite_steps) {
+      zero_gradients();
+      result.skipped = true;
+      result.steps = optimizer_->steps();
+      return result;
+    }
+    if (options_.max_grad_norm > 0) {
+      const double coefficient = options_.max_grad_norm / (result.gradient_norm + 1e-6);
+      if (coefficient < 1) result.clip_coefficient = coefficient;
+    }
+    optimizer_->begin_step();
+    for (std::size_t b = 0; b < buffers.size(); ++b)
+      if (buffers[b].trainable)
+        optimizer_->update(b, owned_parameters(b), owned_gradient(b), static_cast<float>(result.clip_coefficient));
+    if (plan_.stage() == 1 || plan_.stage() == 2)
+      for (std::size_t b = 0; b < buffers.size(); ++b)
+        if (buffers[b].trainable && buffers[b].numel > 0)
+          all_gather(comm_, owned_parameters(b), params_[b].data(), buffers[b].shard_numel, buffers[b].type);
+    zero_gradients();
+    result.steps = optimizer_->steps();
+    return result;
+  }
+
+  /// Sets the learning rate of the next steps.
+  void set_learning_rate(double lr) { optimizer_->set_learning_rate(lr); }
+  /// The sharded optimizer (master weights, states, options).
+  const sharded_optimizer& optimizer() const noexcept { return *optimizer_; }
+
+  /// Bytes this rank holds now, by category (pools at their current size).
+  memory_breakdown memory_in_use() const {
+    memory_breakdown m;
+    for (const auto& b : params_) m.parameters += b.bytes();
+    for (const auto& b : grads_) m.gradients += b.bytes();
+    m.master_weights = optimizer_->master_bytes();
+    m.optimizer_states = optimizer_->state_bytes();
+    for (const auto& b : gathers_buffers_) m.communication_buffers += b.bytes();
+    for (const auto& b : buckets_) m.communication_buffers += b.bytes();
+    return m;
+  }
+
+ private:
+  struct gather_hooks {
+    sharded_model& m;
+    void start(std::size_t u) { m.start_gather(u); }
+    void wait(std::size_t u) { m.wait_gather(u); }
+    void free(std::size_t u) { m.free_gather(u); }
+  };
+  struct gradient_hooks {
+    sharded_model& m;
+    void fill(std::size_t u) { m.fill_bucket(u); }
+    void launch(std::size_t u) { m.launch_reduction(u); }
+    void complete(std::size_t u) { m.complete_reduction(u); }
+  };
+
+  sharded_model(communicator& comm, shard_plan plan, const sharded_model_options& options, communicator* replica_comm)
+      : comm_(comm),
+        replica_(replica_comm),
+        plan_(std::move(plan)),
+        options_(options),
+        shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
+        gathers_(plan_.make_gather_schedule()),
+        gradients_(plan_.make_gradient_schedule()) {
+    require_host_memory();
+    agree(check(plan_.parameters()));
+    allocate();
+  }
+
+  static shard_plan plan_for(const communicator& comm, plan_request request, const communicator* replica) {
+    request.world_size = comm.world_size() * (replica ? replica->world_size() : 1);
+    request.replica_group_size = replica ? comm.world_size() : 0;
+    return shard_plan(std::move(request));
+  }
+
+  [[noreturn]] void raise(const std::string& message) const { comm_.raise(errc::invalid_argument, "zero::sharded_model: " + message); }
+
+  const std::string& name(std::size_t p) const { return plan_.parameters()[p].name; }
+
+  /// The runtime's buffers are host memory; a communicator of device memory (NCCL) cannot use
+  /// them. Every rank of a job has the same backend, so every rank refuses alike.
+  void require_host_memory() const {
+    if (comm_.space() != memory_space::host || (replica_ != nullptr && replica_->space() != memory_space::host))
+      comm_.raise(errc::unsupported, "zero::sharded_model keeps its buffers in host memory; the " +
+                                         std::string(backend_name(comm_.backend())) +
+                                         " communicator needs device memory, which this runtime does not allocate yet");
+  }
+
+  const parameter_placement& placement(std::size_t p) const {
+    if (p >= plan_.placements().size())
+      raise("parameter index " + std::to_string(p) + " is outside [0, " + std::to_string(plan_.placements().size()) + ")");
+    return plan_.placements()[p];
+  }
+
+  std::size_t storage_unit(std::size_t p) const { return plan_.placements()[plan_.placements()[p].storage].unit; }
+
+  void check_type(dtype asked, dtype actual, std::size_t p, const char* what) const {
+    if (asked != actual)
+      raise(std::string(what) + " of '" + name(p) + "' is " + std::string(dtype_name(actual)) + ", requested as " +
+            std::string(dtype_name(asked)));
+  }
+
+  void check_unit(std::size_t u) const {
+    if (u >= plan_.units().size())
+      raise("unit " + std::to_string(u) + " is outside [0, " + std::to_string(plan_.units().size()) + ")");
+  }
+
+  /// Stages 2-3 reduce every micro-batch; stages 0-1 only in the last one.
+  bool syncing() const noexcept { return plan_.stage() >= 2 || micro_ == plan_.request().accumulation_steps - 1; }
+
+  /// The first reason why this rank cannot run the plan ("" when it can).
+  std::string check(std::span<const parameter_spec> registered) const {
+    const auto& planned = plan_.parameters();
+    const zero::precision& pr = plan_.request().precision;
+    if (registered.size() != planned.size())
+      return "the plan has " + std::to_string(planned.size()) + " parameters but the trainer registered " +
+             std::to_string(registered.size());
+    for (std::size_t i = 0; i < planned.size(); ++i) {
+      const parameter_spec& a = planned[i];
+      const parameter_spec& b = registered[i];
+      const std::string where = "parameter " + std::to_string(i) + ": the plan has ";
+      if (a.name != b.name) return where + "'" + a.name + "' but the trainer registered '" + b.name + "'";
+      if (a.shape != b.shape)
+        return where + "'" + a.name + "' with shape " + shape_text(a.shape) + " but the trainer registered shape " +
+               shape_text(b.shape);
+      const dtype ta = pr.parameter_type(a.type), tb = pr.parameter_type(b.type);
+      if (ta != tb)
+        return where + "'" + a.name + "' as " + std::string(dtype_name(ta)) + " but the trainer registered " +
+               (is_valid(tb) ? std::string(dtype_name(tb)) : "dtype value " + std::to_string(static_cast<unsigned>(tb)));
+      if (a.trainable != b.trainable)
+        return where + "'" + a.name + "' " + (a.trainable ? "trainable" : "frozen") + " but the trainer registered it " +
+               (b.trainable ? "trainable" : "frozen");
+      if (a.tie_group != b.tie_group)
+        return where + "'" + a.name + "' in tie group '" + a.tie_group + "' but the trainer registered tie group '" +
+               b.tie_group + "'";
+      if (a.unit != b.unit)
+        return where + "'" + a.name + "' in unit '" + a.unit + "' but the trainer registered unit '" + b.unit + "'";
+    }
+    const int total = comm_.world_size() * (replica_ ? replica_->world_size() : 1);
+    if (plan_.world_size() != total)
+      return "the plan is for " + std::to_string(plan_.world_size()) + " ranks but the communicators have " +
+             std::to_string(total);
+    if (plan_.stage() >= 1 && plan_.shards() != comm_.world_size())
+      return "the plan shards over replica groups of " + std::to_string(plan_.shards()) +
+             " ranks but the shard communicator has " + std::to_string(comm_.world_size());
+    if (!(options_.max_grad_norm >= 0) || !std::isfinite(options_.max_grad_norm))
+      return "max_grad_norm must be finite and >= 0, got " + std::to_string(options_.max_grad_norm);
+    return sharded_optimizer::problem(plan_, options_.optimizer);
+  }
+
+  /// Every rank learns whether any rank refused and whether the plans agree; throws on all alike.
+  void agree(const std::string& problem) {
+    // {refused, fingerprint, ~fingerprint}: the max over ranks of each gives "anyone refused",
+    // the largest fingerprint and the complement of the smallest.
+    std::uint64_t v[3] = {problem.empty() ? 0u : 1u, plan_.fingerprint(), ~plan_.fingerprint()};
+    if (comm_.world_size() > 1) all_reduce(comm_, v, v, 3, dtype::uint64, reduce_kind::max);
+    if (replica_ != nullptr && replica_->world_size() > 1) all_reduce(*replica_, v, v, 3, dtype::uint64, reduce_kind::max);
+    if (!problem.empty()) raise(problem);
+    if (v[0] != 0) raise("another rank refused its plan (see that rank's error); no rank starts");
+    if (v[1] != ~v[2])
+      raise("the ranks hold different plans (fingerprints " + std::to_string(~v[2]) + " to " + std::to_string(v[1]) +
+            "); every rank must plan the same request");
+  }
+
+  void allocate() {
+    const auto& buffers = plan_.buffers();
+    const bool stage3 = plan_.stage() == 3, shard_grads = plan_.stage() >= 2;
+    params_.reserve(buffers.size());
+    grads_.reserve(buffers.size());
+    for (const flat_buffer& f : buffers) {
+      params_.emplace_back((stage3 ? f.shard_numel : f.numel) * dtype_size(f.type));
+      grads_.emplace_back(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0);
+    }
+    optimizer_.emplace(plan_, shard_index_, options_.optimizer);
+    const std::size_t units = plan_.units().size();
+    unit_gather_.assign(units, npos);
+    unit_bucket_.assign(units, npos);
+    gather_work_.resize(units);
+    reduce_work_.resize(units);
+    marked_.assign(plan_.trainable_storages().size(), false);
+  }
+
+  algorithms::range owned_range(std::size_t b) const {
+    const flat_buffer& f = plan_.buffers()[b];
+    return plan_.stage() == 0 ? algorithms::range{0, f.numel} : f.shard(shard_index_);
+  }
+
+  /// The rank's own parameters of buffer b (the range the optimizer updates).
+  unsigned char* owned_parameters(std::size_t b) {
+    const flat_buffer& f = plan_.buffers()[b];
+    if (plan_.stage() == 3) return params_[b].data();
+    return params_[b].data() + owned_range(b).begin * dtype_size(f.type);
+  }
+
+  /// The rank's own reduced gradient of buffer b.
+  unsigned char* owned_gradient(std::size_t b) {
+    const flat_buffer& f = plan_.buffers()[b];
+    if (plan_.stage() >= 2) return grads_[b].data();
+    return grads_[b].data() + owned_range(b).begin * dtype_size(f.gradient_type);
+  }
+
+  double sum_of_squares(std::size_t b) {
+    const flat_buffer& f = plan_.buffers()[b];
+    const std::uint64_t n = owned_range(b).size();
+    const unsigned char* g = owned_gradient(b);
+    double s = 0;
+    visit_dtype(f.gradient_type, [&]<class T>() {
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
+        const T* x = reinterpret_cast<const T*>(g);
+        for (std::uint64_t j = 0; j < n; ++j) {
+          const double v = static_cast<double>(static_cast<float>(x[j]));
+          s += v * v;
+        }
+      }
+    });
+    return s;
+  }
+
+  void zero_gradients() {
+    for (auto& g : grads_) g.zero();
+  }
+
+  unsigned char* parameter_storage(std::size_t p) {
+    const parameter_placement& pl = plan_.placements()[p];
+    const flat_buffer& f = plan_.buffers()[pl.buffer];
+    const std::uint64_t es = dtype_size(f.type);
+    if (plan_.stage() <= 2) return params_[pl.buffer].data() + pl.offset * es;
+    const std::size_t w = storage_unit(p);
+    if (!gathers_.held(w))
+      raise("parameter '" + name(p) + "' is not gathered: its storage belongs to unit '" + plan_.units()[w].name +
+            "', which no pre_forward / pre_backward holds now");
+    wait_gather(w);
+    return gathers_buffers_[unit_gather_[w]].data() + f.gather_offset + pl.offset * es;
+  }
+
+  void pre(std::size_t u, bool forward) {
+    check_unit(u);
+    if (plan_.stage() != 3) return;
+    gather_hooks h{*this};
+    gathers_.use(u, h);
+    if (plan_.request().prefetch) {
+      if (forward && u + 1 < plan_.units().size()) gathers_.prefetch(u + 1, h);
+      if (!forward && u > 0) gathers_.prefetch(u - 1, h);
+    }
+    gathers_.wait_for(u, h);
+  }
+
+  void post(std::size_t u, const char* what, const char* needs) {
+    check_unit(u);
+    if (plan_.stage() != 3) return;
+    gather_hooks h{*this};
+    if (!gathers_.done(u, h))
+      raise(std::string(what) + "(" + std::to_string(u) + ") without a matching " + needs + "(" + std::to_string(u) + ")");
+  }
+
+  std::size_t take_gather_slot() {
+    if (!gather_free_.empty()) {
+      const std::size_t s = gather_free_.back();
+      gather_free_.pop_back();
+      return s;
+    }
+    gathers_buffers_.emplace_back(plan_.communication().gather_buffer_bytes);
+    return gathers_buffers_.size() - 1;
+  }
+
+  void start_gather(std::size_t u) {
+    const std::size_t slot = take_gather_slot();
+    unit_gather_[u] = slot;
+    unsigned char* base = gathers_buffers_[slot].data();
+    for (std::size_t b : plan_.units()[u].buffers) {
+      const flat_buffer& f = plan_.buffers()[b];
+      if (f.shard_numel == 0) continue;
+      gather_work_[u].push_back(all_gather_async(comm_, params_[b].data(), base + f.gather_offset, f.shard_numel, f.type));
+    }
+  }
+
+  void wait_gather(std::size_t u) {
+    auto& list = gather_work_[u];
+    for (const work& w : list) w.wait();
+    list.clear();
+  }
+
+  void free_gather(std::size_t u) {
+    wait_gather(u);
+    gather_free_.push_back(unit_gather_[u]);
+    unit_gather_[u] = npos;
+  }
+
+  void fill_bucket(std::size_t u) {
+    if (plan_.stage() < 2) return;
+    std::size_t slot;
+    if (!bucket_free_.empty()) {
+      slot = bucket_free_.back();
+      bucket_free_.pop_back();
+    } else {
+      buckets_.emplace_back(plan_.communication().gradient_bucket_bytes);
+      slot = buckets_.size() - 1;
+    }
+    unit_bucket_[u] = slot;
+    std::memset(buckets_[slot].data(), 0, static_cast<std::size_t>(plan_.units()[u].gradient_bytes));
+  }
+
+  void launch_reduction(std::size_t u) {
+    const int stage = plan_.stage();
+    for (std::size_t b : plan_.units()[u].buffers) {
+      const flat_buffer& f = plan_.buffers()[b];
+      if (!f.trainable || f.numel == 0) continue;
+      const std::uint64_t gs = dtype_size(f.gradient_type);
+      const std::uint64_t own = static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
+      unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
+      if (stage == 0)
+        reduce_work_[u].push_back(all_reduce_async(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg));
+      else
+        reduce_work_[u].push_back(reduce_scatter_async(comm_, full, full + own, f.shard_numel, f.gradient_type, reduce_kind::avg));
+    }
+  }
+
+  void complete_reduction(std::size_t u) {
+    auto& list = reduce_work_[u];
+    for (const work& w : list) w.wait();
+    list.clear();
+    if (plan_.stage() < 2) return;
+    unsigned char* bucket = buckets_[unit_bucket_[u]].data();
+    for (std::size_t b : plan_.units()[u].buffers) {
+      const flat_buffer& f = plan_.buffers()[b];
+      if (!f.trainable || f.numel == 0) continue;
+      const std::uint64_t gs = dtype_size(f.gradient_type);
+      const unsigned char* src = bucket + f.gradient_offset + static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
+      unsigned char* dst = grads_[b].data();
+      visit_dtype(f.gradient_type, [&]<class T>() {
+        if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
+          T* d = reinterpret_cast<T*>(dst);
+          const T* s = reinterpret_cast<const T*>(src);
+          for (std::uint64_t j = 0; j < f.shard_numel; ++j)
+            d[j] = static_cast<T>(static_cast<float>(d[j]) + static_cast<float>(s[j]));
+        }
+      });
+    }
+    bucket_free_.push_back(unit_bucket_[u]);
+    unit_bucket_[u] = npos;
+  }
+
+  static void wait_quietly(std::vector<work>& list) noexcept {
+    for (const work& w : list) {
+      try {
+        w.wait();
+      } catch (...) {
+      }
+    }
+    list.clear();
+  }
+
+  communicator& comm_;
+  communicator* replica_;
+  shard_plan plan_;
+  sharded_model_options options_;
+  int shard_index_;
+  std::vector<detail::host_buffer> params_;  ///< per buffer: full (stages 0-2) or the shard (stage 3)
+  std::vector<detail::host_buffer> grads_;   ///< per trainable buffer: full (stages 0-1) or the shard (2-3)
+  std::optional<sharded_optimizer> optimizer_;
+  std::vector<detail::host_buffer> gathers_buffers_;  ///< gather buffer pool (stage 3)
+  std::vector<std::size_t> gather_free_;
+  std::vector<std::size_t> unit_gather_;
+  std::vector<std::vector<work>> gather_work_;
+  std::vector<detail::host_buffer> buckets_;  ///< gradient bucket pool (stages 2-3)
+  std::vector<std::size_t> bucket_free_;
+  std::vector<std::size_t> unit_bucket_;
+  std::vector<std::vector<work>> reduce_work_;
+  detail::gather_schedule gathers_;
+  detail::gradient_schedule gradients_;
+  std::vector<bool> marked_;
+  int micro_ = 0;
+};
+
+}  // namespace ringzero::zero

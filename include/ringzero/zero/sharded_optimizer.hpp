@@ -1,0 +1,162 @@
+#pragma once
+/// @file
+/// `zero::sharded_optimizer`: the optimizer of one rank of a ZeRO plan. It owns the master
+/// weights (float32) and optimizer states (float32) of the rank's shard of every trainable flat
+/// buffer — the whole buffer at stage 0 — and updates only that range, writing the result back
+/// into the training parameters of the same range (rounded to their element type).
+///
+/// Supported: SGD (with momentum), Adam and AdamW (zero/optimizer.hpp); trainable parameters of
+/// float32 (updated in place when there is no master copy), bfloat16 or float16 (which need a
+/// float32 master copy); gradients of float32, bfloat16 or float16; float32 optimizer states.
+/// Because every update is element-wise, updating shards gives exactly the numbers an unsharded
+/// optimizer gives (ZeRO-1, Rajbhandari et al. 2020, section 5.1).
+/// Thread semantics: used by one thread. Memory: allocated once at construction.
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ringzero/core/dtype.hpp"
+#include "ringzero/core/error.hpp"
+#include "ringzero/zero/host_buffer.hpp"
+#include "ringzero/zero/optimizer.hpp"
+#include "ringzero/zero/shard_plan.hpp"
+
+namespace ringzero::zero {
+
+/// See the file comment.
+class sharded_optimizer {
+ public:
+  /// The first reason why `plan` and `options` cannot run together ("" when they can): invalid
+  /// options, a state count in the plan that differs from the optimizer's, a master or state type
+  /// other than float32, a 16-bit trainable parameter without a master copy, or a trainable
+  /// parameter or gradient type other than float32, bfloat16 and float16.
+  static std::string problem(const shard_plan& plan, const optimizer_options& options) {
+    std::string p = options.problem();
+    if (!p.empty()) return p;
+    const zero::precision& pr = plan.request().precision;
+    const bool has_trainable = plan.trainable_elements() > 0;
+    if (has_trainable && pr.optimizer_states != options.state_count())
+      return "the plan counts " + std::to_string(pr.optimizer_states) + " optimizer state(s) per element but " +
+             std::string(optimizer_name(options.kind)) + (options.kind == optimizer_kind::sgd && options.momentum != 0 ? " with momentum" : "") +
+             " keeps " + std::to_string(options.state_count());
+    if (has_trainable && options.state_count() > 0 && pr.optimizer_state != dtype::float32)
+      return "optimizer states must be float32, the plan has " + std::string(dtype_name(pr.optimizer_state));
+    for (const flat_buffer& f : plan.buffers()) {
+      if (!f.trainable || f.payload == 0) continue;
+      const auto supported = [](dtype t) { return t == dtype::float32 || t == dtype::bfloat16 || t == dtype::float16; };
+      if (!supported(f.type))
+        return "trainable parameters must be float32, bfloat16 or float16; unit '" + plan.units()[f.unit].name + "' has " +
+               std::string(dtype_name(f.type));
+      if (!supported(f.gradient_type))
+        return "gradients must be float32, bfloat16 or float16, the plan has " + std::string(dtype_name(f.gradient_type));
+      if (f.has_master && *pr.master != dtype::float32)
+        return "master weights must be float32, the plan has " + std::string(dtype_name(*pr.master));
+      if (!f.has_master && f.type != dtype::float32)
+        return std::string(dtype_name(f.type)) + " parameters need float32 master weights (set precision.master)";
+    }
+    return {};
+  }
+
+  /// The optimizer of shard `shard_index` of `plan` (0 <= shard_index < plan.shards()).
+  /// Throws errc::invalid_argument when `problem(plan, options)` is not empty.
+  sharded_optimizer(const shard_plan& plan, int shard_index, const optimizer_options& options)
+      : plan_(&plan), options_(options), shard_index_(shard_index) {
+    const std::string p = problem(plan, options);
+    if (!p.empty()) throw error(errc::invalid_argument, "zero::sharded_optimizer: " + p);
+    if (shard_index < 0 || shard_index >= plan.shards())
+      throw error(errc::invalid_argument, "zero::sharded_optimizer: shard " + std::to_string(shard_index) +
+                                              " is outside [0, " + std::to_string(plan.shards()) + ")");
+    const auto& buffers = plan.buffers();
+    state_.resize(buffers.size());
+    for (std::size_t b = 0; b < buffers.size(); ++b) {
+      const flat_buffer& f = buffers[b];
+      if (!f.trainable) continue;
+      buffer_state& s = state_[b];
+      s.count = owned_range(b).size();
+      if (f.has_master) s.master = detail::host_buffer(s.count * sizeof(float));
+      for (int k = 0; k < options.state_count(); ++k) s.states[k] = detail::host_buffer(s.count * sizeof(float));
+    }
+  }
+
+  /// The range of buffer `b` this optimizer updates: the rank's shard (the whole buffer at stage 0).
+  algorithms::range owned_range(std::size_t b) const {
+    const flat_buffer& f = plan_->buffers().at(b);
+    return plan_->stage() == 0 ? algorithms::range{0, f.numel} : f.shard(shard_index_);
+  }
+
+  /// The float32 master weights of buffer `b`'s owned range, or nullptr without a master copy.
+  float* master(std::size_t b) noexcept { return reinterpret_cast<float*>(state_[b].master.data()); }
+
+  /// Starts a new step (the step count used by Adam's bias correction and SGD's first momentum).
+  void begin_step() noexcept { ++step_; }
+  /// Steps begun so far.
+  std::uint64_t steps() const noexcept { return step_; }
+  /// The options (the learning rate may be changed with `set_learning_rate`).
+  const optimizer_options& options() const noexcept { return options_; }
+  /// Sets the learning rate for the next steps (a scheduler's job). Throws when not finite or < 0.
+  void set_learning_rate(double lr) {
+    optimizer_options o = options_;
+    o.lr = lr;
+    const std::string p = o.problem();
+    if (!p.empty()) throw error(errc::invalid_argument, "zero::sharded_optimizer: " + p);
+    options_ = o;
+  }
+
+  /// Updates buffer `b`'s owned range: `params` points at its first element (parameter dtype),
+  /// `grads` at its gradient (gradient dtype), each `owned_range(b).size()` elements; gradients
+  /// are multiplied by `grad_scale` first. Call `begin_step` once before the step's updates.
+  void update(std::size_t b, void* params, const void* grads, float grad_scale) {
+    const flat_buffer& f = plan_->buffers()[b];
+    buffer_state& s = state_[b];
+    if (!f.trainable || s.count == 0) return;
+    visit_dtype(f.gradient_type, [&]<class G>() {
+      if constexpr (std::is_same_v<G, float> || std::is_same_v<G, bfloat16> || std::is_same_v<G, float16>) {
+        const G* g = static_cast<const G*>(grads);
+        float* s0 = reinterpret_cast<float*>(s.states[0].data());
+        float* s1 = reinterpret_cast<float*>(s.states[1].data());
+        if (!f.has_master) {
+          detail::apply_update(options_, step_, static_cast<float*>(params), g, grad_scale, s0, s1, s.count);
+          return;
+        }
+        float* w = master(b);
+        detail::apply_update(options_, step_, w, g, grad_scale, s0, s1, s.count);
+        visit_dtype(f.type, [&]<class P>() {
+          if constexpr (std::is_same_v<P, bfloat16> || std::is_same_v<P, float16> || std::is_same_v<P, float>) {
+            P* p = static_cast<P*>(params);
+            for (std::uint64_t j = 0; j < s.count; ++j) p[j] = static_cast<P>(w[j]);
+          }
+        });
+      }
+    });
+  }
+
+  /// Bytes of master weights held.
+  std::uint64_t master_bytes() const noexcept {
+    std::uint64_t n = 0;
+    for (const buffer_state& s : state_) n += s.master.bytes();
+    return n;
+  }
+  /// Bytes of optimizer states held.
+  std::uint64_t state_bytes() const noexcept {
+    std::uint64_t n = 0;
+    for (const buffer_state& s : state_) n += s.states[0].bytes() + s.states[1].bytes();
+    return n;
+  }
+
+ private:
+  struct buffer_state {
+    std::uint64_t count = 0;
+    detail::host_buffer master;
+    detail::host_buffer states[2];
+  };
+
+  const shard_plan* plan_;
+  optimizer_options options_;
+  int shard_index_;
+  std::uint64_t step_ = 0;
+  std::vector<buffer_state> state_;
+};
+
+}  // namespace ringzero::zero

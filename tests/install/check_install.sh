@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs ringzero into a scratch directory and builds a small consumer four ways, as a user
+# would: pkg-config, CMake find_package, a Meson subproject, and a plain -I. Each consumer runs.
+# Arguments: <meson build dir> <source dir>.
+set -euo pipefail
+build=$(cd "$1" && pwd)
+source=$(cd "$2" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+meson install -C "$build" --destdir "$work/root" --no-rebuild --quiet >/dev/null
+prefix=$(meson introspect "$build" --buildoptions | python3 -c 'import json,sys; print([o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"][0])')
+root="$work/root$prefix"
+pc=$(find "$root" -name ringzero.pc | head -n 1)
+cmake_dir=$(dirname "$(find "$root" -name ringzeroConfig.cmake | head -n 1)")
+test -n "$pc" && test -n "$cmake_dir"
+
+echo "--- pkg-config"
+flags=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --define-variable=prefix="$root" --cflags --libs ringzero)
+g++ -O1 "$source/tests/install/consumer/main.cpp" $flags -o "$work/consumer_pc"
+"$work/consumer_pc"
+
+echo "--- CMake find_package"
+cmake -S "$source/tests/install/consumer" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$root" >/dev/null
+cmake --build "$work/cmake" >/dev/null
+"$work/cmake/consumer"
+
+echo "--- Meson subproject"
+mkdir -p "$work/sub/subprojects"
+cp "$source/tests/install/consumer/meson.build" "$source/tests/install/consumer/main.cpp" "$work/sub/"
+ln -s "$source" "$work/sub/subprojects/ringzero"
+meson setup "$work/sub/build" "$work/sub" --wrap-mode=nodownload -Dringzero:tests=disabled >/dev/null
+ninja -C "$work/sub/build" >/dev/null
+"$work/sub/build/consumer"
+
+echo "--- plain -I"
+g++ -std=c++20 -O1 -I"$source/include" "$source/tests/install/consumer/main.cpp" -pthread -o "$work/consumer_plain"
+"$work/consumer_plain"

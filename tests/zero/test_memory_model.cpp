@@ -1,0 +1,114 @@
+// The ZeRO paper's memory and communication model, reproduced exactly, and how real plans differ.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "ringzero/zero/paper_comparison.hpp"
+
+using namespace ringzero;
+using namespace ringzero::zero;
+
+TEST_CASE("the paper's formulas: 16 Psi, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N, 16 Psi/N") {
+  for (double psi : {1.0, 1e6, 7.5e9, 1e12}) {
+    for (double n : {1.0, 4.0, 64.0, 1024.0}) {
+      CHECK(paper_model_state_memory(psi, n, 0).total() == 16 * psi);
+      CHECK(paper_model_state_memory(psi, n, 1).total() == 4 * psi + 12 * psi / n);
+      CHECK(paper_model_state_memory(psi, n, 2).total() == 2 * psi + 14 * psi / n);
+      CHECK(paper_model_state_memory(psi, n, 3).total() == 16 * psi / n);
+      CHECK(paper_communication_volume(psi, 0) == 2 * psi);
+      CHECK(paper_communication_volume(psi, 1) == 2 * psi);
+      CHECK(paper_communication_volume(psi, 2) == 2 * psi);
+      CHECK(paper_communication_volume(psi, 3) == 3 * psi);
+    }
+  }
+  // Figure 1 of the paper: Psi = 7.5B, N = 64, K = 12.
+  CHECK(paper_model_state_memory(7.5e9, 64, 0).total() == 120e9);
+  CHECK(paper_model_state_memory(7.5e9, 64, 1).total() == 31.40625e9);   // "31.4GB"
+  CHECK(paper_model_state_memory(7.5e9, 64, 2).total() == 16.640625e9);  // "16.6GB"
+  CHECK(paper_model_state_memory(7.5e9, 64, 3).total() == 1.875e9);      // "1.9GB"
+  // Categories: K Psi of optimizer state sharded from stage 1, gradients from 2, parameters at 3.
+  const model_memory s2 = paper_model_state_memory(1024, 8, 2);
+  CHECK(s2.parameters == 2048);
+  CHECK(s2.gradients == 256);
+  CHECK(s2.optimizer_states == 1536);
+  // K is a parameter: Adam without a master copy has K = 8.
+  CHECK(paper_model_state_memory(100, 4, 1, 8).total() == 400 + 200);
+}
+
+TEST_CASE("a plan under the paper's assumptions matches the paper exactly when sizes divide") {
+  // Mixed-precision Adam, every size divisible by N times the alignment: no padding.
+  std::vector<parameter_spec> params;
+  for (int i = 0; i < 6; ++i) {
+    parameter_spec s;
+    s.name = "layer" + std::to_string(i) + ".weight";
+    s.shape = {256, 128};
+    s.unit = "layer" + std::to_string(i);
+    params.push_back(s);
+  }
+  const double psi = 6.0 * 256 * 128;
+  for (int n : {1, 2, 4, 8, 16, 64}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      plan_request q;
+      q.parameters = params;
+      q.world_size = n;
+      q.stage = stage;
+      q.alignment_bytes = 16;
+      q.precision = precision::mixed_adam();
+      const shard_plan plan(q);
+      const paper_comparison c = compare_with_paper(plan);
+      CAPTURE(n);
+      CAPTURE(stage);
+      CHECK(c.psi == psi);
+      CHECK(c.padding_bytes == 0);
+      CHECK(c.planned.parameters == c.paper.parameters);
+      CHECK(c.planned.gradients == c.paper.gradients);
+      CHECK(c.planned.optimizer_states == c.paper.optimizer_states);
+      CHECK(static_cast<double>(plan.memory().model_states()) ==
+            paper_model_state_memory(psi, stage == 0 ? 1 : n, stage).total());
+      CHECK(static_cast<double>(c.planned_volume) == c.paper_volume);
+      CHECK(c.replica_volume == 0);
+      CHECK(c.buffer_bytes == plan.memory().communication_buffers);
+    }
+  }
+}
+
+TEST_CASE("the comparison reports padding, buffers, frozen parameters and hybrid traffic") {
+  std::vector<parameter_spec> params(3);
+  params[0].name = "odd";
+  params[0].shape = {1001};
+  params[0].unit = "a";
+  params[1].name = "frozen";
+  params[1].shape = {512};
+  params[1].trainable = false;
+  params[1].unit = "a";
+  params[2].name = "other";
+  params[2].shape = {77};
+  params[2].unit = "b";
+  plan_request q;
+  q.parameters = params;
+  q.world_size = 8;
+  q.replica_group_size = 4;
+  q.stage = 3;
+  q.alignment_bytes = 16;
+  q.precision = precision::mixed_adam();
+  const shard_plan plan(q);
+  const paper_comparison c = compare_with_paper(plan);
+  CHECK(c.psi == 1001 + 512 + 77);
+  CHECK(c.devices == 4);
+  // unpadded: parameters 2 bytes each over 4 shards; gradients and K = 12 only for trainable ones
+  CHECK(c.unpadded.parameters == 2.0 * (1001 + 512 + 77) / 4);
+  CHECK(c.unpadded.gradients == 2.0 * (1001 + 77) / 4);
+  CHECK(c.unpadded.optimizer_states == 12.0 * (1001 + 77) / 4);
+  // float16 alignment unit 8 elements, 4 shards: multiples of 32; odd 1001 -> 1024, frozen 512, other 77 -> 96
+  CHECK(plan.buffers()[0].numel == 1024);
+  CHECK(plan.buffers()[1].numel == 512);
+  CHECK(plan.buffers()[2].numel == 96);
+  const double padded_trainable = 1024 + 96, unpadded_trainable = 1001 + 77;
+  CHECK(c.padding_bytes == doctest::Approx((2.0 * (padded_trainable + 512) + 14.0 * padded_trainable -
+                                            2.0 * (unpadded_trainable + 512) - 14.0 * unpadded_trainable) / 4));
+  CHECK(c.buffer_bytes > 0);
+  CHECK(c.replica_volume == 2 * (1024 + 96) / 4);  // all_reduce of the gradient shards, counted twice
+  // stage 3 volume within the group: two gathers of everything and one reduce_scatter of the trainable
+  CHECK(c.planned_volume == 2 * (1024 + 512 + 96) + (1024 + 96));
+}

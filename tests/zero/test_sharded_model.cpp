@@ -1,0 +1,433 @@
+// The ZeRO runtime: stages 1, 2 and 3 (and 0) train to the same parameters as plain data
+// parallelism, across world sizes, optimizers, accumulation and clipping; hybrid sharding;
+// memory equal to the plan; mixed precision; and the refusals.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zero_test_model.hpp"
+
+using namespace ringzero;
+using namespace ringzero::zero;
+using namespace zero_test;
+
+namespace {
+
+plan_request test_request(int stage, int accumulation) {
+  plan_request q;
+  q.parameters = test_parameters();
+  q.stage = stage;
+  q.accumulation_steps = accumulation;
+  q.alignment_bytes = 16;
+  return q;
+}
+
+/// Runs the sharded trainer and the reference on `world` local ranks; returns the worst relative
+/// difference over ranks and parameters, and checks every rank holds the same parameters.
+double compare_with_reference(int world, int stage, const run_config& cfg) {
+  std::vector<double> errors(static_cast<std::size_t>(world), 0.0);
+  std::vector<std::vector<std::vector<float>>> results(static_cast<std::size_t>(world));
+  local::launch(world, [&](communicator& comm) {
+    plan_request q = test_request(stage, cfg.accumulation);
+    q.precision.optimizer_states = cfg.optimizer.state_count();
+    sharded_model_options options;
+    options.optimizer = cfg.optimizer;
+    options.max_grad_norm = cfg.max_grad_norm;
+    sharded_model model(comm, q, options);
+    auto mine = train_sharded(model, comm.rank(), cfg);
+    const auto reference = train_reference(comm, test_parameters(), cfg);
+    errors[static_cast<std::size_t>(comm.rank())] = max_relative_error(mine, reference);
+    results[static_cast<std::size_t>(comm.rank())] = std::move(mine);
+  });
+  for (int r = 1; r < world; ++r) CHECK(results[static_cast<std::size_t>(r)] == results[0]);  // bitwise on every rank
+  double worst = 0;
+  for (double e : errors) worst = std::max(worst, e);
+  return worst;
+}
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("stages 0-3 match plain data parallelism after 5 steps (float32, 1e-5 relative)") {
+  // The full sweep: world sizes 1-4 x stages 0-3 x three optimizers x accumulation 1 and 3 x
+  // clipping off and on. The quick sweep (sanitizer builds) takes one combination per world
+  // size and stage, rotating through the others.
+  int runs = 0;
+  const auto optimizers = test_optimizers();
+  for (int world = 1; world <= 4; ++world) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (std::size_t o = 0; o < optimizers.size(); ++o) {
+        for (int accumulation : {1, 3}) {
+          for (double clip : {0.0, 0.5}) {
+#if defined(RINGZERO_TEST_SWEEP_QUICK)
+            const int pick = world + stage;
+            if (o != static_cast<std::size_t>(pick % 3) || accumulation != (pick % 2 ? 3 : 1) || (clip > 0) != (stage % 2 == 1))
+              continue;
+#endif
+            run_config cfg;
+            cfg.optimizer = optimizers[o];
+            cfg.accumulation = accumulation;
+            cfg.max_grad_norm = clip;
+            cfg.mark_ready = (world + stage) % 2 == 0;
+            cfg.implicit_last_end = accumulation == 3 && stage % 2 == 1;
+            CAPTURE(world);
+            CAPTURE(stage);
+            CAPTURE(optimizer_name(cfg.optimizer.kind));
+            CAPTURE(accumulation);
+            CAPTURE(clip);
+            CHECK(compare_with_reference(world, stage, cfg) <= 1e-5);
+            ++runs;
+          }
+        }
+      }
+    }
+  }
+#if defined(RINGZERO_TEST_SWEEP_QUICK)
+  CHECK(runs == 4 * 4);
+#else
+  CHECK(runs == 4 * 4 * 3 * 2 * 2);
+#endif
+}
+
+TEST_CASE("clipping is active in the clipped runs and the norm is global") {
+  // The unclipped global norm of the first step is well above 0.5, so the clipped runs above
+  // really clip; every rank reports the same norm at every stage.
+  for (int stage = 0; stage <= 3; ++stage) {
+    std::vector<double> norms(3);
+    local::launch(3, [&](communicator& comm) {
+      plan_request q = test_request(stage, 1);
+      sharded_model_options options;
+      options.optimizer.kind = optimizer_kind::adam;
+      options.max_grad_norm = 0.5;
+      sharded_model model(comm, q, options);
+      for (std::size_t p = 0; p < model.parameter_count(); ++p) {
+        std::vector<float> v(model.plan().placements()[p].numel, 1.0f);
+        model.set_parameter(p, v);
+      }
+      for (std::size_t u = model.unit_count(); u-- > 0;) {
+        model.pre_backward(u);
+        for (std::size_t p : model.plan().units()[u].members)
+          if (model.plan().parameters()[p].trainable)
+            for (float& g : model.gradient<float>(p)) g += 1.0f + static_cast<float>(comm.rank());  // average 2
+        model.post_backward(u);
+      }
+      const step_result r = model.step();
+      norms[static_cast<std::size_t>(comm.rank())] = r.gradient_norm;
+      CHECK(r.clip_coefficient < 1.0);
+      CHECK_FALSE(r.skipped);
+    });
+    // trainable unique elements: embed 35 (two uses: gradient 4), l1 45 + 9, l2 36 + 4, scale 1, l3 13
+    const double expected = std::sqrt(35.0 * 16 + 4.0 * (45 + 9 + 36 + 4 + 1 + 13));
+    CAPTURE(stage);
+    for (double n : norms) CHECK(n == doctest::Approx(expected).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("memory in use equals the plan's prediction at every stage") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int world : {1, 2, 3}) {
+      local::launch(world, [&](communicator& comm) {
+        run_config cfg;
+        cfg.steps = 2;
+        cfg.accumulation = 2;
+        cfg.optimizer = test_optimizers()[1];
+        plan_request q = test_request(stage, cfg.accumulation);
+        q.precision = precision::bfloat16_adam();
+        q.precision.gradient = dtype::float32;
+        sharded_model_options options;
+        options.optimizer = cfg.optimizer;
+        // float32 gradients of bfloat16 parameters: the test trainer writes float gradients
+        sharded_model model(comm, q, options);
+        const memory_breakdown before = model.memory_in_use();
+        CHECK(before.communication_buffers == 0);  // pools grow on first use
+        (void)before;
+        const auto& plan = model.plan();
+        for (int step = 0; step < cfg.steps; ++step) {
+          for (int micro = 0; micro < cfg.accumulation; ++micro) {
+            for (std::size_t u = 0; u < model.unit_count(); ++u) {
+              model.pre_forward(u);
+              model.post_forward(u);
+            }
+            for (std::size_t u = model.unit_count(); u-- > 0;) {
+              model.pre_backward(u);
+              for (std::size_t p : plan.units()[u].members)
+                if (plan.parameters()[p].trainable)
+                  for (float& g : model.gradient<float>(p)) g += 0.25f;
+              model.post_backward(u);
+            }
+            model.end_backward();
+          }
+          model.step();
+        }
+        CAPTURE(stage);
+        CAPTURE(world);
+        const memory_breakdown used = model.memory_in_use();
+        const memory_breakdown& planned = plan.memory();
+        CHECK(used.parameters == planned.parameters);
+        CHECK(used.gradients == planned.gradients);
+        CHECK(used.master_weights == planned.master_weights);
+        CHECK(used.optimizer_states == planned.optimizer_states);
+        CHECK(used.communication_buffers == planned.communication_buffers);
+      });
+    }
+  }
+}
+
+TEST_CASE("bfloat16 and float16 training with float32 master weights: stages 1-3 follow stage 0") {
+  for (dtype t : {dtype::bfloat16, dtype::float16}) {
+    std::vector<std::vector<std::vector<float>>> by_stage(4);
+    for (int stage = 0; stage <= 3; ++stage) {
+      std::vector<std::vector<float>> result;
+      std::mutex lock;
+      local::launch(2, [&](communicator& comm) {
+        plan_request q = test_request(stage, 2);
+        q.precision = t == dtype::bfloat16 ? precision::bfloat16_adam() : precision::mixed_adam();
+        q.precision.gradient = dtype::float32;
+        sharded_model_options options;
+        options.optimizer = test_optimizers()[2];
+        sharded_model model(comm, q, options);
+        const auto& plan = model.plan();
+        for (std::size_t p = 0; p < plan.parameters().size(); ++p) {
+          std::vector<float> v(plan.placements()[p].numel);
+          for (std::size_t j = 0; j < v.size(); ++j) v[j] = initial_value(plan.placements()[p].storage, j);
+          model.set_parameter(p, v);
+        }
+        for (int step = 0; step < 5; ++step) {
+          for (int micro = 0; micro < 2; ++micro) {
+            for (std::size_t u = model.unit_count(); u-- > 0;) {
+              model.pre_backward(u);
+              for (std::size_t p : plan.units()[u].members) {
+                if (!plan.parameters()[p].trainable || plan.placements()[p].numel == 0) continue;
+                auto g = model.gradient<float>(p);
+                if (t == dtype::bfloat16) {
+                  auto w = model.parameter<bfloat16>(p);
+                  for (std::size_t j = 0; j < g.size(); ++j)
+                    g[j] += gradient_term(comm.rank(), micro, step, plan.placements()[p].storage, j, 0, w[j], 0, false);
+                } else {
+                  auto w = model.parameter<float16>(p);
+                  for (std::size_t j = 0; j < g.size(); ++j)
+                    g[j] += gradient_term(comm.rank(), micro, step, plan.placements()[p].storage, j, 0, w[j], 0, false);
+                }
+              }
+              model.post_backward(u);
+            }
+            model.end_backward();
+          }
+          model.step();
+        }
+        std::vector<std::vector<float>> out(plan.parameters().size());
+        for (std::size_t p = 0; p < out.size(); ++p) {
+          out[p].resize(plan.placements()[p].numel);
+          model.read_parameter(p, out[p]);
+        }
+        // the training parameters are the rounded master weights
+        if (stage >= 1) {
+          const std::size_t l1 = model.index("l1.w");
+          const flat_buffer& f = plan.buffers()[plan.placements()[l1].buffer];
+          CHECK(f.has_master);
+        }
+        std::lock_guard<std::mutex> g(lock);
+        if (comm.rank() == 0) result = std::move(out);
+      });
+      by_stage[static_cast<std::size_t>(stage)] = std::move(result);
+    }
+    for (int stage = 1; stage <= 3; ++stage) {
+      CAPTURE(stage);
+      CAPTURE(dtype_name(t));
+      // 16-bit rounding of parameters differs only where the gradient averages rounded differently
+      CHECK(max_relative_error(by_stage[static_cast<std::size_t>(stage)], by_stage[0]) <= 2e-2);
+    }
+  }
+}
+
+TEST_CASE("hybrid sharding: 2 replica groups of 2 ranks match plain data parallelism over 4") {
+  // Rank r: shard group r / 2 (ranks {0,1} and {2,3}), replica group r % 2 (ranks {0,2}, {1,3}).
+  for (int stage = 0; stage <= 3; ++stage) {
+    local::world all(4), shard0(2), shard1(2), replica0(2), replica1(2);
+    std::vector<double> errors(4, 1.0);
+    std::vector<std::exception_ptr> failures(4);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          local::communicator world_comm(all, r);
+          local::communicator shard_comm(r / 2 == 0 ? shard0 : shard1, r % 2);
+          local::communicator replica_comm(r % 2 == 0 ? replica0 : replica1, r / 2);
+          for (communicator* c : {static_cast<communicator*>(&world_comm), static_cast<communicator*>(&shard_comm),
+                                  static_cast<communicator*>(&replica_comm)})
+            c->set_timeout(std::chrono::seconds(60));
+          run_config cfg;
+          cfg.optimizer = test_optimizers()[1];
+          cfg.accumulation = 2;
+          cfg.max_grad_norm = 0.5;
+          plan_request q = test_request(stage, cfg.accumulation);
+          sharded_model_options options;
+          options.optimizer = cfg.optimizer;
+          options.max_grad_norm = cfg.max_grad_norm;
+          sharded_model model(shard_comm, q, options, &replica_comm);
+          CHECK(model.plan().world_size() == 4);
+          if (stage > 0) CHECK(model.plan().shards() == 2);
+          const auto mine = train_sharded(model, r, cfg);
+          const auto reference = train_reference(world_comm, test_parameters(), cfg);
+          errors[static_cast<std::size_t>(r)] = max_relative_error(mine, reference);
+        } catch (...) {
+          failures[static_cast<std::size_t>(r)] = std::current_exception();
+          for (auto* w : {&all, &shard0, &shard1, &replica0, &replica1}) w->abort("rank failed");
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    CAPTURE(stage);
+    for (auto& f : failures)
+      if (f) FAIL(message_of(f));
+    for (double e : errors) CHECK(e <= 1e-5);
+  }
+}
+
+TEST_CASE("a trainer whose registered parameters do not match the plan is refused on every rank") {
+  auto refused = [](int world, auto&& body) {
+    std::vector<std::string> messages(static_cast<std::size_t>(world));
+    local::launch(world, [&](communicator& comm) {
+      try {
+        body(comm);
+        messages[static_cast<std::size_t>(comm.rank())] = "no error";
+      } catch (const error& e) {
+        CHECK(e.kind() == errc::invalid_argument);
+        messages[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    return messages;
+  };
+  const shard_plan plan = [] {
+    plan_request q = test_request(3, 1);
+    q.world_size = 2;
+    return shard_plan(q);
+  }();
+
+  SUBCASE("a different shape on one rank") {
+    const auto m = refused(2, [&](communicator& comm) {
+      auto registered = test_parameters();
+      if (comm.rank() == 1) registered[4].shape = {4, 9};
+      sharded_model model(comm, plan, registered);
+    });
+    CHECK(m[1].find("parameter 4: the plan has 'l2.w' with shape [9, 4] but the trainer registered shape [4, 9]") != std::string::npos);
+    CHECK(m[1].find("rank 1") != std::string::npos);
+    CHECK(m[0].find("another rank refused its plan") != std::string::npos);
+  }
+  SUBCASE("a missing parameter, a renamed one, a frozen flag, a dtype") {
+    auto registered = test_parameters();
+    registered.pop_back();
+    auto m = refused(2, [&](communicator& comm) { sharded_model model(comm, plan, registered); });
+    CHECK(m[0].find("the plan has 10 parameters but the trainer registered 9") != std::string::npos);
+    registered = test_parameters();
+    registered[2].name = "l1.bias";
+    m = refused(2, [&](communicator& comm) { sharded_model model(comm, plan, registered); });
+    CHECK(m[1].find("parameter 2: the plan has 'l1.b' but the trainer registered 'l1.bias'") != std::string::npos);
+    registered = test_parameters();
+    registered[3].trainable = true;
+    m = refused(2, [&](communicator& comm) { sharded_model model(comm, plan, registered); });
+    CHECK(m[0].find("'frozen.w' frozen but the trainer registered it trainable") != std::string::npos);
+    registered = test_parameters();
+    registered[1].type = dtype::bfloat16;
+    m = refused(2, [&](communicator& comm) { sharded_model model(comm, plan, registered); });
+    CHECK(m[0].find("'l1.w' as float32 but the trainer registered bfloat16") != std::string::npos);
+  }
+  SUBCASE("a plan for another world size") {
+    const auto m = refused(3, [&](communicator& comm) { sharded_model model(comm, plan, test_parameters()); });
+    for (const auto& s : m) CHECK(s.find("the plan is for 2 ranks but the communicators have 3") != std::string::npos);
+  }
+  SUBCASE("ranks holding different plans") {
+    const auto m = refused(2, [&](communicator& comm) {
+      plan_request q = test_request(3, 1);
+      q.world_size = 2;
+      q.alignment_bytes = comm.rank() == 0 ? 16 : 64;
+      const shard_plan mine(q);
+      sharded_model model(comm, mine, test_parameters());
+    });
+    for (const auto& s : m) CHECK(s.find("the ranks hold different plans") != std::string::npos);
+  }
+  SUBCASE("an optimizer the plan did not count") {
+    const auto m = refused(2, [&](communicator& comm) {
+      sharded_model_options options;
+      options.optimizer.kind = optimizer_kind::sgd;
+      options.optimizer.momentum = 0.9;
+      sharded_model model(comm, plan, test_parameters(), options);
+    });
+    CHECK(m[0].find("the plan counts 2 optimizer state(s) per element but sgd with momentum keeps 1") != std::string::npos);
+  }
+  SUBCASE("16-bit parameters without master weights") {
+    const auto m = refused(2, [&](communicator& comm) {
+      plan_request q = test_request(1, 1);
+      q.precision.parameter = dtype::bfloat16;
+      sharded_model model(comm, q);
+    });
+    CHECK(m[0].find("bfloat16 parameters need float32 master weights") != std::string::npos);
+  }
+}
+
+TEST_CASE("misuse of the runtime gets clear errors") {
+  local::launch(2, [](communicator& comm) {
+    plan_request q = test_request(3, 2);
+    sharded_model model(comm, q);
+    const std::size_t l1 = model.index("l1.w"), frozen = model.index("frozen.w");
+    auto expect = [&](auto&& f, const std::string& text) {
+      try {
+        f();
+        FAIL("expected an error mentioning: " << text);
+      } catch (const error& e) {
+        INFO(e.what());
+        CHECK(std::string(e.what()).find(text) != std::string::npos);
+      }
+    };
+    expect([&] { (void)model.index("nope"); }, "no parameter is named 'nope'");
+    expect([&] { (void)model.parameter<float>(l1); }, "parameter 'l1.w' is not gathered");
+    expect([&] { (void)model.parameter<double>(l1); }, "parameter of 'l1.w' is float32, requested as float64");
+    expect([&] { (void)model.gradient<float>(frozen); }, "parameter 'frozen.w' is frozen: it has no gradient");
+    expect([&] { model.post_forward(1); }, "post_forward(1) without a matching pre_forward(1)");
+    expect([&] { model.pre_forward(9); }, "unit 9 is outside [0, 4)");
+    expect([&] { model.step(); }, "step() after 0 micro-batch(es), but the plan accumulates 2");
+    model.mark_ready(l1);
+    expect([&] { model.mark_ready(l1); }, "was already marked ready in this micro-batch");
+    const std::size_t embed = model.index("embed"), head = model.index("head");
+    model.mark_ready(head);
+    expect([&] { model.mark_ready(embed); }, "the gradient of its storage ('embed') was already marked ready");
+    std::vector<float> wrong(3);
+    expect([&] { model.set_parameter(l1, wrong); }, "set_parameter('l1.w'): got 3 values for 45 elements");
+    model.end_backward();
+    model.end_backward();
+    expect([&] { model.end_backward(); }, "end_backward() called 3 times before step()");
+    model.step();
+  });
+}
+
+TEST_CASE("a non-finite gradient skips the step on every rank and leaves the parameters alone") {
+  local::launch(2, [](communicator& comm) {
+    plan_request q = test_request(2, 1);
+    sharded_model model(comm, q);
+    std::vector<float> ones(45, 1.0f);
+    const std::size_t l1 = model.index("l1.w");
+    model.set_parameter(l1, ones);
+    if (comm.rank() == 1) model.gradient<float>(l1)[3] = std::numeric_limits<float>::infinity();
+    const step_result r = model.step();
+    CHECK(r.skipped);
+    CHECK(r.steps == 0);
+    std::vector<float> now(45);
+    model.read_parameter(l1, now);
+    CHECK(now == ones);
+  });
+}

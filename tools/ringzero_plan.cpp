@@ -1,0 +1,443 @@
+// ringzero-plan: plans ZeRO stage 0-3 for a model without any hardware and prints the per-rank
+// memory by category, the per-step traffic by collective, how the plan compares with the ZeRO
+// paper's model, and whether it fits in a GPU's memory.
+//
+//   ringzero-plan --model gpt2-xl --world-size 64 --stage 3 --gpu-memory 80GiB
+//   ringzero-plan --model llama-7b --world-size 1024 --replica-group-size 8 --precision bf16
+//   ringzero-plan --model-file model.json --world-size 8 --json
+//
+// A model file is a JSON list of parameters (or an object with a "parameters" list), each
+//   {"name": "h.0.attn.c_attn.weight", "shape": [768, 2304],
+//    "dtype": "bfloat16", "trainable": true, "tie": "wte", "unit": "h.0"}
+// where only name and shape are required. Exit status: 0 on success (whether or not the plan
+// fits), 1 on a bad model or plan request, 2 on bad command-line usage.
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ringzero/zero/model_presets.hpp"
+#include "ringzero/zero/paper_comparison.hpp"
+#include "ringzero/zero/shard_plan.hpp"
+
+namespace {
+
+using ringzero::dtype;
+using ringzero::zero::parameter_spec;
+using ringzero::zero::shard_plan;
+
+/// A failure the user can fix (bad file, bad value): printed as "ringzero-plan: error: ...".
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// "1,557,611,200".
+std::string grouped(std::uint64_t v) {
+  std::string digits = std::to_string(v), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+/// "74.25 GiB", "512 B": bytes in the largest binary unit that keeps the value >= 1.
+std::string human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1024.0 && u < 5) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+/// Parses "80GiB", "40 GB", "1.5e9", "512MiB", "4096" (bytes; decimal and binary suffixes).
+std::uint64_t parse_bytes(const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw usage_error("cannot read a size from '" + text + "' (examples: 80GiB, 40GB, 4096)");
+  }
+  std::string suffix;
+  for (std::size_t i = used; i < text.size(); ++i)
+    if (!std::isspace(static_cast<unsigned char>(text[i]))) suffix += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+  const std::pair<const char*, double> table[] = {
+      {"", 1},           {"b", 1},           {"kb", 1e3},        {"mb", 1e6},         {"gb", 1e9},
+      {"tb", 1e12},      {"k", 1024.0},      {"kib", 1024.0},    {"m", 1048576.0},    {"mib", 1048576.0},
+      {"g", 1073741824.0}, {"gib", 1073741824.0}, {"t", 1099511627776.0}, {"tib", 1099511627776.0}};
+  for (const auto& [name, scale] : table)
+    if (suffix == name) {
+      const double bytes = value * scale;
+      if (!(bytes >= 0) || bytes > 1.8e19) throw usage_error("size '" + text + "' is out of range");
+      return static_cast<std::uint64_t>(std::llround(bytes));
+    }
+  throw usage_error("unknown size unit '" + suffix + "' in '" + text + "' (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
+}
+
+dtype parse_type(const std::string& text, const std::string& what) {
+  if (auto t = ringzero::parse_dtype(text)) return *t;
+  throw usage_error("unknown " + what + " dtype '" + text + "' (float32, bfloat16, float16, float64, int8, ...)");
+}
+
+/// Reads a model file (see the file comment).
+std::vector<parameter_spec> read_model_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw usage_error("cannot open model file '" + path + "'");
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw usage_error("model file '" + path + "' is not valid JSON: " + e.what());
+  }
+  const nlohmann::json* list = &doc;
+  if (doc.is_object()) {
+    if (!doc.contains("parameters")) throw usage_error("model file '" + path + "': an object needs a \"parameters\" list");
+    list = &doc["parameters"];
+  }
+  if (!list->is_array()) throw usage_error("model file '" + path + "': expected a list of parameters");
+  std::vector<parameter_spec> params;
+  for (std::size_t i = 0; i < list->size(); ++i) {
+    const nlohmann::json& p = (*list)[i];
+    const std::string where = "model file '" + path + "', parameter " + std::to_string(i);
+    if (!p.is_object()) throw usage_error(where + ": expected an object");
+    parameter_spec s;
+    for (const auto& [key, value] : p.items()) {
+      if (key == "name" && value.is_string()) s.name = value.get<std::string>();
+      else if (key == "shape" && value.is_array()) {
+        for (const auto& d : value) {
+          if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<std::int64_t>() >= 0))
+            throw usage_error(where + ": shape entries must be non-negative integers");
+          s.shape.push_back(d.get<std::uint64_t>());
+        }
+      } else if (key == "dtype" && value.is_string()) s.type = parse_type(value.get<std::string>(), where);
+      else if (key == "trainable" && value.is_boolean()) s.trainable = value.get<bool>();
+      else if ((key == "tie" || key == "tie_group") && value.is_string()) s.tie_group = value.get<std::string>();
+      else if (key == "unit" && value.is_string()) s.unit = value.get<std::string>();
+      else throw usage_error(where + ": unexpected key '" + key + "' or value " + value.dump());
+    }
+    if (!p.contains("name") || !p.contains("shape")) throw usage_error(where + ": \"name\" and \"shape\" are required");
+    params.push_back(std::move(s));
+  }
+  return params;
+}
+
+struct options {
+  std::string model = "";
+  std::string model_file;
+  std::string stage = "all";
+  int world_size = 0;
+  int replica_group_size = 0;
+  std::string gpu_memory;
+  std::string precision = "mixed";
+  std::string param_dtype, grad_dtype, master_dtype, state_dtype;
+  std::string optimizer = "adam";
+  std::uint64_t alignment = 16;
+  std::string unit_bytes = "25MiB";
+  int accumulation_steps = 1;
+  bool no_prefetch = false;
+  int max_inflight_reductions = 2;
+  int show_rank = -1;
+  bool json = false;
+};
+
+ringzero::zero::plan_request make_request(const options& o, std::vector<parameter_spec> params, int stage) {
+  using ringzero::zero::precision;
+  ringzero::zero::plan_request q;
+  q.parameters = std::move(params);
+  q.world_size = o.world_size;
+  q.replica_group_size = o.replica_group_size;
+  q.stage = stage;
+  q.alignment_bytes = o.alignment;
+  if (o.precision == "mixed" || o.precision == "fp16") q.precision = precision::mixed_adam();
+  else if (o.precision == "bf16") q.precision = precision::bfloat16_adam();
+  else if (o.precision == "fp32") q.precision = precision::float32_adam();
+  else throw usage_error("unknown precision '" + o.precision + "' (mixed, bf16 or fp32)");
+  if (!o.param_dtype.empty()) q.precision.parameter = parse_type(o.param_dtype, "parameter");
+  if (!o.grad_dtype.empty()) q.precision.gradient = parse_type(o.grad_dtype, "gradient");
+  if (o.master_dtype == "none") q.precision.master.reset();
+  else if (!o.master_dtype.empty()) q.precision.master = parse_type(o.master_dtype, "master weight");
+  if (!o.state_dtype.empty()) q.precision.optimizer_state = parse_type(o.state_dtype, "optimizer state");
+  if (o.optimizer == "adam" || o.optimizer == "adamw") q.precision.optimizer_states = 2;
+  else if (o.optimizer == "sgd-momentum") q.precision.optimizer_states = 1;
+  else if (o.optimizer == "sgd") q.precision.optimizer_states = 0;
+  else throw usage_error("unknown optimizer '" + o.optimizer + "' (adam, adamw, sgd-momentum or sgd)");
+  q.unit_bytes = parse_bytes(o.unit_bytes);
+  q.accumulation_steps = o.accumulation_steps;
+  q.prefetch = !o.no_prefetch;
+  q.max_inflight_reductions = o.max_inflight_reductions;
+  return q;
+}
+
+std::string precision_text(const ringzero::zero::precision& p) {
+  std::string s = fmt::format("parameters {}, gradients {}, master weights {}, optimizer states {} x {}",
+                              ringzero::dtype_name(p.parameter),
+                              p.gradient ? std::string(ringzero::dtype_name(*p.gradient)) : "as parameters",
+                              p.master ? std::string(ringzero::dtype_name(*p.master)) : "none", p.optimizer_states,
+                              ringzero::dtype_name(p.optimizer_state));
+  return s + fmt::format(" (K = {})", p.optimizer_bytes_per_element(p.parameter));
+}
+
+nlohmann::json memory_json(const ringzero::zero::memory_breakdown& m) {
+  return {{"parameters", m.parameters},
+          {"gradients", m.gradients},
+          {"master_weights", m.master_weights},
+          {"optimizer_states", m.optimizer_states},
+          {"model_states", m.model_states()},
+          {"communication_buffers", m.communication_buffers},
+          {"total", m.total()}};
+}
+
+nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gpu, int show_rank) {
+  const auto c = ringzero::zero::compare_with_paper(plan);
+  const auto& comm = plan.communication();
+  nlohmann::json j;
+  j["stage"] = plan.stage();
+  j["world_size"] = plan.world_size();
+  j["shards"] = plan.shards();
+  j["replica_groups"] = plan.replica_groups();
+  j["memory_per_rank"] = memory_json(plan.memory());
+  j["communication_buffers"] = {{"gather_buffers", comm.gather_buffers},
+                                {"gather_buffer_bytes", comm.gather_buffer_bytes},
+                                {"gradient_buckets", comm.gradient_buckets},
+                                {"gradient_bucket_bytes", comm.gradient_bucket_bytes}};
+  j["padding_elements"] = plan.padding_elements();
+  j["paper"] = {{"psi", c.psi},
+                {"devices", c.devices},
+                {"model_states", {{"parameters", c.paper.parameters}, {"gradients", c.paper.gradients},
+                                  {"optimizer_states", c.paper.optimizer_states}, {"total", c.paper.total()}}},
+                {"unpadded_model_states", c.unpadded.total()},
+                {"padding_bytes", c.padding_bytes},
+                {"buffer_bytes", c.buffer_bytes},
+                {"volume_elements", c.paper_volume},
+                {"planned_volume_elements", c.planned_volume},
+                {"replica_volume_elements", c.replica_volume}};
+  nlohmann::json traffic = nlohmann::json::array();
+  for (const auto& e : plan.traffic())
+    traffic.push_back({{"collective", ringzero::collective_name(e.collective)},
+                       {"group", ringzero::zero::rank_group_name(e.group)},
+                       {"ranks", e.ranks},
+                       {"purpose", e.purpose},
+                       {"calls", e.calls},
+                       {"elements", e.elements},
+                       {"bytes", e.bytes},
+                       {"volume_bytes", e.volume_bytes()},
+                       {"ring_bytes_sent", e.ring_bytes_sent()}});
+  j["traffic_per_step"] = traffic;
+  if (gpu) {
+    j["gpu_memory"] = *gpu;
+    j["fits"] = plan.memory().total() <= *gpu;
+    j["headroom_bytes"] = static_cast<double>(*gpu) - static_cast<double>(plan.memory().total());
+  }
+  if (show_rank >= 0) {
+    nlohmann::json frags = nlohmann::json::array();
+    for (const auto& f : plan.fragments(show_rank))
+      frags.push_back({{"parameter", plan.parameters()[f.parameter].name},
+                       {"parameter_offset", f.parameter_offset},
+                       {"count", f.count},
+                       {"unit", plan.units()[plan.buffers()[f.buffer].unit].name},
+                       {"shard_offset", f.shard_offset}});
+    j["rank"] = {{"rank", show_rank}, {"shard", plan.shard_index(show_rank)}, {"fragments", frags}};
+  }
+  return j;
+}
+
+/// "world", "shard" or "replica" for the traffic table.
+const char* short_group(ringzero::zero::rank_group g) {
+  switch (g) {
+    case ringzero::zero::rank_group::world: return "world";
+    case ringzero::zero::rank_group::shard: return "shard";
+    case ringzero::zero::rank_group::replica: return "replica";
+  }
+  return "?";
+}
+
+void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int show_rank) {
+  const auto c = ringzero::zero::compare_with_paper(plan);
+  const auto& m = plan.memory();
+  const int stage = plan.stage();
+  fmt::print("stage {} on {} ranks ({} replica group{} of {}; every buffer in {} shard{}), alignment {} B\n", stage,
+             plan.world_size(), plan.replica_groups(), plan.replica_groups() == 1 ? "" : "s",
+             plan.world_size() / plan.replica_groups(), plan.shards(), plan.shards() == 1 ? "" : "s",
+             plan.request().alignment_bytes);
+  fmt::print("precision: {}\n\n", precision_text(plan.request().precision));
+
+  const char* formula[] = {"16 Psi", "4 Psi + 12 Psi/N", "2 Psi + 14 Psi/N", "16 Psi/N"};
+  fmt::print("Memory per rank (identical on every rank)\n");
+  fmt::print("  {:<24}{:>20}{:>14}{:>16}\n", "category", "bytes", "", "paper (K = 12)");
+  auto row = [](const char* name, std::uint64_t bytes, std::optional<double> paper) {
+    fmt::print("  {:<24}{:>20}{:>14}{:>16}\n", name, grouped(bytes), human(static_cast<double>(bytes)),
+               paper ? human(*paper) : std::string());
+  };
+  row("parameters", m.parameters, c.paper.parameters);
+  row("gradients", m.gradients, c.paper.gradients);
+  row("master weights", m.master_weights, std::nullopt);
+  row("optimizer states", m.optimizer_states, c.paper.optimizer_states);
+  row("model states", m.model_states(), c.paper.total());
+  row("communication buffers", m.communication_buffers, std::nullopt);
+  row("total", m.total(), std::nullopt);
+  fmt::print("  (the paper's K = 12 counts master weights and optimizer states together)\n");
+  const auto& comm = plan.communication();
+  if (stage == 3)
+    fmt::print("  buffers: {} gather buffer{} of {} and ", comm.gather_buffers, comm.gather_buffers == 1 ? "" : "s",
+               human(static_cast<double>(comm.gather_buffer_bytes)));
+  else if (stage == 2)
+    fmt::print("  buffers: ");
+  if (stage >= 2)
+    fmt::print("{} gradient bucket{} of {} (each sized for the largest unit)\n", comm.gradient_buckets,
+               comm.gradient_buckets == 1 ? "" : "s", human(static_cast<double>(comm.gradient_bucket_bytes)));
+  if (gpu) {
+    const double left = static_cast<double>(*gpu) - static_cast<double>(m.total());
+    if (left >= 0)
+      fmt::print("  fits in {}: yes, {} ({:.1f}%) left for activations and workspace\n", human(static_cast<double>(*gpu)),
+                 human(left), 100.0 * left / static_cast<double>(*gpu));
+    else
+      fmt::print("  fits in {}: NO, {} short\n", human(static_cast<double>(*gpu)), human(-left));
+  }
+
+  fmt::print("\nTraffic per optimizer step, per rank\n");
+  fmt::print("  {:<15}{:<15}{:<38}{:>7}{:>18}{:>14}{:>14}\n", "collective", "group", "purpose", "calls", "elements", "bytes",
+             "ring sent");
+  for (const auto& e : plan.traffic())
+    fmt::print("  {:<15}{:<15}{:<38}{:>7}{:>18}{:>14}{:>14}\n", ringzero::collective_name(e.collective),
+               fmt::format("{} ({})", short_group(e.group), e.ranks), e.purpose, e.calls, grouped(e.elements), human(static_cast<double>(e.bytes)), human(e.ring_bytes_sent()));
+
+  fmt::print("\nAgainst the ZeRO paper (Psi = {} parameters, N = {}, K = 12)\n", grouped(plan.parameter_elements()), c.devices);
+  fmt::print("  model states: paper {} = {}; this precision without padding {}; planned {}\n", formula[stage],
+             human(c.paper.total()), human(c.unpadded.total()), human(c.planned.total()));
+  fmt::print("  padding: {} elements, {} per rank; communication buffers (not in the paper): {}\n",
+             grouped(plan.padding_elements()), human(c.padding_bytes), human(static_cast<double>(c.buffer_bytes)));
+  const double ratio = c.paper_volume > 0 ? static_cast<double>(c.planned_volume) / c.paper_volume : 1.0;
+  fmt::print("  volume: paper {} Psi = {} elements; planned {} elements ({:+.2f}%)", stage == 3 ? 3 : 2,
+             grouped(static_cast<std::uint64_t>(c.paper_volume)), grouped(c.planned_volume), 100.0 * (ratio - 1.0));
+  if (c.replica_volume > 0) fmt::print(" + {} across replica groups", grouped(c.replica_volume));
+  fmt::print("\n");
+
+  if (show_rank >= 0) {
+    fmt::print("\nRank {} (shard {}) owns:\n", show_rank, plan.shard_index(show_rank));
+    for (const auto& f : plan.fragments(show_rank))
+      fmt::print("  {:<48} [{}, {}) of {}\n", plan.parameters()[f.parameter].name, f.parameter_offset,
+                 f.parameter_offset + f.count, plan.placements()[f.parameter].numel);
+  }
+}
+
+void print_summary(const std::vector<shard_plan>& plans, std::optional<std::uint64_t> gpu) {
+  fmt::print("precision: {}\n\n", precision_text(plans.front().request().precision));
+  fmt::print("Memory per rank and traffic per step, by stage ({} ranks, {} per replica group)\n", plans.front().world_size(),
+             plans.back().shards());
+  fmt::print("  {:<6}{:>12}{:>12}{:>12}{:>12}{:>14}{:>14}{:>12}{:>12}{:>16}{}\n", "stage", "parameters", "gradients", "master",
+             "optimizer", "model states", "paper (K=12)", "buffers", "total", "volume (elem)", gpu ? "  fits" : "");
+  for (const shard_plan& plan : plans) {
+    const auto& m = plan.memory();
+    const auto c = ringzero::zero::compare_with_paper(plan);
+    fmt::print("  {:<6}{:>12}{:>12}{:>12}{:>12}{:>14}{:>14}{:>12}{:>12}{:>16}{}\n", plan.stage(), human(static_cast<double>(m.parameters)),
+               human(static_cast<double>(m.gradients)), human(static_cast<double>(m.master_weights)),
+               human(static_cast<double>(m.optimizer_states)), human(static_cast<double>(m.model_states())),
+               human(c.paper.total()), human(static_cast<double>(m.communication_buffers)),
+               human(static_cast<double>(m.total())), grouped(c.planned_volume + c.replica_volume),
+               gpu ? (m.total() <= *gpu ? "  yes" : "  NO") : "");
+  }
+  fmt::print("  (paper: the ZeRO paper's model-state formula with K = 12; fits: total <= GPU memory, activations not\n"
+             "   counted; volume: elements each rank moves per step in the paper's accounting; --stage N for details)\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ringzero-plan: plan ZeRO stages 0-3 for a model, without hardware"};
+  options o;
+  auto* preset = app.add_option("-m,--model", o.model, "Built-in model: gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-7b");
+  auto* file = app.add_option("-f,--model-file", o.model_file, "JSON model description (see the documentation)");
+  preset->excludes(file);
+  app.add_option("-s,--stage", o.stage, "ZeRO stage 0, 1, 2, 3, or 'all' for a comparison")->capture_default_str();
+  app.add_option("-n,--world-size", o.world_size, "Number of ranks (GPUs)")->required()->check(CLI::PositiveNumber);
+  app.add_option("-g,--replica-group-size", o.replica_group_size,
+                 "Ranks per replica group for hybrid sharding (shard within, replicate across); default: all ranks");
+  app.add_option("--gpu-memory", o.gpu_memory, "Memory per GPU, e.g. 80GiB or 40GB: says whether the plan fits");
+  app.add_option("--precision", o.precision, "mixed (float16 + float32 master, the paper's), bf16, or fp32")
+      ->capture_default_str();
+  app.add_option("--param-dtype", o.param_dtype, "Parameter dtype (overrides --precision)");
+  app.add_option("--grad-dtype", o.grad_dtype, "Gradient dtype (overrides --precision)");
+  app.add_option("--master-dtype", o.master_dtype, "Master weight dtype, or 'none' (overrides --precision)");
+  app.add_option("--state-dtype", o.state_dtype, "Optimizer state dtype (overrides --precision)");
+  app.add_option("--optimizer", o.optimizer, "adam, adamw, sgd-momentum or sgd (sets the states per element)")
+      ->capture_default_str();
+  app.add_option("--alignment", o.alignment, "Alignment of parameters and shards in bytes (a power of two)")
+      ->capture_default_str();
+  app.add_option("--unit-bytes", o.unit_bytes, "Largest automatic gather unit (for parameters without a unit)")
+      ->capture_default_str();
+  app.add_option("--accumulation-steps", o.accumulation_steps, "Micro-batches per optimizer step")->capture_default_str();
+  app.add_flag("--no-prefetch", o.no_prefetch, "Stage 3: do not gather the next unit ahead");
+  app.add_option("--max-inflight-reductions", o.max_inflight_reductions,
+                 "Stages 2-3: gradient reductions in flight before a new bucket waits")
+      ->capture_default_str();
+  app.add_option("--show-rank", o.show_rank, "List the parameter fragments this rank owns");
+  app.add_flag("--json", o.json, "Print JSON instead of tables");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (o.model.empty() && o.model_file.empty()) throw usage_error("give --model NAME or --model-file PATH");
+    std::vector<parameter_spec> params;
+    std::string model_name;
+    if (!o.model.empty()) {
+      auto p = ringzero::zero::preset_parameters(o.model);
+      if (!p) {
+        std::string names;
+        for (auto n : ringzero::zero::preset_names) names += (names.empty() ? "" : ", ") + std::string(n);
+        throw usage_error("unknown model '" + o.model + "' (built-in: " + names + ")");
+      }
+      params = std::move(*p);
+      model_name = o.model;
+    } else {
+      params = read_model_file(o.model_file);
+      model_name = o.model_file;
+    }
+    std::optional<std::uint64_t> gpu;
+    if (!o.gpu_memory.empty()) gpu = parse_bytes(o.gpu_memory);
+    std::vector<int> stages;
+    if (o.stage == "all") stages = {0, 1, 2, 3};
+    else if (o.stage.size() == 1 && o.stage[0] >= '0' && o.stage[0] <= '3') stages = {o.stage[0] - '0'};
+    else throw usage_error("--stage must be 0, 1, 2, 3 or all, got '" + o.stage + "'");
+    if (o.show_rank >= o.world_size) throw usage_error("--show-rank " + std::to_string(o.show_rank) + " is not below the world size");
+
+    std::vector<shard_plan> plans;
+    for (int stage : stages) plans.emplace_back(make_request(o, params, stage));
+    const shard_plan& first = plans.front();
+    std::size_t tensors = params.size();
+    if (o.json) {
+      nlohmann::json out;
+      out["model"] = {{"name", model_name},
+                      {"tensors", tensors},
+                      {"units", first.units().size()},
+                      {"parameters", first.parameter_elements()},
+                      {"trainable", first.trainable_elements()}};
+      out["precision"] = precision_text(first.request().precision);
+      out["plans"] = nlohmann::json::array();
+      for (const shard_plan& p : plans) out["plans"].push_back(plan_json(p, gpu, o.show_rank));
+      fmt::print("{}\n", out.dump(2));
+      return 0;
+    }
+    fmt::print("ringzero-plan: {}: {} parameters ({} trainable) in {} tensors, {} gather units\n", model_name,
+               grouped(first.parameter_elements()), grouped(first.trainable_elements()), tensors, first.units().size());
+    if (plans.size() == 1) print_plan(first, gpu, o.show_rank);
+    else print_summary(plans, gpu);
+    return 0;
+  } catch (const usage_error& e) {
+    fmt::print(stderr, "ringzero-plan: error: {}\n", e.what());
+    return 1;
+  } catch (const ringzero::error& e) {
+    fmt::print(stderr, "ringzero-plan: error: {}\n", e.what());
+    return 1;
+  }
+}
