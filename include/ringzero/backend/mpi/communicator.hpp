@@ -353,7 +353,8 @@ class communicator final : public ringzero::communicator {
         auto lock = mpi_lock();
         check(MPI_Comm_idup(comm, data_.out(), &req), "MPI_Comm_idup");
       }
-      const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(timeout());
+      const auto start = clock::now();
+      const auto deadline = start + std::chrono::duration_cast<clock::duration>(timeout());
       for (unsigned i = 0;; ++i) {
         int flag = 0;
         {
@@ -368,7 +369,7 @@ class communicator final : public ringzero::communicator {
           if (policy_ == failure_policy::abort_job) abort_job(error(errc::timeout, context(), msg), comm);
           raise(errc::timeout, msg);
         }
-        backoff(i);
+        backoff(start);
       }
     }
     auto lock = mpi_lock();
@@ -445,17 +446,20 @@ class communicator final : public ringzero::communicator {
 
   clock::time_point deadline() const { return clock::now() + std::chrono::duration_cast<clock::duration>(timeout()); }
 
-  /// One idle round of a wait: spin, then yield, then sleep (growing to 1 ms); oversubscribed
-  /// ranks yield at once (spinning would steal the processor of the rank they wait for).
-  void backoff(unsigned idle) const {
-    static constexpr ringzero::detail::wait_policy policy{};
-    if (!oversubscribed_ && idle < policy.spin_iterations) {
+  /// One idle round of a wait that has made no progress since `idle_since`: spin (the first
+  /// 50 us), then yield (up to 2 ms), then sleep for a sixteenth of the idle time (20 us to
+  /// 1 ms), so that a rank waiting long (a progress thread behind compute) leaves its processor
+  /// to others. Oversubscribed ranks never spin: it would steal the processor of the rank they
+  /// wait for.
+  void backoff(clock::time_point idle_since) const {
+    using namespace std::chrono;
+    const auto idle = clock::now() - idle_since;
+    if (!oversubscribed_ && idle < microseconds(50)) {
       ringzero::detail::cpu_relax();
-    } else if (idle < policy.spin_iterations + policy.yield_iterations) {
+    } else if (idle < milliseconds(2)) {
       std::this_thread::yield();
     } else {
-      const unsigned doublings = std::min(6u, (idle - policy.spin_iterations - policy.yield_iterations) / 64u);
-      std::this_thread::sleep_for(policy.first_sleep * (1u << doublings));
+      std::this_thread::sleep_for(std::clamp<clock::duration>(idle / 16, microseconds(20), milliseconds(1)));
     }
   }
 
@@ -624,6 +628,7 @@ class communicator final : public ringzero::communicator {
   template <class Step, class Stalled, class OnTimeout>
   void poll(Step&& step, Stalled&& stalled, clock::time_point until, OnTimeout&& on_timeout) {
     unsigned idle = 0;
+    clock::time_point idle_since{};
     for (;;) {
       const step_result r = step();
       if (r == step_result::done) return;
@@ -631,6 +636,7 @@ class communicator final : public ringzero::communicator {
         idle = 0;
         continue;
       }
+      if (idle == 0) idle_since = clock::now();
       if ((idle & 31u) == 31u) {
         poll_notices();
         if (aborted_) raise(abort_code_, "the communicator was aborted: " + abort_reason_);
@@ -638,7 +644,7 @@ class communicator final : public ringzero::communicator {
         if (!why.empty()) fail(errc::peer_exited, why);
         if (clock::now() >= until) on_timeout();
       }
-      backoff(idle);
+      backoff(idle_since);
       ++idle;
     }
   }
@@ -1060,8 +1066,9 @@ class communicator final : public ringzero::communicator {
         }
       }
     }
+    const auto start = clock::now();
     const auto until = deadline();
-    for (unsigned idle = 0;; ++idle) {
+    for (;;) {
       poll_notices();
       bool all_departed = true;
       for (int p = 0; p < n; ++p)
@@ -1084,7 +1091,7 @@ class communicator final : public ringzero::communicator {
       }
       if (all_departed && all_sent) break;
       if (clock::now() >= until) break;
-      backoff(idle);
+      backoff(start);
     }
     (void)abandon(sends);
   }
