@@ -447,19 +447,20 @@ class communicator final : public ringzero::communicator {
   clock::time_point deadline() const { return clock::now() + std::chrono::duration_cast<clock::duration>(timeout()); }
 
   /// One idle round of a wait that has made no progress since `idle_since`: spin (the first
-  /// 50 us), then yield (up to 2 ms), then sleep for a sixteenth of the idle time (20 us to
-  /// 1 ms), so that a rank waiting long (a progress thread behind compute) leaves its processor
-  /// to others. Oversubscribed ranks never spin: it would steal the processor of the rank they
-  /// wait for.
+  /// 50 us), then yield (up to 100 ms), then sleep for a sixteenth of the idle time (50 us to
+  /// 500 us), so that a rank waiting long (a progress thread behind a peer's compute) leaves its
+  /// processor to others. MPI moves data only inside MPI calls, so a sleeping rank also stalls
+  /// the transfers its peers wait for: sleeping starts late. Oversubscribed ranks never spin:
+  /// it would steal the processor of the rank they wait for.
   void backoff(clock::time_point idle_since) const {
     using namespace std::chrono;
     const auto idle = clock::now() - idle_since;
     if (!oversubscribed_ && idle < microseconds(50)) {
       ringzero::detail::cpu_relax();
-    } else if (idle < milliseconds(2)) {
+    } else if (idle < milliseconds(100)) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::clamp<clock::duration>(idle / 16, microseconds(20), milliseconds(1)));
+      std::this_thread::sleep_for(std::clamp<clock::duration>(idle / 16, microseconds(50), microseconds(500)));
     }
   }
 
