@@ -16,6 +16,15 @@
 // Sizes: like nccl-tests, `size` is the larger of a rank's send and receive buffers; for
 // reduce_scatter, all_gather and all_to_all the per-rank count is size / (elements * world size),
 // rounded down to a multiple of 4 elements.
+//
+// GPU (when built with the CUDA runtime): `--memory cuda` puts every rank's buffers in CUDA
+// device memory; `--backend local` (default) runs the ranks as threads with the local backend on
+// device memory (all ranks on one GPU unless --devices says otherwise), `--backend nccl` runs one
+// rank per GPU (devices 0..ranks-1) with the NCCL backend in this process. Inputs are written and
+// results checked through host copies; each row's time is then the mean of -n back-to-back
+// iterations up to the stream's completion (as nccl-tests times them), the slowest rank's. The
+// bound uses the device's copy bandwidth (cudaMemcpyAsync device to device, measured by each rank
+// alone) and assumes all ranks share one device's memory.
 
 #include <algorithm>
 #include <chrono>
@@ -38,6 +47,14 @@
 #include "exact_values.hpp"
 #include "memory_bandwidth.hpp"
 #include "ringzero/ringzero.hpp"
+#if RINGZERO_HAS_CUDA
+#include <cuda_runtime_api.h>
+
+#include "ringzero/backend/local/cuda.hpp"
+#endif
+#if RINGZERO_HAS_NCCL
+#include "ringzero/backend/nccl.hpp"
+#endif
 
 namespace rz = ringzero;
 using clock_type = std::chrono::steady_clock;
@@ -56,6 +73,9 @@ struct options {
   bool pin = false;
   std::string json_path;
   std::uint64_t bandwidth_bytes = 0;
+  bool device_memory = false;      // --memory cuda
+  std::string backend = "local";   // --backend local | nccl
+  std::vector<int> devices;        // --devices (local backend on device memory)
 };
 
 std::uint64_t parse_size(const std::string& s) {
@@ -125,15 +145,37 @@ std::uint64_t count_for(rz::collective_kind k, std::uint64_t bytes, std::size_t 
   }
 }
 
+/// Frees a benchmark buffer: std::free for host memory, cudaFree for device memory.
+struct buffer_deleter {
+  bool device = false;
+  void operator()(void* p) const noexcept {
+#if RINGZERO_HAS_CUDA
+    if (device) {
+      (void)cudaFree(p);
+      return;
+    }
+#endif
+    std::free(p);
+  }
+};
+
 class rank_bench {
  public:
-  rank_bench(rz::communicator& comm, const options& o, shared_state& shared) : comm_(comm), o_(o), shared_(shared) {
+  /// `comm` runs the measured collectives; `host` (the same communicator on host memory, or a
+  /// host communicator of a parallel local world when `comm` works on device memory) carries the
+  /// benchmark's own bookkeeping (times, #wrong, barriers around the copy measurement).
+  rank_bench(rz::communicator& comm, rz::communicator& host, const options& o, shared_state& shared)
+      : comm_(comm), host_(host), o_(o), shared_(shared), device_(comm.space() == rz::memory_space::cuda) {
     n_ = comm.world_size();
     r_ = comm.rank();
     // Buffers allocated and touched once, reused by every row.
     buffer_bytes_ = std::max<std::uint64_t>(o.max_bytes, 64);
     send_ = allocate(buffer_bytes_);
     recv_ = allocate(buffer_bytes_);
+    if (device_) {  // host mirrors: inputs are written and outputs checked there
+      send_host_ = allocate_host(buffer_bytes_);
+      recv_host_ = allocate_host(buffer_bytes_);
+    }
     times_.resize(static_cast<std::size_t>(std::max(o.iters, 1)));
     slowest_.resize(times_.size());
   }
@@ -152,12 +194,9 @@ class rank_bench {
   }
 
  private:
-  struct free_deleter {
-    void operator()(void* p) const noexcept { std::free(p); }
-  };
-  using buffer = std::unique_ptr<unsigned char, free_deleter>;
+  using buffer = std::unique_ptr<unsigned char, buffer_deleter>;
 
-  static buffer allocate(std::uint64_t bytes) {
+  static buffer allocate_host(std::uint64_t bytes) {
     const std::uint64_t rounded = (bytes + 4095) / 4096 * 4096;
     auto* p = static_cast<unsigned char*>(std::aligned_alloc(4096, rounded));
     if (!p) throw std::bad_alloc();
@@ -165,11 +204,52 @@ class rank_bench {
     return buffer(p);
   }
 
+  /// A buffer in the measured communicator's memory space.
+  buffer allocate(std::uint64_t bytes) const {
+#if RINGZERO_HAS_CUDA
+    if (device_) {
+      void* p = nullptr;
+      rz::cudart::check(cudaMalloc(&p, bytes), "cudaMalloc (benchmark buffer)");
+      rz::cudart::check(cudaMemset(p, 0, bytes), "cudaMemset");
+      return buffer(static_cast<unsigned char*>(p), buffer_deleter{true});
+    }
+#endif
+    return allocate_host(bytes);
+  }
+
+  /// Where fill() writes and verify() reads: the buffers themselves, or their host mirrors.
+  unsigned char* send_view() const { return device_ ? send_host_.get() : send_.get(); }
+  unsigned char* recv_view() const { return device_ ? recv_host_.get() : recv_.get(); }
+
+  /// Device memory: copies the host mirrors' first bytes to the device buffers (before a check).
+  void upload(std::uint64_t send_bytes, std::uint64_t recv_bytes) const {
+#if RINGZERO_HAS_CUDA
+    if (!device_) return;
+    rz::cudart::check(cudaMemcpy(send_.get(), send_host_.get(), send_bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    rz::cudart::check(cudaMemcpy(recv_.get(), recv_host_.get(), recv_bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+#else
+    (void)send_bytes;
+    (void)recv_bytes;
+#endif
+  }
+
+  /// Device memory: waits for the collective and copies the receive buffer to its mirror.
+  void download(std::uint64_t recv_bytes) const {
+#if RINGZERO_HAS_CUDA
+    if (!device_) return;
+    comm_.synchronize();
+    rz::cudart::check(cudaMemcpy(recv_host_.get(), recv_.get(), recv_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+#else
+    (void)recv_bytes;
+#endif
+  }
+
   bool reduction() const { return rz::is_reduction(o_.kind); }
   bool rooted() const { return rz::has_root(o_.kind); }
 
   void measure_copy_bandwidth() {
     const std::uint64_t bytes = o_.bandwidth_bytes ? o_.bandwidth_bytes : std::max<std::uint64_t>(buffer_bytes_, 64ull << 20);
+    if (device_) return measure_device_copy_bandwidth(bytes);
     buffer a = allocate(bytes), b = allocate(bytes);
     const rz::bench::copy_bandwidth bw = rz::bench::measure_copy_bandwidth(comm_, a.get(), b.get(), bytes, 5);
     if (r_ == 0) {
@@ -184,8 +264,54 @@ class rank_bench {
     copy_gbps_ = bw.best();
   }
 
+  /// The device's copy bandwidth: each rank in turn copies `bytes` device to device on its
+  /// stream (the others wait), median of 5; the slowest rank's result (GB/s, read + write).
+  void measure_device_copy_bandwidth(std::uint64_t bytes) {
+#if RINGZERO_HAS_CUDA
+    buffer a = allocate(bytes), b = allocate(bytes);
+    auto stream = static_cast<cudaStream_t>(comm_.cuda_stream());
+    double mine = 0;
+    for (int turn = 0; turn < n_; ++turn) {
+      rz::barrier(host_);
+      if (turn != r_) continue;
+      std::vector<double> rates;
+      for (int rep = 0; rep < 6; ++rep) {
+        const auto t0 = clock_type::now();
+        rz::cudart::check(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+        rz::cudart::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+        if (rep > 0) rates.push_back(2.0 * static_cast<double>(bytes) / seconds / 1e9);
+      }
+      std::sort(rates.begin(), rates.end());
+      mine = rates[rates.size() / 2];
+    }
+    rz::barrier(host_);
+    double slowest = 0;
+    mine = -mine;
+    rz::all_reduce(host_, &mine, &slowest, 1, rz::dtype::float64, rz::reduce_kind::max);
+    copy_gbps_ = -slowest;
+    if (r_ == 0) {
+      std::lock_guard<std::mutex> lock(shared_.mutex);
+      shared_.copy_bandwidth = copy_gbps_;
+      fmt::print("# Device copy bandwidth: cudaMemcpyAsync device to device of {} MiB, each rank alone: {:.2f} GB/s "
+                 "(read + write bytes, median of 5, slowest rank)\n",
+                 bytes >> 20, copy_gbps_);
+      fmt::print("# %peak = (least bytes any shared-memory algorithm must move) / {:.2f} GB/s / time (ranks share one "
+                 "device's memory)\n",
+                 copy_gbps_);
+    }
+#else
+    (void)bytes;
+#endif
+  }
+
+  std::string backend_text() const {
+    if (!device_) return "the local backend";
+    return std::string("the ") + std::string(rz::backend_name(comm_.backend())) + " backend on CUDA device memory";
+  }
+
   void print_header() const {
-    fmt::print("# ringzero-bench {} : {} rank(s) on the local backend, algorithm {}\n", rz::collective_name(o_.kind), n_,
+    fmt::print("# ringzero-bench {} : {} rank(s) on {}, algorithm {}\n", rz::collective_name(o_.kind), n_, backend_text(),
                rz::algorithm_name(o_.algo));
     fmt::print("# {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {:>40}  {:>40}\n", "", "", "", "", "", "",
                "out-of-place", "in-place");
@@ -248,24 +374,25 @@ class rank_bench {
   // Writes this rank's input for the row (in place: into the receive buffer at its input's place).
   void fill(const row_setup& s, rz::dtype t, rz::reduce_kind op, bool in_place) {
     const std::size_t es = rz::dtype_size(t);
-    unsigned char* recv = recv_.get();
+    unsigned char* recv = recv_view();
     const std::uint64_t offset = static_cast<std::uint64_t>(r_) * s.count * es;
     switch (o_.kind) {
       case rz::collective_kind::all_gather:
-        rz::bench::fill_input(in_place ? recv + offset : send_.get(), s.count, t, op, r_, 0);
+        rz::bench::fill_input(in_place ? recv + offset : send_view(), s.count, t, op, r_, 0);
         if (!in_place) std::memset(recv, 0xA5, s.recv_elems * es);
         break;
       default:
-        rz::bench::fill_input(in_place ? recv : send_.get(), s.send_elems, t, op, r_, 0);
+        rz::bench::fill_input(in_place ? recv : send_view(), s.send_elems, t, op, r_, 0);
         if (!in_place) std::memset(recv, 0xA5, s.recv_elems * es);
         break;
     }
+    upload(s.send_elems * es, std::max(s.send_elems, s.recv_elems) * es);
   }
 
   // Counts elements of this rank's output that differ bitwise from the expected values.
   std::int64_t verify(const row_setup& s, rz::dtype t, rz::reduce_kind op, int root, bool in_place) const {
     const std::size_t es = rz::dtype_size(t);
-    const unsigned char* out = recv_.get();
+    const unsigned char* out = recv_view();
     if (in_place && o_.kind == rz::collective_kind::reduce_scatter) out += static_cast<std::uint64_t>(r_) * s.count * es;
     std::int64_t wrong = 0;
     unsigned char expected[rz::bench::pattern_period][8];
@@ -300,13 +427,13 @@ class rank_bench {
 
   double all_max(double v) {
     double out = 0;
-    rz::all_reduce(comm_, &v, &out, 1, rz::dtype::float64, rz::reduce_kind::max);
+    rz::all_reduce(host_, &v, &out, 1, rz::dtype::float64, rz::reduce_kind::max);
     return out;
   }
 
   std::int64_t all_sum(std::int64_t v) {
     std::int64_t out = 0;
-    rz::all_reduce(comm_, &v, &out, 1, rz::dtype::int64, rz::reduce_kind::sum);
+    rz::all_reduce(host_, &v, &out, 1, rz::dtype::int64, rz::reduce_kind::sum);
     return out;
   }
 
@@ -316,21 +443,33 @@ class rank_bench {
     if (o_.check) {
       fill(s, t, op, in_place);
       call(s, t, op, root, in_place);
+      download(std::max(s.send_elems, s.recv_elems) * rz::dtype_size(t));
       res.wrong = all_sum(verify(s, t, op, root, in_place));
     } else {
       res.wrong = 0;
     }
     for (int i = 0; i < o_.warmup; ++i) call(s, t, op, root, in_place);
-    rz::barrier(comm_);
-    auto last = clock_type::now();
-    for (std::size_t i = 0; i < times_.size(); ++i) {
-      call(s, t, op, root, in_place);
-      const auto now = clock_type::now();
-      times_[i] = std::chrono::duration<double, std::micro>(now - last).count();
-      last = now;
+    if (device_) {
+      // Device work is asynchronous: time the batch up to the stream's completion.
+      comm_.synchronize();
+      rz::barrier(host_);
+      const auto t0 = clock_type::now();
+      for (std::size_t i = 0; i < times_.size(); ++i) call(s, t, op, root, in_place);
+      comm_.synchronize();
+      const double each = std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() / static_cast<double>(times_.size());
+      std::fill(times_.begin(), times_.end(), each);
+    } else {
+      rz::barrier(comm_);
+      auto last = clock_type::now();
+      for (std::size_t i = 0; i < times_.size(); ++i) {
+        call(s, t, op, root, in_place);
+        const auto now = clock_type::now();
+        times_[i] = std::chrono::duration<double, std::micro>(now - last).count();
+        last = now;
+      }
     }
     // The slowest rank's time of each iteration, then the median and mean over iterations.
-    rz::all_reduce(comm_, times_.data(), slowest_.data(), slowest_.size(), rz::dtype::float64, rz::reduce_kind::max);
+    rz::all_reduce(host_, times_.data(), slowest_.data(), slowest_.size(), rz::dtype::float64, rz::reduce_kind::max);
     std::vector<double> sorted = slowest_;
     std::sort(sorted.begin(), sorted.end());
     const std::size_t m = sorted.size();
@@ -380,11 +519,14 @@ class rank_bench {
   }
 
   rz::communicator& comm_;
+  rz::communicator& host_;
   const options& o_;
   shared_state& shared_;
+  bool device_ = false;
   int n_ = 1, r_ = 0;
   std::uint64_t buffer_bytes_ = 0;
   buffer send_, recv_;
+  buffer send_host_, recv_host_;
   std::vector<double> times_, slowest_;
   double copy_gbps_ = 1;
 };
@@ -430,6 +572,10 @@ int main(int argc, char** argv) {
   app.add_flag("--pin", o.pin, "pin rank threads to cores");
   app.add_option("--json", o.json_path, "write every row to this JSON file");
   app.add_option("--bandwidth-bytes", bw_size, "per-rank size of the memory-bandwidth copy (default max(maxbytes, 64M))");
+  std::string memory = "host";
+  app.add_option("--memory", memory, "where buffers live: host, or cuda (device memory; needs a build with CUDA)")->capture_default_str();
+  app.add_option("--backend", o.backend, "local (threads), or nccl (one rank per GPU; with --memory cuda)")->capture_default_str();
+  app.add_option("--devices", o.devices, "CUDA devices of the local backend's ranks (rank r: devices[r % size]; default: all ranks on GPU 0)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -452,7 +598,17 @@ int main(int argc, char** argv) {
     const auto a = rz::parse_algorithm(algo);
     if (!a) throw CLI::ValidationError("algo", "unknown algorithm '" + algo + "'");
     o.algo = *a;
-    if (o.ranks == 0) o.ranks = std::max(1, rz::local::detail::available_cpus());
+    if (memory != "host" && memory != "cuda") throw CLI::ValidationError("memory", "host or cuda, not '" + memory + "'");
+    o.device_memory = memory == "cuda";
+    if (o.backend != "local" && o.backend != "nccl") throw CLI::ValidationError("backend", "local or nccl, not '" + o.backend + "'");
+    if (o.backend == "nccl" && !o.device_memory) throw CLI::ValidationError("backend", "nccl needs --memory cuda");
+#if !RINGZERO_HAS_CUDA
+    if (o.device_memory) throw CLI::ValidationError("memory", "this ringzero-bench was built without the CUDA runtime");
+#endif
+#if !RINGZERO_HAS_NCCL
+    if (o.backend == "nccl") throw CLI::ValidationError("backend", "this ringzero-bench was built without NCCL");
+#endif
+    if (o.ranks == 0) o.ranks = o.device_memory ? (o.backend == "nccl" ? 1 : 2) : std::max(1, rz::local::detail::available_cpus());
     std::vector<int> all_roots;
     for (int r = 0; r < o.ranks; ++r) all_roots.push_back(r);
     o.roots = parse_list<int>(roots, all_roots,
@@ -474,7 +630,35 @@ int main(int argc, char** argv) {
   try {
     rz::local::launch_options lo;
     lo.pin_threads = o.pin;
-    rz::local::launch(o.ranks, [&](rz::communicator& comm) { rank_bench(comm, o, shared).run(); }, lo);
+    if (!o.device_memory) {
+      rz::local::launch(o.ranks, [&](rz::communicator& comm) { rank_bench(comm, comm, o, shared).run(); }, lo);
+    } else {
+#if RINGZERO_HAS_CUDA
+      // The bookkeeping travels on a parallel host world; a failing rank aborts it too.
+      rz::local::world host_world(o.ranks);
+      auto body = [&](rz::communicator& comm) {
+        rz::local::communicator host(host_world, comm.rank());
+        try {
+          rank_bench(comm, host, o, shared).run();
+        } catch (const std::exception& e) {
+          host_world.abort(std::string("rank ") + std::to_string(comm.rank()) + " failed: " + e.what());
+          throw;
+        }
+      };
+      if (o.backend == "nccl") {
+#if RINGZERO_HAS_NCCL
+        std::vector<int> gpus;
+        for (int r = 0; r < o.ranks; ++r) gpus.push_back(r);
+        rz::nccl::launch(gpus, [&](rz::nccl::communicator& comm) { body(comm); });
+#endif
+      } else {
+        rz::local::cuda_launch_options co;
+        co.pin_threads = o.pin;
+        co.devices = o.devices.empty() ? std::vector<int>{0} : o.devices;
+        rz::local::launch_cuda(o.ranks, [&](rz::local::cuda_communicator& comm) { body(comm); }, co);
+      }
+#endif
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ringzero-bench: %s\n", e.what());
     return 2;
@@ -483,7 +667,8 @@ int main(int argc, char** argv) {
   fmt::print("# Avg bus bandwidth    : {:.4f}\n", shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0);
   if (!o.json_path.empty()) {
     nlohmann::json doc{{"program", "ringzero-bench"}, {"collective", rz::collective_name(o.kind)}, {"ranks", o.ranks},
-                       {"backend", "local"}, {"copy_bandwidth_gbps", shared.copy_bandwidth}, {"rows", shared.rows},
+                       {"backend", o.backend}, {"memory", o.device_memory ? "cuda" : "host"},
+                       {"copy_bandwidth_gbps", shared.copy_bandwidth}, {"rows", shared.rows},
                        {"avg_busbw_gbps", shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0},
                        {"wrong", shared.wrong_total}};
     std::ofstream f(o.json_path);

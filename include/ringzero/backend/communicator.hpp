@@ -82,6 +82,17 @@ class communicator {
   virtual backend_kind backend() const noexcept = 0;
   /// Where buffers passed to this communicator must live.
   virtual memory_space space() const noexcept { return memory_space::host; }
+  /// For memory_space::cuda: the `cudaStream_t` (as `void*`) on which this communicator orders
+  /// its work; collectives are enqueued on it and return before the device has run them, as
+  /// NCCL's do. nullptr for host memory.
+  virtual void* cuda_stream() const noexcept { return nullptr; }
+  /// For memory_space::cuda: the CUDA device of this rank; -1 for host memory.
+  virtual int cuda_device() const noexcept { return -1; }
+  /// Blocks until every operation issued on this communicator so far has completed: queued
+  /// asynchronous work (its errors stay in its `work`) and, on a CUDA stream, the device work
+  /// (host memory: only the former). Throws errc::timeout / aborted / backend_failure where the
+  /// backend detects that the device work cannot complete.
+  virtual void synchronize() { progress_.drain(); }
   /// How long a collective or transfer may wait for peers before failing with errc::timeout.
   std::chrono::duration<double> timeout() const noexcept { return timeout_; }
   /// Sets the timeout (seconds > 0); throws errc::invalid_argument otherwise.

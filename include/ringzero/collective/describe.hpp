@@ -20,6 +20,7 @@
 #include "ringzero/backend/contract.hpp"
 #include "ringzero/collective/options.hpp"
 #include "ringzero/collective/selection.hpp"
+#include "ringzero/primitive/device_primitives.hpp"
 
 namespace ringzero::detail {
 
@@ -156,6 +157,12 @@ inline collective_descriptor describe(const communicator& c, const collective_re
   std::string problem;
   d.algo = resolve_algorithm(c, q.kind, model_bytes, q.options.algo, c.forced_algorithm(), problem);
   if (!problem.empty()) fail(problem);
+
+  // Device memory needs the CUDA kernels unless the backend's own collective moves the data.
+  const bool moves_data = q.kind != collective_kind::barrier && q.count != 0;
+  if (c.space() == memory_space::cuda && moves_data && d.algo != algorithm::native &&
+      primitive::registered_device_primitives() == nullptr)
+    fail(primitive::device_primitives_missing_message());
   return d;
 }
 

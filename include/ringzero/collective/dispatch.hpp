@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "ringzero/algorithm/device_data_ops.hpp"
 #include "ringzero/algorithm/direct.hpp"
 #include "ringzero/algorithm/halving_doubling.hpp"
 #include "ringzero/algorithm/ring.hpp"
@@ -86,17 +87,32 @@ inline void run_algorithm(const algorithms::call& c) {
   c.comm.raise(errc::internal, "collective issued without a resolved algorithm");
 }
 
-/// Executes descriptor `d` on `c` on the calling thread.
+/// Runs `d` with the data operations `ops`: the world-of-one copy, the backend's native
+/// collective, or ringzero's schedule.
+inline void run_with(communicator& c, const collective_descriptor& d, const algorithms::data_ops& ops) {
+  const algorithms::call call{c, d, ops};
+  if (c.world_size() == 1 && (d.algo != algorithm::native || c.space() == memory_space::host)) run_world_of_one(call);
+  else run_algorithm(call);
+}
+
+/// Executes descriptor `d` on `c` on the calling thread. The data operations follow the
+/// communicator's memory space: host memory runs the host primitives; CUDA device memory
+/// enqueues the CUDA primitives on the communicator's stream (algorithm/device_data_ops.hpp),
+/// which needs the kernels registered by <ringzero/cuda.cuh> unless the backend's native
+/// collective runs (or the call is a barrier, which moves no data).
 inline void execute(communicator& c, const collective_descriptor& d) {
   current_collective guard(c, &d);
   c.begin(d);
   if (d.kind == collective_kind::barrier ? c.world_size() > 1 : d.count != 0) {
-    if (c.space() != memory_space::host)
-      c.raise(errc::unsupported, "this build has no data operations for the communicator's memory space");
-    const algorithms::call call{c, d, algorithms::host_ops()};
     try {
-      if (c.world_size() == 1) run_world_of_one(call);
-      else run_algorithm(call);
+      if (c.space() == memory_space::host || d.kind == collective_kind::barrier || d.algo == algorithm::native) {
+        run_with(c, d, algorithms::host_ops());
+      } else {
+        const primitive::device_primitives* kernels = primitive::registered_device_primitives();
+        if (kernels == nullptr) c.raise(errc::unsupported, primitive::device_primitives_missing_message());
+        const algorithms::device_data_ops ops(*kernels, c);
+        run_with(c, d, ops);
+      }
     } catch (const std::exception& e) {
       c.abort(std::string(collective_name(d.kind)) + " #" + std::to_string(d.sequence) + " failed: " + e.what());
       throw;

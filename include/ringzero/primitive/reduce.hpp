@@ -11,12 +11,15 @@
 ///
 /// Counts are in elements; `dst` may be `a` or `b` (in-place accumulation) but must not
 /// otherwise overlap them. The loops are written so that the compiler vectorises them.
+/// The element functions in `detail` are host-device: the CUDA primitives
+/// (primitive/reduce_into.cuh) call the very same code, so both give the same bits.
 /// Thread safety: pure functions of their arguments. Determinism: element-wise, order-free.
 
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
+#include "ringzero/core/config.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
 #include "ringzero/core/reduce_op.hpp"
@@ -49,39 +52,51 @@ template <class T>
 using compute_t = std::conditional_t<is_half_v<T>, float, T>;
 
 template <class T>
-inline compute_t<T> load(T x) noexcept {
+RINGZERO_HOST_DEVICE inline compute_t<T> load(T x) noexcept {
   return static_cast<compute_t<T>>(x);
 }
 
 template <class T>
-inline T store(compute_t<T> x) noexcept {
+RINGZERO_HOST_DEVICE inline T store(compute_t<T> x) noexcept {
   if constexpr (is_half_v<T>) return T(x);
   else return x;
 }
 
 template <class C>
-inline C add(C a, C b) noexcept {
+RINGZERO_HOST_DEVICE inline C add(C a, C b) noexcept {
   if constexpr (std::is_integral_v<C>) {
     using U = std::make_unsigned_t<C>;
     return static_cast<C>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
   } else {
+#if defined(__CUDA_ARCH__)
+    // Explicitly rounded: nvcc would otherwise contract a product and this sum into one FMA,
+    // which rounds once where the host rounds twice.
+    if constexpr (std::is_same_v<C, float>) return __fadd_rn(a, b);
+    else return __dadd_rn(a, b);
+#else
     return a + b;
+#endif
   }
 }
 
 template <class C>
-inline C mul(C a, C b) noexcept {
+RINGZERO_HOST_DEVICE inline C mul(C a, C b) noexcept {
   if constexpr (std::is_integral_v<C>) {
     using U = std::make_unsigned_t<C>;
     // unsigned char promotes to int: 255 * 255 still fits, and the result is reduced modulo 2^bits.
     return static_cast<C>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
   } else {
+#if defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<C, float>) return __fmul_rn(a, b);
+    else return __dmul_rn(a, b);
+#else
     return a * b;
+#endif
   }
 }
 
 template <class C>
-inline C min_of(C a, C b) noexcept {
+RINGZERO_HOST_DEVICE inline C min_of(C a, C b) noexcept {
   if constexpr (std::is_floating_point_v<C>) {
     if (a != a) return a;
     if (b != b) return b;
@@ -90,7 +105,7 @@ inline C min_of(C a, C b) noexcept {
 }
 
 template <class C>
-inline C max_of(C a, C b) noexcept {
+RINGZERO_HOST_DEVICE inline C max_of(C a, C b) noexcept {
   if constexpr (std::is_floating_point_v<C>) {
     if (a != a) return a;
     if (b != b) return b;
@@ -99,12 +114,26 @@ inline C max_of(C a, C b) noexcept {
 }
 
 template <class C>
-inline C divide(C a, std::int64_t n) noexcept {
+RINGZERO_HOST_DEVICE inline C divide(C a, std::int64_t n) noexcept {
   if constexpr (std::is_floating_point_v<C>) {
+#if defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<C, float>) return __fdiv_rn(a, static_cast<C>(n));
+    else return __ddiv_rn(a, static_cast<C>(n));
+#else
     return a / static_cast<C>(n);
+#endif
   } else if constexpr (std::is_signed_v<C>) {
+#if defined(__CUDA_ARCH__)
+    // Same quotient in 32 bits when both operands fit (GPU 64-bit division is a long routine).
+    if constexpr (sizeof(C) <= 4)
+      if (n > 0 && n <= 0x7fffffff) return static_cast<C>(static_cast<std::int32_t>(a) / static_cast<std::int32_t>(n));
+#endif
     return static_cast<C>(static_cast<std::int64_t>(a) / n);
   } else {
+#if defined(__CUDA_ARCH__)
+    if constexpr (sizeof(C) <= 4)
+      if (n > 0 && n <= 0xffffffff) return static_cast<C>(static_cast<std::uint32_t>(a) / static_cast<std::uint32_t>(n));
+#endif
     return static_cast<C>(static_cast<std::uint64_t>(a) / static_cast<std::uint64_t>(n));
   }
 }
@@ -123,7 +152,7 @@ inline C scalar_as(double s) noexcept {
 enum class binary { sum, prod, min, max };
 
 template <binary B, class C>
-inline C apply(C a, C b) noexcept {
+RINGZERO_HOST_DEVICE inline C apply(C a, C b) noexcept {
   if constexpr (B == binary::sum) return add(a, b);
   else if constexpr (B == binary::prod) return mul(a, b);
   else if constexpr (B == binary::min) return min_of(a, b);

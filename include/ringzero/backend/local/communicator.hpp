@@ -26,7 +26,9 @@
 namespace ringzero::local {
 
 /// One rank of a local world. See the file comment.
-class communicator final : public ringzero::communicator {
+/// Buffers are in host memory; `local::cuda_communicator` (backend/local/cuda_communicator.hpp)
+/// derives from it for CUDA device memory through the protected transfer hooks.
+class communicator : public ringzero::communicator {
  public:
   /// Rank `rank` of `w`. Throws errc::invalid_argument when rank is outside [0, w.size()).
   /// `w` must outlive the communicator. At most one communicator per rank and world.
@@ -103,7 +105,7 @@ class communicator final : public ringzero::communicator {
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
       const void* data = await_message(from, recv_bytes);
-      if (recv_bytes != 0 && data != recv) std::memcpy(recv, data, static_cast<std::size_t>(recv_bytes));
+      if (recv_bytes != 0 && data != recv) copy_received(recv, data, recv_bytes, from);
       consume(from);
     }
     if (to >= 0) await_consumed(to, k, send_bytes);
@@ -116,10 +118,53 @@ class communicator final : public ringzero::communicator {
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
       const void* data = await_message(from, bytes);
-      if (bytes != 0) combine(acc, own, data, bytes / combine.element_size);
+      if (bytes != 0) combine(acc, own, readable_received(data, bytes, from), bytes / combine.element_size);
       consume(from);
     }
     if (to >= 0) await_consumed(to, k, send_bytes);
+  }
+
+ protected:
+  // ---- transfer hooks: how a message's data is ordered and moved -----------------------
+  // The host protocol (post, await_message, consume, await_consumed) stays the same for every
+  // memory space; a rank whose buffers are in device memory orders the device work around it.
+
+  /// Called just before this rank posts a message to `to`; returns the signal published with
+  /// it (host: none). A device rank records an event after the work that produced the data.
+  virtual void* signal_ready(int to) {
+    (void)to;
+    return nullptr;
+  }
+  /// Called once the message from `from` has arrived with the sender's `signal`, before its
+  /// data is read (host: nothing). A device rank makes its stream wait for that event.
+  virtual void on_arrival(int from, void* signal) {
+    (void)from;
+    (void)signal;
+  }
+  /// Moves `bytes` received bytes from the sender's buffer `src` into `dst` (host: memcpy).
+  virtual void copy_received(void* dst, const void* src, std::uint64_t bytes, int from) {
+    (void)from;
+    std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+  }
+  /// The sender's buffer `data` as this rank's combine may read it (host: as is; a device rank
+  /// without peer access to the sender's device stages it first).
+  virtual const void* readable_received(const void* data, std::uint64_t bytes, int from) {
+    (void)bytes;
+    (void)from;
+    return data;
+  }
+  /// Called just before this rank reports the message from `from` consumed; returns the signal
+  /// published with the report (host: none). A device rank records an event after its reads.
+  virtual void* signal_consumed(int from) {
+    (void)from;
+    return nullptr;
+  }
+  /// Called once `to` reported this rank's message consumed with `signal`, before the send
+  /// returns (host: nothing). A device rank makes its stream wait for that event, so that no
+  /// later work overwrites the buffer while the receiver's device still reads it.
+  virtual void on_consumed(int to, void* signal) {
+    (void)to;
+    (void)signal;
   }
 
  private:
@@ -214,12 +259,14 @@ class communicator final : public ringzero::communicator {
 
   std::uint64_t post(int to, const void* data, std::uint64_t bytes) {
     detail::mailbox& box = world_.box(rank(), to);
+    void* signal = signal_ready(to);
     const std::uint64_t k = ++sent_[static_cast<std::size_t>(to)];
     // The previous message on this channel is always consumed here (every send waits for its
     // receiver), so the fields may be overwritten.
     box.data = data;
     box.bytes = bytes;
     box.tag = current_tag();
+    box.ready_signal = signal;
     box.posted.store(k, std::memory_order_release);
     world_.bell(rank()).ring();
     return k;
@@ -237,6 +284,7 @@ class communicator final : public ringzero::communicator {
       const std::uint64_t got_tag = box.tag;
       box.tag_mismatch = true;
       box.expected = expected;
+      box.consumed_signal = nullptr;
       box.consumed.store(k, std::memory_order_release);
       world_.bell(rank()).ring();
       raise(errc::contract_mismatch, "rank " + std::to_string(from) + " sent data for " + tag_name(got_tag) +
@@ -247,17 +295,20 @@ class communicator final : public ringzero::communicator {
       const std::uint64_t got = box.bytes;
       box.tag_mismatch = false;
       box.expected = expected;
+      box.consumed_signal = nullptr;
       box.consumed.store(k, std::memory_order_release);
       world_.bell(rank()).ring();
       raise(errc::size_mismatch, "rank " + std::to_string(from) + " sends " + std::to_string(got) +
                                      " bytes but rank " + std::to_string(rank()) + " expects " +
                                      std::to_string(expected) + " bytes");
     }
+    on_arrival(from, box.ready_signal);
     return box.data;
   }
 
   void consume(int from) {
     detail::mailbox& box = world_.box(from, rank());
+    box.consumed_signal = signal_consumed(from);
     box.expected = box.bytes;
     box.tag_mismatch = false;
     box.consumed.store(received_[static_cast<std::size_t>(from)], std::memory_order_release);
@@ -277,6 +328,7 @@ class communicator final : public ringzero::communicator {
       raise(errc::size_mismatch, "rank " + std::to_string(rank()) + " sends " + std::to_string(bytes) +
                                      " bytes but rank " + std::to_string(to) + " expects " +
                                      std::to_string(box.expected) + " bytes");
+    on_consumed(to, box.consumed_signal);
   }
 
   world& world_;

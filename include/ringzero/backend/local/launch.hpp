@@ -75,35 +75,36 @@ inline std::string exception_text(const std::exception_ptr& e) {
 
 }  // namespace detail
 
-/// Runs `fn(ringzero::local::communicator&)` on `world_size` new threads (ranks 0..world_size-1)
-/// and waits for all of them. `fn` must be callable concurrently from all threads.
-/// Throws errc::invalid_argument when world_size < 1 or an environment variable is malformed;
-/// rethrows the exception of the lowest rank whose `fn` threw.
-template <class F>
-void launch(int world_size, F&& fn, const launch_options& options = {}) {
+namespace detail {
+
+/// The body of `launch` for any rank type `Comm` of a local world: `make(comm, world, rank)`
+/// emplaces rank `rank`'s communicator into the `std::optional<Comm>` `comm`; then `fn(*comm)`
+/// runs on the rank's thread. Failure handling as described in the file comment.
+template <class Comm, class Make, class F>
+void run_world(int world_size, const launch_options& options, Make&& make, F&& fn, const char* who) {
   if (world_size < 1)
-    throw error(errc::invalid_argument, "local::launch: world size must be at least 1, got " + std::to_string(world_size));
+    throw error(errc::invalid_argument, std::string(who) + ": world size must be at least 1, got " + std::to_string(world_size));
   const bool pin = options.pin_threads ? *options.pin_threads : env_pin_threads();
   const auto timeout = options.timeout ? *options.timeout : env_timeout();
   world w(world_size);
   std::vector<std::exception_ptr> failures(static_cast<std::size_t>(world_size));
   auto body = [&](int r) {
-    if (pin) (void)detail::pin_current_thread(r);
+    if (pin) (void)pin_current_thread(r);
     std::exception_ptr failure;
     {
-      std::optional<communicator> comm;
+      std::optional<Comm> comm;
       try {
-        comm.emplace(w, r);
+        make(comm, w, r);
         comm->set_timeout(timeout);
         fn(*comm);
       } catch (...) {
         failure = std::current_exception();
-        w.abort("rank " + std::to_string(r) + " failed: " + detail::exception_text(failure));
+        w.abort("rank " + std::to_string(r) + " failed: " + exception_text(failure));
       }
       // The communicator's destructor finishes its queued asynchronous work before the rank
       // is marked as gone; after an abort that work fails fast instead of waiting.
     }
-    w.mark_exited(r, failure != nullptr, failure ? detail::exception_text(failure) : std::string());
+    w.mark_exited(r, failure != nullptr, failure ? exception_text(failure) : std::string());
     failures[static_cast<std::size_t>(r)] = failure;
   };
   std::vector<std::thread> threads;
@@ -112,15 +113,28 @@ void launch(int world_size, F&& fn, const launch_options& options = {}) {
     for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
   } catch (const std::system_error& e) {
     // Could not start every rank: abort the ones already running, join them, report.
-    w.abort(std::string("local::launch could not start all ranks: ") + e.what());
+    w.abort(std::string(who) + " could not start all ranks: " + e.what());
     for (int r = static_cast<int>(threads.size()); r < world_size; ++r) w.mark_exited(r, true, "never started");
     for (auto& t : threads) t.join();
-    throw error(errc::backend_failure, "local::launch started only " + std::to_string(threads.size()) + " of " +
+    throw error(errc::backend_failure, std::string(who) + " started only " + std::to_string(threads.size()) + " of " +
                                            std::to_string(world_size) + " rank threads: " + e.what());
   }
   for (auto& t : threads) t.join();
   for (auto& f : failures)
     if (f) std::rethrow_exception(f);
+}
+
+}  // namespace detail
+
+/// Runs `fn(ringzero::local::communicator&)` on `world_size` new threads (ranks 0..world_size-1)
+/// and waits for all of them. `fn` must be callable concurrently from all threads.
+/// Throws errc::invalid_argument when world_size < 1 or an environment variable is malformed;
+/// rethrows the exception of the lowest rank whose `fn` threw.
+template <class F>
+void launch(int world_size, F&& fn, const launch_options& options = {}) {
+  detail::run_world<communicator>(
+      world_size, options, [](std::optional<communicator>& comm, world& w, int r) { comm.emplace(w, r); },
+      std::forward<F>(fn), "local::launch");
 }
 
 }  // namespace ringzero::local

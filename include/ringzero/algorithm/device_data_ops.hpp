@@ -1,0 +1,82 @@
+#pragma once
+/// @file
+/// `device_data_ops`: the `data_ops` of a communicator whose buffers live in CUDA device memory.
+/// Every operation is enqueued on the communicator's stream (copies with cudaMemcpyAsync,
+/// combines and scaling with the CUDA primitives) and returns at once, so a schedule (ring,
+/// halving_doubling) issues a whole collective without waiting for the device; the backend
+/// orders the transfers between ranks with CUDA events (backend/local/cuda_communicator.hpp) or
+/// on the stream itself (NCCL).
+///
+/// The kernels come from the program-wide table of primitive/device_primitives.hpp (registered
+/// by one .cu file that includes <ringzero/cuda.cuh>), so this header, and every collective,
+/// compiles without nvcc and without CUDA headers.
+/// Thread semantics: one object per collective call, used by the thread that runs it.
+/// Determinism: the same element-wise arithmetic as the host, bit for bit.
+
+#include <cstdint>
+#include <deque>
+#include <string>
+
+#include "ringzero/algorithm/data_ops.hpp"
+#include "ringzero/backend/communicator.hpp"
+#include "ringzero/primitive/device_primitives.hpp"
+
+namespace ringzero::algorithms {
+
+/// `data_ops` on CUDA device memory, enqueued on `comm.cuda_stream()` on `comm.cuda_device()`.
+/// Errors: a failed launch raises `ringzero::error(errc::backend_failure)` on `comm`, naming the
+/// operation and the CUDA error.
+class device_data_ops final : public data_ops {
+ public:
+  /// Operations for `comm` (whose space() is memory_space::cuda) with the kernels of `kernels`.
+  /// Makes the communicator's device current on the calling thread.
+  device_data_ops(const primitive::device_primitives& kernels, communicator& comm)
+      : kernels_(kernels), comm_(comm), stream_(comm.cuda_stream()) {
+    check(kernels_.set_device(comm.cuda_device()), "cudaSetDevice");
+  }
+
+  void copy(void* dst, const void* src, std::uint64_t bytes, bool streaming = false) const override {
+    (void)streaming;
+    if (bytes == 0 || dst == src) return;
+    check(kernels_.copy(dst, src, bytes, stream_), "device copy (cudaMemcpyAsync)");
+  }
+  void reduce(void* dst, const void* a, const void* b, std::uint64_t count,
+              const primitive::reduce_spec& spec) const override {
+    check(kernels_.reduce_into(dst, a, b, count, spec, stream_), "device reduce_into");
+  }
+  void scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar) const override {
+    check(kernels_.scale(dst, src, count, type, scalar, stream_), "device scale");
+  }
+  combine_fn combine(const primitive::reduce_spec* spec) const override {
+    bound_.push_back(bound_combine{this, spec});
+    combine_fn f;
+    f.fn = [](const void* context, void* dst, const void* a, const void* b, std::uint64_t count) {
+      const auto* c = static_cast<const bound_combine*>(context);
+      c->ops->reduce(dst, a, b, count, *c->spec);
+    };
+    f.context = &bound_.back();
+    f.element_size = dtype_size(spec->type);
+    return f;
+  }
+  /// Nothing to do: the stream orders every later operation after these.
+  void fence() const override {}
+
+ private:
+  struct bound_combine {
+    const device_data_ops* ops;
+    const primitive::reduce_spec* spec;
+  };
+
+  void check(int code, const char* what) const {
+    if (code == 0) return;
+    comm_.raise(errc::backend_failure, std::string(what) + " failed on CUDA device " + std::to_string(comm_.cuda_device()) +
+                                           ": " + kernels_.error_name(code) + ": " + kernels_.error_string(code));
+  }
+
+  const primitive::device_primitives& kernels_;
+  communicator& comm_;
+  void* stream_;
+  mutable std::deque<bound_combine> bound_;  ///< stable addresses for the combines handed out
+};
+
+}  // namespace ringzero::algorithms

@@ -1,0 +1,77 @@
+#pragma once
+/// @file
+/// `launch_env`: a process's place in a multi-process job, read from the variables launchers
+/// set: torchrun's RANK, WORLD_SIZE and LOCAL_RANK (PyTorch's `env://` convention) first, then
+/// Open MPI's OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK, then Slurm's SLURM_PROCID /
+/// SLURM_NTASKS / SLURM_LOCALID. With none of them set the process is a world of one.
+///
+/// Every value is checked: a malformed or inconsistent one (rank outside [0, world_size), a
+/// negative local rank, RANK without WORLD_SIZE) raises errc::invalid_argument naming the
+/// variable and its text. Pure apart from reading the environment; thread-safe as getenv.
+
+#include <cerrno>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "ringzero/core/env.hpp"
+#include "ringzero/core/error.hpp"
+
+namespace ringzero {
+
+/// Where this process sits in its job.
+struct launch_env {
+  int rank = 0;            ///< global rank, 0 <= rank < world_size
+  int world_size = 1;      ///< number of processes
+  int local_rank = 0;      ///< rank among the processes of this node (selects the GPU)
+  std::string source;      ///< "torchrun", "mpi", "slurm" or "none" (world of one)
+};
+
+namespace detail {
+
+/// Parses a non-negative decimal int; throws errc::invalid_argument naming `name` otherwise.
+inline int parse_nonnegative_int(const std::string& text, const char* name) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || errno == ERANGE || v < 0 || v > 0x7fffffffL)
+    throw error(errc::invalid_argument, std::string(name) + "=\"" + text + "\" is not a non-negative integer");
+  return static_cast<int>(v);
+}
+
+/// Reads one launcher's triple of variables; std::nullopt when its rank variable is unset.
+inline std::optional<launch_env> read_launch_env(const char* rank_var, const char* size_var, const char* local_var,
+                                                 const char* source) {
+  const auto rank = env_string(rank_var);
+  if (!rank) return std::nullopt;
+  const auto size = env_string(size_var);
+  if (!size)
+    throw error(errc::invalid_argument, std::string(rank_var) + " is set but " + size_var + " is not");
+  launch_env e;
+  e.source = source;
+  e.rank = parse_nonnegative_int(*rank, rank_var);
+  e.world_size = parse_nonnegative_int(*size, size_var);
+  if (e.world_size < 1) throw error(errc::invalid_argument, std::string(size_var) + "=\"" + *size + "\" must be at least 1");
+  if (e.rank >= e.world_size)
+    throw error(errc::invalid_argument, std::string(rank_var) + "=" + std::to_string(e.rank) + " is outside [0, " +
+                                            size_var + "=" + std::to_string(e.world_size) + ")");
+  if (const auto local = env_string(local_var)) e.local_rank = parse_nonnegative_int(*local, local_var);
+  else e.local_rank = e.rank;  // one node: the global rank is the local one
+  return e;
+}
+
+}  // namespace detail
+
+/// This process's rank, world size and local rank (see the file comment for the variables).
+/// Throws errc::invalid_argument for malformed values.
+inline launch_env read_launch_env() {
+  if (auto e = detail::read_launch_env("RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun")) return *e;
+  if (auto e = detail::read_launch_env("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpi"))
+    return *e;
+  if (auto e = detail::read_launch_env("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm")) return *e;
+  launch_env e;
+  e.source = "none";
+  return e;
+}
+
+}  // namespace ringzero

@@ -1,0 +1,211 @@
+#pragma once
+/// @file
+/// `local::cuda_communicator`: one rank of a local (threads) world whose buffers live in CUDA
+/// device memory, with its own CUDA stream, on any device of the process. Several ranks may
+/// share one GPU (NCCL refuses that), so ringzero's ring and halving-doubling schedules can be
+/// run and checked with many ranks on a single device.
+///
+/// Transfers keep the local backend's zero-copy protocol (backend/local/communicator.hpp): a
+/// receiver copies (cudaMemcpyAsync) or reduces (a CUDA kernel) straight from the sender's
+/// device buffer. The ordering lives on the devices, not on the host threads:
+/// - before posting a message the sender records a CUDA event on its stream, and the receiver's
+///   stream waits for it (cudaStreamWaitEvent) before reading the sender's buffer;
+/// - after reading, the receiver records an event on its stream, and the sender's stream waits
+///   for it before any later work that could overwrite the buffer.
+/// The host threads therefore run ahead and enqueue a whole collective without waiting for the
+/// GPU; the streams execute it in the right order, across devices too (events work between
+/// devices). When the sender's buffer is on another device, the receiver's kernels read it
+/// through peer access (enabled on first contact when the devices allow it), or it is first
+/// copied into a staging buffer on the receiver's device (cudaMemcpyAsync handles any pair).
+///
+/// Stream semantics (as NCCL's): a collective returns once its work is enqueued on `stream()`;
+/// later work on that stream sees its results; the host must `synchronize()` (or synchronise
+/// the stream) before reading them. Buffers must be device memory (or memory the device can
+/// access) that stays valid until the stream has run the collective. Every call made on a
+/// thread makes the rank's device current on that thread (cudaSetDevice).
+/// Algorithms: ring and halving_doubling (the direct algorithm reads peers' buffers in tiles
+/// meant for CPU caches and is not offered here).
+/// Requires the CUDA runtime (RINGZERO_HAS_CUDA) and, for any data movement, the kernels of
+/// <ringzero/cuda.cuh> compiled into the program.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ringzero/backend/cuda/device_workspace.hpp"
+#include "ringzero/backend/cuda/event.hpp"
+#include "ringzero/backend/cuda/runtime.hpp"
+#include "ringzero/backend/cuda/stream.hpp"
+#include "ringzero/backend/local/communicator.hpp"
+
+namespace ringzero::local {
+
+/// One rank of a local world on CUDA device memory. See the file comment.
+class cuda_communicator final : public communicator {
+ public:
+  /// Rank `rank` of `w` on CUDA device `device`, ordering its work on `stream` (nullptr: a
+  /// non-blocking stream created, and destroyed, by the communicator). Throws errc::no_device
+  /// when the process has no CUDA device, errc::invalid_argument for a bad rank or device, and
+  /// errc::backend_failure when the runtime cannot create the stream or events.
+  cuda_communicator(world& w, int rank, int device, cudaStream_t stream = nullptr)
+      : communicator(w, rank),
+        device_(checked_device(device)),
+        stream_(stream ? cudart::stream::borrow(stream) : cudart::stream::create(device)),
+        workspace_(device, stream_.get()),
+        peer_mode_(static_cast<std::size_t>(w.size()), peer_unknown) {
+    cudart::use_device(device_);
+    ready_.reserve(static_cast<std::size_t>(w.size()));
+    consumed_.reserve(static_cast<std::size_t>(w.size()));
+    for (int r = 0; r < w.size(); ++r) {
+      ready_.emplace_back(device_);
+      consumed_.emplace_back(device_);
+    }
+  }
+
+  ~cuda_communicator() override {
+    stop_progress();
+    try {
+      cudart::use_device(device_);
+      (void)cudaStreamSynchronize(stream_.get());
+    } catch (...) {
+    }
+  }
+
+  memory_space space() const noexcept override { return memory_space::cuda; }
+  void* cuda_stream() const noexcept override { return static_cast<void*>(stream_.get()); }
+  int cuda_device() const noexcept override { return device_; }
+
+  /// The stream this rank's collectives are enqueued on.
+  cudaStream_t stream() const noexcept { return stream_.get(); }
+  /// This rank's CUDA device.
+  int device() const noexcept { return device_; }
+
+  /// ring and halving_doubling.
+  bool supports(algorithm a, collective_kind) const noexcept override {
+    return a == algorithm::ring || a == algorithm::halving_doubling;
+  }
+
+  /// Device costs for the algorithm choice: each step costs an event record, a stream wait and
+  /// a kernel or copy launch (~8 us); bytes move at the device's copy bandwidth shared by the
+  /// ranks of one GPU (about 1.5 TB/s per rank assumed).
+  link_model link() const noexcept override {
+    link_model m;
+    m.alpha_us = 8.0;
+    m.beta_us_per_byte = 1.0 / 1.5e6;
+    m.gamma_us_per_byte = 1.0 / 1.5e6;
+    m.sync_us = 8.0;
+    m.memory_us_per_byte = 1.0 / 1.5e6;
+    return m;
+  }
+
+  /// Waits for queued asynchronous work, then for the stream. Throws errc::backend_failure when
+  /// device work failed.
+  void synchronize() override {
+    communicator::synchronize();
+    cudart::use_device(device_);
+    cudart::check(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
+  }
+
+  void* scratch(int slot, std::size_t bytes) override { return workspace_.get(slot, bytes); }
+  std::size_t scratch_bytes() const noexcept override { return workspace_.capacity_bytes(); }
+
+  void begin(const collective_descriptor& d) override {
+    cudart::use_device(device_);
+    communicator::begin(d);
+  }
+
+  void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
+                int from) override {
+    cudart::use_device(device_);
+    communicator::sendrecv(send, send_bytes, to, recv, recv_bytes, from);
+  }
+
+  void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
+                       std::uint64_t bytes, int from, const combine_fn& combine) override {
+    cudart::use_device(device_);
+    communicator::sendrecv_reduce(send, send_bytes, to, own, acc, bytes, from, combine);
+  }
+
+ protected:
+  void* signal_ready(int to) override {
+    const cudart::event& e = ready_[static_cast<std::size_t>(to)];
+    e.record(stream_.get());
+    return static_cast<void*>(e.get());
+  }
+
+  void on_arrival(int from, void* signal) override {
+    (void)from;
+    if (signal) cudart::stream_wait(stream_.get(), static_cast<cudaEvent_t>(signal));
+  }
+
+  void copy_received(void* dst, const void* src, std::uint64_t bytes, int from) override {
+    (void)from;
+    cudart::check(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault, stream_.get()),
+                  "cudaMemcpyAsync (receive)");
+  }
+
+  const void* readable_received(const void* data, std::uint64_t bytes, int from) override {
+    if (mode_for(data, from) != peer_staged) return data;
+    void* staging = workspace_.get(cudart::device_workspace::staging_slot, static_cast<std::size_t>(bytes));
+    cudart::check(cudaMemcpyAsync(staging, data, static_cast<std::size_t>(bytes), cudaMemcpyDefault, stream_.get()),
+                  "cudaMemcpyAsync (staging a peer's buffer)");
+    return staging;
+  }
+
+  void* signal_consumed(int from) override {
+    const cudart::event& e = consumed_[static_cast<std::size_t>(from)];
+    e.record(stream_.get());
+    return static_cast<void*>(e.get());
+  }
+
+  void on_consumed(int to, void* signal) override {
+    (void)to;
+    if (signal) cudart::stream_wait(stream_.get(), static_cast<cudaEvent_t>(signal));
+  }
+
+ private:
+  enum peer_mode : int { peer_unknown = 0, peer_direct = 1, peer_staged = 2 };
+
+  static int checked_device(int device) {
+    cudart::require_device_index(device, "local::cuda_communicator");
+    return device;
+  }
+
+  /// How this rank's kernels read rank `from`'s buffers: directly (same device, or peer access
+  /// enabled) or through a staging copy. Decided on first contact from the sender's pointer.
+  int mode_for(const void* data, int from) {
+    int& mode = peer_mode_[static_cast<std::size_t>(from)];
+    if (mode != peer_unknown) return mode;
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
+      (void)cudaGetLastError();
+      mode = peer_direct;  // not a pointer the runtime knows: leave it to the kernel, as for host-visible memory
+      return mode;
+    }
+    if (attributes.type != cudaMemoryTypeDevice || attributes.device == device_) {
+      mode = peer_direct;
+      return mode;
+    }
+    int can_access = 0;
+    if (cudaDeviceCanAccessPeer(&can_access, device_, attributes.device) == cudaSuccess && can_access) {
+      const cudaError_t e = cudaDeviceEnablePeerAccess(attributes.device, 0);
+      if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+        mode = peer_direct;
+        return mode;
+      }
+    }
+    (void)cudaGetLastError();
+    mode = peer_staged;
+    return mode;
+  }
+
+  int device_;
+  cudart::stream stream_;
+  cudart::device_workspace workspace_;
+  std::vector<cudart::event> ready_;     ///< per destination rank: "my data for it is ready"
+  std::vector<cudart::event> consumed_;  ///< per source rank: "I have finished reading its data"
+  std::vector<int> peer_mode_;
+};
+
+}  // namespace ringzero::local

@@ -1,0 +1,66 @@
+#pragma once
+/// @file
+/// `local::launch_cuda(world_size, fn)`: like `local::launch`, but every rank's buffers live in
+/// CUDA device memory: rank r runs `fn(local::cuda_communicator&)` on its own thread, with its
+/// own CUDA stream, on device `devices[r % devices.size()]` (by default device r modulo the
+/// number of devices, so any number of ranks can share one GPU).
+///
+/// Failure handling as `local::launch`. Before any thread starts, a process without a usable
+/// CUDA device gets `errc::no_device` ("no CUDA device", with the runtime's answer), so a
+/// program run where there is no GPU fails clearly instead of crashing.
+/// Requires the CUDA runtime (RINGZERO_HAS_CUDA); collectives that move data also need the
+/// kernels of <ringzero/cuda.cuh> compiled into the program.
+///
+/// @code
+///   ringzero::local::launch_cuda(4, [](ringzero::local::cuda_communicator& comm) {
+///     float* grad = ...;  // device memory of comm.device(), written on comm.stream()
+///     ringzero::all_reduce(comm, grad, grad, n, ringzero::dtype::float32, ringzero::reduce_kind::avg);
+///     comm.synchronize();  // before the host reads the result
+///   });
+/// @endcode
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ringzero/backend/cuda/runtime.hpp"
+#include "ringzero/backend/local/cuda_communicator.hpp"
+#include "ringzero/backend/local/launch.hpp"
+
+namespace ringzero::local {
+
+/// Options of `launch_cuda`: those of `launch`, plus the devices.
+struct cuda_launch_options : launch_options {
+  /// Rank r uses device devices[r % devices.size()]; empty: device r % (number of devices).
+  std::vector<int> devices;
+};
+
+/// Runs `fn(ringzero::local::cuda_communicator&)` on `world_size` threads, one rank each, on
+/// CUDA devices (see the file comment), and waits for all of them; every rank's stream has
+/// completed when it returns. Throws errc::invalid_argument (world_size < 1, a device index out
+/// of range), errc::no_device (no CUDA device), errc::backend_failure (the CUDA runtime failed),
+/// or rethrows the exception of the lowest rank whose `fn` threw.
+template <class F>
+void launch_cuda(int world_size, F&& fn, const cuda_launch_options& options = {}) {
+  if (world_size < 1)
+    throw error(errc::invalid_argument, "local::launch_cuda: world size must be at least 1, got " + std::to_string(world_size));
+  const int count = cudart::require_device("local::launch_cuda");
+  for (int d : options.devices)
+    if (d < 0 || d >= count)
+      throw error(errc::invalid_argument, "local::launch_cuda: CUDA device " + std::to_string(d) + " is outside [0, " +
+                                              std::to_string(count) + ")");
+  auto device_of = [&](int r) {
+    if (options.devices.empty()) return r % count;
+    return options.devices[static_cast<std::size_t>(r) % options.devices.size()];
+  };
+  detail::run_world<cuda_communicator>(
+      world_size, options,
+      [&](std::optional<cuda_communicator>& comm, world& w, int r) {
+        const int device = device_of(r);
+        cudart::use_device(device);
+        comm.emplace(w, r, device);
+      },
+      std::forward<F>(fn), "local::launch_cuda");
+}
+
+}  // namespace ringzero::local

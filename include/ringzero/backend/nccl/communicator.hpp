@@ -1,0 +1,791 @@
+#pragma once
+/// @file
+/// `nccl::communicator`: one rank of an NCCL communicator (`ncclComm_t`) with the CUDA stream
+/// its work is ordered on. Buffers live in CUDA device memory (memory_space::cuda).
+///
+/// - Collectives: NCCL's own collectives are the algorithm `native` (ncclAllReduce,
+///   ncclReduceScatter, ncclAllGather, ncclBroadcast, ncclReduce, ncclAlltoAll, and a barrier
+///   made of a one-element all-reduce plus a stream synchronisation); the cost model always
+///   picks them (`prefers_native`). ringzero's `ring` and `halving_doubling` run over
+///   ncclSend/ncclRecv in group calls, combining received data with the CUDA reduce kernels
+///   (registered by <ringzero/cuda.cuh>), so both can be compared in one GPU job.
+/// - Arithmetic of `native` is NCCL's, which differs from ringzero's schedules in documented
+///   ways: float avg pre-multiplies each input by 1/n (ringzero divides the sum once);
+///   premul_sum on float16/bfloat16 rounds the scalar and each product to 16 bits; min/max NaN
+///   handling and the combine order are NCCL's. Integer results are identical.
+/// - Stream semantics (NCCL's): a collective returns once enqueued on `stream()`; later work on
+///   that stream sees its results; the host calls `synchronize()` before reading them.
+/// - Non-blocking communicators (default; ncclConfig_t blocking = 0): NCCL calls return at once,
+///   possibly with ncclInProgress; ringzero then polls ncclCommGetAsyncError until the call is
+///   done, never longer than the timeout.
+/// - Failure detection (NCCL has no timeout of its own): a watchdog thread records a CUDA event
+///   after every collective and polls ncclCommGetAsyncError; when a collective has not
+///   completed within `timeout()` (a rank never called it, or died) or NCCL reports an
+///   asynchronous error, it aborts the communicator (ncclCommAbort), which also frees the
+///   stream of the hung kernel. Every later call, and a `synchronize()` in progress, then fails
+///   with errc::timeout / aborted / peer_exited / backend_failure naming the first failure.
+///   This follows PyTorch's ProcessGroupNCCL watchdog.
+/// - Contract check: NCCL hangs (it does not report) when ranks disagree on a collective. With
+///   RINGZERO_CHECK=1 (or `options::check_contract`) every collective first all-gathers the
+///   ranks' descriptors through NCCL and raises the same error on every rank when they differ
+///   (a stream synchronisation per collective: for debugging). Otherwise invalid arguments are
+///   reported on the rank that passed them, and mismatches surface as a watchdog timeout.
+///   Likewise a send/recv size mismatch (case C12) is not detected by NCCL: it ends in a timeout.
+/// - Threads: used by one thread at a time (its owner or its progress thread), like an NCCL
+///   communicator; every call makes the rank's device current on the calling thread.
+///
+/// Construction: from a unique id (see nccl/init.hpp for the id exchanges through MPI, a
+/// shared file, or one process driving several GPUs, and for torchrun's variables), by adopting
+/// an existing ncclComm_t, or by `split`.
+/// Requires NCCL and the CUDA runtime (RINGZERO_HAS_NCCL, RINGZERO_HAS_CUDA); no nvcc unless an
+/// algorithm other than native moves data.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/contract.hpp"
+#include "ringzero/backend/cuda/device_workspace.hpp"
+#include "ringzero/backend/cuda/runtime.hpp"
+#include "ringzero/backend/cuda/stream.hpp"
+#include "ringzero/backend/nccl/id_file.hpp"
+#include "ringzero/backend/nccl/types.hpp"
+#include "ringzero/primitive/fill.hpp"
+
+namespace ringzero::nccl {
+
+/// Settings of an NCCL communicator.
+struct options {
+  /// false (default): a non-blocking communicator (ncclConfig_t blocking = 0) whose calls
+  /// ringzero polls with the timeout; true: NCCL's blocking calls (a host call that blocks
+  /// inside NCCL, such as a first connection to a peer that never comes, cannot be aborted).
+  bool blocking = false;
+  /// Timeout of every collective and wait. Unset: RINGZERO_TIMEOUT, else 300 s.
+  std::optional<std::chrono::duration<double>> timeout;
+  /// Run the watchdog thread (abort on timeout or asynchronous error). Without it, timeouts are
+  /// enforced only where the host waits (`synchronize`, blocking NCCL calls being polled).
+  bool watchdog = true;
+  /// How often the watchdog looks.
+  std::chrono::milliseconds watchdog_interval{100};
+  /// Cross-rank contract check before every collective (see the file comment). Unset:
+  /// RINGZERO_CHECK, default off.
+  std::optional<bool> check_contract;
+  /// ncclConfig_t commName (shown in NCCL's logs); empty: none.
+  std::string name;
+  /// The stream to order work on; nullptr: the communicator creates a non-blocking stream.
+  cudaStream_t stream = nullptr;
+};
+
+/// The id of a new NCCL clique (ncclGetUniqueId). Throws errc::backend_failure.
+inline id_bytes generate_id() {
+  ncclUniqueId uid;
+  const ncclResult_t r = ncclGetUniqueId(&uid);
+  if (r != ncclSuccess) throw error(errc_of(r), "ncclGetUniqueId failed: " + result_text(r));
+  id_bytes id{};
+  static_assert(sizeof(uid) == id_size);
+  std::memcpy(id.data(), &uid, id_size);
+  return id;
+}
+
+/// One rank of an NCCL communicator. See the file comment.
+class communicator final : public ringzero::communicator {
+ public:
+  /// Joins the clique `id` as rank `rank` of `world_size` on CUDA device `device`
+  /// (ncclCommInitRankConfig); returns once every rank has joined. Throws errc::no_device (no
+  /// CUDA device), errc::invalid_argument (bad rank or device), errc::timeout (the other ranks
+  /// did not join within the timeout; the communicator is aborted), errc::backend_failure.
+  communicator(const id_bytes& id, int rank, int world_size, int device, const options& opts = {})
+      : ringzero::communicator(rank, world_size),
+        device_(checked_device(device)),
+        options_(opts),
+        stream_(opts.stream ? cudart::stream::borrow(opts.stream) : cudart::stream::create(device)),
+        workspace_(device, stream_.get()) {
+    configure();
+    cudart::use_device(device_);
+    ncclConfig_t config = make_config();
+    ncclUniqueId uid;
+    std::memcpy(&uid, id.data(), id_size);
+    try {
+      ncclResult_t r;
+      {
+        std::lock_guard<std::mutex> lock(api_mutex_);
+        r = ncclCommInitRankConfig(&comm_, world_size, uid, rank, &config);
+      }
+      owned_ = true;
+      complete(r, "ncclCommInitRankConfig");
+    } catch (...) {
+      discard();
+      throw;
+    }
+    start_watchdog();
+  }
+
+  /// Adopts `comm` (already initialised; in non-blocking mode its initialisation must have
+  /// completed). `take_ownership`: destroy it with the communicator (otherwise the caller
+  /// does, after this object is gone). Rank, size and device are NCCL's. Throws
+  /// errc::backend_failure when NCCL cannot describe it.
+  static std::unique_ptr<communicator> adopt(ncclComm_t comm, bool take_ownership, const options& opts = {}) {
+    const auto shape = describe_comm(comm);
+    return std::unique_ptr<communicator>(new communicator(shape, comm, take_ownership, opts));
+  }
+
+  ~communicator() override {
+    stop_progress();
+    stop_watchdog();
+    if (!aborted_.load(std::memory_order_acquire)) {
+      try {
+        wait_stream("destroy");
+      } catch (...) {
+      }
+    }
+    workspace_.release();
+    release_events();
+    if (owned_) destroy_comm();
+  }
+
+  backend_kind backend() const noexcept override { return backend_kind::nccl; }
+  memory_space space() const noexcept override { return memory_space::cuda; }
+  void* cuda_stream() const noexcept override { return static_cast<void*>(stream_.get()); }
+  int cuda_device() const noexcept override { return device_; }
+
+  /// The NCCL communicator (invalid once aborted).
+  ncclComm_t handle() const noexcept { return comm_; }
+  /// The stream collectives are enqueued on.
+  cudaStream_t stream() const noexcept { return stream_.get(); }
+  /// This rank's CUDA device.
+  int device() const noexcept { return device_; }
+  /// True once the communicator was aborted (by the watchdog, a failure, or `abort`).
+  bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+  /// Why it was aborted (empty when it was not).
+  std::string abort_reason() const {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    return abort_reason_;
+  }
+
+  /// ring, halving_doubling (over send/recv) and native.
+  bool supports(algorithm a, collective_kind) const noexcept override {
+    return a == algorithm::ring || a == algorithm::halving_doubling || a == algorithm::native;
+  }
+  /// NCCL's collectives beat any schedule built from its send/recv: always native.
+  bool prefers_native(collective_kind) const noexcept override { return true; }
+  /// Costs for choosing between ring and halving_doubling when native is not wanted: ~10 us
+  /// per NCCL group call and kernel, ~20 GB/s per link (a conservative inter-node figure).
+  link_model link() const noexcept override {
+    link_model m;
+    m.alpha_us = 10.0;
+    m.beta_us_per_byte = 1.0 / 20e3;
+    m.gamma_us_per_byte = 1.0 / 1.5e6;
+    return m;
+  }
+
+  void* scratch(int slot, std::size_t bytes) override { return workspace_.get(slot, bytes); }
+  std::size_t scratch_bytes() const noexcept override { return workspace_.capacity_bytes(); }
+
+  /// Waits for queued asynchronous work, then for the stream, polling NCCL's asynchronous
+  /// error; after `timeout()` the communicator is aborted and errc::timeout raised.
+  void synchronize() override {
+    ringzero::communicator::synchronize();
+    wait_stream("synchronize");
+  }
+
+  /// Raises the asynchronous error NCCL reported, if any (aborting the communicator first, as
+  /// NCCL requires); nothing otherwise.
+  void check_async_error() {
+    ensure_alive();
+    const ncclResult_t state = comm_state();
+    if (state != ncclSuccess && state != ncclInProgress) fail(state, "asynchronous NCCL operation");
+  }
+
+  /// Aborts the communicator (ncclCommAbort): pending NCCL work stops, every later call fails
+  /// with errc::aborted naming `reason`. Thread-safe, idempotent.
+  void abort(const std::string& reason) noexcept override { abort_with(errc::aborted, "rank " + std::to_string(rank()) + ": " + reason); }
+
+  /// Splits this communicator (ncclCommSplit, collective over all its ranks): ranks passing the
+  /// same `color` form a new communicator, ordered by `key` (then by old rank). Returns nullptr
+  /// on ranks that pass NCCL_SPLIT_NOCOLOR (-1). The new communicator gets its own stream (or
+  /// `opts.stream`). Throws as the constructor.
+  std::unique_ptr<communicator> split(int color, int key, const options& opts = {}) {
+    ensure_alive();
+    cudart::use_device(device_);
+    options o = opts;
+    ncclConfig_t config = make_config_for(o);
+    ncclComm_t child = nullptr;
+    ncclResult_t r;
+    {
+      std::lock_guard<std::mutex> lock(api_mutex_);
+      r = ncclCommSplit(comm_, color, key, &child, &config);
+    }
+    if (r == ncclInProgress) {
+      wait_ready(comm_, "ncclCommSplit");
+      if (child != nullptr) wait_ready(child, "ncclCommSplit (new communicator)");
+    } else if (r != ncclSuccess) {
+      fail(r, "ncclCommSplit");
+    }
+    if (child == nullptr) return nullptr;
+    try {
+      return adopt(child, true, o);
+    } catch (...) {
+      (void)ncclCommAbort(child);
+      throw;
+    }
+  }
+
+  void begin(const collective_descriptor& d) override {
+    ensure_alive();
+    cudart::use_device(device_);
+    if (check_contract_) {
+      exchange_and_check(d);
+    } else if (!d.invalid.empty()) {
+      raise(errc::invalid_argument, "invalid arguments on this rank: " + d.invalid +
+                                        " (the NCCL backend does not tell the other ranks unless RINGZERO_CHECK=1)");
+    }
+  }
+
+  void end(const collective_descriptor& d) override { watch(d.kind, d.sequence); }
+
+  void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
+                int from) override {
+    check_peer(to, "send to");
+    check_peer(from, "receive from");
+    ensure_alive();
+    cudart::use_device(device_);
+    group_send_recv(send, send_bytes, to, recv, recv_bytes, from);
+    watch_transfer();
+  }
+
+  void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
+                       std::uint64_t bytes, int from, const combine_fn& combine) override {
+    check_peer(to, "send to");
+    check_peer(from, "receive from");
+    ensure_alive();
+    cudart::use_device(device_);
+    void* staging = nullptr;
+    if (from >= 0 && bytes != 0) staging = workspace_.get(cudart::device_workspace::staging_slot, static_cast<std::size_t>(bytes));
+    group_send_recv(send, send_bytes, to, staging, from >= 0 ? bytes : 0, from);
+    if (staging != nullptr) combine(acc, own, staging, bytes / combine.element_size);
+    watch_transfer();
+  }
+
+  void run_native(const collective_descriptor& d) override {
+    ensure_alive();
+    cudart::use_device(device_);
+    const ncclDataType_t t = nccl_type(d.type);
+    cudaStream_t s = stream_.get();
+    switch (d.kind) {
+      case collective_kind::all_reduce:
+        return with_op(d, "ncclAllReduce", [&](ncclRedOp_t op) { return ncclAllReduce(d.send, d.recv, d.count, t, op, comm_, s); });
+      case collective_kind::reduce_scatter:
+        return with_op(d, "ncclReduceScatter",
+                       [&](ncclRedOp_t op) { return ncclReduceScatter(d.send, d.recv, d.count, t, op, comm_, s); });
+      case collective_kind::reduce:
+        return with_op(d, "ncclReduce", [&](ncclRedOp_t op) { return ncclReduce(d.send, d.recv, d.count, t, op, d.root, comm_, s); });
+      case collective_kind::all_gather:
+        return call("ncclAllGather", [&] { return ncclAllGather(d.send, d.recv, d.count, t, comm_, s); });
+      case collective_kind::broadcast:
+        return call("ncclBroadcast", [&] { return ncclBroadcast(d.send, d.recv, d.count, t, d.root, comm_, s); });
+      case collective_kind::all_to_all: return native_all_to_all(d, t);
+      case collective_kind::barrier: return native_barrier();
+      default: break;
+    }
+    ringzero::communicator::run_native(d);
+  }
+
+ private:
+  struct shape {
+    int rank = 0;
+    int size = 1;
+    int device = 0;
+  };
+  struct pending_work {
+    cudaEvent_t event;
+    collective_kind kind;
+    std::uint64_t sequence;
+    std::chrono::steady_clock::time_point issued;
+  };
+  /// The descriptor fields the contract check exchanges, in a fixed 256-byte record.
+  struct wire_descriptor {
+    std::uint64_t sequence;
+    std::uint64_t count;
+    std::int32_t root;
+    std::uint8_t kind;
+    std::uint8_t type;
+    std::uint8_t op;
+    std::uint8_t algo;
+    char invalid[232];
+  };
+  static_assert(sizeof(wire_descriptor) == 256);
+
+  communicator(const shape& s, ncclComm_t comm, bool owned, const options& opts)
+      : ringzero::communicator(s.rank, s.size),
+        device_(s.device),
+        options_(opts),
+        stream_(opts.stream ? cudart::stream::borrow(opts.stream) : cudart::stream::create(s.device)),
+        workspace_(s.device, stream_.get()),
+        comm_(comm),
+        owned_(owned) {
+    configure();
+    start_watchdog();
+  }
+
+  static shape describe_comm(ncclComm_t comm) {
+    shape s;
+    ncclResult_t r = ncclCommUserRank(comm, &s.rank);
+    if (r == ncclSuccess) r = ncclCommCount(comm, &s.size);
+    if (r == ncclSuccess) r = ncclCommCuDevice(comm, &s.device);
+    if (r != ncclSuccess) throw error(errc_of(r), "cannot describe the NCCL communicator: " + result_text(r, comm));
+    return s;
+  }
+
+  static int checked_device(int device) {
+    cudart::require_device_index(device, "nccl::communicator");
+    return device;
+  }
+
+  void configure() {
+    if (options_.timeout) set_timeout(*options_.timeout);
+    check_contract_ = options_.check_contract ? *options_.check_contract : env_check(false);
+  }
+
+  ncclConfig_t make_config_for(const options& o) const {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = o.blocking ? 1 : 0;
+    if (!o.name.empty()) config.commName = o.name.c_str();
+    return config;
+  }
+  ncclConfig_t make_config() const { return make_config_for(options_); }
+
+  void check_peer(int peer, const char* what) const {
+    if (peer < -1 || peer >= world_size())
+      raise(errc::invalid_argument, std::string("cannot ") + what + " rank " + std::to_string(peer) + ": outside [0, " +
+                                        std::to_string(world_size()) + ")");
+  }
+
+  // ---- failure state ------------------------------------------------------------------
+
+  /// Throws errc::aborted when the communicator was aborted earlier.
+  void ensure_alive() const {
+    if (!aborted_.load(std::memory_order_acquire)) return;
+    raise(errc::aborted, "the NCCL communicator was aborted earlier: " + abort_reason());
+  }
+
+  /// Raises the code of the abort that ended a wait.
+  [[noreturn]] void raise_abort() const {
+    errc code;
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      code = abort_code_;
+      reason = abort_reason_;
+    }
+    raise(code, "the NCCL communicator was aborted: " + reason);
+  }
+
+  /// Aborts with `code` and `reason` unless already aborted (the first reason wins).
+  void abort_with(errc code, const std::string& reason) noexcept {
+    std::lock_guard<std::mutex> api(api_mutex_);
+    if (aborted_.load(std::memory_order_acquire)) return;
+    try {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      abort_code_ = code;
+      abort_reason_ = reason;
+    } catch (...) {
+    }
+    // Flag first: waiters stop at once, while ncclCommAbort may take a while (it can wait for
+    // device work to drain before freeing memory).
+    aborted_.store(true, std::memory_order_release);
+    if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+  }
+
+  /// NCCL failed with `r` in `what`: abort (NCCL requires it after an error) and raise.
+  [[noreturn]] void fail(ncclResult_t r, const std::string& what) {
+    std::string text;
+    {
+      std::lock_guard<std::mutex> lock(api_mutex_);
+      text = result_text(r, aborted_.load() ? nullptr : comm_);
+    }
+    abort_with(errc_of(r), what + " failed: " + text);
+    raise(errc_of(r), what + " failed: " + text + " (the communicator was aborted)");
+  }
+
+  /// NCCL's asynchronous state of `comm_` (ncclSuccess, ncclInProgress or an error).
+  ncclResult_t comm_state() {
+    std::lock_guard<std::mutex> lock(api_mutex_);
+    if (aborted_.load(std::memory_order_acquire)) return ncclSuccess;
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    return r == ncclSuccess ? state : r;
+  }
+
+  // ---- calling NCCL -------------------------------------------------------------------
+
+  /// Calls `f()` (one NCCL call or group) under the API lock and completes it.
+  template <class F>
+  void call(const char* what, F&& f) {
+    ncclResult_t r;
+    {
+      std::lock_guard<std::mutex> lock(api_mutex_);
+      if (aborted_.load(std::memory_order_acquire)) raise_abort();
+      r = f();
+    }
+    complete(r, what);
+  }
+
+  /// Completes a call that returned `r`: polls while NCCL reports it in progress.
+  void complete(ncclResult_t r, const char* what) {
+    if (r == ncclSuccess) return;
+    if (r != ncclInProgress) fail(r, what);
+    wait_ready(comm_, what);
+  }
+
+  /// Polls `comm`'s state until it is no longer in progress; an error fails, the timeout
+  /// aborts (errc::timeout).
+  void wait_ready(ncclComm_t comm, const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
+    auto pause = std::chrono::microseconds(1);
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t r;
+      {
+        std::lock_guard<std::mutex> lock(api_mutex_);
+        if (aborted_.load(std::memory_order_acquire)) raise_abort();
+        r = ncclCommGetAsyncError(comm, &state);
+      }
+      if (r != ncclSuccess) fail(r, std::string(what) + " (ncclCommGetAsyncError)");
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(state, what);
+      if (std::chrono::steady_clock::now() >= deadline) {
+        const std::string msg = std::string(what) + " did not complete within " + seconds_text() +
+                                " s (NCCL has no timeout of its own; did every rank call it?)";
+        abort_with(errc::timeout, msg);
+        raise(errc::timeout, msg + "; the communicator was aborted");
+      }
+      std::this_thread::sleep_for(pause);
+      if (pause < std::chrono::microseconds(1000)) pause *= 2;
+    }
+  }
+
+  /// Polls the stream until its work is done (see `synchronize`).
+  void wait_stream(const char* what) {
+    cudart::use_device(device_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
+    auto pause = std::chrono::microseconds(1);
+    for (;;) {
+      if (aborted_.load(std::memory_order_acquire)) raise_abort();
+      const cudaError_t e = cudaStreamQuery(stream_.get());
+      if (e == cudaSuccess) {
+        if (aborted_.load(std::memory_order_acquire)) raise_abort();
+        const ncclResult_t state = comm_state();
+        if (state != ncclSuccess && state != ncclInProgress) fail(state, "asynchronous NCCL operation");
+        return;
+      }
+      if (e != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        const std::string msg = std::string(what) + ": device work on the NCCL stream failed: " + cudart::error_text(e);
+        abort_with(errc::backend_failure, msg);
+        raise(errc::backend_failure, msg);
+      }
+      (void)cudaGetLastError();
+      const ncclResult_t state = comm_state();
+      if (state != ncclSuccess && state != ncclInProgress) fail(state, "asynchronous NCCL operation");
+      if (std::chrono::steady_clock::now() >= deadline) {
+        const std::string msg = std::string(what) + ": the NCCL stream did not finish within " + seconds_text() +
+                                " s (a rank probably never called a collective, or died)";
+        abort_with(errc::timeout, msg);
+        raise(errc::timeout, msg + "; the communicator was aborted");
+      }
+      std::this_thread::sleep_for(pause);
+      if (pause < std::chrono::microseconds(1000)) pause *= 2;
+    }
+  }
+
+  /// One NCCL group of a send and a receive (either may be absent).
+  void group_send_recv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes, int from) {
+    if (to < 0 && from < 0) return;
+    cudaStream_t s = stream_.get();
+    call("ncclSend/ncclRecv", [&] {
+      ncclResult_t first = ncclGroupStart();
+      if (first != ncclSuccess) return first;
+      if (to >= 0) first = ncclSend(send, static_cast<std::size_t>(send_bytes), ncclUint8, to, comm_, s);
+      if (from >= 0) {
+        const ncclResult_t r = ncclRecv(recv, static_cast<std::size_t>(recv_bytes), ncclUint8, from, comm_, s);
+        if (first == ncclSuccess) first = r;
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return first == ncclSuccess ? end : first;
+    });
+  }
+
+  /// Runs `f(op)` with the NCCL operator of `d`, creating (and destroying) a premul_sum
+  /// operator with this rank's scalar in the collective's datatype.
+  template <class F>
+  void with_op(const collective_descriptor& d, const char* what, F&& f) {
+    if (d.op.kind != reduce_kind::premul_sum) {
+      const ncclRedOp_t op = nccl_op(d.op.kind);
+      return call(what, [&] { return f(op); });
+    }
+    std::uint64_t scalar = primitive::element_pattern(d.type, d.op.scalar);
+    ncclRedOp_t op{};
+    call("ncclRedOpCreatePreMulSum",
+         [&] { return ncclRedOpCreatePreMulSum(&op, &scalar, nccl_type(d.type), ncclScalarHostImmediate, comm_); });
+    call(what, [&] { return f(op); });
+    call("ncclRedOpDestroy", [&] { return ncclRedOpDestroy(op, comm_); });
+  }
+
+  void native_all_to_all(const collective_descriptor& d, ncclDataType_t t) {
+    cudaStream_t s = stream_.get();
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    call("ncclAlltoAll", [&] { return ncclAlltoAll(d.send, d.recv, d.count, t, comm_, s); });
+#else
+    const std::uint64_t block = d.count * dtype_size(d.type);
+    call("ncclSend/ncclRecv (all_to_all)", [&] {
+      ncclResult_t first = ncclGroupStart();
+      for (int q = 0; q < world_size() && first == ncclSuccess; ++q) {
+        first = ncclSend(static_cast<const unsigned char*>(d.send) + q * block, d.count, t, q, comm_, s);
+        if (first == ncclSuccess) first = ncclRecv(static_cast<unsigned char*>(d.recv) + q * block, d.count, t, q, comm_, s);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return first == ncclSuccess ? end : first;
+    });
+#endif
+  }
+
+  /// NCCL has no barrier: a one-element all-reduce, then the host waits for the stream (as
+  /// PyTorch's barrier does), so every rank returns only once every rank has entered it.
+  void native_barrier() {
+    void* flag = workspace_.get(cudart::device_workspace::staging_slot, sizeof(std::int32_t));
+    cudaStream_t s = stream_.get();
+    call("ncclAllReduce (barrier)", [&] { return ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm_, s); });
+    wait_stream("barrier");
+  }
+
+  // ---- contract check -----------------------------------------------------------------
+
+  void exchange_and_check(const collective_descriptor& d) {
+    const int n = world_size();
+    wire_descriptor mine{};
+    mine.sequence = d.sequence;
+    mine.count = d.count;
+    mine.root = d.root;
+    mine.kind = static_cast<std::uint8_t>(d.kind);
+    mine.type = static_cast<std::uint8_t>(d.type);
+    mine.op = static_cast<std::uint8_t>(d.op.kind);
+    mine.algo = static_cast<std::uint8_t>(d.algo);
+    std::strncpy(mine.invalid, d.invalid.c_str(), sizeof mine.invalid - 1);
+    std::vector<wire_descriptor> all(static_cast<std::size_t>(n));
+    auto* dev = static_cast<unsigned char*>(
+        workspace_.get(cudart::device_workspace::staging_slot, sizeof(wire_descriptor) * static_cast<std::size_t>(n)));
+    cudaStream_t s = stream_.get();
+    cudart::check(cudaMemcpyAsync(dev + sizeof(wire_descriptor) * static_cast<std::size_t>(rank()), &mine, sizeof mine,
+                                  cudaMemcpyHostToDevice, s),
+                  "cudaMemcpyAsync (contract check)");
+    call("ncclAllGather (contract check)", [&] {
+      return ncclAllGather(dev + sizeof(wire_descriptor) * static_cast<std::size_t>(rank()), dev, sizeof(wire_descriptor),
+                           ncclUint8, comm_, s);
+    });
+    cudart::check(cudaMemcpyAsync(all.data(), dev, sizeof(wire_descriptor) * all.size(), cudaMemcpyDeviceToHost, s),
+                  "cudaMemcpyAsync (contract check)");
+    wait_stream("contract check");
+    std::vector<collective_descriptor> descriptors(all.size());
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      const wire_descriptor& w = all[r];
+      collective_descriptor& c = descriptors[r];
+      c.kind = static_cast<collective_kind>(w.kind);
+      c.sequence = w.sequence;
+      c.count = w.count;
+      c.type = static_cast<dtype>(w.type);
+      c.op = reduce_op(static_cast<reduce_kind>(w.op));
+      c.root = w.root;
+      c.algo = static_cast<algorithm>(w.algo);
+      c.invalid.assign(w.invalid, strnlen(w.invalid, sizeof w.invalid));
+    }
+    std::vector<std::string> sequences;
+    for (const auto& c : descriptors) sequences.push_back(std::to_string(c.sequence));
+    auto violation = check_contract(
+        n, [&](int r) -> const collective_descriptor& { return descriptors[static_cast<std::size_t>(r)]; }, false);
+    if (!violation) {
+      bool same = true;
+      for (const auto& c : descriptors) same = same && c.sequence == d.sequence;
+      if (!same)
+        violation = contract_violation{errc::contract_mismatch,
+                                       "sequence mismatch: " + ringzero::detail::describe_values(sequences)};
+    }
+    if (violation) raise(violation->code, violation->message);
+  }
+
+  // ---- watchdog -----------------------------------------------------------------------
+
+  void start_watchdog() {
+    if (!options_.watchdog) return;
+    watchdog_ = std::thread([this] { watchdog_loop(); });
+  }
+
+  void stop_watchdog() noexcept {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      stop_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+  }
+
+  /// Records an event after collective #`sequence` for the watchdog.
+  void watch(collective_kind kind, std::uint64_t sequence) {
+    if (!options_.watchdog || aborted_.load(std::memory_order_acquire)) return;
+    cudaEvent_t e = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex_);
+      if (!free_events_.empty()) {
+        e = free_events_.back();
+        free_events_.pop_back();
+      }
+    }
+    if (e == nullptr) cudart::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    const cudaError_t r = cudaEventRecord(e, stream_.get());
+    if (r != cudaSuccess) {
+      (void)cudaEventDestroy(e);
+      cudart::check(r, "cudaEventRecord");
+    }
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    pending_.push_back(pending_work{e, kind, sequence, std::chrono::steady_clock::now()});
+  }
+
+  /// Watches a point-to-point transfer issued outside any collective.
+  void watch_transfer() {
+    const collective_descriptor* d = current();
+    if (d == nullptr || d->kind == collective_kind::send || d->kind == collective_kind::recv)
+      watch(d ? d->kind : collective_kind::send, 0);
+  }
+
+  void watchdog_loop() {
+    (void)cudaSetDevice(device_);
+    std::unique_lock<std::mutex> lock(watch_mutex_);
+    while (!stop_) {
+      watch_cv_.wait_for(lock, options_.watchdog_interval, [&] { return stop_; });
+      if (stop_) break;
+      lock.unlock();
+      watchdog_step();
+      lock.lock();
+    }
+  }
+
+  void watchdog_step() noexcept {
+    if (aborted_.load(std::memory_order_acquire)) return;
+    try {
+      const ncclResult_t state = comm_state();
+      if (state != ncclSuccess && state != ncclInProgress) {
+        abort_with(errc_of(state), "NCCL reported an asynchronous error: " + result_text(state));
+        return;
+      }
+      std::string late;
+      {
+        std::lock_guard<std::mutex> lock(pending_mutex_);
+        while (!pending_.empty()) {
+          pending_work& w = pending_.front();
+          const cudaError_t e = cudaEventQuery(w.event);
+          if (e == cudaSuccess) {
+            free_events_.push_back(w.event);
+            pending_.pop_front();
+            continue;
+          }
+          if (e != cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            late = "device work of " + describe(w) + " failed: " + cudart::error_text(e);
+            break;
+          }
+          (void)cudaGetLastError();
+          if (std::chrono::steady_clock::now() - w.issued > timeout())
+            late = describe(w) + " did not complete within " + seconds_text() +
+                   " s (NCCL has no timeout of its own: a rank probably never called it, or died)";
+          break;
+        }
+      }
+      if (!late.empty()) abort_with(late.find("failed") != std::string::npos ? errc::backend_failure : errc::timeout,
+                                    "rank " + std::to_string(rank()) + ": " + late);
+    } catch (...) {
+    }
+  }
+
+  static std::string describe(const pending_work& w) {
+    std::string s(collective_name(w.kind));
+    if (w.kind != collective_kind::send && w.kind != collective_kind::recv) s += " #" + std::to_string(w.sequence);
+    return s;
+  }
+
+  std::string seconds_text() const {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", timeout().count());
+    return buf;
+  }
+
+  // ---- teardown -----------------------------------------------------------------------
+
+  void release_events() noexcept {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    for (auto& w : pending_) (void)cudaEventDestroy(w.event);
+    for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
+    pending_.clear();
+    free_events_.clear();
+  }
+
+  /// Finalises (non-blocking: polled with the timeout) and destroys the communicator.
+  void destroy_comm() noexcept {
+    if (comm_ == nullptr || aborted_.load(std::memory_order_acquire)) return;
+    try {
+      ncclResult_t r;
+      {
+        std::lock_guard<std::mutex> lock(api_mutex_);
+        r = ncclCommFinalize(comm_);
+      }
+      if (r == ncclInProgress) wait_ready(comm_, "ncclCommFinalize");
+      else if (r != ncclSuccess) throw error(errc_of(r), "ncclCommFinalize failed");
+      std::lock_guard<std::mutex> lock(api_mutex_);
+      (void)ncclCommDestroy(comm_);
+      comm_ = nullptr;
+    } catch (...) {
+      abort_with(errc::aborted, "destroying the communicator failed");
+    }
+  }
+
+  /// Tears down a half-constructed communicator.
+  void discard() noexcept {
+    stop_watchdog();
+    if (comm_ != nullptr && !aborted_.load()) (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    aborted_.store(true);
+  }
+
+  int device_;
+  options options_;
+  cudart::stream stream_;
+  cudart::device_workspace workspace_;
+  ncclComm_t comm_ = nullptr;
+  bool owned_ = false;
+  bool check_contract_ = false;
+
+  std::mutex api_mutex_;  ///< serialises NCCL calls on comm_ (the watchdog may abort it)
+  mutable std::mutex state_mutex_;
+  std::atomic<bool> aborted_{false};
+  errc abort_code_ = errc::aborted;
+  std::string abort_reason_;
+
+  std::mutex pending_mutex_;
+  std::deque<pending_work> pending_;
+  std::vector<cudaEvent_t> free_events_;
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace ringzero::nccl

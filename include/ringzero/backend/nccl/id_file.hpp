@@ -1,0 +1,183 @@
+#pragma once
+/// @file
+/// Exchanging NCCL's 128-byte unique id through a file on a filesystem every rank can read
+/// (NFS, Lustre, or /tmp when all ranks share one machine): rank 0 writes it atomically
+/// (a temporary name, then rename), the other ranks poll until it appears, and rank 0 removes
+/// it once the communicator exists (every rank has read it by then, since NCCL's initialisation
+/// waits for all of them).
+///
+/// A file left behind by a job that crashed could hand an old id to a new job. Each file
+/// therefore records the job it belongs to: the first of RINGZERO_JOB_ID, TORCHELASTIC_RUN_ID,
+/// SLURM_JOB_ID and OMPI_MCA_ess_base_jobid that is set (all ranks of one job see the same
+/// value); readers ignore files of another job or world size and keep waiting for the right one.
+/// Without any of these variables, a stale file with the same world size cannot be told apart:
+/// remove it, or set RINGZERO_JOB_ID.
+///
+/// Independent of NCCL (the id is plain bytes), so the exchange is testable anywhere.
+/// Errors: errc::io_error (cannot write), errc::timeout (the file never appeared; the message
+/// says what was found instead, if anything). Thread safety: distinct paths are independent.
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "ringzero/core/env.hpp"
+#include "ringzero/core/error.hpp"
+
+#if defined(__unix__)
+#include <unistd.h>
+#endif
+
+namespace ringzero::nccl {
+
+/// Bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES).
+inline constexpr std::size_t id_size = 128;
+
+/// An NCCL unique id as plain bytes.
+using id_bytes = std::array<unsigned char, id_size>;
+
+/// The job identity recorded in id files (see the file comment); empty when none is set.
+inline std::string job_token_from_env() {
+  for (const char* name : {"RINGZERO_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"})
+    if (auto v = ringzero::detail::env_string(name)) return *v;
+  return {};
+}
+
+namespace detail {
+
+inline constexpr const char* id_file_magic = "ringzero-nccl-id";
+
+inline std::string hex_of(const id_bytes& id) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(2 * id.size());
+  for (unsigned char c : id) {
+    s.push_back(digits[c >> 4]);
+    s.push_back(digits[c & 15]);
+  }
+  return s;
+}
+
+inline bool id_of_hex(const std::string& s, id_bytes& id) {
+  if (s.size() != 2 * id.size()) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < id.size(); ++i) {
+    const int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    id[i] = static_cast<unsigned char>(hi * 16 + lo);
+  }
+  return true;
+}
+
+/// The one line of an id file.
+inline std::string id_file_line(const id_bytes& id, int world_size, const std::string& job) {
+  return std::string(id_file_magic) + " 1 world_size=" + std::to_string(world_size) + " job=" + (job.empty() ? "-" : job) +
+         " id=" + hex_of(id) + "\n";
+}
+
+/// What an id file holds, parsed; `ok` false when it is not (yet) a complete id file.
+struct id_file_content {
+  bool ok = false;
+  int world_size = 0;
+  std::string job;
+  id_bytes id{};
+};
+
+inline id_file_content parse_id_file(const std::string& text) {
+  id_file_content c;
+  std::istringstream in(text);
+  std::string magic, version, size, job, id;
+  if (!(in >> magic >> version >> size >> job >> id)) return c;
+  if (magic != id_file_magic || version != "1") return c;
+  if (size.rfind("world_size=", 0) != 0 || job.rfind("job=", 0) != 0 || id.rfind("id=", 0) != 0) return c;
+  try {
+    c.world_size = std::stoi(size.substr(11));
+  } catch (...) {
+    return c;
+  }
+  c.job = job.substr(4);
+  if (c.job == "-") c.job.clear();
+  c.ok = id_of_hex(id.substr(3), c.id);
+  return c;
+}
+
+}  // namespace detail
+
+/// Writes `id` for a job of `world_size` ranks at `path`, atomically (rank 0's side).
+/// Throws errc::io_error when the file cannot be written.
+inline void publish_id_file(const std::string& path, const id_bytes& id, int world_size,
+                            const std::string& job = job_token_from_env()) {
+#if defined(__unix__)
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+#else
+  const std::string tmp = path + ".tmp";
+#endif
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw error(errc::io_error, "cannot create " + tmp + " to publish the NCCL unique id");
+    out << detail::id_file_line(id, world_size, job);
+    out.flush();
+    if (!out) throw error(errc::io_error, "cannot write " + tmp + " to publish the NCCL unique id");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw error(errc::io_error, "cannot rename " + tmp + " to " + path + " to publish the NCCL unique id");
+  }
+}
+
+/// Waits until `path` holds the id of this job (`job`) for `world_size` ranks and returns it
+/// (every other rank's side). Polls every few milliseconds. Throws errc::timeout after
+/// `timeout`, saying what the file held if it held something else.
+inline id_bytes read_id_file(const std::string& path, int world_size, std::chrono::duration<double> timeout,
+                             const std::string& job = job_token_from_env()) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  auto pause = std::chrono::milliseconds(1);
+  std::string seen;
+  for (;;) {
+    std::ifstream in(path, std::ios::binary);
+    if (in) {
+      std::stringstream text;
+      text << in.rdbuf();
+      const detail::id_file_content c = detail::parse_id_file(text.str());
+      if (c.ok && c.world_size == world_size && c.job == job) return c.id;
+      if (c.ok)
+        seen = "; it holds an id for world size " + std::to_string(c.world_size) + " and job \"" + c.job +
+               "\" (this job: world size " + std::to_string(world_size) + ", job \"" + job +
+               "\"): a stale file? remove it or set RINGZERO_JOB_ID";
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%g", timeout.count());
+      throw error(errc::timeout, "waited " + std::string(seconds) + " s for rank 0 to publish the NCCL unique id at " + path +
+                                     (seen.empty() ? " (the file never appeared)" : seen));
+    }
+    std::this_thread::sleep_for(pause);
+    if (pause < std::chrono::milliseconds(50)) pause *= 2;
+  }
+}
+
+/// Removes `path` (rank 0, once the communicator exists). Never throws.
+inline void remove_id_file(const std::string& path) noexcept { (void)std::remove(path.c_str()); }
+
+/// Rank 0 publishes `make_id()` at `path`; every other rank reads it (see above). Returns the
+/// id on every rank. Throws as `publish_id_file` and `read_id_file`.
+template <class MakeId>
+id_bytes exchange_id_through_file(const std::string& path, int rank, int world_size, MakeId&& make_id,
+                                  std::chrono::duration<double> timeout, const std::string& job = job_token_from_env()) {
+  if (rank == 0) {
+    const id_bytes id = make_id();
+    publish_id_file(path, id, world_size, job);
+    return id;
+  }
+  return read_id_file(path, world_size, timeout, job);
+}
+
+}  // namespace ringzero::nccl

@@ -1,0 +1,223 @@
+#pragma once
+/// @file
+/// Creating NCCL communicators: every rank needs the same 128-byte unique id, made by rank 0
+/// (ncclGetUniqueId) and handed to the others through some channel NCCL leaves to its user.
+///
+/// - `init_all(devices)`: one process drives several GPUs (rank i on devices[i]); the ranks are
+///   created together in one NCCL group (what ncclCommInitAll does, with a config, so they can
+///   be non-blocking). `launch(devices, fn)` then runs one thread per rank.
+/// - `init_with_file(path, env)`: the id travels through a file on a shared filesystem
+///   (nccl/id_file.hpp).
+/// - `init_with_mpi(comm)` (when built with MPI): the id is broadcast over MPI.
+/// - `init_from_env()`: the rank, world size and local rank come from torchrun's RANK,
+///   WORLD_SIZE and LOCAL_RANK (or Open MPI's / Slurm's variables; backend/launch_env.hpp), the
+///   id through the file named by RINGZERO_NCCL_ID_FILE; a process with none of these variables
+///   is a world of one.
+/// In a multi-process job rank r uses GPU `local_rank % (number of visible devices)`, the
+/// convention of torchrun's LOCAL_RANK.
+/// Errors: errc::no_device (no CUDA device: checked first, on every rank), invalid_argument,
+/// timeout (ranks did not all arrive), io_error (the id file), backend_failure (NCCL, CUDA).
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ringzero/backend/cuda/runtime.hpp"
+#include "ringzero/backend/launch_env.hpp"
+#include "ringzero/backend/nccl/communicator.hpp"
+#include "ringzero/backend/nccl/id_file.hpp"
+
+#if RINGZERO_HAS_MPI
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // the C API is enough; the deprecated C++ bindings only add warnings
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+#endif
+
+namespace ringzero::nccl {
+
+/// One communicator per device in `devices` (rank i on devices[i]), created by this process in
+/// one NCCL group. Devices must be distinct (NCCL refuses two ranks on one GPU); each rank gets
+/// its own stream (`opts.stream` must be unset). Returns once every rank exists.
+inline std::vector<std::unique_ptr<communicator>> init_all(const std::vector<int>& devices, const options& opts = {}) {
+  const int count = cudart::require_device("nccl::init_all");
+  if (devices.empty()) throw error(errc::invalid_argument, "nccl::init_all: no devices given");
+  if (opts.stream != nullptr)
+    throw error(errc::invalid_argument, "nccl::init_all: options::stream cannot serve several ranks; leave it unset");
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] < 0 || devices[i] >= count)
+      throw error(errc::invalid_argument, "nccl::init_all: CUDA device " + std::to_string(devices[i]) + " is outside [0, " +
+                                              std::to_string(count) + ")");
+    for (std::size_t j = 0; j < i; ++j)
+      if (devices[j] == devices[i])
+        throw error(errc::invalid_argument, "nccl::init_all: device " + std::to_string(devices[i]) +
+                                                " is given twice; NCCL does not support two ranks on one GPU "
+                                                "(use local::launch_cuda for that)");
+  }
+  const int n = static_cast<int>(devices.size());
+  const id_bytes id = generate_id();
+  ncclUniqueId uid;
+  std::memcpy(&uid, id.data(), id_size);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = opts.blocking ? 1 : 0;
+  if (!opts.name.empty()) config.commName = opts.name.c_str();
+  std::vector<ncclComm_t> comms(devices.size(), nullptr);
+  ncclResult_t first = ncclGroupStart();
+  for (int i = 0; i < n && first == ncclSuccess; ++i) {
+    cudart::use_device(devices[static_cast<std::size_t>(i)]);
+    first = ncclCommInitRankConfig(&comms[static_cast<std::size_t>(i)], n, uid, i, &config);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (first == ncclSuccess) first = end;
+  auto abort_all = [&] {
+    for (ncclComm_t c : comms)
+      if (c != nullptr) (void)ncclCommAbort(c);
+  };
+  if (first != ncclSuccess && first != ncclInProgress) {
+    abort_all();
+    throw error(errc_of(first), "nccl::init_all: ncclCommInitRankConfig failed: " + result_text(first));
+  }
+  // Non-blocking: every communicator reports ncclInProgress until its initialisation is done.
+  const auto wait = opts.timeout ? *opts.timeout : env_timeout();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
+  for (ncclComm_t c : comms) {
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r = ncclCommGetAsyncError(c, &state);
+      if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+        abort_all();
+        throw error(errc_of(r != ncclSuccess ? r : state),
+                    "nccl::init_all: initialisation failed: " + result_text(r != ncclSuccess ? r : state));
+      }
+      if (state == ncclSuccess) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        abort_all();
+        throw error(errc::timeout, "nccl::init_all: initialisation did not complete within the timeout");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  std::vector<std::unique_ptr<communicator>> result;
+  result.reserve(comms.size());
+  try {
+    for (std::size_t i = 0; i < comms.size(); ++i) {
+      result.push_back(communicator::adopt(comms[i], true, opts));
+      comms[i] = nullptr;  // owned by the communicator now
+    }
+  } catch (...) {
+    abort_all();
+    throw;
+  }
+  return result;
+}
+
+/// Runs `fn(nccl::communicator&)` on one thread per device of `devices` (rank i on devices[i],
+/// communicators from `init_all`) and waits for all; each rank's stream is synchronised after
+/// its `fn` returns. When a rank throws, every communicator is aborted so that no rank hangs,
+/// and the exception of the lowest failing rank is rethrown.
+template <class F>
+void launch(const std::vector<int>& devices, F&& fn, const options& opts = {}) {
+  std::vector<std::unique_ptr<communicator>> comms = init_all(devices, opts);
+  std::vector<std::exception_ptr> failures(comms.size());
+  std::vector<std::thread> threads;
+  threads.reserve(comms.size());
+  for (std::size_t i = 0; i < comms.size(); ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        cudart::use_device(comms[i]->device());
+        fn(*comms[i]);
+        comms[i]->synchronize();
+      } catch (...) {
+        failures[i] = std::current_exception();
+        for (auto& c : comms) c->abort("rank " + std::to_string(i) + " failed");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  comms.clear();
+  for (auto& f : failures)
+    if (f) std::rethrow_exception(f);
+}
+
+/// The device of a rank with local rank `local_rank`: local_rank % device count.
+inline int device_for_local_rank(int local_rank, const std::string& who) {
+  const int count = cudart::require_device(who);
+  return local_rank % count;
+}
+
+/// Rank `env.rank` of `env.world_size`, with the id exchanged through the file `path` on a
+/// filesystem every rank can read (nccl/id_file.hpp), on device `env.local_rank % devices`.
+/// Rank 0 removes the file once the communicator exists.
+inline std::unique_ptr<communicator> init_with_file(const std::string& path, const launch_env& env, const options& opts = {}) {
+  const int device = device_for_local_rank(env.local_rank, "nccl::init_with_file");
+  const auto wait = opts.timeout ? *opts.timeout : env_timeout();
+  const id_bytes id = exchange_id_through_file(path, env.rank, env.world_size, [] { return generate_id(); }, wait);
+  auto comm = std::make_unique<communicator>(id, env.rank, env.world_size, device, opts);
+  if (env.rank == 0) remove_id_file(path);
+  return comm;
+}
+
+#if RINGZERO_HAS_MPI
+/// One rank per process of the MPI communicator `mpi` (rank = MPI rank), the id broadcast from
+/// MPI rank 0, on device `local rank % devices` where the local rank is the rank among the
+/// processes sharing this node (MPI_COMM_TYPE_SHARED). Every rank first learns whether all have
+/// a CUDA device, so a missing GPU anywhere fails everywhere with errc::no_device.
+/// Collective over `mpi`; MPI must be initialised.
+inline std::unique_ptr<communicator> init_with_mpi(MPI_Comm mpi, const options& opts = {}) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(mpi, &rank);
+  MPI_Comm_size(mpi, &size);
+  MPI_Comm node;
+  MPI_Comm_split_type(mpi, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local_rank = 0;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  std::string why;
+  const int count = cudart::device_count(&why);
+  int have = count > 0 ? 1 : 0, all = 0;
+  MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, mpi);
+  if (!all)
+    throw error(errc::no_device, "nccl::init_with_mpi: no CUDA device on " + std::string(have ? "another rank" : "this rank (" + why + ")"));
+  id_bytes id{};
+  int ok = 1;
+  std::string failure;
+  if (rank == 0) {
+    try {
+      id = generate_id();
+    } catch (const std::exception& e) {
+      ok = 0;
+      failure = e.what();
+    }
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, mpi);
+  if (!ok) throw error(errc::backend_failure, "nccl::init_with_mpi: rank 0 could not create the NCCL unique id" +
+                                                  (failure.empty() ? std::string() : ": " + failure));
+  MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, mpi);
+  return std::make_unique<communicator>(id, rank, size, local_rank % count, opts);
+}
+#endif
+
+/// A communicator for this process from its environment (see the file comment): a world of one
+/// without launcher variables; otherwise the id exchanged through RINGZERO_NCCL_ID_FILE.
+/// Throws errc::invalid_argument when several ranks are launched and RINGZERO_NCCL_ID_FILE is
+/// unset (with MPI, call `init_with_mpi` instead).
+inline std::unique_ptr<communicator> init_from_env(const options& opts = {}) {
+  const launch_env env = read_launch_env();
+  if (env.world_size == 1) {
+    const int device = device_for_local_rank(env.local_rank, "nccl::init_from_env");
+    return std::make_unique<communicator>(generate_id(), 0, 1, device, opts);
+  }
+  if (auto path = ringzero::detail::env_string("RINGZERO_NCCL_ID_FILE")) return init_with_file(*path, env, opts);
+  throw error(errc::invalid_argument, "nccl::init_from_env: " + std::to_string(env.world_size) + " ranks (from " + env.source +
+                                          " variables) need a way to share NCCL's unique id: set RINGZERO_NCCL_ID_FILE to a "
+                                          "path every rank can read, or use nccl::init_with_mpi");
+}
+
+}  // namespace ringzero::nccl

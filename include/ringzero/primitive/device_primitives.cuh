@@ -1,0 +1,69 @@
+#pragma once
+/// @file
+/// The table of CUDA primitives (primitive/device_primitives.hpp) filled with the kernels of
+/// primitive/*.cuh, and its registration: the program-wide table is registered when the
+/// program starts (by the initialiser of an inline variable) and again by every call of
+/// `register_cuda_primitives()`, for linkers that drop an object file nothing refers to.
+/// Include it (normally through <ringzero/cuda.cuh>) in one .cu file of a program; including it
+/// in several is harmless. Requires nvcc.
+
+#if !defined(__CUDACC__)
+#error "ringzero/primitive/device_primitives.cuh contains CUDA kernels: include it only from a .cu file compiled by nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include "ringzero/primitive/cast.cuh"
+#include "ringzero/primitive/device_primitives.hpp"
+#include "ringzero/primitive/fill.cuh"
+#include "ringzero/primitive/reduce_into.cuh"
+#include "ringzero/primitive/scale.cuh"
+
+namespace ringzero {
+
+namespace primitive::device::detail {
+
+inline int table_reduce_into(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec,
+                             void* stream) noexcept {
+  return static_cast<int>(device::reduce_into(dst, a, b, count, spec, static_cast<cudaStream_t>(stream)));
+}
+inline int table_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count, void* stream) noexcept {
+  return static_cast<int>(device::cast(dst, dst_type, src, src_type, count, static_cast<cudaStream_t>(stream)));
+}
+inline int table_scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar, void* stream) noexcept {
+  return static_cast<int>(device::scale(dst, src, count, type, scalar, static_cast<cudaStream_t>(stream)));
+}
+inline int table_fill(void* dst, std::uint64_t count, dtype type, double value, void* stream) noexcept {
+  return static_cast<int>(device::fill(dst, count, type, value, static_cast<cudaStream_t>(stream)));
+}
+inline int table_copy(void* dst, const void* src, std::uint64_t bytes, void* stream) noexcept {
+  if (bytes == 0 || dst == src) return 0;
+  return static_cast<int>(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault,
+                                          static_cast<cudaStream_t>(stream)));
+}
+inline int table_set_device(int device) noexcept {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device) return 0;
+  return static_cast<int>(cudaSetDevice(device));
+}
+inline const char* table_error_name(int code) noexcept { return cudaGetErrorName(static_cast<cudaError_t>(code)); }
+inline const char* table_error_string(int code) noexcept { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+
+/// The program-wide table of the CUDA primitives.
+inline constexpr device_primitives cuda_primitives_table{&table_reduce_into, &table_cast,       &table_scale,
+                                                          &table_fill,        &table_copy,       &table_set_device,
+                                                          &table_error_name,  &table_error_string};
+
+/// Registers the table when the program starts.
+inline const bool cuda_primitives_registered = (register_device_primitives(&cuda_primitives_table), true);
+
+}  // namespace primitive::device::detail
+
+/// Registers the CUDA primitives of this program for code compiled without nvcc (the device
+/// data operations of the collectives, a trainer's .cpp files). Idempotent and thread-safe;
+/// normally done automatically when the program starts.
+inline void register_cuda_primitives() noexcept {
+  primitive::register_device_primitives(&primitive::device::detail::cuda_primitives_table);
+}
+
+}  // namespace ringzero

@@ -1,0 +1,40 @@
+#pragma once
+/// @file
+/// Host fill: `fill(dst, count, type, value)` sets `count` elements of `type` to `value`
+/// converted with the rules of primitive/cast.hpp (a float64 converted to the element type), and
+/// `element_pattern`, the bit pattern that conversion gives (the CUDA fill of
+/// primitive/fill.cuh writes exactly this pattern).
+///
+/// Counts are in elements. Thread safety: pure. Determinism: a pure function of its arguments.
+
+#include <cstdint>
+#include <cstring>
+
+#include "ringzero/core/dtype.hpp"
+#include "ringzero/primitive/cast.hpp"
+
+namespace ringzero::primitive {
+
+/// The bits of `value` converted to `type` (float64 -> `type` under the cast rules), in the low
+/// `dtype_size(type)` bytes of the result. Precondition: `type` valid.
+inline std::uint64_t element_pattern(dtype type, double value) noexcept {
+  std::uint64_t bits = 0;
+  visit_dtype(type, [&]<class T>() {
+    const T x = detail::convert<T>(value);
+    std::memcpy(&bits, &x, sizeof(T));  // little-endian: the element's bytes first
+  });
+  return bits;
+}
+
+/// Sets `count` elements of `type` at `dst` to `value` converted to `type`.
+/// Preconditions: valid `type`; `dst` non-null when count > 0. Never throws.
+inline void fill(void* dst, std::uint64_t count, dtype type, double value) noexcept {
+  if (count == 0) return;
+  visit_dtype(type, [&]<class T>() {
+    const T x = detail::convert<T>(value);
+    T* d = static_cast<T*>(dst);
+    for (std::uint64_t i = 0; i < count; ++i) d[i] = x;
+  });
+}
+
+}  // namespace ringzero::primitive

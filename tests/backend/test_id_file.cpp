@@ -1,0 +1,92 @@
+// backend/nccl/id_file.hpp: the unique-id exchange through a shared file, run with threads as
+// ranks (the id is plain bytes, so no GPU or NCCL is needed): every rank gets rank 0's id, files
+// of another job or world size are ignored, and a missing file ends in a timeout that says why.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ringzero/backend/nccl/id_file.hpp"
+
+using namespace ringzero;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string temp_path(const char* name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/ringzero-test-" + name + "-" + std::to_string(std::random_device{}());
+}
+
+nccl::id_bytes random_id(std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  nccl::id_bytes id{};
+  for (auto& b : id) b = static_cast<unsigned char>(gen());
+  return id;
+}
+
+}  // namespace
+
+TEST_CASE("every rank receives rank 0's id, whoever starts first") {
+  for (int world : {1, 2, 5}) {
+    const std::string path = temp_path("exchange");
+    const nccl::id_bytes expected = random_id(static_cast<std::uint64_t>(world));
+    std::vector<nccl::id_bytes> got(static_cast<std::size_t>(world));
+    std::vector<std::thread> ranks;
+    for (int r = world - 1; r >= 0; --r)  // readers start before the writer
+      ranks.emplace_back([&, r] {
+        if (r == 0) std::this_thread::sleep_for(20ms);
+        got[static_cast<std::size_t>(r)] =
+            nccl::exchange_id_through_file(path, r, world, [&] { return expected; }, 10s, "job-42");
+      });
+    for (auto& t : ranks) t.join();
+    for (const auto& id : got) CHECK(id == expected);
+    nccl::remove_id_file(path);
+    CHECK(!std::ifstream(path));
+  }
+}
+
+TEST_CASE("files of another job or world size are ignored; a timeout says what it found") {
+  const std::string path = temp_path("stale");
+  nccl::publish_id_file(path, random_id(1), 4, "old-job");
+  try {
+    (void)nccl::read_id_file(path, 4, 0.2s, "new-job");
+    FAIL("a stale id was accepted");
+  } catch (const error& e) {
+    CHECK(e.kind() == errc::timeout);
+    const std::string what = e.what();
+    CHECK(what.find("stale") != std::string::npos);
+    CHECK(what.find("old-job") != std::string::npos);
+  }
+  nccl::publish_id_file(path, random_id(2), 3, "new-job");
+  CHECK_THROWS_AS((void)nccl::read_id_file(path, 4, 0.1s, "new-job"), error);
+  // The right file replaces the stale one while a reader waits.
+  const nccl::id_bytes fresh = random_id(3);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(50ms);
+    nccl::publish_id_file(path, fresh, 4, "new-job");
+  });
+  CHECK(nccl::read_id_file(path, 4, 10s, "new-job") == fresh);
+  writer.join();
+  nccl::remove_id_file(path);
+}
+
+TEST_CASE("a missing file and a malformed file time out with a clear message") {
+  const std::string path = temp_path("missing");
+  try {
+    (void)nccl::read_id_file(path, 2, 0.05s, "");
+    FAIL("no timeout");
+  } catch (const error& e) {
+    CHECK(e.kind() == errc::timeout);
+    CHECK(std::string(e.what()).find("never appeared") != std::string::npos);
+  }
+  { std::ofstream(path) << "ringzero-nccl-id 1 world_size=2 job=- id=00zz\n"; }
+  CHECK_THROWS_AS((void)nccl::read_id_file(path, 2, 0.05s, ""), error);
+  nccl::remove_id_file(path);
+  CHECK_THROWS_AS(nccl::publish_id_file("/nonexistent-dir/ringzero/id", random_id(4), 2, ""), error);
+}

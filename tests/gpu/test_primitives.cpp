@@ -1,0 +1,311 @@
+// The CUDA primitives (primitive/*.cuh, through the registered table) against the host
+// primitives, exactly: every dtype, every reduce kind with its pre-scaling and final division,
+// every dtype pair of cast, scale and fill, over counts around the 16-byte vector width and its
+// multiples, aligned and misaligned pointers (vector path with a scalar head and tail, and the
+// all-scalar path), in place, and a count above 2^31. Memory around each output is checked to be
+// untouched. Inputs are random bit patterns (NaNs, infinities, subnormals included); the only
+// freedom allowed is the payload of a NaN produced by arithmetic (hardware-specific).
+#include <doctest/doctest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gpu_test_support.hpp"
+#include "ringzero/primitive/cast.hpp"
+#include "ringzero/primitive/device_primitives.hpp"
+#include "ringzero/primitive/fill.hpp"
+#include "ringzero/primitive/reduce.hpp"
+
+using namespace ringzero;
+using gpu_test::device_buffer;
+
+namespace {
+
+constexpr std::uint64_t max_count = (std::uint64_t{1} << 20) + 3;
+constexpr std::uint64_t guard = 16;  // elements checked after each output
+const std::uint64_t counts[] = {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65, 255, 1000, 4099, 65541, max_count};
+
+struct stream_holder {
+  cudaStream_t s = nullptr;
+  stream_holder() { cudart::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  ~stream_holder() { (void)cudaStreamDestroy(s); }
+};
+
+void expect_launch(int code, const char* what) {
+  INFO(what);
+  REQUIRE(code == 0);
+}
+
+void sync(cudaStream_t s) { cudart::check(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
+
+/// The host's and the device's copy of one operand, both from the same random bytes.
+struct operand {
+  std::vector<unsigned char> host;
+  std::vector<unsigned char> pristine;
+  device_buffer device;
+  device_buffer device_pristine;
+  operand(std::size_t bytes, std::uint64_t seed)
+      : host(gpu_test::random_bytes(bytes, seed)), pristine(host), device(bytes), device_pristine(bytes) {
+    device.upload(host);
+    device_pristine.upload(host);
+  }
+  /// Restores bytes [0, bytes) on both sides.
+  void restore(std::size_t bytes) {
+    std::memcpy(host.data(), pristine.data(), bytes);
+    cudart::check(cudaMemcpy(device.get(), device_pristine.get(), bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
+  }
+};
+
+primitive::reduce_spec spec_of(dtype t, reduce_kind k) {
+  primitive::reduce_spec s;
+  s.type = t;
+  s.kind = k;
+  return s;
+}
+
+/// The reduce variants: the four plain ops, avg's final division, premul_sum's pre-scaling on
+/// either or both sides (with and without the division), and a sum with a division.
+std::vector<primitive::reduce_spec> reduce_variants(dtype t) {
+  const bool fp = is_floating_point(t);
+  std::vector<primitive::reduce_spec> v;
+  for (reduce_kind k : {reduce_kind::sum, reduce_kind::prod, reduce_kind::min, reduce_kind::max}) v.push_back(spec_of(t, k));
+  auto avg = spec_of(t, reduce_kind::avg);
+  avg.divisor = 3;
+  v.push_back(avg);
+  auto pre_both = spec_of(t, reduce_kind::premul_sum);
+  pre_both.pre_a = pre_both.pre_b = true;
+  pre_both.scalar_a = fp ? 0.3 : 3.0;
+  pre_both.scalar_b = fp ? -2.5 : -7.0;
+  v.push_back(pre_both);
+  auto pre_b = spec_of(t, reduce_kind::premul_sum);
+  pre_b.pre_b = true;
+  pre_b.scalar_b = fp ? 1e-3 : 5.0;
+  pre_b.divisor = 4;
+  v.push_back(pre_b);
+  auto sum_div = spec_of(t, reduce_kind::sum);
+  sum_div.divisor = 7;
+  v.push_back(sum_div);
+  auto avg_pre = spec_of(t, reduce_kind::avg);  // direct's first fold: pre-scaled inputs, then the division
+  avg_pre.pre_a = avg_pre.pre_b = true;
+  avg_pre.scalar_a = fp ? 0.5 : 2.0;
+  avg_pre.scalar_b = fp ? 3.0 : -3.0;
+  avg_pre.divisor = 2;
+  v.push_back(avg_pre);
+  auto max_pre = spec_of(t, reduce_kind::max);  // prod, min and max ignore the pre-scaling
+  max_pre.pre_a = true;
+  max_pre.scalar_a = fp ? 7.5 : 9.0;
+  v.push_back(max_pre);
+  return v;
+}
+
+/// Element offsets of (dst, a, b); `in_place`: 0 none, 1 dst is a, 2 dst is b.
+struct layout {
+  int dst, a, b, in_place;
+};
+const layout layouts[] = {{0, 0, 0, 0}, {1, 1, 1, 0}, {3, 3, 3, 0}, {0, 1, 2, 0}, {1, 1, 1, 1}, {0, 0, 0, 2}};
+
+/// Element offsets of (dst, src) of a one-input primitive; `in_place`: dst is src.
+struct unary_layout {
+  int dst, src;
+  bool in_place;
+};
+const unary_layout unary_layouts[] = {{0, 0, false}, {1, 1, false}, {0, 3, false}, {2, 2, true}};
+
+}  // namespace
+
+TEST_CASE("reduce_into: every dtype, kind, count and alignment, bit for bit as the host") {
+  const auto& k = primitive::require_device_primitives();
+  stream_holder stream;
+  for (dtype t : all_dtypes) {
+    const std::size_t es = dtype_size(t);
+    const std::size_t bytes = static_cast<std::size_t>(max_count + 2 * guard) * es;
+    operand a(bytes, 1 + static_cast<std::uint64_t>(t)), b(bytes, 100 + static_cast<std::uint64_t>(t)),
+        d(bytes, 200 + static_cast<std::uint64_t>(t));
+    for (const primitive::reduce_spec& spec : reduce_variants(t)) {
+      const bool arithmetic = spec.kind != reduce_kind::min && spec.kind != reduce_kind::max;
+      for (std::uint64_t count : counts)
+        for (const layout& l : layouts) {
+          CAPTURE(dtype_name(t));
+          CAPTURE(reduce_kind_name(spec.kind));
+          CAPTURE(spec.pre_a);
+          CAPTURE(spec.pre_b);
+          CAPTURE(spec.divisor);
+          CAPTURE(count);
+          CAPTURE(l.dst);
+          CAPTURE(l.a);
+          CAPTURE(l.b);
+          CAPTURE(l.in_place);
+          operand& out = l.in_place == 1 ? a : l.in_place == 2 ? b : d;
+          const std::size_t window = static_cast<std::size_t>(l.dst + count + guard) * es;
+          expect_launch(k.reduce_into(out.device.get() + l.dst * es, a.device.get() + l.a * es, b.device.get() + l.b * es, count,
+                                      spec, stream.s),
+                        "reduce_into launch");
+          primitive::reduce_into(out.host.data() + l.dst * es, a.host.data() + l.a * es, b.host.data() + l.b * es, count, spec);
+          sync(stream.s);
+          const std::vector<unsigned char> got = out.device.download(0, window);
+          const std::vector<unsigned char> want(out.host.begin(), out.host.begin() + static_cast<std::ptrdiff_t>(window));
+          std::string what;
+          const long long at = gpu_test::first_difference(t, got, want, arithmetic, &what);
+          INFO(what);
+          REQUIRE(at == -1);
+          out.restore(window);
+        }
+    }
+  }
+}
+
+TEST_CASE("cast: all 100 dtype pairs, bit for bit as the host") {
+  const auto& k = primitive::require_device_primitives();
+  stream_holder stream;
+  const std::uint64_t cast_counts[] = {0, 1, 7, 17, 33, 1000, 65541};
+  constexpr std::uint64_t n = 65541;
+  for (dtype from : all_dtypes) {
+    std::vector<unsigned char> src = gpu_test::random_bytes(static_cast<std::size_t>(n + guard) * dtype_size(from),
+                                                            300 + static_cast<std::uint64_t>(from));
+    // The edges of every rule at the front: zeros, infinities, NaN with payload, saturation points.
+    const double specials[] = {0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.5, -2.5, 127.5, 128.0, -129.0, 255.5, 256.0,
+                               65504.0, 65520.0, 70000.0, 2147483648.0, -2147483649.0, 4294967296.0,
+                               9223372036854775808.0, 18446744073709551616.0, 1e30, -1e30,
+                               std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                               std::numeric_limits<double>::quiet_NaN(), 1e-40, 5.9604644775390625e-08};
+    visit_dtype(from, [&]<class F>() {
+      for (std::size_t i = 0; i < std::size(specials); ++i) {
+        const F x = primitive::detail::convert<F>(specials[i]);
+        std::memcpy(src.data() + (i + 4) * sizeof(F), &x, sizeof(F));
+      }
+    });
+    device_buffer dsrc(src.size());
+    dsrc.upload(src);
+    for (dtype to : all_dtypes) {
+      const std::size_t es = dtype_size(to);
+      device_buffer ddst(static_cast<std::size_t>(n + 2 * guard) * es);
+      const std::vector<unsigned char> initial = gpu_test::random_bytes(ddst.bytes(), 400);
+      for (std::uint64_t count : cast_counts)
+        for (const unary_layout& l : {unary_layout{0, 0, false}, unary_layout{1, 1, false}, unary_layout{0, 3, false},
+                                      unary_layout{5, 0, false}}) {
+          const int od = l.dst, os = l.src;
+          CAPTURE(dtype_name(from));
+          CAPTURE(dtype_name(to));
+          CAPTURE(count);
+          CAPTURE(od);
+          CAPTURE(os);
+          ddst.upload(initial);
+          std::vector<unsigned char> want = initial;
+          expect_launch(k.cast(ddst.get() + od * es, to, dsrc.get() + os * dtype_size(from), from, count, stream.s), "cast launch");
+          primitive::cast_into(want.data() + od * es, to, src.data() + os * dtype_size(from), from, count);
+          sync(stream.s);
+          const std::size_t window = static_cast<std::size_t>(od + count + guard) * es;
+          want.resize(window);
+          std::string what;
+          const long long at = gpu_test::first_difference(to, ddst.download(0, window), want,
+                                                          is_floating_point(to) && is_floating_point(from), &what);
+          INFO(what);
+          REQUIRE(at == -1);
+        }
+    }
+  }
+}
+
+TEST_CASE("scale and fill: every dtype, bit for bit as the host") {
+  const auto& k = primitive::require_device_primitives();
+  stream_holder stream;
+  constexpr std::uint64_t n = 65541;
+  for (dtype t : all_dtypes) {
+    const std::size_t es = dtype_size(t);
+    const std::size_t bytes = static_cast<std::size_t>(n + 2 * guard) * es;
+    const std::vector<unsigned char> src = gpu_test::random_bytes(bytes, 500 + static_cast<std::uint64_t>(t));
+    const std::vector<unsigned char> initial = gpu_test::random_bytes(bytes, 600 + static_cast<std::uint64_t>(t));
+    device_buffer dsrc(bytes), ddst(bytes);
+    dsrc.upload(src);
+    const std::vector<double> scalars = is_floating_point(t) ? std::vector<double>{1.0, -2.5, 0.1, 3.0, 1e-30}
+                                                             : std::vector<double>{1.0, 0.0, 3.0, -7.0, 1e15};
+    for (double scalar : scalars)
+      for (std::uint64_t count : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{9}, std::uint64_t{33}, n})
+        for (const unary_layout& l : unary_layouts) {
+          const int od = l.dst, os = l.src;
+          const bool in_place = l.in_place;
+          CAPTURE(dtype_name(t));
+          CAPTURE(scalar);
+          CAPTURE(count);
+          CAPTURE(od);
+          CAPTURE(os);
+          CAPTURE(in_place);
+          std::vector<unsigned char> want = in_place ? src : initial;
+          if (in_place) ddst.upload(src);
+          else ddst.upload(initial);
+          const unsigned char* dev_src = in_place ? ddst.get() + os * es : dsrc.get() + os * es;
+          expect_launch(k.scale(ddst.get() + od * es, dev_src, count, t, scalar, stream.s), "scale launch");
+          const std::vector<unsigned char> host_src = want;
+          primitive::scale_into(want.data() + od * es, (in_place ? host_src.data() : src.data()) + os * es, count, t, scalar);
+          sync(stream.s);
+          const std::size_t window = static_cast<std::size_t>(od + count + guard) * es;
+          want.resize(window);
+          std::string what;
+          const long long at = gpu_test::first_difference(t, ddst.download(0, window), want, true, &what);
+          INFO(what);
+          REQUIRE(at == -1);
+        }
+    for (double value : {0.0, 1.0, -1.0, 2.5, 1e10, -1e10, std::numeric_limits<double>::quiet_NaN(),
+                         std::numeric_limits<double>::infinity()})
+      for (std::uint64_t count : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{15}, std::uint64_t{16}, std::uint64_t{17}, n})
+        for (int od : {0, 1, 3}) {
+          CAPTURE(dtype_name(t));
+          CAPTURE(value);
+          CAPTURE(count);
+          CAPTURE(od);
+          ddst.upload(initial);
+          std::vector<unsigned char> want = initial;
+          expect_launch(k.fill(ddst.get() + od * es, count, t, value, stream.s), "fill launch");
+          primitive::fill(want.data() + od * es, count, t, value);
+          sync(stream.s);
+          const std::size_t window = static_cast<std::size_t>(od + count + guard) * es;
+          want.resize(window);
+          std::string what;
+          const long long at = gpu_test::first_difference(t, ddst.download(0, window), want, false, &what);
+          INFO(what);
+          REQUIRE(at == -1);
+        }
+  }
+}
+
+TEST_CASE("invalid dtypes and kinds are refused without a launch") {
+  const auto& k = primitive::require_device_primitives();
+  stream_holder stream;
+  primitive::reduce_spec bad_type = spec_of(static_cast<dtype>(77), reduce_kind::sum);
+  primitive::reduce_spec bad_kind = spec_of(dtype::float32, static_cast<reduce_kind>(9));
+  CHECK(k.reduce_into(nullptr, nullptr, nullptr, 4, bad_type, stream.s) != 0);
+  CHECK(k.reduce_into(nullptr, nullptr, nullptr, 4, bad_kind, stream.s) != 0);
+  CHECK(k.cast(nullptr, static_cast<dtype>(50), nullptr, dtype::int8, 4, stream.s) != 0);
+  CHECK(k.scale(nullptr, nullptr, 4, static_cast<dtype>(50), 1.0, stream.s) != 0);
+  CHECK(k.fill(nullptr, 4, static_cast<dtype>(50), 1.0, stream.s) != 0);
+  CHECK(k.reduce_into(nullptr, nullptr, nullptr, 0, spec_of(dtype::float32, reduce_kind::sum), stream.s) == 0);
+  sync(stream.s);
+}
+
+TEST_CASE("a count above 2^31 elements is reduced completely (64-bit indexing)") {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  cudart::check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  const std::uint64_t count = (std::uint64_t{1} << 31) + 17;
+  if (free_bytes < 4 * count) {
+    MESSAGE("skipped: needs " << 4 * count / (1 << 20) << " MiB of free device memory");
+    return;
+  }
+  const auto& k = primitive::require_device_primitives();
+  stream_holder stream;
+  const auto a = gpu_test::random_bytes(static_cast<std::size_t>(count), 7);
+  const auto b = gpu_test::random_bytes(static_cast<std::size_t>(count), 8);
+  device_buffer da(a.size()), db(b.size());
+  da.upload(a);
+  db.upload(b);
+  const primitive::reduce_spec spec = spec_of(dtype::uint8, reduce_kind::sum);
+  expect_launch(k.reduce_into(da.get() + 1, da.get() + 1, db.get() + 1, count - 1, spec, stream.s), "reduce_into launch");
+  sync(stream.s);
+  std::vector<unsigned char> want = a;
+  primitive::reduce_into(want.data() + 1, want.data() + 1, b.data() + 1, count - 1, spec);
+  CHECK(da.download(0, a.size()) == want);
+}
