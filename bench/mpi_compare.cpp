@@ -12,6 +12,14 @@
 // algorithm's result is first checked bitwise against exact values (#wrong); the exit status
 // is non-zero when any is wrong. Buffers are allocated and touched once, before the first row.
 // The MPI library runs with its default settings (whatever the environment gives it).
+//
+//   mpirun -np 2 ringzero-mpi-compare --link
+//
+// measures instead the cost parameters of the algorithm choice on this machine and network
+// (alpha: one exchange step of 8-byte messages between ring neighbours; beta: the extra time
+// per byte of a large exchange step, from 1 MiB and 16 MiB steps; gamma: the float32 combine
+// per byte), prints them as an mpi::communicator_options::link value, and measures what the
+// check mode (RINGZERO_CHECK=1) adds to a barrier and to an 8-byte all_reduce.
 
 #include <algorithm>
 #include <chrono>
@@ -197,6 +205,63 @@ class compare {
   std::vector<double> times_, slowest_;
 };
 
+/// The slowest rank's seconds per repetition of `body`.
+template <class Body>
+double seconds_per(rz::mpi::communicator& comm, int reps, Body&& body) {
+  for (int i = 0; i < std::max(1, reps / 10); ++i) body();
+  rz::barrier(comm);
+  const auto start = clock_type::now();
+  for (int i = 0; i < reps; ++i) body();
+  double mine = std::chrono::duration<double>(clock_type::now() - start).count() / reps, slowest = 0;
+  rz::all_reduce(comm, &mine, &slowest, 1, rz::dtype::float64, rz::reduce_kind::max);
+  return slowest;
+}
+
+/// --link: the link model's parameters and the check mode's cost, measured.
+void measure_link(rz::mpi::communicator& comm, int reps) {
+  const int n = comm.world_size(), r = comm.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const std::uint64_t small = 8, mid = 1 << 20, large = 16 << 20;
+  std::vector<unsigned char> a(large, 1), b(large, 2);
+  auto step = [&](std::uint64_t bytes) { comm.sendrecv(a.data(), bytes, next, b.data(), bytes, prev); };
+  const double alpha = seconds_per(comm, reps, [&] { step(small); }) * 1e6;
+  const double t_mid = seconds_per(comm, std::max(3, reps / 100), [&] { step(mid); }) * 1e6;
+  const double t_large = seconds_per(comm, std::max(3, reps / 400), [&] { step(large); }) * 1e6;
+  const double beta = std::max(1e-9, (t_large - t_mid) / static_cast<double>(large - mid));
+  rz::primitive::reduce_spec spec;
+  spec.type = rz::dtype::float32;
+  const double combine = seconds_per(comm, std::max(3, reps / 400), [&] {
+    rz::primitive::reduce_into(b.data(), a.data(), b.data(), large / 4, spec);
+  }) * 1e6;
+  const double gamma = combine / static_cast<double>(large);
+  // The check mode's cost: the same calls on a second communicator that checks.
+  rz::mpi::communicator_options checked;
+  checked.check = true;
+  rz::mpi::communicator check_comm(MPI_COMM_WORLD, checked);
+  rz::mpi::communicator_options unchecked;
+  unchecked.check = false;
+  rz::mpi::communicator plain_comm(MPI_COMM_WORLD, unchecked);
+  double x = 1, y = 0;
+  auto barrier_us = [&](rz::mpi::communicator& c) { return seconds_per(c, reps, [&] { rz::barrier(c); }) * 1e6; };
+  auto reduce_us = [&](rz::mpi::communicator& c) {
+    return seconds_per(c, reps, [&] { rz::all_reduce(c, &x, &y, 1, rz::dtype::float64, rz::reduce_kind::sum); }) * 1e6;
+  };
+  const double barrier_plain = barrier_us(plain_comm), barrier_checked = barrier_us(check_comm);
+  const double reduce_plain = reduce_us(plain_comm), reduce_checked = reduce_us(check_comm);
+  if (r != 0) return;
+  fmt::print("# ringzero-mpi-compare --link : {} MPI processes{}\n", n, comm.oversubscribed() ? " (oversubscribed)" : "");
+  fmt::print("  exchange step, {:>8} B : {:>10.2f} us   -> alpha = {:.2f} us\n", small, alpha, alpha);
+  fmt::print("  exchange step, {:>8} B : {:>10.2f} us\n", mid, t_mid);
+  fmt::print("  exchange step, {:>8} B : {:>10.2f} us   -> beta  = {:.3e} us/B ({:.2f} GB/s)\n", large, t_large, beta,
+             1e-3 / beta);
+  fmt::print("  float32 combine, {:>6} B : {:>10.2f} us   -> gamma = {:.3e} us/B ({:.2f} GB/s)\n", large, combine, gamma,
+             1e-3 / gamma);
+  fmt::print("  link_model: alpha_us = {:.3g}, beta_us_per_byte = {:.4g}, gamma_us_per_byte = {:.4g}\n", alpha, beta, gamma);
+  fmt::print("  check mode: barrier {:.2f} -> {:.2f} us (+{:.2f}); 8-byte all_reduce {:.2f} -> {:.2f} us (+{:.2f})\n",
+             barrier_plain, barrier_checked, barrier_checked - barrier_plain, reduce_plain, reduce_checked,
+             reduce_checked - reduce_plain);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -205,7 +270,8 @@ int main(int argc, char** argv) {
   std::string collective = "all_reduce", min_b = "64K", max_b = "256M", json_path;
   std::uint64_t factor = 2;
   int iters = 20, warmup = 5;
-  bool in_place = false;
+  bool in_place = false, link = false;
+  app.add_flag("--link", link, "measure the link model's parameters and the check mode's cost instead");
   app.add_option("--collective", collective, "all_reduce, reduce_scatter or all_gather")->capture_default_str();
   app.add_option("-b,--minbytes", min_b, "smallest size (B; suffixes K, M, G)")->capture_default_str();
   app.add_option("-e,--maxbytes", max_b, "largest size (B; suffixes K, M, G)")->capture_default_str();
@@ -233,6 +299,10 @@ int main(int argc, char** argv) {
   try {
     const std::uint64_t min_bytes = parse_size(min_b), max_bytes = parse_size(max_b);
     rz::mpi::communicator comm;
+    if (link) {
+      measure_link(comm, std::max(iters, 2000));
+      return 0;
+    }
     compare c(comm, *kind, iters, warmup, in_place, max_bytes);
     const int n = comm.world_size();
     if (rank == 0) {

@@ -195,25 +195,24 @@ class communicator final : public ringzero::communicator {
     return a == algorithm::ring || a == algorithm::halving_doubling || a == algorithm::native;
   }
 
-  /// Cost parameters over MPI point-to-point, measured on the development machine (Open MPI
-  /// 4.1, shared memory, docs/mpi.md): alpha is the time of one sendrecv step between two
-  /// processes, beta the inverse of the point-to-point bandwidth for large messages, gamma the
-  /// inverse rate of the combine. Across machines alpha and beta grow; the ratio still favours
-  /// halving_doubling for small messages and ring for large ones.
-  link_model link() const noexcept override {
+  /// Cost parameters over MPI point-to-point: `communicator_options::link` when given, else
+  /// `default_link()`.
+  link_model link() const noexcept override { return link_; }
+
+  /// The default cost parameters, measured with `ringzero-mpi-compare --link` on the
+  /// development machine (Open MPI 4.1, shared memory between processes; docs/mpi.md): alpha is
+  /// the time of one exchange step of small messages between ring neighbours, beta the inverse
+  /// of the bandwidth of one exchange step of large messages, gamma the inverse rate of the
+  /// float32 combine. `direct` does not exist over MPI; its terms are unused.
+  static constexpr link_model default_link() noexcept {
     link_model m;
-    m.alpha_us = alpha_us;
-    m.beta_us_per_byte = beta_us_per_byte;
-    m.gamma_us_per_byte = gamma_us_per_byte;
-    m.sync_us = alpha_us;
-    m.memory_us_per_byte = beta_us_per_byte;
+    m.alpha_us = 6.0;
+    m.beta_us_per_byte = 1.0 / 4000.0;
+    m.gamma_us_per_byte = 1.0 / 6000.0;
+    m.sync_us = m.alpha_us;
+    m.memory_us_per_byte = m.beta_us_per_byte;
     return m;
   }
-
-  /// Default alpha (us), beta and gamma (us per byte) of `link()`.
-  static constexpr double alpha_us = 6.0;
-  static constexpr double beta_us_per_byte = 1.0 / 4000.0;
-  static constexpr double gamma_us_per_byte = 1.0 / 6000.0;
 
   /// Splits this communicator like ncclCommSplit / MPI_Comm_split: ranks passing the same
   /// `color` (>= 0) form a new communicator, ordered by `key` then by rank here; a negative
@@ -235,6 +234,7 @@ class communicator final : public ringzero::communicator {
     o.timeout = timeout();
     o.on_timeout = policy_;
     o.expected_world_size = 0;
+    o.link = link_;
     auto child = std::make_unique<communicator>(sub.get(), o);
     child->set_forced_algorithm(forced_algorithm());
     return child;
@@ -319,6 +319,7 @@ class communicator final : public ringzero::communicator {
         serialize_(shape.serialize),
         check_(options.check ? *options.check : env_check(check_by_default)),
         policy_(options.on_timeout),
+        link_(options.link ? *options.link : default_link()),
         data_sent_(static_cast<std::size_t>(shape.size), 0),
         data_received_(static_cast<std::size_t>(shape.size), 0),
         records_sent_(static_cast<std::size_t>(shape.size), 0),
@@ -388,6 +389,9 @@ class communicator final : public ringzero::communicator {
     mine.slice_bytes = options_.slice_bytes;
     mine.pipeline_depth = options_.pipeline_depth;
     mine.forced_algorithm = static_cast<std::int32_t>(forced_algorithm());
+    mine.link[0] = link_.alpha_us;
+    mine.link[1] = link_.beta_us_per_byte;
+    mine.link[2] = link_.gamma_us_per_byte;
     std::vector<detail::hello_record> all(static_cast<std::size_t>(world_size()));
     check(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, control_.get()), "MPI_Allgather");
     auto agree = [&](const char* what, auto field, auto text) {
@@ -403,6 +407,9 @@ class communicator final : public ringzero::communicator {
     agree("the check mode (RINGZERO_CHECK / communicator_options::check)", &detail::hello_record::check, number);
     agree("slice_bytes", &detail::hello_record::slice_bytes, number);
     agree("pipeline_depth", &detail::hello_record::pipeline_depth, number);
+    agree("the link model (communicator_options::link)", &detail::hello_record::link,
+          [](const double (&m)[3]) { return "alpha " + std::to_string(m[0]) + " us, beta " + std::to_string(m[1]) +
+                                            " us/B, gamma " + std::to_string(m[2]) + " us/B"; });
     agree("RINGZERO_ALGO", &detail::hello_record::forced_algorithm,
           [](std::int32_t a) { return std::string(algorithm_name(static_cast<algorithm>(a))); });
 
@@ -1172,6 +1179,7 @@ class communicator final : public ringzero::communicator {
   bool serialize_ = false;
   bool check_ = false;
   failure_policy policy_ = failure_policy::abort_job;
+  link_model link_;
   bool oversubscribed_ = false;
   detail::comm_holder data_;
   detail::comm_holder control_;

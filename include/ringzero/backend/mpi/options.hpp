@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "ringzero/backend/communicator.hpp"
+
 namespace ringzero::mpi {
 
 /// What a rank does when a wait passes the communicator's timeout.
@@ -53,6 +55,12 @@ struct communicator_options {
   /// When > 0, the communicator's size must equal this (errc::invalid_argument otherwise, on
   /// every rank): catches a job launched with the wrong number of processes.
   int expected_world_size = 0;
+  /// Cost parameters for the algorithm choice (collective/selection.hpp). Unset: the values
+  /// measured on shared memory (mpi::communicator::default_link). Across machines, measure
+  /// yours with `ringzero-mpi-compare --link` and pass them here; every rank must pass the
+  /// same values, or ranks would pick different algorithms (checked when the communicator is
+  /// made).
+  std::optional<link_model> link;
 };
 
 }  // namespace ringzero::mpi

@@ -142,6 +142,7 @@ struct hello_record {
   std::uint64_t slice_bytes = 0;
   std::int32_t pipeline_depth = 0;
   std::int32_t forced_algorithm = 0;
+  double link[3] = {0, 0, 0};  ///< alpha, beta, gamma of the link model
 };
 
 }  // namespace ringzero::mpi::detail
