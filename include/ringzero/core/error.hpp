@@ -75,13 +75,18 @@ struct error_context {
 
 /// The exception thrown by every public ringzero call. `code()` is an `errc`; `what()` starts
 /// with the context ("ringzero [local rank 1/4] all_reduce #7: ") followed by the message.
+/// Copying may throw std::bad_alloc only when the message does not fit in memory.
 class error : public std::system_error {
  public:
   /// An error with code `code`, context `context` and a message naming the offending values.
   error(errc code, error_context context, const std::string& message)
-      : std::system_error(make_error_code(code), format(context, message)), context_(std::move(context)) {}
+      : std::system_error(make_error_code(code), message), what_(format(context, message)), context_(std::move(context)) {}
   /// An error outside any communicator.
   error(errc code, const std::string& message) : error(code, error_context{}, message) {}
+
+  /// The full message: context, then what was wrong (without std::system_error's appended
+  /// category text, which would repeat the code).
+  const char* what() const noexcept override { return what_.c_str(); }
 
   /// The error code as an `errc`.
   errc kind() const noexcept { return static_cast<errc>(code().value()); }
@@ -106,6 +111,7 @@ class error : public std::system_error {
     return s;
   }
 
+  std::string what_;
   error_context context_;
 };
 
