@@ -506,20 +506,10 @@ class communicator final : public ringzero::communicator {
     }
   }
 
-  /// The text of `e` without std::system_error's trailing ": <category message>" (the peer that
-  /// receives it as an abort reason adds its own).
-  static std::string reason_of(const error& e) {
-    std::string text = e.what();
-    const std::string suffix = ": " + e.code().message();
-    if (text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0)
-      text.resize(text.size() - suffix.size());
-    return text;
-  }
-
   /// Aborts the communicator with `code` (telling every peer) and throws it.
   [[noreturn]] void fail(errc code, const std::string& message) {
     error e(code, context(), message);
-    notify_abort(code, reason_of(e));
+    notify_abort(code, e.what());
     throw e;
   }
 
@@ -527,7 +517,7 @@ class communicator final : public ringzero::communicator {
   [[noreturn]] void timed_out(const std::string& message) {
     error e(errc::timeout, context(), message);
     if (policy_ == failure_policy::abort_job) abort_job(e, data_.get());
-    notify_abort(errc::timeout, reason_of(e));
+    notify_abort(errc::timeout, e.what());
     throw e;
   }
 
