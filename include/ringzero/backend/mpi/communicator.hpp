@@ -251,7 +251,11 @@ class communicator final : public ringzero::communicator {
   /// True once this communicator was aborted (by a failure here or a peer's notice).
   bool aborted() const noexcept { return aborted_; }
   /// Bytes per slice of pipelined transfers.
-  std::uint64_t slice_bytes() const noexcept { return options_.slice_bytes; }
+  std::uint64_t slice_bytes() const noexcept { return slice_bytes_; }
+  /// Slices a combining receive keeps posted.
+  int pipeline_depth() const noexcept { return pipeline_depth_; }
+  /// True when every rank of this communicator runs on this node.
+  bool single_node() const noexcept { return single_node_; }
   /// The MPI communicator ringzero's data travels on. For calls that do not communicate on
   /// it (MPI_Comm_rank, attributes, MPI_Abort); messages of your own would be mistaken for
   /// ringzero's.
@@ -330,11 +334,12 @@ class communicator final : public ringzero::communicator {
         watchdog_([this](const void* context) { return describe_native_timeout(context); }, MPI_COMM_NULL,
                   timeout_exit_code) {
     if (options.timeout) set_timeout(*options.timeout);
-    if (options.slice_bytes == 0 || options.slice_bytes % 64 != 0 || options.slice_bytes > (std::uint64_t{1} << 30))
-      raise(errc::invalid_argument, "slice_bytes must be a positive multiple of 64 up to 1 GiB, got " +
+    if (options.slice_bytes % 64 != 0 || options.slice_bytes > (std::uint64_t{1} << 30))
+      raise(errc::invalid_argument, "slice_bytes must be 0 (automatic) or a multiple of 64 up to 1 GiB, got " +
                                         std::to_string(options.slice_bytes));
-    if (options.pipeline_depth < 1 || options.pipeline_depth > 64)
-      raise(errc::invalid_argument, "pipeline_depth must be in [1, 64], got " + std::to_string(options.pipeline_depth));
+    if (options.pipeline_depth < 0 || options.pipeline_depth > 64)
+      raise(errc::invalid_argument, "pipeline_depth must be 0 (automatic) or in [1, 64], got " +
+                                        std::to_string(options.pipeline_depth));
     if (options.expected_world_size > 0 && options.expected_world_size != shape.size)
       raise(errc::invalid_argument, "the job has " + std::to_string(shape.size) + " processes in this communicator but " +
                                         std::to_string(options.expected_world_size) +
@@ -378,6 +383,18 @@ class communicator final : public ringzero::communicator {
     check(MPI_Comm_set_errhandler(data_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check(MPI_Comm_set_errhandler(control_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
 
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(data_.get(), MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    int local = 1;
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+    const unsigned cpus = std::thread::hardware_concurrency();
+    oversubscribed_ = cpus != 0 && static_cast<unsigned>(local) > cpus;
+    single_node_ = local == world_size();  // the same answer on every rank
+    slice_bytes_ = options_.slice_bytes != 0 ? options_.slice_bytes : (single_node_ ? node_slice_bytes : network_slice_bytes);
+    pipeline_depth_ = options_.pipeline_depth != 0 ? options_.pipeline_depth
+                                                   : (single_node_ ? node_pipeline_depth : network_pipeline_depth);
+
     detail::hello_record mine;
     {
       std::random_device entropy;
@@ -386,8 +403,8 @@ class communicator final : public ringzero::communicator {
     }
     mine.version = RINGZERO_VERSION;
     mine.check = check_ ? 1 : 0;
-    mine.slice_bytes = options_.slice_bytes;
-    mine.pipeline_depth = options_.pipeline_depth;
+    mine.slice_bytes = slice_bytes_;
+    mine.pipeline_depth = pipeline_depth_;
     mine.forced_algorithm = static_cast<std::int32_t>(forced_algorithm());
     mine.link[0] = link_.alpha_us;
     mine.link[1] = link_.beta_us_per_byte;
@@ -413,13 +430,6 @@ class communicator final : public ringzero::communicator {
     agree("RINGZERO_ALGO", &detail::hello_record::forced_algorithm,
           [](std::int32_t a) { return std::string(algorithm_name(static_cast<algorithm>(a))); });
 
-    MPI_Comm node = MPI_COMM_NULL;
-    check(MPI_Comm_split_type(data_.get(), MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node), "MPI_Comm_split_type");
-    int local = 1;
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-    const unsigned cpus = std::thread::hardware_concurrency();
-    oversubscribed_ = cpus != 0 && static_cast<unsigned>(local) > cpus;
   }
 
   // ---- MPI call helpers --------------------------------------------------------------------
@@ -677,12 +687,12 @@ class communicator final : public ringzero::communicator {
     check_peer(from, "receive from");
     if (aborted_) raise(abort_code_, "the communicator was aborted: " + abort_reason_);
     if (to < 0 && from < 0) return;
-    const std::uint64_t slice = options_.slice_bytes;
+    const std::uint64_t slice = slice_bytes_;
     const int cls = current_tag_class();
     const bool reducing = combine != nullptr;
     const std::uint64_t S = to >= 0 ? detail::slice_count(send_bytes, slice) : 0;
     const std::uint64_t R = from >= 0 ? detail::slice_count(recv_bytes, slice) : 0;
-    const std::uint64_t recv_window = reducing ? static_cast<std::uint64_t>(options_.pipeline_depth) : transfer_window;
+    const std::uint64_t recv_window = reducing ? static_cast<std::uint64_t>(pipeline_depth_) : transfer_window;
     const std::uint64_t send_window = transfer_window;
     auto slice_len = [&](std::uint64_t total, std::uint64_t j) { return std::min(slice, total - std::min(total, j * slice)); };
     // Plain receives whose last slice is short match it by probing (see above).
@@ -1171,6 +1181,9 @@ class communicator final : public ringzero::communicator {
   failure_policy policy_ = failure_policy::abort_job;
   link_model link_;
   bool oversubscribed_ = false;
+  bool single_node_ = false;
+  std::uint64_t slice_bytes_ = 0;
+  int pipeline_depth_ = 1;
   detail::comm_holder data_;
   detail::comm_holder control_;
   std::vector<std::uint64_t> data_sent_;

@@ -31,11 +31,17 @@ constexpr const char* failure_policy_name(failure_policy p) noexcept {
   return p == failure_policy::throw_error ? "throw_error" : "abort_job";
 }
 
-/// Bytes per slice of a pipelined transfer (see `communicator_options::slice_bytes`).
-inline constexpr std::uint64_t default_slice_bytes = 256 * 1024;
-
-/// Number of slices a combining receive keeps in flight (scratch: depth * slice_bytes).
-inline constexpr int default_pipeline_depth = 4;
+/// Slice size of pipelined transfers when the whole communicator is on one node (shared
+/// memory). There the receiving process copies the data itself (Open MPI's single-copy CMA), so
+/// slicing cannot overlap the copy with the combine; each slice only adds a handshake. Large
+/// slices measured best on the development machine (docs/mpi.md).
+inline constexpr std::uint64_t node_slice_bytes = 4u << 20;
+/// Pipeline depth on one node (staging memory: depth * slice bytes, allocated once).
+inline constexpr int node_pipeline_depth = 2;
+/// Slice size across nodes: the network moves slice s+1 while the CPU combines slice s.
+inline constexpr std::uint64_t network_slice_bytes = 512u << 10;
+/// Pipeline depth across nodes.
+inline constexpr int network_pipeline_depth = 4;
 
 /// Settings of an `mpi::communicator`. Every rank must pass the same values for `check`,
 /// `slice_bytes` and `pipeline_depth` (checked when the communicator is made).
@@ -48,10 +54,13 @@ struct communicator_options {
   /// Timeout of every wait. Unset: RINGZERO_TIMEOUT, else 300 s.
   std::optional<std::chrono::duration<double>> timeout;
   /// Transfers larger than this are sent as slices of this many bytes, so that a combining
-  /// receiver reduces slice s while slice s+1 is in flight. Must be a positive multiple of 64.
-  std::uint64_t slice_bytes = default_slice_bytes;
-  /// Slices a combining receive keeps posted at once (>= 1).
-  int pipeline_depth = default_pipeline_depth;
+  /// receiver reduces slice s while slice s+1 is in flight. A multiple of 64 up to 1 GiB, or 0:
+  /// `node_slice_bytes` when every rank of the communicator is on one node, else
+  /// `network_slice_bytes`.
+  std::uint64_t slice_bytes = 0;
+  /// Slices a combining receive keeps posted at once (1 to 64), or 0: `node_pipeline_depth`
+  /// on one node, else `network_pipeline_depth`.
+  int pipeline_depth = 0;
   /// When > 0, the communicator's size must equal this (errc::invalid_argument otherwise, on
   /// every rank): catches a job launched with the wrong number of processes.
   int expected_world_size = 0;
