@@ -375,7 +375,7 @@ class communicator final : public ringzero::communicator {
           if (policy_ == failure_policy::abort_job) abort_job(error(errc::timeout, context(), msg), comm);
           raise(errc::timeout, msg);
         }
-        backoff(start);
+        backoff(phase_after(clock::now() - start));
       }
     }
     auto lock = mpi_lock();
@@ -463,21 +463,27 @@ class communicator final : public ringzero::communicator {
 
   clock::time_point deadline() const { return clock::now() + std::chrono::duration_cast<clock::duration>(timeout()); }
 
-  /// One idle round of a wait that has made no progress since `idle_since`: spin (the first
-  /// 50 us), then yield (up to 100 ms), then sleep for a sixteenth of the idle time (50 us to
-  /// 500 us), so that a rank waiting long (a progress thread behind a peer's compute) leaves its
-  /// processor to others. MPI moves data only inside MPI calls, so a sleeping rank also stalls
-  /// the transfers its peers wait for: sleeping starts late. Oversubscribed ranks never spin:
-  /// it would steal the processor of the rank they wait for.
-  void backoff(clock::time_point idle_since) const {
+  /// How an idle wait spends one round (see `backoff`).
+  enum class idle_phase { spin, yield, sleep };
+
+  /// The phase of a wait idle for `idle`: spin (the first 50 us), then yield (up to 100 ms),
+  /// then sleep, so that a rank waiting long (a progress thread behind a peer's compute) leaves
+  /// its processor to others. MPI moves data only inside MPI calls, so a sleeping rank also
+  /// stalls the transfers its peers wait for: sleeping starts late. Oversubscribed ranks never
+  /// spin: it would steal the processor of the rank they wait for.
+  idle_phase phase_after(clock::duration idle) const noexcept {
     using namespace std::chrono;
-    const auto idle = clock::now() - idle_since;
-    if (!oversubscribed_ && idle < microseconds(50)) {
-      ringzero::detail::cpu_relax();
-    } else if (idle < milliseconds(100)) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::clamp<clock::duration>(idle / 16, microseconds(50), microseconds(500)));
+    if (!oversubscribed_ && idle < microseconds(50)) return idle_phase::spin;
+    if (idle < milliseconds(100)) return idle_phase::yield;
+    return idle_phase::sleep;
+  }
+
+  /// One idle round in `phase` (a sleep lasts 200 us).
+  static void backoff(idle_phase phase) {
+    switch (phase) {
+      case idle_phase::spin: ringzero::detail::cpu_relax(); break;
+      case idle_phase::yield: std::this_thread::yield(); break;
+      case idle_phase::sleep: std::this_thread::sleep_for(std::chrono::microseconds(200)); break;
     }
   }
 
@@ -637,6 +643,7 @@ class communicator final : public ringzero::communicator {
   void poll(Step&& step, Stalled&& stalled, clock::time_point until, OnTimeout&& on_timeout) {
     unsigned idle = 0;
     clock::time_point idle_since{};
+    idle_phase phase = idle_phase::spin;
     for (;;) {
       const step_result r = step();
       if (r == step_result::done) return;
@@ -644,15 +651,20 @@ class communicator final : public ringzero::communicator {
         idle = 0;
         continue;
       }
-      if (idle == 0) idle_since = clock::now();
-      if ((idle & 31u) == 31u) {
+      if (idle == 0) {
+        idle_since = clock::now();
+        phase = oversubscribed_ ? idle_phase::yield : idle_phase::spin;
+      }
+      if ((idle & 31u) == 31u) {  // the clock and the control channel, every 32 idle rounds
         poll_notices();
         if (aborted_) raise(abort_code_, "the communicator was aborted: " + abort_reason_);
         std::string why = stalled();
         if (!why.empty()) fail(errc::peer_exited, why);
-        if (clock::now() >= until) on_timeout();
+        const auto now = clock::now();
+        if (now >= until) on_timeout();
+        phase = phase_after(now - idle_since);
       }
-      backoff(idle_since);
+      backoff(phase);
       ++idle;
     }
   }
@@ -1098,8 +1110,9 @@ class communicator final : public ringzero::communicator {
         }
       }
       if (all_departed && all_sent) break;
-      if (clock::now() >= until) break;
-      backoff(start);
+      const auto now = clock::now();
+      if (now >= until) break;
+      backoff(phase_after(now - start));
     }
     (void)abandon(sends);
   }
