@@ -17,8 +17,8 @@
 //
 // measures instead the cost parameters of the algorithm choice on this machine and network
 // (alpha: one exchange step of 8-byte messages between ring neighbours; beta: the extra time
-// per byte of a large exchange step, from 1 MiB and 16 MiB steps; gamma: the float32 combine
-// per byte), prints them as an mpi::communicator_options::link value, and measures what the
+// per byte of an exchange step, from 64 KiB and 1 MiB steps; gamma: the float32 combine per
+// byte of 256 KiB; all sizes where the model's choices fall, in cache), prints them as an mpi::communicator_options::link value, and measures what the
 // check mode (RINGZERO_CHECK=1) adds to a barrier and to an 8-byte all_reduce.
 
 #include <algorithm>
@@ -221,19 +221,22 @@ double seconds_per(rz::mpi::communicator& comm, int reps, Body&& body) {
 void measure_link(rz::mpi::communicator& comm, int reps) {
   const int n = comm.world_size(), r = comm.rank();
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
-  const std::uint64_t small = 8, mid = 1 << 20, large = 16 << 20;
+  // The decisions the model makes (recursive doubling or Rabenseifner, ring or halving_doubling)
+  // fall at sizes that stay in cache, so beta and gamma are measured there.
+  const std::uint64_t small = 8, mid = 64 << 10, large = 1 << 20;
   std::vector<unsigned char> a(large, 1), b(large, 2);
   auto step = [&](std::uint64_t bytes) { comm.sendrecv(a.data(), bytes, next, b.data(), bytes, prev); };
   const double alpha = seconds_per(comm, reps, [&] { step(small); }) * 1e6;
-  const double t_mid = seconds_per(comm, std::max(3, reps / 100), [&] { step(mid); }) * 1e6;
-  const double t_large = seconds_per(comm, std::max(3, reps / 400), [&] { step(large); }) * 1e6;
+  const double t_mid = seconds_per(comm, std::max(3, reps / 4), [&] { step(mid); }) * 1e6;
+  const double t_large = seconds_per(comm, std::max(3, reps / 20), [&] { step(large); }) * 1e6;
   const double beta = std::max(1e-9, (t_large - t_mid) / static_cast<double>(large - mid));
   rz::primitive::reduce_spec spec;
   spec.type = rz::dtype::float32;
-  const double combine = seconds_per(comm, std::max(3, reps / 400), [&] {
-    rz::primitive::reduce_into(b.data(), a.data(), b.data(), large / 4, spec);
+  const std::uint64_t combined = 256 << 10;
+  const double combine = seconds_per(comm, std::max(3, reps / 4), [&] {
+    rz::primitive::reduce_into(b.data(), a.data(), b.data(), combined / 4, spec);
   }) * 1e6;
-  const double gamma = combine / static_cast<double>(large);
+  const double gamma = combine / static_cast<double>(combined);
   // The check mode's cost: the same calls on a second communicator that checks.
   rz::mpi::communicator_options checked;
   checked.check = true;
@@ -254,7 +257,7 @@ void measure_link(rz::mpi::communicator& comm, int reps) {
   fmt::print("  exchange step, {:>8} B : {:>10.2f} us\n", mid, t_mid);
   fmt::print("  exchange step, {:>8} B : {:>10.2f} us   -> beta  = {:.3e} us/B ({:.2f} GB/s)\n", large, t_large, beta,
              1e-3 / beta);
-  fmt::print("  float32 combine, {:>6} B : {:>10.2f} us   -> gamma = {:.3e} us/B ({:.2f} GB/s)\n", large, combine, gamma,
+  fmt::print("  float32 combine, {:>6} B : {:>10.2f} us   -> gamma = {:.3e} us/B ({:.2f} GB/s)\n", combined, combine, gamma,
              1e-3 / gamma);
   fmt::print("  link_model: alpha_us = {:.3g}, beta_us_per_byte = {:.4g}, gamma_us_per_byte = {:.4g}\n", alpha, beta, gamma);
   fmt::print("  check mode: barrier {:.2f} -> {:.2f} us (+{:.2f}); 8-byte all_reduce {:.2f} -> {:.2f} us (+{:.2f})\n",
@@ -271,6 +274,10 @@ int main(int argc, char** argv) {
   std::uint64_t factor = 2;
   int iters = 20, warmup = 5;
   bool in_place = false, link = false;
+  double alpha = 0, beta = 0, gamma = 0;
+  app.add_option("--alpha", alpha, "link model: alpha in us (with --beta and --gamma; default: the backend's)");
+  app.add_option("--beta", beta, "link model: beta in us per byte");
+  app.add_option("--gamma", gamma, "link model: gamma in us per byte");
   app.add_flag("--link", link, "measure the link model's parameters and the check mode's cost instead");
   app.add_option("--collective", collective, "all_reduce, reduce_scatter or all_gather")->capture_default_str();
   app.add_option("-b,--minbytes", min_b, "smallest size (B; suffixes K, M, G)")->capture_default_str();
@@ -298,7 +305,16 @@ int main(int argc, char** argv) {
   nlohmann::json rows = nlohmann::json::array();
   try {
     const std::uint64_t min_bytes = parse_size(min_b), max_bytes = parse_size(max_b);
-    rz::mpi::communicator comm;
+    rz::mpi::communicator_options options;
+    if (alpha > 0 || beta > 0 || gamma > 0) {
+      if (!(alpha > 0 && beta > 0 && gamma > 0)) throw std::invalid_argument("--alpha, --beta and --gamma go together (all > 0)");
+      rz::link_model m = rz::mpi::communicator::default_link(false);
+      m.alpha_us = alpha;
+      m.beta_us_per_byte = beta;
+      m.gamma_us_per_byte = gamma;
+      options.link = m;
+    }
+    rz::mpi::communicator comm(MPI_COMM_WORLD, options);
     if (link) {
       measure_link(comm, std::max(iters, 2000));
       return 0;
@@ -308,6 +324,9 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       fmt::print("# ringzero-mpi-compare {} : {} MPI processes, float32 sum, {}, {} iterations after {} warm-up\n",
                  rz::collective_name(*kind), n, in_place ? "in place" : "out of place", iters, warmup);
+      const rz::link_model m = comm.link();
+      fmt::print("# link model: alpha {:.3g} us, beta {:.3g} us/B, gamma {:.3g} us/B{}\n", m.alpha_us, m.beta_us_per_byte,
+                 m.gamma_us_per_byte, comm.oversubscribed() ? " (oversubscribed)" : "");
       fmt::print("# time: median over iterations of the slowest rank (us); busbw: GB/s (nccl-tests); "
                  "native/best >= 1 means ringzero's best point-to-point algorithm at least matches MPI's own\n");
       fmt::print("# {:>10} {:>10} | {:>9} {:>6} | {:>9} {:>6} | {:>9} {:>6} | {:>9} {:>16} | {:>16} {:>11} | {:>6}\n", "size",

@@ -196,19 +196,22 @@ class communicator final : public ringzero::communicator {
   }
 
   /// Cost parameters over MPI point-to-point: `communicator_options::link` when given, else
-  /// `default_link()`.
+  /// `default_link(any node oversubscribed)`.
   link_model link() const noexcept override { return link_; }
 
   /// The default cost parameters, measured with `ringzero-mpi-compare --link` on the
-  /// development machine (Open MPI 4.1, shared memory between processes; docs/mpi.md): alpha is
-  /// the time of one exchange step of small messages between ring neighbours, beta the inverse
-  /// of the bandwidth of one exchange step of large messages, gamma the inverse rate of the
-  /// float32 combine. `direct` does not exist over MPI; its terms are unused.
-  static constexpr link_model default_link() noexcept {
+  /// development machine (Open MPI 4.1, shared memory between processes, a 2-core VM shared
+  /// with other jobs; docs/mpi.md has the ranges): alpha is the time of one exchange step of
+  /// small messages between ring neighbours, beta the inverse bandwidth of exchange steps of
+  /// 64 KiB to 1 MiB, gamma the inverse rate of the float32 combine, both in cache, where the
+  /// model's choices fall. When any node runs more processes than it has processors
+  /// (`oversubscribed`), every step also waits for the peer to be scheduled: alpha is then the
+  /// measured 30 us and the rates lower. `direct` does not exist over MPI; its terms are unused.
+  static constexpr link_model default_link(bool oversubscribed) noexcept {
     link_model m;
-    m.alpha_us = 6.0;
-    m.beta_us_per_byte = 1.0 / 4000.0;
-    m.gamma_us_per_byte = 1.0 / 6000.0;
+    m.alpha_us = oversubscribed ? 30.0 : 2.0;
+    m.beta_us_per_byte = oversubscribed ? 8e-4 : 1.5e-4;
+    m.gamma_us_per_byte = oversubscribed ? 2e-4 : 1e-4;
     m.sync_us = m.alpha_us;
     m.memory_us_per_byte = m.beta_us_per_byte;
     return m;
@@ -323,7 +326,7 @@ class communicator final : public ringzero::communicator {
         serialize_(shape.serialize),
         check_(options.check ? *options.check : env_check(check_by_default)),
         policy_(options.on_timeout),
-        link_(options.link ? *options.link : default_link()),
+        link_(options.link ? *options.link : default_link(false)),
         data_sent_(static_cast<std::size_t>(shape.size), 0),
         data_received_(static_cast<std::size_t>(shape.size), 0),
         records_sent_(static_cast<std::size_t>(shape.size), 0),
@@ -406,9 +409,12 @@ class communicator final : public ringzero::communicator {
     mine.slice_bytes = slice_bytes_;
     mine.pipeline_depth = pipeline_depth_;
     mine.forced_algorithm = static_cast<std::int32_t>(forced_algorithm());
-    mine.link[0] = link_.alpha_us;
-    mine.link[1] = link_.beta_us_per_byte;
-    mine.link[2] = link_.gamma_us_per_byte;
+    mine.oversubscribed = oversubscribed_ ? 1 : 0;
+    if (options_.link) {  // as given; zeros for the default, resolved below
+      mine.link[0] = options_.link->alpha_us;
+      mine.link[1] = options_.link->beta_us_per_byte;
+      mine.link[2] = options_.link->gamma_us_per_byte;
+    }
     std::vector<detail::hello_record> all(static_cast<std::size_t>(world_size()));
     check(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, control_.get()), "MPI_Allgather");
     auto agree = [&](const char* what, auto field, auto text) {
@@ -420,13 +426,21 @@ class communicator final : public ringzero::communicator {
     };
     auto number = [](auto v) { return std::to_string(v); };
     instance_ = all.front().instance;
+    // Waits pace themselves by this node's load; the link model must be the same everywhere, so
+    // the default one is oversubscribed's when any node is.
+    bool any_oversubscribed = false;
+    for (const auto& h : all) any_oversubscribed = any_oversubscribed || h.oversubscribed != 0;
+    if (!options_.link) link_ = default_link(any_oversubscribed);
     agree("the ringzero version", &detail::hello_record::version, number);
     agree("the check mode (RINGZERO_CHECK / communicator_options::check)", &detail::hello_record::check, number);
     agree("slice_bytes", &detail::hello_record::slice_bytes, number);
     agree("pipeline_depth", &detail::hello_record::pipeline_depth, number);
     agree("the link model (communicator_options::link)", &detail::hello_record::link,
-          [](const double (&m)[3]) { return "alpha " + std::to_string(m[0]) + " us, beta " + std::to_string(m[1]) +
-                                            " us/B, gamma " + std::to_string(m[2]) + " us/B"; });
+          [](const double (&m)[3]) {
+            if (m[0] == 0 && m[1] == 0 && m[2] == 0) return std::string("the default");
+            return "alpha " + std::to_string(m[0]) + " us, beta " + std::to_string(m[1]) + " us/B, gamma " +
+                   std::to_string(m[2]) + " us/B";
+          });
     agree("RINGZERO_ALGO", &detail::hello_record::forced_algorithm,
           [](std::int32_t a) { return std::string(algorithm_name(static_cast<algorithm>(a))); });
 

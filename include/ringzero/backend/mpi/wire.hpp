@@ -142,7 +142,9 @@ struct hello_record {
   std::uint64_t slice_bytes = 0;
   std::int32_t pipeline_depth = 0;
   std::int32_t forced_algorithm = 0;
-  double link[3] = {0, 0, 0};  ///< alpha, beta, gamma of the link model
+  std::int32_t oversubscribed = 0;  ///< this rank's node runs more processes than processors
+  std::int32_t pad = 0;
+  double link[3] = {0, 0, 0};  ///< alpha, beta, gamma of the link model (as given; 0: default)
 };
 
 }  // namespace ringzero::mpi::detail
