@@ -8,6 +8,7 @@ packages=(
   doctest-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   zlib1g-dev libeigen3-dev dataset-fashion-mnist
   libopenmpi-dev openmpi-bin
+  jq  # the summaries of bench/ddp_fashion_mnist.sh and bench/zero_fashion_mnist.sh
 )
 
 missing=()

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The main job: installs missing Debian packages, builds ringzero (release) and runs the
-# all_reduce benchmark on 2 ranks of the local backend, from 8 B to 256 MiB, checking every
-# result bitwise and comparing with the machine's memory bandwidth.
-# Extra arguments are passed to ringzero-bench (e.g. --ranks 4, -d all).
+# The main job: installs missing Debian packages, builds ringzero (release) and trains the
+# Fashion-MNIST MLP (examples/01_ddp_fashion_mnist) for a few epochs on 1 rank and then on 2 ranks
+# of the local backend with the same global batch, printing per-epoch wall time, test accuracy
+# and the speedup of 2 ranks over 1 side by side (the data-parallel homework: same accuracy,
+# wall-clock speedup close to the number of workers).
+# Extra arguments go to the trainer (e.g. --epochs 10, --optimizer adamw, --compress bf16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
 if [ ! -f build-release/build.ninja ]; then
   meson setup build-release -Dbuildtype=release >/dev/null
 fi
-ninja -C build-release bench/ringzero-bench >/dev/null
-exec ./build-release/bench/ringzero-bench all_reduce -b 8 -e 256M -f 4 -n 20 -w 5 -c 1 -d float -o sum --ranks 2 "$@"
+ninja -C build-release examples/ddp_fashion_mnist >/dev/null
+exec ./build-release/examples/ddp_fashion_mnist --compare-ranks 1,2 --epochs 3 "$@"

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// The umbrella header: core types, the local (threads) backend, every collective, and ZeRO
-/// (shard planner, memory and traffic model, sharded runtime).
+/// The umbrella header: core types, the local (threads) backend, every collective, DDP (bucket
+/// assignment, the gradient reducer and its communication hooks) and ZeRO (shard planner,
+/// memory and traffic model, sharded runtime).
 /// The MPI and NCCL backends are opt-in (backend/mpi.hpp, backend/nccl.hpp) so that including
 /// this header needs no external library.
 ///
@@ -35,6 +36,13 @@
 #include "ringzero/collective/reduce.hpp"
 #include "ringzero/collective/reduce_scatter.hpp"
 #include "ringzero/collective/send_recv.hpp"
+
+#include "ringzero/ddp/allreduce_hook.hpp"
+#include "ringzero/ddp/bucket_assignment.hpp"
+#include "ringzero/ddp/comm_hook.hpp"
+#include "ringzero/ddp/compression_hook.hpp"
+#include "ringzero/ddp/gradient_bucket.hpp"
+#include "ringzero/ddp/gradient_reducer.hpp"
 
 #include "ringzero/zero/model_presets.hpp"
 #include "ringzero/zero/paper_comparison.hpp"

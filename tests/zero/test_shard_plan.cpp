@@ -41,7 +41,7 @@ std::vector<parameter_spec> random_model(std::uint32_t seed) {
     dtype t = types[rng() % 4];
     if (frozen && rng() % 3 == 0) t = dtype::int8;
     std::string unit;
-    if (rng() % 3 != 0) unit = "u" + std::to_string(rng() % 4);
+    if (rng() % 3 != 0) unit = std::string("u").append(std::to_string(rng() % 4));
     std::string name = "p";
     name += std::to_string(i);
     p.push_back(spec(name, shape, t, !frozen, {}, unit));

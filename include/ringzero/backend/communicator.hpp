@@ -28,6 +28,17 @@
 
 namespace ringzero {
 
+class communicator;
+
+namespace detail {
+/// The operation the calling thread is running, and on which communicator (see
+/// communicator::current). A thread runs at most one operation at a time.
+struct current_operation {
+  static inline thread_local const communicator* comm = nullptr;
+  static inline thread_local const collective_descriptor* desc = nullptr;
+};
+}  // namespace detail
+
 /// Which backend a communicator belongs to.
 enum class backend_kind : std::uint8_t { local = 0, mpi = 1, nccl = 2 };
 
@@ -135,6 +146,11 @@ class communicator {
   virtual void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
                                std::uint64_t bytes, int from, const combine_fn& combine) = 0;
 
+  /// Called after a failure inside collective `d` (after `abort`): returns once peers can no longer
+  /// touch this rank's buffers for `d`, so the caller may free them. Default: nothing (backends
+  /// whose transfers copy through their own buffers).
+  virtual void abandon(const collective_descriptor& d) noexcept { (void)d; }
+
   /// Rank `r`'s descriptor of the current collective when the backend shares memory between
   /// ranks (valid between `begin` and `end`); nullptr on backends without shared memory.
   virtual const collective_descriptor* peer_descriptor(int r) const noexcept {
@@ -180,10 +196,18 @@ class communicator {
   /// The progress engine that runs this communicator's asynchronous operations.
   detail::progress_engine& progress() noexcept { return progress_; }
 
-  /// The collective currently running on this rank (for error messages), or nullptr.
-  const collective_descriptor* current() const noexcept { return current_.load(std::memory_order_acquire); }
-  /// Sets the collective currently running (the collective layer does this).
-  void set_current(const collective_descriptor* d) noexcept { current_.store(d, std::memory_order_release); }
+  /// The collective that the calling thread is running on this communicator (for error messages
+  /// and transfer matching), or nullptr. Per thread: the owning thread and the progress thread
+  /// never see each other's, so reading it never races with a collective finishing elsewhere.
+  const collective_descriptor* current() const noexcept {
+    return detail::current_operation::comm == this ? detail::current_operation::desc : nullptr;
+  }
+  /// Sets (or clears, with nullptr) the calling thread's current collective on this communicator
+  /// (the collective layer does this, around each operation it runs).
+  void set_current(const collective_descriptor* d) noexcept {
+    detail::current_operation::comm = d ? this : nullptr;
+    detail::current_operation::desc = d;
+  }
 
   /// Where an error raised now happened: backend, rank, world size and current collective.
   error_context context() const {
@@ -230,7 +254,6 @@ class communicator {
   std::chrono::duration<double> timeout_;
   algorithm forced_algorithm_ = algorithm::automatic;
   std::uint64_t sequence_ = 0;
-  std::atomic<const collective_descriptor*> current_{nullptr};
   workspace_pool pool_;
   detail::progress_engine progress_;
 };

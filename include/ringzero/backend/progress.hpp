@@ -9,6 +9,7 @@
 /// host analogue of issuing NCCL calls on one CUDA stream.
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -18,6 +19,11 @@
 #include <mutex>
 #include <thread>
 #include <utility>
+
+#if defined(__linux__)
+#include <sched.h>
+#include <unistd.h>
+#endif
 
 #include "ringzero/core/wait.hpp"
 
@@ -29,6 +35,7 @@ namespace detail {
 struct work_state {
   std::atomic<bool> done{false};
   std::exception_ptr failure;  ///< written before `done` is set
+  std::chrono::steady_clock::time_point finished_at{};  ///< written before `done` is set
   std::mutex mutex;
   std::condition_variable cv;
 
@@ -36,15 +43,23 @@ struct work_state {
     {
       std::lock_guard<std::mutex> lock(mutex);
       failure = std::move(e);
+      finished_at = std::chrono::steady_clock::now();
       done.store(true, std::memory_order_release);
     }
     cv.notify_all();
   }
 
+  /// Waits for `done`: a short spin (a few microseconds), then yielding the core for up to
+  /// ~50 us (the progress thread may share it with the waiter), then blocking.
   void wait() {
-    for (int i = 0; i < 4000; ++i) {
+    for (int i = 0; i < 64; ++i) {
       if (done.load(std::memory_order_acquire)) return;
       cpu_relax();
+    }
+    const auto yield_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    while (std::chrono::steady_clock::now() < yield_until) {
+      if (done.load(std::memory_order_acquire)) return;
+      std::this_thread::yield();
     }
     std::unique_lock<std::mutex> lock(mutex);
     cv.wait(lock, [&] { return done.load(std::memory_order_acquire); });
@@ -73,6 +88,14 @@ class work {
   /// True when the operation finished (successfully or not); never blocks, never throws.
   bool test() const noexcept { return !state_ || state_->done.load(std::memory_order_acquire); }
 
+  /// When the operation finished (steady clock), for instrumentation such as measuring how much
+  /// communication overlapped computation. Meaningful once `test()` is true; a default-constructed
+  /// handle returns the clock's epoch.
+  std::chrono::steady_clock::time_point completion_time() const noexcept {
+    if (!state_ || !state_->done.load(std::memory_order_acquire)) return {};
+    return state_->finished_at;
+  }
+
   /// False for a default-constructed handle.
   bool valid() const noexcept { return static_cast<bool>(state_); }
 
@@ -82,8 +105,27 @@ class work {
 
 namespace detail {
 
+/// Gives the calling thread the affinity mask of the process's main thread (on Linux; elsewhere
+/// nothing). A new thread inherits the affinity of the thread that creates it, and a progress
+/// thread is created by its communicator's rank thread: when `local::launch` pins rank r to core r
+/// (launch_options::pin_threads, RINGZERO_PIN), the progress thread would be pinned to that same
+/// core and could only run its collectives when the rank's computation leaves the core, so
+/// asynchronous work (DDP's bucket all_reduce, ZeRO stage 3's prefetched all_gather) would not
+/// overlap computation at all. The main thread's mask is what the process was started with
+/// (`taskset`, `mpirun --bind-to`, a cpuset), so that restriction is kept. Best effort: failure
+/// leaves the inherited mask.
+inline void unpin_to_process_affinity() noexcept {
+#if defined(__linux__)
+  cpu_set_t process;
+  CPU_ZERO(&process);
+  if (sched_getaffinity(getpid(), sizeof process, &process) != 0 || CPU_COUNT(&process) == 0) return;
+  (void)sched_setaffinity(0, sizeof process, &process);
+#endif
+}
+
 /// One background thread per communicator running tasks in FIFO order. The thread starts on
-/// the first submission. The destructor waits for every submitted task, then joins.
+/// the first submission and may run on any CPU of the process, even when its owning thread is
+/// pinned (see unpin_to_process_affinity). The destructor waits for every submitted task, then joins.
 /// Thread safety: `submit`, `idle` and `drain` are called by the communicator's owning thread.
 class progress_engine {
  public:
@@ -133,6 +175,7 @@ class progress_engine {
   };
 
   void run() {
+    unpin_to_process_affinity();  // not the owning rank thread's pinned core; see the function
     for (;;) {
       item next;
       {

@@ -115,6 +115,7 @@ inline void execute(communicator& c, const collective_descriptor& d) {
       }
     } catch (const std::exception& e) {
       c.abort(std::string(collective_name(d.kind)) + " #" + std::to_string(d.sequence) + " failed: " + e.what());
+      c.abandon(d);
       throw;
     }
   }

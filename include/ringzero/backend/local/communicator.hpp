@@ -79,7 +79,17 @@ class communicator : public ringzero::communicator {
     const std::uint64_t tag = d.sequence + 1;
     me.arrived.store(tag, std::memory_order_release);
     world_.bell(rank()).ring();
-    wait_for_all(&detail::rank_slot::arrived, tag, "arrive at");
+    try {
+      wait_for_all(&detail::rank_slot::arrived, tag, "arrive at");
+      // Peers that arrived may have failed since (a timeout, an exception) and left, taking
+      // their buffers with them: a collective never starts on an aborted world.
+      if (world_.aborted())
+        raise(world_.abort_code(), "communicator aborted before " + operation_name() +
+                                       " could start; first failure: " + world_.abort_reason());
+    } catch (...) {
+      leave(tag);
+      throw;
+    }
     auto violation = check_contract(
         world_size(), [&](int r) -> const collective_descriptor& { return world_.slot(r).desc; }, true);
     if (violation) {
@@ -90,10 +100,19 @@ class communicator : public ringzero::communicator {
 
   void end(const collective_descriptor& d) override {
     const std::uint64_t tag = d.sequence + 1;
-    world_.slot(rank()).departed.store(tag, std::memory_order_release);
-    world_.bell(rank()).ring();
-    wait_for_all(&detail::rank_slot::departed, tag, "finish");
+    depart(tag);
+    try {
+      wait_for_all(&detail::rank_slot::departed, tag, "finish");
+    } catch (...) {
+      wait_for_readers(tag);
+      throw;
+    }
   }
+
+  /// After a failure inside collective `d` (the world is aborted by then): departs and returns
+  /// only once no peer that entered `d` can still read or write this rank's buffers, so the
+  /// caller may free them. Bounded by the timeout.
+  void abandon(const collective_descriptor& d) noexcept override { leave(d.sequence + 1); }
 
   const collective_descriptor* peer_descriptor(int r) const noexcept override { return &world_.slot(r).desc; }
 
@@ -104,9 +123,14 @@ class communicator : public ringzero::communicator {
     if (world_.aborted()) raise(world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
-      const void* data = await_message(from, recv_bytes);
-      if (recv_bytes != 0 && data != recv) copy_received(recv, data, recv_bytes, from);
-      consume(from);
+      try {
+        const void* data = await_message(from, recv_bytes);
+        if (recv_bytes != 0 && data != recv) copy_received(recv, data, recv_bytes, from);
+        consume(from);
+      } catch (...) {
+        if (to >= 0) settle_posted(to, k);
+        throw;
+      }
     }
     if (to >= 0) await_consumed(to, k, send_bytes);
   }
@@ -117,9 +141,14 @@ class communicator : public ringzero::communicator {
     check_peer(from, "receive from");
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
-      const void* data = await_message(from, bytes);
-      if (bytes != 0) combine(acc, own, readable_received(data, bytes, from), bytes / combine.element_size);
-      consume(from);
+      try {
+        const void* data = await_message(from, bytes);
+        if (bytes != 0) combine(acc, own, readable_received(data, bytes, from), bytes / combine.element_size);
+        consume(from);
+      } catch (...) {
+        if (to >= 0) settle_posted(to, k);
+        throw;
+      }
     }
     if (to >= 0) await_consumed(to, k, send_bytes);
   }
@@ -223,6 +252,37 @@ class communicator : public ringzero::communicator {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g", timeout().count());
     return buf;
+  }
+
+  void depart(std::uint64_t tag) noexcept {
+    auto& departed = world_.slot(rank()).departed;
+    if (departed.load(std::memory_order_relaxed) >= tag) return;
+    departed.store(tag, std::memory_order_release);
+    world_.bell(rank()).ring();
+  }
+
+  /// Zero-copy means peers work on this rank's buffers in place: before a failing rank returns
+  /// (and its caller frees them), every peer that entered collective `tag` must have left it.
+  /// A peer that had not arrived when the world was aborted never starts it (begin checks the
+  /// abort first), and a failing peer departs too, so this wait ends promptly; aborts do not
+  /// interrupt it, the timeout bounds it.
+  void wait_for_readers(std::uint64_t tag) noexcept {
+    const auto until = deadline();
+    for (int q = 0; q < world_size(); ++q) {
+      if (q == rank()) continue;
+      auto& s = world_.slot(q);
+      (void)ringzero::detail::wait_until(
+          [&] {
+            return s.departed.load(std::memory_order_acquire) >= tag || s.arrived.load(std::memory_order_acquire) < tag;
+          },
+          [&] { return world_.exited(q) ? status::peer_exited : status::ok; }, until, world_.oversubscribed(),
+          &world_.bell(q));
+    }
+  }
+
+  void leave(std::uint64_t tag) noexcept {
+    depart(tag);
+    wait_for_readers(tag);
   }
 
   /// Waits until every peer's `field` reached `tag`; throws on timeout, abort or exit.
@@ -329,6 +389,22 @@ class communicator : public ringzero::communicator {
                                      " bytes but rank " + std::to_string(to) + " expects " +
                                      std::to_string(box.expected) + " bytes");
     on_consumed(to, box.consumed_signal);
+  }
+
+  /// After the receive half of a transfer failed: waits (within the timeout, unless the world is
+  /// aborted or the peer gone) until rank `to` has taken message `k`, which points into the
+  /// caller's send buffer, so that the caller may free that buffer once the error reaches it
+  /// (case C12: a size mismatch on one half of a sendrecv while the peer still reads the other).
+  void settle_posted(int to, std::uint64_t k) noexcept {
+    detail::mailbox& box = world_.box(rank(), to);
+    const status st = ringzero::detail::wait_until([&] { return box.consumed.load(std::memory_order_acquire) >= k; },
+                                                   [&] { return failure_of(to); }, deadline(), world_.oversubscribed(),
+                                                   &world_.bell(to));
+    if (st != status::ok) return;
+    try {
+      on_consumed(to, box.consumed_signal);
+    } catch (...) {  // the receive error being reported matters more
+    }
   }
 
   world& world_;

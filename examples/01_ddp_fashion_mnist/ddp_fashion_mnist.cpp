@@ -1,0 +1,468 @@
+// 01_ddp_fashion_mnist: data-parallel training (DDP) of a small MLP on Fashion-MNIST.
+//
+// What it demonstrates:
+// - N ranks as N threads (ringzero's local backend), each with one compute thread and a full
+//   replica of an MLP 784-256-128-10 (ReLU, softmax cross-entropy), trained with SGD + momentum
+//   or AdamW;
+// - a distributed sampler: every epoch all ranks draw the same permutation (seeded by the epoch)
+//   and each takes a disjoint shard, so N ranks see the same global batches as one rank would;
+// - `ringzero::gradient_reducer`: parameters broadcast from rank 0 at the start; backward runs
+//   layer by layer and calls `mark_ready` as each layer's gradients exist, so buckets of
+//   gradients are all-reduced on the communicator's progress thread while the earlier layers
+//   are still being differentiated; `finish()` leaves the averaged gradients in place (here
+//   directly in bucket memory: no copies); gradient accumulation with `no_sync`; fp16 / bf16
+//   compression hooks;
+// - the measurements that matter: per-epoch wall time, samples/s, train loss, test accuracy,
+//   and how much of the gradient reduction was hidden behind backward.
+//
+// How to run (from the build directory; Fashion-MNIST comes from Debian's
+// dataset-fashion-mnist package in /usr/share/datasets/fashion-mnist):
+//   examples/ddp_fashion_mnist --ranks 2 --epochs 10
+//   examples/ddp_fashion_mnist --ranks 2 --optimizer adamw --lr 1e-3 --compress bf16
+//   examples/ddp_fashion_mnist --ranks 2 --accumulate 4 --batch-size 64 --json metrics.json
+//   examples/ddp_fashion_mnist --compare-ranks 1,2 --epochs 3
+// The last one trains on 1 rank and then on 2 ranks with the same global batch and prints the
+// per-epoch speedup and both test accuracies side by side. `--help` lists every option.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "distributed_sampler.hpp"
+#include "evaluation.hpp"
+#include "idx_dataset.hpp"
+#include "mlp.hpp"
+#include "optimizer.hpp"
+#include "progress_bar.hpp"
+#include "ringzero/ringzero.hpp"
+#include "ringzero/ddp/compression_hook.hpp"
+#include "ringzero/ddp/gradient_reducer.hpp"
+
+namespace rz = ringzero;
+namespace ex = ringzero::examples;
+using json = nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct options {
+  int ranks = 2;
+  std::string compare_ranks;  // "1,2": compare mode
+  int epochs = 10;
+  int batch_size = 256;       // per rank, per micro-step
+  int global_batch = 0;       // 0: ranks * accumulate * batch_size
+  int accumulate = 1;
+  float lr = -1.0f;           // <0: optimizer's default
+  bool scale_lr = false;
+  std::string optimizer = "sgd";
+  std::uint64_t seed = 1;
+  // Bucket limit. PyTorch's defaults (1 MiB first bucket, then 25 MiB: --bucket-mb 25
+  // --first-bucket-mb 1) would put this 0.9 MiB model in one bucket, reduced only after the whole
+  // backward pass; 0.1 MiB closes the first bucket after fc2 (134 KiB: fc3 and fc2), which is then
+  // reduced while fc1's gradients are computed.
+  double bucket_mb = 0.1;
+  double first_bucket_mb = -1.0;
+  std::string compress = "none";
+  bool bucket_view = true;
+  bool pin = true;
+  std::size_t train_subset = 0;
+  std::size_t test_subset = 0;
+  std::string data_dir = ex::default_fashion_mnist_dir();
+  std::string json_path;
+  bool progress = true;
+  std::vector<int> hidden = {256, 128};
+  double min_accuracy = 0.0;  // exit with status 3 when a run ends below it (for tests)
+};
+
+/// One epoch's metrics (identical on every rank; recorded by rank 0).
+struct epoch_metrics {
+  int epoch = 0;
+  double train_seconds = 0;
+  double samples_per_second = 0;
+  double train_loss = 0;
+  double test_accuracy = 0;
+  double test_loss = 0;
+  double eval_seconds = 0;
+  double reduction_seconds = 0;
+  double exposed_seconds = 0;
+  double hidden_fraction = 0;
+  std::uint64_t samples = 0;
+};
+
+struct run_result {
+  int ranks = 0;
+  int per_rank_batch = 0;
+  int global_batch = 0;
+  int accumulate = 1;
+  float lr = 0;
+  std::size_t buckets = 0;
+  std::uint64_t steps_per_epoch = 0;
+  std::vector<epoch_metrics> epochs;
+};
+
+float default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3f : 0.1f; }
+
+std::vector<std::uint64_t> bucket_limits(const options& o) {
+  auto bytes = [](double mb) { return static_cast<std::uint64_t>(mb * 1024.0 * 1024.0); };
+  if (o.first_bucket_mb >= 0) return {bytes(o.first_bucket_mb), bytes(o.bucket_mb)};
+  return {bytes(o.bucket_mb)};
+}
+
+std::shared_ptr<rz::comm_hook> make_hook(const std::string& compress) {
+  if (compress == "fp16") return rz::fp16_compress_hook();
+  if (compress == "bf16") return rz::bf16_compress_hook();
+  return nullptr;  // the default average
+}
+
+/// Trains on `ranks` ranks with `per_rank` examples per micro-step; returns rank 0's metrics.
+run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int per_rank, bool print) {
+  run_result result;
+  result.ranks = ranks;
+  result.per_rank_batch = per_rank;
+  result.accumulate = o.accumulate;
+  result.global_batch = per_rank * ranks * o.accumulate;
+  const float base_lr = o.lr > 0 ? o.lr : default_lr(o.optimizer);
+  result.lr = o.scale_lr ? base_lr * static_cast<float>(ranks) : base_lr;
+  std::mutex result_mutex;
+
+  rz::local::launch_options launch_opt;
+  launch_opt.pin_threads = o.pin;
+  rz::local::launch(
+      ranks,
+      [&](rz::communicator& comm) {
+        Eigen::setNbThreads(1);  // one compute thread per rank (Eigen is built without OpenMP here anyway)
+        const bool lead = comm.rank() == 0;
+        std::vector<int> widths = {static_cast<int>(data.train.features)};
+        widths.insert(widths.end(), o.hidden.begin(), o.hidden.end());
+        widths.push_back(data.train.classes);
+        // Every rank initialises differently on purpose: the reducer broadcasts rank 0's values.
+        ex::mlp model(widths, o.seed + static_cast<std::uint64_t>(comm.rank()) * 7919u);
+        const int eval_chunk = 1000;
+        model.reserve(std::max(per_rank, eval_chunk));
+
+        std::vector<rz::reducer_parameter> params;
+        for (std::size_t i = 0; i < model.tensor_count(); ++i)
+          params.push_back(rz::reducer_parameter::of(model.parameter(i), model.gradient(i), model.tensor(i).name));
+        rz::reducer_options ropt;
+        ropt.bucket_byte_limits = bucket_limits(o);
+        ropt.gradient_as_bucket_view = o.bucket_view;
+        ropt.hook = make_hook(o.compress);
+        rz::gradient_reducer reducer(comm, std::move(params), ropt);
+        std::uint64_t bound_generation = ~std::uint64_t{0};
+        auto bind_views = [&] {
+          if (!o.bucket_view || bound_generation == reducer.layout_generation()) return;
+          for (std::size_t i = 0; i < model.tensor_count(); ++i)
+            model.bind_gradient(i, reducer.gradient_span<float>(i).data());
+          bound_generation = reducer.layout_generation();
+        };
+        bind_views();
+
+        auto opt = ex::make_optimizer(o.optimizer, model.parameter_elements(), result.lr);
+        ex::distributed_sampler sampler(data.train.count, comm.world_size(), comm.rank(), o.seed);
+        const std::size_t step_rows = static_cast<std::size_t>(per_rank) * static_cast<std::size_t>(o.accumulate);
+        const std::uint64_t steps = sampler.shard_size() / step_rows;
+        if (steps == 0)
+          throw rz::error(rz::errc::invalid_argument, fmt::format("{} training examples per rank are fewer than one step of {}",
+                                                                  sampler.shard_size(), step_rows));
+        std::vector<float> x(static_cast<std::size_t>(std::max(per_rank, eval_chunk)) * data.train.features);
+        std::vector<std::uint8_t> y(static_cast<std::size_t>(std::max(per_rank, eval_chunk)));
+        ex::progress_bar bar(lead && print && o.progress);
+        const float grad_scale = 1.0f / static_cast<float>(per_rank * o.accumulate);
+
+        if (lead) {
+          std::lock_guard<std::mutex> lock(result_mutex);
+          result.buckets = reducer.bucket_count();
+          result.steps_per_epoch = steps;
+          if (print) {
+            std::string layout;
+            for (const auto& b : reducer.buckets()) {
+              std::string names;
+              for (std::size_t i : b.parameters) names += (names.empty() ? "" : " ") + model.tensor(i).name;
+              layout += fmt::format("{}[{}: {:.1f} KiB]", layout.empty() ? "" : " ", names, b.bytes / 1024.0);
+            }
+            fmt::print("  {} rank(s) x {} per rank x {} micro-step(s) = global batch {}; {} steps/epoch; {} lr {:g}{}; "
+                       "compress {}; gradients {}\n  buckets in reduction order: {}\n",
+                       ranks, per_rank, o.accumulate, result.global_batch, steps, o.optimizer, result.lr,
+                       o.scale_lr ? " (scaled by the rank count)" : "", o.compress,
+                       o.bucket_view ? "written into bucket memory" : "copied through the buckets", layout);
+            std::fflush(stdout);
+          }
+        }
+        for (int epoch = 0; epoch < o.epochs; ++epoch) {
+          sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+          const auto shard = sampler.indices();
+          reducer.reset_stats();
+          double loss_sum = 0;
+          rz::barrier(comm);
+          const auto t0 = clock_type::now();
+          for (std::uint64_t s = 0; s < steps; ++s) {
+            for (int micro = 0; micro < o.accumulate; ++micro) {
+              const std::size_t first = static_cast<std::size_t>(s) * step_rows + static_cast<std::size_t>(micro) * static_cast<std::size_t>(per_rank);
+              data.train.gather(shard.subspan(first, static_cast<std::size_t>(per_rank)), x.data(), y.data());
+              loss_sum += model.forward(x.data(), y.data(), per_rank);
+              reducer.set_require_gradient_sync(micro + 1 == o.accumulate);  // no_sync on the others
+              model.backward(x.data(), y.data(), per_rank, grad_scale, micro > 0,
+                             [&](std::size_t i) { reducer.mark_ready(i); });
+              reducer.finish();
+            }
+            bind_views();  // the one bucket rebuild may have moved the views
+            opt->begin_step();
+            for (std::size_t i = 0; i < model.tensor_count(); ++i)
+              opt->update(model.parameter(i), model.gradient(i), model.tensor(i).offset);
+            if (bar.enabled())
+              bar.update(fmt::format("epoch {:>2}/{}", epoch + 1, o.epochs), s + 1, steps,
+                         fmt::format("loss {:.4f}", loss_sum / static_cast<double>((s + 1) * static_cast<std::uint64_t>(o.accumulate))));
+          }
+          rz::barrier(comm);
+          const auto t1 = clock_type::now();
+          bar.clear();
+          const rz::reducer_stats st = reducer.stats();
+          double sums[2] = {loss_sum, static_cast<double>(steps * static_cast<std::uint64_t>(o.accumulate))};
+          rz::all_reduce(comm, sums, sums, 2, rz::dtype::float64, rz::reduce_kind::sum);
+          const auto e0 = clock_type::now();
+          const ex::evaluation_result ev = ex::evaluate(comm, model, data.test, x.data(), y.data(), eval_chunk);
+          const auto e1 = clock_type::now();
+          if (!lead) continue;
+          epoch_metrics m;
+          m.epoch = epoch + 1;
+          m.train_seconds = std::chrono::duration<double>(t1 - t0).count();
+          m.samples = steps * static_cast<std::uint64_t>(result.global_batch);
+          m.samples_per_second = static_cast<double>(m.samples) / m.train_seconds;
+          m.train_loss = sums[0] / sums[1];
+          m.test_accuracy = ev.accuracy;
+          m.test_loss = ev.loss;
+          m.eval_seconds = std::chrono::duration<double>(e1 - e0).count();
+          m.reduction_seconds = st.reduction_seconds;
+          m.exposed_seconds = st.exposed_seconds;
+          m.hidden_fraction = st.hidden_fraction();
+          if (print)
+            fmt::print("  epoch {:>2}/{}  {:6.2f} s  {:8.0f} samples/s  train loss {:.4f}  test acc {:.4f}  "
+                       "reduce {:5.3f} s, {:3.0f}% hidden\n",
+                       m.epoch, o.epochs, m.train_seconds, m.samples_per_second, m.train_loss, m.test_accuracy,
+                       m.reduction_seconds, 100.0 * m.hidden_fraction);
+          std::fflush(stdout);
+          std::lock_guard<std::mutex> lock(result_mutex);
+          result.epochs.push_back(m);
+        }
+      },
+      launch_opt);
+  return result;
+}
+
+json to_json(const run_result& r) {
+  json j;
+  j["ranks"] = r.ranks;
+  j["per_rank_batch"] = r.per_rank_batch;
+  j["global_batch"] = r.global_batch;
+  j["accumulate"] = r.accumulate;
+  j["learning_rate"] = r.lr;
+  j["buckets"] = r.buckets;
+  j["steps_per_epoch"] = r.steps_per_epoch;
+  j["epochs"] = json::array();
+  for (const auto& m : r.epochs)
+    j["epochs"].push_back({{"epoch", m.epoch},
+                           {"train_seconds", m.train_seconds},
+                           {"samples", m.samples},
+                           {"samples_per_second", m.samples_per_second},
+                           {"train_loss", m.train_loss},
+                           {"test_accuracy", m.test_accuracy},
+                           {"test_loss", m.test_loss},
+                           {"eval_seconds", m.eval_seconds},
+                           {"reduction_seconds", m.reduction_seconds},
+                           {"exposed_reduction_seconds", m.exposed_seconds},
+                           {"hidden_fraction", m.hidden_fraction}});
+  if (!r.epochs.empty()) j["final_test_accuracy"] = r.epochs.back().test_accuracy;
+  return j;
+}
+
+double total_train_seconds(const run_result& r) {
+  double t = 0;
+  for (const auto& m : r.epochs) t += m.train_seconds;
+  return t;
+}
+
+std::vector<int> parse_rank_list(const std::string& text) {
+  std::vector<int> out;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = text.find(',', at);
+    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    try {
+      std::size_t used = 0;
+      const int v = std::stoi(item, &used);
+      if (used != item.size() || v < 1) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw rz::error(rz::errc::invalid_argument, "--compare-ranks: '" + item + "' is not a positive rank count");
+    }
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  if (out.size() < 2) throw rz::error(rz::errc::invalid_argument, "--compare-ranks needs two or more counts, e.g. 1,2");
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  CLI::App app{"Data-parallel training of an MLP on Fashion-MNIST with ringzero's gradient reducer"};
+  app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(CLI::Range(1, 256));
+  app.add_option("--compare-ranks", o.compare_ranks,
+                 "train once per rank count (e.g. 1,2) with the same global batch and compare epoch times and accuracy");
+  app.add_option("--epochs", o.epochs, "epochs to train")->check(CLI::Range(1, 100000));
+  app.add_option("--batch-size", o.batch_size, "examples per rank per micro-step")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--global-batch", o.global_batch,
+                 "examples per optimizer step over all ranks (sets the per-rank batch; compare mode default: "
+                 "batch-size x largest rank count x accumulate)")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation with no_sync)")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adamw)");
+  app.add_flag("--scale-lr", o.scale_lr, "multiply the learning rate by the number of ranks (linear scaling rule)");
+  app.add_option("--optimizer", o.optimizer, "sgd (momentum 0.9) or adamw (weight decay 0.01)")
+      ->check(CLI::IsMember({"sgd", "adamw"}));
+  app.add_option("--seed", o.seed, "seed of the initialisation and of the per-epoch permutations");
+  app.add_option("--bucket-mb", o.bucket_mb,
+                 "bucket size limit in MiB (default 0.1: two buckets for this model; PyTorch's default is 25 with a 1 MiB "
+                 "first bucket)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--first-bucket-mb", o.first_bucket_mb, "limit of the first bucket in MiB (default: as the others)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--compress", o.compress, "gradient compression hook: none, fp16, bf16")
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  app.add_flag("--bucket-view,!--no-bucket-view", o.bucket_view,
+               "backward writes gradients straight into bucket memory (default) instead of copying");
+  app.add_flag("--pin,!--no-pin", o.pin, "pin rank r's thread to core r (default on)");
+  app.add_option("--train-subset", o.train_subset, "use only the first N training images (0: all 60000)");
+  app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)");
+  app.add_option("--data", o.data_dir, "directory with the Fashion-MNIST .gz files");
+  app.add_option("--json", o.json_path, "write the metrics to this JSON file");
+  app.add_flag("--progress,!--no-progress", o.progress, "progress bar when stdout is a terminal (default on)");
+  app.add_option("--hidden", o.hidden, "hidden layer widths (default 256 128)");
+  app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if a run's final test accuracy is lower");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const ex::fashion_mnist data = ex::load_fashion_mnist(o.data_dir, o.train_subset, o.test_subset);
+    json out;
+    out["example"] = "01_ddp_fashion_mnist";
+    out["config"] = {{"epochs", o.epochs},        {"optimizer", o.optimizer}, {"seed", o.seed},
+                     {"compress", o.compress},    {"bucket_view", o.bucket_view},
+                     {"bucket_byte_limits", bucket_limits(o)}, {"train_images", data.train.count},
+                     {"test_images", data.test.count}, {"hidden", o.hidden}, {"pinned", o.pin}};
+    out["runs"] = json::array();
+
+    if (o.compare_ranks.empty()) {
+      int per_rank = o.batch_size;
+      if (o.global_batch > 0) {
+        if (o.global_batch % (o.ranks * o.accumulate) != 0)
+          throw rz::error(rz::errc::invalid_argument,
+                          fmt::format("--global-batch {} is not divisible by {} ranks x {} micro-steps", o.global_batch,
+                                      o.ranks, o.accumulate));
+        per_rank = o.global_batch / (o.ranks * o.accumulate);
+      }
+      const auto t0 = clock_type::now();
+      run_result r = train(o, data, o.ranks, per_rank, true);
+      fmt::print("{} rank(s), global batch {} ({} per rank x {} micro-steps), {} bucket(s): final test accuracy {:.4f}, "
+                 "{:.1f} s of training ({:.1f} s in all)\n",
+                 r.ranks, r.global_batch, r.per_rank_batch, r.accumulate, r.buckets, r.epochs.back().test_accuracy,
+                 total_train_seconds(r), std::chrono::duration<double>(clock_type::now() - t0).count());
+      out["runs"].push_back(to_json(r));
+    } else {
+      const std::vector<int> counts = parse_rank_list(o.compare_ranks);
+      const int largest = *std::max_element(counts.begin(), counts.end());
+      const int global = o.global_batch > 0 ? o.global_batch : o.batch_size * largest * o.accumulate;
+      if (o.scale_lr) fmt::print("note: --scale-lr is ignored in compare mode (the global batch is the same for every run)\n");
+      options same = o;
+      same.scale_lr = false;
+      std::vector<run_result> runs;
+      for (int n : counts) {
+        if (global % (n * o.accumulate) != 0)
+          throw rz::error(rz::errc::invalid_argument, fmt::format("global batch {} is not divisible by {} ranks x {} micro-steps",
+                                                                  global, n, o.accumulate));
+        const int per_rank = global / (n * o.accumulate);
+        fmt::print("== {} rank(s)\n", n);
+        std::fflush(stdout);
+        runs.push_back(train(same, data, n, per_rank, true));
+        out["runs"].push_back(to_json(runs.back()));
+      }
+      // Side by side: each run against the first one.
+      const run_result& base = runs.front();
+      std::string head = fmt::format("{:>5}", "epoch");
+      for (const auto& r : runs) head += fmt::format(" | {:>2} rank(s): {:>7} {:>8}", r.ranks, "time", "test acc");
+      for (std::size_t k = 1; k < runs.size(); ++k) head += fmt::format(" | speedup {}/{}", runs[k].ranks, base.ranks);
+      fmt::print("\n{}\n", head);
+      json cmp = json::array();
+      for (std::size_t e = 0; e < base.epochs.size(); ++e) {
+        std::string line = fmt::format("{:>5}", e + 1);
+        for (const auto& r : runs)
+          line += fmt::format(" | {:>12} {:>6.2f} s {:>8.4f}", "", r.epochs[e].train_seconds, r.epochs[e].test_accuracy);
+        for (std::size_t k = 1; k < runs.size(); ++k)
+          line += fmt::format(" | {:>10.2f}x", base.epochs[e].train_seconds / runs[k].epochs[e].train_seconds);
+        fmt::print("{}\n", line);
+      }
+      for (std::size_t k = 1; k < runs.size(); ++k) {
+        const run_result& r = runs[k];
+        const double speedup = total_train_seconds(base) / total_train_seconds(r);
+        double reduction = 0, exposed = 0;
+        for (const auto& m : r.epochs) {
+          reduction += m.reduction_seconds;
+          exposed += m.exposed_seconds;
+        }
+        const double hidden = reduction > 0 ? std::clamp(1.0 - exposed / reduction, 0.0, 1.0) : 0.0;
+        const double acc_diff = 100.0 * (r.epochs.back().test_accuracy - base.epochs.back().test_accuracy);
+        fmt::print("{} rank(s) vs {}: epoch-time speedup {:.2f}x (total training time {:.2f} s vs {:.2f} s); final test "
+                   "accuracy {:.4f} vs {:.4f} ({:+.2f} points); {:.0f}% of the {:.3f} s of gradient reduction hidden "
+                   "behind backward\n",
+                   r.ranks, base.ranks, speedup, total_train_seconds(r), total_train_seconds(base), r.epochs.back().test_accuracy,
+                   base.epochs.back().test_accuracy, acc_diff, 100.0 * hidden, reduction);
+        cmp.push_back({{"ranks", r.ranks},
+                       {"baseline_ranks", base.ranks},
+                       {"speedup", speedup},
+                       {"epoch_speedups",
+                        [&] {
+                          json s = json::array();
+                          for (std::size_t e = 0; e < base.epochs.size(); ++e)
+                            s.push_back(base.epochs[e].train_seconds / r.epochs[e].train_seconds);
+                          return s;
+                        }()},
+                       {"test_accuracy", r.epochs.back().test_accuracy},
+                       {"baseline_test_accuracy", base.epochs.back().test_accuracy},
+                       {"accuracy_difference_points", acc_diff},
+                       {"reduction_seconds", reduction},
+                       {"exposed_reduction_seconds", exposed},
+                       {"hidden_fraction", hidden}});
+      }
+      out["comparison"] = cmp;
+    }
+    if (!o.json_path.empty()) {
+      std::ofstream f(o.json_path);
+      f << out.dump(2) << "\n";
+      if (!f) throw rz::error(rz::errc::io_error, "cannot write " + o.json_path);
+    }
+    for (const auto& run : out["runs"])
+      if (run["final_test_accuracy"].get<double>() < o.min_accuracy) {
+        std::fprintf(stderr, "ddp_fashion_mnist: %d rank(s) ended at test accuracy %.4f, below --min-accuracy %.4f\n",
+                     run["ranks"].get<int>(), run["final_test_accuracy"].get<double>(), o.min_accuracy);
+        return 3;
+      }
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "ddp_fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,51 @@
+#pragma once
+/// @file
+/// `comm_hook`: the interface through which a gradient reducer communicates a bucket, so that
+/// users can replace plain averaging (compression, other reductions, instrumentation). Follows
+/// the idea of PyTorch's DDP communication hooks (`register_comm_hook`): a hook receives a bucket
+/// and returns a handle to the asynchronous communication; a second phase turns the
+/// communicated data back into averaged gradients (PyTorch's `Future.then`).
+///
+/// Built-in hooks: `allreduce_hook` (ddp/allreduce_hook.hpp, the default average) and
+/// `compression_hook` (ddp/compression_hook.hpp, fp16 / bf16 compression).
+
+#include <string>
+
+#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/progress.hpp"
+#include "ringzero/ddp/gradient_bucket.hpp"
+
+namespace ringzero {
+
+/// A communication hook. See the file comment.
+///
+/// Contract (the reducer relies on it to stay deadlock-free):
+/// - `launch` is called once per bucket per synchronised step, on every rank, in the same
+///   bucket order; it must issue the same collectives (asynchronous ones, `*_async`) on every
+///   rank, must not block waiting for peers, and returns the `work` that completes when the
+///   bucket's communication has finished (a default `work` when it communicated synchronously).
+/// - `complete` is called in `finish()` after that work completed successfully, in bucket
+///   order; it leaves the averaged gradients in `bucket.data` (e.g. decompresses).
+/// - Between `launch` and `complete` the hook may keep using `bucket.data` and its own scratch.
+/// Thread semantics: both are called on the thread that drives the reducer (the training
+/// thread); the collectives they issue run on the communicator's progress thread. A hook
+/// object may be shared by reducers only if it is thread-safe; the built-in hooks keep
+/// per-bucket scratch and are meant for one reducer.
+/// Errors: exceptions propagate out of the reducer call that invoked the hook (`mark_ready`,
+/// `finish`, `join`), after the reducer aborted the communicator so that no peer hangs.
+class comm_hook {
+ public:
+  virtual ~comm_hook() = default;
+
+  /// A short name ("allreduce", "fp16_compress", ...). Every rank must use hooks of the same
+  /// name; the reducer checks it when it is constructed.
+  virtual std::string name() const = 0;
+
+  /// Starts the communication of `bucket` on `comm` and returns its handle (see the contract).
+  virtual work launch(communicator& comm, const gradient_bucket& bucket) = 0;
+
+  /// Finishes `bucket` after its communication completed. Default: nothing.
+  virtual void complete(const gradient_bucket& bucket) { (void)bucket; }
+};
+
+}  // namespace ringzero

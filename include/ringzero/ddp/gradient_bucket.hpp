@@ -1,0 +1,41 @@
+#pragma once
+/// @file
+/// `gradient_bucket`: what a communication hook sees of one bucket of gradients (the analogue of
+/// PyTorch's `dist.GradBucket`): the flat buffer to reduce in place, which parameters it holds,
+/// and how many ranks contribute to this reduction.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "ringzero/core/dtype.hpp"
+
+namespace ringzero {
+
+/// One bucket of gradients handed to a `comm_hook`.
+/// The buffer holds `count` elements of `type`: the gradients of `parameters`, gradient k
+/// starting at element `offsets[k]`, with zero padding between gradients (for alignment) that
+/// every rank has at the same place. The hook reduces the whole buffer; on return from
+/// `comm_hook::complete` it must hold the averaged gradients.
+/// The spans stay valid until the reducer's `finish()` returns.
+struct gradient_bucket {
+  std::size_t index = 0;         ///< position in the step's reduction order (0 = reduced first)
+  std::size_t bucket_count = 0;  ///< number of buckets reduced per step
+  void* data = nullptr;          ///< the flat buffer, reduced in place
+  std::uint64_t count = 0;       ///< elements in `data`, padding included (same on every rank)
+  dtype type = dtype::float32;   ///< element type of `data`
+  std::span<const std::size_t> parameters;  ///< registered indices of the parameters in the bucket
+  std::span<const std::uint64_t> offsets;   ///< element offset of each parameter's gradient in `data`
+  int world_size = 1;            ///< ranks in the communicator
+  /// Ranks whose real gradients are in this reduction: `world_size`, unless some ranks have
+  /// joined (ran out of inputs) and contribute zeros (case C13).
+  int contributors = 1;
+  /// What the hook divides the sum by to average: `contributors`, or `world_size` when the
+  /// reducer was told to `divide_by_initial_world_size` (PyTorch's join option).
+  int divisor = 1;
+
+  /// True for the last bucket of the step.
+  bool is_last() const noexcept { return index + 1 == bucket_count; }
+};
+
+}  // namespace ringzero

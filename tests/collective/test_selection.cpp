@@ -1,0 +1,257 @@
+// Algorithm selection: RINGZERO_ALGO forcing (like NCCL_ALGO), per-call
+// `collective_options::algo`, `communicator::set_forced_algorithm`, and the default (auto)
+// choice: the cost model's cheapest available algorithm, identical on every rank, and correct
+// results for every collective across the sizes where the choice changes.
+//
+// Which algorithm ran is observed from outside: a rank that asks for algorithm A explicitly
+// while its peers ask for `auto` succeeds exactly when `auto` resolved to A on the peers (the
+// contract check compares resolved algorithms); the descriptor built by the collective layer is
+// also inspected directly.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+#include "ringzero/ringzero.hpp"
+
+using namespace ringzero;
+using rzt::check_every_rank;
+using rzt::outcome;
+using rzt::with_algo;
+
+namespace {
+
+constexpr collective_kind all_collectives[] = {collective_kind::all_reduce, collective_kind::reduce_scatter,
+                                               collective_kind::all_gather, collective_kind::broadcast,
+                                               collective_kind::reduce,     collective_kind::all_to_all,
+                                               collective_kind::barrier};
+
+/// Runs collective `k` on `comm` with `count` int32 elements per rank and algorithm `a`, and
+/// returns the number of wrong elements (values chosen so that every sum is exact).
+std::uint64_t run_and_check(communicator& comm, collective_kind k, std::uint64_t count, algorithm a) {
+  const int r = comm.rank(), n = comm.world_size();
+  const auto un = static_cast<std::uint64_t>(n);
+  const auto o = with_algo(a);
+  auto v = [](int rank, std::uint64_t i) { return static_cast<std::int32_t>(rank * 100 + static_cast<int>(i % 89)); };
+  auto sum_of = [&](std::uint64_t i) {
+    std::int32_t s = 0;
+    for (int q = 0; q < n; ++q) s += v(q, i);
+    return s;
+  };
+  std::uint64_t bad = 0;
+  const int root = n - 1;
+  switch (k) {
+    case collective_kind::all_reduce:
+    case collective_kind::reduce: {
+      std::vector<std::int32_t> in(count), out(count, -1);
+      for (std::uint64_t i = 0; i < count; ++i) in[i] = v(r, i);
+      if (k == collective_kind::all_reduce) all_reduce(comm, in.data(), out.data(), count, dtype::int32, reduce_kind::sum, o);
+      else reduce(comm, in.data(), out.data(), count, dtype::int32, reduce_kind::sum, root, o);
+      for (std::uint64_t i = 0; i < count; ++i)
+        bad += (k == collective_kind::reduce && r != root) ? out[i] != -1 : out[i] != sum_of(i);
+      break;
+    }
+    case collective_kind::reduce_scatter: {
+      std::vector<std::int32_t> in(count * un), out(count, -1);
+      for (std::uint64_t j = 0; j < count * un; ++j) in[j] = v(r, j);
+      reduce_scatter(comm, in.data(), out.data(), count, dtype::int32, reduce_kind::sum, o);
+      for (std::uint64_t i = 0; i < count; ++i) bad += out[i] != sum_of(static_cast<std::uint64_t>(r) * count + i);
+      break;
+    }
+    case collective_kind::all_gather: {
+      std::vector<std::int32_t> in(count), out(count * un, -1);
+      for (std::uint64_t i = 0; i < count; ++i) in[i] = v(r, i);
+      all_gather(comm, in.data(), out.data(), count, dtype::int32, o);
+      for (std::uint64_t j = 0; j < count * un; ++j) bad += out[j] != v(static_cast<int>(j / count), j % count);
+      break;
+    }
+    case collective_kind::broadcast: {
+      std::vector<std::int32_t> buf(count, -1);
+      if (r == root)
+        for (std::uint64_t i = 0; i < count; ++i) buf[i] = v(r, i);
+      broadcast(comm, buf.data(), buf.data(), count, dtype::int32, root, o);
+      for (std::uint64_t i = 0; i < count; ++i) bad += buf[i] != v(root, i);
+      break;
+    }
+    case collective_kind::all_to_all: {
+      std::vector<std::int32_t> in(count * un), out(count * un, -1);
+      for (std::uint64_t j = 0; j < count * un; ++j) in[j] = v(r, j);
+      all_to_all(comm, in.data(), out.data(), count, dtype::int32, o);
+      for (std::uint64_t q = 0; q < un; ++q)
+        for (std::uint64_t i = 0; i < count; ++i)
+          bad += out[q * count + i] != v(static_cast<int>(q), static_cast<std::uint64_t>(r) * count + i);
+      break;
+    }
+    case collective_kind::barrier: barrier(comm, o); break;
+    default: break;
+  }
+  return bad;
+}
+
+/// The algorithm the collective layer resolves for an `auto` call of `k` with `count` int32
+/// elements on `comm` (the descriptor every rank publishes).
+algorithm resolved(const communicator& comm, collective_kind k, std::uint64_t count) {
+  // describe() only computes with the addresses: two distant fake ones, never dereferenced
+  const void* send = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
+  void* recv = reinterpret_cast<void*>(std::uintptr_t{1} << 46);
+  const bool rooted = k == collective_kind::broadcast || k == collective_kind::reduce;
+  auto q = detail::make_request(k, send, recv, count, dtype::int32, reduce_kind::sum, rooted ? 0 : -1, collective_options{});
+  if (k == collective_kind::barrier) {
+    q.send = q.recv = nullptr;
+    q.count = 0;
+    q.type = dtype::uint8;
+  }
+  return detail::describe(comm, q).algo;
+}
+
+/// S of the cost model for `k` with `count` int32 elements per rank (collective/selection.hpp).
+double model_bytes(collective_kind k, std::uint64_t count, int n) {
+  const bool whole = k == collective_kind::reduce_scatter || k == collective_kind::all_gather || k == collective_kind::all_to_all;
+  return static_cast<double>(count) * 4.0 * (whole ? n : 1);
+}
+
+}  // namespace
+
+TEST_CASE("RINGZERO_ALGO forces the algorithm of every auto call that can use it") {
+  struct forcing {
+    const char* value;
+    algorithm algo;
+  };
+  for (const forcing& f : {forcing{"ring", algorithm::ring}, forcing{"direct", algorithm::direct},
+                           forcing{"halving_doubling", algorithm::halving_doubling}, forcing{"hd", algorithm::halving_doubling},
+                           forcing{"rhd", algorithm::halving_doubling}})
+    for (int world : {3, 4}) {
+      INFO("RINGZERO_ALGO=" << f.value << " world " << world);
+      rzt::scoped_env env("RINGZERO_ALGO", f.value);
+      std::vector<std::uint64_t> wrong(static_cast<std::size_t>(world), 0);
+      std::vector<int> forced_seen(static_cast<std::size_t>(world), 0), resolved_ok(static_cast<std::size_t>(world), 0);
+      std::vector<outcome> mismatch(static_cast<std::size_t>(world));
+      const std::string error = rzt::launch_world(world, [&](communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        forced_seen[r] = comm.forced_algorithm() == f.algo;
+        int ok = 1;
+        for (collective_kind k : all_collectives) {
+          const bool offered = algorithm_implements(f.algo, k);
+          for (std::uint64_t count : {1u, 1000u, 70000u}) {
+            const algorithm expect = offered ? f.algo : model_choice(comm, k, model_bytes(k, count, world));
+            ok &= resolved(comm, k, count) == expect;
+            // rank 0 names the algorithm, the others ask for auto: they agree only if auto -> expect
+            wrong[r] += run_and_check(comm, k, count, comm.rank() == 0 ? expect : algorithm::automatic);
+          }
+        }
+        resolved_ok[r] = ok;
+        // rank 0 asks for another algorithm explicitly: an algorithm mismatch naming both
+        const algorithm other = f.algo == algorithm::ring ? algorithm::direct : algorithm::ring;
+        mismatch[r].capture([&] { run_and_check(comm, collective_kind::all_reduce, 16, comm.rank() == 0 ? other : algorithm::automatic); });
+      });
+      REQUIRE_MESSAGE(error.empty(), error);
+      for (int r = 0; r < world; ++r) {
+        CHECK(forced_seen[static_cast<std::size_t>(r)] == 1);
+        CHECK(resolved_ok[static_cast<std::size_t>(r)] == 1);
+        CHECK_MESSAGE(wrong[static_cast<std::size_t>(r)] == 0, "rank " << r);
+      }
+      const std::string other_name(algorithm_name(f.algo == algorithm::ring ? algorithm::direct : algorithm::ring));
+      check_every_rank(mismatch, errc::contract_mismatch,
+                       {"algorithm mismatch", "rank 0: " + other_name, ": " + std::string(algorithm_name(f.algo))});
+    }
+}
+
+TEST_CASE("RINGZERO_ALGO=auto, automatic, native, or unset leaves the choice to the cost model") {
+  for (const char* value : {"auto", "automatic", "native", ""}) {
+    INFO("RINGZERO_ALGO=\"" << value << "\"");
+    rzt::scoped_env env("RINGZERO_ALGO", value);
+    std::vector<int> ok(3, 0);
+    std::vector<std::uint64_t> wrong(3, 0);
+    const std::string error = rzt::launch_world(3, [&](communicator& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      int good = comm.forced_algorithm() == (std::string(value) == "native" ? algorithm::native : algorithm::automatic);
+      for (collective_kind k : all_collectives) {
+        good &= resolved(comm, k, 1000) == model_choice(comm, k, model_bytes(k, 1000, 3));
+        wrong[r] += run_and_check(comm, k, 1000, algorithm::automatic);
+      }
+      ok[r] = good;
+    });
+    REQUIRE_MESSAGE(error.empty(), error);
+    for (int r = 0; r < 3; ++r) {
+      CHECK(ok[static_cast<std::size_t>(r)] == 1);
+      CHECK(wrong[static_cast<std::size_t>(r)] == 0);
+    }
+  }
+}
+
+TEST_CASE("a per-call algorithm overrides RINGZERO_ALGO; set_forced_algorithm overrides it per communicator") {
+  rzt::scoped_env env("RINGZERO_ALGO", "ring");
+  std::vector<std::uint64_t> wrong(4, 0);
+  std::vector<int> ok(4, 0);
+  std::vector<outcome> mismatch(4);
+  const std::string error = rzt::launch_world(4, [&](communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    // every rank asks for direct explicitly: runs direct despite RINGZERO_ALGO=ring
+    for (collective_kind k : all_collectives) wrong[r] += run_and_check(comm, k, 777, algorithm::direct);
+    // explicit direct against auto (= ring): refused
+    mismatch[r].capture([&] { run_and_check(comm, collective_kind::all_gather, 5, comm.rank() == 2 ? algorithm::direct : algorithm::automatic); });
+    // per communicator: halving_doubling for auto calls from now on
+    comm.set_forced_algorithm(algorithm::halving_doubling);
+    int good = comm.forced_algorithm() == algorithm::halving_doubling;
+    good &= resolved(comm, collective_kind::all_reduce, 100) == algorithm::halving_doubling;
+    good &= resolved(comm, collective_kind::all_to_all, 100) != algorithm::halving_doubling;
+    for (collective_kind k : all_collectives)
+      wrong[r] += run_and_check(comm, k, 100, comm.rank() == 1 && k != collective_kind::all_to_all ? algorithm::halving_doubling : algorithm::automatic);
+    comm.set_forced_algorithm(algorithm::automatic);
+    good &= resolved(comm, collective_kind::all_reduce, 100) == model_choice(comm, collective_kind::all_reduce, 400.0);
+    ok[r] = good;
+  });
+  REQUIRE_MESSAGE(error.empty(), error);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(wrong[static_cast<std::size_t>(r)] == 0);
+    CHECK(ok[static_cast<std::size_t>(r)] == 1);
+  }
+  check_every_rank(mismatch, errc::contract_mismatch, {"all_gather", "algorithm mismatch", "rank 2: direct", "ring"});
+}
+
+TEST_CASE("the default choice is the cost model's cheapest available algorithm, for every collective and size") {
+  for (int world : {2, 3, 4, 5, 8}) {
+    local::world w(world);
+    local::communicator comm(w, 0);  // a communicator is enough: no collective runs here
+    for (collective_kind k : all_collectives)
+      for (std::uint64_t count : {1ull, 16ull, 256ull, 4096ull, 65536ull, 1ull << 20, 1ull << 24, 1ull << 28}) {
+        INFO("world " << world << " " << collective_name(k) << " count " << count);
+        const double bytes = model_bytes(k, count, world);
+        const algorithm choice = model_choice(comm, k, bytes);
+        CHECK(algorithm_available(comm, choice, k));
+        CHECK(resolved(comm, k, count) == choice);
+        const double cost = estimate_us(k, choice, world, bytes, comm.link());
+        CHECK(std::isfinite(cost));
+        for (algorithm other : {algorithm::ring, algorithm::direct, algorithm::halving_doubling})
+          if (algorithm_available(comm, other, k)) CHECK(cost <= estimate_us(k, other, world, bytes, comm.link()));
+      }
+  }
+}
+
+TEST_CASE("the default choice gives exact results for every collective across sizes and worlds") {
+  // Counts around the places where the cost model changes its mind, on small and odd worlds.
+  for (int world : {2, 3, 5, 8}) {
+    INFO("world " << world);
+    std::vector<std::uint64_t> wrong(static_cast<std::size_t>(world), 0);
+    std::vector<std::set<int>> chosen(static_cast<std::size_t>(world));
+    const std::string error = rzt::launch_world(world, [&](communicator& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      for (collective_kind k : all_collectives)
+        for (std::uint64_t count : {0ull, 1ull, 13ull, 1000ull, 40000ull, 300001ull}) {
+          if (world == 8 && count > 40000 && k != collective_kind::all_reduce) continue;  // keep it small
+          chosen[r].insert(static_cast<int>(resolved(comm, k, count)));
+          wrong[r] += run_and_check(comm, k, count, algorithm::automatic);
+        }
+    });
+    REQUIRE_MESSAGE(error.empty(), error);
+    for (int r = 0; r < world; ++r) {
+      CHECK_MESSAGE(wrong[static_cast<std::size_t>(r)] == 0, "rank " << r);
+      CHECK(chosen[static_cast<std::size_t>(r)] == chosen[0]);  // every rank resolves alike
+      CHECK(chosen[static_cast<std::size_t>(r)].count(static_cast<int>(algorithm::automatic)) == 0);
+    }
+  }
+}
