@@ -17,6 +17,9 @@
 // reduce_scatter, all_gather and all_to_all the per-rank count is size / (elements * world size),
 // rounded down to a multiple of 4 elements.
 //
+// MPI (when built with MPI): `mpirun -np N ringzero-bench ... --backend mpi` runs one rank per
+// process with the MPI backend; rank 0 prints. `--algo native` measures MPI's own collectives.
+//
 // GPU (when built with the CUDA runtime): `--memory cuda` puts every rank's buffers in CUDA
 // device memory; `--backend local` (default) runs the ranks as threads with the local backend on
 // device memory (all ranks on one GPU unless --devices says otherwise), `--backend nccl` runs one
@@ -55,6 +58,9 @@
 #if RINGZERO_HAS_NCCL
 #include "ringzero/backend/nccl.hpp"
 #endif
+#if RINGZERO_HAS_MPI
+#include "ringzero/backend/mpi.hpp"
+#endif
 
 namespace rz = ringzero;
 using clock_type = std::chrono::steady_clock;
@@ -74,7 +80,7 @@ struct options {
   std::string json_path;
   std::uint64_t bandwidth_bytes = 0;
   bool device_memory = false;      // --memory cuda
-  std::string backend = "local";   // --backend local | nccl
+  std::string backend = "local";   // --backend local | nccl | mpi
   std::vector<int> devices;        // --devices (local backend on device memory)
 };
 
@@ -255,7 +261,7 @@ class rank_bench {
     if (r_ == 0) {
       std::lock_guard<std::mutex> lock(shared_.mutex);
       shared_.copy_bandwidth = bw.best();
-      fmt::print("# Memory bandwidth: STREAM-style copy of {} MiB per rank on {} rank thread(s): loop {:.2f} GB/s, "
+      fmt::print("# Memory bandwidth: STREAM-style copy of {} MiB per rank on {} rank(s) at once: loop {:.2f} GB/s, "
                  "memcpy {:.2f} GB/s (read + write bytes, median of 5)\n",
                  bytes >> 20, n_, bw.loop_gbps, bw.memcpy_gbps, bw.best());
       fmt::print("# %peak = (least bytes any shared-memory algorithm must move) / {:.2f} GB/s / time\n", bw.best());
@@ -306,7 +312,7 @@ class rank_bench {
   }
 
   std::string backend_text() const {
-    if (!device_) return "the local backend";
+    if (!device_) return std::string("the ") + std::string(rz::backend_name(comm_.backend())) + " backend";
     return std::string("the ") + std::string(rz::backend_name(comm_.backend())) + " backend on CUDA device memory";
   }
 
@@ -568,15 +574,21 @@ int main(int argc, char** argv) {
   app.add_option("-o,--op", ops, "reduce op(s): sum, prod, min, max, avg, premulsum, comma-separated, or all")->capture_default_str();
   app.add_option("-r,--root", roots, "root rank(s) for broadcast/reduce: comma-separated, or all")->capture_default_str();
   app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend; default: number of CPUs)")->check(CLI::Range(1, 4096));
-  app.add_option("--algo", algo, "auto, ring, direct, halving_doubling (RINGZERO_ALGO also works)")->capture_default_str();
+  app.add_option("--algo", algo, "auto, ring, direct, halving_doubling, native (RINGZERO_ALGO also works)")->capture_default_str();
   app.add_flag("--pin", o.pin, "pin rank threads to cores");
   app.add_option("--json", o.json_path, "write every row to this JSON file");
   app.add_option("--bandwidth-bytes", bw_size, "per-rank size of the memory-bandwidth copy (default max(maxbytes, 64M))");
   std::string memory = "host";
   app.add_option("--memory", memory, "where buffers live: host, or cuda (device memory; needs a build with CUDA)")->capture_default_str();
-  app.add_option("--backend", o.backend, "local (threads), or nccl (one rank per GPU; with --memory cuda)")->capture_default_str();
+  app.add_option("--backend", o.backend,
+                 "local (threads), nccl (one rank per GPU; with --memory cuda), or mpi (one rank per process: run under "
+                 "mpirun; --ranks must then be the number of processes or left out)")->capture_default_str();
   app.add_option("--devices", o.devices, "CUDA devices of the local backend's ranks (rank r: devices[r % size]; default: all ranks on GPU 0)");
   CLI11_PARSE(app, argc, argv);
+#if RINGZERO_HAS_MPI
+  std::optional<rz::mpi::environment> mpi_env;  // --backend mpi: MPI_Init_thread ... MPI_Finalize
+#endif
+  int mpi_rank = 0;  // rank 0 prints the summary
 
   try {
     const auto kind = rz::parse_collective(collective);
@@ -600,13 +612,28 @@ int main(int argc, char** argv) {
     o.algo = *a;
     if (memory != "host" && memory != "cuda") throw CLI::ValidationError("memory", "host or cuda, not '" + memory + "'");
     o.device_memory = memory == "cuda";
-    if (o.backend != "local" && o.backend != "nccl") throw CLI::ValidationError("backend", "local or nccl, not '" + o.backend + "'");
+    if (o.backend != "local" && o.backend != "nccl" && o.backend != "mpi")
+      throw CLI::ValidationError("backend", "local, nccl or mpi, not '" + o.backend + "'");
     if (o.backend == "nccl" && !o.device_memory) throw CLI::ValidationError("backend", "nccl needs --memory cuda");
+    if (o.backend == "mpi" && o.device_memory) throw CLI::ValidationError("backend", "mpi runs on host memory only");
 #if !RINGZERO_HAS_CUDA
     if (o.device_memory) throw CLI::ValidationError("memory", "this ringzero-bench was built without the CUDA runtime");
 #endif
 #if !RINGZERO_HAS_NCCL
     if (o.backend == "nccl") throw CLI::ValidationError("backend", "this ringzero-bench was built without NCCL");
+#endif
+#if RINGZERO_HAS_MPI
+    if (o.backend == "mpi") {  // one rank per MPI process: the job's size is the world size
+      mpi_env.emplace(argc, argv);
+      int size = 1;
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+      MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+      if (o.ranks != 0 && o.ranks != size)
+        throw CLI::ValidationError("ranks", "--ranks " + std::to_string(o.ranks) + " but mpirun started " + std::to_string(size) + " processes");
+      o.ranks = size;
+    }
+#else
+    if (o.backend == "mpi") throw CLI::ValidationError("backend", "this ringzero-bench was built without MPI");
 #endif
     if (o.ranks == 0) o.ranks = o.device_memory ? (o.backend == "nccl" ? 1 : 2) : std::max(1, rz::local::detail::available_cpus());
     std::vector<int> all_roots;
@@ -623,14 +650,19 @@ int main(int argc, char** argv) {
                               },
                               "root");
   } catch (const CLI::Error& e) {
-    return app.exit(e);
+    return mpi_rank == 0 ? app.exit(e) : 1;
   }
 
   shared_state shared;
   try {
     rz::local::launch_options lo;
     lo.pin_threads = o.pin;
-    if (!o.device_memory) {
+    if (o.backend == "mpi") {
+#if RINGZERO_HAS_MPI
+      rz::mpi::communicator comm;
+      rank_bench(comm, comm, o, shared).run();
+#endif
+    } else if (!o.device_memory) {
       rz::local::launch(o.ranks, [&](rz::communicator& comm) { rank_bench(comm, comm, o, shared).run(); }, lo);
     } else {
 #if RINGZERO_HAS_CUDA
@@ -663,6 +695,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ringzero-bench: %s\n", e.what());
     return 2;
   }
+  if (mpi_rank != 0) return 0;  // rank 0 holds the totals (and exits non-zero when any is wrong)
   fmt::print("# Errors: {} wrong element(s) {}\n", shared.wrong_total, shared.wrong_total == 0 ? "OK" : "FAILED");
   fmt::print("# Avg bus bandwidth    : {:.4f}\n", shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0);
   if (!o.json_path.empty()) {

@@ -22,12 +22,16 @@
 //   examples/ddp_fashion_mnist --ranks 2 --accumulate 4 --batch-size 64 --json metrics.json
 //   examples/ddp_fashion_mnist --compare-ranks 1,2 --epochs 3
 //   examples/ddp_fashion_mnist --device cuda --compare-ranks 1,2 --epochs 2
+//   mpirun -np 2 examples/ddp_fashion_mnist --backend mpi --epochs 10
 // The --compare-ranks runs train on 1 rank and then on 2 ranks with the same global batch and
 // print the per-epoch speedup and both test accuracies side by side. `--device cuda` trains on
 // the GPU instead (docs/gpu.md): the MLP's products in cuBLAS, its other steps in the small
 // kernels of examples/common/cuda_mlp_kernels.cu, the gradient reducer's buckets in device memory
 // and reduced on each rank's CUDA stream by the local backend on device memory (several ranks may
 // share one GPU); without a GPU it exits at once with status 1 and "no CUDA device".
+// `--backend mpi` runs one rank per MPI process (built with MPI; several machines work the same
+// way, see docs/mpi.md): with the same seed and global batch it computes the same numbers as
+// `--ranks 2` on the local backend.
 // `--help` lists every option.
 
 #include <algorithm>
@@ -64,6 +68,11 @@
 #include "cuda_optimizer.hpp"
 #include "ringzero/backend/local/cuda.hpp"
 #endif
+#if defined(RINGZERO_HAS_MPI)
+#include <optional>
+
+#include "ringzero/backend/mpi.hpp"
+#endif
 
 namespace rz = ringzero;
 namespace ex = ringzero::examples;
@@ -73,6 +82,7 @@ using clock_type = std::chrono::steady_clock;
 namespace {
 
 struct options {
+  std::string backend = "local";  // local (threads) or mpi (one rank per process)
   int ranks = 2;
   std::string compare_ranks;  // "1,2": compare mode
   int epochs = 10;
@@ -153,11 +163,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
   result.lr = o.scale_lr ? base_lr * static_cast<float>(ranks) : base_lr;
   std::mutex result_mutex;
 
-  rz::local::launch_options launch_opt;
-  launch_opt.pin_threads = o.pin;
-  rz::local::launch(
-      ranks,
-      [&](rz::communicator& comm) {
+  auto rank_main = [&](rz::communicator& comm) {
         Eigen::setNbThreads(1);  // one compute thread per rank (Eigen is built without OpenMP here anyway)
         const bool lead = comm.rank() == 0;
         std::vector<int> widths = {static_cast<int>(data.train.features)};
@@ -272,8 +278,17 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
           std::lock_guard<std::mutex> lock(result_mutex);
           result.epochs.push_back(m);
         }
-      },
-      launch_opt);
+  };
+  if (o.backend == "mpi") {
+#if defined(RINGZERO_HAS_MPI)
+    rz::mpi::communicator comm;  // over MPI_COMM_WORLD: this process is one rank
+    rank_main(comm);
+#endif
+  } else {
+    rz::local::launch_options launch_opt;
+    launch_opt.pin_threads = o.pin;
+    rz::local::launch(ranks, rank_main, launch_opt);
+  }
   return result;
 }
 
@@ -524,7 +539,12 @@ std::vector<int> parse_rank_list(const std::string& text) {
 int main(int argc, char** argv) {
   options o;
   CLI::App app{"Data-parallel training of an MLP on Fashion-MNIST with ringzero's gradient reducer"};
-  app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(CLI::Range(1, 256));
+  app.add_option("--backend", o.backend,
+                 "local (ranks are threads of this process) or mpi (one rank per process: run under mpirun -np N; "
+                 "--ranks is then the number of processes or left out)")
+      ->check(CLI::IsMember({"local", "mpi"}));
+  auto* ranks_opt =
+      app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(CLI::Range(1, 256));
   app.add_option("--compare-ranks", o.compare_ranks,
                  "train once per rank count (e.g. 1,2) with the same global batch and compare epoch times and accuracy");
   app.add_option("--epochs", o.epochs, "epochs to train")->check(CLI::Range(1, 100000));
@@ -566,8 +586,34 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
 
+  int process_rank = 0;  // under --backend mpi only rank 0 prints and writes the JSON file
   try {
+#if defined(RINGZERO_HAS_MPI)
+    std::optional<rz::mpi::environment> mpi_env;  // MPI_Init_thread ... MPI_Finalize
+    if (o.backend == "mpi") {
+      mpi_env.emplace(argc, argv);
+      int size = 0;
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+      MPI_Comm_rank(MPI_COMM_WORLD, &process_rank);
+      if (ranks_opt->count() > 0 && o.ranks != size)
+        throw rz::error(rz::errc::invalid_argument,
+                        fmt::format("--ranks {} but mpirun started {} processes", o.ranks, size));
+      if (!o.compare_ranks.empty())
+        throw rz::error(rz::errc::invalid_argument,
+                        "--compare-ranks needs the local backend (an MPI job has one fixed number of processes)");
+      o.ranks = size;
+      o.pin = false;  // mpirun binds processes; threads are not pinned on top of that
+      if (process_rank != 0) o.progress = false;
+    }
+#else
+    (void)ranks_opt;
+    if (o.backend == "mpi")
+      throw rz::error(rz::errc::unsupported, "this ddp_fashion_mnist was built without MPI (--backend mpi)");
+#endif
     if (o.device == "cuda") {  // before loading anything: a machine without a GPU fails at once
+      if (o.backend != "local")
+        throw rz::error(rz::errc::invalid_argument,
+                        fmt::format("--device cuda runs its ranks on the local backend (not --backend {})", o.backend));
 #if RINGZERO_EXAMPLES_HAVE_CUDA
       (void)rz::cudart::require_device("--device cuda");
 #else
@@ -578,7 +624,7 @@ int main(int argc, char** argv) {
     const ex::fashion_mnist data = ex::load_fashion_mnist(o.data_dir, o.train_subset, o.test_subset);
     json out;
     out["example"] = "01_ddp_fashion_mnist";
-    out["config"] = {{"epochs", o.epochs},        {"optimizer", o.optimizer}, {"seed", o.seed}, {"device", o.device},
+    out["config"] = {{"backend", o.backend},      {"epochs", o.epochs},        {"optimizer", o.optimizer}, {"seed", o.seed}, {"device", o.device},
                      {"compress", o.compress},    {"bucket_view", o.bucket_view},
                      {"bucket_byte_limits", bucket_limits(o)}, {"train_images", data.train.count},
                      {"test_images", data.test.count}, {"hidden", o.hidden}, {"pinned", o.pin}};
@@ -594,7 +640,8 @@ int main(int argc, char** argv) {
         per_rank = o.global_batch / (o.ranks * o.accumulate);
       }
       const auto t0 = clock_type::now();
-      run_result r = train_on_device(o, data, o.ranks, per_rank, true);
+      run_result r = train_on_device(o, data, o.ranks, per_rank, process_rank == 0);
+      if (process_rank != 0) return 0;  // rank 0 holds the metrics (identical on every rank)
       fmt::print("{} rank(s), global batch {} ({} per rank x {} micro-steps), {} bucket(s): final test accuracy {:.4f}, "
                  "{:.1f} s of training ({:.1f} s in all)\n",
                  r.ranks, r.global_batch, r.per_rank_batch, r.accumulate, r.buckets, r.epochs.back().test_accuracy,
@@ -684,7 +731,10 @@ int main(int argc, char** argv) {
       }
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "ddp_fashion_mnist: %s\n", e.what());
+    if (o.backend == "mpi")
+      std::fprintf(stderr, "ddp_fashion_mnist (process %d): %s\n", process_rank, e.what());
+    else
+      std::fprintf(stderr, "ddp_fashion_mnist: %s\n", e.what());
     return 1;
   }
   return 0;

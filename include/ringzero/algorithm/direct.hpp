@@ -33,6 +33,7 @@ void direct_fold(const call& c, void* tile, std::uint64_t first, std::uint64_t l
   const int n = c.n();
   primitive::reduce_spec s = c.spec();
   const bool premul = c.d.op.kind == reduce_kind::premul_sum;
+  if (premul) s.kind = reduce_kind::premul_sum;  // spec() maps premul_sum to sum; here the raw inputs need their scalars
   const std::int64_t divisor = c.d.op.kind == reduce_kind::avg ? n : 0;
   s.pre_a = premul;
   s.pre_b = premul;

@@ -3,7 +3,9 @@
 /// The `halving_doubling` algorithm over point-to-point transfers (any backend).
 ///
 /// all_reduce is Rabenseifner's algorithm: a recursive-halving reduce-scatter then a
-/// recursive-doubling all-gather, 2 log2(p) steps moving 2(p-1)/p of the buffer, with the
+/// recursive-doubling all-gather, 2 log2(p) steps moving 2(p-1)/p of the buffer (for short
+/// messages, where steps cost more than bytes, recursive doubling of the whole buffer: log2(p)
+/// steps, as MPICH does; the link model decides), with the
 /// standard handling of world sizes that are not a power of two (Thakur, Rabenseifner & Gropp,
 /// "Optimization of collective communication operations in MPICH", 2005): with p the largest
 /// power of two <= n and rem = n - p, the even ranks below 2*rem first hand their whole input to
@@ -108,8 +110,111 @@ inline void hd_all_gather_blocks(const call& c, void* buffer, const partition& b
 
 }  // namespace detail
 
-/// halving_doubling all_reduce (Rabenseifner). Preconditions: n >= 2, count > 0.
+/// The alpha-beta-gamma estimate (us) of Rabenseifner's all_reduce of `bytes` on `n` ranks
+/// (Thakur, Rabenseifner & Gropp 2005): 2 log2(p) steps moving (p-1)/p of the buffer twice,
+/// plus the fold and unfold of the ranks beyond the largest power of two p.
+constexpr double hd_rabenseifner_us(int n, double bytes, double alpha, double beta, double gamma) noexcept {
+  const hd_layout layout(n);
+  const double p = layout.p, S = bytes;
+  return 2 * layout.steps() * alpha + (p - 1) / p * S * (2 * beta + gamma) +
+         (layout.rem > 0 ? 2 * alpha + 2 * S * beta + S * gamma : 0.0);
+}
+
+/// The estimate (us) of the recursive-doubling all_reduce (same paper, short messages):
+/// log2(p) steps, each exchanging and combining the whole buffer, plus the same fold and unfold.
+constexpr double hd_recursive_doubling_us(int n, double bytes, double alpha, double beta, double gamma) noexcept {
+  const hd_layout layout(n);
+  const double S = bytes;
+  return layout.steps() * (alpha + S * (beta + gamma)) + (layout.rem > 0 ? 2 * alpha + 2 * S * beta + S * gamma : 0.0);
+}
+
+/// True when halving_doubling runs an all_reduce of `bytes` on `n` ranks as recursive doubling
+/// rather than Rabenseifner's algorithm: when the model under `m` says it is faster (half the
+/// steps, twice the bytes: short messages). A pure function of its arguments, so every rank
+/// decides alike.
+constexpr bool hd_prefers_recursive_doubling(int n, double bytes, const link_model& m) noexcept {
+  return hd_recursive_doubling_us(n, bytes, m.alpha_us, m.beta_us_per_byte, m.gamma_us_per_byte) <
+         hd_rabenseifner_us(n, bytes, m.alpha_us, m.beta_us_per_byte, m.gamma_us_per_byte);
+}
+
+namespace detail {
+
+/// `f` with its operands swapped: dst = received (op) own.
+struct swapped_combine {
+  combine_fn inner;
+  combine_fn fn() const noexcept {
+    combine_fn f;
+    f.fn = [](const void* context, void* dst, const void* a, const void* b, std::uint64_t count) {
+      const combine_fn& g = static_cast<const swapped_combine*>(context)->inner;
+      g(dst, b, a, count);
+    };
+    f.context = this;
+    f.element_size = inner.element_size;
+    return f;
+  }
+};
+
+}  // namespace detail
+
+/// Recursive-doubling all_reduce (Thakur, Rabenseifner & Gropp 2005, for short messages): in
+/// step d every virtual rank v exchanges its whole partial result with v ^ d and combines, the
+/// operand of the lower virtual rank first, so partners compute the same bits and every rank
+/// ends with identical results. Ranks beyond the largest power of two fold in and out as in
+/// Rabenseifner's algorithm. Partial results alternate between the output and a scratch buffer
+/// (a buffer being sent is never written). Preconditions: n >= 2, count > 0.
+inline void rd_all_reduce(const call& c) {
+  const int r = c.rank();
+  const hd_layout layout(c.n());
+  const std::uint64_t bytes = c.bytes(c.d.count);
+  const void* input = c.scaled_input(c.d.send, c.d.count);
+  void* out = c.d.recv;
+  if (r < 2 * layout.rem && r % 2 == 0) {  // fold the whole input into r+1; receive the whole result back
+    c.comm.sendrecv(input, bytes, r + 1, nullptr, 0, -1);
+    c.comm.sendrecv(nullptr, 0, -1, out, bytes, r + 1);
+    return;
+  }
+  void* scratch = c.comm.scratch(scratch_accumulator, static_cast<std::size_t>(bytes));
+  const void* current = input;
+  // The next buffer to write: never the one being sent (`current`).
+  auto next_buffer = [&]() -> void* { return current == out ? scratch : out; };
+  const primitive::reduce_spec partial = c.spec();
+  const primitive::reduce_spec last = c.final_spec();
+  const combine_fn combine_partial = c.ops.combine(&partial);
+  const combine_fn combine_last = c.ops.combine(&last);
+  const detail::swapped_combine partial_swapped{combine_partial}, last_swapped{combine_last};
+  if (r < 2 * layout.rem) {  // odd: absorb r-1's input (the lower rank's operand first)
+    void* dst = next_buffer();
+    c.comm.sendrecv_reduce(nullptr, 0, -1, current, dst, bytes, r - 1, partial_swapped.fn());
+    current = dst;
+  }
+  const int v = layout.virtual_rank(r);
+  for (int d = 1; d < layout.p; d *= 2) {
+    const int partner_v = v ^ d;
+    const bool final_step = d * 2 >= layout.p;
+    const combine_fn lower_first = v < partner_v ? (final_step ? combine_last : combine_partial)
+                                                 : (final_step ? last_swapped.fn() : partial_swapped.fn());
+    void* dst = next_buffer();
+    const int partner = layout.real_rank(partner_v);
+    c.comm.sendrecv_reduce(current, bytes, partner, current, dst, bytes, partner, lower_first);
+    current = dst;
+  }
+  if (current != out) c.ops.copy(out, current, bytes);
+  if (r < 2 * layout.rem) c.comm.sendrecv(out, bytes, r - 1, nullptr, 0, -1);
+}
+
+inline void hd_rabenseifner_all_reduce(const call& c);
+
+/// halving_doubling all_reduce: recursive doubling for short messages, Rabenseifner's algorithm
+/// otherwise, as the communicator's link model says (`hd_prefers_recursive_doubling`).
+/// Preconditions: n >= 2, count > 0.
 inline void hd_all_reduce(const call& c) {
+  if (hd_prefers_recursive_doubling(c.n(), static_cast<double>(c.bytes(c.d.count)), c.comm.link())) return rd_all_reduce(c);
+  hd_rabenseifner_all_reduce(c);
+}
+
+/// Rabenseifner's all_reduce: recursive-halving reduce-scatter, then recursive-doubling
+/// all-gather. Preconditions: n >= 2, count > 0.
+inline void hd_rabenseifner_all_reduce(const call& c) {
   const int r = c.rank();
   const hd_layout layout(c.n());
   const std::uint64_t count = c.d.count;

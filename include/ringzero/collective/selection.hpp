@@ -12,7 +12,8 @@
 ///
 /// | collective     | ring                                  | halving_doubling                                      | direct             |
 /// |----------------|---------------------------------------|-------------------------------------------------------|--------------------|
-/// | all_reduce     | 2(n-1)a + (n-1)/n S(2b+g)             | 2log2(p)a + (p-1)/p S(2b+g) [+ 2a + 2Sb + Sg if rem]  | 2s + 2S m          |
+/// | all_reduce     | 2(n-1)a + (n-1)/n S(2b+g)             | min(2log2(p)a + (p-1)/p S(2b+g), log2(p)(a + S(b+g))) | 2s + 2S m          |
+/// |                |                                       | [+ 2a + 2Sb + Sg if rem]                              |                    |
 /// | reduce_scatter | (n-1)a + (n-1)/n S(b+g)               | log2(p)a + (p-1)/p S(b+g) [+ 2a + S(b+g) + S/n b]     | 2s + (S + S/n) m   |
 /// | all_gather     | (n-1)a + (n-1)/n S b                  | log2(p)a + (p-1)/p S b [+ 2a + S/n b + S b]           | 2s + 2S m          |
 /// | broadcast      | (n-2+k)(a + S/k b), k = slices        | (n-1)a + (n-1)/n S b + all_gather                     | 2s + 2S m          |
@@ -30,6 +31,7 @@
 #include <string>
 
 #include "ringzero/algorithm/partition.hpp"
+#include "ringzero/algorithm/halving_doubling.hpp"
 #include "ringzero/algorithm/ring.hpp"
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/collective/options.hpp"
@@ -90,8 +92,8 @@ inline double estimate_us(collective_kind k, algorithm a, int n, double bytes, c
       break;
     case algorithm::halving_doubling:
       switch (k) {
-        case collective_kind::all_reduce:
-          return 2 * log_p * a_ + (p - 1) / p * S * (2 * b + g) + (rem ? 2 * a_ + 2 * S * b + S * g : 0.0);
+        case collective_kind::all_reduce:  // the cheaper of Rabenseifner's and recursive doubling
+          return std::min(algorithms::hd_rabenseifner_us(n, S, a_, b, g), algorithms::hd_recursive_doubling_us(n, S, a_, b, g));
         case collective_kind::reduce_scatter: return hd_rs();
         case collective_kind::all_gather: return hd_ag();
         case collective_kind::broadcast: return gather() + hd_ag();

@@ -1,0 +1,380 @@
+// ringzero-mpi-compare: ringzero's collectives over MPI point-to-point against MPI's own
+// (algorithm `native`), side by side in one run, under mpirun.
+//
+//   mpirun -np 4 ringzero-mpi-compare -b 64K -e 256M -f 2 -n 20 -w 5
+//
+// For every size it runs, back to back on the same buffers, the collective (all_reduce unless
+// --collective says otherwise) with ring, halving_doubling and native, plus the algorithm the
+// cost model picks (auto), and prints one row: for each algorithm the time (us: the median of
+// the per-iteration times, each the slowest rank's) and bus bandwidth (GB/s, nccl-tests'
+// definition), then ringzero's best (the faster of ring and halving_doubling), the ratio
+// native / best (>= 1: ringzero at least matches MPI), and which algorithm auto chose. Every
+// algorithm's result is first checked bitwise against exact values (#wrong); the exit status
+// is non-zero when any is wrong. Buffers are allocated and touched once, before the first row.
+// The MPI library runs with its default settings (whatever the environment gives it).
+//
+//   mpirun -np 2 ringzero-mpi-compare --link
+//
+// measures instead the cost parameters of the algorithm choice on this machine and network
+// (alpha: one exchange step of 8-byte messages between ring neighbours; beta: the extra time
+// per byte of an exchange step, from 64 KiB and 1 MiB steps; gamma: the float32 combine per
+// byte of 256 KiB; all sizes where the model's choices fall, in cache), prints them as an mpi::communicator_options::link value, and measures what the
+// check mode (RINGZERO_CHECK=1) adds to a barrier and to an 8-byte all_reduce.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "ringzero/backend/mpi.hpp"
+#include "ringzero/ringzero.hpp"
+
+namespace rz = ringzero;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+std::uint64_t parse_size(const std::string& s) {
+  std::size_t used = 0;
+  const double v = std::stod(s, &used);
+  const std::string suffix = s.substr(used);
+  double scale = 1;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024.0;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty() && suffix != "B") throw CLI::ValidationError("size", "unknown suffix in '" + s + "'");
+  return static_cast<std::uint64_t>(v * scale);
+}
+
+double bus_factor(rz::collective_kind k, int n) {
+  const double nn = n;
+  switch (k) {
+    case rz::collective_kind::all_reduce: return 2.0 * (nn - 1) / nn;
+    case rz::collective_kind::reduce_scatter:
+    case rz::collective_kind::all_gather: return (nn - 1) / nn;
+    default: return 1.0;
+  }
+}
+
+struct measurement {
+  double time_us = 0;
+  double busbw = 0;
+  std::int64_t wrong = 0;
+  rz::algorithm resolved = rz::algorithm::automatic;
+};
+
+struct free_deleter {
+  void operator()(void* p) const noexcept { std::free(p); }
+};
+
+class compare {
+ public:
+  compare(rz::mpi::communicator& comm, rz::collective_kind kind, int iters, int warmup, bool in_place, std::uint64_t max_bytes)
+      : comm_(comm), kind_(kind), iters_(iters), warmup_(warmup), in_place_(in_place) {
+    n_ = comm.world_size();
+    r_ = comm.rank();
+    const std::uint64_t bytes = (std::max<std::uint64_t>(max_bytes, 64) + 4095) / 4096 * 4096;
+    send_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
+    recv_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
+    if (!send_ || !recv_) throw std::bad_alloc();
+    std::memset(send_.get(), 0, bytes);
+    std::memset(recv_.get(), 0, bytes);
+    times_.resize(static_cast<std::size_t>(iters));
+    slowest_.resize(times_.size());
+  }
+
+  /// Elements per rank (the count argument) for a size in bytes: the larger buffer is `bytes`.
+  std::uint64_t count_for(std::uint64_t bytes) const {
+    const std::uint64_t elems = bytes / sizeof(float);
+    if (kind_ == rz::collective_kind::reduce_scatter || kind_ == rz::collective_kind::all_gather)
+      return elems / static_cast<std::uint64_t>(n_);
+    return elems;
+  }
+
+  measurement run(std::uint64_t count, rz::algorithm a) {
+    measurement m;
+    fill(count);
+    call(count, a);
+    m.wrong = all_sum(verify(count));
+    for (int i = 0; i < warmup_; ++i) call(count, a);
+    rz::barrier(comm_);
+    auto last = clock_type::now();
+    for (std::size_t i = 0; i < times_.size(); ++i) {
+      call(count, a);
+      const auto now = clock_type::now();
+      times_[i] = std::chrono::duration<double, std::micro>(now - last).count();
+      last = now;
+    }
+    rz::all_reduce(comm_, times_.data(), slowest_.data(), slowest_.size(), rz::dtype::float64, rz::reduce_kind::max);
+    std::vector<double> sorted = slowest_;
+    std::sort(sorted.begin(), sorted.end());
+    const std::size_t k = sorted.size();
+    m.time_us = k % 2 ? sorted[k / 2] : 0.5 * (sorted[k / 2 - 1] + sorted[k / 2]);
+    const double size_bytes = static_cast<double>(largest_buffer(count)) * sizeof(float);
+    m.busbw = m.time_us > 0 ? size_bytes / m.time_us / 1e3 * bus_factor(kind_, n_) : 0;
+    std::string problem;
+    m.resolved = rz::resolve_algorithm(comm_, kind_, static_cast<double>(model_bytes(count)), a, comm_.forced_algorithm(), problem);
+    return m;
+  }
+
+  std::uint64_t largest_buffer(std::uint64_t count) const {
+    if (kind_ == rz::collective_kind::reduce_scatter || kind_ == rz::collective_kind::all_gather)
+      return count * static_cast<std::uint64_t>(n_);
+    return count;
+  }
+  std::uint64_t model_bytes(std::uint64_t count) const { return largest_buffer(count) * sizeof(float); }
+
+ private:
+  // Input element i of rank r: small integers, so every sum is exact in float32.
+  static float input(int r, std::uint64_t i) { return static_cast<float>(r + 1 + static_cast<int>(i % 5)); }
+
+  void fill(std::uint64_t count) {
+    const std::uint64_t elems = kind_ == rz::collective_kind::all_gather ? count : largest_buffer(count);
+    float* in = in_place_ ? recv_.get() : send_.get();
+    if (in_place_ && kind_ == rz::collective_kind::all_gather) in += static_cast<std::uint64_t>(r_) * count;
+    for (std::uint64_t i = 0; i < elems; ++i) in[i] = input(r_, kind_ == rz::collective_kind::all_gather ? i : i);
+  }
+
+  void call(std::uint64_t count, rz::algorithm a) {
+    rz::collective_options o;
+    o.algo = a;
+    float* send = send_.get();
+    float* recv = recv_.get();
+    const std::uint64_t offset = static_cast<std::uint64_t>(r_) * count;
+    switch (kind_) {
+      case rz::collective_kind::reduce_scatter:
+        rz::reduce_scatter(comm_, in_place_ ? recv : send, in_place_ ? recv + offset : recv, count, rz::dtype::float32,
+                           rz::reduce_kind::sum, o);
+        break;
+      case rz::collective_kind::all_gather:
+        rz::all_gather(comm_, in_place_ ? recv + offset : send, recv, count, rz::dtype::float32, o);
+        break;
+      default:
+        rz::all_reduce(comm_, in_place_ ? recv : send, recv, count, rz::dtype::float32, rz::reduce_kind::sum, o);
+        break;
+    }
+  }
+
+  std::int64_t verify(std::uint64_t count) const {
+    std::int64_t wrong = 0;
+    const float* out = recv_.get();
+    const auto reduced = [&](std::uint64_t i) {
+      float s = 0;
+      for (int q = 0; q < n_; ++q) s += input(q, i);
+      return s;
+    };
+    switch (kind_) {
+      case rz::collective_kind::reduce_scatter: {
+        if (in_place_) out += static_cast<std::uint64_t>(r_) * count;
+        for (std::uint64_t i = 0; i < count; ++i) wrong += out[i] != reduced(static_cast<std::uint64_t>(r_) * count + i);
+        break;
+      }
+      case rz::collective_kind::all_gather:
+        for (std::uint64_t j = 0; j < count * static_cast<std::uint64_t>(n_); ++j)
+          wrong += out[j] != input(static_cast<int>(j / count), j % count);
+        break;
+      default:
+        for (std::uint64_t i = 0; i < count; ++i) wrong += out[i] != reduced(i);
+        break;
+    }
+    return wrong;
+  }
+
+  std::int64_t all_sum(std::int64_t v) {
+    std::int64_t out = 0;
+    rz::all_reduce(comm_, &v, &out, 1, rz::dtype::int64, rz::reduce_kind::sum);
+    return out;
+  }
+
+  rz::mpi::communicator& comm_;
+  rz::collective_kind kind_;
+  int iters_, warmup_;
+  bool in_place_;
+  int n_ = 1, r_ = 0;
+  std::unique_ptr<float, free_deleter> send_, recv_;
+  std::vector<double> times_, slowest_;
+};
+
+/// The slowest rank's seconds per repetition of `body`.
+template <class Body>
+double seconds_per(rz::mpi::communicator& comm, int reps, Body&& body) {
+  for (int i = 0; i < std::max(1, reps / 10); ++i) body();
+  rz::barrier(comm);
+  const auto start = clock_type::now();
+  for (int i = 0; i < reps; ++i) body();
+  double mine = std::chrono::duration<double>(clock_type::now() - start).count() / reps, slowest = 0;
+  rz::all_reduce(comm, &mine, &slowest, 1, rz::dtype::float64, rz::reduce_kind::max);
+  return slowest;
+}
+
+/// --link: the link model's parameters and the check mode's cost, measured.
+void measure_link(rz::mpi::communicator& comm, int reps) {
+  const int n = comm.world_size(), r = comm.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  // The decisions the model makes (recursive doubling or Rabenseifner, ring or halving_doubling)
+  // fall at sizes that stay in cache, so beta and gamma are measured there.
+  const std::uint64_t small = 8, mid = 64 << 10, large = 1 << 20;
+  std::vector<unsigned char> a(large, 1), b(large, 2);
+  auto step = [&](std::uint64_t bytes) { comm.sendrecv(a.data(), bytes, next, b.data(), bytes, prev); };
+  const double alpha = seconds_per(comm, reps, [&] { step(small); }) * 1e6;
+  const double t_mid = seconds_per(comm, std::max(3, reps / 4), [&] { step(mid); }) * 1e6;
+  const double t_large = seconds_per(comm, std::max(3, reps / 20), [&] { step(large); }) * 1e6;
+  const double beta = std::max(1e-9, (t_large - t_mid) / static_cast<double>(large - mid));
+  rz::primitive::reduce_spec spec;
+  spec.type = rz::dtype::float32;
+  const std::uint64_t combined = 256 << 10;
+  const double combine = seconds_per(comm, std::max(3, reps / 4), [&] {
+    rz::primitive::reduce_into(b.data(), a.data(), b.data(), combined / 4, spec);
+  }) * 1e6;
+  const double gamma = combine / static_cast<double>(combined);
+  // The check mode's cost: the same calls on a second communicator that checks.
+  rz::mpi::communicator_options checked;
+  checked.check = true;
+  rz::mpi::communicator check_comm(MPI_COMM_WORLD, checked);
+  rz::mpi::communicator_options unchecked;
+  unchecked.check = false;
+  rz::mpi::communicator plain_comm(MPI_COMM_WORLD, unchecked);
+  double x = 1, y = 0;
+  auto barrier_us = [&](rz::mpi::communicator& c) { return seconds_per(c, reps, [&] { rz::barrier(c); }) * 1e6; };
+  auto reduce_us = [&](rz::mpi::communicator& c) {
+    return seconds_per(c, reps, [&] { rz::all_reduce(c, &x, &y, 1, rz::dtype::float64, rz::reduce_kind::sum); }) * 1e6;
+  };
+  const double barrier_plain = barrier_us(plain_comm), barrier_checked = barrier_us(check_comm);
+  const double reduce_plain = reduce_us(plain_comm), reduce_checked = reduce_us(check_comm);
+  if (r != 0) return;
+  fmt::print("# ringzero-mpi-compare --link : {} MPI processes{}\n", n, comm.oversubscribed() ? " (oversubscribed)" : "");
+  fmt::print("  exchange step, {:>8} B : {:>10.2f} us   -> alpha = {:.2f} us\n", small, alpha, alpha);
+  fmt::print("  exchange step, {:>8} B : {:>10.2f} us\n", mid, t_mid);
+  fmt::print("  exchange step, {:>8} B : {:>10.2f} us   -> beta  = {:.3e} us/B ({:.2f} GB/s)\n", large, t_large, beta,
+             1e-3 / beta);
+  fmt::print("  float32 combine, {:>6} B : {:>10.2f} us   -> gamma = {:.3e} us/B ({:.2f} GB/s)\n", combined, combine, gamma,
+             1e-3 / gamma);
+  fmt::print("  link_model: alpha_us = {:.3g}, beta_us_per_byte = {:.4g}, gamma_us_per_byte = {:.4g}\n", alpha, beta, gamma);
+  fmt::print("  check mode: barrier {:.2f} -> {:.2f} us (+{:.2f}); 8-byte all_reduce {:.2f} -> {:.2f} us (+{:.2f})\n",
+             barrier_plain, barrier_checked, barrier_checked - barrier_plain, reduce_plain, reduce_checked,
+             reduce_checked - reduce_plain);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  rz::mpi::environment env(argc, argv);
+  CLI::App app{"ringzero-mpi-compare: ringzero over MPI point-to-point against MPI's own collectives"};
+  std::string collective = "all_reduce", min_b = "64K", max_b = "256M", json_path;
+  std::uint64_t factor = 2;
+  int iters = 20, warmup = 5;
+  bool in_place = false, link = false;
+  double alpha = 0, beta = 0, gamma = 0;
+  app.add_option("--alpha", alpha, "link model: alpha in us (with --beta and --gamma; default: the backend's)");
+  app.add_option("--beta", beta, "link model: beta in us per byte");
+  app.add_option("--gamma", gamma, "link model: gamma in us per byte");
+  app.add_flag("--link", link, "measure the link model's parameters and the check mode's cost instead");
+  app.add_option("--collective", collective, "all_reduce, reduce_scatter or all_gather")->capture_default_str();
+  app.add_option("-b,--minbytes", min_b, "smallest size (B; suffixes K, M, G)")->capture_default_str();
+  app.add_option("-e,--maxbytes", max_b, "largest size (B; suffixes K, M, G)")->capture_default_str();
+  app.add_option("-f,--stepfactor", factor, "size multiplication factor (>= 2)")->capture_default_str()->check(CLI::Range(2, 1024));
+  app.add_option("-n,--iters", iters, "timed iterations per algorithm and size")->capture_default_str()->check(CLI::Range(1, 1000000));
+  app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per algorithm and size")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_flag("--inplace", in_place, "run in place instead of out of place");
+  app.add_option("--json", json_path, "write the rows to this JSON file (rank 0)");
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
+  }
+  const auto kind = rz::parse_collective(collective);
+  if (!kind || (*kind != rz::collective_kind::all_reduce && *kind != rz::collective_kind::reduce_scatter &&
+                *kind != rz::collective_kind::all_gather)) {
+    if (rank == 0) std::fprintf(stderr, "ringzero-mpi-compare: --collective must be all_reduce, reduce_scatter or all_gather\n");
+    return 2;
+  }
+  std::int64_t wrong_total = 0;
+  int rows_not_matching = 0;
+  nlohmann::json rows = nlohmann::json::array();
+  try {
+    const std::uint64_t min_bytes = parse_size(min_b), max_bytes = parse_size(max_b);
+    rz::mpi::communicator_options options;
+    if (alpha > 0 || beta > 0 || gamma > 0) {
+      if (!(alpha > 0 && beta > 0 && gamma > 0)) throw std::invalid_argument("--alpha, --beta and --gamma go together (all > 0)");
+      rz::link_model m = rz::mpi::communicator::default_link(false);
+      m.alpha_us = alpha;
+      m.beta_us_per_byte = beta;
+      m.gamma_us_per_byte = gamma;
+      options.link = m;
+    }
+    rz::mpi::communicator comm(MPI_COMM_WORLD, options);
+    if (link) {
+      measure_link(comm, std::max(iters, 2000));
+      return 0;
+    }
+    compare c(comm, *kind, iters, warmup, in_place, max_bytes);
+    const int n = comm.world_size();
+    if (rank == 0) {
+      fmt::print("# ringzero-mpi-compare {} : {} MPI processes, float32 sum, {}, {} iterations after {} warm-up\n",
+                 rz::collective_name(*kind), n, in_place ? "in place" : "out of place", iters, warmup);
+      const rz::link_model m = comm.link();
+      fmt::print("# link model: alpha {:.3g} us, beta {:.3g} us/B, gamma {:.3g} us/B{}\n", m.alpha_us, m.beta_us_per_byte,
+                 m.gamma_us_per_byte, comm.oversubscribed() ? " (oversubscribed)" : "");
+      fmt::print("# time: median over iterations of the slowest rank (us); busbw: GB/s (nccl-tests); "
+                 "native/best >= 1 means ringzero's best point-to-point algorithm at least matches MPI's own\n");
+      fmt::print("# {:>10} {:>10} | {:>9} {:>6} | {:>9} {:>6} | {:>9} {:>6} | {:>9} {:>16} | {:>16} {:>11} | {:>6}\n", "size",
+                 "count", "ring", "busbw", "hd", "busbw", "native", "busbw", "auto", "auto chose", "best", "native/best",
+                 "#wrong");
+    }
+    const rz::algorithm algos[] = {rz::algorithm::ring, rz::algorithm::halving_doubling, rz::algorithm::native,
+                                   rz::algorithm::automatic};
+    for (std::uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
+      const std::uint64_t count = c.count_for(bytes);
+      if (count == 0) continue;
+      measurement m[4];
+      for (int i = 0; i < 4; ++i) m[i] = c.run(count, algos[i]);
+      const bool ring_best = m[0].time_us <= m[1].time_us;
+      const measurement& best = ring_best ? m[0] : m[1];
+      const double ratio = best.time_us > 0 ? m[2].time_us / best.time_us : 0;
+      std::int64_t wrong = 0;
+      for (const auto& x : m) wrong += x.wrong;
+      wrong_total += wrong;
+      if (ratio < 1.0) ++rows_not_matching;
+      if (rank == 0) {
+        fmt::print("  {:>10} {:>10} | {:>9.1f} {:>6.2f} | {:>9.1f} {:>6.2f} | {:>9.1f} {:>6.2f} | {:>9.1f} {:>16} | {:>16} {:>11.2f} | {:>6}\n",
+                   c.largest_buffer(count) * sizeof(float), count, m[0].time_us, m[0].busbw, m[1].time_us, m[1].busbw,
+                   m[2].time_us, m[2].busbw, m[3].time_us, rz::algorithm_name(m[3].resolved),
+                   ring_best ? "ring" : "halving_doubling", ratio, wrong);
+        std::fflush(stdout);
+        nlohmann::json row{{"size_bytes", c.largest_buffer(count) * sizeof(float)}, {"count", count}, {"ranks", n},
+                           {"auto_chose", rz::algorithm_name(m[3].resolved)}, {"best", ring_best ? "ring" : "halving_doubling"},
+                           {"native_over_best", ratio}, {"wrong", wrong}};
+        const char* names[] = {"ring", "halving_doubling", "native", "auto"};
+        for (int i = 0; i < 4; ++i) row[names[i]] = {{"time_us", m[i].time_us}, {"busbw_gbps", m[i].busbw}};
+        rows.push_back(row);
+      }
+      if (bytes > max_bytes / factor) break;
+    }
+    if (rank == 0) {
+      fmt::print("# Errors: {} wrong element(s) {}\n", wrong_total, wrong_total == 0 ? "OK" : "FAILED");
+      fmt::print("# Sizes where native beat ringzero's best: {}\n", rows_not_matching);
+      if (!json_path.empty()) {
+        nlohmann::json doc{{"program", "ringzero-mpi-compare"}, {"collective", rz::collective_name(*kind)}, {"ranks", n},
+                           {"in_place", in_place}, {"rows", rows}, {"wrong", wrong_total}};
+        std::ofstream f(json_path);
+        f << doc.dump(2) << "\n";
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ringzero-mpi-compare: %s\n", e.what());
+    return 2;
+  }
+  return wrong_total == 0 ? 0 : 1;
+}

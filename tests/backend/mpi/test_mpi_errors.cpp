@@ -1,0 +1,372 @@
+// Bad input on the MPI backend: mismatched collectives across processes (with and without the
+// check mode), invalid arguments on one rank, send/recv size mismatches (C12), a rank that leaves
+// early, ranks that never arrive (timeouts naming them), a wrong communicator size, and ranks
+// that disagree on the check mode. Every case must end in a clear error on every rank, never a
+// hang: the tests run with failure_policy::throw_error so that they can assert on the errors.
+//
+// Assertions are CHECKs only (never REQUIRE), so that every rank runs the same collectives in the
+// same order even when a check fails.
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "mpi_test.hpp"
+
+using namespace ringzero;
+using ringzero_test::contains;
+using ringzero_test::error_of;
+using ringzero_test::ranks_text;
+using ringzero_test::throwing;
+
+namespace {
+
+/// A correct all_reduce after an error: the communicator is still usable.
+void expect_usable(communicator& comm) {
+  std::vector<std::int32_t> v(10, comm.rank() + 1);
+  const auto e = error_of([&] { all_reduce(comm, std::span<std::int32_t>(v)); });
+  CHECK_FALSE(e.has_value());
+  const int n = comm.world_size();
+  CHECK(v[0] == n * (n + 1) / 2);
+  CHECK(v[9] == n * (n + 1) / 2);
+}
+
+}  // namespace
+
+TEST_CASE("check mode: a count mismatch (C6) raises the same error on every rank; the communicator stays usable") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
+  const int n = comm.world_size(), r = comm.rank();
+  const std::uint64_t count = r == 0 ? 2560 : 5120;
+  std::vector<float> v(5120, 1.0f);
+  const auto e = error_of([&] { all_reduce(comm, v.data(), v.data(), count, dtype::float32, reduce_kind::sum); });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::contract_mismatch);
+    CHECK(contains(e->what(), "all_reduce #0: count mismatch: rank 0: 2560; " + ranks_text(1, n - 1) + ": 5120"));
+    CHECK(contains(e->what(), "[mpi rank " + std::to_string(r) + "/" + std::to_string(n) + "]"));
+  }
+  CHECK(v[0] == 1.0f);  // no partial sum
+  expect_usable(comm);
+}
+
+TEST_CASE("check mode: a dtype mismatch (C7) raises on every rank") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
+  const int n = comm.world_size(), r = comm.rank();
+  float f = 0.1f;
+  bfloat16 b(0.1f);
+  const auto e = error_of([&] {
+    if (r == 0) all_reduce(comm, &b, &b, 1, dtype::bfloat16, reduce_kind::sum);
+    else all_reduce(comm, &f, &f, 1, dtype::float32, reduce_kind::sum);
+  });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::contract_mismatch);
+    CHECK(contains(e->what(), "dtype mismatch: rank 0: bfloat16; " + ranks_text(1, n - 1) + ": float32"));
+  }
+  CHECK(f == 0.1f);
+  expect_usable(comm);
+}
+
+TEST_CASE("check mode: a root mismatch (C8) raises on every rank") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
+  const int r = comm.rank();
+  std::vector<std::int64_t> v{1, 2, 3, 4}, out(4, -7);
+  const auto e = error_of([&] {
+    reduce(comm, v.data(), out.data(), 4, dtype::int64, reduce_kind::sum, r == 1 ? 1 : 0);
+  });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::contract_mismatch);
+    CHECK(contains(e->what(), "root mismatch: "));
+    CHECK(contains(e->what(), "; rank 1: 1"));
+  }
+  CHECK(out[0] == -7);
+  expect_usable(comm);
+}
+
+TEST_CASE("check mode: different collectives on different ranks raise on every rank") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
+  const int n = comm.world_size(), r = comm.rank();
+  std::vector<float> v(100, 1.0f);
+  const auto e = error_of([&] {
+    if (r == 0) all_reduce(comm, std::span<float>(v));
+    else broadcast(comm, std::span<float>(v), 0);
+  });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::contract_mismatch);
+    CHECK(contains(e->what(), "collective mismatch: rank 0: all_reduce; " + ranks_text(1, n - 1) + ": broadcast"));
+  }
+  expect_usable(comm);
+}
+
+TEST_CASE("check mode: invalid arguments on one rank are reported on every rank, naming that rank") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
+  const int n = comm.world_size(), r = comm.rank();
+  std::vector<float> v(10, 1.0f);
+  const auto e = error_of([&] {
+    all_reduce(comm, r == n - 1 ? nullptr : v.data(), v.data(), 10, dtype::float32, reduce_kind::sum);
+  });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::invalid_argument);
+    CHECK(contains(e->what(), "rank " + std::to_string(n - 1) + ": send buffer is null with count 10"));
+  }
+  expect_usable(comm);
+}
+
+TEST_CASE("check mode: a collective that only one rank calls is found at once") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
+  const int n = comm.world_size(), r = comm.rank();
+  std::vector<float> v(10, 1.0f);
+  // Rank 0 calls an all_reduce that the others skip; then everyone calls barrier: all_reduce #0
+  // meets barrier #0.
+  const auto e = error_of([&] {
+    if (r == 0) all_reduce(comm, std::span<float>(v));
+    barrier(comm);
+  });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::contract_mismatch);
+    CHECK(contains(e->what(), "collective mismatch: rank 0: all_reduce; " + ranks_text(1, n - 1) + ": barrier"));
+  }
+}
+
+TEST_CASE("check off: invalid arguments on one rank abort the communicator; every rank fails with that reason") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(false));
+  const int n = comm.world_size(), r = comm.rank();
+  std::vector<float> v(1000, 1.0f);
+  ringzero::collective_options ring;
+  ring.algo = algorithm::ring;
+  const auto start = std::chrono::steady_clock::now();
+  const auto e = error_of([&] {
+    all_reduce(comm, r == n - 1 ? nullptr : v.data(), v.data(), 1000, dtype::float32, reduce_kind::sum, ring);
+  });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::invalid_argument);
+    CHECK(contains(e->what(), "rank " + std::to_string(n - 1) + ": send buffer is null with count 1000"));
+  }
+  CHECK(ringzero_test::seconds_since(start) < 60.0);  // at once, not after the 120 s timeout
+  CHECK(comm.aborted());
+  const auto again = error_of([&] { barrier(comm); });
+  CHECK(again.has_value());
+  if (again) CHECK(again->kind() == errc::invalid_argument);
+}
+
+TEST_CASE("check off: a count mismatch (C6) fails on every rank with size_mismatch, never a partial sum") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(false));
+  const int r = comm.rank();
+  const std::uint64_t count = r == 0 ? 2560 : 5120;
+  std::vector<float> v(5120, 1.0f);
+  ringzero::collective_options ring;
+  ring.algo = algorithm::ring;
+  const auto e = error_of([&] { all_reduce(comm, v.data(), v.data(), count, dtype::float32, reduce_kind::sum, ring); });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::size_mismatch);
+    CHECK(contains(e->what(), "bytes"));
+  }
+  CHECK(comm.aborted());
+}
+
+TEST_CASE("check off: a point-to-point send matched against a collective is a contract mismatch") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(false));
+  const int r = comm.rank();
+  std::vector<float> v(100, 1.0f);
+  ringzero::collective_options ring;
+  ring.algo = algorithm::ring;
+  // Rank 0 sends to rank 1 while rank 1 is in an all_reduce whose ring receives from rank 0
+  // (rank 0 is rank 1's predecessor); then rank 0 joins the all_reduce too.
+  const auto e = error_of([&] {
+    if (r == 0) send(comm, v.data(), 100, dtype::float32, 1);
+    all_reduce(comm, v.data(), v.data(), 100, dtype::float32, reduce_kind::sum, ring);
+  });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::contract_mismatch);
+    CHECK(contains(e->what(), "rank 0 sent data of a point-to-point send/recv while rank 1 runs all_reduce #0"));
+  }
+}
+
+TEST_CASE("C12: a send/recv size mismatch is an error on the receiver and then on every rank") {
+  SUBCASE("the sender sends less") {
+    mpi::communicator comm(MPI_COMM_WORLD, throwing(false));
+    const int r = comm.rank();
+    float one = 1.0f;
+    float three[3] = {0, 0, 0};
+    const auto e = error_of([&] {
+      if (r == 0) send(comm, &one, 1, dtype::float32, 1);
+      if (r == 1) recv(comm, three, 3, dtype::float32, 0);
+    });
+    if (r == 1) {
+      CHECK(e.has_value());
+      if (e) {
+        CHECK(e->kind() == errc::size_mismatch);
+        CHECK(contains(e->what(), "[mpi rank 1/"));
+        CHECK(contains(e->what(), "recv: rank 0 sends 4 bytes but rank 1 expects 12 bytes"));
+      }
+    }
+    const auto later = error_of([&] { barrier(comm); });  // the sender learns at its next wait
+    CHECK(later.has_value());
+    if (later) CHECK(later->kind() == errc::size_mismatch);
+  }
+  SUBCASE("the sender sends more") {
+    mpi::communicator comm(MPI_COMM_WORLD, throwing(false));
+    const int r = comm.rank();
+    float three[3] = {1, 2, 3};
+    float one = 0.0f;
+    const auto e = error_of([&] {
+      if (r == 0) send(comm, three, 3, dtype::float32, 1);
+      if (r == 1) recv(comm, &one, 1, dtype::float32, 0);
+    });
+    if (r == 1) {
+      CHECK(e.has_value());
+      if (e) {
+        CHECK(e->kind() == errc::size_mismatch);
+        CHECK(contains(e->what(), "rank 0 sends 12 bytes but rank 1 expects 4 bytes"));
+      }
+    }
+    const auto later = error_of([&] { barrier(comm); });
+    CHECK(later.has_value());
+  }
+}
+
+// Open MPI 4.1 writes a truncated rendezvous message past the posted receive (its whole size):
+// ringzero must find the mismatch before any byte lands, so the memory after the receive
+// buffer stays untouched.
+TEST_CASE("C12 with a large message: the receiver's memory past its buffer is never written") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(false));
+  const int r = comm.rank();
+  std::vector<float> big(100000, 3.0f);
+  std::vector<float> small(250 + 100000, -1.0f);  // 250 expected, then a guard region
+  const auto e = error_of([&] {
+    if (r == 0) send(comm, big.data(), big.size(), dtype::float32, 1);
+    if (r == 1) recv(comm, small.data(), 250, dtype::float32, 0);
+  });
+  if (r == 1) {
+    CHECK(e.has_value());
+    if (e) {
+      CHECK(e->kind() == errc::size_mismatch);
+      CHECK(contains(e->what(), "rank 0 sends 400000 bytes but rank 1 expects 1000 bytes"));
+    }
+    bool guard_intact = true;
+    for (std::size_t i = 0; i < small.size(); ++i) guard_intact = guard_intact && small[i] == -1.0f;
+    CHECK(guard_intact);
+  }
+  const auto later = error_of([&] { barrier(comm); });
+  CHECK(later.has_value());
+}
+
+TEST_CASE("a rank that leaves early makes the waiting ranks fail at once with peer_exited") {
+  for (bool check : {true, false}) {
+    CAPTURE(check);
+    for (bool by_exception : {false, true}) {
+      CAPTURE(by_exception);
+      const int n = [] {
+        int s = 0;
+        MPI_Comm_size(MPI_COMM_WORLD, &s);
+        return s;
+      }();
+      int world_rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+      const int leaver = n - 1;
+      const auto start = std::chrono::steady_clock::now();
+      if (world_rank == leaver) {
+        // Makes the communicator and leaves without the collective the others call.
+        try {
+          mpi::communicator comm(MPI_COMM_WORLD, throwing(check));
+          if (by_exception) throw std::runtime_error("the data loader failed");
+        } catch (const std::runtime_error&) {
+        }
+        continue;
+      }
+      mpi::communicator comm(MPI_COMM_WORLD, throwing(check));
+      std::vector<double> v(1000, 1.0);
+      const auto e = error_of([&] { all_reduce(comm, std::span<double>(v)); });
+      CHECK(e.has_value());
+      if (e) {
+        INFO(std::string(e->what()));
+        CHECK(e->kind() == errc::peer_exited);
+        CHECK(contains(e->what(), "rank " + std::to_string(leaver) + " left the communicator"));
+        if (by_exception) CHECK(contains(e->what(), "while unwinding an exception"));
+      }
+      CHECK(ringzero_test::seconds_since(start) < 60.0);  // not the 120 s timeout
+    }
+  }
+}
+
+// Rank 0 has the shortest timeout, so it is the one that times out first and its error (sent to
+// the others as the abort reason) is the one every rank reports. Before the communicator is
+// destroyed the timeout is raised again, so that the destructor's wait for every rank's
+// departure outlasts the sleeping rank; the world barrier then lines the ranks up again.
+TEST_CASE("check mode: a timeout names the ranks that never arrived, on every rank") {
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(true, world_rank == 0 ? 2.0 : 4.0));
+  const int n = comm.world_size(), r = comm.rank();
+  std::vector<float> v(100, 1.0f);
+  if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(7000));
+  const auto e = error_of([&] { all_reduce(comm, std::span<float>(v)); });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::timeout);
+    CHECK(contains(e->what(), "timed out after 2 s: rank " + std::to_string(n - 1) + " never arrived at all_reduce #0 (" +
+                                  ranks_text(0, n - 2) + " did)"));
+  }
+  CHECK(comm.aborted());
+  comm.set_timeout(std::chrono::seconds(60));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("check off: a timeout names the peers whose transfers did not complete") {
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(false, world_rank == 0 ? 2.0 : 4.0));
+  const int n = comm.world_size(), r = comm.rank();
+  std::vector<float> v(100, 1.0f);
+  ringzero::collective_options ring;
+  ring.algo = algorithm::ring;
+  if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(7000));
+  const auto e = error_of([&] { all_reduce(comm, v.data(), v.data(), 100, dtype::float32, reduce_kind::sum, ring); });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::timeout);
+    // Rank 0 receives from its ring predecessor, the sleeping rank.
+    CHECK(contains(e->what(), "timed out after 2 s in all_reduce #0 waiting for rank " + std::to_string(n - 1) +
+                                  ": the receive of "));
+    CHECK(contains(e->what(), " bytes from rank " + std::to_string(n - 1) + " (0 of 1 slices arrived) did not complete"));
+  }
+  comm.set_timeout(std::chrono::seconds(60));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("a communicator of the wrong size is refused on every rank") {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  auto options = throwing(false);
+  options.expected_world_size = n + 1;
+  const auto e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, options); });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::invalid_argument);
+    CHECK(contains(e->what(), "the job has " + std::to_string(n) + " processes in this communicator but " +
+                                  std::to_string(n + 1) + " were expected"));
+  }
+}
+
+TEST_CASE("ranks that disagree on the check mode cannot make a communicator") {
+  int r = 0, n = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  const auto e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, throwing(r == 0)); });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::invalid_argument);
+    CHECK(contains(e->what(), "the check mode (RINGZERO_CHECK / communicator_options::check) differs between ranks: rank 0: 1; " +
+                                  ranks_text(1, n - 1) + ": 0"));
+  }
+}
