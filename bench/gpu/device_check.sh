@@ -8,17 +8,22 @@
 # Steps, each independent (a failing step never stops the next) and each under a time limit
 # taken from the 8-minute budget:
 #   1. build with nvcc and the host compiler directly (no Meson needed): the CUDA kernels
-#      (cuda/ringzero_cuda.cu), the GPU tests, ringzero-gpu-bench and ringzero-bench;
+#      (cuda/ringzero_cuda.cu), the GPU tests, ringzero-gpu-bench, ringzero-bench and the
+#      Fashion-MNIST trainer with --device cuda (its kernels: examples/common/cuda_mlp_kernels.cu;
+#      cuBLAS);
 #   2. the GPU tests (suite 'gpu': every primitive exactly against the host primitive, the local
-#      backend with device memory on 2, 3 and 4 ranks on one GPU, NCCL with one rank) and the
-#      no-device test;
+#      backend with device memory on 2, 3 and 4 ranks on one GPU, the DDP gradient reducer on
+#      device memory against the host reducer bit for bit, the examples' GPU MLP and optimizers
+#      against the CPU ones, NCCL with one rank) and the no-device test;
 #   3. ringzero-gpu-bench: the card's copy bandwidth (cudaMemcpyAsync and a copy kernel), every
 #      primitive's bandwidth at 256 MiB, and ring / halving-doubling all_reduce on 2 and 4 ranks
 #      of one GPU against the ring's copy-bandwidth bound;
 #   4. ringzero-bench all_reduce on the local backend with device memory (2 and 4 ranks on one
 #      GPU, ring and halving_doubling) and on NCCL (1 rank, native and ring);
-#   5. one epoch of the Fashion-MNIST trainer on the GPU (examples/01_ddp_fashion_mnist with
-#      --device cuda), when this tree has it;
+#   5. the Fashion-MNIST trainer on the GPU (examples/01_ddp_fashion_mnist --device cuda
+#      --compare-ranks 1,2 --epochs 2: 1 rank, then 2 ranks sharing the GPU with the DDP reducer
+#      on device memory, same global batch; each must reach 75% test accuracy), when this tree
+#      has it;
 #   6. a short table, printed last.
 #
 # What the machine needs: nvcc (CUDA 12.8 or newer, for C++20), a C++20 host compiler (g++ 11+),
@@ -109,6 +114,26 @@ bench_inc_ok=1
 for h in CLI/CLI.hpp fmt/core.h nlohmann/json.hpp; do
   find_header "$h" "$deps/include" /usr/include /usr/local/include > /dev/null || bench_inc_ok=0
 done
+trainer=examples/01_ddp_fashion_mnist/ddp_fashion_mnist.cpp
+data=""
+for d in "$deps/data/fashion-mnist" /usr/share/datasets/fashion-mnist; do
+  [ -f "$d/train-images-idx3-ubyte.gz" ] && { data=$d; break; }
+done
+eigen_inc=$(find_header Eigen/Core "$deps/include/eigen3" /usr/include/eigen3 || true)
+zlib_inc=$(find_header zlib.h "$deps/include" /usr/include || true)
+zlib=$(ls /usr/lib/x86_64-linux-gnu/libz.so* /lib/x86_64-linux-gnu/libz.so* 2>/dev/null | head -1)
+cublas_lib=""
+for f in "$cuda_lib/libcublas.so" "$cuda_lib"/libcublas.so.*; do [ -f "$f" ] && { cublas_lib=$f; break; }; done
+mlp_ok=0  # the examples' GPU MLP (its kernels, its test) can be built: Eigen and cuBLAS
+[ -f examples/common/cuda_mlp_kernels.cu ] && [ -n "$eigen_inc" ] && [ -n "$cublas_lib" ] && mlp_ok=1
+trainer_skip=""  # why the trainer cannot be built or run here, if it cannot
+if [ ! -f "$trainer" ]; then trainer_skip="no $trainer in this tree"
+elif ! grep -q -- '"--device"' "$trainer"; then trainer_skip="the trainer in this tree has no --device option yet"
+elif [ $bench_inc_ok = 0 ]; then trainer_skip="no CLI11/fmt/json headers (carry .device-deps)"
+elif [ -z "$eigen_inc" ] || [ -z "$zlib_inc" ] || [ -z "$zlib" ]; then trainer_skip="no Eigen, zlib.h or libz (carry .device-deps)"
+elif [ -z "$cublas_lib" ]; then trainer_skip="no cuBLAS under $cuda_lib"
+elif [ -z "$data" ]; then trainer_skip="no Fashion-MNIST files (carry .device-deps/data/fashion-mnist)"
+fi
 note "nvcc: ${nvcc:-none}; host compiler: ${cxx:-none}; NCCL: $([ $have_nccl = 1 ] && echo "$nccl_inc, $nccl_lib_file" || echo none); doctest: ${doctest_inc:-none}; CLI11/fmt/json: $([ $bench_inc_ok = 1 ] && echo yes || echo no)"
 
 # ------------------------------------------------------------------ 1. build
@@ -181,11 +206,24 @@ else
     spawn doctest_main.o compile_cxx tests/main.cpp "$obj/doctest_main.o"
     spawn test_primitives.o compile_cxx tests/gpu/test_primitives.cpp "$obj/test_primitives.o"
     spawn test_local_cuda.o compile_cxx tests/gpu/test_local_cuda.cpp "$obj/test_local_cuda.o"
+    [ -f tests/gpu/test_ddp_cuda.cpp ] && spawn test_ddp_cuda.o compile_cxx tests/gpu/test_ddp_cuda.cpp "$obj/test_ddp_cuda.o"
     spawn test_no_device.o compile_cxx tests/gpu/test_no_device.cpp "$obj/test_no_device.o" -DRINGZERO_TEST_HAVE_KERNELS=1
     [ $have_nccl = 1 ] && spawn test_nccl.o compile_cxx tests/gpu/test_nccl.cpp "$obj/test_nccl.o"
   fi
   if [ $bench_inc_ok = 1 ] && [ -f bench/ringzero_bench.cpp ]; then
     spawn ringzero_bench.o compile_cxx bench/ringzero_bench.cpp "$obj/ringzero_bench.o"
+  fi
+  trainer_incs=(-isystem "$eigen_inc")
+  # never -isystem /usr/include: it breaks the standard library's #include_next
+  [ -n "$zlib_inc" ] && [ "$zlib_inc" != /usr/include ] && trainer_incs+=(-isystem "$zlib_inc")
+  if [ $mlp_ok = 1 ]; then
+    spawn cuda_mlp_kernels.o compile_nvcc examples/common/cuda_mlp_kernels.cu "$obj/cuda_mlp_kernels.o"
+    [ -n "$doctest_inc" ] && [ -f tests/gpu/test_cuda_mlp.cpp ] && spawn test_cuda_mlp.o compile_cxx tests/gpu/test_cuda_mlp.cpp \
+      "$obj/test_cuda_mlp.o" "${trainer_incs[@]}" -Iexamples/common -DEIGEN_DONT_PARALLELIZE -DRINGZERO_EXAMPLES_HAVE_CUDA=1
+  fi
+  if [ -z "$trainer_skip" ]; then
+    spawn ddp_fashion_mnist.o compile_cxx "$trainer" "$obj/ddp_fashion_mnist.o" "${trainer_incs[@]}" \
+      -Iexamples/common -DEIGEN_DONT_PARALLELIZE -DRINGZERO_EXAMPLES_HAVE_CUDA=1
   fi
   wait
   failed=()
@@ -195,6 +233,16 @@ else
   link ringzero-gpu-bench "$obj/gpu_bench.o" "$obj/copy_kernel.o" "$obj/ringzero_cuda.o" && built+=(ringzero-gpu-bench)
   link test_gpu_primitives "$obj/gpu_main.o" "$obj/test_primitives.o" "$obj/ringzero_cuda.o" && built+=(test_gpu_primitives)
   link test_gpu_local "$obj/gpu_main.o" "$obj/test_local_cuda.o" "$obj/ringzero_cuda.o" && built+=(test_gpu_local)
+  link test_gpu_ddp "$obj/gpu_main.o" "$obj/test_ddp_cuda.o" "$obj/ringzero_cuda.o" && built+=(test_gpu_ddp)
+  if [ -f "$obj/test_cuda_mlp.o" ] && [ -f "$obj/cuda_mlp_kernels.o" ]; then
+    link test_gpu_cuda_mlp "$obj/gpu_main.o" "$obj/test_cuda_mlp.o" "$obj/cuda_mlp_kernels.o" "$obj/ringzero_cuda.o" "$cublas_lib" &&
+      built+=(test_gpu_cuda_mlp)
+  fi
+  if [ -z "$trainer_skip" ] && [ -f "$obj/ddp_fashion_mnist.o" ] && [ -f "$obj/cuda_mlp_kernels.o" ] && [ -f "$obj/ringzero_cuda.o" ]; then
+    echo "### link ddp_fashion_mnist" >> "$build_log"
+    "$cxx" -o "$bin/ddp_fashion_mnist" "$obj/ddp_fashion_mnist.o" "$obj/cuda_mlp_kernels.o" "$obj/ringzero_cuda.o" "$zlib" \
+      "$cublas_lib" "${nccl_link[@]}" "${cuda_link[@]}" >> "$build_log" 2>&1 && built+=(ddp_fashion_mnist)
+  fi
   link test_cuda_no_device "$obj/doctest_main.o" "$obj/test_no_device.o" "$obj/ringzero_cuda.o" && built+=(test_cuda_no_device)
   [ $have_nccl = 1 ] && link test_gpu_nccl "$obj/gpu_main.o" "$obj/test_nccl.o" "$obj/ringzero_cuda.o" && built+=(test_gpu_nccl)
   link ringzero-bench "$obj/ringzero_bench.o" "$obj/ringzero_cuda.o" && built+=(ringzero-bench)
@@ -228,6 +276,8 @@ run_test() {  # run_test NAME CAP
 run_test test_cuda_no_device 30
 run_test test_gpu_primitives 150
 run_test test_gpu_local 150
+if [ -f tests/gpu/test_ddp_cuda.cpp ]; then run_test test_gpu_ddp 90; fi
+if [ $mlp_ok = 1 ]; then run_test test_gpu_cuda_mlp 40; else record "test test_gpu_cuda_mlp" skip "no Eigen or cuBLAS"; fi
 if [ $have_nccl = 1 ]; then run_test test_gpu_nccl 100; else record "test test_gpu_nccl" skip "no NCCL on this machine"; fi
 
 # ------------------------------------------------------------------ 3. copy and primitive bandwidth
@@ -299,37 +349,25 @@ fi
 # ------------------------------------------------------------------ 5. Fashion-MNIST trainer on the GPU
 train_log=$out/train.log
 : > "$train_log"
-trainer=examples/01_ddp_fashion_mnist/ddp_fashion_mnist.cpp
-data=""
-for d in "$deps/data/fashion-mnist" /usr/share/datasets/fashion-mnist; do
-  [ -f "$d/train-images-idx3-ubyte.gz" ] && { data=$d; break; }
-done
-if [ ! -f "$trainer" ]; then
-  record "train fashion-mnist" skip "no $trainer in this tree (it comes with the ddp work)"
-elif ! grep -q -- '--device' "$trainer"; then
-  record "train fashion-mnist" skip "the trainer in this tree has no --device option yet (GPU training comes with the ddp work)"
-elif [ -z "$data" ]; then
-  record "train fashion-mnist" skip "no Fashion-MNIST files (carry .device-deps/data/fashion-mnist)"
-elif [ -z "$(find_header Eigen/Core "$deps/include/eigen3" /usr/include/eigen3 || true)" ] || [ -z "$(find_header zlib.h "$deps/include" /usr/include || true)" ]; then
-  record "train fashion-mnist" skip "no Eigen or zlib.h headers (carry .device-deps)"
+if [ -n "$trainer_skip" ]; then
+  record "train fashion-mnist" skip "$trainer_skip"
+elif ! has ddp_fashion_mnist; then
+  record "train fashion-mnist" fail "did not build (see build.log)"
 else
-  zlib=$(ls /usr/lib/x86_64-linux-gnu/libz.so* /lib/x86_64-linux-gnu/libz.so* 2>/dev/null | head -1)
-  eigen_inc=$(find_header Eigen/Core "$deps/include/eigen3" /usr/include/eigen3)
-  # shellcheck disable=SC2086
-  if run_limited 120 "$train_log" "$cxx" $cxxflags -I"$eigen_inc" -Iexamples/common -DEIGEN_DONT_PARALLELIZE "$trainer" \
-      -o "$bin/ddp_fashion_mnist" "$obj/ringzero_cuda.o" ${zlib:+"$zlib"} "-L$cuda_lib" -lcublas "${nccl_link[@]}" "${cuda_link[@]}"; then
-    run_limited 150 "$train_log" "$bin/ddp_fashion_mnist" --device cuda --epochs 1 --ranks 1 --data "$data" --no-progress \
-      --json "$build/train.json"
-    rc=$?
-    acc=$(grep -i -m1 -E "test accuracy|accuracy" "$train_log" | tail -1)
-    case $rc in
-      0) record "train fashion-mnist" ok "1 epoch on the GPU: $acc" ;;
-      124) record "train fashion-mnist" timeout "see train.log" ;;
-      *) record "train fashion-mnist" fail "status $rc; see train.log" ;;
-    esac
-  else
-    record "train fashion-mnist" fail "did not build; see train.log"
-  fi
+  # 1 rank, then 2 ranks sharing the GPU (the DDP reducer on device memory, local backend), with
+  # the same global batch of 512; each run must reach 75% test accuracy (exit status 3 below).
+  run_limited 150 "$train_log" "$bin/ddp_fashion_mnist" --device cuda --compare-ranks 1,2 --epochs 2 --data "$data" \
+    --no-progress --min-accuracy 0.75 --json "$build/train.json"
+  rc=$?
+  cmp_line=$(grep -m1 "rank(s) vs" "$train_log" | sed "s/; [0-9]*% of the .*//")
+  case $rc in
+    0) record "train fashion-mnist" ok "--device cuda, 2 epochs: $cmp_line" ;;
+    3) record "train fashion-mnist" fail "below 75% test accuracy: $(grep -m1 "below --min-accuracy" "$train_log")" ;;
+    124) record "train fashion-mnist" timeout "see train.log" ;;
+    125) record "train fashion-mnist" skip "out of time" ;;
+    *) if grep -q "no CUDA device" "$train_log"; then record "train fashion-mnist" skip "no CUDA device"
+       else record "train fashion-mnist" fail "status $rc: $(tail -1 "$train_log")"; fi ;;
+  esac
 fi
 
 # ------------------------------------------------------------------ 6. the table

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -58,9 +59,23 @@ int host_copy(void* dst, const void* src, std::uint64_t bytes, void* stream) noe
 int host_set_device(int) noexcept { return 0; }
 const char* host_error_name(int) noexcept { return "fakeError"; }
 const char* host_error_string(int) noexcept { return "the fake kernel failed"; }
+int host_divide(void* dst, const void* src, std::uint64_t n, dtype t, std::int64_t d, void*) noexcept {
+  primitive::divide_into(dst, src, n, t, d);
+  return 0;
+}
+int host_allocate(void** p, std::uint64_t bytes) noexcept {
+  *p = std::malloc(bytes == 0 ? 1 : bytes);
+  return *p ? 0 : 2;
+}
+int host_deallocate(void* p) noexcept {
+  std::free(p);
+  return 0;
+}
+int host_synchronize(void*) noexcept { return 0; }
 
-const primitive::device_primitives host_table{&host_reduce, &host_cast, &host_scale, &host_fill,
-                                              &host_copy,   &host_set_device, &host_error_name, &host_error_string};
+const primitive::device_primitives host_table{&host_reduce,     &host_cast,        &host_scale,        &host_fill,
+                                              &host_copy,       &host_set_device,  &host_error_name,   &host_error_string,
+                                              &host_divide,     &host_allocate,    &host_deallocate,   &host_synchronize};
 
 /// Registers `table` for one test and restores "none" afterwards.
 struct registered {

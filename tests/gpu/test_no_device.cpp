@@ -78,7 +78,8 @@ TEST_CASE("the program's CUDA kernels are registered when the kernel library is 
 #if RINGZERO_TEST_HAVE_KERNELS
   const primitive::device_primitives* k = primitive::registered_device_primitives();
   REQUIRE(k != nullptr);
-  const bool complete = k->reduce_into && k->cast && k->scale && k->fill && k->copy && k->set_device && k->error_string;
+  const bool complete = k->reduce_into && k->cast && k->scale && k->fill && k->copy && k->set_device && k->error_name &&
+                        k->error_string && k->divide && k->allocate && k->deallocate && k->synchronize;
   CHECK(complete);
   CHECK(std::string(k->error_name(2)) == "cudaErrorMemoryAllocation");  // needs no device
 #else

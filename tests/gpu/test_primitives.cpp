@@ -273,6 +273,63 @@ TEST_CASE("scale and fill: every dtype, bit for bit as the host") {
   }
 }
 
+TEST_CASE("divide: every dtype and several divisors, bit for bit as the host (a division, not a reciprocal)") {
+  const auto& k = primitive::require_device_primitives();
+  stream_holder stream;
+  constexpr std::uint64_t n = 65541;
+  for (dtype t : all_dtypes) {
+    const std::size_t es = dtype_size(t);
+    const std::size_t bytes = static_cast<std::size_t>(n + 2 * guard) * es;
+    const std::vector<unsigned char> src = gpu_test::random_bytes(bytes, 700 + static_cast<std::uint64_t>(t));
+    const std::vector<unsigned char> initial = gpu_test::random_bytes(bytes, 800 + static_cast<std::uint64_t>(t));
+    device_buffer dsrc(bytes), ddst(bytes);
+    dsrc.upload(src);
+    for (std::int64_t divisor : {std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, std::int64_t{7}, std::int64_t{1} << 40})
+      for (std::uint64_t count : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{9}, std::uint64_t{33}, n})
+        for (const unary_layout& l : unary_layouts) {
+          const int od = l.dst, os = l.src;
+          CAPTURE(dtype_name(t));
+          CAPTURE(divisor);
+          CAPTURE(count);
+          CAPTURE(od);
+          CAPTURE(os);
+          CAPTURE(l.in_place);
+          std::vector<unsigned char> want = l.in_place ? src : initial;
+          ddst.upload(want);
+          const unsigned char* dev_src = l.in_place ? ddst.get() + os * es : dsrc.get() + os * es;
+          expect_launch(k.divide(ddst.get() + od * es, dev_src, count, t, divisor, stream.s), "divide launch");
+          const std::vector<unsigned char> host_src = want;
+          primitive::divide_into(want.data() + od * es, (l.in_place ? host_src.data() : src.data()) + os * es, count, t,
+                                 divisor);
+          sync(stream.s);
+          const std::size_t window = static_cast<std::size_t>(od + count + guard) * es;
+          want.resize(window);
+          std::string what;
+          const long long at = gpu_test::first_difference(t, ddst.download(0, window), want, true, &what);
+          INFO(what);
+          REQUIRE(at == -1);
+        }
+  }
+  CHECK(k.divide(nullptr, nullptr, 4, dtype::float32, 0, stream.s) != 0);
+  CHECK(k.divide(nullptr, nullptr, 4, static_cast<dtype>(50), 2, stream.s) != 0);
+}
+
+TEST_CASE("allocate, deallocate and synchronize through the table") {
+  const auto& k = primitive::require_device_primitives();
+  stream_holder stream;
+  void* p = nullptr;
+  expect_launch(k.allocate(&p, 1000), "allocate");
+  REQUIRE(p != nullptr);
+  CHECK(reinterpret_cast<std::uintptr_t>(p) % 256 == 0);
+  expect_launch(k.fill(p, 1000, dtype::uint8, 7.0, stream.s), "fill");
+  CHECK(k.synchronize(stream.s) == 0);
+  std::vector<unsigned char> host(1000);
+  cudart::check(cudaMemcpy(host.data(), p, host.size(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  CHECK(host == std::vector<unsigned char>(1000, 7));
+  CHECK(k.deallocate(p) == 0);
+  CHECK(k.deallocate(nullptr) == 0);
+}
+
 TEST_CASE("invalid dtypes and kinds are refused without a launch") {
   const auto& k = primitive::require_device_primitives();
   stream_holder stream;

@@ -9,12 +9,14 @@
 /// joined (uneven inputs, case C13) it sums, and `complete` divides by `bucket.divisor`.
 /// PyTorch's default hook (`allreduce_hook`) divides before summing instead; sum-then-divide
 /// rounds once and gives the same values up to rounding.
+/// Host and CUDA device memory alike: on the device the division is the CUDA `divide`
+/// primitive on the bucket's stream (ddp/bucket_memory.hpp), bit for bit the host's.
 
 #include <string>
 
 #include "ringzero/collective/all_reduce.hpp"
+#include "ringzero/ddp/bucket_memory.hpp"
 #include "ringzero/ddp/comm_hook.hpp"
-#include "ringzero/primitive/reduce.hpp"
 
 namespace ringzero {
 
@@ -35,8 +37,11 @@ class allreduce_hook final : public comm_hook {
   /// Divides by `bucket.divisor` when `launch` summed.
   void complete(const gradient_bucket& bucket) override {
     if (bucket.divisor != bucket.world_size && bucket.divisor > 1)
-      primitive::divide_into(bucket.data, bucket.data, bucket.count, bucket.type, bucket.divisor);
+      bucket_memory::of(bucket).divide(bucket.data, bucket.data, bucket.count, bucket.type, bucket.divisor);
   }
+
+  /// Host and CUDA device memory.
+  bool supports(memory_space) const override { return true; }
 };
 
 }  // namespace ringzero

@@ -33,6 +33,9 @@ namespace ringzero {
 /// per-bucket scratch and are meant for one reducer.
 /// Errors: exceptions propagate out of the reducer call that invoked the hook (`mark_ready`,
 /// `finish`, `join`), after the reducer aborted the communicator so that no peer hangs.
+/// Device memory: `launch` and `complete` enqueue their work on the bucket's stream and return
+/// (the collectives' stream semantics); `complete` must leave the averaged gradients in place
+/// in the order of that stream, not necessarily on the device yet.
 class comm_hook {
  public:
   virtual ~comm_hook() = default;
@@ -46,6 +49,12 @@ class comm_hook {
 
   /// Finishes `bucket` after its communication completed. Default: nothing.
   virtual void complete(const gradient_bucket& bucket) { (void)bucket; }
+
+  /// True when the hook can handle buckets in `space`. The reducer asks at construction and
+  /// refuses (on every rank) a hook that cannot, instead of handing it device pointers it
+  /// would read on the host. Default: host memory only; a hook for CUDA device memory
+  /// enqueues its work on `gradient_bucket::cuda_stream` and overrides this.
+  virtual bool supports(memory_space space) const { return space == memory_space::host; }
 };
 
 }  // namespace ringzero

@@ -12,6 +12,13 @@
 /// Buckets of other dtypes (already 16-bit, or integers) are averaged as `allreduce_hook` does.
 /// Results are bitwise identical on every rank, and deterministic run to run for a given world
 /// size and algorithm; they differ from an uncompressed average by the 16-bit rounding.
+///
+/// CUDA device memory: the same arithmetic in two kernels on the bucket's stream: the bucket is
+/// divided in place (the CUDA `divide`, skipped when the divisor is 1), then cast to the wire
+/// type (the CUDA `cast`, which rounds through float32 as the host does), so the device gives
+/// the host's bits. The bucket's contents between `launch` and `complete` are therefore
+/// unspecified (they are overwritten by `complete`). Scratch is device memory on the bucket's
+/// device (ddp/bucket_memory.hpp).
 
 #include <cstdint>
 #include <cstdlib>
@@ -24,6 +31,7 @@
 #include "ringzero/core/error.hpp"
 #include "ringzero/core/half.hpp"
 #include "ringzero/ddp/allreduce_hook.hpp"
+#include "ringzero/ddp/bucket_memory.hpp"
 #include "ringzero/ddp/comm_hook.hpp"
 
 namespace ringzero {
@@ -46,8 +54,10 @@ void decompress(Source* dst, const Wire* src, std::uint64_t n) noexcept {
 }  // namespace detail
 
 /// Compression to float16 or bfloat16 (see the file comment).
-/// Memory: one 16-bit scratch buffer per bucket index, allocated on the first step (and grown
-/// once more if the reducer rebuilds its buckets), then reused.
+/// Memory: one 16-bit scratch buffer per bucket index, in the bucket's memory (host or device),
+/// allocated on the first step (and grown once more if the reducer rebuilds its buckets), then
+/// reused. Growing device scratch first waits for the stream, so no work in flight uses the
+/// old buffer.
 /// Thread semantics: one hook object per reducer (it keeps per-bucket scratch).
 class compression_hook final : public comm_hook {
  public:
@@ -69,7 +79,13 @@ class compression_hook final : public comm_hook {
   /// asynchronous sum all_reduce of it.
   work launch(communicator& comm, const gradient_bucket& bucket) override {
     if (!compressible(bucket.type)) return fallback_.launch(comm, bucket);
-    std::uint16_t* wire = scratch(bucket.index, bucket.count);
+    const bucket_memory memory = bucket_memory::of(bucket);
+    std::uint16_t* wire = scratch(bucket.index, bucket.count, memory);
+    if (memory.is_device()) {
+      if (bucket.divisor > 1) memory.divide(bucket.data, bucket.data, bucket.count, bucket.type, bucket.divisor);
+      memory.cast(wire, wire_, bucket.data, bucket.type, bucket.count);
+      return all_reduce_async(comm, wire, wire, bucket.count, wire_, reduce_kind::sum);
+    }
     visit_source(bucket.type, [&]<class S>() {
       if (wire_ == dtype::float16)
         detail::compress_divided(reinterpret_cast<float16*>(wire), static_cast<const S*>(bucket.data), bucket.count, bucket.divisor);
@@ -79,10 +95,18 @@ class compression_hook final : public comm_hook {
     return all_reduce_async(comm, wire, wire, bucket.count, wire_, reduce_kind::sum);
   }
 
+  /// Host and CUDA device memory.
+  bool supports(memory_space) const override { return true; }
+
   /// Casts the reduced 16-bit values back into the bucket.
   void complete(const gradient_bucket& bucket) override {
     if (!compressible(bucket.type)) return fallback_.complete(bucket);
-    const std::uint16_t* wire = buffers_[bucket.index].data.get();
+    const auto* wire = static_cast<const std::uint16_t*>(buffers_[bucket.index].data.get());
+    const bucket_memory memory = bucket_memory::of(bucket);
+    if (memory.is_device()) {
+      memory.cast(bucket.data, bucket.type, wire, wire_, bucket.count);
+      return;
+    }
     visit_source(bucket.type, [&]<class S>() {
       if (wire_ == dtype::float16)
         detail::decompress(static_cast<S*>(bucket.data), reinterpret_cast<const float16*>(wire), bucket.count);
@@ -92,12 +116,11 @@ class compression_hook final : public comm_hook {
   }
 
  private:
-  struct free_deleter {
-    void operator()(void* p) const noexcept { std::free(p); }
-  };
   struct buffer {
-    std::unique_ptr<std::uint16_t, free_deleter> data;
+    detail::bucket_storage data;
     std::uint64_t count = 0;
+    memory_space space = memory_space::host;
+    int device = -1;
   };
 
   static bool compressible(dtype t) noexcept { return t == dtype::float32 || t == dtype::float64; }
@@ -108,20 +131,21 @@ class compression_hook final : public comm_hook {
     else f.template operator()<double>();
   }
 
-  /// Bucket `index`'s scratch of at least `count` 16-bit elements (allocated and touched once).
-  std::uint16_t* scratch(std::size_t index, std::uint64_t count) {
+  /// Bucket `index`'s scratch of at least `count` 16-bit elements in `memory` (allocated and
+  /// touched once; replaced when it is too small or in another memory).
+  std::uint16_t* scratch(std::size_t index, std::uint64_t count, const bucket_memory& memory) {
     if (buffers_.size() <= index) buffers_.resize(index + 1);
     buffer& b = buffers_[index];
-    if (b.count < count || !b.data) {
-      const std::size_t bytes = (static_cast<std::size_t>(count) * 2 + 63) / 64 * 64 + 64;
-      void* p = std::aligned_alloc(64, bytes);
-      if (p == nullptr)
-        throw error(errc::internal, "compression_hook: cannot allocate " + std::to_string(bytes) + " bytes of scratch");
-      std::memset(p, 0, bytes);
-      b.data.reset(static_cast<std::uint16_t*>(p));
+    if (b.count < count || !b.data || b.space != memory.space() || b.device != memory.device()) {
+      if (b.data && b.space == memory_space::cuda && memory.is_device() && b.device == memory.device())
+        memory.synchronize();  // the old buffer may still be read by work in flight
+      b.data.reset();
+      b.data = memory.allocate(static_cast<std::size_t>(count) * 2);
       b.count = count;
+      b.space = memory.space();
+      b.device = memory.device();
     }
-    return b.data.get();
+    return static_cast<std::uint16_t*>(b.data.get());
   }
 
   dtype wire_;

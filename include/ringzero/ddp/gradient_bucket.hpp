@@ -2,12 +2,14 @@
 /// @file
 /// `gradient_bucket`: what a communication hook sees of one bucket of gradients (the analogue of
 /// PyTorch's `dist.GradBucket`): the flat buffer to reduce in place, which parameters it holds,
-/// and how many ranks contribute to this reduction.
+/// how many ranks contribute to this reduction, and where the buffer lives (host memory, or
+/// CUDA device memory ordered on a stream).
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
+#include "ringzero/backend/communicator.hpp"
 #include "ringzero/core/dtype.hpp"
 
 namespace ringzero {
@@ -18,6 +20,10 @@ namespace ringzero {
 /// every rank has at the same place. The hook reduces the whole buffer; on return from
 /// `comm_hook::complete` it must hold the averaged gradients.
 /// The spans stay valid until the reducer's `finish()` returns.
+/// Device memory (`space == memory_space::cuda`): `data` is a device pointer on `cuda_device`;
+/// the gradients in it are final in the order of `cuda_stream` (the communicator's stream), so
+/// a hook enqueues its own work on that stream (ddp/bucket_memory.hpp does) and must not read
+/// `data` on the host.
 struct gradient_bucket {
   std::size_t index = 0;         ///< position in the step's reduction order (0 = reduced first)
   std::size_t bucket_count = 0;  ///< number of buckets reduced per step
@@ -33,6 +39,12 @@ struct gradient_bucket {
   /// What the hook divides the sum by to average: `contributors`, or `world_size` when the
   /// reducer was told to `divide_by_initial_world_size` (PyTorch's join option).
   int divisor = 1;
+  /// Where `data` lives: host memory, or CUDA device memory.
+  memory_space space = memory_space::host;
+  /// For device memory: the cudaStream_t (as `void*`) the bucket's work is ordered on; else null.
+  void* cuda_stream = nullptr;
+  /// For device memory: the CUDA device of `data`; else -1.
+  int cuda_device = -1;
 
   /// True for the last bucket of the step.
   bool is_last() const noexcept { return index + 1 == bucket_count; }

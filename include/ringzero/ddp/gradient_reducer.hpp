@@ -53,6 +53,28 @@
 /// Determinism: averaged gradients are bitwise identical on every rank, and identical run to
 /// run for a given world size, algorithm, hook and bucket layout. The rebuilt layout depends on
 /// rank 0's ready order only, so it is the same on every rank.
+///
+/// CUDA device memory: when the communicator's `space()` is `memory_space::cuda` (the local
+/// backend's `cuda_communicator`, the NCCL backend), parameters and gradients are device
+/// pointers on the communicator's device, the buckets are device memory (cudaMalloc'ed once,
+/// like the host buckets), and every copy into and out of a bucket, every zeroing, division
+/// and cast is enqueued on the communicator's stream (`comm.cuda_stream()`), as are the
+/// collectives (ddp/bucket_memory.hpp). Calls return once their work is enqueued, so:
+/// - before `mark_ready(i)`, the work that writes gradient i must be ordered before the
+///   communicator's stream: enqueue backward on that stream (the simplest), or make the stream
+///   wait for an event recorded after it;
+/// - after `finish()` the averaged gradients are in place in the order of that stream: kernels
+///   enqueued on it afterwards (the optimizer step) read them; work on another stream must wait
+///   for an event recorded on it; the host must call `comm.synchronize()` before reading them;
+/// - the same holds for the parameters broadcast by the constructor and by `join()`.
+/// The results are those of the host reducer with the same inputs, bucket layout and algorithm,
+/// bit for bit (the device primitives share the host's arithmetic). The few values the reducer
+/// itself needs on the host (the agreement at construction, the one rebuild, the join flags)
+/// are staged through device memory and read after a stream synchronisation; in join mode that
+/// is one synchronisation per step. On device memory "communicated" (`bucket_communicated`,
+/// `reducer_stats`) means enqueued: the timings measure how long launching took, not the device.
+/// Needs the CUDA kernels of one .cu file including <ringzero/cuda.cuh> (errc::unsupported
+/// otherwise) and a hook that supports device memory (the built-in ones do).
 
 #include <algorithm>
 #include <chrono>
@@ -77,6 +99,7 @@
 #include "ringzero/core/error.hpp"
 #include "ringzero/ddp/allreduce_hook.hpp"
 #include "ringzero/ddp/bucket_assignment.hpp"
+#include "ringzero/ddp/bucket_memory.hpp"
 #include "ringzero/ddp/comm_hook.hpp"
 #include "ringzero/ddp/gradient_bucket.hpp"
 
@@ -84,28 +107,14 @@ namespace ringzero {
 
 namespace detail {
 
-/// Frees memory from std::aligned_alloc.
-struct aligned_free {
-  void operator()(void* p) const noexcept { std::free(p); }
-};
-/// Host memory owned by a reducer: 64-byte aligned, zeroed (every page touched once).
-using aligned_storage = std::unique_ptr<void, aligned_free>;
-
-/// `bytes` (rounded up to 64) of zeroed 64-byte-aligned memory, or null when out of memory.
-inline aligned_storage allocate_zeroed(std::size_t bytes) {
-  const std::size_t rounded = (bytes + 63) / 64 * 64 + 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (p != nullptr) std::memset(p, 0, rounded);
-  return aligned_storage(p);
-}
-
 /// Keeps `memory` alive until the process exits. Used for buffers of a reducer that failed
 /// while collectives were in flight: on zero-copy backends a peer may still be reading them
 /// after this rank's wait was aborted, so they must never be freed (a deliberate, bounded leak
 /// on an error path).
-inline void retire_after_abort(aligned_storage memory) {
+inline void retire_after_abort(bucket_storage memory) {
+  if (!memory) return;
   static std::mutex mutex;
-  static std::vector<aligned_storage>* graveyard = new std::vector<aligned_storage>();  // never destroyed
+  static std::vector<bucket_storage>* graveyard = new std::vector<bucket_storage>();  // never destroyed
   std::lock_guard<std::mutex> lock(mutex);
   graveyard->push_back(std::move(memory));
 }
@@ -126,7 +135,8 @@ inline void await_work(const work& w, std::chrono::microseconds yield_for = std:
 
 }  // namespace detail
 
-/// One registered parameter: its values, its gradient, its size and dtype.
+/// One registered parameter: its values, its gradient, its size and dtype. On a communicator
+/// whose buffers are CUDA device memory, `data` and `grad` are device pointers.
 struct reducer_parameter {
   /// The parameter's values (`count` elements): overwritten by rank 0's values at construction
   /// (and at the end of `join()`). May be null when `reducer_options::broadcast_parameters` is
@@ -245,7 +255,7 @@ class gradient_reducer {
   /// or options, naming each rank's value): null buffers with a non-zero count, unknown dtypes,
   /// overflowing sizes, empty bucket limits, a bad alignment; plus any error of the collectives.
   gradient_reducer(communicator& comm, std::vector<reducer_parameter> parameters, reducer_options options = {})
-      : comm_(comm), params_(std::move(parameters)), options_(std::move(options)) {
+      : comm_(comm), memory_(bucket_memory::of(comm)), params_(std::move(parameters)), options_(std::move(options)) {
     if (!options_.hook) options_.hook = std::make_shared<allreduce_hook>();
     uncaught_at_construction_ = std::uncaught_exceptions();
     const std::string problem = validate_locally();
@@ -257,11 +267,13 @@ class gradient_reducer {
     for (std::size_t i = 0; i < n; ++i) order[i] = n - 1 - i;  // reverse registration order
     install_layout(plan(order), /*carry_gradients=*/false);
     if (options_.broadcast_parameters) broadcast_parameters(0);
-    for (auto& b : buckets_) std::memset(b.storage.get(), 0, b.bytes_allocated);
-    flags_storage_ = detail::allocate_zeroed(sizeof(std::int32_t) * (static_cast<std::size_t>(comm_.world_size()) + 1));
-    if (!flags_storage_) raise(errc::internal, "gradient_reducer: out of memory");
-    flags_ = static_cast<std::int32_t*>(flags_storage_.get());
-    flags_send_ = flags_ + comm_.world_size();
+    for (auto& b : buckets_) memory_.zero(b.storage.get(), b.bytes_allocated);
+    if (options_.join) {
+      flags_storage_ = memory_.allocate(sizeof(std::int32_t) * (static_cast<std::size_t>(comm_.world_size()) + 1));
+      flags_ = static_cast<std::int32_t*>(flags_storage_.get());
+      flags_send_ = flags_ + comm_.world_size();
+      if (memory_.is_device()) flags_host_.assign(static_cast<std::size_t>(comm_.world_size()), 0);
+    }
   }
 
   gradient_reducer(const gradient_reducer&) = delete;
@@ -289,6 +301,12 @@ class gradient_reducer {
       // Peers of an aborted collective may still read this rank's buffers (zero-copy backends).
       for (auto& b : buckets_) detail::retire_after_abort(std::move(b.storage));
       detail::retire_after_abort(std::move(flags_storage_));
+      detail::retire_after_abort(std::move(control_storage_));
+    } else if (memory_.is_device()) {
+      try {
+        memory_.synchronize();  // device work still reading the buckets finishes before they are freed
+      } catch (...) {
+      }
     }
   }
 
@@ -314,7 +332,8 @@ class gradient_reducer {
   const reducer_options& options() const noexcept { return options_; }
 
   /// Gradient `i`: in view mode the view into bucket memory (valid for this layout generation),
-  /// else the registered buffer. Throws errc::invalid_argument for an index out of range.
+  /// else the registered buffer; a device pointer on device memory. Throws
+  /// errc::invalid_argument for an index out of range.
   void* gradient(std::size_t i) {
     if (i >= params_.size())
       raise(errc::invalid_argument, "gradient(" + std::to_string(i) + "): index out of range (" +
@@ -376,6 +395,8 @@ class gradient_reducer {
   /// Errors (the communicator is aborted first): a parameter never marked ready (unless
   /// `find_unused_parameters`), naming the parameters and the bucket that cannot complete;
   /// any error of the reductions, naming the step and bucket.
+  /// Device memory: returns once everything is enqueued on the communicator's stream (see the
+  /// file comment for what the trainer must synchronise).
   void finish() {
     check_usable();
     if (!require_sync_) {
@@ -433,20 +454,19 @@ class gradient_reducer {
       if (active == 0) break;
       // Shadow one synchronised step with zero gradients.
       ++step_;
-      for (auto& b : buckets_) std::memset(b.storage.get(), 0, b.bytes_allocated);
+      zero_buckets();
       step_contributors_ = active;
       next_launch_ = 0;
       while (next_launch_ < buckets_.size()) launch(next_launch_++);
       wait_and_complete(/*shadow=*/true);
       if (rebuild_pending()) rebuild(/*have_order=*/false);
-      for (auto& b : buckets_) std::memset(b.storage.get(), 0, b.bytes_allocated);
+      zero_buckets();
       ++stats_.synchronized_steps;
     }
     // Every rank has joined. Make the models equal again: broadcast from a rank that took part
     // in the last synchronised step (every rank saw the same agreements, so all pick the same).
     if (last_trained_rank_ >= 0 && params_have_data()) broadcast_parameters(last_trained_rank_);
-    if (options_.gradient_as_bucket_view)
-      for (auto& b : buckets_) std::memset(b.storage.get(), 0, b.bytes_allocated);
+    if (options_.gradient_as_bucket_view) zero_buckets();
     last_trained_rank_ = -1;
   }
 
@@ -476,7 +496,7 @@ class gradient_reducer {
 
   struct bucket {
     reducer_bucket_info info;
-    detail::aligned_storage storage;
+    detail::bucket_storage storage;
     std::size_t bytes_allocated = 0;
     std::size_t pending = 0;  // gradients not yet ready this step
     work pending_work;
@@ -494,6 +514,10 @@ class gradient_reducer {
   /// The first problem with this rank's arguments, or "".
   std::string validate_locally() const {
     if (options_.bucket_byte_limits.empty()) return "reducer_options::bucket_byte_limits is empty";
+    if (!options_.hook->supports(comm_.space()))
+      return "the communication hook '" + options_.hook->name() + "' does not support " +
+             (comm_.space() == memory_space::cuda ? "CUDA device memory" : "host memory") +
+             " (the communicator's buffers); override comm_hook::supports in a hook that does";
     const std::size_t a = options_.alignment_bytes;
     if (a == 0 || (a & (a - 1)) != 0)
       return "reducer_options::alignment_bytes = " + std::to_string(a) + " is not a power of two";
@@ -549,7 +573,7 @@ class gradient_reducer {
     mine[5] = flags;
     const int n = comm_.world_size();
     std::vector<std::uint64_t> all(fields * static_cast<std::size_t>(n));
-    all_gather(comm_, mine, all.data(), fields, dtype::uint64);
+    gather_to_host(mine, all.data(), fields, dtype::uint64);
     auto field = [&](int r, std::size_t f) { return all[static_cast<std::size_t>(r) * fields + f]; };
 
     std::vector<int> bad;
@@ -584,7 +608,7 @@ class gradient_reducer {
         shape[2 * i + 1] = static_cast<std::uint64_t>(params_[i].type);
       }
       std::vector<std::uint64_t> every(shape.size() * static_cast<std::size_t>(n));
-      all_gather(comm_, shape.data(), every.data(), shape.size(), dtype::uint64);
+      gather_to_host(shape.data(), every.data(), shape.size(), dtype::uint64);
       for (std::size_t i = 0; i < params_.size(); ++i) {
         std::vector<std::string> v(static_cast<std::size_t>(n));
         bool same = true;
@@ -640,10 +664,12 @@ class gradient_reducer {
       b.info.bytes = p.bytes;
       b.info.limit_bytes = p.limit_bytes;
       b.bytes_allocated = static_cast<std::size_t>((at * es + 63) / 64 * 64);
-      b.storage = detail::allocate_zeroed(b.bytes_allocated);  // every page touched once, here
-      if (!b.storage)
-        raise(errc::internal, "gradient_reducer: cannot allocate " + std::to_string(b.bytes_allocated) + " bytes for bucket " +
-                                  std::to_string(k));
+      try {
+        b.storage = memory_.allocate(b.bytes_allocated);  // zeroed: every page touched once, here
+      } catch (const error& e) {
+        raise(e.kind(), "gradient_reducer: cannot allocate " + std::to_string(b.bytes_allocated) + " bytes for bucket " +
+                            std::to_string(k) + ": " + e.what());
+      }
       b.pending = p.tensors.size();
     }
     if (carry_gradients) {
@@ -652,9 +678,10 @@ class gradient_reducer {
         const bucket& ob = buckets_[bucket_of_[i]];
         const auto* src = static_cast<const std::byte*>(ob.storage.get()) + offset_of_[i] * es;
         auto* dst = static_cast<std::byte*>(fresh[bucket_of[i]].storage.get()) + offset_of[i] * es;
-        std::memcpy(dst, src, static_cast<std::size_t>(params_[i].count) * es);
+        memory_.copy(dst, src, static_cast<std::size_t>(params_[i].count) * es);
       }
     }
+    if (!buckets_.empty()) memory_.synchronize();  // device: nothing in flight reads the old buckets any more
     buckets_ = std::move(fresh);
     bucket_of_ = std::move(bucket_of);
     offset_of_ = std::move(offset_of);
@@ -674,13 +701,13 @@ class gradient_reducer {
       if (comm_.rank() == root)
         for (std::size_t k = 0; k < b.info.parameters.size(); ++k) {
           const reducer_parameter& p = params_[b.info.parameters[k]];
-          if (p.count) std::memcpy(base + b.info.offsets[k] * es, p.data, static_cast<std::size_t>(p.count) * es);
+          if (p.count) memory_.copy(base + b.info.offsets[k] * es, p.data, static_cast<std::size_t>(p.count) * es);
         }
       broadcast(comm_, base, base, b.info.count, b.info.type, root);
       if (comm_.rank() != root)
         for (std::size_t k = 0; k < b.info.parameters.size(); ++k) {
           const reducer_parameter& p = params_[b.info.parameters[k]];
-          if (p.count) std::memcpy(p.data, base + b.info.offsets[k] * es, static_cast<std::size_t>(p.count) * es);
+          if (p.count) memory_.copy(p.data, base + b.info.offsets[k] * es, static_cast<std::size_t>(p.count) * es);
         }
     }
   }
@@ -732,7 +759,11 @@ class gradient_reducer {
     step_contributors_ = comm_.world_size();
     agreement_pending_ = false;
     if (options_.join) {
-      *flags_send_ = 1;
+      try {
+        set_flag(1);
+      } catch (const std::exception& e) {
+        fail_from(e, "step " + std::to_string(step_) + ": preparing the join agreement failed");
+      }
       if (options_.collect_timings) agreement_launched_at_ = clock::now();
       agreement_ = all_gather_async(comm_, flags_send_, flags_, 1, dtype::int32);
       agreement_pending_ = true;
@@ -754,14 +785,32 @@ class gradient_reducer {
       add_interval(agreement_launched_at_, agreement_.completion_time());
     }
     agreement_pending_ = false;
+    try {
+      fetch_flags();
+    } catch (const std::exception& e) {
+      fail_from(e, "the agreement of step " + std::to_string(step_) + " (join mode) could not be read");
+    }
     step_contributors_ = count_flags();
   }
 
+  /// This rank's join flag (in the reducer's memory: the all_gather reads it there).
+  void set_flag(int value) {
+    if (memory_.is_device()) memory_.fill(flags_send_, 1, dtype::int32, value);
+    else *flags_send_ = value;
+  }
+
+  /// Device memory: copies the gathered flags to the host (waits for the stream).
+  void fetch_flags() {
+    if (memory_.is_device())
+      memory_.to_host(flags_host_.data(), flags_, sizeof(std::int32_t) * static_cast<std::size_t>(comm_.world_size()));
+  }
+
   int count_flags() {
+    const std::int32_t* flags = memory_.is_device() ? flags_host_.data() : flags_;
     int active = 0;
     int first = -1;
     for (int r = 0; r < comm_.world_size(); ++r)
-      if (flags_[r] != 0) {
+      if (flags[r] != 0) {
         ++active;
         if (first < 0) first = r;
       }
@@ -771,9 +820,10 @@ class gradient_reducer {
 
   /// Join mode, blocking: contributes `active` to an agreement and returns how many ranks are active.
   int agree(bool active) {
-    *flags_send_ = active ? 1 : 0;
     try {
+      set_flag(active ? 1 : 0);
       all_gather(comm_, flags_send_, flags_, 1, dtype::int32);
+      fetch_flags();
     } catch (const std::exception& e) {
       fail_from(e, "join(): the agreement with the other ranks failed");
     }
@@ -794,11 +844,16 @@ class gradient_reducer {
     ready_[i] = 1;
     if (rebuild_pending()) ready_order_.push_back(i);
     bucket& b = buckets_[bucket_of_[i]];
-    if (zero) zero_slot(i);
-    else if (!options_.gradient_as_bucket_view && params_[i].count != 0) {
-      const std::size_t es = dtype_size(params_[i].type);
-      std::memcpy(static_cast<std::byte*>(b.storage.get()) + offset_of_[i] * es, params_[i].grad,
-                  static_cast<std::size_t>(params_[i].count) * es);
+    try {
+      if (zero) zero_slot(i);
+      else if (!options_.gradient_as_bucket_view && params_[i].count != 0) {
+        const std::size_t es = dtype_size(params_[i].type);
+        memory_.copy(static_cast<std::byte*>(b.storage.get()) + offset_of_[i] * es, params_[i].grad,
+                     static_cast<std::size_t>(params_[i].count) * es);
+      }
+    } catch (const std::exception& e) {
+      fail_from(e, std::string(zero ? "mark_unused" : "mark_ready") + "(" + describe(i) + "): moving the gradient into bucket " +
+                       std::to_string(bucket_of_[i]) + " failed");
     }
     --b.pending;
     while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
@@ -807,7 +862,42 @@ class gradient_reducer {
   void zero_slot(std::size_t i) {
     const bucket& b = buckets_[bucket_of_[i]];
     const std::size_t es = dtype_size(params_[i].type);
-    std::memset(static_cast<std::byte*>(b.storage.get()) + offset_of_[i] * es, 0, static_cast<std::size_t>(params_[i].count) * es);
+    memory_.zero(static_cast<std::byte*>(b.storage.get()) + offset_of_[i] * es, static_cast<std::size_t>(params_[i].count) * es);
+  }
+
+  /// Zeroes every bucket (join's shadow steps).
+  void zero_buckets() {
+    try {
+      for (auto& b : buckets_) memory_.zero(b.storage.get(), b.bytes_allocated);
+    } catch (const std::exception& e) {
+      fail_from(e, "join(): zeroing the buckets failed");
+    }
+  }
+
+  /// Collective: all_gather of `count` elements of `type` from host memory `mine` into host
+  /// memory `all` (world_size * count). On device memory the data is staged through a device
+  /// buffer kept for these control exchanges, and read back after a stream synchronisation.
+  void gather_to_host(const void* mine, void* all, std::uint64_t count, dtype type) {
+    if (!memory_.is_device()) {
+      all_gather(comm_, mine, all, count, type);
+      return;
+    }
+    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(type);
+    const std::size_t whole = bytes * static_cast<std::size_t>(comm_.world_size());
+    if (control_bytes_ < whole + bytes) {
+      // Sized at once for the rebuild's exchange too (params + 1 int64 per rank), so that the
+      // rebuild allocates nothing unless it changes the layout.
+      const std::size_t rebuild_bytes = (params_.size() + 1) * sizeof(std::int64_t) * (static_cast<std::size_t>(comm_.world_size()) + 1);
+      const std::size_t size = std::max(whole + bytes, rebuild_bytes);
+      if (control_storage_) memory_.synchronize();
+      control_storage_.reset();
+      control_storage_ = memory_.allocate(size);
+      control_bytes_ = size;
+    }
+    auto* gathered = static_cast<std::byte*>(control_storage_.get());
+    memory_.from_host(gathered + whole, mine, bytes);
+    all_gather(comm_, gathered + whole, gathered, count, type);
+    memory_.to_host(all, gathered, whole);
   }
 
   gradient_bucket view_of(std::size_t k) {
@@ -823,6 +913,9 @@ class gradient_reducer {
     g.world_size = comm_.world_size();
     g.contributors = step_contributors_;
     g.divisor = options_.divide_by_initial_world_size ? comm_.world_size() : std::max(1, step_contributors_);
+    g.space = memory_.space();
+    g.cuda_stream = memory_.stream();
+    g.cuda_device = memory_.device();
     return g;
   }
 
@@ -868,9 +961,14 @@ class gradient_reducer {
       if (!shadow && !options_.gradient_as_bucket_view) {
         const std::size_t es = dtype_size(b.info.type);
         const auto* base = static_cast<const std::byte*>(b.storage.get());
-        for (std::size_t j = 0; j < b.info.parameters.size(); ++j) {
-          const reducer_parameter& p = params_[b.info.parameters[j]];
-          if (p.count) std::memcpy(p.grad, base + b.info.offsets[j] * es, static_cast<std::size_t>(p.count) * es);
+        try {
+          for (std::size_t j = 0; j < b.info.parameters.size(); ++j) {
+            const reducer_parameter& p = params_[b.info.parameters[j]];
+            if (p.count) memory_.copy(p.grad, base + b.info.offsets[j] * es, static_cast<std::size_t>(p.count) * es);
+          }
+        } catch (const std::exception& e) {
+          fail_from(e, "step " + std::to_string(step_) + ": copying the averaged gradients out of bucket " +
+                           std::to_string(k) + " failed");
         }
       }
     }
@@ -938,7 +1036,7 @@ class gradient_reducer {
     }
     std::vector<std::int64_t> all(width * static_cast<std::size_t>(comm_.world_size()));
     try {
-      all_gather(comm_, mine.data(), all.data(), width, dtype::int64);
+      gather_to_host(mine.data(), all.data(), width, dtype::int64);
     } catch (const std::exception& e) {
       fail_from(e, "rebuilding the buckets after step " + std::to_string(step_) + " failed");
     }
@@ -967,6 +1065,7 @@ class gradient_reducer {
   }
 
   communicator& comm_;
+  bucket_memory memory_;  // host memory, or the communicator's device and stream
   std::vector<reducer_parameter> params_;
   reducer_options options_;
   int uncaught_at_construction_ = 0;
@@ -987,9 +1086,14 @@ class gradient_reducer {
   int step_contributors_ = 1;
 
   // join mode
-  detail::aligned_storage flags_storage_;  // world_size received flags, then the one sent
+  detail::bucket_storage flags_storage_;  // world_size received flags, then the one sent
   std::int32_t* flags_ = nullptr;
   std::int32_t* flags_send_ = nullptr;
+  std::vector<std::int32_t> flags_host_;  // device memory: the received flags, read back
+
+  // device memory: staging of the host values exchanged at construction and at the rebuild
+  detail::bucket_storage control_storage_;
+  std::size_t control_bytes_ = 0;
   work agreement_;
   bool agreement_pending_ = false;
   clock::time_point agreement_launched_at_{};

@@ -46,13 +46,26 @@ inline int table_set_device(int device) noexcept {
   if (cudaGetDevice(&current) == cudaSuccess && current == device) return 0;
   return static_cast<int>(cudaSetDevice(device));
 }
+inline int table_divide(void* dst, const void* src, std::uint64_t count, dtype type, std::int64_t divisor,
+                        void* stream) noexcept {
+  return static_cast<int>(device::divide(dst, src, count, type, divisor, static_cast<cudaStream_t>(stream)));
+}
+inline int table_allocate(void** ptr, std::uint64_t bytes) noexcept {
+  *ptr = nullptr;
+  return static_cast<int>(cudaMalloc(ptr, static_cast<std::size_t>(bytes == 0 ? 1 : bytes)));
+}
+inline int table_deallocate(void* ptr) noexcept { return ptr ? static_cast<int>(cudaFree(ptr)) : 0; }
+inline int table_synchronize(void* stream) noexcept {
+  return static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
 inline const char* table_error_name(int code) noexcept { return cudaGetErrorName(static_cast<cudaError_t>(code)); }
 inline const char* table_error_string(int code) noexcept { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
 /// The program-wide table of the CUDA primitives.
 inline constexpr device_primitives cuda_primitives_table{&table_reduce_into, &table_cast,       &table_scale,
                                                           &table_fill,        &table_copy,       &table_set_device,
-                                                          &table_error_name,  &table_error_string};
+                                                          &table_error_name,  &table_error_string, &table_divide,
+                                                          &table_allocate,    &table_deallocate, &table_synchronize};
 
 /// Registers the table when the program starts.
 inline const bool cuda_primitives_registered = (register_device_primitives(&cuda_primitives_table), true);

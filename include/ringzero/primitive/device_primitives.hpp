@@ -1,8 +1,9 @@
 #pragma once
 /// @file
 /// `device_primitives`: the CUDA primitives (primitive/*.cuh) behind a table of plain function
-/// pointers, so that code compiled without nvcc (the collectives, the backends, a trainer's
-/// .cpp files) can run them on device memory.
+/// pointers, so that code compiled without nvcc (the collectives, the backends, the gradient
+/// reducer, a trainer's .cpp files) can run them on device memory, and allocate, free and wait
+/// for it.
 ///
 /// ringzero is header-only and its kernels need nvcc, so a program that moves data in CUDA
 /// device memory with ringzero's own algorithms compiles ONE .cu file that includes
@@ -48,6 +49,18 @@ struct device_primitives {
   /// "cudaErrorInvalidValue: invalid argument" for an error code returned above.
   const char* (*error_name)(int code) noexcept = nullptr;
   const char* (*error_string)(int code) noexcept = nullptr;
+  /// `dst[i] = src[i] / divisor` with avg's arithmetic (primitive/reduce.hpp's `divide_into`);
+  /// `divisor` >= 1.
+  int (*divide)(void* dst, const void* src, std::uint64_t count, dtype type, std::int64_t divisor,
+                void* stream) noexcept = nullptr;
+  /// Allocates `bytes` bytes (at least 1) of device memory on the current device into `*ptr`
+  /// (cudaMalloc: 256-byte aligned, contents unspecified). Blocks the host, not a stream.
+  int (*allocate)(void** ptr, std::uint64_t bytes) noexcept = nullptr;
+  /// Frees memory from `allocate` (cudaFree, which waits for the device; null is a no-op).
+  int (*deallocate)(void* ptr) noexcept = nullptr;
+  /// Blocks the calling thread until the work enqueued on `stream` so far has completed
+  /// (cudaStreamSynchronize); returns the first error of that work.
+  int (*synchronize)(void* stream) noexcept = nullptr;
 };
 
 namespace detail {

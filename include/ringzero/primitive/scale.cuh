@@ -3,8 +3,11 @@
 /// CUDA `scale`: `dst[i] = scalar * src[i]` on a stream with premul_sum's arithmetic, exactly
 /// as the host's `scale_into` (primitive/reduce.hpp): floating types multiply in their compute
 /// type (float32 for float16/bfloat16, rounded once), integer types multiply by the integral
-/// scalar with wrapping. `dst` may equal `src`. 16-byte vectorised (primitive/elementwise.cuh).
-/// Asynchronous on `stream`; returns the launch's cudaError_t. Requires nvcc.
+/// scalar with wrapping. And CUDA `divide`: `dst[i] = src[i] / divisor` with avg's arithmetic,
+/// exactly as the host's `divide_into` (a correctly rounded division, not a multiplication by
+/// the reciprocal; integers truncate toward zero). `dst` may equal `src`. 16-byte vectorised
+/// (primitive/elementwise.cuh). Asynchronous on `stream`; returns the launch's cudaError_t.
+/// Requires nvcc.
 
 #if !defined(__CUDACC__)
 #error "ringzero/primitive/scale.cuh contains CUDA kernels: include it only from a .cu file compiled by nvcc"
@@ -32,6 +35,17 @@ struct scale_element {
   }
 };
 
+/// One element of the host's `divide_typed`.
+template <class T>
+struct divide_element {
+  std::int64_t divisor;
+
+  __device__ T operator()(T x) const {
+    namespace h = primitive::detail;
+    return h::store<T>(h::divide(h::load(x), divisor));
+  }
+};
+
 }  // namespace detail
 
 /// `dst[i] = scalar * src[i]` for `i < count` elements of `type`, enqueued on `stream`.
@@ -42,6 +56,18 @@ inline cudaError_t scale(void* dst, const void* src, std::uint64_t count, dtype 
   if (count == 0) return cudaSuccess;
   return visit_dtype(type, [&]<class T>() -> cudaError_t {
     const detail::scale_element<T> f{primitive::detail::scalar_as<primitive::detail::compute_t<T>>(scalar)};
+    return detail::launch_unary(static_cast<T*>(dst), static_cast<const T*>(src), count, f, stream);
+  });
+}
+
+/// `dst[i] = src[i] / divisor` for `i < count` elements of `type`, enqueued on `stream`.
+/// Returns cudaErrorInvalidValue for an invalid dtype or a divisor below 1.
+inline cudaError_t divide(void* dst, const void* src, std::uint64_t count, dtype type, std::int64_t divisor,
+                          cudaStream_t stream) noexcept {
+  if (!is_valid(type) || divisor < 1) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  return visit_dtype(type, [&]<class T>() -> cudaError_t {
+    const detail::divide_element<T> f{divisor};
     return detail::launch_unary(static_cast<T*>(dst), static_cast<const T*>(src), count, f, stream);
   });
 }
