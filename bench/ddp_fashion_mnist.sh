@@ -53,9 +53,9 @@ summary=$(jq -r '
   "hidden=\($c.hidden_fraction)",
   "reduction=\($c.reduction_seconds)",
   "exposed=\($c.exposed_reduction_seconds)",
-  "epoch_speedups=\([$c.epoch_speedups[] | (. * 100 | round / 100)] | map(tostring) | join(" "))",
-  "epochs_1=\([$one.epochs[].train_seconds | (. * 100 | round / 100)] | map(tostring) | join(" "))",
-  "epochs_2=\([$two.epochs[].train_seconds | (. * 100 | round / 100)] | map(tostring) | join(" "))"
+  "epoch_speedups=\([$c.epoch_speedups[] | (. * 100 | round / 100)] | map(tostring) | join(" ") | @sh)",
+  "epochs_1=\([$one.epochs[].train_seconds | (. * 100 | round / 100)] | map(tostring) | join(" ") | @sh)",
+  "epochs_2=\([$two.epochs[].train_seconds | (. * 100 | round / 100)] | map(tostring) | join(" ") | @sh)"
 ' "$json")
 eval "$summary"
 
