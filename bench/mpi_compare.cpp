@@ -53,7 +53,9 @@ std::uint64_t parse_size(const std::string& s) {
   else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = 1024.0 * 1024;
   else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
   else if (!suffix.empty() && suffix != "B") throw CLI::ValidationError("size", "unknown suffix in '" + s + "'");
-  return static_cast<std::uint64_t>(v * scale);
+  const double bytes = v * scale;
+  if (!(bytes >= 1) || bytes > 1e15) throw CLI::ValidationError("size", "'" + s + "' is not a size from 1 B to 1e15 B");
+  return static_cast<std::uint64_t>(bytes);
 }
 
 double bus_factor(rz::collective_kind k, int n) {

@@ -555,7 +555,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation with no_sync)")
       ->check(CLI::Range(1, 1 << 16));
-  app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adamw)");
+  app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adamw)")
+      ->check([](const std::string& text) -> std::string {
+        try {
+          const float v = std::stof(text);
+          if (std::isfinite(v) && v > 0) return {};
+        } catch (const std::exception&) {
+        }
+        return "--lr must be a finite number greater than 0, not '" + text + "'";
+      });
   app.add_flag("--scale-lr", o.scale_lr, "multiply the learning rate by the number of ranks (linear scaling rule)");
   app.add_option("--optimizer", o.optimizer, "sgd (momentum 0.9) or adamw (weight decay 0.01)")
       ->check(CLI::IsMember({"sgd", "adamw"}));

@@ -500,6 +500,17 @@ TEST_CASE("a count that overflows the byte size is refused on every rank") {
     });
     check_every_rank(o, errc::invalid_argument, {"overflows the buffer size in bytes (times world size 4)"});
   }
+  for (collective_kind k : data_collectives) {
+    INFO(name(k) << ": 2^64 - 4 bytes fit in 64 bits but in no buffer (more than PTRDIFF_MAX)");
+    auto o = run_call(4, [&](int) {
+      call_args a;
+      a.kind = k;
+      a.type = dtype::float32;
+      a.count = (std::uint64_t{1} << 62) - 1;
+      return a;
+    });
+    check_every_rank(o, errc::invalid_argument, {"count 4611686018427387903 of float32 overflows the buffer size in bytes"});
+  }
 }
 
 TEST_CASE("a root out of range is refused on every rank") {

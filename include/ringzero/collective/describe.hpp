@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstddef>
 #include <limits>
 #include <string>
 
@@ -66,6 +67,14 @@ inline std::optional<std::uint64_t> checked_mul(std::uint64_t a, std::uint64_t b
   return a * b;
 }
 
+/// `a * b` bytes, or std::nullopt when that is more than any buffer can hold: a pointer plus
+/// the size must not overflow (PTRDIFF_MAX bytes, the most a C++ object may span).
+inline std::optional<std::uint64_t> checked_buffer_bytes(std::uint64_t a, std::uint64_t b) noexcept {
+  const auto bytes = checked_mul(a, b);
+  if (!bytes || *bytes > static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max())) return std::nullopt;
+  return bytes;
+}
+
 /// The descriptor of `q` on communicator `c` (sequence number not yet assigned).
 inline collective_descriptor describe(const communicator& c, const collective_request& q) {
   collective_descriptor d;
@@ -112,10 +121,10 @@ inline collective_descriptor describe(const communicator& c, const collective_re
     default: break;
   }
   const std::size_t es = is_valid(q.type) ? dtype_size(q.type) : 1;
-  const auto send_bytes = checked_mul(send_elems, es), recv_bytes = checked_mul(recv_elems, es);
+  const auto send_bytes = checked_buffer_bytes(send_elems, es), recv_bytes = checked_buffer_bytes(recv_elems, es);
   const bool needs_whole = q.kind == collective_kind::reduce_scatter || q.kind == collective_kind::all_gather ||
                            q.kind == collective_kind::all_to_all;
-  if ((needs_whole && !whole) || !send_bytes || !recv_bytes || !checked_mul(q.count, es)) {
+  if ((needs_whole && !whole) || !send_bytes || !recv_bytes || !checked_buffer_bytes(q.count, es)) {
     fail("count " + std::to_string(q.count) + " of " + std::string(dtype_name(q.type)) +
          " overflows the buffer size in bytes" + (needs_whole ? " (times world size " + std::to_string(n) + ")" : ""));
   } else {
