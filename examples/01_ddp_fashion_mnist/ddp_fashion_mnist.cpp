@@ -152,6 +152,19 @@ std::shared_ptr<rz::comm_hook> make_hook(const std::string& compress) {
   return nullptr;  // the default average
 }
 
+/// The reducer's buckets in reduction order, each with its parameters' names and size, as the
+/// run's header prints them (the host and the CUDA model both name their tensors).
+template <class Reducer, class Model>
+std::string bucket_layout(const Reducer& reducer, const Model& model) {
+  std::string layout;
+  for (const auto& b : reducer.buckets()) {
+    std::string names;
+    for (std::size_t i : b.parameters) names += (names.empty() ? "" : " ") + model.tensor(i).name;
+    layout += fmt::format("{}[{}: {:.1f} KiB]", layout.empty() ? "" : " ", names, b.bytes / 1024.0);
+  }
+  return layout;
+}
+
 /// Trains on `ranks` ranks with `per_rank` examples per micro-step; returns rank 0's metrics.
 run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int per_rank, bool print) {
   run_result result;
@@ -208,12 +221,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
           result.buckets = reducer.bucket_count();
           result.steps_per_epoch = steps;
           if (print) {
-            std::string layout;
-            for (const auto& b : reducer.buckets()) {
-              std::string names;
-              for (std::size_t i : b.parameters) names += (names.empty() ? "" : " ") + model.tensor(i).name;
-              layout += fmt::format("{}[{}: {:.1f} KiB]", layout.empty() ? "" : " ", names, b.bytes / 1024.0);
-            }
+            const std::string layout = bucket_layout(reducer, model);
             fmt::print("  {} rank(s) x {} per rank x {} micro-step(s) = global batch {}; {} steps/epoch; {} lr {:g}{}; "
                        "compress {}; gradients {}\n  buckets in reduction order: {}\n",
                        ranks, per_rank, o.accumulate, result.global_batch, steps, o.optimizer, result.lr,
@@ -382,12 +390,7 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
           result.buckets = reducer.bucket_count();
           result.steps_per_epoch = steps;
           if (print) {
-            std::string layout;
-            for (const auto& b : reducer.buckets()) {
-              std::string names;
-              for (std::size_t i : b.parameters) names += (names.empty() ? "" : " ") + model.tensor(i).name;
-              layout += fmt::format("{}[{}: {:.1f} KiB]", layout.empty() ? "" : " ", names, b.bytes / 1024.0);
-            }
+            const std::string layout = bucket_layout(reducer, model);
             fmt::print("  {} rank(s) on {} CUDA device(s) x {} per rank x {} micro-step(s) = global batch {}; {} steps/epoch; "
                        "{} lr {:g}{}; compress {}; gradients {}\n  buckets in reduction order: {}\n",
                        ranks, std::min(ranks, rz::cudart::device_count()), per_rank, o.accumulate, result.global_batch,
