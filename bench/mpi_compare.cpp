@@ -39,24 +39,13 @@
 #include "ringzero/backend/mpi.hpp"
 #include "ringzero/ringzero.hpp"
 
+#include "size_arg.hpp"
+
 namespace rz = ringzero;
+using ringzero::bench::parse_size;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
-
-std::uint64_t parse_size(const std::string& s) {
-  std::size_t used = 0;
-  const double v = std::stod(s, &used);
-  const std::string suffix = s.substr(used);
-  double scale = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024.0;
-  else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty() && suffix != "B") throw CLI::ValidationError("size", "unknown suffix in '" + s + "'");
-  const double bytes = v * scale;
-  if (!(bytes >= 1) || bytes > 1e15) throw CLI::ValidationError("size", "'" + s + "' is not a size from 1 B to 1e15 B");
-  return static_cast<std::uint64_t>(bytes);
-}
 
 double bus_factor(rz::collective_kind k, int n) {
   const double nn = n;
@@ -306,7 +295,7 @@ int main(int argc, char** argv) {
   int rows_not_matching = 0;
   nlohmann::json rows = nlohmann::json::array();
   try {
-    const std::uint64_t min_bytes = parse_size(min_b), max_bytes = parse_size(max_b);
+    const std::uint64_t min_bytes = parse_size(min_b, "minbytes", 1), max_bytes = parse_size(max_b, "maxbytes", 1);
     rz::mpi::communicator_options options;
     if (alpha > 0 || beta > 0 || gamma > 0) {
       if (!(alpha > 0 && beta > 0 && gamma > 0)) throw std::invalid_argument("--alpha, --beta and --gamma go together (all > 0)");

@@ -62,7 +62,10 @@
 #include "ringzero/backend/mpi.hpp"
 #endif
 
+#include "size_arg.hpp"
+
 namespace rz = ringzero;
+using ringzero::bench::parse_size;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
@@ -83,20 +86,6 @@ struct options {
   std::string backend = "local";   // --backend local | nccl | mpi
   std::vector<int> devices;        // --devices (local backend on device memory)
 };
-
-std::uint64_t parse_size(const std::string& s) {
-  if (s.empty()) throw CLI::ValidationError("size", "empty size");
-  std::size_t used = 0;
-  const double v = std::stod(s, &used);
-  std::string suffix = s.substr(used);
-  double scale = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024.0;
-  else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty() && suffix != "B") throw CLI::ValidationError("size", "unknown suffix in '" + s + "'");
-  if (v < 0) throw CLI::ValidationError("size", "negative size '" + s + "'");
-  return static_cast<std::uint64_t>(v * scale);
-}
 
 // nccl-tests' bus-bandwidth factor.
 double bus_factor(rz::collective_kind k, int n) {
@@ -595,10 +584,10 @@ int main(int argc, char** argv) {
     if (!kind || *kind == rz::collective_kind::send || *kind == rz::collective_kind::recv)
       throw CLI::ValidationError("collective", "unknown collective '" + collective + "'");
     o.kind = *kind;
-    o.min_bytes = parse_size(min_b);
-    o.max_bytes = parse_size(max_b);
-    o.step_bytes = parse_size(step_b);
-    if (!bw_size.empty()) o.bandwidth_bytes = parse_size(bw_size);
+    o.min_bytes = parse_size(min_b, "minbytes");
+    o.max_bytes = parse_size(max_b, "maxbytes");
+    o.step_bytes = parse_size(step_b, "stepbytes");
+    if (!bw_size.empty()) o.bandwidth_bytes = parse_size(bw_size, "bandwidth-bytes");
     if (o.max_bytes < o.min_bytes) throw CLI::ValidationError("maxbytes", "-e is smaller than -b");
     if (o.step_factor < 1) throw CLI::ValidationError("stepfactor", "must be at least 1");
     if (o.step_factor == 1 && o.step_bytes == 0) throw CLI::ValidationError("stepbytes", "must be positive when -f is 1");

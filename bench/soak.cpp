@@ -26,7 +26,10 @@
 
 #include "ringzero/ringzero.hpp"
 
+#include "size_arg.hpp"
+
 namespace rz = ringzero;
+using ringzero::bench::parse_size;
 
 namespace {
 
@@ -35,17 +38,6 @@ long resident_kib() {
   long pages_total = 0, pages_resident = 0;
   f >> pages_total >> pages_resident;
   return pages_resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
-std::uint64_t parse_size(const std::string& s) {
-  std::size_t used = 0;
-  const double v = std::stod(s, &used);
-  const std::string suffix = s.substr(used);
-  double scale = 1;
-  if (suffix == "K") scale = 1024.0;
-  else if (suffix == "M") scale = 1024.0 * 1024;
-  else if (!suffix.empty()) throw CLI::ValidationError("bytes", "unknown suffix in '" + s + "'");
-  return static_cast<std::uint64_t>(v * scale);
 }
 
 }  // namespace
@@ -64,7 +56,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   std::uint64_t bytes = 0;
   try {
-    bytes = parse_size(bytes_text);
+    bytes = parse_size(bytes_text, "bytes");
   } catch (const CLI::Error& e) {
     return app.exit(e);
   }
