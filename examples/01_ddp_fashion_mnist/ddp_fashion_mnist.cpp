@@ -68,7 +68,7 @@
 #include "cuda_optimizer.hpp"
 #include "ringzero/backend/local/cuda.hpp"
 #endif
-#if defined(RINGZERO_HAS_MPI)
+#if RINGZERO_HAS_MPI
 #include <optional>
 
 #include "ringzero/backend/mpi.hpp"
@@ -288,7 +288,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
         }
   };
   if (o.backend == "mpi") {
-#if defined(RINGZERO_HAS_MPI)
+#if RINGZERO_HAS_MPI
     rz::mpi::communicator comm;  // over MPI_COMM_WORLD: this process is one rank
     rank_main(comm);
 #endif
@@ -599,7 +599,7 @@ int main(int argc, char** argv) {
 
   int process_rank = 0;  // under --backend mpi only rank 0 prints and writes the JSON file
   try {
-#if defined(RINGZERO_HAS_MPI)
+#if RINGZERO_HAS_MPI
     std::optional<rz::mpi::environment> mpi_env;  // MPI_Init_thread ... MPI_Finalize
     if (o.backend == "mpi") {
       mpi_env.emplace(argc, argv);
