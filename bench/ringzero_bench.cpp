@@ -222,6 +222,9 @@ class rank_bench {
     if (!device_) return;
     rz::cudart::check(cudaMemcpy(send_.get(), send_host_.get(), send_bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
     rz::cudart::check(cudaMemcpy(recv_.get(), recv_host_.get(), recv_bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    // From pageable memory cudaMemcpy may return before its DMA lands, and the collective's
+    // stream (non-blocking, or NCCL's) is not ordered after it: wait for the uploads.
+    rz::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after the uploads)");
 #else
     (void)send_bytes;
     (void)recv_bytes;
@@ -474,8 +477,10 @@ class rank_bench {
     res.mean_us = total / static_cast<double>(m);
     res.algbw = res.time_us > 0 ? static_cast<double>(s.size_bytes) / res.time_us / 1e3 : 0;
     res.busbw = res.algbw * bus_factor(o_.kind, n_);
-    const double bound_us = collective_min_bytes(o_.kind, n_, s.whole_bytes) / (copy_gbps_ * 1e3);
-    res.peak_fraction = res.time_us > 0 ? bound_us / res.time_us : 0;
+    // A world of one in place has nothing to move: no bound, %peak is printed as "-".
+    const double least = n_ == 1 && in_place ? 0.0 : collective_min_bytes(o_.kind, n_, s.whole_bytes);
+    const double bound_us = least / (copy_gbps_ * 1e3);
+    res.peak_fraction = res.time_us > 0 && least > 0 ? bound_us / res.time_us : -1;
     return res;
   }
 
@@ -489,6 +494,7 @@ class rank_bench {
     if (r_ != 0) return;
     auto cell = [](const row_result& x) {
       if (x.wrong < 0) return fmt::format("{:>9} {:>7} {:>7} {:>6} {:>6}", "N/A", "N/A", "N/A", "N/A", "N/A");
+      if (x.peak_fraction < 0) return fmt::format("{:>9.2f} {:>7.2f} {:>7.2f} {:>6} {:>6}", x.time_us, x.algbw, x.busbw, "-", x.wrong);
       return fmt::format("{:>9.2f} {:>7.2f} {:>7.2f} {:>5.1f}% {:>6}", x.time_us, x.algbw, x.busbw, 100 * x.peak_fraction, x.wrong);
     };
     const std::string opname = reduction() ? std::string(rz::reduce_kind_name(op)) : "none";
@@ -499,7 +505,8 @@ class rank_bench {
     auto json_of = [](const row_result& x) {
       if (x.wrong < 0) return nlohmann::json(nullptr);
       return nlohmann::json{{"time_us", x.time_us}, {"mean_time_us", x.mean_us}, {"algbw_gbps", x.algbw},
-                            {"busbw_gbps", x.busbw}, {"peak_fraction", x.peak_fraction}, {"wrong", x.wrong}};
+                            {"busbw_gbps", x.busbw}, {"peak_fraction", x.peak_fraction < 0 ? nlohmann::json(nullptr) : nlohmann::json(x.peak_fraction)},
+                            {"wrong", x.wrong}};
     };
     shared_.rows.push_back({{"collective", rz::collective_name(o_.kind)}, {"size_bytes", s.size_bytes},
                             {"count", s.count}, {"type", rz::dtype_name(t)}, {"redop", opname}, {"root", root},

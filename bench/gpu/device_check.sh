@@ -51,6 +51,9 @@ deps=${DEVICE_CHECK_DEPS:-$root/.device-deps}
 out=${OUT:-$build/out}
 mkdir -p "$build/obj" "$build/bin" "$out"
 jobs=$(nproc 2>/dev/null || echo 4)
+# A collective or NCCL call that cannot complete fails after this many seconds instead of the
+# default 300, so one stuck step cannot eat the whole budget.
+export RINGZERO_TIMEOUT=${RINGZERO_TIMEOUT:-30}
 
 summary_rows=()
 failures=0

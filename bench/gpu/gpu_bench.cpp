@@ -126,6 +126,7 @@ double time_launches(const std::function<int()>& launch, cudaStream_t stream, in
 
 std::vector<unsigned char> download(const unsigned char* p, std::size_t bytes) {
   std::vector<unsigned char> v(bytes);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the copy is not ordered with other streams
   check(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
   return v;
 }
@@ -275,6 +276,8 @@ int main(int argc, char** argv) {
       check(cudaMemcpy(a.p, ra.data(), S, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
       check(cudaMemcpy(b.p, rb.data(), S, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
       check(cudaMemset(d.p, 0, S), "cudaMemset");
+      // pageable uploads may return before their DMA lands: wait before any stream uses them
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     }
     std::vector<row> rows;
     auto add = [&](const std::string& name, double moved, const std::function<int()>& launch, bool target) {

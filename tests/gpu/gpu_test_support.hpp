@@ -33,9 +33,14 @@ class device_buffer {
 
   void upload(const std::vector<unsigned char>& host, std::size_t offset = 0) const {
     ringzero::cudart::check(cudaMemcpy(get() + offset, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    // From pageable memory cudaMemcpy may return before the DMA has landed, and it is not ordered
+    // with non-blocking streams (CUDA runtime API, "API synchronization behavior"): wait for it.
+    ringzero::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after an upload)");
   }
   std::vector<unsigned char> download(std::size_t offset, std::size_t bytes) const {
     std::vector<unsigned char> host(bytes);
+    // Work on non-blocking streams is not ordered before a cudaMemcpy: wait for all of it.
+    ringzero::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before a download)");
     ringzero::cudart::check(cudaMemcpy(host.data(), get() + offset, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
     return host;
   }

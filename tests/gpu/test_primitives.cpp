@@ -58,6 +58,7 @@ struct operand {
   void restore(std::size_t bytes) {
     std::memcpy(host.data(), pristine.data(), bytes);
     cudart::check(cudaMemcpy(device.get(), device_pristine.get(), bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
+    cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // a D2D cudaMemcpy is asynchronous
   }
 };
 

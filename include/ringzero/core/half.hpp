@@ -43,16 +43,16 @@ RINGZERO_HOST_DEVICE inline float bits_float(std::uint32_t u) noexcept {
 /// with bit 0 of the float mantissa, so the FPU's own round-to-nearest-even does the rounding.
 /// In CUDA device code finite and infinite values use the hardware conversion
 /// (`cvt.rn.f16.f32`, IEEE round to nearest even, subnormals kept), which gives the same bits
-/// in a fraction of the instructions; NaN takes the software path so its payload is kept
-/// exactly as on the host.
+/// in a fraction of the instructions; a NaN gets the host's bits (payload kept) by a select,
+/// so no software path is predicated into every conversion.
 RINGZERO_HOST_DEVICE inline std::uint16_t float_to_half_bits(float value) noexcept {
 #if defined(__CUDA_ARCH__)
-  if (value == value) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(value));
-    return h;
-  }
-#endif
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(value));
+  const std::uint32_t bits = float_bits(value);
+  const auto nan = static_cast<unsigned short>(((bits >> 16) & 0x8000u) | 0x7e00u | ((bits >> 13) & 0x03ffu));
+  return value == value ? h : nan;
+#else
   const std::uint32_t x = float_bits(value);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   std::uint32_t magnitude = x & 0x7fffffffu;
@@ -69,18 +69,20 @@ RINGZERO_HOST_DEVICE inline std::uint16_t float_to_half_bits(float value) noexce
   const std::uint32_t lowest_kept = (magnitude >> 13) & 1u;
   magnitude += 0xc8000fffu + lowest_kept;  // -(112 << 23) re-biases the exponent, +0x0fff rounds
   return static_cast<std::uint16_t>(sign | (magnitude >> 13));
+#endif
 }
 
 /// binary16 bits -> binary32, exact. CUDA device code converts every non-NaN value with the
-/// (exact) hardware instruction `cvt.f32.f16`; NaN keeps the software path and its payload.
+/// (exact) hardware instruction `cvt.f32.f16`; a NaN gets the host's bits (payload kept) by a
+/// select.
 RINGZERO_HOST_DEVICE inline float half_bits_to_float(std::uint16_t h) noexcept {
 #if defined(__CUDA_ARCH__)
-  if ((h & 0x7fffu) <= 0x7c00u) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h)));
-    return f;
-  }
-#endif
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h)));
+  const float nan = bits_float((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7f800000u |
+                               (static_cast<std::uint32_t>(h & 0x03ffu) << 13));
+  return (h & 0x7fffu) <= 0x7c00u ? f : nan;
+#else
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exponent = (h >> 10) & 0x1fu;
   const std::uint32_t mantissa = h & 0x03ffu;
@@ -91,6 +93,7 @@ RINGZERO_HOST_DEVICE inline float half_bits_to_float(std::uint16_t h) noexcept {
     return bits_float(sign | float_bits(magnitude));
   }
   return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+#endif
 }
 
 /// binary32 -> bfloat16 bits, round to nearest even; NaN is quieted (bit 6 of the result set).

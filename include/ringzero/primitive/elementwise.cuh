@@ -4,10 +4,13 @@
 /// (`dst[i] = f(src[i])`), `launch_binary` (`dst[i] = f(a[i], b[i])`) and `launch_generate`
 /// (`dst[i] = value`), on a given stream.
 ///
-/// Memory access: each thread moves whole 16-byte vectors (`LDG.128` / `STG.128`): V elements
-/// per vector, V = 16 / (size of the narrower type), and U independent vectors per operand in
-/// flight before the first use (U: about 64 bytes of the wider operand, at most 32 elements). The
-/// elements before the first position where every pointer is 16-byte aligned, and after the
+/// Memory access: each thread moves whole vectors of V elements, V = 16 / (size of the wider
+/// type), so the wider side moves 16 bytes per access (`LDG.128` / `STG.128`) and the narrower
+/// side 8 or 4 (a widening cast that loaded 16 bytes and stored 32 per thread half-covered
+/// each store instruction and reached only ~60% of the copy bandwidth on an H200), with U
+/// independent vectors per operand in flight before the first use (U: about 64 bytes loaded
+/// per input operand, at most 32 elements). The
+/// elements before the first position where every pointer is aligned to its vector, and after the
 /// last whole vector, are done one by one (the scalar head and tail, fewer than V elements
 /// each); pointers that can never be aligned together fall back to the scalar loop throughout.
 /// The grid is capped at the number of blocks the device keeps resident (queried once per
@@ -34,23 +37,27 @@ namespace detail {
 /// Threads per block of every element-wise kernel.
 inline constexpr int block_threads = 256;
 
-/// Elements per 16-byte vector of the narrower of `A` and `B`.
+/// Elements per vector: 16 bytes of the wider of `A` and `B`.
 template <class A, class B>
-inline constexpr int vector_elements = static_cast<int>(16 / (sizeof(A) < sizeof(B) ? sizeof(A) : sizeof(B)));
+inline constexpr int vector_elements = static_cast<int>(16 / (sizeof(A) > sizeof(B) ? sizeof(A) : sizeof(B)));
 
-/// Independent vectors per operand and thread: about 64 bytes of the wider operand in flight,
-/// but at most 32 elements (each element takes registers of its own once unpacked).
-template <int V, class A, class B>
+/// Independent vectors per operand and thread, for input type `In` (loaded) and output type
+/// `Out`: about 64 bytes of loads in flight per input operand (what keeps HBM busy), but at
+/// most 32 elements per thread (each takes registers of its own once unpacked; 64 int8
+/// elements per operand halved the int8 sum's bandwidth on an H200).
+template <int V, class In, class Out>
 inline constexpr int vector_unroll = [] {
-  const int wide = static_cast<int>(V * (sizeof(A) > sizeof(B) ? sizeof(A) : sizeof(B)));
-  const int by_bytes = wide >= 64 ? 1 : 64 / wide;
+  const int loaded = static_cast<int>(V * sizeof(In));
+  const int by_bytes = loaded >= 64 ? 1 : 64 / loaded;
   const int by_elements = V >= 32 ? 1 : 32 / V;
+  (void)sizeof(Out);
   return by_bytes < by_elements ? by_bytes : by_elements;
 }();
 
-/// V elements of T, aligned so that a copy is one or more 16-byte accesses.
+/// V elements of T, aligned to their size (at most 16 bytes), so that a copy is one access of
+/// 4, 8 or 16 bytes (or several of 16).
 template <class T, int V>
-struct alignas(16) pack {
+struct alignas(sizeof(T) * V >= 16 ? 16 : sizeof(T) * V) pack {
   T v[V];
 };
 
@@ -62,14 +69,17 @@ struct split {
 };
 
 /// The split for pointers `p[0..n)` of element sizes `size[0..n)` and V elements per vector:
-/// the smallest head (< V) after which every pointer is 16-byte aligned, or all-scalar.
+/// the smallest head (< V) after which every pointer is aligned to its vector's size (V
+/// elements, at most 16 bytes), or all-scalar.
 inline split split_for(std::uint64_t count, int v, const void* const* p, const std::size_t* size, int n) noexcept {
   split s;
   s.count = count;
   for (int head = 0; head < v && static_cast<std::uint64_t>(head) < count; ++head) {
     bool aligned = true;
     for (int k = 0; k < n && aligned; ++k)
-      aligned = (reinterpret_cast<std::uintptr_t>(p[k]) + static_cast<std::uintptr_t>(head) * size[k]) % 16 == 0;
+      aligned = (reinterpret_cast<std::uintptr_t>(p[k]) + static_cast<std::uintptr_t>(head) * size[k]) %
+                    std::min<std::uintptr_t>(16, static_cast<std::uintptr_t>(v) * size[k]) ==
+                0;
     if (aligned) {
       s.head = static_cast<std::uint64_t>(head);
       s.vectors = (count - s.head) / static_cast<std::uint64_t>(v);

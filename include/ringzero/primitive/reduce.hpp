@@ -138,6 +138,37 @@ RINGZERO_HOST_DEVICE inline C divide(C a, std::int64_t n) noexcept {
   }
 }
 
+/// avg's divisor prepared once per launch: the integer, and for a floating compute type its
+/// value in that type (the conversion `divide` would otherwise make per element).
+template <class C>
+struct prepared_divisor {
+  std::int64_t n = 0;
+  C value{};
+};
+
+template <class C>
+inline prepared_divisor<C> prepare_divisor(std::int64_t n) noexcept {
+  prepared_divisor<C> d;
+  d.n = n;
+  if constexpr (std::is_floating_point_v<C>) d.value = static_cast<C>(n);
+  return d;
+}
+
+/// `divide(a, d.n)`, with the floating divisor already converted: the same bits.
+template <class C>
+RINGZERO_HOST_DEVICE inline C divide(C a, const prepared_divisor<C>& d) noexcept {
+  if constexpr (std::is_floating_point_v<C>) {
+#if defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<C, float>) return __fdiv_rn(a, d.value);
+    else return __ddiv_rn(a, d.value);
+#else
+    return a / d.value;
+#endif
+  } else {
+    return divide(a, d.n);
+  }
+}
+
 /// premul_sum's multiplier in the compute type (integers: the integral value, wrapped).
 template <class C>
 inline C scalar_as(double s) noexcept {

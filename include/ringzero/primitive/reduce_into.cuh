@@ -37,7 +37,7 @@ struct reduce_element {
   using compute = primitive::detail::compute_t<T>;
   compute scalar_a;
   compute scalar_b;
-  std::int64_t divisor;
+  primitive::detail::prepared_divisor<compute> divisor;
   bool pre_a;
   bool pre_b;
 
@@ -49,7 +49,7 @@ struct reduce_element {
       if (pre_a) x = h::mul(x, scalar_a);
       if (pre_b) y = h::mul(y, scalar_b);
       compute r = h::add(x, y);
-      if (divisor != 0) r = h::divide(r, divisor);
+      if (divisor.n != 0) r = h::divide(r, divisor);
       return h::store<T>(r);
     } else {
       return h::store<T>(h::apply<B>(x, y));
@@ -67,7 +67,7 @@ cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t
     f.scalar_b = primitive::detail::scalar_as<compute>(spec.scalar_b);
     f.pre_a = spec.pre_a;  // honoured by every sum-like kind, as on the host
     f.pre_b = spec.pre_b;
-    f.divisor = spec.divisor;
+    f.divisor = primitive::detail::prepare_divisor<compute>(spec.divisor);
   }
   return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, f, stream);
 }

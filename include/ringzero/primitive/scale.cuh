@@ -38,7 +38,7 @@ struct scale_element {
 /// One element of the host's `divide_typed`.
 template <class T>
 struct divide_element {
-  std::int64_t divisor;
+  primitive::detail::prepared_divisor<primitive::detail::compute_t<T>> divisor;
 
   __device__ T operator()(T x) const {
     namespace h = primitive::detail;
@@ -67,7 +67,7 @@ inline cudaError_t divide(void* dst, const void* src, std::uint64_t count, dtype
   if (!is_valid(type) || divisor < 1) return cudaErrorInvalidValue;
   if (count == 0) return cudaSuccess;
   return visit_dtype(type, [&]<class T>() -> cudaError_t {
-    const detail::divide_element<T> f{divisor};
+    const detail::divide_element<T> f{primitive::detail::prepare_divisor<primitive::detail::compute_t<T>>(divisor)};
     return detail::launch_unary(static_cast<T*>(dst), static_cast<const T*>(src), count, f, stream);
   });
 }

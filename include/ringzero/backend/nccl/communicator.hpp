@@ -13,6 +13,11 @@
 ///   ways: float avg pre-multiplies each input by 1/n (ringzero divides the sum once);
 ///   premul_sum on float16/bfloat16 rounds the scalar and each product to 16 bits; min/max NaN
 ///   handling and the combine order are NCCL's. Integer results are identical.
+/// - A world of one with avg or premul_sum: NCCL before 2.29.7 leaves the last elements of
+///   such a reduction unwritten when the count is not a multiple of its block count (NCCL
+///   issue #1950, PyTorch issue #168092; seen here on an H200). With such an NCCL, ringzero
+///   does these calls itself: avg is a copy (x / 1), premul_sum a scale kernel (registered by
+///   <ringzero/cuda.cuh>; without it, errc::unsupported names the bug and both ways out).
 /// - Stream semantics (NCCL's): a collective returns once enqueued on `stream()`; later work on
 ///   that stream sees its results; the host calls `synchronize()` before reading them.
 /// - Non-blocking communicators (default; ncclConfig_t blocking = 0): NCCL calls return at once,
@@ -61,6 +66,7 @@
 #include "ringzero/backend/cuda/stream.hpp"
 #include "ringzero/backend/nccl/id_file.hpp"
 #include "ringzero/backend/nccl/types.hpp"
+#include "ringzero/primitive/device_primitives.hpp"
 #include "ringzero/primitive/fill.hpp"
 
 namespace ringzero::nccl {
@@ -226,13 +232,17 @@ class communicator final : public ringzero::communicator {
       std::lock_guard<std::mutex> lock(api_mutex_);
       r = ncclCommSplit(comm_, color, key, &child, &config);
     }
-    if (r == ncclInProgress) {
-      wait_ready(comm_, "ncclCommSplit");
-      if (child != nullptr) wait_ready(child, "ncclCommSplit (new communicator)");
-    } else if (r != ncclSuccess) {
-      fail(r, "ncclCommSplit");
+    if (r != ncclSuccess && r != ncclInProgress) fail(r, "ncclCommSplit");
+    if (color == NCCL_SPLIT_NOCOLOR) {
+      if (r == ncclInProgress) wait_ready(comm_, "ncclCommSplit");
+      return nullptr;
     }
-    if (child == nullptr) return nullptr;
+    // A non-blocking split may store the new handle only when its asynchronous job ends (seen
+    // with the NCCL of CUDA 13 on an H200: ncclCommSplit returned with the handle still null).
+    // Wait for the parent to finish the job, then for the handle, within the timeout.
+    wait_ready(comm_, "ncclCommSplit");
+    child = wait_for_handle(child, "ncclCommSplit");
+    wait_ready(child, "ncclCommSplit (new communicator)");
     try {
       return adopt(child, true, o);
     } catch (...) {
@@ -282,6 +292,9 @@ class communicator final : public ringzero::communicator {
     cudart::use_device(device_);
     const ncclDataType_t t = nccl_type(d.type);
     cudaStream_t s = stream_.get();
+    if (world_size() == 1 && is_reduction(d.kind) &&
+        (d.op.kind == reduce_kind::avg || d.op.kind == reduce_kind::premul_sum) && one_rank_reduce_is_broken())
+      return world_of_one_reduction(d);
     switch (d.kind) {
       case collective_kind::all_reduce:
         return with_op(d, "ncclAllReduce", [&](ncclRedOp_t op) { return ncclAllReduce(d.send, d.recv, d.count, t, op, comm_, s); });
@@ -302,6 +315,36 @@ class communicator final : public ringzero::communicator {
   }
 
  private:
+  /// True when the loaded NCCL predates 2.29.7, whose one-rank avg / premul_sum kernel could
+  /// skip the tail of the buffer (see the file comment).
+  static bool one_rank_reduce_is_broken() noexcept {
+    static const bool broken = [] {
+      int version = 0;
+      return ncclGetVersion(&version) != ncclSuccess || version < NCCL_VERSION(2, 29, 7);
+    }();
+    return broken;
+  }
+
+  /// all_reduce / reduce_scatter / reduce of a world of one with avg or premul_sum, done
+  /// without NCCL's one-rank kernel: recv = send / 1 (a copy) or recv = scalar * send.
+  void world_of_one_reduction(const collective_descriptor& d) {
+    const std::uint64_t bytes = d.count * dtype_size(d.type);
+    if (d.op.kind == reduce_kind::avg) {
+      if (d.recv != d.send && bytes > 0)
+        cudart::check(cudaMemcpyAsync(d.recv, d.send, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, stream_.get()),
+                      "cudaMemcpyAsync (world of one, avg)");
+      return;
+    }
+    const primitive::device_primitives* k = primitive::registered_device_primitives();
+    if (k == nullptr)
+      raise(errc::unsupported, std::string(collective_name(d.kind)) +
+                                   " with premul_sum on a world of one: the loaded NCCL (before 2.29.7) can leave the "
+                                   "end of the buffer unwritten (NCCL issue #1950); use NCCL 2.29.7 or newer, or "
+                                   "compile <ringzero/cuda.cuh> into the program so that ringzero scales it itself");
+    const int e = k->scale(d.recv, d.send, d.count, d.type, d.op.scalar, static_cast<void*>(stream_.get()));
+    if (e != 0) raise(errc::backend_failure, "world of one, premul_sum: the scale kernel failed (CUDA error " + std::to_string(e) + ")");
+  }
+
   struct shape {
     int rank = 0;
     int size = 1;
@@ -446,6 +489,21 @@ class communicator final : public ringzero::communicator {
     if (r == ncclSuccess) return;
     if (r != ncclInProgress) fail(r, what);
     wait_ready(comm_, what);
+  }
+
+  /// Waits until `handle` (written by NCCL, possibly from its own thread) is non-null and
+  /// returns it; errc::backend_failure naming `what` if it is still null at the timeout.
+  ncclComm_t wait_for_handle(ncclComm_t& handle, const char* what) {
+    std::atomic_ref<ncclComm_t> slot(handle);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
+    auto pause = std::chrono::microseconds(1);
+    for (;;) {
+      if (ncclComm_t c = slot.load(std::memory_order_acquire)) return c;
+      if (std::chrono::steady_clock::now() >= deadline)
+        raise(errc::backend_failure, std::string(what) + " completed but gave no communicator within " + seconds_text() + " s");
+      std::this_thread::sleep_for(pause);
+      if (pause < std::chrono::microseconds(1000)) pause *= 2;
+    }
   }
 
   /// Polls `comm`'s state until it is no longer in progress; an error fails, the timeout
