@@ -31,8 +31,10 @@ namespace ringzero::primitive::device {
 namespace detail {
 
 /// One combine of the host's `reduce_typed` for kind B: the sum family (sum, avg, premul_sum)
-/// applies the optional pre-scaling and final division; prod, min and max apply neither.
-template <class T, primitive::detail::binary B>
+/// applies the optional pre-scaling and, when `Post` (a kernel of its own, so that the
+/// division's code never weighs on the plain sums), the final division; prod, min and max
+/// apply neither.
+template <class T, primitive::detail::binary B, bool Post = false>
 struct reduce_element {
   using compute = primitive::detail::compute_t<T>;
   compute scalar_a;
@@ -49,7 +51,7 @@ struct reduce_element {
       if (pre_a) x = h::mul(x, scalar_a);
       if (pre_b) y = h::mul(y, scalar_b);
       compute r = h::add(x, y);
-      if (divisor.n != 0) r = h::divide(r, divisor);
+      if constexpr (Post) r = h::divide(r, divisor);
       return h::store<T>(r);
     } else {
       return h::store<T>(h::apply<B>(x, y));
@@ -57,11 +59,11 @@ struct reduce_element {
   }
 };
 
-template <class T, primitive::detail::binary B>
+template <class T, primitive::detail::binary B, bool Post = false>
 cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec,
                           cudaStream_t stream) noexcept {
   using compute = primitive::detail::compute_t<T>;
-  reduce_element<T, B> f{};
+  reduce_element<T, B, Post> f{};
   if constexpr (B == primitive::detail::binary::sum) {
     f.scalar_a = primitive::detail::scalar_as<compute>(spec.scalar_a);
     f.scalar_b = primitive::detail::scalar_as<compute>(spec.scalar_b);
@@ -87,7 +89,9 @@ inline cudaError_t reduce_into(void* dst, const void* a, const void* b, std::uin
       case reduce_kind::prod: return detail::reduce_launch<T, binary::prod>(dst, a, b, count, spec, stream);
       case reduce_kind::min: return detail::reduce_launch<T, binary::min>(dst, a, b, count, spec, stream);
       case reduce_kind::max: return detail::reduce_launch<T, binary::max>(dst, a, b, count, spec, stream);
-      default: return detail::reduce_launch<T, binary::sum>(dst, a, b, count, spec, stream);
+      default:
+        if (spec.divisor != 0) return detail::reduce_launch<T, binary::sum, true>(dst, a, b, count, spec, stream);
+        return detail::reduce_launch<T, binary::sum>(dst, a, b, count, spec, stream);
     }
   });
 }
