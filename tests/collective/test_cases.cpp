@@ -484,3 +484,34 @@ TEST_CASE("C12: a sendrecv size mismatch between two ranks fails on both") {
   CHECK(error.empty());
   rzt::check_every_rank(o, errc::size_mismatch, {"rank 0 sends 16 bytes but rank 1 expects 8 bytes"});
 }
+
+TEST_CASE("direct all_reduce of large float sums (the fused streaming loop): 2, 3 and 4 ranks, in and out of place, misaligned") {
+  // 1048579 elements: above the streaming threshold (4 MiB) for float32 and float64, with a
+  // tail after the 64-byte steps; shifted by one element so the outputs start unaligned.
+  constexpr std::uint64_t count = 1048579;
+  for (int n : {2, 3, 4})
+    for (dtype t : {dtype::float32, dtype::float64})
+      for (bool in_place : {false, true})
+        for (int shift : {0, 1}) {
+          INFO("world " << n << ", " << dtype_name(t) << (in_place ? ", in place" : ", out of place") << ", shift " << shift);
+          std::atomic<std::uint64_t> wrong{0};
+          const std::string error = rzt::launch_world(n, [&](communicator& comm) {
+            const int r = comm.rank();
+            auto run = [&]<class T>() {
+              std::vector<T> send(count + 1), recv(count + 1, T(-1));
+              for (std::uint64_t i = 0; i < count; ++i) send[i + shift] = static_cast<T>(static_cast<double>(i % 1000) - 500.0) * static_cast<T>(r + 1);
+              T* out = in_place ? send.data() + shift : recv.data() + shift;
+              all_reduce(comm, send.data() + shift, out, count, t, reduce_kind::sum, with_algo(algorithm::direct));
+              const double ranks_factor = n * (n + 1) / 2.0;  // sum of (r + 1)
+              for (std::uint64_t i = 0; i < count; ++i)
+                if (out[i] != static_cast<T>((static_cast<double>(i % 1000) - 500.0) * ranks_factor)) wrong.fetch_add(1);
+              if (!in_place && shift == 1 && recv[0] != T(-1)) wrong.fetch_add(1);  // nothing before the buffer
+            };
+            if (t == dtype::float32) run.template operator()<float>();
+            else run.template operator()<double>();
+          });
+          REQUIRE(error.empty());
+          CHECK(wrong.load() == 0);
+        }
+}
+

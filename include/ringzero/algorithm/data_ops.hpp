@@ -10,6 +10,7 @@
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/primitive/copy.hpp"
 #include "ringzero/primitive/reduce.hpp"
+#include "ringzero/primitive/sum_broadcast.hpp"
 
 namespace ringzero::algorithms {
 
@@ -28,6 +29,19 @@ class data_ops {
   virtual combine_fn combine(const primitive::reduce_spec* spec) const = 0;
   /// Orders this rank's writes before a later release (streaming stores need a fence).
   virtual void fence() const {}
+  /// The direct all_reduce's fused loop (primitive::sum_broadcast_streaming): every output gets
+  /// the rank-order sum of the inputs, written with streaming stores. Returns false, having
+  /// written nothing, when this memory space or this call has no fused form (default).
+  virtual bool sum_to_all_streaming(void* const* outs, int n_out, const void* const* ins, int n_in, std::uint64_t count,
+                                    dtype type) const {
+    (void)outs;
+    (void)n_out;
+    (void)ins;
+    (void)n_in;
+    (void)count;
+    (void)type;
+    return false;
+  }
 };
 
 /// `data_ops` on host memory, executed synchronously on the calling thread.
@@ -54,6 +68,10 @@ class host_data_ops final : public data_ops {
     return f;
   }
   void fence() const override { primitive::store_fence(); }
+  bool sum_to_all_streaming(void* const* outs, int n_out, const void* const* ins, int n_in, std::uint64_t count,
+                            dtype type) const override {
+    return primitive::sum_broadcast_streaming(outs, n_out, ins, n_in, count, type);
+  }
 };
 
 /// The `data_ops` for a communicator's memory space (host only until the CUDA backend adds its own).

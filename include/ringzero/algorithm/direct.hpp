@@ -8,11 +8,14 @@
 /// needs it, so each input byte is read once and each output byte written once: the minimum
 /// memory traffic of the collective (2 S per rank for an all_reduce of S bytes). all_gather,
 /// broadcast and all_to_all pull: each rank copies what it needs from its peers into its own
-/// output. Large outputs are written with streaming stores.
+/// output. Large outputs are written with streaming stores; a large all_reduce with op sum of
+/// float32 or float64 skips the tile altogether (primitive/sum_broadcast.hpp: the inputs are
+/// summed in registers and streamed to every output in one pass, the same bits).
 /// Determinism: inputs are combined in rank order 0..n-1, so results are identical run to run
 /// and bitwise identical on every rank.
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 
 #include "ringzero/algorithm/call.hpp"
@@ -60,6 +63,20 @@ inline void direct_all_reduce(const call& c) {
   const std::uint64_t tile_elems = detail::direct_tile_elements(c.element_size());
   void* tile = c.comm.scratch(scratch_tile, static_cast<std::size_t>(c.bytes(tile_elems)));
   auto input_of = [&](int q) { return c.comm.peer_descriptor(q)->send; };
+  // Large plain sums: one fused pass from the inputs straight to every output (no tile).
+  constexpr int fused_max_ranks = 16;
+  if (streaming && c.d.op.kind == reduce_kind::sum && n <= fused_max_ranks && mine.end > mine.begin) {
+    std::array<void*, fused_max_ranks> outs{};
+    std::array<const void*, fused_max_ranks> ins{};
+    for (int q = 0; q < n; ++q) {
+      outs[static_cast<std::size_t>(q)] = c.at(c.comm.peer_descriptor((r + q) % n)->recv, mine.begin);
+      ins[static_cast<std::size_t>(q)] = c.at(input_of(q), mine.begin);
+    }
+    if (c.ops.sum_to_all_streaming(outs.data(), n, ins.data(), n, mine.end - mine.begin, c.d.type)) {
+      c.ops.fence();
+      return;
+    }
+  }
   for (std::uint64_t first = mine.begin; first < mine.end; first += tile_elems) {
     const std::uint64_t len = std::min(tile_elems, mine.end - first);
     detail::direct_fold(c, tile, first, len, input_of);
