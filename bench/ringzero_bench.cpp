@@ -40,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -194,7 +195,10 @@ class rank_bench {
   static buffer allocate_host(std::uint64_t bytes) {
     const std::uint64_t rounded = (bytes + 4095) / 4096 * 4096;
     auto* p = static_cast<unsigned char*>(std::aligned_alloc(4096, rounded));
-    if (!p) throw std::bad_alloc();
+    if (!p)
+      throw std::runtime_error(fmt::format("cannot allocate a {}-byte host buffer (-e and the world size decide its "
+                                           "size): choose a smaller -e",
+                                           rounded));
     std::memset(p, 0, rounded);
     return buffer(p);
   }
@@ -692,6 +696,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (mpi_rank != 0) return 0;  // rank 0 holds the totals (and exits non-zero when any is wrong)
+  if (shared.rows.empty()) {
+    std::fprintf(stderr,
+                 "ringzero-bench: no size from -b to -e holds a whole element of the chosen dtype(s) for every rank: "
+                 "nothing was measured (raise -e)\n");
+    return 2;
+  }
   fmt::print("# Errors: {} wrong element(s) {}\n", shared.wrong_total, shared.wrong_total == 0 ? "OK" : "FAILED");
   fmt::print("# Avg bus bandwidth    : {:.4f}\n", shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0);
   if (!o.json_path.empty()) {

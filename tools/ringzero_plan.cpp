@@ -361,7 +361,7 @@ int main(int argc, char** argv) {
   auto* file = app.add_option("-f,--model-file", o.model_file, "JSON model description (see the documentation)");
   preset->excludes(file);
   app.add_option("-s,--stage", o.stage, "ZeRO stage 0, 1, 2, 3, or 'all' for a comparison")->capture_default_str();
-  app.add_option("-n,--world-size", o.world_size, "Number of ranks (GPUs)")->required()->check(CLI::PositiveNumber);
+  app.add_option("-n,--world-size", o.world_size, "Number of ranks (GPUs)")->required()->check(CLI::Range(1, 1 << 24, "an integer from 1 to 16777216"));
   app.add_option("-g,--replica-group-size", o.replica_group_size,
                  "Ranks per replica group for hybrid sharding (shard within, replicate across); default: all ranks");
   app.add_option("--gpu-memory", o.gpu_memory, "Memory per GPU, e.g. 80GiB or 40GB: says whether the plan fits");
