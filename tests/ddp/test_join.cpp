@@ -3,6 +3,8 @@
 // every rank; without join a clear error on every rank, never a hang.
 #include <doctest/doctest.h>
 
+#include <stdexcept>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -160,6 +162,22 @@ TEST_CASE("C13 without join: a clear error, not a hang") {
   CHECK(out[1].failed);
   CHECK_MESSAGE(contains(out[1].what, "enable reducer_options::join"), out[1].what);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));
+}
+
+TEST_CASE("a rank that fails for its own reason: its peer's error names it and does not suggest join") {
+  auto out = run_ranks(2, [&](communicator& comm) {
+    toy_model m({12, 30}, {});
+    gradient_reducer red(comm, m.parameters());
+    for (int s = 0; s < 3; ++s) {
+      if (comm.rank() == 0 && s == 2) throw std::runtime_error("rank 0's data loader failed");
+      for (std::size_t i = m.size(); i-- > 0;) red.mark_ready(i);
+      red.finish();
+    }
+  });
+  CHECK(out[0].failed);
+  CHECK(out[1].failed);
+  CHECK_MESSAGE(contains(out[1].what, "data loader failed"), out[1].what);
+  CHECK_MESSAGE(!contains(out[1].what, "enable reducer_options::join"), out[1].what);
 }
 
 TEST_CASE("join() without the join option, or in the middle of a step: an error on every rank") {

@@ -940,9 +940,19 @@ class gradient_reducer {
       try {
         detail::await_work(b.pending_work);
       } catch (const std::exception& e) {
+        // Uneven inputs show as a collective mismatch (a peer already in another collective), a
+        // peer that never arrives (timeout) or one that left; other failures (an abort caused by
+        // a failing rank, bad arguments, a library error) carry their own cause, and the join
+        // hint would mislead.
+        const auto* re = dynamic_cast<const error*>(&e);
+        const bool maybe_uneven = re == nullptr || re->kind() == errc::contract_mismatch || re->kind() == errc::timeout ||
+                                  re->kind() == errc::peer_exited || re->kind() == errc::size_mismatch;
         fail_from(e, "step " + std::to_string(step_) + ": reducing bucket " + std::to_string(k) + " (parameters " +
-                         describe_bucket(k) + ") failed. If ranks run different numbers of synchronised steps " +
-                         "(uneven inputs), enable reducer_options::join and call join() when a rank runs out of data");
+                         describe_bucket(k) + ") failed" +
+                         (maybe_uneven ? std::string(". If ranks run different numbers of synchronised steps (uneven "
+                                                     "inputs), enable reducer_options::join and call join() when a "
+                                                     "rank runs out of data")
+                                       : std::string()));
       }
       if (options_.collect_timings) {
         const auto t1 = clock::now();
