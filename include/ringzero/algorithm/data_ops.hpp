@@ -32,14 +32,9 @@ class data_ops {
   /// The direct all_reduce's fused loop (primitive::sum_broadcast_streaming): every output gets
   /// the rank-order sum of the inputs, written with streaming stores. Returns false, having
   /// written nothing, when this memory space or this call has no fused form (default).
-  virtual bool sum_to_all_streaming(void* const* outs, int n_out, const void* const* ins, int n_in, std::uint64_t count,
-                                    dtype type) const {
-    (void)outs;
-    (void)n_out;
-    (void)ins;
-    (void)n_in;
-    (void)count;
-    (void)type;
+  /// Arguments: outs[n_out], ins[n_in], count elements of `type`.
+  virtual bool sum_to_all_streaming(void* const* /*outs*/, int /*n_out*/, const void* const* /*ins*/, int /*n_in*/,
+                                    std::uint64_t /*count*/, dtype /*type*/) const {
     return false;
   }
 };

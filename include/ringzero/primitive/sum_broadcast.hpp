@@ -126,8 +126,9 @@ bool sum_broadcast_streaming_typed(T* const* outs, int n_out, const T* const* in
 
 /// See the file comment. `outs` and `ins` hold `n_out` and `n_in` pointers to `type` elements.
 /// Returns false (having written nothing) when there is no fused form for this call.
-inline bool sum_broadcast_streaming(void* const* outs, int n_out, const void* const* ins, int n_in, std::uint64_t count,
-                                    dtype type) noexcept {
+inline bool sum_broadcast_streaming([[maybe_unused]] void* const* outs, [[maybe_unused]] int n_out,
+                                    [[maybe_unused]] const void* const* ins, [[maybe_unused]] int n_in,
+                                    [[maybe_unused]] std::uint64_t count, [[maybe_unused]] dtype type) noexcept {
 #if RINGZERO_X86_64
   if (n_in < 2 || n_out < 1) return false;
   if (type == dtype::float32)
@@ -136,13 +137,6 @@ inline bool sum_broadcast_streaming(void* const* outs, int n_out, const void* co
   if (type == dtype::float64)
     return detail::sum_broadcast_streaming_typed(reinterpret_cast<double* const*>(outs), n_out,
                                                  reinterpret_cast<const double* const*>(ins), n_in, count);
-#else
-  (void)outs;
-  (void)n_out;
-  (void)ins;
-  (void)n_in;
-  (void)count;
-  (void)type;
 #endif
   return false;
 }
