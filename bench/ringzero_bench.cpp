@@ -44,6 +44,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -196,8 +198,8 @@ class rank_bench {
     const std::uint64_t rounded = (bytes + 4095) / 4096 * 4096;
     auto* p = static_cast<unsigned char*>(std::aligned_alloc(4096, rounded));
     if (!p)
-      throw std::runtime_error(fmt::format("cannot allocate a {}-byte host buffer (-e and the world size decide its "
-                                           "size): choose a smaller -e",
+      throw std::runtime_error(fmt::format("cannot allocate a {}-byte host buffer (its size comes from -e, or from "
+                                           "--bandwidth-bytes for the bandwidth copy): choose smaller sizes",
                                            rounded));
     std::memset(p, 0, rounded);
     return buffer(p);
@@ -479,7 +481,9 @@ class rank_bench {
     double total = 0;
     for (double x : slowest_) total += x;
     res.mean_us = total / static_cast<double>(m);
-    res.algbw = res.time_us > 0 ? static_cast<double>(s.size_bytes) / res.time_us / 1e3 : 0;
+    // A barrier moves no data: no bandwidth, whatever -b/-e say.
+    const bool moves_data = o_.kind != rz::collective_kind::barrier;
+    res.algbw = moves_data && res.time_us > 0 ? static_cast<double>(s.size_bytes) / res.time_us / 1e3 : 0;
     res.busbw = res.algbw * bus_factor(o_.kind, n_);
     // A world of one in place has nothing to move: no bound, %peak is printed as "-".
     const double least = n_ == 1 && in_place ? 0.0 : collective_min_bytes(o_.kind, n_, s.whole_bytes);
@@ -598,7 +602,11 @@ int main(int argc, char** argv) {
     o.min_bytes = parse_size(min_b, "minbytes");
     o.max_bytes = parse_size(max_b, "maxbytes");
     o.step_bytes = parse_size(step_b, "stepbytes");
-    if (!bw_size.empty()) o.bandwidth_bytes = parse_size(bw_size, "bandwidth-bytes");
+    if (!bw_size.empty()) {
+      o.bandwidth_bytes = parse_size(bw_size, "bandwidth-bytes");
+      if (o.bandwidth_bytes < (64u << 10))
+        throw CLI::ValidationError("bandwidth-bytes", "at least 64K (a smaller copy stays in the caches and is no bound)");
+    }
     if (o.max_bytes < o.min_bytes) throw CLI::ValidationError("maxbytes", "-e is smaller than -b");
     if (o.step_factor < 1) throw CLI::ValidationError("stepfactor", "must be at least 1");
     if (o.step_factor == 1 && o.step_bytes == 0) throw CLI::ValidationError("stepbytes", "must be positive when -f is 1");
@@ -649,6 +657,25 @@ int main(int argc, char** argv) {
                                 }
                               },
                               "root");
+    // Host memory of the whole local world at its peak (each rank: send and receive buffers
+    // plus the two buffers of the bandwidth copy), against the machine's physical memory: with
+    // overcommit every allocation would succeed and the kernel would kill the process later.
+    if (!o.device_memory && o.backend == "local") {
+      const double per_rank = 2.0 * static_cast<double>(std::max<std::uint64_t>(o.max_bytes, 64)) +
+                              2.0 * static_cast<double>(o.bandwidth_bytes ? o.bandwidth_bytes : std::max<std::uint64_t>(o.max_bytes, 64ull << 20));
+      const double need = per_rank * o.ranks;
+      const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+      const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+      if (have > 0 && need > 0.9 * have)
+        throw CLI::ValidationError("ranks", fmt::format("{} rank(s) need {:.1f} GiB of host memory (-e {} B and the bandwidth "
+                                                        "copy's buffers, per rank) but this machine has {:.1f} GiB: lower "
+                                                        "--ranks, -e or --bandwidth-bytes",
+                                                        o.ranks, need / (1u << 30), o.max_bytes, have / (1u << 30)));
+    }
+    if (!o.json_path.empty() && mpi_rank == 0) {  // fail before measuring, not after
+      std::ofstream probe(o.json_path, std::ios::app);
+      if (!probe) throw CLI::ValidationError("json", "cannot write '" + o.json_path + "'");
+    }
   } catch (const CLI::Error& e) {
     return mpi_rank == 0 ? app.exit(e) : 1;
   }

@@ -100,6 +100,8 @@ std::vector<parameter_spec> read_model_file(const std::string& path) {
     doc = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     throw usage_error("model file '" + path + "' is not valid JSON: " + e.what());
+  } catch (const std::exception& e) {  // a directory opens but cannot be read
+    throw usage_error("model file '" + path + "' is not a readable file (" + e.what() + ")");
   }
   const nlohmann::json* list = &doc;
   if (doc.is_object()) {
@@ -326,6 +328,7 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
 
   if (show_rank >= 0) {
     fmt::print("\nRank {} (shard {}) owns:\n", show_rank, plan.shard_index(show_rank));
+    if (plan.fragments(show_rank).empty()) fmt::print("  nothing (more ranks than parameter elements to shard)\n");
     for (const auto& f : plan.fragments(show_rank))
       fmt::print("  {:<48} [{}, {}) of {}\n", plan.parameters()[f.parameter].name, f.parameter_offset,
                  f.parameter_offset + f.count, plan.placements()[f.parameter].numel);
@@ -404,11 +407,17 @@ int main(int argc, char** argv) {
       model_name = o.model_file;
     }
     std::optional<std::uint64_t> gpu;
-    if (!o.gpu_memory.empty()) gpu = parse_bytes(o.gpu_memory);
+    if (app.count("--gpu-memory") > 0) {
+      gpu = parse_bytes(o.gpu_memory);
+      if (*gpu == 0) throw usage_error("--gpu-memory must be more than 0 bytes, got '" + o.gpu_memory + "'");
+    }
     std::vector<int> stages;
     if (o.stage == "all") stages = {0, 1, 2, 3};
     else if (o.stage.size() == 1 && o.stage[0] >= '0' && o.stage[0] <= '3') stages = {o.stage[0] - '0'};
     else throw usage_error("--stage must be 0, 1, 2, 3 or all, got '" + o.stage + "'");
+    if (app.count("--show-rank") > 0 && o.show_rank < 0)
+      throw usage_error("--show-rank must be a rank from 0 to " + std::to_string(o.world_size - 1) + ", got " +
+                        std::to_string(o.show_rank));
     if (o.show_rank >= o.world_size) throw usage_error("--show-rank " + std::to_string(o.show_rank) + " is not below the world size");
 
     std::vector<shard_plan> plans;

@@ -10,7 +10,8 @@
 /// broadcast and all_to_all pull: each rank copies what it needs from its peers into its own
 /// output. Large outputs are written with streaming stores; a large all_reduce with op sum of
 /// float32 or float64 skips the tile altogether (primitive/sum_broadcast.hpp: the inputs are
-/// summed in registers and streamed to every output in one pass, the same bits).
+/// summed in registers and streamed to every output in one pass, the same bits but for which
+/// payload a sum of two NaNs keeps).
 /// Determinism: inputs are combined in rank order 0..n-1, so results are identical run to run
 /// and bitwise identical on every rank.
 

@@ -15,7 +15,10 @@
 /// Preconditions: `n_in >= 2`, `n_out >= 1`; no output overlaps an input except at the same
 /// element (in place: every element is read before it is written); counts in elements.
 /// Thread safety: pure apart from the writes; order them with `store_fence()` before handing
-/// the outputs to another thread. Determinism: the same bits as the chained `reduce_into`.
+/// the outputs to another thread. Determinism: the same bits as the chained `reduce_into`, on
+/// every rank and every run, with one exception IEEE 754 leaves open: when two NaNs meet, which
+/// payload the sum keeps (x86 keeps the first operand's, and the compiler may order a vector
+/// add's operands either way), so a NaN's payload may differ from the tile path's.
 
 #include <algorithm>
 #include <cstdint>
