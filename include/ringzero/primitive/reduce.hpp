@@ -171,7 +171,7 @@ inline prepared_divisor<C> prepare_divisor(std::int64_t n) noexcept {
 /// the correctly rounded float quotient, as double has more than 2*24+2 bits (Figueroa's
 /// innocuous double rounding). Zeros and infinities divide by multiplication by 1/n (an H200
 /// run caught -0 / 1 coming out as +0 through the corrected product). Checked against a/n
-/// on 3.2e8 floats of both signs (random, subnormal, the whole binade [1, 2)). A full IEEE float
+/// on 5e8 floats of both signs (random, subnormal, the whole binade [1, 2)). A full IEEE float
 /// division (a call) had made the bfloat16 avg kernel run at half the memory bandwidth.
 template <class C>
 RINGZERO_HOST_DEVICE inline C divide(C a, const prepared_divisor<C>& d) noexcept {
