@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -790,4 +791,40 @@ TEST_CASE("a malformed RINGZERO_TIMEOUT is refused, with or without a launch tim
 TEST_CASE("a malformed RINGZERO_PIN is refused") {
   rzt::scoped_env env("RINGZERO_PIN", "maybe");
   CHECK_THROWS_WITH_AS(ringzero::local::launch(2, [](communicator&) {}), doctest::Contains("RINGZERO_PIN"), ringzero::error);
+}
+
+TEST_CASE("two threads running collectives on one communicator at once: a clear error on the second") {
+  // Rank 0's own thread enters an all_reduce and waits there for rank 1 (which comes 400 ms
+  // later); meanwhile a second thread of rank 0 calls a collective on the same communicator.
+  std::atomic<int> second_kind{-1};
+  std::string second_what;
+  std::array<std::vector<float>, 2> out;
+  const std::string error = rzt::launch_world(2, [&](communicator& comm) {
+    std::vector<float> x(1000, static_cast<float>(comm.rank() + 1));
+    if (comm.rank() == 0) {
+      std::thread intruder([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(150));
+        std::vector<float> y(10, 1.0f);
+        try {
+          all_reduce(comm, y.data(), y.data(), y.size(), dtype::float32, reduce_kind::sum);
+        } catch (const ringzero::error& e) {
+          second_kind = static_cast<int>(e.kind());
+          second_what = e.what();
+        }
+      });
+      all_reduce(comm, x.data(), x.data(), x.size(), dtype::float32, reduce_kind::sum);
+      intruder.join();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      all_reduce(comm, x.data(), x.data(), x.size(), dtype::float32, reduce_kind::sum);
+    }
+    out[static_cast<std::size_t>(comm.rank())] = x;
+  });
+  REQUIRE(error.empty());
+  CHECK(second_kind.load() == static_cast<int>(errc::invalid_argument));
+  CHECK_MESSAGE(second_what.find("another thread is running a collective on this communicator") != std::string::npos, second_what);
+  CHECK_MESSAGE(second_what.find("rank 0") != std::string::npos, second_what);
+  // The first thread's collective was not disturbed.
+  for (const auto& v : out)
+    for (float f : v) CHECK(f == 3.0f);
 }

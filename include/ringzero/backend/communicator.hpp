@@ -119,12 +119,28 @@ class communicator {
   void set_forced_algorithm(algorithm a) noexcept { forced_algorithm_ = a; }
 
   /// Number of collectives issued on this communicator so far (the next one's sequence number).
-  std::uint64_t issued() const noexcept { return sequence_; }
+  std::uint64_t issued() const noexcept { return sequence_.load(std::memory_order_relaxed); }
 
   // ---- used by the collective and algorithm layers -------------------------------------
 
   /// Reserves the next collective sequence number.
-  std::uint64_t next_sequence() noexcept { return sequence_++; }
+  std::uint64_t next_sequence() noexcept { return sequence_.fetch_add(1, std::memory_order_relaxed); }
+
+  /// Marks the calling thread as the one running a collective on this communicator (the
+  /// collective layer calls it around every operation). A communicator is used by one thread
+  /// at a time (NCCL's and MPI's rule; asynchronous collectives run in order on its progress
+  /// thread): when another thread is already inside one, this raises errc::invalid_argument
+  /// on the caller instead of letting the two interleave into a mismatch or wrong numbers.
+  /// Detects overlapping calls only; calls from two threads that never overlap in time are
+  /// the caller's to order.
+  void enter_exclusive() {
+    if (busy_.exchange(true, std::memory_order_acquire))
+      raise(errc::invalid_argument,
+            "another thread is running a collective on this communicator at the same time: a communicator is used "
+            "by one thread at a time (issue asynchronous collectives, or give each thread its own communicator)");
+  }
+  /// Ends `enter_exclusive`.
+  void leave_exclusive() noexcept { busy_.store(false, std::memory_order_release); }
 
   /// Starts collective `d` on this rank: checks the cross-rank contract where the backend can
   /// and throws `ringzero::error` (contract_mismatch, invalid_argument, timeout, aborted,
@@ -253,7 +269,8 @@ class communicator {
   int world_size_;
   std::chrono::duration<double> timeout_;
   algorithm forced_algorithm_ = algorithm::automatic;
-  std::uint64_t sequence_ = 0;
+  std::atomic<std::uint64_t> sequence_{0};
+  std::atomic<bool> busy_{false};  ///< a thread is inside a collective (enter_exclusive)
   workspace_pool pool_;
   detail::progress_engine progress_;
 };

@@ -102,6 +102,11 @@ inline void run_with(communicator& c, const collective_descriptor& d, const algo
 /// collective runs (or the call is a barrier, which moves no data).
 inline void execute(communicator& c, const collective_descriptor& d) {
   current_collective guard(c, &d);
+  c.enter_exclusive();
+  struct leave {
+    communicator& c;
+    ~leave() { c.leave_exclusive(); }
+  } leave_on_exit{c};
   c.begin(d);
   if (d.kind == collective_kind::barrier ? c.world_size() > 1 : d.count != 0) {
     try {
