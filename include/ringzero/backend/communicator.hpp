@@ -11,7 +11,9 @@
 ///
 /// Thread and ordering semantics: a communicator belongs to one rank and is used by one thread
 /// at a time (like an NCCL communicator); its asynchronous operations run on its progress thread
-/// in issue order. Users normally call the free functions of collective/, not these members.
+/// in issue order. A second thread entering a collective while another runs one gets
+/// errc::invalid_argument (`enter_exclusive`). Users normally call the free functions of
+/// collective/, not these members.
 
 #include <atomic>
 #include <chrono>
