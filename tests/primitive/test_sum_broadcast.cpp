@@ -64,7 +64,7 @@ void check_type(dtype t) {
             primitive::store_fence();
             for (int k = 0; k < n_out; ++k) {
               const T* o = static_cast<const T*>(outs[static_cast<std::size_t>(k)]);
-              REQUIRE(std::memcmp(o, want.data(), static_cast<std::size_t>(count) * sizeof(T)) == 0);
+              if (count > 0) REQUIRE(std::memcmp(o, want.data(), static_cast<std::size_t>(count) * sizeof(T)) == 0);
               if (!(in_place && k < n_in)) {
                 // nothing written outside [0, count)
                 const auto& buf = out[static_cast<std::size_t>(k)];
