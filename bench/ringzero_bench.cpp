@@ -88,6 +88,11 @@ struct options {
   bool device_memory = false;      // --memory cuda
   std::string backend = "local";   // --backend local | nccl | mpi
   std::vector<int> devices;        // --devices (local backend on device memory)
+
+  /// Bytes of each rank's send and receive buffers (sized for -e, reused by every row).
+  std::uint64_t buffer_bytes() const { return std::max<std::uint64_t>(max_bytes, 64); }
+  /// Bytes per rank of the bandwidth copy: --bandwidth-bytes, else max(buffer, 64 MiB).
+  std::uint64_t copy_bytes() const { return bandwidth_bytes ? bandwidth_bytes : std::max<std::uint64_t>(buffer_bytes(), 64ull << 20); }
 };
 
 // nccl-tests' bus-bandwidth factor.
@@ -167,7 +172,7 @@ class rank_bench {
     n_ = comm.world_size();
     r_ = comm.rank();
     // Buffers allocated and touched once, reused by every row.
-    buffer_bytes_ = std::max<std::uint64_t>(o.max_bytes, 64);
+    buffer_bytes_ = o.buffer_bytes();
     send_ = allocate(buffer_bytes_);
     recv_ = allocate(buffer_bytes_);
     if (device_) {  // host mirrors: inputs are written and outputs checked there
@@ -252,7 +257,7 @@ class rank_bench {
   bool rooted() const { return rz::has_root(o_.kind); }
 
   void measure_copy_bandwidth() {
-    const std::uint64_t bytes = o_.bandwidth_bytes ? o_.bandwidth_bytes : std::max<std::uint64_t>(buffer_bytes_, 64ull << 20);
+    const std::uint64_t bytes = o_.copy_bytes();
     if (device_) return measure_device_copy_bandwidth(bytes);
     buffer a = allocate(bytes), b = allocate(bytes);
     const rz::bench::copy_bandwidth bw = rz::bench::measure_copy_bandwidth(comm_, a.get(), b.get(), bytes, 5);
@@ -661,8 +666,7 @@ int main(int argc, char** argv) {
     // plus the two buffers of the bandwidth copy), against the machine's physical memory: with
     // overcommit every allocation would succeed and the kernel would kill the process later.
     if (!o.device_memory && o.backend == "local") {
-      const double per_rank = 2.0 * static_cast<double>(std::max<std::uint64_t>(o.max_bytes, 64)) +
-                              2.0 * static_cast<double>(o.bandwidth_bytes ? o.bandwidth_bytes : std::max<std::uint64_t>(o.max_bytes, 64ull << 20));
+      const double per_rank = 2.0 * static_cast<double>(o.buffer_bytes()) + 2.0 * static_cast<double>(o.copy_bytes());
       const double need = per_rank * o.ranks;
       const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
       const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;

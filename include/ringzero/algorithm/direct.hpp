@@ -61,8 +61,6 @@ inline void direct_all_reduce(const call& c) {
   const std::uint64_t count = c.d.count;
   const range mine = c.blocks_of(count).block(static_cast<std::uint64_t>(r));
   const bool streaming = c.bytes(count) >= primitive::streaming_threshold_bytes;
-  const std::uint64_t tile_elems = detail::direct_tile_elements(c.element_size());
-  void* tile = c.comm.scratch(scratch_tile, static_cast<std::size_t>(c.bytes(tile_elems)));
   auto input_of = [&](int q) { return c.comm.peer_descriptor(q)->send; };
   // Large plain sums: one fused pass from the inputs straight to every output (no tile).
   constexpr int fused_max_ranks = 16;
@@ -78,6 +76,8 @@ inline void direct_all_reduce(const call& c) {
       return;
     }
   }
+  const std::uint64_t tile_elems = detail::direct_tile_elements(c.element_size());
+  void* tile = c.comm.scratch(scratch_tile, static_cast<std::size_t>(c.bytes(tile_elems)));
   for (std::uint64_t first = mine.begin; first < mine.end; first += tile_elems) {
     const std::uint64_t len = std::min(tile_elems, mine.end - first);
     detail::direct_fold(c, tile, first, len, input_of);

@@ -31,6 +31,19 @@ class current_collective {
   communicator& c_;
 };
 
+/// Holds the communicator's one-thread-at-a-time claim (communicator::enter_exclusive) for a
+/// scope; the constructor throws errc::invalid_argument when another thread holds it.
+class exclusive_use {
+ public:
+  explicit exclusive_use(communicator& c) : c_(c) { c_.enter_exclusive(); }
+  ~exclusive_use() { c_.leave_exclusive(); }
+  exclusive_use(const exclusive_use&) = delete;
+  exclusive_use& operator=(const exclusive_use&) = delete;
+
+ private:
+  communicator& c_;
+};
+
 /// A world of one: the output is the input (bit for bit, case C4), or the input times the
 /// scalar for premul_sum.
 inline void run_world_of_one(const algorithms::call& c) {
@@ -102,11 +115,7 @@ inline void run_with(communicator& c, const collective_descriptor& d, const algo
 /// collective runs (or the call is a barrier, which moves no data).
 inline void execute(communicator& c, const collective_descriptor& d) {
   current_collective guard(c, &d);
-  c.enter_exclusive();
-  struct leave {
-    communicator& c;
-    ~leave() { c.leave_exclusive(); }
-  } leave_on_exit{c};
+  exclusive_use exclusive(c);
   c.begin(d);
   if (d.kind == collective_kind::barrier ? c.world_size() > 1 : d.count != 0) {
     try {

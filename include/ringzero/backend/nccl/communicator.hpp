@@ -66,6 +66,7 @@
 #include "ringzero/backend/cuda/stream.hpp"
 #include "ringzero/backend/nccl/id_file.hpp"
 #include "ringzero/backend/nccl/types.hpp"
+#include "ringzero/core/wait.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 #include "ringzero/primitive/fill.hpp"
 
@@ -496,14 +497,11 @@ class communicator final : public ringzero::communicator {
   ncclComm_t wait_for_handle(ncclComm_t& handle, const char* what) {
     std::atomic_ref<ncclComm_t> slot(handle);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
-    auto pause = std::chrono::microseconds(1);
-    for (;;) {
-      if (ncclComm_t c = slot.load(std::memory_order_acquire)) return c;
-      if (std::chrono::steady_clock::now() >= deadline)
-        raise(errc::backend_failure, std::string(what) + " completed but gave no communicator within " + seconds_text() + " s");
-      std::this_thread::sleep_for(pause);
-      if (pause < std::chrono::microseconds(1000)) pause *= 2;
-    }
+    const status s = ringzero::detail::wait_until([&] { return slot.load(std::memory_order_acquire) != nullptr; },
+                                                  [] { return status::ok; }, deadline, false);
+    if (s != status::ok)
+      raise(errc::backend_failure, std::string(what) + " completed but gave no communicator within " + seconds_text() + " s");
+    return slot.load(std::memory_order_acquire);
   }
 
   /// Polls `comm`'s state until it is no longer in progress; an error fails, the timeout
