@@ -3,10 +3,11 @@
 //
 //   mpirun -np 4 ringzero-mpi-compare -b 64K -e 256M -f 2 -n 20 -w 5
 //
-// For every size it runs, back to back on the same buffers, the collective (all_reduce unless
-// --collective says otherwise) with ring, halving_doubling and native, plus the algorithm the
-// cost model picks (auto), and prints one row: for each algorithm the time (us: the median of
-// the per-iteration times, each the slowest rank's) and bus bandwidth (GB/s, nccl-tests'
+// For every size it runs, on the same buffers, the collective (all_reduce unless --collective
+// says otherwise) with ring, halving_doubling and native, plus the algorithm the cost model
+// picks (auto), taking turns in blocks of 10 iterations so that the machine's slow and fast
+// phases fall on all four alike, and prints one row: for each algorithm the time (us: the
+// median of the per-iteration times, each the slowest rank's) and bus bandwidth (GB/s, nccl-tests'
 // definition), then ringzero's best (the faster of ring and halving_doubling), the ratio
 // native / best (>= 1: ringzero at least matches MPI), and which algorithm auto chose. Every
 // algorithm's result is first checked bitwise against exact values (#wrong); the exit status
@@ -80,7 +81,7 @@ class compare {
     if (!send_ || !recv_) throw std::bad_alloc();
     std::memset(send_.get(), 0, bytes);
     std::memset(recv_.get(), 0, bytes);
-    times_.resize(static_cast<std::size_t>(iters));
+    times_.resize(static_cast<std::size_t>(std::min(iters, 10)));
     slowest_.resize(times_.size());
   }
 
@@ -92,29 +93,50 @@ class compare {
     return elems;
   }
 
-  measurement run(std::uint64_t count, rz::algorithm a) {
-    measurement m;
-    fill(count);
-    call(count, a);
-    m.wrong = all_sum(verify(count));
-    for (int i = 0; i < warmup_; ++i) call(count, a);
-    rz::barrier(comm_);
-    auto last = clock_type::now();
-    for (std::size_t i = 0; i < times_.size(); ++i) {
-      call(count, a);
-      const auto now = clock_type::now();
-      times_[i] = std::chrono::duration<double, std::micro>(now - last).count();
-      last = now;
+  /// Measures `algos` at `count`, interleaved: each algorithm's result is first checked, then
+  /// its warm-up runs; the timed iterations run in blocks of `block_iters` per algorithm, the
+  /// algorithms taking turns block after block, so that a slow phase of the machine (another
+  /// process, a frequency change) falls on every algorithm alike instead of on whichever ran
+  /// then. Within a block the calls run back to back, each timed from the end of the previous
+  /// one (as nccl-tests does); each iteration's time is the slowest rank's.
+  std::vector<measurement> run(std::uint64_t count, const std::vector<rz::algorithm>& algos) {
+    std::vector<measurement> m(algos.size());
+    std::vector<std::vector<double>> samples(algos.size());
+    for (std::size_t a = 0; a < algos.size(); ++a) {
+      fill(count);
+      call(count, algos[a]);
+      m[a].wrong = all_sum(verify(count));
+      for (int i = 0; i < warmup_; ++i) call(count, algos[a]);
+      samples[a].reserve(static_cast<std::size_t>(iters_));
     }
-    rz::all_reduce(comm_, times_.data(), slowest_.data(), slowest_.size(), rz::dtype::float64, rz::reduce_kind::max);
-    std::vector<double> sorted = slowest_;
-    std::sort(sorted.begin(), sorted.end());
-    const std::size_t k = sorted.size();
-    m.time_us = k % 2 ? sorted[k / 2] : 0.5 * (sorted[k / 2 - 1] + sorted[k / 2]);
+    const int block_iters = std::max(1, std::min(iters_, 10));
+    for (int done = 0; done < iters_; done += block_iters) {
+      const std::size_t k = static_cast<std::size_t>(std::min(block_iters, iters_ - done));
+      for (std::size_t a = 0; a < algos.size(); ++a) {
+        call(count, algos[a]);  // the switch from the previous algorithm is not timed
+        rz::barrier(comm_);
+        auto last = clock_type::now();
+        for (std::size_t i = 0; i < k; ++i) {
+          call(count, algos[a]);
+          const auto now = clock_type::now();
+          times_[i] = std::chrono::duration<double, std::micro>(now - last).count();
+          last = now;
+        }
+        rz::all_reduce(comm_, times_.data(), slowest_.data(), k, rz::dtype::float64, rz::reduce_kind::max);
+        samples[a].insert(samples[a].end(), slowest_.begin(), slowest_.begin() + static_cast<std::ptrdiff_t>(k));
+      }
+    }
     const double size_bytes = static_cast<double>(largest_buffer(count)) * sizeof(float);
-    m.busbw = m.time_us > 0 ? size_bytes / m.time_us / 1e3 * bus_factor(kind_, n_) : 0;
-    std::string problem;
-    m.resolved = rz::resolve_algorithm(comm_, kind_, static_cast<double>(model_bytes(count)), a, comm_.forced_algorithm(), problem);
+    for (std::size_t a = 0; a < algos.size(); ++a) {
+      std::vector<double>& sorted = samples[a];
+      std::sort(sorted.begin(), sorted.end());
+      const std::size_t k = sorted.size();
+      m[a].time_us = k % 2 ? sorted[k / 2] : 0.5 * (sorted[k / 2 - 1] + sorted[k / 2]);
+      m[a].busbw = m[a].time_us > 0 ? size_bytes / m[a].time_us / 1e3 * bus_factor(kind_, n_) : 0;
+      std::string problem;
+      m[a].resolved =
+          rz::resolve_algorithm(comm_, kind_, static_cast<double>(model_bytes(count)), algos[a], comm_.forced_algorithm(), problem);
+    }
     return m;
   }
 
@@ -324,13 +346,12 @@ int main(int argc, char** argv) {
                  "count", "ring", "busbw", "hd", "busbw", "native", "busbw", "auto", "auto chose", "best", "native/best",
                  "#wrong");
     }
-    const rz::algorithm algos[] = {rz::algorithm::ring, rz::algorithm::halving_doubling, rz::algorithm::native,
-                                   rz::algorithm::automatic};
+    const std::vector<rz::algorithm> algos = {rz::algorithm::ring, rz::algorithm::halving_doubling, rz::algorithm::native,
+                                              rz::algorithm::automatic};
     for (std::uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
       const std::uint64_t count = c.count_for(bytes);
       if (count == 0) continue;
-      measurement m[4];
-      for (int i = 0; i < 4; ++i) m[i] = c.run(count, algos[i]);
+      const std::vector<measurement> m = c.run(count, algos);
       const bool ring_best = m[0].time_us <= m[1].time_us;
       const measurement& best = ring_best ? m[0] : m[1];
       const double ratio = best.time_us > 0 ? m[2].time_us / best.time_us : 0;

@@ -206,12 +206,13 @@ class communicator final : public ringzero::communicator {
   /// 64 KiB to 1 MiB, gamma the inverse rate of the float32 combine, both in cache, where the
   /// model's choices fall. When any node runs more processes than it has processors
   /// (`oversubscribed`), every step also waits for the peer to be scheduled: alpha is then the
-  /// measured 30 us and the rates lower. `direct` does not exist over MPI; its terms are unused.
+  /// measured 4 us (4 processes on 2 cores, 2.9-4.3 us in two runs) and the byte rates lower
+  /// (beta 3.3-4.2e-4 us/B). `direct` does not exist over MPI; its terms are unused.
   static constexpr link_model default_link(bool oversubscribed) noexcept {
     link_model m;
-    m.alpha_us = oversubscribed ? 30.0 : 2.0;
-    m.beta_us_per_byte = oversubscribed ? 8e-4 : 1.5e-4;
-    m.gamma_us_per_byte = oversubscribed ? 2e-4 : 1e-4;
+    m.alpha_us = oversubscribed ? 4.0 : 2.0;
+    m.beta_us_per_byte = oversubscribed ? 4e-4 : 1.5e-4;
+    m.gamma_us_per_byte = 1e-4;
     m.sync_us = m.alpha_us;
     m.memory_us_per_byte = m.beta_us_per_byte;
     return m;
@@ -249,7 +250,8 @@ class communicator final : public ringzero::communicator {
   failure_policy on_timeout() const noexcept { return policy_; }
   /// Sets the reaction to timeouts (on this rank).
   void set_failure_policy(failure_policy p) noexcept { policy_ = p; }
-  /// True when more processes share this node than it has processors (waits then yield).
+  /// True when more processes share this node than it has processors (the default link model
+  /// then counts the wait for a peer to be scheduled into every step: `default_link`).
   bool oversubscribed() const noexcept { return oversubscribed_; }
   /// True once this communicator was aborted (by a failure here or a peer's notice).
   bool aborted() const noexcept { return aborted_; }
@@ -483,11 +485,20 @@ class communicator final : public ringzero::communicator {
   /// The phase of a wait idle for `idle`: spin (the first 50 us), then yield (up to 100 ms),
   /// then sleep, so that a rank waiting long (a progress thread behind a peer's compute) leaves
   /// its processor to others. MPI moves data only inside MPI calls, so a sleeping rank also
-  /// stalls the transfers its peers wait for: sleeping starts late. Oversubscribed ranks never
-  /// spin: it would steal the processor of the rank they wait for.
+  /// stalls the transfers its peers wait for: sleeping starts late.
+  ///
+  /// Oversubscribed ranks spin too (unlike the local backend's waits, core/wait.hpp): every
+  /// round of the spin is an MPI_Test, and a message above the eager limit needs several of
+  /// them (fragments, handshakes) that our step cannot see as progress. Yielding after each
+  /// would hand the processor away mid-message; Open MPI's progress engine already yields by
+  /// itself when a poll finds nothing to do on an oversubscribed node (its mpi_yield_when_idle,
+  /// turned on there automatically; seen as sched_yield calls from a loop of bare MPI_Test), so
+  /// the spin does not starve the peer either. Measured with 4 processes on 2 cores, 64-256 KiB
+  /// all_reduce, three runs each: native/best 1.03-1.50 against 1.00-1.24 when yielding after
+  /// every idle poll (docs/performance.md).
   idle_phase phase_after(clock::duration idle) const noexcept {
     using namespace std::chrono;
-    if (!oversubscribed_ && idle < microseconds(50)) return idle_phase::spin;
+    if (idle < microseconds(50)) return idle_phase::spin;
     if (idle < milliseconds(100)) return idle_phase::yield;
     return idle_phase::sleep;
   }
@@ -667,7 +678,7 @@ class communicator final : public ringzero::communicator {
       }
       if (idle == 0) {
         idle_since = clock::now();
-        phase = oversubscribed_ ? idle_phase::yield : idle_phase::spin;
+        phase = idle_phase::spin;
       }
       if ((idle & 31u) == 31u) {  // the clock and the control channel, every 32 idle rounds
         poll_notices();
