@@ -109,6 +109,7 @@ std::vector<parameter_spec> read_model_file(const std::string& path) {
     list = &doc["parameters"];
   }
   if (!list->is_array()) throw usage_error("model file '" + path + "': expected a list of parameters");
+  if (list->empty()) throw usage_error("model file '" + path + "' lists no parameters: there is nothing to plan");
   std::vector<parameter_spec> params;
   for (std::size_t i = 0; i < list->size(); ++i) {
     const nlohmann::json& p = (*list)[i];
@@ -378,7 +379,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--alignment", o.alignment, "Alignment of parameters and shards in bytes (a power of two)")
       ->capture_default_str();
-  app.add_option("--unit-bytes", o.unit_bytes, "Largest automatic gather unit (for parameters without a unit)")
+  app.add_option("--unit-bytes", o.unit_bytes,
+                 "Largest automatic gather unit (for parameters without a unit; 0: one unit per such parameter)")
       ->capture_default_str();
   app.add_option("--accumulation-steps", o.accumulation_steps, "Micro-batches per optimizer step")->capture_default_str();
   app.add_flag("--no-prefetch", o.no_prefetch, "Stage 3: do not gather the next unit ahead");
@@ -410,6 +412,10 @@ int main(int argc, char** argv) {
     if (app.count("--gpu-memory") > 0) {
       gpu = parse_bytes(o.gpu_memory);
       if (*gpu == 0) throw usage_error("--gpu-memory must be more than 0 bytes, got '" + o.gpu_memory + "'");
+      // A bare number below 1 MiB is almost surely a missing unit ("80" meant 80GiB).
+      if (*gpu < (std::uint64_t{1} << 20) && o.gpu_memory.find_first_of("bBkKmMgGtT") == std::string::npos)
+        throw usage_error("--gpu-memory '" + o.gpu_memory + "' reads as " + std::to_string(*gpu) +
+                          " bytes; give a unit, e.g. " + o.gpu_memory + "GiB");
     }
     std::vector<int> stages;
     if (o.stage == "all") stages = {0, 1, 2, 3};

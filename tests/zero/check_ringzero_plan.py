@@ -83,6 +83,16 @@ r = run("--model", "gpt2", "--world-size", "0")
 check(r.returncode != 0, "world size 0 refused")
 r = run("--model", "gpt2", "--world-size", "4", "--gpu-memory", "80 parsecs")
 check(r.returncode == 1 and "unknown size unit" in r.stderr, "bad size refused")
+r = run("--model", "gpt2", "--world-size", "4", "--gpu-memory", "80")
+check(r.returncode == 1 and "reads as 80 bytes; give a unit" in r.stderr, "unitless small GPU memory refused")
+r = run("--model", "gpt2", "--world-size", "4", "--gpu-memory", "85899345920")
+check(r.returncode == 0, "a byte count of GPU memory accepted")
+with tempfile.TemporaryDirectory() as d:
+    empty = os.path.join(d, "empty.json")
+    with open(empty, "w") as f:
+        f.write('{"parameters": []}')
+    r = run("--model-file", empty, "--world-size", "4")
+    check(r.returncode == 1 and "lists no parameters" in r.stderr, "model file without parameters refused")
 
 # Text output names the categories and the verdict.
 r = run("--model", "gpt2-medium", "--world-size", "16", "--stage", "2", "--gpu-memory", "16GiB")
