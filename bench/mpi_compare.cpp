@@ -30,6 +30,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -78,7 +79,8 @@ class compare {
     const std::uint64_t bytes = (std::max<std::uint64_t>(max_bytes, 64) + 4095) / 4096 * 4096;
     send_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
     recv_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
-    if (!send_ || !recv_) throw std::bad_alloc();
+    if (!send_ || !recv_)
+      throw std::runtime_error("cannot allocate two buffers of " + std::to_string(bytes) + " bytes (the largest size, -e)");
     std::memset(send_.get(), 0, bytes);
     std::memset(recv_.get(), 0, bytes);
     times_.resize(static_cast<std::size_t>(std::min(iters, 10)));
@@ -273,7 +275,7 @@ void measure_link(rz::mpi::communicator& comm, int reps) {
   fmt::print("  float32 combine, {:>6} B : {:>10.2f} us   -> gamma = {:.3e} us/B ({:.2f} GB/s)\n", combined, combine, gamma,
              1e-3 / gamma);
   fmt::print("  link_model: alpha_us = {:.3g}, beta_us_per_byte = {:.4g}, gamma_us_per_byte = {:.4g}\n", alpha, beta, gamma);
-  fmt::print("  check mode: barrier {:.2f} -> {:.2f} us (+{:.2f}); 8-byte all_reduce {:.2f} -> {:.2f} us (+{:.2f})\n",
+  fmt::print("  check mode: barrier {:.2f} -> {:.2f} us ({:+.2f}); 8-byte all_reduce {:.2f} -> {:.2f} us ({:+.2f})\n",
              barrier_plain, barrier_checked, barrier_checked - barrier_plain, reduce_plain, reduce_checked,
              reduce_checked - reduce_plain);
 }
@@ -318,8 +320,10 @@ int main(int argc, char** argv) {
   nlohmann::json rows = nlohmann::json::array();
   try {
     const std::uint64_t min_bytes = parse_size(min_b, "minbytes", 1), max_bytes = parse_size(max_b, "maxbytes", 1);
+    if (min_bytes > max_bytes)
+      throw std::invalid_argument("-b/--minbytes (" + min_b + ") is larger than -e/--maxbytes (" + max_b + "): no size to measure");
     rz::mpi::communicator_options options;
-    if (alpha > 0 || beta > 0 || gamma > 0) {
+    if (app.count("--alpha") + app.count("--beta") + app.count("--gamma") > 0) {
       if (!(alpha > 0 && beta > 0 && gamma > 0)) throw std::invalid_argument("--alpha, --beta and --gamma go together (all > 0)");
       rz::link_model m = rz::mpi::communicator::default_link(false);
       m.alpha_us = alpha;

@@ -320,8 +320,11 @@ class rank_bench {
   }
 
   void print_header() const {
-    fmt::print("# ringzero-bench {} : {} rank(s) on {}, algorithm {}\n", rz::collective_name(o_.kind), n_, backend_text(),
-               rz::algorithm_name(o_.algo));
+    // auto with RINGZERO_ALGO set: the forced algorithm where it is available (the rows say).
+    std::string algo(rz::algorithm_name(o_.algo));
+    if (o_.algo == rz::algorithm::automatic && comm_.forced_algorithm() != rz::algorithm::automatic)
+      algo += std::string(" (RINGZERO_ALGO=") + std::string(rz::algorithm_name(comm_.forced_algorithm())) + " where available)";
+    fmt::print("# ringzero-bench {} : {} rank(s) on {}, algorithm {}\n", rz::collective_name(o_.kind), n_, backend_text(), algo);
     fmt::print("# {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {:>40}  {:>40}\n", "", "", "", "", "", "",
                "out-of-place", "in-place");
     fmt::print("# {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {:>9} {:>7} {:>7} {:>6} {:>6}  {:>9} {:>7} {:>7} {:>6} {:>6}\n",

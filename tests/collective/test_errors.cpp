@@ -753,6 +753,31 @@ TEST_CASE("set_timeout refuses a non-positive timeout") {
   for (const auto& x : o) check_error(x, 0, errc::invalid_argument, {"timeout must be positive"});
 }
 
+TEST_CASE("an infinite or huge timeout means for ever, not an instant timeout") {
+  // A deadline of now + 1e10 s overflowed the clock's 64-bit nanoseconds into the past: the
+  // first wait timed out at once. Such timeouts are kept as max_timeout_seconds.
+  for (double seconds : {1e10, std::numeric_limits<double>::infinity()}) {
+    INFO("timeout " << seconds << " s");
+    std::vector<double> kept(2, 0.0);
+    std::vector<float> sums(2, 0.0f);
+    const std::string error = rzt::launch_world(2, [&](communicator& comm) {
+      comm.set_timeout(std::chrono::duration<double>(seconds));
+      kept[static_cast<std::size_t>(comm.rank())] = comm.timeout().count();
+      if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 0 waits
+      float x = 1.0f, y = 0.0f;
+      all_reduce(comm, &x, &y, 1, dtype::float32, reduce_kind::sum);
+      sums[static_cast<std::size_t>(comm.rank())] = y;
+    });
+    CHECK(error.empty());
+    for (int r = 0; r < 2; ++r) {
+      CHECK(kept[static_cast<std::size_t>(r)] == ringzero::max_timeout_seconds);
+      CHECK(sums[static_cast<std::size_t>(r)] == 2.0f);
+    }
+  }
+  rzt::scoped_env env("RINGZERO_TIMEOUT", "1e12");
+  CHECK(ringzero::env_timeout().count() == ringzero::max_timeout_seconds);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Malformed environment variables: an error when the communicator is made, naming the variable.
 

@@ -108,11 +108,12 @@ class communicator {
   virtual void synchronize() { progress_.drain(); }
   /// How long a collective or transfer may wait for peers before failing with errc::timeout.
   std::chrono::duration<double> timeout() const noexcept { return timeout_; }
-  /// Sets the timeout (seconds > 0); throws errc::invalid_argument otherwise.
+  /// Sets the timeout (seconds > 0); throws errc::invalid_argument otherwise. Timeouts above
+  /// `max_timeout_seconds` (1e9 s), infinity included, are stored as that: for ever.
   void set_timeout(std::chrono::duration<double> t) {
     if (!(t.count() > 0.0))
       raise(errc::invalid_argument, "timeout must be positive, got " + std::to_string(t.count()) + " s");
-    timeout_ = t;
+    timeout_ = bounded_timeout(t);
   }
   /// The algorithm RINGZERO_ALGO forced when this communicator was made (automatic if unset).
   algorithm forced_algorithm() const noexcept { return forced_algorithm_; }

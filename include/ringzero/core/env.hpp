@@ -4,13 +4,15 @@
 ///
 /// | variable          | meaning                                               | default |
 /// |-------------------|-------------------------------------------------------|---------|
-/// | RINGZERO_TIMEOUT  | collective / transfer timeout in seconds (> 0)        | 300     |
+/// | RINGZERO_TIMEOUT  | collective / transfer timeout in seconds (> 0; at     | 300     |
+/// |                   | most 1e9, larger counts as 1e9: for ever)             |         |
 /// | RINGZERO_ALGO     | algorithm for every collective: auto, ring, direct,   | auto    |
 /// |                   | halving_doubling, native (like NCCL_ALGO)             |         |
 /// | RINGZERO_PIN      | 1: pin local-backend rank threads to cores            | 0       |
 /// | RINGZERO_CHECK    | 1/0: cross-rank contract check on backends where it   | backend |
 /// |                   | costs communication (MPI); always on for local        |         |
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -27,6 +29,16 @@ namespace ringzero {
 /// Default timeout of every communicator when neither RINGZERO_TIMEOUT nor a per-communicator
 /// value is set (seconds).
 inline constexpr double default_timeout_seconds = 300.0;
+
+/// The longest timeout kept as given: 1e9 s (about 31 years). A longer one (or infinity) is
+/// stored as this, i.e. waiting for ever: deadlines are clock readings in 64-bit nanoseconds,
+/// which a timeout above about 9.2e9 s would overflow into the past (an instant timeout).
+inline constexpr double max_timeout_seconds = 1e9;
+
+/// `t` capped at `max_timeout_seconds` (what every deadline is computed from).
+inline std::chrono::duration<double> bounded_timeout(std::chrono::duration<double> t) noexcept {
+  return std::chrono::duration<double>(std::min(t.count(), max_timeout_seconds));
+}
 
 namespace detail {
 
@@ -61,7 +73,8 @@ inline bool parse_flag(const std::string& text, const char* what) {
 /// The timeout from RINGZERO_TIMEOUT, or `default_timeout_seconds`.
 /// Throws errc::invalid_argument when the variable is set but not a positive number.
 inline std::chrono::duration<double> env_timeout() {
-  if (auto v = detail::env_string("RINGZERO_TIMEOUT")) return std::chrono::duration<double>(detail::parse_seconds(*v, "RINGZERO_TIMEOUT"));
+  if (auto v = detail::env_string("RINGZERO_TIMEOUT"))
+    return bounded_timeout(std::chrono::duration<double>(detail::parse_seconds(*v, "RINGZERO_TIMEOUT")));
   return std::chrono::duration<double>(default_timeout_seconds);
 }
 

@@ -370,3 +370,27 @@ TEST_CASE("ranks that disagree on the check mode cannot make a communicator") {
                                   ranks_text(1, n - 1) + ": 0"));
   }
 }
+
+TEST_CASE("a construction that times out leaves MPI usable, and the late rank times out instead of hanging") {
+  // Every rank but the last gives up making the communicator after 0.5 s; the last arrives
+  // after 1 s. Its duplicate of the data communicator completes the others' abandoned one
+  // (which MPI then writes into memory kept for it, not into the destroyed object: that was a
+  // crash), and it must not block making the control communicator nobody else makes.
+  int world_rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const bool late = world_rank == world - 1;
+  if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const auto start = std::chrono::steady_clock::now();
+  const auto e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, throwing(false, late ? 1.0 : 0.5)); });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::timeout);
+    CHECK(contains(e->what(), std::string("timed out after ") + (late ? "1" : "0.5") + " s making the communicator"));
+  }
+  CHECK(waited < 10.0);
+  MPI_Barrier(MPI_COMM_WORLD);  // MPI still works
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(false));
+  expect_usable(comm);
+}

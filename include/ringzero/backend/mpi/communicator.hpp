@@ -355,36 +355,51 @@ class communicator final : public ringzero::communicator {
 
   // ---- construction ------------------------------------------------------------------------
 
-  /// Duplicates `comm` (nonblocking, polled against the timeout), makes the control
-  /// communicator, agrees on the settings and measures oversubscription.
-  void join(MPI_Comm comm) {
+  /// MPI_Comm_idup of `from` into `into`, polled until `deadline` (construction's timeout,
+  /// counted from `start`). The duplicate lands in storage of its own: when the wait gives up,
+  /// the request stays pending (MPI forbids cancelling or freeing a nonblocking collective's
+  /// request) and MPI completes it if the late ranks arrive, writing the new handle there; that
+  /// storage is then deliberately leaked (on every failure path) instead of being a member of
+  /// this object, which is gone by then. On expiry: abort the job or throw errc::timeout, per
+  /// the failure policy (`job` is what MPI_Abort ends).
+  void duplicate_within(MPI_Comm from, detail::comm_holder& into, clock::time_point start, clock::time_point deadline,
+                        MPI_Comm job) {
+    auto* target = new MPI_Comm(MPI_COMM_NULL);
+    MPI_Request req = MPI_REQUEST_NULL;
     {
-      MPI_Request req = MPI_REQUEST_NULL;
+      auto lock = mpi_lock();
+      check(MPI_Comm_idup(from, target, &req), "MPI_Comm_idup");
+    }
+    for (unsigned i = 0;; ++i) {
+      int flag = 0;
       {
         auto lock = mpi_lock();
-        check(MPI_Comm_idup(comm, data_.out(), &req), "MPI_Comm_idup");
+        check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test (MPI_Comm_idup)");
       }
-      const auto start = clock::now();
-      const auto deadline = start + std::chrono::duration_cast<clock::duration>(timeout());
-      for (unsigned i = 0;; ++i) {
-        int flag = 0;
-        {
-          auto lock = mpi_lock();
-          check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test (MPI_Comm_idup)");
-        }
-        if (flag) break;
-        if ((i & 31u) == 0 && clock::now() >= deadline) {
-          const std::string msg = "timed out after " + seconds_text() +
-                                  " s making the communicator: not every rank of the MPI communicator constructed an "
-                                  "mpi::communicator (construction is collective)";
-          if (policy_ == failure_policy::abort_job) abort_job(error(errc::timeout, context(), msg), comm);
-          raise(errc::timeout, msg);
-        }
-        backoff(phase_after(clock::now() - start));
+      if (flag) break;
+      if ((i & 31u) == 0 && clock::now() >= deadline) {
+        const std::string msg = "timed out after " + seconds_text() +
+                                " s making the communicator: not every rank of the MPI communicator constructed an "
+                                "mpi::communicator (construction is collective)";
+        if (policy_ == failure_policy::abort_job) abort_job(error(errc::timeout, context(), msg), job);
+        raise(errc::timeout, msg);
       }
+      backoff(phase_after(clock::now() - start));
     }
+    *into.out() = *target;
+    delete target;
+  }
+
+  /// Duplicates `comm` (nonblocking, polled against the timeout), makes the control
+  /// communicator (the same way), agrees on the settings and measures oversubscription.
+  void join(MPI_Comm comm) {
+    const auto start = clock::now();
+    const auto deadline = start + std::chrono::duration_cast<clock::duration>(timeout());
+    duplicate_within(comm, data_, start, deadline, comm);
+    // A rank that arrives after its peers gave up completes their pending duplicate above but
+    // finds nobody for this one: it times out here instead of blocking in MPI_Comm_dup.
+    duplicate_within(data_.get(), control_, start, deadline, comm);
     auto lock = mpi_lock();
-    check(MPI_Comm_dup(data_.get(), control_.out()), "MPI_Comm_dup");
     check(MPI_Comm_set_errhandler(data_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check(MPI_Comm_set_errhandler(control_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
 
@@ -395,6 +410,7 @@ class communicator final : public ringzero::communicator {
     MPI_Comm_free(&node);
     const unsigned cpus = std::thread::hardware_concurrency();
     oversubscribed_ = cpus != 0 && static_cast<unsigned>(local) > cpus;
+    mpi_yields_ = detail::mpi_yields_when_idle();
     single_node_ = local == world_size();  // the same answer on every rank
     slice_bytes_ = options_.slice_bytes != 0 ? options_.slice_bytes : (single_node_ ? node_slice_bytes : network_slice_bytes);
     pipeline_depth_ = options_.pipeline_depth != 0 ? options_.pipeline_depth
@@ -487,18 +503,19 @@ class communicator final : public ringzero::communicator {
   /// its processor to others. MPI moves data only inside MPI calls, so a sleeping rank also
   /// stalls the transfers its peers wait for: sleeping starts late.
   ///
-  /// Oversubscribed ranks spin too (unlike the local backend's waits, core/wait.hpp): every
-  /// round of the spin is an MPI_Test, and a message above the eager limit needs several of
-  /// them (fragments, handshakes) that our step cannot see as progress. Yielding after each
-  /// would hand the processor away mid-message; Open MPI's progress engine already yields by
-  /// itself when a poll finds nothing to do on an oversubscribed node (its mpi_yield_when_idle,
-  /// turned on there automatically; seen as sched_yield calls from a loop of bare MPI_Test), so
-  /// the spin does not starve the peer either. Measured with 4 processes on 2 cores, 64-256 KiB
-  /// all_reduce, three runs each: native/best 1.03-1.50 against 1.00-1.24 when yielding after
-  /// every idle poll (docs/performance.md).
+  /// Oversubscribed ranks spin too when the MPI library yields by itself inside a poll that
+  /// finds nothing to do (`mpi_yields_`: Open MPI's mpi_yield_when_idle, which its launcher
+  /// turns on for `--oversubscribe`). Every round of the spin is an MPI_Test, and a message
+  /// above the eager limit needs several of them (fragments, handshakes) that our step cannot
+  /// see as progress; yielding after each would hand the processor away mid-message. Measured
+  /// with 4 processes on 2 cores, 64-256 KiB all_reduce, three runs each: native/best
+  /// 1.03-1.50 against 1.00-1.24 when yielding after every idle poll (docs/performance.md).
+  /// When MPI does not yield (a hostfile claiming more slots than cores; MPICH), a spinning
+  /// rank would keep the processor from the peer it waits for (3-10x slower with 6 processes
+  /// on 2 cores), so oversubscribed ranks then yield after every idle poll.
   idle_phase phase_after(clock::duration idle) const noexcept {
     using namespace std::chrono;
-    if (idle < microseconds(50)) return idle_phase::spin;
+    if ((!oversubscribed_ || mpi_yields_) && idle < microseconds(50)) return idle_phase::spin;
     if (idle < milliseconds(100)) return idle_phase::yield;
     return idle_phase::sleep;
   }
@@ -678,7 +695,7 @@ class communicator final : public ringzero::communicator {
       }
       if (idle == 0) {
         idle_since = clock::now();
-        phase = idle_phase::spin;
+        phase = oversubscribed_ && !mpi_yields_ ? idle_phase::yield : idle_phase::spin;
       }
       if ((idle & 31u) == 31u) {  // the clock and the control channel, every 32 idle rounds
         poll_notices();
@@ -882,8 +899,13 @@ class communicator final : public ringzero::communicator {
         if (to != from) peers.push_back(to);
       }
       std::sort(peers.begin(), peers.end());
+      // Without the check a rank waits only for its neighbours in the schedule: the rank named
+      // may itself be waiting for the one that never arrived.
       timed_out("timed out after " + seconds_text() + " s in " + operation_name() + " waiting for " +
-                ringzero::detail::describe_ranks(peers) + ": " + what + " did not complete");
+                ringzero::detail::describe_ranks(peers) + ": " + what + " did not complete" +
+                (check_ ? std::string()
+                        : std::string(" (that rank may itself wait for another; RINGZERO_CHECK=1 names the ranks that "
+                                      "never started the collective)")));
     };
     poll(step, stalled, deadline(), on_timeout);
     recv_guard.dismiss();
@@ -1219,6 +1241,7 @@ class communicator final : public ringzero::communicator {
   failure_policy policy_ = failure_policy::abort_job;
   link_model link_;
   bool oversubscribed_ = false;
+  bool mpi_yields_ = false;  ///< the MPI library yields inside idle polls (detail::mpi_yields_when_idle)
   bool single_node_ = false;
   std::uint64_t slice_bytes_ = 0;
   int pipeline_depth_ = 1;

@@ -60,6 +60,37 @@ inline const char* thread_level_name(int level) noexcept {
   return "an unknown thread level";
 }
 
+/// True when the MPI library yields the processor by itself inside a poll that finds nothing
+/// to do: Open MPI's control variable `mpi_yield_when_idle`, read through the MPI tool
+/// interface (MPI-3 MPI_T). Open MPI turns it on when its launcher knows the node is
+/// oversubscribed (`mpirun --oversubscribe`), but not when a hostfile claims more slots than
+/// the node has cores. False when the variable does not exist (MPICH, ...) or cannot be read.
+/// Call after MPI_Init.
+inline bool mpi_yields_when_idle() noexcept {
+  // MPI_T_init_thread asks for the level MPI already runs at: Open MPI 4.1 lets a lower
+  // request lower what MPI_Query_thread reports for the whole process afterwards.
+  int level = MPI_THREAD_SINGLE, provided = 0;
+  if (MPI_Query_thread(&level) != MPI_SUCCESS) return false;
+  if (MPI_T_init_thread(level, &provided) != MPI_SUCCESS) return false;
+  bool yields = false;
+  int index = -1;
+  if (MPI_T_cvar_get_index("mpi_yield_when_idle", &index) == MPI_SUCCESS) {
+    MPI_T_cvar_handle handle = MPI_T_CVAR_HANDLE_NULL;
+    int count = 0;
+    if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+      if (count == 1) {
+        // The variable is a bool or an int; zeroed room for either, any set byte means true.
+        unsigned char value[16] = {};
+        if (MPI_T_cvar_read(handle, value) == MPI_SUCCESS)
+          for (unsigned char b : value) yields = yields || b != 0;
+      }
+      MPI_T_cvar_handle_free(&handle);
+    }
+  }
+  MPI_T_finalize();
+  return yields;
+}
+
 /// The process-wide mutex that serialises ringzero's MPI calls below MPI_THREAD_MULTIPLE.
 inline std::mutex& serial_mutex() noexcept {
   static std::mutex m;

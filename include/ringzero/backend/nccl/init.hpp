@@ -85,7 +85,7 @@ inline std::vector<std::unique_ptr<communicator>> init_all(const std::vector<int
     throw error(errc_of(first), "nccl::init_all: ncclCommInitRankConfig failed: " + result_text(first));
   }
   // Non-blocking: every communicator reports ncclInProgress until its initialisation is done.
-  const auto wait = opts.timeout ? *opts.timeout : env_timeout();
+  const auto wait = bounded_timeout(opts.timeout ? *opts.timeout : env_timeout());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
   for (ncclComm_t c : comms) {
     for (;;) {
@@ -157,7 +157,7 @@ inline int device_for_local_rank(int local_rank, const std::string& who) {
 /// Rank 0 removes the file once the communicator exists.
 inline std::unique_ptr<communicator> init_with_file(const std::string& path, const launch_env& env, const options& opts = {}) {
   const int device = device_for_local_rank(env.local_rank, "nccl::init_with_file");
-  const auto wait = opts.timeout ? *opts.timeout : env_timeout();
+  const auto wait = bounded_timeout(opts.timeout ? *opts.timeout : env_timeout());
   const id_bytes id = exchange_id_through_file(path, env.rank, env.world_size, [] { return generate_id(); }, wait);
   auto comm = std::make_unique<communicator>(id, env.rank, env.world_size, device, opts);
   if (env.rank == 0) remove_id_file(path);
