@@ -83,7 +83,7 @@ class compare {
       throw std::runtime_error("cannot allocate two buffers of " + std::to_string(bytes) + " bytes (the largest size, -e)");
     std::memset(send_.get(), 0, bytes);
     std::memset(recv_.get(), 0, bytes);
-    times_.resize(static_cast<std::size_t>(std::min(iters, 10)));
+    times_.resize(static_cast<std::size_t>(std::min(iters, block_iters)));
     slowest_.resize(times_.size());
   }
 
@@ -94,6 +94,9 @@ class compare {
       return elems / static_cast<std::uint64_t>(n_);
     return elems;
   }
+
+  /// Timed iterations of one algorithm before the next takes its turn.
+  static constexpr int block_iters = 10;
 
   /// Measures `algos` at `count`, interleaved: each algorithm's result is first checked, then
   /// its warm-up runs; the timed iterations run in blocks of `block_iters` per algorithm, the
@@ -111,7 +114,6 @@ class compare {
       for (int i = 0; i < warmup_; ++i) call(count, algos[a]);
       samples[a].reserve(static_cast<std::size_t>(iters_));
     }
-    const int block_iters = std::max(1, std::min(iters_, 10));
     for (int done = 0; done < iters_; done += block_iters) {
       const std::size_t k = static_cast<std::size_t>(std::min(block_iters, iters_ - done));
       for (std::size_t a = 0; a < algos.size(); ++a) {

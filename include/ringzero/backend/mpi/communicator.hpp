@@ -695,7 +695,7 @@ class communicator final : public ringzero::communicator {
       }
       if (idle == 0) {
         idle_since = clock::now();
-        phase = oversubscribed_ && !mpi_yields_ ? idle_phase::yield : idle_phase::spin;
+        phase = phase_after(clock::duration::zero());
       }
       if ((idle & 31u) == 31u) {  // the clock and the control channel, every 32 idle rounds
         poll_notices();
