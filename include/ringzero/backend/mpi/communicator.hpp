@@ -398,7 +398,14 @@ class communicator final : public ringzero::communicator {
     duplicate_within(comm, data_, start, deadline, comm);
     // A rank that arrives after its peers gave up completes their pending duplicate above but
     // finds nobody for this one: it times out here instead of blocking in MPI_Comm_dup.
-    duplicate_within(data_.get(), control_, start, deadline, comm);
+    try {
+      duplicate_within(data_.get(), control_, start, deadline, comm);
+    } catch (...) {
+      // The abandoned duplicate still refers to the data communicator: freeing it under the
+      // pending request corrupted Open MPI's state at MPI_Finalize. It is left to MPI.
+      (void)data_.release();
+      throw;
+    }
     auto lock = mpi_lock();
     check(MPI_Comm_set_errhandler(data_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check(MPI_Comm_set_errhandler(control_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
