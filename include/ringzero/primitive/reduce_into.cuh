@@ -4,7 +4,9 @@
 /// dtype and reduce kind, with exactly the semantics of the host primitive (primitive/reduce.hpp),
 /// whose element functions it calls: integer sums and products wrap, avg divides once (`post`),
 /// premul_sum scales each raw input once (`pre`), min/max propagate NaN and compare unsigned
-/// types as unsigned, float16/bfloat16 combine in float32 and round once per combine. Floating
+/// types as unsigned, float16/bfloat16 combine in float32 and round once per combine (a plain
+/// float16 sum or product runs in binary16 arithmetic, which gives the same bits:
+/// `half_pair_element`). Floating
 /// arithmetic is explicitly rounded (no contraction into FMA), so results are bit-identical to
 /// the host's, with one exception: the payload of a NaN that arithmetic produces (a sum or
 /// product with a NaN operand) is the hardware's, so both sides give a NaN but x86 keeps an
@@ -22,6 +24,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "ringzero/primitive/elementwise.cuh"
 #include "ringzero/primitive/reduce.hpp"
@@ -31,10 +35,11 @@ namespace ringzero::primitive::device {
 namespace detail {
 
 /// One combine of the host's `reduce_typed` for kind B: the sum family (sum, avg, premul_sum)
-/// applies the optional pre-scaling and, when `Post` (a kernel of its own, so that the
-/// division's code never weighs on the plain sums), the final division; prod, min and max
-/// apply neither.
-template <class T, primitive::detail::binary B, bool Post = false>
+/// applies, when `Pre`, the optional pre-scaling `pre_a` / `pre_b` says, and, when `Post`, the
+/// final division; prod, min and max apply neither. A plain sum (neither) is a kernel of its
+/// own, so that the scaling's and the division's code never weigh on it (on sm_90 the bfloat16
+/// sum kernel with both kept 1688 instructions, without them 584).
+template <class T, primitive::detail::binary B, bool Post = false, bool Pre = true>
 struct reduce_element {
   using compute = primitive::detail::compute_t<T>;
   compute scalar_a;
@@ -48,8 +53,10 @@ struct reduce_element {
     compute x = h::load(a);
     compute y = h::load(b);
     if constexpr (B == h::binary::sum) {
-      if (pre_a) x = h::mul(x, scalar_a);
-      if (pre_b) y = h::mul(y, scalar_b);
+      if constexpr (Pre) {
+        if (pre_a) x = h::mul(x, scalar_a);
+        if (pre_b) y = h::mul(y, scalar_b);
+      }
       compute r = h::add(x, y);
       if constexpr (Post) r = h::divide(r, divisor);
       return h::store<T>(r);
@@ -59,19 +66,79 @@ struct reduce_element {
   }
 };
 
+/// float16 sum or prod (`B`) without pre-scaling or division, in binary16 arithmetic: two
+/// elements per `add.rn.f16x2` / `mul.rn.f16x2` on whole vectors and `add.rn.f16` /
+/// `mul.rn.f16` on the scalar head and tail (binary16 arithmetic exists from sm_53; CUDA 13
+/// targets sm_75 and later). The same bits as `reduce_element` (the host's float32 combine
+/// rounded once to binary16), NaN payloads aside: the sum of two binary16 values rounded to
+/// float32 and then to binary16 equals their sum rounded once to binary16, because float32's
+/// 24-bit significand is at least 2 x 11 + 2 bits wide (Figueroa, "When is double rounding
+/// innocuous?", SIGNUM Newsletter 30(3), 1995), and their product is exact in float32 (22
+/// significand bits, magnitudes 2^-48 to 2^32). PTX's f16 add and mul round to nearest even
+/// and keep subnormals (no `.ftz`), as IEEE 754 binary16 arithmetic does. Checked on the host
+/// for every pair of binary16 values (tests/core/test_half.cpp). It replaces 8 conversions
+/// in, 4 out and 4 float32 operations per 4-byte pair by one instruction, which is what held
+/// the float16 sum below the other dtypes on an H200 (84.7% of the copy bandwidth).
+template <primitive::detail::binary B>
+struct half_pair_element {
+  static_assert(B == primitive::detail::binary::sum || B == primitive::detail::binary::prod);
+
+  __device__ float16 operator()(float16 a, float16 b) const {
+    unsigned short r;
+    if constexpr (B == primitive::detail::binary::sum)
+      asm("add.rn.f16 %0, %1, %2;" : "=h"(r) : "h"(a.bits), "h"(b.bits));
+    else
+      asm("mul.rn.f16 %0, %1, %2;" : "=h"(r) : "h"(a.bits), "h"(b.bits));
+    return float16::from_bits(r);
+  }
+
+  template <int V>
+  __device__ pack<float16, V> vector(const pack<float16, V>& x, const pack<float16, V>& y) const {
+    static_assert(V % 2 == 0, "whole pairs of float16");
+    unsigned xw[V / 2], yw[V / 2], rw[V / 2];
+    std::memcpy(xw, x.v, sizeof xw);
+    std::memcpy(yw, y.v, sizeof yw);
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k) {
+      if constexpr (B == primitive::detail::binary::sum)
+        asm("add.rn.f16x2 %0, %1, %2;" : "=r"(rw[k]) : "r"(xw[k]), "r"(yw[k]));
+      else
+        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(rw[k]) : "r"(xw[k]), "r"(yw[k]));
+    }
+    pack<float16, V> r;
+    std::memcpy(r.v, rw, sizeof rw);
+    return r;
+  }
+};
+
 template <class T, primitive::detail::binary B, bool Post = false>
 cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec,
                           cudaStream_t stream) noexcept {
   using compute = primitive::detail::compute_t<T>;
-  reduce_element<T, B, Post> f{};
-  if constexpr (B == primitive::detail::binary::sum) {
-    f.scalar_a = primitive::detail::scalar_as<compute>(spec.scalar_a);
-    f.scalar_b = primitive::detail::scalar_as<compute>(spec.scalar_b);
-    f.pre_a = spec.pre_a;  // honoured by every sum-like kind, as on the host
-    f.pre_b = spec.pre_b;
-    f.divisor = primitive::detail::prepare_divisor<compute>(spec.divisor);
+  if constexpr (B == primitive::detail::binary::sum && !Post) {
+    if (!spec.pre_a && !spec.pre_b) {  // a plain sum
+      if constexpr (std::is_same_v<T, float16>)
+        return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count,
+                             half_pair_element<B>{}, stream);
+      else
+        return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count,
+                             reduce_element<T, B, false, false>{}, stream);
+    }
   }
-  return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, f, stream);
+  if constexpr (B == primitive::detail::binary::prod && std::is_same_v<T, float16>) {  // prod ignores pre-scaling
+    return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count,
+                         half_pair_element<B>{}, stream);
+  } else {
+    reduce_element<T, B, Post> f{};
+    if constexpr (B == primitive::detail::binary::sum) {
+      f.scalar_a = primitive::detail::scalar_as<compute>(spec.scalar_a);
+      f.scalar_b = primitive::detail::scalar_as<compute>(spec.scalar_b);
+      f.pre_a = spec.pre_a;  // honoured by every sum-like kind, as on the host
+      f.pre_b = spec.pre_b;
+      f.divisor = primitive::detail::prepare_divisor<compute>(spec.divisor);
+    }
+    return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, f, stream);
+  }
 }
 
 }  // namespace detail
