@@ -76,9 +76,10 @@ struct reduce_element {
 /// innocuous?", SIGNUM Newsletter 30(3), 1995), and their product is exact in float32 (22
 /// significand bits, magnitudes 2^-48 to 2^32). PTX's f16 add and mul round to nearest even
 /// and keep subnormals (no `.ftz`), as IEEE 754 binary16 arithmetic does. Checked on the host
-/// for every pair of binary16 values (tests/core/test_half.cpp). It replaces 8 conversions
-/// in, 4 out and 4 float32 operations per 4-byte pair by one instruction, which is what held
-/// the float16 sum below the other dtypes on an H200 (84.7% of the copy bandwidth).
+/// for every pair of binary16 values (tests/primitive/test_half_arithmetic.cpp). One
+/// instruction per pair of elements replaces 4 conversions in, 2 float32 operations and 2
+/// conversions out, the work that held the float16 sum below the other dtypes on an H200
+/// (84.7% of the copy bandwidth).
 template <primitive::detail::binary B>
 struct half_pair_element {
   static_assert(B == primitive::detail::binary::sum || B == primitive::detail::binary::prod);
