@@ -5,7 +5,7 @@
 // binary16 instructions (`add.rn.f16x2`, `mul.rn.f16x2`; primitive/reduce_into.cuh) and still
 // give the host's bits. Every binary16 value is combined with a sample of 271 second operands
 // here: every 257th pattern and 15 edges (RINGZERO_TEST_EXHAUSTIVE=1: all 65536, 2^32 pairs per
-// op; about 3 minutes).
+// op; 5-7 minutes on a 2-core VM).
 #include <doctest/doctest.h>
 
 #include <algorithm>

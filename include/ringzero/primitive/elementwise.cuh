@@ -67,24 +67,27 @@ struct alignas(sizeof(T) * V >= 16 ? 16 : sizeof(T) * V) pack {
   T v[V];
 };
 
-/// What a kernel loads its input vectors as: for bfloat16 and the 1-, 4- and 8-byte types the
-/// unsigned integer of their size, because a `pack` of a type with a default member
-/// initialiser starts zeroed, and a load under a bounds check then merges into those zeros
-/// half-word by half-word (`PRMT`); the raw bits took every bfloat16 reduce_into kernel from
-/// 77-91 registers per thread to 55-64 on sm_90 (nvcc 13.0). float16 keeps its own type: its
-/// conversions (`cvt` plus a select for NaN) came out at 79-96 registers with raw bits, 79-95
-/// without, and fewer registers mean more resident blocks.
+/// The unsigned integer of T's size.
 template <class T>
-using bits_of = std::conditional_t<
-    std::is_same_v<T, float16>, T,
-    std::conditional_t<sizeof(T) == 1, std::uint8_t,
-                       std::conditional_t<sizeof(T) == 2, std::uint16_t,
-                                          std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>>;
+using raw_bits = std::conditional_t<sizeof(T) == 1, std::uint8_t,
+                                    std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                                       std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>;
+
+/// What a kernel loads its input vectors of T as (`Whole`: the element function combines whole
+/// vectors, `has_vector_op`): the raw bits, because a `pack` of a type with a default member
+/// initialiser (float16, bfloat16) starts zeroed, and a load under a bounds check then merges
+/// into those zeros half-word by half-word (`PRMT`); the raw bits took every bfloat16
+/// reduce_into kernel from 77-91 registers per thread to 55-64 on sm_90 (nvcc 13.0), and the
+/// float16 binary16 sum from 304 instructions to 208. Element-wise float16 keeps its own type:
+/// its conversions (`cvt` plus a select for NaN) came out at 79-96 registers with raw bits,
+/// 79-95 without, and fewer registers mean more resident blocks.
+template <class T, bool Whole = false>
+using load_t = std::conditional_t<std::is_same_v<T, float16> && !Whole, T, raw_bits<T>>;
 
 /// The values whose bits `raw` holds.
-template <class T, int V>
-__device__ inline pack<T, V> values_of(const pack<bits_of<T>, V>& raw) {
-  static_assert(sizeof(pack<T, V>) == sizeof(pack<bits_of<T>, V>));
+template <class T, int V, class L>
+__device__ inline pack<T, V> values_of(const pack<L, V>& raw) {
+  static_assert(sizeof(pack<T, V>) == sizeof(pack<L, V>));
   pack<T, V> r;
   std::memcpy(&r, &raw, sizeof r);
   return r;
@@ -135,12 +138,13 @@ __global__ void __launch_bounds__(block_threads) unary_kernel(Out* dst, const In
   const std::uint64_t tail = s.head + s.vectors * V;
   for (std::uint64_t i = tid; i < s.head; i += stride) dst[i] = f(src[i]);
   for (std::uint64_t i = tail + tid; i < s.count; i += stride) dst[i] = f(src[i]);
-  const auto* in = reinterpret_cast<const pack<bits_of<In>, V>*>(src + s.head);
+  using L = load_t<In>;
+  const auto* in = reinterpret_cast<const pack<L, V>*>(src + s.head);
   auto* out = reinterpret_cast<pack<Out, V>*>(dst + s.head);
   const std::uint64_t per_block = static_cast<std::uint64_t>(blockDim.x) * U;
   for (std::uint64_t base = static_cast<std::uint64_t>(blockIdx.x) * per_block + threadIdx.x; base < s.vectors;
        base += static_cast<std::uint64_t>(gridDim.x) * per_block) {
-    pack<bits_of<In>, V> x[U];
+    pack<L, V> x[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const std::uint64_t i = base + static_cast<std::uint64_t>(u) * blockDim.x;
@@ -167,13 +171,14 @@ __global__ void __launch_bounds__(block_threads) binary_kernel(T* dst, const T* 
   const std::uint64_t tail = s.head + s.vectors * V;
   for (std::uint64_t i = tid; i < s.head; i += stride) dst[i] = f(a[i], b[i]);
   for (std::uint64_t i = tail + tid; i < s.count; i += stride) dst[i] = f(a[i], b[i]);
-  const auto* va = reinterpret_cast<const pack<bits_of<T>, V>*>(a + s.head);
-  const auto* vb = reinterpret_cast<const pack<bits_of<T>, V>*>(b + s.head);
+  using L = load_t<T, has_vector_op<F, T, V>>;
+  const auto* va = reinterpret_cast<const pack<L, V>*>(a + s.head);
+  const auto* vb = reinterpret_cast<const pack<L, V>*>(b + s.head);
   auto* out = reinterpret_cast<pack<T, V>*>(dst + s.head);
   const std::uint64_t per_block = static_cast<std::uint64_t>(blockDim.x) * U;
   for (std::uint64_t base = static_cast<std::uint64_t>(blockIdx.x) * per_block + threadIdx.x; base < s.vectors;
        base += static_cast<std::uint64_t>(gridDim.x) * per_block) {
-    pack<bits_of<T>, V> x[U], y[U];
+    pack<L, V> x[U], y[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const std::uint64_t i = base + static_cast<std::uint64_t>(u) * blockDim.x;
