@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -216,6 +217,18 @@ collective_row bench_all_reduce(int n, rz::algorithm algo, std::size_t bytes, in
   return row;
 }
 
+/// `text` as a whole decimal integer in [lo, hi]; otherwise an invalid_argument error naming
+/// `option`, the text and the range.
+long long parse_integer(const std::string& option, const std::string& text, long long lo, long long hi) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+    throw rz::error(rz::errc::invalid_argument, option + " '" + text + "': expected a whole number from " +
+                                                    std::to_string(lo) + " to " + std::to_string(hi));
+  return v;
+}
+
 int parse_options(int argc, char** argv, options& o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -223,18 +236,22 @@ int parse_options(int argc, char** argv, options& o) {
       if (i + 1 >= argc) throw rz::error(rz::errc::invalid_argument, a + " needs a value");
       return argv[++i];
     };
-    if (a == "--size-mib") o.size_mib = std::stoull(value());
-    else if (a == "--iters") o.iters = std::stoi(value());
-    else if (a == "--warmup") o.warmup = std::stoi(value());
-    else if (a == "--device") o.device = std::stoi(value());
+    // 1 MiB to 1 TiB per operand (three operands are allocated; cudaMalloc names a size the
+    // device cannot hold)
+    if (a == "--size-mib") o.size_mib = static_cast<std::uint64_t>(parse_integer(a, value(), 1, 1 << 20));
+    else if (a == "--iters") o.iters = static_cast<int>(parse_integer(a, value(), 1, 1000000));
+    else if (a == "--warmup") o.warmup = static_cast<int>(parse_integer(a, value(), 0, 1000000));
+    else if (a == "--device") o.device = static_cast<int>(parse_integer(a, value(), 0, 1023));
     else if (a == "--json") o.json_path = value();
     else if (a == "--no-collectives") o.collectives = false;
     else if (a == "--ranks") {
       o.ranks.clear();
-      std::string list = value();
+      const std::string list = value();
       for (std::size_t start = 0; start <= list.size();) {
         const std::size_t comma = list.find(',', start);
-        o.ranks.push_back(std::stoi(list.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+        const std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        // 2 ranks at least (a ring of one rank is a copy); at most 64 threads on the one GPU
+        o.ranks.push_back(static_cast<int>(parse_integer("--ranks item", item, 2, 64)));
         if (comma == std::string::npos) break;
         start = comma + 1;
       }
@@ -247,7 +264,10 @@ int parse_options(int argc, char** argv, options& o) {
       throw rz::error(rz::errc::invalid_argument, "unknown option " + a);
     }
   }
-  if (o.size_mib < 1 || o.iters < 1 || o.warmup < 0) throw rz::error(rz::errc::invalid_argument, "sizes and counts must be positive");
+  if (!o.json_path.empty()) {  // before minutes of measuring, not after
+    std::ofstream probe(o.json_path, std::ios::app);
+    if (!probe) throw rz::error(rz::errc::io_error, "--json " + o.json_path + ": cannot open for writing: " + std::strerror(errno));
+  }
   return 0;
 }
 
@@ -433,6 +453,8 @@ int main(int argc, char** argv) {
       }
       f << "  ],\n  \"worst_target_fraction\": " << worst_target << ",\n  \"worst_ring_bound_ratio\": " << worst_ring
         << ",\n  \"wrong\": " << wrong_total << "\n}\n";
+      f.close();
+      if (!f) throw rz::error(rz::errc::io_error, "--json " + o.json_path + ": writing failed");
     }
     (void)cudaStreamDestroy(stream);
     return wrong_total == 0 ? 0 : 1;
