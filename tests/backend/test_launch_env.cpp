@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "ringzero/backend/launch_env.hpp"
 
@@ -104,4 +105,30 @@ TEST_CASE("malformed or inconsistent values are refused with the variable's name
   setenv("WORLD_SIZE", "2", 1);
   setenv("LOCAL_RANK", "-1", 1);
   CHECK(error_of([] { (void)read_launch_env(); }) == errc::invalid_argument);
+}
+
+TEST_CASE("a world size without a rank is refused (torchrun, Open MPI), tolerated for Slurm") {
+  clean_environment env;
+  for (const auto& [rank_var, size_var] : {std::pair{"RANK", "WORLD_SIZE"}, std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}}) {
+    CAPTURE(size_var);
+    setenv(size_var, "2", 1);
+    for (const char* rank : {"", static_cast<const char*>(nullptr)}) {
+      if (rank) setenv(rank_var, rank, 1);  // empty counts as unset
+      else unsetenv(rank_var);
+      try {
+        (void)read_launch_env();
+        FAIL("a world size of 2 without a rank was read as a world of one");
+      } catch (const error& e) {
+        CHECK(e.kind() == errc::invalid_argument);
+        CHECK(std::string(e.what()).find(std::string(size_var) + "=\"2\" is set but " + rank_var + " is not") !=
+              std::string::npos);
+      }
+    }
+    unsetenv(size_var);
+    unsetenv(rank_var);
+  }
+  setenv("SLURM_NTASKS", "4", 1);  // an salloc shell running one command
+  const launch_env e = read_launch_env();
+  CHECK(e.world_size == 1);
+  CHECK(e.source == "none");
 }

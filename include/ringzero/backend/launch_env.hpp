@@ -6,7 +6,8 @@
 /// SLURM_NTASKS / SLURM_LOCALID. With none of them set the process is a world of one.
 ///
 /// Every value is checked: a malformed or inconsistent one (rank outside [0, world_size), a
-/// negative local rank, RANK without WORLD_SIZE) raises errc::invalid_argument naming the
+/// negative local rank, RANK without WORLD_SIZE or WORLD_SIZE without RANK, the same for Open
+/// MPI's pair) raises errc::invalid_argument naming the
 /// variable and its text. Pure apart from reading the environment; thread-safe as getenv.
 
 #include <cerrno>
@@ -39,12 +40,21 @@ inline int parse_nonnegative_int(const std::string& text, const char* name) {
   return static_cast<int>(v);
 }
 
-/// Reads one launcher's triple of variables; std::nullopt when its rank variable is unset.
+/// Reads one launcher's triple of variables; std::nullopt when its rank variable is unset (or
+/// empty). `size_needs_rank`: the world-size variable without the rank variable is an error
+/// (torchrun and mpirun set both; N processes that each took themselves for a world of one
+/// would train apart without a word). Not for Slurm, whose allocation shells set SLURM_NTASKS
+/// without SLURM_PROCID for every command they run.
 inline std::optional<launch_env> read_launch_env(const char* rank_var, const char* size_var, const char* local_var,
-                                                 const char* source) {
+                                                 const char* source, bool size_needs_rank = true) {
   const auto rank = env_string(rank_var);
-  if (!rank) return std::nullopt;
   const auto size = env_string(size_var);
+  if (!rank) {
+    if (size && size_needs_rank)
+      throw error(errc::invalid_argument, std::string(size_var) + "=\"" + *size + "\" is set but " + rank_var +
+                                              " is not: set both (or neither, for a world of one)");
+    return std::nullopt;
+  }
   if (!size)
     throw error(errc::invalid_argument, std::string(rank_var) + " is set but " + size_var + " is not");
   launch_env e;
@@ -68,7 +78,7 @@ inline launch_env read_launch_env() {
   if (auto e = detail::read_launch_env("RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun")) return *e;
   if (auto e = detail::read_launch_env("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpi"))
     return *e;
-  if (auto e = detail::read_launch_env("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm")) return *e;
+  if (auto e = detail::read_launch_env("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm", false)) return *e;
   launch_env e;
   e.source = "none";
   return e;
