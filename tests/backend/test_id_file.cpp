@@ -11,6 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "ringzero/backend/nccl/id_file.hpp"
 
 using namespace ringzero;
@@ -89,4 +92,32 @@ TEST_CASE("a missing file and a malformed file time out with a clear message") {
   CHECK_THROWS_AS((void)nccl::read_id_file(path, 2, 0.05s, ""), error);
   nccl::remove_id_file(path);
   CHECK_THROWS_AS(nccl::publish_id_file("/nonexistent-dir/ringzero/id", random_id(4), 2, ""), error);
+}
+
+TEST_CASE("a reading rank says when the file's directory is missing, and fails at once on an unreadable file") {
+  try {
+    (void)nccl::read_id_file("/nonexistent-dir/ringzero/id", 2, 0.05s, "");
+    FAIL("no timeout");
+  } catch (const error& e) {
+    CHECK(e.kind() == errc::timeout);
+    CHECK(std::string(e.what()).find("never appeared; its directory /nonexistent-dir/ringzero: No such file or directory") !=
+          std::string::npos);
+  }
+  if (::geteuid() == 0) {
+    MESSAGE("running as root: every file is readable, the unreadable-file case is not checked");
+    return;
+  }
+  const std::string path = temp_path("unreadable");
+  nccl::publish_id_file(path, random_id(5), 2, "");
+  REQUIRE(::chmod(path.c_str(), 0) == 0);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    (void)nccl::read_id_file(path, 2, 30s, "");
+    FAIL("an unreadable file was read");
+  } catch (const error& e) {
+    CHECK(e.kind() == errc::io_error);
+    CHECK(std::string(e.what()).find("Permission denied") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 10s);  // not the 30 s timeout
+  nccl::remove_id_file(path);
 }

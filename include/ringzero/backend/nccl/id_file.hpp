@@ -14,8 +14,9 @@
 /// remove it, or set RINGZERO_JOB_ID.
 ///
 /// Independent of NCCL (the id is plain bytes), so the exchange is testable anywhere.
-/// Errors: errc::io_error (cannot write), errc::timeout (the file never appeared; the message
-/// says what was found instead, if anything). Thread safety: distinct paths are independent.
+/// Errors: errc::io_error (cannot write; or, on a reading rank, the file is there but this
+/// process may not read it), errc::timeout (the file never appeared; the message says what was
+/// found instead, if anything, or that its directory does not exist). Thread safety: distinct paths are independent.
 
 #include <array>
 #include <chrono>
@@ -29,7 +30,11 @@
 #include "ringzero/core/error.hpp"
 
 #if defined(__unix__)
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #endif
 
 namespace ringzero::nccl {
@@ -109,6 +114,25 @@ inline id_file_content parse_id_file(const std::string& text) {
   return c;
 }
 
+/// "; its directory D does not exist" (or is not searchable) when that is why `path` cannot
+/// appear; empty otherwise.
+inline std::string directory_note(const std::string& path) {
+#if defined(__unix__)
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    const int why = errno;
+    return "; its directory " + dir + ": " + std::strerror(why);
+  }
+  if (!S_ISDIR(st.st_mode)) return "; " + dir + " is not a directory";
+  if (::access(dir.c_str(), X_OK) != 0) return "; its directory " + dir + " is not searchable by this process";
+#else
+  (void)path;
+#endif
+  return {};
+}
+
 }  // namespace detail
 
 /// Writes `id` for a job of `world_size` ranks at `path`, atomically (rank 0's side).
@@ -143,6 +167,13 @@ inline id_bytes read_id_file(const std::string& path, int world_size, std::chron
   std::string seen;
   for (;;) {
     std::ifstream in(path, std::ios::binary);
+#if defined(__unix__)
+    if (!in && ::access(path.c_str(), F_OK) == 0 && ::access(path.c_str(), R_OK) != 0) {
+      // there but unreadable to this process (permissions): waiting cannot help
+      const int why = errno;
+      throw error(errc::io_error, "cannot read " + path + " for the NCCL unique id: " + std::strerror(why));
+    }
+#endif
     if (in) {
       std::stringstream text;
       text << in.rdbuf();
@@ -157,7 +188,7 @@ inline id_bytes read_id_file(const std::string& path, int world_size, std::chron
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%g", timeout.count());
       throw error(errc::timeout, "waited " + std::string(seconds) + " s for rank 0 to publish the NCCL unique id at " + path +
-                                     (seen.empty() ? " (the file never appeared)" : seen));
+                                     (seen.empty() ? " (the file never appeared" + detail::directory_note(path) + ")" : seen));
     }
     std::this_thread::sleep_for(pause);
     if (pause < std::chrono::milliseconds(50)) pause *= 2;
