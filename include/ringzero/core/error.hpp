@@ -80,7 +80,10 @@ class error : public std::system_error {
  public:
   /// An error with code `code`, context `context` and a message naming the offending values.
   error(errc code, error_context context, const std::string& message)
-      : std::system_error(make_error_code(code), message), what_(format(context, message)), context_(std::move(context)) {}
+      : std::system_error(make_error_code(code), message),
+        what_(format(context, message)),
+        message_(message),
+        context_(std::move(context)) {}
   /// An error outside any communicator.
   error(errc code, const std::string& message) : error(code, error_context{}, message) {}
 
@@ -92,6 +95,8 @@ class error : public std::system_error {
   errc kind() const noexcept { return static_cast<errc>(code().value()); }
   /// Where it happened.
   const error_context& context() const noexcept { return context_; }
+  /// What was wrong, without the context that `what()` starts with.
+  const std::string& message() const noexcept { return message_; }
 
  private:
   static std::string format(const error_context& c, const std::string& message) {
@@ -112,6 +117,7 @@ class error : public std::system_error {
   }
 
   std::string what_;
+  std::string message_;
   error_context context_;
 };
 

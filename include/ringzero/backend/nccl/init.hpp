@@ -152,16 +152,39 @@ inline int device_for_local_rank(int local_rank, const std::string& who) {
   return local_rank % count;
 }
 
+namespace detail {
+
+/// Runs `f()`; an error it throws without a rank gets this one's (`rank` of `world_size`, backend
+/// "nccl"), so that the lines of several processes say which one failed.
+template <class F>
+auto naming_rank(int rank, int world_size, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const error& e) {
+    if (e.context().rank >= 0) throw;
+    error_context where;
+    where.backend = "nccl";
+    where.rank = rank;
+    where.world_size = world_size;
+    throw error(e.kind(), where, e.message());
+  }
+}
+
+}  // namespace detail
+
 /// Rank `env.rank` of `env.world_size`, with the id exchanged through the file `path` on a
 /// filesystem every rank can read (nccl/id_file.hpp), on device `env.local_rank % devices`.
 /// Rank 0 removes the file once the communicator exists.
+/// Errors name the rank (`ringzero [nccl rank 1/4]: ...`).
 inline std::unique_ptr<communicator> init_with_file(const std::string& path, const launch_env& env, const options& opts = {}) {
-  const int device = device_for_local_rank(env.local_rank, "nccl::init_with_file");
-  const auto wait = bounded_timeout(opts.timeout ? *opts.timeout : env_timeout());
-  const id_bytes id = exchange_id_through_file(path, env.rank, env.world_size, [] { return generate_id(); }, wait);
-  auto comm = std::make_unique<communicator>(id, env.rank, env.world_size, device, opts);
-  if (env.rank == 0) remove_id_file(path);
-  return comm;
+  return detail::naming_rank(env.rank, env.world_size, [&] {
+    const int device = device_for_local_rank(env.local_rank, "nccl::init_with_file");
+    const auto wait = bounded_timeout(opts.timeout ? *opts.timeout : env_timeout());
+    const id_bytes id = exchange_id_through_file(path, env.rank, env.world_size, [] { return generate_id(); }, wait);
+    auto comm = std::make_unique<communicator>(id, env.rank, env.world_size, device, opts);
+    if (env.rank == 0) remove_id_file(path);
+    return comm;
+  });
 }
 
 #if RINGZERO_HAS_MPI
@@ -181,10 +204,18 @@ inline std::unique_ptr<communicator> init_with_mpi(MPI_Comm mpi, const options& 
   MPI_Comm_free(&node);
   std::string why;
   const int count = cudart::device_count(&why);
-  int have = count > 0 ? 1 : 0, all = 0;
-  MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, mpi);
-  if (!all)
-    throw error(errc::no_device, "nccl::init_with_mpi: no CUDA device on " + std::string(have ? "another rank" : "this rank (" + why + ")"));
+  // the lowest rank without a device (size when every rank has one)
+  int missing = count > 0 ? size : rank, first_missing = size;
+  MPI_Allreduce(&missing, &first_missing, 1, MPI_INT, MPI_MIN, mpi);
+  error_context where;
+  where.backend = "nccl";
+  where.rank = rank;
+  where.world_size = size;
+  if (first_missing < size)
+    throw error(errc::no_device, where,
+                "nccl::init_with_mpi: no CUDA device on " +
+                    (count > 0 ? "rank " + std::to_string(first_missing) + " (this rank has " + std::to_string(count) + ")"
+                               : "this rank (" + why + ")"));
   id_bytes id{};
   int ok = 1;
   std::string failure;
@@ -197,10 +228,10 @@ inline std::unique_ptr<communicator> init_with_mpi(MPI_Comm mpi, const options& 
     }
   }
   MPI_Bcast(&ok, 1, MPI_INT, 0, mpi);
-  if (!ok) throw error(errc::backend_failure, "nccl::init_with_mpi: rank 0 could not create the NCCL unique id" +
-                                                  (failure.empty() ? std::string() : ": " + failure));
+  if (!ok) throw error(errc::backend_failure, where, "nccl::init_with_mpi: rank 0 could not create the NCCL unique id" +
+                                                         (failure.empty() ? std::string() : ": " + failure));
   MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, mpi);
-  return std::make_unique<communicator>(id, rank, size, local_rank % count, opts);
+  return detail::naming_rank(rank, size, [&] { return std::make_unique<communicator>(id, rank, size, local_rank % count, opts); });
 }
 #endif
 
