@@ -23,7 +23,7 @@
 // GPU (when built with the CUDA runtime): `--memory cuda` puts every rank's buffers in CUDA
 // device memory; `--backend local` (default) runs the ranks as threads with the local backend on
 // device memory (all ranks on one GPU unless --devices says otherwise), `--backend nccl` runs one
-// rank per GPU (devices 0..ranks-1) with the NCCL backend in this process. Inputs are written and
+// rank per GPU (devices 0..ranks-1, or --devices) with the NCCL backend in this process. Inputs are written and
 // results checked through host copies; each row's time is then the mean of -n back-to-back
 // iterations up to the stream's completion (as nccl-tests times them), the slowest rank's. The
 // bound uses the device's copy bandwidth (cudaMemcpyAsync device to device, measured by each rank
@@ -595,7 +595,8 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend,
                  "local (threads), nccl (one rank per GPU; with --memory cuda), or mpi (one rank per process: run under "
                  "mpirun; --ranks must then be the number of processes or left out)")->capture_default_str();
-  app.add_option("--devices", o.devices, "CUDA devices of the local backend's ranks (rank r: devices[r % size]; default: all ranks on GPU 0)");
+  app.add_option("--devices", o.devices,
+                 "CUDA devices of the ranks (rank r: devices[r % size]; default: local backend all on GPU 0, nccl rank r on GPU r)");
   CLI11_PARSE(app, argc, argv);
 #if RINGZERO_HAS_MPI
   std::optional<rz::mpi::environment> mpi_env;  // --backend mpi: MPI_Init_thread ... MPI_Finalize
@@ -656,13 +657,18 @@ int main(int argc, char** argv) {
     for (int r = 0; r < o.ranks; ++r) all_roots.push_back(r);
     o.roots = parse_list<int>(roots, all_roots,
                               [&](const std::string& s) -> std::optional<int> {
+                                std::size_t used = 0;
+                                int v = -1;
                                 try {
-                                  const int v = std::stoi(s);
-                                  if (v < 0 || v >= o.ranks) return std::nullopt;
-                                  return v;
+                                  v = std::stoi(s, &used);
                                 } catch (...) {
                                   return std::nullopt;
                                 }
+                                if (used != s.size()) return std::nullopt;
+                                if (v < 0 || v >= o.ranks)
+                                  throw CLI::ValidationError("root", "root " + s + " is outside the " + std::to_string(o.ranks) +
+                                                                         " ranks [0, " + std::to_string(o.ranks) + ")");
+                                return v;
                               },
                               "root");
     // Host memory of the whole local world at its peak (each rank: send and receive buffers
@@ -713,8 +719,9 @@ int main(int argc, char** argv) {
       };
       if (o.backend == "nccl") {
 #if RINGZERO_HAS_NCCL
-        std::vector<int> gpus;
-        for (int r = 0; r < o.ranks; ++r) gpus.push_back(r);
+        std::vector<int> gpus;  // rank r on GPU r, or on devices[r % size] (NCCL refuses a GPU twice)
+        for (int r = 0; r < o.ranks; ++r)
+          gpus.push_back(o.devices.empty() ? r : o.devices[static_cast<std::size_t>(r) % o.devices.size()]);
         rz::nccl::launch(gpus, [&](rz::nccl::communicator& comm) { body(comm); });
 #endif
       } else {
