@@ -116,19 +116,17 @@ template <class T, primitive::detail::binary B, bool Post = false>
 cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec,
                           cudaStream_t stream) noexcept {
   using compute = primitive::detail::compute_t<T>;
+  auto launch = [&](auto f) {
+    return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, f, stream);
+  };
   if constexpr (B == primitive::detail::binary::sum && !Post) {
     if (!spec.pre_a && !spec.pre_b) {  // a plain sum
-      if constexpr (std::is_same_v<T, float16>)
-        return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count,
-                             half_pair_element<B>{}, stream);
-      else
-        return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count,
-                             reduce_element<T, B, false, false>{}, stream);
+      if constexpr (std::is_same_v<T, float16>) return launch(half_pair_element<B>{});
+      else return launch(reduce_element<T, B, false, false>{});
     }
   }
   if constexpr (B == primitive::detail::binary::prod && std::is_same_v<T, float16>) {  // prod ignores pre-scaling
-    return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count,
-                         half_pair_element<B>{}, stream);
+    return launch(half_pair_element<B>{});
   } else {
     reduce_element<T, B, Post> f{};
     if constexpr (B == primitive::detail::binary::sum) {
@@ -138,7 +136,7 @@ cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t
       f.pre_b = spec.pre_b;
       f.divisor = primitive::detail::prepare_divisor<compute>(spec.divisor);
     }
-    return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, f, stream);
+    return launch(f);
   }
 }
 

@@ -162,11 +162,7 @@ auto naming_rank(int rank, int world_size, F&& f) -> decltype(f()) {
     return f();
   } catch (const error& e) {
     if (e.context().rank >= 0) throw;
-    error_context where;
-    where.backend = "nccl";
-    where.rank = rank;
-    where.world_size = world_size;
-    throw error(e.kind(), where, e.message());
+    throw error(e.kind(), error_context{"nccl", rank, world_size}, e.message());
   }
 }
 
@@ -207,10 +203,7 @@ inline std::unique_ptr<communicator> init_with_mpi(MPI_Comm mpi, const options& 
   // the lowest rank without a device (size when every rank has one)
   int missing = count > 0 ? size : rank, first_missing = size;
   MPI_Allreduce(&missing, &first_missing, 1, MPI_INT, MPI_MIN, mpi);
-  error_context where;
-  where.backend = "nccl";
-  where.rank = rank;
-  where.world_size = size;
+  const error_context where{"nccl", rank, size};
   if (first_missing < size)
     throw error(errc::no_device, where,
                 "nccl::init_with_mpi: no CUDA device on " +
