@@ -4,14 +4,15 @@
 /// dtype and reduce kind, with exactly the semantics of the host primitive (primitive/reduce.hpp),
 /// whose element functions it calls: integer sums and products wrap, avg divides once (`post`),
 /// premul_sum scales each raw input once (`pre`), min/max propagate NaN and compare unsigned
-/// types as unsigned, float16/bfloat16 combine in float32 and round once per combine (a plain
-/// float16 sum or product runs in binary16 arithmetic, which gives the same bits:
-/// `half_pair_element`). Floating
-/// arithmetic is explicitly rounded (no contraction into FMA), so results are bit-identical to
-/// the host's, with one exception: the payload of a NaN that arithmetic produces (a sum or
-/// product with a NaN operand) is the hardware's, so both sides give a NaN but x86 keeps an
-/// operand's payload where NVIDIA GPUs return the canonical NaN. min and max pass a NaN
-/// operand through unchanged on both.
+/// types as unsigned, float16/bfloat16 combine in float32 and round once per combine. Some
+/// kernels reach the same bits by other means (`lane_element`): a plain float16 sum or any
+/// float16 product in binary16 arithmetic, float16 min and max by half-precision comparisons
+/// and masks, a plain int8 or uint8 sum by wrapping byte additions, each on whole 32-bit
+/// words. Floating arithmetic is explicitly rounded (no contraction into FMA), so results are
+/// bit-identical to the host's, with one exception: the payload of a NaN that arithmetic
+/// produces (sum, avg, premul_sum and prod with a NaN operand) is the hardware's, so both
+/// sides give a NaN but x86 keeps an operand's payload where NVIDIA GPUs return the canonical
+/// NaN. min and max pass a NaN operand through with the host's bits (quieted, payload kept).
 ///
 /// Memory access: 16-byte vectors with a scalar head and tail (primitive/elementwise.cuh).
 /// `dst` may equal `a` or `b`; otherwise no overlap. Asynchronous on `stream`; returns the
@@ -28,11 +29,42 @@
 #include <type_traits>
 
 #include "ringzero/primitive/elementwise.cuh"
+#include "ringzero/primitive/lanes.hpp"
 #include "ringzero/primitive/reduce.hpp"
 
 namespace ringzero::primitive::device {
 
 namespace detail {
+
+/// A float16 as float32 for the sum family's arithmetic: the hardware conversion `cvt.f32.f16`,
+/// exact for every value but a NaN, whose payload may not survive. Only for values that go
+/// into a float32 addition or multiplication, whose NaN result has the hardware's payload
+/// anyway (the file comment); the NaN select of `half_bits_to_float` (core/half.hpp), which
+/// keeps a payload for min and max, had held the float16 premul_sum kernel at 2200
+/// instructions and 80 registers per thread on sm_90 (928 and 59 without it).
+__device__ inline float arithmetic_value(float16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
+  return f;
+}
+template <class T>
+__device__ inline primitive::detail::compute_t<T> arithmetic_value(T x) {
+  return primitive::detail::load(x);
+}
+
+/// A float32 result of the sum family's arithmetic stored as T: for float16 the hardware
+/// conversion `cvt.rn.f16.f32` (round to nearest even, subnormals kept: the host's bits for
+/// every value but a NaN, which is the hardware's; see `arithmetic_value`).
+template <class T>
+__device__ inline T arithmetic_result(primitive::detail::compute_t<T> r) {
+  if constexpr (std::is_same_v<T, float16>) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(r));
+    return float16::from_bits(h);
+  } else {
+    return primitive::detail::store<T>(r);
+  }
+}
 
 /// One combine of the host's `reduce_typed` for kind B: the sum family (sum, avg, premul_sum)
 /// applies, when `Pre`, the optional pre-scaling `pre_a` / `pre_b` says, and, when `Post`, the
@@ -50,66 +82,99 @@ struct reduce_element {
 
   __device__ T operator()(T a, T b) const {
     namespace h = primitive::detail;
-    compute x = h::load(a);
-    compute y = h::load(b);
     if constexpr (B == h::binary::sum) {
+      compute x = arithmetic_value(a);
+      compute y = arithmetic_value(b);
       if constexpr (Pre) {
         if (pre_a) x = h::mul(x, scalar_a);
         if (pre_b) y = h::mul(y, scalar_b);
       }
       compute r = h::add(x, y);
       if constexpr (Post) r = h::divide(r, divisor);
-      return h::store<T>(r);
+      return arithmetic_result<T>(r);
     } else {
-      return h::store<T>(h::apply<B>(x, y));
+      return h::store<T>(h::apply<B>(h::load(a), h::load(b)));
     }
   }
 };
 
-/// float16 sum or prod (`B`) without pre-scaling or division, in binary16 arithmetic: two
-/// elements per `add.rn.f16x2` / `mul.rn.f16x2` on whole vectors and `add.rn.f16` /
-/// `mul.rn.f16` on the scalar head and tail (binary16 arithmetic exists from sm_53; CUDA 13
-/// targets sm_75 and later). The same bits as `reduce_element` (the host's float32 combine
-/// rounded once to binary16), NaN payloads aside: the sum of two binary16 values rounded to
-/// float32 and then to binary16 equals their sum rounded once to binary16, because float32's
-/// 24-bit significand is at least 2 x 11 + 2 bits wide (Figueroa, "When is double rounding
-/// innocuous?", SIGNUM Newsletter 30(3), 1995), and their product is exact in float32 (22
-/// significand bits, magnitudes 2^-48 to 2^32). PTX's f16 add and mul round to nearest even
-/// and keep subnormals (no `.ftz`), as IEEE 754 binary16 arithmetic does. Checked on the host
-/// for every pair of binary16 values (tests/primitive/test_half_arithmetic.cpp). One
-/// instruction per pair of elements replaces 4 conversions in, 2 float32 operations and 2
-/// conversions out, the work that held the float16 sum below the other dtypes on an H200
-/// (84.7% of the copy bandwidth).
-template <primitive::detail::binary B>
-struct half_pair_element {
-  static_assert(B == primitive::detail::binary::sum || B == primitive::detail::binary::prod);
+/// An element function for 1- and 2-byte T that combines a 32-bit word of packed elements at a
+/// time (primitive/lanes.hpp): `Op{}(x, y)` combines each lane of `x` with the same lane of `y`.
+/// Whole vectors go through it word by word (`has_vector_op`), single elements of the scalar
+/// head and tail as the low lane of a word whose other lanes are zero. One instruction or a
+/// few per word replace an unpacking of every element into a register of its own: on sm_90
+/// the float16 sum kernel went from 3000 instructions and 77 registers per thread to 208 and
+/// 56, the int8 sum from 88 registers to 64.
+template <class T, class Op>
+struct lane_element {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2, "lanes of 8 or 16 bits");
 
-  __device__ float16 operator()(float16 a, float16 b) const {
-    unsigned short r;
-    if constexpr (B == primitive::detail::binary::sum)
-      asm("add.rn.f16 %0, %1, %2;" : "=h"(r) : "h"(a.bits), "h"(b.bits));
-    else
-      asm("mul.rn.f16 %0, %1, %2;" : "=h"(r) : "h"(a.bits), "h"(b.bits));
-    return float16::from_bits(r);
+  __device__ T operator()(T a, T b) const {
+    std::uint32_t x = 0, y = 0;
+    std::memcpy(&x, &a, sizeof a);
+    std::memcpy(&y, &b, sizeof b);
+    const std::uint32_t r = Op{}(x, y);
+    T out;
+    std::memcpy(&out, &r, sizeof out);
+    return out;
   }
 
   template <int V>
-  __device__ pack<float16, V> vector(const pack<float16, V>& x, const pack<float16, V>& y) const {
-    static_assert(V % 2 == 0, "whole pairs of float16");
-    unsigned xw[V / 2], yw[V / 2], rw[V / 2];
+  __device__ pack<T, V> vector(const pack<T, V>& x, const pack<T, V>& y) const {
+    static_assert(sizeof(T) * V % 4 == 0, "whole words");
+    constexpr int W = static_cast<int>(sizeof(T) * V / 4);
+    std::uint32_t xw[W], yw[W], rw[W];
     std::memcpy(xw, x.v, sizeof xw);
     std::memcpy(yw, y.v, sizeof yw);
 #pragma unroll
-    for (int k = 0; k < V / 2; ++k) {
-      if constexpr (B == primitive::detail::binary::sum)
-        asm("add.rn.f16x2 %0, %1, %2;" : "=r"(rw[k]) : "r"(xw[k]), "r"(yw[k]));
-      else
-        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(rw[k]) : "r"(xw[k]), "r"(yw[k]));
-    }
-    pack<float16, V> r;
+    for (int k = 0; k < W; ++k) rw[k] = Op{}(xw[k], yw[k]);
+    pack<T, V> r;
     std::memcpy(r.v, rw, sizeof rw);
     return r;
   }
+};
+
+/// float16 sum and product in binary16 arithmetic, two lanes per `add.rn.f16x2` /
+/// `mul.rn.f16x2` (binary16 arithmetic exists from sm_53; CUDA 13 targets sm_75 and later).
+/// The same bits as `reduce_element` (the host's float32 combine rounded once to binary16),
+/// NaN payloads aside: the sum of two binary16 values rounded to float32 and then to binary16
+/// equals their sum rounded once to binary16, because float32's 24-bit significand is at least
+/// 2 x 11 + 2 bits wide (Figueroa, "When is double rounding innocuous?", SIGNUM Newsletter
+/// 30(3), 1995), and their product is exact in float32 (22 significand bits, magnitudes 2^-48
+/// to 2^32). PTX's f16 add and mul round to nearest even and keep subnormals (no `.ftz`), as
+/// IEEE 754 binary16 arithmetic does. Checked on the host for every pair of binary16 values
+/// (tests/primitive/test_half_arithmetic.cpp). One instruction per pair of elements replaces
+/// 4 conversions in, 2 float32 operations and 2 conversions out, the work that held the float16
+/// sum below the other dtypes on an H200 (84.7% of the copy bandwidth).
+struct half_add_lanes {
+  __device__ std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
+    std::uint32_t r;
+    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(y));
+    return r;
+  }
+};
+struct half_mul_lanes {
+  __device__ std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
+    std::uint32_t r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(y));
+    return r;
+  }
+};
+
+/// float16 min (`Max` false) or max with the host's rule, NaN bits included
+/// (`lanes::min_max_half_lanes`: one `set.ltu.u32.f16x2` and a few logic operations per two
+/// elements, instead of four conversions in, two out and the NaN selects: on sm_90 1448
+/// instructions and 79 registers per thread before, 488 and 57 after).
+template <bool Max>
+struct half_min_max_lanes {
+  __device__ std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
+    return lanes::min_max_half_lanes<Max>(x, y);
+  }
+};
+
+/// int8 and uint8 sum: four wrapping byte additions per word (`lanes::add_bytes`).
+struct byte_add_lanes {
+  __device__ std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const { return lanes::add_bytes(x, y); }
 };
 
 template <class T, primitive::detail::binary B, bool Post = false>
@@ -119,17 +184,23 @@ cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t
   auto launch = [&](auto f) {
     return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, f, stream);
   };
-  if constexpr (B == primitive::detail::binary::sum && !Post) {
+  using primitive::detail::binary;
+  constexpr bool half = std::is_same_v<T, float16>;
+  if constexpr (B == binary::sum && !Post) {
     if (!spec.pre_a && !spec.pre_b) {  // a plain sum
-      if constexpr (std::is_same_v<T, float16>) return launch(half_pair_element<B>{});
+      if constexpr (half) return launch(lane_element<T, half_add_lanes>{});
+      else if constexpr (sizeof(T) == 1) return launch(lane_element<T, byte_add_lanes>{});
       else return launch(reduce_element<T, B, false, false>{});
     }
   }
-  if constexpr (B == primitive::detail::binary::prod && std::is_same_v<T, float16>) {  // prod ignores pre-scaling
-    return launch(half_pair_element<B>{});
+  // prod, min and max ignore the pre-scaling
+  if constexpr (half && B == binary::prod) {
+    return launch(lane_element<T, half_mul_lanes>{});
+  } else if constexpr (half && (B == binary::min || B == binary::max)) {
+    return launch(lane_element<T, half_min_max_lanes<B == binary::max>>{});
   } else {
     reduce_element<T, B, Post> f{};
-    if constexpr (B == primitive::detail::binary::sum) {
+    if constexpr (B == binary::sum) {
       f.scalar_a = primitive::detail::scalar_as<compute>(spec.scalar_a);
       f.scalar_b = primitive::detail::scalar_as<compute>(spec.scalar_b);
       f.pre_a = spec.pre_a;  // honoured by every sum-like kind, as on the host
