@@ -277,7 +277,7 @@ run_test() {  # run_test NAME CAP
   esac
 }
 run_test test_cuda_no_device 30
-run_test test_gpu_primitives 150
+run_test test_gpu_primitives 200
 run_test test_gpu_local 150
 if [ -f tests/gpu/test_ddp_cuda.cpp ]; then run_test test_gpu_ddp 90; fi
 if [ $mlp_ok = 1 ]; then run_test test_gpu_cuda_mlp 40; else record "test test_gpu_cuda_mlp" skip "no Eigen or cuBLAS"; fi

@@ -9,10 +9,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_test_support.hpp"
@@ -366,4 +369,128 @@ TEST_CASE("a count above 2^31 elements is reduced completely (64-bit indexing)")
   std::vector<unsigned char> want = a;
   primitive::reduce_into(want.data() + 1, want.data() + 1, b.data() + 1, count - 1, spec);
   CHECK(da.download(0, a.size()) == want);
+}
+
+namespace {
+
+/// `f(slice, begin, end)` over [0, n) cut into `threads` slices, one thread each.
+template <class F>
+void parallel_for(std::uint64_t n, unsigned threads, F f) {
+  std::vector<std::thread> pool;
+  const std::uint64_t slice = (n + threads - 1) / threads;
+  for (unsigned w = 0; w < threads; ++w) {
+    const std::uint64_t begin = std::min<std::uint64_t>(n, w * slice), end = std::min<std::uint64_t>(n, begin + slice);
+    pool.emplace_back([=, &f] { f(w, begin, end); });
+  }
+  for (auto& th : pool) th.join();
+}
+
+/// The first index where `got` and `want` (`n` elements of float16, bfloat16 or an 8-bit dtype
+/// `t`) differ, or -1; two NaNs match when `nan_equal`. On `threads` threads.
+long long first_difference_parallel(dtype t, const unsigned char* got, const unsigned char* want, std::uint64_t n,
+                                    bool nan_equal, unsigned threads) {
+  std::vector<long long> first(threads, -1);
+  const std::uint32_t infinity = t == dtype::float16 ? 0x7c00u : 0x7f80u;  // a larger magnitude is a NaN
+  parallel_for(n, threads, [&](unsigned w, std::uint64_t begin, std::uint64_t end) {
+    for (std::uint64_t i = begin; i < end; ++i) {
+      if (dtype_size(t) == 1) {
+        if (got[i] == want[i]) continue;
+      } else {
+        std::uint16_t g, h;
+        std::memcpy(&g, got + 2 * i, 2);
+        std::memcpy(&h, want + 2 * i, 2);
+        if (g == h || (nan_equal && (g & 0x7fffu) > infinity && (h & 0x7fffu) > infinity)) continue;
+      }
+      first[w] = static_cast<long long>(i);
+      return;
+    }
+  });
+  for (long long f : first)
+    if (f >= 0) return f;
+  return -1;
+}
+
+/// Pinned host memory (fast transfers, touched once), freed on destruction.
+struct pinned_buffer {
+  unsigned char* p = nullptr;
+  explicit pinned_buffer(std::size_t bytes) { cudart::check(cudaMallocHost(reinterpret_cast<void**>(&p), bytes), "cudaMallocHost"); }
+  ~pinned_buffer() { (void)cudaFreeHost(p); }
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+};
+
+}  // namespace
+
+// Every pair of 8- and 16-bit values through the kernels that are not the host's element
+// functions, on the device itself, against the host primitive (NaN payloads free only for
+// arithmetic): float16 sum and prod in binary16 instructions, float16 and bfloat16 min and max
+// by 16-bit comparisons and masks (primitive/lanes.hpp), bfloat16 sum and prod through the
+// hardware's float32 -> bfloat16 rounding (primitive/arithmetic.cuh), int8 and uint8 sums by
+// byte additions: 2^32 pairs per 16-bit type and kind, in chunks of 1024 second operands x all
+// 65536 first operands. The host tests check the lane functions with a model of the
+// comparison instruction; this checks the instructions.
+TEST_CASE("reduce_into: every pair of float16 and bfloat16 values (sum, prod, min, max) and of int8 and uint8 values (sum)") {
+  const auto& k = primitive::require_device_primitives();
+  stream_holder stream;
+  const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+  {
+    constexpr std::uint64_t n = 65536;  // every (x, y) byte pair
+    std::vector<unsigned char> a(n), b(n), want(n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      a[i] = static_cast<unsigned char>(i);
+      b[i] = static_cast<unsigned char>(i >> 8);
+    }
+    device_buffer da(n), db(n), dd(n);
+    da.upload(a);
+    db.upload(b);
+    for (dtype t : {dtype::int8, dtype::uint8}) {
+      CAPTURE(dtype_name(t));
+      expect_launch(k.reduce_into(dd.get(), da.get(), db.get(), n, spec_of(t, reduce_kind::sum), stream.s), "reduce_into launch");
+      primitive::reduce_into(want.data(), a.data(), b.data(), n, spec_of(t, reduce_kind::sum));
+      sync(stream.s);
+      const std::vector<unsigned char> got = dd.download(0, n);
+      CHECK(first_difference_parallel(t, got.data(), want.data(), n, false, 1) == -1);
+    }
+  }
+  constexpr std::uint64_t values = 65536, seconds_per_chunk = 1024, n = values * seconds_per_chunk;
+  constexpr std::size_t bytes = static_cast<std::size_t>(n) * 2;
+  pinned_buffer a(bytes), b(bytes), got(bytes);
+  std::vector<unsigned char> want(bytes);
+  for (std::uint64_t i = 0; i < n; ++i) reinterpret_cast<std::uint16_t*>(a.p)[i] = static_cast<std::uint16_t>(i % values);
+  device_buffer da(bytes), db(bytes), dd(bytes);
+  cudart::check(cudaMemcpy(da.get(), a.p, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  for (dtype t : {dtype::float16, dtype::bfloat16}) {
+    for (reduce_kind kind : {reduce_kind::sum, reduce_kind::prod, reduce_kind::min, reduce_kind::max}) {
+      CAPTURE(dtype_name(t));
+      CAPTURE(reduce_kind_name(kind));
+      const primitive::reduce_spec spec = spec_of(t, kind);
+      const bool arithmetic = kind == reduce_kind::sum || kind == reduce_kind::prod;
+      for (std::uint64_t first_second = 0; first_second < values; first_second += seconds_per_chunk) {
+        CAPTURE(first_second);
+        auto* second = reinterpret_cast<std::uint16_t*>(b.p);  // cudaMallocHost memory is aligned for any type
+        parallel_for(n, threads, [&](unsigned, std::uint64_t begin, std::uint64_t end) {
+          for (std::uint64_t i = begin; i < end; ++i) second[i] = static_cast<std::uint16_t>(first_second + i / values);
+        });
+        cudart::check(cudaMemcpy(db.get(), b.p, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+        expect_launch(k.reduce_into(dd.get(), da.get(), db.get(), n, spec, stream.s), "reduce_into launch");
+        parallel_for(n, threads, [&](unsigned, std::uint64_t begin, std::uint64_t end) {  // the host's result while the device works
+          primitive::reduce_into(want.data() + 2 * begin, a.p + 2 * begin, b.p + 2 * begin, end - begin, spec);
+        });
+        sync(stream.s);
+        cudart::check(cudaMemcpy(got.p, dd.get(), bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+        const long long at = first_difference_parallel(t, got.p, want.data(), n, arithmetic, threads);
+        if (at >= 0) {
+          std::uint16_t x, y, g, h;
+          std::memcpy(&x, a.p + 2 * at, 2);
+          std::memcpy(&y, b.p + 2 * at, 2);
+          std::memcpy(&g, got.p + 2 * at, 2);
+          std::memcpy(&h, want.data() + 2 * at, 2);
+          char what[128];
+          std::snprintf(what, sizeof what, "%s %s of 0x%04x and 0x%04x: device 0x%04x, host 0x%04x",
+                        std::string(dtype_name(t)).c_str(), std::string(reduce_kind_name(kind)).c_str(), x, y, g, h);
+          FAIL(what);
+        }
+      }
+    }
+  }
 }

@@ -3,10 +3,10 @@
 // exactly (NaN payloads included: min and max keep them). Every lane position and neighbouring
 // lanes that differ are covered, so a carry or a mask leaking across lanes fails too.
 //   add_bytes: every pair of byte values in every lane, for int8 and uint8.
-//   min_max_half_lanes: every float16 first operand against 271 second operands (every 257th
-//   pattern and 15 edges), low and high lane at once with different pairs
+//   min_max_lanes: every float16 and every bfloat16 first operand against 279 second operands
+//   (every 257th pattern and 23 edges), low and high lane at once with different pairs
 //   (RINGZERO_TEST_EXHAUSTIVE=1: all 65536 second operands, every pair in both lanes; about a
-//   minute per op on a 2-core VM).
+//   minute per op and type on a 2-core VM).
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -71,7 +71,9 @@ void check_words(dtype t, reduce_kind kind, const std::vector<std::uint32_t>& a,
   }
 }
 
-/// Second float16 operands: every 257th pattern and 15 edges (all 65536 when exhaustive).
+/// Second operands: every 257th pattern and 23 edges of float16 and bfloat16 (zeros, the
+/// smallest subnormals and normals, one, the largest finite values, infinities, signalling and
+/// quiet NaNs); all 65536 when exhaustive.
 std::vector<std::uint16_t> half_seconds() {
   std::vector<std::uint16_t> v;
   if (exhaustive()) {
@@ -80,13 +82,14 @@ std::vector<std::uint16_t> half_seconds() {
   }
   for (std::uint32_t b = 0; b < 65536; b += 257) v.push_back(static_cast<std::uint16_t>(b));
   for (std::uint16_t b : {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x0400, 0x3c00, 0xbc00, 0x7bff, 0xfbff, 0x7c00, 0xfc00,
-                          0x7c01, 0x7e00, 0xfdff})
+                          0x7c01, 0x7e00, 0xfdff, 0x0080, 0x3f80, 0xbf80, 0x7f7f, 0x7f80, 0xff80, 0x7f81, 0xffc0})
     v.push_back(b);
   return v;
 }
 
-template <bool Max>
-void check_half_min_max() {
+template <class T, bool Max>
+void check_min_max() {
+  const dtype t = dtype_of<T>;
   const reduce_kind kind = Max ? reduce_kind::max : reduce_kind::min;
   const std::vector<std::uint16_t> seconds = half_seconds();
   std::vector<std::uint32_t> a(65536), b(65536);
@@ -100,10 +103,10 @@ void check_half_min_max() {
       a[i] = i | (j << 16);
       b[i] = seconds[s] | (high_second << 16);
     }
-    check_words(dtype::float16, kind, a, b, lanes::min_max_half_lanes<Max>);
+    check_words(t, kind, a, b, lanes::min_max_lanes<T, Max>);
     pairs += 2 * 65536;
   }
-  MESSAGE(reduce_kind_name(kind) << ": " << pairs << " pairs in lanes");
+  MESSAGE(dtype_name(t) << " " << reduce_kind_name(kind) << ": " << pairs << " pairs in lanes");
 }
 
 }  // namespace
@@ -145,13 +148,17 @@ TEST_CASE("nan_lanes: exactly the NaN patterns of float16 and bfloat16, lane by 
   }
 }
 
-TEST_CASE("less_unordered_half_lanes: -0 equals +0, NaN is unordered, subnormals by value") {
-  CHECK(lanes::less_unordered_half_lanes(0x8000u, 0x0000u) == 0);               // -0 < +0 is false
-  CHECK(lanes::less_unordered_half_lanes(0x00000001u, 0x00000002u) == 0xffffu);  // subnormals
-  CHECK(lanes::less_unordered_half_lanes(0x7e000000u, 0x00000000u) == 0xffff0000u);
-  CHECK(lanes::less_unordered_half_lanes(0x3c00bc00u, 0xbc003c00u) == 0xffffu);
+TEST_CASE("less_unordered_lanes: -0 equals +0, NaN is unordered, subnormals by value") {
+  CHECK(lanes::less_unordered_lanes<float16>(0x8000u, 0x0000u) == 0);               // -0 < +0 is false
+  CHECK(lanes::less_unordered_lanes<float16>(0x00000001u, 0x00000002u) == 0xffffu);  // subnormals
+  CHECK(lanes::less_unordered_lanes<float16>(0x7e000000u, 0x00000000u) == 0xffff0000u);
+  CHECK(lanes::less_unordered_lanes<float16>(0x3c00bc00u, 0xbc003c00u) == 0xffffu);
+  CHECK(lanes::less_unordered_lanes<bfloat16>(0x80000000u, 0x00008000u) == 0);
+  CHECK(lanes::less_unordered_lanes<bfloat16>(0x00010001u, 0x00020001u) == 0xffff0000u);
+  CHECK(lanes::less_unordered_lanes<bfloat16>(0x7fc10000u, 0x3f803f80u) == 0xffffffffu);  // NaN, and 0 < 1
 }
 
-TEST_CASE("min_max_half_lanes: float16 min as the host, every first operand, both lanes") { check_half_min_max<false>(); }
-
-TEST_CASE("min_max_half_lanes: float16 max as the host, every first operand, both lanes") { check_half_min_max<true>(); }
+TEST_CASE("min_max_lanes: float16 min as the host, every first operand, both lanes") { check_min_max<float16, false>(); }
+TEST_CASE("min_max_lanes: float16 max as the host, every first operand, both lanes") { check_min_max<float16, true>(); }
+TEST_CASE("min_max_lanes: bfloat16 min as the host, every first operand, both lanes") { check_min_max<bfloat16, false>(); }
+TEST_CASE("min_max_lanes: bfloat16 max as the host, every first operand, both lanes") { check_min_max<bfloat16, true>(); }

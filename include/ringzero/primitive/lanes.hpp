@@ -16,6 +16,7 @@
 /// the host and the device except where a function says otherwise.
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ringzero/core/config.hpp"
 #include "ringzero/core/half.hpp"
@@ -43,43 +44,69 @@ RINGZERO_HOST_DEVICE inline std::uint32_t nan_lanes(std::uint32_t x) noexcept {
   return (top >> 15) * 0xffffu;
 }
 
-/// Two float16 lanes: 0xffff where `a_i < b_i` or either is NaN ("less than, or unordered";
-/// -0 and +0 are equal; subnormals compare by value), 0 elsewhere. On a CUDA device this is
-/// the instruction `set.ltu.u32.f16x2` (PTX ISA, `set`: without `.ftz` subnormal inputs are
-/// kept; CUDA's `__hltu2_mask` documents the same 0xffff-per-true-lane result); the host
-/// computes the same predicate from the exact float32 values, which is what the host tests of
-/// the functions built on it run.
-RINGZERO_HOST_DEVICE inline std::uint32_t less_unordered_half_lanes(std::uint32_t a, std::uint32_t b) noexcept {
+/// The bits of the 16-bit floating types that the lane functions need: the magnitude bits of
+/// infinity (a larger magnitude is a NaN) and the bit that quiets a NaN.
+template <class T>
+struct half_bits;
+template <>
+struct half_bits<float16> {
+  static constexpr std::uint32_t infinity = 0x7c00u;
+  static constexpr std::uint32_t quiet = 0x0200u;
+};
+template <>
+struct half_bits<bfloat16> {
+  static constexpr std::uint32_t infinity = 0x7f80u;
+  static constexpr std::uint32_t quiet = 0x0040u;
+};
+
+/// Two lanes of T (float16 or bfloat16): 0xffff where `a_i < b_i` or either is NaN ("less
+/// than, or unordered"; -0 and +0 are equal; subnormals compare by value), 0 elsewhere. On a
+/// CUDA device this is one instruction, `set.ltu.u32.f16x2` or, from sm_90,
+/// `set.ltu.u32.bf16x2` (PTX ISA, `set`: without `.ftz` subnormal inputs are kept; CUDA's
+/// `__hltu2_mask` documents the same 0xffff-per-true-lane result); the host computes the same
+/// predicate from the exact float32 values, which is what the host tests of the functions
+/// built on it run.
+template <class T>
+RINGZERO_HOST_DEVICE inline std::uint32_t less_unordered_lanes(std::uint32_t a, std::uint32_t b) noexcept {
 #if defined(__CUDA_ARCH__)
-  std::uint32_t r;
-  asm("set.ltu.u32.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-#else
+  if constexpr (std::is_same_v<T, float16>) {
+    std::uint32_t r;
+    asm("set.ltu.u32.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+  }
+#if __CUDA_ARCH__ >= 900
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    std::uint32_t r;
+    asm("set.ltu.u32.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+  }
+#endif
+#endif
   std::uint32_t r = 0;
   for (int lane = 0; lane < 2; ++lane) {
-    const float x = ::ringzero::detail::half_bits_to_float(static_cast<std::uint16_t>(a >> (16 * lane)));
-    const float y = ::ringzero::detail::half_bits_to_float(static_cast<std::uint16_t>(b >> (16 * lane)));
+    const float x = static_cast<float>(T::from_bits(static_cast<std::uint16_t>(a >> (16 * lane))));
+    const float y = static_cast<float>(T::from_bits(static_cast<std::uint16_t>(b >> (16 * lane))));
     if (!(x >= y)) r |= 0xffffu << (16 * lane);  // false for ordered x >= y, true for x < y or a NaN
   }
   return r;
-#endif
 }
 
-/// Two float16 lanes: the min (`Max` false) or max of `a_i` and `b_i` with exactly the host's
-/// rule (primitive/reduce.hpp, `min_of` / `max_of` on the float32 values, rounded back): a NaN
-/// `a_i` wins, then a NaN `b_i`, and the NaN comes out quieted (bit 9 set, payload kept, as the
-/// round trip through float32 leaves it); otherwise `b_i` when it is strictly less (min) or
-/// strictly greater (max) than `a_i`, else `a_i`, so -0 and +0 give `a_i`. Branch-free: one
-/// comparison, two NaN tests and selects by mask per word.
-template <bool Max>
-RINGZERO_HOST_DEVICE inline std::uint32_t min_max_half_lanes(std::uint32_t a, std::uint32_t b) noexcept {
-  const std::uint32_t nan_a = nan_lanes<0x7c00u>(a);
-  const std::uint32_t nan_b = nan_lanes<0x7c00u>(b);
+/// Two lanes of T (float16 or bfloat16): the min (`Max` false) or max of `a_i` and `b_i` with
+/// exactly the host's rule (primitive/reduce.hpp, `min_of` / `max_of` on the float32 values,
+/// rounded back): a NaN `a_i` wins, then a NaN `b_i`, and the NaN comes out quieted (float16:
+/// bit 9 set, bfloat16: bit 6, payload kept, as the round trip through float32 leaves it);
+/// otherwise `b_i` when it is strictly less (min) or strictly greater (max) than `a_i`, else
+/// `a_i`, so -0 and +0 give `a_i`. Branch-free: one comparison, two NaN tests and selects by
+/// mask per word.
+template <class T, bool Max>
+RINGZERO_HOST_DEVICE inline std::uint32_t min_max_lanes(std::uint32_t a, std::uint32_t b) noexcept {
+  const std::uint32_t nan_a = nan_lanes<half_bits<T>::infinity>(a);
+  const std::uint32_t nan_b = nan_lanes<half_bits<T>::infinity>(b);
   // lanes that take b: b strictly better, or b NaN (unordered), but never over a NaN a
-  const std::uint32_t better = Max ? less_unordered_half_lanes(a, b) : less_unordered_half_lanes(b, a);
+  const std::uint32_t better = Max ? less_unordered_lanes<T>(a, b) : less_unordered_lanes<T>(b, a);
   const std::uint32_t take_b = better & ~nan_a;
   const std::uint32_t r = (b & take_b) | (a & ~take_b);
-  return r | ((nan_a | nan_b) & 0x02000200u);
+  return r | ((nan_a | nan_b) & (half_bits<T>::quiet * 0x00010001u));
 }
 
 }  // namespace ringzero::primitive::lanes

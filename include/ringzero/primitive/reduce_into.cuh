@@ -6,8 +6,8 @@
 /// premul_sum scales each raw input once (`pre`), min/max propagate NaN and compare unsigned
 /// types as unsigned, float16/bfloat16 combine in float32 and round once per combine. Some
 /// kernels reach the same bits by other means (`lane_element`): a plain float16 sum or any
-/// float16 product in binary16 arithmetic, float16 min and max by half-precision comparisons
-/// and masks, a plain int8 or uint8 sum by wrapping byte additions, each on whole 32-bit
+/// float16 product in binary16 arithmetic, float16 and bfloat16 min and max by 16-bit
+/// comparisons and masks, a plain int8 or uint8 sum by wrapping byte additions, each on whole 32-bit
 /// words. Floating arithmetic is explicitly rounded (no contraction into FMA), so results are
 /// bit-identical to the host's, with one exception: the payload of a NaN that arithmetic
 /// produces (sum, avg, premul_sum and prod with a NaN operand) is the hardware's, so both
@@ -28,6 +28,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "ringzero/primitive/arithmetic.cuh"
 #include "ringzero/primitive/elementwise.cuh"
 #include "ringzero/primitive/lanes.hpp"
 #include "ringzero/primitive/reduce.hpp"
@@ -35,36 +36,6 @@
 namespace ringzero::primitive::device {
 
 namespace detail {
-
-/// A float16 as float32 for the sum family's arithmetic: the hardware conversion `cvt.f32.f16`,
-/// exact for every value but a NaN, whose payload may not survive. Only for values that go
-/// into a float32 addition or multiplication, whose NaN result has the hardware's payload
-/// anyway (the file comment); the NaN select of `half_bits_to_float` (core/half.hpp), which
-/// keeps a payload for min and max, had held the float16 premul_sum kernel at 2200
-/// instructions and 80 registers per thread on sm_90 (928 and 59 without it).
-__device__ inline float arithmetic_value(float16 h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
-  return f;
-}
-template <class T>
-__device__ inline primitive::detail::compute_t<T> arithmetic_value(T x) {
-  return primitive::detail::load(x);
-}
-
-/// A float32 result of the sum family's arithmetic stored as T: for float16 the hardware
-/// conversion `cvt.rn.f16.f32` (round to nearest even, subnormals kept: the host's bits for
-/// every value but a NaN, which is the hardware's; see `arithmetic_value`).
-template <class T>
-__device__ inline T arithmetic_result(primitive::detail::compute_t<T> r) {
-  if constexpr (std::is_same_v<T, float16>) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(r));
-    return float16::from_bits(h);
-  } else {
-    return primitive::detail::store<T>(r);
-  }
-}
 
 /// One combine of the host's `reduce_typed` for kind B: the sum family (sum, avg, premul_sum)
 /// applies, when `Pre`, the optional pre-scaling `pre_a` / `pre_b` says, and, when `Post`, the
@@ -92,7 +63,9 @@ struct reduce_element {
       compute r = h::add(x, y);
       if constexpr (Post) r = h::divide(r, divisor);
       return arithmetic_result<T>(r);
-    } else {
+    } else if constexpr (B == h::binary::prod) {
+      return arithmetic_result<T>(h::mul(arithmetic_value(a), arithmetic_value(b)));
+    } else {  // min and max pass a NaN through: the payload-keeping conversions
       return h::store<T>(h::apply<B>(h::load(a), h::load(b)));
     }
   }
@@ -161,14 +134,14 @@ struct half_mul_lanes {
   }
 };
 
-/// float16 min (`Max` false) or max with the host's rule, NaN bits included
-/// (`lanes::min_max_half_lanes`: one `set.ltu.u32.f16x2` and a few logic operations per two
-/// elements, instead of four conversions in, two out and the NaN selects: on sm_90 1448
-/// instructions and 79 registers per thread before, 488 and 57 after).
-template <bool Max>
-struct half_min_max_lanes {
+/// float16 or bfloat16 min (`Max` false) or max with the host's rule, NaN bits included
+/// (`lanes::min_max_lanes`: one `set.ltu.u32.f16x2` / `.bf16x2` and a few logic operations
+/// per two elements, instead of four conversions in, two out and the NaN selects: on sm_90
+/// float16 max took 1448 instructions and 79 registers per thread before, 488 and 57 after).
+template <class T, bool Max>
+struct min_max_lanes_op {
   __device__ std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
-    return lanes::min_max_half_lanes<Max>(x, y);
+    return lanes::min_max_lanes<T, Max>(x, y);
   }
 };
 
@@ -196,8 +169,8 @@ cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t
   // prod, min and max ignore the pre-scaling
   if constexpr (half && B == binary::prod) {
     return launch(lane_element<T, half_mul_lanes>{});
-  } else if constexpr (half && (B == binary::min || B == binary::max)) {
-    return launch(lane_element<T, half_min_max_lanes<B == binary::max>>{});
+  } else if constexpr (sizeof(T) == 2 && (B == binary::min || B == binary::max)) {  // float16, bfloat16
+    return launch(lane_element<T, min_max_lanes_op<T, B == binary::max>>{});
   } else {
     reduce_element<T, B, Post> f{};
     if constexpr (B == binary::sum) {

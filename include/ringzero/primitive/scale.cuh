@@ -5,7 +5,8 @@
 /// type (float32 for float16/bfloat16, rounded once), integer types multiply by the integral
 /// scalar with wrapping. And CUDA `divide`: `dst[i] = src[i] / divisor` with avg's arithmetic,
 /// exactly as the host's `divide_into` (a correctly rounded division, not a multiplication by
-/// the reciprocal; integers truncate toward zero). `dst` may equal `src`. 16-byte vectorised
+/// the reciprocal; integers truncate toward zero). A NaN result's payload is the hardware's
+/// (primitive/arithmetic.cuh), as for every arithmetic primitive. `dst` may equal `src`. 16-byte vectorised
 /// (primitive/elementwise.cuh). Asynchronous on `stream`; returns the launch's cudaError_t.
 /// Requires nvcc.
 
@@ -17,6 +18,7 @@
 
 #include <cstdint>
 
+#include "ringzero/primitive/arithmetic.cuh"
 #include "ringzero/primitive/elementwise.cuh"
 #include "ringzero/primitive/reduce.hpp"
 
@@ -31,7 +33,7 @@ struct scale_element {
 
   __device__ T operator()(T x) const {
     namespace h = primitive::detail;
-    return h::store<T>(h::mul(h::load(x), scalar));
+    return arithmetic_result<T>(h::mul(arithmetic_value(x), scalar));
   }
 };
 
@@ -42,7 +44,7 @@ struct divide_element {
 
   __device__ T operator()(T x) const {
     namespace h = primitive::detail;
-    return h::store<T>(h::divide(h::load(x), divisor));
+    return arithmetic_result<T>(h::divide(arithmetic_value(x), divisor));
   }
 };
 
