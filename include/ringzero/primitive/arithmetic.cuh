@@ -10,7 +10,8 @@
 /// sum family, prod, scale and divide, whose NaN results carry the hardware's payload anyway
 /// (an NVIDIA GPU's float32 arithmetic returns the canonical NaN). min, max and cast, which
 /// pass a NaN through unchanged, keep the payload-preserving conversions of core/half.hpp.
-/// Requires nvcc; sm_80 or later (bfloat16 conversion).
+/// Requires nvcc. Before sm_80 (no bfloat16 conversion instruction) bfloat16 is stored by the
+/// host's software rounding.
 ///
 /// What the select that keeps a NaN's payload had cost on sm_90 (nvcc 13.0, instructions and
 /// registers per thread): float16 premul_sum 2200 and 80 with it, 928 and 59 without; bfloat16
@@ -41,8 +42,8 @@ __device__ inline primitive::detail::compute_t<T> arithmetic_value(T x) {
 }
 
 /// An arithmetic result `r` stored as T: float16 by `cvt.rn.f16.f32`, bfloat16 by
-/// `cvt.rn.bf16.f32` (round to nearest even; the host's bits for every value but a NaN, which
-/// is the hardware's); other types as the host stores them.
+/// `cvt.rn.bf16.f32` from sm_80 (round to nearest even; the host's bits for every value but a
+/// NaN, which is the hardware's); other types as the host stores them.
 template <class T>
 __device__ inline T arithmetic_result(primitive::detail::compute_t<T> r) {
   if constexpr (std::is_same_v<T, float16>) {
@@ -50,9 +51,13 @@ __device__ inline T arithmetic_result(primitive::detail::compute_t<T> r) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(r));
     return float16::from_bits(h);
   } else if constexpr (std::is_same_v<T, bfloat16>) {
+#if __CUDA_ARCH__ >= 800
     unsigned short h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(r));
     return bfloat16::from_bits(h);
+#else
+    return primitive::detail::store<T>(r);  // no bfloat16 conversion instruction before sm_80
+#endif
   } else {
     return primitive::detail::store<T>(r);
   }

@@ -4,8 +4,8 @@
 /// register"), for host and CUDA device code. The CUDA `reduce_into` combines whole vectors a
 /// word at a time with them (primitive/reduce_into.cuh) instead of unpacking every 8- or 16-bit
 /// element into a register of its own; the host tests run the same functions against the host
-/// primitive (primitive/reduce.hpp): every pair of byte values, and every float16 value against
-/// a sample of second operands (all 2^32 pairs with RINGZERO_TEST_EXHAUSTIVE=1;
+/// primitive (primitive/reduce.hpp): every pair of byte values, and every float16 and bfloat16
+/// value against a sample of second operands (all 2^32 pairs with RINGZERO_TEST_EXHAUSTIVE=1;
 /// tests/primitive/test_lanes.cpp).
 ///
 /// Lanes: a word holds two 16-bit lanes (lane i is bits [16i, 16i + 16)) or four 8-bit lanes
