@@ -341,6 +341,8 @@ int main(int argc, char** argv) {
                                  reduce_case{rz::dtype::float16, rz::reduce_kind::max, false, 0},
                                  reduce_case{rz::dtype::bfloat16, rz::reduce_kind::max, false, 0},
                                  reduce_case{rz::dtype::float16, rz::reduce_kind::premul_sum, true, 0},
+                                 reduce_case{rz::dtype::bfloat16, rz::reduce_kind::premul_sum, true, 0},
+                                 reduce_case{rz::dtype::float16, rz::reduce_kind::avg, false, 4},
                                  reduce_case{rz::dtype::bfloat16, rz::reduce_kind::avg, false, 4},
                                  reduce_case{rz::dtype::float32, rz::reduce_kind::premul_sum, true, 0},
                                  reduce_case{rz::dtype::int64, rz::reduce_kind::avg, false, 3}}) {
@@ -355,7 +357,8 @@ int main(int argc, char** argv) {
       const std::string name = "reduce_into " + std::string(rz::reduce_kind_name(c.kind)) + " " + std::string(rz::dtype_name(c.t));
       row* r = add(name, 3.0 * S, [&] { return k.reduce_into(d.p, a.p, b.p, n, spec, s); }, true);
       const std::size_t es = rz::dtype_size(c.t);
-      r->wrong = count_wrong(c.t, d.p, n, c.kind != rz::reduce_kind::max, [&](unsigned char* dst, std::uint64_t first, std::uint64_t count) {
+      const bool arithmetic = c.kind != rz::reduce_kind::min && c.kind != rz::reduce_kind::max;  // NaN payload free
+      r->wrong = count_wrong(c.t, d.p, n, arithmetic, [&](unsigned char* dst, std::uint64_t first, std::uint64_t count) {
         const auto ha = download(a.p + first * es, count * es), hb = download(b.p + first * es, count * es);
         rz::primitive::reduce_into(dst, ha.data(), hb.data(), count, spec);
       });
@@ -379,7 +382,7 @@ int main(int argc, char** argv) {
       });
     }
     // scale and fill.
-    for (rz::dtype t : {rz::dtype::float32, rz::dtype::bfloat16}) {
+    for (rz::dtype t : {rz::dtype::float32, rz::dtype::bfloat16, rz::dtype::float16}) {
       const std::uint64_t n = S / rz::dtype_size(t);
       row* r = add("scale " + std::string(rz::dtype_name(t)), 2.0 * S, [&] { return k.scale(d.p, a.p, n, t, 0.125, s); }, false);
       const std::size_t es = rz::dtype_size(t);
