@@ -426,10 +426,10 @@ struct pinned_buffer {
 // arithmetic): float16 sum and prod in binary16 instructions, float16 and bfloat16 min and max
 // by 16-bit comparisons and masks (primitive/lanes.hpp), bfloat16 sum and prod through the
 // hardware's float32 -> bfloat16 rounding (primitive/arithmetic.cuh), int8 and uint8 sums by
-// byte additions: 2^32 pairs per 16-bit type and kind, in chunks of 1024 second operands x all
+// byte additions and their min and max by SIMD intrinsics: 2^32 pairs per 16-bit type and kind, in chunks of 1024 second operands x all
 // 65536 first operands (every other chunk one element in). The host tests check the lane
 // functions with a model of the comparison instruction; this checks the instructions.
-TEST_CASE("reduce_into: every pair of float16 and bfloat16 values (sum, prod, min, max) and of int8 and uint8 values (sum)") {
+TEST_CASE("reduce_into: every pair of float16 and bfloat16 values (sum, prod, min, max) and of int8 and uint8 values (sum, min, max)") {
   const auto& k = primitive::require_device_primitives();
   stream_holder stream;
   const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
@@ -443,14 +443,16 @@ TEST_CASE("reduce_into: every pair of float16 and bfloat16 values (sum, prod, mi
     device_buffer da(n), db(n), dd(n);
     da.upload(a);
     db.upload(b);
-    for (dtype t : {dtype::int8, dtype::uint8}) {
-      CAPTURE(dtype_name(t));
-      expect_launch(k.reduce_into(dd.get(), da.get(), db.get(), n, spec_of(t, reduce_kind::sum), stream.s), "reduce_into launch");
-      primitive::reduce_into(want.data(), a.data(), b.data(), n, spec_of(t, reduce_kind::sum));
-      sync(stream.s);
-      const std::vector<unsigned char> got = dd.download(0, n);
-      CHECK(first_difference_parallel(t, got.data(), want.data(), n, false, 1) == -1);
-    }
+    for (dtype t : {dtype::int8, dtype::uint8})
+      for (reduce_kind kind : {reduce_kind::sum, reduce_kind::min, reduce_kind::max}) {
+        CAPTURE(dtype_name(t));
+        CAPTURE(reduce_kind_name(kind));
+        expect_launch(k.reduce_into(dd.get(), da.get(), db.get(), n, spec_of(t, kind), stream.s), "reduce_into launch");
+        primitive::reduce_into(want.data(), a.data(), b.data(), n, spec_of(t, kind));
+        sync(stream.s);
+        const std::vector<unsigned char> got = dd.download(0, n);
+        CHECK(first_difference_parallel(t, got.data(), want.data(), n, false, 1) == -1);
+      }
   }
   constexpr std::uint64_t values = 65536, seconds_per_chunk = 1024, n = values * seconds_per_chunk;
   constexpr std::size_t bytes = static_cast<std::size_t>(n) * 2;

@@ -2,7 +2,7 @@
 // vectors, against the host primitive (primitive/reduce.hpp) element by element, bits compared
 // exactly (NaN payloads included: min and max keep them). Every lane position and neighbouring
 // lanes that differ are covered, so a carry or a mask leaking across lanes fails too.
-//   add_bytes: every pair of byte values in every lane, for int8 and uint8.
+//   add_bytes, min_max_bytes: every pair of byte values in every lane, for int8 and uint8.
 //   min_max_lanes: every float16 and every bfloat16 first operand against 279 second operands
 //   (every 257th pattern and 23 edges), low and high lane at once with different pairs
 //   (RINGZERO_TEST_EXHAUSTIVE=1: all 65536 second operands, every pair in both lanes; about a
@@ -111,8 +111,11 @@ void check_min_max() {
 
 }  // namespace
 
-TEST_CASE("add_bytes: every pair of byte values in every lane, as the host's int8 and uint8 sums") {
-  std::vector<std::uint32_t> a, b;
+namespace {
+
+/// Every pair of byte values (x, y) in every one of the four lanes, with neighbouring lanes that
+/// differ from the pair and from each other.
+void byte_pairs(std::vector<std::uint32_t>& a, std::vector<std::uint32_t>& b) {
   for (std::uint32_t x = 0; x < 256; ++x)
     for (std::uint32_t y = 0; y < 256; ++y) {
       // the pair (x, y) in lane 0 and rotated into lanes 1-3, with different neighbours
@@ -128,9 +131,27 @@ TEST_CASE("add_bytes: every pair of byte values in every lane, as the host's int
         b.push_back(wb);
       }
     }
+}
+
+}  // namespace
+
+TEST_CASE("add_bytes: every pair of byte values in every lane, as the host's int8 and uint8 sums") {
+  std::vector<std::uint32_t> a, b;
+  byte_pairs(a, b);
   check_words(dtype::int8, reduce_kind::sum, a, b, lanes::add_bytes);
   check_words(dtype::uint8, reduce_kind::sum, a, b, lanes::add_bytes);
   CHECK(lanes::add_bytes(0x80ff7f01u, 0x80017f01u) == 0x0000fe02u);
+}
+
+TEST_CASE("min_max_bytes: every pair of byte values in every lane, as the host's int8 and uint8 min and max") {
+  std::vector<std::uint32_t> a, b;
+  byte_pairs(a, b);
+  check_words(dtype::int8, reduce_kind::min, a, b, lanes::min_max_bytes<true, false>);
+  check_words(dtype::int8, reduce_kind::max, a, b, lanes::min_max_bytes<true, true>);
+  check_words(dtype::uint8, reduce_kind::min, a, b, lanes::min_max_bytes<false, false>);
+  check_words(dtype::uint8, reduce_kind::max, a, b, lanes::min_max_bytes<false, true>);
+  CHECK(lanes::min_max_bytes<true, false>(0x7f80ff01u, 0x01017f02u) == 0x0180ff01u);
+  CHECK(lanes::min_max_bytes<false, false>(0x7f80ff01u, 0x01017f02u) == 0x01017f01u);
 }
 
 TEST_CASE("nan_lanes: exactly the NaN patterns of float16 and bfloat16, lane by lane") {

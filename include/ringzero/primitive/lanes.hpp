@@ -32,6 +32,30 @@ RINGZERO_HOST_DEVICE inline std::uint32_t add_bytes(std::uint32_t x, std::uint32
   return ((x & 0x7f7f7f7fu) + (y & 0x7f7f7f7fu)) ^ ((x ^ y) & 0x80808080u);
 }
 
+/// Four 8-bit lanes: the min (`Max` false) or max of `x_i` and `y_i` as signed (int8) or unsigned
+/// (uint8) bytes, the host's `min_of` / `max_of` (equal values have equal bits, so which one is
+/// taken does not show). On a CUDA device one SIMD intrinsic, `__vmins4`, `__vminu4`, `__vmaxs4`
+/// or `__vmaxu4` (CUDA Math API, "SIMD Intrinsics": per-byte signed or unsigned min and max);
+/// the host compares byte by byte.
+template <bool Signed, bool Max>
+RINGZERO_HOST_DEVICE inline std::uint32_t min_max_bytes(std::uint32_t x, std::uint32_t y) noexcept {
+#if defined(__CUDA_ARCH__)
+  if constexpr (Signed) return Max ? __vmaxs4(x, y) : __vmins4(x, y);
+  else return Max ? __vmaxu4(x, y) : __vminu4(x, y);
+#else
+  std::uint32_t r = 0;
+  for (int lane = 0; lane < 4; ++lane) {
+    const int shift = 8 * lane;
+    const std::uint32_t ux = (x >> shift) & 0xffu, uy = (y >> shift) & 0xffu;
+    const int a = Signed ? static_cast<int>(static_cast<std::int8_t>(ux)) : static_cast<int>(ux);
+    const int b = Signed ? static_cast<int>(static_cast<std::int8_t>(uy)) : static_cast<int>(uy);
+    const bool take_y = Max ? a < b : b < a;
+    r |= (take_y ? uy : ux) << shift;
+  }
+  return r;
+#endif
+}
+
 /// Two 16-bit lanes of a sign-magnitude floating type whose infinity has magnitude bits
 /// `Infinity` (float16 0x7c00, bfloat16 0x7f80): 0xffff in each lane that holds a NaN (a
 /// magnitude above infinity's), 0 elsewhere. Adding 0x7fff - Infinity to a magnitude carries
