@@ -77,21 +77,19 @@ inline bool is_nan_at(ringzero::dtype t, const unsigned char* data, std::size_t 
   return nan;
 }
 
-/// Index of the first element where `got` and `want` differ (bitwise; NaN == NaN when
-/// `nan_equal`), or -1. `what` receives both bit patterns.
-inline long long first_difference(ringzero::dtype t, const std::vector<unsigned char>& got,
-                                  const std::vector<unsigned char>& want, bool nan_equal, std::string* what = nullptr) {
+/// Index of the first of `n` elements (dtype `t`) where `got` and `want` differ (bitwise; NaN ==
+/// NaN when `nan_equal`), or -1. `what` receives both bit patterns.
+inline long long first_difference(ringzero::dtype t, const unsigned char* got, const unsigned char* want, std::size_t n,
+                                  bool nan_equal, std::string* what = nullptr) {
   const std::size_t es = ringzero::dtype_size(t);
-  if (got.size() != want.size()) return 0;
-  const std::size_t n = got.size() / es;
   for (std::size_t i = 0; i < n; ++i) {
-    if (std::memcmp(got.data() + i * es, want.data() + i * es, es) == 0) continue;
-    if (nan_equal && ringzero::is_floating_point(t) && is_nan_at(t, got.data(), i) && is_nan_at(t, want.data(), i)) continue;
+    if (std::memcmp(got + i * es, want + i * es, es) == 0) continue;
+    if (nan_equal && ringzero::is_floating_point(t) && is_nan_at(t, got, i) && is_nan_at(t, want, i)) continue;
     if (what) {
       char buf[128];
       std::uint64_t g = 0, w = 0;
-      std::memcpy(&g, got.data() + i * es, es);
-      std::memcpy(&w, want.data() + i * es, es);
+      std::memcpy(&g, got + i * es, es);
+      std::memcpy(&w, want + i * es, es);
       std::snprintf(buf, sizeof buf, "element %zu: got 0x%llx, want 0x%llx", i, static_cast<unsigned long long>(g),
                     static_cast<unsigned long long>(w));
       *what = buf;
@@ -99,6 +97,13 @@ inline long long first_difference(ringzero::dtype t, const std::vector<unsigned 
     return static_cast<long long>(i);
   }
   return -1;
+}
+
+/// The same over two whole buffers; buffers of different sizes differ at element 0.
+inline long long first_difference(ringzero::dtype t, const std::vector<unsigned char>& got,
+                                  const std::vector<unsigned char>& want, bool nan_equal, std::string* what = nullptr) {
+  if (got.size() != want.size()) return 0;
+  return first_difference(t, got.data(), want.data(), got.size() / ringzero::dtype_size(t), nan_equal, what);
 }
 
 }  // namespace gpu_test

@@ -385,25 +385,15 @@ void parallel_for(std::uint64_t n, unsigned threads, F f) {
   for (auto& th : pool) th.join();
 }
 
-/// The first index where `got` and `want` (`n` elements of float16, bfloat16 or an 8-bit dtype
-/// `t`) differ, or -1; two NaNs match when `nan_equal`. On `threads` threads.
+/// `gpu_test::first_difference` over `n` elements on `threads` threads: the first differing
+/// index, or -1.
 long long first_difference_parallel(dtype t, const unsigned char* got, const unsigned char* want, std::uint64_t n,
                                     bool nan_equal, unsigned threads) {
   std::vector<long long> first(threads, -1);
-  const std::uint32_t infinity = t == dtype::float16 ? 0x7c00u : 0x7f80u;  // a larger magnitude is a NaN
+  const std::size_t es = dtype_size(t);
   parallel_for(n, threads, [&](unsigned w, std::uint64_t begin, std::uint64_t end) {
-    for (std::uint64_t i = begin; i < end; ++i) {
-      if (dtype_size(t) == 1) {
-        if (got[i] == want[i]) continue;
-      } else {
-        std::uint16_t g, h;
-        std::memcpy(&g, got + 2 * i, 2);
-        std::memcpy(&h, want + 2 * i, 2);
-        if (g == h || (nan_equal && (g & 0x7fffu) > infinity && (h & 0x7fffu) > infinity)) continue;
-      }
-      first[w] = static_cast<long long>(i);
-      return;
-    }
+    const long long at = gpu_test::first_difference(t, got + begin * es, want + begin * es, end - begin, nan_equal);
+    if (at >= 0) first[w] = static_cast<long long>(begin) + at;
   });
   for (long long f : first)
     if (f >= 0) return f;
@@ -426,9 +416,10 @@ struct pinned_buffer {
 // arithmetic): float16 sum and prod in binary16 instructions, float16 and bfloat16 min and max
 // by 16-bit comparisons and masks (primitive/lanes.hpp), bfloat16 sum and prod through the
 // hardware's float32 -> bfloat16 rounding (primitive/arithmetic.cuh), int8 and uint8 sums by
-// byte additions and their min and max by SIMD intrinsics: 2^32 pairs per 16-bit type and kind, in chunks of 1024 second operands x all
-// 65536 first operands (every other chunk one element in). The host tests check the lane
-// functions with a model of the comparison instruction; this checks the instructions.
+// byte additions and their min and max by SIMD intrinsics: 2^32 pairs per 16-bit type and
+// kind, in chunks of 1024 second operands x all 65536 first operands (every other chunk one
+// element in). The host tests check the lane functions with a model of the comparison
+// instruction; this checks the instructions.
 TEST_CASE("reduce_into: every pair of float16 and bfloat16 values (sum, prod, min, max) and of int8 and uint8 values (sum, min, max)") {
   const auto& k = primitive::require_device_primitives();
   stream_holder stream;
@@ -450,8 +441,7 @@ TEST_CASE("reduce_into: every pair of float16 and bfloat16 values (sum, prod, mi
         expect_launch(k.reduce_into(dd.get(), da.get(), db.get(), n, spec_of(t, kind), stream.s), "reduce_into launch");
         primitive::reduce_into(want.data(), a.data(), b.data(), n, spec_of(t, kind));
         sync(stream.s);
-        const std::vector<unsigned char> got = dd.download(0, n);
-        CHECK(first_difference_parallel(t, got.data(), want.data(), n, false, 1) == -1);
+        CHECK(gpu_test::first_difference(t, dd.download(0, n), want, false) == -1);
       }
   }
   constexpr std::uint64_t values = 65536, seconds_per_chunk = 1024, n = values * seconds_per_chunk;

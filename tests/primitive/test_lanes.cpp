@@ -109,10 +109,6 @@ void check_min_max() {
   MESSAGE(dtype_name(t) << " " << reduce_kind_name(kind) << ": " << pairs << " pairs in lanes");
 }
 
-}  // namespace
-
-namespace {
-
 /// Every pair of byte values (x, y) in every one of the four lanes, with neighbouring lanes that
 /// differ from the pair and from each other.
 void byte_pairs(std::vector<std::uint32_t>& a, std::vector<std::uint32_t>& b) {

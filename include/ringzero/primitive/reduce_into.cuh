@@ -10,10 +10,10 @@
 /// comparisons and masks, int8 and uint8 min and max by SIMD intrinsics and a plain int8 or
 /// uint8 sum by wrapping byte additions, each on whole 32-bit words. Floating arithmetic is
 /// explicitly rounded (no contraction into FMA), so results are bit-identical to the host's,
-/// with one exception: the payload of a NaN that arithmetic
-/// produces (sum, avg, premul_sum and prod with a NaN operand) is the hardware's, so both
-/// sides give a NaN but x86 keeps an operand's payload where NVIDIA GPUs return the canonical
-/// NaN. min and max pass a NaN operand through with the host's bits (quieted, payload kept).
+/// with one exception: the payload of a NaN that arithmetic produces (sum, avg, premul_sum and
+/// prod with a NaN operand) is the hardware's, so both sides give a NaN but x86 keeps an
+/// operand's payload where NVIDIA GPUs return the canonical NaN. min and max pass a NaN
+/// operand through with the host's bits (quieted, payload kept).
 ///
 /// Memory access: 16-byte vectors with a scalar head and tail (primitive/elementwise.cuh).
 /// `dst` may equal `a` or `b`; otherwise no overlap. Asynchronous on `stream`; returns the

@@ -6,8 +6,8 @@
 /// scalar with wrapping. And CUDA `divide`: `dst[i] = src[i] / divisor` with avg's arithmetic,
 /// exactly as the host's `divide_into` (a correctly rounded division, not a multiplication by
 /// the reciprocal; integers truncate toward zero). A NaN result's payload is the hardware's
-/// (primitive/arithmetic.cuh), as for every arithmetic primitive. `dst` may equal `src`. 16-byte vectorised
-/// (primitive/elementwise.cuh). Asynchronous on `stream`; returns the launch's cudaError_t.
+/// (primitive/arithmetic.cuh), as for every arithmetic primitive. `dst` may equal `src`.
+/// 16-byte vectorised (primitive/elementwise.cuh). Asynchronous on `stream`; returns the launch's cudaError_t.
 /// Requires nvcc.
 
 #if !defined(__CUDACC__)

@@ -154,6 +154,15 @@ inline int device_for_local_rank(int local_rank, const std::string& who) {
 
 namespace detail {
 
+/// The context of an NCCL init error on `rank` of `world_size` (no collective).
+inline error_context init_context(int rank, int world_size) {
+  error_context context;
+  context.backend = "nccl";
+  context.rank = rank;
+  context.world_size = world_size;
+  return context;
+}
+
 /// Runs `f()`; an error it throws without a rank gets this one's (`rank` of `world_size`, backend
 /// "nccl"), so that the lines of several processes say which one failed.
 template <class F>
@@ -162,7 +171,7 @@ auto naming_rank(int rank, int world_size, F&& f) -> decltype(f()) {
     return f();
   } catch (const error& e) {
     if (e.context().rank >= 0) throw;
-    throw error(e.kind(), error_context{"nccl", rank, world_size}, e.message());
+    throw error(e.kind(), init_context(rank, world_size), e.message());
   }
 }
 
@@ -203,7 +212,7 @@ inline std::unique_ptr<communicator> init_with_mpi(MPI_Comm mpi, const options& 
   // the lowest rank without a device (size when every rank has one)
   int missing = count > 0 ? size : rank, first_missing = size;
   MPI_Allreduce(&missing, &first_missing, 1, MPI_INT, MPI_MIN, mpi);
-  const error_context where{"nccl", rank, size};
+  const error_context where = detail::init_context(rank, size);
   if (first_missing < size)
     throw error(errc::no_device, where,
                 "nccl::init_with_mpi: no CUDA device on " +
