@@ -345,7 +345,9 @@ int main(int argc, char** argv) {
                                  reduce_case{rz::dtype::float16, rz::reduce_kind::avg, false, 4},
                                  reduce_case{rz::dtype::bfloat16, rz::reduce_kind::avg, false, 4},
                                  reduce_case{rz::dtype::float32, rz::reduce_kind::premul_sum, true, 0},
-                                 reduce_case{rz::dtype::int64, rz::reduce_kind::avg, false, 3}}) {
+                                 reduce_case{rz::dtype::int64, rz::reduce_kind::avg, false, 3},
+                                 reduce_case{rz::dtype::int32, rz::reduce_kind::avg, false, 3},
+                                 reduce_case{rz::dtype::int8, rz::reduce_kind::avg, false, 3}}) {
       rz::primitive::reduce_spec spec;
       spec.type = c.t;
       spec.kind = c.kind;

@@ -318,6 +318,62 @@ TEST_CASE("divide: every dtype and several divisors, bit for bit as the host (a 
   CHECK(k.divide(nullptr, nullptr, 4, static_cast<dtype>(50), 2, stream.s) != 0);
 }
 
+// The integer quotients of avg and divide, which the device computes by a multiply-high
+// (primitive/invariant_division.hpp), for divisors of every form (small, powers of two and
+// their neighbours, around 2^31, 2^32 and the int64 limit) and the dividends where such a
+// method fails first: at and around multiples of the divisor, the extremes, random values.
+// Both paths: `divide`, and `reduce_into` avg with a zero second operand.
+TEST_CASE("avg and divide of integers: every form of divisor, dividends around its multiples") {
+  const auto& k = primitive::require_device_primitives();
+  stream_holder stream;
+  constexpr std::int64_t divisors[] = {1,           2,          3,          5,           6,
+                                       7,           100,        127,        128,         255,
+                                       256,         641,        65535,      65537,       0x7fffffff,
+                                       0x80000000,  0xffffffff, 0x100000000, 0x100000001, (std::int64_t{1} << 62) + 3,
+                                       std::numeric_limits<std::int64_t>::max()};
+  for (dtype t : {dtype::int8, dtype::uint8, dtype::int32, dtype::uint32, dtype::int64, dtype::uint64})
+    for (std::int64_t divisor : divisors) {
+      CAPTURE(dtype_name(t));
+      CAPTURE(divisor);
+      const std::vector<unsigned char> src = visit_dtype(t, [&]<class T>() {
+        const std::vector<unsigned char> noise = gpu_test::random_bytes(4096 * sizeof(T), 900 + static_cast<std::uint64_t>(divisor % 1000));
+        std::vector<T> v = {std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), T(0), T(1), static_cast<T>(-1)};
+        const auto d = static_cast<std::uint64_t>(divisor);
+        for (std::uint64_t q : {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{3}, std::uint64_t{100}, std::uint64_t{12345}})
+          for (std::uint64_t m : {q * d, q * d - 1, q * d + 1, q * d + d - 1}) {  // wrapping where T is narrower
+            v.push_back(static_cast<T>(m));
+            v.push_back(static_cast<T>(std::uint64_t{0} - m));
+          }
+        std::vector<unsigned char> bytes(v.size() * sizeof(T) + noise.size());
+        std::memcpy(bytes.data(), v.data(), v.size() * sizeof(T));
+        std::memcpy(bytes.data() + v.size() * sizeof(T), noise.data(), noise.size());
+        return bytes;
+      });
+      const std::uint64_t n = src.size() / dtype_size(t);
+      const std::vector<unsigned char> zeros(src.size(), 0);
+      device_buffer dsrc(src.size()), dzero(src.size()), ddst(src.size());
+      dsrc.upload(src);
+      dzero.upload(zeros);
+      std::vector<unsigned char> want(src.size());
+      std::string what;
+
+      expect_launch(k.divide(ddst.get(), dsrc.get(), n, t, divisor, stream.s), "divide launch");
+      primitive::divide_into(want.data(), src.data(), n, t, divisor);
+      sync(stream.s);
+      CHECK_MESSAGE(gpu_test::first_difference(t, ddst.download(0, src.size()), want, false, &what) == -1, "divide: " << what);
+
+      primitive::reduce_spec avg = spec_of(t, reduce_kind::avg);
+      avg.divisor = divisor;
+      expect_launch(k.reduce_into(ddst.get(), dsrc.get(), dzero.get(), n, avg, stream.s), "reduce_into launch");
+      primitive::reduce_into(want.data(), src.data(), zeros.data(), n, avg);
+      sync(stream.s);
+      CHECK_MESSAGE(gpu_test::first_difference(t, ddst.download(0, src.size()), want, false, &what) == -1, "avg: " << what);
+    }
+  primitive::reduce_spec negative = spec_of(dtype::int32, reduce_kind::avg);
+  negative.divisor = -2;
+  CHECK(k.reduce_into(nullptr, nullptr, nullptr, 4, negative, stream.s) != 0);
+}
+
 TEST_CASE("allocate, deallocate and synchronize through the table") {
   const auto& k = primitive::require_device_primitives();
   stream_holder stream;

@@ -17,7 +17,8 @@
 ///
 /// Memory access: 16-byte vectors with a scalar head and tail (primitive/elementwise.cuh).
 /// `dst` may equal `a` or `b`; otherwise no overlap. Asynchronous on `stream`; returns the
-/// launch's cudaError_t (cudaErrorInvalidValue for an invalid dtype or kind). Requires nvcc.
+/// launch's cudaError_t (cudaErrorInvalidValue for an invalid dtype or kind, or a negative
+/// divisor). Requires nvcc.
 
 #if !defined(__CUDACC__)
 #error "ringzero/primitive/reduce_into.cuh contains CUDA kernels: include it only from a .cu file compiled by nvcc"
@@ -205,7 +206,7 @@ cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t
 /// device can access (non-null when count > 0); `dst` equal to or disjoint from each input.
 inline cudaError_t reduce_into(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec,
                                cudaStream_t stream) noexcept {
-  if (!is_valid(spec.type) || !is_valid(spec.kind)) return cudaErrorInvalidValue;
+  if (!is_valid(spec.type) || !is_valid(spec.kind) || spec.divisor < 0) return cudaErrorInvalidValue;
   if (count == 0) return cudaSuccess;
   using primitive::detail::binary;
   return visit_dtype(spec.type, [&]<class T>() -> cudaError_t {
