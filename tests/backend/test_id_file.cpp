@@ -3,8 +3,11 @@
 // of another job or world size are ignored, and a missing file ends in a timeout that says why.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <string>
@@ -120,4 +123,98 @@ TEST_CASE("a reading rank says when the file's directory is missing, and fails a
   }
   CHECK(std::chrono::steady_clock::now() - start < 10s);  // not the 30 s timeout
   nccl::remove_id_file(path);
+}
+
+TEST_CASE("a file that is not an id file is named as such; paths that are not regular files fail at once") {
+  const std::string path = temp_path("garbage");
+  for (const std::string& text : {std::string("hello world\n"), std::string("ringzero-nccl-id 1 world_size=99999999999 job=- id=00\n"),
+                                  std::string(300, '\x01')}) {
+    { std::ofstream(path, std::ios::binary) << text; }
+    try {
+      (void)nccl::read_id_file(path, 2, 0.05s, "");
+      FAIL("no timeout");
+    } catch (const error& e) {
+      CHECK(e.kind() == errc::timeout);
+      const std::string what = e.what();
+      CHECK(what.find("is not an id file") != std::string::npos);
+      CHECK(what.find("never appeared") == std::string::npos);
+    }
+  }
+  nccl::remove_id_file(path);
+  // A directory, /dev/zero and a FIFO: none can hold an id, and reading /dev/zero or opening a
+  // FIFO would never end.
+  const std::string fifo = temp_path("fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  for (const std::string& p : {std::string("/tmp"), std::string("/dev/zero"), fifo}) {
+    CAPTURE(p);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      (void)nccl::read_id_file(p, 2, 30s, "");
+      FAIL("no error");
+    } catch (const error& e) {
+      CHECK(e.kind() == errc::io_error);
+      CHECK(std::string(e.what()).find("not a regular file") != std::string::npos);
+    }
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+  }
+  std::remove(fifo.c_str());
+}
+
+TEST_CASE("timeouts: NaN is rejected, infinity and huge values wait, zero and negative poll once") {
+  const std::string path = temp_path("timeouts");
+  CHECK_THROWS_WITH_AS((void)nccl::read_id_file(path, 2, std::chrono::duration<double>(std::nan("")), ""),
+                       doctest::Contains("NaN"), error);
+  for (double seconds : {0.0, -1.0}) {
+    CAPTURE(seconds);
+    CHECK_THROWS_WITH_AS((void)nccl::read_id_file(path, 2, std::chrono::duration<double>(seconds), ""),
+                         doctest::Contains("never appeared"), error);
+  }
+  for (double seconds : {1e300, HUGE_VAL}) {  // waits until the file appears
+    CAPTURE(seconds);
+    const nccl::id_bytes id = random_id(7);
+    std::thread writer([&] {
+      std::this_thread::sleep_for(100ms);
+      nccl::publish_id_file(path, id, 2, "");
+    });
+    CHECK(nccl::read_id_file(path, 2, std::chrono::duration<double>(seconds), "") == id);
+    writer.join();
+    nccl::remove_id_file(path);
+  }
+}
+
+TEST_CASE("threads of one process may publish to one path at the same time") {
+  const std::string path = temp_path("writers");
+  std::vector<std::thread> writers;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 8; ++t)
+    writers.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) try {
+          nccl::publish_id_file(path, random_id(static_cast<std::uint64_t>(t)), 2, "");
+        } catch (const error&) {
+          ++failures;
+        }
+    });
+  for (auto& w : writers) w.join();
+  CHECK(failures.load() == 0);
+  bool one_of_ours = false;
+  const nccl::id_bytes got = nccl::read_id_file(path, 2, 1s, "");
+  for (std::uint64_t t = 0; t < 8; ++t) one_of_ours = one_of_ours || got == random_id(t);
+  CHECK(one_of_ours);
+  nccl::remove_id_file(path);
+}
+
+TEST_CASE("the job token: torchrun's default \"none\" is no job; a token with spaces or \"-\" is rejected by name") {
+  ::unsetenv("RINGZERO_JOB_ID");
+  ::unsetenv("SLURM_JOB_ID");
+  ::unsetenv("OMPI_MCA_ess_base_jobid");
+  ::setenv("TORCHELASTIC_RUN_ID", "none", 1);
+  CHECK(nccl::job_token_from_env().empty());
+  ::setenv("TORCHELASTIC_RUN_ID", "run-7", 1);
+  CHECK(nccl::job_token_from_env() == "run-7");
+  ::unsetenv("TORCHELASTIC_RUN_ID");
+  for (const char* bad : {"my job", "-", "a\tb"}) {
+    ::setenv("RINGZERO_JOB_ID", bad, 1);
+    CHECK_THROWS_WITH_AS((void)nccl::job_token_from_env(), doctest::Contains("RINGZERO_JOB_ID"), error);
+  }
+  ::unsetenv("RINGZERO_JOB_ID");
 }

@@ -12,16 +12,25 @@ using namespace ringzero;
 
 namespace {
 
-const char* const launcher_variables[] = {"RANK",          "WORLD_SIZE",          "LOCAL_RANK",
-                                          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                          "SLURM_PROCID",  "SLURM_NTASKS",        "SLURM_LOCALID"};
+const char* const launcher_variables[] = {"RANK",
+                                          "WORLD_SIZE",
+                                          "LOCAL_RANK",
+                                          "LOCAL_WORLD_SIZE",
+                                          "OMPI_COMM_WORLD_RANK",
+                                          "OMPI_COMM_WORLD_SIZE",
+                                          "OMPI_COMM_WORLD_LOCAL_RANK",
+                                          "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                          "SLURM_PROCID",
+                                          "SLURM_NTASKS",
+                                          "SLURM_LOCALID"};
+constexpr int launcher_variable_count = sizeof launcher_variables / sizeof launcher_variables[0];
 
 /// Clears every launcher variable for the test's duration and restores them afterwards.
 struct clean_environment {
-  std::string saved[9];
-  bool had[9] = {};
+  std::string saved[launcher_variable_count];
+  bool had[launcher_variable_count] = {};
   clean_environment() {
-    for (int i = 0; i < 9; ++i) {
+    for (int i = 0; i < launcher_variable_count; ++i) {
       if (const char* v = std::getenv(launcher_variables[i])) {
         had[i] = true;
         saved[i] = v;
@@ -30,7 +39,7 @@ struct clean_environment {
     }
   }
   ~clean_environment() {
-    for (int i = 0; i < 9; ++i) {
+    for (int i = 0; i < launcher_variable_count; ++i) {
       if (had[i]) setenv(launcher_variables[i], saved[i].c_str(), 1);
       else unsetenv(launcher_variables[i]);
     }
@@ -105,6 +114,36 @@ TEST_CASE("malformed or inconsistent values are refused with the variable's name
   setenv("WORLD_SIZE", "2", 1);
   setenv("LOCAL_RANK", "-1", 1);
   CHECK(error_of([] { (void)read_launch_env(); }) == errc::invalid_argument);
+}
+
+TEST_CASE("numbers are plain decimal digits; the local rank must fit the world and the node") {
+  clean_environment env;
+  setenv("WORLD_SIZE", "4", 1);
+  for (const char* text : {" 1", "+1", "1 ", "0x1", ""}) {
+    CAPTURE(text);
+    setenv("RANK", text, 1);
+    if (*text == '\0') CHECK(error_of([] { (void)read_launch_env(); }) == errc::invalid_argument);  // empty: unset
+    else CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("RANK="), error);
+  }
+  setenv("RANK", "1", 1);
+  setenv("LOCAL_RANK", "4", 1);
+  CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("LOCAL_RANK=4 is outside [0, WORLD_SIZE=4)"), error);
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  CHECK(read_launch_env().local_rank == 1);
+  setenv("LOCAL_RANK", "2", 1);
+  CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("LOCAL_RANK=2 is outside [0, LOCAL_WORLD_SIZE=2)"), error);
+  setenv("LOCAL_WORLD_SIZE", "5", 1);
+  CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("LOCAL_WORLD_SIZE=\"5\""), error);
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  unsetenv("LOCAL_RANK");
+  unsetenv("LOCAL_WORLD_SIZE");
+  setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1", 1);
+  CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("OMPI_COMM_WORLD_LOCAL_RANK=1"), error);
 }
 
 TEST_CASE("a world size without a rank is refused (torchrun, Open MPI), tolerated for Slurm") {

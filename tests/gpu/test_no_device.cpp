@@ -5,10 +5,16 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include "ringzero/backend/cuda/event.hpp"
 #include "ringzero/backend/cuda/runtime.hpp"
+#include "ringzero/backend/cuda/stream.hpp"
 #include "ringzero/backend/local/cuda.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 #include "ringzero/ringzero.hpp"
@@ -45,6 +51,11 @@ TEST_CASE("GPU entry points: errc::no_device without a device, working ones with
     expect_no_device([&] { local::launch_cuda(2, [&](local::cuda_communicator&) { ++ranks_started; }); }, "local::launch_cuda");
     CHECK(ranks_started == 0);
     expect_no_device([] { (void)cudart::require_device("a test"); }, "cudart::require_device");
+    // the low-level helpers too: what the runtime answers means "no device", not a failed call
+    expect_no_device([] { (void)cudart::stream::create(0); }, "cudart::stream::create");
+    expect_no_device([] { cudart::event e(0); }, "cudart::event");
+    expect_no_device([] { cudart::device_guard g(0); }, "cudart::device_guard");
+    expect_no_device([] { cudart::use_device(0); }, "cudart::use_device");
     expect_no_device(
         [] {
           local::world w(1);
@@ -73,6 +84,33 @@ TEST_CASE("GPU entry points: errc::no_device without a device, working ones with
   CHECK(comms.size() == 1);
 #endif
 }
+
+#if RINGZERO_HAS_NCCL
+TEST_CASE("nccl::init_with_file rejects a bad rank, world size, local rank or timeout before touching the file") {
+  const std::string path = "/tmp/ringzero-test-init-with-file-" + std::to_string(::getpid());
+  auto expect_invalid = [&](launch_env env, nccl::options opts, const char* says) {
+    CAPTURE(says);
+    try {
+      (void)nccl::init_with_file(path, env, opts);
+      FAIL("accepted");
+    } catch (const error& e) {
+      CHECK(e.kind() == errc::invalid_argument);
+      CHECK(std::string(e.what()).find(says) != std::string::npos);
+    }
+    CHECK(::access(path.c_str(), F_OK) != 0);  // no id file was published
+  };
+  expect_invalid({7, 2, 0, "test"}, {}, "rank 7 is outside [0, 2)");
+  expect_invalid({-1, 2, 0, "test"}, {}, "rank -1 is outside [0, 2)");
+  expect_invalid({0, 0, 0, "test"}, {}, "world size 0 is below 1");
+  expect_invalid({0, 2, -1, "test"}, {}, "local rank -1 is negative");
+  nccl::options nan_timeout;
+  nan_timeout.timeout = std::chrono::duration<double>(std::nan(""));
+  expect_invalid({0, 2, 0, "test"}, nan_timeout, "timeout must be positive");
+  nccl::options negative_timeout;
+  negative_timeout.timeout = std::chrono::duration<double>(-1.0);
+  expect_invalid({1, 2, 0, "test"}, negative_timeout, "timeout must be positive");
+}
+#endif
 
 TEST_CASE("the program's CUDA kernels are registered when the kernel library is linked") {
 #if RINGZERO_TEST_HAVE_KERNELS

@@ -5,10 +5,13 @@
 /// Open MPI's OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK, then Slurm's SLURM_PROCID /
 /// SLURM_NTASKS / SLURM_LOCALID. With none of them set the process is a world of one.
 ///
-/// Every value is checked: a malformed or inconsistent one (rank outside [0, world_size), a
-/// negative local rank, RANK without WORLD_SIZE or WORLD_SIZE without RANK, the same for Open
-/// MPI's pair) raises errc::invalid_argument naming the
-/// variable and its text. Pure apart from reading the environment; thread-safe as getenv.
+/// Every value is checked: a malformed or inconsistent one (anything but decimal digits, a rank
+/// outside [0, world_size), a local rank outside [0, world_size) or, where the launcher says
+/// how many processes share the node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE), outside
+/// [0, that), RANK without WORLD_SIZE or WORLD_SIZE without RANK, the same for Open MPI's pair)
+/// raises errc::invalid_argument naming the variable and its text. Without a local-rank
+/// variable the local rank is the global rank (one node). Pure apart from reading the
+/// environment; thread-safe as getenv.
 
 #include <cerrno>
 #include <cstdlib>
@@ -34,8 +37,9 @@ namespace detail {
 inline int parse_nonnegative_int(const std::string& text, const char* name) {
   char* end = nullptr;
   errno = 0;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  if (end == text.c_str() || *end != '\0' || errno == ERANGE || v < 0 || v > 0x7fffffffL)
+  const bool digits_first = !text.empty() && text[0] >= '0' && text[0] <= '9';  // no space or sign before
+  const long v = digits_first ? std::strtol(text.c_str(), &end, 10) : -1;
+  if (!digits_first || end == text.c_str() || *end != '\0' || errno == ERANGE || v < 0 || v > 0x7fffffffL)
     throw error(errc::invalid_argument, std::string(name) + "=\"" + text + "\" is not a non-negative integer");
   return static_cast<int>(v);
 }
@@ -46,7 +50,7 @@ inline int parse_nonnegative_int(const std::string& text, const char* name) {
 /// would train apart without a word). Not for Slurm, whose allocation shells set SLURM_NTASKS
 /// without SLURM_PROCID for every command they run.
 inline std::optional<launch_env> read_launch_env(const char* rank_var, const char* size_var, const char* local_var,
-                                                 const char* source, bool size_needs_rank = true) {
+                                                 const char* local_size_var, const char* source, bool size_needs_rank = true) {
   const auto rank = env_string(rank_var);
   const auto size = env_string(size_var);
   if (!rank) {
@@ -67,6 +71,18 @@ inline std::optional<launch_env> read_launch_env(const char* rank_var, const cha
                                             size_var + "=" + std::to_string(e.world_size) + ")");
   if (const auto local = env_string(local_var)) e.local_rank = parse_nonnegative_int(*local, local_var);
   else e.local_rank = e.rank;  // one node: the global rank is the local one
+  if (e.local_rank >= e.world_size)
+    throw error(errc::invalid_argument, std::string(local_var) + "=" + std::to_string(e.local_rank) + " is outside [0, " +
+                                            size_var + "=" + std::to_string(e.world_size) + ")");
+  if (const auto local_size = local_size_var ? env_string(local_size_var) : std::nullopt) {
+    const int n = parse_nonnegative_int(*local_size, local_size_var);
+    if (n < 1 || n > e.world_size)
+      throw error(errc::invalid_argument, std::string(local_size_var) + "=\"" + *local_size + "\" is outside [1, " + size_var +
+                                              "=" + std::to_string(e.world_size) + "]");
+    if (e.local_rank >= n)
+      throw error(errc::invalid_argument, std::string(local_var) + "=" + std::to_string(e.local_rank) + " is outside [0, " +
+                                              local_size_var + "=" + std::to_string(n) + ")");
+  }
   return e;
 }
 
@@ -75,10 +91,12 @@ inline std::optional<launch_env> read_launch_env(const char* rank_var, const cha
 /// This process's rank, world size and local rank (see the file comment for the variables).
 /// Throws errc::invalid_argument for malformed values.
 inline launch_env read_launch_env() {
-  if (auto e = detail::read_launch_env("RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun")) return *e;
-  if (auto e = detail::read_launch_env("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpi"))
+  if (auto e = detail::read_launch_env("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun")) return *e;
+  if (auto e = detail::read_launch_env("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                       "OMPI_COMM_WORLD_LOCAL_SIZE", "mpi"))
     return *e;
-  if (auto e = detail::read_launch_env("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm", false)) return *e;
+  // SLURM_NTASKS_PER_NODE can be a list such as "2(x3)": the local rank is checked against the world size only
+  if (auto e = detail::read_launch_env("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "slurm", false)) return *e;
   launch_env e;
   e.source = "none";
   return e;

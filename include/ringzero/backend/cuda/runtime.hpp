@@ -28,12 +28,21 @@ inline std::string error_text(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
-/// Throws `ringzero::error(errc::backend_failure)` "<what> failed: <error>" unless `e` is
-/// cudaSuccess. The runtime's sticky last-error state is cleared first, so a failed call does
+/// Whether `e` means that this process has no usable CUDA device at all (no device, no or a
+/// too old driver, the driver's stub library), as opposed to a failure of one call.
+inline bool means_no_device(cudaError_t e) noexcept {
+  return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorStubLibrary ||
+         e == cudaErrorSystemDriverMismatch || e == cudaErrorCompatNotSupportedOnDevice;
+}
+
+/// Throws `ringzero::error` "<what> failed: <error>" unless `e` is cudaSuccess: errc::no_device
+/// (the message then says "no CUDA device") where `means_no_device(e)`, errc::backend_failure
+/// otherwise. The runtime's sticky last-error state is cleared first, so a failed call does
 /// not poison the next check.
 inline void check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
   (void)cudaGetLastError();
+  if (means_no_device(e)) throw error(errc::no_device, std::string(what) + " failed: no CUDA device (" + error_text(e) + ")");
   throw error(errc::backend_failure, std::string(what) + " failed: " + error_text(e));
 }
 

@@ -14,16 +14,22 @@
 /// remove it, or set RINGZERO_JOB_ID.
 ///
 /// Independent of NCCL (the id is plain bytes), so the exchange is testable anywhere.
-/// Errors: errc::io_error (cannot write; or, on a reading rank, the file is there but this
-/// process may not read it), errc::timeout (the file never appeared; the message says what was
-/// found instead, if anything, or that its directory does not exist). Thread safety: distinct paths are independent.
+/// Errors: errc::io_error (cannot write; or, on a reading rank, the path is there but is not a
+/// regular file or this process may not read it), errc::timeout (no id of this job appeared;
+/// the message says what the file held instead, if anything, or that its directory does not
+/// exist), errc::invalid_argument (a NaN timeout; a job variable that is not one word).
+/// Thread safety: the functions may be called from several threads, also on one path.
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "ringzero/core/env.hpp"
@@ -45,10 +51,24 @@ inline constexpr std::size_t id_size = 128;
 /// An NCCL unique id as plain bytes.
 using id_bytes = std::array<unsigned char, id_size>;
 
+/// The most of an id file a reader reads (its one line is under 400 bytes with a job name of
+/// a few dozen characters); anything longer is not an id file.
+inline constexpr std::size_t id_file_max_bytes = 4096;
+
 /// The job identity recorded in id files (see the file comment); empty when none is set.
+/// TORCHELASTIC_RUN_ID "none" (torchrun's value without `--rdzv-id`, the same for every job)
+/// counts as unset. Throws errc::invalid_argument naming the variable when its value has
+/// whitespace or control characters or is "-" (an id file holds it as one word).
 inline std::string job_token_from_env() {
-  for (const char* name : {"RINGZERO_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"})
-    if (auto v = ringzero::detail::env_string(name)) return *v;
+  for (const char* name : {"RINGZERO_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"}) {
+    auto v = ringzero::detail::env_string(name);
+    if (!v || (std::string_view(name) == "TORCHELASTIC_RUN_ID" && *v == "none")) continue;
+    const bool one_word = std::none_of(v->begin(), v->end(), [](char c) { return static_cast<unsigned char>(c) <= ' ' || c == 0x7f; });
+    if (!one_word || *v == "-")
+      throw error(errc::invalid_argument, std::string(name) + "=\"" + *v +
+                                              "\" cannot name the job in an NCCL id file: use one word without spaces, other than \"-\"");
+    return *v;
+  }
   return {};
 }
 
@@ -114,6 +134,14 @@ inline id_file_content parse_id_file(const std::string& text) {
   return c;
 }
 
+/// The first bytes of `text` for a message: at most 40, other than printable ASCII as '?'.
+inline std::string printable_start(const std::string& text) {
+  std::string out = text.substr(0, 40);
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < ' ' || static_cast<unsigned char>(c) > '~') c = '?';
+  return text.size() > 40 ? out + "..." : out;
+}
+
 /// "; its directory D does not exist" (or is not searchable) when that is why `path` cannot
 /// appear; empty otherwise.
 inline std::string directory_note(const std::string& path) {
@@ -135,14 +163,17 @@ inline std::string directory_note(const std::string& path) {
 
 }  // namespace detail
 
-/// Writes `id` for a job of `world_size` ranks at `path`, atomically (rank 0's side).
-/// Throws errc::io_error when the file cannot be written.
+/// Writes `id` for a job of `world_size` ranks at `path`, atomically (rank 0's side; the
+/// temporary file's name is unique per process and call). Throws errc::io_error when the file
+/// cannot be written.
 inline void publish_id_file(const std::string& path, const id_bytes& id, int world_size,
                             const std::string& job = job_token_from_env()) {
+  static std::atomic<unsigned long> calls{0};  // threads of one process publishing to one path
+  const std::string serial = std::to_string(calls.fetch_add(1, std::memory_order_relaxed));
 #if defined(__unix__)
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + serial;
 #else
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = path + ".tmp." + serial;
 #endif
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -158,14 +189,26 @@ inline void publish_id_file(const std::string& path, const id_bytes& id, int wor
 }
 
 /// Waits until `path` holds the id of this job (`job`) for `world_size` ranks and returns it
-/// (every other rank's side). Polls every few milliseconds. Throws errc::timeout after
-/// `timeout`, saying what the file held if it held something else.
+/// (every other rank's side). Polls every few milliseconds, reading at most the first
+/// `id_file_max_bytes` of the file. `timeout`: 0 or negative polls once; above
+/// `max_timeout_seconds` (infinity included) waits for ever. Throws errc::invalid_argument for
+/// a NaN timeout; errc::io_error when `path` exists but is not a regular file or cannot be read
+/// by this process (waiting cannot help); errc::timeout after `timeout`, saying what the file
+/// held if it held something else or something that is not an id file.
 inline id_bytes read_id_file(const std::string& path, int world_size, std::chrono::duration<double> timeout,
                              const std::string& job = job_token_from_env()) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  if (std::isnan(timeout.count()))
+    throw error(errc::invalid_argument, "read_id_file: the timeout for " + path + " is NaN");
+  const auto wait = bounded_timeout(timeout);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
   auto pause = std::chrono::milliseconds(1);
   std::string seen;
   for (;;) {
+#if defined(__unix__)
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      throw error(errc::io_error, path + " is not a regular file: it cannot hold the NCCL unique id");
+#endif
     std::ifstream in(path, std::ios::binary);
 #if defined(__unix__)
     if (!in && ::access(path.c_str(), F_OK) == 0 && ::access(path.c_str(), R_OK) != 0) {
@@ -175,14 +218,18 @@ inline id_bytes read_id_file(const std::string& path, int world_size, std::chron
     }
 #endif
     if (in) {
-      std::stringstream text;
-      text << in.rdbuf();
-      const detail::id_file_content c = detail::parse_id_file(text.str());
+      std::string text(id_file_max_bytes, '\0');
+      in.read(text.data(), static_cast<std::streamsize>(text.size()));
+      text.resize(static_cast<std::size_t>(in.gcount()));
+      const detail::id_file_content c = detail::parse_id_file(text);
       if (c.ok && c.world_size == world_size && c.job == job) return c.id;
       if (c.ok)
         seen = "; it holds an id for world size " + std::to_string(c.world_size) + " and job \"" + c.job +
                "\" (this job: world size " + std::to_string(world_size) + ", job \"" + job +
                "\"): a stale file? remove it or set RINGZERO_JOB_ID";
+      else if (!text.empty())  // rank 0 renames a whole file into place: this is not one of ours
+        seen = "; it exists but is not an id file of this version (it starts \"" + detail::printable_start(text) +
+               "\"): remove it";
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       char seconds[32];

@@ -179,16 +179,32 @@ auto naming_rank(int rank, int world_size, F&& f) -> decltype(f()) {
 
 /// Rank `env.rank` of `env.world_size`, with the id exchanged through the file `path` on a
 /// filesystem every rank can read (nccl/id_file.hpp), on device `env.local_rank % devices`.
-/// Rank 0 removes the file once the communicator exists.
-/// Errors name the rank (`ringzero [nccl rank 1/4]: ...`).
+/// Rank 0 removes the file once the communicator exists, and also when making it fails after
+/// the file was published (so that no later job finds a stale id). Errors name the rank
+/// (`ringzero [nccl rank 1/4]: ...`); errc::invalid_argument, before any file is touched, for a
+/// world size below 1, a rank outside [0, world size), a negative local rank or a timeout that
+/// is not positive.
 inline std::unique_ptr<communicator> init_with_file(const std::string& path, const launch_env& env, const options& opts = {}) {
   return detail::naming_rank(env.rank, env.world_size, [&] {
+    const std::string who = "nccl::init_with_file: ";
+    if (env.world_size < 1) throw error(errc::invalid_argument, who + "world size " + std::to_string(env.world_size) + " is below 1");
+    if (env.rank < 0 || env.rank >= env.world_size)
+      throw error(errc::invalid_argument, who + "rank " + std::to_string(env.rank) + " is outside [0, " +
+                                              std::to_string(env.world_size) + ")");
+    if (env.local_rank < 0) throw error(errc::invalid_argument, who + "local rank " + std::to_string(env.local_rank) + " is negative");
+    const auto wait = opts.timeout ? *opts.timeout : env_timeout();
+    if (!(wait.count() > 0.0))
+      throw error(errc::invalid_argument, who + "timeout must be positive, got " + std::to_string(wait.count()) + " s");
     const int device = device_for_local_rank(env.local_rank, "nccl::init_with_file");
-    const auto wait = bounded_timeout(opts.timeout ? *opts.timeout : env_timeout());
-    const id_bytes id = exchange_id_through_file(path, env.rank, env.world_size, [] { return generate_id(); }, wait);
-    auto comm = std::make_unique<communicator>(id, env.rank, env.world_size, device, opts);
-    if (env.rank == 0) remove_id_file(path);
-    return comm;
+    const id_bytes id = exchange_id_through_file(path, env.rank, env.world_size, [] { return generate_id(); }, bounded_timeout(wait));
+    try {
+      auto comm = std::make_unique<communicator>(id, env.rank, env.world_size, device, opts);
+      if (env.rank == 0) remove_id_file(path);
+      return comm;
+    } catch (...) {
+      if (env.rank == 0) remove_id_file(path);
+      throw;
+    }
   });
 }
 
