@@ -128,7 +128,7 @@ TEST_CASE("a reading rank says when the file's directory is missing, and fails a
 TEST_CASE("a file that is not an id file is named as such; paths that are not regular files fail at once") {
   const std::string path = temp_path("garbage");
   for (const std::string& text : {std::string("hello world\n"), std::string("ringzero-nccl-id 1 world_size=99999999999 job=- id=00\n"),
-                                  std::string(300, '\x01')}) {
+                                  std::string(300, '\x01'), std::string()}) {
     { std::ofstream(path, std::ios::binary) << text; }
     try {
       (void)nccl::read_id_file(path, 2, 0.05s, "");
@@ -136,7 +136,7 @@ TEST_CASE("a file that is not an id file is named as such; paths that are not re
     } catch (const error& e) {
       CHECK(e.kind() == errc::timeout);
       const std::string what = e.what();
-      CHECK(what.find("is not an id file") != std::string::npos);
+      CHECK(what.find(text.empty() ? "is empty" : "is not an id file") != std::string::npos);
       CHECK(what.find("never appeared") == std::string::npos);
     }
   }
@@ -164,7 +164,7 @@ TEST_CASE("timeouts: NaN is rejected, infinity and huge values wait, zero and ne
   const std::string path = temp_path("timeouts");
   CHECK_THROWS_WITH_AS((void)nccl::read_id_file(path, 2, std::chrono::duration<double>(std::nan("")), ""),
                        doctest::Contains("NaN"), error);
-  for (double seconds : {0.0, -1.0}) {
+  for (double seconds : {0.0, -1.0, -HUGE_VAL}) {
     CAPTURE(seconds);
     CHECK_THROWS_WITH_AS((void)nccl::read_id_file(path, 2, std::chrono::duration<double>(seconds), ""),
                          doctest::Contains("never appeared"), error);
@@ -212,9 +212,16 @@ TEST_CASE("the job token: torchrun's default \"none\" is no job; a token with sp
   ::setenv("TORCHELASTIC_RUN_ID", "run-7", 1);
   CHECK(nccl::job_token_from_env() == "run-7");
   ::unsetenv("TORCHELASTIC_RUN_ID");
-  for (const char* bad : {"my job", "-", "a\tb"}) {
+  const std::string long_token(nccl::max_job_token_bytes + 1, 'j');
+  for (const char* bad : {"my job", "-", "a\tb", long_token.c_str()}) {
     ::setenv("RINGZERO_JOB_ID", bad, 1);
     CHECK_THROWS_WITH_AS((void)nccl::job_token_from_env(), doctest::Contains("RINGZERO_JOB_ID"), error);
   }
+  // the longest token still makes a file its readers accept
+  const std::string path = temp_path("long-job");
+  const std::string longest(nccl::max_job_token_bytes, 'j');
+  nccl::publish_id_file(path, random_id(9), 3, longest);
+  CHECK(nccl::read_id_file(path, 3, 1s, longest) == random_id(9));
+  nccl::remove_id_file(path);
   ::unsetenv("RINGZERO_JOB_ID");
 }

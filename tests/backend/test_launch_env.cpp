@@ -135,6 +135,11 @@ TEST_CASE("numbers are plain decimal digits; the local rank must fit the world a
   CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("LOCAL_RANK=2 is outside [0, LOCAL_WORLD_SIZE=2)"), error);
   setenv("LOCAL_WORLD_SIZE", "5", 1);
   CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("LOCAL_WORLD_SIZE=\"5\""), error);
+  unsetenv("LOCAL_RANK");  // a node of 2 out of 4 processes, and no local rank: cannot be guessed
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("LOCAL_RANK is not set"), error);
+  setenv("LOCAL_WORLD_SIZE", "4", 1);  // one node: the global rank
+  CHECK(read_launch_env().local_rank == 1);
   unsetenv("RANK");
   unsetenv("WORLD_SIZE");
   unsetenv("LOCAL_RANK");

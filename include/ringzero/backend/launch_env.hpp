@@ -10,8 +10,9 @@
 /// how many processes share the node (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE), outside
 /// [0, that), RANK without WORLD_SIZE or WORLD_SIZE without RANK, the same for Open MPI's pair)
 /// raises errc::invalid_argument naming the variable and its text. Without a local-rank
-/// variable the local rank is the global rank (one node). Pure apart from reading the
-/// environment; thread-safe as getenv.
+/// variable the local rank is the global rank (one node; an error when the launcher says the
+/// node holds fewer processes than the world). Pure apart from reading the environment;
+/// thread-safe as getenv.
 
 #include <cerrno>
 #include <cstdlib>
@@ -69,19 +70,26 @@ inline std::optional<launch_env> read_launch_env(const char* rank_var, const cha
   if (e.rank >= e.world_size)
     throw error(errc::invalid_argument, std::string(rank_var) + "=" + std::to_string(e.rank) + " is outside [0, " +
                                             size_var + "=" + std::to_string(e.world_size) + ")");
-  if (const auto local = env_string(local_var)) e.local_rank = parse_nonnegative_int(*local, local_var);
-  else e.local_rank = e.rank;  // one node: the global rank is the local one
-  if (e.local_rank >= e.world_size)
-    throw error(errc::invalid_argument, std::string(local_var) + "=" + std::to_string(e.local_rank) + " is outside [0, " +
-                                            size_var + "=" + std::to_string(e.world_size) + ")");
-  if (const auto local_size = local_size_var ? env_string(local_size_var) : std::nullopt) {
-    const int n = parse_nonnegative_int(*local_size, local_size_var);
-    if (n < 1 || n > e.world_size)
+  const auto local = env_string(local_var);
+  const auto local_size = local_size_var ? env_string(local_size_var) : std::nullopt;
+  int node_size = e.world_size;
+  if (local_size) {
+    node_size = parse_nonnegative_int(*local_size, local_size_var);
+    if (node_size < 1 || node_size > e.world_size)
       throw error(errc::invalid_argument, std::string(local_size_var) + "=\"" + *local_size + "\" is outside [1, " + size_var +
                                               "=" + std::to_string(e.world_size) + "]");
-    if (e.local_rank >= n)
+  }
+  if (local) {
+    e.local_rank = parse_nonnegative_int(*local, local_var);
+    if (e.local_rank >= node_size)
       throw error(errc::invalid_argument, std::string(local_var) + "=" + std::to_string(e.local_rank) + " is outside [0, " +
-                                              local_size_var + "=" + std::to_string(n) + ")");
+                                              (local_size ? local_size_var : size_var) + "=" + std::to_string(node_size) + ")");
+  } else if (node_size < e.world_size) {
+    throw error(errc::invalid_argument, std::string(local_size_var) + "=" + std::to_string(node_size) + " is below " + size_var +
+                                            "=" + std::to_string(e.world_size) + " (several nodes) but " + local_var +
+                                            " is not set: set it");
+  } else {
+    e.local_rank = e.rank;  // one node: the global rank is the local one
   }
   return e;
 }

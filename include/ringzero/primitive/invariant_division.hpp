@@ -42,6 +42,7 @@ RINGZERO_HOST_DEVICE inline std::uint32_t mul_high(std::uint32_t a, std::uint32_
 #endif
 }
 
+/// The high 64 bits of the 128-bit product `a * b`.
 RINGZERO_HOST_DEVICE inline std::uint64_t mul_high(std::uint64_t a, std::uint64_t b) noexcept {
 #if defined(__CUDA_ARCH__)
   return __umul64hi(a, b);

@@ -158,7 +158,8 @@ struct prepared_divisor {
   invariant_divisor<division_word_t<C>> invariant{};
 };
 
-/// Precondition: n >= 1 (a world size).
+/// `n` prepared for `divide`. Precondition: n >= 0 (a world size; 0, where no division
+/// follows, gives a divisor that is never used). Host only.
 template <class C>
 inline prepared_divisor<C> prepare_divisor(std::int64_t n) noexcept {
   prepared_divisor<C> d;

@@ -4,8 +4,9 @@
 /// as the host's `scale_into` (primitive/reduce.hpp): floating types multiply in their compute
 /// type (float32 for float16/bfloat16, rounded once), integer types multiply by the integral
 /// scalar with wrapping. And CUDA `divide`: `dst[i] = src[i] / divisor` with avg's arithmetic,
-/// exactly as the host's `divide_into` (a correctly rounded division, not a multiplication by
-/// the reciprocal; integers truncate toward zero). A NaN result's payload is the hardware's
+/// the same bits as the host's `divide_into` (floats: the correctly rounded quotient, not a
+/// product with the reciprocal; integers: `/`, truncating toward zero, computed by a
+/// multiply-high, primitive/invariant_division.hpp). A NaN result's payload is the hardware's
 /// (primitive/arithmetic.cuh), as for every arithmetic primitive. `dst` may equal `src`.
 /// 16-byte vectorised (primitive/elementwise.cuh). Asynchronous on `stream`; returns the launch's cudaError_t.
 /// Requires nvcc.

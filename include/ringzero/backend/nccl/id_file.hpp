@@ -7,9 +7,10 @@
 /// waits for all of them).
 ///
 /// A file left behind by a job that crashed could hand an old id to a new job. Each file
-/// therefore records the job it belongs to: the first of RINGZERO_JOB_ID, TORCHELASTIC_RUN_ID,
-/// SLURM_JOB_ID and OMPI_MCA_ess_base_jobid that is set (all ranks of one job see the same
-/// value); readers ignore files of another job or world size and keep waiting for the right one.
+/// therefore records the job it belongs to: the first of RINGZERO_JOB_ID, TORCHELASTIC_RUN_ID
+/// (other than torchrun's default "none"), SLURM_JOB_ID and OMPI_MCA_ess_base_jobid that is set
+/// (all ranks of one job see the same value); readers ignore files of another job or world size
+/// and keep waiting for the right one.
 /// Without any of these variables, a stale file with the same world size cannot be told apart:
 /// remove it, or set RINGZERO_JOB_ID.
 ///
@@ -40,6 +41,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #endif
 
@@ -51,22 +53,39 @@ inline constexpr std::size_t id_size = 128;
 /// An NCCL unique id as plain bytes.
 using id_bytes = std::array<unsigned char, id_size>;
 
-/// The most of an id file a reader reads (its one line is under 400 bytes with a job name of
-/// a few dozen characters); anything longer is not an id file.
+/// The most of an id file a reader reads: its one line is under 600 bytes (a job identity of
+/// at most 256); only these first bytes are parsed.
 inline constexpr std::size_t id_file_max_bytes = 4096;
+
+namespace detail {
+
+/// The first bytes of `text` for a message: at most 40, other than printable ASCII as '?'.
+inline std::string printable_start(const std::string& text) {
+  std::string out = text.substr(0, 40);
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < ' ' || static_cast<unsigned char>(c) > '~') c = '?';
+  return text.size() > 40 ? out + "..." : out;
+}
+
+}  // namespace detail
+
+/// The longest job identity an id file holds (bytes).
+inline constexpr std::size_t max_job_token_bytes = 256;
 
 /// The job identity recorded in id files (see the file comment); empty when none is set.
 /// TORCHELASTIC_RUN_ID "none" (torchrun's value without `--rdzv-id`, the same for every job)
 /// counts as unset. Throws errc::invalid_argument naming the variable when its value has
-/// whitespace or control characters or is "-" (an id file holds it as one word).
+/// whitespace or control characters, is "-" (an id file holds it as one word) or is longer
+/// than `max_job_token_bytes`.
 inline std::string job_token_from_env() {
   for (const char* name : {"RINGZERO_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"}) {
     auto v = ringzero::detail::env_string(name);
     if (!v || (std::string_view(name) == "TORCHELASTIC_RUN_ID" && *v == "none")) continue;
     const bool one_word = std::none_of(v->begin(), v->end(), [](char c) { return static_cast<unsigned char>(c) <= ' ' || c == 0x7f; });
-    if (!one_word || *v == "-")
-      throw error(errc::invalid_argument, std::string(name) + "=\"" + *v +
-                                              "\" cannot name the job in an NCCL id file: use one word without spaces, other than \"-\"");
+    if (!one_word || *v == "-" || v->size() > max_job_token_bytes)
+      throw error(errc::invalid_argument, std::string(name) + "=\"" + detail::printable_start(*v) +
+                                              "\" cannot name the job in an NCCL id file: use one word of at most " +
+                                              std::to_string(max_job_token_bytes) + " bytes without spaces, other than \"-\"");
     return *v;
   }
   return {};
@@ -134,14 +153,6 @@ inline id_file_content parse_id_file(const std::string& text) {
   return c;
 }
 
-/// The first bytes of `text` for a message: at most 40, other than printable ASCII as '?'.
-inline std::string printable_start(const std::string& text) {
-  std::string out = text.substr(0, 40);
-  for (char& c : out)
-    if (static_cast<unsigned char>(c) < ' ' || static_cast<unsigned char>(c) > '~') c = '?';
-  return text.size() > 40 ? out + "..." : out;
-}
-
 /// "; its directory D does not exist" (or is not searchable) when that is why `path` cannot
 /// appear; empty otherwise.
 inline std::string directory_note(const std::string& path) {
@@ -163,25 +174,48 @@ inline std::string directory_note(const std::string& path) {
 
 }  // namespace detail
 
-/// Writes `id` for a job of `world_size` ranks at `path`, atomically (rank 0's side; the
-/// temporary file's name is unique per process and call). Throws errc::io_error when the file
-/// cannot be written.
+/// Writes `id` for a job of `world_size` ranks at `path`, atomically (rank 0's side): the line
+/// goes to a temporary file created exclusively next to `path` (mkstemp: a fresh name even for
+/// several writers of one path, in one process or on several hosts), which is then renamed
+/// over `path`. Throws errc::io_error when the file cannot be written; no temporary file is
+/// left behind then.
 inline void publish_id_file(const std::string& path, const id_bytes& id, int world_size,
                             const std::string& job = job_token_from_env()) {
-  static std::atomic<unsigned long> calls{0};  // threads of one process publishing to one path
-  const std::string serial = std::to_string(calls.fetch_add(1, std::memory_order_relaxed));
+  const std::string line = detail::id_file_line(id, world_size, job);
 #if defined(__unix__)
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + serial;
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) {
+    const int why = errno;
+    throw error(errc::io_error, "cannot create a temporary file next to " + path + " to publish the NCCL unique id: " +
+                                    std::strerror(why));
+  }
+  int why = ::fchmod(fd, 0644) == 0 ? 0 : errno;  // mkstemp makes it 0600: readers may run as other users
+  for (std::size_t done = 0; why == 0 && done < line.size();) {
+    const ssize_t wrote = ::write(fd, line.data() + done, line.size() - done);
+    if (wrote >= 0) done += static_cast<std::size_t>(wrote);
+    else if (errno != EINTR) why = errno;
+  }
+  if (::close(fd) != 0 && why == 0) why = errno;
+  if (why != 0) {
+    std::remove(tmp.c_str());
+    throw error(errc::io_error, "cannot write " + tmp + " to publish the NCCL unique id: " + std::strerror(why));
+  }
 #else
-  const std::string tmp = path + ".tmp." + serial;
-#endif
+  static std::atomic<unsigned long> calls{0};  // threads of one process publishing to one path
+  const std::string tmp = path + ".tmp." + std::to_string(calls.fetch_add(1, std::memory_order_relaxed));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw error(errc::io_error, "cannot create " + tmp + " to publish the NCCL unique id");
-    out << detail::id_file_line(id, world_size, job);
+    out << line;
     out.flush();
-    if (!out) throw error(errc::io_error, "cannot write " + tmp + " to publish the NCCL unique id");
+    if (!out) {
+      out.close();
+      std::remove(tmp.c_str());
+      throw error(errc::io_error, "cannot write " + tmp + " to publish the NCCL unique id");
+    }
   }
+#endif
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
     throw error(errc::io_error, "cannot rename " + tmp + " to " + path + " to publish the NCCL unique id");
@@ -199,7 +233,7 @@ inline id_bytes read_id_file(const std::string& path, int world_size, std::chron
                              const std::string& job = job_token_from_env()) {
   if (std::isnan(timeout.count()))
     throw error(errc::invalid_argument, "read_id_file: the timeout for " + path + " is NaN");
-  const auto wait = bounded_timeout(timeout);
+  const auto wait = timeout.count() > 0.0 ? bounded_timeout(timeout) : std::chrono::duration<double>(0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
   auto pause = std::chrono::milliseconds(1);
   std::string seen;
@@ -217,6 +251,7 @@ inline id_bytes read_id_file(const std::string& path, int world_size, std::chron
       throw error(errc::io_error, "cannot read " + path + " for the NCCL unique id: " + std::strerror(why));
     }
 #endif
+    seen.clear();  // what the file holds now, if anything
     if (in) {
       std::string text(id_file_max_bytes, '\0');
       in.read(text.data(), static_cast<std::streamsize>(text.size()));
@@ -230,6 +265,8 @@ inline id_bytes read_id_file(const std::string& path, int world_size, std::chron
       else if (!text.empty())  // rank 0 renames a whole file into place: this is not one of ours
         seen = "; it exists but is not an id file of this version (it starts \"" + detail::printable_start(text) +
                "\"): remove it";
+      else
+        seen = "; it exists but is empty (not written by ringzero, which renames a whole file into place): remove it";
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       char seconds[32];

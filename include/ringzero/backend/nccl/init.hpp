@@ -15,8 +15,9 @@
 ///   is a world of one.
 /// In a multi-process job rank r uses GPU `local_rank % (number of visible devices)`, the
 /// convention of torchrun's LOCAL_RANK.
-/// Errors: errc::no_device (no CUDA device: checked first, on every rank), invalid_argument,
-/// timeout (ranks did not all arrive), io_error (the id file), backend_failure (NCCL, CUDA).
+/// Errors: invalid_argument (bad arguments, checked first), errc::no_device (no CUDA device:
+/// checked next, on every rank, before any id is exchanged), timeout (ranks did not all
+/// arrive), io_error (the id file), backend_failure (NCCL, CUDA).
 
 #include <chrono>
 #include <exception>
