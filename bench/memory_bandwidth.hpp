@@ -4,6 +4,7 @@
 // same time on every rank's thread, each on its own buffers, in two variants: a plain loop (as
 // STREAM compiles it) and memcpy (which uses non-temporal stores for large sizes). The median of
 // `reps` repetitions of each variant is reported; the bound uses the faster variant.
+// Also the benchmarks' guard on host memory: how much they may allocate before they start.
 
 #include <algorithm>
 #include <chrono>
@@ -11,10 +12,27 @@
 #include <cstring>
 #include <vector>
 
+#include <unistd.h>
+
 #include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/barrier.hpp"
 
 namespace ringzero::bench {
+
+/// The machine's physical memory in bytes (sysconf), or 0 when it cannot be told.
+inline double physical_memory_bytes() noexcept {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+}
+
+/// Whether `bytes` of host memory are more than a benchmark may allocate: 90% of the physical
+/// memory. The benchmarks ask before they allocate, because with overcommit every allocation
+/// succeeds and the kernel kills the process later, when the pages are touched. False when the
+/// physical memory cannot be told.
+inline bool exceeds_host_memory(double bytes) noexcept {
+  const double have = physical_memory_bytes();
+  return have > 0 && bytes > 0.9 * have;
+}
 
 struct copy_bandwidth {
   double loop_gbps = 0;    ///< plain copy loop, all ranks together (GB/s, read + write bytes)

@@ -30,6 +30,8 @@
 // alone) and assumes all ranks share one device's memory.
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -52,6 +54,7 @@
 
 #include "exact_values.hpp"
 #include "memory_bandwidth.hpp"
+#include "output_file.hpp"
 #include "ringzero/ringzero.hpp"
 #if RINGZERO_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -566,13 +569,24 @@ std::vector<T> parse_list(const std::string& text, const std::vector<T>& all, Pa
   return out;
 }
 
+/// `text` as a whole decimal number from 0 to INT_MAX: digits only (no sign, space or base
+/// prefix), or nullopt.
+std::optional<int> parse_index(const std::string& text) {
+  int v = -1;
+  const char* last = text.data() + text.size();
+  const auto [end, ec] = std::from_chars(text.data(), last, v);
+  if (text.empty() || text[0] < '0' || text[0] > '9' || ec != std::errc() || end != last) return std::nullopt;
+  return v;
+}
+
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ringzero-bench: collective throughput in the manner of nccl-tests"};
   options o;
   std::string collective = "all_reduce", min_b = "32M", max_b = "32M", step_b = "1M", dtypes = "float", ops = "sum",
-              roots = "0", algo = "auto", bw_size;
+              roots = "0", algo = "auto", bw_size, devices;
   app.add_option("collective", collective,
                  "all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all or barrier")->required();
   app.add_option("-b,--minbytes", min_b, "smallest size (B; suffixes K, M, G)")->capture_default_str();
@@ -595,8 +609,9 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend,
                  "local (threads), nccl (one rank per GPU; with --memory cuda), or mpi (one rank per process: run under "
                  "mpirun; --ranks must then be the number of processes or left out)")->capture_default_str();
-  app.add_option("--devices", o.devices,
-                 "CUDA devices of the ranks (rank r: devices[r % size]; default: local backend all on GPU 0, nccl rank r on GPU r)");
+  auto* devices_opt = app.add_option("--devices", devices,
+                 "CUDA devices of the ranks, comma-separated (rank r: devices[r % size]; default: local backend all on "
+                 "GPU 0, nccl rank r on GPU r); with --memory cuda only");
   CLI11_PARSE(app, argc, argv);
 #if RINGZERO_HAS_MPI
   std::optional<rz::mpi::environment> mpi_env;  // --backend mpi: MPI_Init_thread ... MPI_Finalize
@@ -657,37 +672,52 @@ int main(int argc, char** argv) {
     for (int r = 0; r < o.ranks; ++r) all_roots.push_back(r);
     o.roots = parse_list<int>(roots, all_roots,
                               [&](const std::string& s) -> std::optional<int> {
-                                std::size_t used = 0;
-                                int v = -1;
-                                try {
-                                  v = std::stoi(s, &used);
-                                } catch (...) {
-                                  return std::nullopt;
-                                }
-                                if (used != s.size()) return std::nullopt;
-                                if (v < 0 || v >= o.ranks)
+                                const std::optional<int> v = parse_index(s);
+                                if (v && *v >= o.ranks)
                                   throw CLI::ValidationError("root", "root " + s + " is outside the " + std::to_string(o.ranks) +
                                                                          " ranks [0, " + std::to_string(o.ranks) + ")");
                                 return v;
                               },
                               "root");
-    // Host memory of the whole local world at its peak (each rank: send and receive buffers
-    // plus the two buffers of the bandwidth copy), against the machine's physical memory: with
-    // overcommit every allocation would succeed and the kernel would kill the process later.
-    if (!o.device_memory && o.backend == "local") {
-      const double per_rank = 2.0 * static_cast<double>(o.buffer_bytes()) + 2.0 * static_cast<double>(o.copy_bytes());
+    if (devices_opt->count() > 0) {
+      if (!o.device_memory)
+        throw CLI::ValidationError("--devices", "'" + devices + "' selects CUDA devices, which only --memory cuda uses (not --memory " +
+                                                    memory + ")");
+      if (devices == "all") throw CLI::ValidationError("--devices", "'all' is not a list of CUDA devices (e.g. 0,1)");
+      o.devices = parse_list<int>(devices, {},
+                                  [&](const std::string& s) {
+                                    const std::optional<int> v = parse_index(s);
+                                    if (!v)
+                                      throw CLI::ValidationError(
+                                          "--devices", "'" + s + (s == devices ? "'" : "' in '" + devices + "'") +
+                                                           " is not a CUDA device index (0, 1, ...)");
+                                    return v;
+                                  },
+                                  "--devices");
+    }
+    // Host memory of this process's ranks at their peak, against the machine's physical memory
+    // (rz::bench::exceeds_host_memory). On host memory each rank holds its send and receive
+    // buffers plus the two buffers of the bandwidth copy; on device memory (local or nccl) each
+    // rank holds host mirrors of its send and receive buffers. An MPI rank is a process of its own.
+    if (o.backend != "mpi") {
+      const double buffers = 2.0 * static_cast<double>(o.buffer_bytes());
+      const double per_rank = o.device_memory ? buffers : buffers + 2.0 * static_cast<double>(o.copy_bytes());
       const double need = per_rank * o.ranks;
-      const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-      const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
-      if (have > 0 && need > 0.9 * have)
-        throw CLI::ValidationError("ranks", fmt::format("{} rank(s) need {:.1f} GiB of host memory (-e {} B and the bandwidth "
-                                                        "copy's buffers, per rank) but this machine has {:.1f} GiB: lower "
-                                                        "--ranks, -e or --bandwidth-bytes",
-                                                        o.ranks, need / (1u << 30), o.max_bytes, have / (1u << 30)));
+      if (rz::bench::exceeds_host_memory(need))
+        throw CLI::ValidationError(
+            "ranks", o.device_memory
+                         ? fmt::format("{} rank(s) need {:.1f} GiB of host memory (host copies of the -e {} B send and "
+                                       "receive buffers, per rank, with --memory cuda) but this machine has {:.1f} GiB: "
+                                       "lower --ranks or -e",
+                                       o.ranks, need / (1u << 30), o.max_bytes, rz::bench::physical_memory_bytes() / (1u << 30))
+                         : fmt::format("{} rank(s) need {:.1f} GiB of host memory (-e {} B and the bandwidth copy's "
+                                       "buffers, per rank) but this machine has {:.1f} GiB: lower --ranks, -e or "
+                                       "--bandwidth-bytes",
+                                       o.ranks, need / (1u << 30), o.max_bytes, rz::bench::physical_memory_bytes() / (1u << 30)));
     }
     if (!o.json_path.empty() && mpi_rank == 0) {  // fail before measuring, not after
-      std::ofstream probe(o.json_path, std::ios::app);
-      if (!probe) throw CLI::ValidationError("json", "cannot write '" + o.json_path + "'");
+      const std::string problem = rz::bench::output_path_problem(o.json_path);
+      if (!problem.empty()) throw CLI::ValidationError("--json", "cannot write '" + o.json_path + "': " + problem);
     }
   } catch (const CLI::Error& e) {
     return mpi_rank == 0 ? app.exit(e) : 1;

@@ -23,13 +23,14 @@
 // r + 1, so every element must be n(n+1)/2).
 // The last lines check this project's targets on a Hopper GPU: reduce_into and cast reach at
 // least 85% of the copy bandwidth, and ring all_reduce stays within 2x of its bound. Exit status: 0 when every row is right, 1 when a result is
-// wrong, 2 on an error (no device, bad option).
+// wrong, 2 on an error (no device, bad option, too little host memory for --size-mib).
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -40,6 +41,8 @@
 #include <string>
 #include <vector>
 
+#include "../memory_bandwidth.hpp"
+#include "../output_file.hpp"
 #include "copy_kernel.hpp"
 #include "ringzero/backend/cuda/runtime.hpp"
 #include "ringzero/backend/local/cuda.hpp"
@@ -217,17 +220,18 @@ collective_row bench_all_reduce(int n, rz::algorithm algo, std::size_t bytes, in
   return row;
 }
 
-/// `text` as a whole decimal integer in [lo, hi]; otherwise an invalid_argument error naming
-/// `option`, the text and the range.
+/// `text` as a whole decimal integer in [lo, hi] (0 <= lo), written with digits only: no sign,
+/// space or base prefix; otherwise an invalid_argument error naming `option`, the text and the range.
 long long parse_integer(const std::string& option, const std::string& text, long long lo, long long hi) {
-  errno = 0;
-  char* end = nullptr;
-  const long long v = text.empty() ? 0 : std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+  long long v = -1;
+  const char* last = text.data() + text.size();
+  const auto [end, ec] = std::from_chars(text.data(), last, v);
+  if (text.empty() || text[0] < '0' || text[0] > '9' || ec != std::errc() || end != last || v < lo || v > hi)
     throw rz::error(rz::errc::invalid_argument, option + " '" + text + "': expected a whole number from " +
-                                                    std::to_string(lo) + " to " + std::to_string(hi));
+                                                    std::to_string(lo) + " to " + std::to_string(hi) + " (digits only)");
   return v;
 }
+
 
 int parse_options(int argc, char** argv, options& o) {
   for (int i = 1; i < argc; ++i) {
@@ -251,7 +255,8 @@ int parse_options(int argc, char** argv, options& o) {
         const std::size_t comma = list.find(',', start);
         const std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
         // 2 ranks at least (a ring of one rank is a copy); at most 64 threads on the one GPU
-        o.ranks.push_back(static_cast<int>(parse_integer("--ranks item", item, 2, 64)));
+        const std::string option = comma == std::string::npos && start == 0 ? "--ranks" : "--ranks '" + list + "': item";
+        o.ranks.push_back(static_cast<int>(parse_integer(option, item, 2, 64)));
         if (comma == std::string::npos) break;
         start = comma + 1;
       }
@@ -265,8 +270,20 @@ int parse_options(int argc, char** argv, options& o) {
     }
   }
   if (!o.json_path.empty()) {  // before minutes of measuring, not after
-    std::ofstream probe(o.json_path, std::ios::app);
-    if (!probe) throw rz::error(rz::errc::io_error, "--json " + o.json_path + ": cannot open for writing: " + std::strerror(errno));
+    const std::string problem = rz::bench::output_path_problem(o.json_path);
+    if (!problem.empty()) throw rz::error(rz::errc::io_error, "--json " + o.json_path + ": cannot open for writing: " + problem);
+  }
+  // The inputs are made on the host, two --size-mib buffers at once (random_bytes): check them
+  // against the machine's memory before any allocation, as ringzero-bench does.
+  const double host_bytes = 2.0 * static_cast<double>(o.size_mib) * (1 << 20);
+  if (rz::bench::exceeds_host_memory(host_bytes)) {
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "--size-mib %llu needs %.1f GiB of host memory (two input buffers of that size are filled on the host) "
+                  "but this machine has %.1f GiB: lower --size-mib",
+                  static_cast<unsigned long long>(o.size_mib), host_bytes / (1 << 30),
+                  rz::bench::physical_memory_bytes() / (1 << 30));
+    throw rz::error(rz::errc::invalid_argument, text);
   }
   return 0;
 }
@@ -277,7 +294,7 @@ int main(int argc, char** argv) {
   options o;
   try {
     if (parse_options(argc, argv, o) != 0) return 0;
-    rz::cudart::require_device_index(o.device, "ringzero-gpu-bench");
+    rz::cudart::require_device_index(o.device, "--device " + std::to_string(o.device));
     check(cudaSetDevice(o.device), "cudaSetDevice");
     const rz::primitive::device_primitives& k = rz::primitive::require_device_primitives();
     cudaDeviceProp prop{};
@@ -463,6 +480,13 @@ int main(int argc, char** argv) {
     }
     (void)cudaStreamDestroy(stream);
     return wrong_total == 0 ? 0 : 1;
+  } catch (const rz::error& e) {
+    // Outside a communicator what() only adds "ringzero: " to the message: the program's name
+    // is said once.
+    const rz::error_context& c = e.context();
+    const bool located = !c.backend.empty() || c.rank >= 0 || !c.collective.empty();
+    std::fprintf(stderr, "ringzero-gpu-bench: %s\n", located ? e.what() : e.message().c_str());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ringzero-gpu-bench: %s\n", e.what());
     return 2;

@@ -35,14 +35,17 @@
 // `--help` lists every option.
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,8 +72,6 @@
 #include "ringzero/backend/local/cuda.hpp"
 #endif
 #if RINGZERO_HAS_MPI
-#include <optional>
-
 #include "ringzero/backend/mpi.hpp"
 #endif
 
@@ -138,12 +139,77 @@ struct run_result {
   std::vector<epoch_metrics> epochs;
 };
 
+/// The largest --bucket-mb and --first-bucket-mb: 2^40 MiB (2^60 bytes, a byte count uint64
+/// holds), far beyond any model; larger values are refused, not wrapped.
+constexpr double max_bucket_mb = 1099511627776.0;
+/// The largest global batch (examples per optimizer step), as --global-batch's range.
+constexpr std::int64_t max_global_batch = 1 << 24;
+
+/// `text` as a whole number written in decimal digits (no sign, space, base prefix or leading
+/// zero), or nullopt; CLI11 would read "-1" into an unsigned option as 2^64 - 1 and "010" as 8.
+std::optional<std::uint64_t> parse_whole_number(const std::string& text) {
+  std::uint64_t v = 0;
+  const char* last = text.data() + text.size();
+  const auto [end, ec] = std::from_chars(text.data(), last, v);
+  if (text.empty() || text[0] < '0' || text[0] > '9' || (text[0] == '0' && text.size() > 1) || ec != std::errc() ||
+      end != last)
+    return std::nullopt;
+  return v;
+}
+
+/// `text` as a whole number (parse_whole_number) or nullopt, for the integer options.
+const CLI::Validator whole_number(
+    [](std::string& text) -> std::string {
+      if (parse_whole_number(text)) return {};
+      return "'" + text + "' is not a whole number (decimal digits, no sign or leading zero)";
+    },
+    "WHOLE NUMBER");
+
+/// `text` as a number (all of it), or nullopt. Overflow reads as +-inf, which callers refuse.
+std::optional<double> parse_number(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size()) return std::nullopt;
+  return v;
+}
+
+/// A bucket limit in MiB: finite, from 0 (one bucket per tensor) to max_bucket_mb.
+const CLI::Validator bucket_mb_range(
+    [](std::string& text) -> std::string {
+      const std::optional<double> v = parse_number(text);
+      if (v && std::isfinite(*v) && *v >= 0 && *v <= max_bucket_mb) return {};
+      return "'" + text + "' is not a size in MiB from 0 (one bucket per tensor) to 1099511627776 (2^40)";
+    },
+    "MiB");
+
+/// An accuracy: finite, from 0 to 1.
+const CLI::Validator accuracy_range(
+    [](std::string& text) -> std::string {
+      const std::optional<double> v = parse_number(text);
+      if (v && std::isfinite(*v) && *v >= 0 && *v <= 1) return {};
+      return "'" + text + "' is not an accuracy from 0 to 1";
+    },
+    "ACCURACY");
+
 float default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3f : 0.1f; }
 
+/// The reducer's byte limits of --first-bucket-mb and --bucket-mb (both checked by
+/// bucket_mb_range: the products fit in uint64).
 std::vector<std::uint64_t> bucket_limits(const options& o) {
   auto bytes = [](double mb) { return static_cast<std::uint64_t>(mb * 1024.0 * 1024.0); };
   if (o.first_bucket_mb >= 0) return {bytes(o.first_bucket_mb), bytes(o.bucket_mb)};
   return {bytes(o.bucket_mb)};
+}
+
+/// Throws errc::invalid_argument unless --batch-size x `ranks` x --accumulate examples per
+/// optimizer step stay within max_global_batch (in 64 bits: the int products would overflow).
+void check_global_batch(std::int64_t ranks, const options& o) {
+  const std::int64_t global = std::int64_t{o.batch_size} * ranks * o.accumulate;
+  if (global > max_global_batch)
+    throw rz::error(rz::errc::invalid_argument,
+                    fmt::format("--batch-size {} x {} rank(s) x --accumulate {} = {} examples per optimizer step: more than "
+                                "{}, the most --global-batch allows",
+                                o.batch_size, ranks, o.accumulate, global, max_global_batch));
 }
 
 std::shared_ptr<rz::comm_hook> make_hook(const std::string& compress) {
@@ -522,14 +588,11 @@ std::vector<int> parse_rank_list(const std::string& text) {
   while (at <= text.size()) {
     const std::size_t comma = text.find(',', at);
     const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    try {
-      std::size_t used = 0;
-      const int v = std::stoi(item, &used);
-      if (used != item.size() || v < 1) throw std::invalid_argument(item);
-      out.push_back(v);
-    } catch (const std::exception&) {
-      throw rz::error(rz::errc::invalid_argument, "--compare-ranks: '" + item + "' is not a positive rank count");
-    }
+    const std::optional<std::uint64_t> v = parse_whole_number(item);
+    if (!v || *v < 1 || *v > 256)  // as --ranks
+      throw rz::error(rz::errc::invalid_argument,
+                      "--compare-ranks '" + text + "': '" + item + "' is not a rank count from 1 to 256");
+    out.push_back(static_cast<int>(*v));
     if (comma == std::string::npos) break;
     at = comma + 1;
   }
@@ -547,16 +610,18 @@ int main(int argc, char** argv) {
                  "--ranks is then the number of processes or left out)")
       ->check(CLI::IsMember({"local", "mpi"}));
   auto* ranks_opt =
-      app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(CLI::Range(1, 256));
+      app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(whole_number)->check(CLI::Range(1, 256));
   app.add_option("--compare-ranks", o.compare_ranks,
                  "train once per rank count (e.g. 1,2) with the same global batch and compare epoch times and accuracy");
-  app.add_option("--epochs", o.epochs, "epochs to train")->check(CLI::Range(1, 100000));
-  app.add_option("--batch-size", o.batch_size, "examples per rank per micro-step")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--epochs", o.epochs, "epochs to train")->check(whole_number)->check(CLI::Range(1, 100000));
+  app.add_option("--batch-size", o.batch_size, "examples per rank per micro-step")->check(whole_number)->check(CLI::Range(1, 1 << 20));
   app.add_option("--global-batch", o.global_batch,
                  "examples per optimizer step over all ranks (sets the per-rank batch; compare mode default: "
                  "batch-size x largest rank count x accumulate)")
+      ->check(whole_number)
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation with no_sync)")
+      ->check(whole_number)
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adamw)")
       ->check([](const std::string& text) -> std::string {
@@ -570,25 +635,28 @@ int main(int argc, char** argv) {
   app.add_flag("--scale-lr", o.scale_lr, "multiply the learning rate by the number of ranks (linear scaling rule)");
   app.add_option("--optimizer", o.optimizer, "sgd (momentum 0.9) or adamw (weight decay 0.01)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
-  app.add_option("--seed", o.seed, "seed of the initialisation and of the per-epoch permutations");
+  app.add_option("--seed", o.seed, "seed of the initialisation and of the per-epoch permutations")->check(whole_number);
   app.add_option("--bucket-mb", o.bucket_mb,
-                 "bucket size limit in MiB (default 0.1: two buckets for this model; PyTorch's default is 25 with a 1 MiB "
-                 "first bucket)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--first-bucket-mb", o.first_bucket_mb, "limit of the first bucket in MiB (default: as the others)")
-      ->check(CLI::NonNegativeNumber);
+                 "bucket size limit in MiB, up to 2^40 (default 0.1: two buckets for this model; 0: one bucket per tensor; "
+                 "PyTorch's default is 25 with a 1 MiB first bucket)")
+      ->check(bucket_mb_range);
+  app.add_option("--first-bucket-mb", o.first_bucket_mb, "limit of the first bucket in MiB, as --bucket-mb (default: as the others)")
+      ->check(bucket_mb_range);
   app.add_option("--compress", o.compress, "gradient compression hook: none, fp16, bf16")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
   app.add_flag("--bucket-view,!--no-bucket-view", o.bucket_view,
                "backward writes gradients straight into bucket memory (default) instead of copying");
   app.add_flag("--pin,!--no-pin", o.pin, "pin rank r's thread to core r (default on)");
-  app.add_option("--train-subset", o.train_subset, "use only the first N training images (0: all 60000)");
-  app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)");
+  app.add_option("--train-subset", o.train_subset, "use only the first N training images (0: all 60000)")->check(whole_number);
+  app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)")->check(whole_number);
   app.add_option("--data", o.data_dir, "directory with the Fashion-MNIST .gz files");
   app.add_option("--json", o.json_path, "write the metrics to this JSON file");
   app.add_flag("--progress,!--no-progress", o.progress, "progress bar when stdout is a terminal (default on)");
-  app.add_option("--hidden", o.hidden, "hidden layer widths (default 256 128)");
-  app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if a run's final test accuracy is lower");
+  app.add_option("--hidden", o.hidden, "hidden layer widths, each from 1 to 65536 (default 256 128)")
+      ->check(whole_number)
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if a run's final test accuracy (0 to 1) is lower")
+      ->check(accuracy_range);
   app.add_option("--device", o.device,
                  "cpu (default: Eigen, host memory) or cuda: train on CUDA GPUs (cuBLAS products, the gradient reducer on "
                  "device memory, ranks as threads of the local backend, each with its own stream; rank r on GPU r modulo "
@@ -621,6 +689,14 @@ int main(int argc, char** argv) {
     if (o.backend == "mpi")
       throw rz::error(rz::errc::unsupported, "this ddp_fashion_mnist was built without MPI (--backend mpi)");
 #endif
+    // Options checked together, before the device and the data.
+    std::vector<int> compare_counts;
+    if (!o.compare_ranks.empty()) {
+      compare_counts = parse_rank_list(o.compare_ranks);
+      if (o.global_batch == 0) check_global_batch(*std::max_element(compare_counts.begin(), compare_counts.end()), o);
+    } else if (o.global_batch == 0) {
+      check_global_batch(o.ranks, o);
+    }
     if (o.device == "cuda") {  // before loading anything: a machine without a GPU fails at once
       if (o.backend != "local")
         throw rz::error(rz::errc::invalid_argument,
@@ -659,7 +735,7 @@ int main(int argc, char** argv) {
                  total_train_seconds(r), std::chrono::duration<double>(clock_type::now() - t0).count());
       out["runs"].push_back(to_json(r));
     } else {
-      const std::vector<int> counts = parse_rank_list(o.compare_ranks);
+      const std::vector<int>& counts = compare_counts;
       const int largest = *std::max_element(counts.begin(), counts.end());
       const int global = o.global_batch > 0 ? o.global_batch : o.batch_size * largest * o.accumulate;
       if (o.scale_lr) fmt::print("note: --scale-lr is ignored in compare mode (the global batch is the same for every run)\n");

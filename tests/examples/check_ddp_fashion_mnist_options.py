@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The command line of examples/01_ddp_fashion_mnist: numeric options that are not numbers the
+trainer can use (nan, inf, values beyond their range or their type, signs and spaces where a count
+is expected) are refused at once with the option and the value named, never wrapped, cast or
+ignored; large but representable bucket limits are accepted and mean what they say.
+
+usage: check_ddp_fashion_mnist_options.py TRAINER
+
+Exit status: CLI11's validation error (105) for a value an option's check refuses, 1 for options
+that are checked together (the global batch of --batch-size, the ranks and --accumulate;
+--compare-ranks). The refusals need no dataset; the accepted values are trained for one short
+epoch on 1000 Fashion-MNIST images when the dataset is installed (else that part is skipped).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+DATA = "/usr/share/datasets/fashion-mnist"
+VALIDATION_ERROR = 105  # CLI::ExitCodes::ValidationError, as every refused option of the trainer
+
+failures = []
+
+
+def check(ok, message):
+    if not ok:
+        failures.append(message)
+        print("FAIL: " + message)
+    return ok
+
+
+def run(trainer, *args):
+    p = subprocess.run([trainer, *args], capture_output=True, text=True, timeout=120)
+    err = p.stderr.strip().replace("\n", " | ")
+    print(f"$ {' '.join([trainer, *args])}\n  exit status {p.returncode}; stderr: {err[:300]}")
+    return p
+
+
+def main() -> int:
+    trainer = sys.argv[1]
+    missing = os.path.join(tempfile.gettempdir(), "ringzero-no-such-fashion-mnist-dir")
+    # Options refused by their checks, before anything is loaded (--data points nowhere: a value
+    # that got through would report the missing data instead).
+    refused = [
+        ("--bucket-mb", "nan"), ("--bucket-mb", "inf"), ("--bucket-mb", "-inf"), ("--bucket-mb", "1e30"),
+        ("--bucket-mb", "1e400"), ("--bucket-mb", "1099511627777"), ("--bucket-mb", "-1"), ("--bucket-mb", "x"),
+        ("--first-bucket-mb", "nan"), ("--first-bucket-mb", "inf"), ("--first-bucket-mb", "1e30"),
+        ("--first-bucket-mb", "-0.5"),
+        ("--min-accuracy", "nan"), ("--min-accuracy", "inf"), ("--min-accuracy", "1.5"), ("--min-accuracy", "-0.1"),
+        ("--seed", "-1"), ("--seed", "18446744073709551616"), ("--seed", "010"),
+        ("--train-subset", "-1"), ("--train-subset", "99999999999999999999999"), ("--test-subset", "-5"),
+        ("--hidden", "0"), ("--hidden", "-5"), ("--hidden", "65537"),
+        ("--epochs", "1e3"), ("--epochs", "nan"), ("--ranks", "+2"), ("--ranks", "0x2"), ("--batch-size", " 8"),
+        ("--accumulate", "-1"), ("--global-batch", "1e30"),
+    ]
+    for option, value in refused:
+        p = run(trainer, option, value, "--data", missing, "--epochs", "1", "--no-progress")
+        check(p.returncode == VALIDATION_ERROR, f"{option} {value}: exit status {p.returncode}, expected {VALIDATION_ERROR}")
+        check(option in p.stderr and value.strip() in p.stderr, f"{option} {value}: the error names neither the option nor the value")
+        check(missing not in p.stderr, f"{option} {value}: accepted (the trainer went on to load the data)")
+
+    # Checked together, before the data: exit status 1 and the values named.
+    for args, words in [
+        (["--compare-ranks", "1,+2"], ["--compare-ranks", "+2"]),
+        (["--compare-ranks", "1, 2"], ["--compare-ranks", " 2"]),
+        (["--compare-ranks", "1,300"], ["--compare-ranks", "300"]),
+        # 2^20 x 2 x 2^16 overflowed int to 0: a division by zero (SIGFPE) in compare mode
+        (["--compare-ranks", "1,2", "--batch-size", "1048576", "--accumulate", "65536"], ["--batch-size", "1048576", "65536"]),
+        (["--ranks", "256", "--batch-size", "1048576", "--accumulate", "65536"], ["--batch-size", "1048576", "65536"]),
+    ]:
+        p = run(trainer, *args, "--data", missing, "--epochs", "1", "--no-progress")
+        check(p.returncode == 1, f"{args}: exit status {p.returncode}, expected 1")
+        check(all(w in p.stderr for w in words), f"{args}: the error does not name {words}")
+        check(missing not in p.stderr, f"{args}: accepted (the trainer went on to load the data)")
+
+    # Accepted: 0 (documented: one bucket per tensor) and large limits up to 2^40 MiB.
+    for option, value in [("--bucket-mb", "0"), ("--bucket-mb", "1e6"), ("--bucket-mb", "1099511627776"),
+                          ("--first-bucket-mb", "0"), ("--min-accuracy", "1"), ("--seed", "18446744073709551615")]:
+        p = run(trainer, option, value, "--data", missing, "--epochs", "1", "--no-progress")
+        check(p.returncode == 1 and missing in p.stderr, f"{option} {value}: refused ({p.stderr.strip()})")
+
+    if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
+        print(f"skipped the training runs: no Fashion-MNIST in {DATA}")
+    else:
+        # The byte limits the reducer gets, and the buckets they make of the 6 tensors (918.5 KiB).
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "metrics.json")
+            for args, limits, buckets in [
+                (["--bucket-mb", "0"], [0], 6),
+                (["--bucket-mb", "1e6"], [1000000 << 20], 1),
+                (["--bucket-mb", "1099511627776"], [1 << 60], 1),
+                (["--bucket-mb", "1e6", "--first-bucket-mb", "0"], [0, 1000000 << 20], 2),
+            ]:
+                p = run(trainer, *args, "--ranks", "2", "--epochs", "1", "--train-subset", "1000", "--test-subset", "500",
+                        "--no-progress", "--data", DATA, "--json", path)
+                if not check(p.returncode == 0, f"{args}: exit status {p.returncode}"):
+                    continue
+                with open(path) as f:
+                    out = json.load(f)
+                got = out["config"]["bucket_byte_limits"]
+                check(got == limits, f"{args}: bucket byte limits {got}, expected {limits}")
+                got = out["runs"][0]["buckets"]
+                check(got == buckets, f"{args}: {got} bucket(s), expected {buckets}")
+
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

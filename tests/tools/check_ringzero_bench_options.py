@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The command line of ringzero-bench (needs no GPU):
+- --devices takes a comma-separated list, as -d, -o and -r do, and refuses what is not a list of
+  device indices; it selects CUDA devices, so with --memory host it is an error, not ignored;
+- the host-memory guard also covers --memory cuda, whose ranks hold host mirrors of their -e
+  buffers;
+- --json is checked before measuring without creating the file: a run that fails leaves no file
+  behind and never truncates one the user already had; a run that succeeds writes it.
+
+usage: check_ringzero_bench_options.py RINGZERO_BENCH
+
+Exit status of ringzero-bench: CLI11's validation error (105) for a refused option, 2 for a run
+that fails, 0 for one that measured every row right.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+VALIDATION_ERROR = 105  # CLI::ExitCodes::ValidationError, as ringzero-bench's other usage errors
+SMALL = ["all_reduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--bandwidth-bytes", "64K"]
+
+failures = []
+
+
+def check(ok, message):
+    if not ok:
+        failures.append(message)
+        print("FAIL: " + message)
+    return ok
+
+
+def run(bench, *args):
+    p = subprocess.run([bench, *args], capture_output=True, text=True, timeout=120)
+    err = p.stderr.strip().replace("\n", " | ")
+    print(f"$ {' '.join([bench, *args])}\n  exit status {p.returncode}; stderr: {err[:400]}")
+    return p
+
+
+def without_cuda(p):
+    """A build without the CUDA runtime refuses --memory cuda before anything else."""
+    return p.returncode == VALIDATION_ERROR and "built without the CUDA runtime" in p.stderr
+
+
+def main() -> int:
+    bench = sys.argv[1]
+
+    # --devices: a comma-separated list (it answered "Could not convert: --devices = 0,1").
+    p = run(bench, *SMALL, "--ranks", "2", "--memory", "cuda", "--devices", "0,1")
+    check("Could not convert" not in p.stderr, "--devices 0,1 is not parsed as a list")
+    if not without_cuda(p):
+        # No GPU here: the run fails on the device (exit 2); with two GPUs it measures (exit 0).
+        check(p.returncode in (0, 2) and "--devices" not in p.stderr, f"--devices 0,1: exit status {p.returncode}")
+        for bad in ["0,x", "+1", " 1", "0,,1", "-1", "all", ""]:
+            p = run(bench, *SMALL, "--memory", "cuda", "--devices", bad)
+            check(p.returncode == VALIDATION_ERROR and "--devices" in p.stderr,
+                  f"--devices '{bad}': exit status {p.returncode}, expected {VALIDATION_ERROR} naming --devices")
+    # --devices with host memory: an error, not ignored.
+    for memory in [[], ["--memory", "host"]]:
+        p = run(bench, *SMALL, "--ranks", "2", *memory, "--devices", "3")
+        check(p.returncode == VALIDATION_ERROR and "--devices" in p.stderr and "--memory" in p.stderr,
+              f"{memory} --devices 3: exit status {p.returncode}, expected {VALIDATION_ERROR} naming --devices and --memory")
+        check("# Errors" not in p.stdout, f"{memory} --devices 3: the benchmark ran")
+
+    # The host-memory guard with --memory cuda: 2 ranks x 2 host mirrors of -e 1000G.
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if physical < 3000 * (1 << 30):
+        p = run(bench, "all_reduce", "-e", "1000G", "--ranks", "2", "--memory", "cuda")
+        if not without_cuda(p):
+            check(p.returncode == VALIDATION_ERROR and "host memory" in p.stderr and "--memory cuda" in p.stderr,
+                  f"--memory cuda -e 1000G: exit status {p.returncode}, expected {VALIDATION_ERROR} and the host-memory guard")
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "bench.json")
+        # Runs that fail after the --json check: no file left behind.
+        failing = [
+            # no size from -b to -e holds an element: exit 2 after measuring nothing
+            ["all_reduce", "-b", "2", "-e", "3", "--ranks", "2", "--bandwidth-bytes", "64K"],
+            # a CUDA device that is not there (or a build without CUDA: refused before)
+            [*SMALL, "--ranks", "2", "--memory", "cuda", "--devices", "1023"],
+        ]
+        for args in failing:
+            p = run(bench, *args, "--json", path)
+            check(p.returncode != 0, f"{args}: exit status 0, expected a failure")
+            check(not os.path.exists(path), f"{args}: the failed run left {path} behind")
+            # A file the user had stays as it was.
+            with open(path, "w") as f:
+                f.write('{"kept": true}\n')
+            p = run(bench, *args, "--json", path)
+            with open(path) as f:
+                kept = f.read()
+            check(p.returncode != 0 and kept == '{"kept": true}\n', f"{args}: the failed run changed the existing {path}")
+            os.unlink(path)
+        # An unwritable path: refused before measuring, naming the path.
+        p = run(bench, *SMALL, "--ranks", "2", "--json", os.path.join(d, "no-such-dir", "bench.json"))
+        check(p.returncode == VALIDATION_ERROR and "no-such-dir" in p.stderr and "# Errors" not in p.stdout,
+              f"--json in a missing directory: exit status {p.returncode}, expected {VALIDATION_ERROR} before measuring")
+        # A run that succeeds writes the file (over the one that was there).
+        with open(path, "w") as f:
+            f.write("old")
+        p = run(bench, *SMALL, "--ranks", "2", "--json", path)
+        if check(p.returncode == 0, f"a small run: exit status {p.returncode}"):
+            with open(path) as f:
+                doc = json.load(f)
+            check(doc.get("program") == "ringzero-bench" and len(doc.get("rows", [])) == 1, "the JSON of a small run")
+
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
