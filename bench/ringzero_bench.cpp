@@ -54,7 +54,7 @@
 
 #include "exact_values.hpp"
 #include "memory_bandwidth.hpp"
-#include "output_file.hpp"
+#include "command_line.hpp"
 #include "ringzero/ringzero.hpp"
 #if RINGZERO_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -570,7 +570,7 @@ std::vector<T> parse_list(const std::string& text, const std::vector<T>& all, Pa
 }
 
 /// `text` as a whole decimal number from 0 to INT_MAX: digits only (no sign, space or base
-/// prefix), or nullopt.
+/// prefix; leading zeros allowed, read as decimal), or nullopt.
 std::optional<int> parse_index(const std::string& text) {
   int v = -1;
   const char* last = text.data() + text.size();
@@ -592,14 +592,26 @@ int main(int argc, char** argv) {
   app.add_option("-b,--minbytes", min_b, "smallest size (B; suffixes K, M, G)")->capture_default_str();
   app.add_option("-e,--maxbytes", max_b, "largest size (B; suffixes K, M, G)")->capture_default_str();
   app.add_option("-i,--stepbytes", step_b, "size increment when -f is 1")->capture_default_str();
-  app.add_option("-f,--stepfactor", o.step_factor, "size multiplication factor")->capture_default_str();
-  app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str()->check(CLI::Range(1, 10000000));
-  app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per row")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("-c,--check", o.check, "check results bitwise (0 or 1)")->capture_default_str()->check(CLI::Range(0, 1));
+  // Integer options take decimal digits only: CLI11 alone would read "-1" into an unsigned
+  // option as 2^64 - 1, "010" as octal and "0x2" as hexadecimal.
+  const CLI::Validator digits(
+      [](std::string& text) -> std::string {
+        return parse_index(text) ? std::string() : "'" + text + "' is not a whole number (decimal digits only)";
+      },
+      "DIGITS");
+  app.add_option("-f,--stepfactor", o.step_factor, "size multiplication factor")->capture_default_str()->check(digits);
+  app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str()->check(digits)->check(CLI::Range(1, 10000000));
+  app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per row")
+      ->capture_default_str()
+      ->check(digits)
+      ->check(CLI::Range(0, 10000000));
+  app.add_option("-c,--check", o.check, "check results bitwise (0 or 1)")->capture_default_str()->check(digits)->check(CLI::Range(0, 1));
   app.add_option("-d,--datatype", dtypes, "dtype(s): float, double, half, bfloat16, int8, ... comma-separated, or all")->capture_default_str();
   app.add_option("-o,--op", ops, "reduce op(s): sum, prod, min, max, avg, premulsum, comma-separated, or all")->capture_default_str();
   app.add_option("-r,--root", roots, "root rank(s) for broadcast/reduce: comma-separated, or all")->capture_default_str();
-  app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend; default: number of CPUs)")->check(CLI::Range(1, 4096));
+  app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend; default: number of CPUs)")
+      ->check(digits)
+      ->check(CLI::Range(1, 4096));
   app.add_option("--algo", algo, "auto, ring, direct, halving_doubling, native (RINGZERO_ALGO also works)")->capture_default_str();
   app.add_flag("--pin", o.pin, "pin rank threads to cores");
   app.add_option("--json", o.json_path, "write every row to this JSON file");
@@ -763,7 +775,7 @@ int main(int argc, char** argv) {
 #endif
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ringzero-bench: %s\n", e.what());
+    std::fprintf(stderr, "ringzero-bench: %s\n", rz::bench::error_text(e).c_str());
     return 2;
   }
   if (mpi_rank != 0) return 0;  // rank 0 holds the totals (and exits non-zero when any is wrong)

@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "../memory_bandwidth.hpp"
-#include "../output_file.hpp"
+#include "../command_line.hpp"
 #include "copy_kernel.hpp"
 #include "ringzero/backend/cuda/runtime.hpp"
 #include "ringzero/backend/local/cuda.hpp"
@@ -480,15 +480,8 @@ int main(int argc, char** argv) {
     }
     (void)cudaStreamDestroy(stream);
     return wrong_total == 0 ? 0 : 1;
-  } catch (const rz::error& e) {
-    // Outside a communicator what() only adds "ringzero: " to the message: the program's name
-    // is said once.
-    const rz::error_context& c = e.context();
-    const bool located = !c.backend.empty() || c.rank >= 0 || !c.collective.empty();
-    std::fprintf(stderr, "ringzero-gpu-bench: %s\n", located ? e.what() : e.message().c_str());
-    return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ringzero-gpu-bench: %s\n", e.what());
+    std::fprintf(stderr, "ringzero-gpu-bench: %s\n", rz::bench::error_text(e).c_str());
     return 2;
   }
 }

@@ -4,6 +4,7 @@
   device indices; it selects CUDA devices, so with --memory host it is an error, not ignored;
 - the host-memory guard also covers --memory cuda, whose ranks hold host mirrors of their -e
   buffers;
+- integer options (-f, -n, -w, -c, --ranks) take decimal digits only;
 - --json is checked before measuring without creating the file: a run that fails leaves no file
   behind and never truncates one the user already had; a run that succeeds writes it.
 
@@ -70,6 +71,12 @@ def main() -> int:
         if not without_cuda(p):
             check(p.returncode == VALIDATION_ERROR and "host memory" in p.stderr and "--memory cuda" in p.stderr,
                   f"--memory cuda -e 1000G: exit status {p.returncode}, expected {VALIDATION_ERROR} and the host-memory guard")
+
+    # Integer options: digits only (CLI11 read -f -1 as 2^64 - 1 and ran one row).
+    for option, bad in [("-f", "-1"), ("-f", "0x2"), ("-n", "+3"), ("-w", "-1"), ("-c", " 1"), ("--ranks", "2.0")]:
+        p = run(bench, *SMALL, option, bad)
+        check(p.returncode == VALIDATION_ERROR and "not a whole number" in p.stderr and "# Errors" not in p.stdout,
+              f"{option} '{bad}': exit status {p.returncode}, expected {VALIDATION_ERROR} before measuring")
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "bench.json")
