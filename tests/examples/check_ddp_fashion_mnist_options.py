@@ -13,28 +13,14 @@ epoch on 1000 Fashion-MNIST images when the dataset is installed (else that part
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from command_check import check, run, finish  # noqa: E402
+
 DATA = "/usr/share/datasets/fashion-mnist"
 VALIDATION_ERROR = 105  # CLI::ExitCodes::ValidationError, as every refused option of the trainer
-
-failures = []
-
-
-def check(ok, message):
-    if not ok:
-        failures.append(message)
-        print("FAIL: " + message)
-    return ok
-
-
-def run(trainer, *args):
-    p = subprocess.run([trainer, *args], capture_output=True, text=True, timeout=120)
-    err = p.stderr.strip().replace("\n", " | ")
-    print(f"$ {' '.join([trainer, *args])}\n  exit status {p.returncode}; stderr: {err[:300]}")
-    return p
 
 
 def main() -> int:
@@ -103,8 +89,7 @@ def main() -> int:
                 got = out["runs"][0]["buckets"]
                 check(got == buckets, f"{args}: {got} bucket(s), expected {buckets}")
 
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -27,17 +27,11 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from command_check import check, finish  # noqa: E402
+
 DATA = "/usr/share/datasets/fashion-mnist"
 COMMON = ["--epochs", "1", "--train-subset", "2000", "--test-subset", "1000", "--no-progress"]
-
-failures = []
-
-
-def check(ok, message):
-    if not ok:
-        failures.append(message)
-        print("FAIL: " + message)
-    return ok
 
 
 def run(exe, args, tmp, tag):
@@ -170,11 +164,7 @@ def main():
         stages(exe, tmp, "2 ranks, deep, accumulate 2, clip", accumulate, [0, 1, 2, 3], exact=False)
         three = ["--ranks", "3", "--batch-size", "100", "--optimizer", "adamw"] + COMMON
         stages(exe, tmp, "3 ranks, adamw", three, [0, 3], exact=False)
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

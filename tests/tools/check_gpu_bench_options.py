@@ -15,25 +15,11 @@ Exit status of ringzero-gpu-bench: 2 for a bad option or an error (no device), 1
 result, 0 otherwise. --device 1023 makes a run fail on any machine (no device, or no such device).
 """
 import os
-import subprocess
 import sys
 import tempfile
 
-failures = []
-
-
-def check(ok, message):
-    if not ok:
-        failures.append(message)
-        print("FAIL: " + message)
-    return ok
-
-
-def run(bench, *args):
-    p = subprocess.run([bench, *args], capture_output=True, text=True, timeout=60)
-    err = p.stderr.strip().replace("\n", " | ")
-    print(f"$ {' '.join([bench, *args])}\n  exit status {p.returncode}; stderr: {err[:400]}")
-    return p
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from command_check import check, run, finish  # noqa: E402
 
 
 def main() -> int:
@@ -77,8 +63,7 @@ def main() -> int:
         p = run(bench, "--json", os.path.join(d, "no-such-dir", "x.json"), "--device", "1023")
         check(p.returncode == 2 and "--json" in p.stderr and "no-such-dir" in p.stderr, "--json in a missing directory")
 
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":

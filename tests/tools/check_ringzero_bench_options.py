@@ -15,28 +15,14 @@ that fails, 0 for one that measured every row right.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from command_check import check, run, finish  # noqa: E402
+
 VALIDATION_ERROR = 105  # CLI::ExitCodes::ValidationError, as ringzero-bench's other usage errors
 SMALL = ["all_reduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--bandwidth-bytes", "64K"]
-
-failures = []
-
-
-def check(ok, message):
-    if not ok:
-        failures.append(message)
-        print("FAIL: " + message)
-    return ok
-
-
-def run(bench, *args):
-    p = subprocess.run([bench, *args], capture_output=True, text=True, timeout=120)
-    err = p.stderr.strip().replace("\n", " | ")
-    print(f"$ {' '.join([bench, *args])}\n  exit status {p.returncode}; stderr: {err[:400]}")
-    return p
 
 
 def without_cuda(p):
@@ -112,8 +98,7 @@ def main() -> int:
                 doc = json.load(f)
             check(doc.get("program") == "ringzero-bench" and len(doc.get("rows", [])) == 1, "the JSON of a small run")
 
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return finish()
 
 
 if __name__ == "__main__":
