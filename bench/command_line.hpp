@@ -1,11 +1,15 @@
 #pragma once
-// What the benchmarks' command lines share: the check of an output file (--json) before they
-// measure, and the text of an error for the program's one line on stderr.
+// What the benchmarks' command lines share: whole numbers in decimal digits, the check of an
+// output file (--json) before they measure, and the text of an error for the program's one
+// line on stderr.
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
+#include <system_error>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,6 +17,17 @@
 #include "ringzero/core/error.hpp"
 
 namespace ringzero::bench {
+
+/// `text` as a whole number of type T written in decimal digits only (no sign, space or base
+/// prefix; leading zeros read as decimal), or nullopt, also when it does not fit in T.
+template <class T>
+std::optional<T> parse_digits(const std::string& text) {
+  T v{};
+  const char* last = text.data() + text.size();
+  const auto [end, ec] = std::from_chars(text.data(), last, v);
+  if (text.empty() || text[0] < '0' || text[0] > '9' || ec != std::errc() || end != last) return std::nullopt;
+  return v;
+}
 
 /// Why `path` cannot be written, or an empty string when it can; checked before measuring
 /// without creating or changing the file: an existing file is opened for appending and closed

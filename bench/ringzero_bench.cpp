@@ -30,8 +30,6 @@
 // alone) and assumes all ranks share one device's memory.
 
 #include <algorithm>
-#include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -53,8 +51,8 @@
 #include <nlohmann/json.hpp>
 
 #include "exact_values.hpp"
-#include "memory_bandwidth.hpp"
 #include "command_line.hpp"
+#include "memory_bandwidth.hpp"
 #include "ringzero/ringzero.hpp"
 #if RINGZERO_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -569,17 +567,6 @@ std::vector<T> parse_list(const std::string& text, const std::vector<T>& all, Pa
   return out;
 }
 
-/// `text` as a whole decimal number from 0 to INT_MAX: digits only (no sign, space or base
-/// prefix; leading zeros allowed, read as decimal), or nullopt.
-std::optional<int> parse_index(const std::string& text) {
-  int v = -1;
-  const char* last = text.data() + text.size();
-  const auto [end, ec] = std::from_chars(text.data(), last, v);
-  if (text.empty() || text[0] < '0' || text[0] > '9' || ec != std::errc() || end != last) return std::nullopt;
-  return v;
-}
-
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -596,7 +583,7 @@ int main(int argc, char** argv) {
   // option as 2^64 - 1, "010" as octal and "0x2" as hexadecimal.
   const CLI::Validator digits(
       [](std::string& text) -> std::string {
-        return parse_index(text) ? std::string() : "'" + text + "' is not a whole number (decimal digits only)";
+        return rz::bench::parse_digits<int>(text) ? std::string() : "'" + text + "' is not a whole number (decimal digits only)";
       },
       "DIGITS");
   app.add_option("-f,--stepfactor", o.step_factor, "size multiplication factor")->capture_default_str()->check(digits);
@@ -684,7 +671,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < o.ranks; ++r) all_roots.push_back(r);
     o.roots = parse_list<int>(roots, all_roots,
                               [&](const std::string& s) -> std::optional<int> {
-                                const std::optional<int> v = parse_index(s);
+                                const std::optional<int> v = rz::bench::parse_digits<int>(s);
                                 if (v && *v >= o.ranks)
                                   throw CLI::ValidationError("root", "root " + s + " is outside the " + std::to_string(o.ranks) +
                                                                          " ranks [0, " + std::to_string(o.ranks) + ")");
@@ -698,7 +685,7 @@ int main(int argc, char** argv) {
       if (devices == "all") throw CLI::ValidationError("--devices", "'all' is not a list of CUDA devices (e.g. 0,1)");
       o.devices = parse_list<int>(devices, {},
                                   [&](const std::string& s) {
-                                    const std::optional<int> v = parse_index(s);
+                                    const std::optional<int> v = rz::bench::parse_digits<int>(s);
                                     if (!v)
                                       throw CLI::ValidationError(
                                           "--devices", "'" + s + (s == devices ? "'" : "' in '" + devices + "'") +

@@ -29,7 +29,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -38,11 +37,12 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "../memory_bandwidth.hpp"
 #include "../command_line.hpp"
+#include "../memory_bandwidth.hpp"
 #include "copy_kernel.hpp"
 #include "ringzero/backend/cuda/runtime.hpp"
 #include "ringzero/backend/local/cuda.hpp"
@@ -223,15 +223,12 @@ collective_row bench_all_reduce(int n, rz::algorithm algo, std::size_t bytes, in
 /// `text` as a whole decimal integer in [lo, hi] (0 <= lo), written with digits only: no sign,
 /// space or base prefix; otherwise an invalid_argument error naming `option`, the text and the range.
 long long parse_integer(const std::string& option, const std::string& text, long long lo, long long hi) {
-  long long v = -1;
-  const char* last = text.data() + text.size();
-  const auto [end, ec] = std::from_chars(text.data(), last, v);
-  if (text.empty() || text[0] < '0' || text[0] > '9' || ec != std::errc() || end != last || v < lo || v > hi)
+  const std::optional<long long> v = rz::bench::parse_digits<long long>(text);
+  if (!v || *v < lo || *v > hi)
     throw rz::error(rz::errc::invalid_argument, option + " '" + text + "': expected a whole number from " +
                                                     std::to_string(lo) + " to " + std::to_string(hi) + " (digits only)");
-  return v;
+  return *v;
 }
-
 
 int parse_options(int argc, char** argv, options& o) {
   for (int i = 1; i < argc; ++i) {

@@ -144,13 +144,12 @@ RINGZERO_HOST_DEVICE inline C divide(C a, std::int64_t n) noexcept {
 template <class C>
 using division_word_t = std::conditional_t<sizeof(C) <= 4, std::uint32_t, std::uint64_t>;
 
-/// avg's divisor prepared once per launch: the integer, its value in a floating compute type
-/// (the conversion `divide` would otherwise make per element), for float the divisor and its
+/// avg's divisor prepared once per launch: its value in a floating compute type (the
+/// conversion `divide` would otherwise make per element), for float the divisor and its
 /// correctly rounded reciprocal in double (for the device's quotient below), and for integers
 /// its multiplier and shifts (primitive/invariant_division.hpp).
 template <class C>
 struct prepared_divisor {
-  std::int64_t n = 0;
   C value{};
   C reciprocal{};
   double wide_value = 0;
@@ -163,7 +162,6 @@ struct prepared_divisor {
 template <class C>
 inline prepared_divisor<C> prepare_divisor(std::int64_t n) noexcept {
   prepared_divisor<C> d;
-  d.n = n;
   if constexpr (std::is_floating_point_v<C>) {
     d.value = static_cast<C>(n);
     d.reciprocal = C(1) / d.value;
@@ -175,7 +173,8 @@ inline prepared_divisor<C> prepare_divisor(std::int64_t n) noexcept {
   return d;
 }
 
-/// `divide(a, d.n)` with the divisor prepared: the same bits. Precondition: d.n >= 1.
+/// `divide(a, n)` with the divisor `n` prepared (`d = prepare_divisor(n)`): the same bits.
+/// Precondition: n >= 1.
 /// Integers divide their magnitude by multiplication (primitive/invariant_division.hpp) and
 /// restore the sign, which truncates toward zero as `/` does; the magnitude of the most
 /// negative value is exact in the unsigned word (for sm_90, nvcc 13.0: the int8 avg kernel

@@ -29,7 +29,8 @@ inline std::string error_text(cudaError_t e) {
 }
 
 /// Whether `e` means that this process has no usable CUDA device at all (no device, no or a
-/// too old driver, the driver's stub library), as opposed to a failure of one call.
+/// too old driver, only the toolkit's link-time copy of the driver library loaded), as opposed
+/// to a failure of one call.
 inline bool means_no_device(cudaError_t e) noexcept {
   return e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorStubLibrary ||
          e == cudaErrorSystemDriverMismatch || e == cudaErrorCompatNotSupportedOnDevice;

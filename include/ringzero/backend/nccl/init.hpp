@@ -198,14 +198,14 @@ inline std::unique_ptr<communicator> init_with_file(const std::string& path, con
       throw error(errc::invalid_argument, who + "timeout must be positive, got " + std::to_string(wait.count()) + " s");
     const int device = device_for_local_rank(env.local_rank, "nccl::init_with_file");
     const id_bytes id = exchange_id_through_file(path, env.rank, env.world_size, [] { return generate_id(); }, bounded_timeout(wait));
-    try {
-      auto comm = std::make_unique<communicator>(id, env.rank, env.world_size, device, opts);
-      if (env.rank == 0) remove_id_file(path);
-      return comm;
-    } catch (...) {
-      if (env.rank == 0) remove_id_file(path);
-      throw;
-    }
+    struct published_file {  // rank 0 removes the file it published, whether or not the communicator comes up
+      const std::string& path;
+      bool owner;
+      ~published_file() {
+        if (owner) remove_id_file(path);
+      }
+    } published{path, env.rank == 0};
+    return std::make_unique<communicator>(id, env.rank, env.world_size, device, opts);
   });
 }
 
