@@ -1,20 +1,17 @@
 #pragma once
-// What the benchmarks' command lines share: whole numbers in decimal digits, the check of an
-// output file (--json) before they measure, and the text of an error for the program's one
-// line on stderr.
+// What the benchmarks' command lines share: whole numbers in decimal digits and the check of
+// an output file (--json) before they measure. (The text of an error for the program's one
+// line on stderr is ringzero::error_text, core/error.hpp.)
 
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <exception>
 #include <optional>
 #include <string>
 #include <system_error>
 
 #include <fcntl.h>
 #include <unistd.h>
-
-#include "ringzero/core/error.hpp"
 
 namespace ringzero::bench {
 
@@ -46,18 +43,6 @@ inline std::string output_path_problem(const std::string& path) {
   if (existing < 0) return std::strerror(errno);
   ::close(existing);
   return {};
-}
-
-/// What follows "<program>: " on stderr for `e`: a ringzero error raised outside a
-/// communicator without its "ringzero: " prefix (the program is named once), one that says
-/// where it happened (backend, rank, collective) whole, any other exception's what().
-inline std::string error_text(const std::exception& e) {
-  if (const auto* r = dynamic_cast<const error*>(&e)) {
-    const error_context& c = r->context();
-    const bool located = !c.backend.empty() || c.rank >= 0 || !c.collective.empty();
-    if (!located) return r->message();
-  }
-  return e.what();
 }
 
 }  // namespace ringzero::bench

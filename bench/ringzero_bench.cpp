@@ -762,7 +762,7 @@ int main(int argc, char** argv) {
 #endif
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ringzero-bench: %s\n", rz::bench::error_text(e).c_str());
+    std::fprintf(stderr, "ringzero-bench: %s\n", rz::error_text(e).c_str());
     return 2;
   }
   if (mpi_rank != 0) return 0;  // rank 0 holds the totals (and exits non-zero when any is wrong)

@@ -49,6 +49,7 @@
 #include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/barrier.hpp"
 #include "ringzero/core/dtype.hpp"
+#include "ringzero/core/error.hpp"
 #include "ringzero/primitive/cast.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 #include "ringzero/primitive/fill.hpp"
@@ -478,7 +479,7 @@ int main(int argc, char** argv) {
     (void)cudaStreamDestroy(stream);
     return wrong_total == 0 ? 0 : 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ringzero-gpu-bench: %s\n", rz::bench::error_text(e).c_str());
+    std::fprintf(stderr, "ringzero-gpu-bench: %s\n", rz::error_text(e).c_str());
     return 2;
   }
 }

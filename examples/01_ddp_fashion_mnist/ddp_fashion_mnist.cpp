@@ -819,9 +819,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (o.backend == "mpi")
-      std::fprintf(stderr, "ddp_fashion_mnist (process %d): %s\n", process_rank, e.what());
+      std::fprintf(stderr, "ddp_fashion_mnist (process %d): %s\n", process_rank, rz::error_text(e).c_str());
     else
-      std::fprintf(stderr, "ddp_fashion_mnist: %s\n", e.what());
+      std::fprintf(stderr, "ddp_fashion_mnist: %s\n", rz::error_text(e).c_str());
     return 1;
   }
   return 0;

@@ -684,7 +684,7 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "zero_fashion_mnist: %s\n", e.what());
+    std::fprintf(stderr, "zero_fashion_mnist: %s\n", rz::error_text(e).c_str());
     return 1;
   }
   return 0;

@@ -853,3 +853,19 @@ TEST_CASE("two threads running collectives on one communicator at once: a clear 
   for (const auto& v : out)
     for (float f : v) CHECK(f == 3.0f);
 }
+
+TEST_CASE("error_text: a program's line names ringzero only where the error says where it happened") {
+  // Outside any communicator: the message alone, so "<program>: <message>" names one program.
+  const error plain(errc::io_error, "cannot open IDX file /x");
+  CHECK(std::string(plain.what()) == "ringzero: cannot open IDX file /x");
+  CHECK(error_text(plain) == "cannot open IDX file /x");
+  // With a backend, a rank or a collective: whole, as what() says it.
+  const error located(errc::timeout, error_context{"local", 1, 4, "all_reduce", 7}, "rank 2 never arrived");
+  CHECK(error_text(located) == "ringzero [local rank 1/4] all_reduce #7: rank 2 never arrived");
+  CHECK(error_text(located) == located.what());
+  const error only_collective(errc::invalid_argument, error_context{"", -1, -1, "barrier", -1}, "bad");
+  CHECK(error_text(only_collective) == "ringzero barrier: bad");
+  // Any other exception: its what().
+  const std::runtime_error other("something else");
+  CHECK(error_text(other) == "something else");
+}

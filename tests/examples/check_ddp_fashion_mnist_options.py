@@ -65,6 +65,9 @@ def main() -> int:
                           ("--first-bucket-mb", "0"), ("--min-accuracy", "1"), ("--seed", "18446744073709551615")]:
         p = run(trainer, option, value, "--data", missing, "--epochs", "1", "--no-progress")
         check(p.returncode == 1 and missing in p.stderr, f"{option} {value}: refused ({p.stderr.strip()})")
+        # The program names itself once: "ddp_fashion_mnist: cannot open ...", not followed by "ringzero: ".
+        check(p.stderr.startswith("ddp_fashion_mnist: cannot open") and "ringzero: " not in p.stderr,
+              f"{option} {value}: the error does not name the program once ({p.stderr.strip()})")
 
     if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
         print(f"skipped the training runs: no Fashion-MNIST in {DATA}")

@@ -11,6 +11,7 @@
 /// Nothing is printed; errors are only thrown.
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -120,6 +121,19 @@ class error : public std::system_error {
   std::string message_;
   error_context context_;
 };
+
+/// The text a program prints after its own name ("<program>: <text>") for `e`: a ringzero
+/// error raised outside any communicator without its "ringzero: " prefix, so that a
+/// command-line program names itself once; one that says where it happened (backend, rank,
+/// collective) whole; any other exception's what(). Thread-safe; may throw std::bad_alloc.
+inline std::string error_text(const std::exception& e) {
+  if (const auto* r = dynamic_cast<const error*>(&e)) {
+    const error_context& c = r->context();
+    const bool located = !c.backend.empty() || c.rank >= 0 || !c.collective.empty();
+    if (!located) return r->message();
+  }
+  return e.what();
+}
 
 }  // namespace ringzero
 
