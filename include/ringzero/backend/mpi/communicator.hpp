@@ -1063,7 +1063,9 @@ class communicator final : public ringzero::communicator {
     for (int p = 0; p < n; ++p) same_sequence = same_sequence && get(p).sequence == d.sequence;
     if (!same_sequence) {
       std::vector<std::string> values;
-      for (int p = 0; p < n; ++p) values.push_back("#" + std::to_string(get(p).sequence));
+      // Appended, not `"#" + std::to_string(...)`: that spelling draws GCC 12's -Wrestrict
+      // false positive (GCC bug 105329) into every program that includes this header.
+      for (int p = 0; p < n; ++p) values.push_back(std::string(1, '#').append(std::to_string(get(p).sequence)));
       raise(errc::contract_mismatch, "sequence number mismatch (a rank issued collectives that others did not): " +
                                          ringzero::detail::describe_values(values));
     }
