@@ -35,7 +35,6 @@
 // `--help` lists every option.
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -53,6 +52,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "command_line.hpp"
 #include "distributed_sampler.hpp"
 #include "evaluation.hpp"
 #include "idx_dataset.hpp"
@@ -145,51 +145,12 @@ constexpr double max_bucket_mb = 1099511627776.0;
 /// The largest global batch (examples per optimizer step), as --global-batch's range.
 constexpr std::int64_t max_global_batch = 1 << 24;
 
-/// `text` as a whole number written in decimal digits (no sign, space, base prefix or leading
-/// zero), or nullopt; CLI11 would read "-1" into an unsigned option as 2^64 - 1 and "010" as 8.
-std::optional<std::uint64_t> parse_whole_number(const std::string& text) {
-  std::uint64_t v = 0;
-  const char* last = text.data() + text.size();
-  const auto [end, ec] = std::from_chars(text.data(), last, v);
-  if (text.empty() || text[0] < '0' || text[0] > '9' || (text[0] == '0' && text.size() > 1) || ec != std::errc() ||
-      end != last)
-    return std::nullopt;
-  return v;
-}
-
-/// `text` as a whole number (parse_whole_number) or nullopt, for the integer options.
-const CLI::Validator whole_number(
-    [](std::string& text) -> std::string {
-      if (parse_whole_number(text)) return {};
-      return "'" + text + "' is not a whole number (decimal digits, no sign or leading zero)";
-    },
-    "WHOLE NUMBER");
-
-/// `text` as a number (all of it), or nullopt. Overflow reads as +-inf, which callers refuse.
-std::optional<double> parse_number(const std::string& text) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size()) return std::nullopt;
-  return v;
-}
-
 /// A bucket limit in MiB: finite, from 0 (one bucket per tensor) to max_bucket_mb.
-const CLI::Validator bucket_mb_range(
-    [](std::string& text) -> std::string {
-      const std::optional<double> v = parse_number(text);
-      if (v && std::isfinite(*v) && *v >= 0 && *v <= max_bucket_mb) return {};
-      return "'" + text + "' is not a size in MiB from 0 (one bucket per tensor) to 1099511627776 (2^40)";
-    },
-    "MiB");
+const CLI::Validator bucket_mb_range =
+    ex::number_check({.low = 0, .high = max_bucket_mb}, "a size in MiB from 0 (one bucket per tensor) to 1099511627776 (2^40)", "MiB");
 
 /// An accuracy: finite, from 0 to 1.
-const CLI::Validator accuracy_range(
-    [](std::string& text) -> std::string {
-      const std::optional<double> v = parse_number(text);
-      if (v && std::isfinite(*v) && *v >= 0 && *v <= 1) return {};
-      return "'" + text + "' is not an accuracy from 0 to 1";
-    },
-    "ACCURACY");
+const CLI::Validator accuracy_range = ex::number_check({.low = 0, .high = 1}, "an accuracy from 0 to 1", "ACCURACY");
 
 float default_lr(const std::string& optimizer) { return optimizer == "adamw" ? 1e-3f : 0.1f; }
 
@@ -583,21 +544,12 @@ double total_train_seconds(const run_result& r) {
 }
 
 std::vector<int> parse_rank_list(const std::string& text) {
-  std::vector<int> out;
-  std::size_t at = 0;
-  while (at <= text.size()) {
-    const std::size_t comma = text.find(',', at);
-    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    const std::optional<std::uint64_t> v = parse_whole_number(item);
-    if (!v || *v < 1 || *v > 256)  // as --ranks
-      throw rz::error(rz::errc::invalid_argument,
-                      "--compare-ranks '" + text + "': '" + item + "' is not a rank count from 1 to 256");
-    out.push_back(static_cast<int>(*v));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  if (out.size() < 2) throw rz::error(rz::errc::invalid_argument, "--compare-ranks needs two or more counts, e.g. 1,2");
-  return out;
+  const ex::whole_number_list counts = ex::parse_whole_number_list(text, 1, 256);  // as --ranks
+  if (counts.refused)
+    throw rz::error(rz::errc::invalid_argument,
+                    "--compare-ranks '" + text + "': '" + *counts.refused + "' is not a rank count from 1 to 256");
+  if (counts.values.size() < 2) throw rz::error(rz::errc::invalid_argument, "--compare-ranks needs two or more counts, e.g. 1,2");
+  return std::vector<int>(counts.values.begin(), counts.values.end());
 }
 
 }  // namespace
@@ -610,32 +562,24 @@ int main(int argc, char** argv) {
                  "--ranks is then the number of processes or left out)")
       ->check(CLI::IsMember({"local", "mpi"}));
   auto* ranks_opt =
-      app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(whole_number)->check(CLI::Range(1, 256));
+      app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(ex::whole_number())->check(CLI::Range(1, 256));
   app.add_option("--compare-ranks", o.compare_ranks,
                  "train once per rank count (e.g. 1,2) with the same global batch and compare epoch times and accuracy");
-  app.add_option("--epochs", o.epochs, "epochs to train")->check(whole_number)->check(CLI::Range(1, 100000));
-  app.add_option("--batch-size", o.batch_size, "examples per rank per micro-step")->check(whole_number)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--epochs", o.epochs, "epochs to train")->check(ex::whole_number())->check(CLI::Range(1, 100000));
+  app.add_option("--batch-size", o.batch_size, "examples per rank per micro-step")->check(ex::whole_number())->check(CLI::Range(1, 1 << 20));
   app.add_option("--global-batch", o.global_batch,
                  "examples per optimizer step over all ranks (sets the per-rank batch; compare mode default: "
                  "batch-size x largest rank count x accumulate)")
-      ->check(whole_number)
+      ->check(ex::whole_number())
       ->check(CLI::Range(1, 1 << 24));
   app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation with no_sync)")
-      ->check(whole_number)
+      ->check(ex::whole_number())
       ->check(CLI::Range(1, 1 << 16));
-  app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adamw)")
-      ->check([](const std::string& text) -> std::string {
-        try {
-          const float v = std::stof(text);
-          if (std::isfinite(v) && v > 0) return {};
-        } catch (const std::exception&) {
-        }
-        return "--lr must be a finite number greater than 0, not '" + text + "'";
-      });
+  app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adamw)")->check(ex::learning_rate_check());
   app.add_flag("--scale-lr", o.scale_lr, "multiply the learning rate by the number of ranks (linear scaling rule)");
   app.add_option("--optimizer", o.optimizer, "sgd (momentum 0.9) or adamw (weight decay 0.01)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
-  app.add_option("--seed", o.seed, "seed of the initialisation and of the per-epoch permutations")->check(whole_number);
+  app.add_option("--seed", o.seed, "seed of the initialisation and of the per-epoch permutations")->check(ex::whole_number());
   app.add_option("--bucket-mb", o.bucket_mb,
                  "bucket size limit in MiB, up to 2^40 (default 0.1: two buckets for this model; 0: one bucket per tensor; "
                  "PyTorch's default is 25 with a 1 MiB first bucket)")
@@ -647,13 +591,13 @@ int main(int argc, char** argv) {
   app.add_flag("--bucket-view,!--no-bucket-view", o.bucket_view,
                "backward writes gradients straight into bucket memory (default) instead of copying");
   app.add_flag("--pin,!--no-pin", o.pin, "pin rank r's thread to core r (default on)");
-  app.add_option("--train-subset", o.train_subset, "use only the first N training images (0: all 60000)")->check(whole_number);
-  app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)")->check(whole_number);
+  app.add_option("--train-subset", o.train_subset, "use only the first N training images (0: all 60000)")->check(ex::whole_number());
+  app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)")->check(ex::whole_number());
   app.add_option("--data", o.data_dir, "directory with the Fashion-MNIST .gz files");
   app.add_option("--json", o.json_path, "write the metrics to this JSON file");
   app.add_flag("--progress,!--no-progress", o.progress, "progress bar when stdout is a terminal (default on)");
   app.add_option("--hidden", o.hidden, "hidden layer widths, each from 1 to 65536 (default 256 128)")
-      ->check(whole_number)
+      ->check(ex::whole_number())
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if a run's final test accuracy (0 to 1) is lower")
       ->check(accuracy_range);

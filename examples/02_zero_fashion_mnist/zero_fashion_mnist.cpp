@@ -41,6 +41,8 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <limits>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,6 +52,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "command_line.hpp"
 #include "distributed_sampler.hpp"
 #include "evaluation.hpp"
 #include "heap_usage.hpp"
@@ -73,13 +76,14 @@ struct options {
   int epochs = 10;
   int batch_size = 256;  // per rank, per micro-step
   int accumulate = 1;
-  double lr = -1.0;      // <0: the optimizer's default
+  double lr = -1.0;      // <0 (not given): the optimizer's default
   std::string optimizer = "sgd";
   double momentum = 0.9;
-  double weight_decay = -1.0;  // <0: the optimizer's default
+  double weight_decay = -1.0;  // <0 (not given): the optimizer's default
   double clip_norm = 0.0;
   std::uint64_t seed = 1;
   std::vector<int> hidden = {256, 128};
+  std::vector<std::string> hidden_lists;  // --hidden as given: comma-separated widths (checked by hidden_widths_check)
   bool deep = false;
   bool prefetch = true;
   int max_inflight = 2;
@@ -151,13 +155,66 @@ struct run_result {
 double default_lr(const std::string& optimizer) { return optimizer == "sgd" ? 0.1 : 1e-3; }
 double default_weight_decay(const std::string& optimizer) { return optimizer == "adamw" ? 0.01 : 0.0; }
 
+/// The optimizer of --optimizer, --lr, --weight-decay and --momentum. Only a negative (unset) --lr
+/// or --weight-decay means the default: any other value, NaN included, is used and checked.
 zero::optimizer_options optimizer_options_of(const options& o) {
   zero::optimizer_options opt;
   opt.kind = *zero::parse_optimizer(o.optimizer);
-  opt.lr = o.lr > 0 ? o.lr : default_lr(o.optimizer);
-  opt.weight_decay = o.weight_decay >= 0 ? o.weight_decay : default_weight_decay(o.optimizer);
+  opt.lr = o.lr < 0 ? default_lr(o.optimizer) : o.lr;
+  opt.weight_decay = o.weight_decay < 0 ? default_weight_decay(o.optimizer) : o.weight_decay;
   if (opt.kind == zero::optimizer_kind::sgd) opt.momentum = o.momentum;
   return opt;
+}
+
+/// Throws errc::invalid_argument, naming the options and values, when the optimizer they make
+/// cannot run (zero::optimizer_options::problem: values each option's check accepts may still
+/// clash, e.g. AdamW's lr x weight decay above 1, or Adam's lr / (1 - beta1) beyond float32).
+void check_optimizer_options(const options& o) {
+  const zero::optimizer_options opt = optimizer_options_of(o);
+  const std::string problem = opt.problem();
+  if (problem.empty()) return;
+  const std::string momentum = opt.kind == zero::optimizer_kind::sgd ? fmt::format(" --momentum {}", opt.momentum) : "";
+  throw rz::error(rz::errc::invalid_argument, fmt::format("--optimizer {} --lr {} --weight-decay {}{}: {}", o.optimizer, opt.lr,
+                                                          opt.weight_decay, momentum, problem));
+}
+
+/// The widest hidden layer --hidden accepts (as example 01).
+constexpr std::uint64_t max_hidden_width = 1 << 16;
+
+/// A CLI11 check of one --hidden value: widths from 1 to max_hidden_width separated by commas,
+/// without empty items.
+CLI::Validator hidden_widths_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const ex::whole_number_list widths = ex::parse_whole_number_list(text, 1, max_hidden_width);
+        if (!widths.refused) return {};
+        return "'" + text + "' is not a list of layer widths from 1 to 65536 separated by commas ('" + *widths.refused +
+               "' is not such a width)";
+      },
+      "WIDTHS");
+}
+
+/// Weights and biases of an MLP with layer widths `widths`.
+std::uint64_t parameter_count(const std::vector<int>& widths) {
+  std::uint64_t n = 0;
+  for (std::size_t l = 0; l + 1 < widths.size(); ++l)
+    n += (static_cast<std::uint64_t>(widths[l]) + 1) * static_cast<std::uint64_t>(widths[l + 1]);
+  return n;
+}
+
+/// Runs `f`; turns std::bad_alloc (a bare "std::bad_alloc" says nothing of why) into an error
+/// naming the MLP of layer widths `widths`, its size, and the `rows` examples its activations hold.
+template <class F>
+void naming_out_of_memory(const std::vector<int>& widths, int rows, F&& f) {
+  try {
+    f();
+  } catch (const std::bad_alloc&) {
+    const std::uint64_t n = parameter_count(widths);
+    throw rz::error(rz::errc::invalid_argument,
+                    fmt::format("out of memory for the MLP {} ({} parameters, {:.2f} GiB per float32 copy, and the activations "
+                                "of {} examples per layer): choose smaller --hidden widths",
+                                fmt::join(widths, "-"), n, static_cast<double>(n) * 4.0 / (1u << 30), rows));
+  }
 }
 
 /// The MLP's tensors as the planner sees them: one gather unit per layer ("fc1", "fc2", ...).
@@ -309,14 +366,12 @@ run_result train(const options& o, const ex::fashion_mnist& data) {
 
   rz::local::launch_options launch_opt;
   launch_opt.pin_threads = o.pin;
-  rz::local::launch(
-      o.ranks,
-      [&](rz::communicator& comm) {
+  const int eval_chunk = 1000;  // test examples per forward pass
+  auto rank_main = [&](rz::communicator& comm) {
         Eigen::setNbThreads(1);  // one compute thread per rank
         const bool lead = comm.rank() == 0;
         rank_memory& memory = result.memory[static_cast<std::size_t>(comm.rank())];
         ex::mlp net(result.widths, ex::external_storage);  // no storage: it computes on the runtime's views
-        const int eval_chunk = 1000;
         net.reserve(std::max(o.batch_size, eval_chunk));
         std::vector<float> x(static_cast<std::size_t>(std::max(o.batch_size, eval_chunk)) * data.train.features);
         std::vector<std::uint8_t> y(static_cast<std::size_t>(std::max(o.batch_size, eval_chunk)));
@@ -455,7 +510,10 @@ run_result train(const options& o, const ex::fashion_mnist& data) {
             if (!f) throw rz::error(rz::errc::io_error, "cannot write " + o.save_path);
           }
         }
-      },
+      };
+  const int activation_rows = std::max(o.batch_size, eval_chunk);
+  rz::local::launch(
+      o.ranks, [&](rz::communicator& comm) { naming_out_of_memory(result.widths, activation_rows, [&] { rank_main(comm); }); },
       launch_opt);
 
   if (ex::heap_bytes_in_use().has_value()) {
@@ -610,44 +668,63 @@ json to_json(const options& o, const run_result& r, const zero::shard_plan& stag
 int main(int argc, char** argv) {
   options o;
   CLI::App app{"ZeRO stage 0-3 training of an MLP on Fashion-MNIST with ringzero's sharded runtime"};
+  // Integers in decimal digits only and reals that are finite and in range (examples/common/
+  // command_line.hpp), as example 01: a refused value exits with status 105 and names itself.
   app.add_option("--stage", o.stage, "ZeRO stage: 0 (data parallel), 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)")
+      ->check(ex::whole_number())
       ->check(CLI::Range(0, 3));
-  app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(CLI::Range(1, 256));
-  app.add_option("--epochs", o.epochs, "epochs to train")->check(CLI::Range(1, 100000));
-  app.add_option("--batch-size", o.batch_size, "examples per rank per micro-step")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation)")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(ex::whole_number())->check(CLI::Range(1, 256));
+  app.add_option("--epochs", o.epochs, "epochs to train")->check(ex::whole_number())->check(CLI::Range(1, 100000));
+  app.add_option("--batch-size", o.batch_size, "examples per rank per micro-step")->check(ex::whole_number())->check(CLI::Range(1, 1 << 20));
+  app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation)")
+      ->check(ex::whole_number())
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--optimizer", o.optimizer, "sgd (momentum 0.9), adam, or adamw (weight decay 0.01)")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
-  app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adam and adamw)")->check(CLI::PositiveNumber);
-  app.add_option("--momentum", o.momentum, "SGD momentum (default 0.9; 0: plain SGD, no optimizer state)")
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--weight-decay", o.weight_decay, "weight decay (default: 0, or 0.01 for adamw)")->check(CLI::NonNegativeNumber);
+  app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adam and adamw)")->check(ex::learning_rate_check());
+  app.add_option("--momentum", o.momentum, "SGD momentum from 0 to 1 (default 0.9; 0: plain SGD, no optimizer state)")
+      ->check(ex::number_check({.low = 0, .high = 1, .float32 = true}, "a momentum from 0 to 1 that a float32 holds", "MOMENTUM"));
+  app.add_option("--weight-decay", o.weight_decay, "weight decay (default: 0, or 0.01 for adamw; adamw needs lr x weight decay <= 1)")
+      ->check(ex::number_check({.low = 0, .high = std::numeric_limits<float>::max(), .float32 = true},
+                               "a weight decay: a finite number >= 0 that a float32 holds (0 or 1.1754944e-38 to 3.4028235e+38)",
+                               "DECAY"));
   app.add_option("--clip-norm", o.clip_norm, "clip the global gradient norm to this value (0: no clipping)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", o.seed, "seed of the initialisation and of the per-epoch permutations");
-  app.add_option("--hidden", o.hidden, "hidden layer widths, e.g. 512,512,256,256,128 (default 256,128); one gather unit per layer")
-      ->delimiter(',');
+      ->check(ex::number_check({.low = 0, .high = std::numeric_limits<double>::max()}, "a gradient norm: a finite number >= 0",
+                               "NORM"));
+  app.add_option("--seed", o.seed, "seed of the initialisation and of the per-epoch permutations (0 to 2^64 - 1)")
+      ->check(ex::whole_number());
+  app.add_option("--hidden", o.hidden_lists,
+                 "hidden layer widths, each from 1 to 65536, separated by commas, e.g. 512,512,256,256,128 (default 256,128); "
+                 "one gather unit per layer")
+      ->check(hidden_widths_check());
   app.add_flag("--deep", o.deep, "the six-layer MLP 784-512-512-256-256-128-10 (same as --hidden 512,512,256,256,128)");
   app.add_flag("--prefetch,!--no-prefetch", o.prefetch, "stage 3: gather the next unit while this one computes (default on)");
   app.add_option("--max-inflight-reductions", o.max_inflight, "stages 2-3: gradient reductions in flight at once (default 2)")
+      ->check(ex::whole_number())
       ->check(CLI::Range(1, 64));
-  app.add_option("--alignment", o.alignment, "alignment of every parameter and shard boundary in bytes (a power of two)");
+  app.add_option("--alignment", o.alignment, "alignment of every parameter and shard boundary in bytes (a power of two)")
+      ->check(ex::whole_number());
   app.add_flag("--pin,!--no-pin", o.pin, "pin rank r's thread to core r (default on)");
-  app.add_option("--train-subset", o.train_subset, "use only the first N training images (0: all 60000)");
-  app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)");
+  app.add_option("--train-subset", o.train_subset, "use only the first N training images (0: all 60000)")->check(ex::whole_number());
+  app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)")->check(ex::whole_number());
   app.add_option("--data", o.data_dir, "directory with the Fashion-MNIST .gz files");
   app.add_option("--json", o.json_path, "write the metrics, the plan and the measured memory to this JSON file");
   app.add_option("--save-parameters", o.save_path,
                  "write the final parameters to this file: float32, native byte order, in registration order "
                  "(fc1.weight [784, h1] row-major, fc1.bias, fc2.weight, ...)");
   app.add_flag("--progress,!--no-progress", o.progress, "progress bar when stdout is a terminal (default on)");
-  app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if the final test accuracy is lower");
+  app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if the final test accuracy (0 to 1) is lower")
+      ->check(ex::number_check({.low = 0, .high = 1}, "an accuracy from 0 to 1", "ACCURACY"));
   CLI11_PARSE(app, argc, argv);
+  if (!o.hidden_lists.empty()) {
+    o.hidden.clear();
+    for (const std::string& list : o.hidden_lists)
+      for (std::uint64_t w : ex::parse_whole_number_list(list, 1, max_hidden_width).values) o.hidden.push_back(static_cast<int>(w));
+  }
   if (o.deep) o.hidden = deep_hidden;
 
   try {
-    for (int h : o.hidden)
-      if (h < 1) throw rz::error(rz::errc::invalid_argument, fmt::format("--hidden: width {} is not positive", h));
+    check_optimizer_options(o);  // before the data: options that clash fail at once
     const ex::fashion_mnist data = ex::load_fashion_mnist(o.data_dir, o.train_subset, o.test_subset);
     const auto t0 = clock_type::now();
     const run_result r = train(o, data);

@@ -95,7 +95,10 @@ class sharded_optimizer {
   std::uint64_t steps() const noexcept { return step_; }
   /// The options (the learning rate may be changed with `set_learning_rate`).
   const optimizer_options& options() const noexcept { return options_; }
-  /// Sets the learning rate for the next steps (a scheduler's job). Throws when not finite or < 0.
+  /// Sets the learning rate for the next steps (a scheduler's job). Throws errc::invalid_argument,
+  /// leaving the options as they were, when the options with this rate have a `problem()`: not
+  /// finite, < 0, not representable as a float32, or out of the limits it shares with beta1 and
+  /// the weight decay (zero/optimizer.hpp).
   void set_learning_rate(double lr) {
     optimizer_options o = options_;
     o.lr = lr;

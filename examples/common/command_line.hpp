@@ -1,0 +1,122 @@
+#pragma once
+/// @file
+/// The command-line checks the trainers share: whole numbers in decimal digits only, numbers that
+/// are finite and within a range (optionally one float32 holds as meant), and comma-separated
+/// lists of whole numbers. CLI11's own conversions are too lenient for a trainer: an unsigned
+/// option reads "-1" as 2^64 - 1 and "010" as 8, a leading space is skipped, and its range checks
+/// let NaN through (NaN compares false with every bound), so a value the trainer cannot use would
+/// be wrapped, rounded or ignored instead of refused. A value refused by a check ends the program
+/// with CLI11's validation error (exit status 105) and a message naming the option and the value.
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace ringzero::examples {
+
+/// `text` as a whole number written in decimal digits (no sign, space, base prefix or leading
+/// zero), or nullopt, also when it does not fit in 64 bits.
+inline std::optional<std::uint64_t> parse_whole_number(const std::string& text) {
+  std::uint64_t v = 0;
+  const char* last = text.data() + text.size();
+  const auto [end, ec] = std::from_chars(text.data(), last, v);
+  if (text.empty() || text[0] < '0' || text[0] > '9' || (text[0] == '0' && text.size() > 1) || ec != std::errc() ||
+      end != last)
+    return std::nullopt;
+  return v;
+}
+
+/// A CLI11 check for the integer options: the text is a whole number (parse_whole_number). Their
+/// ranges are checked after it (CLI::Range), on a number CLI11 then reads exactly.
+inline CLI::Validator whole_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (parse_whole_number(text)) return {};
+        return "'" + text + "' is not a whole number (decimal digits, no sign or leading zero)";
+      },
+      "WHOLE NUMBER");
+}
+
+/// `text` as a number (all of it, without leading or trailing space), or nullopt. Overflow reads
+/// as +-inf and "nan" as NaN, which the checks refuse.
+inline std::optional<double> parse_number(const std::string& text) {
+  if (text.empty() || text[0] == ' ' || text[0] == '\t' || text[0] == '\n') return std::nullopt;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size()) return std::nullopt;
+  return v;
+}
+
+/// Which numbers `number_check` accepts.
+struct number_limits {
+  double low = 0;             ///< the smallest value accepted
+  double high = 0;            ///< the largest value accepted
+  bool low_excluded = false;  ///< accept only values above `low`
+  /// Accept only values a float32 holds as meant (the value is applied as a float32): 0, or a
+  /// magnitude from 2^-126 (the smallest normal float32) to FLT_MAX.
+  bool float32 = false;
+};
+
+/// Whether `v` is finite and within `limits`.
+inline bool within(double v, const number_limits& limits) {
+  if (!std::isfinite(v) || v < limits.low || v > limits.high || (limits.low_excluded && v == limits.low)) return false;
+  if (!limits.float32 || v == 0) return true;
+  const double magnitude = std::fabs(v);
+  return magnitude >= static_cast<double>(std::numeric_limits<float>::min()) &&
+         magnitude <= static_cast<double>(std::numeric_limits<float>::max());
+}
+
+/// A CLI11 check for a real-valued option: the text is a number (parse_number) within `limits`;
+/// otherwise "'<text>' is not <what>". `name` is the type shown by --help (e.g. "RATE").
+inline CLI::Validator number_check(number_limits limits, std::string what, std::string name) {
+  return CLI::Validator(
+      [limits, what = std::move(what)](std::string& text) -> std::string {
+        const std::optional<double> v = parse_number(text);
+        if (v && within(*v, limits)) return {};
+        return "'" + text + "' is not " + what;
+      },
+      std::move(name));
+}
+
+/// The check of a --lr option: a finite number above 0 that a float32 holds (the optimizers apply
+/// it as a float32), from 2^-126 to FLT_MAX.
+inline CLI::Validator learning_rate_check() {
+  return number_check({.low = 0, .high = std::numeric_limits<float>::max(), .low_excluded = true, .float32 = true},
+                      "a learning rate: a finite number above 0 that a float32 holds (1.1754944e-38 to 3.4028235e+38)", "RATE");
+}
+
+/// A comma-separated list of whole numbers, each from `low` to `high`, or the first item refused.
+struct whole_number_list {
+  std::vector<std::uint64_t> values;  ///< the numbers, in order (complete only when `refused` is empty)
+  std::optional<std::string> refused;  ///< the first item that is not such a number (possibly "")
+};
+
+/// `text` split at every comma into whole numbers (parse_whole_number) from `low` to `high`. An
+/// empty item ("5,,5", a leading or trailing comma) is refused, not skipped.
+inline whole_number_list parse_whole_number_list(const std::string& text, std::uint64_t low, std::uint64_t high) {
+  whole_number_list out;
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', at);
+    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const std::optional<std::uint64_t> v = parse_whole_number(item);
+    if (!v || *v < low || *v > high) {
+      out.refused = item;
+      return out;
+    }
+    out.values.push_back(*v);
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
+}  // namespace ringzero::examples
