@@ -16,13 +16,22 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
+#include <cstring>
+#include <limits>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "ringzero/zero/model_presets.hpp"
@@ -61,47 +70,113 @@ std::string human(double bytes) {
   return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
 }
 
-/// Parses "80GiB", "40 GB", "1.5e9", "512MiB", "4096" (bytes; decimal and binary suffixes).
-std::uint64_t parse_bytes(const std::string& text) {
+/// The largest byte count, as the messages print it.
+const std::string max_bytes_text = std::to_string(std::numeric_limits<std::uint64_t>::max()) + " bytes";
+
+/// `text` as a whole number when it is nothing but decimal digits (exact up to 2^64 - 1),
+/// std::nullopt when it is something else; a digit string above 2^64 - 1 is refused, naming
+/// `option` and its value `given` (`text` itself unless it is part of a longer value).
+std::optional<std::uint64_t> parse_digits(const std::string& text, const std::string& option, const std::string& given) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  std::uint64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec == std::errc::result_out_of_range)
+    throw usage_error(option + " '" + given + "' does not fit in 64 bits (at most " + max_bytes_text + ")");
+  return value;
+}
+
+/// Parses the value `text` of `option`: "80GiB", "40 GB", "1.5e9", "512MiB", "4096" (bytes;
+/// decimal and binary suffixes). A whole number with an integer scale is exact; a fraction or an
+/// exponent is rounded to the nearest byte. A value that is negative, not finite, or does not fit
+/// in 64 bits is refused, naming the option and the value as given.
+std::uint64_t parse_bytes(const std::string& text, const std::string& option) {
   std::size_t used = 0;
   double value = 0;
   try {
     value = std::stod(text, &used);
   } catch (const std::exception&) {
-    throw usage_error("cannot read a size from '" + text + "' (examples: 80GiB, 40GB, 4096)");
+    throw usage_error("cannot read a size from " + option + " '" + text + "' (examples: 80GiB, 40GB, 4096)");
   }
   std::string suffix;
   for (std::size_t i = used; i < text.size(); ++i)
     if (!std::isspace(static_cast<unsigned char>(text[i]))) suffix += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
-  const std::pair<const char*, double> table[] = {
-      {"", 1},           {"b", 1},           {"kb", 1e3},        {"mb", 1e6},         {"gb", 1e9},
-      {"tb", 1e12},      {"k", 1024.0},      {"kib", 1024.0},    {"m", 1048576.0},    {"mib", 1048576.0},
-      {"g", 1073741824.0}, {"gib", 1073741824.0}, {"t", 1099511627776.0}, {"tib", 1099511627776.0}};
-  for (const auto& [name, scale] : table)
-    if (suffix == name) {
-      const double bytes = value * scale;
-      if (!(bytes >= 0) || bytes > 1.8e19) throw usage_error("size '" + text + "' is out of range");
-      return static_cast<std::uint64_t>(std::llround(bytes));
+  const std::pair<const char*, std::uint64_t> table[] = {
+      {"", 1},         {"b", 1},           {"kb", 1000},       {"mb", 1000000},      {"gb", 1000000000},
+      {"tb", 1000000000000}, {"k", 1ull << 10}, {"kib", 1ull << 10}, {"m", 1ull << 20}, {"mib", 1ull << 20},
+      {"g", 1ull << 30},  {"gib", 1ull << 30}, {"t", 1ull << 40},   {"tib", 1ull << 40}};
+  for (const auto& [name, scale] : table) {
+    if (suffix != name) continue;
+    const std::string too_large = option + " '" + text + "' does not fit in 64 bits (at most " + max_bytes_text + ")";
+    // The number without its unit and surrounding blanks: digits only is read exactly.
+    std::string number = text.substr(0, used);
+    number.erase(0, number.find_first_not_of(" \t\n\r\f\v"));
+    if (const auto whole = parse_digits(number, option, text)) {
+      if (*whole > std::numeric_limits<std::uint64_t>::max() / scale) throw usage_error(too_large);
+      return *whole * scale;
     }
-  throw usage_error("unknown size unit '" + suffix + "' in '" + text + "' (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
+    if (!std::isfinite(value)) throw usage_error(option + " '" + text + "' is not a finite size");
+    const double bytes = std::round(value * static_cast<double>(scale));
+    if (bytes < 0) throw usage_error(option + " '" + text + "' is negative");
+    if (bytes >= 0x1p64) throw usage_error(too_large);
+    return static_cast<std::uint64_t>(bytes);  // exact: a double below 2^64 that is a whole number
+  }
+  throw usage_error("unknown size unit '" + suffix + "' in " + option + " '" + text +
+                    "' (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
 }
+
+/// The dtypes the messages suggest.
+constexpr const char* dtype_examples = "float32, bfloat16, float16, float64, int8, ...";
 
 dtype parse_type(const std::string& text, const std::string& what) {
   if (auto t = ringzero::parse_dtype(text)) return *t;
-  throw usage_error("unknown " + what + " dtype '" + text + "' (float32, bfloat16, float16, float64, int8, ...)");
+  throw usage_error("unknown " + what + " dtype '" + text + "' (" + dtype_examples + ")");
 }
 
-/// Reads a model file (see the file comment).
+/// The contents of the model file `path`, which must be a regular file. The file is opened
+/// without blocking, so a FIFO or a device is refused at once instead of waiting for a writer.
+std::string read_regular_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw usage_error("cannot open model file '" + path + "': " + std::strerror(errno));
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } guard{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw usage_error("cannot read model file '" + path + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw usage_error("model file '" + path + "' is not a regular file");
+  std::string text;
+  char chunk[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw usage_error("cannot read model file '" + path + "': " + std::strerror(errno));
+    }
+    text.append(chunk, static_cast<std::size_t>(n));
+  }
+  return text;
+}
+
+/// Reads a model file (see the file comment). A key given twice in one object is refused (JSON
+/// leaves it undefined which one counts).
 std::vector<parameter_spec> read_model_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw usage_error("cannot open model file '" + path + "'");
+  const std::string text = read_regular_file(path);
   nlohmann::json doc;
+  std::vector<std::set<std::string>> keys;  // the keys seen in each object being parsed, innermost last
+  auto no_duplicate_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using event_t = nlohmann::json::parse_event_t;
+    if (event == event_t::object_start) keys.emplace_back();
+    else if (event == event_t::object_end) keys.pop_back();
+    else if (event == event_t::key && !keys.back().insert(parsed.get<std::string>()).second)
+      throw usage_error("model file '" + path + "' gives the key '" + parsed.get<std::string>() +
+                        "' twice in one object");
+    return true;
+  };
   try {
-    doc = nlohmann::json::parse(in);
+    doc = nlohmann::json::parse(text, no_duplicate_keys);
   } catch (const nlohmann::json::exception& e) {
     throw usage_error("model file '" + path + "' is not valid JSON: " + e.what());
-  } catch (const std::exception& e) {  // a directory opens but cannot be read
-    throw usage_error("model file '" + path + "' is not a readable file (" + e.what() + ")");
   }
   const nlohmann::json* list = &doc;
   if (doc.is_object()) {
@@ -113,8 +188,10 @@ std::vector<parameter_spec> read_model_file(const std::string& path) {
   std::vector<parameter_spec> params;
   for (std::size_t i = 0; i < list->size(); ++i) {
     const nlohmann::json& p = (*list)[i];
-    const std::string where = "model file '" + path + "', parameter " + std::to_string(i);
+    std::string where = "model file '" + path + "', parameter " + std::to_string(i);
     if (!p.is_object()) throw usage_error(where + ": expected an object");
+    if (const auto name = p.find("name"); name != p.end() && name->is_string())
+      where += " ('" + name->get<std::string>() + "')";
     parameter_spec s;
     for (const auto& [key, value] : p.items()) {
       if (key == "name" && value.is_string()) s.name = value.get<std::string>();
@@ -124,7 +201,11 @@ std::vector<parameter_spec> read_model_file(const std::string& path) {
             throw usage_error(where + ": shape entries must be non-negative integers");
           s.shape.push_back(d.get<std::uint64_t>());
         }
-      } else if (key == "dtype" && value.is_string()) s.type = parse_type(value.get<std::string>(), where);
+      } else if (key == "dtype" && value.is_string()) {
+        s.type = ringzero::parse_dtype(value.get<std::string>());
+        if (!s.type)
+          throw usage_error(where + ": unknown dtype '" + value.get<std::string>() + "' (" + dtype_examples + ")");
+      }
       else if (key == "trainable" && value.is_boolean()) s.trainable = value.get<bool>();
       else if ((key == "tie" || key == "tie_group") && value.is_string()) s.tie_group = value.get<std::string>();
       else if (key == "unit" && value.is_string()) s.unit = value.get<std::string>();
@@ -146,7 +227,7 @@ struct options {
   std::string precision = "mixed";
   std::string param_dtype, grad_dtype, master_dtype, state_dtype;
   std::string optimizer = "adam";
-  std::uint64_t alignment = 16;
+  std::string alignment = "16";
   std::string unit_bytes = "25MiB";
   int accumulation_steps = 1;
   bool no_prefetch = false;
@@ -155,6 +236,13 @@ struct options {
   bool json = false;
 };
 
+/// --alignment: a whole number of bytes as digits, so "-16" is refused as given instead of
+/// wrapping to 2^64 - 16 (the planner checks that it is a power of two).
+std::uint64_t parse_alignment(const std::string& text) {
+  if (const auto v = parse_digits(text, "--alignment", text)) return *v;
+  throw usage_error("--alignment must be a whole number of bytes (a power of two), got '" + text + "'");
+}
+
 ringzero::zero::plan_request make_request(const options& o, std::vector<parameter_spec> params, int stage) {
   using ringzero::zero::precision;
   ringzero::zero::plan_request q;
@@ -162,7 +250,7 @@ ringzero::zero::plan_request make_request(const options& o, std::vector<paramete
   q.world_size = o.world_size;
   q.replica_group_size = o.replica_group_size;
   q.stage = stage;
-  q.alignment_bytes = o.alignment;
+  q.alignment_bytes = parse_alignment(o.alignment);
   if (o.precision == "mixed" || o.precision == "fp16") q.precision = precision::mixed_adam();
   else if (o.precision == "bf16") q.precision = precision::bfloat16_adam();
   else if (o.precision == "fp32") q.precision = precision::float32_adam();
@@ -176,7 +264,7 @@ ringzero::zero::plan_request make_request(const options& o, std::vector<paramete
   else if (o.optimizer == "sgd-momentum") q.precision.optimizer_states = 1;
   else if (o.optimizer == "sgd") q.precision.optimizer_states = 0;
   else throw usage_error("unknown optimizer '" + o.optimizer + "' (adam, adamw, sgd-momentum or sgd)");
-  q.unit_bytes = parse_bytes(o.unit_bytes);
+  q.unit_bytes = parse_bytes(o.unit_bytes, "--unit-bytes");
   q.accumulation_steps = o.accumulation_steps;
   q.prefetch = !o.no_prefetch;
   q.max_inflight_reductions = o.max_inflight_reductions;
@@ -378,6 +466,7 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", o.optimizer, "adam, adamw, sgd-momentum or sgd (sets the states per element)")
       ->capture_default_str();
   app.add_option("--alignment", o.alignment, "Alignment of parameters and shards in bytes (a power of two)")
+      ->type_name("UINT")
       ->capture_default_str();
   app.add_option("--unit-bytes", o.unit_bytes,
                  "Largest automatic gather unit (for parameters without a unit; 0: one unit per such parameter)")
@@ -410,7 +499,7 @@ int main(int argc, char** argv) {
     }
     std::optional<std::uint64_t> gpu;
     if (app.count("--gpu-memory") > 0) {
-      gpu = parse_bytes(o.gpu_memory);
+      gpu = parse_bytes(o.gpu_memory, "--gpu-memory");
       if (*gpu == 0) throw usage_error("--gpu-memory must be more than 0 bytes, got '" + o.gpu_memory + "'");
       // A bare number below 1 MiB is almost surely a missing unit ("80" meant 80GiB).
       if (*gpu < (std::uint64_t{1} << 20) && o.gpu_memory.find_first_of("bBkKmMgGtT") == std::string::npos)

@@ -6,17 +6,14 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from command_check import check, finish, run as run_program  # noqa: E402
+
 tool = sys.argv[1]
-failures = []
 
 
-def run(*args):
-    return subprocess.run([tool, *args], capture_output=True, text=True)
-
-
-def check(condition, what):
-    if not condition:
-        failures.append(what)
+def run(*args, timeout=120):
+    return run_program(tool, *args, timeout=timeout)
 
 
 def plans(*args):
@@ -98,6 +95,78 @@ with tempfile.TemporaryDirectory() as d:
 r = run("--model", "gpt2-medium", "--world-size", "16", "--stage", "2", "--gpu-memory", "16GiB")
 check(r.returncode == 0 and "optimizer states" in r.stdout and "fits in 16.00 GiB: yes" in r.stdout, "text report")
 
-for f in failures:
-    print("FAIL:", f)
-sys.exit(1 if failures else 0)
+
+def refused(args, message, what):
+    """`args` exit with status 1 and `message` in the error."""
+    r = run(*args)
+    check(r.returncode == 1 and message in r.stderr, f"{what}: exit {r.returncode}, stderr {r.stderr!r}")
+
+
+# Sums that overflow 64 bits are refused, naming the figure (not wrapped: stage 3 used to print a
+# total smaller than the model states, and 0 B of traffic; stage 0 used to print 0 B).
+with tempfile.TemporaryDirectory() as d:
+    def model_file(name, params):
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            f.write(params if isinstance(params, str) else json.dumps(params))
+        return path
+
+    sumovf = model_file("sumovf.json", [{"name": f"p{i}", "shape": [2**59], "dtype": "float32", "unit": f"u{i}"}
+                                        for i in range(8)])
+    refused(["--model-file", sumovf, "-n", "4", "--stage", "3"],
+            "zero::shard_plan: the total memory per rank overflows 64 bits", "8 x 2^59 float32, stage 3")
+    refused(["--model-file", sumovf, "-n", "4", "--stage", "0", "--json"],
+            "zero::shard_plan: the optimizer state memory per rank overflows 64 bits", "8 x 2^59 float32, stage 0")
+    big40 = model_file("big40.json", [{"name": "p0", "shape": [2**40], "dtype": "float32", "unit": "u0"}])
+    refused(["--model-file", big40, "-n", "4", "--stage", "3", "--accumulation-steps", "2147483647"],
+            "the all_gather traffic per step (parameters before forward) in elements overflows 64 bits",
+            "2^40 elements times 2^31 - 1 micro-batches")
+    out = plans("--model-file", big40, "-n", "4", "--stage", "2", "--precision", "fp32",
+                "--accumulation-steps", str(2**22 - 1))
+    gradients = out["plans"][0]["traffic_per_step"][0]
+    check(gradients["elements"] == (2**22 - 1) * 2**40 and gradients["bytes"] == 2**64 - 2**42,
+          f"the largest reduce_scatter traffic that fits is exact: {gradients}")
+
+    # The model file: anything but a regular file is refused at once (a FIFO used to block).
+    fifo = os.path.join(d, "fifo.json")
+    os.mkfifo(fifo)
+    try:
+        refused(["--model-file", fifo, "-n", "4"], f"model file '{fifo}' is not a regular file", "a FIFO")
+    except subprocess.TimeoutExpired:
+        check(False, "a FIFO as model file blocks")
+    refused(["--model-file", "/dev/zero", "-n", "4"], "model file '/dev/zero' is not a regular file", "/dev/zero")
+    refused(["--model-file", d, "-n", "4"], f"model file '{d}' is not a regular file", "a directory")
+    refused(["--model-file", os.path.join(d, "missing.json"), "-n", "4"], "cannot open model file", "a missing file")
+    badtype = model_file("badtype.json", [{"name": "a", "shape": [3], "dtype": "float128"}])
+    refused(["--model-file", badtype, "-n", "4"],
+            f"error: model file '{badtype}', parameter 0 ('a'): unknown dtype 'float128' (float32, ", "an unknown dtype")
+    dupkey = model_file("dupkey.json", '[{"name": "a", "shape": [3], "name": "b"}]')
+    refused(["--model-file", dupkey, "-n", "4"], f"model file '{dupkey}' gives the key 'name' twice in one object",
+            "a key given twice")
+    nested = model_file("nested.json", '{"parameters": [{"name": "a", "shape": [3]}], "parameters": []}')
+    refused(["--model-file", nested, "-n", "4"], "gives the key 'parameters' twice in one object", "a top-level key twice")
+    same_keys = model_file("same_keys.json", [{"name": "a", "shape": [3]}, {"name": "b", "shape": [3]}])
+    check(run("--model-file", same_keys, "-n", "4").returncode == 0, "the same key in different objects accepted")
+
+# Sizes: exact up to 2^64 - 1, refused above, naming the option and the value as given.
+for value, expected in [("1e19", 10**19), ("18446744073709551615", 2**64 - 1), ("16777215TiB", (2**24 - 1) * 2**40),
+                        ("80GiB", 80 * 2**30), ("1.5GB", 1500000000)]:
+    out = plans("--model", "gpt2", "-n", "8", "--stage", "3", "--gpu-memory", value)
+    check(out["plans"][0]["gpu_memory"] == expected, f"--gpu-memory {value}: {out['plans'][0]['gpu_memory']} vs {expected}")
+for value in ["1e20", "18446744073709551616", "16777216TiB", "1.8446744073709551615e19"]:
+    refused(["--model", "gpt2", "-n", "8", "--gpu-memory", value],
+            f"--gpu-memory '{value}' does not fit in 64 bits (at most 18446744073709551615 bytes)", f"--gpu-memory {value}")
+refused(["--model", "gpt2", "-n", "8", "--unit-bytes", "1e30"], "--unit-bytes '1e30' does not fit in 64 bits", "--unit-bytes 1e30")
+refused(["--model", "gpt2", "-n", "8", "--unit-bytes", "-1MiB"], "--unit-bytes '-1MiB' is negative", "--unit-bytes -1MiB")
+refused(["--model", "gpt2", "-n", "8", "--gpu-memory", "nan"], "--gpu-memory 'nan' is not a finite size", "--gpu-memory nan")
+check(run("--model", "gpt2", "-n", "8", "--unit-bytes", "18446744073709551615").returncode == 0, "--unit-bytes 2^64 - 1")
+
+# --alignment: a signed or oversized value is named as given, not wrapped to 2^64 - 16.
+refused(["--model", "gpt2", "-n", "4", "--alignment", "-16"],
+        "--alignment must be a whole number of bytes (a power of two), got '-16'", "--alignment -16")
+refused(["--model", "gpt2", "-n", "4", "--alignment", "18446744073709551616"],
+        "--alignment '18446744073709551616' does not fit in 64 bits", "--alignment 2^64")
+out = plans("--model", "gpt2", "-n", "4", "--stage", "1", "--alignment", "4096")
+check(out["plans"][0]["padding_elements"] > 0, "--alignment 4096 accepted")
+
+sys.exit(finish())

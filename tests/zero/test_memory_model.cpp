@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ringzero/zero/paper_comparison.hpp"
@@ -111,4 +112,59 @@ TEST_CASE("the comparison reports padding, buffers, frozen parameters and hybrid
   CHECK(c.replica_volume == 2 * (1024 + 96) / 4);  // all_reduce of the gradient shards, counted twice
   // stage 3 volume within the group: two gathers of everything and one reduce_scatter of the trainable
   CHECK(c.planned_volume == 2 * (1024 + 512 + 96) + (1024 + 96));
+}
+
+TEST_CASE("the memory and volume sums are exact up to 2^64 - 1; a plan whose sum would wrap is refused") {
+  auto refusal = [](const plan_request& q) {
+    try {
+      const shard_plan plan(q);
+    } catch (const error& e) {
+      CHECK(e.kind() == errc::invalid_argument);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  // 16 frozen int8 tensors of 2^60 - 16 elements at stage 1: 2^64 - 256 bytes of parameters.
+  plan_request q;
+  q.stage = 1;
+  for (int i = 0; i < 16; ++i) {
+    parameter_spec s;
+    s.name = "p";
+    s.name += std::to_string(i);
+    s.unit = s.name;
+    s.shape = {(1ull << 60) - 16};
+    s.type = dtype::int8;
+    s.trainable = false;
+    q.parameters.push_back(s);
+  }
+  const shard_plan full(q);
+  CHECK(full.memory().model_states() == 0 - 256ull);
+  CHECK(full.memory().total() == 0 - 256ull);
+  q.parameters.front().type = dtype::float16;  // 2^60 - 16 more bytes
+  CHECK(refusal(q) == "ringzero: zero::shard_plan: the parameter memory per rank overflows 64 bits");
+
+  // 8 float32 tensors of 2^59 elements on 4 ranks at stage 3: the model states (7 * 2^61 bytes:
+  // float16 gradients, two float32 Adam states) fit, the communication buffers on top do not.
+  q.parameters.resize(8);
+  for (parameter_spec& s : q.parameters) {
+    s.shape = {1ull << 59};
+    s.type = dtype::float32;
+    s.trainable = true;
+  }
+  q.world_size = 4;
+  q.stage = 3;
+  q.precision = precision::mixed_adam();
+  CHECK(refusal(q) == "ringzero: zero::shard_plan: the total memory per rank overflows 64 bits");
+
+  // One frozen int8 unit of 2^59 elements at stage 3, gathered twice in each micro-batch: the
+  // comparison adds 2 * 15 * 2^59 elements exactly; a 16th micro-batch would make it 2^64.
+  q.parameters.resize(1);
+  q.parameters[0].type = dtype::int8;
+  q.parameters[0].trainable = false;
+  q.accumulation_steps = 15;
+  const paper_comparison c = compare_with_paper(shard_plan(q));
+  CHECK(c.planned_volume == 30ull << 59);
+  CHECK(c.paper_volume == 3.0 * 0x1p59);
+  q.accumulation_steps = 16;
+  CHECK(refusal(q) == "ringzero: zero::shard_plan: the communication volume per step in elements overflows 64 bits");
 }

@@ -494,6 +494,135 @@ TEST_CASE("64-bit sizes: a parameter of 3*2^31+5 elements on 5 ranks tiles exact
   CHECK(plan.owner(0, 3ull * (1ull << 31) + 4) == 4);
 }
 
+TEST_CASE("sums over buffers, units and calls that overflow 64 bits are refused, naming the figure") {
+  // Every parameter here fits on its own (elements * 16 < 2^64); only the sums do not.
+  constexpr std::uint64_t e60 = (1ull << 60) - 16;  // the largest multiple of 16 below 2^60
+  auto units_of = [](int count, std::uint64_t numel, std::optional<dtype> type, bool trainable) {
+    std::vector<parameter_spec> p;
+    for (int i = 0; i < count; ++i) {
+      std::string name = "p", unit = "u";  // appended, not "p" + ...: no GCC 12 -Wrestrict false positive
+      name += std::to_string(i);
+      unit += std::to_string(i);
+      p.push_back(spec(name, {numel}, type, trainable, {}, unit));
+    }
+    return p;
+  };
+  auto refused = [](const plan_request& q, const std::string& figure) {
+    check_invalid([&] { shard_plan p(q); }, "zero::shard_plan: " + figure + " overflows 64 bits");
+  };
+
+  SUBCASE("the parameter element count: 16 frozen int8 tensors of 2^60 - 16 fit exactly, 17 do not") {
+    plan_request q;
+    q.parameters = units_of(16, e60, dtype::int8, false);
+    q.world_size = 1;
+    q.stage = 1;
+    const shard_plan plan(q);
+    CHECK(plan.parameter_elements() == 0 - 256ull);  // 2^64 - 256
+    CHECK(plan.padding_elements() == 0);
+    CHECK(plan.memory().parameters == 0 - 256ull);
+    CHECK(plan.memory().total() == 0 - 256ull);
+    q.parameters = units_of(17, e60, dtype::int8, false);
+    refused(q, "the model's parameter element count");
+  }
+  SUBCASE("the padding element count: 33 one-byte tensors, each padded to 2^59 elements") {
+    plan_request q;
+    q.parameters = units_of(31, 1, dtype::int8, false);
+    q.world_size = 1 << 23;
+    q.stage = 1;
+    q.alignment_bytes = 1ull << 36;  // 2^23 shards * 2^36 elements: every buffer is 2^59 elements
+    const shard_plan plan(q);
+    CHECK(plan.padding_elements() == 31 * ((1ull << 59) - 1));
+    CHECK(plan.memory().parameters == 31ull << 59);  // stage 1 keeps full parameters
+    q.parameters = units_of(32, 1, dtype::int8, false);
+    refused(q, "the parameter memory per rank");  // 2^64 bytes; the padding, 32 * (2^59 - 1), fits
+    q.parameters = units_of(33, 1, dtype::int8, false);
+    refused(q, "the model's padding element count");
+  }
+  SUBCASE("a unit's gather buffer: frozen float64 + int64 + float32 tensors of 2^60 - 16 elements") {
+    plan_request q;
+    q.parameters = {spec("a", {e60}, dtype::float64, false, {}, "u"), spec("b", {e60}, dtype::int64, false, {}, "u")};
+    q.stage = 1;
+    const shard_plan plan(q);  // two buffers of 2^63 - 128 bytes
+    CHECK(plan.units()[0].gather_bytes == 0 - 256ull);
+    CHECK(plan.memory().total() == 0 - 256ull);
+    q.parameters.push_back(spec("c", {e60}, dtype::float32, false, {}, "u"));
+    refused(q, "the gather buffer size of unit 'u'");
+  }
+  SUBCASE("a unit's gradient bucket: float16, bfloat16 and float32 tensors with float64 gradients") {
+    plan_request q;  // gather buffer 8 * (2^60 - 16) bytes, gradient bucket 3 * 8 * (2^60 - 16)
+    q.parameters = {spec("a", {e60}, dtype::float16, true, {}, "u"), spec("b", {e60}, dtype::bfloat16, true, {}, "u"),
+                    spec("c", {e60}, dtype::float32, true, {}, "u")};
+    q.precision.gradient = dtype::float64;
+    refused(q, "the gradient bucket size of unit 'u'");
+  }
+  SUBCASE("each memory category per rank, its model states and its total") {
+    plan_request q;
+    q.world_size = 4;
+    // 8 float32 tensors of 2^59 elements (ringzero-plan's hostile models/sumovf.json)
+    q.parameters = units_of(8, 1ull << 59, dtype::float32, true);
+    q.precision = precision::mixed_adam();
+    const char* expected[] = {"the optimizer state memory per rank", "the parameter memory per rank",
+                              "the parameter memory per rank", "the total memory per rank"};
+    for (int stage = 0; stage <= 3; ++stage) {
+      CAPTURE(stage);
+      q.stage = stage;
+      refused(q, expected[stage]);
+    }
+    q.stage = 0;
+    q.world_size = 1;
+    q.precision = precision{};
+    q.parameters = units_of(4, 1ull << 59, dtype::float32, true);  // Adam states: 2 * 4 * 2^61 bytes
+    refused(q, "the optimizer state memory per rank");
+    q.parameters = units_of(3, e60, dtype::float16, true);
+    q.precision.gradient = dtype::float64;  // 3 * 8 * (2^60 - 16) bytes of gradients
+    refused(q, "the gradient memory per rank");
+    q.precision.gradient.reset();
+    q.precision.master = dtype::float64;
+    refused(q, "the master weight memory per rank");
+    q.precision = precision{};
+    q.precision.optimizer_states = 0;  // plain SGD: parameters and gradients, 3 * 2^62 - 192 bytes each
+    q.parameters = units_of(3, e60, dtype::float32, true);
+    refused(q, "the model-state memory per rank (parameters, gradients, master weights, optimizer states)");
+  }
+  SUBCASE("the communication buffers: two gather buffers and a bucket of 2^63 - 2^24 bytes") {
+    plan_request q;
+    q.world_size = 1 << 20;
+    q.stage = 3;
+    q.precision.optimizer_states = 0;
+    q.parameters = units_of(2, (1ull << 60) - (1ull << 21), dtype::float64, true);
+    refused(q, "the communication buffer memory per rank");
+  }
+  SUBCASE("traffic: elements and bytes per collective, and the step's volume") {
+    plan_request q;
+    q.parameters = {spec("w", {1ull << 40}, dtype::float32, true, {}, "u")};  // models/big40.json
+    q.world_size = 4;
+    q.stage = 3;
+    q.accumulation_steps = 2147483647;
+    refused(q, "the all_gather traffic per step (parameters before forward) in elements");
+    q.stage = 2;
+    refused(q, "the reduce_scatter traffic per step (gradients) in elements");
+    q.accumulation_steps = 1 << 22;  // 2^62 elements, 2^64 bytes
+    refused(q, "the reduce_scatter traffic per step (gradients) in bytes");
+    q.accumulation_steps = (1 << 22) - 1;
+    const shard_plan plan(q);
+    REQUIRE(plan.traffic().size() == 2);
+    CHECK(plan.traffic()[0].elements == ((1ull << 22) - 1) << 40);
+    CHECK(plan.traffic()[0].bytes == 0 - (1ull << 42));  // 2^64 - 2^42: the largest that fits
+    CHECK(plan.traffic()[1].elements == 1ull << 40);
+    // One frozen int8 unit of 2^59 elements at stage 3, gathered before forward and before
+    // backward in each of 16 micro-batches: 2^63 elements (and bytes) each, 2^64 in all.
+    q.parameters = {spec("frozen", {1ull << 59}, dtype::int8, false, {}, "u")};
+    q.stage = 3;
+    q.accumulation_steps = 15;
+    const shard_plan fits(q);
+    REQUIRE(fits.traffic().size() == 2);
+    CHECK(fits.traffic()[0].elements == 15ull << 59);
+    CHECK(fits.traffic()[1].bytes == 15ull << 59);
+    q.accumulation_steps = 16;
+    refused(q, "the communication volume per step in elements");
+  }
+}
+
 TEST_CASE("preset models have their published parameter counts") {
   const std::pair<const char*, std::uint64_t> expected[] = {{"gpt2", 124439808ull},
                                                             {"gpt2-medium", 354823168ull},

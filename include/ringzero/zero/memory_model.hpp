@@ -24,7 +24,9 @@
 
 namespace ringzero::zero {
 
-/// Bytes held by one rank, by category. Units: bytes.
+/// Bytes held by one rank, by category. Units: bytes. The sums below are unchecked; a
+/// `shard_plan` refuses any request for which its `memory()` categories or these sums would
+/// overflow 64 bits, so for a plan's memory they are exact.
 struct memory_breakdown {
   std::uint64_t parameters = 0;             ///< training parameters (full, or the shard at stage 3)
   std::uint64_t gradients = 0;              ///< gradients (full at stages 0-1, the shard at 2-3)

@@ -35,7 +35,10 @@
 /// order backward; zero/gather_schedule.hpp, zero/gradient_schedule.hpp), each as large as the
 /// largest unit needs. `traffic()` gives the collectives per optimizer step.
 ///
-/// Errors: every bad request throws `ringzero::error(errc::invalid_argument)` naming the problem.
+/// Errors: every bad request throws `ringzero::error(errc::invalid_argument)` naming the problem;
+/// a request for which any size, count or sum the plan reports (a unit's layout, the model's
+/// element counts, a memory category per rank or its totals, a traffic entry's calls, elements,
+/// bytes or volume, the step's volume) would overflow 64 bits is one of them.
 /// Determinism: the plan is a pure function of the request; equal requests give equal plans
 /// with equal `fingerprint()`s on every machine.
 
@@ -161,7 +164,7 @@ struct communication_buffers {
   std::uint64_t gather_buffers = 0;         ///< gather buffers live at once (stage 3)
   std::uint64_t gradient_bucket_bytes = 0;  ///< one bucket: the largest unit's gradient_bytes
   std::uint64_t gradient_buckets = 0;       ///< buckets live at once (stages 2-3)
-  /// Bytes of all of them.
+  /// Bytes of all of them (unchecked; a `shard_plan` refuses a request for which this overflows).
   constexpr std::uint64_t bytes() const noexcept {
     return gather_buffer_bytes * gather_buffers + gradient_bucket_bytes * gradient_buckets;
   }
@@ -216,6 +219,30 @@ inline std::optional<std::uint64_t> checked_product(std::uint64_t a, std::uint64
   throw error(errc::invalid_argument, "zero::shard_plan: " + message);
 }
 
+/// `a + b`; a sum that does not fit in 64 bits refuses the request with errc::invalid_argument
+/// "<what> overflows 64 bits".
+inline std::uint64_t add_or_refuse(std::uint64_t a, std::uint64_t b, std::string_view what) {
+  const auto sum = checked_add(a, b);
+  if (!sum) plan_error(std::string(what) + " overflows 64 bits");
+  return *sum;
+}
+
+/// `a * b`; a product that does not fit in 64 bits refuses the request with errc::invalid_argument
+/// "<what> overflows 64 bits".
+inline std::uint64_t multiply_or_refuse(std::uint64_t a, std::uint64_t b, std::string_view what) {
+  const auto product = checked_product(a, b);
+  if (!product) plan_error(std::string(what) + " overflows 64 bits");
+  return *product;
+}
+
+/// `x` rounded up to a multiple of `m` (m >= 1); a result that does not fit in 64 bits refuses
+/// the request with errc::invalid_argument "<what> overflows 64 bits".
+inline std::uint64_t round_up_or_refuse(std::uint64_t x, std::uint64_t m, std::string_view what) {
+  const auto rounded = round_up(x, m);
+  if (!rounded) plan_error(std::string(what) + " overflows 64 bits");
+  return *rounded;
+}
+
 }  // namespace detail
 
 /// A ZeRO shard plan. See the file comment.
@@ -229,7 +256,13 @@ class shard_plan {
   /// master or optimizer-state type; an empty or duplicate parameter name; a trainable parameter
   /// of an integer type; a parameter whose size in bytes overflows 64 bits; tie-group members that
   /// differ in shape, dtype or trainable flag; a parameter whose unit name collides with an
-  /// automatic unit name ("auto:<k>"); accumulation_steps < 1 or max_inflight_reductions < 1.
+  /// automatic unit name ("auto:<k>"); accumulation_steps < 1 or max_inflight_reductions < 1;
+  /// a plan with a figure that does not fit in 64 bits: a unit's layout, padded size, gather
+  /// buffer or gradient bucket, the parameter or padding element count, a memory category per
+  /// rank, the model states or the total per rank, a traffic entry's calls, elements, bytes or
+  /// volume, or the step's volume in elements (the message names the figure and says "overflows
+  /// 64 bits"). So every number the plan reports, and every sum of `memory_breakdown` and
+  /// `traffic_entry`, is exact.
   explicit shard_plan(plan_request request) : request_(std::move(request)) {
     validate_request();
     place_parameters();
@@ -490,9 +523,9 @@ class shard_plan {
     const plan_request& q = request_;
     const auto shards = static_cast<std::uint64_t>(shards_);
     const std::uint64_t region_alignment = std::max<std::uint64_t>(q.alignment_bytes, 16);
-    auto overflow = [](const std::string& what) { detail::plan_error(what + " overflows 64 bits"); };
     for (std::size_t u = 0; u < units_.size(); ++u) {
       gather_unit& unit = units_[u];
+      const std::string layout = "the layout of unit '" + unit.name + "'";
       // One buffer per (dtype, trainable), in order of first appearance among the unit's storages.
       for (std::size_t p : unit.members) {
         const parameter_placement& pl = placements_[p];
@@ -521,34 +554,30 @@ class shard_plan {
         std::uint64_t at = 0;
         for (std::size_t p : f.parameters) {
           parameter_placement& pl = placements_[p];
-          if (pl.numel > 0) {
-            const auto start = detail::round_up(at, align);
-            if (!start) overflow("the layout of unit '" + unit.name + "'");
-            at = *start;
-          }
+          if (pl.numel > 0) at = detail::round_up_or_refuse(at, align, layout);
           pl.buffer = b;
           pl.offset = at;
-          const auto end = detail::checked_add(at, pl.numel);
-          if (!end) overflow("the layout of unit '" + unit.name + "'");
-          at = *end;
-          f.payload += pl.numel;
+          at = detail::add_or_refuse(at, pl.numel, layout);
+          f.payload += pl.numel;  // at most `at`
         }
-        const auto granule = detail::checked_product(shards, align);
-        const auto padded = granule ? detail::round_up(at, *granule) : std::nullopt;
-        if (!padded || !detail::checked_product(*padded, 16)) overflow("the padded size of unit '" + unit.name + "'");
-        f.numel = *padded;
+        const std::string padded_size = "the padded size of unit '" + unit.name + "'";
+        f.numel = detail::round_up_or_refuse(at, detail::multiply_or_refuse(shards, align, padded_size), padded_size);
+        detail::multiply_or_refuse(f.numel, 16, padded_size);  // room for every per-element category
         f.shard_numel = f.numel / shards;
-        parameter_elements_ += f.payload;
-        if (f.trainable) trainable_elements_ += f.payload;
-        padding_elements_ += f.padding();
+        // Sums over buffers: each is checked, so every total the plan reports fits in 64 bits.
+        parameter_elements_ = detail::add_or_refuse(parameter_elements_, f.payload, "the model's parameter element count");
+        if (f.trainable) trainable_elements_ += f.payload;  // at most parameter_elements_
+        padding_elements_ = detail::add_or_refuse(padding_elements_, f.padding(), "the model's padding element count");
         // Regions in the unit's gather buffer and gradient bucket.
-        gather_at = *detail::round_up(gather_at, region_alignment);
+        const std::string gather_size = "the gather buffer size of unit '" + unit.name + "'";
+        gather_at = detail::round_up_or_refuse(gather_at, region_alignment, gather_size);
         f.gather_offset = gather_at;
-        gather_at += f.numel * dtype_size(f.type);
+        gather_at = detail::add_or_refuse(gather_at, f.numel * dtype_size(f.type), gather_size);
         if (f.trainable) {
-          gradient_at = *detail::round_up(gradient_at, region_alignment);
+          const std::string bucket_size = "the gradient bucket size of unit '" + unit.name + "'";
+          gradient_at = detail::round_up_or_refuse(gradient_at, region_alignment, bucket_size);
           f.gradient_offset = gradient_at;
-          gradient_at += f.numel * dtype_size(f.gradient_type);
+          gradient_at = detail::add_or_refuse(gradient_at, f.numel * dtype_size(f.gradient_type), bucket_size);
         }
       }
       unit.gather_bytes = gather_at;
@@ -637,26 +666,45 @@ class shard_plan {
     }
   }
 
+  /// Memory per rank by category. Every product and sum is checked, so each category, the model
+  /// states and the total (memory_breakdown's sums) fit in 64 bits, or the request is refused.
   void compute_memory() {
     const int stage = request_.stage;
     const zero::precision& pr = request_.precision;
+    // category += elements * bytes per element
+    auto add = [](std::uint64_t& category, std::uint64_t elements, std::uint64_t element_bytes, std::string_view what) {
+      category = detail::add_or_refuse(category, detail::multiply_or_refuse(elements, element_bytes, what), what);
+    };
     for (const flat_buffer& f : buffers_) {
       const std::uint64_t full = f.numel, shard = f.shard_numel;
-      memory_.parameters += (stage >= 3 ? shard : full) * dtype_size(f.type);
+      add(memory_.parameters, stage >= 3 ? shard : full, dtype_size(f.type), "the parameter memory per rank");
       if (!f.trainable) continue;
-      memory_.gradients += (stage >= 2 ? shard : full) * dtype_size(f.gradient_type);
+      add(memory_.gradients, stage >= 2 ? shard : full, dtype_size(f.gradient_type), "the gradient memory per rank");
       const std::uint64_t own = stage >= 1 ? shard : full;
-      if (f.has_master) memory_.master_weights += own * dtype_size(*pr.master);
-      memory_.optimizer_states += own * pr.state_bytes_per_element();
+      if (f.has_master) add(memory_.master_weights, own, dtype_size(*pr.master), "the master weight memory per rank");
+      add(memory_.optimizer_states, own, pr.state_bytes_per_element(), "the optimizer state memory per rank");
     }
-    memory_.communication_buffers = communication_.bytes();
+    const communication_buffers& c = communication_;
+    constexpr std::string_view buffers = "the communication buffer memory per rank";
+    memory_.communication_buffers =
+        detail::add_or_refuse(detail::multiply_or_refuse(c.gather_buffer_bytes, c.gather_buffers, buffers),
+                              detail::multiply_or_refuse(c.gradient_bucket_bytes, c.gradient_buckets, buffers), buffers);
+    constexpr std::string_view states = "the model-state memory per rank (parameters, gradients, master weights, optimizer states)";
+    std::uint64_t sum = detail::add_or_refuse(memory_.parameters, memory_.gradients, states);
+    sum = detail::add_or_refuse(sum, memory_.master_weights, states);
+    sum = detail::add_or_refuse(sum, memory_.optimizer_states, states);
+    detail::add_or_refuse(sum, memory_.communication_buffers, "the total memory per rank");
   }
 
+  /// The collectives per step. Every count, element and byte sum is checked, and so are the
+  /// volumes (`traffic_entry::volume_elements`, `volume_bytes`) and the step's whole volume in
+  /// elements (what `compare_with_paper` adds up): each fits in 64 bits, or the request is refused.
   void compute_traffic() {
     const plan_request& q = request_;
     const int stage = q.stage;
     const auto accumulation = static_cast<std::uint64_t>(q.accumulation_steps);
     const int groups = replica_groups();
+    std::uint64_t step_volume = 0;
     auto add = [&](collective_kind k, rank_group g, int ranks, std::string purpose, std::uint64_t repeat, bool trainable_only,
                    bool gradient, bool shard_only, const std::vector<std::uint64_t>* per_unit) {
       traffic_entry e;
@@ -664,16 +712,25 @@ class shard_plan {
       e.group = g;
       e.ranks = ranks;
       e.purpose = std::move(purpose);
+      const std::string what = "the " + std::string(collective_name(k)) + " traffic per step (" + e.purpose + ")";
+      const std::string calls = what + " in calls", elements = what + " in elements", bytes = what + " in bytes";
       for (const flat_buffer& f : buffers_) {
         if (trainable_only && !f.trainable) continue;
         const std::uint64_t count = shard_only ? f.shard_numel : f.numel;
         if (count == 0) continue;
-        const std::uint64_t times = repeat * (per_unit ? (*per_unit)[f.unit] : 1);
-        e.calls += times;
-        e.elements += times * count;
-        e.bytes += times * count * dtype_size(gradient ? f.gradient_type : f.type);
+        const std::uint64_t times = detail::multiply_or_refuse(repeat, per_unit ? (*per_unit)[f.unit] : 1, calls);
+        e.calls = detail::add_or_refuse(e.calls, times, calls);
+        const std::uint64_t n = detail::multiply_or_refuse(times, count, elements);
+        e.elements = detail::add_or_refuse(e.elements, n, elements);
+        const std::uint64_t size = dtype_size(gradient ? f.gradient_type : f.type);
+        e.bytes = detail::add_or_refuse(e.bytes, detail::multiply_or_refuse(n, size, bytes), bytes);
       }
-      if (e.calls > 0) traffic_.push_back(std::move(e));
+      if (e.calls == 0) return;
+      const std::uint64_t volume = e.collective == collective_kind::all_reduce ? 2 : 1;
+      detail::multiply_or_refuse(e.bytes, volume, what + " in volume bytes");
+      step_volume = detail::add_or_refuse(step_volume, detail::multiply_or_refuse(e.elements, volume, what + " in volume elements"),
+                                          "the communication volume per step in elements");
+      traffic_.push_back(std::move(e));
     };
     if (stage == 0) {
       add(collective_kind::all_reduce, rank_group::world, q.world_size, "gradients", 1, true, true, false, nullptr);

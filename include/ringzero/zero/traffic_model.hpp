@@ -45,7 +45,9 @@ constexpr std::string_view rank_group_name(rank_group g) noexcept {
   return "invalid";
 }
 
-/// One kind of collective a plan issues per optimizer step, summed over its calls.
+/// One kind of collective a plan issues per optimizer step, summed over its calls. The volumes
+/// below are unchecked; a `shard_plan` refuses any request for which its entries' calls,
+/// elements, bytes or volumes would overflow 64 bits, so for a plan's entries they are exact.
 struct traffic_entry {
   collective_kind collective = collective_kind::all_reduce;  ///< all_reduce, reduce_scatter or all_gather
   rank_group group = rank_group::shard;                      ///< which ranks take part
