@@ -40,6 +40,7 @@ struct call_args {
   reduce_op op = reduce_kind::sum;
   int root = 0;
   algorithm algo = algorithm::automatic;
+  std::uint64_t tag = 0;
   const void* send = nullptr;  ///< overrides the default buffer when `use_pointers`
   void* recv = nullptr;
   bool use_pointers = false;
@@ -55,7 +56,8 @@ struct rank_buffers {
 void issue(communicator& comm, const call_args& a, rank_buffers& b) {
   const void* s = a.use_pointers ? a.send : b.send.data();
   void* v = a.use_pointers ? a.recv : b.recv.data();
-  const collective_options o = with_algo(a.algo);
+  collective_options o = with_algo(a.algo);
+  o.tag = a.tag;
   switch (a.kind) {
     case collective_kind::all_reduce: return all_reduce(comm, s, v, a.count, a.type, a.op, o);
     case collective_kind::reduce_scatter: return reduce_scatter(comm, s, v, a.count, a.type, a.op, o);
@@ -191,6 +193,32 @@ TEST_CASE("root mismatch of broadcast and reduce is raised on every rank") {
       });
       check_every_rank(o, errc::contract_mismatch, {name(k) + " #2", "root mismatch", "ranks 0-2: 1", "ranks 3-4: 4"});
     }
+}
+
+TEST_CASE("tag mismatch (collective_options::tag) is raised on every rank, for every collective") {
+  for (collective_kind k : {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::all_gather,
+                            collective_kind::broadcast, collective_kind::reduce, collective_kind::all_to_all,
+                            collective_kind::barrier}) {
+    INFO(name(k));
+    std::vector<int> usable;
+    auto o = run_call(4, [&](int r) {
+      call_args a;
+      a.kind = k;
+      a.tag = r == 3 ? 0xffffffffffffffffull : 7;
+      return a;
+    }, &usable);
+    check_every_rank(o, errc::contract_mismatch,
+                     {name(k) + " #2", "tag mismatch", "ranks 0-2: 7; rank 3: 18446744073709551615"});
+    for (int u : usable) CHECK(u == 1);
+    // The same tag on every rank runs.
+    o = run_call(3, [&](int) {
+      call_args a;
+      a.kind = k;
+      a.tag = 12345;
+      return a;
+    });
+    for (const auto& x : o) CHECK_MESSAGE(!x.threw, x.message);
+  }
 }
 
 TEST_CASE("algorithm mismatch is raised on every rank, including for barrier") {

@@ -7,10 +7,13 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "zero_test_model.hpp"
@@ -327,7 +330,7 @@ TEST_CASE("a trainer whose registered parameters do not match the plan is refuse
     });
     CHECK(m[1].find("parameter 4: the plan has 'l2.w' with shape [9, 4] but the trainer registered shape [4, 9]") != std::string::npos);
     CHECK(m[1].find("rank 1") != std::string::npos);
-    CHECK(m[0].find("another rank refused its plan") != std::string::npos);
+    CHECK(m[0].find("rank 1 refused the plan (see that rank's error); no rank starts") != std::string::npos);
   }
   SUBCASE("a missing parameter, a renamed one, a frozen flag, a dtype") {
     auto registered = test_parameters();
@@ -359,7 +362,7 @@ TEST_CASE("a trainer whose registered parameters do not match the plan is refuse
       const shard_plan mine(q);
       sharded_model model(comm, mine, test_parameters());
     });
-    for (const auto& s : m) CHECK(s.find("the ranks hold different plans") != std::string::npos);
+    for (const auto& s : m) CHECK(s.find("the ranks differ in alignment_bytes: rank 0: 16; rank 1: 64") != std::string::npos);
   }
   SUBCASE("an optimizer the plan did not count") {
     const auto m = refused(2, [&](communicator& comm) {
@@ -430,4 +433,165 @@ TEST_CASE("a non-finite gradient skips the step on every rank and leaves the par
     model.read_parameter(l1, now);
     CHECK(now == ones);
   });
+}
+
+namespace {
+
+/// Runs `body` on `world` local ranks; returns each rank's error (kind and what()), or no kind
+/// and "no error".
+std::vector<std::pair<std::optional<errc>, std::string>> outcomes(int world, const std::function<void(communicator&)>& body) {
+  std::vector<std::pair<std::optional<errc>, std::string>> out(static_cast<std::size_t>(world), {std::nullopt, "no error"});
+  local::launch(world, [&](communicator& comm) {
+    try {
+      body(comm);
+    } catch (const error& e) {
+      out[static_cast<std::size_t>(comm.rank())] = {e.kind(), e.what()};
+    }
+  });
+  return out;
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("stage 3: no view shows parameters from before step(), whatever was gathered after end_backward") {
+  local::launch(2, [](communicator& comm) {
+    plan_request q = test_request(3, 1);
+    sharded_model_options options;
+    options.optimizer.kind = optimizer_kind::sgd;
+    options.optimizer.lr = 0.5;
+    q.precision.optimizer_states = 0;
+    sharded_model model(comm, q, options);
+    const std::size_t l2 = model.index("l2.w");  // unit u2
+    std::vector<float> ones(36, 1.0f);
+    model.set_parameter(l2, ones);
+    for (std::size_t u = 0; u < model.unit_count(); ++u) {
+      model.pre_forward(u);
+      model.post_forward(u);
+    }
+    for (std::size_t u = model.unit_count(); u-- > 0;) {
+      model.pre_backward(u);
+      if (u == model.unit_of(l2))
+        for (float& g : model.gradient<float>(l2)) g += 1.0f;  // every rank: the average is 1
+      model.post_backward(u);
+    }
+    model.end_backward();
+    // An evaluation pass between end_backward() and step(): pre_forward(1) prefetches unit 2.
+    model.pre_forward(1);
+    model.post_forward(1);
+    model.step();  // l2.w = 1 - 0.5 * 1 = 0.5
+    model.pre_forward(model.unit_of(l2));
+    const auto view = model.parameter<float>(l2);
+    CHECK(std::vector<float>(view.begin(), view.end()) == std::vector<float>(36, 0.5f));
+    model.post_forward(model.unit_of(l2));
+    std::vector<float> read(36);
+    model.read_parameter(l2, read);
+    CHECK(read == std::vector<float>(36, 0.5f));
+  });
+  // step() while a unit is in use (pre_forward without post_forward) is refused on the rank.
+  const auto out = outcomes(2, [](communicator& comm) {
+    plan_request q = test_request(3, 1);
+    sharded_model model(comm, q);
+    model.end_backward();
+    model.pre_forward(2);
+    model.step();
+  });
+  for (const auto& [kind, what] : out) {
+    INFO(what);
+    CHECK(kind == errc::invalid_argument);
+    CHECK(has(what, "step() while unit 'u2' (2) is gathered by a pre_forward / pre_backward without its post_forward"));
+  }
+}
+
+TEST_CASE("stage 3: ranks gathering same-sized units in different orders fail on every rank instead of mixing them") {
+  // Two units of equal shape: the all_gathers look alike but for their tags.
+  std::vector<parameter_spec> ps = {make_spec("a", {6}, "ua"), make_spec("b", {6}, "ub")};
+  const auto out = outcomes(2, [&](communicator& comm) {
+    plan_request q;
+    q.parameters = ps;
+    q.stage = 3;
+    q.prefetch = false;
+    sharded_model model(comm, q);
+    const std::size_t first = comm.rank() == 0 ? 0 : 1;
+    model.pre_forward(first);
+    model.post_forward(first);
+    model.pre_forward(1 - first);
+    model.post_forward(1 - first);
+  });
+  for (const auto& [kind, what] : out) {
+    INFO(what);
+    CHECK(kind == errc::contract_mismatch);
+    CHECK(has(what, "tag mismatch"));
+  }
+}
+
+TEST_CASE("ranks whose options differ are refused on every rank, naming the option and each rank's value") {
+  auto with = [](auto&& change) {
+    return outcomes(2, [&](communicator& comm) {
+      plan_request q = test_request(1, 1);
+      sharded_model_options options;
+      change(comm.rank(), q, options);
+      sharded_model model(comm, q, options);
+    });
+  };
+  auto every_rank_says = [](const auto& out, const std::string& text) {
+    for (const auto& [kind, what] : out) {
+      INFO(what);
+      CHECK(kind == errc::invalid_argument);
+      CHECK(has(what, text));
+    }
+  };
+  every_rank_says(with([](int r, plan_request&, sharded_model_options& o) { o.optimizer.lr = r == 0 ? 0.5 : 0.25; }),
+                  "the ranks differ in learning rate: rank 0: 0.5; rank 1: 0.25");
+  every_rank_says(with([](int r, plan_request&, sharded_model_options& o) {
+                    o.optimizer.kind = r == 0 ? optimizer_kind::adam : optimizer_kind::adamw;
+                  }),
+                  "the ranks differ in optimizer: rank 0: adam; rank 1: adamw");
+  every_rank_says(with([](int r, plan_request&, sharded_model_options& o) { o.max_grad_norm = r == 0 ? 1.0 : 0.0; }),
+                  "the ranks differ in max_grad_norm: rank 0: 1; rank 1: 0");
+  every_rank_says(with([](int r, plan_request&, sharded_model_options& o) { o.skip_nonfinite_steps = r == 0; }),
+                  "the ranks differ in skip_nonfinite_steps: rank 0: true; rank 1: false");
+  every_rank_says(with([](int r, plan_request& q, sharded_model_options&) { q.stage = r == 0 ? 1 : 2; }),
+                  "the ranks differ in stage: rank 0: 1; rank 1: 2");
+  // A parameter list of the same length that differs in one parameter: the first one named.
+  every_rank_says(with([](int r, plan_request& q, sharded_model_options&) {
+                    if (r == 1) q.parameters[2].shape = {3, 3};
+                  }),
+                  "first at parameter 2, here 'l1.b'");
+  // Options a kind does not use may differ (Adam ignores SGD's momentum).
+  const auto fine = with([](int r, plan_request&, sharded_model_options& o) { o.optimizer.momentum = r; });
+  for (const auto& [kind, what] : fine) CHECK(what == "no error");
+}
+
+TEST_CASE("a request the planner refuses on one rank is refused on every rank at once") {
+  const auto start = std::chrono::steady_clock::now();
+  const auto out = outcomes(3, [](communicator& comm) {
+    comm.set_timeout(std::chrono::seconds(60));
+    plan_request q = test_request(2, 1);
+    if (comm.rank() == 1) q.alignment_bytes = 3;
+    sharded_model model(comm, q);
+  });
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));  // not the timeout
+  INFO(out[1].second);
+  CHECK(has(out[1].second, "the planner refused the request"));
+  CHECK(has(out[1].second, "[local rank 1/3]"));
+  for (int r : {0, 2}) {
+    INFO(out[static_cast<std::size_t>(r)].second);
+    CHECK(out[static_cast<std::size_t>(r)].first == errc::invalid_argument);
+    CHECK(has(out[static_cast<std::size_t>(r)].second, "rank 1 refused the plan (see that rank's error); no rank starts"));
+  }
+}
+
+TEST_CASE("set_learning_rate's refusal names the rank") {
+  const auto out = outcomes(2, [](communicator& comm) {
+    sharded_model model(comm, test_request(1, 1));
+    model.set_learning_rate(-1.0);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO(out[static_cast<std::size_t>(r)].second);
+    CHECK(out[static_cast<std::size_t>(r)].first == errc::invalid_argument);
+    CHECK(has(out[static_cast<std::size_t>(r)].second, "[local rank " + std::to_string(r) + "/2]"));
+    CHECK(has(out[static_cast<std::size_t>(r)].second, "learning rate"));
+  }
 }

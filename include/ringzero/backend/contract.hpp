@@ -2,7 +2,7 @@
 /// @file
 /// The cross-rank contract check: given every rank's descriptor of the same collective, decide
 /// whether they agree (NCCL's contract: same collective, count, dtype, op and root, in the same
-/// order) and whether any rank passed invalid arguments, and describe each difference with every
+/// order; and the same caller's tag) and whether any rank passed invalid arguments, and describe each difference with every
 /// rank's value ("count mismatch: rank 0: 2560; ranks 1-3: 5120").
 ///
 /// Every rank runs the same pure function on the same descriptors, so all ranks reach the same
@@ -122,7 +122,14 @@ std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_ra
                                 return std::string(collective_name(d.kind));
                               }))};
   const collective_kind kind = get(0).kind;
-  // 3. Count, dtype, op, root, algorithm.
+  // 3. The caller's tag (collective_options::tag): calls that look alike but are not the same.
+  if (!all_equal([](const collective_descriptor& d) { return d.tag; }))
+    return contract_violation{errc::contract_mismatch,
+                              "tag mismatch (the ranks issued different calls of the same shape): " +
+                                  detail::describe_values(values([](const collective_descriptor& d) {
+                                    return std::to_string(d.tag);
+                                  }))};
+  // 4. Count, dtype, op, root, algorithm.
   if (kind != collective_kind::barrier) {
     if (!all_equal([](const collective_descriptor& d) { return d.count; }))
       return contract_violation{errc::contract_mismatch,
@@ -151,7 +158,7 @@ std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_ra
                                   detail::describe_values(values([](const collective_descriptor& d) {
                                     return std::string(algorithm_name(d.algo));
                                   }))};
-  // 4. No rank writes what another rank reads or writes.
+  // 5. No rank writes what another rank reads or writes.
   if (cross_rank_buffers) {
     for (int w = 0; w < n; ++w) {
       const auto& dw = get(w);

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// `collective_descriptor`: what one rank asked of one collective (kind, sequence number,
-/// count, dtype, op, root, algorithm, buffers, and whether its arguments were valid).
+/// count, tag, dtype, op, root, algorithm, buffers, and whether its arguments were valid).
 /// Backends exchange descriptors to check NCCL's contract (same collectives, in the same order,
 /// with the same count, dtype, op and root on every rank) and, on the local backend, to find
 /// their peers' buffers.
@@ -20,6 +20,7 @@ struct collective_descriptor {
   collective_kind kind = collective_kind::barrier;
   std::uint64_t sequence = 0;     ///< n-th collective issued on this communicator (from 0)
   std::uint64_t count = 0;        ///< the count argument as passed (per rank, NCCL's meaning)
+  std::uint64_t tag = 0;          ///< the caller's label (collective_options::tag); must match
   dtype type = dtype::float32;
   reduce_op op{};                 ///< reductions only; scalar may differ between ranks
   int root = -1;                  ///< broadcast and reduce only

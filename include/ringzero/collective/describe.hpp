@@ -80,6 +80,7 @@ inline collective_descriptor describe(const communicator& c, const collective_re
   collective_descriptor d;
   d.kind = q.kind;
   d.count = q.count;
+  d.tag = q.options.tag;
   d.type = q.type;
   d.op = q.op;
   d.root = has_root(q.kind) ? q.root : -1;

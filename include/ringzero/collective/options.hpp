@@ -2,6 +2,8 @@
 /// @file
 /// `collective_options`: per-call settings of a collective.
 
+#include <cstdint>
+
 #include "ringzero/core/algorithm.hpp"
 
 namespace ringzero {
@@ -13,6 +15,14 @@ struct collective_options {
   /// the collective or backend does not offer is an invalid argument, reported on every rank.
   /// All ranks must resolve to the same algorithm (checked).
   algorithm algo = algorithm::automatic;
+  /// A label the caller gives this call (Gloo's per-collective tag), which every rank must give
+  /// alike: where the backend checks the contract (always on the local backend, in MPI's and
+  /// NCCL's check mode) a difference is errc::contract_mismatch on every rank ("tag mismatch:
+  /// rank 0: 3; rank 1: 4") and no rank runs the call. It tells apart calls that would
+  /// otherwise look alike (same collective, count and dtype), such as the gathers of two
+  /// same-sized units issued in different orders on different ranks. 0 (the default) is a tag
+  /// like any other. It does not change which data is exchanged.
+  std::uint64_t tag = 0;
 };
 
 }  // namespace ringzero

@@ -61,7 +61,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -71,6 +73,7 @@
 #include <vector>
 
 #include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/contract.hpp"
 #include "ringzero/collective/all_gather.hpp"
 #include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/reduce_scatter.hpp"
@@ -121,12 +124,13 @@ class sharded_model {
         gradients_(plan_.make_gradient_schedule()) {
     require_host_memory();
     agree(check(registered));
-    allocate();
+    allocate_everywhere();
   }
 
   /// Plans `request` for these communicators (its world size and replica group size are set
   /// from them) and runs it for a trainer registering `request.parameters`. Throws as the
-  /// planner and the other constructor do.
+  /// other constructor does; a request the planner refuses on some rank is refused on every
+  /// rank (the planner's message on that rank, the refusing ranks named on the others).
   sharded_model(communicator& comm, plan_request request, const sharded_model_options& options = {},
                 communicator* replica_comm = nullptr)
       : sharded_model(comm, plan_for(comm, std::move(request), replica_comm), options, replica_comm) {}
@@ -236,7 +240,8 @@ class sharded_model {
       } else {
         borrowed_slot = take_gather_slot();
         unsigned char* dst = gathers_buffers_[borrowed_slot].data() + f.gather_offset;
-        if (f.shard_numel > 0) all_gather(comm_, params_[pl.buffer].data(), dst, f.shard_numel, f.type);
+        if (f.shard_numel > 0)
+          all_gather(comm_, params_[pl.buffer].data(), dst, f.shard_numel, f.type, tagged(call_purpose::read, pl.buffer));
         src = dst;
       }
     }
@@ -306,27 +311,43 @@ class sharded_model {
   /// The optimizer step: ends the last micro-batch if `end_backward()` was not called for it,
   /// averages gradient shards across replica groups, computes the global gradient norm, clips,
   /// updates the rank's shard, all_gathers the parameters (stages 1-2), zeroes the gradients.
-  /// Throws errc::invalid_argument when the number of micro-batches is not the plan's
-  /// accumulation_steps.
+  /// At stage 3 it first releases every gather still held (a unit prefetched or gathered after
+  /// `end_backward()`, e.g. by an evaluation pass), so no view shows parameters from before the
+  /// update. Throws errc::invalid_argument when the number of micro-batches is not the plan's
+  /// accumulation_steps, or at stage 3 while a unit is gathered by a `pre_forward` /
+  /// `pre_backward` not yet matched by its `post_forward` / `post_backward`.
   step_result step() {
     const int steps = plan_.request().accumulation_steps;
     if (micro_ == steps - 1) end_backward();
     if (micro_ != steps)
       raise("step() after " + std::to_string(micro_) + " micro-batch(es), but the plan accumulates " + std::to_string(steps) +
             " (call end_backward() after each)");
+    if (plan_.stage() == 3) {
+      // A unit gathered after end_backward() (an evaluation pass, a prefetch) holds the
+      // parameters from before this update: refuse while one is in use, drop the others, so the
+      // next pre_forward gathers the updated shards.
+      for (std::size_t u = 0; u < plan_.units().size(); ++u)
+        if (gathers_.in_use(u))
+          raise("step() while unit '" + plan_.units()[u].name + "' (" + std::to_string(u) +
+                ") is gathered by a pre_forward / pre_backward without its post_forward / post_backward");
+      gather_hooks h{*this};
+      gathers_.release_all(h);
+    }
     micro_ = 0;
     const auto& buffers = plan_.buffers();
     if (replica_ != nullptr && replica_->world_size() > 1)
       for (std::size_t b = 0; b < buffers.size(); ++b)
         if (buffers[b].trainable && buffers[b].numel > 0) {
           unsigned char* g = owned_gradient(b);
-          all_reduce(*replica_, g, g, owned_range(b).size(), buffers[b].gradient_type, reduce_kind::avg);
+          all_reduce(*replica_, g, g, owned_range(b).size(), buffers[b].gradient_type, reduce_kind::avg,
+                     tagged(call_purpose::replica_average, b));
         }
 
     double squares = 0;
     for (std::size_t b = 0; b < buffers.size(); ++b)
       if (buffers[b].trainable) squares += sum_of_squares(b);
-    if (plan_.stage() >= 1 && comm_.world_size() > 1) all_reduce(comm_, &squares, &squares, 1, dtype::float64, reduce_kind::sum);
+    if (plan_.stage() >= 1 && comm_.world_size() > 1)
+      all_reduce(comm_, &squares, &squares, 1, dtype::float64, reduce_kind::sum, tagged(call_purpose::norm, 0));
     step_result result;
     result.gradient_norm = std::sqrt(squares);
     if (!std::isfinite(result.gradient_norm) && options_.skip_nonfinite_steps) {
@@ -346,14 +367,22 @@ class sharded_model {
     if (plan_.stage() == 1 || plan_.stage() == 2)
       for (std::size_t b = 0; b < buffers.size(); ++b)
         if (buffers[b].trainable && buffers[b].numel > 0)
-          all_gather(comm_, owned_parameters(b), params_[b].data(), buffers[b].shard_numel, buffers[b].type);
+          all_gather(comm_, owned_parameters(b), params_[b].data(), buffers[b].shard_numel, buffers[b].type,
+                     tagged(call_purpose::regather, b));
     zero_gradients();
     result.steps = optimizer_->steps();
     return result;
   }
 
-  /// Sets the learning rate of the next steps.
-  void set_learning_rate(double lr) { optimizer_->set_learning_rate(lr); }
+  /// Sets the learning rate of the next steps; every rank must set the same value. Throws
+  /// errc::invalid_argument (naming this rank) when the optimizer refuses it.
+  void set_learning_rate(double lr) {
+    try {
+      optimizer_->set_learning_rate(lr);
+    } catch (const error& e) {
+      comm_.raise(e.kind(), "zero::sharded_model: " + e.message());
+    }
+  }
   /// The sharded optimizer (master weights, states, options).
   const sharded_optimizer& optimizer() const noexcept { return *optimizer_; }
 
@@ -383,26 +412,85 @@ class sharded_model {
     void complete(std::size_t u) { m.complete_reduction(u); }
   };
 
-  sharded_model(communicator& comm, shard_plan plan, const sharded_model_options& options, communicator* replica_comm)
+  /// A plan, or why the planner refused this rank's request (then `plan` is an empty model's,
+  /// held only until every rank has learnt of the refusal).
+  struct planned {
+    shard_plan plan;
+    std::string problem;
+  };
+
+  sharded_model(communicator& comm, planned p, const sharded_model_options& options, communicator* replica_comm)
       : comm_(comm),
         replica_(replica_comm),
-        plan_(std::move(plan)),
+        plan_(std::move(p.plan)),
         options_(options),
         shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
         gathers_(plan_.make_gather_schedule()),
         gradients_(plan_.make_gradient_schedule()) {
     require_host_memory();
-    agree(check(plan_.parameters()));
-    allocate();
+    agree(p.problem.empty() ? check(plan_.parameters()) : p.problem);
+    allocate_everywhere();
   }
 
-  static shard_plan plan_for(const communicator& comm, plan_request request, const communicator* replica) {
+  /// Plans `request` for the communicators. A refusal is kept (not thrown) so that the other
+  /// ranks learn of it in `agree` instead of waiting there for this rank until the timeout.
+  static planned plan_for(const communicator& comm, plan_request request, const communicator* replica) {
     request.world_size = comm.world_size() * (replica ? replica->world_size() : 1);
     request.replica_group_size = replica ? comm.world_size() : 0;
-    return shard_plan(std::move(request));
+    plan_request empty;
+    empty.world_size = request.world_size;
+    empty.replica_group_size = request.replica_group_size;
+    try {
+      return {shard_plan(std::move(request)), {}};
+    } catch (const error& e) {
+      return {shard_plan(std::move(empty)), "the planner refused the request: " + e.message()};
+    }
+  }
+
+  /// `allocate()` on every rank, then one exchange so that a rank that could not allocate its
+  /// share makes every rank throw (naming it) instead of leaving the others to time out in the
+  /// first collective.
+  void allocate_everywhere() {
+    std::string problem;
+    try {
+      allocate();
+    } catch (const std::bad_alloc&) {
+      problem = "cannot allocate the model state of this rank (std::bad_alloc)";
+    } catch (const error& e) {
+      problem = e.message();
+    }
+    // Over the shard group, then across replica groups with "my group failed": every rank joins
+    // both exchanges and learns of a failure anywhere.
+    std::string verdict;
+    for (communicator* c : {&comm_, replica_}) {
+      if (c == nullptr || c->world_size() == 1) continue;
+      const int n = c->world_size();
+      std::uint64_t mine = problem.empty() && verdict.empty() ? 0 : 1;
+      std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
+      all_gather(*c, &mine, all.data(), 1, dtype::uint64, tagged(call_purpose::agree, 2));
+      std::vector<int> failed;
+      for (int r = 0; r < n; ++r)
+        if (all[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
+      if (!failed.empty() && verdict.empty())
+        verdict = ringzero::detail::describe_ranks(failed) + (c == replica_ ? " of the replica communicator" : "") +
+                  " could not allocate the model state (see the error there); no rank starts";
+    }
+    if (!problem.empty()) comm_.raise(errc::internal, "zero::sharded_model: " + problem);
+    if (!verdict.empty()) comm_.raise(errc::internal, "zero::sharded_model: " + verdict);
   }
 
   [[noreturn]] void raise(const std::string& message) const { comm_.raise(errc::invalid_argument, "zero::sharded_model: " + message); }
+
+  /// What a collective of the runtime is for; with the flat buffer's index it makes the call's
+  /// tag (collective_options::tag), so ranks that issue the same-shaped calls for different
+  /// purposes or buffers (two equal units gathered in different orders) fail with a tag
+  /// mismatch where the backend checks the contract, instead of mixing their data.
+  enum class call_purpose : std::uint64_t { agree = 1, gather, read, reduce, replica_average, norm, regather };
+  static collective_options tagged(call_purpose purpose, std::size_t buffer) noexcept {
+    collective_options o;
+    o.tag = (static_cast<std::uint64_t>(purpose) << 48) | static_cast<std::uint64_t>(buffer);
+    return o;
+  }
 
   const std::string& name(std::size_t p) const { return plan_.parameters()[p].name; }
 
@@ -477,18 +565,173 @@ class sharded_model {
     return sharded_optimizer::problem(plan_, options_.optimizer);
   }
 
-  /// Every rank learns whether any rank refused and whether the plans agree; throws on all alike.
+  /// One value every rank must hold alike, as exchanged by `agree`: its name, its bits and how
+  /// to print them.
+  struct agreed_value {
+    enum class shown : std::uint8_t { integer, real, flag, hash, optimizer };
+    const char* what;
+    std::uint64_t bits;
+    shown as;
+  };
+
+  static std::string show(const agreed_value& v, std::uint64_t bits) {
+    switch (v.as) {
+      case agreed_value::shown::real: {
+        double x;
+        std::memcpy(&x, &bits, sizeof x);
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.17g", x);
+        return buf;
+      }
+      case agreed_value::shown::flag: return bits != 0 ? "true" : "false";
+      case agreed_value::shown::hash: {
+        char buf[24];
+        std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(bits));
+        return buf;
+      }
+      case agreed_value::shown::optimizer: return std::string(optimizer_name(static_cast<optimizer_kind>(bits)));
+      case agreed_value::shown::integer: break;
+    }
+    return std::to_string(bits);
+  }
+
+  /// This rank's values of everything the ranks must share: its refusal, the plan request
+  /// field by field (the parameter list as one hash), the optimizer options that its kind
+  /// uses, the clipping settings, and the plan fingerprint last (anything not listed).
+  std::vector<agreed_value> summary(bool refused) const {
+    using shown = agreed_value::shown;
+    auto real = [](double x) {
+      std::uint64_t b;
+      std::memcpy(&b, &x, sizeof b);
+      return b;
+    };
+    const plan_request& q = plan_.request();
+    const zero::precision& pr = q.precision;
+    detail::fnv1a precision_hash;
+    precision_hash.u64(static_cast<std::uint64_t>(pr.parameter));
+    precision_hash.u64(pr.gradient ? 1 + static_cast<std::uint64_t>(*pr.gradient) : 0);
+    precision_hash.u64(pr.master ? 1 + static_cast<std::uint64_t>(*pr.master) : 0);
+    precision_hash.u64(static_cast<std::uint64_t>(pr.optimizer_state));
+    precision_hash.u64(static_cast<std::uint64_t>(pr.optimizer_states));
+    const optimizer_options& o = options_.optimizer;
+    const bool sgd = o.kind == optimizer_kind::sgd;
+    return {
+        {"refused", refused ? 1u : 0u, shown::flag},
+        {"plan world size", static_cast<std::uint64_t>(q.world_size), shown::integer},
+        {"plan replica group size", static_cast<std::uint64_t>(q.replica_group_size), shown::integer},
+        {"stage", static_cast<std::uint64_t>(q.stage), shown::integer},
+        {"alignment_bytes", q.alignment_bytes, shown::integer},
+        {"unit_bytes", q.unit_bytes, shown::integer},
+        {"accumulation_steps", static_cast<std::uint64_t>(q.accumulation_steps), shown::integer},
+        {"prefetch", q.prefetch ? 1u : 0u, shown::flag},
+        {"max_inflight_reductions", static_cast<std::uint64_t>(q.max_inflight_reductions), shown::integer},
+        {"precision (hash)", precision_hash.value(), shown::hash},
+        {"parameter count", q.parameters.size(), shown::integer},
+        {"parameters (hash of names, shapes, dtypes, flags, tie groups, units)", parameters_hash(0, q.parameters.size()),
+         shown::hash},
+        {"optimizer", static_cast<std::uint64_t>(o.kind), shown::optimizer},
+        {"learning rate", real(o.lr), shown::real},
+        {"weight_decay", real(o.weight_decay), shown::real},
+        {"momentum", sgd ? real(o.momentum) : 0, shown::real},
+        {"dampening", sgd ? real(o.dampening) : 0, shown::real},
+        {"nesterov", sgd && o.nesterov ? 1u : 0u, shown::flag},
+        {"beta1", sgd ? 0 : real(o.beta1), shown::real},
+        {"beta2", sgd ? 0 : real(o.beta2), shown::real},
+        {"eps", sgd ? 0 : real(o.eps), shown::real},
+        {"max_grad_norm", real(options_.max_grad_norm), shown::real},
+        {"skip_nonfinite_steps", options_.skip_nonfinite_steps ? 1u : 0u, shown::flag},
+        {"plan fingerprint", plan_.fingerprint(), shown::hash},
+    };
+  }
+
+  /// FNV-1a of parameters [first, last) of the plan request (as the fingerprint hashes them).
+  std::uint64_t parameters_hash(std::size_t first, std::size_t last) const {
+    detail::fnv1a h;
+    const auto& ps = plan_.request().parameters;
+    for (std::size_t i = first; i < last; ++i) {
+      const parameter_spec& p = ps[i];
+      h.text(p.name);
+      h.u64(p.shape.size());
+      for (std::uint64_t d : p.shape) h.u64(d);
+      h.u64(p.type ? 1 + static_cast<std::uint64_t>(*p.type) : 0);
+      h.u64(p.trainable ? 1 : 0);
+      h.text(p.tie_group);
+      h.text(p.unit);
+    }
+    return h.value();
+  }
+
+  /// Every rank learns every rank's `summary` (an all_gather over `comm_`, then over
+  /// `replica_`) and throws alike on all of them: its own problem on a rank that refused, which
+  /// ranks refused on the others, else the first value the ranks disagree on with each rank's
+  /// value ("learning rate: rank 0: 0.5; rank 1: 0.25"), and for parameter lists of equal length
+  /// the first parameter that differs.
   void agree(const std::string& problem) {
-    // {refused, fingerprint, ~fingerprint}: the max over ranks of each gives "anyone refused",
-    // the largest fingerprint and the complement of the smallest.
-    std::uint64_t v[3] = {problem.empty() ? 0u : 1u, plan_.fingerprint(), ~plan_.fingerprint()};
-    if (comm_.world_size() > 1) all_reduce(comm_, v, v, 3, dtype::uint64, reduce_kind::max);
-    if (replica_ != nullptr && replica_->world_size() > 1) all_reduce(*replica_, v, v, 3, dtype::uint64, reduce_kind::max);
+    std::string verdict = agree_over(comm_, !problem.empty());
+    if (replica_ != nullptr) {
+      // "refused" now also means "my shard group cannot start", so that the refusal reaches
+      // every rank of every replica group.
+      std::string across = agree_over(*replica_, !problem.empty() || !verdict.empty());
+      if (verdict.empty() && !across.empty()) verdict = "across replica groups, " + across;
+    }
     if (!problem.empty()) raise(problem);
-    if (v[0] != 0) raise("another rank refused its plan (see that rank's error); no rank starts");
-    if (v[1] != ~v[2])
-      raise("the ranks hold different plans (fingerprints " + std::to_string(~v[2]) + " to " + std::to_string(v[1]) +
-            "); every rank must plan the same request");
+    if (!verdict.empty()) raise(verdict);
+  }
+
+  /// The exchange of `agree` over `c`: the message every rank of `c` raises, or "".
+  std::string agree_over(communicator& c, bool refused) {
+    const int n = c.world_size();
+    if (n == 1) return {};
+    const std::vector<agreed_value> mine = summary(refused);
+    const std::size_t fields = mine.size();
+    std::vector<std::uint64_t> table(fields * static_cast<std::size_t>(n));
+    std::vector<std::uint64_t> row(fields);
+    for (std::size_t f = 0; f < fields; ++f) row[f] = mine[f].bits;
+    all_gather(c, row.data(), table.data(), fields, dtype::uint64, tagged(call_purpose::agree, 0));
+    auto at = [&](int r, std::size_t f) { return table[static_cast<std::size_t>(r) * fields + f]; };
+    auto by_rank = [&](std::size_t f) {
+      std::vector<std::string> v;
+      for (int r = 0; r < n; ++r) v.push_back(show(mine[f], at(r, f)));
+      return ringzero::detail::describe_values(v);
+    };
+    std::vector<int> refusing;
+    for (int r = 0; r < n; ++r)
+      if (at(r, 0) != 0) refusing.push_back(r);
+    if (!refusing.empty())
+      return ringzero::detail::describe_ranks(refusing) + " refused the plan (see " +
+             (refusing.size() == 1 ? "that rank's error" : "those ranks' errors") + "); no rank starts";
+    for (std::size_t f = 1; f < fields; ++f) {
+      bool same = true;
+      for (int r = 1; r < n; ++r) same = same && at(r, f) == at(0, f);
+      if (same) continue;
+      std::string what = std::string("the ranks differ in ") + mine[f].what + ": " + by_rank(f);
+      if (std::string_view(mine[f].what).starts_with("parameters (hash")) what += first_parameter_difference(c);
+      return what + "; every rank must pass the same plan request and sharded_model_options";
+    }
+    return {};
+  }
+
+  /// Where the ranks' parameter lists (of equal length, hashes differing) first differ: a second
+  /// all_gather of one hash per parameter; names this rank's version of that parameter.
+  std::string first_parameter_difference(communicator& c) {
+    const int n = c.world_size();
+    const auto& ps = plan_.request().parameters;
+    const std::size_t count = ps.size();
+    std::vector<std::uint64_t> row(count), table(count * static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < count; ++i) row[i] = parameters_hash(i, i + 1);
+    all_gather(c, row.data(), table.data(), count, dtype::uint64, tagged(call_purpose::agree, 1));
+    for (std::size_t i = 0; i < count; ++i)
+      for (int r = 1; r < n; ++r)
+        if (table[static_cast<std::size_t>(r) * count + i] != table[i]) {
+          const parameter_spec& p = ps[i];
+          std::vector<std::string> hashes;
+          for (int k = 0; k < n; ++k) hashes.push_back(show({"", 0, agreed_value::shown::hash}, table[static_cast<std::size_t>(k) * count + i]));
+          return "; first at parameter " + std::to_string(i) + ", here '" + p.name + "' " + shape_text(p.shape) + " " +
+                 (p.type ? std::string(dtype_name(*p.type)) : std::string("(precision's dtype)")) +
+                 (p.trainable ? " trainable" : " frozen") + " in unit '" + p.unit + "', tie group '" + p.tie_group +
+                 "' (its hash: " + ringzero::detail::describe_values(hashes) + ")";
+        }
+    return {};
   }
 
   void allocate() {
@@ -599,7 +842,8 @@ class sharded_model {
     for (std::size_t b : plan_.units()[u].buffers) {
       const flat_buffer& f = plan_.buffers()[b];
       if (f.shard_numel == 0) continue;
-      gather_work_[u].push_back(all_gather_async(comm_, params_[b].data(), base + f.gather_offset, f.shard_numel, f.type));
+      gather_work_[u].push_back(
+          all_gather_async(comm_, params_[b].data(), base + f.gather_offset, f.shard_numel, f.type, tagged(call_purpose::gather, b)));
     }
   }
 
@@ -638,9 +882,11 @@ class sharded_model {
       const std::uint64_t own = static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
       unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
       if (stage == 0)
-        reduce_work_[u].push_back(all_reduce_async(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg));
+        reduce_work_[u].push_back(
+            all_reduce_async(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg, tagged(call_purpose::reduce, b)));
       else
-        reduce_work_[u].push_back(reduce_scatter_async(comm_, full, full + own, f.shard_numel, f.gradient_type, reduce_kind::avg));
+        reduce_work_[u].push_back(reduce_scatter_async(comm_, full, full + own, f.shard_numel, f.gradient_type, reduce_kind::avg,
+                                                       tagged(call_purpose::reduce, b)));
     }
   }
 

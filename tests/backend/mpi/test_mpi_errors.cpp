@@ -48,6 +48,27 @@ TEST_CASE("check mode: a count mismatch (C6) raises the same error on every rank
   expect_usable(comm);
 }
 
+TEST_CASE("check mode: a tag mismatch (collective_options::tag) raises on every rank; the wire carries the tag") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
+  const int n = comm.world_size();
+  std::vector<float> send(4, 2.0f), v(4 * static_cast<std::size_t>(n), 1.0f);
+  collective_options o;
+  o.tag = comm.rank() == 0 ? 0x0102030405060708ull : 9;
+  const auto e = error_of([&] { all_gather(comm, send.data(), v.data(), 4, dtype::float32, o); });
+  CHECK(e.has_value());
+  if (e) {
+    CHECK(e->kind() == errc::contract_mismatch);
+    CHECK(contains(e->what(), "all_gather #0: tag mismatch"));
+    CHECK(contains(e->what(), "rank 0: 72623859790382856; " + ranks_text(1, n - 1) + ": 9"));
+  }
+  CHECK(v[0] == 1.0f);
+  o.tag = 9;  // the same tag everywhere runs
+  std::vector<std::int32_t> x(4, 1);
+  CHECK_FALSE(error_of([&] { all_reduce(comm, x.data(), x.data(), 4, dtype::int32, reduce_kind::sum, o); }).has_value());
+  CHECK(x[3] == n);
+  expect_usable(comm);
+}
+
 TEST_CASE("check mode: a dtype mismatch (C7) raises on every rank") {
   mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
   const int n = comm.world_size(), r = comm.rank();

@@ -57,6 +57,7 @@ struct wire_descriptor {
   std::uint64_t instance = 0;
   std::uint64_t sequence = 0;
   std::uint64_t count = 0;
+  std::uint64_t tag = 0;
   std::int32_t root = -1;
   std::uint8_t kind = 0;
   std::uint8_t type = 0;
@@ -74,6 +75,7 @@ struct wire_descriptor {
 inline void encode(const collective_descriptor& d, wire_descriptor& w) {
   w.sequence = d.sequence;
   w.count = d.count;
+  w.tag = d.tag;
   w.root = d.root;
   w.kind = static_cast<std::uint8_t>(d.kind);
   w.type = static_cast<std::uint8_t>(d.type);
@@ -90,6 +92,7 @@ inline collective_descriptor decode(const wire_descriptor& w) {
   collective_descriptor d;
   d.sequence = w.sequence;
   d.count = w.count;
+  d.tag = w.tag;
   d.root = w.root;
   d.kind = static_cast<collective_kind>(w.kind);
   d.type = static_cast<dtype>(w.type);

@@ -361,12 +361,13 @@ class communicator final : public ringzero::communicator {
   struct wire_descriptor {
     std::uint64_t sequence;
     std::uint64_t count;
+    std::uint64_t tag;
     std::int32_t root;
     std::uint8_t kind;
     std::uint8_t type;
     std::uint8_t op;
     std::uint8_t algo;
-    char invalid[232];
+    char invalid[224];
   };
   static_assert(sizeof(wire_descriptor) == 256);
 
@@ -632,6 +633,7 @@ class communicator final : public ringzero::communicator {
     wire_descriptor mine{};
     mine.sequence = d.sequence;
     mine.count = d.count;
+    mine.tag = d.tag;
     mine.root = d.root;
     mine.kind = static_cast<std::uint8_t>(d.kind);
     mine.type = static_cast<std::uint8_t>(d.type);
@@ -659,6 +661,7 @@ class communicator final : public ringzero::communicator {
       c.kind = static_cast<collective_kind>(w.kind);
       c.sequence = w.sequence;
       c.count = w.count;
+      c.tag = w.tag;
       c.type = static_cast<dtype>(w.type);
       c.op = reduce_op(static_cast<reduce_kind>(w.op));
       c.root = w.root;
