@@ -187,6 +187,10 @@ class rank_bench {
   void run() {
     measure_copy_bandwidth();
     if (r_ == 0) print_header();
+    if (o_.kind == rz::collective_kind::barrier) {  // moves no data: one row of size 0, whatever -b/-e say
+      run_row(0, o_.dtypes.front(), rz::reduce_kind::sum, -1);
+      return;
+    }
     for (std::uint64_t bytes = o_.min_bytes; bytes <= o_.max_bytes;) {
       for (rz::dtype t : o_.dtypes)
         for (rz::reduce_kind op : reduction() ? o_.ops : std::vector<rz::reduce_kind>{rz::reduce_kind::sum})

@@ -97,6 +97,13 @@ def main() -> int:
             with open(path) as f:
                 doc = json.load(f)
             check(doc.get("program") == "ringzero-bench" and len(doc.get("rows", [])) == 1, "the JSON of a small run")
+        # A barrier moves no data: one row of size 0 and count 0, whatever -b/-e say.
+        p = run(bench, "barrier", "-b", "1K", "-e", "1M", "-n", "3", "-w", "1", "--ranks", "2", "--json", path)
+        if check(p.returncode == 0, f"barrier: exit status {p.returncode}"):
+            with open(path) as f:
+                rows = json.load(f).get("rows", [])
+            check(len(rows) == 1 and rows[0].get("size_bytes") == 0 and rows[0].get("count") == 0,
+                  f"barrier with -b 1K -e 1M: rows {[(r.get('size_bytes'), r.get('count')) for r in rows]}, expected one of size 0")
 
     return finish()
 
