@@ -398,10 +398,12 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
   }
 
   fmt::print("\nTraffic per optimizer step, per rank\n");
-  fmt::print("  {:<15}{:<15}{:<38}{:>7}{:>18}{:>14}{:>14}\n", "collective", "group", "purpose", "calls", "elements", "bytes",
+  // One space before each right-aligned cell: a wide value pushes the row along instead of
+  // running into its neighbour (same layout as before for values that fit).
+  fmt::print("  {:<15}{:<15}{:<38}{:>7} {:>17} {:>13} {:>13}\n", "collective", "group", "purpose", "calls", "elements", "bytes",
              "ring sent");
   for (const auto& e : plan.traffic())
-    fmt::print("  {:<15}{:<15}{:<38}{:>7}{:>18}{:>14}{:>14}\n", ringzero::collective_name(e.collective),
+    fmt::print("  {:<15}{:<15}{:<38}{:>7} {:>17} {:>13} {:>13}\n", ringzero::collective_name(e.collective),
                fmt::format("{} ({})", short_group(e.group), e.ranks), e.purpose, e.calls, grouped(e.elements), human(static_cast<double>(e.bytes)), human(e.ring_bytes_sent()));
 
   fmt::print("\nAgainst the ZeRO paper (Psi = {} parameters, N = {}, K = 12)\n", grouped(plan.parameter_elements()), c.devices);

@@ -126,6 +126,11 @@ with tempfile.TemporaryDirectory() as d:
     gradients = out["plans"][0]["traffic_per_step"][0]
     check(gradients["elements"] == (2**22 - 1) * 2**40 and gradients["bytes"] == 2**64 - 2**42,
           f"the largest reduce_scatter traffic that fits is exact: {gradients}")
+    # The text table keeps its cells apart when a value is wider than its column.
+    r = run("--model-file", big40, "-n", "4", "--stage", "3", "--accumulation-steps", "1000000")
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("  all_gather ")]
+    check(len(rows) == 2 and all(row[-6] == "1000000" and row[-5] == "1,099,511,627,776,000,000" for row in rows),
+          f"wide traffic cells run together: {rows}")
 
     # The model file: anything but a regular file is refused at once (a FIFO used to block).
     fifo = os.path.join(d, "fifo.json")
