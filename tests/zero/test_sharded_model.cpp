@@ -595,3 +595,36 @@ TEST_CASE("set_learning_rate's refusal names the rank") {
     CHECK(has(out[static_cast<std::size_t>(r)].second, "learning rate"));
   }
 }
+
+TEST_CASE("hybrid sharding: a difference inside one shard group is refused on every rank of every group") {
+  // Shard groups {0,1} and {2,3}, replica groups {0,2} and {1,3}; rank 3's learning rate differs.
+  // No rank aborts the worlds on failure here: a rank left waiting would time out (20 s).
+  local::world shard0(2), shard1(2), replica0(2), replica1(2);
+  std::vector<std::pair<std::optional<errc>, std::string>> out(4, {std::nullopt, "no error"});
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        local::communicator shard_comm(r / 2 == 0 ? shard0 : shard1, r % 2);
+        local::communicator replica_comm(r % 2 == 0 ? replica0 : replica1, r / 2);
+        shard_comm.set_timeout(std::chrono::seconds(20));
+        replica_comm.set_timeout(std::chrono::seconds(20));
+        sharded_model_options options;
+        options.optimizer.lr = r == 3 ? 0.25 : 0.5;
+        sharded_model model(shard_comm, test_request(2, 1), options, &replica_comm);
+      } catch (const error& e) {
+        out[static_cast<std::size_t>(r)] = {e.kind(), e.what()};
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  for (int r = 0; r < 4; ++r) {
+    const auto& [kind, what] = out[static_cast<std::size_t>(r)];
+    INFO("rank " << r << ": " << what);
+    CHECK(kind == errc::invalid_argument);
+    if (r >= 2) CHECK(has(what, "the ranks differ in learning rate: rank 0: 0.5; rank 1: 0.25"));
+    else CHECK(has(what, "across replica groups, rank 1 refused the plan"));
+  }
+}
