@@ -10,15 +10,15 @@
 # checks them against the targets (accuracy >= 0.87, within 0.5 points of 1 rank, speedup >= 1.7),
 # and prints a Markdown block (command, machine, date, results) for docs/performance.md.
 #
-# Usage: bench/ddp_fashion_mnist.sh [-B BUILD_DIR] [-e EPOCHS] [-o RESULT.json] [-- EXTRA EXAMPLE OPTIONS]
-#   e.g. bench/ddp_fashion_mnist.sh -B build
+# Usage: bench/ddp_fashion_mnist.sh [-B BUILD_DIR (default build-release)] [-e EPOCHS] [-o RESULT.json] [-- EXTRA EXAMPLE OPTIONS]
+#   e.g. bench/ddp_fashion_mnist.sh -B build-release
 #        bench/ddp_fashion_mnist.sh -e 1 -- --train-subset 6000     (a quick check that it works)
 # Exit status: 0 when every target is met, 2 when one is missed, 1 on errors.
 # Needs jq for the summary. Run it on an otherwise idle machine: the speedup measures how well two
 # ranks share two cores, and any other load skews it.
 set -euo pipefail
 
-build=build
+build=build-release  # the release build that scripts/main.sh makes
 epochs=10
 json=""
 while getopts "B:e:o:h" opt; do
@@ -26,7 +26,7 @@ while getopts "B:e:o:h" opt; do
     B) build=$OPTARG ;;
     e) epochs=$OPTARG ;;
     o) json=$OPTARG ;;
-    h) sed -n '2,22p' "$0"; exit 0 ;;
+    h) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) exit 1 ;;
   esac
 done
@@ -34,7 +34,7 @@ shift $((OPTIND - 1))
 [ "${1:-}" = "--" ] && shift
 
 exe="$build/examples/ddp_fashion_mnist"
-[ -x "$exe" ] || { echo "error: $exe not found (build the examples first: ninja -C $build)" >&2; exit 1; }
+[ -x "$exe" ] || { echo "error: $exe not found (build it first: ./scripts/main.sh, or ninja -C $build examples/ddp_fashion_mnist)" >&2; exit 1; }
 command -v jq > /dev/null || { echo "error: jq is needed for the summary" >&2; exit 1; }
 [ -n "$json" ] || json="$build/ddp_fashion_mnist_bench.json"
 

@@ -13,8 +13,8 @@
 #     repeats) of every stage and of DDP, target: stage 3 at most 1.3x DDP's;
 # and prints a Markdown block (command, machine, date, results) for docs/performance.md.
 #
-# Usage: bench/zero_fashion_mnist.sh [-B BUILD_DIR] [-e EPOCHS] [-r REPEATS] [-m HIDDEN] [-o OUT_DIR] [-- EXTRA OPTIONS]
-#   e.g. bench/zero_fashion_mnist.sh -B build -e 3 -r 3
+# Usage: bench/zero_fashion_mnist.sh [-B BUILD_DIR (default build-release)] [-e EPOCHS] [-r REPEATS] [-m HIDDEN] [-o OUT_DIR] [-- EXTRA OPTIONS]
+#   e.g. bench/zero_fashion_mnist.sh -B build-release -e 3 -r 3
 #        bench/zero_fashion_mnist.sh -e 1 -r 1 -- --train-subset 6000     (a quick check that it works)
 #        bench/zero_fashion_mnist.sh -m 256,128                            (example 01's 3-layer MLP)
 # -m sets the hidden widths (default 512,512,256,256,128). The extra options go to both examples
@@ -24,7 +24,7 @@
 # cores, and any other load skews them.
 set -euo pipefail
 
-build=build
+build=build-release  # the release build that scripts/main.sh makes
 epochs=2
 repeats=3
 widths=512,512,256,256,128
@@ -46,7 +46,7 @@ shift $((OPTIND - 1))
 zero_exe="$build/examples/zero_fashion_mnist"
 ddp_exe="$build/examples/ddp_fashion_mnist"
 for exe in "$zero_exe" "$ddp_exe"; do
-  [ -x "$exe" ] || { echo "error: $exe not found (build the examples first: ninja -C $build)" >&2; exit 1; }
+  [ -x "$exe" ] || { echo "error: $exe not found (build the examples first: ninja -C $build examples/zero_fashion_mnist examples/ddp_fashion_mnist)" >&2; exit 1; }
 done
 command -v jq > /dev/null || { echo "error: jq is needed for the summary" >&2; exit 1; }
 [ -n "$out" ] || out="$build/zero_fashion_mnist_bench"
