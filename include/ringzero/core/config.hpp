@@ -4,8 +4,10 @@
 /// optional backends, and the few macros the other headers share.
 ///
 /// Backends that need an external library are opt-in: define `RINGZERO_HAS_MPI=1` or
-/// `RINGZERO_HAS_NCCL=1` (the Meson dependency, the pkg-config file and the CMake package do
-/// this when the library was found at configure time) and include the backend's header.
+/// `RINGZERO_HAS_NCCL=1` and include the backend's header. The Meson dependencies
+/// `ringzero_mpi_dep` / `ringzero_nccl_dep` define them; the installed pkg-config file and CMake
+/// package describe the headers only, so a trainer using them adds the define and the library
+/// itself (the README shows how).
 /// Every macro is `RINGZERO_`-prefixed.
 
 #define RINGZERO_VERSION_MAJOR 0
