@@ -195,6 +195,27 @@ class fnv1a {
   std::uint64_t h_ = 0xcbf29ce484222325ull;
 };
 
+/// Adds parameter `s` as the plan fingerprint sees it (name, shape, dtype, trainable flag, tie
+/// group, unit) to `h`.
+inline void hash_parameter(fnv1a& h, const parameter_spec& s) noexcept {
+  h.text(s.name);
+  h.u64(s.shape.size());
+  for (std::uint64_t d : s.shape) h.u64(d);
+  h.u64(s.type ? 1 + static_cast<std::uint64_t>(*s.type) : 0);
+  h.u64(s.trainable ? 1 : 0);
+  h.text(s.tie_group);
+  h.text(s.unit);
+}
+
+/// Adds a precision setup (every dtype and the optimizer state count) to `h`.
+inline void hash_precision(fnv1a& h, const zero::precision& pr) noexcept {
+  h.u64(static_cast<std::uint64_t>(pr.parameter));
+  h.u64(pr.gradient ? 1 + static_cast<std::uint64_t>(*pr.gradient) : 0);
+  h.u64(pr.master ? 1 + static_cast<std::uint64_t>(*pr.master) : 0);
+  h.u64(static_cast<std::uint64_t>(pr.optimizer_state));
+  h.u64(static_cast<std::uint64_t>(pr.optimizer_states));
+}
+
 /// `x` rounded up to a multiple of `m` (m >= 1), or std::nullopt on overflow.
 inline std::optional<std::uint64_t> round_up(std::uint64_t x, std::uint64_t m) noexcept {
   const std::uint64_t r = x % m;
@@ -764,22 +785,9 @@ class shard_plan {
     h.u64(static_cast<std::uint64_t>(q.accumulation_steps));
     h.u64(q.prefetch ? 1 : 0);
     h.u64(static_cast<std::uint64_t>(q.max_inflight_reductions));
-    const zero::precision& pr = q.precision;
-    h.u64(static_cast<std::uint64_t>(pr.parameter));
-    h.u64(pr.gradient ? 1 + static_cast<std::uint64_t>(*pr.gradient) : 0);
-    h.u64(pr.master ? 1 + static_cast<std::uint64_t>(*pr.master) : 0);
-    h.u64(static_cast<std::uint64_t>(pr.optimizer_state));
-    h.u64(static_cast<std::uint64_t>(pr.optimizer_states));
+    detail::hash_precision(h, q.precision);
     h.u64(q.parameters.size());
-    for (const parameter_spec& s : q.parameters) {
-      h.text(s.name);
-      h.u64(s.shape.size());
-      for (std::uint64_t d : s.shape) h.u64(d);
-      h.u64(s.type ? 1 + static_cast<std::uint64_t>(*s.type) : 0);
-      h.u64(s.trainable ? 1 : 0);
-      h.text(s.tie_group);
-      h.text(s.unit);
-    }
+    for (const parameter_spec& s : q.parameters) detail::hash_parameter(h, s);
     fingerprint_ = h.value();
   }
 

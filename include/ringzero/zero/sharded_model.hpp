@@ -606,13 +606,8 @@ class sharded_model {
       return b;
     };
     const plan_request& q = plan_.request();
-    const zero::precision& pr = q.precision;
     detail::fnv1a precision_hash;
-    precision_hash.u64(static_cast<std::uint64_t>(pr.parameter));
-    precision_hash.u64(pr.gradient ? 1 + static_cast<std::uint64_t>(*pr.gradient) : 0);
-    precision_hash.u64(pr.master ? 1 + static_cast<std::uint64_t>(*pr.master) : 0);
-    precision_hash.u64(static_cast<std::uint64_t>(pr.optimizer_state));
-    precision_hash.u64(static_cast<std::uint64_t>(pr.optimizer_states));
+    detail::hash_precision(precision_hash, q.precision);
     const optimizer_options& o = options_.optimizer;
     const bool sgd = o.kind == optimizer_kind::sgd;
     return {
@@ -648,16 +643,7 @@ class sharded_model {
   std::uint64_t parameters_hash(std::size_t first, std::size_t last) const {
     detail::fnv1a h;
     const auto& ps = plan_.request().parameters;
-    for (std::size_t i = first; i < last; ++i) {
-      const parameter_spec& p = ps[i];
-      h.text(p.name);
-      h.u64(p.shape.size());
-      for (std::uint64_t d : p.shape) h.u64(d);
-      h.u64(p.type ? 1 + static_cast<std::uint64_t>(*p.type) : 0);
-      h.u64(p.trainable ? 1 : 0);
-      h.text(p.tie_group);
-      h.text(p.unit);
-    }
+    for (std::size_t i = first; i < last; ++i) detail::hash_parameter(h, ps[i]);
     return h.value();
   }
 
