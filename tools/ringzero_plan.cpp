@@ -115,8 +115,8 @@ std::uint64_t parse_bytes(const std::string& text, const std::string& option) {
       return *whole * scale;
     }
     if (!std::isfinite(value)) throw usage_error(option + " '" + text + "' is not a finite size");
+    if (value < 0) throw usage_error(option + " '" + text + "' is negative");  // before rounding: -0.4 rounds to -0
     const double bytes = std::round(value * static_cast<double>(scale));
-    if (bytes < 0) throw usage_error(option + " '" + text + "' is negative");
     if (bytes >= 0x1p64) throw usage_error(too_large);
     return static_cast<std::uint64_t>(bytes);  // exact: a double below 2^64 that is a whole number
   }

@@ -17,8 +17,9 @@
 //              forward and again before its backward (the next unit prefetched), released after;
 // - memory you can check: each rank prints its model-state memory by category as the runtime
 //   allocated it (`memory_in_use()`), next to the planner's prediction (`plan().memory()`), and
-//   the growth of the process heap (malloc's own statistics) while the runtime was built and
-//   while the first step ran (when the pooled buffers are allocated);
+//   the growth of the process heap (malloc's own statistics) while the runtime was built (model
+//   states and the pooled communication buffers: the runtime allocates everything there) and
+//   while the first step ran (nothing large);
 // - `--hidden 512,512,256,256,128` (or `--deep`) makes a six-layer MLP: six gather units;
 // - the measurements of example 01 (epoch time, samples/s, train loss, test accuracy) plus the
 //   time per optimizer step and how much of it was spent inside the runtime's calls.
@@ -574,12 +575,12 @@ void print_memory(const options& o, const run_result& r, const zero::shard_plan&
   if (r.heap.available) {
     const double n = static_cast<double>(o.ranks);
     const double construction = static_cast<double>(r.heap.construction) / n, first = static_cast<double>(r.heap.first_step) / n;
+    const double built = static_cast<double>(p.model_states() + p.communication_buffers);
     fmt::print("  heap growth per rank (malloc statistics of the process / {} ranks, communicator scratch excluded):\n"
-               "    while the runtime was built: {} (planned model states {}: {})\n"
-               "    during the first step:       {} (planned communication buffers {}: {})\n",
+               "    while the runtime was built: {} (planned model states {} + communication buffers {}: {})\n"
+               "    during the first step:       {} (nothing large is allocated there)\n",
                o.ranks, bytes_text(construction), bytes_text(static_cast<double>(p.model_states())),
-               relative_text(construction, static_cast<double>(p.model_states())), bytes_text(first),
-               bytes_text(static_cast<double>(p.communication_buffers)), relative_text(first, static_cast<double>(p.communication_buffers)));
+               bytes_text(static_cast<double>(p.communication_buffers)), relative_text(construction, built), bytes_text(first));
   }
   if (o.stage > 0) {
     const double s0 = static_cast<double>(stage0.memory().model_states());

@@ -21,6 +21,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ringzero/zero/optimizer.hpp"
+
 namespace ringzero::examples {
 
 /// `text` as a whole number written in decimal digits (no sign, space, base prefix or leading
@@ -62,17 +64,15 @@ struct number_limits {
   double high = 0;            ///< the largest value accepted
   bool low_excluded = false;  ///< accept only values above `low`
   /// Accept only values a float32 holds as meant (the value is applied as a float32): 0, or a
-  /// magnitude from 2^-126 (the smallest normal float32) to FLT_MAX.
+  /// value that rounds to a magnitude from 2^-126 (the smallest normal float32) to FLT_MAX
+  /// (ringzero::zero::detail::fits_float).
   bool float32 = false;
 };
 
 /// Whether `v` is finite and within `limits`.
 inline bool within(double v, const number_limits& limits) {
   if (!std::isfinite(v) || v < limits.low || v > limits.high || (limits.low_excluded && v == limits.low)) return false;
-  if (!limits.float32 || v == 0) return true;
-  const double magnitude = std::fabs(v);
-  return magnitude >= static_cast<double>(std::numeric_limits<float>::min()) &&
-         magnitude <= static_cast<double>(std::numeric_limits<float>::max());
+  return !limits.float32 || ringzero::zero::detail::fits_float(v);
 }
 
 /// A CLI11 check for a real-valued option: the text is a number (parse_number) within `limits`;
@@ -90,7 +90,8 @@ inline CLI::Validator number_check(number_limits limits, std::string what, std::
 /// The check of a --lr option: a finite number above 0 that a float32 holds (the optimizers apply
 /// it as a float32), from 2^-126 to FLT_MAX.
 inline CLI::Validator learning_rate_check() {
-  return number_check({.low = 0, .high = std::numeric_limits<float>::max(), .low_excluded = true, .float32 = true},
+  // high: the largest double that rounds to FLT_MAX (the decimal 3.4028235e38 included).
+  return number_check({.low = 0, .high = std::nextafter(0x1.ffffffp127, 0.0), .low_excluded = true, .float32 = true},
                       "a learning rate: a finite number above 0 that a float32 holds (1.1754944e-38 to 3.4028235e+38)", "RATE");
 }
 

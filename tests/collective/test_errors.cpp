@@ -196,6 +196,16 @@ TEST_CASE("root mismatch of broadcast and reduce is raised on every rank") {
 }
 
 TEST_CASE("tag mismatch (collective_options::tag) is raised on every rank, for every collective") {
+  // Calls that differ in count as well are reported as a count mismatch: the tag comes last.
+  {
+    auto o = run_call(2, [](int r) {
+      call_args a;
+      a.count = r == 0 ? 4 : 6;
+      a.tag = static_cast<std::uint64_t>(r);
+      return a;
+    });
+    check_every_rank(o, errc::contract_mismatch, {"all_reduce #2", "count mismatch: rank 0: 4; rank 1: 6"});
+  }
   for (collective_kind k : {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::all_gather,
                             collective_kind::broadcast, collective_kind::reduce, collective_kind::all_to_all,
                             collective_kind::barrier}) {
@@ -208,7 +218,7 @@ TEST_CASE("tag mismatch (collective_options::tag) is raised on every rank, for e
       return a;
     }, &usable);
     check_every_rank(o, errc::contract_mismatch,
-                     {name(k) + " #2", "tag mismatch", "ranks 0-2: 7; rank 3: 18446744073709551615"});
+                     {name(k) + " #2", "tag mismatch", "ranks 0-2: 0x7; rank 3: 0xffffffffffffffff"});
     for (int u : usable) CHECK(u == 1);
     // The same tag on every rank runs.
     o = run_call(3, [&](int) {

@@ -69,7 +69,9 @@ def main() -> int:
         check(missing not in p.stderr, f"{args}: accepted (the trainer went on to load the data)")
 
     # Accepted: the limits themselves (the trainer goes on to the missing data).
-    for args in [["--lr", "3.4e38"], ["--lr", "1.2e-38"], ["--weight-decay", "0"], ["--momentum", "1"], ["--momentum", "0"],
+    # (3.4028235e38 and 1.17549435e-38 are the decimals <float.h> prints for FLT_MAX and FLT_MIN.)
+    for args in [["--lr", "3.4e38"], ["--lr", "1.2e-38"], ["--lr", "3.4028235e38"], ["--lr", "1.17549435e-38"],
+                 ["--weight-decay", "0"], ["--momentum", "1"], ["--momentum", "0"],
                  ["--min-accuracy", "1"], ["--seed", "18446744073709551615"], ["--hidden", "1,65536"],
                  ["--hidden", "5", "--hidden", "6,7"], ["--optimizer", "adamw", "--lr", "0.5", "--weight-decay", "2"]]:
         p = run(trainer, *args, "--data", missing, "--epochs", "1", "--no-progress")

@@ -163,6 +163,7 @@ for value in ["1e20", "18446744073709551616", "16777216TiB", "1.8446744073709551
             f"--gpu-memory '{value}' does not fit in 64 bits (at most 18446744073709551615 bytes)", f"--gpu-memory {value}")
 refused(["--model", "gpt2", "-n", "8", "--unit-bytes", "1e30"], "--unit-bytes '1e30' does not fit in 64 bits", "--unit-bytes 1e30")
 refused(["--model", "gpt2", "-n", "8", "--unit-bytes", "-1MiB"], "--unit-bytes '-1MiB' is negative", "--unit-bytes -1MiB")
+refused(["--model", "gpt2", "-n", "8", "--unit-bytes", "-0.4"], "--unit-bytes '-0.4' is negative", "--unit-bytes -0.4 (rounds to -0)")
 refused(["--model", "gpt2", "-n", "8", "--gpu-memory", "nan"], "--gpu-memory 'nan' is not a finite size", "--gpu-memory nan")
 check(run("--model", "gpt2", "-n", "8", "--unit-bytes", "18446744073709551615").returncode == 0, "--unit-bytes 2^64 - 1")
 

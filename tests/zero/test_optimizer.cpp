@@ -24,7 +24,7 @@ constexpr double float_min = std::numeric_limits<float>::min();
 
 /// What problem() appends to a value that is not representable as a float32.
 const std::string float_range =
-    " is not representable as a float32 (the optimizer computes in float32: a value must be 0 or have a magnitude from "
+    " is not representable as a float32 (the optimizer computes in float32: a value must be 0 or round to a magnitude from "
     "1.1754943508222875e-38 to 3.4028234663852886e+38)";
 
 optimizer_options sgd(double lr) {
@@ -102,7 +102,7 @@ TEST_CASE("optimizer options that do not survive conversion to float32 are refus
     optimizer_options o = adam();
     o.lr = 3e38;  // finite as a float32, but the first step size lr / (1 - 0.9) is not
     add(o, "learning rate 3e+38 / (1 - beta1 0.9) = 3.0000000000000006e+39, the first step size, is not representable as a "
-           "float32 (the optimizer computes in float32: a value must be 0 or have a magnitude from 1.1754943508222875e-38 to "
+           "float32 (the optimizer computes in float32: a value must be 0 or round to a magnitude from 1.1754943508222875e-38 to "
            "3.4028234663852886e+38)");
   }
   {
@@ -121,7 +121,8 @@ TEST_CASE("optimizer options that do not survive conversion to float32 are refus
 }
 
 TEST_CASE("optimizer options at float32's limits are accepted") {
-  for (double lr : {0.0, float_min, float_max}) {
+  // Values that round to FLT_MIN / FLT_MAX count as those (the decimals <float.h> prints).
+  for (double lr : {0.0, float_min, float_max, 1.17549435e-38, 3.4028235e38, std::nextafter(0x1.ffffffp127, 0.0)}) {
     CAPTURE(lr);
     CHECK(sgd(lr).problem() == "");
     optimizer_options o = sgd(0.1);

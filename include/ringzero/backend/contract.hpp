@@ -122,14 +122,7 @@ std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_ra
                                 return std::string(collective_name(d.kind));
                               }))};
   const collective_kind kind = get(0).kind;
-  // 3. The caller's tag (collective_options::tag): calls that look alike but are not the same.
-  if (!all_equal([](const collective_descriptor& d) { return d.tag; }))
-    return contract_violation{errc::contract_mismatch,
-                              "tag mismatch (the ranks issued different calls of the same shape): " +
-                                  detail::describe_values(values([](const collective_descriptor& d) {
-                                    return std::to_string(d.tag);
-                                  }))};
-  // 4. Count, dtype, op, root, algorithm.
+  // 3. Count, dtype, op, root, algorithm.
   if (kind != collective_kind::barrier) {
     if (!all_equal([](const collective_descriptor& d) { return d.count; }))
       return contract_violation{errc::contract_mismatch,
@@ -157,6 +150,16 @@ std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_ra
                               "algorithm mismatch (check RINGZERO_ALGO and per-call options): " +
                                   detail::describe_values(values([](const collective_descriptor& d) {
                                     return std::string(algorithm_name(d.algo));
+                                  }))};
+  // 4. The caller's tag (collective_options::tag): calls alike in everything else but not the
+  //    same call.
+  if (!all_equal([](const collective_descriptor& d) { return d.tag; }))
+    return contract_violation{errc::contract_mismatch,
+                              "tag mismatch (the ranks issued different calls of the same shape): " +
+                                  detail::describe_values(values([](const collective_descriptor& d) {
+                                    char text[24];
+                                    std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(d.tag));
+                                    return std::string(text);
                                   }))};
   // 5. No rank writes what another rank reads or writes.
   if (cross_rank_buffers) {

@@ -44,11 +44,16 @@ inline constexpr double float_max = std::numeric_limits<float>::max();
 /// The smallest normal float32 (2^-126, FLT_MIN), as a double.
 inline constexpr double float_min_normal = std::numeric_limits<float>::min();
 
-/// Whether `x` survives conversion to float32 as meant: 0, or a magnitude from float_min_normal to
-/// float_max (false for nan, inf, larger values, and values that would become 0 or subnormal).
-constexpr bool fits_float(double x) noexcept {
-  const double magnitude = x < 0 ? -x : x;
-  return x == 0 || (magnitude >= float_min_normal && magnitude <= float_max);
+/// Whether `x` survives conversion to float32 as meant: 0, or a value that rounds (to nearest) to
+/// a float32 of magnitude float_min_normal to float_max, such as the decimal 3.4028235e38 printed
+/// for FLT_MAX (false for nan, inf, values that round to inf, and values that would become 0 or
+/// subnormal).
+inline bool fits_float(double x) noexcept {
+  if (x == 0) return true;
+  // At and above the midpoint between FLT_MAX and 2^128 a double rounds to infinity (and the
+  // conversion of such a value is not defined): refused before converting.
+  if (!(std::fabs(x) < 0x1.ffffffp127)) return false;
+  return std::isnormal(static_cast<float>(x));
 }
 
 /// `x` written in the fewest digits that read back as the same double ("1e+39", "0.001", "nan").
@@ -60,7 +65,7 @@ inline std::string number_text(double x) {
 
 /// The explanation appended to a value refused by `fits_float`.
 inline std::string float_range_text() {
-  return " (the optimizer computes in float32: a value must be 0 or have a magnitude from " + number_text(float_min_normal) +
+  return " (the optimizer computes in float32: a value must be 0 or round to a magnitude from " + number_text(float_min_normal) +
          " to " + number_text(float_max) + ")";
 }
 

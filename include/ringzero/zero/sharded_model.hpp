@@ -54,9 +54,11 @@
 /// - Thread semantics: one thread per rank, as for its communicators. Collective calls (the
 ///   constructor, every hook that gathers or reduces, `end_backward`, `step`, `read_parameter` at
 ///   stage 3) must be made in the same order on every rank.
-/// - Memory: everything is allocated at construction, except the pools of gather buffers and
-///   gradient buckets, which grow on demand and are reused; for a trainer that visits units in the
-///   canonical order, `memory_in_use()` equals `plan().memory()` exactly.
+/// - Memory: everything is allocated at construction, the pools of gather buffers and gradient
+///   buckets at the count the plan predicts for the canonical order (they grow only for a
+///   trainer that visits units in another order), so `memory_in_use()` equals `plan().memory()`
+///   exactly from the start for such a trainer, and a rank short of memory fails (every rank
+///   throwing, naming it) in the constructor.
 
 #include <algorithm>
 #include <cmath>
@@ -318,18 +320,21 @@ class sharded_model {
   /// `pre_backward` not yet matched by its `post_forward` / `post_backward`.
   step_result step() {
     const int steps = plan_.request().accumulation_steps;
+    if (plan_.stage() == 3)
+      // A unit gathered by a pre_* hook without its post_* would serve parameters from before
+      // this update (and the implicit end_backward below would forget the use).
+      for (std::size_t u = 0; u < plan_.units().size(); ++u)
+        if (gathers_.in_use(u))
+          raise("step() while unit '" + plan_.units()[u].name + "' (" + std::to_string(u) +
+                ") is gathered by a pre_forward / pre_backward without its post_forward / post_backward");
     if (micro_ == steps - 1) end_backward();
     if (micro_ != steps)
       raise("step() after " + std::to_string(micro_) + " micro-batch(es), but the plan accumulates " + std::to_string(steps) +
             " (call end_backward() after each)");
     if (plan_.stage() == 3) {
       // A unit gathered after end_backward() (an evaluation pass, a prefetch) holds the
-      // parameters from before this update: refuse while one is in use, drop the others, so the
-      // next pre_forward gathers the updated shards.
-      for (std::size_t u = 0; u < plan_.units().size(); ++u)
-        if (gathers_.in_use(u))
-          raise("step() while unit '" + plan_.units()[u].name + "' (" + std::to_string(u) +
-                ") is gathered by a pre_forward / pre_backward without its post_forward / post_backward");
+      // parameters from before this update: drop it, so the next pre_forward gathers the
+      // updated shards.
       gather_hooks h{*this};
       gathers_.release_all(h);
     }
@@ -380,7 +385,10 @@ class sharded_model {
     try {
       optimizer_->set_learning_rate(lr);
     } catch (const error& e) {
-      comm_.raise(e.kind(), "zero::sharded_model: " + e.message());
+      std::string why = e.message();
+      constexpr std::string_view inner = "zero::sharded_optimizer: ";
+      if (why.starts_with(inner)) why.erase(0, inner.size());
+      comm_.raise(e.kind(), "zero::sharded_model: set_learning_rate: " + why);
     }
   }
   /// The sharded optimizer (master weights, states, options).
@@ -472,8 +480,11 @@ class sharded_model {
       for (int r = 0; r < n; ++r)
         if (all[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
       if (!failed.empty() && verdict.empty())
-        verdict = ringzero::detail::describe_ranks(failed) + (c == replica_ ? " of the replica communicator" : "") +
-                  " could not allocate the model state (see the error there); no rank starts";
+        verdict = c == replica_ ? "across replica groups: the shard group of replica-communicator " +
+                                      ringzero::detail::describe_ranks(failed) +
+                                      " could not allocate the model state (see the errors there); no rank starts"
+                                : ringzero::detail::describe_ranks(failed) +
+                                      " could not allocate the model state (see the error there); no rank starts";
     }
     if (!problem.empty()) comm_.raise(errc::internal, "zero::sharded_model: " + problem);
     if (!verdict.empty()) comm_.raise(errc::internal, "zero::sharded_model: " + verdict);
@@ -601,6 +612,7 @@ class sharded_model {
   std::vector<agreed_value> summary(bool refused) const {
     using shown = agreed_value::shown;
     auto real = [](double x) {
+      if (x == 0) x = 0;  // -0 and +0 are the same setting
       std::uint64_t b;
       std::memcpy(&b, &x, sizeof b);
       return b;
@@ -653,19 +665,21 @@ class sharded_model {
   /// value ("learning rate: rank 0: 0.5; rank 1: 0.25"), and for parameter lists of equal length
   /// the first parameter that differs.
   void agree(const std::string& problem) {
-    std::string verdict = agree_over(comm_, !problem.empty());
+    std::string verdict = agree_over(comm_, !problem.empty(), false);
     if (replica_ != nullptr) {
-      // "refused" now also means "my shard group cannot start", so that the refusal reaches
-      // every rank of every replica group.
-      std::string across = agree_over(*replica_, !problem.empty() || !verdict.empty());
-      if (verdict.empty() && !across.empty()) verdict = "across replica groups, " + across;
+      // "refused" now means "my shard group cannot start", so that the refusal reaches every
+      // rank of every replica group.
+      std::string across = agree_over(*replica_, !problem.empty() || !verdict.empty(), true);
+      if (verdict.empty()) verdict = across;
     }
     if (!problem.empty()) raise(problem);
     if (!verdict.empty()) raise(verdict);
   }
 
   /// The exchange of `agree` over `c`: the message every rank of `c` raises, or "".
-  std::string agree_over(communicator& c, bool refused) {
+  /// `across_groups`: `c` is the replica communicator, whose rank r stands for shard group r,
+  /// and `refused` says that this rank's shard group cannot start.
+  std::string agree_over(communicator& c, bool refused, bool across_groups) {
     const int n = c.world_size();
     if (n == 1) return {};
     const std::vector<agreed_value> mine = summary(refused);
@@ -683,6 +697,9 @@ class sharded_model {
     std::vector<int> refusing;
     for (int r = 0; r < n; ++r)
       if (at(r, 0) != 0) refusing.push_back(r);
+    if (!refusing.empty() && across_groups)
+      return "across replica groups: the shard group of replica-communicator " + ringzero::detail::describe_ranks(refusing) +
+             " cannot start (a rank there refused the plan or its ranks differ; see the errors there); no rank starts";
     if (!refusing.empty())
       return ringzero::detail::describe_ranks(refusing) + " refused the plan (see " +
              (refusing.size() == 1 ? "that rank's error" : "those ranks' errors") + "); no rank starts";
@@ -690,7 +707,9 @@ class sharded_model {
       bool same = true;
       for (int r = 1; r < n; ++r) same = same && at(r, f) == at(0, f);
       if (same) continue;
-      std::string what = std::string("the ranks differ in ") + mine[f].what + ": " + by_rank(f);
+      std::string what = std::string(across_groups ? "across replica groups, the ranks of the replica communicator differ in "
+                                                  : "the ranks differ in ") +
+                         mine[f].what + ": " + by_rank(f);
       if (std::string_view(mine[f].what).starts_with("parameters (hash")) what += first_parameter_difference(c);
       return what + "; every rank must pass the same plan request and sharded_model_options";
     }
@@ -736,6 +755,31 @@ class sharded_model {
     gather_work_.resize(units);
     reduce_work_.resize(units);
     marked_.assign(plan_.trainable_storages().size(), false);
+    // The pools at the size the plan predicts for the canonical order, so that a rank short of
+    // memory fails here (where allocate_everywhere tells every rank) rather than at its first
+    // pre_forward or gradient; they grow only for a trainer that visits units in another order.
+    const communication_buffers& cb = plan_.communication();
+    for (std::uint64_t i = 0; i < cb.gather_buffers; ++i) {
+      gathers_buffers_.emplace_back(cb.gather_buffer_bytes);
+      gather_free_.push_back(gathers_buffers_.size() - 1);
+    }
+    for (std::uint64_t i = 0; i < cb.gradient_buckets; ++i) {
+      buckets_.emplace_back(cb.gradient_bucket_bytes);
+      bucket_free_.push_back(buckets_.size() - 1);
+    }
+  }
+
+  /// One more pool buffer of `bytes` (beyond the plan's count), or an error naming this rank.
+  detail::host_buffer& grow(std::vector<detail::host_buffer>& pool, std::uint64_t bytes, const char* what) {
+    try {
+      return pool.emplace_back(bytes);
+    } catch (const std::bad_alloc&) {
+      comm_.raise(errc::internal, "zero::sharded_model: cannot allocate another " + std::string(what) + " of " +
+                                      std::to_string(bytes) + " bytes (beyond the plan's count: units visited out of order)");
+    } catch (const error& e) {
+      comm_.raise(e.kind(), "zero::sharded_model: another " + std::string(what) + " (beyond the plan's count: units visited out of order): " +
+                                e.message());
+    }
   }
 
   algorithms::range owned_range(std::size_t b) const {
@@ -817,7 +861,7 @@ class sharded_model {
       gather_free_.pop_back();
       return s;
     }
-    gathers_buffers_.emplace_back(plan_.communication().gather_buffer_bytes);
+    grow(gathers_buffers_, plan_.communication().gather_buffer_bytes, "gather buffer");
     return gathers_buffers_.size() - 1;
   }
 
@@ -852,7 +896,7 @@ class sharded_model {
       slot = bucket_free_.back();
       bucket_free_.pop_back();
     } else {
-      buckets_.emplace_back(plan_.communication().gradient_bucket_bytes);
+      grow(buckets_, plan_.communication().gradient_bucket_bytes, "gradient bucket");
       slot = buckets_.size() - 1;
     }
     unit_bucket_[u] = slot;

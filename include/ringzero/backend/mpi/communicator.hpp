@@ -435,6 +435,7 @@ class communicator final : public ringzero::communicator {
     mine.pipeline_depth = pipeline_depth_;
     mine.forced_algorithm = static_cast<std::int32_t>(forced_algorithm());
     mine.oversubscribed = oversubscribed_ ? 1 : 0;
+    mine.wire_format = detail::wire_format_version;
     if (options_.link) {  // as given; zeros for the default, resolved below
       mine.link[0] = options_.link->alpha_us;
       mine.link[1] = options_.link->beta_us_per_byte;
@@ -457,6 +458,7 @@ class communicator final : public ringzero::communicator {
     for (const auto& h : all) any_oversubscribed = any_oversubscribed || h.oversubscribed != 0;
     if (!options_.link) link_ = default_link(any_oversubscribed);
     agree("the ringzero version", &detail::hello_record::version, number);
+    agree("the MPI record layout (ranks from different builds)", &detail::hello_record::wire_format, number);
     agree("the check mode (RINGZERO_CHECK / communicator_options::check)", &detail::hello_record::check, number);
     agree("slice_bytes", &detail::hello_record::slice_bytes, number);
     agree("pipeline_depth", &detail::hello_record::pipeline_depth, number);

@@ -137,6 +137,10 @@ struct notice {
 
 // ---------------------------------------------------------------- hello
 
+/// The layout of the records above; ranks built with different layouts refuse to make a
+/// communicator together (2: wire_descriptor carries the collective's tag).
+inline constexpr std::int32_t wire_format_version = 2;
+
 /// What every rank states when a communicator is made; ranks must agree on all of it.
 struct hello_record {
   std::uint64_t instance = 0;  ///< rank 0's becomes the communicator's instance id
@@ -146,7 +150,7 @@ struct hello_record {
   std::int32_t pipeline_depth = 0;
   std::int32_t forced_algorithm = 0;
   std::int32_t oversubscribed = 0;  ///< this rank's node runs more processes than processors
-  std::int32_t pad = 0;
+  std::int32_t wire_format = 0;     ///< `wire_format_version` of the rank's build
   double link[3] = {0, 0, 0};  ///< alpha, beta, gamma of the link model (as given; 0: default)
 };
 
