@@ -655,3 +655,37 @@ TEST_CASE("a model state no rank can allocate fails on every rank at constructio
   }
 }
 #endif
+
+TEST_CASE("learning rates set differently on different ranks are refused at the next step, before any update") {
+  for (int stage : {0, 3}) {
+    CAPTURE(stage);
+    std::vector<std::vector<float>> after(2);
+    const auto out = outcomes(2, [&](communicator& comm) {
+      sharded_model_options options;
+      options.optimizer.kind = optimizer_kind::sgd;
+      options.optimizer.lr = 0.5;
+      plan_request q = test_request(stage, 1);
+      q.precision.optimizer_states = 0;
+      sharded_model model(comm, q, options);
+      const std::size_t l2 = model.index("l2.w");
+      model.set_parameter(l2, std::vector<float>(36, 1.0f));
+      model.step();  // same rates: fine
+      model.set_learning_rate(comm.rank() == 0 ? 0.25 : 0.125);
+      if (stage == 0)
+        for (float& g : model.gradient<float>(l2)) g += 1.0f;  // an update would move l2.w
+      try {
+        model.step();
+      } catch (const error&) {
+        after[static_cast<std::size_t>(comm.rank())].resize(36);
+        model.read_parameter(l2, after[static_cast<std::size_t>(comm.rank())]);
+        throw;
+      }
+    });
+    for (std::size_t r = 0; r < 2; ++r) {
+      INFO(out[r].second);
+      CHECK(out[r].first == errc::invalid_argument);
+      CHECK(has(out[r].second, "the ranks hold different learning rates at step 2: rank 0: 0.25; rank 1: 0.125"));
+      CHECK(after[r] == std::vector<float>(36, 1.0f));  // nothing updated
+    }
+  }
+}

@@ -339,6 +339,7 @@ class sharded_model {
       gathers_.release_all(h);
     }
     micro_ = 0;
+    check_learning_rates();
     const auto& buffers = plan_.buffers();
     if (replica_ != nullptr && replica_->world_size() > 1)
       for (std::size_t b = 0; b < buffers.size(); ++b)
@@ -379,8 +380,10 @@ class sharded_model {
     return result;
   }
 
-  /// Sets the learning rate of the next steps; every rank must set the same value. Throws
-  /// errc::invalid_argument (naming this rank) when the optimizer refuses it.
+  /// Sets the learning rate of the next steps; every rank must set the same value (each `step()`
+  /// compares the ranks' rates, one small all_gather, and throws errc::invalid_argument on every
+  /// rank, before updating anything, when they differ). Throws errc::invalid_argument (naming
+  /// this rank) when the optimizer refuses the value.
   void set_learning_rate(double lr) {
     try {
       optimizer_->set_learning_rate(lr);
@@ -767,6 +770,32 @@ class sharded_model {
       buckets_.emplace_back(cb.gradient_bucket_bytes);
       bucket_free_.push_back(buckets_.size() - 1);
     }
+  }
+
+  /// Every rank of both communicators learns every rank's learning rate (a scheduler that set
+  /// different rates on different ranks would update the shards inconsistently) and throws alike
+  /// when they differ.
+  void check_learning_rates() {
+    double lr = optimizer_->options().lr;
+    if (lr == 0) lr = 0;  // -0 is 0
+    std::uint64_t mine;
+    std::memcpy(&mine, &lr, sizeof mine);
+    std::string verdict;
+    for (communicator* c : {&comm_, replica_}) {
+      if (c == nullptr || c->world_size() == 1) continue;
+      const int n = c->world_size();
+      std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
+      all_gather(*c, &mine, all.data(), 1, dtype::uint64, tagged(call_purpose::agree, 3));
+      bool same = true;
+      for (std::uint64_t b : all) same = same && b == all[0];
+      if (same || !verdict.empty()) continue;
+      std::vector<std::string> values;
+      for (std::uint64_t b : all) values.push_back(show({"", 0, agreed_value::shown::real}, b));
+      verdict = std::string(c == replica_ ? "across replica groups, the ranks of the replica communicator" : "the ranks") +
+                " hold different learning rates at step " + std::to_string(optimizer_->steps() + 1) + ": " +
+                ringzero::detail::describe_values(values) + " (set_learning_rate must set the same value on every rank)";
+    }
+    if (!verdict.empty()) raise(verdict);
   }
 
   /// One more pool buffer of `bytes` (beyond the plan's count), or an error naming this rank.
