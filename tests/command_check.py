@@ -24,6 +24,17 @@ def run(program, *args, timeout=120):
     return p
 
 
+def check_refused_options(program, refused, missing_data, exit_status):
+    """Runs `program OPTION VALUE --data missing_data --epochs 1 --no-progress` for each
+    (OPTION, VALUE) of `refused`: each must exit with `exit_status`, name the option and the value,
+    and never reach the data (a value that got through would report the missing directory)."""
+    for option, value in refused:
+        p = run(program, option, value, "--data", missing_data, "--epochs", "1", "--no-progress")
+        check(p.returncode == exit_status, f"{option} {value!r}: exit status {p.returncode}, expected {exit_status}")
+        check(option in p.stderr and value.strip() in p.stderr, f"{option} {value!r}: the error names neither the option nor the value")
+        check(missing_data not in p.stderr, f"{option} {value!r}: accepted (the trainer went on to load the data)")
+
+
 def finish():
     """The exit status of a check script: 0 when no check failed, 1 otherwise."""
     print(f"{len(failures)} failure(s)")

@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from command_check import check, run, finish  # noqa: E402
+from command_check import check, check_refused_options, run, finish  # noqa: E402
 
 DATA = "/usr/share/datasets/fashion-mnist"
 VALIDATION_ERROR = 105  # CLI::ExitCodes::ValidationError, as every refused option of the trainer
@@ -40,11 +40,7 @@ def main() -> int:
         ("--epochs", "1e3"), ("--epochs", "nan"), ("--ranks", "+2"), ("--ranks", "0x2"), ("--batch-size", " 8"),
         ("--accumulate", "-1"), ("--global-batch", "1e30"),
     ]
-    for option, value in refused:
-        p = run(trainer, option, value, "--data", missing, "--epochs", "1", "--no-progress")
-        check(p.returncode == VALIDATION_ERROR, f"{option} {value}: exit status {p.returncode}, expected {VALIDATION_ERROR}")
-        check(option in p.stderr and value.strip() in p.stderr, f"{option} {value}: the error names neither the option nor the value")
-        check(missing not in p.stderr, f"{option} {value}: accepted (the trainer went on to load the data)")
+    check_refused_options(trainer, refused, missing, VALIDATION_ERROR)
 
     # Checked together, before the data: exit status 1 and the values named.
     for args, words in [

@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from command_check import check, run, finish  # noqa: E402
+from command_check import check, check_refused_options, run, finish  # noqa: E402
 
 DATA = "/usr/share/datasets/fashion-mnist"
 VALIDATION_ERROR = 105  # CLI::ExitCodes::ValidationError, as every refused option of the trainer
@@ -49,11 +49,7 @@ def main() -> int:
         ("--epochs", "1e3"), ("--batch-size", " 8"), ("--accumulate", "-1"), ("--max-inflight-reductions", "nan"),
         ("--alignment", "-16"), ("--alignment", "0x10"),
     ]
-    for option, value in refused:
-        p = run(trainer, option, value, "--data", missing, "--epochs", "1", "--no-progress")
-        check(p.returncode == VALIDATION_ERROR, f"{option} {value!r}: exit status {p.returncode}, expected {VALIDATION_ERROR}")
-        check(option in p.stderr and value.strip() in p.stderr, f"{option} {value!r}: the error names neither the option nor the value")
-        check(missing not in p.stderr, f"{option} {value!r}: accepted (the trainer went on to load the data)")
+    check_refused_options(trainer, refused, missing, VALIDATION_ERROR)
 
     # Each value accepted on its own, but the optimizer they make cannot run: refused before the
     # data with exit status 1, the options, their values and the reason named.

@@ -588,8 +588,17 @@ class sharded_model {
     shown as;
   };
 
-  static std::string show(const agreed_value& v, std::uint64_t bits) {
-    switch (v.as) {
+  /// The bits of a real-valued setting the ranks compare (-0 as +0: the same setting).
+  static std::uint64_t setting_bits(double x) noexcept {
+    if (x == 0) x = 0;
+    std::uint64_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return b;
+  }
+
+  /// `bits` as text, read as `as` says.
+  static std::string show(agreed_value::shown as, std::uint64_t bits) {
+    switch (as) {
       case agreed_value::shown::real: {
         double x;
         std::memcpy(&x, &bits, sizeof x);
@@ -614,12 +623,6 @@ class sharded_model {
   /// uses, the clipping settings, and the plan fingerprint last (anything not listed).
   std::vector<agreed_value> summary(bool refused) const {
     using shown = agreed_value::shown;
-    auto real = [](double x) {
-      if (x == 0) x = 0;  // -0 and +0 are the same setting
-      std::uint64_t b;
-      std::memcpy(&b, &x, sizeof b);
-      return b;
-    };
     const plan_request& q = plan_.request();
     detail::fnv1a precision_hash;
     detail::hash_precision(precision_hash, q.precision);
@@ -640,15 +643,15 @@ class sharded_model {
         {"parameters (hash of names, shapes, dtypes, flags, tie groups, units)", parameters_hash(0, q.parameters.size()),
          shown::hash},
         {"optimizer", static_cast<std::uint64_t>(o.kind), shown::optimizer},
-        {"learning rate", real(o.lr), shown::real},
-        {"weight_decay", real(o.weight_decay), shown::real},
-        {"momentum", sgd ? real(o.momentum) : 0, shown::real},
-        {"dampening", sgd ? real(o.dampening) : 0, shown::real},
+        {"learning rate", setting_bits(o.lr), shown::real},
+        {"weight_decay", setting_bits(o.weight_decay), shown::real},
+        {"momentum", sgd ? setting_bits(o.momentum) : 0, shown::real},
+        {"dampening", sgd ? setting_bits(o.dampening) : 0, shown::real},
         {"nesterov", sgd && o.nesterov ? 1u : 0u, shown::flag},
-        {"beta1", sgd ? 0 : real(o.beta1), shown::real},
-        {"beta2", sgd ? 0 : real(o.beta2), shown::real},
-        {"eps", sgd ? 0 : real(o.eps), shown::real},
-        {"max_grad_norm", real(options_.max_grad_norm), shown::real},
+        {"beta1", sgd ? 0 : setting_bits(o.beta1), shown::real},
+        {"beta2", sgd ? 0 : setting_bits(o.beta2), shown::real},
+        {"eps", sgd ? 0 : setting_bits(o.eps), shown::real},
+        {"max_grad_norm", setting_bits(options_.max_grad_norm), shown::real},
         {"skip_nonfinite_steps", options_.skip_nonfinite_steps ? 1u : 0u, shown::flag},
         {"plan fingerprint", plan_.fingerprint(), shown::hash},
     };
@@ -694,7 +697,7 @@ class sharded_model {
     auto at = [&](int r, std::size_t f) { return table[static_cast<std::size_t>(r) * fields + f]; };
     auto by_rank = [&](std::size_t f) {
       std::vector<std::string> v;
-      for (int r = 0; r < n; ++r) v.push_back(show(mine[f], at(r, f)));
+      for (int r = 0; r < n; ++r) v.push_back(show(mine[f].as, at(r, f)));
       return ringzero::detail::describe_values(v);
     };
     std::vector<int> refusing;
@@ -733,7 +736,7 @@ class sharded_model {
         if (table[static_cast<std::size_t>(r) * count + i] != table[i]) {
           const parameter_spec& p = ps[i];
           std::vector<std::string> hashes;
-          for (int k = 0; k < n; ++k) hashes.push_back(show({"", 0, agreed_value::shown::hash}, table[static_cast<std::size_t>(k) * count + i]));
+          for (int k = 0; k < n; ++k) hashes.push_back(show(agreed_value::shown::hash, table[static_cast<std::size_t>(k) * count + i]));
           return "; first at parameter " + std::to_string(i) + ", here '" + p.name + "' " + shape_text(p.shape) + " " +
                  (p.type ? std::string(dtype_name(*p.type)) : std::string("(precision's dtype)")) +
                  (p.trainable ? " trainable" : " frozen") + " in unit '" + p.unit + "', tie group '" + p.tie_group +
@@ -776,10 +779,7 @@ class sharded_model {
   /// different rates on different ranks would update the shards inconsistently) and throws alike
   /// when they differ.
   void check_learning_rates() {
-    double lr = optimizer_->options().lr;
-    if (lr == 0) lr = 0;  // -0 is 0
-    std::uint64_t mine;
-    std::memcpy(&mine, &lr, sizeof mine);
+    std::uint64_t mine = setting_bits(optimizer_->options().lr);
     std::string verdict;
     for (communicator* c : {&comm_, replica_}) {
       if (c == nullptr || c->world_size() == 1) continue;
@@ -790,7 +790,7 @@ class sharded_model {
       for (std::uint64_t b : all) same = same && b == all[0];
       if (same || !verdict.empty()) continue;
       std::vector<std::string> values;
-      for (std::uint64_t b : all) values.push_back(show({"", 0, agreed_value::shown::real}, b));
+      for (std::uint64_t b : all) values.push_back(show(agreed_value::shown::real, b));
       verdict = std::string(c == replica_ ? "across replica groups, the ranks of the replica communicator" : "the ranks") +
                 " hold different learning rates at step " + std::to_string(optimizer_->steps() + 1) + ": " +
                 ringzero::detail::describe_values(values) + " (set_learning_rate must set the same value on every rank)";
