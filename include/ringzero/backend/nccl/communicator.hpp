@@ -33,7 +33,8 @@
 /// - Contract check: NCCL hangs (it does not report) when ranks disagree on a collective. With
 ///   RINGZERO_CHECK=1 (or `options::check_contract`) every collective first all-gathers the
 ///   ranks' descriptors through NCCL and raises the same error on every rank when they differ
-///   (a stream synchronisation per collective: for debugging). Otherwise invalid arguments are
+///   (a stream synchronisation per collective: for debugging). The records carry their layout
+///   version: ranks of different ringzero builds are refused by name. Otherwise invalid arguments are
 ///   reported on the rank that passed them, and mismatches surface as a watchdog timeout.
 ///   Likewise a send/recv size mismatch (case C12) is not detected by NCCL: it ends in a timeout.
 /// - Threads: used by one thread at a time (its owner or its progress thread), like an NCCL
@@ -49,6 +50,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -357,17 +359,23 @@ class communicator final : public ringzero::communicator {
     std::uint64_t sequence;
     std::chrono::steady_clock::time_point issued;
   };
+  /// The layout of `wire_descriptor` this build writes: "RZ" and a version, raised whenever a
+  /// field is added, moved or reinterpreted, so that ranks running different ringzero builds are
+  /// refused by name instead of reading each other's records with the wrong layout (version 2
+  /// added `tag`; the MPI backend's hello has the same check, `detail::wire_format_version`).
+  static constexpr std::uint32_t wire_layout = 0x525A0002u;
   /// The descriptor fields the contract check exchanges, in a fixed 256-byte record.
   struct wire_descriptor {
     std::uint64_t sequence;
     std::uint64_t count;
     std::uint64_t tag;
+    std::uint32_t layout;  ///< `wire_layout` of the writing rank's build
     std::int32_t root;
     std::uint8_t kind;
     std::uint8_t type;
     std::uint8_t op;
     std::uint8_t algo;
-    char invalid[224];
+    char invalid[220];
   };
   static_assert(sizeof(wire_descriptor) == 256);
 
@@ -631,6 +639,7 @@ class communicator final : public ringzero::communicator {
   void exchange_and_check(const collective_descriptor& d) {
     const int n = world_size();
     wire_descriptor mine{};
+    mine.layout = wire_layout;
     mine.sequence = d.sequence;
     mine.count = d.count;
     mine.tag = d.tag;
@@ -654,6 +663,14 @@ class communicator final : public ringzero::communicator {
     cudart::check(cudaMemcpyAsync(all.data(), dev, sizeof(wire_descriptor) * all.size(), cudaMemcpyDeviceToHost, s),
                   "cudaMemcpyAsync (contract check)");
     wait_stream("contract check");
+    for (std::size_t r = 0; r < all.size(); ++r)
+      if (all[r].layout != wire_layout) {
+        char layouts[64];
+        std::snprintf(layouts, sizeof layouts, "0x%08X (this rank: 0x%08X)", static_cast<unsigned>(all[r].layout),
+                      static_cast<unsigned>(wire_layout));
+        raise(errc::contract_mismatch, "rank " + std::to_string(r) + " writes contract records of layout " + layouts +
+                                           ": the ranks run different ringzero builds; rebuild every rank from one version");
+      }
     std::vector<collective_descriptor> descriptors(all.size());
     for (std::size_t r = 0; r < all.size(); ++r) {
       const wire_descriptor& w = all[r];
