@@ -1,6 +1,7 @@
 // backend/nccl/id_file.hpp: the unique-id exchange through a shared file, run with threads as
 // ranks (the id is plain bytes, so no GPU or NCCL is needed): every rank gets rank 0's id, files
-// of another job or world size are ignored, and a missing file ends in a timeout that says why.
+// of another job or world size are ignored, files whose writer has exited are ignored, and a
+// missing file ends in a timeout that says why.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -9,12 +10,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ringzero/backend/nccl/id_file.hpp"
@@ -81,6 +85,102 @@ TEST_CASE("files of another job or world size are ignored; a timeout says what i
   writer.join();
   nccl::remove_id_file(path);
 }
+
+#if defined(__linux__)
+namespace {
+
+/// Writes an id file line naming `writer` directly (as another process would have).
+void write_line(const std::string& path, const nccl::id_bytes& id, int world, const std::string& job,
+                const std::string& writer) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << nccl::detail::id_file_line(id, world, job, writer);
+}
+
+/// A child process that has exited: its pid and start time (clock ticks after boot); reaped
+/// (its pid is free) unless `reap` is false (then a zombie until `reap_child`).
+std::pair<long, unsigned long long> exited_child(bool reap) {
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) ::_exit(0);
+  unsigned long long start = 0;
+  bool zombie = false;
+  for (int i = 0; i < 2000 && !(nccl::detail::process_start(child, start, zombie) && zombie); ++i)
+    std::this_thread::sleep_for(1ms);
+  REQUIRE(zombie);
+  if (reap) REQUIRE(::waitpid(child, nullptr, 0) == child);
+  return {static_cast<long>(child), start};
+}
+
+}  // namespace
+
+TEST_CASE("a file whose writer has exited is stale, even of the same job; a running or unknown writer is taken") {
+  const std::string path = temp_path("writer");
+  const std::string where = nccl::detail::this_machine_and_namespace();
+  REQUIRE(!where.empty());
+  const nccl::id_bytes id = random_id(11);
+
+  SUBCASE("this process's own file names it and is taken") {
+    nccl::publish_id_file(path, id, 2, "job");
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto c = nccl::detail::parse_id_file(text);
+    REQUIRE(c.ok);
+    CHECK(c.writer == nccl::detail::this_process_writer());
+    CHECK(c.writer.rfind(where + "/" + std::to_string(::getpid()) + "/", 0) == 0);
+    CHECK(nccl::detail::judge_writer(c.writer) == nccl::detail::writer_state::running);
+    CHECK(nccl::read_id_file(path, 2, 1s, "job") == id);
+  }
+  SUBCASE("an exited writer's file is skipped until this job's rank 0 replaces it") {
+    const auto [pid, start] = exited_child(true);
+    write_line(path, random_id(12), 2, "job", where + "/" + std::to_string(pid) + "/" + std::to_string(start));
+    try {
+      (void)nccl::read_id_file(path, 2, 0.2s, "job");
+      FAIL("the id of an exited writer was taken");
+    } catch (const error& e) {
+      CHECK(e.kind() == errc::timeout);
+      const std::string what = e.what();
+      CHECK(what.find("written by process " + std::to_string(pid) + " on this machine, which has exited") !=
+            std::string::npos);
+    }
+    std::thread rank0([&] {
+      std::this_thread::sleep_for(50ms);
+      nccl::publish_id_file(path, id, 2, "job");
+    });
+    CHECK(nccl::read_id_file(path, 2, 10s, "job") == id);
+    rank0.join();
+  }
+  SUBCASE("a zombie writer has exited") {
+    const auto [pid, start] = exited_child(false);
+    write_line(path, random_id(13), 2, "-", where + "/" + std::to_string(pid) + "/" + std::to_string(start));
+    CHECK_THROWS_AS((void)nccl::read_id_file(path, 2, 0.05s, ""), error);
+    CHECK(::waitpid(static_cast<pid_t>(pid), nullptr, 0) == pid);
+  }
+  SUBCASE("a pid now used by a process started at another time is a different writer") {
+    unsigned long long start = 0;
+    bool zombie = true;
+    REQUIRE(nccl::detail::process_start(::getpid(), start, zombie));
+    CHECK(!zombie);
+    write_line(path, random_id(14), 2, "-", where + "/" + std::to_string(::getpid()) + "/" + std::to_string(start + 1));
+    CHECK_THROWS_AS((void)nccl::read_id_file(path, 2, 0.05s, ""), error);
+    write_line(path, id, 2, "-", where + "/" + std::to_string(::getpid()) + "/" + std::to_string(start));
+    CHECK(nccl::read_id_file(path, 2, 1s, "") == id);
+  }
+  SUBCASE("writers on another machine, boot or PID namespace, malformed fields and files without one are taken") {
+    const auto [pid, start] = exited_child(true);
+    const std::string dead = "/" + std::to_string(pid) + "/" + std::to_string(start);
+    const std::size_t slash = where.find('/');
+    for (const std::string& writer :
+         {std::string("00000000-0000-0000-0000-000000000000") + where.substr(slash) + dead,  // another boot or machine
+          where.substr(0, slash) + "/1" + dead,                                            // another PID namespace
+          where + "/" + std::to_string(pid) + "/x", where + "/-5/1", where + dead + "/", std::string("garbage"),
+          std::string()}) {
+      CAPTURE(writer);
+      write_line(path, id, 2, "-", writer);
+      CHECK(nccl::read_id_file(path, 2, 1s, "") == id);
+    }
+  }
+  nccl::remove_id_file(path);
+}
+#endif
 
 TEST_CASE("a missing file and a malformed file time out with a clear message") {
   const std::string path = temp_path("missing");

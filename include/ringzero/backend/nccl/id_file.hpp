@@ -11,8 +11,14 @@
 /// (other than torchrun's default "none"), SLURM_JOB_ID and OMPI_MCA_ess_base_jobid that is set
 /// (all ranks of one job see the same value); readers ignore files of another job or world size
 /// and keep waiting for the right one.
-/// Without any of these variables, a stale file with the same world size cannot be told apart:
-/// remove it, or set RINGZERO_JOB_ID.
+/// Each file also names the process that wrote it (Linux: the boot, the PID namespace, the pid
+/// and the process's start time). A reader on the same machine and in the same PID namespace
+/// ignores a file whose writer has exited (or is a zombie, or whose pid now belongs to a newer
+/// process): a file left by a killed rank 0, even one of the same job identity (torchrun's
+/// restarts keep their run id). A file written on another machine or in another PID namespace
+/// (containers) cannot be judged this way and is taken when its job and world size match, so
+/// without any job variable a stale file from another machine of the same world size is still
+/// taken: remove it, or set RINGZERO_JOB_ID.
 ///
 /// Independent of NCCL (the id is plain bytes), so the exchange is testable anywhere.
 /// Errors: errc::io_error (cannot write; or, on a reading rank, the path is there but is not a
@@ -23,6 +29,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -40,6 +47,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+#include <sys/types.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -53,7 +63,7 @@ inline constexpr std::size_t id_size = 128;
 /// An NCCL unique id as plain bytes.
 using id_bytes = std::array<unsigned char, id_size>;
 
-/// The most of an id file a reader reads: its one line is under 600 bytes (a job identity of
+/// The most of an id file a reader reads: its one line is under 700 bytes (a job identity of
 /// at most 256); only these first bytes are parsed.
 inline constexpr std::size_t id_file_max_bytes = 4096;
 
@@ -121,24 +131,125 @@ inline bool id_of_hex(const std::string& s, id_bytes& id) {
   return true;
 }
 
-/// The one line of an id file.
-inline std::string id_file_line(const id_bytes& id, int world_size, const std::string& job) {
-  return std::string(id_file_magic) + " 1 world_size=" + std::to_string(world_size) + " job=" + (job.empty() ? "-" : job) +
-         " id=" + hex_of(id) + "\n";
+/// The first line of `path` (at most 4 KiB), empty when it cannot be read.
+inline std::string first_line_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string line;
+  if (in) std::getline(in, line);
+  return line.substr(0, 4096);
 }
 
-/// What an id file holds, parsed; `ok` false when it is not (yet) a complete id file.
+/// Start time of process `pid` in clock ticks after boot (field 22 of /proc/<pid>/stat, proc(5))
+/// and whether it is a zombie (state Z or X); false when the file cannot be read (no /proc, or
+/// hidden by `hidepid`).
+inline bool process_start(long pid, unsigned long long& start, bool& zombie) {
+  const std::string stat = first_line_of("/proc/" + std::to_string(pid) + "/stat");
+  const std::size_t paren = stat.rfind(')');  // the command name may hold spaces and ')'
+  if (paren == std::string::npos) return false;
+  std::istringstream fields(stat.substr(paren + 1));
+  std::string state, field;
+  if (!(fields >> state)) return false;
+  for (int i = 4; i < 22; ++i)  // fields 4..21
+    if (!(fields >> field)) return false;
+  if (!(fields >> start)) return false;
+  zombie = state == "Z" || state == "X";
+  return true;
+}
+
+/// The machine's boot and this process's PID namespace, "boot/namespace", as the writer field
+/// of an id file records them (Linux: /proc/sys/kernel/random/boot_id and the inode of
+/// /proc/self/ns/pid); empty when either is unknown.
+inline std::string this_machine_and_namespace() {
+#if defined(__linux__)
+  std::string boot = first_line_of("/proc/sys/kernel/random/boot_id");
+  char ns[128] = {};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);  // "pid:[4026531836]"
+  std::string space = n > 0 ? std::string(ns, static_cast<std::size_t>(n)) : std::string();
+  const std::size_t open = space.find('['), close = space.find(']');
+  space = open != std::string::npos && close != std::string::npos && close > open + 1 ? space.substr(open + 1, close - open - 1)
+                                                                                       : std::string();
+  const auto word = [](const std::string& w) {
+    return !w.empty() && std::all_of(w.begin(), w.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; });
+  };
+  if (word(boot) && word(space)) return boot + "/" + space;
+#endif
+  return {};
+}
+
+/// The writer field of an id file for this process: "boot/namespace/pid/start"; empty when
+/// unknown (then readers cannot tell whether the writer still runs).
+inline std::string this_process_writer() {
+#if defined(__linux__)
+  const std::string where = this_machine_and_namespace();
+  unsigned long long start = 0;
+  bool zombie = false;
+  if (!where.empty() && process_start(static_cast<long>(::getpid()), start, zombie))
+    return where + "/" + std::to_string(::getpid()) + "/" + std::to_string(start);
+#endif
+  return {};
+}
+
+/// What the reader can tell about an id file's writer.
+enum class writer_state { unknown, running, exited };
+
+/// Whether the process named by writer field `writer` still runs: `exited` only when it ran on
+/// this boot of this machine, in this PID namespace, and its pid is free, a zombie, or now
+/// belongs to a process started at another time; `unknown` for another machine, boot or
+/// namespace, an empty or malformed field, or a process this one may not inspect.
+inline writer_state judge_writer(const std::string& writer, long* pid_out = nullptr) {
+#if defined(__unix__)
+  const std::size_t last = writer.rfind('/');
+  const std::size_t before = last == std::string::npos || last == 0 ? std::string::npos : writer.rfind('/', last - 1);
+  if (before == std::string::npos || writer.substr(0, before) != this_machine_and_namespace() ||
+      this_machine_and_namespace().empty())
+    return writer_state::unknown;
+  long pid = 0;
+  unsigned long long start = 0;
+  try {
+    std::size_t used = 0;
+    const std::string pid_text = writer.substr(before + 1, last - before - 1), start_text = writer.substr(last + 1);
+    pid = std::stol(pid_text, &used);
+    if (used != pid_text.size() || pid <= 0) return writer_state::unknown;
+    start = std::stoull(start_text, &used);
+    if (used != start_text.size()) return writer_state::unknown;
+  } catch (...) {
+    return writer_state::unknown;
+  }
+  if (pid_out) *pid_out = pid;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return writer_state::exited;
+  unsigned long long now_start = 0;
+  bool zombie = false;
+  if (!process_start(pid, now_start, zombie)) return writer_state::unknown;
+  return zombie || now_start != start ? writer_state::exited : writer_state::running;
+#else
+  (void)writer;
+  (void)pid_out;
+  return writer_state::unknown;
+#endif
+}
+
+/// The one line of an id file; `writer` as `this_process_writer()` returns it (left out when
+/// empty: readers then cannot judge the writer, as for files of earlier ringzero versions).
+inline std::string id_file_line(const id_bytes& id, int world_size, const std::string& job,
+                                const std::string& writer = this_process_writer()) {
+  return std::string(id_file_magic) + " 1 world_size=" + std::to_string(world_size) + " job=" + (job.empty() ? "-" : job) +
+         " id=" + hex_of(id) + (writer.empty() ? std::string() : " writer=" + writer) + "\n";
+}
+
+/// What an id file holds, parsed; `ok` false when it is not (yet) a complete id file. `writer`
+/// is empty when the file names none.
 struct id_file_content {
   bool ok = false;
   int world_size = 0;
   std::string job;
   id_bytes id{};
+  std::string writer;
 };
 
 inline id_file_content parse_id_file(const std::string& text) {
   id_file_content c;
   std::istringstream in(text);
-  std::string magic, version, size, job, id;
+  std::string magic, version, size, job, id, writer;
   if (!(in >> magic >> version >> size >> job >> id)) return c;
   if (magic != id_file_magic || version != "1") return c;
   if (size.rfind("world_size=", 0) != 0 || job.rfind("job=", 0) != 0 || id.rfind("id=", 0) != 0) return c;
@@ -149,6 +260,7 @@ inline id_file_content parse_id_file(const std::string& text) {
   }
   c.job = job.substr(4);
   if (c.job == "-") c.job.clear();
+  if (in >> writer && writer.rfind("writer=", 0) == 0) c.writer = writer.substr(7);  // optional (added later)
   c.ok = id_of_hex(id.substr(3), c.id);
   return c;
 }
@@ -223,8 +335,9 @@ inline void publish_id_file(const std::string& path, const id_bytes& id, int wor
 }
 
 /// Waits until `path` holds the id of this job (`job`) for `world_size` ranks and returns it
-/// (every other rank's side). Polls every few milliseconds, reading at most the first
-/// `id_file_max_bytes` of the file. `timeout`: 0 or negative polls once; above
+/// (every other rank's side), skipping a file whose writer has exited (see the file comment).
+/// Polls every few milliseconds, reading at most the first `id_file_max_bytes` of the file.
+/// `timeout`: 0 or negative polls once; above
 /// `max_timeout_seconds` (infinity included) waits for ever. Throws errc::invalid_argument for
 /// a NaN timeout; errc::io_error when `path` exists but is not a regular file or cannot be read
 /// by this process (waiting cannot help); errc::timeout after `timeout`, saying what the file
@@ -257,8 +370,13 @@ inline id_bytes read_id_file(const std::string& path, int world_size, std::chron
       in.read(text.data(), static_cast<std::streamsize>(text.size()));
       text.resize(static_cast<std::size_t>(in.gcount()));
       const detail::id_file_content c = detail::parse_id_file(text);
-      if (c.ok && c.world_size == world_size && c.job == job) return c.id;
-      if (c.ok)
+      long writer_pid = 0;
+      if (c.ok && c.world_size == world_size && c.job == job) {
+        if (detail::judge_writer(c.writer, &writer_pid) != detail::writer_state::exited) return c.id;
+        seen = "; it holds an id for this job written by process " + std::to_string(writer_pid) +
+               " on this machine, which has exited: a stale file of an earlier run (this job's rank 0 has not "
+               "published yet; if rank 0 runs elsewhere, its file never reached this path)";
+      } else if (c.ok)
         seen = "; it holds an id for world size " + std::to_string(c.world_size) + " and job \"" + c.job +
                "\" (this job: world size " + std::to_string(world_size) + ", job \"" + job +
                "\"): a stale file? remove it or set RINGZERO_JOB_ID";
