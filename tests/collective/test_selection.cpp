@@ -255,3 +255,65 @@ TEST_CASE("the default choice gives exact results for every collective across si
     }
   }
 }
+
+TEST_CASE("local backend: auto picks direct but for 2-rank reduce_scatter from 30000 B, as ringzero-bench measured") {
+  // Every collective on the local backend starts and ends with two all-rank synchronisations
+  // (begin, end), whatever the algorithm, and a point-to-point schedule moves at least as many
+  // bytes as direct: a received byte is read from the peer and written locally (beta = 2 mu),
+  // and all_gather / all_to_all first copy the own block, broadcast's root its whole input.
+  // The model counted the synchronisations for direct alone and left the copies out, so it
+  // picked ring or halving_doubling where forcing direct was 1.1-6.5x faster (docs/performance.md).
+  // The one exception: on 2 ranks ring's reduce_scatter combines straight into the output with
+  // the same memory traffic, while direct's goes through an L1 tile (2 S/n at cache_us_per_byte).
+  for (int world : {2, 3, 4, 5, 8}) {
+    local::world w(world);
+    local::communicator comm(w, 0);
+    const link_model m = comm.link();
+    for (collective_kind k : all_collectives)
+      for (std::uint64_t count : {1ull, 16ull, 256ull, 4096ull, 65536ull, 1ull << 20, 1ull << 24, 1ull << 28}) {
+        INFO("world " << world << " " << collective_name(k) << " count " << count);
+        const double bytes = model_bytes(k, count, world);
+        const algorithm expect =
+            world == 2 && k == collective_kind::reduce_scatter && bytes >= 30000 ? algorithm::ring : algorithm::direct;
+        CHECK(model_choice(comm, k, bytes) == expect);
+        CHECK(resolved(comm, k, count) == expect);
+      }
+    if (world == 2) {  // direct - ring = 2 S/2 c - alpha: the crossover is alpha / c = 30000 B
+      CHECK(model_choice(comm, collective_kind::reduce_scatter, 29000.0) == algorithm::direct);
+      CHECK(model_choice(comm, collective_kind::reduce_scatter, 31000.0) == algorithm::ring);
+    }
+    // all_gather: ring moves the same 2 S of memory traffic as direct (own block 2 S/n, n-1
+    // receives of S/n at 2 mu) and adds n-1 steps
+    const double S = 1 << 20;
+    CHECK(estimate_us(collective_kind::all_gather, algorithm::ring, world, S, m) -
+              estimate_us(collective_kind::all_gather, algorithm::direct, world, S, m) ==
+          doctest::Approx((world - 1) * m.alpha_us));
+  }
+}
+
+TEST_CASE("the rendezvous (2 sigma) is part of every algorithm's estimate") {
+  // The same 2 sigma for every algorithm changes no choice between ring and halving_doubling
+  // (the MPI and NCCL backends choose between those two): raising sync_us from 0 to 5 adds
+  // exactly 10 us to each estimate, for every collective, size and world.
+  link_model quiet;
+  quiet.alpha_us = 2.0;
+  quiet.beta_us_per_byte = 1.5e-4;
+  quiet.gamma_us_per_byte = 1e-4;
+  quiet.memory_us_per_byte = 1.5e-4;
+  link_model synced = quiet;
+  synced.sync_us = 5.0;
+  for (int world : {2, 3, 4, 6, 8, 13})
+    for (collective_kind k : all_collectives)
+      for (double bytes = 8; bytes <= double(1ull << 30); bytes *= 4) {
+        INFO("world " << world << " " << collective_name(k) << " bytes " << bytes);
+        const double ring_quiet = estimate_us(k, algorithm::ring, world, bytes, quiet);
+        const double ring_synced = estimate_us(k, algorithm::ring, world, bytes, synced);
+        CHECK(ring_synced - ring_quiet == doctest::Approx(10.0));
+        CHECK(estimate_us(k, algorithm::direct, world, bytes, synced) - estimate_us(k, algorithm::direct, world, bytes, quiet) ==
+              doctest::Approx(10.0));
+        if (!algorithm_implements(algorithm::halving_doubling, k)) continue;
+        CHECK(estimate_us(k, algorithm::halving_doubling, world, bytes, synced) -
+                  estimate_us(k, algorithm::halving_doubling, world, bytes, quiet) ==
+              doctest::Approx(10.0));
+      }
+}

@@ -78,6 +78,7 @@ struct link_model {
   double gamma_us_per_byte = 1e-4;      ///< per byte combined by a reduction
   double sync_us = 0.0;                 ///< one all-rank synchronisation (direct only)
   double memory_us_per_byte = 1e-4;     ///< per byte of memory traffic on one rank (direct only)
+  double cache_us_per_byte = 0.0;       ///< per byte through direct's L1-resident tile (write or read)
 };
 
 /// The abstract communicator. See the file comment for its contract.

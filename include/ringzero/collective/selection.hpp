@@ -4,21 +4,30 @@
 /// one, and how per-call options and RINGZERO_ALGO override it.
 ///
 /// The model is the alpha-beta-gamma model (Hockney 1994; Thakur, Rabenseifner & Gropp 2005):
-/// a step costs alpha, each byte moved between ranks beta, each byte combined gamma. The
-/// shared-memory `direct` algorithm costs two all-rank synchronisations (sigma) plus its memory
-/// traffic (mu per byte). With S the collective's bytes (per rank for all_reduce, broadcast and
-/// reduce; the whole n-block buffer for reduce_scatter, all_gather and all_to_all), n ranks,
-/// p the largest power of two <= n and rem = n - p:
+/// a step costs alpha, each byte moved between ranks beta, each byte combined gamma. Terms for
+/// ranks that share memory are added. Every collective starts and ends with the backend's
+/// rendezvous (`communicator::begin` and `end`; on the local backend each is an all-rank
+/// synchronisation, sigma), whatever the algorithm, so every estimate includes 2s. The
+/// shared-memory `direct` algorithm needs nothing else but its memory traffic (mu per byte read
+/// or written on one rank); its reductions also write each result block into a tile in L1 and
+/// read it back (c per byte: n reads for all_reduce, one for reduce_scatter and reduce, whose
+/// point-to-point schedules combine straight into the output instead). A copy within one rank
+/// (read + write) costs 2 mu per byte: the point-to-point schedules copy the rank's own block
+/// into its output before the first step (all_gather, all_to_all), and the root copies its
+/// whole input before it sends (broadcast). With S the collective's bytes (per rank for
+/// all_reduce, broadcast and reduce; the whole n-block buffer for reduce_scatter, all_gather
+/// and all_to_all), n ranks, p the largest power of two <= n and rem = n - p, each algorithm's
+/// estimate is 2s plus:
 ///
 /// | collective     | ring                                  | halving_doubling                                      | direct             |
 /// |----------------|---------------------------------------|-------------------------------------------------------|--------------------|
-/// | all_reduce     | 2(n-1)a + (n-1)/n S(2b+g)             | min(2log2(p)a + (p-1)/p S(2b+g), log2(p)(a + S(b+g))) | 2s + 2S m          |
+/// | all_reduce     | 2(n-1)a + (n-1)/n S(2b+g)             | min(2log2(p)a + (p-1)/p S(2b+g), log2(p)(a + S(b+g))) | 2S m + (S + S/n) c |
 /// |                |                                       | [+ 2a + 2Sb + Sg if rem]                              |                    |
-/// | reduce_scatter | (n-1)a + (n-1)/n S(b+g)               | log2(p)a + (p-1)/p S(b+g) [+ 2a + S(b+g) + S/n b]     | 2s + (S + S/n) m   |
-/// | all_gather     | (n-1)a + (n-1)/n S b                  | log2(p)a + (p-1)/p S b [+ 2a + S/n b + S b]           | 2s + 2S m          |
-/// | broadcast      | (n-2+k)(a + S/k b), k = slices        | (n-1)a + (n-1)/n S b + all_gather                     | 2s + 2S m          |
-/// | reduce         | reduce_scatter + (n-1)a + (n-1)/n S b | reduce_scatter + (n-1)a + (n-1)/n S b                 | 2s + (S + S/n) m   |
-/// | all_to_all     | (n-1)(a + S/n b)                      | —                                                     | 2s + 2S m          |
+/// | reduce_scatter | (n-1)a + (n-1)/n S(b+g)               | log2(p)a + (p-1)/p S(b+g) [+ 2a + S(b+g) + S/n b]     | (S + S/n) m + 2S/n c |
+/// | all_gather     | (n-1)a + (n-1)/n S b + 2S/n m         | log2(p)a + (p-1)/p S b [+ 2a + S/n b + S b] + 2S/n m  | 2S m               |
+/// | broadcast      | (n-2+k)(a + S/k b) + 2S m, k = slices | (n-1)a + (n-1)/n S b + all_gather (without 2S/n m) + 2S m | 2S m            |
+/// | reduce         | reduce_scatter + (n-1)a + (n-1)/n S b | reduce_scatter + (n-1)a + (n-1)/n S b                 | (S + S/n) m + 2S/n c |
+/// | all_to_all     | (n-1)(a + S/n b) + 2S/n m             | —                                                     | 2S m               |
 ///
 /// The cheapest available algorithm wins; ties go to the earlier column. A backend that
 /// `prefers_native` a collective gets its native one. The parameters come from the backend
@@ -57,12 +66,17 @@ inline bool algorithm_available(const communicator& c, algorithm a, collective_k
 }
 
 /// The model's estimate in microseconds of collective `k` with algorithm `a` on `n` ranks moving
-/// `bytes` (S in the table above) under `m`. +infinity for an algorithm without a formula (native).
+/// `bytes` (S in the table above) under `m`, the rendezvous (2s) included. +infinity for an
+/// algorithm without a formula (native).
 inline double estimate_us(collective_kind k, algorithm a, int n, double bytes, const link_model& m) noexcept {
   const algorithms::hd_layout layout(n);
   const double nn = n, p = layout.p, log_p = layout.steps(), S = bytes;
   const double a_ = m.alpha_us, b = m.beta_us_per_byte, g = m.gamma_us_per_byte, s = m.sync_us, mu = m.memory_us_per_byte;
+  const double c = m.cache_us_per_byte;
   const bool rem = layout.rem > 0;
+  const double rendezvous = 2 * s;                // begin + end, paid by every algorithm
+  const double own_block_copy = 2 * S / nn * mu;  // the own block into the output (read + write)
+  const double root_copy = 2 * S * mu;            // broadcast: the root copies its input first
   auto ring_rs = [&] { return (nn - 1) * a_ + (nn - 1) / nn * S * (b + g); };
   auto hd_rs = [&] { return log_p * a_ + (p - 1) / p * S * (b + g) + (rem ? 2 * a_ + S * (b + g) + S / nn * b : 0.0); };
   auto hd_ag = [&] { return log_p * a_ + (p - 1) / p * S * b + (rem ? 2 * a_ + S / nn * b + S * b : 0.0); };
@@ -71,34 +85,35 @@ inline double estimate_us(collective_kind k, algorithm a, int n, double bytes, c
     case algorithm::direct:
       switch (k) {
         case collective_kind::reduce_scatter:
-        case collective_kind::reduce: return 2 * s + (S + S / nn) * mu;
-        case collective_kind::barrier: return 2 * s;
-        default: return 2 * s + 2 * S * mu;
+        case collective_kind::reduce: return rendezvous + (S + S / nn) * mu + 2 * S / nn * c;
+        case collective_kind::all_reduce: return rendezvous + 2 * S * mu + (S + S / nn) * c;
+        case collective_kind::barrier: return rendezvous;
+        default: return rendezvous + 2 * S * mu;
       }
     case algorithm::ring:
       switch (k) {
-        case collective_kind::all_reduce: return 2 * (nn - 1) * a_ + (nn - 1) / nn * S * (2 * b + g);
-        case collective_kind::reduce_scatter: return ring_rs();
-        case collective_kind::all_gather: return (nn - 1) * a_ + (nn - 1) / nn * S * b;
+        case collective_kind::all_reduce: return rendezvous + 2 * (nn - 1) * a_ + (nn - 1) / nn * S * (2 * b + g);
+        case collective_kind::reduce_scatter: return rendezvous + ring_rs();
+        case collective_kind::all_gather: return rendezvous + gather() + own_block_copy;
         case collective_kind::broadcast: {
           const double slices = std::max(1.0, std::ceil(S / static_cast<double>(algorithms::ring_broadcast_slice_bytes)));
-          return (nn - 2 + slices) * (a_ + S / slices * b);
+          return rendezvous + (nn - 2 + slices) * (a_ + S / slices * b) + root_copy;
         }
-        case collective_kind::reduce: return ring_rs() + gather();
-        case collective_kind::all_to_all: return (nn - 1) * (a_ + S / nn * b);
-        case collective_kind::barrier: return 2 * s + 1e-3;
+        case collective_kind::reduce: return rendezvous + ring_rs() + gather();
+        case collective_kind::all_to_all: return rendezvous + (nn - 1) * (a_ + S / nn * b) + own_block_copy;
+        case collective_kind::barrier: return rendezvous + 1e-3;
         default: break;
       }
       break;
     case algorithm::halving_doubling:
       switch (k) {
         case collective_kind::all_reduce:  // the cheaper of Rabenseifner's and recursive doubling
-          return std::min(algorithms::hd_rabenseifner_us(n, S, a_, b, g), algorithms::hd_recursive_doubling_us(n, S, a_, b, g));
-        case collective_kind::reduce_scatter: return hd_rs();
-        case collective_kind::all_gather: return hd_ag();
-        case collective_kind::broadcast: return gather() + hd_ag();
-        case collective_kind::reduce: return hd_rs() + gather();
-        case collective_kind::barrier: return 2 * s + 2e-3;
+          return rendezvous + std::min(algorithms::hd_rabenseifner_us(n, S, a_, b, g), algorithms::hd_recursive_doubling_us(n, S, a_, b, g));
+        case collective_kind::reduce_scatter: return rendezvous + hd_rs();
+        case collective_kind::all_gather: return rendezvous + hd_ag() + own_block_copy;
+        case collective_kind::broadcast: return rendezvous + gather() + hd_ag() + root_copy;
+        case collective_kind::reduce: return rendezvous + hd_rs() + gather();
+        case collective_kind::barrier: return rendezvous + 2e-3;
         default: break;
       }
       break;

@@ -49,8 +49,10 @@ class communicator : public ringzero::communicator {
 
   /// Shared-memory costs: a rendezvous of ~0.3 us per step and ~10 GB/s of memory traffic
   /// per rank (mu). A byte "transferred" by a zero-copy receive is read from the peer and written
-  /// locally (beta = 2 mu); a byte combined also reads the own operand (gamma = mu).
-  /// See docs/algorithms.md.
+  /// locally (beta = 2 mu); a byte combined also reads the own operand (gamma = mu). direct's
+  /// reductions pass each result through an 8 KiB tile in L1 at ~100 GB/s (cache = mu / 10:
+  /// with it the model's 2-rank reduce_scatter crosses over from direct to ring at 30 KB, where
+  /// ringzero-bench measured the crossover at 32-64 KiB). See docs/algorithms.md.
   link_model link() const noexcept override {
     link_model m;
     m.memory_us_per_byte = 1.0 / 10e3;
@@ -58,6 +60,7 @@ class communicator : public ringzero::communicator {
     m.beta_us_per_byte = 2 * m.memory_us_per_byte;
     m.gamma_us_per_byte = m.memory_us_per_byte;
     m.sync_us = 0.3;
+    m.cache_us_per_byte = m.memory_us_per_byte / 10;
     return m;
   }
 
