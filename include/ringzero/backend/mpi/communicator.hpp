@@ -41,7 +41,11 @@
 /// tells the peers (a departure notice with the counts of messages exchanged): a peer waiting
 /// for a message the departed rank never sent fails at once with errc::peer_exited instead of
 /// waiting for the timeout. Destruction is collective, like MPI_Comm_free: the destructor
-/// waits (up to the timeout) for every peer's departure notice.
+/// waits (up to the timeout) for every peer's departure notice; after an abort only up to
+/// `failed_departure_wait` (250 ms), so that a failed communicator is destroyed promptly even
+/// when a peer is busy elsewhere (see the destructor). Every collective ends by looking for an
+/// abort notice, so a rank that arrives after its peers gave up fails instead of returning a
+/// result made of the data they had sent before failing.
 ///
 /// Threads. A communicator is used by one thread at a time (its owner or its progress thread,
 /// like every ringzero communicator); MPI must be initialised with MPI_THREAD_SERIALIZED or
@@ -62,6 +66,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -79,6 +84,14 @@ namespace ringzero::mpi {
 
 /// Exit code of a job aborted by a timeout (like the `timeout` command's).
 inline constexpr int timeout_exit_code = 124;
+
+/// How long the destructor of an aborted communicator waits for its peers' departure notices
+/// (or the timeout, when shorter). After a failure the peers that are still waiting fail at
+/// their next poll (within milliseconds) and depart at once; a peer busy elsewhere (computing,
+/// sleeping, stuck) would otherwise hold the destructor for a whole timeout. The MPI
+/// communicators of a peer that has not departed by then are not freed at once (see
+/// `detail::lingering`).
+inline constexpr std::chrono::milliseconds failed_departure_wait{250};
 
 /// True when this build checks contracts by default (no NDEBUG: a debug build).
 #ifdef NDEBUG
@@ -111,6 +124,94 @@ class comm_holder {
 
  private:
   MPI_Comm c_ = MPI_COMM_NULL;
+};
+
+/// The MPI communicators of destroyed `mpi::communicator`s whose destructor stopped waiting
+/// before every peer had departed (after `failed_departure_wait` when aborted, else the timeout). Freeing them at once would let MPI give their
+/// context to a later communicator while the late peer's departure notice is still on its way:
+/// Open MPI files a message for a context that does not exist yet under that context and
+/// delivers it to the next communicator that gets it, out of its message order (a later
+/// message of that communicator would then be lost: a hang). So they linger here, and
+/// `collect` frees each pair once every late peer's departure notice has arrived on it.
+/// Process-wide; `collect` runs when an `mpi::communicator` is made or destroyed. Pairs whose
+/// peers never depart (a process that died) stay until MPI_Finalize, which frees them.
+class lingering {
+ public:
+  /// Adds the pair of a destroyed communicator of instance `instance`; `departed[p]` tells
+  /// whether rank p's departure notice already arrived.
+  static void add(MPI_Comm data, MPI_Comm control, std::uint64_t instance, std::vector<char> departed) {
+    std::lock_guard<std::mutex> guard(mutex());
+    items().push_back(item{data, control, instance, std::move(departed)});
+  }
+
+  /// Receives the departure notices that arrived on lingering pairs and frees every pair whose
+  /// peers have all departed. Never throws; `serialize` as the caller's communicator.
+  static void collect(bool serialize) noexcept {
+    if (!is_active()) return;
+    std::lock_guard<std::mutex> guard(mutex());
+    auto& list = items();
+    for (std::size_t i = 0; i < list.size();) {
+      item& it = list[i];
+      bool done = false;
+      {
+        call_lock lock(serialize);
+        receive_departures(it);
+        done = std::all_of(it.departed.begin(), it.departed.end(), [](char d) { return d != 0; });
+        if (done) {
+          MPI_Comm_free(&it.control);
+          MPI_Comm_free(&it.data);
+        }
+      }
+      if (done) {
+        list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  /// Pairs still lingering (tests).
+  static std::size_t size() {
+    std::lock_guard<std::mutex> guard(mutex());
+    return items().size();
+  }
+
+ private:
+  struct item {
+    MPI_Comm data;
+    MPI_Comm control;
+    std::uint64_t instance;
+    std::vector<char> departed;
+  };
+
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<item>& items() {
+    static std::vector<item> v;
+    return v;
+  }
+
+  static void receive_departures(item& it) noexcept {
+    std::vector<unsigned char> buffer;
+    for (;;) {
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      if (MPI_Improbe(MPI_ANY_SOURCE, tag_notice, it.control, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
+      int bytes = 0;
+      MPI_Get_count(&status, MPI_BYTE, &bytes);
+      buffer.assign(std::max<std::size_t>(sizeof(notice), static_cast<std::size_t>(std::max(bytes, 0))), 0);
+      if (MPI_Mrecv(buffer.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+      notice n;
+      std::memcpy(&n, buffer.data(), std::min(sizeof n, static_cast<std::size_t>(std::max(bytes, 0))));
+      const int from = status.MPI_SOURCE;
+      if (from >= 0 && static_cast<std::size_t>(from) < it.departed.size() && n.instance == it.instance &&
+          n.kind == notice_kind::depart)
+        it.departed[static_cast<std::size_t>(from)] = 1;
+    }
+  }
 };
 
 /// What a rank knows about a peer that left the communicator.
@@ -170,7 +271,13 @@ class communicator final : public ringzero::communicator {
       : communicator(detail::comm_shape(comm), comm, options) {}
 
   /// Stops the progress thread after its queued work, tells the peers that this rank left and
-  /// waits (up to the timeout) for their departure notices, then frees the MPI communicators.
+  /// waits for their departure notices, then frees the MPI communicators. The wait lasts up to
+  /// the timeout, or up to `failed_departure_wait` (250 ms) once the communicator was aborted
+  /// (a failure here or on a peer: the peers still in a wait fail and depart at once, and one
+  /// busy elsewhere must not hold this rank for another timeout), then up to 200 ms more to
+  /// cancel notices that a busy peer has not taken. When a peer has not departed by then, the
+  /// MPI communicators go to `detail::lingering`, which frees them once that peer's notice
+  /// arrives (looked for whenever a later communicator is made or destroyed). Never throws.
   /// Must run before MPI_Finalize; after it, nothing is freed.
   ~communicator() override {
     stop_progress();
@@ -180,11 +287,25 @@ class communicator final : public ringzero::communicator {
       (void)control_.release();
       return;
     }
+    bool all_departed = true;
     try {
-      depart();
+      all_departed = depart();
     } catch (...) {
+      all_departed = false;
     }
     (void)abandon(notice_requests_);
+    if (!all_departed && world_size() > 1) {
+      std::vector<char> departed(static_cast<std::size_t>(world_size()), 0);
+      for (int p = 0; p < world_size(); ++p)
+        departed[static_cast<std::size_t>(p)] = p == rank() || peers_[static_cast<std::size_t>(p)].departed ? 1 : 0;
+      try {
+        detail::lingering::add(data_.get(), control_.get(), instance_, std::move(departed));
+        (void)data_.release();
+        (void)control_.release();
+      } catch (...) {  // no memory to remember them: free them now
+      }
+    }
+    detail::lingering::collect(serialize_);
   }
 
   backend_kind backend() const noexcept override { return backend_kind::mpi; }
@@ -290,7 +411,16 @@ class communicator final : public ringzero::communicator {
     }
   }
 
-  void end(const collective_descriptor&) override {}
+  /// Receives the control notices that arrived during the collective and raises when the
+  /// communicator was aborted meanwhile: a rank that arrives late, after its peers gave up, can
+  /// complete an exchange with data they sent before they failed (eager messages already
+  /// delivered) while the abort notice, sent later on the control communicator, was not yet
+  /// received when the collective began; its result would then be wrong without an error.
+  void end(const collective_descriptor&) override {
+    if (world_size() == 1) return;
+    poll_notices();
+    raise_if_unusable();
+  }
 
   void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
                 int from) override {
@@ -393,6 +523,7 @@ class communicator final : public ringzero::communicator {
   /// Duplicates `comm` (nonblocking, polled against the timeout), makes the control
   /// communicator (the same way), agrees on the settings and measures oversubscription.
   void join(MPI_Comm comm) {
+    detail::lingering::collect(serialize_);
     const auto start = clock::now();
     const auto deadline = start + std::chrono::duration_cast<clock::duration>(timeout());
     duplicate_within(comm, data_, start, deadline, comm);
@@ -1117,11 +1248,13 @@ class communicator final : public ringzero::communicator {
     }
   }
 
-  /// Sends a departure notice to every peer and waits (up to the timeout) for theirs, so that
-  /// every notice is received before the communicators are freed. Never throws on its own.
-  void depart() {
+  /// Sends a departure notice to every peer and waits for theirs, so that every notice is
+  /// received before the communicators are freed: up to the timeout, or up to
+  /// `failed_departure_wait` when the communicator was aborted. Returns true when every peer
+  /// departed. Never throws on its own.
+  bool depart() {
     const int n = world_size(), me = rank();
-    if (n == 1) return;
+    if (n == 1) return true;
     const bool unwinding = std::uncaught_exceptions() > uncaught_at_start_;
     std::vector<MPI_Request> sends;
     std::vector<std::unique_ptr<detail::notice>> bodies;
@@ -1145,10 +1278,14 @@ class communicator final : public ringzero::communicator {
       }
     }
     const auto start = clock::now();
-    const auto until = deadline();
+    const auto until =
+        aborted_ ? start + std::min(std::chrono::duration_cast<clock::duration>(timeout()),
+                                    std::chrono::duration_cast<clock::duration>(failed_departure_wait))
+                 : deadline();
+    bool all_departed = false;
     for (;;) {
       poll_notices();
-      bool all_departed = true;
+      all_departed = true;
       for (int p = 0; p < n; ++p)
         if (p != me && !peers_[static_cast<std::size_t>(p)].departed) all_departed = false;
       bool all_sent = true;
@@ -1172,7 +1309,13 @@ class communicator final : public ringzero::communicator {
       if (now >= until) break;
       backoff(phase_after(now - start));
     }
+    // One abandon for both kinds of notices: a busy peer takes none of them (Open MPI's
+    // shared-memory sends complete when the receiver returns the fragment), and each abandon
+    // may wait 200 ms.
+    sends.insert(sends.end(), notice_requests_.begin(), notice_requests_.end());
+    notice_requests_.clear();
     (void)abandon(sends);
+    return all_departed;
   }
 
   // ---- native collectives -----------------------------------------------------------------

@@ -20,7 +20,10 @@ enum class failure_policy : std::uint8_t {
   abort_job = 0,
   /// Throw `ringzero::error(errc::timeout)` instead. The communicator is aborted (every later
   /// call on it, on every rank, fails with the same error) and its pending transfers are
-  /// cancelled. Meant for tests and for programs that log and exit on their own.
+  /// cancelled. Destroying it afterwards waits at most `failed_departure_wait` (250 ms) for
+  /// the peers' departures, plus up to 200 ms to cancel unfinished notices, not another
+  /// timeout (mpi::communicator's destructor). Meant for tests and for programs that log and
+  /// exit on their own.
   /// Native collectives are blocking MPI calls that cannot be interrupted: their timeout
   /// aborts the job under either policy.
   throw_error = 1,
