@@ -70,8 +70,11 @@ struct work_state {
 
 /// A handle to an asynchronous operation (like `c10d::Work` or an MPI request).
 /// A default-constructed `work` is empty and already complete. Copies share the same operation.
+/// The operation reads and writes the caller's buffers until it has finished, and dropping the
+/// handle neither waits nor cancels (as with `c10d::Work`), so the type is [[nodiscard]]: a
+/// call whose handle is ignored draws a compiler warning.
 /// Thread safety: `wait` and `test` may be called from any thread.
-class work {
+class [[nodiscard("wait() on it before the buffers it reads or writes go away")]] work {
  public:
   work() = default;
   /// Wraps a state created by a progress engine.

@@ -23,7 +23,7 @@ namespace ringzero {
 /// - Follows NCCL's ncclAllReduce; avg divides once at the end (see core/reduce_op.hpp).
 inline void all_reduce(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type, reduce_op op,
                        const collective_options& options = {}) {
-  detail::issue(comm, detail::make_request(collective_kind::all_reduce, send, recv, count, type, op, -1, options), false);
+  detail::run_blocking(comm, detail::make_request(collective_kind::all_reduce, send, recv, count, type, op, -1, options));
 }
 
 /// Asynchronous `all_reduce`: returns at once; the operation runs on `comm`'s progress thread in
@@ -40,7 +40,7 @@ void all_reduce(communicator& comm, std::span<const T> send, std::span<T> recv, 
                 const collective_options& options = {}) {
   auto q = detail::make_request(collective_kind::all_reduce, send.data(), recv.data(), recv.size(), dtype_of<T>, op, -1, options);
   q.invalid = detail::span_mismatch(send.size(), recv.size(), recv.size(), recv.size());
-  detail::issue(comm, q, false);
+  detail::run_blocking(comm, q);
 }
 
 /// Typed in-place `all_reduce` of `buffer`.

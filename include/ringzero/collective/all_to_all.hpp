@@ -16,7 +16,7 @@ namespace ringzero {
 /// Errors and thread semantics as `all_reduce`; the result is a copy, bitwise exact.
 inline void all_to_all(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type,
                        const collective_options& options = {}) {
-  detail::issue(comm, detail::make_request(collective_kind::all_to_all, send, recv, count, type, {}, -1, options), false);
+  detail::run_blocking(comm, detail::make_request(collective_kind::all_to_all, send, recv, count, type, {}, -1, options));
 }
 
 /// Asynchronous `all_to_all` (see `all_reduce_async` for the handle's semantics).
@@ -32,7 +32,7 @@ void all_to_all(communicator& comm, std::span<const T> send, std::span<T> recv, 
   const std::uint64_t count = recv.size() / n;
   auto q = detail::make_request(collective_kind::all_to_all, send.data(), recv.data(), count, dtype_of<T>, {}, -1, options);
   q.invalid = detail::span_mismatch(send.size(), count * n, recv.size(), count * n);
-  detail::issue(comm, q, false);
+  detail::run_blocking(comm, q);
 }
 
 }  // namespace ringzero

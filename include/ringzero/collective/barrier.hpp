@@ -10,7 +10,7 @@ namespace ringzero {
 /// Errors: contract_mismatch when another rank called a different collective; timeout naming
 /// the ranks that never arrived; aborted; peer_exited. Thread semantics as `all_reduce`.
 inline void barrier(communicator& comm, const collective_options& options = {}) {
-  detail::issue(comm, detail::make_request(collective_kind::barrier, nullptr, nullptr, 0, dtype::uint8, {}, -1, options), false);
+  detail::run_blocking(comm, detail::make_request(collective_kind::barrier, nullptr, nullptr, 0, dtype::uint8, {}, -1, options));
 }
 
 /// Asynchronous `barrier` (see `all_reduce_async` for the handle's semantics).

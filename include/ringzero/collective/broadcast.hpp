@@ -15,7 +15,7 @@ namespace ringzero {
 /// Errors and thread semantics as `all_reduce`; the result is a copy, bitwise exact.
 inline void broadcast(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type, int root,
                       const collective_options& options = {}) {
-  detail::issue(comm, detail::make_request(collective_kind::broadcast, send, recv, count, type, {}, root, options), false);
+  detail::run_blocking(comm, detail::make_request(collective_kind::broadcast, send, recv, count, type, {}, root, options));
 }
 
 /// Asynchronous `broadcast` (see `all_reduce_async` for the handle's semantics).

@@ -154,4 +154,7 @@ inline work issue(communicator& c, collective_descriptor d, bool async) {
 /// Describes and issues a request (the body of every public collective).
 inline work issue(communicator& c, const collective_request& q, bool async) { return issue(c, describe(c, q), async); }
 
+/// Describes and runs a blocking request: returns once it has finished, rethrowing its error.
+inline void run_blocking(communicator& c, const collective_request& q) { issue(c, q, false).wait(); }
+
 }  // namespace ringzero::detail

@@ -15,7 +15,7 @@ namespace ringzero {
 /// Errors, thread semantics and determinism as `all_reduce`; follows ncclReduce.
 inline void reduce(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type, reduce_op op,
                    int root, const collective_options& options = {}) {
-  detail::issue(comm, detail::make_request(collective_kind::reduce, send, recv, count, type, op, root, options), false);
+  detail::run_blocking(comm, detail::make_request(collective_kind::reduce, send, recv, count, type, op, root, options));
 }
 
 /// Asynchronous `reduce` (see `all_reduce_async` for the handle's semantics).

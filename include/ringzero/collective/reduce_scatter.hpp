@@ -15,7 +15,7 @@ namespace ringzero {
 /// Errors, thread semantics and determinism as `all_reduce`; follows ncclReduceScatter.
 inline void reduce_scatter(communicator& comm, const void* send, void* recv, std::uint64_t recv_count, dtype type,
                            reduce_op op, const collective_options& options = {}) {
-  detail::issue(comm, detail::make_request(collective_kind::reduce_scatter, send, recv, recv_count, type, op, -1, options), false);
+  detail::run_blocking(comm, detail::make_request(collective_kind::reduce_scatter, send, recv, recv_count, type, op, -1, options));
 }
 
 /// Asynchronous `reduce_scatter` (see `all_reduce_async` for the handle's semantics).
@@ -30,7 +30,7 @@ void reduce_scatter(communicator& comm, std::span<const T> send, std::span<T> re
                     const collective_options& options = {}) {
   auto q = detail::make_request(collective_kind::reduce_scatter, send.data(), recv.data(), recv.size(), dtype_of<T>, op, -1, options);
   q.invalid = detail::span_mismatch(send.size(), recv.size() * static_cast<std::uint64_t>(comm.world_size()), recv.size(), recv.size());
-  detail::issue(comm, q, false);
+  detail::run_blocking(comm, q);
 }
 
 }  // namespace ringzero
