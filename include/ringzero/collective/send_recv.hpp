@@ -7,7 +7,11 @@
 /// in order. Two ranks that must exchange data use `sendrecv` (like NCCL's group of a send and a
 /// recv): two blocking sends towards each other would each wait for the other, and fail with
 /// errc::timeout. The sizes of a matched send and receive must be equal: otherwise both ranks
-/// get errc::size_mismatch naming both sizes (case C12), never a partial copy.
+/// get errc::size_mismatch naming both sizes (case C12), never a partial copy. Only byte sizes
+/// are compared (equal sizes of different dtypes pass). Where the sender learns it: in the call
+/// on the local backend and on MPI with the check mode; on MPI without it, the receiver raises
+/// in the call and the sender, whose send MPI may already have completed, at its next call on
+/// the communicator (backend/mpi/communicator.hpp, docs/mpi.md).
 /// Thread semantics: blocking, ordered after the communicator's earlier async operations.
 /// Zero-element transfers still match (and check sizes); null pointers are allowed for them.
 
@@ -39,11 +43,12 @@ inline std::uint64_t transfer_bytes(const communicator& c, const void* buffer, s
 }
 
 /// Runs one transfer on `c`, after its pending async work, naming `kind` in errors.
-inline void transfer(communicator& c, collective_kind kind, const void* send, std::uint64_t send_bytes, int to, void* recv,
-                     std::uint64_t recv_bytes, int from) {
+inline void transfer(communicator& c, collective_kind kind, dtype type, const void* send, std::uint64_t send_bytes, int to,
+                     void* recv, std::uint64_t recv_bytes, int from) {
   c.progress().drain();
   collective_descriptor d;
   d.kind = kind;
+  d.type = type;  // for the backends' messages (element counts)
   current_collective guard(c, &d);
   c.sendrecv(send, send_bytes, to, recv, recv_bytes, from);
 }
@@ -52,19 +57,20 @@ inline void transfer(communicator& c, collective_kind kind, const void* send, st
 
 /// Sends `count` elements of `type` from `buffer` to rank `peer` (!= own rank; use `sendrecv`
 /// to send to oneself). Blocks until `peer` has received them.
-/// Errors: invalid_argument (bad peer, dtype, null buffer, overflow); size_mismatch; timeout;
-/// aborted; peer_exited.
+/// Errors: invalid_argument (bad peer, dtype, null buffer, overflow); size_mismatch;
+/// contract_mismatch (the peer runs another operation, or, with MPI's check mode, does not
+/// post the matching side); timeout; aborted; peer_exited.
 inline void send(communicator& comm, const void* buffer, std::uint64_t count, dtype type, int peer) {
   const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "send");
   if (peer == comm.rank()) comm.raise(errc::invalid_argument, "send to oneself would never complete; use sendrecv");
-  detail::transfer(comm, collective_kind::send, buffer, bytes, peer, nullptr, 0, -1);
+  detail::transfer(comm, collective_kind::send, type, buffer, bytes, peer, nullptr, 0, -1);
 }
 
 /// Receives `count` elements of `type` from rank `peer` into `buffer`. Errors as `send`.
 inline void recv(communicator& comm, void* buffer, std::uint64_t count, dtype type, int peer) {
   const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "recv");
   if (peer == comm.rank()) comm.raise(errc::invalid_argument, "recv from oneself would never complete; use sendrecv");
-  detail::transfer(comm, collective_kind::recv, nullptr, 0, -1, buffer, bytes, peer);
+  detail::transfer(comm, collective_kind::recv, type, nullptr, 0, -1, buffer, bytes, peer);
 }
 
 /// Sends `send_count` elements to `to` and receives `recv_count` elements from `from`,
@@ -76,7 +82,7 @@ inline void sendrecv(communicator& comm, const void* send_buffer, std::uint64_t 
   const std::uint64_t rb = detail::transfer_bytes(comm, recv_buffer, recv_count, type, from, "sendrecv (recv side)");
   if (detail::ranges_overlap(send_buffer, sb, recv_buffer, rb))
     comm.raise(errc::invalid_argument, "sendrecv: send and receive buffers overlap");
-  detail::transfer(comm, collective_kind::send, send_buffer, sb, to, recv_buffer, rb, from);
+  detail::transfer(comm, collective_kind::send, type, send_buffer, sb, to, recv_buffer, rb, from);
 }
 
 /// Asynchronous `send`: queued on `comm`'s progress thread behind its earlier async operations
@@ -87,9 +93,10 @@ inline work send_async(communicator& comm, const void* buffer, std::uint64_t cou
   const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "send");
   if (peer == comm.rank()) comm.raise(errc::invalid_argument, "send to oneself would never complete; use sendrecv");
   communicator* c = &comm;
-  return work(comm.progress().submit([c, buffer, bytes, peer] {
+  return work(comm.progress().submit([c, buffer, bytes, peer, type] {
     collective_descriptor d;
     d.kind = collective_kind::send;
+    d.type = type;
     detail::current_collective guard(*c, &d);
     c->sendrecv(buffer, bytes, peer, nullptr, 0, -1);
   }));
@@ -100,9 +107,10 @@ inline work recv_async(communicator& comm, void* buffer, std::uint64_t count, dt
   const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "recv");
   if (peer == comm.rank()) comm.raise(errc::invalid_argument, "recv from oneself would never complete; use sendrecv");
   communicator* c = &comm;
-  return work(comm.progress().submit([c, buffer, bytes, peer] {
+  return work(comm.progress().submit([c, buffer, bytes, peer, type] {
     collective_descriptor d;
     d.kind = collective_kind::recv;
+    d.type = type;
     detail::current_collective guard(*c, &d);
     c->sendrecv(nullptr, 0, -1, buffer, bytes, peer);
   }));

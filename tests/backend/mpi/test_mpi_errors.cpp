@@ -210,7 +210,101 @@ TEST_CASE("check off: a point-to-point send matched against a collective is a co
   }
 }
 
-TEST_CASE("C12: a send/recv size mismatch is an error on the receiver and then on every rank") {
+// With the check mode on, a send/recv exchanges a small record with its peer before any data
+// moves: both ranks raise the same error naming both amounts (as on the local backend), and the
+// communicator stays usable. (Before, only the receiver raised; the sender's send returned.)
+TEST_CASE("check mode: a send/recv mismatch (C12) raises on both ranks before data moves; the communicator stays usable") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
+  const int r = comm.rank();
+  struct mismatch {
+    const char* name;
+    std::uint64_t send_count;
+    dtype send_type;
+    std::uint64_t recv_count;
+    dtype recv_type;
+    errc code;
+    const char* text;
+  };
+  const mismatch cases[] = {
+      {"the sender sends more", 3, dtype::float32, 1, dtype::float32, errc::size_mismatch,
+       "rank 0 sends 3 float32 (12 bytes) to rank 1 but rank 1 expects 1 float32 (4 bytes) (check mode: no data moved)"},
+      {"the sender sends less", 1, dtype::float32, 3, dtype::float32, errc::size_mismatch,
+       "rank 0 sends 1 float32 (4 bytes) to rank 1 but rank 1 expects 3 float32 (12 bytes)"},
+      {"dtypes of different sizes", 3, dtype::float32, 3, dtype::float64, errc::size_mismatch,
+       "rank 0 sends 3 float32 (12 bytes) to rank 1 but rank 1 expects 3 float64 (24 bytes)"},
+  };
+  SUBCASE("sizes that differ") {
+  for (const mismatch& m : cases) {
+    CAPTURE(m.name);
+    std::vector<double> out(8, 1.0), in(8, -1.0);
+    const auto e = error_of([&] {
+      if (r == 0) send(comm, out.data(), m.send_count, m.send_type, 1);
+      if (r == 1) recv(comm, in.data(), m.recv_count, m.recv_type, 0);
+    });
+    if (r <= 1) {
+      CHECK(e.has_value());  // the sender too
+      if (e) {
+        INFO(std::string(e->what()));
+        CHECK(e->kind() == m.code);
+        CHECK(contains(e->what(), m.text));
+        CHECK(contains(e->what(), "[mpi rank " + std::to_string(r) + "/"));
+      }
+    }
+    if (r == 1) CHECK(in[0] == -1.0);  // nothing landed
+    CHECK_FALSE(comm.aborted());
+    expect_usable(comm);
+  }
+  }
+  SUBCASE("both ranks receive from each other: an error on both instead of a timeout") {
+    std::vector<float> in(4, 0.0f);
+    const auto e = error_of([&] {
+      if (r <= 1) recv(comm, in.data(), 4, dtype::float32, 1 - r);
+    });
+    if (r <= 1) {
+      CHECK(e.has_value());
+      if (e) {
+        INFO(std::string(e->what()));
+        CHECK(e->kind() == errc::contract_mismatch);
+        CHECK(contains(e->what(), "rank 1 receives 4 float32 (16 bytes) from rank 0 but rank 0 does not send to rank 1 "
+                                  "(check mode: no data moved)"));
+      }
+    }
+    expect_usable(comm);
+  }
+  SUBCASE("a matched send/recv still moves the data") {
+    std::vector<std::int64_t> out{1, -2, 3}, in(3, 0);
+    const auto e = error_of([&] {
+      if (r == 0) send(comm, out.data(), 3, dtype::int64, 1);
+      if (r == 1) recv(comm, in.data(), 3, dtype::int64, 0);
+    });
+    CHECK_FALSE(e.has_value());
+    if (r == 1) CHECK(in == out);
+  }
+}
+
+TEST_CASE("check mode: a send against a collective raises contract_mismatch on every rank") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
+  const int r = comm.rank();
+  std::vector<float> v(10, 1.0f);
+  const auto first = error_of([&] {
+    if (r == 0) send(comm, v.data(), 10, dtype::float32, 1);
+    else all_reduce(comm, std::span<float>(v));
+  });
+  CHECK(first.has_value());
+  if (first) {
+    INFO(std::string(first->what()));
+    CHECK(first->kind() == errc::contract_mismatch);
+    if (r == 0) CHECK(contains(first->what(), "rank 1 runs all_reduce #0 while rank 0 runs a point-to-point send with it"));
+    if (r == 1) CHECK(contains(first->what(), "rank 0 runs a point-to-point send/recv with rank 1 while rank 1 runs all_reduce #0"));
+  }
+  CHECK(comm.aborted());
+}
+
+// Without the check nothing is exchanged before the data: the receiver finds the mismatch from
+// the message's size and tag and raises at once, naming both sizes, and aborts the
+// communicator; the sender's send has already returned (MPI completed it: the receiver took the
+// message off the wire to check it), so the sender raises the receiver's error at its next call.
+TEST_CASE("C12 check off: a send/recv size mismatch is an error on the receiver at once, on the sender at its next call") {
   SUBCASE("the sender sends less") {
     mpi::communicator comm(MPI_COMM_WORLD, throwing(false));
     const int r = comm.rank();
@@ -220,6 +314,7 @@ TEST_CASE("C12: a send/recv size mismatch is an error on the receiver and then o
       if (r == 0) send(comm, &one, 1, dtype::float32, 1);
       if (r == 1) recv(comm, three, 3, dtype::float32, 0);
     });
+    if (r == 0) CHECK_FALSE(e.has_value());  // documented: the send completed
     if (r == 1) {
       CHECK(e.has_value());
       if (e) {
@@ -228,9 +323,12 @@ TEST_CASE("C12: a send/recv size mismatch is an error on the receiver and then o
         CHECK(contains(e->what(), "recv: rank 0 sends 4 bytes but rank 1 expects 12 bytes"));
       }
     }
-    const auto later = error_of([&] { barrier(comm); });  // the sender learns at its next wait
+    const auto later = error_of([&] { barrier(comm); });  // the sender learns at its next call
     CHECK(later.has_value());
-    if (later) CHECK(later->kind() == errc::size_mismatch);
+    if (later) {
+      CHECK(later->kind() == errc::size_mismatch);
+      CHECK(contains(later->what(), "rank 0 sends 4 bytes but rank 1 expects 12 bytes"));
+    }
   }
   SUBCASE("the sender sends more") {
     mpi::communicator comm(MPI_COMM_WORLD, throwing(false));

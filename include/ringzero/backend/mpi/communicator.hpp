@@ -19,7 +19,9 @@
 /// every peer and receives theirs, then every rank runs the same `check_contract` and raises
 /// the same error (errc::invalid_argument, errc::contract_mismatch) before any data moves; the
 /// communicator stays usable after such an error. Cost: 2(n-1) small messages per collective
-/// (docs/mpi.md has the measurements).
+/// (docs/mpi.md has the measurements). A point-to-point send/recv exchanges a record with each
+/// of its peers the same way (`exchange_transfer_records`): a size mismatch raises
+/// errc::size_mismatch on both ranks, naming both amounts, before any data moves.
 /// With checking off nothing is exchanged, and still nothing hangs:
 /// - a rank whose own arguments are invalid raises errc::invalid_argument and aborts the
 ///   communicator: a notice on a separate control communicator makes every peer fail with the
@@ -27,7 +29,9 @@
 /// - every data message carries in its tag the collective's sequence number (mod 63) and how
 ///   many slices follow, so ranks that run different collectives fail with
 ///   errc::contract_mismatch and transfers of different sizes with errc::size_mismatch (the
-///   detecting rank aborts the communicator so that the others fail too);
+///   detecting rank aborts the communicator so that the others fail too). The detecting rank
+///   is the receiver: a point-to-point sender whose send MPI already completed returns, and
+///   raises the receiver's error at its next call;
 /// - mismatches that leave all ranks waiting for each other (e.g. different algorithms) end
 ///   in a timeout.
 /// After an abort every call on the communicator fails with the first error's code.
@@ -422,8 +426,20 @@ class communicator final : public ringzero::communicator {
     raise_if_unusable();
   }
 
+  /// A collective's step, or a point-to-point send/recv/sendrecv (the current operation's kind
+  /// is send or recv). In check mode a point-to-point transfer first exchanges records with
+  /// its peers (`exchange_transfer_records`), so that a size mismatch raises
+  /// errc::size_mismatch on both ranks before any data moves.
   void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
                 int from) override {
+    if (check_ && world_size() > 1 && point_to_point()) {
+      check_peer(to, "send to");
+      check_peer(from, "receive from");
+      raise_if_unusable();
+      poll_notices();
+      raise_if_unusable();
+      exchange_transfer_records(send_bytes, to, recv_bytes, from);
+    }
     transfer(send, send_bytes, to, recv, recv_bytes, from, nullptr, nullptr, nullptr);
   }
 
@@ -1188,6 +1204,14 @@ class communicator final : public ringzero::communicator {
     recv_guard.dismiss();
     send_guard.dismiss();
 
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      const auto kind = static_cast<collective_kind>(records_[static_cast<std::size_t>(p)].kind);
+      if (kind == collective_kind::send || kind == collective_kind::recv)
+        fail(errc::contract_mismatch, "rank " + std::to_string(p) + " runs a point-to-point send/recv with rank " +
+                                          std::to_string(me) + " while rank " + std::to_string(me) + " runs " +
+                                          operation_name() + ": the ranks do not run the same operations in the same order");
+    }
     decoded_.resize(static_cast<std::size_t>(n));
     for (int p = 0; p < n; ++p)
       if (p != me) decoded_[static_cast<std::size_t>(p)] = detail::decode(records_[static_cast<std::size_t>(p)]);
@@ -1203,6 +1227,170 @@ class communicator final : public ringzero::communicator {
                                          ringzero::detail::describe_values(values));
     }
     if (auto violation = check_contract(n, get, false)) raise(violation->code, violation->message);
+  }
+
+  /// True when the current operation is a point-to-point send/recv (not a collective's step).
+  bool point_to_point() const noexcept {
+    const collective_descriptor* d = current();
+    return d == nullptr || d->kind == collective_kind::send || d->kind == collective_kind::recv;
+  }
+
+  /// "3 float32 (12 bytes)" for `bytes` bytes of `type` (the bytes alone when they do not divide).
+  static std::string amount_text(std::uint64_t bytes, std::uint8_t type) {
+    const auto t = static_cast<dtype>(type);
+    const std::size_t es = is_valid(t) ? dtype_size(t) : 0;
+    if (es == 0 || bytes % es != 0) return std::to_string(bytes) + " bytes";
+    return std::to_string(bytes / es) + " " + std::string(dtype_name(t)) + " (" + std::to_string(bytes) + " bytes)";
+  }
+
+  /// Check mode, point-to-point: sends each peer of this transfer (`to`, `from`; not this rank)
+  /// a record of what this rank sends to it and receives from it, receives the peer's record,
+  /// and compares both directions before any data moves. Both ranks of a pair compare the same
+  /// two records and raise the same error: errc::size_mismatch naming both amounts and ranks
+  /// when the sizes differ, errc::contract_mismatch when one side does not send (or receive)
+  /// what the other receives (or sends), or when the peer runs a collective instead. A transfer
+  /// with one peer leaves the communicator usable (nothing moved, both ranks raised); a
+  /// sendrecv with two different peers aborts it, so that a third rank waiting for this one's
+  /// data fails too instead of timing out. Dtypes are not compared: equal byte sizes of
+  /// different dtypes pass, as on the local backend. A peer that never posts its side ends in
+  /// errc::timeout naming it.
+  void exchange_transfer_records(std::uint64_t send_bytes, int to, std::uint64_t recv_bytes, int from) {
+    const int me = rank();
+    const collective_descriptor* d = current();
+    const std::uint8_t type = static_cast<std::uint8_t>(d ? d->type : dtype::uint8);
+    if (to == me && from == me) {
+      if (send_bytes != recv_bytes)
+        raise(errc::size_mismatch, "rank " + std::to_string(me) + " sends " + amount_text(send_bytes, type) +
+                                       " to itself but expects " + amount_text(recv_bytes, type));
+    }
+    int peers[2] = {-1, -1};
+    int count = 0;
+    for (int p : {to, from})
+      if (p >= 0 && p != me && (count == 0 || peers[0] != p)) peers[count++] = p;
+    if (count == 0) return;
+    recv_requests_.assign(static_cast<std::size_t>(count), MPI_REQUEST_NULL);
+    send_requests_.assign(static_cast<std::size_t>(count), MPI_REQUEST_NULL);
+    request_guard recv_guard(*this, recv_requests_);
+    request_guard send_guard(*this, send_requests_);
+    {
+      auto lock = mpi_lock();
+      for (int i = 0; i < count; ++i) {
+        const int p = peers[i];
+        detail::wire_descriptor& w = transfer_records_[i];
+        w = detail::wire_descriptor{};
+        w.instance = instance_;
+        w.kind = static_cast<std::uint8_t>(collective_kind::send);
+        w.type = type;
+        w.sends = p == to ? 1 : 0;
+        w.send_bytes = p == to ? send_bytes : 0;
+        w.receives = p == from ? 1 : 0;
+        w.recv_bytes = p == from ? recv_bytes : 0;
+        check(MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(detail::wire_descriptor)), MPI_BYTE, p,
+                        detail::tag_descriptor, control_.get(), &recv_requests_[static_cast<std::size_t>(i)]),
+              "MPI_Irecv (transfer record)");
+        check(MPI_Isend(&w, static_cast<int>(w.wire_bytes()), MPI_BYTE, p, detail::tag_descriptor, control_.get(),
+                        &send_requests_[static_cast<std::size_t>(i)]),
+              "MPI_Isend (transfer record)");
+        ++records_sent_[static_cast<std::size_t>(p)];
+      }
+    }
+    bool arrived[2] = {false, false};
+    auto step = [&]() -> step_result {
+      bool progressed = false, done = true;
+      auto lock = mpi_lock();
+      for (int i = 0; i < count; ++i) {
+        const int p = peers[i];
+        auto& rr = recv_requests_[static_cast<std::size_t>(i)];
+        if (rr != MPI_REQUEST_NULL) {
+          int flag = 0;
+          check(MPI_Test(&rr, &flag, MPI_STATUS_IGNORE), "MPI_Test (transfer record)");
+          if (flag && records_[static_cast<std::size_t>(p)].instance != instance_) {  // a leftover: listen again
+            check(MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(detail::wire_descriptor)),
+                            MPI_BYTE, p, detail::tag_descriptor, control_.get(), &rr),
+                  "MPI_Irecv (transfer record)");
+          } else if (flag) {
+            arrived[i] = true;
+            ++records_received_[static_cast<std::size_t>(p)];
+            progressed = true;
+          }
+        }
+        auto& sr = send_requests_[static_cast<std::size_t>(i)];
+        if (sr != MPI_REQUEST_NULL) {
+          int flag = 0;
+          check(MPI_Test(&sr, &flag, MPI_STATUS_IGNORE), "MPI_Test (transfer record)");
+          if (flag) progressed = true;
+        }
+        done = done && arrived[i] && sr == MPI_REQUEST_NULL;
+      }
+      if (done) return step_result::done;
+      return progressed ? step_result::progressed : step_result::idle;
+    };
+    auto stalled = [&]() -> std::string {
+      for (int i = 0; i < count; ++i) {
+        const int p = peers[i];
+        const auto& peer = peers_[static_cast<std::size_t>(p)];
+        if (!arrived[i] && peer.departed && peer.records_sent_to_me <= records_received_[static_cast<std::size_t>(p)])
+          return departed_text(p) + " and never posted its side of this " + operation_name();
+      }
+      return {};
+    };
+    auto on_timeout = [&]() {
+      std::vector<int> missing;
+      for (int i = 0; i < count; ++i)
+        if (!arrived[i]) missing.push_back(peers[i]);
+      timed_out("timed out after " + seconds_text() + " s in " + operation_name() + ": " +
+                ringzero::detail::describe_ranks(missing) + " never posted the matching side of the transfer (check mode: " +
+                "its record never came)");
+    };
+    poll(step, stalled, deadline(), on_timeout);
+    recv_guard.dismiss();
+    send_guard.dismiss();
+
+    // Each pair compares the same two records, so both ranks write the same message.
+    std::string problem;
+    errc code = errc::size_mismatch;
+    for (int i = 0; i < count && problem.empty(); ++i) {
+      const int p = peers[i];
+      const detail::wire_descriptor& theirs = records_[static_cast<std::size_t>(p)];
+      const auto kind = static_cast<collective_kind>(theirs.kind);
+      if (kind != collective_kind::send && kind != collective_kind::recv) {
+        fail(errc::contract_mismatch,
+             "rank " + std::to_string(p) + " runs " + std::string(collective_name(kind)) + " #" +
+                 std::to_string(theirs.sequence) + " while rank " + std::to_string(me) +
+                 " runs a point-to-point " + operation_name() + " with it: the ranks do not run the same operations in "
+                 "the same order");
+      }
+      // The direction sender -> receiver, in the same words on both ranks.
+      auto direction = [&](int sender, bool sends, std::uint64_t sent, std::uint8_t sent_type, int receiver, bool receives,
+                           std::uint64_t expected, std::uint8_t expected_type) {
+        const std::string rs = "rank " + std::to_string(sender), rr = "rank " + std::to_string(receiver);
+        if (sends && !receives) {
+          code = errc::contract_mismatch;
+          problem = rs + " sends " + amount_text(sent, sent_type) + " to " + rr + " but " + rr + " does not receive from " + rs;
+        } else if (!sends && receives) {
+          code = errc::contract_mismatch;
+          problem = rr + " receives " + amount_text(expected, expected_type) + " from " + rs + " but " + rs +
+                    " does not send to " + rr;
+        } else if (sends && sent != expected) {
+          problem = rs + " sends " + amount_text(sent, sent_type) + " to " + rr + " but " + rr + " expects " +
+                    amount_text(expected, expected_type);
+        }
+      };
+      auto outgoing = [&] { direction(me, p == to, send_bytes, type, p, theirs.receives != 0, theirs.recv_bytes, theirs.type); };
+      auto incoming = [&] { direction(p, theirs.sends != 0, theirs.send_bytes, theirs.type, me, p == from, recv_bytes, type); };
+      // The lower rank's sending direction first, on both ranks.
+      if (me < p) {
+        outgoing();
+        if (problem.empty()) incoming();
+      } else {
+        incoming();
+        if (problem.empty()) outgoing();
+      }
+    }
+    if (problem.empty()) return;
+    problem += " (check mode: no data moved)";
+    if (count > 1) fail(code, problem + "; the communicator is aborted so that no other peer waits for this transfer");
+    raise(code, problem);
   }
 
   // ---- synchronisation and departure --------------------------------------------------------
@@ -1416,6 +1604,7 @@ class communicator final : public ringzero::communicator {
   std::vector<MPI_Request> recv_requests_;
   std::vector<MPI_Request> send_requests_;
   detail::wire_descriptor own_record_;
+  detail::wire_descriptor transfer_records_[2];  ///< check mode: this rank's records of a send/recv
   std::vector<detail::wire_descriptor> records_;
   std::vector<collective_descriptor> decoded_;
   std::vector<char> arrived_;

@@ -51,7 +51,10 @@ constexpr int tag_remaining(int tag) noexcept { return tag % (tag_remaining_cap 
 // ---------------------------------------------------------------- check-mode descriptors
 
 /// One rank's collective descriptor as sent to its peers in check mode: the fields the
-/// contract compares, plus the reason its arguments are invalid (truncated to fit).
+/// contract compares, plus the reason its arguments are invalid (truncated to fit). A
+/// point-to-point transfer (kind send or recv) sends the same record to each peer it sends to
+/// or receives from, saying what it sends to and receives from that peer (`sends`,
+/// `send_bytes`, `receives`, `recv_bytes`; `type` is the call's dtype).
 struct wire_descriptor {
   static constexpr std::size_t max_reason = 448;
   std::uint64_t instance = 0;
@@ -65,6 +68,11 @@ struct wire_descriptor {
   std::uint8_t algo = 0;
   std::uint32_t reason_length = 0;
   std::uint32_t pad = 0;
+  std::uint64_t send_bytes = 0;  ///< point-to-point: bytes the sender sends to the addressee
+  std::uint64_t recv_bytes = 0;  ///< point-to-point: bytes the sender expects from the addressee
+  std::uint8_t sends = 0;        ///< point-to-point: 1 when it sends to the addressee
+  std::uint8_t receives = 0;     ///< point-to-point: 1 when it receives from the addressee
+  std::uint8_t pad2[6] = {};
   char reason[max_reason] = {};
 
   /// Bytes that carry information (the header plus the reason).
@@ -138,8 +146,9 @@ struct notice {
 // ---------------------------------------------------------------- hello
 
 /// The layout of the records above; ranks built with different layouts refuse to make a
-/// communicator together (2: wire_descriptor carries the collective's tag).
-inline constexpr std::int32_t wire_format_version = 2;
+/// communicator together (2: wire_descriptor carries the collective's tag; 3: and the
+/// point-to-point fields of the check mode).
+inline constexpr std::int32_t wire_format_version = 3;
 
 /// What every rank states when a communicator is made; ranks must agree on all of it.
 struct hello_record {
