@@ -297,7 +297,10 @@ class communicator final : public ringzero::communicator {
     } catch (...) {
       all_departed = false;
     }
-    (void)abandon(notice_requests_);
+    if (!abandon(notice_requests_)) {
+      std::vector<std::unique_ptr<detail::notice>> none;
+      keep_notice_bodies(none);
+    }
     if (!all_departed && world_size() > 1) {
       std::vector<char> departed(static_cast<std::size_t>(world_size()), 0);
       for (int p = 0; p < world_size(); ++p)
@@ -810,6 +813,15 @@ class communicator final : public ringzero::communicator {
 
   /// Gives up the staging memory (deliberately leaked: an abandoned receive may still write it).
   void poison_staging() noexcept { (void)staging_.release(); }
+
+  /// After `abandon` freed a notice send that was still active, MPI may read its body later
+  /// (a transport that sends from the user's buffer, to a peer that takes it late): the bodies
+  /// of `bodies` and of every abort notice (`notices_`) are then never freed (a few KiB, once
+  /// per failed communicator), so that the peer cannot receive freed memory as counts or text.
+  void keep_notice_bodies(std::vector<std::unique_ptr<detail::notice>>& bodies) noexcept {
+    for (auto& b : bodies) (void)b.release();
+    for (auto& b : notices_) (void)b.release();
+  }
 
   /// Abandons `requests` unless dismissed (an exception left the wait); with `staging`, a
   /// receive that could not be finished poisons the staging memory.
@@ -1502,7 +1514,7 @@ class communicator final : public ringzero::communicator {
     // may wait 200 ms.
     sends.insert(sends.end(), notice_requests_.begin(), notice_requests_.end());
     notice_requests_.clear();
-    (void)abandon(sends);
+    if (!abandon(sends)) keep_notice_bodies(bodies);
     return all_departed;
   }
 
