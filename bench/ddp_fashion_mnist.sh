@@ -21,11 +21,12 @@ set -euo pipefail
 build=build-release  # the release build that scripts/main.sh makes
 epochs=10
 json=""
+json_option=""  # -o as given, for the printed command
 while getopts "B:e:o:h" opt; do
   case "$opt" in
     B) build=$OPTARG ;;
     e) epochs=$OPTARG ;;
-    o) json=$OPTARG ;;
+    o) json=$OPTARG; json_option=" -o $OPTARG" ;;
     h) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) exit 1 ;;
   esac
@@ -70,7 +71,7 @@ cat << MD
 
 ### DDP on Fashion-MNIST: 2 ranks vs 1 rank ($epochs epochs)
 
-- command: \`bench/ddp_fashion_mnist.sh -B $build${*:+ -- $*}\` (runs \`${exe#./} ${args[*]}\`)
+- command: \`bench/ddp_fashion_mnist.sh -B $build -e $epochs$json_option${*:+ -- $*}\` (runs \`${exe#./} ${args[*]}\`)
 - machine: ${cpu:-unknown CPU}, $(nproc) cores, $(uname -sr); date: $(date -u +%Y-%m-%d)
 
 | | 1 rank | 2 ranks | target |

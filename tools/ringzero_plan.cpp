@@ -480,7 +480,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--show-rank", o.show_rank, "List the parameter fragments this rank owns");
   app.add_flag("--json", o.json, "Print JSON instead of tables");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // A value that does not convert or is out of range is a bad option value: status 1, as for
+    // the values checked below; help, unknown and missing options keep CLI11's status.
+    const int status = app.exit(e);
+    return dynamic_cast<const CLI::ValidationError*>(&e) || dynamic_cast<const CLI::ConversionError*>(&e) ? 1 : status;
+  }
 
   try {
     if (o.model.empty() && o.model_file.empty()) throw usage_error("give --model NAME or --model-file PATH");
@@ -491,7 +498,7 @@ int main(int argc, char** argv) {
       if (!p) {
         std::string names;
         for (auto n : ringzero::zero::preset_names) names += (names.empty() ? "" : ", ") + std::string(n);
-        throw usage_error("unknown model '" + o.model + "' (built-in: " + names + ")");
+        throw usage_error("unknown model '" + o.model + "' (built-in: " + names + "; a JSON model file is given with --model-file PATH)");
       }
       params = std::move(*p);
       model_name = o.model;

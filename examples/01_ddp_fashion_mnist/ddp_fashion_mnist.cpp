@@ -109,6 +109,7 @@ struct options {
   std::string json_path;
   bool progress = true;
   std::vector<int> hidden = {256, 128};
+  std::vector<std::string> hidden_lists;  // --hidden as given: widths, or comma-separated lists of them (ex::hidden_widths_check)
   double min_accuracy = 0.0;  // exit with status 3 when a run ends below it (for tests)
   std::string device = "cpu";  // cpu or cuda
 };
@@ -596,9 +597,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data_dir, "directory with the Fashion-MNIST .gz files");
   app.add_option("--json", o.json_path, "write the metrics to this JSON file");
   app.add_flag("--progress,!--no-progress", o.progress, "progress bar when stdout is a terminal (default on)");
-  app.add_option("--hidden", o.hidden, "hidden layer widths, each from 1 to 65536 (default 256 128)")
-      ->check(ex::whole_number())
-      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--hidden", o.hidden_lists,
+                 "hidden layer widths, each from 1 to 65536, separated by spaces or commas (default 256 128, or 256,128)")
+      ->check(ex::hidden_widths_check());
   app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if a run's final test accuracy (0 to 1) is lower")
       ->check(accuracy_range);
   app.add_option("--device", o.device,
@@ -608,6 +609,7 @@ int main(int argc, char** argv) {
                  "cuda fails at once with exit status 1 and says why")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
+  if (!o.hidden_lists.empty()) o.hidden = ex::hidden_widths(o.hidden_lists);
 
   int process_rank = 0;  // under --backend mpi only rank 0 prints and writes the JSON file
   try {

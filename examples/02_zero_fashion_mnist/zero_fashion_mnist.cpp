@@ -84,7 +84,7 @@ struct options {
   double clip_norm = 0.0;
   std::uint64_t seed = 1;
   std::vector<int> hidden = {256, 128};
-  std::vector<std::string> hidden_lists;  // --hidden as given: comma-separated widths (checked by hidden_widths_check)
+  std::vector<std::string> hidden_lists;  // --hidden as given: widths, or comma-separated lists of them (ex::hidden_widths_check)
   bool deep = false;
   bool prefetch = true;
   int max_inflight = 2;
@@ -177,22 +177,6 @@ void check_optimizer_options(const options& o) {
   const std::string momentum = opt.kind == zero::optimizer_kind::sgd ? fmt::format(" --momentum {}", opt.momentum) : "";
   throw rz::error(rz::errc::invalid_argument, fmt::format("--optimizer {} --lr {} --weight-decay {}{}: {}", o.optimizer, opt.lr,
                                                           opt.weight_decay, momentum, problem));
-}
-
-/// The widest hidden layer --hidden accepts (as example 01).
-constexpr std::uint64_t max_hidden_width = 1 << 16;
-
-/// A CLI11 check of one --hidden value: widths from 1 to max_hidden_width separated by commas,
-/// without empty items.
-CLI::Validator hidden_widths_check() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        const ex::whole_number_list widths = ex::parse_whole_number_list(text, 1, max_hidden_width);
-        if (!widths.refused) return {};
-        return "'" + text + "' is not a list of layer widths from 1 to 65536 separated by commas ('" + *widths.refused +
-               "' is not such a width)";
-      },
-      "WIDTHS");
 }
 
 /// Weights and biases of an MLP with layer widths `widths`.
@@ -697,7 +681,7 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", o.hidden_lists,
                  "hidden layer widths, each from 1 to 65536, separated by commas, e.g. 512,512,256,256,128 (default 256,128); "
                  "one gather unit per layer")
-      ->check(hidden_widths_check());
+      ->check(ex::hidden_widths_check());
   app.add_flag("--deep", o.deep, "the six-layer MLP 784-512-512-256-256-128-10 (same as --hidden 512,512,256,256,128)");
   app.add_flag("--prefetch,!--no-prefetch", o.prefetch, "stage 3: gather the next unit while this one computes (default on)");
   app.add_option("--max-inflight-reductions", o.max_inflight, "stages 2-3: gradient reductions in flight at once (default 2)")
@@ -717,11 +701,7 @@ int main(int argc, char** argv) {
   app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if the final test accuracy (0 to 1) is lower")
       ->check(ex::number_check({.low = 0, .high = 1}, "an accuracy from 0 to 1", "ACCURACY"));
   CLI11_PARSE(app, argc, argv);
-  if (!o.hidden_lists.empty()) {
-    o.hidden.clear();
-    for (const std::string& list : o.hidden_lists)
-      for (std::uint64_t w : ex::parse_whole_number_list(list, 1, max_hidden_width).values) o.hidden.push_back(static_cast<int>(w));
-  }
+  if (!o.hidden_lists.empty()) o.hidden = ex::hidden_widths(o.hidden_lists);
   if (o.deep) o.hidden = deep_hidden;
 
   try {

@@ -120,4 +120,30 @@ inline whole_number_list parse_whole_number_list(const std::string& text, std::u
   }
 }
 
+/// The widest hidden layer the examples' --hidden accepts.
+inline constexpr std::uint64_t max_hidden_width = 1 << 16;
+
+/// The CLI11 check of one --hidden value: widths from 1 to `max_hidden_width` separated by
+/// commas, without empty items ("5,,5" and "64," are refused, naming the value and the item).
+inline CLI::Validator hidden_widths_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const whole_number_list widths = parse_whole_number_list(text, 1, max_hidden_width);
+        if (!widths.refused) return {};
+        return "'" + text + "' is not a list of layer widths from 1 to 65536 separated by commas ('" + *widths.refused +
+               "' is not such a width)";
+      },
+      "WIDTHS");
+}
+
+/// The hidden layer widths of --hidden values that passed `hidden_widths_check`, in order: the
+/// examples take widths as separate values (`--hidden 64 32`), as comma-separated lists
+/// (`--hidden 64,32`), or both.
+inline std::vector<int> hidden_widths(const std::vector<std::string>& values) {
+  std::vector<int> widths;
+  for (const std::string& list : values)
+    for (std::uint64_t w : parse_whole_number_list(list, 1, max_hidden_width).values) widths.push_back(static_cast<int>(w));
+  return widths;
+}
+
 }  // namespace ringzero::examples

@@ -36,7 +36,8 @@ def main() -> int:
         ("--min-accuracy", "nan"), ("--min-accuracy", "inf"), ("--min-accuracy", "1.5"), ("--min-accuracy", "-0.1"),
         ("--seed", "-1"), ("--seed", "18446744073709551616"), ("--seed", "010"),
         ("--train-subset", "-1"), ("--train-subset", "99999999999999999999999"), ("--test-subset", "-5"),
-        ("--hidden", "0"), ("--hidden", "-5"), ("--hidden", "65537"),
+        ("--hidden", "0"), ("--hidden", "-5"), ("--hidden", "65537"), ("--hidden", "5,,5"), ("--hidden", "64,"),
+        ("--hidden", "64,0"),
         ("--epochs", "1e3"), ("--epochs", "nan"), ("--ranks", "+2"), ("--ranks", "0x2"), ("--batch-size", " 8"),
         ("--accumulate", "-1"), ("--global-batch", "1e30"),
     ]
@@ -87,6 +88,14 @@ def main() -> int:
                 check(got == limits, f"{args}: bucket byte limits {got}, expected {limits}")
                 got = out["runs"][0]["buckets"]
                 check(got == buckets, f"{args}: {got} bucket(s), expected {buckets}")
+            # --hidden takes widths separated by spaces or by commas (as example 02).
+            for args in (["--hidden", "16", "8"], ["--hidden", "16,8"]):
+                p = run(trainer, *args, "--epochs", "1", "--train-subset", "1000", "--test-subset", "500",
+                        "--no-progress", "--data", DATA, "--json", path)
+                if check(p.returncode == 0, f"{args}: exit status {p.returncode}"):
+                    with open(path) as f:
+                        got = json.load(f)["config"]["hidden"]
+                    check(got == [16, 8], f"{args}: hidden {got}, expected [16, 8]")
 
     return finish()
 
