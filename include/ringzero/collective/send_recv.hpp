@@ -2,11 +2,12 @@
 /// @file
 /// Point-to-point transfers: send, recv and sendrecv (ncclSend / ncclRecv semantics).
 ///
-/// A send completes when its receiver has taken the data (rendezvous; on the local backend the
-/// receiver copies straight from the sender's buffer). Transfers between a pair of ranks match
-/// in order. Two ranks that must exchange data use `sendrecv` (like NCCL's group of a send and a
-/// recv): two blocking sends towards each other would each wait for the other, and fail with
-/// errc::timeout. The sizes of a matched send and receive must be equal: otherwise both ranks
+/// A send completes when its buffer may be reused: on the local backend once the receiver has
+/// copied straight from it (a rendezvous); on MPI once MPI has taken the data, which for a
+/// small message may be before the receiver posts its receive. Transfers between a pair of
+/// ranks match in order. Two ranks that must exchange data use `sendrecv` (like NCCL's group of
+/// a send and a recv): two blocking sends towards each other would each wait for the other (on
+/// the local backend always, on MPI above its eager size), and fail with errc::timeout. The sizes of a matched send and receive must be equal: otherwise both ranks
 /// get errc::size_mismatch naming both sizes (case C12), never a partial copy. Only byte sizes
 /// are compared (equal sizes of different dtypes pass). Where the sender learns it: in the call
 /// on the local backend and on MPI with the check mode; on MPI without it, the receiver raises
@@ -56,7 +57,9 @@ inline void transfer(communicator& c, collective_kind kind, dtype type, const vo
 }  // namespace detail
 
 /// Sends `count` elements of `type` from `buffer` to rank `peer` (!= own rank; use `sendrecv`
-/// to send to oneself). Blocks until `peer` has received them.
+/// to send to oneself). Returns once `buffer` may be reused: on the local backend when `peer`
+/// has copied the data; on MPI when MPI has taken it (a small message may be buffered before
+/// `peer` posts its receive; the check mode first waits for `peer`'s matching record).
 /// Errors: invalid_argument (bad peer, dtype, null buffer, overflow); size_mismatch;
 /// contract_mismatch (the peer runs another operation, or, with MPI's check mode, does not
 /// post the matching side); timeout; aborted; peer_exited.
