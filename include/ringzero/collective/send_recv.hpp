@@ -11,7 +11,7 @@
 /// get errc::size_mismatch naming both sizes (case C12), never a partial copy. Only byte sizes
 /// are compared (equal sizes of different dtypes pass). Where the sender learns it: in the call
 /// on the local backend and on MPI with the check mode; on MPI without it, the receiver raises
-/// in the call and the sender, whose send MPI may already have completed, at its next call on
+/// in the call and the sender, whose send MPI may already have completed, at a later call on
 /// the communicator (backend/mpi/communicator.hpp, docs/mpi.md).
 /// Thread semantics: blocking, ordered after the communicator's earlier async operations.
 /// Zero-element transfers still match (and check sizes); null pointers are allowed for them.
@@ -77,12 +77,20 @@ inline void recv(communicator& comm, void* buffer, std::uint64_t count, dtype ty
 }
 
 /// Sends `send_count` elements to `to` and receives `recv_count` elements from `from`,
-/// concurrently (`to` and `from` may be the own rank). `send` and `recv` must not overlap.
-/// Errors as `send`.
+/// concurrently. `to` and `from` may both be the own rank (a copy to oneself), not one alone:
+/// a send to oneself is received only by the same call's receive from oneself (otherwise, as
+/// with `send` to oneself, nothing would ever take it, and on MPI a later call's receive from
+/// oneself would get this call's data). `send` and `recv` must not overlap. Errors as `send`.
 inline void sendrecv(communicator& comm, const void* send_buffer, std::uint64_t send_count, int to, void* recv_buffer,
                      std::uint64_t recv_count, int from, dtype type) {
   const std::uint64_t sb = detail::transfer_bytes(comm, send_buffer, send_count, type, to, "sendrecv (send side)");
   const std::uint64_t rb = detail::transfer_bytes(comm, recv_buffer, recv_count, type, from, "sendrecv (recv side)");
+  if ((to == comm.rank()) != (from == comm.rank()))
+    comm.raise(errc::invalid_argument,
+               "sendrecv: to " + std::to_string(to) + " and from " + std::to_string(from) + ": " +
+                   (to == comm.rank() ? std::string("a send to oneself needs the same call's receive from oneself (from == ")
+                                      : std::string("a receive from oneself needs the same call's send to oneself (to == ")) +
+                   std::to_string(comm.rank()) + "); nothing else " + (to == comm.rank() ? "receives" : "sends") + " it");
   if (detail::ranges_overlap(send_buffer, sb, recv_buffer, rb))
     comm.raise(errc::invalid_argument, "sendrecv: send and receive buffers overlap");
   detail::transfer(comm, collective_kind::send, type, send_buffer, sb, to, recv_buffer, rb, from);

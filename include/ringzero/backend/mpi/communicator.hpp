@@ -31,7 +31,8 @@
 ///   errc::contract_mismatch and transfers of different sizes with errc::size_mismatch (the
 ///   detecting rank aborts the communicator so that the others fail too). The detecting rank
 ///   is the receiver: a point-to-point sender whose send MPI already completed returns, and
-///   raises the receiver's error at its next call;
+///   raises the receiver's error at a later call (its next one that waits for a peer, or one that
+///   starts or ends after the receiver's abort notice arrived);
 /// - mismatches that leave all ranks waiting for each other (e.g. different algorithms) end
 ///   in a timeout.
 /// After an abort every call on the communicator fails with the first error's code.
@@ -432,18 +433,28 @@ class communicator final : public ringzero::communicator {
   /// A collective's step, or a point-to-point send/recv/sendrecv (the current operation's kind
   /// is send or recv). In check mode a point-to-point transfer first exchanges records with
   /// its peers (`exchange_transfer_records`), so that a size mismatch raises
-  /// errc::size_mismatch on both ranks before any data moves.
+  /// errc::size_mismatch on both ranks before any data moves. A point-to-point transfer, like
+  /// a collective (`begin`, `end`), looks for an abort notice before it starts and after it
+  /// completes: a rank that arrives after its peer gave up (a timeout under throw_error) must
+  /// fail, not receive what the peer's abandoned send still points at (MPI may complete a
+  /// freed send request later, reading the buffer the caller has since reused) or return from
+  /// a send that nobody will take.
   void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
                 int from) override {
-    if (check_ && world_size() > 1 && point_to_point()) {
+    const bool p2p = world_size() > 1 && point_to_point();
+    if (p2p) {
       check_peer(to, "send to");
       check_peer(from, "receive from");
       raise_if_unusable();
       poll_notices();
       raise_if_unusable();
-      exchange_transfer_records(send_bytes, to, recv_bytes, from);
+      if (check_) exchange_transfer_records(send_bytes, to, recv_bytes, from);
     }
     transfer(send, send_bytes, to, recv, recv_bytes, from, nullptr, nullptr, nullptr);
+    if (p2p) {
+      poll_notices();
+      raise_if_unusable();
+    }
   }
 
   void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
