@@ -649,6 +649,34 @@ class communicator final : public ringzero::communicator {
     if (rc != MPI_SUCCESS) raise(errc::backend_failure, std::string(what) + " failed: " + detail::error_string(rc));
   }
 
+  /// Tests the receive of rank `p`'s record (into `records_[p]`) on `request`: true once this
+  /// communicator's record has arrived (counted in `records_received_`). A record of an older
+  /// communicator on a reused MPI context is dropped and listened for again. `test_what` and
+  /// `irecv_what` name the MPI calls in errors. Called under the MPI lock.
+  bool record_arrived(int p, MPI_Request& request, const char* test_what, const char* irecv_what) {
+    if (request == MPI_REQUEST_NULL) return false;
+    int flag = 0;
+    check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), test_what);
+    if (!flag) return false;
+    detail::wire_descriptor& record = records_[static_cast<std::size_t>(p)];
+    if (record.instance != instance_) {
+      check(MPI_Irecv(&record, static_cast<int>(sizeof(detail::wire_descriptor)), MPI_BYTE, p, detail::tag_descriptor,
+                      control_.get(), &request),
+            irecv_what);
+      return false;
+    }
+    ++records_received_[static_cast<std::size_t>(p)];
+    return true;
+  }
+
+  /// Tests the send `request`: true when it completed in this call. Called under the MPI lock.
+  bool send_completed(MPI_Request& request, const char* what) {
+    if (request == MPI_REQUEST_NULL) return false;
+    int flag = 0;
+    check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), what);
+    return flag != 0;
+  }
+
   std::string seconds_text() const {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g", timeout().count());
@@ -1182,28 +1210,12 @@ class communicator final : public ringzero::communicator {
       bool progressed = false;
       auto lock = mpi_lock();
       for (int p = 0; p < n; ++p) {
-        auto& rr = recv_requests_[static_cast<std::size_t>(p)];
-        if (rr != MPI_REQUEST_NULL) {
-          int flag = 0;
-          check(MPI_Test(&rr, &flag, MPI_STATUS_IGNORE), "MPI_Test (descriptor)");
-          if (flag && records_[static_cast<std::size_t>(p)].instance != instance_) {
-            // A leftover of an older communicator on a reused MPI context: drop it, listen again.
-            check(MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(detail::wire_descriptor)),
-                            MPI_BYTE, p, detail::tag_descriptor, control_.get(), &rr),
-                  "MPI_Irecv (descriptor)");
-          } else if (flag) {
-            arrived[static_cast<std::size_t>(p)] = 1;
-            ++records_received_[static_cast<std::size_t>(p)];
-            --pending;
-            progressed = true;
-          }
+        if (record_arrived(p, recv_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)", "MPI_Irecv (descriptor)")) {
+          arrived[static_cast<std::size_t>(p)] = 1;
+          --pending;
+          progressed = true;
         }
-        auto& sr = send_requests_[static_cast<std::size_t>(p)];
-        if (sr != MPI_REQUEST_NULL) {
-          int flag = 0;
-          check(MPI_Test(&sr, &flag, MPI_STATUS_IGNORE), "MPI_Test (descriptor)");
-          if (flag) progressed = true;
-        }
+        if (send_completed(send_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)")) progressed = true;
       }
       if (pending == 0 && std::all_of(send_requests_.begin(), send_requests_.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; }))
         return step_result::done;
@@ -1323,26 +1335,13 @@ class communicator final : public ringzero::communicator {
       auto lock = mpi_lock();
       for (int i = 0; i < count; ++i) {
         const int p = peers[i];
-        auto& rr = recv_requests_[static_cast<std::size_t>(i)];
-        if (rr != MPI_REQUEST_NULL) {
-          int flag = 0;
-          check(MPI_Test(&rr, &flag, MPI_STATUS_IGNORE), "MPI_Test (transfer record)");
-          if (flag && records_[static_cast<std::size_t>(p)].instance != instance_) {  // a leftover: listen again
-            check(MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(detail::wire_descriptor)),
-                            MPI_BYTE, p, detail::tag_descriptor, control_.get(), &rr),
-                  "MPI_Irecv (transfer record)");
-          } else if (flag) {
-            arrived[i] = true;
-            ++records_received_[static_cast<std::size_t>(p)];
-            progressed = true;
-          }
+        if (record_arrived(p, recv_requests_[static_cast<std::size_t>(i)], "MPI_Test (transfer record)",
+                           "MPI_Irecv (transfer record)")) {
+          arrived[i] = true;
+          progressed = true;
         }
         auto& sr = send_requests_[static_cast<std::size_t>(i)];
-        if (sr != MPI_REQUEST_NULL) {
-          int flag = 0;
-          check(MPI_Test(&sr, &flag, MPI_STATUS_IGNORE), "MPI_Test (transfer record)");
-          if (flag) progressed = true;
-        }
+        if (send_completed(sr, "MPI_Test (transfer record)")) progressed = true;
         done = done && arrived[i] && sr == MPI_REQUEST_NULL;
       }
       if (done) return step_result::done;

@@ -200,9 +200,9 @@ inline writer_state judge_writer(const std::string& writer, long* pid_out = null
 #if defined(__unix__)
   const std::size_t last = writer.rfind('/');
   const std::size_t before = last == std::string::npos || last == 0 ? std::string::npos : writer.rfind('/', last - 1);
-  if (before == std::string::npos || writer.substr(0, before) != this_machine_and_namespace() ||
-      this_machine_and_namespace().empty())
-    return writer_state::unknown;
+  if (before == std::string::npos) return writer_state::unknown;
+  const std::string here = this_machine_and_namespace();
+  if (here.empty() || writer.compare(0, before, here) != 0) return writer_state::unknown;
   long pid = 0;
   unsigned long long start = 0;
   try {
