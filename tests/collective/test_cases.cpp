@@ -1,4 +1,4 @@
-// The cases of shared/cases/README.md that apply to collectives (C1-C12), each on every
+// The cases of shared/cases/README.md that apply to collectives (C1-C12, C22), each on every
 // algorithm (ring, direct, halving_doubling), in place and out of place where both exist.
 // C11 (64-bit schedules) is also unit-tested in tests/core/test_partition.cpp; what is added
 // here: the reduce_scatter/all_gather block partitions, both ring schedules, the
@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <vector>
 
+#include "../backend/float32_accumulation_checks.hpp"
 #include "harness.hpp"
 #include "reference.hpp"
 #include "ringzero/algorithm/partition.hpp"
@@ -515,3 +517,28 @@ TEST_CASE("direct all_reduce of large float sums (the fused streaming loop): 2, 
         }
 }
 
+
+TEST_CASE("C22: 16-bit sums, averages and premul_sums accumulate in float32 and round once, on every algorithm") {
+  // C22 literally at world 8 (0.12890625) and world 4 (30000), scaled to worlds 2, 3, 5; and
+  // inputs with exact float32 sums: all_reduce, reduce_scatter and reduce return the same bits
+  // on ring, direct and halving_doubling (tests/backend/float32_accumulation_checks.hpp).
+  std::uint64_t checked = 0, rounding_differs = 0;
+  for (int n : {2, 3, 4, 5, 8}) {
+    INFO("world " << n);
+    std::mutex m;
+    std::vector<std::string> failures;
+    const std::string error = rzt::launch_world(n, [&](communicator& comm) {
+      const ringzero_test::accumulation_report report = ringzero_test::run_float32_accumulation_checks(comm);
+      std::lock_guard<std::mutex> lock(m);
+      failures.insert(failures.end(), report.failures.begin(), report.failures.end());
+      checked += report.checked;
+      rounding_differs += report.rounding_differs;
+    }, 120.0);
+    REQUIRE(error.empty());
+    for (const auto& f : failures) FAIL_CHECK(f);
+    CHECK(failures.empty());
+  }
+  CHECK(checked > 0);
+  // the inputs do separate the two arithmetics: 16-bit partial sums would differ somewhere
+  CHECK(rounding_differs > checked / 20);
+}

@@ -17,6 +17,7 @@ enum scratch_slot : int {
   scratch_tile = 0,         ///< direct: one tile of partial results
   scratch_accumulator = 1,  ///< ring / halving-doubling: partial sums that are not the output
   scratch_scaled = 2,       ///< premul_sum: this rank's input multiplied by its scalar
+  scratch_widened = 3,      ///< 16-bit sums: the float32 copy of the input (float32_accumulation.hpp)
 };
 
 /// One collective as an algorithm sees it.

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// `data_ops`: the work an algorithm does on its own rank's memory (copy, combine, scale), kept
+/// `data_ops`: the work an algorithm does on its own rank's memory (copy, combine, scale, cast), kept
 /// apart from the transfers so that one schedule serves host memory and CUDA device memory.
 /// `host_data_ops` runs the host primitives on the calling thread; a device implementation
 /// enqueues kernels on the communicator's stream.
@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "ringzero/backend/communicator.hpp"
+#include "ringzero/primitive/cast.hpp"
 #include "ringzero/primitive/copy.hpp"
 #include "ringzero/primitive/reduce.hpp"
 #include "ringzero/primitive/sum_broadcast.hpp"
@@ -25,6 +26,10 @@ class data_ops {
                       const primitive::reduce_spec& spec) const = 0;
   /// `dst = scalar * src` with premul_sum's arithmetic.
   virtual void scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar) const = 0;
+  /// Converts `count` elements of `src_type` at `src` into `dst_type` at `dst` with
+  /// primitive/cast.hpp's rules (the 16-bit types' float32 accumulation widens and narrows
+  /// with it). `dst` and `src` must not overlap unless equal with equal element sizes.
+  virtual void cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count) const = 0;
   /// A combine for `sendrecv_reduce` applying `*spec` (which must outlive every use).
   virtual combine_fn combine(const primitive::reduce_spec* spec) const = 0;
   /// Orders this rank's writes before a later release (streaming stores need a fence).
@@ -52,6 +57,9 @@ class host_data_ops final : public data_ops {
   }
   void scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar) const override {
     primitive::scale_into(dst, src, count, type, scalar);
+  }
+  void cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count) const override {
+    primitive::cast_into(dst, dst_type, src, src_type, count);
   }
   combine_fn combine(const primitive::reduce_spec* spec) const override {
     combine_fn f;

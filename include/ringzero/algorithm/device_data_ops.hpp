@@ -2,7 +2,7 @@
 /// @file
 /// `device_data_ops`: the `data_ops` of a communicator whose buffers live in CUDA device memory.
 /// Every operation is enqueued on the communicator's stream (copies with cudaMemcpyAsync,
-/// combines and scaling with the CUDA primitives) and returns at once, so a schedule (ring,
+/// combines, scaling and casts with the CUDA primitives) and returns at once, so a schedule (ring,
 /// halving_doubling) issues a whole collective without waiting for the device; the backend
 /// orders the transfers between ranks with CUDA events (backend/local/cuda_communicator.hpp) or
 /// on the stream itself (NCCL).
@@ -46,6 +46,9 @@ class device_data_ops final : public data_ops {
   }
   void scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar) const override {
     check(kernels_.scale(dst, src, count, type, scalar, stream_), "device scale");
+  }
+  void cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count) const override {
+    check(kernels_.cast(dst, dst_type, src, src_type, count, stream_), "device cast");
   }
   combine_fn combine(const primitive::reduce_spec* spec) const override {
     bound_.push_back(bound_combine{this, spec});

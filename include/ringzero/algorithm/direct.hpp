@@ -12,6 +12,8 @@
 /// float32 or float64 skips the tile altogether (primitive/sum_broadcast.hpp: the inputs are
 /// summed in registers and streamed to every output in one pass, the same bits but for which
 /// payload a sum of two NaNs keeps).
+/// float16 / bfloat16 sum, avg and premul_sum accumulate the tile in float32 (each input
+/// widened tile by tile) and round once when writing the output (float32_accumulation.hpp).
 /// Determinism: inputs are combined in rank order 0..n-1, so results are identical run to run
 /// and bitwise identical on every rank.
 
@@ -20,6 +22,7 @@
 #include <cstdint>
 
 #include "ringzero/algorithm/call.hpp"
+#include "ringzero/algorithm/float32_accumulation.hpp"
 
 namespace ringzero::algorithms {
 
@@ -30,10 +33,60 @@ inline std::uint64_t direct_tile_elements(std::size_t element_size) noexcept {
   return std::max<std::uint64_t>(1, 8192 / element_size);
 }
 
-/// Reduces elements [first, first + len) of every rank's input (input of rank q starts at
-/// `input_of(q)`) into `tile`, combining in rank order and finishing with the final spec.
+/// The tile of partial results: `elements` of the collective's dtype, or of float32 with a
+/// second float32 tile (`widened`) for each input in turn when the collective accumulates in
+/// float32.
+struct direct_tile {
+  void* acc = nullptr;
+  void* widened = nullptr;
+  std::uint64_t elements = 0;
+};
+
+/// The tile for `c`, in the scratch slot scratch_tile.
+inline direct_tile make_direct_tile(const call& c) {
+  if (!accumulates_in_float32(c.d, c.n())) {
+    const std::uint64_t elements = direct_tile_elements(c.element_size());
+    return {c.comm.scratch(scratch_tile, static_cast<std::size_t>(c.bytes(elements))), nullptr, elements};
+  }
+  const std::uint64_t elements = direct_tile_elements(sizeof(float));
+  auto* p = static_cast<unsigned char*>(c.comm.scratch(scratch_tile, static_cast<std::size_t>(2 * elements * sizeof(float))));
+  return {p, p + elements * sizeof(float), elements};
+}
+
+/// direct_fold for a float16 / bfloat16 sum, avg or premul_sum: every input widened into
+/// `t.widened` and combined into `t.acc` in float32 (premul_sum: each input times its scalar in
+/// float32; avg: the float32 sum divided by n in float32).
 template <class InputOf>
-void direct_fold(const call& c, void* tile, std::uint64_t first, std::uint64_t len, InputOf&& input_of) {
+void direct_fold_float32(const call& c, const direct_tile& t, std::uint64_t first, std::uint64_t len, InputOf&& input_of) {
+  const int n = c.n();
+  const bool premul = c.d.op.kind == reduce_kind::premul_sum;
+  primitive::reduce_spec s;
+  s.type = dtype::float32;
+  s.kind = c.d.op.kind;
+  s.pre_b = premul;
+  const std::int64_t divisor = c.d.op.kind == reduce_kind::avg ? n : 0;
+  c.ops.cast(t.acc, dtype::float32, c.at(input_of(0), first), c.d.type, len);
+  if (premul) c.ops.scale(t.acc, t.acc, len, dtype::float32, c.comm.peer_descriptor(0)->op.scalar);
+  for (int q = 1; q < n; ++q) {
+    c.ops.cast(t.widened, dtype::float32, c.at(input_of(q), first), c.d.type, len);
+    s.scalar_b = c.comm.peer_descriptor(q)->op.scalar;
+    s.divisor = q == n - 1 ? divisor : 0;
+    c.ops.reduce(t.acc, t.acc, t.widened, len, s);
+  }
+}
+
+/// Writes `len` finished elements of `t` to `dst` (narrowed when the tile is float32).
+inline void direct_store(const call& c, const direct_tile& t, void* dst, std::uint64_t len, bool streaming) {
+  if (t.widened != nullptr) c.ops.cast(dst, c.d.type, t.acc, dtype::float32, len);
+  else c.ops.copy(dst, t.acc, c.bytes(len), streaming);
+}
+
+/// Reduces elements [first, first + len) of every rank's input (input of rank q starts at
+/// `input_of(q)`) into the tile, combining in rank order and finishing with the final spec.
+template <class InputOf>
+void direct_fold(const call& c, const direct_tile& t, std::uint64_t first, std::uint64_t len, InputOf&& input_of) {
+  if (t.widened != nullptr) return direct_fold_float32(c, t, first, len, input_of);
+  void* tile = t.acc;
   const int n = c.n();
   primitive::reduce_spec s = c.spec();
   const bool premul = c.d.op.kind == reduce_kind::premul_sum;
@@ -64,7 +117,8 @@ inline void direct_all_reduce(const call& c) {
   auto input_of = [&](int q) { return c.comm.peer_descriptor(q)->send; };
   // Large plain sums: one fused pass from the inputs straight to every output (no tile).
   constexpr int fused_max_ranks = 16;
-  if (streaming && c.d.op.kind == reduce_kind::sum && n <= fused_max_ranks && mine.end > mine.begin) {
+  if (streaming && c.d.op.kind == reduce_kind::sum && n <= fused_max_ranks && mine.end > mine.begin &&
+      !accumulates_in_float32(c.d, n)) {
     std::array<void*, fused_max_ranks> outs{};
     std::array<const void*, fused_max_ranks> ins{};
     for (int q = 0; q < n; ++q) {
@@ -76,14 +130,13 @@ inline void direct_all_reduce(const call& c) {
       return;
     }
   }
-  const std::uint64_t tile_elems = detail::direct_tile_elements(c.element_size());
-  void* tile = c.comm.scratch(scratch_tile, static_cast<std::size_t>(c.bytes(tile_elems)));
-  for (std::uint64_t first = mine.begin; first < mine.end; first += tile_elems) {
-    const std::uint64_t len = std::min(tile_elems, mine.end - first);
+  const detail::direct_tile tile = detail::make_direct_tile(c);
+  for (std::uint64_t first = mine.begin; first < mine.end; first += tile.elements) {
+    const std::uint64_t len = std::min(tile.elements, mine.end - first);
     detail::direct_fold(c, tile, first, len, input_of);
     for (int j = 0; j < n; ++j) {
       const int q = (r + j) % n;
-      c.ops.copy(c.at(c.comm.peer_descriptor(q)->recv, first), tile, c.bytes(len), streaming);
+      detail::direct_store(c, tile, c.at(c.comm.peer_descriptor(q)->recv, first), len, streaming);
     }
   }
   if (streaming) c.ops.fence();
@@ -95,13 +148,12 @@ inline void direct_reduce_scatter(const call& c) {
   const std::uint64_t count = c.d.count;
   const std::uint64_t base = static_cast<std::uint64_t>(r) * count;
   const bool streaming = c.bytes(count) >= primitive::streaming_threshold_bytes;
-  const std::uint64_t tile_elems = detail::direct_tile_elements(c.element_size());
-  void* tile = c.comm.scratch(scratch_tile, static_cast<std::size_t>(c.bytes(tile_elems)));
+  const detail::direct_tile tile = detail::make_direct_tile(c);
   auto input_of = [&](int q) { return c.comm.peer_descriptor(q)->send; };
-  for (std::uint64_t first = 0; first < count; first += tile_elems) {
-    const std::uint64_t len = std::min(tile_elems, count - first);
+  for (std::uint64_t first = 0; first < count; first += tile.elements) {
+    const std::uint64_t len = std::min(tile.elements, count - first);
     detail::direct_fold(c, tile, base + first, len, input_of);
-    c.ops.copy(c.at(c.d.recv, first), tile, c.bytes(len), streaming);
+    detail::direct_store(c, tile, c.at(c.d.recv, first), len, streaming);
   }
   if (streaming) c.ops.fence();
 }
@@ -113,14 +165,13 @@ inline void direct_reduce(const call& c) {
   const std::uint64_t count = c.d.count;
   const range mine = c.blocks_of(count).block(static_cast<std::uint64_t>(r));
   const bool streaming = c.bytes(count) >= primitive::streaming_threshold_bytes;
-  const std::uint64_t tile_elems = detail::direct_tile_elements(c.element_size());
-  void* tile = c.comm.scratch(scratch_tile, static_cast<std::size_t>(c.bytes(tile_elems)));
+  const detail::direct_tile tile = detail::make_direct_tile(c);
   void* root_out = c.comm.peer_descriptor(c.d.root)->recv;
   auto input_of = [&](int q) { return c.comm.peer_descriptor(q)->send; };
-  for (std::uint64_t first = mine.begin; first < mine.end; first += tile_elems) {
-    const std::uint64_t len = std::min(tile_elems, mine.end - first);
+  for (std::uint64_t first = mine.begin; first < mine.end; first += tile.elements) {
+    const std::uint64_t len = std::min(tile.elements, mine.end - first);
     detail::direct_fold(c, tile, first, len, input_of);
-    c.ops.copy(c.at(root_out, first), tile, c.bytes(len), streaming);
+    detail::direct_store(c, tile, c.at(root_out, first), len, streaming);
   }
   if (streaming) c.ops.fence();
 }

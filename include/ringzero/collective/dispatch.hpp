@@ -13,6 +13,7 @@
 
 #include "ringzero/algorithm/device_data_ops.hpp"
 #include "ringzero/algorithm/direct.hpp"
+#include "ringzero/algorithm/float32_accumulation.hpp"
 #include "ringzero/algorithm/halving_doubling.hpp"
 #include "ringzero/algorithm/ring.hpp"
 #include "ringzero/collective/describe.hpp"
@@ -101,10 +102,13 @@ inline void run_algorithm(const algorithms::call& c) {
 }
 
 /// Runs `d` with the data operations `ops`: the world-of-one copy, the backend's native
-/// collective, or ringzero's schedule.
+/// collective, or ringzero's schedule; a 16-bit sum that accumulates in float32 runs the
+/// schedule or native collective on a float32 copy (direct widens its own tiles).
 inline void run_with(communicator& c, const collective_descriptor& d, const algorithms::data_ops& ops) {
   const algorithms::call call{c, d, ops};
   if (c.world_size() == 1 && (d.algo != algorithm::native || c.space() == memory_space::host)) run_world_of_one(call);
+  else if (d.algo != algorithm::direct && algorithms::accumulates_in_float32(d, c.world_size()))
+    algorithms::run_in_float32(call, run_algorithm);
   else run_algorithm(call);
 }
 
@@ -112,17 +116,26 @@ inline void run_with(communicator& c, const collective_descriptor& d, const algo
 /// communicator's memory space: host memory runs the host primitives; CUDA device memory
 /// enqueues the CUDA primitives on the communicator's stream (algorithm/device_data_ops.hpp),
 /// which needs the kernels registered by <ringzero/cuda.cuh> unless the backend's native
-/// collective runs (or the call is a barrier, which moves no data).
+/// collective runs (or the call is a barrier, which moves no data). A 16-bit sum that
+/// accumulates in float32 needs them even for the native collective (to widen and narrow).
 inline void execute(communicator& c, const collective_descriptor& d) {
   current_collective guard(c, &d);
   exclusive_use exclusive(c);
   c.begin(d);
   if (d.kind == collective_kind::barrier ? c.world_size() > 1 : d.count != 0) {
     try {
-      if (c.space() == memory_space::host || d.kind == collective_kind::barrier || d.algo == algorithm::native) {
+      const bool widened = algorithms::accumulates_in_float32(d, c.world_size());
+      if (c.space() == memory_space::host || d.kind == collective_kind::barrier ||
+          (d.algo == algorithm::native && !widened)) {
         run_with(c, d, algorithms::host_ops());
       } else {
         const primitive::device_primitives* kernels = primitive::registered_device_primitives();
+        if (kernels == nullptr && widened && d.algo == algorithm::native)
+          c.raise(errc::unsupported, std::string(dtype_name(d.type)) + " " + std::string(reduce_kind_name(d.op.kind)) +
+                                         " on 2 or more ranks accumulates in float32 (docs/numerics.md), even with "
+                                         "the native collective: widening the input needs ringzero's CUDA kernels, and "
+                                         "none are registered; compile one .cu file (with nvcc) that includes "
+                                         "<ringzero/cuda.cuh>");
         if (kernels == nullptr) c.raise(errc::unsupported, primitive::device_primitives_missing_message());
         const algorithms::device_data_ops ops(*kernels, c);
         run_with(c, d, ops);

@@ -13,7 +13,11 @@
 ///   `s` must be an integer value with |s| < 2^53; it is applied with wrapping multiplication.
 /// - min and max compare unsigned types as unsigned; for floating types a NaN operand makes the
 ///   result a NaN.
-/// - float16 and bfloat16 values are combined in float32 and rounded once per combine.
+/// - float16 and bfloat16 sum, avg and premul_sum accumulate in float32 on every algorithm and
+///   backend: the result is the float32 reduction rounded once to the 16-bit type (avg: the
+///   float32 sum divided by the world size in float32; premul_sum: each input times its scalar
+///   in float32). prod, min and max combine in float32 and round at every combine.
+///   docs/numerics.md.
 
 #include <cstdint>
 #include <optional>

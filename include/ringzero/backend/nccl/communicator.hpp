@@ -10,9 +10,10 @@
 ///   ncclSend/ncclRecv in group calls, combining received data with the CUDA reduce kernels
 ///   (registered by <ringzero/cuda.cuh>), so both can be compared in one GPU job.
 /// - Arithmetic of `native` is NCCL's, which differs from ringzero's schedules in documented
-///   ways: float avg pre-multiplies each input by 1/n (ringzero divides the sum once);
-///   premul_sum on float16/bfloat16 rounds the scalar and each product to 16 bits; min/max NaN
-///   handling and the combine order are NCCL's. Integer results are identical.
+///   ways: float avg pre-multiplies each input by 1/n (ringzero divides the sum once); min/max
+///   NaN handling and the combine order are NCCL's. Integer results are identical. float16 and
+///   bfloat16 sum, avg and premul_sum on 2+ ranks run NCCL's float32 collective on a widened
+///   copy (algorithm/float32_accumulation.hpp; needs <ringzero/cuda.cuh>; docs/numerics.md).
 /// - A world of one with avg or premul_sum: NCCL before 2.29.7 leaves the last elements of
 ///   such a reduction unwritten when the count is not a multiple of its block count (NCCL
 ///   issue #1950, PyTorch issue #168092; seen here on an H200). With such an NCCL, ringzero

@@ -1,0 +1,67 @@
+#pragma once
+/// @file
+/// float32 accumulation of float16 and bfloat16 sum, avg and premul_sum (all_reduce,
+/// reduce_scatter, reduce on two or more ranks): the result is the float32 reduction rounded
+/// once to the 16-bit type, whatever the algorithm or backend (case C22; docs/numerics.md).
+///
+/// `run_in_float32` serves the schedules that move partial results between ranks (ring,
+/// halving_doubling) and the backends' native collectives (MPI_Allreduce, ncclAllReduce...):
+/// this rank's input is widened into float32 scratch, the same schedule runs in place on a
+/// derived float32 descriptor whose buffers are that scratch, and the result is narrowed once
+/// into the caller's output. The contract check has already seen the caller's descriptor.
+/// `direct` reads its peers' inputs and accumulates its tile in float32 itself (direct.hpp).
+/// Cost: the partial results move twice the bytes, plus one widening and one narrowing pass
+/// (measured in docs/performance.md). Casts go through `data_ops`, so device memory works too.
+
+#include <cstdint>
+
+#include "ringzero/algorithm/call.hpp"
+
+namespace ringzero::algorithms {
+
+/// True when collective `d` on `world_size` ranks accumulates in float32: a float16 or bfloat16
+/// all_reduce, reduce_scatter or reduce with sum, avg or premul_sum, world_size >= 2, count > 0.
+/// (A world of one returns its input, or for premul_sum the input times the scalar in float32
+/// rounded once: already the float32 result.)
+inline bool accumulates_in_float32(const collective_descriptor& d, int world_size) noexcept {
+  if (world_size < 2 || d.count == 0 || !is_reduction(d.kind)) return false;
+  if (d.type != dtype::float16 && d.type != dtype::bfloat16) return false;
+  switch (d.op.kind) {
+    case reduce_kind::sum:
+    case reduce_kind::avg:
+    case reduce_kind::premul_sum: return true;
+    case reduce_kind::prod:
+    case reduce_kind::min:
+    case reduce_kind::max: return false;
+  }
+  return false;
+}
+
+/// Runs `c` (for which accumulates_in_float32 holds) as `run(call)` on a float32 copy of its
+/// input in the scratch slot scratch_widened, then narrows the result into `c.d.recv` (on the
+/// root only for reduce; other outputs stay untouched, case C9). `run` is the schedule or the
+/// backend's native collective; it sees an in-place float32 descriptor (reduce_scatter: NCCL's
+/// in-place layout, output at rank * count). Errors: those of `run` and of the scratch pool.
+template <class Run>
+void run_in_float32(const call& c, Run&& run) {
+  const collective_descriptor& d = c.d;
+  constexpr std::uint64_t wide_size = 4;  // bytes of a float32
+  const std::uint64_t n = static_cast<std::uint64_t>(c.n());
+  const std::uint64_t rank = static_cast<std::uint64_t>(c.rank());
+  const bool scatter = d.kind == collective_kind::reduce_scatter;
+  const std::uint64_t in_count = scatter ? d.count * n : d.count;
+  const bool writes = d.kind != collective_kind::reduce || c.rank() == d.root;
+  auto* wide = static_cast<unsigned char*>(c.comm.scratch(scratch_widened, static_cast<std::size_t>(in_count * wide_size)));
+  c.ops.cast(wide, dtype::float32, d.send, d.type, in_count);
+  collective_descriptor w = d;
+  w.type = dtype::float32;
+  w.send = wide;
+  w.recv = writes ? wide + (scatter ? rank * d.count * wide_size : 0) : nullptr;
+  w.send_bytes = in_count * wide_size;
+  w.recv_bytes = writes ? d.count * wide_size : 0;
+  w.in_place = writes;
+  run(call{c.comm, w, c.ops});
+  if (writes) c.ops.cast(d.recv, d.type, w.recv, dtype::float32, d.count);
+}
+
+}  // namespace ringzero::algorithms
