@@ -1,6 +1,6 @@
 // The device data path of the collectives, checked on the CPU: a local communicator that says
 // its buffers are CUDA memory (memory_space::cuda), and a table of "device primitives" that run
-// the host primitives. The collectives must then route every copy, combine and scale through
+// the host primitives. The collectives must then route every copy, combine, scale and cast through
 // the table on the communicator's stream (algorithm/device_data_ops.hpp) and give exactly the
 // host backend's results; without a table they must refuse on every rank, and a failing
 // "kernel" must raise errc::backend_failure naming it.
@@ -26,7 +26,7 @@ using namespace ringzero;
 namespace {
 
 int stream_token = 0;  // the fake stream's identity
-std::atomic<int> calls_copy{0}, calls_reduce{0}, calls_scale{0}, wrong_stream{0};
+std::atomic<int> calls_copy{0}, calls_reduce{0}, calls_scale{0}, calls_cast{0}, wrong_stream{0};
 std::atomic<bool> fail_scale{false};
 
 int host_reduce(void* dst, const void* a, const void* b, std::uint64_t n, const primitive::reduce_spec& s, void* stream) noexcept {
@@ -35,7 +35,9 @@ int host_reduce(void* dst, const void* a, const void* b, std::uint64_t n, const 
   primitive::reduce_into(dst, a, b, n, s);
   return 0;
 }
-int host_cast(void* dst, dtype dt, const void* src, dtype st, std::uint64_t n, void*) noexcept {
+int host_cast(void* dst, dtype dt, const void* src, dtype st, std::uint64_t n, void* stream) noexcept {
+  if (stream != &stream_token) ++wrong_stream;
+  ++calls_cast;
   primitive::cast_into(dst, dt, src, st, n);
   return 0;
 }
@@ -180,7 +182,7 @@ TEST_CASE("collectives on device memory run through the kernel table and match t
             CAPTURE(dtype_name(t));
             CAPTURE(reduce_kind_name(op.kind));
             CAPTURE(collective_name(k));
-            calls_copy = calls_reduce = calls_scale = wrong_stream = 0;
+            calls_copy = calls_reduce = calls_scale = calls_cast = wrong_stream = 0;
             const outcome host = run<false>(k, n, t, op, a, 1003);
             const outcome dev = run<true>(k, n, t, op, a, 1003);
             CHECK(wrong_stream == 0);
@@ -188,6 +190,9 @@ TEST_CASE("collectives on device memory run through the kernel table and match t
             if (k == collective_kind::all_gather) CHECK(calls_copy > 0);
             if (op.kind == reduce_kind::premul_sum && k != collective_kind::all_gather && k != collective_kind::broadcast)
               CHECK(calls_scale > 0);
+            // bfloat16 sum, avg and premul_sum widen to float32 and narrow through the cast kernel
+            const bool widened = t == dtype::bfloat16 && op.kind != reduce_kind::max && is_reduction(k);
+            CHECK((calls_cast > 0) == widened);
             for (int r = 0; r < n; ++r) REQUIRE(dev.recv[static_cast<std::size_t>(r)] == host.recv[static_cast<std::size_t>(r)]);
           }
 }

@@ -355,6 +355,30 @@ TEST_CASE("cases C1, C2, C3, C9 and C10 on device memory") {
     });
 }
 
+TEST_CASE("C22 on device memory: 16-bit averages accumulate in float32 and round once (ring, halving_doubling)") {
+  // (a) 8 ranks, bfloat16: rank 0 holds 1.0, the others 2^-8: 0.12890625 (0x3e04);
+  // (b) 4 ranks, float16: every rank holds 30000 (0x7353): 30000, not inf. The widening and
+  // narrowing are the device cast kernels; the sums travel as float32.
+  for (algorithm a : {algorithm::ring, algorithm::halving_doubling}) {
+    CAPTURE(algorithm_name(a));
+    collective_options o;
+    o.algo = a;
+    on_one_gpu(8, [&](local::cuda_communicator& c) {
+      std::vector<std::unique_ptr<gpu_test::device_buffer>> keep;
+      std::uint16_t* x = to_device(c, std::vector<std::uint16_t>(5, c.rank() == 0 ? 0x3f80 : 0x3b80), keep);
+      std::uint16_t* y = to_device(c, std::vector<std::uint16_t>(5, 0xa5a5), keep);
+      all_reduce(c, x, y, 4, dtype::bfloat16, reduce_kind::avg, o);
+      CHECK(to_host(c, y, 5) == std::vector<std::uint16_t>{0x3e04, 0x3e04, 0x3e04, 0x3e04, 0xa5a5});
+    });
+    on_one_gpu(4, [&](local::cuda_communicator& c) {
+      std::vector<std::unique_ptr<gpu_test::device_buffer>> keep;
+      std::uint16_t* x = to_device(c, std::vector<std::uint16_t>(5, 0x7353), keep);
+      all_reduce(c, x, x, 4, dtype::float16, reduce_kind::avg, o);
+      CHECK(to_host(c, x, 5) == std::vector<std::uint16_t>(5, 0x7353));
+    });
+  }
+}
+
 TEST_CASE("a world of one returns its input bit for bit (C4); zero counts touch nothing (C5)") {
   on_one_gpu(1, [](local::cuda_communicator& c) {
     std::vector<std::unique_ptr<gpu_test::device_buffer>> keep;
