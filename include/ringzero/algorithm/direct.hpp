@@ -13,7 +13,7 @@
 /// summed in registers and streamed to every output in one pass, the same bits but for which
 /// payload a sum of two NaNs keeps).
 /// float16 / bfloat16 sum, avg and premul_sum accumulate the tile in float32 (each input
-/// widened tile by tile) and round once when writing the output (float32_accumulation.hpp).
+/// widened tile by tile) and round it once before it is written out (float32_accumulation.hpp).
 /// Determinism: inputs are combined in rank order 0..n-1, so results are identical run to run
 /// and bitwise identical on every rank.
 
@@ -75,10 +75,12 @@ void direct_fold_float32(const call& c, const direct_tile& t, std::uint64_t firs
   }
 }
 
-/// Writes `len` finished elements of `t` to `dst` (narrowed when the tile is float32).
-inline void direct_store(const call& c, const direct_tile& t, void* dst, std::uint64_t len, bool streaming) {
-  if (t.widened != nullptr) c.ops.cast(dst, c.d.type, t.acc, dtype::float32, len);
-  else c.ops.copy(dst, t.acc, c.bytes(len), streaming);
+/// The `len` finished elements of `t` in the collective's dtype: `t.acc`, or for a float32
+/// tile its one rounding into `t.widened` (free once the fold is done), to copy to the outputs.
+inline const void* direct_result(const call& c, const direct_tile& t, std::uint64_t len) {
+  if (t.widened == nullptr) return t.acc;
+  c.ops.cast(t.widened, c.d.type, t.acc, dtype::float32, len);
+  return t.widened;
 }
 
 /// Reduces elements [first, first + len) of every rank's input (input of rank q starts at
@@ -134,9 +136,10 @@ inline void direct_all_reduce(const call& c) {
   for (std::uint64_t first = mine.begin; first < mine.end; first += tile.elements) {
     const std::uint64_t len = std::min(tile.elements, mine.end - first);
     detail::direct_fold(c, tile, first, len, input_of);
+    const void* result = detail::direct_result(c, tile, len);
     for (int j = 0; j < n; ++j) {
       const int q = (r + j) % n;
-      detail::direct_store(c, tile, c.at(c.comm.peer_descriptor(q)->recv, first), len, streaming);
+      c.ops.copy(c.at(c.comm.peer_descriptor(q)->recv, first), result, c.bytes(len), streaming);
     }
   }
   if (streaming) c.ops.fence();
@@ -153,7 +156,7 @@ inline void direct_reduce_scatter(const call& c) {
   for (std::uint64_t first = 0; first < count; first += tile.elements) {
     const std::uint64_t len = std::min(tile.elements, count - first);
     detail::direct_fold(c, tile, base + first, len, input_of);
-    detail::direct_store(c, tile, c.at(c.d.recv, first), len, streaming);
+    c.ops.copy(c.at(c.d.recv, first), detail::direct_result(c, tile, len), c.bytes(len), streaming);
   }
   if (streaming) c.ops.fence();
 }
@@ -171,7 +174,7 @@ inline void direct_reduce(const call& c) {
   for (std::uint64_t first = mine.begin; first < mine.end; first += tile.elements) {
     const std::uint64_t len = std::min(tile.elements, mine.end - first);
     detail::direct_fold(c, tile, first, len, input_of);
-    detail::direct_store(c, tile, c.at(root_out, first), len, streaming);
+    c.ops.copy(c.at(root_out, first), detail::direct_result(c, tile, len), c.bytes(len), streaming);
   }
   if (streaming) c.ops.fence();
 }

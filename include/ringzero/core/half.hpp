@@ -6,8 +6,8 @@
 /// Conversion from `float` rounds to nearest, ties to even (IEEE 754 roundTiesToEven); values
 /// beyond the largest finite value round to infinity, NaN stays NaN (quieted, keeping the high
 /// payload bits). Conversion to `float` is exact. Arithmetic converts both operands to `float`,
-/// computes there and rounds once when the result is stored back into a 16-bit type, which is
-/// how ringzero's reductions treat these types (each combine of two values rounds once).
+/// computes there and rounds once when the result is stored back into a 16-bit type (ringzero's
+/// sums of these types go further and round once per reduction: docs/numerics.md).
 ///
 /// Thread safety: plain values. Determinism: every conversion is a pure bit function.
 
