@@ -16,6 +16,7 @@
 #include <string>
 
 #include "ringzero/algorithm/call.hpp"
+#include "ringzero/primitive/reproducible_arrays.hpp"
 #include "ringzero/primitive/reproducible_sum.hpp"
 
 namespace ringzero::detail {
