@@ -297,12 +297,13 @@ TEST_CASE("reproducible format: the portable loops (not the AVX-512 copies) equa
     }
     CHECK(w32 == e32);
     CHECK(w64 == e64);
-    std::vector<std::uint32_t> out(n);
+    std::vector<float> out(n);
     for (int shift : {0, 1, 5}) {
       ringzero::primitive::detail::convert_f32_body(out.data(), slow.data(), w32.data(), t32.data(), n, shift);
       for (std::uint64_t i = 0; i < n; ++i)
         if (slow[i] == 0)
-          REQUIRE(out[i] == convert_words(w32.data() + i, t32[i], std::uint64_t{1} << shift, 3, format_of(dtype::float32)));
+          REQUIRE(std::bit_cast<std::uint32_t>(out[i]) ==
+                  convert_words(w32.data() + i, t32[i], std::uint64_t{1} << shift, 3, format_of(dtype::float32)));
     }
   }
 }

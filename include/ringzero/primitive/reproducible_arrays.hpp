@@ -81,11 +81,22 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
 }
 
 /// words[i] += the word of float32 bits b[i] at top bin tops[i] (K = 3, unit 2^(12 T - 1104)),
-/// n <= reproducible_block. Bins 7..175 scale by 2^-unit, a normal double; elsewhere (only
-/// zeros below, non-finite above) the value is masked to zero before any floating-point
-/// operation, and the non-finite counts replace the word.
+/// n <= reproducible_block. Bins 7..175 scale by 2^-unit, a normal double; below them only
+/// zeros occur (the scale is clamped to 2^1023: still 0) and above them the scale is clamped
+/// to 2^-1022 (such bins lie far above any 16/32-bit value: 0, as truncation gives). A block
+/// with a non-finite element masks values to zero before any floating-point operation and puts
+/// the non-finite counts in its words.
 [[gnu::always_inline]] inline void add_words_f32_body(std::int64_t* words, const float* b, const std::uint8_t* tops,
                                                       std::uint64_t n) noexcept {
+  std::uint8_t nonfinite_block = 0;
+  for (std::uint64_t i = 0; i < n; ++i) nonfinite_block |= tops[i] == reproducible_nonfinite_bin ? 1 : 0;
+  if (nonfinite_block == 0) {  // the common case: one loop, the scale's exponent clamped to [1, 2046]
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::int32_t field = std::clamp(2127 - 12 * static_cast<std::int32_t>(tops[i]), 1, 2046);
+      words[i] += static_cast<std::int64_t>(static_cast<double>(b[i]) * std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
+    }
+    return;
+  }
   alignas(64) std::int64_t scaled[reproducible_block];
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t top = tops[i];
@@ -105,7 +116,7 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
 
 /// out[i] = float32 bits of words[i] at top bin tops[i] divided by 2^shift where the result is
 /// normal (the correctly rounded conversion, then the exponent moved); slow[i] = 1 elsewhere.
-[[gnu::always_inline]] inline void convert_f32_body(std::uint32_t* out, std::uint8_t* slow, const std::int64_t* words,
+[[gnu::always_inline]] inline void convert_f32_body(float* out, std::uint8_t* slow, const std::int64_t* words,
                                                     const std::uint8_t* tops, std::uint64_t n, int shift) noexcept {
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::int64_t s = words[i];
@@ -115,7 +126,7 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
     const std::int32_t biased = static_cast<std::int32_t>((r >> 23) & 0xFF) + e;
     // >= 2: normal before the conversion rounded too (a result just below 2^-126 rounds as a subnormal).
     const bool fast = top != reproducible_nonfinite_bin && (s == 0 || (biased >= 2 && biased <= 254));
-    out[i] = s == 0 ? 0u : r + static_cast<std::uint32_t>(e) * (1u << 23);
+    out[i] = std::bit_cast<float>(s == 0 ? 0u : r + static_cast<std::uint32_t>(e) * (1u << 23));
     slow[i] = fast ? 0 : 1;
   }
 }
@@ -174,7 +185,7 @@ RINGZERO_AVX512_TARGET inline void add_words_f32_avx512(std::int64_t* w, const f
                                                         std::uint64_t n) noexcept {
   add_words_f32_body(w, b, t, n);
 }
-RINGZERO_AVX512_TARGET inline void convert_f32_avx512(std::uint32_t* o, std::uint8_t* s, const std::int64_t* w,
+RINGZERO_AVX512_TARGET inline void convert_f32_avx512(float* o, std::uint8_t* s, const std::int64_t* w,
                                                       const std::uint8_t* t, std::uint64_t n, int shift) noexcept {
   convert_f32_body(o, s, w, t, n, shift);
 }
@@ -201,7 +212,7 @@ inline void add_words_f32(std::int64_t* w, const float* b, const std::uint8_t* t
 #endif
   add_words_f32_body(w, b, t, n);
 }
-inline void convert_f32(std::uint32_t* o, std::uint8_t* s, const std::int64_t* w, const std::uint8_t* t, std::uint64_t n,
+inline void convert_f32(float* o, std::uint8_t* s, const std::int64_t* w, const std::uint8_t* t, std::uint64_t n,
                         int shift) noexcept {
 #if RINGZERO_REPRODUCIBLE_AVX512
   if (reproducible_avx512()) return convert_f32_avx512(o, s, w, t, n, shift);
@@ -275,24 +286,22 @@ inline void convert_to(void* out, const std::int64_t* words, const std::uint8_t*
   const float_format f = format_of(t);
   const int kept = reproducible_kept_bins(t);
   const std::uint64_t w = static_cast<std::uint64_t>(reproducible_words(t));
-  const std::size_t es = dtype_size(t);
-  auto* o = static_cast<unsigned char*>(out);
   if (t != dtype::float32 || !std::has_single_bit(divisor)) {
     for (std::uint64_t i = 0; i < count; ++i) store_bits(out, i, t, convert_words(words + i * w, tops[i], divisor, kept, f));
     return;
   }
   const int shift = std::countr_zero(divisor);
-  alignas(64) std::uint32_t staged[detail::reproducible_block];
+  auto* result = static_cast<float*>(out);
   alignas(64) std::uint8_t slow[detail::reproducible_block];
   for (std::uint64_t first = 0; first < count; first += detail::reproducible_block) {
     const std::uint64_t n = std::min(detail::reproducible_block, count - first);
-    detail::convert_f32(staged, slow, words + first, tops + first, n, shift);
+    detail::convert_f32(result + first, slow, words + first, tops + first, n, shift);
     std::uint8_t any = 0;
     for (std::uint64_t i = 0; i < n; ++i) any |= slow[i];
     if (any != 0)
       for (std::uint64_t i = 0; i < n; ++i)
-        if (slow[i] != 0) staged[i] = static_cast<std::uint32_t>(convert_words(words + first + i, tops[first + i], divisor, kept, f));
-    std::memcpy(o + first * es, staged, n * es);
+        if (slow[i] != 0)
+          result[first + i] = std::bit_cast<float>(static_cast<std::uint32_t>(convert_words(words + first + i, tops[first + i], divisor, kept, f)));
   }
 }
 
