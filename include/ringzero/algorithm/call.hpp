@@ -18,6 +18,8 @@ enum scratch_slot : int {
   scratch_accumulator = 1,  ///< ring / halving-doubling: partial sums that are not the output
   scratch_scaled = 2,       ///< premul_sum: this rank's input multiplied by its scalar
   scratch_widened = 3,      ///< 16-bit sums: the float32 copy of the input (float32_accumulation.hpp)
+  scratch_reproducible_tops = 4,   ///< reproducible mode: per-element top bins (uint8)
+  scratch_reproducible_words = 5,  ///< reproducible mode: per-element truncated words (int64)
 };
 
 /// One collective as an algorithm sees it.

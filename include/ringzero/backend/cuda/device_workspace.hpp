@@ -20,9 +20,9 @@ namespace ringzero::cudart {
 /// A few numbered device buffers on one device, each grown on demand and kept.
 class device_workspace {
  public:
-  /// Number of slots (the algorithms use slots 0..3 through `communicator::scratch`; backends
-  /// use the last one for staging received data).
-  static constexpr int slot_count = 5;
+  /// Number of slots (the algorithms use slots 0..5 of algorithm/call.hpp through
+  /// `communicator::scratch`; backends use the last one for staging received data).
+  static constexpr int slot_count = 7;
   /// The slot backends use for staging.
   static constexpr int staging_slot = slot_count - 1;
 
