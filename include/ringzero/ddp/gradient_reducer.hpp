@@ -30,6 +30,13 @@
 /// communicate; the trainer accumulates into the gradients, and the next synchronised step
 /// reduces the accumulated sum (PyTorch's `no_sync`).
 ///
+/// Reproducible mode (`reducer_options::reproducible`): every micro-batch is one contribution.
+/// The trainer WRITES each micro-batch's gradient (it does not add it to the previous one) and
+/// marks every gradient ready (or unused: zeros) in every micro-step, under no_sync too; the
+/// reducer deposits each completed bucket into a reproducible accumulator
+/// (ddp/reproducible_accumulation.hpp), and the synchronised micro-step leaves the average over
+/// all micro-batches of all ranks, bitwise the same for any world size (docs/ddp.md).
+///
 /// Uneven inputs (case C13): with `reducer_options::join`, each synchronised step starts with a
 /// small agreement collective; a rank that runs out of data calls `join()`, which shadows the
 /// other ranks' steps with zero gradients, so their all_reduces are matched, and the average is
@@ -102,6 +109,7 @@
 #include "ringzero/ddp/bucket_memory.hpp"
 #include "ringzero/ddp/comm_hook.hpp"
 #include "ringzero/ddp/gradient_bucket.hpp"
+#include "ringzero/ddp/reproducible_accumulation.hpp"
 
 namespace ringzero {
 
@@ -194,6 +202,12 @@ struct reducer_options {
   std::size_t alignment_bytes = 64;
   /// Record per-step timings of the reductions (`gradient_reducer::stats`).
   bool collect_timings = true;
+  /// Reproducible gradient accumulation (see the file comment and docs/ddp.md): each
+  /// micro-batch's gradient is one contribution, written (not added) by the trainer; the result
+  /// is the reproducible average over every contribution of every rank, identical bit for bit
+  /// for any world size, rank order and algorithm. Host memory, floating gradients and the
+  /// default hook only; not with divide_by_initial_world_size (refused on every rank).
+  bool reproducible = false;
 };
 
 /// Counters and timings of a reducer, accumulated over steps (see `gradient_reducer::stats`).
@@ -361,6 +375,10 @@ class gradient_reducer {
   void set_require_gradient_sync(bool on) {
     if (step_open_ && on != require_sync_)
       fail(errc::invalid_argument, "set_require_gradient_sync called in the middle of a step (call finish() first)");
+    if (options_.reproducible && unsynced_marks_ > 0 && on != require_sync_)
+      fail(errc::invalid_argument,
+           "set_require_gradient_sync called in the middle of an accumulation micro-step (reproducible mode: call "
+           "finish() after each micro-batch first)");
     require_sync_ = on;
   }
   /// True when steps communicate (the default).
@@ -379,14 +397,17 @@ class gradient_reducer {
   /// Gradient `i` is final for this step. In a synchronised step: copies it into its bucket
   /// (unless in view mode) and launches every bucket that is now complete and next in order.
   /// Errors (the communicator is aborted first): index out of range, gradient marked twice in
-  /// one step, and any error of the hook. Under no_sync only the index is checked.
+  /// one step, and any error of the hook. Under no_sync only the index is checked (reproducible
+  /// mode: the gradient is moved into its bucket as in a synchronised step, and a complete
+  /// bucket is deposited as this micro-batch's contribution).
   void mark_ready(std::size_t i) { mark(i, /*zero=*/false); }
 
   /// Parameter `i` has no gradient in this step: zeros are reduced for it (its buffer's contents
   /// are ignored), and it counts as ready, so a bucket with unused parameters is reduced early.
   /// With accumulation, "this step" is the whole accumulation window: a parameter that received
   /// gradient in an earlier no_sync micro-step must be marked ready instead. Under no_sync
-  /// nothing happens beyond the index check. Errors as `mark_ready`.
+  /// nothing happens beyond the index check. Reproducible mode: "this step" is the micro-batch,
+  /// under no_sync too (its contribution for parameter `i` is zeros). Errors as `mark_ready`.
   void mark_unused(std::size_t i) { mark(i, /*zero=*/true); }
 
   /// Ends the step. Synchronised: launches what is left, waits for every bucket, and leaves the
@@ -397,9 +418,13 @@ class gradient_reducer {
   /// any error of the reductions, naming the step and bucket.
   /// Device memory: returns once everything is enqueued on the communicator's stream (see the
   /// file comment for what the trainer must synchronise).
+  /// Reproducible mode: under no_sync, ends one micro-batch (every parameter must have been
+  /// marked, or find_unused_parameters marks the rest unused); synchronised, leaves the average
+  /// over every micro-batch of every rank since the last synchronised step.
   void finish() {
     check_usable();
     if (!require_sync_) {
+      if (options_.reproducible) end_reproducible_micro_step();
       ++stats_.local_steps;
       unsynced_marks_ = 0;
       return;
@@ -448,7 +473,11 @@ class gradient_reducer {
     if (!options_.join)
       fail(errc::invalid_argument,
            "join() needs reducer_options::join = true on every rank (ranks ran out of data at different steps)");
-    if (step_open_) fail(errc::invalid_argument, "join() called in the middle of a step (call finish() first)");
+    if (step_open_ || (options_.reproducible && unsynced_marks_ > 0))
+      fail(errc::invalid_argument, "join() called in the middle of a step (call finish() first)");
+    // Reproducible mode: micro-batches of an unfinished accumulation window are dropped (a
+    // joined rank contributes nothing), as plain mode never reduces such a window either.
+    if (options_.reproducible) reproducible_.clear();
     for (;;) {
       const int active = agree(/*active=*/false);
       if (active == 0) break;
@@ -521,6 +550,17 @@ class gradient_reducer {
     const std::size_t a = options_.alignment_bytes;
     if (a == 0 || (a & (a - 1)) != 0)
       return "reducer_options::alignment_bytes = " + std::to_string(a) + " is not a power of two";
+    if (options_.reproducible) {
+      std::vector<dtype> types;
+      std::vector<std::string> names;
+      for (const auto& p : params_) {
+        types.push_back(p.type);
+        names.push_back(p.name);
+      }
+      std::string why = detail::reproducible_reducer_problem(comm_.space(), options_.hook->name(),
+                                                             options_.divide_by_initial_world_size, types, names);
+      if (!why.empty()) return why;
+    }
     const bool need_data = options_.broadcast_parameters || options_.join;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const reducer_parameter& p = params_[i];
@@ -569,7 +609,7 @@ class gradient_reducer {
     for (char c : hook) flags = mix(flags, static_cast<unsigned char>(c));
     flags = mix(flags, (options_.find_unused_parameters ? 1u : 0u) | (options_.rebuild_buckets ? 2u : 0u) |
                            (options_.broadcast_parameters ? 4u : 0u) | (options_.join ? 8u : 0u) |
-                           (options_.divide_by_initial_world_size ? 16u : 0u));
+                           (options_.divide_by_initial_world_size ? 16u : 0u) | (options_.reproducible ? 32u : 0u));
     mine[5] = flags;
     const int n = comm_.world_size();
     std::vector<std::uint64_t> all(fields * static_cast<std::size_t>(n));
@@ -630,7 +670,7 @@ class gradient_reducer {
     if (differs(5))
       raise(errc::contract_mismatch,
             "gradient_reducer: ranks passed different options (hook name, find_unused_parameters, rebuild_buckets, "
-            "broadcast_parameters, join or divide_by_initial_world_size); this rank uses hook '" + hook + "'");
+            "broadcast_parameters, join, divide_by_initial_world_size or reproducible); this rank uses hook '" + hook + "'");
   }
 
   std::vector<bucket_plan> plan(const std::vector<std::size_t>& order) const {
@@ -685,6 +725,15 @@ class gradient_reducer {
     buckets_ = std::move(fresh);
     bucket_of_ = std::move(bucket_of);
     offset_of_ = std::move(offset_of);
+    if (options_.reproducible) {
+      std::vector<std::uint64_t> counts;
+      std::vector<dtype> types;
+      for (const auto& b : buckets_) {
+        counts.push_back(b.info.count);
+        types.push_back(b.info.type);
+      }
+      reproducible_.reset_layout(counts, types);
+    }
   }
 
   bool params_have_data() const noexcept {
@@ -833,16 +882,17 @@ class gradient_reducer {
   void mark(std::size_t i, bool zero) {
     check_usable();
     check_index(i, zero ? "mark_unused" : "mark_ready");
-    if (!require_sync_) {  // accumulation micro-step: nothing to communicate
+    const bool sync = require_sync_;
+    if (!sync) {  // accumulation micro-step: nothing to communicate
       ++unsynced_marks_;
-      return;
+      if (!options_.reproducible) return;  // reproducible: the micro-batch is deposited below
     }
-    if (!step_open_) open_step();
+    if (sync && !step_open_) open_step();
     if (ready_[i])
-      fail(errc::invalid_argument, std::string(zero ? "mark_unused" : "mark_ready") + "(" + describe(i) +
-                                       ") called twice in step " + std::to_string(step_));
+      fail(errc::invalid_argument, std::string(zero ? "mark_unused" : "mark_ready") + "(" + describe(i) + ") called twice in " +
+                                       (sync ? "step " + std::to_string(step_) : std::string("an accumulation micro-step")));
     ready_[i] = 1;
-    if (rebuild_pending()) ready_order_.push_back(i);
+    if (sync && rebuild_pending()) ready_order_.push_back(i);
     bucket& b = buckets_[bucket_of_[i]];
     try {
       if (zero) zero_slot(i);
@@ -856,7 +906,35 @@ class gradient_reducer {
                        std::to_string(bucket_of_[i]) + " failed");
     }
     --b.pending;
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+    if (options_.reproducible && b.pending == 0) {
+      try {
+        reproducible_.deposit(bucket_of_[i], b.storage.get());
+      } catch (const std::exception& e) {
+        fail_from(e, "depositing bucket " + std::to_string(bucket_of_[i]) + " into its reproducible accumulator failed");
+      }
+    }
+    if (sync)
+      while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+  }
+
+  /// Reproducible mode, finish() under no_sync: completes the micro-step (unused parameters
+  /// contribute zeros with find_unused_parameters; otherwise a parameter never marked is an
+  /// error, as in a synchronised step) and resets the readiness for the next one.
+  void end_reproducible_micro_step() {
+    std::vector<std::size_t> missing;
+    for (std::size_t k = params_.size(); k-- > 0;)
+      if (!ready_[k]) missing.push_back(k);
+    if (!missing.empty() && !options_.find_unused_parameters) {
+      std::string names;
+      for (std::size_t k = 0; k < missing.size() && k < 8; ++k) names += (k ? ", " : "") + describe(missing[k]);
+      if (missing.size() > 8) names += ", ... (" + std::to_string(missing.size()) + " in all)";
+      fail(errc::invalid_argument, "finish() of an accumulation micro-step (reproducible mode): parameter(s) " + names +
+                                       " were never marked ready in this micro-batch; mark every gradient ready (or "
+                                       "unused) in every micro-batch, or set find_unused_parameters");
+    }
+    for (std::size_t k : missing) mark(k, /*zero=*/true);
+    std::fill(ready_.begin(), ready_.end(), 0);
+    for (auto& b : buckets_) b.pending = b.info.parameters.size();
   }
 
   void zero_slot(std::size_t i) {
@@ -922,6 +1000,22 @@ class gradient_reducer {
   void launch(std::size_t k) {
     resolve_agreement();
     bucket& b = buckets_[k];
+    if (options_.reproducible) {  // blocking: the reproducible average of the bucket's contributions
+      const auto t0 = clock::now();
+      try {
+        reproducible_.reduce(comm_, k, b.storage.get());
+      } catch (const std::exception& e) {
+        fail_from(e, "step " + std::to_string(step_) + ": the reproducible average of bucket " + std::to_string(k) +
+                         " (parameters " + describe_bucket(k) + ") failed");
+      }
+      b.launched_at = clock::now();
+      if (options_.collect_timings) {
+        stats_.exposed_seconds += std::chrono::duration<double>(b.launched_at - t0).count();
+        add_interval(t0, b.launched_at);
+      }
+      b.pending_work = work{};
+      return;
+    }
     if (options_.collect_timings) b.launched_at = clock::now();
     try {
       b.pending_work = options_.hook->launch(comm_, view_of(k));
@@ -961,11 +1055,13 @@ class gradient_reducer {
         add_interval(b.launched_at, done);
       }
       b.pending_work = work{};
-      try {
-        options_.hook->complete(view_of(k));
-      } catch (const std::exception& e) {
-        fail_from(e, "step " + std::to_string(step_) + ": the '" + options_.hook->name() + "' hook failed to complete bucket " +
-                         std::to_string(k));
+      if (!options_.reproducible) {  // reproducible mode averaged the bucket itself in launch()
+        try {
+          options_.hook->complete(view_of(k));
+        } catch (const std::exception& e) {
+          fail_from(e, "step " + std::to_string(step_) + ": the '" + options_.hook->name() + "' hook failed to complete bucket " +
+                           std::to_string(k));
+        }
       }
       ++stats_.buckets_reduced;
       if (!shadow && !options_.gradient_as_bucket_view) {
@@ -1094,6 +1190,7 @@ class gradient_reducer {
   std::uint64_t step_ = 0;
   std::uint64_t unsynced_marks_ = 0;  // marks under no_sync since the last finish()
   int step_contributors_ = 1;
+  detail::reproducible_bucket_accumulators reproducible_;  // reproducible mode: one per bucket
 
   // join mode
   detail::bucket_storage flags_storage_;  // world_size received flags, then the one sent
