@@ -35,6 +35,7 @@
 #include "ringzero/collective/broadcast.hpp"
 #include "ringzero/collective/reduce.hpp"
 #include "ringzero/collective/reduce_scatter.hpp"
+#include "ringzero/collective/reproducible_accumulator.hpp"
 #include "ringzero/collective/send_recv.hpp"
 
 #include "ringzero/ddp/allreduce_hook.hpp"

@@ -17,6 +17,8 @@ enum scratch_slot : int {
   scratch_tile = 0,         ///< direct: one tile of partial results
   scratch_accumulator = 1,  ///< ring / halving-doubling: partial sums that are not the output
   scratch_scaled = 2,       ///< premul_sum: this rank's input multiplied by its scalar
+  scratch_reproducible_tops = 3,   ///< reproducible mode: per-element top bins (uint8)
+  scratch_reproducible_words = 4,  ///< reproducible mode: per-element truncated words (int64)
 };
 
 /// One collective as an algorithm sees it.

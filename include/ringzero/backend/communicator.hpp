@@ -122,6 +122,13 @@ class communicator {
   /// (`algorithm::automatic` restores the cost model).
   void set_forced_algorithm(algorithm a) noexcept { forced_algorithm_ = a; }
 
+  /// True when RINGZERO_REPRODUCIBLE=1 was set when this communicator was made (or
+  /// set_reproducible(true) was called): floating sum, avg and premul_sum reductions then run
+  /// in reproducible mode (docs/numerics.md) unless a call's options ask for it themselves.
+  bool reproducible() const noexcept { return reproducible_; }
+  /// Turns the communicator-wide reproducible mode on or off (every rank must do the same).
+  void set_reproducible(bool on) noexcept { reproducible_ = on; }
+
   /// Number of collectives issued on this communicator so far (the next one's sequence number).
   std::uint64_t issued() const noexcept { return sequence_.load(std::memory_order_relaxed); }
 
@@ -248,10 +255,14 @@ class communicator {
 
  protected:
   /// Base constructor; throws errc::invalid_argument unless 0 <= rank < world_size, or when
-  /// RINGZERO_TIMEOUT or RINGZERO_ALGO is malformed. The timeout starts from RINGZERO_TIMEOUT
+  /// RINGZERO_TIMEOUT, RINGZERO_ALGO or RINGZERO_REPRODUCIBLE is malformed. The timeout starts from RINGZERO_TIMEOUT
   /// (default 300 s), the forced algorithm from RINGZERO_ALGO.
   communicator(int rank, int world_size)
-      : rank_(rank), world_size_(world_size), timeout_(env_timeout()), forced_algorithm_(env_algorithm()) {
+      : rank_(rank),
+        world_size_(world_size),
+        timeout_(env_timeout()),
+        forced_algorithm_(env_algorithm()),
+        reproducible_(env_reproducible()) {
     if (world_size < 1)
       throw error(errc::invalid_argument, "world size must be at least 1, got " + std::to_string(world_size));
     if (rank < 0 || rank >= world_size)
@@ -273,6 +284,7 @@ class communicator {
   int world_size_;
   std::chrono::duration<double> timeout_;
   algorithm forced_algorithm_ = algorithm::automatic;
+  bool reproducible_ = false;
   std::atomic<std::uint64_t> sequence_{0};
   std::atomic<bool> busy_{false};  ///< a thread is inside a collective (enter_exclusive)
   workspace_pool pool_;

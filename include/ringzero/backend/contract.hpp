@@ -2,7 +2,7 @@
 /// @file
 /// The cross-rank contract check: given every rank's descriptor of the same collective, decide
 /// whether they agree (NCCL's contract: same collective, count, dtype, op and root, in the same
-/// order; and the same caller's tag) and whether any rank passed invalid arguments, and describe each difference with every
+/// order; and the same caller's tag and reproducible mode) and whether any rank passed invalid arguments, and describe each difference with every
 /// rank's value ("count mismatch: rank 0: 2560; ranks 1-3: 5120").
 ///
 /// Every rank runs the same pure function on the same descriptors, so all ranks reach the same
@@ -111,7 +111,11 @@ std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_ra
       }
       // Grouped form when several ranks share a problem: "ranks 0-3: send buffer is null ...".
       const std::string grouped = detail::describe_values(problems);
-      return contract_violation{errc::invalid_argument,
+      // errc::unsupported only when every invalid rank reports a missing capability.
+      errc code = errc::unsupported;
+      for (int r = 0; r < n; ++r)
+        if (!get(r).invalid.empty() && get(r).invalid_code != errc::unsupported) code = errc::invalid_argument;
+      return contract_violation{code,
                                 "invalid arguments (" + (grouped.size() < s.size() ? grouped : s) + "); no rank ran it"};
     }
   }
@@ -122,7 +126,13 @@ std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_ra
                                 return std::string(collective_name(d.kind));
                               }))};
   const collective_kind kind = get(0).kind;
-  // 3. Count, dtype, op, root, algorithm.
+  // 3. Reproducible mode, count, dtype, op, root, algorithm.
+  if (!all_equal([](const collective_descriptor& d) { return d.reproducible; }))
+    return contract_violation{errc::contract_mismatch,
+                              "reproducible mode mismatch (check RINGZERO_REPRODUCIBLE and per-call options): " +
+                                  detail::describe_values(values([](const collective_descriptor& d) {
+                                    return std::string(reproducible_mode_name(d.reproducible));
+                                  }))};
   if (kind != collective_kind::barrier) {
     if (!all_equal([](const collective_descriptor& d) { return d.count; }))
       return contract_violation{errc::contract_mismatch,

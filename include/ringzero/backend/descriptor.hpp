@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// `collective_descriptor`: what one rank asked of one collective (kind, sequence number,
-/// count, tag, dtype, op, root, algorithm, buffers, and whether its arguments were valid).
+/// count, tag, dtype, op, root, algorithm, reproducible mode, buffers, and whether its
+/// arguments were valid).
 /// Backends exchange descriptors to check NCCL's contract (same collectives, in the same order,
 /// with the same count, dtype, op and root on every rank) and, on the local backend, to find
 /// their peers' buffers.
@@ -11,9 +12,32 @@
 
 #include "ringzero/core/algorithm.hpp"
 #include "ringzero/core/dtype.hpp"
+#include "ringzero/core/error.hpp"
 #include "ringzero/core/reduce_op.hpp"
 
 namespace ringzero {
+
+namespace primitive {
+struct binned_view;
+}
+
+/// Whether a reduction runs in reproducible mode (docs/numerics.md), and with which inputs.
+/// The numbering is stable (exchanged between processes).
+enum class reproducible_mode : std::uint8_t {
+  off = 0,          ///< the algorithm's own floating-point combine order
+  on = 1,           ///< the reproducible sum of the ranks' inputs, one contribution per rank
+  accumulator = 2,  ///< the reproducible sum of each rank's reproducible_accumulator
+};
+
+/// "off", "on" or "accumulator".
+constexpr const char* reproducible_mode_name(reproducible_mode m) noexcept {
+  switch (m) {
+    case reproducible_mode::off: return "off";
+    case reproducible_mode::on: return "on";
+    case reproducible_mode::accumulator: return "accumulator";
+  }
+  return "invalid";
+}
 
 /// One rank's view of one collective call. Counts are in elements, extents in bytes.
 struct collective_descriptor {
@@ -30,7 +54,10 @@ struct collective_descriptor {
   std::uint64_t send_bytes = 0;   ///< bytes this rank reads from `send` (0 when it reads none)
   std::uint64_t recv_bytes = 0;   ///< bytes this rank writes to `recv` (0 when it writes none)
   bool in_place = false;          ///< the buffers follow NCCL's in-place convention
+  reproducible_mode reproducible = reproducible_mode::off;  ///< must match on every rank
+  const primitive::binned_view* binned = nullptr;  ///< mode accumulator: this rank's accumulator
   std::string invalid;            ///< non-empty: why this rank's arguments are invalid
+  errc invalid_code = errc::invalid_argument;  ///< the error `invalid` raises (unsupported or invalid_argument)
 };
 
 }  // namespace ringzero

@@ -36,6 +36,7 @@ struct collective_request {
   int root = -1;
   collective_options options{};
   std::string invalid;  ///< a problem found by a typed wrapper (e.g. span sizes), if any
+  const primitive::binned_view* binned = nullptr;  ///< accumulator collectives: the accumulator
 };
 
 /// A request with the given fields (root -1 and op sum where the collective has none).
@@ -73,6 +74,44 @@ inline std::optional<std::uint64_t> checked_buffer_bytes(std::uint64_t a, std::u
   const auto bytes = checked_mul(a, b);
   if (!bytes || *bytes > static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max())) return std::nullopt;
   return bytes;
+}
+
+/// Sets `d.reproducible` for request `q` and records its refusals with `fail` (see
+/// collective_options::reproducible): a per-call request for anything but a floating sum, avg or
+/// premul_sum of all_reduce, reduce_scatter or reduce; floating prod under RINGZERO_REPRODUCIBLE;
+/// device memory (errc::unsupported); more than 2^26 contributions in one accumulator.
+template <class Fail>
+void describe_reproducible(const communicator& c, const collective_request& q, collective_descriptor& d, Fail&& fail) {
+  const bool requested = q.options.reproducible || q.binned != nullptr;
+  if (!is_reduction(q.kind) || !(requested || c.reproducible())) return;
+  const bool supported_kind = q.kind == collective_kind::all_reduce || q.kind == collective_kind::reduce_scatter ||
+                              q.kind == collective_kind::reduce;
+  const bool floating = is_valid(q.type) && is_floating_point(q.type);
+  const bool summing = q.op.kind == reduce_kind::sum || q.op.kind == reduce_kind::avg ||
+                       q.op.kind == reduce_kind::premul_sum;
+  const std::string what = std::string(dtype_name(q.type)) + " " + std::string(reduce_kind_name(q.op.kind)) +
+                           (supported_kind ? "" : " (" + std::string(collective_name(q.kind)) + ")");
+  if (!requested) {  // RINGZERO_REPRODUCIBLE: only where it applies; floating prod is refused
+    if (!supported_kind || !floating) return;
+    if (q.op.kind == reduce_kind::prod) {
+      fail("RINGZERO_REPRODUCIBLE=1 cannot make a " + what +
+           " reproducible (prod is not supported; unset it for this communicator)");
+      return;
+    }
+    if (!summing) return;  // min and max are order-independent already
+  } else if (!supported_kind || !floating || !summing) {
+    fail("reproducible mode supports float16, bfloat16, float32 and float64 with sum, avg or premul_sum in "
+         "all_reduce, reduce_scatter and reduce, not " + what +
+         (floating ? "" : " (integer reductions are exact already)"));
+    return;
+  }
+  d.reproducible = q.binned != nullptr ? reproducible_mode::accumulator : reproducible_mode::on;
+  d.binned = q.binned;
+  if (c.space() == memory_space::cuda && d.invalid.empty()) {
+    fail("reproducible mode is not available on backend " + std::string(backend_name(c.backend())) +
+         " with CUDA device memory (it runs on host memory only)");
+    d.invalid_code = errc::unsupported;
+  }
 }
 
 /// The descriptor of `q` on communicator `c` (sequence number not yet assigned).
@@ -121,6 +160,7 @@ inline collective_descriptor describe(const communicator& c, const collective_re
     case collective_kind::all_to_all: send_elems = recv_elems = whole.value_or(0); break;
     default: break;
   }
+  if (q.binned != nullptr) send_elems = 0;  // an accumulator collective reads no send buffer
   const std::size_t es = is_valid(q.type) ? dtype_size(q.type) : 1;
   const auto send_bytes = checked_buffer_bytes(send_elems, es), recv_bytes = checked_buffer_bytes(recv_elems, es);
   const bool needs_whole = q.kind == collective_kind::reduce_scatter || q.kind == collective_kind::all_gather ||
@@ -167,6 +207,8 @@ inline collective_descriptor describe(const communicator& c, const collective_re
   std::string problem;
   d.algo = resolve_algorithm(c, q.kind, model_bytes, q.options.algo, c.forced_algorithm(), problem);
   if (!problem.empty()) fail(problem);
+
+  describe_reproducible(c, q, d, fail);
 
   // Device memory needs the CUDA kernels unless the backend's own collective moves the data.
   const bool moves_data = q.kind != collective_kind::barrier && q.count != 0;

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// Running one collective: sequence number, blocking or asynchronous issue, the contract check
-/// (`begin`), the world-of-one and zero-count cases, the algorithm, and `end`.
+/// (`begin`), the world-of-one and zero-count cases, the algorithm (or reproducible mode,
+/// collective/reproducible.hpp), and `end`.
 ///
 /// Issue order is execution order: a blocking call made while asynchronous work is pending waits
 /// behind it on the progress thread. A failure inside an algorithm aborts the communicator so
@@ -16,6 +17,7 @@
 #include "ringzero/algorithm/halving_doubling.hpp"
 #include "ringzero/algorithm/ring.hpp"
 #include "ringzero/collective/describe.hpp"
+#include "ringzero/collective/reproducible.hpp"
 
 namespace ringzero::detail {
 
@@ -117,9 +119,12 @@ inline void execute(communicator& c, const collective_descriptor& d) {
   current_collective guard(c, &d);
   exclusive_use exclusive(c);
   c.begin(d);
+  std::string refusal;
   if (d.kind == collective_kind::barrier ? c.world_size() > 1 : d.count != 0) {
     try {
-      if (c.space() == memory_space::host || d.kind == collective_kind::barrier || d.algo == algorithm::native) {
+      if (d.reproducible != reproducible_mode::off) {
+        refusal = run_reproducible(c, d, algorithms::host_ops(), [](const algorithms::call& inner) { run_algorithm(inner); });
+      } else if (c.space() == memory_space::host || d.kind == collective_kind::barrier || d.algo == algorithm::native) {
         run_with(c, d, algorithms::host_ops());
       } else {
         const primitive::device_primitives* kernels = primitive::registered_device_primitives();
@@ -134,6 +139,7 @@ inline void execute(communicator& c, const collective_descriptor& d) {
     }
   }
   c.end(d);
+  if (!refusal.empty()) c.raise(errc::invalid_argument, refusal + "; no rank wrote its output");
 }
 
 /// Issues `d` on `c`: assigns its sequence number, then runs it inline (blocking, nothing

@@ -23,6 +23,13 @@ struct collective_options {
   /// same-sized units issued in different orders on different ranks. 0 (the default) is a tag
   /// like any other. It does not change which data is exchanged.
   std::uint64_t tag = 0;
+  /// Reproducible mode (docs/numerics.md): all_reduce, reduce_scatter and reduce of float16,
+  /// bfloat16, float32 or float64 with sum, avg or premul_sum return a result that depends only
+  /// on the ranks' inputs, not on world size, rank order, algorithm or backend. Other dtypes and
+  /// ops are errc::invalid_argument (naming both) on every rank; device memory is
+  /// errc::unsupported. false: RINGZERO_REPRODUCIBLE (communicator::reproducible()) decides,
+  /// which applies only where it can and refuses floating prod. Must match on every rank (checked).
+  bool reproducible = false;
 };
 
 }  // namespace ringzero

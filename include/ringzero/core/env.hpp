@@ -11,6 +11,8 @@
 /// | RINGZERO_PIN      | 1: pin local-backend rank threads to cores            | 0       |
 /// | RINGZERO_CHECK    | 1/0: cross-rank contract check on backends where it   | backend |
 /// |                   | costs communication (MPI); always on for local        |         |
+/// | RINGZERO_REPRODUCIBLE | 1: floating sum/avg/premul_sum reductions in      | 0       |
+/// |                   | reproducible mode (docs/numerics.md)                  |         |
 
 #include <algorithm>
 #include <cerrno>
@@ -98,6 +100,12 @@ inline bool env_pin_threads() {
 inline bool env_check(bool fallback) {
   auto v = detail::env_string("RINGZERO_CHECK");
   return v ? detail::parse_flag(*v, "RINGZERO_CHECK") : fallback;
+}
+
+/// RINGZERO_REPRODUCIBLE as a flag (false when unset). Throws errc::invalid_argument on a bad value.
+inline bool env_reproducible() {
+  auto v = detail::env_string("RINGZERO_REPRODUCIBLE");
+  return v ? detail::parse_flag(*v, "RINGZERO_REPRODUCIBLE") : false;
 }
 
 }  // namespace ringzero

@@ -30,7 +30,7 @@ namespace ringzero {
 class workspace_pool {
  public:
   /// Number of independent slots; a collective may hold all of them at once.
-  static constexpr int slot_count = 4;
+  static constexpr int slot_count = 5;
   /// Alignment of every buffer in bytes.
   static constexpr std::size_t alignment = 4096;
 

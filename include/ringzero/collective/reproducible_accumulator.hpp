@@ -1,0 +1,137 @@
+#pragma once
+/// @file
+/// `reproducible_accumulator`: several contributions per rank (one per micro-batch) summed so
+/// that the result depends on the multiset of contributions alone, and its all_reduce and
+/// reduce_scatter over ranks. Each element keeps a local top bin and one integer limb per kept
+/// bin (no carries between bins); the collectives take the global top bin (max over ranks),
+/// then sum every rank's words at that bin exactly and round once (docs/numerics.md; the
+/// format is primitive/reproducible_sum.hpp, after Demmel & Nguyen's binned summation).
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ringzero/collective/dispatch.hpp"
+#include "ringzero/primitive/reproducible_sum.hpp"
+
+namespace ringzero {
+
+/// Binned sums of `count` elements of a floating dtype in host memory.
+/// Thread semantics: like a container; add() from one thread at a time, and not while a
+/// collective reads the accumulator (asynchronous use is the caller's to order).
+class reproducible_accumulator {
+ public:
+  /// An empty accumulator for `count` elements of floating `type` (host memory). Throws
+  /// errc::invalid_argument for an integer or invalid dtype or a count whose storage overflows.
+  reproducible_accumulator(std::uint64_t count, dtype type) : count_(count), type_(type) {
+    if (!is_valid(type) || !primitive::reproducible_supports(type))
+      throw error(errc::invalid_argument, "reproducible_accumulator supports float16, bfloat16, float32 and float64, not " +
+                                              std::string(dtype_name(type)));
+    kept_ = primitive::reproducible_kept_bins(type);
+    if (count > std::uint64_t{1} << 56)
+      throw error(errc::invalid_argument, "reproducible_accumulator of " + std::to_string(count) + " elements is too large");
+    tops_.assign(static_cast<std::size_t>(count), 0);
+    limbs_.assign(static_cast<std::size_t>(count) * static_cast<std::size_t>(kept_), 0);
+  }
+
+  /// Deposits one contribution: `values` holds count() elements of type(). Exact: the order of
+  /// add() calls never changes any later result. Host memory only. Throws errc::invalid_argument
+  /// for a null pointer with count() > 0 or beyond 2^26 contributions (the format's headroom).
+  void add(const void* values) {
+    if (values == nullptr && count_ > 0) throw error(errc::invalid_argument, "reproducible_accumulator::add: values is null");
+    if (contributions_ >= primitive::reproducible_max_contributions)
+      throw error(errc::invalid_argument, "reproducible_accumulator::add: more than 2^26 contributions");
+    const primitive::float_format f = primitive::format_of(type_);
+    for (std::uint64_t i = 0; i < count_; ++i)
+      primitive::accumulate(tops_[static_cast<std::size_t>(i)], limbs_.data() + i * static_cast<std::uint64_t>(kept_), kept_,
+                            primitive::decode_bits(primitive::load_bits(values, i, type_), f));
+    ++contributions_;
+  }
+
+  /// Typed add(): `values.size()` must equal count() and T must be type()'s element type
+  /// (errc::invalid_argument otherwise).
+  template <element_type T>
+  void add(std::span<const T> values) {
+    if (dtype_of<T> != type_)
+      throw error(errc::invalid_argument, "reproducible_accumulator::add: element type differs from " +
+                                              std::string(dtype_name(type_)));
+    if (values.size() != count_)
+      throw error(errc::invalid_argument, "reproducible_accumulator::add: " + std::to_string(values.size()) +
+                                              " values for " + std::to_string(count_) + " elements");
+    add(static_cast<const void*>(values.data()));
+  }
+
+  /// Forgets every contribution (keeps the memory).
+  void clear() noexcept {
+    std::fill(tops_.begin(), tops_.end(), std::uint8_t{0});
+    std::fill(limbs_.begin(), limbs_.end(), std::int64_t{0});
+    contributions_ = 0;
+  }
+
+  /// add() calls since construction / clear().
+  std::uint64_t contributions() const noexcept { return contributions_; }
+  /// Elements per contribution.
+  std::uint64_t count() const noexcept { return count_; }
+  /// The element type.
+  dtype type() const noexcept { return type_; }
+
+  /// The storage as the collectives read it (valid until the next add/clear or destruction).
+  primitive::binned_view view() const noexcept {
+    return primitive::binned_view{tops_.data(), limbs_.data(), count_, type_, contributions_};
+  }
+
+ private:
+  std::uint64_t count_ = 0;
+  dtype type_ = dtype::float32;
+  int kept_ = 3;
+  std::uint64_t contributions_ = 0;
+  std::vector<std::uint8_t> tops_;
+  std::vector<std::int64_t> limbs_;
+};
+
+namespace detail {
+
+/// Issues an accumulator collective of `kind` (all_reduce or reduce_scatter) and waits for it.
+inline void run_accumulator(communicator& comm, collective_kind kind, const reproducible_accumulator& acc, void* recv,
+                            reduce_kind op, const collective_options& options) {
+  const primitive::binned_view view = acc.view();
+  const std::uint64_t n = static_cast<std::uint64_t>(comm.world_size());
+  std::uint64_t count = acc.count();
+  std::string invalid;
+  if (kind == collective_kind::reduce_scatter) {
+    count = acc.count() / n;
+    if (acc.count() % n != 0)
+      invalid = "accumulator count " + std::to_string(acc.count()) + " is not a multiple of world size " + std::to_string(n);
+  }
+  if (op != reduce_kind::sum && op != reduce_kind::avg && invalid.empty())
+    invalid = "an accumulator reduces with sum or avg, not " + std::string(reduce_kind_name(op));
+  auto q = make_request(kind, nullptr, recv, count, acc.type(), reduce_op(op), -1, options);
+  q.invalid = invalid;
+  q.binned = &view;
+  run_blocking(comm, q);
+}
+
+}  // namespace detail
+
+/// recv (count() elements of type(), on every rank) = the reproducible sum (op sum) or average
+/// (op avg: divided by the total number of contributions over all ranks; NaN when there are
+/// none) of every contribution deposited on every rank. A function of the multiset of
+/// contributions only: not of world size, rank order, algorithm or backend. Collective: every
+/// rank calls it (ranks with zero contributions are allowed). Blocking. Errors as all_reduce's,
+/// on every rank; ops other than sum and avg, and more than 2^26 contributions in total, are
+/// errc::invalid_argument.
+inline void all_reduce(communicator& comm, const reproducible_accumulator& acc, void* recv, reduce_kind op,
+                       const collective_options& options = {}) {
+  detail::run_accumulator(comm, collective_kind::all_reduce, acc, recv, op, options);
+}
+
+/// Like all_reduce, but rank r receives only elements [r*c, (r+1)*c) with c = acc.count() /
+/// world_size (acc.count() must be a multiple of world_size, else invalid_argument on every rank).
+inline void reduce_scatter(communicator& comm, const reproducible_accumulator& acc, void* recv, reduce_kind op,
+                           const collective_options& options = {}) {
+  detail::run_accumulator(comm, collective_kind::reduce_scatter, acc, recv, op, options);
+}
+
+}  // namespace ringzero
