@@ -84,6 +84,7 @@ struct options {
   std::vector<int> roots{0};
   rz::algorithm algo = rz::algorithm::automatic;
   bool pin = false;
+  bool reproducible = false;       // --reproducible: floating sum/avg/premulsum reductions in reproducible mode
   std::string json_path;
   std::uint64_t bandwidth_bytes = 0;
   bool device_memory = false;      // --memory cuda
@@ -329,7 +330,8 @@ class rank_bench {
     std::string algo(rz::algorithm_name(o_.algo));
     if (o_.algo == rz::algorithm::automatic && comm_.forced_algorithm() != rz::algorithm::automatic)
       algo += std::string(" (RINGZERO_ALGO=") + std::string(rz::algorithm_name(comm_.forced_algorithm())) + " where available)";
-    fmt::print("# ringzero-bench {} : {} rank(s) on {}, algorithm {}\n", rz::collective_name(o_.kind), n_, backend_text(), algo);
+    fmt::print("# ringzero-bench {} : {} rank(s) on {}, algorithm {}{}\n", rz::collective_name(o_.kind), n_, backend_text(), algo,
+               o_.reproducible ? ", reproducible mode (floating sum/avg/premulsum rows)" : "");
     fmt::print("# {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {:>40}  {:>40}\n", "", "", "", "", "", "",
                "out-of-place", "in-place");
     fmt::print("# {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {:>9} {:>7} {:>7} {:>6} {:>6}  {:>9} {:>7} {:>7} {:>6} {:>6}\n",
@@ -364,10 +366,20 @@ class rank_bench {
     return s;
   }
 
+  // True when --reproducible applies to a row: a floating sum, avg or premulsum of all_reduce,
+  // reduce_scatter or reduce (other rows run as usual: integers and min/max are exact already).
+  bool reproducible_applies(rz::dtype t, rz::reduce_kind op) const {
+    const bool kind = o_.kind == rz::collective_kind::all_reduce || o_.kind == rz::collective_kind::reduce_scatter ||
+                      o_.kind == rz::collective_kind::reduce;
+    return kind && rz::is_floating_point(t) &&
+           (op == rz::reduce_kind::sum || op == rz::reduce_kind::avg || op == rz::reduce_kind::premul_sum);
+  }
+
   // Runs the collective once with the row's arguments.
   void call(const row_setup& s, rz::dtype t, rz::reduce_kind opk, int root, bool in_place) {
     rz::collective_options opts;
     opts.algo = o_.algo;
+    opts.reproducible = o_.reproducible && reproducible_applies(t, opk);
     const rz::reduce_op op = opk == rz::reduce_kind::premul_sum ? rz::reduce_op::premul_sum(rz::bench::premul_scalar) : rz::reduce_op(opk);
     const std::size_t es = rz::dtype_size(t);
     unsigned char* send = send_.get();
@@ -605,6 +617,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--algo", algo, "auto, ring, direct, halving_doubling, native (RINGZERO_ALGO also works)")->capture_default_str();
   app.add_flag("--pin", o.pin, "pin rank threads to cores");
+  app.add_flag("--reproducible", o.reproducible,
+               "reproducible mode (docs/numerics.md) for floating sum, avg and premulsum rows of all_reduce, "
+               "reduce_scatter and reduce; host memory only");
   app.add_option("--json", o.json_path, "write every row to this JSON file");
   app.add_option("--bandwidth-bytes", bw_size, "per-rank size of the memory-bandwidth copy (default max(maxbytes, 64M))");
   std::string memory = "host";
@@ -651,6 +666,8 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("backend", "local, nccl or mpi, not '" + o.backend + "'");
     if (o.backend == "nccl" && !o.device_memory) throw CLI::ValidationError("backend", "nccl needs --memory cuda");
     if (o.backend == "mpi" && o.device_memory) throw CLI::ValidationError("backend", "mpi runs on host memory only");
+    if (o.reproducible && o.device_memory)
+      throw CLI::ValidationError("reproducible", "--reproducible runs on host memory only, not with --memory cuda");
 #if !RINGZERO_HAS_CUDA
     if (o.device_memory) throw CLI::ValidationError("memory", "this ringzero-bench was built without the CUDA runtime");
 #endif
@@ -781,6 +798,7 @@ int main(int argc, char** argv) {
   if (!o.json_path.empty()) {
     nlohmann::json doc{{"program", "ringzero-bench"}, {"collective", rz::collective_name(o.kind)}, {"ranks", o.ranks},
                        {"backend", o.backend}, {"memory", o.device_memory ? "cuda" : "host"},
+                       {"reproducible", o.reproducible},
                        {"copy_bandwidth_gbps", shared.copy_bandwidth}, {"rows", shared.rows},
                        {"avg_busbw_gbps", shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0},
                        {"wrong", shared.wrong_total}};

@@ -229,6 +229,35 @@ TEST_CASE("reproducible format: divisions round to the nearest float32 (exact ra
   }
 }
 
+TEST_CASE("reproducible format: the array conversion equals the element conversion (float32's fast route too)") {
+  std::mt19937_64 gen(99);
+  for (dtype t : {dtype::float32, dtype::float64, dtype::float16, dtype::bfloat16}) {
+    const int w = reproducible_words(t), kept = reproducible_kept_bins(t);
+    const std::uint64_t n = 20000;
+    std::vector<std::int64_t> words(n * static_cast<std::uint64_t>(w));
+    std::vector<std::uint8_t> tops(n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      tops[i] = static_cast<std::uint8_t>(gen() % 176);
+      if (i % 97 == 0) tops[i] = reproducible_nonfinite_bin;
+      for (int j = 0; j < w; ++j) {
+        const int bits = static_cast<int>(gen() % 63);
+        auto v = static_cast<std::int64_t>(gen() >> (64 - bits - 1) >> 1);
+        words[i * static_cast<std::uint64_t>(w) + static_cast<std::uint64_t>(j)] = (gen() & 1) ? -v : v;
+      }
+    }
+    for (std::uint64_t divisor : {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{8}, std::uint64_t{3}, std::uint64_t{1} << 26}) {
+      std::vector<std::uint64_t> out(n, 0);
+      std::vector<unsigned char> packed(n * dtype_size(t));
+      convert_to(packed.data(), words.data(), tops.data(), n, t, divisor);
+      for (std::uint64_t i = 0; i < n; ++i) {
+        const std::uint64_t expected = convert_words(words.data() + i * static_cast<std::uint64_t>(w), tops[i], divisor, kept, format_of(t));
+        INFO(dtype_name(t) << " element " << i << " divisor " << divisor);
+        REQUIRE(load_bits(packed.data(), i, t) == expected);
+      }
+    }
+  }
+}
+
 namespace {
 
 /// Adversarial contributions: values spanning 2^-60..2^60 of both signs, with cancellation.

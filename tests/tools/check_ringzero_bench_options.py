@@ -6,7 +6,9 @@
   buffers;
 - integer options (-f, -n, -w, -c, --ranks) take decimal digits only;
 - --json is checked before measuring without creating the file: a run that fails leaves no file
-  behind and never truncates one the user already had; a run that succeeds writes it.
+  behind and never truncates one the user already had; a run that succeeds writes it;
+- --reproducible checks every dtype and op bitwise, says so in the header and the JSON, and is
+  refused with --memory cuda.
 
 usage: check_ringzero_bench_options.py RINGZERO_BENCH
 
@@ -104,6 +106,21 @@ def main() -> int:
                 rows = json.load(f).get("rows", [])
             check(len(rows) == 1 and rows[0].get("size_bytes") == 0 and rows[0].get("count") == 0,
                   f"barrier with -b 1K -e 1M: rows {[(r.get('size_bytes'), r.get('count')) for r in rows]}, expected one of size 0")
+
+        # --reproducible: every dtype and op checks bitwise (the floating sum/avg/premulsum rows in
+        # reproducible mode, the others as usual); the header and the JSON say so.
+        p = run(bench, "all_reduce", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--ranks", "3", "-d", "all", "-o", "all",
+                "--bandwidth-bytes", "64K", "--reproducible", "--json", path)
+        if check(p.returncode == 0 and "# Errors: 0 wrong" in p.stdout, f"--reproducible: exit status {p.returncode}"):
+            check("reproducible mode" in p.stdout, "--reproducible: the header does not say reproducible mode")
+            with open(path) as f:
+                doc = json.load(f)
+            check(doc.get("reproducible") is True and len(doc.get("rows", [])) == 60,
+                  f"--reproducible: JSON reproducible={doc.get('reproducible')}, {len(doc.get('rows', []))} rows, expected 60")
+        p = run(bench, *SMALL, "--ranks", "2", "--memory", "cuda", "--reproducible")
+        if not without_cuda(p):
+            check(p.returncode == VALIDATION_ERROR and "--reproducible" in p.stderr,
+                  f"--reproducible --memory cuda: exit status {p.returncode}, expected {VALIDATION_ERROR} naming --reproducible")
 
     return finish()
 

@@ -403,7 +403,7 @@ class communicator final : public ringzero::communicator {
 
   void begin(const collective_descriptor& d) override {
     if (world_size() == 1) {
-      if (!d.invalid.empty()) raise(errc::invalid_argument, "invalid arguments (rank 0: " + d.invalid + "); no rank ran it");
+      if (!d.invalid.empty()) raise(d.invalid_code, "invalid arguments (rank 0: " + d.invalid + "); no rank ran it");
       return;
     }
     raise_if_unusable();
@@ -414,7 +414,7 @@ class communicator final : public ringzero::communicator {
       return;
     }
     if (!d.invalid.empty()) {
-      fail(errc::invalid_argument, "invalid arguments (rank " + std::to_string(rank()) + ": " + d.invalid +
+      fail(d.invalid_code, "invalid arguments (rank " + std::to_string(rank()) + ": " + d.invalid +
                                        "); the communicator is aborted so that no peer waits for this rank");
     }
   }

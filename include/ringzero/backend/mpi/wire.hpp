@@ -51,7 +51,8 @@ constexpr int tag_remaining(int tag) noexcept { return tag % (tag_remaining_cap 
 // ---------------------------------------------------------------- check-mode descriptors
 
 /// One rank's collective descriptor as sent to its peers in check mode: the fields the
-/// contract compares, plus the reason its arguments are invalid (truncated to fit). A
+/// contract compares (the reproducible mode among them), plus the reason its arguments are
+/// invalid (truncated to fit) and the error code it raises. A
 /// point-to-point transfer (kind send or recv) sends the same record to each peer it sends to
 /// or receives from, saying what it sends to and receives from that peer (`sends`,
 /// `send_bytes`, `receives`, `recv_bytes`; `type` is the call's dtype).
@@ -67,12 +68,13 @@ struct wire_descriptor {
   std::uint8_t op = 0;
   std::uint8_t algo = 0;
   std::uint32_t reason_length = 0;
-  std::uint32_t pad = 0;
+  std::int32_t invalid_code = 0;  ///< the errc that `reason` raises
   std::uint64_t send_bytes = 0;  ///< point-to-point: bytes the sender sends to the addressee
   std::uint64_t recv_bytes = 0;  ///< point-to-point: bytes the sender expects from the addressee
   std::uint8_t sends = 0;        ///< point-to-point: 1 when it sends to the addressee
   std::uint8_t receives = 0;     ///< point-to-point: 1 when it receives from the addressee
-  std::uint8_t pad2[6] = {};
+  std::uint8_t reproducible = 0; ///< the reproducible_mode
+  std::uint8_t pad2[5] = {};
   char reason[max_reason] = {};
 
   /// Bytes that carry information (the header plus the reason).
@@ -89,6 +91,8 @@ inline void encode(const collective_descriptor& d, wire_descriptor& w) {
   w.type = static_cast<std::uint8_t>(d.type);
   w.op = static_cast<std::uint8_t>(d.op.kind);
   w.algo = static_cast<std::uint8_t>(d.algo);
+  w.reproducible = static_cast<std::uint8_t>(d.reproducible);
+  w.invalid_code = static_cast<std::int32_t>(d.invalid_code);
   std::string reason = d.invalid;
   if (reason.size() > wire_descriptor::max_reason) reason = reason.substr(0, wire_descriptor::max_reason - 3) + "...";
   w.reason_length = static_cast<std::uint32_t>(reason.size());
@@ -106,6 +110,8 @@ inline collective_descriptor decode(const wire_descriptor& w) {
   d.type = static_cast<dtype>(w.type);
   d.op.kind = static_cast<reduce_kind>(w.op);
   d.algo = static_cast<algorithm>(w.algo);
+  d.reproducible = static_cast<reproducible_mode>(w.reproducible);
+  d.invalid_code = static_cast<errc>(w.invalid_code);
   d.invalid.assign(w.reason, std::min<std::size_t>(w.reason_length, wire_descriptor::max_reason));
   return d;
 }
@@ -147,8 +153,9 @@ struct notice {
 
 /// The layout of the records above; ranks built with different layouts refuse to make a
 /// communicator together (2: wire_descriptor carries the collective's tag; 3: and the
-/// point-to-point fields of the check mode).
-inline constexpr std::int32_t wire_format_version = 3;
+/// point-to-point fields of the check mode; 4: and the reproducible mode and the error code of
+/// an invalid call).
+inline constexpr std::int32_t wire_format_version = 4;
 
 /// What every rank states when a communicator is made; ranks must agree on all of it.
 struct hello_record {

@@ -260,7 +260,7 @@ class communicator final : public ringzero::communicator {
     if (check_contract_) {
       exchange_and_check(d);
     } else if (!d.invalid.empty()) {
-      raise(errc::invalid_argument, "invalid arguments on this rank: " + d.invalid +
+      raise(d.invalid_code, "invalid arguments on this rank: " + d.invalid +
                                         " (the NCCL backend does not tell the other ranks unless RINGZERO_CHECK=1)");
     }
   }
@@ -362,8 +362,9 @@ class communicator final : public ringzero::communicator {
   /// The layout of `wire_descriptor` this build writes: "RZ" and a version, raised whenever a
   /// field is added, moved or reinterpreted, so that ranks running different ringzero builds are
   /// refused by name instead of reading each other's records with the wrong layout (version 2
-  /// added `tag`; the MPI backend's hello has the same check, `detail::wire_format_version`).
-  static constexpr std::uint32_t wire_layout = 0x525A0002u;
+  /// added `tag`; 3 `reproducible` and `invalid_code`; the MPI backend's hello has the same
+  /// check, `detail::wire_format_version`).
+  static constexpr std::uint32_t wire_layout = 0x525A0003u;
   /// The descriptor fields the contract check exchanges, in a fixed 256-byte record.
   struct wire_descriptor {
     std::uint64_t sequence;
@@ -375,7 +376,9 @@ class communicator final : public ringzero::communicator {
     std::uint8_t type;
     std::uint8_t op;
     std::uint8_t algo;
-    char invalid[220];
+    std::uint8_t reproducible;  ///< the reproducible_mode (always off here: refused, but compared)
+    std::uint8_t invalid_code;  ///< the errc of `invalid`
+    char invalid[218];
   };
   static_assert(sizeof(wire_descriptor) == 256);
 
@@ -648,6 +651,8 @@ class communicator final : public ringzero::communicator {
     mine.type = static_cast<std::uint8_t>(d.type);
     mine.op = static_cast<std::uint8_t>(d.op.kind);
     mine.algo = static_cast<std::uint8_t>(d.algo);
+    mine.reproducible = static_cast<std::uint8_t>(d.reproducible);
+    mine.invalid_code = static_cast<std::uint8_t>(d.invalid_code);
     std::strncpy(mine.invalid, d.invalid.c_str(), sizeof mine.invalid - 1);
     std::vector<wire_descriptor> all(static_cast<std::size_t>(n));
     auto* dev = static_cast<unsigned char*>(
@@ -683,6 +688,8 @@ class communicator final : public ringzero::communicator {
       c.op = reduce_op(static_cast<reduce_kind>(w.op));
       c.root = w.root;
       c.algo = static_cast<algorithm>(w.algo);
+      c.reproducible = static_cast<reproducible_mode>(w.reproducible);
+      c.invalid_code = static_cast<errc>(w.invalid_code);
       c.invalid.assign(w.invalid, strnlen(w.invalid, sizeof w.invalid));
     }
     std::vector<std::string> sequences;
