@@ -186,6 +186,7 @@ class sharded_model {
   /// gradient for an alias). Throws errc::invalid_argument for a frozen parameter, when T is not
   /// the gradient dtype, or when the owning unit's reduction has already started in this
   /// micro-batch. Stages 2-3 take a bucket from the pool on the first request of a unit.
+  /// Reproducible mode: the view holds zeros at the start of every micro-batch (at every stage).
   template <element_type T>
   std::span<T> gradient(std::size_t p) {
     const parameter_placement& pl = placement(p);
