@@ -5,7 +5,9 @@
 # batch cut into micro-batches, micro-batch j on rank j mod n), side by side in one run. The two
 # modes alternate (default, reproducible, default, ...) for RUNS rounds, so that drifting load
 # affects both alike; each run trains EPOCHS epochs, and the figure per mode is the median over
-# runs of each run's median epoch time. Checks the ratio against the target (reproducible at most
+# runs of each run's median epoch time; the reducer's reduction time per epoch (in flight, and
+# waited for by finish(): in reproducible mode the reduction is synchronous, so both are the same)
+# shows how much of the difference is communication and how much the deposits. Checks the ratio against the target (reproducible at most
 # 1.3x the default) and prints a Markdown block (command, machine, date, results) for
 # docs/performance.md.
 #
@@ -51,6 +53,7 @@ args=(--ranks "$ranks" --micro-batch "$micro" --global-batch "$global" --epochs 
 median() { jq -s 'sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end'; }
 declare -A times=([default]="" [reproducible]="")
 declare -A crcs=([default]="" [reproducible]="")
+declare -A reduce=([default]="" [reproducible]="")  # per run: median epoch's reduction in flight / waited for
 for ((i = 1; i <= runs; ++i)); do
   for mode in default reproducible; do
     extra=()
@@ -60,6 +63,9 @@ for ((i = 1; i <= runs; ++i)); do
     t=$(jq '[.runs[0].epochs[].train_seconds]' "$tmp/$mode-$i.json" | jq '.[]' | median)
     times[$mode]+="$t "
     crcs[$mode]+="$(jq -r '.runs[0].parameter_crc32' "$tmp/$mode-$i.json") "
+    inflight=$(jq '.runs[0].epochs[].reduction_seconds' "$tmp/$mode-$i.json" | median)
+    waited=$(jq '.runs[0].epochs[].exposed_reduction_seconds' "$tmp/$mode-$i.json" | median)
+    reduce[$mode]+="$(jq -n "$inflight * 100 | round / 100")/$(jq -n "$waited * 100 | round / 100") "
     echo "  run $i, $mode: median epoch $t s" >&2
   done
 done
@@ -86,6 +92,7 @@ cat << MD
 |---|---|---|
 | median epoch time per run (s) | $(list "${times[default]}")| $(list "${times[reproducible]}")|
 | median over runs (s) | $(r3 "$med_default") | $(r3 "$med_repro") |
+| gradient reduction per epoch, in flight / waited for (s), per run | ${reduce[default]}| ${reduce[reproducible]}|
 | final parameters' CRC-32 per run | ${crcs[default]}| ${crcs[reproducible]}|
 | epoch time, reproducible / default | | $(jq -n "$ratio * 100 | round / 100")x (target <= 1.3x: $(if [ "$ok" = 1 ]; then echo met; else echo MISSED; fi)) |
 MD
