@@ -5,11 +5,11 @@
 # batch cut into micro-batches, micro-batch j on rank j mod n), side by side in one run. The two
 # modes alternate (default, reproducible, default, ...) for RUNS rounds, so that drifting load
 # affects both alike; each run trains EPOCHS epochs, and the figure per mode is the median over
-# runs of each run's median epoch time; the reducer's reduction time per epoch (in flight, and
-# waited for by finish(): in reproducible mode the reduction is synchronous, so both are the same)
-# shows how much of the difference is communication and how much the deposits. Checks the ratio against the target (reproducible at most
-# 1.3x the default) and prints a Markdown block (command, machine, date, results) for
-# docs/performance.md.
+# runs of each run's median epoch time. The reducer's reduction time per epoch (in flight, and
+# waited for by finish(); in reproducible mode the reduction is synchronous, so both are equal)
+# shows how much of the difference is communication and how much the deposits. Checks the ratio
+# against the target (reproducible at most 1.3x the default) and prints a Markdown block
+# (command, machine, date, results) for docs/performance.md.
 #
 # Usage: bench/ddp_fashion_mnist_reproducible.sh [-B BUILD_DIR (default build-release)] [-r RANKS (2)]
 #          [-m MICRO_BATCH (256)] [-g GLOBAL_BATCH (512)] [-n RUNS (3)] [-e EPOCHS (1)] [-- EXTRA EXAMPLE OPTIONS]
