@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ringzero/primitive/reduce.hpp"
+#include "ringzero/primitive/reproducible_arrays.hpp"
 #include "ringzero/primitive/reproducible_sum.hpp"
 #include "ringzero/ringzero.hpp"
 

@@ -15,6 +15,7 @@
 
 #include "ringzero/collective/reproducible_accumulator.hpp"
 #include "ringzero/core/half.hpp"
+#include "ringzero/primitive/reproducible_arrays.hpp"
 #include "ringzero/primitive/reproducible_sum.hpp"
 
 namespace {
@@ -226,6 +227,84 @@ TEST_CASE("reproducible format: divisions round to the nearest float32 (exact ra
     CHECK(here <= below);
     CHECK(here <= above);
     if (here == below || here == above) CHECK((std::bit_cast<std::uint32_t>(r) & 1) == 0);
+  }
+}
+
+TEST_CASE("reproducible format: the array functions equal the element functions on random bit patterns") {
+  std::mt19937_64 gen(123);
+  for (dtype t : {dtype::float32, dtype::float64, dtype::float16, dtype::bfloat16}) {
+    const int w = reproducible_words(t), kept = reproducible_kept_bins(t);
+    const float_format f = format_of(t);
+    const std::uint64_t n = 50000;
+    std::vector<unsigned char> values(n * dtype_size(t));
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::uint64_t b = gen();
+      if (i % 3 == 0) b &= ~(std::uint64_t{0x7FF} << 52) & ~(std::uint64_t{0xFF} << 23) & ~(std::uint64_t{0x7C00});  // subnormals
+      store_bits(values.data(), i, t, b);
+    }
+    std::vector<std::uint8_t> tops(n, 0);
+    fold_top_bins(tops.data(), values.data(), n, t);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      INFO(dtype_name(t) << " bits " << load_bits(values.data(), i, t));
+      REQUIRE(tops[i] == top_bin(decode_bits(load_bits(values.data(), i, t), f)));
+    }
+    // Global tops at or above each element's own (another rank's larger values), up to 175.
+    for (auto& top : tops)
+      if (top != reproducible_nonfinite_bin) top = static_cast<std::uint8_t>(std::min<std::uint64_t>(175, top + gen() % 4));
+    std::vector<std::int64_t> fast(n * static_cast<std::uint64_t>(w), 0), slow(fast.size(), 0);
+    add_truncated_words(fast.data(), values.data(), tops.data(), n, t);
+    for (std::uint64_t i = 0; i < n; ++i)
+      add_words(slow.data() + i * static_cast<std::uint64_t>(w), decode_bits(load_bits(values.data(), i, t), f), tops[i], kept);
+    CHECK(fast == slow);
+  }
+}
+
+TEST_CASE("reproducible format: the portable loops (not the AVX-512 copies) equal the element functions") {
+  std::mt19937_64 gen(321);
+  for (int round = 0; round < 20; ++round) {
+    const std::uint64_t n = ringzero::primitive::detail::reproducible_block;  // the loops' largest block
+    std::vector<std::uint32_t> b32(n);
+    std::vector<std::uint64_t> b64(n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      b32[i] = static_cast<std::uint32_t>(gen());
+      b64[i] = gen();
+      if (i % 3 == 0) {
+        b32[i] &= ~(std::uint32_t{0xFF} << 23);
+        b64[i] &= ~(std::uint64_t{0x7FF} << 52);
+      }
+    }
+    std::vector<std::uint8_t> t32(n, 0), t64(n, 0), slow(n, 0);
+    std::vector<float> f32(n);
+    for (std::uint64_t i = 0; i < n; ++i) f32[i] = std::bit_cast<float>(b32[i]);
+    ringzero::primitive::detail::fold_tops_f32_body(t32.data(), f32.data(), n);
+    ringzero::primitive::detail::fold_tops_f64_body(t64.data(), slow.data(), b64.data(), n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      REQUIRE(t32[i] == top_bin(decode_bits(b32[i], format_of(dtype::float32))));
+      if (slow[i] == 0) REQUIRE(t64[i] == top_bin(decode_bits(b64[i], format_of(dtype::float64))));
+      else t64[i] = top_bin(decode_bits(b64[i], format_of(dtype::float64)));  // a subnormal: the caller's fix-up
+    }
+    for (std::uint64_t i = 0; i < n; ++i) {
+      if (t32[i] != reproducible_nonfinite_bin) t32[i] = static_cast<std::uint8_t>(std::min<std::uint64_t>(175, t32[i] + gen() % 3));
+      if (t64[i] != reproducible_nonfinite_bin) t64[i] = static_cast<std::uint8_t>(std::min<std::uint64_t>(175, t64[i] + gen() % 3));
+    }
+    std::vector<std::int64_t> w32(n, 0), e32(n, 0), w64(2 * n, 0), e64(2 * n, 0);
+    ringzero::primitive::detail::add_words_f32_body(w32.data(), f32.data(), t32.data(), n);
+    ringzero::primitive::detail::add_words_f64_body(w64.data(), slow.data(), b64.data(), t64.data(), n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      add_words(e32.data() + i, decode_bits(b32[i], format_of(dtype::float32)), t32[i], 3);
+      if (slow[i] != 0) add_words(w64.data() + 2 * i, decode_bits(b64[i], format_of(dtype::float64)), t64[i], 6);
+      add_words(e64.data() + 2 * i, decode_bits(b64[i], format_of(dtype::float64)), t64[i], 6);
+    }
+    CHECK(w32 == e32);
+    CHECK(w64 == e64);
+    std::vector<float> out(n);
+    for (int shift : {0, 1, 5}) {
+      ringzero::primitive::detail::convert_f32_body(out.data(), slow.data(), w32.data(), t32.data(), n, shift);
+      for (std::uint64_t i = 0; i < n; ++i)
+        if (slow[i] == 0)
+          REQUIRE(std::bit_cast<std::uint32_t>(out[i]) ==
+                  convert_words(w32.data() + i, t32[i], std::uint64_t{1} << shift, 3, format_of(dtype::float32)));
+    }
   }
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "ringzero/algorithm/call.hpp"
+#include "ringzero/primitive/reproducible_arrays.hpp"
 #include "ringzero/primitive/reproducible_sum.hpp"
 
 namespace ringzero::detail {
@@ -95,11 +96,10 @@ inline std::string direct_reproducible(const algorithms::call& c) {
   }
   constexpr std::uint64_t tile = 2048;
   auto* base = static_cast<unsigned char*>(
-      c.comm.scratch(algorithms::scratch_tile, static_cast<std::size_t>(tile * (1 + 8 * w + 2 * es))));
+      c.comm.scratch(algorithms::scratch_tile, static_cast<std::size_t>(tile * (1 + 8 * w + es))));
   auto* tops = base;
   auto* words = reinterpret_cast<std::int64_t*>(base + tile);  // 8-byte aligned: tile is a multiple of 8
-  auto* out = base + tile * (1 + 8 * w);
-  void* scaled = out + tile * es;
+  void* scaled = base + tile * (1 + 8 * w);  // premul_sum: one rank's tile times its scalar
   for (std::uint64_t first = begin; first < end; first += tile) {
     const std::uint64_t len = std::min(tile, end - first);
     std::memset(tops, 0, len);
@@ -108,10 +108,17 @@ inline std::string direct_reproducible(const algorithms::call& c) {
     for (int q = 0; q < n; ++q)
       reproducible_source{c.comm.peer_descriptor(q), &c.ops, scaled}.add_words(words, tops, first, len);
     switch (d.kind) {
-      case collective_kind::all_reduce:
-        primitive::convert_to(out, words, tops, len, t, divisor);
-        for (int j = 0; j < n; ++j) c.ops.copy(c.at(c.comm.peer_descriptor((r + j) % n)->recv, first), out, len * es);
+      case collective_kind::all_reduce: {
+        // Into this rank's output, then copied to the others. In place is safe: only this rank
+        // reads these elements of any input, and it has read them for this tile already.
+        void* mine = c.at(d.recv, first);
+        primitive::convert_to(mine, words, tops, len, t, divisor);
+        for (int j = 0; j < n; ++j) {
+          void* dst = c.at(c.comm.peer_descriptor((r + j) % n)->recv, first);
+          if (dst != mine) c.ops.copy(dst, mine, len * es);
+        }
         break;
+      }
       case collective_kind::reduce_scatter:
         primitive::convert_to(c.at(d.recv, first - begin), words, tops, len, t, divisor);
         break;

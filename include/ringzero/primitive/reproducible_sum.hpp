@@ -6,14 +6,14 @@
 /// rounded (to nearest, ties to even), to the output dtype. float16/bfloat16/float32 keep K = 3
 /// bins (one word per element), float64 K = 6 (two words). A reserved top bin marks elements
 /// with a non-finite contribution; their word counts +inf and -inf contributions.
-/// Host functions, pure and thread-safe. Follows Demmel & Nguyen, "Parallel Reproducible
+/// Element functions here; whole arrays in primitive/reproducible_arrays.hpp. Host functions,
+/// pure and thread-safe. Follows Demmel & Nguyen, "Parallel Reproducible
 /// Summation" (IEEE TC 2015) and ReproBLAS's binned (pre-rounded) summation.
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "ringzero/core/dtype.hpp"
 
@@ -249,101 +249,6 @@ constexpr std::uint64_t convert_words(const std::int64_t* words, std::uint8_t to
   const bool negative = total < 0;
   const auto magnitude = static_cast<uint128>(negative ? -total : total);
   return round_to_format(negative, magnitude, reproducible_unit_exponent(top, kept_bins), divisor, f);
-}
-
-// ---- arrays ---------------------------------------------------------------------------------
-
-namespace detail {
-
-/// The storage of one element of floating dtype T.
-template <dtype T>
-using bits_of_t = std::conditional_t<dtype_size(T) == 2, std::uint16_t, std::conditional_t<dtype_size(T) == 4, std::uint32_t, std::uint64_t>>;
-
-/// Element i of `values` as raw bits of dtype T.
-template <dtype T>
-inline std::uint64_t load(const void* values, std::uint64_t i) noexcept {
-  bits_of_t<T> b;
-  std::memcpy(&b, static_cast<const unsigned char*>(values) + i * sizeof b, sizeof b);
-  return b;
-}
-
-template <dtype T>
-void fold_top_bins(std::uint8_t* tops, const void* values, std::uint64_t count) noexcept {
-  constexpr float_format f = format_of(T);
-  for (std::uint64_t i = 0; i < count; ++i) tops[i] = std::max(tops[i], top_bin(decode_bits(load<T>(values, i), f)));
-}
-
-template <dtype T>
-void add_truncated_words(std::int64_t* words, const void* values, const std::uint8_t* tops, std::uint64_t count) noexcept {
-  constexpr float_format f = format_of(T);
-  constexpr int kept = reproducible_kept_bins(T), w = reproducible_words(T);
-  for (std::uint64_t i = 0; i < count; ++i) add_words(words + i * w, decode_bits(load<T>(values, i), f), tops[i], kept);
-}
-
-/// float32 from one word with a power-of-two divisor 2^shift when the result is a normal
-/// number: the hardware's correctly rounded int64 -> float32 conversion, then the exponent
-/// moved by adding to its field (exact for normal results). False (out untouched) otherwise.
-inline bool float32_fast(std::int64_t word, std::uint8_t top, int shift, std::uint32_t& out) noexcept {
-  if (word == 0 || top == reproducible_nonfinite_bin) return false;
-  const int e = reproducible_unit_exponent(top, 3) - shift;
-  const std::uint64_t m = static_cast<std::uint64_t>(word < 0 ? -word : word);
-  const int lead = static_cast<int>(std::bit_width(m)) - 1 + e;
-  if (lead < -126 || lead > 126) return false;  // subnormal or near overflow: the general path
-  const std::uint32_t b = std::bit_cast<std::uint32_t>(static_cast<float>(word));
-  out = b + static_cast<std::uint32_t>(static_cast<std::int64_t>(e) * (std::int64_t{1} << 23));  // modulo 2^32: adds e to the exponent
-  return true;
-}
-
-template <dtype T>
-void convert_to(void* out, const std::int64_t* words, const std::uint8_t* tops, std::uint64_t count,
-                std::uint64_t divisor) noexcept {
-  constexpr float_format f = format_of(T);
-  constexpr int kept = reproducible_kept_bins(T), w = reproducible_words(T);
-  auto* o = static_cast<unsigned char*>(out);
-  const bool power_of_two = std::has_single_bit(divisor);
-  const int shift = power_of_two ? std::countr_zero(divisor) : 0;
-  for (std::uint64_t i = 0; i < count; ++i) {
-    bits_of_t<T> b;
-    std::uint32_t fast = 0;
-    if (T == dtype::float32 && power_of_two && float32_fast(words[i], tops[i], shift, fast)) b = static_cast<bits_of_t<T>>(fast);
-    else b = static_cast<bits_of_t<T>>(convert_words(words + i * w, tops[i], divisor, kept, f));
-    std::memcpy(o + i * sizeof b, &b, sizeof b);
-  }
-}
-
-/// Calls fn.template operator()<T>() for floating dtype t (float32 for any other value).
-template <class F>
-void with_floating(dtype t, F&& fn) {
-  switch (t) {
-    case dtype::float64: return fn.template operator()<dtype::float64>();
-    case dtype::float16: return fn.template operator()<dtype::float16>();
-    case dtype::bfloat16: return fn.template operator()<dtype::bfloat16>();
-    case dtype::float32: case dtype::int8: case dtype::uint8: case dtype::int32: case dtype::uint32: case dtype::int64:
-    case dtype::uint64:
-      break;
-  }
-  return fn.template operator()<dtype::float32>();
-}
-
-}  // namespace detail
-
-/// tops[i] = max(tops[i], top bin of values[i]) for `count` elements of floating dtype `t`.
-inline void fold_top_bins(std::uint8_t* tops, const void* values, std::uint64_t count, dtype t) noexcept {
-  detail::with_floating(t, [&]<dtype T>() { detail::fold_top_bins<T>(tops, values, count); });
-}
-
-/// words[i*w .. i*w+w) += the words of values[i] at global top bin tops[i] (w = reproducible_words(t)).
-inline void add_truncated_words(std::int64_t* words, const void* values, const std::uint8_t* tops, std::uint64_t count,
-                                dtype t) noexcept {
-  detail::with_floating(t, [&]<dtype T>() { detail::add_truncated_words<T>(words, values, tops, count); });
-}
-
-/// out[i] = the rounded value of words[i*w..] at top bin tops[i] divided by `divisor`
-/// (convert_words per element; float32 with a power-of-two divisor takes a faster exact route
-/// for normal results).
-inline void convert_to(void* out, const std::int64_t* words, const std::uint8_t* tops, std::uint64_t count, dtype t,
-                       std::uint64_t divisor) noexcept {
-  detail::with_floating(t, [&]<dtype T>() { detail::convert_to<T>(out, words, tops, count, divisor); });
 }
 
 // ---- the binned accumulator's element operations ---------------------------------------------

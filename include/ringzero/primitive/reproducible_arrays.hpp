@@ -1,0 +1,308 @@
+#pragma once
+/// @file
+/// The reproducible sum's array operations (format: primitive/reproducible_sum.hpp): fold the
+/// top bins of an array, add its truncated words, convert summed words to the output dtype.
+/// Bit for bit the element functions, computed with exact shortcuts where they apply:
+/// float16/bfloat16/float32 values go through float32 (every such value is a float32), bins
+/// come from exponent fields, truncation is a scaling by a power of two and a truncating
+/// conversion (both exact where the scale stays normal), and float32 results with a
+/// power-of-two divisor come from the hardware's correctly rounded int64 -> float32 conversion
+/// when they are normal. Elements outside those cases take the element functions. The loops
+/// are branch-free so that compilers vectorise them; on x86-64 with AVX-512 (checked at run
+/// time) a copy compiled for it runs. Host functions, pure and thread-safe.
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "ringzero/core/half.hpp"
+#include "ringzero/primitive/reproducible_sum.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
+#define RINGZERO_REPRODUCIBLE_AVX512 1
+#else
+#define RINGZERO_REPRODUCIBLE_AVX512 0
+#endif
+
+namespace ringzero::primitive {
+
+namespace detail {
+
+/// Elements per block of the array functions (their float32 staging stays in L1).
+inline constexpr std::uint64_t reproducible_block = 1024;
+
+/// True when the CPU runs AVX-512 F/DQ/VL/BW (x86-64; false elsewhere). Read once.
+inline bool reproducible_avx512() noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+/// 2^k as a double, for -1022 <= k <= 1023.
+inline double pow2(int k) noexcept { return std::bit_cast<double>(static_cast<std::uint64_t>(k + 1023) << 52); }
+
+/// `n` values of 16-bit or 32-bit floating dtype `t` as float32 values (exact): float32 arrays
+/// as they are, 16-bit ones converted into `staging`.
+inline const float* as_float32(float* staging, const void* values, std::uint64_t n, dtype t) noexcept {
+  if (t == dtype::float32) return static_cast<const float*>(values);
+  const auto* h = static_cast<const std::uint16_t*>(values);
+  for (std::uint64_t i = 0; i < n; ++i)
+    staging[i] = t == dtype::float16 ? ringzero::detail::half_bits_to_float(h[i]) : ringzero::detail::bfloat16_bits_to_float(h[i]);
+  return staging;
+}
+
+// ---- float32 (and 16-bit through it) ---------------------------------------------------------
+
+/// tops[i] = max(tops[i], top bin of float32 bits b[i]), n <= reproducible_block. A
+/// subnormal's leading bit comes from the exponent of its fraction converted to float (exact
+/// below 2^24); x / 12 is (x * 43691) >> 19 for x < 2^17 (43691 * 12 = 2^19 + 4). The
+/// floating-point conversions run in a loop of their own, unconditionally, and the selections
+/// in an integer loop: compilers vectorise both (a conversion that might trap is never
+/// if-converted).
+[[gnu::always_inline]] inline void fold_tops_f32_body(std::uint8_t* tops, const float* b, std::uint64_t n) noexcept {
+  alignas(64) std::uint32_t fraction_exponent[reproducible_block];
+  for (std::uint64_t i = 0; i < n; ++i)
+    fraction_exponent[i] = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(b[i]) & 0x7FFFFF))) >> 23;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(b[i]), e = (bits >> 23) & 0xFF;
+    const std::uint32_t position = e != 0 ? e + 953 : fraction_exponent[i] + 804;  // leading bit + reproducible_bin_offset
+    std::uint32_t bin = (position * 43691u) >> 19;
+    bin = e == 255 ? reproducible_nonfinite_bin : bin;
+    bin = (bits << 1) == 0 ? 0 : bin;
+    tops[i] = std::max(tops[i], static_cast<std::uint8_t>(bin));
+  }
+}
+
+/// words[i] += the word of float32 bits b[i] at top bin tops[i] (K = 3, unit 2^(12 T - 1104)),
+/// n <= reproducible_block. Bins 7..175 scale by 2^-unit, a normal double; below them only
+/// zeros occur (the scale is clamped to 2^1023: still 0) and above them the scale is clamped
+/// to 2^-1022 (such bins lie far above any 16/32-bit value: 0, as truncation gives). A block
+/// with a non-finite element masks values to zero before any floating-point operation and puts
+/// the non-finite counts in its words.
+[[gnu::always_inline]] inline void add_words_f32_body(std::int64_t* words, const float* b, const std::uint8_t* tops,
+                                                      std::uint64_t n) noexcept {
+  std::uint8_t nonfinite_block = 0;
+  for (std::uint64_t i = 0; i < n; ++i) nonfinite_block |= tops[i] == reproducible_nonfinite_bin ? 1 : 0;
+  if (nonfinite_block == 0) {  // the common case: one loop, the scale's exponent clamped to [1, 2046]
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::int32_t field = std::clamp(2127 - 12 * static_cast<std::int32_t>(tops[i]), 1, 2046);
+      words[i] += static_cast<std::int64_t>(static_cast<double>(b[i]) * std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
+    }
+    return;
+  }
+  alignas(64) std::int64_t scaled[reproducible_block];
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t top = tops[i];
+    const std::uint32_t keep = 0u - static_cast<std::uint32_t>(top - 7u < 169u);
+    const std::uint64_t field = ((2127u - 12u * top) & keep) | (1023u & ~keep);
+    const double x = static_cast<double>(std::bit_cast<float>(std::bit_cast<std::uint32_t>(b[i]) & keep));
+    scaled[i] = static_cast<std::int64_t>(x * std::bit_cast<double>(field << 52));  // |x| < 2^(unit+36): exact
+  }
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(b[i]), magnitude = bits & 0x7FFFFFFF;
+    const std::int64_t nan = magnitude > 0x7F800000u, infinite = magnitude == 0x7F800000u, negative = bits >> 31;
+    const std::int64_t nonfinite =
+        (nan | (infinite & (negative ^ 1))) + ((nan | (infinite & negative)) << reproducible_negative_inf_shift);
+    words[i] += tops[i] == reproducible_nonfinite_bin ? nonfinite : scaled[i];
+  }
+}
+
+/// out[i] = float32 bits of words[i] at top bin tops[i] divided by 2^shift where the result is
+/// normal (the correctly rounded conversion, then the exponent moved); slow[i] = 1 elsewhere.
+[[gnu::always_inline]] inline void convert_f32_body(float* out, std::uint8_t* slow, const std::int64_t* words,
+                                                    const std::uint8_t* tops, std::uint64_t n, int shift) noexcept {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::int64_t s = words[i];
+    const std::uint32_t top = tops[i];
+    const std::uint32_t r = std::bit_cast<std::uint32_t>(static_cast<float>(s));
+    const std::int32_t e = static_cast<std::int32_t>(12 * top) - 1104 - shift;
+    const std::int32_t biased = static_cast<std::int32_t>((r >> 23) & 0xFF) + e;
+    // >= 2: normal before the conversion rounded too (a result just below 2^-126 rounds as a subnormal).
+    const bool fast = top != reproducible_nonfinite_bin && (s == 0 || (biased >= 2 && biased <= 254));
+    out[i] = std::bit_cast<float>(s == 0 ? 0u : r + static_cast<std::uint32_t>(e) * (1u << 23));
+    slow[i] = fast ? 0 : 1;
+  }
+}
+
+// ---- float64 ---------------------------------------------------------------------------------
+
+/// tops[i] = max(tops[i], top bin of float64 bits b[i]) (x / 12 as for float32, x < 2^17);
+/// slow[i] = 1 for subnormals (their
+/// leading bit is not in the exponent field), which the caller redoes.
+[[gnu::always_inline]] inline void fold_tops_f64_body(std::uint8_t* tops, std::uint8_t* slow, const std::uint64_t* b,
+                                                      std::uint64_t n) noexcept {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t bits = b[i];
+    const std::uint32_t e = static_cast<std::uint32_t>(bits >> 52) & 0x7FF;
+    std::uint32_t bin = (e + (reproducible_bin_offset - 1023)) * 43691u >> 19;
+    bin = e == 0x7FF ? reproducible_nonfinite_bin : bin;
+    bin = e == 0 ? 0 : bin;
+    tops[i] = std::max(tops[i], static_cast<std::uint8_t>(bin));
+    slow[i] = e == 0 && (bits << 1) != 0 ? 1 : 0;
+  }
+}
+
+/// words[2i..2i+1] += the words of float64 bits b[i] at top bin tops[i] (K = 6: unit
+/// u = 2^(12 T - 1140), hi = trunc(x / 2^(u+36)), lo = trunc(rest / 2^u), all exact) for top
+/// bins 10..175 and zeros; slow[i] = 1 for the others (tiny bins, non-finite), which the caller
+/// adds. n <= reproducible_block.
+[[gnu::always_inline]] inline void add_words_f64_body(std::int64_t* words, std::uint8_t* slow, const std::uint64_t* b,
+                                                      const std::uint8_t* tops, std::uint64_t n) noexcept {
+  alignas(64) std::int64_t hi_word[reproducible_block];
+  alignas(64) std::int64_t lo_word[reproducible_block];
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t top = tops[i];
+    const std::uint64_t keep = 0u - static_cast<std::uint64_t>(top - 10u < 166u);
+    const double x = std::bit_cast<double>(b[i] & keep);  // zero outside bins 10..175
+    const std::uint64_t t = (top & keep) | (100u & ~keep);  // any in-range bin for the unused scales
+    const double hi = std::trunc(x * std::bit_cast<double>((2127u - 12u * t) << 52));
+    const double rest = x - hi * std::bit_cast<double>((12u * t - 81u) << 52);  // exact: x's bits below 2^(u+36)
+    hi_word[i] = static_cast<std::int64_t>(hi);
+    lo_word[i] = static_cast<std::int64_t>(rest * std::bit_cast<double>((2163u - 12u * t) << 52));
+  }
+  for (std::uint64_t i = 0; i < n; ++i) {
+    words[2 * i] += hi_word[i];
+    words[2 * i + 1] += lo_word[i];
+    slow[i] = tops[i] - 10u < 166u || tops[i] == 0 ? 0 : 1;
+  }
+}
+
+// ---- the same loops compiled for AVX-512 -----------------------------------------------------
+
+#if RINGZERO_REPRODUCIBLE_AVX512
+#define RINGZERO_AVX512_TARGET [[gnu::target("avx512f,avx512dq,avx512vl,avx512bw")]]
+RINGZERO_AVX512_TARGET inline void fold_tops_f32_avx512(std::uint8_t* t, const float* b, std::uint64_t n) noexcept {
+  fold_tops_f32_body(t, b, n);
+}
+RINGZERO_AVX512_TARGET inline void add_words_f32_avx512(std::int64_t* w, const float* b, const std::uint8_t* t,
+                                                        std::uint64_t n) noexcept {
+  add_words_f32_body(w, b, t, n);
+}
+RINGZERO_AVX512_TARGET inline void convert_f32_avx512(float* o, std::uint8_t* s, const std::int64_t* w,
+                                                      const std::uint8_t* t, std::uint64_t n, int shift) noexcept {
+  convert_f32_body(o, s, w, t, n, shift);
+}
+RINGZERO_AVX512_TARGET inline void fold_tops_f64_avx512(std::uint8_t* t, std::uint8_t* s, const std::uint64_t* b,
+                                                        std::uint64_t n) noexcept {
+  fold_tops_f64_body(t, s, b, n);
+}
+RINGZERO_AVX512_TARGET inline void add_words_f64_avx512(std::int64_t* w, std::uint8_t* s, const std::uint64_t* b,
+                                                        const std::uint8_t* t, std::uint64_t n) noexcept {
+  add_words_f64_body(w, s, b, t, n);
+}
+#undef RINGZERO_AVX512_TARGET
+#endif
+
+inline void fold_tops_f32(std::uint8_t* t, const float* b, std::uint64_t n) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return fold_tops_f32_avx512(t, b, n);
+#endif
+  fold_tops_f32_body(t, b, n);
+}
+inline void add_words_f32(std::int64_t* w, const float* b, const std::uint8_t* t, std::uint64_t n) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return add_words_f32_avx512(w, b, t, n);
+#endif
+  add_words_f32_body(w, b, t, n);
+}
+inline void convert_f32(float* o, std::uint8_t* s, const std::int64_t* w, const std::uint8_t* t, std::uint64_t n,
+                        int shift) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return convert_f32_avx512(o, s, w, t, n, shift);
+#endif
+  convert_f32_body(o, s, w, t, n, shift);
+}
+inline void fold_tops_f64(std::uint8_t* t, std::uint8_t* s, const std::uint64_t* b, std::uint64_t n) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return fold_tops_f64_avx512(t, s, b, n);
+#endif
+  fold_tops_f64_body(t, s, b, n);
+}
+inline void add_words_f64(std::int64_t* w, std::uint8_t* s, const std::uint64_t* b, const std::uint8_t* t, std::uint64_t n) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return add_words_f64_avx512(w, s, b, t, n);
+#endif
+  add_words_f64_body(w, s, b, t, n);
+}
+
+}  // namespace detail
+
+/// tops[i] = max(tops[i], top bin of values[i]) for `count` elements of floating dtype `t`.
+inline void fold_top_bins(std::uint8_t* tops, const void* values, std::uint64_t count, dtype t) noexcept {
+  const auto* bytes = static_cast<const unsigned char*>(values);
+  const std::size_t es = dtype_size(t);
+  const float_format f = format_of(t);
+  alignas(64) float staged[detail::reproducible_block];
+  alignas(64) std::uint8_t slow[detail::reproducible_block];
+  for (std::uint64_t first = 0; first < count; first += detail::reproducible_block) {
+    const std::uint64_t n = std::min(detail::reproducible_block, count - first);
+    const void* block = bytes + first * es;
+    if (t == dtype::float64) {
+      std::uint64_t b[detail::reproducible_block];
+      std::memcpy(b, block, n * 8);
+      detail::fold_tops_f64(tops + first, slow, b, n);
+      for (std::uint64_t i = 0; i < n; ++i)
+        if (slow[i] != 0) tops[first + i] = std::max(tops[first + i], top_bin(decode_bits(b[i], f)));
+    } else {
+      detail::fold_tops_f32(tops + first, detail::as_float32(staged, block, n, t), n);
+    }
+  }
+}
+
+/// words[i*w .. i*w+w) += the words of values[i] at global top bin tops[i] (w =
+/// reproducible_words(t)). Precondition: tops[i] >= the top bin of values[i].
+inline void add_truncated_words(std::int64_t* words, const void* values, const std::uint8_t* tops, std::uint64_t count,
+                                dtype t) noexcept {
+  const auto* bytes = static_cast<const unsigned char*>(values);
+  const std::size_t es = dtype_size(t);
+  alignas(64) float staged[detail::reproducible_block];
+  alignas(64) std::uint8_t slow[detail::reproducible_block];
+  for (std::uint64_t first = 0; first < count; first += detail::reproducible_block) {
+    const std::uint64_t n = std::min(detail::reproducible_block, count - first);
+    const void* block = bytes + first * es;
+    if (t == dtype::float64) {
+      std::uint64_t b[detail::reproducible_block];
+      std::memcpy(b, block, n * 8);
+      detail::add_words_f64(words + 2 * first, slow, b, tops + first, n);
+      for (std::uint64_t i = 0; i < n; ++i)
+        if (slow[i] != 0) add_words(words + 2 * (first + i), decode_bits(b[i], format_of(t)), tops[first + i], 6);
+    } else {
+      detail::add_words_f32(words + first, detail::as_float32(staged, block, n, t), tops + first, n);
+    }
+  }
+}
+
+/// out[i] = the value of words[i*w..] at top bin tops[i] divided by `divisor`, rounded once
+/// (convert_words per element, bit for bit).
+inline void convert_to(void* out, const std::int64_t* words, const std::uint8_t* tops, std::uint64_t count, dtype t,
+                       std::uint64_t divisor) noexcept {
+  const float_format f = format_of(t);
+  const int kept = reproducible_kept_bins(t);
+  const std::uint64_t w = static_cast<std::uint64_t>(reproducible_words(t));
+  if (t != dtype::float32 || !std::has_single_bit(divisor)) {
+    for (std::uint64_t i = 0; i < count; ++i) store_bits(out, i, t, convert_words(words + i * w, tops[i], divisor, kept, f));
+    return;
+  }
+  const int shift = std::countr_zero(divisor);
+  auto* result = static_cast<float*>(out);
+  alignas(64) std::uint8_t slow[detail::reproducible_block];
+  for (std::uint64_t first = 0; first < count; first += detail::reproducible_block) {
+    const std::uint64_t n = std::min(detail::reproducible_block, count - first);
+    detail::convert_f32(result + first, slow, words + first, tops + first, n, shift);
+    std::uint8_t any = 0;
+    for (std::uint64_t i = 0; i < n; ++i) any |= slow[i];
+    if (any != 0)
+      for (std::uint64_t i = 0; i < n; ++i)
+        if (slow[i] != 0)
+          result[first + i] = std::bit_cast<float>(static_cast<std::uint32_t>(convert_words(words + first + i, tops[first + i], divisor, kept, f)));
+  }
+}
+
+}  // namespace ringzero::primitive
