@@ -35,7 +35,9 @@
 /// marks every gradient ready (or unused: zeros) in every micro-step, under no_sync too; the
 /// reducer deposits each completed bucket into a reproducible accumulator
 /// (ddp/reproducible_accumulation.hpp), and the synchronised micro-step leaves the average over
-/// all micro-batches of all ranks, bitwise the same for any world size (docs/ddp.md).
+/// all micro-batches of all ranks, bitwise the same for any world size (docs/ddp.md). A small
+/// agreement per step lets ranks that all hold one micro-batch skip the accumulators and reduce
+/// the buckets asynchronously with the per-call reproducible all_reduce (the same bits).
 ///
 /// Uneven inputs (case C13): with `reducer_options::join`, each synchronised step starts with a
 /// small agreement collective; a rank that runs out of data calls `join()`, which shadows the
@@ -101,6 +103,7 @@
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
 #include "ringzero/collective/all_gather.hpp"
+#include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/broadcast.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
@@ -282,7 +285,7 @@ class gradient_reducer {
     install_layout(plan(order), /*carry_gradients=*/false);
     if (options_.broadcast_parameters) broadcast_parameters(0);
     for (auto& b : buckets_) memory_.zero(b.storage.get(), b.bytes_allocated);
-    if (options_.join) {
+    if (options_.join || options_.reproducible) {
       flags_storage_ = memory_.allocate(sizeof(std::int32_t) * (static_cast<std::size_t>(comm_.world_size()) + 1));
       flags_ = static_cast<std::int32_t*>(flags_storage_.get());
       flags_send_ = flags_ + comm_.world_size();
@@ -477,7 +480,10 @@ class gradient_reducer {
       fail(errc::invalid_argument, "join() called in the middle of a step (call finish() first)");
     // Reproducible mode: micro-batches of an unfinished accumulation window are dropped (a
     // joined rank contributes nothing), as plain mode never reduces such a window either.
-    if (options_.reproducible) reproducible_.clear();
+    if (options_.reproducible) {
+      reproducible_.clear();
+      reproducible_micro_steps_ = 0;
+    }
     for (;;) {
       const int active = agree(/*active=*/false);
       if (active == 0) break;
@@ -807,9 +813,11 @@ class gradient_reducer {
     next_launch_ = 0;
     step_contributors_ = comm_.world_size();
     agreement_pending_ = false;
-    if (options_.join) {
+    if (options_.join || options_.reproducible) {
       try {
-        set_flag(1);
+        // Reproducible mode: 1 + this rank's micro-batches deposited under no_sync, so that every
+        // rank learns whether each rank contributes exactly one micro-batch (all flags 1).
+        set_flag(options_.reproducible ? 1 + static_cast<int>(std::min<std::uint64_t>(reproducible_micro_steps_, 1u << 30)) : 1);
       } catch (const std::exception& e) {
         fail_from(e, "step " + std::to_string(step_) + ": preparing the join agreement failed");
       }
@@ -840,6 +848,10 @@ class gradient_reducer {
       fail_from(e, "the agreement of step " + std::to_string(step_) + " (join mode) could not be read");
     }
     step_contributors_ = count_flags();
+    if (options_.reproducible) {
+      one_contribution_each_ = true;
+      for (int r = 0; r < comm_.world_size(); ++r) one_contribution_each_ = one_contribution_each_ && flags_[r] == 1;
+    }
   }
 
   /// This rank's join flag (in the reducer's memory: the all_gather reads it there).
@@ -907,8 +919,9 @@ class gradient_reducer {
     }
     --b.pending;
     if (options_.reproducible && b.pending == 0) {
+      if (sync) resolve_agreement();  // one micro-batch on every rank: the bucket goes out as it is
       try {
-        reproducible_.deposit(bucket_of_[i], b.storage.get());
+        if (!sync || !one_contribution_each_) reproducible_.deposit(bucket_of_[i], b.storage.get());
       } catch (const std::exception& e) {
         fail_from(e, "depositing bucket " + std::to_string(bucket_of_[i]) + " into its reproducible accumulator failed");
       }
@@ -935,6 +948,7 @@ class gradient_reducer {
     for (std::size_t k : missing) mark(k, /*zero=*/true);
     std::fill(ready_.begin(), ready_.end(), 0);
     for (auto& b : buckets_) b.pending = b.info.parameters.size();
+    ++reproducible_micro_steps_;
   }
 
   void zero_slot(std::size_t i) {
@@ -1000,6 +1014,21 @@ class gradient_reducer {
   void launch(std::size_t k) {
     resolve_agreement();
     bucket& b = buckets_[k];
+    if (options_.reproducible && one_contribution_each_) {
+      // Every rank holds one micro-batch: the reproducible all_reduce of the bucket itself, the
+      // same function of the same contributions as the accumulator's, asynchronous.
+      if (options_.collect_timings) b.launched_at = clock::now();
+      collective_options reproducible;
+      reproducible.reproducible = true;
+      try {
+        b.pending_work = all_reduce_async(comm_, b.storage.get(), b.storage.get(), b.info.count, b.info.type,
+                                          reduce_op(reduce_kind::avg), reproducible);
+      } catch (const std::exception& e) {
+        fail_from(e, "step " + std::to_string(step_) + ": the reproducible all_reduce of bucket " + std::to_string(k) +
+                         " failed to launch");
+      }
+      return;
+    }
     if (options_.reproducible) {  // blocking: the reproducible average of the bucket's contributions
       const auto t0 = clock::now();
       try {
@@ -1125,6 +1154,8 @@ class gradient_reducer {
     next_launch_ = 0;
     step_open_ = false;
     ++stats_.synchronized_steps;
+    reproducible_micro_steps_ = 0;
+    one_contribution_each_ = false;
   }
 
   /// Collective, once: agrees on a ready order (rank 0's, or the lowest rank that has one) and
@@ -1191,6 +1222,8 @@ class gradient_reducer {
   std::uint64_t unsynced_marks_ = 0;  // marks under no_sync since the last finish()
   int step_contributors_ = 1;
   detail::reproducible_bucket_accumulators reproducible_;  // reproducible mode: one per bucket
+  std::uint64_t reproducible_micro_steps_ = 0;  // micro-batches deposited under no_sync since the last sync step
+  bool one_contribution_each_ = false;          // this step: every rank holds exactly one micro-batch
 
   // join mode
   detail::bucket_storage flags_storage_;  // world_size received flags, then the one sent
