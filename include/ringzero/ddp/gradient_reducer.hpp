@@ -827,14 +827,18 @@ class gradient_reducer {
     }
   }
 
-  /// Join mode: waits for this step's agreement and reads the number of contributing ranks.
+  /// Why steps start with an agreement, for errors.
+  const char* agreement_mode() const noexcept { return options_.join ? " (join mode)" : " (reproducible mode)"; }
+
+  /// Join or reproducible mode: waits for this step's agreement and reads the number of
+  /// contributing ranks (and, reproducible, whether each holds exactly one micro-batch).
   void resolve_agreement() {
     if (!agreement_pending_) return;
     const auto t0 = clock::now();
     try {
       detail::await_work(agreement_);
     } catch (const std::exception& e) {
-      fail_from(e, "the agreement of step " + std::to_string(step_) + " (join mode) failed");
+      fail_from(e, "the agreement of step " + std::to_string(step_) + agreement_mode() + " failed");
     }
     if (options_.collect_timings) {
       const auto t1 = clock::now();
@@ -845,7 +849,7 @@ class gradient_reducer {
     try {
       fetch_flags();
     } catch (const std::exception& e) {
-      fail_from(e, "the agreement of step " + std::to_string(step_) + " (join mode) could not be read");
+      fail_from(e, "the agreement of step " + std::to_string(step_) + agreement_mode() + " could not be read");
     }
     step_contributors_ = count_flags();
     if (options_.reproducible) {
