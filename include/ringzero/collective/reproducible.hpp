@@ -95,6 +95,7 @@ inline std::string direct_reproducible(const algorithms::call& c) {
     end = mine.end;
   }
   constexpr std::uint64_t tile = 2048;
+  const bool streaming = c.bytes(d.count) >= primitive::streaming_threshold_bytes;  // peers' outputs: not read soon
   auto* base = static_cast<unsigned char*>(
       c.comm.scratch(algorithms::scratch_tile, static_cast<std::size_t>(tile * (1 + 8 * w + es))));
   auto* tops = base;
@@ -115,7 +116,7 @@ inline std::string direct_reproducible(const algorithms::call& c) {
         primitive::convert_to(mine, words, tops, len, t, divisor);
         for (int j = 0; j < n; ++j) {
           void* dst = c.at(c.comm.peer_descriptor((r + j) % n)->recv, first);
-          if (dst != mine) c.ops.copy(dst, mine, len * es);
+          if (dst != mine) c.ops.copy(dst, mine, len * es, streaming);
         }
         break;
       }
@@ -128,6 +129,7 @@ inline std::string direct_reproducible(const algorithms::call& c) {
       default: c.comm.raise(errc::internal, "reproducible mode reached a collective that is not a reduction");
     }
   }
+  if (streaming) c.ops.fence();
   return {};
 }
 

@@ -127,9 +127,10 @@ constexpr int reproducible_unit_exponent(std::uint8_t top, int kept_bins) noexce
 /// |v| truncated toward zero to a multiple of 2^unit_exponent, in units of it. Precondition: the
 /// value's top bin is at most the top the unit was computed for (the result is < 2^(W*K)).
 constexpr uint128 truncated_magnitude(const decoded_value& v, int unit_exponent) noexcept {
+  if (v.significand == 0) return 0;  // zeros sit in bin 0, far below any unit: no shift
   const int shift = v.exponent - unit_exponent;
   const uint128 m = v.significand;
-  if (shift >= 0) return m << shift;
+  if (shift >= 0) return m << shift;  // < 2^(W*K) by the precondition: shift < 128
   if (shift <= -64) return 0;
   return m >> (-shift);
 }
