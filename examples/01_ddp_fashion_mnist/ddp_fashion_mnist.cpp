@@ -21,6 +21,7 @@
 //   examples/ddp_fashion_mnist --ranks 2 --optimizer adamw --lr 1e-3 --compress bf16
 //   examples/ddp_fashion_mnist --ranks 2 --accumulate 4 --batch-size 64 --json metrics.json
 //   examples/ddp_fashion_mnist --compare-ranks 1,2 --epochs 3
+//   examples/ddp_fashion_mnist --compare-ranks 1,2,4 --reproducible --micro-batch 32 --epochs 2
 //   examples/ddp_fashion_mnist --device cuda --compare-ranks 1,2 --epochs 2
 //   mpirun -np 2 examples/ddp_fashion_mnist --backend mpi --epochs 10
 // The --compare-ranks runs train on 1 rank and then on 2 ranks with the same global batch and
@@ -32,6 +33,11 @@
 // `--backend mpi` runs one rank per MPI process (built with MPI; several machines work the same
 // way, see docs/mpi.md): with the same seed and global batch it computes the same numbers as
 // `--ranks 2` on the local backend.
+// `--micro-batch N` splits every global batch (--global-batch, default 512) into micro-batches of N
+// examples, micro-batch j to rank j mod n, from one shuffle that is the same for every rank
+// count; `--reproducible` makes the reducer average the micro-batch gradients reproducibly
+// (reducer_options::reproducible), so the final parameters are the same bits on any number of
+// ranks: compare mode then prints a CRC-32 of each run's final parameters and whether they agree.
 // `--help` lists every option.
 
 #include <algorithm>
@@ -51,6 +57,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
+#include <zlib.h>
 
 #include "command_line.hpp"
 #include "distributed_sampler.hpp"
@@ -112,7 +119,13 @@ struct options {
   std::vector<std::string> hidden_lists;  // --hidden as given: widths, or comma-separated lists of them (ex::hidden_widths_check)
   double min_accuracy = 0.0;  // exit with status 3 when a run ends below it (for tests)
   std::string device = "cpu";  // cpu or cuda
+  int micro_batch = 0;         // >0: examples per micro-batch, micro-batch j of a global batch on rank j mod n
+  bool reproducible = false;   // reducer_options::reproducible: each micro-batch's gradient is one contribution
 };
+
+/// The global batch of --micro-batch runs when --global-batch is not given (the same for every
+/// rank count, so that separate runs on different rank counts train on the same batches).
+constexpr int default_micro_batch_global = 512;
 
 /// One epoch's metrics (identical on every rank; recorded by rank 0).
 struct epoch_metrics {
@@ -138,6 +151,7 @@ struct run_result {
   std::size_t buckets = 0;
   std::uint64_t steps_per_epoch = 0;
   std::vector<epoch_metrics> epochs;
+  std::optional<std::uint32_t> parameter_crc32;  // zlib's CRC-32 of the final parameters (CPU runs)
 };
 
 /// The largest --bucket-mb and --first-bucket-mb: 2^40 MiB (2^60 bytes, a byte count uint64
@@ -222,6 +236,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
         ropt.bucket_byte_limits = bucket_limits(o);
         ropt.gradient_as_bucket_view = o.bucket_view;
         ropt.hook = make_hook(o.compress);
+        ropt.reproducible = o.reproducible;
         rz::gradient_reducer reducer(comm, std::move(params), ropt);
         std::uint64_t bound_generation = ~std::uint64_t{0};
         auto bind_views = [&] {
@@ -233,16 +248,28 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
         bind_views();
 
         auto opt = ex::make_optimizer(o.optimizer, model.parameter_elements(), result.lr);
-        ex::distributed_sampler sampler(data.train.count, comm.world_size(), comm.rank(), o.seed);
+        // --micro-batch: every rank reads the one permutation of a world of one (the same for
+        // every rank count); global batch s is its rows [s*G, (s+1)*G), and micro-batch j of it
+        // (rows s*G + j*N ...) goes to rank j mod n. Otherwise each rank reads its own shard.
+        const bool split = o.micro_batch > 0;
+        const int world = comm.world_size();
+        ex::distributed_sampler sampler(data.train.count, split ? 1 : world, split ? 0 : comm.rank(), o.seed);
         const std::size_t step_rows = static_cast<std::size_t>(per_rank) * static_cast<std::size_t>(o.accumulate);
-        const std::uint64_t steps = sampler.shard_size() / step_rows;
+        const std::size_t stride = split ? step_rows * static_cast<std::size_t>(world) : step_rows;  // sampler rows per step
+        const std::uint64_t steps = sampler.shard_size() / stride;
         if (steps == 0)
-          throw rz::error(rz::errc::invalid_argument, fmt::format("{} training examples per rank are fewer than one step of {}",
-                                                                  sampler.shard_size(), step_rows));
+          throw rz::error(rz::errc::invalid_argument, fmt::format("{} training examples {} are fewer than one step of {}",
+                                                                  sampler.shard_size(), split ? "in all" : "per rank", stride));
+        auto first_row = [&](std::uint64_t s, int micro) {
+          const std::size_t block = split ? static_cast<std::size_t>(micro * world + comm.rank()) : static_cast<std::size_t>(micro);
+          return static_cast<std::size_t>(s) * stride + block * static_cast<std::size_t>(per_rank);
+        };
         std::vector<float> x(static_cast<std::size_t>(std::max(per_rank, eval_chunk)) * data.train.features);
         std::vector<std::uint8_t> y(static_cast<std::size_t>(std::max(per_rank, eval_chunk)));
         ex::progress_bar bar(lead && print && o.progress);
-        const float grad_scale = 1.0f / static_cast<float>(per_rank * o.accumulate);
+        // Reproducible: each micro-batch's gradient is its mean, written (not added); the reducer
+        // averages the micro-batches. Otherwise the micro-steps add gradient / accumulate.
+        const float grad_scale = 1.0f / static_cast<float>(o.reproducible ? per_rank : per_rank * o.accumulate);
 
         if (lead) {
           std::lock_guard<std::mutex> lock(result_mutex);
@@ -250,11 +277,13 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
           result.steps_per_epoch = steps;
           if (print) {
             const std::string layout = bucket_layout(reducer, model);
-            fmt::print("  {} rank(s) x {} per rank x {} micro-step(s) = global batch {}; {} steps/epoch; {} lr {:g}{}; "
-                       "compress {}; gradients {}\n  buckets in reduction order: {}\n",
-                       ranks, per_rank, o.accumulate, result.global_batch, steps, o.optimizer, result.lr,
-                       o.scale_lr ? " (scaled by the rank count)" : "", o.compress,
-                       o.bucket_view ? "written into bucket memory" : "copied through the buckets", layout);
+            fmt::print("  {} rank(s) x {} per rank x {} micro-step(s) = global batch {}{}; {} steps/epoch; {} lr {:g}{}; "
+                       "compress {}; gradients {}{}\n  buckets in reduction order: {}\n",
+                       ranks, per_rank, o.accumulate, result.global_batch,
+                       split ? " (micro-batch j on rank j mod " + std::to_string(ranks) + ")" : std::string(), steps,
+                       o.optimizer, result.lr, o.scale_lr ? " (scaled by the rank count)" : "", o.compress,
+                       o.bucket_view ? "written into bucket memory" : "copied through the buckets",
+                       o.reproducible ? "; reproducible reduction" : "", layout);
             std::fflush(stdout);
           }
         }
@@ -267,11 +296,10 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
           const auto t0 = clock_type::now();
           for (std::uint64_t s = 0; s < steps; ++s) {
             for (int micro = 0; micro < o.accumulate; ++micro) {
-              const std::size_t first = static_cast<std::size_t>(s) * step_rows + static_cast<std::size_t>(micro) * static_cast<std::size_t>(per_rank);
-              data.train.gather(shard.subspan(first, static_cast<std::size_t>(per_rank)), x.data(), y.data());
+              data.train.gather(shard.subspan(first_row(s, micro), static_cast<std::size_t>(per_rank)), x.data(), y.data());
               loss_sum += model.forward(x.data(), y.data(), per_rank);
               reducer.set_require_gradient_sync(micro + 1 == o.accumulate);  // no_sync on the others
-              model.backward(x.data(), y.data(), per_rank, grad_scale, micro > 0,
+              model.backward(x.data(), y.data(), per_rank, grad_scale, micro > 0 && !o.reproducible,
                              [&](std::size_t i) { reducer.mark_ready(i); });
               reducer.finish();
             }
@@ -313,6 +341,15 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
           std::fflush(stdout);
           std::lock_guard<std::mutex> lock(result_mutex);
           result.epochs.push_back(m);
+        }
+        if (lead) {  // the final parameters' CRC-32 (zlib), in tensor order
+          uLong crc = crc32_z(0L, Z_NULL, 0);
+          for (std::size_t i = 0; i < model.tensor_count(); ++i) {
+            const auto p = model.parameter(i);
+            crc = crc32_z(crc, reinterpret_cast<const Bytef*>(p.data()), p.size_bytes());
+          }
+          std::lock_guard<std::mutex> lock(result_mutex);
+          result.parameter_crc32 = static_cast<std::uint32_t>(crc);
         }
   };
   if (o.backend == "mpi") {
@@ -535,6 +572,7 @@ json to_json(const run_result& r) {
                            {"exposed_reduction_seconds", m.exposed_seconds},
                            {"hidden_fraction", m.hidden_fraction}});
   if (!r.epochs.empty()) j["final_test_accuracy"] = r.epochs.back().test_accuracy;
+  if (r.parameter_crc32) j["parameter_crc32"] = fmt::format("{:08x}", *r.parameter_crc32);
   return j;
 }
 
@@ -567,15 +605,26 @@ int main(int argc, char** argv) {
   app.add_option("--compare-ranks", o.compare_ranks,
                  "train once per rank count (e.g. 1,2) with the same global batch and compare epoch times and accuracy");
   app.add_option("--epochs", o.epochs, "epochs to train")->check(ex::whole_number())->check(CLI::Range(1, 100000));
-  app.add_option("--batch-size", o.batch_size, "examples per rank per micro-step")->check(ex::whole_number())->check(CLI::Range(1, 1 << 20));
+  auto* batch_opt = app.add_option("--batch-size", o.batch_size, "examples per rank per micro-step")
+                        ->check(ex::whole_number())
+                        ->check(CLI::Range(1, 1 << 20));
   app.add_option("--global-batch", o.global_batch,
                  "examples per optimizer step over all ranks (sets the per-rank batch; compare mode default: "
                  "batch-size x largest rank count x accumulate)")
       ->check(ex::whole_number())
       ->check(CLI::Range(1, 1 << 24));
-  app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation with no_sync)")
+  auto* accumulate_opt = app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation with no_sync)")
+                             ->check(ex::whole_number())
+                             ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--micro-batch", o.micro_batch,
+                 "examples per micro-batch: every global batch (--global-batch, default 512 for every rank count) is split "
+                 "into micro-batches of this size, micro-batch j to rank j mod n, from one shuffle for every rank count (sets "
+                 "the per-rank batch and the micro-steps: not with --batch-size or --accumulate)")
       ->check(ex::whole_number())
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--reproducible", o.reproducible,
+               "reproducible gradient averaging (reducer_options::reproducible): each micro-batch's gradient is one "
+               "contribution, and with --micro-batch the final parameters are the same bits on any number of ranks");
   app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adamw)")->check(ex::learning_rate_check());
   app.add_flag("--scale-lr", o.scale_lr, "multiply the learning rate by the number of ranks (linear scaling rule)");
   app.add_option("--optimizer", o.optimizer, "sgd (momentum 0.9) or adamw (weight decay 0.01)")
@@ -639,10 +688,34 @@ int main(int argc, char** argv) {
     std::vector<int> compare_counts;
     if (!o.compare_ranks.empty()) {
       compare_counts = parse_rank_list(o.compare_ranks);
-      if (o.global_batch == 0) check_global_batch(*std::max_element(compare_counts.begin(), compare_counts.end()), o);
-    } else if (o.global_batch == 0) {
+      if (o.global_batch == 0 && o.micro_batch == 0) check_global_batch(*std::max_element(compare_counts.begin(), compare_counts.end()), o);
+    } else if (o.global_batch == 0 && o.micro_batch == 0) {
       check_global_batch(o.ranks, o);
     }
+    if (o.micro_batch > 0) {
+      if (batch_opt->count() > 0 || accumulate_opt->count() > 0)
+        throw rz::error(rz::errc::invalid_argument, "--micro-batch sets the examples per rank and micro-step and the number of "
+                                                    "micro-steps: give --global-batch and --micro-batch, not --batch-size or --accumulate");
+      if (o.global_batch == 0) o.global_batch = default_micro_batch_global;
+      if (o.global_batch % o.micro_batch != 0)
+        throw rz::error(rz::errc::invalid_argument, fmt::format("--micro-batch {} does not divide the global batch {}",
+                                                                o.micro_batch, o.global_batch));
+      const int micro_batches = o.global_batch / o.micro_batch;
+      for (int n : compare_counts.empty() ? std::vector<int>{o.ranks} : compare_counts)
+        if (micro_batches % n != 0)
+          throw rz::error(rz::errc::invalid_argument,
+                          fmt::format("--micro-batch {}: the global batch {} is {} micro-batches, which {} rank(s) cannot share "
+                                      "evenly (the micro-batch must divide the global batch per rank, {} / {})",
+                                      o.micro_batch, o.global_batch, micro_batches, n, o.global_batch, n));
+    }
+    if (o.reproducible && o.compress != "none")
+      throw rz::error(rz::errc::invalid_argument,
+                      fmt::format("--reproducible cannot be combined with --compress {}: 16-bit compression rounds the partial "
+                                  "sums, which is not reproducible across rank counts", o.compress));
+    if ((o.reproducible || o.micro_batch > 0) && o.device == "cuda")
+      throw rz::error(rz::errc::invalid_argument, fmt::format("{} needs --device cpu (the reproducible accumulators and the "
+                                                              "micro-batch split are host-only here)",
+                                                              o.reproducible ? "--reproducible" : "--micro-batch"));
     if (o.device == "cuda") {  // before loading anything: a machine without a GPU fails at once
       if (o.backend != "local")
         throw rz::error(rz::errc::invalid_argument,
@@ -657,7 +730,7 @@ int main(int argc, char** argv) {
     const ex::fashion_mnist data = ex::load_fashion_mnist(o.data_dir, o.train_subset, o.test_subset);
     json out;
     out["example"] = "01_ddp_fashion_mnist";
-    out["config"] = {{"backend", o.backend},      {"epochs", o.epochs},        {"optimizer", o.optimizer}, {"seed", o.seed}, {"device", o.device},
+    out["config"] = {{"backend", o.backend},      {"reproducible", o.reproducible}, {"micro_batch", o.micro_batch},      {"epochs", o.epochs},        {"optimizer", o.optimizer}, {"seed", o.seed}, {"device", o.device},
                      {"compress", o.compress},    {"bucket_view", o.bucket_view},
                      {"bucket_byte_limits", bucket_limits(o)}, {"train_images", data.train.count},
                      {"test_images", data.test.count}, {"hidden", o.hidden}, {"pinned", o.pin}};
@@ -665,7 +738,11 @@ int main(int argc, char** argv) {
 
     if (o.compare_ranks.empty()) {
       int per_rank = o.batch_size;
-      if (o.global_batch > 0) {
+      options run_options = o;
+      if (o.micro_batch > 0) {
+        per_rank = o.micro_batch;
+        run_options.accumulate = o.global_batch / (o.micro_batch * o.ranks);
+      } else if (o.global_batch > 0) {
         if (o.global_batch % (o.ranks * o.accumulate) != 0)
           throw rz::error(rz::errc::invalid_argument,
                           fmt::format("--global-batch {} is not divisible by {} ranks x {} micro-steps", o.global_batch,
@@ -673,12 +750,13 @@ int main(int argc, char** argv) {
         per_rank = o.global_batch / (o.ranks * o.accumulate);
       }
       const auto t0 = clock_type::now();
-      run_result r = train_on_device(o, data, o.ranks, per_rank, process_rank == 0);
+      run_result r = train_on_device(run_options, data, o.ranks, per_rank, process_rank == 0);
       if (process_rank != 0) return 0;  // rank 0 holds the metrics (identical on every rank)
       fmt::print("{} rank(s), global batch {} ({} per rank x {} micro-steps), {} bucket(s): final test accuracy {:.4f}, "
-                 "{:.1f} s of training ({:.1f} s in all)\n",
+                 "{:.1f} s of training ({:.1f} s in all){}\n",
                  r.ranks, r.global_batch, r.per_rank_batch, r.accumulate, r.buckets, r.epochs.back().test_accuracy,
-                 total_train_seconds(r), std::chrono::duration<double>(clock_type::now() - t0).count());
+                 total_train_seconds(r), std::chrono::duration<double>(clock_type::now() - t0).count(),
+                 r.parameter_crc32 ? fmt::format("; final parameters crc32 {:08x}", *r.parameter_crc32) : std::string());
       out["runs"].push_back(to_json(r));
     } else {
       const std::vector<int>& counts = compare_counts;
@@ -689,10 +767,16 @@ int main(int argc, char** argv) {
       same.scale_lr = false;
       std::vector<run_result> runs;
       for (int n : counts) {
-        if (global % (n * o.accumulate) != 0)
-          throw rz::error(rz::errc::invalid_argument, fmt::format("global batch {} is not divisible by {} ranks x {} micro-steps",
-                                                                  global, n, o.accumulate));
-        const int per_rank = global / (n * o.accumulate);
+        int per_rank = 0;
+        if (o.micro_batch > 0) {  // checked above: n divides the number of micro-batches
+          per_rank = o.micro_batch;
+          same.accumulate = global / (o.micro_batch * n);
+        } else {
+          if (global % (n * o.accumulate) != 0)
+            throw rz::error(rz::errc::invalid_argument, fmt::format("global batch {} is not divisible by {} ranks x {} micro-steps",
+                                                                    global, n, o.accumulate));
+          per_rank = global / (n * o.accumulate);
+        }
         fmt::print("== {} rank(s)\n", n);
         std::fflush(stdout);
         runs.push_back(train_on_device(same, data, n, per_rank, true));
@@ -728,10 +812,13 @@ int main(int argc, char** argv) {
             o.device == "cuda" ? std::string()
                                : fmt::format("; {:.0f}% of the {:.3f} s of gradient reduction hidden behind backward",
                                              100.0 * hidden, reduction);
+        const std::string crc = r.parameter_crc32 && base.parameter_crc32
+                                    ? fmt::format("; final parameters crc32 {:08x} vs {:08x}", *r.parameter_crc32, *base.parameter_crc32)
+                                    : std::string();
         fmt::print("{} rank(s) vs {}: epoch-time speedup {:.2f}x (total training time {:.2f} s vs {:.2f} s); final test "
-                   "accuracy {:.4f} vs {:.4f} ({:+.2f} points){}\n",
+                   "accuracy {:.4f} vs {:.4f} ({:+.2f} points){}{}\n",
                    r.ranks, base.ranks, speedup, total_train_seconds(r), total_train_seconds(base), r.epochs.back().test_accuracy,
-                   base.epochs.back().test_accuracy, acc_diff, overlap);
+                   base.epochs.back().test_accuracy, acc_diff, overlap, crc);
         cmp.push_back({{"ranks", r.ranks},
                        {"baseline_ranks", base.ranks},
                        {"speedup", speedup},
@@ -750,6 +837,22 @@ int main(int argc, char** argv) {
                        {"hidden_fraction", hidden}});
       }
       out["comparison"] = cmp;
+      if (base.parameter_crc32) {  // CPU runs: are the final parameters the same bits on every rank count?
+        bool identical = true;
+        std::string list, crcs;
+        for (const auto& r : runs) {
+          identical = identical && r.parameter_crc32 == base.parameter_crc32;
+          list += fmt::format("{}{}", list.empty() ? "" : ", ", r.ranks);
+          crcs += fmt::format("{}{}: {:08x}", crcs.empty() ? "" : ", ", r.ranks, *r.parameter_crc32);
+        }
+        if (identical)
+          fmt::print("parameters bitwise identical across {} ranks: yes (crc32 {:08x}){}\n", list, *base.parameter_crc32,
+                     o.reproducible ? "" : " (without --reproducible this is not guaranteed)");
+        else
+          fmt::print("parameters bitwise identical across {} ranks: no (crc32 per rank count: {}){}\n", list, crcs,
+                     o.reproducible ? "" : "; --reproducible --micro-batch N makes them identical");
+        out["parameters_bitwise_identical"] = identical;
+      }
     }
     if (!o.json_path.empty()) {
       std::ofstream f(o.json_path);

@@ -7,6 +7,8 @@ Trains once with `--backend local --ranks 2` and once as `MPIRUN -np 2 EXAMPLE -
 with the same seed, data and batch, and requires every epoch's training loss, test loss and test
 accuracy to be identical. With 2 ranks they must be bit for bit: every element of an averaged
 gradient is (a + b) / 2 whichever algorithm and backend add it, and IEEE addition commutes.
+The final parameters' CRC-32 (which the example records for CPU runs) must agree too; with
+--reproducible --micro-batch that holds for any rank count and algorithm.
 """
 import json
 import os
@@ -47,6 +49,9 @@ def main() -> int:
                 print(f"FAIL: epoch {a['epoch']} {key}: local {a[key]!r} but mpi {b[key]!r}")
                 bad += 1
         print(f"epoch {a['epoch']}: train loss {a['train_loss']:.6f}, test accuracy {a['test_accuracy']:.4f} on both backends")
+    if local.get("parameter_crc32") != mpi.get("parameter_crc32"):
+        print(f"FAIL: final parameters' CRC-32: local {local.get('parameter_crc32')} but mpi {mpi.get('parameter_crc32')}")
+        bad += 1
     return 1 if bad else 0
 
 

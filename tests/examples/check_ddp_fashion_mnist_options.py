@@ -8,7 +8,8 @@ usage: check_ddp_fashion_mnist_options.py TRAINER
 
 Exit status: CLI11's validation error (105) for a value an option's check refuses, 1 for options
 that are checked together (the global batch of --batch-size, the ranks and --accumulate;
---compare-ranks). The refusals need no dataset; the accepted values are trained for one short
+--compare-ranks; --micro-batch against the global batch and the ranks, and against --batch-size and
+--accumulate; --reproducible with --compress or --device cuda). The refusals need no dataset; the accepted values are trained for one short
 epoch on 1000 Fashion-MNIST images when the dataset is installed (else that part is skipped).
 """
 import json
@@ -40,6 +41,8 @@ def main() -> int:
         ("--hidden", "64,0"),
         ("--epochs", "1e3"), ("--epochs", "nan"), ("--ranks", "+2"), ("--ranks", "0x2"), ("--batch-size", " 8"),
         ("--accumulate", "-1"), ("--global-batch", "1e30"),
+        ("--micro-batch", "0"), ("--micro-batch", "-4"), ("--micro-batch", "1048577"), ("--micro-batch", "nan"),
+        ("--micro-batch", "+8"),
     ]
     check_refused_options(trainer, refused, missing, VALIDATION_ERROR)
 
@@ -51,6 +54,20 @@ def main() -> int:
         # 2^20 x 2 x 2^16 overflowed int to 0: a division by zero (SIGFPE) in compare mode
         (["--compare-ranks", "1,2", "--batch-size", "1048576", "--accumulate", "65536"], ["--batch-size", "1048576", "65536"]),
         (["--ranks", "256", "--batch-size", "1048576", "--accumulate", "65536"], ["--batch-size", "1048576", "65536"]),
+        # --micro-batch must divide the global batch, and the micro-batches must divide among the ranks
+        (["--micro-batch", "30"], ["--micro-batch 30", "global batch 512"]),
+        (["--micro-batch", "30", "--global-batch", "100"], ["--micro-batch 30", "global batch 100"]),
+        (["--ranks", "3", "--micro-batch", "32"], ["--micro-batch 32", "16 micro-batches", "3 rank(s)"]),
+        (["--compare-ranks", "1,2,4", "--micro-batch", "64", "--global-batch", "128"],
+         ["--micro-batch 64", "2 micro-batches", "4 rank(s)"]),
+        # it sets the per-rank batch and the micro-steps itself
+        (["--micro-batch", "32", "--batch-size", "16"], ["--micro-batch", "--batch-size"]),
+        (["--micro-batch", "32", "--accumulate", "2"], ["--micro-batch", "--accumulate"]),
+        # reproducible mode: no 16-bit compression, no CUDA device
+        (["--reproducible", "--compress", "bf16"], ["--reproducible", "--compress bf16"]),
+        (["--reproducible", "--compress", "fp16"], ["--reproducible", "--compress fp16"]),
+        (["--reproducible", "--device", "cuda"], ["--reproducible", "--device cpu"]),
+        (["--micro-batch", "32", "--device", "cuda"], ["--micro-batch", "--device cpu"]),
     ]:
         p = run(trainer, *args, "--data", missing, "--epochs", "1", "--no-progress")
         check(p.returncode == 1, f"{args}: exit status {p.returncode}, expected 1")

@@ -30,6 +30,15 @@
 /// communicate; the trainer accumulates into the gradients, and the next synchronised step
 /// reduces the accumulated sum (PyTorch's `no_sync`).
 ///
+/// Reproducible mode (`reducer_options::reproducible`): every micro-batch is one contribution.
+/// The trainer WRITES each micro-batch's gradient (it does not add it to the previous one) and
+/// marks every gradient ready (or unused: zeros) in every micro-step, under no_sync too; the
+/// reducer deposits each completed bucket into a reproducible accumulator
+/// (ddp/reproducible_accumulation.hpp), and the synchronised micro-step leaves the average over
+/// all micro-batches of all ranks, bitwise the same for any world size (docs/ddp.md). A small
+/// agreement per step lets ranks that all hold one micro-batch skip the accumulators and reduce
+/// the buckets asynchronously with the per-call reproducible all_reduce (the same bits).
+///
 /// Uneven inputs (case C13): with `reducer_options::join`, each synchronised step starts with a
 /// small agreement collective; a rank that runs out of data calls `join()`, which shadows the
 /// other ranks' steps with zero gradients, so their all_reduces are matched, and the average is
@@ -94,6 +103,7 @@
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
 #include "ringzero/collective/all_gather.hpp"
+#include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/broadcast.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
@@ -102,6 +112,7 @@
 #include "ringzero/ddp/bucket_memory.hpp"
 #include "ringzero/ddp/comm_hook.hpp"
 #include "ringzero/ddp/gradient_bucket.hpp"
+#include "ringzero/ddp/reproducible_accumulation.hpp"
 
 namespace ringzero {
 
@@ -194,6 +205,12 @@ struct reducer_options {
   std::size_t alignment_bytes = 64;
   /// Record per-step timings of the reductions (`gradient_reducer::stats`).
   bool collect_timings = true;
+  /// Reproducible gradient accumulation (see the file comment and docs/ddp.md): each
+  /// micro-batch's gradient is one contribution, written (not added) by the trainer; the result
+  /// is the reproducible average over every contribution of every rank, identical bit for bit
+  /// for any world size, rank order and algorithm. Host memory, floating gradients and the
+  /// default hook only; not with divide_by_initial_world_size (refused on every rank).
+  bool reproducible = false;
 };
 
 /// Counters and timings of a reducer, accumulated over steps (see `gradient_reducer::stats`).
@@ -268,7 +285,7 @@ class gradient_reducer {
     install_layout(plan(order), /*carry_gradients=*/false);
     if (options_.broadcast_parameters) broadcast_parameters(0);
     for (auto& b : buckets_) memory_.zero(b.storage.get(), b.bytes_allocated);
-    if (options_.join) {
+    if (options_.join || options_.reproducible) {
       flags_storage_ = memory_.allocate(sizeof(std::int32_t) * (static_cast<std::size_t>(comm_.world_size()) + 1));
       flags_ = static_cast<std::int32_t*>(flags_storage_.get());
       flags_send_ = flags_ + comm_.world_size();
@@ -361,6 +378,10 @@ class gradient_reducer {
   void set_require_gradient_sync(bool on) {
     if (step_open_ && on != require_sync_)
       fail(errc::invalid_argument, "set_require_gradient_sync called in the middle of a step (call finish() first)");
+    if (options_.reproducible && unsynced_marks_ > 0 && on != require_sync_)
+      fail(errc::invalid_argument,
+           "set_require_gradient_sync called in the middle of an accumulation micro-step (reproducible mode: call "
+           "finish() after each micro-batch first)");
     require_sync_ = on;
   }
   /// True when steps communicate (the default).
@@ -379,14 +400,17 @@ class gradient_reducer {
   /// Gradient `i` is final for this step. In a synchronised step: copies it into its bucket
   /// (unless in view mode) and launches every bucket that is now complete and next in order.
   /// Errors (the communicator is aborted first): index out of range, gradient marked twice in
-  /// one step, and any error of the hook. Under no_sync only the index is checked.
+  /// one step, and any error of the hook. Under no_sync only the index is checked (reproducible
+  /// mode: the gradient is moved into its bucket as in a synchronised step, and a complete
+  /// bucket is deposited as this micro-batch's contribution).
   void mark_ready(std::size_t i) { mark(i, /*zero=*/false); }
 
   /// Parameter `i` has no gradient in this step: zeros are reduced for it (its buffer's contents
   /// are ignored), and it counts as ready, so a bucket with unused parameters is reduced early.
   /// With accumulation, "this step" is the whole accumulation window: a parameter that received
   /// gradient in an earlier no_sync micro-step must be marked ready instead. Under no_sync
-  /// nothing happens beyond the index check. Errors as `mark_ready`.
+  /// nothing happens beyond the index check. Reproducible mode: "this step" is the micro-batch,
+  /// under no_sync too (its contribution for parameter `i` is zeros). Errors as `mark_ready`.
   void mark_unused(std::size_t i) { mark(i, /*zero=*/true); }
 
   /// Ends the step. Synchronised: launches what is left, waits for every bucket, and leaves the
@@ -397,9 +421,13 @@ class gradient_reducer {
   /// any error of the reductions, naming the step and bucket.
   /// Device memory: returns once everything is enqueued on the communicator's stream (see the
   /// file comment for what the trainer must synchronise).
+  /// Reproducible mode: under no_sync, ends one micro-batch (every parameter must have been
+  /// marked, or find_unused_parameters marks the rest unused); synchronised, leaves the average
+  /// over every micro-batch of every rank since the last synchronised step.
   void finish() {
     check_usable();
     if (!require_sync_) {
+      if (options_.reproducible) end_reproducible_micro_step();
       ++stats_.local_steps;
       unsynced_marks_ = 0;
       return;
@@ -448,7 +476,14 @@ class gradient_reducer {
     if (!options_.join)
       fail(errc::invalid_argument,
            "join() needs reducer_options::join = true on every rank (ranks ran out of data at different steps)");
-    if (step_open_) fail(errc::invalid_argument, "join() called in the middle of a step (call finish() first)");
+    if (step_open_ || (options_.reproducible && unsynced_marks_ > 0))
+      fail(errc::invalid_argument, "join() called in the middle of a step (call finish() first)");
+    // Reproducible mode: micro-batches of an unfinished accumulation window are dropped (a
+    // joined rank contributes nothing), as plain mode never reduces such a window either.
+    if (options_.reproducible) {
+      reproducible_.clear();
+      reproducible_micro_steps_ = 0;
+    }
     for (;;) {
       const int active = agree(/*active=*/false);
       if (active == 0) break;
@@ -521,6 +556,17 @@ class gradient_reducer {
     const std::size_t a = options_.alignment_bytes;
     if (a == 0 || (a & (a - 1)) != 0)
       return "reducer_options::alignment_bytes = " + std::to_string(a) + " is not a power of two";
+    if (options_.reproducible) {
+      std::vector<dtype> types;
+      std::vector<std::string> names;
+      for (const auto& p : params_) {
+        types.push_back(p.type);
+        names.push_back(p.name);
+      }
+      std::string why = detail::reproducible_reducer_problem(comm_.space(), options_.hook->name(),
+                                                             options_.divide_by_initial_world_size, types, names);
+      if (!why.empty()) return why;
+    }
     const bool need_data = options_.broadcast_parameters || options_.join;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const reducer_parameter& p = params_[i];
@@ -569,7 +615,7 @@ class gradient_reducer {
     for (char c : hook) flags = mix(flags, static_cast<unsigned char>(c));
     flags = mix(flags, (options_.find_unused_parameters ? 1u : 0u) | (options_.rebuild_buckets ? 2u : 0u) |
                            (options_.broadcast_parameters ? 4u : 0u) | (options_.join ? 8u : 0u) |
-                           (options_.divide_by_initial_world_size ? 16u : 0u));
+                           (options_.divide_by_initial_world_size ? 16u : 0u) | (options_.reproducible ? 32u : 0u));
     mine[5] = flags;
     const int n = comm_.world_size();
     std::vector<std::uint64_t> all(fields * static_cast<std::size_t>(n));
@@ -630,7 +676,7 @@ class gradient_reducer {
     if (differs(5))
       raise(errc::contract_mismatch,
             "gradient_reducer: ranks passed different options (hook name, find_unused_parameters, rebuild_buckets, "
-            "broadcast_parameters, join or divide_by_initial_world_size); this rank uses hook '" + hook + "'");
+            "broadcast_parameters, join, divide_by_initial_world_size or reproducible); this rank uses hook '" + hook + "'");
   }
 
   std::vector<bucket_plan> plan(const std::vector<std::size_t>& order) const {
@@ -685,6 +731,15 @@ class gradient_reducer {
     buckets_ = std::move(fresh);
     bucket_of_ = std::move(bucket_of);
     offset_of_ = std::move(offset_of);
+    if (options_.reproducible) {
+      std::vector<std::uint64_t> counts;
+      std::vector<dtype> types;
+      for (const auto& b : buckets_) {
+        counts.push_back(b.info.count);
+        types.push_back(b.info.type);
+      }
+      reproducible_.reset_layout(counts, types);
+    }
   }
 
   bool params_have_data() const noexcept {
@@ -758,9 +813,11 @@ class gradient_reducer {
     next_launch_ = 0;
     step_contributors_ = comm_.world_size();
     agreement_pending_ = false;
-    if (options_.join) {
+    if (options_.join || options_.reproducible) {
       try {
-        set_flag(1);
+        // Reproducible mode: 1 + this rank's micro-batches deposited under no_sync, so that every
+        // rank learns whether each rank contributes exactly one micro-batch (all flags 1).
+        set_flag(options_.reproducible ? 1 + static_cast<int>(std::min<std::uint64_t>(reproducible_micro_steps_, 1u << 30)) : 1);
       } catch (const std::exception& e) {
         fail_from(e, "step " + std::to_string(step_) + ": preparing the join agreement failed");
       }
@@ -770,14 +827,18 @@ class gradient_reducer {
     }
   }
 
-  /// Join mode: waits for this step's agreement and reads the number of contributing ranks.
+  /// Why steps start with an agreement, for errors.
+  const char* agreement_mode() const noexcept { return options_.join ? " (join mode)" : " (reproducible mode)"; }
+
+  /// Join or reproducible mode: waits for this step's agreement and reads the number of
+  /// contributing ranks (and, reproducible, whether each holds exactly one micro-batch).
   void resolve_agreement() {
     if (!agreement_pending_) return;
     const auto t0 = clock::now();
     try {
       detail::await_work(agreement_);
     } catch (const std::exception& e) {
-      fail_from(e, "the agreement of step " + std::to_string(step_) + " (join mode) failed");
+      fail_from(e, "the agreement of step " + std::to_string(step_) + agreement_mode() + " failed");
     }
     if (options_.collect_timings) {
       const auto t1 = clock::now();
@@ -788,9 +849,13 @@ class gradient_reducer {
     try {
       fetch_flags();
     } catch (const std::exception& e) {
-      fail_from(e, "the agreement of step " + std::to_string(step_) + " (join mode) could not be read");
+      fail_from(e, "the agreement of step " + std::to_string(step_) + agreement_mode() + " could not be read");
     }
     step_contributors_ = count_flags();
+    if (options_.reproducible) {
+      one_contribution_each_ = true;
+      for (int r = 0; r < comm_.world_size(); ++r) one_contribution_each_ = one_contribution_each_ && flags_[r] == 1;
+    }
   }
 
   /// This rank's join flag (in the reducer's memory: the all_gather reads it there).
@@ -833,16 +898,17 @@ class gradient_reducer {
   void mark(std::size_t i, bool zero) {
     check_usable();
     check_index(i, zero ? "mark_unused" : "mark_ready");
-    if (!require_sync_) {  // accumulation micro-step: nothing to communicate
+    const bool sync = require_sync_;
+    if (!sync) {  // accumulation micro-step: nothing to communicate
       ++unsynced_marks_;
-      return;
+      if (!options_.reproducible) return;  // reproducible: the micro-batch is deposited below
     }
-    if (!step_open_) open_step();
+    if (sync && !step_open_) open_step();
     if (ready_[i])
-      fail(errc::invalid_argument, std::string(zero ? "mark_unused" : "mark_ready") + "(" + describe(i) +
-                                       ") called twice in step " + std::to_string(step_));
+      fail(errc::invalid_argument, std::string(zero ? "mark_unused" : "mark_ready") + "(" + describe(i) + ") called twice in " +
+                                       (sync ? "step " + std::to_string(step_) : std::string("an accumulation micro-step")));
     ready_[i] = 1;
-    if (rebuild_pending()) ready_order_.push_back(i);
+    if (sync && rebuild_pending()) ready_order_.push_back(i);
     bucket& b = buckets_[bucket_of_[i]];
     try {
       if (zero) zero_slot(i);
@@ -856,7 +922,37 @@ class gradient_reducer {
                        std::to_string(bucket_of_[i]) + " failed");
     }
     --b.pending;
-    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+    if (options_.reproducible && b.pending == 0) {
+      if (sync) resolve_agreement();  // one micro-batch on every rank: the bucket goes out as it is
+      try {
+        if (!sync || !one_contribution_each_) reproducible_.deposit(bucket_of_[i], b.storage.get());
+      } catch (const std::exception& e) {
+        fail_from(e, "depositing bucket " + std::to_string(bucket_of_[i]) + " into its reproducible accumulator failed");
+      }
+    }
+    if (sync)
+      while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+  }
+
+  /// Reproducible mode, finish() under no_sync: completes the micro-step (unused parameters
+  /// contribute zeros with find_unused_parameters; otherwise a parameter never marked is an
+  /// error, as in a synchronised step) and resets the readiness for the next one.
+  void end_reproducible_micro_step() {
+    std::vector<std::size_t> missing;
+    for (std::size_t k = params_.size(); k-- > 0;)
+      if (!ready_[k]) missing.push_back(k);
+    if (!missing.empty() && !options_.find_unused_parameters) {
+      std::string names;
+      for (std::size_t k = 0; k < missing.size() && k < 8; ++k) names += (k ? ", " : "") + describe(missing[k]);
+      if (missing.size() > 8) names += ", ... (" + std::to_string(missing.size()) + " in all)";
+      fail(errc::invalid_argument, "finish() of an accumulation micro-step (reproducible mode): parameter(s) " + names +
+                                       " were never marked ready in this micro-batch; mark every gradient ready (or "
+                                       "unused) in every micro-batch, or set find_unused_parameters");
+    }
+    for (std::size_t k : missing) mark(k, /*zero=*/true);
+    std::fill(ready_.begin(), ready_.end(), 0);
+    for (auto& b : buckets_) b.pending = b.info.parameters.size();
+    ++reproducible_micro_steps_;
   }
 
   void zero_slot(std::size_t i) {
@@ -922,6 +1018,37 @@ class gradient_reducer {
   void launch(std::size_t k) {
     resolve_agreement();
     bucket& b = buckets_[k];
+    if (options_.reproducible && one_contribution_each_) {
+      // Every rank holds one micro-batch: the reproducible all_reduce of the bucket itself, the
+      // same function of the same contributions as the accumulator's, asynchronous.
+      if (options_.collect_timings) b.launched_at = clock::now();
+      collective_options reproducible;
+      reproducible.reproducible = true;
+      try {
+        b.pending_work = all_reduce_async(comm_, b.storage.get(), b.storage.get(), b.info.count, b.info.type,
+                                          reduce_op(reduce_kind::avg), reproducible);
+      } catch (const std::exception& e) {
+        fail_from(e, "step " + std::to_string(step_) + ": the reproducible all_reduce of bucket " + std::to_string(k) +
+                         " failed to launch");
+      }
+      return;
+    }
+    if (options_.reproducible) {  // blocking: the reproducible average of the bucket's contributions
+      const auto t0 = clock::now();
+      try {
+        reproducible_.reduce(comm_, k, b.storage.get());
+      } catch (const std::exception& e) {
+        fail_from(e, "step " + std::to_string(step_) + ": the reproducible average of bucket " + std::to_string(k) +
+                         " (parameters " + describe_bucket(k) + ") failed");
+      }
+      b.launched_at = clock::now();
+      if (options_.collect_timings) {
+        stats_.exposed_seconds += std::chrono::duration<double>(b.launched_at - t0).count();
+        add_interval(t0, b.launched_at);
+      }
+      b.pending_work = work{};
+      return;
+    }
     if (options_.collect_timings) b.launched_at = clock::now();
     try {
       b.pending_work = options_.hook->launch(comm_, view_of(k));
@@ -961,11 +1088,13 @@ class gradient_reducer {
         add_interval(b.launched_at, done);
       }
       b.pending_work = work{};
-      try {
-        options_.hook->complete(view_of(k));
-      } catch (const std::exception& e) {
-        fail_from(e, "step " + std::to_string(step_) + ": the '" + options_.hook->name() + "' hook failed to complete bucket " +
-                         std::to_string(k));
+      if (!options_.reproducible) {  // reproducible mode averaged the bucket itself in launch()
+        try {
+          options_.hook->complete(view_of(k));
+        } catch (const std::exception& e) {
+          fail_from(e, "step " + std::to_string(step_) + ": the '" + options_.hook->name() + "' hook failed to complete bucket " +
+                           std::to_string(k));
+        }
       }
       ++stats_.buckets_reduced;
       if (!shadow && !options_.gradient_as_bucket_view) {
@@ -1029,6 +1158,8 @@ class gradient_reducer {
     next_launch_ = 0;
     step_open_ = false;
     ++stats_.synchronized_steps;
+    reproducible_micro_steps_ = 0;
+    one_contribution_each_ = false;
   }
 
   /// Collective, once: agrees on a ready order (rank 0's, or the lowest rank that has one) and
@@ -1094,6 +1225,9 @@ class gradient_reducer {
   std::uint64_t step_ = 0;
   std::uint64_t unsynced_marks_ = 0;  // marks under no_sync since the last finish()
   int step_contributors_ = 1;
+  detail::reproducible_bucket_accumulators reproducible_;  // reproducible mode: one per bucket
+  std::uint64_t reproducible_micro_steps_ = 0;  // micro-batches deposited under no_sync since the last sync step
+  bool one_contribution_each_ = false;          // this step: every rank holds exactly one micro-batch
 
   // join mode
   detail::bucket_storage flags_storage_;  // world_size received flags, then the one sent

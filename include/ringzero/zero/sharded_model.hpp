@@ -36,6 +36,11 @@
 /// - Gradients are summed over micro-batches and averaged over all ranks (PyTorch DDP's
 ///   semantics with no_sync accumulation). The trainer ADDS each gradient into its view.
 ///   Stages 0-1 reduce once per step (in the last micro-batch); stages 2-3 once per micro-batch.
+/// - Reproducible mode (`sharded_model_options::reproducible`): each micro-batch's gradient is
+///   one contribution (its view starts at zero; the trainer writes or adds it), deposited into a
+///   full-size reproducible accumulator and averaged once per step over all micro-batches of all
+///   ranks (zero/reproducible_gradients.hpp): the same parameter bits at every stage and world
+///   size for a fixed global batch of fixed-size micro-batches (docs/zero.md).
 /// - Views: parameter views are valid for the model's lifetime at stages 0-2, and at stage 3 only
 ///   while a unit using the parameter is gathered. Gradient views are valid for the model's
 ///   lifetime at stages 0-1 and, at stages 2-3, until the owning unit's reduction starts or
@@ -83,6 +88,7 @@
 #include "ringzero/zero/gradient_schedule.hpp"
 #include "ringzero/zero/host_buffer.hpp"
 #include "ringzero/zero/optimizer.hpp"
+#include "ringzero/zero/reproducible_gradients.hpp"
 #include "ringzero/zero/shard_plan.hpp"
 #include "ringzero/zero/sharded_optimizer.hpp"
 
@@ -97,6 +103,10 @@ struct sharded_model_options {
   /// Skip the update (and zero the gradients) when the global gradient norm is not finite, as
   /// mixed-precision trainers do on overflow; false: apply it anyway.
   bool skip_nonfinite_steps = true;
+  /// Reproducible gradient accumulation (see the file comment and docs/zero.md). Refused (on
+  /// every rank, errc::invalid_argument) with max_grad_norm > 0, hybrid sharding, or gradients
+  /// that are not float16, bfloat16, float32 or float64.
+  bool reproducible = false;
 };
 
 /// What `sharded_model::step()` did.
@@ -176,6 +186,7 @@ class sharded_model {
   /// gradient for an alias). Throws errc::invalid_argument for a frozen parameter, when T is not
   /// the gradient dtype, or when the owning unit's reduction has already started in this
   /// micro-batch. Stages 2-3 take a bucket from the pool on the first request of a unit.
+  /// Reproducible mode: the view holds zeros at the start of every micro-batch (at every stage).
   template <element_type T>
   std::span<T> gradient(std::size_t p) {
     const parameter_placement& pl = placement(p);
@@ -302,6 +313,7 @@ class sharded_model {
       gradient_hooks h{*this};
       gradients_.finish(h);
     }
+    if (reproducible_ && micro_ == steps - 1) reduce_reproducibly();
     if (plan_.stage() == 3) {
       gather_hooks h{*this};
       gathers_.release_all(h);
@@ -537,7 +549,10 @@ class sharded_model {
   }
 
   /// Stages 2-3 reduce every micro-batch; stages 0-1 only in the last one.
-  bool syncing() const noexcept { return plan_.stage() >= 2 || micro_ == plan_.request().accumulation_steps - 1; }
+  /// Reproducible mode deposits every micro-batch (and reduces once, in end_backward).
+  bool syncing() const noexcept {
+    return options_.reproducible || plan_.stage() >= 2 || micro_ == plan_.request().accumulation_steps - 1;
+  }
 
   /// The first reason why this rank cannot run the plan ("" when it can).
   std::string check(std::span<const parameter_spec> registered) const {
@@ -576,6 +591,10 @@ class sharded_model {
              " ranks but the shard communicator has " + std::to_string(comm_.world_size());
     if (!(options_.max_grad_norm >= 0) || !std::isfinite(options_.max_grad_norm))
       return "max_grad_norm must be finite and >= 0, got " + std::to_string(options_.max_grad_norm);
+    if (options_.reproducible) {
+      std::string why = detail::reproducible_gradients_problem(plan_, options_.max_grad_norm, replica_ ? replica_->world_size() : 1);
+      if (!why.empty()) return why;
+    }
     return sharded_optimizer::problem(plan_, options_.optimizer);
   }
 
@@ -653,6 +672,7 @@ class sharded_model {
         {"eps", sgd ? 0 : setting_bits(o.eps), shown::real},
         {"max_grad_norm", setting_bits(options_.max_grad_norm), shown::real},
         {"skip_nonfinite_steps", options_.skip_nonfinite_steps ? 1u : 0u, shown::flag},
+        {"reproducible", options_.reproducible ? 1u : 0u, shown::flag},
         {"plan fingerprint", plan_.fingerprint(), shown::hash},
     };
   }
@@ -755,6 +775,7 @@ class sharded_model {
       grads_.emplace_back(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0);
     }
     optimizer_.emplace(plan_, shard_index_, options_.optimizer);
+    if (options_.reproducible) reproducible_.emplace(plan_);
     const std::size_t units = plan_.units().size();
     unit_gather_.assign(units, npos);
     unit_bucket_.assign(units, npos);
@@ -934,6 +955,16 @@ class sharded_model {
 
   void launch_reduction(std::size_t u) {
     const int stage = plan_.stage();
+    if (reproducible_) {  // deposit this micro-batch; the view of the next one starts at zero
+      for (std::size_t b : plan_.units()[u].buffers) {
+        const flat_buffer& f = plan_.buffers()[b];
+        if (!f.trainable || f.numel == 0) continue;
+        unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
+        reproducible_->deposit(b, full);
+        if (stage <= 1) std::memset(full, 0, static_cast<std::size_t>(f.numel * dtype_size(f.gradient_type)));
+      }
+      return;
+    }
     for (std::size_t b : plan_.units()[u].buffers) {
       const flat_buffer& f = plan_.buffers()[b];
       if (!f.trainable || f.numel == 0) continue;
@@ -954,6 +985,11 @@ class sharded_model {
     for (const work& w : list) w.wait();
     list.clear();
     if (plan_.stage() < 2) return;
+    if (reproducible_) {  // deposited in launch_reduction: only the bucket is released
+      bucket_free_.push_back(unit_bucket_[u]);
+      unit_bucket_[u] = npos;
+      return;
+    }
     unsigned char* bucket = buckets_[unit_bucket_[u]].data();
     for (std::size_t b : plan_.units()[u].buffers) {
       const flat_buffer& f = plan_.buffers()[b];
@@ -972,6 +1008,17 @@ class sharded_model {
     }
     bucket_free_.push_back(unit_bucket_[u]);
     unit_bucket_[u] = npos;
+  }
+
+  /// Reproducible mode, end of the accumulation window: every trainable buffer's average over
+  /// all micro-batches of all ranks into its gradient (the whole buffer at stage 0, the rank's
+  /// shard at stages 1-3), in buffer order on every rank.
+  void reduce_reproducibly() {
+    for (std::size_t b = 0; b < plan_.buffers().size(); ++b) {
+      const flat_buffer& f = plan_.buffers()[b];
+      if (!f.trainable || f.numel == 0) continue;
+      reproducible_->reduce(comm_, b, plan_.stage() >= 1, owned_gradient(b), tagged(call_purpose::reduce, b));
+    }
   }
 
   static void wait_quietly(std::vector<work>& list) noexcept {
@@ -1004,6 +1051,7 @@ class sharded_model {
   detail::gradient_schedule gradients_;
   std::vector<bool> marked_;
   int micro_ = 0;
+  std::optional<detail::reproducible_gradients> reproducible_;  ///< reproducible mode only
 };
 
 }  // namespace ringzero::zero
