@@ -295,7 +295,12 @@ class checkpointer {
       const auto n = static_cast<std::size_t>(L.checksum_count(r));
       sums[static_cast<std::size_t>(r)].assign(record(r) + 3, record(r) + 3 + n);
     }
-    commit_checkpoint(root_, j.name, make_index(L, j.progress, sums), options_.keep_last);
+    try {
+      commit_checkpoint(root_, j.name, make_index(L, j.progress, sums), options_.keep_last);
+    } catch (const error& e) {
+      if (!std::filesystem::exists(root_ / j.name / index_file_name)) cleanup(j.name);
+      throw error(e.kind(), "checkpoint '" + (root_ / j.name).string() + "': rank 0 could not complete it: " + e.message());
+    }
   }
 
   void cleanup(const std::string& name) noexcept {
