@@ -17,6 +17,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,29 @@ inline nlohmann::json optimizer_json(const zero::optimizer_options& o) {
           {"beta1", o.beta1},
           {"beta2", o.beta2},
           {"eps", o.eps}};
+}
+
+/// What of a plan request fixes the flat layout beyond the tensors (gather units, tie groups,
+/// declared dtypes, precision, automatic unit size), as the index's extra["plan"] records it, so
+/// that an offline reshard (checkpoint/offline_reshard.hpp) rebuilds the plan for another world size.
+inline nlohmann::json plan_request_json(const zero::plan_request& q) {
+  auto type = [](std::optional<dtype> t) { return t ? nlohmann::json(std::string(dtype_name(*t))) : nlohmann::json(nullptr); };
+  nlohmann::json ps = nlohmann::json::array();
+  for (const zero::parameter_spec& p : q.parameters)
+    ps.push_back({{"name", p.name}, {"unit", p.unit}, {"tie_group", p.tie_group}, {"type", type(p.type)}, {"trainable", p.trainable}});
+  const zero::precision& pr = q.precision;
+  return {{"parameters", std::move(ps)},
+          {"replica_group_size", q.replica_group_size},
+          {"unit_bytes", q.unit_bytes},
+          {"accumulation_steps", q.accumulation_steps},
+          {"prefetch", q.prefetch},
+          {"max_inflight_reductions", q.max_inflight_reductions},
+          {"precision",
+           {{"parameter", std::string(dtype_name(pr.parameter))},
+            {"gradient", type(pr.gradient)},
+            {"master", type(pr.master)},
+            {"optimizer_state", std::string(dtype_name(pr.optimizer_state))},
+            {"optimizer_states", pr.optimizer_states}}}};
 }
 
 /// The tensors of a model with `plan` and optimizer `o`, and where each parameter's are.
@@ -129,6 +153,7 @@ inline state_layout zero_layout(const zero::shard_plan& plan, const zero::optimi
   L.alignment_bytes = plan.request().alignment_bytes;
   L.plan_fingerprint = plan.fingerprint();
   L.optimizer = optimizer_json(o);
+  L.extra = {{"plan", plan_request_json(plan.request())}};
   L.tensors = z.tensors;
   L.pieces.resize(static_cast<std::size_t>(plan.world_size()));
   if (sources) sources->assign(L.pieces.size(), {});
