@@ -3,7 +3,6 @@
 // read back through a checkpoint, and file surgery for the bad-input tests.
 #pragma once
 
-#include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <atomic>

@@ -11,6 +11,8 @@
 #include <random>
 #include <thread>
 
+#include <doctest/doctest.h>
+
 #include "checkpoint_test_util.hpp"
 
 using namespace ckpt_test;

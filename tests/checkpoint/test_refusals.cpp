@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <doctest/doctest.h>
+
 #include "checkpoint_test_util.hpp"
 
 using namespace ckpt_test;

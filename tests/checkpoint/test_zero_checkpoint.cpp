@@ -1,6 +1,8 @@
 // Saving and loading a zero::sharded_model: exact resume at stages 0-3 (SGD with momentum and
 // AdamW), the asynchronous save's snapshot, keep_last, resharding to other world sizes, stages,
 // replica groups and alignments (cases C16-C20).
+#include <doctest/doctest.h>
+
 #include "checkpoint_test_util.hpp"
 
 using namespace ckpt_test;

@@ -197,7 +197,8 @@ struct checkpoint_index {
     };
     auto unsigned_field = [&](const nlohmann::json& o, const char* name) {
       const auto& v = field(o, name);
-      if (!v.is_number_unsigned()) throw fail("the field '" + std::string(name) + "' is not a non-negative integer");
+      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
+        throw fail("the field '" + std::string(name) + "' is not a non-negative integer");
       return v.get<std::uint64_t>();
     };
     auto string_field = [&](const nlohmann::json& o, const char* name) {
