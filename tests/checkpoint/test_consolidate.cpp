@@ -2,6 +2,7 @@
 // parameters by name, tied ones under each name (C18), frozen ones included, converted to
 // bfloat16, split as Hugging Face does; an offline reshard equal byte for byte to a save at the
 // new world size and stage, loading bitwise equal and training on identically.
+#include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
 #include <cstring>

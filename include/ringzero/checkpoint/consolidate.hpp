@@ -125,20 +125,21 @@ inline consolidate_result consolidate(const std::filesystem::path& path, const s
   fragment_reader reader(dir, index);
   reader.check_files();
 
+  // The buffer holds whole checksum chunks; the converted copy the same elements in the output type.
+  const std::uint64_t chunks = std::max<std::uint64_t>(1, options.buffer_bytes / checksum_chunk_bytes);
+  std::vector<unsigned char> buffer(static_cast<std::size_t>(chunks * checksum_chunk_bytes));
   std::vector<const tensor_record*> params;
   std::vector<dtype> types;
-  std::uint64_t largest_element = 1;
+  std::uint64_t converted_bytes = 0;
   for (const tensor_record& t : index.tensors) {
     if (t.role != tensor_role::parameter) continue;
     params.push_back(&t);
     types.push_back(options.type && is_floating_point(t.type) ? *options.type : t.type);
-    largest_element = std::max({largest_element, dtype_size(t.type), dtype_size(types.back())});
+    const tensor_record* data = index.find_parameter_data(t.name);
+    if (types.back() != t.type && data != nullptr)
+      converted_bytes = std::max(converted_bytes, buffer.size() / dtype_size(data->type) * dtype_size(types.back()));
   }
-  // The buffer holds whole checksum chunks; the converted copy as many elements of the widest output type.
-  const std::uint64_t chunks = std::max<std::uint64_t>(1, options.buffer_bytes / checksum_chunk_bytes);
-  std::vector<unsigned char> buffer(static_cast<std::size_t>(chunks * checksum_chunk_bytes));
-  std::vector<unsigned char> converted;
-  if (options.type) converted.resize(static_cast<std::size_t>(buffer.size() * largest_element));
+  std::vector<unsigned char> converted(static_cast<std::size_t>(converted_bytes));
 
   // Hugging Face's split: tensors in order, a new file when the next would exceed the limit.
   std::vector<std::vector<std::size_t>> groups(1);
