@@ -2,14 +2,15 @@
 // machine's sequential write and read bandwidth measured in the same run, and the time a step
 // is blocked by an asynchronous save next to the copy to staging.
 //
-//   ringzero-checkpoint-bench --ranks 2 --state 1G --dir /var/tmp/ckpt-bench --repeat 3
+//   ringzero-checkpoint-bench --ranks 2 --state 1G --dir /var/tmp/ckpt-bench --repeat 5
 //
 // The model: float32 parameters of 16 Mi elements each with AdamW (12 bytes of state per
 // element: parameter, exp_avg, exp_avg_sq), at stage 3, enough of them for --state bytes.
 // Per repetition (medians reported):
 // - baseline write: every rank writes its share of the bytes to its own file with pwrite in
 //   64 MiB blocks and fsyncs it (what dd bs=64M conv=fsync does), in parallel;
-// - save: checkpointer::save (headers, XXH3 checksums, fsync, index, rename, latest);
+// - save: checkpointer::save (headers, XXH3 checksums, fsync, index, rename, latest; old
+//   checkpoints are removed outside the timed region);
 // - baseline read: each rank reads its baseline file back after evicting it from the page
 //   cache (posix_fadvise DONTNEED);
 // - load: checkpoint::load into a fresh model after evicting the checkpoint's files;
@@ -133,7 +134,7 @@ int main(int argc, char** argv) {
       model.step();  // moments become non-zero-sized work; the state is now "trained"
       const std::uint64_t share = total / static_cast<std::uint64_t>(ranks);
       std::vector<unsigned char> source(share, 1), sink(share);
-      ck::checkpointer ckpt(dir / "checkpoints", {1});
+      ck::checkpointer ckpt(dir / "checkpoints");  // keep_last 0: removals are not timed (done below)
       auto slowest = [&](double mine) {  // the slowest rank's time, on every rank
         double all = mine;
         rz::all_reduce(comm, &all, &all, 1, rz::dtype::float64, rz::reduce_kind::max);
@@ -186,7 +187,10 @@ int main(int argc, char** argv) {
         model.step();  // runs while the background thread writes
         record(t.step_during, slowest(seconds_since(t0)));
         ckpt.wait();
-        if (r == 0) staging_bytes = ckpt.staging_bytes();
+        if (r == 0) {
+          staging_bytes = ckpt.staging_bytes();
+          for (const std::string& old : {"bench-" + std::to_string(k), "async-" + std::to_string(k)}) fs::remove_all(dir / "checkpoints" / old);
+        }
         std::vector<unsigned char> staging(ckpt.staging_bytes(), 0);  // pre-touched
         const std::vector<unsigned char> from(ckpt.staging_bytes(), 2);
         rz::barrier(comm);
