@@ -7,7 +7,9 @@
 /// Manual: docs/checkpoint.md.
 /// @code
 ///   ringzero::checkpoint::checkpointer ckpt("run/checkpoints", {.keep_last = 3});
-///   ckpt.async_save(model, {.epoch = epoch});          // after model.step()
+///   ringzero::checkpoint::training_progress progress;
+///   progress.epoch = epoch;
+///   ckpt.async_save(model, progress);                  // after model.step()
 ///   ...
 ///   ckpt.wait();                                       // before exiting
 ///   auto progress = ringzero::checkpoint::load(model, "run/checkpoints");  // any world size

@@ -36,11 +36,11 @@
 #include "ringzero/checkpoint/checkpoint_directory.hpp"
 #include "ringzero/checkpoint/replicated_state.hpp"
 #include "ringzero/checkpoint/shard_writer.hpp"
+#include "ringzero/checkpoint/staging_buffer.hpp"
 #include "ringzero/checkpoint/state_layout.hpp"
 #include "ringzero/checkpoint/training_progress.hpp"
 #include "ringzero/checkpoint/zero_state.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
-#include "ringzero/zero/host_buffer.hpp"
 #include "ringzero/zero/sharded_model.hpp"
 
 namespace ringzero::checkpoint {
@@ -209,8 +209,8 @@ class checkpointer {
     for (const piece& p : mine) total += job_.layout.bytes(p);
     try {
       if (staging_.bytes() < total) {
-        staging_ = zero::detail::host_buffer();  // free the old one first
-        staging_ = zero::detail::host_buffer(total);
+        staging_ = detail::staging_buffer();  // free the old one first
+        staging_ = detail::staging_buffer(total);
       }
     } catch (const std::exception& e) {
       refuse(errc::internal, "cannot allocate the staging buffer of " + std::to_string(total) + " bytes: " + e.what());
@@ -314,7 +314,7 @@ class checkpointer {
   checkpointer_options options_;
   job job_;
   bool pending_ = false;
-  zero::detail::host_buffer staging_;
+  detail::staging_buffer staging_;
 };
 
 }  // namespace ringzero::checkpoint

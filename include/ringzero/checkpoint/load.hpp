@@ -30,6 +30,7 @@
 #include "ringzero/checkpoint/checkpoint_index.hpp"
 #include "ringzero/checkpoint/fragment_reader.hpp"
 #include "ringzero/checkpoint/replicated_state.hpp"
+#include "ringzero/checkpoint/staging_buffer.hpp"
 #include "ringzero/checkpoint/state_loader.hpp"
 #include "ringzero/checkpoint/zero_state.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
@@ -91,7 +92,7 @@ inline training_progress load(gradient_reducer& reducer, replicated_state& state
                               const load_options& options = {}) {
   checkpoint_index index;
   const std::vector<tensor_spec> specs = state.specs();
-  std::vector<std::vector<unsigned char>> staging(specs.size());
+  std::vector<detail::staging_buffer> staging(specs.size());
   std::vector<std::size_t> order;
   bool restore_layout = false, rebuilt = false;
   detail::load_phase(reducer.comm(), nullptr, path, [&] {
@@ -103,7 +104,7 @@ inline training_progress load(gradient_reducer& reducer, replicated_state& state
     std::vector<detail::load_target> targets;
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (records[i] == nullptr) continue;  // an optimizer state not asked for
-      staging[i].resize(static_cast<std::size_t>(specs[i].numel() * dtype_size(specs[i].type)));
+      staging[i] = detail::staging_buffer(specs[i].numel() * dtype_size(specs[i].type));
       targets.push_back({i, 0, specs[i].numel(), staging[i].data()});
     }
     fragment_reader reader(dir, index);
@@ -120,7 +121,7 @@ inline training_progress load(gradient_reducer& reducer, replicated_state& state
     }
   });
   for (std::size_t i = 0; i < specs.size(); ++i)
-    if (!staging[i].empty()) std::memcpy(state.entries()[i].data, staging[i].data(), staging[i].size());
+    if (!staging[i].empty()) std::memcpy(state.entries()[i].data, staging[i].data(), static_cast<std::size_t>(staging[i].bytes()));
   if (restore_layout) reducer.restore_layout(order, rebuilt);
   return index.progress;
 }

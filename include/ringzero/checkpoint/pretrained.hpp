@@ -23,6 +23,7 @@
 
 #include "ringzero/checkpoint/load.hpp"
 #include "ringzero/checkpoint/safetensors.hpp"
+#include "ringzero/checkpoint/staging_buffer.hpp"
 #include "ringzero/zero/sharded_model.hpp"
 
 namespace ringzero::checkpoint {
@@ -52,7 +53,7 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
   const auto& ps = plan.parameters();
   const auto& pl = plan.placements();
   struct staged {
-    std::vector<unsigned char> params, master;
+    detail::staging_buffer params, master;
   };
   std::vector<staged> staging(plan.buffers().size());
   detail::load_phase(model.comm(), model.replica_comm(), file, [&] {
@@ -92,8 +93,8 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
       const zero::flat_buffer& fb = plan.buffers()[b];
       const algorithms::range held = model.held_range(b), own = model.optimizer_range(b);
       staged& s = staging[b];
-      s.params.assign(static_cast<std::size_t>(held.size() * dtype_size(fb.type)), 0);
-      if (fb.trainable && fb.has_master) s.master.assign(static_cast<std::size_t>(own.size() * 4), 0);
+      s.params = detail::staging_buffer(held.size() * dtype_size(fb.type));
+      if (fb.trainable && fb.has_master) s.master = detail::staging_buffer(own.size() * 4);
       for (std::size_t p : fb.parameters) {
         const safetensors_tensor& t = *source[p];
         const std::uint64_t es = dtype_size(*t.type);
@@ -111,9 +112,11 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
   });
   model.begin_restore();
   for (std::size_t b = 0; b < staging.size(); ++b) {
-    if (!staging[b].params.empty()) std::memcpy(model.held_parameters(b), staging[b].params.data(), staging[b].params.size());
+    if (!staging[b].params.empty())
+      std::memcpy(model.held_parameters(b), staging[b].params.data(), static_cast<std::size_t>(staging[b].params.bytes()));
     float* m = model.restorable_optimizer().master(b);
-    if (m != nullptr && !staging[b].master.empty()) std::memcpy(m, staging[b].master.data(), staging[b].master.size());
+    if (m != nullptr && !staging[b].master.empty())
+      std::memcpy(m, staging[b].master.data(), static_cast<std::size_t>(staging[b].master.bytes()));
   }
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ringzero/algorithm/partition.hpp"
+#include "ringzero/checkpoint/staging_buffer.hpp"
 #include "ringzero/checkpoint/state_layout.hpp"
 #include "ringzero/checkpoint/state_loader.hpp"
 #include "ringzero/zero/optimizer.hpp"
@@ -208,13 +209,13 @@ class zero_staging {
       const zero::flat_buffer& f = plan.buffers()[b];
       buffer& s = buffers_[b];
       const algorithms::range held = model.held_range(b), own = model.optimizer_range(b);
-      s.params.assign(static_cast<std::size_t>(held.size() * dtype_size(f.type)), 0);
-      if (f.trainable && f.has_master) s.master.assign(static_cast<std::size_t>(own.size() * 4), 0);
+      s.params = staging_buffer(held.size() * dtype_size(f.type));
+      if (f.trainable && f.has_master) s.master = staging_buffer(own.size() * 4);
       if (f.trainable && with_states)
-        for (int k = 0; k < states; ++k) s.states[static_cast<std::size_t>(k)].assign(static_cast<std::size_t>(own.size() * 4), 0);
+        for (int k = 0; k < states; ++k) s.states[static_cast<std::size_t>(k)] = staging_buffer(own.size() * 4);
       for (std::size_t p : f.parameters) {
         const std::uint64_t off = pl[p].offset, end = pl[p].offset + pl[p].numel;
-        auto add = [&](std::size_t spec, algorithms::range r, std::vector<unsigned char>& dst, std::uint64_t es) {
+        auto add = [&](std::size_t spec, algorithms::range r, staging_buffer& dst, std::uint64_t es) {
           const std::uint64_t lo = std::max(r.begin, off), hi = std::min(r.end, end);
           if (lo < hi) targets_.push_back({spec, lo - off, hi - off, dst.data() + (lo - r.begin) * es});
         };
@@ -247,11 +248,11 @@ class zero_staging {
 
  private:
   struct buffer {
-    std::vector<unsigned char> params, master;
-    std::array<std::vector<unsigned char>, 2> states;
+    staging_buffer params, master;
+    std::array<staging_buffer, 2> states;
   };
-  static void copy(unsigned char* dst, const std::vector<unsigned char>& src) {
-    if (dst != nullptr && !src.empty()) std::memcpy(dst, src.data(), src.size());
+  static void copy(unsigned char* dst, const staging_buffer& src) {
+    if (dst != nullptr && !src.empty()) std::memcpy(dst, src.data(), static_cast<std::size_t>(src.bytes()));
   }
   zero::sharded_model& model_;
   bool with_states_;
