@@ -12,9 +12,8 @@
 /// A process killed at any moment leaves the previous checkpoint whole and `latest` naming it:
 /// a checkpoint directory whose name does not start with '.' is complete by construction, and
 /// `latest` only ever names one. Directories starting with '.' are never taken as checkpoints.
-/// Errors: errc::io_error naming the file and reason; errc::invalid_argument for a bad name.
-/// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Thread semantics: rank 0 only, one
-/// thread; two jobs must not save into the same root at once.
+/// Errors: errc::io_error naming the file; errc::invalid_argument for a bad name. Rank 0, one
+/// thread; two jobs must not save into one root at once. Needs `ringzero-checkpoint`.
 
 #include <algorithm>
 #include <cstdint>

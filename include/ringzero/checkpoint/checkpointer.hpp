@@ -1,27 +1,18 @@
 #pragma once
 /// @file
 /// `checkpoint::checkpointer`: saves the whole training state of a `zero::sharded_model` (any
-/// stage, hybrid sharding included) or of a DDP trainer (`gradient_reducer` plus a
-/// `replicated_state`) into checkpoints under one root directory, synchronously or in the
-/// background (PyTorch Distributed Checkpoint's async_save).
-/// - `save`: every rank writes its shard file (ROOT/.tmp.NAME/rank-*.safetensors) and fsyncs it;
-///   then one small collective (an all_gather of each rank's status and chunk checksums); then
-///   rank 0 writes the index, renames the directory into place and points ROOT/latest at it
-///   (checkpoint/checkpoint_directory.hpp). Returns when the checkpoint is complete.
-/// - `async_save`: waits for the previous asynchronous save (committing it), copies this rank's
-///   share of the state into a host staging buffer (allocated once, grown only for a larger
-///   state) laid out like the file, and returns; a background thread writes the file while
-///   training goes on. The next `save`, `async_save` or `wait()` finishes it: the collective
-///   and the commit run there, on the training thread, and its errors surface there, naming
-///   the file. Until then the checkpoint is not complete (`latest` names the previous one).
-/// Errors, raised on every rank (the collective tells each rank of the others' failures, naming
-/// rank, file and reason): a device-memory communicator (errc::unsupported), a save in the
-/// middle of a step, ranks passing different progress or names (errc::invalid_argument), any
-/// write failure such as a full disk (errc::io_error). A failed save never marks a checkpoint
-/// complete and never touches an earlier one. A failure of rank 0's commit (after every file
-/// was written) is raised on rank 0 only. Thread semantics: each rank's training thread; the
-/// model, reducer and registered tensors must outlive a pending asynchronous save.
-/// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
+/// stage, hybrid sharding included) or of a DDP trainer (`gradient_reducer` + `replicated_state`)
+/// into checkpoints under one root directory (protocol: checkpoint/checkpoint_directory.hpp).
+/// `save`: every rank writes and fsyncs its shard file, one small collective (each rank's status
+/// and chunk checksums), then rank 0 writes the index and commits. `async_save` (PyTorch DCP's
+/// async_save): finishes the previous one, copies this rank's share into a staging buffer
+/// allocated once, and a background thread writes it; the collective and the commit run at the
+/// next `save`, `async_save` or `wait()`, where its errors surface naming the file.
+/// Errors, on every rank (naming rank, file, reason): device memory (errc::unsupported), a save
+/// mid-step or ranks passing different progress or names (errc::invalid_argument), any write
+/// failure such as a full disk (errc::io_error). A failed save never marks a checkpoint complete;
+/// a failure of rank 0's commit is raised on rank 0 only. Thread semantics: each rank's training
+/// thread. Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
 
 #include <cstdint>
 #include <cstring>

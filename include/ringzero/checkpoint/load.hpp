@@ -1,22 +1,17 @@
 #pragma once
 /// @file
-/// `checkpoint::load`: restores a checkpoint into a `zero::sharded_model` or a DDP trainer, at
-/// any world size, stage, replica group size and alignment (resharding), each rank reading only
-/// the byte ranges its new plan needs (checkpoint/zero_state.hpp says which).
-/// `path` is a checkpoint directory, or a root whose `latest` names one.
-/// A load is all or nothing: every rank reads and verifies everything it needs into staging
-/// memory, then one small collective tells every rank whether all ranks succeeded; only then is
-/// the state overwritten. A failed load leaves the model (or the trainer's tensors and reducer)
-/// exactly as it was, and raises the same error on every rank, naming the rank, the file, the
-/// tensor and what was expected: a missing or truncated shard file, a checksum mismatch, a
-/// checkpoint of another model (names, shapes, dtypes, optimizer states), a newer format
-/// version (errc::unsupported), fragments that do not tile a tensor, a call in the middle of a
-/// step, a device-memory communicator (errc::unsupported).
-/// Returns the saved `training_progress`; with `load_options::optimizer_state` the optimizer
-/// states and the step count are restored too (the model's step count becomes
-/// progress.optimizer_steps, so Adam's bias correction continues; case C20).
-/// Memory: staging as large as the rank's share of the state. Thread semantics: a collective,
-/// every rank's training thread. Needs nlohmann/json and libxxhash (`ringzero-checkpoint`).
+/// `checkpoint::load`: restores a checkpoint (a checkpoint directory, or a root whose `latest`
+/// names one) into a `zero::sharded_model` or a DDP trainer at any world size, stage, replica
+/// group size and alignment (resharding), each rank reading only the byte ranges its plan needs.
+/// All or nothing: every rank reads and verifies into staging memory, one small collective tells
+/// every rank whether all succeeded, and only then is the state overwritten; a failed load
+/// leaves the state exactly as it was and raises the same error on every rank, naming the rank,
+/// file, tensor and what was expected (missing or truncated files, checksum mismatches, another
+/// model or optimizer, a newer format version (errc::unsupported), fragments that do not tile a
+/// tensor, a call mid-step, device memory (errc::unsupported)). Returns the saved progress; with
+/// `load_options::optimizer_state` the states and step count are restored too (case C20).
+/// Thread semantics: a collective on every rank's training thread. Needs nlohmann/json and
+/// libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
 
 #include <cstdint>
 #include <cstring>
