@@ -7,6 +7,8 @@ packages=(
   g++ meson ninja-build pkg-config cmake
   doctest-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   zlib1g-dev libeigen3-dev dataset-fashion-mnist
+  libxxhash-dev  # XXH3 checksums of the checkpoint layer (include/ringzero/checkpoint/)
+  python3-venv   # tests/checkpoint: a virtual environment with Python's safetensors package
   libopenmpi-dev openmpi-bin
   jq  # the summaries of bench/ddp_fashion_mnist.sh and bench/zero_fashion_mnist.sh
 )

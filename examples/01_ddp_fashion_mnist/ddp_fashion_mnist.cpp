@@ -24,6 +24,12 @@
 //   examples/ddp_fashion_mnist --compare-ranks 1,2,4 --reproducible --micro-batch 32 --epochs 2
 //   examples/ddp_fashion_mnist --device cuda --compare-ranks 1,2 --epochs 2
 //   mpirun -np 2 examples/ddp_fashion_mnist --backend mpi --epochs 10
+//   examples/ddp_fashion_mnist --epochs 2 --checkpoint ckpt && examples/ddp_fashion_mnist --epochs 4 --resume ckpt
+// Checkpoints (CPU only; include/ringzero/checkpoint/, docs/checkpoint.md): --checkpoint saves the
+// parameters, the optimizer's state and step count and the reducer's bucket layout after every
+// epoch; --resume continues after the newest one (the sampler's order is a function of --seed and
+// the epoch), so 2 + 2 epochs equal 4 bit for bit; --init-from takes a safetensors file
+// (ringzero-ckpt consolidate); --epochs 0 evaluates the initial (or restored) model.
 // The --compare-ranks runs train on 1 rank and then on 2 ranks with the same global batch and
 // print the per-epoch speedup and both test accuracies side by side. `--device cuda` trains on
 // the GPU instead (docs/gpu.md): the MLP's products in cuBLAS, its other steps in the small
@@ -56,6 +62,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
@@ -66,6 +73,7 @@
 #include "mlp.hpp"
 #include "optimizer.hpp"
 #include "progress_bar.hpp"
+#include "ringzero/checkpoint.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/ddp/compression_hook.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
@@ -85,6 +93,7 @@
 namespace rz = ringzero;
 namespace ex = ringzero::examples;
 using json = nlohmann::json;
+namespace ck = ringzero::checkpoint;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
@@ -121,6 +130,9 @@ struct options {
   std::string device = "cpu";  // cpu or cuda
   int micro_batch = 0;         // >0: examples per micro-batch, micro-batch j of a global batch on rank j mod n
   bool reproducible = false;   // reducer_options::reproducible: each micro-batch's gradient is one contribution
+  std::string checkpoint_dir;  // --checkpoint: save there at the end of every epoch
+  std::string resume_dir;      // --resume: continue from the newest complete checkpoint there
+  std::string init_from;       // --init-from: initial parameters from a safetensors file
 };
 
 /// The global batch of --micro-batch runs when --global-batch is not given (the same for every
@@ -152,6 +164,8 @@ struct run_result {
   std::uint64_t steps_per_epoch = 0;
   std::vector<epoch_metrics> epochs;
   std::optional<std::uint32_t> parameter_crc32;  // zlib's CRC-32 of the final parameters (CPU runs)
+  int first_epoch = 0;               // epochs done before this run (--resume)
+  ex::evaluation_result evaluation;  // of the final model (also when no epoch was trained)
 };
 
 /// The largest --bucket-mb and --first-bucket-mb: 2^40 MiB (2^60 bytes, a byte count uint64
@@ -207,6 +221,73 @@ std::string bucket_layout(const Reducer& reducer, const Model& model) {
   return layout;
 }
 
+/// The trainer's state as a checkpoint holds it: each tensor of the MLP under example 02's names
+/// and shapes ("fc1.weight" [784, 256], "fc1.bias" [256], ...: a consolidated file initialises
+/// either example) and its slices of the optimizer's state tensors (views, nothing is copied).
+ck::replicated_state checkpoint_state(ex::mlp& model, ex::optimizer& opt) {
+  ck::replicated_state state;
+  const std::vector<ex::optimizer::state_tensor> states = opt.state_tensors();
+  for (std::size_t i = 0; i < model.tensor_count(); ++i) {
+    const ex::tensor_info& t = model.tensor(i);
+    std::vector<std::uint64_t> shape = {static_cast<std::uint64_t>(t.cols)};
+    if (t.rows > 1) shape.insert(shape.begin(), static_cast<std::uint64_t>(t.rows));
+    state.add_parameter(t.name, model.parameter(i), shape);
+    for (std::size_t k = 0; k < states.size(); ++k)
+      state.add_optimizer_state(t.name, static_cast<int>(k), states[k].name, states[k].values.subspan(t.offset, t.count), shape);
+  }
+  state.set_optimizer({{"kind", opt.name()}, {"lr", opt.learning_rate()}});
+  return state;
+}
+
+/// Copies the parameters of the safetensors file `path` (every tensor of the model, by name, of
+/// its shape, any floating dtype) into `model`; refuses a missing, misshapen or extra tensor.
+void initialise_from(ex::mlp& model, const std::string& path) {
+  const ringzero::checkpoint::detail::file f = ringzero::checkpoint::detail::file::open_read(path);
+  const ck::safetensors_header h = ck::read_safetensors_header(f);
+  std::vector<unsigned char> raw;
+  for (std::size_t i = 0; i < model.tensor_count(); ++i) {
+    const ex::tensor_info& t = model.tensor(i);
+    const ck::safetensors_tensor* s = h.find(t.name);
+    const std::uint64_t n = t.count;
+    if (s == nullptr) throw rz::error(rz::errc::invalid_argument, fmt::format("--init-from {}: the model's '{}' is not in the file", path, t.name));
+    if (s->numel() != n || s->shape.back() != static_cast<std::uint64_t>(t.cols) || !s->type || !rz::is_floating_point(*s->type))
+      throw rz::error(rz::errc::invalid_argument, fmt::format("--init-from {}: '{}' is {} [{}], the model's is float32 [{}{}]", path, t.name,
+                                                              s->dtype_name, fmt::join(s->shape, ", "), t.rows > 1 ? fmt::format("{}, ", t.rows) : "",
+                                                              t.cols));
+    raw.resize(static_cast<std::size_t>(s->end - s->begin));
+    f.read_at(raw.data(), raw.size(), s->begin);
+    ck::detail::convert_elements(*s->type, raw.data(), rz::dtype::float32, reinterpret_cast<unsigned char*>(model.parameter(i).data()), n);
+  }
+  if (h.tensors.size() != model.tensor_count())
+    throw rz::error(rz::errc::invalid_argument, fmt::format("--init-from {}: the file holds {} tensors, the model {}", path, h.tensors.size(),
+                                                            model.tensor_count()));
+}
+
+/// --resume (parameters, optimizer state and step count, bucket layout) or --init-from into every
+/// rank's replica, a collective; returns the epochs already done.
+int restore(const options& o, rz::gradient_reducer& reducer, ck::replicated_state& state, ex::mlp& model, ex::optimizer& opt,
+            bool lead) {
+  if (!o.init_from.empty()) {
+    initialise_from(model, o.init_from);
+    if (lead) fmt::print("  initialised from {}\n", o.init_from);
+    return 0;
+  }
+  if (o.resume_dir.empty()) return 0;
+  const ck::training_progress p = ck::load(reducer, state, o.resume_dir);
+  if (p.step_in_epoch != 0)
+    throw rz::error(rz::errc::invalid_argument, fmt::format("--resume {}: the checkpoint was saved in the middle of epoch {} (this "
+                                                            "example resumes at epoch boundaries)", o.resume_dir, p.epoch + 1));
+  opt.set_steps(p.optimizer_steps);
+  if (lead) {
+    fmt::print("  resumed from {} after epoch {} ({} optimizer steps)\n", ck::resolve_checkpoint(o.resume_dir).string(), p.epoch,
+               p.optimizer_steps);
+    if (p.rng_seeds != std::vector<std::uint64_t>{o.seed})
+      fmt::print("  note: the checkpoint was trained with --seed {}; the data order continues with --seed {}\n",
+                 p.rng_seeds.empty() ? std::string("?") : std::to_string(p.rng_seeds.front()), o.seed);
+  }
+  return static_cast<int>(std::min<std::uint64_t>(p.epoch, static_cast<std::uint64_t>(o.epochs)));
+}
+
 /// Trains on `ranks` ranks with `per_rank` examples per micro-step; returns rank 0's metrics.
 run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int per_rank, bool print) {
   run_result result;
@@ -248,6 +329,11 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
         bind_views();
 
         auto opt = ex::make_optimizer(o.optimizer, model.parameter_elements(), result.lr);
+        ck::replicated_state state = checkpoint_state(model, *opt);
+        const int first_epoch = restore(o, reducer, state, model, *opt, lead);
+        bind_views();  // a restored bucket layout moves the views
+        std::optional<ck::checkpointer> saver;
+        if (!o.checkpoint_dir.empty()) saver.emplace(o.checkpoint_dir);
         // --micro-batch: every rank reads the one permutation of a world of one (the same for
         // every rank count); global batch s is its rows [s*G, (s+1)*G), and micro-batch j of it
         // (rows s*G + j*N ...) goes to rank j mod n. Otherwise each rank reads its own shard.
@@ -264,6 +350,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
           const std::size_t block = split ? static_cast<std::size_t>(micro * world + comm.rank()) : static_cast<std::size_t>(micro);
           return static_cast<std::size_t>(s) * stride + block * static_cast<std::size_t>(per_rank);
         };
+        std::uint64_t optimizer_steps = static_cast<std::uint64_t>(first_epoch) * steps;
         std::vector<float> x(static_cast<std::size_t>(std::max(per_rank, eval_chunk)) * data.train.features);
         std::vector<std::uint8_t> y(static_cast<std::size_t>(std::max(per_rank, eval_chunk)));
         ex::progress_bar bar(lead && print && o.progress);
@@ -287,7 +374,17 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
             std::fflush(stdout);
           }
         }
-        for (int epoch = 0; epoch < o.epochs; ++epoch) {
+        if (lead) result.first_epoch = first_epoch;
+        if (first_epoch == o.epochs) {  // nothing to train (--epochs 0, or --resume at --epochs): evaluate only
+          const ex::evaluation_result ev = ex::evaluate(comm, model, data.test, x.data(), y.data(), eval_chunk);
+          if (lead) {
+            result.evaluation = ev;
+            if (print)
+              fmt::print("  no epoch to train ({} of {} done): test loss {:.4f}  test acc {:.4f}\n", first_epoch, o.epochs, ev.loss,
+                         ev.accuracy);
+          }
+        }
+        for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
           sampler.set_epoch(static_cast<std::uint64_t>(epoch));
           const auto shard = sampler.indices();
           reducer.reset_stats();
@@ -307,6 +404,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
             opt->begin_step();
             for (std::size_t i = 0; i < model.tensor_count(); ++i)
               opt->update(model.parameter(i), model.gradient(i), model.tensor(i).offset);
+            ++optimizer_steps;
             if (bar.enabled())
               bar.update(fmt::format("epoch {:>2}/{}", epoch + 1, o.epochs), s + 1, steps,
                          fmt::format("loss {:.4f}", loss_sum / static_cast<double>((s + 1) * static_cast<std::uint64_t>(o.accumulate))));
@@ -320,7 +418,16 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
           const auto e0 = clock_type::now();
           const ex::evaluation_result ev = ex::evaluate(comm, model, data.test, x.data(), y.data(), eval_chunk);
           const auto e1 = clock_type::now();
+          if (saver) {  // a collective over the reducer's communicator, between steps
+            ck::training_progress progress;
+            progress.optimizer_steps = optimizer_steps;
+            progress.epoch = static_cast<std::uint64_t>(epoch + 1);
+            progress.rng_seeds = {o.seed};
+            progress.metadata = {{"example", "01_ddp_fashion_mnist"}, {"global_batch", std::to_string(result.global_batch)}};
+            saver->save(reducer, state, progress);
+          }
           if (!lead) continue;
+          result.evaluation = ev;
           epoch_metrics m;
           m.epoch = epoch + 1;
           m.train_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -542,7 +649,11 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
 run_result train_on_device(const options& o, const ex::fashion_mnist& data, int ranks, int per_rank, bool print) {
   if (o.device == "cpu") return train(o, data, ranks, per_rank, print);
 #if RINGZERO_EXAMPLES_HAVE_CUDA
-  return train_cuda(o, data, ranks, per_rank, print);
+  if (o.epochs == 0) throw rz::error(rz::errc::unsupported, "--epochs 0 (evaluate only) needs --device cpu");
+  run_result r = train_cuda(o, data, ranks, per_rank, print);
+  r.evaluation.accuracy = r.epochs.back().test_accuracy;
+  r.evaluation.loss = r.epochs.back().test_loss;
+  return r;
 #else
   throw rz::error(rz::errc::unsupported, "--device cuda: this build of ddp_fashion_mnist has no CUDA support (it needs nvcc, "
                                          "the CUDA runtime and cuBLAS when it is configured)");
@@ -571,7 +682,9 @@ json to_json(const run_result& r) {
                            {"reduction_seconds", m.reduction_seconds},
                            {"exposed_reduction_seconds", m.exposed_seconds},
                            {"hidden_fraction", m.hidden_fraction}});
-  if (!r.epochs.empty()) j["final_test_accuracy"] = r.epochs.back().test_accuracy;
+  j["first_epoch"] = r.first_epoch;
+  j["final_test_accuracy"] = r.evaluation.accuracy;
+  j["final_test_loss"] = r.evaluation.loss;
   if (r.parameter_crc32) j["parameter_crc32"] = fmt::format("{:08x}", *r.parameter_crc32);
   return j;
 }
@@ -604,7 +717,9 @@ int main(int argc, char** argv) {
       app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(ex::whole_number())->check(CLI::Range(1, 256));
   app.add_option("--compare-ranks", o.compare_ranks,
                  "train once per rank count (e.g. 1,2) with the same global batch and compare epoch times and accuracy");
-  app.add_option("--epochs", o.epochs, "epochs to train")->check(ex::whole_number())->check(CLI::Range(1, 100000));
+  app.add_option("--epochs", o.epochs, "epochs to train in all (with --resume: including those done; 0: evaluate only)")
+      ->check(ex::whole_number())
+      ->check(CLI::Range(0, 100000));
   auto* batch_opt = app.add_option("--batch-size", o.batch_size, "examples per rank per micro-step")
                         ->check(ex::whole_number())
                         ->check(CLI::Range(1, 1 << 20));
@@ -657,6 +772,12 @@ int main(int argc, char** argv) {
                  "the number of GPUs, so several ranks may share one). Without a CUDA device, or in a build without CUDA, "
                  "cuda fails at once with exit status 1 and says why")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--checkpoint", o.checkpoint_dir,
+                 "save a checkpoint into this directory at the end of every epoch (DIR/step-N/, DIR/latest; CPU only)");
+  auto* resume = app.add_option("--resume", o.resume_dir,
+                                "continue from the newest complete checkpoint in this directory; --epochs counts the epochs done");
+  app.add_option("--init-from", o.init_from, "initial parameters from a safetensors file (e.g. from ringzero-ckpt consolidate)")
+      ->excludes(resume);
   CLI11_PARSE(app, argc, argv);
   if (!o.hidden_lists.empty()) o.hidden = ex::hidden_widths(o.hidden_lists);
 
@@ -716,6 +837,12 @@ int main(int argc, char** argv) {
       throw rz::error(rz::errc::invalid_argument, fmt::format("{} needs --device cpu (the reproducible accumulators and the "
                                                               "micro-batch split are host-only here)",
                                                               o.reproducible ? "--reproducible" : "--micro-batch"));
+    const bool checkpointing = !o.checkpoint_dir.empty() || !o.resume_dir.empty() || !o.init_from.empty();
+    if (checkpointing && o.device == "cuda")
+      throw rz::error(rz::errc::unsupported, "--checkpoint, --resume and --init-from work with --device cpu only (the checkpoint "
+                                             "layer saves host memory)");
+    if (checkpointing && !o.compare_ranks.empty())
+      throw rz::error(rz::errc::invalid_argument, "--checkpoint, --resume and --init-from train one run: not with --compare-ranks");
     if (o.device == "cuda") {  // before loading anything: a machine without a GPU fails at once
       if (o.backend != "local")
         throw rz::error(rz::errc::invalid_argument,
@@ -754,7 +881,7 @@ int main(int argc, char** argv) {
       if (process_rank != 0) return 0;  // rank 0 holds the metrics (identical on every rank)
       fmt::print("{} rank(s), global batch {} ({} per rank x {} micro-steps), {} bucket(s): final test accuracy {:.4f}, "
                  "{:.1f} s of training ({:.1f} s in all){}\n",
-                 r.ranks, r.global_batch, r.per_rank_batch, r.accumulate, r.buckets, r.epochs.back().test_accuracy,
+                 r.ranks, r.global_batch, r.per_rank_batch, r.accumulate, r.buckets, r.evaluation.accuracy,
                  total_train_seconds(r), std::chrono::duration<double>(clock_type::now() - t0).count(),
                  r.parameter_crc32 ? fmt::format("; final parameters crc32 {:08x}", *r.parameter_crc32) : std::string());
       out["runs"].push_back(to_json(r));
@@ -806,7 +933,7 @@ int main(int argc, char** argv) {
           exposed += m.exposed_seconds;
         }
         const double hidden = reduction > 0 ? std::clamp(1.0 - exposed / reduction, 0.0, 1.0) : 0.0;
-        const double acc_diff = 100.0 * (r.epochs.back().test_accuracy - base.epochs.back().test_accuracy);
+        const double acc_diff = 100.0 * (r.evaluation.accuracy - base.evaluation.accuracy);
         // On the GPU the reducer's timings measure enqueueing only: no overlap figure.
         const std::string overlap =
             o.device == "cuda" ? std::string()
@@ -817,8 +944,8 @@ int main(int argc, char** argv) {
                                     : std::string();
         fmt::print("{} rank(s) vs {}: epoch-time speedup {:.2f}x (total training time {:.2f} s vs {:.2f} s); final test "
                    "accuracy {:.4f} vs {:.4f} ({:+.2f} points){}{}\n",
-                   r.ranks, base.ranks, speedup, total_train_seconds(r), total_train_seconds(base), r.epochs.back().test_accuracy,
-                   base.epochs.back().test_accuracy, acc_diff, overlap, crc);
+                   r.ranks, base.ranks, speedup, total_train_seconds(r), total_train_seconds(base), r.evaluation.accuracy,
+                   base.evaluation.accuracy, acc_diff, overlap, crc);
         cmp.push_back({{"ranks", r.ranks},
                        {"baseline_ranks", base.ranks},
                        {"speedup", speedup},
@@ -829,8 +956,8 @@ int main(int argc, char** argv) {
                             s.push_back(base.epochs[e].train_seconds / r.epochs[e].train_seconds);
                           return s;
                         }()},
-                       {"test_accuracy", r.epochs.back().test_accuracy},
-                       {"baseline_test_accuracy", base.epochs.back().test_accuracy},
+                       {"test_accuracy", r.evaluation.accuracy},
+                       {"baseline_test_accuracy", base.evaluation.accuracy},
                        {"accuracy_difference_points", acc_diff},
                        {"reduction_seconds", reduction},
                        {"exposed_reduction_seconds", exposed},

@@ -33,6 +33,13 @@
 //   examples/zero_fashion_mnist --stage 3 --ranks 4 --deep --optimizer adamw --lr 1e-3
 //   examples/zero_fashion_mnist --stage 2 --accumulate 4 --batch-size 64 --clip-norm 1 --json metrics.json
 //   examples/zero_fashion_mnist --stage 1 --train-subset 2000 --epochs 1 --save-parameters final.f32
+//   examples/zero_fashion_mnist --epochs 2 --checkpoint ckpt        (a checkpoint after every epoch)
+//   examples/zero_fashion_mnist --epochs 4 --resume ckpt --ranks 4 --stage 1   (epochs 3 and 4)
+// Checkpoints (include/ringzero/checkpoint/, docs/checkpoint.md): --resume restores parameters,
+// optimizer states and step count, and the sampler continues at the next epoch (its order is a
+// function of --seed and the epoch), so 2 + 2 epochs equal 4 bit for bit at the same --ranks and
+// --stage; any other --ranks and --stage reshard on load. --init-from takes a safetensors file
+// (ringzero-ckpt consolidate); --epochs 0 evaluates the initial (or restored) model.
 // `--help` lists every option. bench/zero_fashion_mnist.sh compares the stages with DDP.
 
 #include <algorithm>
@@ -60,12 +67,14 @@
 #include "idx_dataset.hpp"
 #include "mlp.hpp"
 #include "progress_bar.hpp"
+#include "ringzero/checkpoint.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/zero/sharded_model.hpp"
 
 namespace rz = ringzero;
 namespace ex = ringzero::examples;
 namespace zero = ringzero::zero;
+namespace ck = ringzero::checkpoint;
 using json = nlohmann::json;
 using clock_type = std::chrono::steady_clock;
 
@@ -97,6 +106,9 @@ struct options {
   std::string save_path;
   bool progress = true;
   double min_accuracy = 0.0;  // exit with status 3 when the run ends below it (for tests)
+  std::string checkpoint_dir;  // --checkpoint: save there at the end of every epoch
+  std::string resume_dir;      // --resume: continue from the newest complete checkpoint there
+  std::string init_from;       // --init-from: initial parameters from a safetensors file
 };
 
 /// The six-layer MLP of `--deep`.
@@ -151,6 +163,8 @@ struct run_result {
   heap_growth heap;
   json plan;                         // the plan's summary (units, memory, traffic)
   double final_gradient_norm = 0;
+  int first_epoch = 0;                 // epochs done before this run (--resume)
+  ex::evaluation_result evaluation;    // of the final model (also when no epoch was trained)
 };
 
 double default_lr(const std::string& optimizer) { return optimizer == "sgd" ? 0.1 : 1e-3; }
@@ -335,6 +349,42 @@ double median(std::vector<double> v) {
   return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)) + hi) / 2;
 }
 
+/// The training progress a checkpoint of this example records after `epochs` epochs: the sampler's
+/// position (whole epochs) and the seed its order derives from, the run's settings as metadata.
+ck::training_progress progress_after(const options& o, int epochs, int global_batch) {
+  ck::training_progress p;
+  p.epoch = static_cast<std::uint64_t>(epochs);
+  p.rng_seeds = {o.seed};
+  p.metadata = {{"example", "02_zero_fashion_mnist"}, {"global_batch", std::to_string(global_batch)}, {"optimizer", o.optimizer}};
+  return p;
+}
+
+/// --resume (parameters, optimizer states, step count; resharded to this --ranks and --stage) or
+/// --init-from (parameters only) into `model`, a collective; returns the epochs already done.
+int restore(const options& o, zero::sharded_model& model, int global_batch, bool lead) {
+  if (!o.init_from.empty()) {
+    ck::load_pretrained(model, o.init_from);
+    if (lead) fmt::print("  initialised from {}\n", o.init_from);
+    return 0;
+  }
+  if (o.resume_dir.empty()) return 0;
+  const ck::training_progress p = ck::load(model, o.resume_dir);
+  if (p.step_in_epoch != 0)
+    throw rz::error(rz::errc::invalid_argument, fmt::format("--resume {}: the checkpoint was saved in the middle of epoch {} (this "
+                                                            "example resumes at epoch boundaries)", o.resume_dir, p.epoch + 1));
+  if (lead) {
+    fmt::print("  resumed from {} after epoch {} ({} optimizer steps)\n", ck::resolve_checkpoint(o.resume_dir).string(), p.epoch,
+               p.optimizer_steps);
+    if (p.rng_seeds != std::vector<std::uint64_t>{o.seed})
+      fmt::print("  note: the checkpoint was trained with --seed {}; the data order continues with --seed {}\n",
+                 p.rng_seeds.empty() ? std::string("?") : std::to_string(p.rng_seeds.front()), o.seed);
+    const auto gb = p.metadata.find("global_batch");
+    if (gb != p.metadata.end() && gb->second != std::to_string(global_batch))
+      fmt::print("  note: the checkpoint was trained with a global batch of {}, this run uses {}\n", gb->second, global_batch);
+  }
+  return static_cast<int>(std::min<std::uint64_t>(p.epoch, static_cast<std::uint64_t>(o.epochs)));
+}
+
 /// Trains on `o.ranks` ranks; returns rank 0's metrics and every rank's memory.
 run_result train(const options& o, const ex::fashion_mnist& data) {
   run_result result;
@@ -394,6 +444,9 @@ run_result train(const options& o, const ex::fashion_mnist& data) {
             model.set_parameter(i, std::span<const float>(initial.data() + t.offset, t.count));
           }
         }
+        const int first_epoch = restore(o, model, result.global_batch, lead);
+        std::optional<ck::checkpointer> saver;
+        if (!o.checkpoint_dir.empty()) saver.emplace(o.checkpoint_dir);
 
         if (lead) {
           result.steps_per_epoch = steps;
@@ -413,7 +466,17 @@ run_result train(const options& o, const ex::fashion_mnist& data) {
         ex::progress_bar bar(lead && o.progress);
         const float grad_scale = 1.0f / static_cast<float>(o.batch_size * o.accumulate);
         bool first_step = true;
-        for (int epoch = 0; epoch < o.epochs; ++epoch) {
+        if (lead) result.first_epoch = first_epoch;
+        if (first_epoch == o.epochs) {  // nothing to train (--epochs 0, or --resume at --epochs): evaluate only
+          zero_layer_hooks eval_hooks(model, net, nullptr);
+          const ex::evaluation_result ev = ex::evaluate(comm, net, data.test, x.data(), y.data(), eval_chunk, eval_hooks);
+          if (lead) {
+            result.evaluation = ev;
+            fmt::print("  no epoch to train ({} of {} done): test loss {:.4f}  test acc {:.4f}\n", first_epoch, o.epochs, ev.loss,
+                       ev.accuracy);
+          }
+        }
+        for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
           epoch_metrics m;
           zero_layer_hooks hooks(model, net, lead ? &m : nullptr);
           sampler.set_epoch(static_cast<std::uint64_t>(epoch));
@@ -460,7 +523,9 @@ run_result train(const options& o, const ex::fashion_mnist& data) {
           zero_layer_hooks eval_hooks(model, net, nullptr);
           const ex::evaluation_result ev = ex::evaluate(comm, net, data.test, x.data(), y.data(), eval_chunk, eval_hooks);
           const auto e1 = clock_type::now();
+          if (saver) saver->save(model, progress_after(o, epoch + 1, result.global_batch));  // a collective, between steps
           if (!lead) continue;
+          result.evaluation = ev;
           m.epoch = epoch + 1;
           m.train_seconds = std::chrono::duration<double>(t1 - t0).count();
           m.steps = steps;
@@ -638,6 +703,8 @@ json to_json(const options& o, const run_result& r, const zero::shard_plan& stag
                            {"runtime_reduce_seconds", m.reduce_seconds},
                            {"runtime_step_seconds", m.update_seconds}});
   }
+  j["first_epoch"] = r.first_epoch;
+  j["final_evaluation"] = {{"test_accuracy", r.evaluation.accuracy}, {"test_loss", r.evaluation.loss}};
   if (!r.epochs.empty()) {
     j["final_test_accuracy"] = r.epochs.back().test_accuracy;
     j["final_train_loss"] = r.epochs.back().train_loss;
@@ -659,7 +726,9 @@ int main(int argc, char** argv) {
       ->check(ex::whole_number())
       ->check(CLI::Range(0, 3));
   app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(ex::whole_number())->check(CLI::Range(1, 256));
-  app.add_option("--epochs", o.epochs, "epochs to train")->check(ex::whole_number())->check(CLI::Range(1, 100000));
+  app.add_option("--epochs", o.epochs, "epochs to train in all (with --resume: including those done; 0: evaluate only)")
+      ->check(ex::whole_number())
+      ->check(CLI::Range(0, 100000));
   app.add_option("--batch-size", o.batch_size, "examples per rank per micro-step")->check(ex::whole_number())->check(CLI::Range(1, 1 << 20));
   app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation)")
       ->check(ex::whole_number())
@@ -700,6 +769,13 @@ int main(int argc, char** argv) {
   app.add_flag("--progress,!--no-progress", o.progress, "progress bar when stdout is a terminal (default on)");
   app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if the final test accuracy (0 to 1) is lower")
       ->check(ex::number_check({.low = 0, .high = 1}, "an accuracy from 0 to 1", "ACCURACY"));
+  app.add_option("--checkpoint", o.checkpoint_dir,
+                 "save a checkpoint into this directory at the end of every epoch (DIR/step-N/, DIR/latest; docs/checkpoint.md)");
+  auto* resume = app.add_option("--resume", o.resume_dir,
+                                "continue from the newest complete checkpoint in this directory (any --ranks and --stage); "
+                                "--epochs counts the epochs done");
+  app.add_option("--init-from", o.init_from, "initial parameters from a safetensors file (e.g. from ringzero-ckpt consolidate)")
+      ->excludes(resume);
   CLI11_PARSE(app, argc, argv);
   if (!o.hidden_lists.empty()) o.hidden = ex::hidden_widths(o.hidden_lists);
   if (o.deep) o.hidden = deep_hidden;
@@ -725,18 +801,22 @@ int main(int argc, char** argv) {
       seconds += m.train_seconds;
       steps += m.steps;
     }
-    fmt::print("\nstage {}, {} rank(s), global batch {}: final test accuracy {:.4f}, train loss {:.6f}; {:.2f} ms per step "
-               "(median {:.2f} ms); {:.1f} s of training ({:.1f} s in all)\n",
-               o.stage, o.ranks, r.global_batch, r.epochs.back().test_accuracy, r.epochs.back().train_loss,
-               1e3 * seconds / static_cast<double>(steps), 1e3 * median(r.step_seconds), seconds,
-               std::chrono::duration<double>(clock_type::now() - t0).count());
+    if (r.epochs.empty())
+      fmt::print("\nstage {}, {} rank(s): no epoch trained; test accuracy {:.4f}, test loss {:.6f}\n", o.stage, o.ranks,
+                 r.evaluation.accuracy, r.evaluation.loss);
+    else
+      fmt::print("\nstage {}, {} rank(s), global batch {}: final test accuracy {:.4f}, train loss {:.6f}; {:.2f} ms per step "
+                 "(median {:.2f} ms); {:.1f} s of training ({:.1f} s in all)\n",
+                 o.stage, o.ranks, r.global_batch, r.epochs.back().test_accuracy, r.epochs.back().train_loss,
+                 1e3 * seconds / static_cast<double>(steps), 1e3 * median(r.step_seconds), seconds,
+                 std::chrono::duration<double>(clock_type::now() - t0).count());
     if (!o.json_path.empty()) {
       std::ofstream f(o.json_path);
       f << to_json(o, r, stage0).dump(2) << "\n";
       if (!f) throw rz::error(rz::errc::io_error, "cannot write " + o.json_path);
     }
-    if (r.epochs.back().test_accuracy < o.min_accuracy) {
-      std::fprintf(stderr, "zero_fashion_mnist: test accuracy %.4f is below --min-accuracy %.4f\n", r.epochs.back().test_accuracy,
+    if (r.evaluation.accuracy < o.min_accuracy) {
+      std::fprintf(stderr, "zero_fashion_mnist: test accuracy %.4f is below --min-accuracy %.4f\n", r.evaluation.accuracy,
                    o.min_accuracy);
       return 3;
     }

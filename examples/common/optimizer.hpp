@@ -40,6 +40,18 @@ class optimizer {
   /// Number of values the state covers (the range `update` may address).
   std::size_t state_elements() const noexcept { return n_; }
 
+  /// One state tensor over all `state_elements()` values, under PyTorch's name.
+  struct state_tensor {
+    std::string name;         ///< "momentum_buffer", "exp_avg", "exp_avg_sq"
+    std::span<float> values;  ///< the optimizer's own memory (a checkpoint saves and restores it)
+  };
+  /// The state tensors, in PyTorch's order (none for a stateless optimizer).
+  virtual std::vector<state_tensor> state_tensors() { return {}; }
+  /// Optimizer steps taken (AdamW's bias correction counts them; 0 for SGD, which does not).
+  virtual std::uint64_t steps() const noexcept { return 0; }
+  /// Restores the step count (from a checkpoint).
+  virtual void set_steps(std::uint64_t) noexcept {}
+
  protected:
   optimizer(std::size_t n, float lr) : n_(n), lr_(lr) {}
   void check(std::span<float> p, std::span<const float> g, std::size_t offset) const {
@@ -62,6 +74,7 @@ class sgd final : public optimizer {
   sgd(std::size_t n, float lr, float momentum = 0.9f, float weight_decay = 0.0f, bool nesterov = false)
       : optimizer(n, lr), momentum_(momentum), weight_decay_(weight_decay), nesterov_(nesterov), buf_(n, 0.0f) {}
   std::string name() const override { return "sgd"; }
+  std::vector<state_tensor> state_tensors() override { return {{"momentum_buffer", buf_}}; }
   void update(std::span<float> p, std::span<const float> g, std::size_t offset) override {
     check(p, g, offset);
     float* buf = buf_.data() + offset;
@@ -88,6 +101,7 @@ class adamw final : public optimizer {
   adamw(std::size_t n, float lr, float weight_decay = 0.01f, float beta1 = 0.9f, float beta2 = 0.999f, float eps = 1e-8f)
       : optimizer(n, lr), weight_decay_(weight_decay), beta1_(beta1), beta2_(beta2), eps_(eps), m_(n, 0.0f), v_(n, 0.0f) {}
   std::string name() const override { return "adamw"; }
+  std::vector<state_tensor> state_tensors() override { return {{"exp_avg", m_}, {"exp_avg_sq", v_}}; }
   void begin_step() override { ++t_; }
   void update(std::span<float> p, std::span<const float> g, std::size_t offset) override {
     check(p, g, offset);
@@ -107,7 +121,8 @@ class adamw final : public optimizer {
     }
   }
   /// Steps taken so far.
-  std::uint64_t steps() const noexcept { return t_; }
+  std::uint64_t steps() const noexcept override { return t_; }
+  void set_steps(std::uint64_t t) noexcept override { t_ = t; }
 
  private:
   float weight_decay_, beta1_, beta2_, eps_;

@@ -340,6 +340,44 @@ class gradient_reducer {
     for (const auto& b : buckets_) out.push_back(b.info);
     return out;
   }
+  /// The bucket layout as an order of the parameters (bucket by bucket in reduction order, each
+  /// bucket's parameters in order): `assign_buckets` with this order gives the current layout
+  /// again. With `layout_rebuilt()`, what a checkpoint records so that a resumed run reduces in
+  /// the same buckets (the bucket boundaries decide the reduction's chunks, hence the bits).
+  std::vector<std::size_t> layout_order() const {
+    std::vector<std::size_t> order;
+    order.reserve(params_.size());
+    for (const auto& b : buckets_) order.insert(order.end(), b.info.parameters.begin(), b.info.parameters.end());
+    return order;
+  }
+  /// True once the one rebuild of the buckets has happened (or `restore_layout` said so).
+  bool layout_rebuilt() const noexcept { return rebuilt_; }
+  /// Installs the layout that `order` (a `layout_order()` of a reducer with the same parameters
+  /// and options) gives, and marks the rebuild done when `rebuilt` (a checkpoint restore).
+  /// Between steps only. Local: every rank must pass the same values. Throws
+  /// errc::invalid_argument (aborting the communicator, as every failure here does) for an
+  /// order that is not a permutation of the parameters, or in the middle of a step.
+  void restore_layout(std::span<const std::size_t> order, bool rebuilt) {
+    check_usable();
+    if (step_open_) fail(errc::invalid_argument, "restore_layout called in the middle of a step (call finish() first)");
+    std::vector<bucket_plan> plans;
+    try {
+      plans = plan(std::vector<std::size_t>(order.begin(), order.end()));
+    } catch (const error& e) {
+      fail(errc::invalid_argument, "restore_layout: " + e.message());
+    }
+    bool same = plans.size() == buckets_.size();
+    for (std::size_t k = 0; same && k < plans.size(); ++k) same = plans[k].tensors == buckets_[k].info.parameters;
+    if (!same) {
+      install_layout(plans, /*carry_gradients=*/options_.gradient_as_bucket_view);
+      ++generation_;
+    }
+    rebuilt_ = rebuilt;
+    if (rebuilt_) {
+      ready_order_.clear();
+      ready_order_.shrink_to_fit();
+    }
+  }
   /// Increases each time the layout changes (the rebuild); gradient views from `gradient` of an
   /// older generation are invalid.
   std::uint64_t layout_generation() const noexcept { return generation_; }

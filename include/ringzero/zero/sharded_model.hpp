@@ -409,6 +409,49 @@ class sharded_model {
   /// The sharded optimizer (master weights, states, options).
   const sharded_optimizer& optimizer() const noexcept { return *optimizer_; }
 
+  // ---- checkpoint access (checkpoint/: save, load, reshard) ----------------------------------
+
+  /// The shard communicator.
+  communicator& comm() noexcept { return comm_; }
+  /// The replica communicator of hybrid sharding, or nullptr.
+  communicator* replica_comm() noexcept { return replica_; }
+  /// This rank's number in the whole job: replica rank * shard group size + shard rank (the
+  /// rank whose `plan().shard_index()` this rank holds).
+  int global_rank() const noexcept { return (replica_ != nullptr ? replica_->rank() * comm_.world_size() : 0) + comm_.rank(); }
+  /// The range of buffer b whose master weights and optimizer states this rank holds (and
+  /// whose parameters its optimizer updates): the whole buffer at stage 0, its shard otherwise.
+  algorithms::range optimizer_range(std::size_t b) const { return owned_range(b); }
+  /// The range of buffer b whose parameters this rank stores: the whole buffer at stages 0-2,
+  /// its shard at stage 3.
+  algorithms::range held_range(std::size_t b) const {
+    return plan_.stage() == 3 ? owned_range(b) : algorithms::range{0, plan_.buffers().at(b).numel};
+  }
+  /// The bytes of `held_range(b)` (the buffer's dtype).
+  unsigned char* held_parameters(std::size_t b) { return params_.at(b).data(); }
+  const unsigned char* held_parameters(std::size_t b) const { return params_.at(b).data(); }
+  /// The optimizer, writable: master weights, states and the step count, for restoring a
+  /// checkpoint after `begin_restore()`.
+  sharded_optimizer& restorable_optimizer() noexcept { return *optimizer_; }
+  /// True between steps: no micro-batch begun (no end_backward since the last step, no gradient
+  /// bucket taken) and no unit gathered by a pre_forward / pre_backward without its post_*.
+  bool between_steps() const noexcept {
+    if (micro_ != 0) return false;
+    for (std::size_t u = 0; u < plan_.units().size(); ++u)
+      if (gathers_.in_use(u) || gradients_.state(u) != detail::gradient_schedule::phase::idle) return false;
+    return true;
+  }
+  /// Before a checkpoint overwrites the state: releases every stage-3 gather (they would show
+  /// the old parameters) and zeroes the gradients. Throws errc::invalid_argument (naming this
+  /// rank) unless `between_steps()`. Local.
+  void begin_restore() {
+    if (!between_steps()) raise("a checkpoint can only be restored between steps (after step(), before the next micro-batch)");
+    if (plan_.stage() == 3) {
+      gather_hooks h{*this};
+      gathers_.release_all(h);
+    }
+    zero_gradients();
+  }
+
   /// Bytes this rank holds now, by category (pools at their current size).
   memory_breakdown memory_in_use() const {
     memory_breakdown m;

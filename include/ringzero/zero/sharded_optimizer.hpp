@@ -89,6 +89,17 @@ class sharded_optimizer {
   /// The float32 master weights of buffer `b`'s owned range, or nullptr without a master copy.
   float* master(std::size_t b) noexcept { return reinterpret_cast<float*>(state_[b].master.data()); }
 
+  /// The float32 master weights of buffer `b`'s owned range, or nullptr without a master copy.
+  const float* master(std::size_t b) const noexcept { return reinterpret_cast<const float*>(state_[b].master.data()); }
+  /// Optimizer state `k` (0 <= k < options().state_count(): SGD's momentum buffer; Adam's
+  /// exp_avg, exp_avg_sq) of buffer `b`'s owned range, float32; nullptr for a frozen buffer or
+  /// an empty range. For checkpoints (checkpoint/).
+  float* state(std::size_t b, int k) noexcept { return reinterpret_cast<float*>(state_[b].states[k].data()); }
+  const float* state(std::size_t b, int k) const noexcept { return reinterpret_cast<const float*>(state_[b].states[k].data()); }
+  /// Sets the number of steps begun so far, as a checkpoint restores it (the next step is
+  /// `steps + 1`, so Adam's bias correction continues where the saved run stopped).
+  void set_steps(std::uint64_t steps) noexcept { step_ = steps; }
+
   /// Starts a new step (the step count used by Adam's bias correction and SGD's first momentum).
   void begin_step() noexcept { ++step_; }
   /// Steps begun so far.

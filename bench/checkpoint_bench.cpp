@@ -1,0 +1,229 @@
+// ringzero-checkpoint-bench: save and load throughput of the checkpoint layer next to the same
+// machine's sequential write and read bandwidth measured in the same run, and the time a step
+// is blocked by an asynchronous save next to the copy to staging.
+//
+//   ringzero-checkpoint-bench --ranks 2 --state 1G --dir /var/tmp/ckpt-bench --repeat 5
+//
+// The model: float32 parameters of 16 Mi elements each with AdamW (12 bytes of state per
+// element: parameter, exp_avg, exp_avg_sq), at stage 3, enough of them for --state bytes.
+// Per repetition (medians reported):
+// - baseline write: every rank writes its share of the bytes to its own file with pwrite in
+//   64 MiB blocks and fsyncs it (what dd bs=64M conv=fsync does), in parallel;
+// - save: checkpointer::save (headers, XXH3 checksums, fsync, index, rename, latest; old
+//   checkpoints are removed outside the timed region);
+// - baseline read: each rank reads its baseline file back after evicting it from the page
+//   cache (posix_fadvise DONTNEED);
+// - load: checkpoint::load into a fresh model after evicting the checkpoint's files;
+// - async: the time async_save blocks the training thread (staging allocated by a first call),
+//   next to a plain memcpy of the same bytes into a pre-touched buffer; and the time of an
+//   optimizer step alone and while the background write runs.
+// Throughput = total state bytes / wall time of the slowest rank. Prints a table (and --json).
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "ringzero/checkpoint.hpp"
+#include "ringzero/ringzero.hpp"
+
+#include "size_arg.hpp"
+
+namespace rz = ringzero;
+namespace ck = ringzero::checkpoint;
+namespace fs = std::filesystem;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+/// Evicts `path` from the page cache (its pages are clean after fsync).
+void evict(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+void evict_tree(const fs::path& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) evict(e.path());
+}
+
+constexpr std::uint64_t block = std::uint64_t{64} << 20;
+
+/// dd-like: `bytes` from `src` to a new file in 64 MiB pwrites, then fsync.
+void baseline_write(const fs::path& path, const unsigned char* src, std::uint64_t bytes) {
+  ck::detail::file f = ck::detail::file::create(path);
+  for (std::uint64_t at = 0; at < bytes; at += block) f.write_at(src + at, std::min(block, bytes - at), at);
+  f.sync();
+  f.close();
+}
+void baseline_read(const fs::path& path, unsigned char* dst, std::uint64_t bytes) {
+  const ck::detail::file f = ck::detail::file::open_read(path);
+  for (std::uint64_t at = 0; at < bytes; at += block) f.read_at(dst + at, std::min(block, bytes - at), at);
+}
+
+struct timings {
+  std::vector<double> write, save, read, load, blocked, memcpy_staging, step_alone, step_during;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ringzero-checkpoint-bench: checkpoint save/load throughput against the disk's sequential bandwidth"};
+  int ranks = 2, repeat = 3;
+  std::string state_text = "1G", dir_text, json_path;
+  app.add_option("--ranks", ranks, "ranks (threads of the local backend)")->capture_default_str()->check(CLI::Range(1, 64));
+  app.add_option("--state", state_text, "model state in bytes (parameters + 2 AdamW moments), e.g. 1G")->capture_default_str();
+  app.add_option("--dir", dir_text, "directory on the disk to measure (default: a new directory under /var/tmp)");
+  app.add_option("--repeat", repeat, "repetitions (medians reported)")->capture_default_str()->check(CLI::Range(1, 100));
+  app.add_option("--json", json_path, "also write the results as JSON to this file");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const std::uint64_t state_bytes = rz::bench::parse_size(state_text, "--state", 1);
+    const std::uint64_t per_parameter = std::uint64_t{16} << 20;  // elements
+    const std::uint64_t parameters = std::max<std::uint64_t>(1, (state_bytes + per_parameter * 12 - 1) / (per_parameter * 12));
+    const fs::path dir = dir_text.empty() ? fs::path("/var/tmp") / ("ringzero-checkpoint-bench-" + std::to_string(::getpid())) : fs::path(dir_text);
+    fs::create_directories(dir);
+    rz::zero::plan_request q;
+    for (std::uint64_t p = 0; p < parameters; ++p) {
+      rz::zero::parameter_spec s;
+      s.name = "layer" + std::to_string(p) + ".weight";
+      s.shape = {per_parameter / 4096, 4096};
+      s.unit = "u" + std::to_string(p);
+      q.parameters.push_back(s);
+    }
+    q.stage = 3;
+    rz::zero::sharded_model_options options;
+    options.optimizer.kind = rz::zero::optimizer_kind::adamw;
+    options.optimizer.lr = 1e-3;
+    const std::uint64_t total = parameters * per_parameter * 12;
+    fmt::print("# ringzero-checkpoint-bench: {} ranks, {} parameters of {} float32 elements, AdamW: {:.3f} GiB of state, in {}\n", ranks,
+               parameters, per_parameter, static_cast<double>(total) / (1u << 30), dir.string());
+    timings t;
+    std::mutex mutex;
+    std::uint64_t staging_bytes = 0;
+    rz::local::launch(ranks, [&](rz::communicator& comm) {
+      const int r = comm.rank();
+      rz::zero::sharded_model model(comm, q, options);
+      for (std::size_t p = 0; p < model.parameter_count(); ++p) {
+        std::vector<float> v(per_parameter);
+        for (std::uint64_t j = 0; j < per_parameter; ++j) v[j] = static_cast<float>((j * 2654435761u + p) % 1000) / 1000.0f;
+        model.set_parameter(p, v);
+      }
+      model.step();  // moments become non-zero-sized work; the state is now "trained"
+      const std::uint64_t share = total / static_cast<std::uint64_t>(ranks);
+      std::vector<unsigned char> source(share, 1), sink(share);
+      ck::checkpointer ckpt(dir / "checkpoints");  // keep_last 0: removals are not timed (done below)
+      auto slowest = [&](double mine) {  // the slowest rank's time, on every rank
+        double all = mine;
+        rz::all_reduce(comm, &all, &all, 1, rz::dtype::float64, rz::reduce_kind::max);
+        return all;
+      };
+      auto record = [&](std::vector<double>& v, double x) {
+        if (r != 0) return;
+        std::lock_guard<std::mutex> lock(mutex);
+        v.push_back(x);
+      };
+      for (int k = 0; k < repeat; ++k) {
+        const fs::path base = dir / ("baseline-" + std::to_string(r));
+        rz::barrier(comm);
+        auto t0 = clock_type::now();
+        baseline_write(base, source.data(), share);
+        record(t.write, slowest(seconds_since(t0)));
+        rz::barrier(comm);
+        t0 = clock_type::now();
+        ckpt.save(model, {}, "bench-" + std::to_string(k));
+        record(t.save, slowest(seconds_since(t0)));
+        evict(base);
+        rz::barrier(comm);
+        t0 = clock_type::now();
+        baseline_read(base, sink.data(), share);
+        record(t.read, slowest(seconds_since(t0)));
+        fs::remove(base);
+        if (r == 0) evict_tree(dir / "checkpoints" / ("bench-" + std::to_string(k)));
+        rz::barrier(comm);
+        {
+          rz::zero::sharded_model fresh(comm, q, options);
+          rz::barrier(comm);
+          t0 = clock_type::now();
+          ck::load(fresh, dir / "checkpoints");
+          record(t.load, slowest(seconds_since(t0)));
+        }
+        // Asynchronous: the first call allocates the staging buffer; the measured one reuses it.
+        if (k == 0) {
+          ckpt.async_save(model, {}, "async-warm");
+          ckpt.wait();
+        }
+        rz::barrier(comm);
+        t0 = clock_type::now();
+        model.step();
+        record(t.step_alone, slowest(seconds_since(t0)));
+        rz::barrier(comm);
+        t0 = clock_type::now();
+        ckpt.async_save(model, {}, "async-" + std::to_string(k));
+        record(t.blocked, slowest(seconds_since(t0)));
+        t0 = clock_type::now();
+        model.step();  // runs while the background thread writes
+        record(t.step_during, slowest(seconds_since(t0)));
+        ckpt.wait();
+        if (r == 0) {
+          staging_bytes = ckpt.staging_bytes();
+          for (const std::string& old : {"bench-" + std::to_string(k), "async-" + std::to_string(k)}) fs::remove_all(dir / "checkpoints" / old);
+        }
+        std::vector<unsigned char> staging(ckpt.staging_bytes(), 0);  // pre-touched
+        const std::vector<unsigned char> from(ckpt.staging_bytes(), 2);
+        rz::barrier(comm);
+        t0 = clock_type::now();
+        std::memcpy(staging.data(), from.data(), staging.size());
+        record(t.memcpy_staging, slowest(seconds_since(t0)));
+      }
+    });
+    const double gib = static_cast<double>(total) / (1u << 30);
+    auto gibs = [&](const std::vector<double>& v) { return gib / median(v); };
+    fmt::print("{:<44} {:>10} {:>12}\n", "measurement (median of " + std::to_string(repeat) + ")", "seconds", "GiB/s");
+    fmt::print("{:<44} {:>10.3f} {:>12.3f}\n", "sequential write + fsync (dd-like, 64 MiB)", median(t.write), gibs(t.write));
+    fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpoint save", median(t.save), gibs(t.save),
+               100.0 * median(t.write) / median(t.save));
+    fmt::print("{:<44} {:>10.3f} {:>12.3f}\n", "sequential read, cold cache", median(t.read), gibs(t.read));
+    fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpoint load (reshard-capable), cold", median(t.load),
+               gibs(t.load), 100.0 * median(t.read) / median(t.load));
+    fmt::print("{:<44} {:>10.3f}\n", "async_save: training thread blocked", median(t.blocked));
+    fmt::print("{:<44} {:>10.3f}   ({:.3f} GiB per rank)\n", "memcpy of the same bytes to staging", median(t.memcpy_staging),
+               static_cast<double>(staging_bytes) / (1u << 30));
+    fmt::print("{:<44} {:>10.3f}\n", "optimizer step alone", median(t.step_alone));
+    fmt::print("{:<44} {:>10.3f}\n", "optimizer step during the background write", median(t.step_during));
+    if (!json_path.empty()) {
+      nlohmann::json j = {{"ranks", ranks},           {"state_bytes", total},          {"write_s", t.write},
+                          {"save_s", t.save},         {"read_s", t.read},              {"load_s", t.load},
+                          {"async_blocked_s", t.blocked}, {"memcpy_staging_s", t.memcpy_staging},
+                          {"step_alone_s", t.step_alone}, {"step_during_write_s", t.step_during}};
+      std::ofstream(json_path) << j.dump(1) << "\n";
+    }
+    if (dir_text.empty()) fs::remove_all(dir);
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ringzero-checkpoint-bench: {}\n", rz::error_text(e));
+    return 1;
+  }
+}

@@ -1,0 +1,140 @@
+#pragma once
+/// @file
+/// `checkpoint::commit_checkpoint` and `resolve_checkpoint`: the directory protocol that makes a
+/// save atomic. Under a root directory, checkpoint NAME is written as follows:
+/// 1. every rank writes and fsyncs its shard file in ROOT/.tmp.NAME/;
+/// 2. once every rank has (the save's one agreement collective), rank 0 writes index.json there,
+///    fsyncs it and the directory, renames ROOT/.tmp.NAME to ROOT/NAME (atomically exchanging it
+///    with an older ROOT/NAME, which is then removed), fsyncs ROOT;
+/// 3. rank 0 replaces ROOT/latest (temporary file, fsync, rename, fsync of ROOT) with NAME;
+/// 4. with keep_last N, older complete checkpoints beyond the newest N are renamed to
+///    ROOT/.trash.* and removed — only now, after the new one is complete.
+/// A process killed at any moment leaves the previous checkpoint whole and `latest` naming it:
+/// a checkpoint directory whose name does not start with '.' is complete by construction, and
+/// `latest` only ever names one. Directories starting with '.' are never taken as checkpoints.
+/// Errors: errc::io_error naming the file; errc::invalid_argument for a bad name. Rank 0, one
+/// thread; two jobs must not save into one root at once. Needs `ringzero-checkpoint`.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ringzero/checkpoint/checkpoint_index.hpp"
+#include "ringzero/checkpoint/file_io.hpp"
+
+namespace ringzero::checkpoint {
+
+/// The name of the pointer file in a root directory.
+inline constexpr std::string_view latest_file_name = "latest";
+
+/// "step-00000010": the default name of a checkpoint taken after `steps` optimizer steps.
+inline std::string default_checkpoint_name(std::uint64_t steps) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "step-%08llu", static_cast<unsigned long long>(steps));
+  return buf;
+}
+
+/// Throws errc::invalid_argument unless `name` can name a checkpoint directory: non-empty, at
+/// most 200 characters, no '/', not starting with '.', not "latest".
+inline void check_checkpoint_name(const std::string& name) {
+  if (name.empty() || name.size() > 200 || name.find('/') != std::string::npos || name.front() == '.' || name == latest_file_name ||
+      name.find('\0') != std::string::npos)
+    throw error(errc::invalid_argument, "checkpoint name '" + name +
+                                            "' is not usable: it must be a plain directory name (no '/', not starting with '.', not 'latest')");
+}
+
+/// Where the ranks write checkpoint `name` before it is complete.
+inline std::filesystem::path temporary_directory(const std::filesystem::path& root, const std::string& name) {
+  return root / (".tmp." + name);
+}
+
+/// The checkpoint `latest` names in `root`, or std::nullopt when there is no pointer yet.
+inline std::optional<std::string> read_latest(const std::filesystem::path& root) {
+  const std::filesystem::path p = root / latest_file_name;
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec)) return std::nullopt;
+  std::string s = detail::read_whole_file(p);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  check_checkpoint_name(s);
+  return s;
+}
+
+/// The checkpoint directory `path` stands for: `path` itself when it holds an index.json, else
+/// the checkpoint its `latest` file names. Throws errc::io_error when neither exists.
+inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path / index_file_name, ec)) return path;
+  const std::optional<std::string> latest = read_latest(path);
+  if (!latest)
+    throw error(errc::io_error, "'" + path.string() + "' holds no complete checkpoint: neither " + std::string(index_file_name) + " nor a '" +
+                                    std::string(latest_file_name) + "' pointer");
+  const std::filesystem::path dir = path / *latest;
+  if (!std::filesystem::exists(dir / index_file_name, ec))
+    throw error(errc::io_error, "'" + (path / latest_file_name).string() + "' names checkpoint '" + *latest + "', which has no " +
+                                    std::string(index_file_name));
+  return dir;
+}
+
+/// The complete checkpoints in `root`, oldest first (by optimizer steps, epoch, step in epoch, name).
+inline std::vector<std::string> complete_checkpoints(const std::filesystem::path& root) {
+  std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.front() == '.' || !entry.is_directory(ec)) continue;
+    if (!std::filesystem::exists(entry.path() / index_file_name, ec)) continue;
+    try {
+      const checkpoint_index x = read_index(entry.path());
+      found.emplace_back(x.progress.optimizer_steps, x.progress.epoch, x.progress.step_in_epoch, name);
+    } catch (const error&) {
+      continue;  // not one of ours, or damaged: never removed automatically
+    }
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::get<3>(f));
+  return out;
+}
+
+/// Step 2-4 of the protocol (see the file comment), on rank 0 after every rank's file is
+/// written: writes `index` into ROOT/.tmp.NAME, makes it ROOT/NAME, points `latest` at it and
+/// keeps the newest `keep_last` complete checkpoints (0: all).
+inline void commit_checkpoint(const std::filesystem::path& root, const std::string& name, const checkpoint_index& index, int keep_last) {
+  const std::filesystem::path tmp = temporary_directory(root, name);
+  const std::string text = index.to_json().dump(1);
+  detail::write_whole_file(tmp / index_file_name, text.data(), text.size());
+  // Files a crashed earlier attempt at the same name may have left (another world size).
+  std::set<std::string> wanted{std::string(index_file_name)};
+  for (const auto& f : index.files) wanted.insert(f.name);
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp, ec))
+    if (!wanted.contains(entry.path().filename().string())) detail::remove_tree(entry.path());
+  if (ec) detail::io_fail("cannot list", tmp, ec.value());
+  detail::sync_directory(tmp);
+  const std::filesystem::path final_dir = root / name;
+  if (detail::rename_or_exchange(tmp, final_dir)) detail::remove_tree(tmp);  // tmp now holds the older NAME
+  detail::sync_directory(root);
+  detail::replace_file_atomically(root / latest_file_name, name + "\n");
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec))
+    if (entry.path().filename().string().starts_with(".trash.")) detail::remove_tree(entry.path());
+  if (keep_last <= 0) return;
+  std::vector<std::string> all = complete_checkpoints(root);
+  all.erase(std::remove(all.begin(), all.end(), name), all.end());
+  const std::size_t keep_others = static_cast<std::size_t>(keep_last - 1);
+  if (all.size() <= keep_others) return;
+  for (std::size_t i = 0; i + keep_others < all.size(); ++i) {
+    const std::filesystem::path trash = root / (".trash." + all[i]);
+    detail::remove_tree(trash);
+    if (std::rename((root / all[i]).c_str(), trash.c_str()) != 0) detail::io_fail("cannot move old checkpoint", root / all[i], errno);
+    detail::remove_tree(trash);
+  }
+  detail::sync_directory(root);
+}
+
+}  // namespace ringzero::checkpoint

@@ -1,0 +1,311 @@
+#pragma once
+/// @file
+/// `checkpoint::checkpointer`: saves the whole training state of a `zero::sharded_model` (any
+/// stage, hybrid sharding included) or of a DDP trainer (`gradient_reducer` + `replicated_state`)
+/// into checkpoints under one root directory (protocol: checkpoint/checkpoint_directory.hpp).
+/// `save`: every rank writes and fsyncs its shard file, one small collective (each rank's status
+/// and chunk checksums), then rank 0 writes the index and commits. `async_save` (PyTorch DCP's
+/// async_save): finishes the previous one, copies this rank's share into a staging buffer
+/// allocated once, and a background thread writes it; the collective and the commit run at the
+/// next `save`, `async_save` or `wait()`, where its errors surface naming the file.
+/// Errors, on every rank (naming rank, file, reason): device memory (errc::unsupported), a save
+/// mid-step or ranks passing different progress or names (errc::invalid_argument), any write
+/// failure such as a full disk (errc::io_error). A failed save never marks a checkpoint complete;
+/// a failure of rank 0's commit is raised on rank 0 only. Thread semantics: each rank's training
+/// thread. Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ringzero/checkpoint/agreement.hpp"
+#include "ringzero/checkpoint/checkpoint_directory.hpp"
+#include "ringzero/checkpoint/replicated_state.hpp"
+#include "ringzero/checkpoint/shard_writer.hpp"
+#include "ringzero/checkpoint/staging_buffer.hpp"
+#include "ringzero/checkpoint/state_layout.hpp"
+#include "ringzero/checkpoint/training_progress.hpp"
+#include "ringzero/checkpoint/zero_state.hpp"
+#include "ringzero/ddp/gradient_reducer.hpp"
+#include "ringzero/zero/sharded_model.hpp"
+
+namespace ringzero::checkpoint {
+
+/// Options of a `checkpointer`.
+struct checkpointer_options {
+  /// Keep only the newest N complete checkpoints in the root (older ones are removed after a
+  /// new one is complete); 0 keeps all.
+  int keep_last = 0;
+};
+
+/// See the file comment.
+class checkpointer {
+ public:
+  /// Checkpoints under `root` (created when missing, by every rank).
+  explicit checkpointer(std::filesystem::path root, checkpointer_options options = {}) : root_(std::move(root)), options_(options) {
+    if (options_.keep_last < 0) throw error(errc::invalid_argument, "checkpointer: keep_last must be >= 0");
+  }
+  checkpointer(const checkpointer&) = delete;
+  checkpointer& operator=(const checkpointer&) = delete;
+  /// Waits for a background write still running; a save not finished by `wait()` stays
+  /// incomplete (no collective can run here), and `latest` keeps naming the previous checkpoint.
+  ~checkpointer() {
+    if (job_.writer.joinable()) job_.writer.join();
+  }
+
+  /// The root directory.
+  const std::filesystem::path& root() const noexcept { return root_; }
+  /// True while an asynchronous save waits to be finished by the next call.
+  bool pending() const noexcept { return pending_; }
+  /// Bytes of the staging buffer (0 before the first asynchronous save).
+  std::uint64_t staging_bytes() const noexcept { return staging_.bytes(); }
+
+  /// Saves `model` (collective) as checkpoint `name` (default "step-<optimizer steps>"); the
+  /// step count in `progress` is taken from the model. Between steps only.
+  void save(zero::sharded_model& model, training_progress progress = {}, std::string name = {}) {
+    wait();
+    prepare_zero(model, std::move(progress), std::move(name), false);
+    write(job_);
+    finish();
+  }
+  /// The asynchronous `save` (see the file comment).
+  void async_save(zero::sharded_model& model, training_progress progress = {}, std::string name = {}) {
+    wait();
+    prepare_zero(model, std::move(progress), std::move(name), true);
+    launch();
+  }
+  /// Saves a DDP trainer (collective over the reducer's communicator): the tensors of `state`,
+  /// the reducer's bucket layout, and `progress` (whose optimizer_steps the trainer sets).
+  void save(gradient_reducer& reducer, const replicated_state& state, training_progress progress, std::string name = {}) {
+    wait();
+    prepare_replicated(reducer, state, std::move(progress), std::move(name), false);
+    write(job_);
+    finish();
+  }
+  /// The asynchronous DDP `save`.
+  void async_save(gradient_reducer& reducer, const replicated_state& state, training_progress progress, std::string name = {}) {
+    wait();
+    prepare_replicated(reducer, state, std::move(progress), std::move(name), true);
+    launch();
+  }
+
+  /// Finishes a pending asynchronous save (collective when one is pending: every rank calls it
+  /// at the same point): waits for the background write, agrees, commits. Throws its errors.
+  void wait() {
+    if (!pending_) return;
+    if (job_.writer.joinable()) job_.writer.join();
+    finish();
+  }
+
+ private:
+  struct job {
+    communicator* comm = nullptr;
+    communicator* replica = nullptr;
+    int rank = 0;
+    state_layout layout;
+    training_progress progress;
+    std::string name;
+    std::vector<const unsigned char*> sources;
+    std::vector<std::uint64_t> checksums;
+    std::string problem;
+    errc code = errc::io_error;
+    std::thread writer;
+  };
+
+  void start_job(communicator& comm, communicator* replica, int rank, state_layout layout, training_progress progress, std::string name) {
+    job_.comm = &comm;
+    job_.replica = replica;
+    job_.rank = rank;
+    job_.layout = std::move(layout);
+    job_.progress = std::move(progress);
+    job_.name = std::move(name);
+    job_.sources.clear();
+    job_.checksums.clear();
+    job_.problem.clear();
+    job_.code = errc::io_error;
+    pending_ = true;  // from here on, the agreement must run on every rank
+  }
+
+  void refuse(errc code, const std::string& why) {
+    if (job_.problem.empty()) {
+      job_.problem = why;
+      job_.code = code;
+    }
+  }
+
+  /// Checks shared by both kinds, recorded as this rank's problem (the agreement raises it everywhere).
+  void check_common(communicator& comm) {
+    if (comm.space() != memory_space::host)
+      refuse(errc::unsupported, "checkpoints of state in device memory are not supported yet (the " + std::string(backend_name(comm.backend())) +
+                                    " communicator's buffers are device memory)");
+    const std::string p = job_.progress.problem();
+    if (!p.empty()) refuse(errc::invalid_argument, "training_progress: " + p);
+    try {
+      check_checkpoint_name(job_.name);
+    } catch (const error& e) {
+      refuse(e.kind(), e.message());
+    }
+  }
+
+  void prepare_zero(zero::sharded_model& model, training_progress progress, std::string name, bool staged) {
+    const zero::shard_plan& plan = model.plan();
+    const zero::optimizer_options& o = model.optimizer().options();
+    progress.optimizer_steps = model.optimizer().steps();
+    if (name.empty()) name = default_checkpoint_name(progress.optimizer_steps);
+    const detail::zero_tensors z(plan, o);
+    std::vector<std::vector<detail::zero_piece_source>> where;
+    const int rank = model.global_rank();
+    state_layout layout = detail::zero_layout(plan, o, z, &where);
+    start_job(model.comm(), model.replica_comm(), rank, std::move(layout), std::move(progress), std::move(name));
+    check_common(model.comm());
+    if (!model.between_steps())
+      refuse(errc::invalid_argument, "a checkpoint can only be saved between steps (after step(), before the next micro-batch)");
+    if (!job_.problem.empty()) return;
+    std::vector<const unsigned char*> sources;
+    for (const auto& s : where[static_cast<std::size_t>(rank)]) sources.push_back(detail::zero_source(model, s));
+    set_sources(std::move(sources), staged);
+  }
+
+  void prepare_replicated(gradient_reducer& reducer, const replicated_state& state, training_progress progress, std::string name,
+                          bool staged) {
+    communicator& comm = reducer.comm();
+    if (name.empty()) name = default_checkpoint_name(progress.optimizer_steps);
+    state_layout layout = detail::replicated_layout(state, comm.world_size());
+    const std::vector<std::size_t> order = reducer.layout_order();
+    layout.extra = {{"reducer", {{"bucket_order", order}, {"rebuilt", reducer.layout_rebuilt()}, {"parameters", reducer.parameter_count()}}}};
+    start_job(comm, nullptr, comm.rank(), std::move(layout), std::move(progress), std::move(name));
+    check_common(comm);
+    if (!job_.problem.empty()) return;
+    std::vector<const unsigned char*> sources;
+    for (const piece& p : job_.layout.pieces[static_cast<std::size_t>(comm.rank())]) {
+      const tensor_spec& t = job_.layout.tensors[p.tensor];
+      sources.push_back(state.entries()[p.tensor].data + p.begin * dtype_size(t.type));
+    }
+    set_sources(std::move(sources), staged);
+  }
+
+  /// Points the job at the model's memory, or copies it into staging (laid out like the file).
+  void set_sources(std::vector<const unsigned char*> sources, bool staged) {
+    if (!staged) {
+      job_.sources = std::move(sources);
+      return;
+    }
+    const auto& mine = job_.layout.pieces[static_cast<std::size_t>(job_.rank)];
+    std::uint64_t total = 0;
+    for (const piece& p : mine) total += job_.layout.bytes(p);
+    try {
+      if (staging_.bytes() < total) {
+        staging_ = detail::staging_buffer();  // free the old one first
+        staging_ = detail::staging_buffer(total);
+      }
+    } catch (const std::exception& e) {
+      refuse(errc::internal, "cannot allocate the staging buffer of " + std::to_string(total) + " bytes: " + e.what());
+      return;
+    }
+    unsigned char* at = staging_.data();
+    job_.sources.clear();
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      const std::uint64_t n = job_.layout.bytes(mine[k]);
+      std::memcpy(at, sources[k], static_cast<std::size_t>(n));
+      job_.sources.push_back(at);
+      at += n;
+    }
+  }
+
+  /// Writes this rank's file (on any thread); failures become the job's problem.
+  void write(job& j) noexcept {
+    if (!j.problem.empty()) return;
+    try {
+      const std::filesystem::path tmp = temporary_directory(root_, j.name);
+      detail::make_directories(tmp);
+      const shard_file_layout f = make_shard_file_layout(j.layout, j.rank);
+      j.checksums = write_shard_file(tmp / shard_file_name(j.rank, j.layout.world_size), j.layout, j.rank, f, j.sources);
+    } catch (const error& e) {
+      j.problem = e.message();
+      j.code = e.kind();
+    } catch (const std::exception& e) {
+      j.problem = std::string("writing the shard file failed: ") + e.what();
+      j.code = errc::io_error;
+    }
+  }
+
+  void launch() {
+    if (!job_.problem.empty()) return;  // nothing to write; the next call reports it
+    job_.writer = std::thread([this] { write(job_); });
+  }
+
+  /// The agreement collective and rank 0's commit.
+  void finish() {
+    pending_ = false;
+    job& j = job_;
+    const state_layout& L = j.layout;
+    std::uint64_t max_sums = 0;
+    for (int r = 0; r < L.world_size; ++r) max_sums = std::max(max_sums, L.checksum_count(r));
+    const std::size_t words = 3 + static_cast<std::size_t>(max_sums) + detail::text_words;
+    std::vector<std::uint64_t> mine(words, 0);
+    const std::string progress_text = j.progress.to_json().dump();
+    mine[0] = j.problem.empty() ? 0 : static_cast<std::uint64_t>(j.code);
+    mine[1] = checksum(progress_text.data(), progress_text.size());
+    mine[2] = checksum(j.name.data(), j.name.size());
+    if (j.problem.empty())
+      for (std::size_t k = 0; k < j.checksums.size() && k < max_sums; ++k) mine[3 + k] = j.checksums[k];
+    detail::pack_text(j.problem, mine.data() + 3 + max_sums);
+    const std::vector<std::uint64_t> all = detail::gather_records(*j.comm, j.replica, mine);
+    auto record = [&](int r) { return all.data() + static_cast<std::size_t>(r) * words; };
+    std::vector<std::pair<int, std::string>> failed;
+    errc code = errc::io_error;
+    for (int r = 0; r < L.world_size; ++r)
+      if (record(r)[0] != 0) {
+        if (failed.empty()) code = static_cast<errc>(record(r)[0]);
+        failed.emplace_back(r, detail::unpack_text(record(r) + 3 + max_sums));
+      }
+    const std::string where = "checkpoint '" + (root_ / j.name).string() + "' was not saved (the previous checkpoint is untouched): ";
+    if (!failed.empty()) {
+      if (j.rank == 0) cleanup(j.name);
+      throw error(code, where + detail::describe_failures(failed));
+    }
+    for (int r = 1; r < L.world_size; ++r) {
+      if (record(r)[1] != record(0)[1]) {
+        if (j.rank == 0) cleanup(j.name);
+        throw error(errc::invalid_argument, where + "rank " + std::to_string(r) +
+                                                " passed another training_progress than rank 0 (every rank must pass the same values)");
+      }
+      if (record(r)[2] != record(0)[2]) {
+        if (j.rank == 0) cleanup(j.name);
+        throw error(errc::invalid_argument, where + "rank " + std::to_string(r) + " named the checkpoint differently from rank 0");
+      }
+    }
+    if (j.rank != 0) return;
+    std::vector<std::vector<std::uint64_t>> sums(static_cast<std::size_t>(L.world_size));
+    for (int r = 0; r < L.world_size; ++r) {
+      const auto n = static_cast<std::size_t>(L.checksum_count(r));
+      sums[static_cast<std::size_t>(r)].assign(record(r) + 3, record(r) + 3 + n);
+    }
+    try {
+      commit_checkpoint(root_, j.name, make_index(L, j.progress, sums), options_.keep_last);
+    } catch (const error& e) {
+      if (!std::filesystem::exists(root_ / j.name / index_file_name)) cleanup(j.name);
+      throw error(e.kind(), "checkpoint '" + (root_ / j.name).string() + "': rank 0 could not complete it: " + e.message());
+    }
+  }
+
+  void cleanup(const std::string& name) noexcept {
+    try {
+      detail::remove_tree(temporary_directory(root_, name));
+    } catch (...) {
+    }
+  }
+
+  std::filesystem::path root_;
+  checkpointer_options options_;
+  job job_;
+  bool pending_ = false;
+  detail::staging_buffer staging_;
+};
+
+}  // namespace ringzero::checkpoint

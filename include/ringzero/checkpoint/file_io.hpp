@@ -1,0 +1,188 @@
+#pragma once
+/// @file
+/// `checkpoint::detail::file`: the POSIX file operations the checkpoint layer needs — positioned
+/// reads and writes of whole ranges (pread / pwrite, retried on short transfers and EINTR),
+/// fsync of files and directories, atomic replacement of a small file (temporary file, fsync,
+/// rename, fsync of the directory) and atomic exchange of two directories (renameat2 with
+/// RENAME_EXCHANGE, Linux 3.15+). Every failure throws `ringzero::error(errc::io_error)` naming
+/// the operation, the file and the system's reason ("No space left on device").
+/// Thread semantics: a `file` is used by one thread at a time.
+
+#include <fcntl.h>
+#include <stdio.h>  // renameat2 (glibc 2.28+)
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+#include "ringzero/core/error.hpp"
+
+namespace ringzero::checkpoint::detail {
+
+/// Throws errc::io_error: "<what> '<path>': <strerror(err)>".
+[[noreturn]] inline void io_fail(const std::string& what, const std::filesystem::path& path, int err) {
+  throw error(errc::io_error, what + " '" + path.string() + "': " + std::strerror(err));
+}
+
+/// An open file descriptor, closed on destruction. Move-only.
+class file {
+ public:
+  file() = default;
+  file(const file&) = delete;
+  file& operator=(const file&) = delete;
+  file(file&& o) noexcept : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)) {}
+  file& operator=(file&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+      path_ = std::move(o.path_);
+    }
+    return *this;
+  }
+  ~file() { reset(); }
+
+  /// Creates (or truncates) `path` for writing, mode 0644.
+  static file create(const std::filesystem::path& path) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) io_fail("cannot create", path, errno);
+    return file(fd, path);
+  }
+  /// Opens `path` for reading.
+  static file open_read(const std::filesystem::path& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) io_fail("cannot open", path, errno);
+    return file(fd, path);
+  }
+  /// Opens a directory (for fsync).
+  static file open_directory(const std::filesystem::path& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) io_fail("cannot open directory", path, errno);
+    return file(fd, path);
+  }
+
+  const std::filesystem::path& path() const noexcept { return path_; }
+  bool is_open() const noexcept { return fd_ >= 0; }
+
+  /// Writes `bytes` bytes at `offset`. A disk that fills up gives ENOSPC here (or at `sync`).
+  void write_at(const void* data, std::uint64_t bytes, std::uint64_t offset) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    while (bytes > 0) {
+      const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
+      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        io_fail("cannot write " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_, errno);
+      }
+      if (w == 0) io_fail("cannot write (no progress) at offset " + std::to_string(offset) + " of", path_, ENOSPC);
+      p += w;
+      bytes -= static_cast<std::uint64_t>(w);
+      offset += static_cast<std::uint64_t>(w);
+    }
+  }
+  /// Reads exactly `bytes` bytes at `offset`; a file that ends first is an error ("truncated").
+  void read_at(void* data, std::uint64_t bytes, std::uint64_t offset) const {
+    auto* p = static_cast<unsigned char*>(data);
+    while (bytes > 0) {
+      const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
+      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        io_fail("cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_, errno);
+      }
+      if (r == 0)
+        throw error(errc::io_error, "file '" + path_.string() + "' ends at byte " + std::to_string(offset) + " (truncated): " +
+                                        std::to_string(bytes) + " more bytes were expected");
+      p += r;
+      bytes -= static_cast<std::uint64_t>(r);
+      offset += static_cast<std::uint64_t>(r);
+    }
+  }
+  /// The file's size in bytes.
+  std::uint64_t size() const {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) io_fail("cannot stat", path_, errno);
+    return static_cast<std::uint64_t>(st.st_size);
+  }
+  /// fsync: the data and metadata are on stable storage (errors such as ENOSPC and EIO surface here).
+  void sync() {
+    if (::fsync(fd_) != 0) io_fail("cannot fsync", path_, errno);
+  }
+  /// Closes, reporting a failure of close (which can report a delayed write error).
+  void close() {
+    const int fd = std::exchange(fd_, -1);
+    if (fd >= 0 && ::close(fd) != 0) io_fail("cannot close", path_, errno);
+  }
+
+ private:
+  file(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int fd_ = -1;
+  std::filesystem::path path_;
+};
+
+/// fsync of directory `dir`: a rename or a file created in it is durable.
+inline void sync_directory(const std::filesystem::path& dir) {
+  file d = file::open_directory(dir);
+  d.sync();
+  d.close();
+}
+
+/// Creates directory `dir` (and its parents); an existing one is fine.
+inline void make_directories(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) io_fail("cannot create directory", dir, ec.value());
+}
+
+/// Writes `bytes` bytes to a new file `path` and fsyncs it (no directory sync).
+inline void write_whole_file(const std::filesystem::path& path, const void* data, std::uint64_t bytes) {
+  file f = file::create(path);
+  f.write_at(data, bytes, 0);
+  f.sync();
+  f.close();
+}
+
+/// Replaces `path` atomically with `contents`: writes "<path>.tmp", fsyncs it, renames it over
+/// `path` and fsyncs the directory. A crash at any point leaves the old or the new file whole.
+inline void replace_file_atomically(const std::filesystem::path& path, const std::string& contents) {
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  write_whole_file(tmp, contents.data(), contents.size());
+  if (::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename '" + tmp.string() + "' to", path, errno);
+  sync_directory(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
+}
+
+/// The whole contents of a (small) file.
+inline std::string read_whole_file(const std::filesystem::path& path) {
+  file f = file::open_read(path);
+  std::string s(static_cast<std::size_t>(f.size()), '\0');
+  f.read_at(s.data(), s.size(), 0);
+  return s;
+}
+
+/// Renames directory `from` to `to`; when `to` exists, the two are exchanged atomically (so `to`
+/// is never missing) and `from` then names the old directory. Returns true when they were exchanged.
+inline bool rename_or_exchange(const std::filesystem::path& from, const std::filesystem::path& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return false;
+  if (errno != EEXIST) io_fail("cannot rename '" + from.string() + "' to", to, errno);
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) != 0)
+    io_fail("cannot exchange '" + from.string() + "' with", to, errno);
+  return true;
+}
+
+/// Removes `path` and everything below it; a missing path is fine.
+inline void remove_tree(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) io_fail("cannot remove", path, ec.value());
+}
+
+}  // namespace ringzero::checkpoint::detail

@@ -1,0 +1,158 @@
+#pragma once
+/// @file
+/// `checkpoint::fragment_reader`: reads any global element range of any tensor of a checkpoint
+/// directory, touching only the bytes it needs (pread of the 4 MiB checksum chunks that cover
+/// the range) and verifying every chunk it reads against the index's XXH3 checksums. It needs
+/// no communicator: a rank reads what its new plan needs, and a tool (inspect, verify,
+/// consolidate, reshard) streams tensors with bounded memory.
+/// Files are opened on first use; a file whose size differs from the index's is refused
+/// (truncated or replaced), as is a missing one.
+/// Errors: errc::io_error naming the file, the rank that wrote it, the tensor, the fragment and
+/// what was expected. Thread semantics: one thread at a time per reader.
+/// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ringzero/checkpoint/checkpoint_index.hpp"
+#include "ringzero/checkpoint/checksum.hpp"
+#include "ringzero/checkpoint/file_io.hpp"
+
+namespace ringzero::checkpoint {
+
+/// See the file comment.
+class fragment_reader {
+ public:
+  /// A reader of the checkpoint in `dir` described by `index` (both must outlive it).
+  fragment_reader(std::filesystem::path dir, const checkpoint_index& index)
+      : dir_(std::move(dir)), index_(&index), files_(index.files.size()) {}
+
+  /// The index.
+  const checkpoint_index& index() const noexcept { return *index_; }
+  /// The directory.
+  const std::filesystem::path& directory() const noexcept { return dir_; }
+
+  /// Opens every shard file and checks its size against the index (a missing or truncated
+  /// file is refused naming it).
+  void check_files() {
+    for (std::size_t i = 0; i < files_.size(); ++i) (void)open(i);
+  }
+
+  /// Copies elements [begin, end) of tensor `t` (a record of the index; not an alias) into
+  /// `dst` (end - begin elements of t.type), verifying every chunk read.
+  void read(const tensor_record& t, std::uint64_t begin, std::uint64_t end, void* dst) {
+    if (!t.tied_to.empty()) fail_tensor(t, "is an alias of '" + t.tied_to + "' and holds no data; read that tensor");
+    if (begin > end || end > t.numel())
+      fail_tensor(t, "range [" + std::to_string(begin) + ", " + std::to_string(end) + ") is outside its " +
+                         std::to_string(t.numel()) + " elements");
+    const std::uint64_t es = dtype_size(t.type);
+    auto* out = static_cast<unsigned char*>(dst);
+    for (const fragment_record& f : t.fragments) {
+      const std::uint64_t lo = std::max(begin, f.begin), hi = std::min(end, f.end);
+      if (lo >= hi) continue;
+      read_fragment(t, f, (lo - f.begin) * es, (hi - f.begin) * es, out + (lo - begin) * es);
+    }
+  }
+
+  /// Reads every fragment of every tensor and verifies every checksum (what `verify` does).
+  /// Memory: one chunk at a time.
+  void verify_all() {
+    std::vector<unsigned char> chunk;
+    for (const tensor_record& t : index_->tensors)
+      for (const fragment_record& f : t.fragments) {
+        const std::uint64_t bytes = (f.end - f.begin) * dtype_size(t.type);
+        for (std::uint64_t c = 0; c < f.checksums.size(); ++c) {
+          const std::uint64_t cb = c * checksum_chunk_bytes, ce = std::min(bytes, cb + checksum_chunk_bytes);
+          chunk.resize(static_cast<std::size_t>(ce - cb));
+          read_chunks(t, f, c, c + 1, bytes, chunk.data());
+        }
+      }
+  }
+
+  /// Bytes read from files so far.
+  std::uint64_t bytes_read() const noexcept { return bytes_read_; }
+
+ private:
+  const detail::file& open(std::size_t i) {
+    std::optional<detail::file>& slot = files_[i];
+    if (slot) return *slot;
+    const file_record& r = index_->files[i];
+    const std::filesystem::path path = dir_ / r.name;
+    try {
+      slot.emplace(detail::file::open_read(path));
+    } catch (const error& e) {
+      throw error(errc::io_error, "checkpoint '" + dir_.string() + "': the shard file of rank " + std::to_string(r.rank) + " is missing or unreadable: " +
+                                      e.message());
+    }
+    const std::uint64_t size = slot->size();
+    if (size != r.bytes) {
+      slot.reset();
+      throw error(errc::io_error, "checkpoint '" + dir_.string() + "': shard file '" + path.string() + "' of rank " + std::to_string(r.rank) + " has " +
+                                      std::to_string(size) + " bytes, the index expects " + std::to_string(r.bytes) +
+                                      (size < r.bytes ? " (truncated)" : ""));
+    }
+    return *slot;
+  }
+
+  [[noreturn]] void fail_tensor(const tensor_record& t, const std::string& why) const {
+    throw error(errc::invalid_argument, "checkpoint '" + dir_.string() + "': tensor " + t.label() + " " + why);
+  }
+
+  /// Reads chunks [c0, c1) of fragment f (of `bytes` bytes) into `dst` and verifies them.
+  void read_chunks(const tensor_record& t, const fragment_record& f, std::uint64_t c0, std::uint64_t c1, std::uint64_t bytes,
+                   unsigned char* dst) {
+    const detail::file& file = open(f.file);
+    const std::uint64_t b = c0 * checksum_chunk_bytes, e = std::min(bytes, c1 * checksum_chunk_bytes);
+    file.read_at(dst, e - b, f.offset + b);
+    bytes_read_ += e - b;
+    for (std::uint64_t c = c0; c < c1; ++c) {
+      const std::uint64_t cb = c * checksum_chunk_bytes, ce = std::min(bytes, cb + checksum_chunk_bytes);
+      const std::uint64_t sum = checksum(dst + (cb - b), static_cast<std::size_t>(ce - cb));
+      if (sum != f.checksums[static_cast<std::size_t>(c)]) {
+        const file_record& r = index_->files[f.file];
+        throw error(errc::io_error, "checkpoint '" + dir_.string() + "': checksum mismatch in shard file '" + (dir_ / r.name).string() +
+                                        "' of rank " + std::to_string(r.rank) + ", tensor " + t.label() + ", fragment [" +
+                                        std::to_string(f.begin) + ", " + std::to_string(f.end) + "), bytes [" +
+                                        std::to_string(f.offset + cb) + ", " + std::to_string(f.offset + ce) + ") of the file: XXH3 " +
+                                        hex64(sum) + ", the index records " + hex64(f.checksums[static_cast<std::size_t>(c)]) +
+                                        " (the data is damaged)");
+      }
+    }
+  }
+
+  /// Copies bytes [b, e) of fragment f into dst, reading whole chunks: runs of chunks the range
+  /// covers entirely straight into dst, the partial chunks at either end through a scratch chunk.
+  void read_fragment(const tensor_record& t, const fragment_record& f, std::uint64_t b, std::uint64_t e, unsigned char* dst) {
+    const std::uint64_t bytes = (f.end - f.begin) * dtype_size(t.type);
+    constexpr std::uint64_t max_run_chunks = 64;  // 256 MiB per pread
+    std::uint64_t c = b / checksum_chunk_bytes;
+    while (c * checksum_chunk_bytes < e) {
+      const std::uint64_t cb = c * checksum_chunk_bytes, ce = std::min(bytes, cb + checksum_chunk_bytes);
+      if (cb >= b && ce <= e) {
+        std::uint64_t c1 = c + 1;
+        while (c1 - c < max_run_chunks && std::min(bytes, (c1 + 1) * checksum_chunk_bytes) <= e && c1 * checksum_chunk_bytes < e) ++c1;
+        read_chunks(t, f, c, c1, bytes, dst + (cb - b));
+        c = c1;
+        continue;
+      }
+      scratch_.resize(static_cast<std::size_t>(ce - cb));
+      read_chunks(t, f, c, c + 1, bytes, scratch_.data());
+      const std::uint64_t lo = std::max(b, cb), hi = std::min(e, ce);
+      std::memcpy(dst + (lo - b), scratch_.data() + (lo - cb), static_cast<std::size_t>(hi - lo));
+      ++c;
+    }
+  }
+
+  std::filesystem::path dir_;
+  const checkpoint_index* index_;
+  std::vector<std::optional<detail::file>> files_;
+  std::vector<unsigned char> scratch_;
+  std::uint64_t bytes_read_ = 0;
+};
+
+}  // namespace ringzero::checkpoint

@@ -1,0 +1,124 @@
+#pragma once
+/// @file
+/// `checkpoint::load`: restores a checkpoint (a checkpoint directory, or a root whose `latest`
+/// names one) into a `zero::sharded_model` or a DDP trainer at any world size, stage, replica
+/// group size and alignment (resharding), each rank reading only the byte ranges its plan needs.
+/// All or nothing: every rank reads and verifies into staging memory, one small collective tells
+/// every rank whether all succeeded, and only then is the state overwritten; a failed load
+/// leaves the state exactly as it was and raises the same error on every rank, naming the rank,
+/// file, tensor and what was expected (missing or truncated files, checksum mismatches, another
+/// model or optimizer, a newer format version (errc::unsupported), fragments that do not tile a
+/// tensor, a call mid-step, device memory (errc::unsupported)). Returns the saved progress; with
+/// `load_options::optimizer_state` the states and step count are restored too (case C20).
+/// Thread semantics: a collective on every rank's training thread. Needs nlohmann/json and
+/// libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ringzero/checkpoint/agreement.hpp"
+#include "ringzero/checkpoint/checkpoint_directory.hpp"
+#include "ringzero/checkpoint/checkpoint_index.hpp"
+#include "ringzero/checkpoint/fragment_reader.hpp"
+#include "ringzero/checkpoint/replicated_state.hpp"
+#include "ringzero/checkpoint/staging_buffer.hpp"
+#include "ringzero/checkpoint/state_loader.hpp"
+#include "ringzero/checkpoint/zero_state.hpp"
+#include "ringzero/ddp/gradient_reducer.hpp"
+#include "ringzero/zero/sharded_model.hpp"
+
+namespace ringzero::checkpoint {
+
+namespace detail {
+
+/// Runs `body` (the reading phase), agrees with every rank, and throws the shared verdict.
+template <class Body>
+void load_phase(communicator& comm, communicator* replica, const std::filesystem::path& path, Body&& body) {
+  std::string problem;
+  errc code = errc::io_error;
+  try {
+    body();
+  } catch (const error& e) {
+    problem = e.message();
+    code = e.kind();
+  } catch (const std::exception& e) {
+    problem = e.what();
+    code = errc::internal;
+  }
+  const verdict v = agree(comm, replica, problem, code);
+  if (!v.text.empty())
+    throw error(v.code, error_context{std::string(backend_name(comm.backend())), comm.rank(), comm.world_size(), {}, -1},
+                "loading checkpoint '" + path.string() + "' failed, the state is unchanged: " + v.text);
+}
+
+}  // namespace detail
+
+/// Loads the checkpoint at `path` into `model` (see the file comment). Collective.
+inline training_progress load(zero::sharded_model& model, const std::filesystem::path& path, const load_options& options = {}) {
+  checkpoint_index index;
+  std::filesystem::path dir;
+  const detail::zero_tensors z(model.plan(), model.optimizer().options());
+  std::optional<detail::zero_staging> staging;
+  detail::load_phase(model.comm(), model.replica_comm(), path, [&] {
+    if (model.comm().space() != memory_space::host)
+      throw error(errc::unsupported, "checkpoints of state in device memory are not supported yet");
+    if (!model.between_steps())
+      throw error(errc::invalid_argument, "a checkpoint can only be loaded between steps (after step(), before the next micro-batch)");
+    dir = resolve_checkpoint(path);
+    index = read_index(dir);
+    const auto records = detail::match_tensors(index, z.tensors, options, dir.string());
+    staging.emplace(model, z, options.optimizer_state);
+    fragment_reader reader(dir, index);
+    reader.check_files();
+    detail::read_targets(reader, z.tensors, records, staging->targets());
+  });
+  staging->commit(index.progress.optimizer_steps);
+  return index.progress;
+}
+
+/// Loads the checkpoint at `path` into a DDP trainer: every tensor of `state` whole on every
+/// rank, and the reducer's bucket layout when the checkpoint records one for the same number
+/// of parameters. Collective over the reducer's communicator.
+inline training_progress load(gradient_reducer& reducer, replicated_state& state, const std::filesystem::path& path,
+                              const load_options& options = {}) {
+  checkpoint_index index;
+  const std::vector<tensor_spec> specs = state.specs();
+  std::vector<detail::staging_buffer> staging(specs.size());
+  std::vector<std::size_t> order;
+  bool restore_layout = false, rebuilt = false;
+  detail::load_phase(reducer.comm(), nullptr, path, [&] {
+    if (reducer.comm().space() != memory_space::host)
+      throw error(errc::unsupported, "checkpoints of state in device memory are not supported yet");
+    const std::filesystem::path dir = resolve_checkpoint(path);
+    index = read_index(dir);
+    const auto records = detail::match_tensors(index, specs, options, dir.string());
+    std::vector<detail::load_target> targets;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (records[i] == nullptr) continue;  // an optimizer state not asked for
+      staging[i] = detail::staging_buffer(specs[i].numel() * dtype_size(specs[i].type));
+      targets.push_back({i, 0, specs[i].numel(), staging[i].data()});
+    }
+    fragment_reader reader(dir, index);
+    reader.check_files();
+    detail::read_targets(reader, specs, records, targets);
+    if (index.extra.contains("reducer")) {
+      const auto& r = index.extra["reducer"];
+      if (r.value("parameters", std::uint64_t{0}) == reducer.parameter_count()) {
+        order = r.at("bucket_order").get<std::vector<std::size_t>>();
+        rebuilt = r.at("rebuilt").get<bool>();
+        ringzero::detail::check_bucket_order(reducer.parameter_count(), order);
+        restore_layout = order.size() == reducer.parameter_count();
+      }
+    }
+  });
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    if (!staging[i].empty()) std::memcpy(state.entries()[i].data, staging[i].data(), static_cast<std::size_t>(staging[i].bytes()));
+  if (restore_layout) reducer.restore_layout(order, rebuilt);
+  return index.progress;
+}
+
+}  // namespace ringzero::checkpoint

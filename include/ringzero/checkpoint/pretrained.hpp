@@ -1,0 +1,123 @@
+#pragma once
+/// @file
+/// `checkpoint::load_pretrained`: initialises a `zero::sharded_model` at any world size and
+/// stage from one full-model safetensors file holding the parameters by name (what
+/// `ringzero-ckpt consolidate` writes, or a Hugging Face model file). Each rank reads only the
+/// byte ranges of its held parameters (and of its optimizer range, for the master weights).
+/// A tensor of another floating dtype is converted (float64, float32, bfloat16, float16; the
+/// master weights get the file's values converted once to float32, as `set_parameter` does);
+/// a tied parameter missing from the file is taken from another member of its tie group.
+/// Optimizer states and the step count are left as they are. Like `load`, all or nothing: a
+/// collective agreement, then the commit; errors name the file, the tensor and what was
+/// expected, on every rank (a missing tensor, another shape, a non-floating dtype, with
+/// `strict` a tensor the model does not have, a damaged file).
+/// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Thread semantics: a collective.
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ringzero/checkpoint/load.hpp"
+#include "ringzero/checkpoint/safetensors.hpp"
+#include "ringzero/checkpoint/staging_buffer.hpp"
+#include "ringzero/zero/sharded_model.hpp"
+
+namespace ringzero::checkpoint {
+
+namespace detail {
+
+/// `n` elements of `from` at `src` as `to` at `dst` (a copy when equal; both floating otherwise).
+inline void convert_elements(dtype from, const unsigned char* src, dtype to, unsigned char* dst, std::uint64_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, static_cast<std::size_t>(n * dtype_size(from)));
+    return;
+  }
+  visit_dtype(from, [&]<class F>() {
+    visit_dtype(to, [&]<class T>() {
+      const F* s = reinterpret_cast<const F*>(src);
+      T* d = reinterpret_cast<T*>(dst);
+      for (std::uint64_t k = 0; k < n; ++k) d[k] = static_cast<T>(static_cast<float>(static_cast<double>(s[k])));
+    });
+  });
+}
+
+}  // namespace detail
+
+/// See the file comment. `strict`: refuse a file holding tensors the model does not have.
+inline void load_pretrained(zero::sharded_model& model, const std::filesystem::path& file, bool strict = true) {
+  const zero::shard_plan& plan = model.plan();
+  const auto& ps = plan.parameters();
+  const auto& pl = plan.placements();
+  struct staged {
+    detail::staging_buffer params, master;
+  };
+  std::vector<staged> staging(plan.buffers().size());
+  detail::load_phase(model.comm(), model.replica_comm(), file, [&] {
+    if (model.comm().space() != memory_space::host)
+      throw error(errc::unsupported, "checkpoints of state in device memory are not supported yet");
+    if (!model.between_steps())
+      throw error(errc::invalid_argument, "pretrained weights can only be loaded between steps");
+    const detail::file f = detail::file::open_read(file);
+    const safetensors_header header = read_safetensors_header(f);
+    auto fail = [&](const std::string& why) -> error {
+      return error(errc::invalid_argument, "safetensors file '" + file.string() + "': " + why);
+    };
+    // The file tensor of each storage owner: its own name, else another member of its tie group.
+    std::vector<const safetensors_tensor*> source(ps.size(), nullptr);
+    std::set<std::string> names;
+    for (std::size_t p = 0; p < ps.size(); ++p) {
+      names.insert(ps[p].name);
+      source[p] = header.find(ps[p].name);
+      if (source[p] == nullptr && !ps[p].tie_group.empty())
+        for (std::size_t q = 0; q < ps.size() && source[p] == nullptr; ++q)
+          if (ps[q].tie_group == ps[p].tie_group) source[p] = header.find(ps[q].name);
+      const safetensors_tensor* t = source[p];
+      if (t == nullptr) throw fail("the model's parameter '" + ps[p].name + "' " + zero::shape_text(ps[p].shape) + " is not in the file");
+      if (t->shape != ps[p].shape)
+        throw fail("tensor '" + t->name + "' has shape " + zero::shape_text(t->shape) + ", the model's parameter '" + ps[p].name +
+                   "' has " + zero::shape_text(ps[p].shape));
+      if (!t->type || (*t->type != pl[p].type && !(is_floating_point(*t->type) && is_floating_point(pl[p].type))))
+        throw fail("tensor '" + t->name + "' is " + t->dtype_name + ", which cannot become the model's " +
+                   std::string(dtype_name(pl[p].type)) + " parameter '" + ps[p].name + "'");
+    }
+    if (strict)
+      for (const auto& t : header.tensors)
+        if (!names.contains(t.name))
+          throw fail("the file holds tensor '" + t.name + "', which the model does not have (pass strict = false to ignore it)");
+    std::vector<unsigned char> raw;
+    for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
+      const zero::flat_buffer& fb = plan.buffers()[b];
+      const algorithms::range held = model.held_range(b), own = model.optimizer_range(b);
+      staged& s = staging[b];
+      s.params = detail::staging_buffer(held.size() * dtype_size(fb.type));
+      if (fb.trainable && fb.has_master) s.master = detail::staging_buffer(own.size() * 4);
+      for (std::size_t p : fb.parameters) {
+        const safetensors_tensor& t = *source[p];
+        const std::uint64_t es = dtype_size(*t.type);
+        auto read = [&](algorithms::range r, dtype to, unsigned char* base) {
+          const std::uint64_t lo = std::max(r.begin, pl[p].offset), hi = std::min(r.end, pl[p].offset + pl[p].numel);
+          if (lo >= hi) return;
+          raw.resize(static_cast<std::size_t>((hi - lo) * es));
+          f.read_at(raw.data(), raw.size(), t.begin + (lo - pl[p].offset) * es);
+          detail::convert_elements(*t.type, raw.data(), to, base + (lo - r.begin) * dtype_size(to), hi - lo);
+        };
+        read(held, fb.type, s.params.data());
+        if (!s.master.empty()) read(own, dtype::float32, s.master.data());
+      }
+    }
+  });
+  model.begin_restore();
+  for (std::size_t b = 0; b < staging.size(); ++b) {
+    if (!staging[b].params.empty())
+      std::memcpy(model.held_parameters(b), staging[b].params.data(), static_cast<std::size_t>(staging[b].params.bytes()));
+    float* m = model.restorable_optimizer().master(b);
+    if (m != nullptr && !staging[b].master.empty())
+      std::memcpy(m, staging[b].master.data(), static_cast<std::size_t>(staging[b].master.bytes()));
+  }
+}
+
+}  // namespace ringzero::checkpoint

@@ -1,0 +1,263 @@
+#pragma once
+/// @file
+/// `checkpoint::detail::zero_state`: how a `zero::sharded_model`'s state maps onto checkpoint
+/// tensors. Every parameter is a tensor of role "parameter" (its dtype, its shape; an alias of
+/// a tie group is recorded as tied to the group's owner and holds no data); every trainable
+/// storage owner also has "master" (float32, when the plan keeps master weights) and one
+/// "optimizer_state" per optimizer state (float32: SGD's momentum_buffer; Adam's exp_avg and
+/// exp_avg_sq). Padding is never saved.
+/// Who writes what: the ranks holding the same range of a flat buffer (every rank at stage 0;
+/// the ranks of one shard index across replica groups at stages 1-3) split that range evenly,
+/// so each element is written exactly once and every rank writes about 1/world_size of the
+/// state. Loading intersects the global ranges with the ranges this rank's plan holds: the
+/// parameters of its held range (the whole buffer at stages 0-2, its shard at stage 3) and the
+/// master weights and states of its optimizer range, so any world size, stage, replica group
+/// size and alignment can load any checkpoint of the same model (ranks with empty shards too).
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ringzero/algorithm/partition.hpp"
+#include "ringzero/checkpoint/staging_buffer.hpp"
+#include "ringzero/checkpoint/state_layout.hpp"
+#include "ringzero/checkpoint/state_loader.hpp"
+#include "ringzero/zero/optimizer.hpp"
+#include "ringzero/zero/shard_plan.hpp"
+#include "ringzero/zero/sharded_model.hpp"
+
+namespace ringzero::checkpoint::detail {
+
+/// PyTorch's name of optimizer state `k` of `o`.
+inline std::string optimizer_state_name(const zero::optimizer_options& o, int k) {
+  if (o.kind == zero::optimizer_kind::sgd) return "momentum_buffer";
+  return k == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
+/// The optimizer as the index records it.
+inline nlohmann::json optimizer_json(const zero::optimizer_options& o) {
+  return {{"kind", std::string(zero::optimizer_name(o.kind))},
+          {"states", o.state_count()},
+          {"lr", o.lr},
+          {"weight_decay", o.weight_decay},
+          {"momentum", o.momentum},
+          {"dampening", o.dampening},
+          {"nesterov", o.nesterov},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps}};
+}
+
+/// What of a plan request fixes the flat layout beyond the tensors (gather units, tie groups,
+/// declared dtypes, precision, automatic unit size), as the index's extra["plan"] records it, so
+/// that an offline reshard (checkpoint/offline_reshard.hpp) rebuilds the plan for another world size.
+inline nlohmann::json plan_request_json(const zero::plan_request& q) {
+  auto type = [](std::optional<dtype> t) { return t ? nlohmann::json(std::string(dtype_name(*t))) : nlohmann::json(nullptr); };
+  nlohmann::json ps = nlohmann::json::array();
+  for (const zero::parameter_spec& p : q.parameters)
+    ps.push_back({{"name", p.name}, {"unit", p.unit}, {"tie_group", p.tie_group}, {"type", type(p.type)}, {"trainable", p.trainable}});
+  const zero::precision& pr = q.precision;
+  return {{"parameters", std::move(ps)},
+          {"replica_group_size", q.replica_group_size},
+          {"unit_bytes", q.unit_bytes},
+          {"accumulation_steps", q.accumulation_steps},
+          {"prefetch", q.prefetch},
+          {"max_inflight_reductions", q.max_inflight_reductions},
+          {"precision",
+           {{"parameter", std::string(dtype_name(pr.parameter))},
+            {"gradient", type(pr.gradient)},
+            {"master", type(pr.master)},
+            {"optimizer_state", std::string(dtype_name(pr.optimizer_state))},
+            {"optimizer_states", pr.optimizer_states}}}};
+}
+
+/// The tensors of a model with `plan` and optimizer `o`, and where each parameter's are.
+struct zero_tensors {
+  static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  std::vector<tensor_spec> tensors;
+  std::vector<std::size_t> parameter;              ///< per parameter: its "parameter" tensor
+  std::vector<std::size_t> master;                 ///< per parameter: its "master" tensor or none
+  std::vector<std::array<std::size_t, 2>> states;  ///< per parameter: its state tensors or none
+
+  zero_tensors(const zero::shard_plan& plan, const zero::optimizer_options& o) {
+    const auto& ps = plan.parameters();
+    const auto& pl = plan.placements();
+    parameter.assign(ps.size(), none);
+    master.assign(ps.size(), none);
+    states.assign(ps.size(), {none, none});
+    for (std::size_t p = 0; p < ps.size(); ++p) {
+      tensor_spec t;
+      t.name = ps[p].name;
+      t.type = pl[p].type;
+      t.shape = ps[p].shape;
+      t.trainable = ps[p].trainable;
+      if (pl[p].alias) t.tied_to = ps[pl[p].storage].name;
+      parameter[p] = tensors.size();
+      tensors.push_back(t);
+      if (pl[p].alias || !ps[p].trainable) continue;
+      const zero::flat_buffer& f = plan.buffers()[pl[p].buffer];
+      t.tied_to.clear();
+      if (f.has_master) {
+        t.role = tensor_role::master;
+        t.type = dtype::float32;
+        master[p] = tensors.size();
+        tensors.push_back(t);
+      }
+      for (int k = 0; k < o.state_count(); ++k) {
+        t.role = tensor_role::optimizer_state;
+        t.type = dtype::float32;
+        t.state = k;
+        t.state_name = optimizer_state_name(o, k);
+        states[p][static_cast<std::size_t>(k)] = tensors.size();
+        tensors.push_back(t);
+      }
+    }
+  }
+};
+
+/// The range of buffer `b` that global rank `rank` holds in its optimizer (see the file comment).
+inline algorithms::range optimizer_range_of(const zero::shard_plan& plan, std::size_t b, int rank) {
+  const zero::flat_buffer& f = plan.buffers()[b];
+  return plan.stage() == 0 ? algorithms::range{0, f.numel} : f.shard(plan.shard_index(rank));
+}
+
+/// The part of buffer `b` that global rank `rank` writes.
+inline algorithms::range write_range(const zero::shard_plan& plan, std::size_t b, int rank) {
+  const algorithms::range own = optimizer_range_of(plan, b, rank);
+  const int copies = plan.stage() == 0 ? plan.world_size() : plan.replica_groups();
+  const int which = plan.stage() == 0 ? rank : plan.replica_group(rank);
+  const std::uint64_t n = own.size(), c = static_cast<std::uint64_t>(copies), w = static_cast<std::uint64_t>(which);
+  return {own.begin + n / c * w + std::min(w, n % c), own.begin + n / c * (w + 1) + std::min(w + 1, n % c)};
+}
+
+/// What a piece is, for finding its bytes: the parameter, the role and the buffer element where it starts.
+struct zero_piece_source {
+  std::size_t parameter;
+  tensor_role role;
+  int state;
+  std::size_t buffer;
+  std::uint64_t element;
+};
+
+/// The layout of a save of `plan` (every rank's pieces) and, for each piece of each rank, where
+/// its data is in that rank's model.
+inline state_layout zero_layout(const zero::shard_plan& plan, const zero::optimizer_options& o, const zero_tensors& z,
+                                std::vector<std::vector<zero_piece_source>>* sources) {
+  state_layout L;
+  L.kind = "zero";
+  L.world_size = plan.world_size();
+  L.stage = plan.stage();
+  L.replica_group_size = plan.shards();
+  L.alignment_bytes = plan.request().alignment_bytes;
+  L.plan_fingerprint = plan.fingerprint();
+  L.optimizer = optimizer_json(o);
+  L.extra = {{"plan", plan_request_json(plan.request())}};
+  L.tensors = z.tensors;
+  L.pieces.resize(static_cast<std::size_t>(plan.world_size()));
+  if (sources) sources->assign(L.pieces.size(), {});
+  const auto& pl = plan.placements();
+  for (int r = 0; r < plan.world_size(); ++r) {
+    auto& out = L.pieces[static_cast<std::size_t>(r)];
+    for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
+      const zero::flat_buffer& f = plan.buffers()[b];
+      const algorithms::range w = write_range(plan, b, r);
+      auto add_role = [&](tensor_role role, int state) {
+        for (std::size_t p : f.parameters) {
+          const std::uint64_t lo = std::max(w.begin, pl[p].offset), hi = std::min(w.end, pl[p].offset + pl[p].numel);
+          if (lo >= hi) continue;
+          const std::size_t t = role == tensor_role::parameter ? z.parameter[p]
+                                : role == tensor_role::master  ? z.master[p]
+                                                               : z.states[p][static_cast<std::size_t>(state)];
+          out.push_back({t, lo - pl[p].offset, hi - pl[p].offset});
+          if (sources) (*sources)[static_cast<std::size_t>(r)].push_back({p, role, state, b, lo});
+        }
+      };
+      add_role(tensor_role::parameter, 0);
+      if (!f.trainable) continue;
+      if (f.has_master) add_role(tensor_role::master, 0);
+      for (int k = 0; k < o.state_count(); ++k) add_role(tensor_role::optimizer_state, k);
+    }
+  }
+  return L;
+}
+
+/// The address of `s` in `model` (this rank's state).
+inline const unsigned char* zero_source(zero::sharded_model& model, const zero_piece_source& s) {
+  const zero::shard_plan& plan = model.plan();
+  if (s.role == tensor_role::parameter) {
+    const std::uint64_t es = dtype_size(plan.buffers()[s.buffer].type);
+    return model.held_parameters(s.buffer) + (s.element - model.held_range(s.buffer).begin) * es;
+  }
+  const zero::sharded_optimizer& opt = model.restorable_optimizer();
+  const float* base = s.role == tensor_role::master ? opt.master(s.buffer) : opt.state(s.buffer, s.state);
+  return reinterpret_cast<const unsigned char*>(base + (s.element - model.optimizer_range(s.buffer).begin));
+}
+
+/// A load's staging memory for one rank of a model, and how to commit it.
+class zero_staging {
+ public:
+  /// Staging for `model`, and the targets that fill it (`parameters_only`: no optimizer states).
+  zero_staging(zero::sharded_model& model, const zero_tensors& z, bool with_states) : model_(model), with_states_(with_states) {
+    const zero::shard_plan& plan = model.plan();
+    const auto& pl = plan.placements();
+    const int states = model.restorable_optimizer().options().state_count();
+    buffers_.resize(plan.buffers().size());
+    for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
+      const zero::flat_buffer& f = plan.buffers()[b];
+      buffer& s = buffers_[b];
+      const algorithms::range held = model.held_range(b), own = model.optimizer_range(b);
+      s.params = staging_buffer(held.size() * dtype_size(f.type));
+      if (f.trainable && f.has_master) s.master = staging_buffer(own.size() * 4);
+      if (f.trainable && with_states)
+        for (int k = 0; k < states; ++k) s.states[static_cast<std::size_t>(k)] = staging_buffer(own.size() * 4);
+      for (std::size_t p : f.parameters) {
+        const std::uint64_t off = pl[p].offset, end = pl[p].offset + pl[p].numel;
+        auto add = [&](std::size_t spec, algorithms::range r, staging_buffer& dst, std::uint64_t es) {
+          const std::uint64_t lo = std::max(r.begin, off), hi = std::min(r.end, end);
+          if (lo < hi) targets_.push_back({spec, lo - off, hi - off, dst.data() + (lo - r.begin) * es});
+        };
+        add(z.parameter[p], held, s.params, dtype_size(f.type));
+        if (!f.trainable) continue;
+        if (f.has_master) add(z.master[p], own, s.master, 4);
+        if (with_states)
+          for (int k = 0; k < states; ++k) add(z.states[p][static_cast<std::size_t>(k)], own, s.states[static_cast<std::size_t>(k)], 4);
+      }
+    }
+  }
+
+  const std::vector<load_target>& targets() const noexcept { return targets_; }
+
+  /// Copies the staging memory into the model (and sets the step count when loading states).
+  /// Cannot fail once `begin_restore` succeeded.
+  void commit(std::uint64_t steps) {
+    model_.begin_restore();
+    zero::sharded_optimizer& opt = model_.restorable_optimizer();
+    const int states = opt.options().state_count();
+    for (std::size_t b = 0; b < buffers_.size(); ++b) {
+      buffer& s = buffers_[b];
+      copy(model_.held_parameters(b), s.params);
+      copy(reinterpret_cast<unsigned char*>(opt.master(b)), s.master);
+      if (with_states_)
+        for (int k = 0; k < states; ++k) copy(reinterpret_cast<unsigned char*>(opt.state(b, k)), s.states[static_cast<std::size_t>(k)]);
+    }
+    if (with_states_) opt.set_steps(steps);
+  }
+
+ private:
+  struct buffer {
+    staging_buffer params, master;
+    std::array<staging_buffer, 2> states;
+  };
+  static void copy(unsigned char* dst, const staging_buffer& src) {
+    if (dst != nullptr && !src.empty()) std::memcpy(dst, src.data(), static_cast<std::size_t>(src.bytes()));
+  }
+  zero::sharded_model& model_;
+  bool with_states_;
+  std::vector<buffer> buffers_;
+  std::vector<load_target> targets_;
+};
+
+}  // namespace ringzero::checkpoint::detail

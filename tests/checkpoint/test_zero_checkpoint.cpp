@@ -1,0 +1,543 @@
+// Saving and loading a zero::sharded_model: exact resume at stages 0-3 (SGD with momentum and
+// AdamW), the asynchronous save's snapshot, keep_last, resharding to other world sizes, stages,
+// replica groups and alignments (cases C16-C20).
+#include <doctest/doctest.h>
+
+#include "checkpoint_test_util.hpp"
+
+using namespace ckpt_test;
+namespace ck = ringzero::checkpoint;
+
+TEST_CASE("resume is exact at stages 0-3 with SGD (momentum) and AdamW: 6 steps == 3 + save + fresh model + load + 3") {
+  for (const auto& o : {sgd_momentum(), adamw()})
+    for (int stage = 0; stage <= 3; ++stage) {
+      CAPTURE(stage);
+      CAPTURE(std::string(optimizer_name(o.kind)));
+      scratch_dir root("resume");
+      std::vector<std::vector<std::vector<float>>> straight(2), resumed(2);
+      std::vector<std::uint64_t> steps(2);
+      local::launch(2, [&](communicator& comm) {
+        const int r = comm.rank();
+        {
+          sharded_model a(comm, request(zero_test::test_parameters(), stage, 16, o.state_count()), model_options(o));
+          initialise(a);
+          train(a, r, 0, 6);
+          straight[static_cast<std::size_t>(r)] = parameters_of(a);
+        }
+        {
+          sharded_model b(comm, request(zero_test::test_parameters(), stage, 16, o.state_count()), model_options(o));
+          initialise(b);
+          train(b, r, 0, 3);
+          ck::training_progress progress;
+          progress.epoch = 1;
+          progress.step_in_epoch = 3;
+          progress.rng_seeds = {42, 7};
+          ck::checkpointer(root.path).save(b, progress);
+        }
+        sharded_model c(comm, request(zero_test::test_parameters(), stage, 16, o.state_count()), model_options(o));
+        const ck::training_progress p = ck::load(c, root.path);
+        CHECK(p.optimizer_steps == 3);
+        CHECK(p.epoch == 1);
+        CHECK(p.step_in_epoch == 3);
+        CHECK(p.rng_seeds == std::vector<std::uint64_t>{42, 7});
+        CHECK(c.optimizer().steps() == 3);
+        train(c, r, 3, 6);
+        steps[static_cast<std::size_t>(r)] = c.optimizer().steps();
+        resumed[static_cast<std::size_t>(r)] = parameters_of(c);
+      });
+      CHECK(steps[0] == 6);
+      CHECK(same_bits(straight[0], resumed[0]));
+      CHECK(same_bits(straight[1], resumed[1]));
+      CHECK(same_bits(straight[0], straight[1]));
+    }
+}
+
+TEST_CASE("the index and shard files: names, shapes, roles, one file per rank, latest") {
+  scratch_dir root("layout");
+  local::launch(3, [&](communicator& comm) {
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    initialise(m);
+    train(m, comm.rank(), 0, 2);
+    ck::training_progress progress;
+    progress.metadata["note"] = "three ranks";
+    ck::checkpointer(root.path).save(m, progress);
+  });
+  CHECK(ck::read_latest(root.path) == std::optional<std::string>("step-00000002"));
+  const fs::path dir = root.path / "step-00000002";
+  const auto index = ck::read_index(dir);
+  CHECK(index.world_size == 3);
+  CHECK(index.stage == 3);
+  CHECK(index.kind == "zero");
+  CHECK(index.progress.optimizer_steps == 2);
+  CHECK(index.progress.metadata.at("note") == "three ranks");
+  REQUIRE(index.files.size() == 3);
+  for (int r = 0; r < 3; ++r) {
+    CHECK(index.files[static_cast<std::size_t>(r)].name == ck::shard_file_name(r, 3));
+    CHECK(fs::file_size(dir / index.files[static_cast<std::size_t>(r)].name) == index.files[static_cast<std::size_t>(r)].bytes);
+    // Every fragment of that file is a tensor of its safetensors header at the recorded offset.
+    const auto header = ck::read_safetensors_header(dir / index.files[static_cast<std::size_t>(r)].name);
+    CHECK(header.metadata.at("rank") == std::to_string(r));
+    for (const auto& t : index.tensors)
+      for (const auto& f : t.fragments)
+        if (f.file == static_cast<std::size_t>(r)) {
+          const auto* s = header.find(ck::fragment_key(t.name, t.role, t.state, f.begin, f.end));
+          REQUIRE(s != nullptr);
+          CHECK(s->begin == f.offset);
+          CHECK(s->shape == std::vector<std::uint64_t>{f.end - f.begin});
+        }
+  }
+  const auto* embed = index.find("embed", ck::tensor_role::parameter);
+  REQUIRE(embed != nullptr);
+  CHECK(embed->shape == std::vector<std::uint64_t>{7, 5});
+  const auto* head = index.find("head", ck::tensor_role::parameter);
+  REQUIRE(head != nullptr);
+  CHECK(head->tied_to == "embed");
+  CHECK(head->fragments.empty());
+  const auto* m = index.find("l1.w", ck::tensor_role::optimizer_state, 1);
+  REQUIRE(m != nullptr);
+  CHECK(m->state_name == "exp_avg_sq");
+  CHECK(index.find("frozen.w", ck::tensor_role::optimizer_state, 0) == nullptr);
+  const auto* empty = index.find("empty", ck::tensor_role::parameter);
+  REQUIRE(empty != nullptr);
+  CHECK(empty->shape == std::vector<std::uint64_t>{0, 3});
+  CHECK(!fs::exists(root.path / ".tmp.step-00000002"));
+}
+
+TEST_CASE("async_save: the state at the call is saved while training goes on; errors and commit at the next call") {
+  scratch_dir root("async");
+  std::vector<std::vector<std::vector<float>>> at_save(2), loaded(2);
+  local::launch(2, [&](communicator& comm) {
+    const int r = comm.rank();
+    ck::checkpointer ckpt(root.path);
+    {
+      sharded_model m(comm, request(zero_test::test_parameters(), 2), model_options(adamw()));
+      initialise(m);
+      train(m, r, 0, 2);
+      at_save[static_cast<std::size_t>(r)] = parameters_of(m);
+      ckpt.async_save(m);
+      CHECK(ckpt.pending());
+      CHECK(ckpt.staging_bytes() > 0);
+      const std::uint64_t staging = ckpt.staging_bytes();
+      train(m, r, 2, 4);  // overwrites the model while the file is written
+      ckpt.async_save(m);  // finishes the first save, starts the second
+      CHECK(ckpt.staging_bytes() == staging);  // allocated once
+      ckpt.wait();
+      CHECK(!ckpt.pending());
+    }
+    sharded_model c(comm, request(zero_test::test_parameters(), 2), model_options(adamw()));
+    ck::load(c, root.path / "step-00000002");
+    loaded[static_cast<std::size_t>(r)] = parameters_of(c);
+    CHECK(c.optimizer().steps() == 2);
+  });
+  CHECK(same_bits(at_save[0], loaded[0]));
+  CHECK(ck::read_latest(root.path) == std::optional<std::string>("step-00000004"));
+}
+
+TEST_CASE("keep_last removes older checkpoints only once the new one is complete") {
+  scratch_dir root("keep");
+  local::launch(2, [&](communicator& comm) {
+    sharded_model m(comm, request(zero_test::test_parameters(), 1, 16, 1), model_options(sgd_momentum()));
+    initialise(m);
+    ck::checkpointer ckpt(root.path, {.keep_last = 2});
+    for (int k = 0; k < 4; ++k) {
+      train(m, comm.rank(), k, k + 1);
+      ckpt.save(m);
+    }
+  });
+  CHECK(!fs::exists(root.path / "step-00000001"));
+  CHECK(!fs::exists(root.path / "step-00000002"));
+  CHECK(fs::exists(root.path / "step-00000003" / "index.json"));
+  CHECK(fs::exists(root.path / "step-00000004" / "index.json"));
+  CHECK(ck::read_latest(root.path) == std::optional<std::string>("step-00000004"));
+  CHECK(ck::complete_checkpoints(root.path) == std::vector<std::string>{"step-00000003", "step-00000004"});
+}
+
+TEST_CASE("reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at stages 0-3: every tensor bitwise equal") {
+  scratch_dir root("reshard");
+  std::vector<std::vector<float>> saved_params;
+  local::launch(4, [&](communicator& comm) {
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    initialise(m);
+    train(m, comm.rank(), 0, 3);
+    auto p = parameters_of(m);
+    if (comm.rank() == 0) saved_params = p;
+    ck::checkpointer(root.path).save(m, {}, "saved");
+  });
+  const auto saved = full_tensors(root.path / "saved");
+  for (int world : {3, 2, 1})
+    for (int stage = 0; stage <= 3; ++stage)
+      for (std::uint64_t alignment : {std::uint64_t{16}, std::uint64_t{4}}) {
+        CAPTURE(world);
+        CAPTURE(stage);
+        CAPTURE(alignment);
+        scratch_dir again("reshard-again");
+        std::vector<std::vector<float>> params;
+        local::launch(world, [&](communicator& comm) {
+          sharded_model m(comm, request(zero_test::test_parameters(), stage, alignment), model_options(adamw()));
+          ck::load(m, root.path / "saved");
+          CHECK(m.optimizer().steps() == 3);
+          auto p = parameters_of(m);
+          if (comm.rank() == 0) params = p;
+          ck::checkpointer(again.path).save(m, {}, "resaved");
+          train(m, comm.rank(), 3, 4);  // the next step runs
+        });
+        CHECK(same_bits(params, saved_params));
+        const auto resaved = full_tensors(again.path / "resaved");
+        CHECK(resaved.size() == saved.size());
+        for (const auto& [key, bytes] : saved) {
+          CAPTURE(key);
+          REQUIRE(resaved.contains(key));
+          CHECK(resaved.at(key) == bytes);
+        }
+      }
+}
+
+TEST_CASE("reshard across replica groups: hybrid sharding (2 groups of 2) saved, loaded on 3 ranks at stage 2") {
+  scratch_dir root("hybrid");
+  std::vector<std::vector<float>> before, after;
+  local::world shard0(2), shard1(2), replica0(2), replica1(2);
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> failures(4);
+  for (int r = 0; r < 4; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        local::communicator shard_comm(r / 2 == 0 ? shard0 : shard1, r % 2);
+        local::communicator replica_comm(r % 2 == 0 ? replica0 : replica1, r / 2);
+        sharded_model m(shard_comm, request(zero_test::test_parameters(), 3), model_options(adamw()), &replica_comm);
+        initialise(m);
+        train(m, r / 2, 0, 2);  // the gradients of a shard group's ranks: its replica group's number
+        auto p = parameters_of(m);
+        if (r == 0) before = p;
+        ck::checkpointer(root.path).save(m, {}, "hybrid");
+      } catch (...) {
+        failures[static_cast<std::size_t>(r)] = std::current_exception();
+        for (auto* w : {&shard0, &shard1, &replica0, &replica1}) w->abort("rank failed");
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& f : failures)
+    if (f) std::rethrow_exception(f);
+  const auto index = ck::read_index(root.path / "hybrid");
+  CHECK(index.replica_group_size == 2);
+  CHECK(index.world_size == 4);
+  local::launch(3, [&](communicator& comm) {
+    sharded_model m(comm, request(zero_test::test_parameters(), 2), model_options(adamw()));
+    ck::load(m, root.path / "hybrid");
+    auto p = parameters_of(m);
+    if (comm.rank() == 0) after = p;
+  });
+  CHECK(same_bits(before, after));
+}
+
+namespace {
+std::vector<parameter_spec> c16_parameters() {
+  using zero_test::make_spec;
+  return {make_spec("a", {3}, ""), make_spec("b", {1}, ""), make_spec("c", {7}, ""), make_spec("d", {0}, ""), make_spec("e", {2}, "")};
+}
+void train_c16(sharded_model& m, int rank, int first, int last) {
+  for (int step = first; step < last; ++step) {
+    for (std::size_t p = 0; p < m.parameter_count(); ++p) {
+      auto w = m.parameter<float>(p);
+      auto g = m.gradient<float>(p);
+      for (std::size_t j = 0; j < g.size(); ++j) g[j] += zero_test::gradient_term(rank, 0, step, p, j, 0, w[j], 0, false);
+    }
+    m.end_backward();
+    m.step();
+  }
+}
+}  // namespace
+
+TEST_CASE("C16: stage 3, parameters of 3, 1, 7, 0, 2 elements, AdamW after 2 steps, saved on 2 ranks, loaded on 8") {
+  scratch_dir root("c16");
+  local::launch(2, [&](communicator& comm) {
+    plan_request q = request(c16_parameters(), 3);
+    q.unit_bytes = 1 << 20;  // one unit: every parameter gathered together
+    sharded_model m(comm, q, model_options(adamw()));
+    for (std::size_t p = 0; p < m.parameter_count(); ++p) {
+      std::vector<float> v(m.plan().placements()[p].numel);
+      for (std::size_t j = 0; j < v.size(); ++j) v[j] = zero_test::initial_value(p, j);
+      m.set_parameter(p, v);
+    }
+    m.pre_forward(0);
+    m.post_forward(0);
+    m.pre_backward(0);
+    train_c16(m, comm.rank(), 0, 1);
+    m.pre_forward(0);
+    m.post_forward(0);
+    m.pre_backward(0);
+    train_c16(m, comm.rank(), 1, 2);
+    ck::checkpointer(root.path).save(m, {}, "c16");
+  });
+  const auto saved = full_tensors(root.path / "c16");
+  CHECK(saved.size() == 5 * 3);  // 5 parameters and 2 Adam moments of each (empty ones of "d")
+  scratch_dir again("c16-again");
+  std::vector<int> empty_ranks(8, 0);
+  local::launch(8, [&](communicator& comm) {
+    plan_request q = request(c16_parameters(), 3);
+    q.unit_bytes = 1 << 20;
+    sharded_model m(comm, q, model_options(adamw()));
+    ck::load(m, root.path / "c16");
+    CHECK(m.optimizer().steps() == 2);
+    std::uint64_t owned = 0;
+    for (const auto& f : m.plan().fragments(comm.rank())) owned += f.count;
+    empty_ranks[static_cast<std::size_t>(comm.rank())] = owned == 0 ? 1 : 0;
+    ck::checkpointer(again.path).save(m, {}, "c16");
+    m.pre_forward(0);
+    m.post_forward(0);
+    m.pre_backward(0);
+    train_c16(m, comm.rank() % 2, 2, 3);  // the next step runs on all 8 ranks
+    CHECK(m.optimizer().steps() == 3);
+  });
+  CHECK(std::count(empty_ranks.begin(), empty_ranks.end(), 1) > 0);  // some ranks own nothing
+  const auto resaved = full_tensors(again.path / "c16");
+  CHECK(resaved == saved);
+  CHECK(ck::read_index(again.path / "c16").progress.optimizer_steps == 2);
+}
+
+TEST_CASE("C17: a [7, 5] parameter saved at stage 3 on 3 ranks records its shape and ranges; 2 ranks restore the 35 values") {
+  scratch_dir root("c17");
+  std::vector<float> values(35);
+  for (std::size_t j = 0; j < 35; ++j) values[j] = static_cast<float>(j) * 0.25f - 3.0f;
+  local::launch(3, [&](communicator& comm) {
+    sharded_model m(comm, request({zero_test::make_spec("w", {7, 5}, "")}, 3), model_options(adamw()));
+    m.set_parameter(0, values);
+    ck::checkpointer(root.path).save(m, {}, "c17");
+  });
+  const auto index = ck::read_index(root.path / "c17");
+  const auto* w = index.find("w", ck::tensor_role::parameter);
+  REQUIRE(w != nullptr);
+  CHECK(w->shape == std::vector<std::uint64_t>{7, 5});
+  REQUIRE(w->fragments.size() == 3);
+  std::uint64_t at = 0;
+  for (const auto& f : w->fragments) {
+    CHECK(f.begin == at);
+    at = f.end;
+  }
+  CHECK(at == 35);
+  local::launch(2, [&](communicator& comm) {
+    sharded_model m(comm, request({zero_test::make_spec("w", {7, 5}, "")}, 3), model_options(adamw()));
+    ck::load(m, root.path / "c17");
+    std::vector<float> out(35);
+    m.read_parameter(0, out);
+    CHECK(out == values);
+  });
+}
+
+TEST_CASE("C18: an embedding [11, 4] tied to the output layer, saved at stage 2 on 3 ranks: both names load with identical values") {
+  using zero_test::make_spec;
+  scratch_dir root("c18");
+  std::vector<float> embedding;
+  local::launch(3, [&](communicator& comm) {
+    sharded_model m(comm, request({make_spec("embed", {11, 4}, "in", true, "tok"), make_spec("mid", {4, 4}, "mid"),
+                                   make_spec("out", {11, 4}, "out", true, "tok")},
+                                  2),
+                    model_options(adamw()));
+    initialise(m);
+    for (int s = 0; s < 2; ++s) {
+      for (std::size_t u = 3; u-- > 0;) {
+        for (std::size_t p : m.plan().units()[u].members) {
+          auto g = m.gradient<float>(p);
+          auto w = m.parameter<float>(p);
+          for (std::size_t j = 0; j < g.size(); ++j) g[j] += zero_test::gradient_term(comm.rank(), 0, s, p, j, 0, w[j], 0, false);
+        }
+        m.post_backward(u);
+      }
+      m.step();
+    }
+    std::vector<float> e(44);
+    m.read_parameter(0, e);
+    if (comm.rank() == 0) embedding = e;
+    ck::checkpointer(root.path).save(m, {}, "c18");
+  });
+  // Loaded into the same model on 2 ranks, and into a model where the two are separate parameters.
+  for (bool tied : {true, false})
+    local::launch(2, [&](communicator& comm) {
+      sharded_model m(comm, request({make_spec("embed", {11, 4}, "in", true, tied ? "tok" : ""), make_spec("mid", {4, 4}, "mid"),
+                                     make_spec("out", {11, 4}, "out", true, tied ? "tok" : "")},
+                                    3),
+                      model_options(adamw()));
+      ck::load(m, root.path / "c18");
+      std::vector<float> a(44), b(44);
+      m.read_parameter(0, a);
+      m.read_parameter(2, b);
+      CHECK(a == embedding);
+      CHECK(b == embedding);
+    });
+}
+
+TEST_CASE("C19: a frozen [6, 3] layer next to trainable ones, saved at stages 1, 2 and 3, restored whole") {
+  using zero_test::make_spec;
+  for (int stage = 1; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    scratch_dir root("c19");
+    std::vector<float> frozen(18);
+    for (std::size_t j = 0; j < 18; ++j) frozen[j] = 1.5f - static_cast<float>(j) / 8.0f;
+    auto params = [] { return std::vector<parameter_spec>{make_spec("w1", {4, 6}, "a"), make_spec("frozen", {6, 3}, "a", false), make_spec("w2", {3}, "b")}; };
+    local::launch(3, [&](communicator& comm) {
+      sharded_model m(comm, request(params(), stage, 16, 1), model_options(sgd_momentum()));
+      initialise(m);
+      m.set_parameter(1, frozen);
+      ck::checkpointer(root.path).save(m, {}, "c19");
+    });
+    const auto index = ck::read_index(root.path / "c19");
+    const auto* f = index.find("frozen", ck::tensor_role::parameter);
+    REQUIRE(f != nullptr);
+    CHECK(f->shape == std::vector<std::uint64_t>{6, 3});
+    CHECK(!f->trainable);
+    CHECK(!f->fragments.empty());
+    CHECK(index.find("frozen", ck::tensor_role::optimizer_state, 0) == nullptr);
+    for (int world : {1, 2})
+      local::launch(world, [&](communicator& comm) {
+        sharded_model m(comm, request(params(), stage, 16, 1), model_options(sgd_momentum()));
+        ck::load(m, root.path / "c19");
+        std::vector<float> out(18);
+        m.read_parameter(1, out);
+        CHECK(out == frozen);
+      });
+  }
+}
+
+TEST_CASE("C20: AdamW saved after step 10, resumed: step 11's loss equals the uninterrupted run's bit for bit, bias correction at 11") {
+  auto loss = [](const std::vector<std::vector<float>>& params) {
+    double s = 0;  // a loss of the parameters, summed in a fixed order
+    for (const auto& p : params)
+      for (float x : p) s += 0.5 * static_cast<double>(x) * x;
+    return s;
+  };
+  scratch_dir root("c20");
+  double straight = 0, resumed = 0, restarted_at_one = 0;
+  std::uint64_t steps_after_load = 0, steps_after = 0;
+  local::launch(2, [&](communicator& comm) {
+    const int r = comm.rank();
+    {
+      sharded_model a(comm, request(zero_test::test_parameters(), 2), model_options(adamw()));
+      initialise(a);
+      train(a, r, 0, 11);
+      const double l = loss(parameters_of(a));
+      if (r == 0) straight = l;
+    }
+    {
+      sharded_model b(comm, request(zero_test::test_parameters(), 2), model_options(adamw()));
+      initialise(b);
+      train(b, r, 0, 10);
+      ck::checkpointer(root.path).save(b);
+    }
+    for (bool reset : {false, true}) {
+      sharded_model c(comm, request(zero_test::test_parameters(), 2), model_options(adamw()));
+      ck::load(c, root.path);
+      if (r == 0 && !reset) steps_after_load = c.optimizer().steps();
+      if (reset) c.restorable_optimizer().set_steps(0);  // what a resume that lost the step count would do
+      train(c, r, 10, 11);
+      const double l = loss(parameters_of(c));
+      if (r == 0) (reset ? restarted_at_one : resumed) = l;
+      if (r == 0 && !reset) steps_after = c.optimizer().steps();
+    }
+  });
+  CHECK(steps_after_load == 10);
+  CHECK(steps_after == 11);
+  CHECK(std::memcmp(&straight, &resumed, sizeof(double)) == 0);
+  CHECK(restarted_at_one != straight);  // bias correction of step 1 gives another update
+}
+
+TEST_CASE("load_pretrained: a full-model safetensors file initialises a sharded model at any world size and stage") {
+  using zero_test::make_spec;
+  scratch_dir root("pretrained");
+  // A file as another tool writes it: float32 "a" [5, 3], bfloat16 "b" [4] (converted), "tied" once.
+  std::vector<float> a(15), t(6);
+  for (std::size_t j = 0; j < a.size(); ++j) a[j] = static_cast<float>(j) / 3.0f;
+  for (std::size_t j = 0; j < t.size(); ++j) t[j] = -static_cast<float>(j);
+  std::vector<bfloat16> b = {bfloat16(1.5f), bfloat16(-2.0f), bfloat16(0.25f), bfloat16(3.0f)};
+  const std::string header = ck::encode_safetensors_header(
+      {{"a", dtype::float32, {5, 3}, 60}, {"b", dtype::bfloat16, {4}, 8}, {"emb", dtype::float32, {2, 3}, 24}}, {{"format", "pt"}});
+  std::string file = header;
+  file.append(reinterpret_cast<const char*>(a.data()), 60);
+  file.append(reinterpret_cast<const char*>(b.data()), 8);
+  file.append(reinterpret_cast<const char*>(t.data()), 24);
+  write_text(root.path / "model.safetensors", file);
+  for (int world : {1, 3})
+    for (int stage : {0, 3})
+      local::launch(world, [&](communicator& comm) {
+        sharded_model m(comm, request({make_spec("a", {5, 3}, "u"), make_spec("b", {4}, "u"), make_spec("emb", {2, 3}, "u", true, "tie"),
+                                       make_spec("head", {2, 3}, "v", true, "tie")},
+                                      stage),
+                        model_options(adamw()));
+        ck::load_pretrained(m, root.path / "model.safetensors");
+        std::vector<float> ra(15), rb(4), rh(6);
+        m.read_parameter(0, ra);
+        m.read_parameter(1, rb);
+        m.read_parameter(3, rh);
+        CHECK(ra == a);
+        CHECK(rb == std::vector<float>{1.5f, -2.0f, 0.25f, 3.0f});
+        CHECK(rh == t);
+      });
+}
+
+namespace {
+/// The C16-style loop for bfloat16 parameters and gradients (float32 master weights): one unit,
+/// gathered around each step's forward and backward.
+void train_bf16(sharded_model& m, int rank, int first, int last) {
+  for (int step = first; step < last; ++step) {
+    m.pre_forward(0);
+    m.post_forward(0);
+    m.pre_backward(0);
+    for (std::size_t p = 0; p < m.parameter_count(); ++p) {
+      auto w = m.parameter<bfloat16>(p);
+      auto g = m.gradient<bfloat16>(p);
+      for (std::size_t j = 0; j < g.size(); ++j)
+        g[j] = bfloat16(static_cast<float>(g[j]) +
+                        zero_test::gradient_term(rank, 0, step, p, j, 0, static_cast<float>(w[j]), 0, false));
+    }
+    m.post_backward(0);
+    m.step();
+  }
+}
+plan_request bf16_request(int stage) {
+  using zero_test::make_spec;
+  plan_request q = request({make_spec("a", {9, 7}, "u"), make_spec("b", {5}, "u"), make_spec("c", {33}, "u")}, stage);
+  q.precision = precision::bfloat16_adam();
+  return q;
+}
+}  // namespace
+
+TEST_CASE("bfloat16 parameters with float32 master weights: master weights saved, resume exact at stages 0-3, reshard 2 -> 3") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    scratch_dir root("bf16");
+    std::vector<std::vector<float>> straight, resumed, resharded;
+    local::launch(2, [&](communicator& comm) {
+      const int r = comm.rank();
+      {
+        sharded_model a(comm, bf16_request(stage), model_options(adamw()));
+        initialise(a);
+        train_bf16(a, r, 0, 4);
+        auto p = parameters_of(a);
+        if (r == 0) straight = p;
+      }
+      {
+        sharded_model b(comm, bf16_request(stage), model_options(adamw()));
+        initialise(b);
+        train_bf16(b, r, 0, 2);
+        ck::checkpointer(root.path).save(b);
+      }
+      sharded_model c(comm, bf16_request(stage), model_options(adamw()));
+      ck::load(c, root.path);
+      train_bf16(c, r, 2, 4);
+      auto p = parameters_of(c);
+      if (r == 0) resumed = p;
+    });
+    CHECK(same_bits(straight, resumed));
+    const auto index = ck::read_index(ck::resolve_checkpoint(root.path));
+    const auto* master = index.find("a", ck::tensor_role::master);
+    REQUIRE(master != nullptr);
+    CHECK(master->type == dtype::float32);
+    CHECK(index.find("a", ck::tensor_role::parameter)->type == dtype::bfloat16);
+    // The master weights carry more than the bfloat16 parameters: a reshard keeps them bitwise.
+    scratch_dir again("bf16-again");
+    local::launch(3, [&](communicator& comm) {
+      sharded_model m(comm, bf16_request(3), model_options(adamw()));
+      ck::load(m, root.path);
+      ck::checkpointer(again.path).save(m, {}, "again");
+    });
+    CHECK(full_tensors(again.path / "again") == full_tensors(root.path));
+  }
+}
