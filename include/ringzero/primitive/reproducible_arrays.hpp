@@ -160,22 +160,36 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
     const double x = static_cast<double>(std::bit_cast<float>(std::bit_cast<std::uint32_t>(b[i]) & keep));
     scaled[i] = static_cast<std::int64_t>(x * std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
   }
+  alignas(64) std::int64_t digit[3][reproducible_block];
+  std::uint32_t rises = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::int64_t s = scaled[i];
+    const std::int64_t m = s < 0 ? -s : s, negative = s < 0 ? -1 : 0;  // x ^ -1 - -1 == -x
+    digit[0][i] = ((m >> 24) ^ negative) - negative;
+    digit[1][i] = (((m >> 12) & 0xFFF) ^ negative) - negative;
+    digit[2][i] = ((m & 0xFFF) ^ negative) - negative;
+    rises |= new_top[i] ^ tops[i];
+  }
+  if (rises == 0) {  // the common case: no top moves (nor is any non-finite: a non-finite value raises it)
+    for (std::uint64_t i = 0; i < n; ++i) {
+      limbs[3 * i] += digit[0][i];
+      limbs[3 * i + 1] += digit[1][i];
+      limbs[3 * i + 2] += digit[2][i];
+      slow[i] = tops[i] == reproducible_nonfinite_bin ? 1 : 0;
+    }
+    return;
+  }
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t old = tops[i], top = new_top[i];
     const bool nonfinite = top == reproducible_nonfinite_bin;
     const std::uint32_t d = top - old;
-    const std::int64_t s = scaled[i];
-    const std::uint64_t m = static_cast<std::uint64_t>(s < 0 ? -s : s);
-    const std::int64_t sign = s < 0 ? -1 : 1;
-    const std::int64_t d0 = sign * static_cast<std::int64_t>(m >> 24), d1 = sign * static_cast<std::int64_t>((m >> 12) & 0xFFF),
-                       d2 = sign * static_cast<std::int64_t>(m & 0xFFF);
     const std::int64_t l0 = limbs[3 * i], l1 = limbs[3 * i + 1], l2 = limbs[3 * i + 2];
     const std::int64_t n0 = d == 0 ? l0 : 0;
     const std::int64_t n1 = d == 0 ? l1 : d == 1 ? l0 : 0;
     const std::int64_t n2 = d == 0 ? l2 : d == 1 ? l1 : d == 2 ? l0 : 0;
-    limbs[3 * i] = nonfinite ? l0 : n0 + d0;
-    limbs[3 * i + 1] = nonfinite ? l1 : n1 + d1;
-    limbs[3 * i + 2] = nonfinite ? l2 : n2 + d2;
+    limbs[3 * i] = nonfinite ? l0 : n0 + digit[0][i];
+    limbs[3 * i + 1] = nonfinite ? l1 : n1 + digit[1][i];
+    limbs[3 * i + 2] = nonfinite ? l2 : n2 + digit[2][i];
     tops[i] = static_cast<std::uint8_t>(nonfinite ? old : top);
     slow[i] = nonfinite ? 1 : 0;
   }
