@@ -132,12 +132,13 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
 }
 
 /// One float32 contribution b[i] deposited into a binned accumulator element (K = 3; local top
-/// tops[i], limbs limbs[3i..3i+2]), bit for bit primitive::accumulate, n <= reproducible_block.
-/// The bin comes as in fold_tops_f32_body; a rising top shifts the limbs by d = new - old bins
-/// (selections, d >= 3 clears them); the digits are those of trunc(|x| / 2^unit), computed like
-/// add_words_f32_body's word (exact, < 2^36 because the value's bin is at most the new top).
-/// Elements whose new top is the non-finite bin are left alone with slow[i] = 1 (the caller
-/// runs the element function); their values are masked to zero before any floating-point step.
+/// tops[i], limbs limbs[3i..3i+2]), bit for bit primitive::accumulate, n <= reproducible_block,
+/// where the element's top stays or the element is empty (top 0: its limbs are 0, so no shift
+/// is needed). The bin comes as in fold_tops_f32_body; the digits are those of
+/// trunc(|x| / 2^unit), computed like add_words_f32_body's word (exact, < 2^36 as the value's
+/// bin is at most the top). Elements whose top rises from a non-zero bin or becomes the
+/// non-finite bin are left alone with slow[i] = 1 (the caller runs the element function);
+/// their values are masked to zero before any floating-point step when non-finite.
 [[gnu::always_inline]] inline void accumulate_f32_body(std::uint8_t* tops, std::int64_t* limbs, std::uint8_t* slow,
                                                        const float* b, std::uint64_t n) noexcept {
   alignas(64) std::uint32_t fraction_exponent[reproducible_block];
@@ -161,37 +162,21 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
     scaled[i] = static_cast<std::int64_t>(x * std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
   }
   alignas(64) std::int64_t digit[3][reproducible_block];
-  std::uint32_t rises = 0;
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::int64_t s = scaled[i];
-    const std::int64_t m = s < 0 ? -s : s, negative = s < 0 ? -1 : 0;  // x ^ -1 - -1 == -x
+    const std::int64_t m = s < 0 ? -s : s, negative = s < 0 ? -1 : 0;  // (x ^ -1) - -1 == -x
     digit[0][i] = ((m >> 24) ^ negative) - negative;
     digit[1][i] = (((m >> 12) & 0xFFF) ^ negative) - negative;
     digit[2][i] = ((m & 0xFFF) ^ negative) - negative;
-    rises |= new_top[i] ^ tops[i];
-  }
-  if (rises == 0) {  // the common case: no top moves (nor is any non-finite: a non-finite value raises it)
-    for (std::uint64_t i = 0; i < n; ++i) {
-      limbs[3 * i] += digit[0][i];
-      limbs[3 * i + 1] += digit[1][i];
-      limbs[3 * i + 2] += digit[2][i];
-      slow[i] = tops[i] == reproducible_nonfinite_bin ? 1 : 0;
-    }
-    return;
   }
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t old = tops[i], top = new_top[i];
-    const bool nonfinite = top == reproducible_nonfinite_bin;
-    const std::uint32_t d = top - old;
-    const std::int64_t l0 = limbs[3 * i], l1 = limbs[3 * i + 1], l2 = limbs[3 * i + 2];
-    const std::int64_t n0 = d == 0 ? l0 : 0;
-    const std::int64_t n1 = d == 0 ? l1 : d == 1 ? l0 : 0;
-    const std::int64_t n2 = d == 0 ? l2 : d == 1 ? l1 : d == 2 ? l0 : 0;
-    limbs[3 * i] = nonfinite ? l0 : n0 + digit[0][i];
-    limbs[3 * i + 1] = nonfinite ? l1 : n1 + digit[1][i];
-    limbs[3 * i + 2] = nonfinite ? l2 : n2 + digit[2][i];
-    tops[i] = static_cast<std::uint8_t>(nonfinite ? old : top);
-    slow[i] = nonfinite ? 1 : 0;
+    const bool fast = (top == old || old == 0) && top != reproducible_nonfinite_bin;
+    limbs[3 * i] += fast ? digit[0][i] : 0;
+    limbs[3 * i + 1] += fast ? digit[1][i] : 0;
+    limbs[3 * i + 2] += fast ? digit[2][i] : 0;
+    tops[i] = static_cast<std::uint8_t>(fast ? top : old);
+    slow[i] = fast ? 0 : 1;
   }
 }
 
