@@ -163,20 +163,20 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
   }
   alignas(64) std::int64_t digit[3][reproducible_block];
   for (std::uint64_t i = 0; i < n; ++i) {
-    const std::int64_t s = scaled[i];
+    const std::uint32_t old = tops[i], top = new_top[i];
+    const bool fast = (top == old || old == 0) && top != reproducible_nonfinite_bin;
+    const std::int64_t s = fast ? scaled[i] : 0;  // slow elements: all digits 0
     const std::int64_t m = s < 0 ? -s : s, negative = s < 0 ? -1 : 0;  // (x ^ -1) - -1 == -x
     digit[0][i] = ((m >> 24) ^ negative) - negative;
     digit[1][i] = (((m >> 12) & 0xFFF) ^ negative) - negative;
     digit[2][i] = ((m & 0xFFF) ^ negative) - negative;
-  }
-  for (std::uint64_t i = 0; i < n; ++i) {
-    const std::uint32_t old = tops[i], top = new_top[i];
-    const bool fast = (top == old || old == 0) && top != reproducible_nonfinite_bin;
-    limbs[3 * i] += fast ? digit[0][i] : 0;
-    limbs[3 * i + 1] += fast ? digit[1][i] : 0;
-    limbs[3 * i + 2] += fast ? digit[2][i] : 0;
     tops[i] = static_cast<std::uint8_t>(fast ? top : old);
     slow[i] = fast ? 0 : 1;
+  }
+  for (std::uint64_t i = 0; i < n; ++i) {
+    limbs[3 * i] += digit[0][i];
+    limbs[3 * i + 1] += digit[1][i];
+    limbs[3 * i + 2] += digit[2][i];
   }
 }
 
