@@ -35,7 +35,7 @@ struct reproducible_source {
   }
   /// words[i*w..] += the words of element first + i at global top bin tops[i], i < len.
   void add_words(std::int64_t* words, const std::uint8_t* tops, std::uint64_t first, std::uint64_t len) const {
-    if (d->binned != nullptr) return d->binned->add_words(words, tops, first, len);
+    if (d->binned != nullptr) return primitive::add_accumulator_words(*d->binned, words, tops, first, len);
     primitive::add_truncated_words(words, values(first, len), tops, len, d->type);
   }
   /// Contributions deposited by this rank.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ringzero/collective/dispatch.hpp"
+#include "ringzero/primitive/reproducible_arrays.hpp"
 #include "ringzero/primitive/reproducible_sum.hpp"
 
 namespace ringzero {
@@ -43,10 +44,7 @@ class reproducible_accumulator {
     if (values == nullptr && count_ > 0) throw error(errc::invalid_argument, "reproducible_accumulator::add: values is null");
     if (contributions_ >= primitive::reproducible_max_contributions)
       throw error(errc::invalid_argument, "reproducible_accumulator::add: more than 2^26 contributions");
-    const primitive::float_format f = primitive::format_of(type_);
-    for (std::uint64_t i = 0; i < count_; ++i)
-      primitive::accumulate(tops_[static_cast<std::size_t>(i)], limbs_.data() + i * static_cast<std::uint64_t>(kept_), kept_,
-                            primitive::decode_bits(primitive::load_bits(values, i, type_), f));
+    primitive::accumulate_array(tops_.data(), limbs_.data(), values, count_, type_);
     ++contributions_;
   }
 

@@ -131,6 +131,70 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
   }
 }
 
+/// One float32 contribution b[i] deposited into a binned accumulator element (K = 3; local top
+/// tops[i], limbs limbs[3i..3i+2]), bit for bit primitive::accumulate, n <= reproducible_block,
+/// where the element's top stays or the element is empty (top 0: its limbs are 0, so no shift
+/// is needed). The bin comes as in fold_tops_f32_body; the digits are those of
+/// trunc(|x| / 2^unit), computed like add_words_f32_body's word (exact, < 2^36 as the value's
+/// bin is at most the top). Elements whose top rises from a non-zero bin or becomes the
+/// non-finite bin are left alone with slow[i] = 1 (the caller runs the element function);
+/// their values are masked to zero before any floating-point step when non-finite.
+[[gnu::always_inline]] inline void accumulate_f32_body(std::uint8_t* tops, std::int64_t* limbs, std::uint8_t* slow,
+                                                       const float* b, std::uint64_t n) noexcept {
+  alignas(64) std::uint32_t fraction_exponent[reproducible_block];
+  alignas(64) std::uint32_t new_top[reproducible_block];
+  alignas(64) std::int64_t scaled[reproducible_block];
+  for (std::uint64_t i = 0; i < n; ++i)
+    fraction_exponent[i] = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(b[i]) & 0x7FFFFF))) >> 23;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(b[i]), e = (bits >> 23) & 0xFF;
+    const std::uint32_t position = e != 0 ? e + 953 : fraction_exponent[i] + 804;
+    std::uint32_t bin = (position * 43691u) >> 19;
+    bin = e == 255 ? reproducible_nonfinite_bin : bin;
+    bin = (bits << 1) == 0 ? 0 : bin;
+    new_top[i] = std::max(static_cast<std::uint32_t>(tops[i]), bin);
+  }
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t top = new_top[i];
+    const std::uint32_t keep = 0u - static_cast<std::uint32_t>(top != reproducible_nonfinite_bin);
+    const std::int32_t field = std::clamp(2127 - 12 * static_cast<std::int32_t>(top), 1, 2046);
+    const double x = static_cast<double>(std::bit_cast<float>(std::bit_cast<std::uint32_t>(b[i]) & keep));
+    scaled[i] = static_cast<std::int64_t>(x * std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
+  }
+  alignas(64) std::int64_t digit[3][reproducible_block];
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t old = tops[i], top = new_top[i];
+    const bool fast = (top == old || old == 0) && top != reproducible_nonfinite_bin;
+    const std::int64_t s = fast ? scaled[i] : 0;  // slow elements: all digits 0
+    const std::int64_t m = s < 0 ? -s : s, negative = s < 0 ? -1 : 0;  // (x ^ -1) - -1 == -x
+    digit[0][i] = ((m >> 24) ^ negative) - negative;
+    digit[1][i] = (((m >> 12) & 0xFFF) ^ negative) - negative;
+    digit[2][i] = ((m & 0xFFF) ^ negative) - negative;
+    tops[i] = static_cast<std::uint8_t>(fast ? top : old);
+    slow[i] = fast ? 0 : 1;
+  }
+  for (std::uint64_t i = 0; i < n; ++i) {
+    limbs[3 * i] += digit[0][i];
+    limbs[3 * i + 1] += digit[1][i];
+    limbs[3 * i + 2] += digit[2][i];
+  }
+}
+
+/// words[i] += the word of accumulator element i (local top local[i], limbs limbs[3i..]) at
+/// global top bin tops[i] >= local[i] (K = 3), bit for bit primitive::add_limb_words.
+[[gnu::always_inline]] inline void add_limb_words3_body(std::int64_t* words, const std::uint8_t* local, const std::int64_t* limbs,
+                                                        const std::uint8_t* tops, std::uint64_t n) noexcept {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t top = tops[i], mine = local[i], d = top - mine;
+    const std::int64_t l0 = limbs[3 * i], l1 = limbs[3 * i + 1], l2 = limbs[3 * i + 2];
+    const std::int64_t finite = d == 0 ? l0 * (std::int64_t{1} << 24) + l1 * (std::int64_t{1} << 12) + l2
+                                : d == 1 ? l0 * (std::int64_t{1} << 12) + l1
+                                : d == 2 ? l0 : 0;
+    const std::int64_t nonfinite = mine == reproducible_nonfinite_bin ? l0 : 0;
+    words[i] += top == reproducible_nonfinite_bin ? nonfinite : finite;
+  }
+}
+
 // ---- float64 ---------------------------------------------------------------------------------
 
 /// tops[i] = max(tops[i], top bin of float64 bits b[i]) (x / 12 as for float32, x < 2^17);
@@ -197,6 +261,14 @@ RINGZERO_AVX512_TARGET inline void add_words_f64_avx512(std::int64_t* w, std::ui
                                                         const std::uint8_t* t, std::uint64_t n) noexcept {
   add_words_f64_body(w, s, b, t, n);
 }
+RINGZERO_AVX512_TARGET inline void accumulate_f32_avx512(std::uint8_t* t, std::int64_t* l, std::uint8_t* s, const float* b,
+                                                         std::uint64_t n) noexcept {
+  accumulate_f32_body(t, l, s, b, n);
+}
+RINGZERO_AVX512_TARGET inline void add_limb_words3_avx512(std::int64_t* w, const std::uint8_t* m, const std::int64_t* l,
+                                                          const std::uint8_t* t, std::uint64_t n) noexcept {
+  add_limb_words3_body(w, m, l, t, n);
+}
 #undef RINGZERO_AVX512_TARGET
 #endif
 
@@ -230,6 +302,20 @@ inline void add_words_f64(std::int64_t* w, std::uint8_t* s, const std::uint64_t*
   if (reproducible_avx512()) return add_words_f64_avx512(w, s, b, t, n);
 #endif
   add_words_f64_body(w, s, b, t, n);
+}
+
+inline void accumulate_f32(std::uint8_t* t, std::int64_t* l, std::uint8_t* s, const float* b, std::uint64_t n) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return accumulate_f32_avx512(t, l, s, b, n);
+#endif
+  accumulate_f32_body(t, l, s, b, n);
+}
+inline void add_limb_words3(std::int64_t* w, const std::uint8_t* m, const std::int64_t* l, const std::uint8_t* t,
+                            std::uint64_t n) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return add_limb_words3_avx512(w, m, l, t, n);
+#endif
+  add_limb_words3_body(w, m, l, t, n);
 }
 
 }  // namespace detail
@@ -303,6 +389,40 @@ inline void convert_to(void* out, const std::int64_t* words, const std::uint8_t*
         if (slow[i] != 0)
           result[first + i] = std::bit_cast<float>(static_cast<std::uint32_t>(convert_words(words + first + i, tops[first + i], divisor, kept, f)));
   }
+}
+
+/// Deposits one contribution `values` (`count` elements of floating dtype `t`) into a binned
+/// accumulator: tops[i] and limbs[i*K .. i*K+K) (K = reproducible_kept_bins(t)) as
+/// primitive::accumulate per element, bit for bit. 16/32-bit dtypes take the float32 loop,
+/// float64 and elements whose top becomes the non-finite bin the element function.
+inline void accumulate_array(std::uint8_t* tops, std::int64_t* limbs, const void* values, std::uint64_t count, dtype t) noexcept {
+  const float_format f = format_of(t);
+  if (t == dtype::float64) {
+    for (std::uint64_t i = 0; i < count; ++i) accumulate(tops[i], limbs + 6 * i, 6, decode_bits(load_bits(values, i, t), f));
+    return;
+  }
+  const auto* bytes = static_cast<const unsigned char*>(values);
+  const std::size_t es = dtype_size(t);
+  alignas(64) float staged[detail::reproducible_block];
+  alignas(64) std::uint8_t slow[detail::reproducible_block];
+  for (std::uint64_t first = 0; first < count; first += detail::reproducible_block) {
+    const std::uint64_t n = std::min(detail::reproducible_block, count - first);
+    const void* block = bytes + first * es;
+    detail::accumulate_f32(tops + first, limbs + 3 * first, slow, detail::as_float32(staged, block, n, t), n);
+    std::uint8_t any = 0;
+    for (std::uint64_t i = 0; i < n; ++i) any |= slow[i];
+    if (any != 0)
+      for (std::uint64_t i = 0; i < n; ++i)
+        if (slow[i] != 0) accumulate(tops[first + i], limbs + 3 * (first + i), 3, decode_bits(load_bits(block, i, t), f));
+  }
+}
+
+/// words[i*w ..] += accumulator element first+i's words at global top bin global_tops[i]
+/// (binned_view::add_words, bit for bit; K = 3 takes a branch-free loop).
+inline void add_accumulator_words(const binned_view& view, std::int64_t* words, const std::uint8_t* global_tops,
+                                  std::uint64_t first, std::uint64_t len) noexcept {
+  if (reproducible_kept_bins(view.type) != 3) return view.add_words(words, global_tops, first, len);
+  detail::add_limb_words3(words, view.tops + first, view.limbs + 3 * first, global_tops, len);
 }
 
 }  // namespace ringzero::primitive

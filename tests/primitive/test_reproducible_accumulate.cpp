@@ -1,0 +1,125 @@
+// The binned accumulator's array paths (primitive/reproducible_arrays.hpp: accumulate_array and
+// add_accumulator_words) against the element functions (accumulate, add_limb_words), bit for bit,
+// for every floating dtype: random bit patterns (every bin, zeros, subnormals, inf, NaN), values
+// whose bins rise between contributions, mostly finite contributions, and block tails.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "ringzero/collective/reproducible_accumulator.hpp"
+#include "ringzero/primitive/reproducible_arrays.hpp"
+#include "ringzero/primitive/reproducible_sum.hpp"
+
+namespace {
+
+using namespace ringzero;
+using namespace ringzero::primitive;
+
+/// Raw bits of element `i` of `t` for contribution `k` of `rounds` under `pattern`.
+std::uint64_t make_bits(std::mt19937_64& rng, dtype t, int pattern, int k, int rounds, std::uint64_t i) {
+  const float_format f = format_of(t);
+  const int mant_bits = f.precision - 1, total = f.exponent_bits + f.precision;
+  const std::uint64_t all_ones = (std::uint64_t{1} << f.exponent_bits) - 1;
+  const std::uint64_t sign = (rng() & 1) << (total - 1), frac = rng() & ((std::uint64_t{1} << mant_bits) - 1);
+  switch (pattern) {
+    case 0:  // any bit pattern: every bin, subnormals, inf, NaN
+      return rng() & ((total == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << total) - 1));
+    case 1: {  // finite, exponent rising with k (tops rise between contributions by 0..several bins)
+      const std::uint64_t span = all_ones - 1;
+      const std::uint64_t e = std::min<std::uint64_t>(span, span * static_cast<std::uint64_t>(k + 1) / static_cast<std::uint64_t>(rounds) +
+                                                                rng() % 40);
+      return sign | (e << mant_bits) | frac;
+    }
+    case 2: {  // specials among ordinary values
+      switch (rng() % 10) {
+        case 0: return sign;                                               // +-0
+        case 1: return sign | 1;                                           // smallest subnormal
+        case 2: return sign | frac;                                        // subnormal
+        case 3: return sign | ((all_ones - 1) << mant_bits) | frac;        // near the largest
+        case 4: return rng() % 50 == 0 ? sign | (all_ones << mant_bits) : sign | frac;  // rare inf
+        case 5: return rng() % 50 == 0 ? (all_ones << mant_bits) | 1 : sign;            // rare NaN
+        default: return sign | ((all_ones / 2 + rng() % 24 - 12) << mant_bits) | frac;  // near 1
+      }
+    }
+    case 4:  // every 8th element infinite or NaN, the others in one bin: after the first, no top moves
+      if (i % 8 == 0) return rng() % 3 == 0 ? (all_ones << mant_bits) | 1 : sign | (all_ones << mant_bits);
+      return sign | ((all_ones / 2 + rng() % 3) << mant_bits) | frac;
+    default:  // narrow range near one exponent: limbs grow, tops stay
+      return sign | ((all_ones / 2 + rng() % 3) << mant_bits) | frac;
+  }
+}
+
+void compare_paths(dtype t, std::uint64_t count, int pattern, int rounds, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int kept = reproducible_kept_bins(t);
+  const std::size_t es = dtype_size(t);
+  std::vector<std::uint8_t> tops_ref(count, 0), tops_fast(count, 0);
+  std::vector<std::int64_t> limbs_ref(count * static_cast<std::size_t>(kept), 0), limbs_fast(limbs_ref.size(), 0);
+  reproducible_accumulator acc(count, t);
+  std::vector<unsigned char> values(count * es);
+  for (int k = 0; k < rounds; ++k) {
+    for (std::uint64_t i = 0; i < count; ++i) store_bits(values.data(), i, t, make_bits(rng, t, pattern, k, rounds, i));
+    for (std::uint64_t i = 0; i < count; ++i)
+      accumulate(tops_ref[i], limbs_ref.data() + i * static_cast<std::uint64_t>(kept), kept,
+                 decode_bits(load_bits(values.data(), i, t), format_of(t)));
+    accumulate_array(tops_fast.data(), limbs_fast.data(), values.data(), count, t);
+    acc.add(values.data());
+    REQUIRE(tops_fast == tops_ref);
+    REQUIRE(limbs_fast == limbs_ref);
+  }
+  const binned_view view = acc.view();
+  CHECK(std::equal(tops_ref.begin(), tops_ref.end(), view.tops));
+  CHECK(std::equal(limbs_ref.begin(), limbs_ref.end(), view.limbs));
+  // Words at global tops = local, local + 0..4 and the non-finite bin.
+  const int w = reproducible_words(t);
+  for (int raise = 0; raise < 6; ++raise) {
+    std::vector<std::uint8_t> global(count);
+    for (std::uint64_t i = 0; i < count; ++i) {
+      const int up = raise == 5 ? 255 : std::min(255, tops_ref[i] + static_cast<int>(rng() % static_cast<std::uint64_t>(raise + 1)));
+      global[i] = tops_ref[i] == reproducible_nonfinite_bin ? reproducible_nonfinite_bin : static_cast<std::uint8_t>(up);
+    }
+    const std::uint64_t first = count / 3, len = count - first;
+    std::vector<std::int64_t> ref(len * static_cast<std::uint64_t>(w), 7), fast(ref.size(), 7);
+    for (std::uint64_t i = 0; i < len; ++i)
+      add_limb_words(ref.data() + i * static_cast<std::uint64_t>(w), tops_ref[first + i],
+                     limbs_ref.data() + (first + i) * static_cast<std::uint64_t>(kept), kept, global[first + i]);
+    add_accumulator_words(view, fast.data(), global.data() + first, first, len);
+    CHECK(fast == ref);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("reproducible accumulate_array and add_accumulator_words equal the element functions") {
+  for (const dtype t : {dtype::float32, dtype::bfloat16, dtype::float16, dtype::float64})
+    for (int pattern = 0; pattern < 5; ++pattern)
+      for (const std::uint64_t count : {std::uint64_t{1}, std::uint64_t{1023}, std::uint64_t{2500}}) {
+        CAPTURE(dtype_name(t));
+        CAPTURE(pattern);
+        CAPTURE(count);
+        compare_paths(t, count, pattern, pattern == 1 ? 24 : 6, 1000 * static_cast<std::uint64_t>(pattern) + count);
+      }
+}
+
+TEST_CASE("reproducible accumulate_array covers every float32 exponent rising over one element's top") {
+  // Each element sees every exponent field in increasing order, then in decreasing order.
+  const std::uint64_t count = 512;
+  std::vector<std::uint8_t> tops_ref(count, 0), tops_fast(count, 0);
+  std::vector<std::int64_t> limbs_ref(3 * count, 0), limbs_fast(3 * count, 0);
+  std::vector<std::uint32_t> values(count);
+  std::mt19937_64 rng(7);
+  for (int step = 0; step < 2 * 255; ++step) {
+    const std::uint32_t e = static_cast<std::uint32_t>(step < 255 ? step : 509 - step);
+    for (std::uint64_t i = 0; i < count; ++i)
+      values[i] = (static_cast<std::uint32_t>(rng() & 1) << 31) | (e << 23) | static_cast<std::uint32_t>(rng() & 0x7FFFFF);
+    for (std::uint64_t i = 0; i < count; ++i)
+      accumulate(tops_ref[i], limbs_ref.data() + 3 * i, 3, decode_bits(values[i], format_of(dtype::float32)));
+    accumulate_array(tops_fast.data(), limbs_fast.data(), values.data(), count, dtype::float32);
+    REQUIRE(tops_fast == tops_ref);
+    REQUIRE(limbs_fast == limbs_ref);
+  }
+}
