@@ -70,6 +70,7 @@
 #include "distributed_sampler.hpp"
 #include "evaluation.hpp"
 #include "idx_dataset.hpp"
+#include "launcher.hpp"
 #include "mlp.hpp"
 #include "optimizer.hpp"
 #include "progress_bar.hpp"
@@ -780,6 +781,15 @@ int main(int argc, char** argv) {
       ->excludes(resume);
   CLI11_PARSE(app, argc, argv);
   if (!o.hidden_lists.empty()) o.hidden = ex::hidden_widths(o.hidden_lists);
+  // Started by mpirun/srun/torchrun as one of several processes without --backend mpi: refuse
+  // rather than run one complete job per process.
+  if (o.backend == "local") {
+    const std::string refusal = ex::launcher_refusal(ex::detect_launcher(), "ddp_fashion_mnist", "--backend mpi");
+    if (!refusal.empty()) {
+      std::fprintf(stderr, "%s\n", refusal.c_str());
+      return 2;
+    }
+  }
 
   int process_rank = 0;  // under --backend mpi only rank 0 prints and writes the JSON file
   try {

@@ -65,6 +65,7 @@
 #include "evaluation.hpp"
 #include "heap_usage.hpp"
 #include "idx_dataset.hpp"
+#include "launcher.hpp"
 #include "mlp.hpp"
 #include "progress_bar.hpp"
 #include "ringzero/checkpoint.hpp"
@@ -777,6 +778,13 @@ int main(int argc, char** argv) {
   app.add_option("--init-from", o.init_from, "initial parameters from a safetensors file (e.g. from ringzero-ckpt consolidate)")
       ->excludes(resume);
   CLI11_PARSE(app, argc, argv);
+  // Started by mpirun/srun/torchrun as one of several processes: this example runs its ranks as
+  // threads of one process, so refuse rather than run one complete job per process.
+  if (const std::string refusal = ex::launcher_refusal(ex::detect_launcher(), "zero_fashion_mnist", "");
+      !refusal.empty()) {
+    std::fprintf(stderr, "%s\n", refusal.c_str());
+    return 2;
+  }
   if (!o.hidden_lists.empty()) o.hidden = ex::hidden_widths(o.hidden_lists);
   if (o.deep) o.hidden = deep_hidden;
 
