@@ -134,7 +134,7 @@ inline std::string csv_row(const result_row& r) {
   };
   auto extra = [](const placement_result& p) {
     if (!p.applicable) return std::string(",");
-    return format_text("%.6g,", p.median_us) + (p.peak_fraction < 0 ? std::string() : format_text("%.4g", 100 * p.peak_fraction));
+    return format_text("%.6g,", p.median_us) + (p.peak_fraction < 0 ? std::string() : format_text("%.6g", 100 * p.peak_fraction));
   };
   return format_text("%llu,%llu,", static_cast<unsigned long long>(r.size_bytes), static_cast<unsigned long long>(r.elements())) +
          std::string(dtype_short_name(r.type)) + "," + r.redop + "," + std::to_string(r.root) + "," + cells(r.out_of_place) + "," +
