@@ -40,7 +40,8 @@ def rows_from_json(path, doc):
     for r in rows:
         if not isinstance(r, dict) or "size_bytes" not in r:
             fail(f"{path}: a row without size_bytes (not a result file of ringzero-bench, -mpi-compare or -gpu-bench)")
-        row = {k: r.get(k) for k in ("size_bytes", "type", "redop", "root", "ranks", "algorithm", "requested", "collective")}
+        row = {k: r.get(k) for k in ("size_bytes", "type", "redop", "root", "ranks", "algorithm", "requested",
+                                     "collective")}
         for p in PLACEMENTS:
             cell = r.get(p)
             row[p] = None if cell is None else cell.get("busbw_gbps")
@@ -112,9 +113,12 @@ def size_text(b):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="busbw against size for benchmark result files (JSON or CSV), one chart")
-    ap.add_argument("files", nargs="+", help="result files of ringzero-bench / -mpi-compare (--json, --csv) or -gpu-bench (--json)")
-    ap.add_argument("--label", action="append", default=[], help="legend entry of the next file (repeat, in file order)")
-    ap.add_argument("--placement", choices=PLACEMENTS, default="out_of_place", help="which placement's busbw (default out_of_place)")
+    ap.add_argument("files", nargs="+",
+                    help="result files of ringzero-bench / -mpi-compare (--json, --csv) or -gpu-bench (--json)")
+    ap.add_argument("--label", action="append", default=[],
+                    help="legend entry of the next file (repeat, in file order)")
+    ap.add_argument("--placement", choices=PLACEMENTS, default="out_of_place",
+                    help="which placement's busbw (default out_of_place)")
     ap.add_argument("--split", help="a row field that splits a file into several lines (e.g. requested, algorithm)")
     ap.add_argument("--title", default=None, help="the chart's title")
     ap.add_argument("-o", "--output", required=True, help="the image to write (PNG, SVG or PDF, by its extension)")

@@ -81,17 +81,21 @@ struct collective_descriptor {
     return s;
   }
   /// Elements of rank r's input: the whole send buffer, or (all_gather) its one block.
-  std::uint64_t input_elems(const row_shape& s) const { return kind == collective_kind::all_gather ? s.count : s.send_elems; }
+  std::uint64_t input_elems(const row_shape& s) const {
+    return kind == collective_kind::all_gather ? s.count : s.send_elems;
+  }
 };
 
 namespace detail {
 
-inline reduce_op bench_op(reduce_kind k) { return k == reduce_kind::premul_sum ? reduce_op::premul_sum(premul_scalar) : reduce_op(k); }
+inline reduce_op bench_op(reduce_kind k) {
+  return k == reduce_kind::premul_sum ? reduce_op::premul_sum(premul_scalar) : reduce_op(k);
+}
 
 /// Counts elements [at, at + elems) of `out` that differ from the reduction over n ranks of
 /// pattern positions first_global, first_global + 1, ...
-inline std::int64_t count_reduced(const unsigned char* out, std::uint64_t at, std::uint64_t first_global, std::uint64_t elems,
-                                  dtype t, reduce_kind op, int n) {
+inline std::int64_t count_reduced(const unsigned char* out, std::uint64_t at, std::uint64_t first_global,
+                                  std::uint64_t elems, dtype t, reduce_kind op, int n) {
   const std::size_t es = dtype_size(t);
   unsigned char expected[pattern_period][8];
   for (int k = 0; k < pattern_period; ++k) expected_reduction(t, op, n, k, expected[k]);
@@ -120,113 +124,167 @@ inline std::uint64_t own_block(std::uint64_t count, int r) { return static_cast<
 }  // namespace detail
 
 inline constexpr collective_descriptor all_reduce_bench{
-    collective_kind::all_reduce, false, false, true, true,
-    [](int n) { return 2.0 * (n - 1) / n; },
-    [](int n, double S) { return n * 2 * S; },  // read S, write S per rank
-    [](communicator& c, const call_args& a, int, int) {
-      all_reduce(c, a.in_place ? a.recv : a.send, a.recv, a.shape.count, a.type, detail::bench_op(a.op), a.options);
-    },
-    detail::at_zero, detail::at_zero,
-    [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int, int, int n, bool) {
-      return detail::count_reduced(out, 0, 0, s.count, t, op, n);
-    }};
+    .kind = collective_kind::all_reduce,
+    .send_per_rank = false,
+    .recv_per_rank = false,
+    .has_in_place = true,
+    .moves_data = true,
+    .bus_factor = [](int n) { return 2.0 * (n - 1) / n; },
+    .least_bytes = [](int n, double S) { return n * 2 * S; },  // read S, write S per rank
+    .call =
+        [](communicator& c, const call_args& a, int, int) {
+          all_reduce(c, a.in_place ? a.recv : a.send, a.recv, a.shape.count, a.type, detail::bench_op(a.op), a.options);
+        },
+    .input_offset = detail::at_zero,
+    .output_offset = detail::at_zero,
+    .verify = [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int, int, int n,
+                 bool) { return detail::count_reduced(out, 0, 0, s.count, t, op, n); }};
 
 inline constexpr collective_descriptor reduce_scatter_bench{
-    collective_kind::reduce_scatter, true, false, true, true,
-    [](int n) { return (n - 1.0) / n; },
-    [](int n, double S) { return n * (S + S / n); },  // read S (n blocks), write S/n per rank
-    [](communicator& c, const call_args& a, int r, int) {
-      reduce_scatter(c, a.in_place ? a.recv : a.send, a.in_place ? a.recv + detail::own_block(a.shape.count, r) * dtype_size(a.type) : a.recv,
-                     a.shape.count, a.type, detail::bench_op(a.op), a.options);
-    },
-    detail::at_zero, [](std::uint64_t count, int r) { return detail::own_block(count, r); },
-    [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int, int r, int n, bool in_place) {
-      const std::uint64_t at = in_place ? detail::own_block(s.count, r) : 0;
-      return detail::count_reduced(out, at, detail::own_block(s.count, r), s.count, t, op, n);
-    }};
+    .kind = collective_kind::reduce_scatter,
+    .send_per_rank = true,
+    .recv_per_rank = false,
+    .has_in_place = true,
+    .moves_data = true,
+    .bus_factor = [](int n) { return (n - 1.0) / n; },
+    .least_bytes = [](int n, double S) { return n * (S + S / n); },  // read S (n blocks), write S/n per rank
+    .call =
+        [](communicator& c, const call_args& a, int r, int) {
+          reduce_scatter(c, a.in_place ? a.recv : a.send,
+                         a.in_place ? a.recv + detail::own_block(a.shape.count, r) * dtype_size(a.type) : a.recv,
+                         a.shape.count, a.type, detail::bench_op(a.op), a.options);
+        },
+    .input_offset = detail::at_zero,
+    .output_offset = [](std::uint64_t count, int r) { return detail::own_block(count, r); },
+    .verify =
+        [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int, int r, int n, bool in_place) {
+          const std::uint64_t at = in_place ? detail::own_block(s.count, r) : 0;
+          return detail::count_reduced(out, at, detail::own_block(s.count, r), s.count, t, op, n);
+        }};
 
 inline constexpr collective_descriptor all_gather_bench{
-    collective_kind::all_gather, false, true, true, true,
-    [](int n) { return (n - 1.0) / n; },
-    [](int n, double S) { return n * (S / n + S); },  // read S/n, write S per rank
-    [](communicator& c, const call_args& a, int r, int) {
-      all_gather(c, a.in_place ? a.recv + detail::own_block(a.shape.count, r) * dtype_size(a.type) : a.send, a.recv, a.shape.count,
-                 a.type, a.options);
-    },
-    [](std::uint64_t count, int r) { return detail::own_block(count, r); }, detail::at_zero,
-    [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int, int, int n, bool) {
-      std::int64_t wrong = 0;
-      for (int q = 0; q < n; ++q) wrong += detail::count_copied(out, detail::own_block(s.count, q), q, 0, s.count, t, op);
-      return wrong;
-    }};
+    .kind = collective_kind::all_gather,
+    .send_per_rank = false,
+    .recv_per_rank = true,
+    .has_in_place = true,
+    .moves_data = true,
+    .bus_factor = [](int n) { return (n - 1.0) / n; },
+    .least_bytes = [](int n, double S) { return n * (S / n + S); },  // read S/n, write S per rank
+    .call =
+        [](communicator& c, const call_args& a, int r, int) {
+          all_gather(c, a.in_place ? a.recv + detail::own_block(a.shape.count, r) * dtype_size(a.type) : a.send, a.recv,
+                     a.shape.count, a.type, a.options);
+        },
+    .input_offset = [](std::uint64_t count, int r) { return detail::own_block(count, r); },
+    .output_offset = detail::at_zero,
+    .verify =
+        [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int, int, int n, bool) {
+          std::int64_t wrong = 0;
+          for (int q = 0; q < n; ++q)
+            wrong += detail::count_copied(out, detail::own_block(s.count, q), q, 0, s.count, t, op);
+          return wrong;
+        }};
 
 inline constexpr collective_descriptor broadcast_bench{
-    collective_kind::broadcast, false, false, true, true,
-    [](int) { return 1.0; },
-    [](int n, double S) { return S + n * S; },  // the root reads S, every rank writes S
-    [](communicator& c, const call_args& a, int, int) {
-      broadcast(c, a.in_place ? a.recv : a.send, a.recv, a.shape.count, a.type, a.root, a.options);
-    },
-    detail::at_zero, detail::at_zero,
-    [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int root, int, int, bool) {
-      return detail::count_copied(out, 0, root, 0, s.count, t, op);
-    }};
+    .kind = collective_kind::broadcast,
+    .send_per_rank = false,
+    .recv_per_rank = false,
+    .has_in_place = true,
+    .moves_data = true,
+    .bus_factor = [](int) { return 1.0; },
+    .least_bytes = [](int n, double S) { return S + n * S; },  // the root reads S, every rank writes S
+    .call = [](communicator& c, const call_args& a, int,
+               int) { broadcast(c, a.in_place ? a.recv : a.send, a.recv, a.shape.count, a.type, a.root, a.options); },
+    .input_offset = detail::at_zero,
+    .output_offset = detail::at_zero,
+    .verify = [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int root, int, int,
+                 bool) { return detail::count_copied(out, 0, root, 0, s.count, t, op); }};
 
 inline constexpr collective_descriptor reduce_bench{
-    collective_kind::reduce, false, false, true, true,
-    [](int) { return 1.0; },
-    [](int n, double S) { return n * S + S; },  // every input read, the root writes S
-    [](communicator& c, const call_args& a, int, int) {
-      reduce(c, a.in_place ? a.recv : a.send, a.recv, a.shape.count, a.type, detail::bench_op(a.op), a.root, a.options);
-    },
-    detail::at_zero, detail::at_zero,
-    [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int root, int r, int n, bool) -> std::int64_t {
-      return r == root ? detail::count_reduced(out, 0, 0, s.count, t, op, n) : 0;
-    }};
+    .kind = collective_kind::reduce,
+    .send_per_rank = false,
+    .recv_per_rank = false,
+    .has_in_place = true,
+    .moves_data = true,
+    .bus_factor = [](int) { return 1.0; },
+    .least_bytes = [](int n, double S) { return n * S + S; },  // every input read, the root writes S
+    .call =
+        [](communicator& c, const call_args& a, int, int) {
+          reduce(c, a.in_place ? a.recv : a.send, a.recv, a.shape.count, a.type, detail::bench_op(a.op), a.root,
+                 a.options);
+        },
+    .input_offset = detail::at_zero,
+    .output_offset = detail::at_zero,
+    .verify = [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int root, int r, int n,
+                 bool) -> std::int64_t { return r == root ? detail::count_reduced(out, 0, 0, s.count, t, op, n) : 0; }};
 
 inline constexpr collective_descriptor all_to_all_bench{
-    collective_kind::all_to_all, true, true, false, true,
-    [](int n) { return (n - 1.0) / n; },
-    [](int n, double S) { return n * 2 * S; },  // read S, write S per rank
-    [](communicator& c, const call_args& a, int, int) { all_to_all(c, a.send, a.recv, a.shape.count, a.type, a.options); },
-    detail::at_zero, detail::at_zero,
-    [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int, int r, int n, bool) {
-      std::int64_t wrong = 0;
-      for (int q = 0; q < n; ++q)
-        wrong += detail::count_copied(out, detail::own_block(s.count, q), q, detail::own_block(s.count, r), s.count, t, op);
-      return wrong;
-    }};
+    .kind = collective_kind::all_to_all,
+    .send_per_rank = true,
+    .recv_per_rank = true,
+    .has_in_place = false,
+    .moves_data = true,
+    .bus_factor = [](int n) { return (n - 1.0) / n; },
+    .least_bytes = [](int n, double S) { return n * 2 * S; },  // read S, write S per rank
+    .call = [](communicator& c, const call_args& a, int,
+               int) { all_to_all(c, a.send, a.recv, a.shape.count, a.type, a.options); },
+    .input_offset = detail::at_zero,
+    .output_offset = detail::at_zero,
+    .verify =
+        [](const unsigned char* out, const row_shape& s, dtype t, reduce_kind op, int, int r, int n, bool) {
+          std::int64_t wrong = 0;
+          for (int q = 0; q < n; ++q)
+            wrong += detail::count_copied(out, detail::own_block(s.count, q), q, detail::own_block(s.count, r), s.count,
+                                          t, op);
+          return wrong;
+        }};
 
 inline constexpr collective_descriptor barrier_bench{
-    collective_kind::barrier, false, false, true, false,
-    [](int) { return 0.0; },
-    [](int, double) { return 0.0; },
-    [](communicator& c, const call_args& a, int, int) { barrier(c, a.options); },
-    detail::at_zero, detail::at_zero,
-    [](const unsigned char*, const row_shape&, dtype, reduce_kind, int, int, int, bool) -> std::int64_t { return 0; }};
+    .kind = collective_kind::barrier,
+    .send_per_rank = false,
+    .recv_per_rank = false,
+    .has_in_place = true,
+    .moves_data = false,
+    .bus_factor = [](int) { return 0.0; },
+    .least_bytes = [](int, double) { return 0.0; },
+    .call = [](communicator& c, const call_args& a, int, int) { barrier(c, a.options); },
+    .input_offset = detail::at_zero,
+    .output_offset = detail::at_zero,
+    .verify = [](const unsigned char*, const row_shape&, dtype, reduce_kind, int, int, int, bool) -> std::int64_t {
+      return 0;
+    }};
 
 /// The descriptor of `kind`. Throws ringzero::error (invalid_argument) for send and recv, which
 /// the benchmarks do not measure.
 inline const collective_descriptor& describe_bench(collective_kind kind) {
   switch (kind) {
-    case collective_kind::all_reduce: return all_reduce_bench;
-    case collective_kind::reduce_scatter: return reduce_scatter_bench;
-    case collective_kind::all_gather: return all_gather_bench;
-    case collective_kind::broadcast: return broadcast_bench;
-    case collective_kind::reduce: return reduce_bench;
-    case collective_kind::all_to_all: return all_to_all_bench;
-    case collective_kind::barrier: return barrier_bench;
+    case collective_kind::all_reduce:
+      return all_reduce_bench;
+    case collective_kind::reduce_scatter:
+      return reduce_scatter_bench;
+    case collective_kind::all_gather:
+      return all_gather_bench;
+    case collective_kind::broadcast:
+      return broadcast_bench;
+    case collective_kind::reduce:
+      return reduce_bench;
+    case collective_kind::all_to_all:
+      return all_to_all_bench;
+    case collective_kind::barrier:
+      return barrier_bench;
     case collective_kind::send:
-    case collective_kind::recv: break;
+    case collective_kind::recv:
+      break;
   }
-  throw error(errc::invalid_argument, "the benchmarks measure no '" + std::string(collective_name(kind)) + "' (send and recv are point to point)");
+  throw error(errc::invalid_argument, "the benchmarks measure no '" + std::string(collective_name(kind)) +
+                                          "' (send and recv are point to point)");
 }
 
 /// Writes rank r's input for a row (in place: into the receive buffer at its input's place) and,
 /// out of place, fills the receive buffer with 0xA5 so that an untouched element reads wrong.
 /// Buffers are host memory (device benchmarks fill host mirrors and upload them).
-inline void fill_row(const collective_descriptor& d, unsigned char* send, unsigned char* recv, const row_shape& s, dtype t,
-                     reduce_kind op, int r, bool in_place) {
+inline void fill_row(const collective_descriptor& d, unsigned char* send, unsigned char* recv, const row_shape& s,
+                     dtype t, reduce_kind op, int r, bool in_place) {
   const std::size_t es = dtype_size(t);
   unsigned char* in = in_place ? recv + d.input_offset(s.count, r) * es : send;
   fill_input(in, d.input_elems(s), t, op, r, 0);

@@ -13,19 +13,19 @@
 #include <vector>
 
 #include "collective.hpp"
-#include "timing.hpp"
 #include "ringzero/core/error.hpp"
+#include "timing.hpp"
 
 namespace ringzero::bench {
 
 /// One placement's (out of place or in place) measurement of a row.
 struct placement_result {
-  bool applicable = false;     ///< false: N/A (all_to_all in place)
-  double time_us = 0;          ///< mean over iterations of the slowest rank's time
-  double median_us = 0;        ///< median of the same
-  double algbw = 0, busbw = 0; ///< GB/s, from the mean
-  double peak_fraction = -1;   ///< bound time / mean time; < 0: no bound (printed "-")
-  std::int64_t wrong = 0;      ///< elements that differ from the exact values, summed over ranks
+  bool applicable = false;      ///< false: N/A (all_to_all in place)
+  double time_us = 0;           ///< mean over iterations of the slowest rank's time
+  double median_us = 0;         ///< median of the same
+  double algbw = 0, busbw = 0;  ///< GB/s, from the mean
+  double peak_fraction = -1;    ///< bound time / mean time; < 0: no bound (printed "-")
+  std::int64_t wrong = 0;       ///< elements that differ from the exact values, summed over ranks
 };
 
 /// One row: a size, dtype, op and root, both placements.
@@ -34,11 +34,11 @@ struct result_row {
   std::uint64_t size_bytes = 0;  ///< nccl-tests' size
   std::uint64_t count = 0;       ///< the call's count argument
   dtype type = dtype::float32;
-  std::string redop = "none";    ///< the reduce op's name, or "none"
-  int root = -1;                 ///< -1 for collectives without a root
+  std::string redop = "none";  ///< the reduce op's name, or "none"
+  int root = -1;               ///< -1 for collectives without a root
   int ranks = 1;
-  std::string algorithm;         ///< the algorithm that ran
-  std::string requested;         ///< the algorithm asked for, when it is not the header's
+  std::string algorithm;  ///< the algorithm that ran
+  std::string requested;  ///< the algorithm asked for, when it is not the header's
   placement_result out_of_place, in_place;
 
   /// nccl-tests' count column: size over the element size.
@@ -67,10 +67,14 @@ template <class... Args>
 std::string format_text(const char* format, Args... args) {
   char buffer[512];
   const int n = std::snprintf(buffer, sizeof buffer, format, args...);
-  return std::string(buffer, n < 0 ? 0 : static_cast<std::size_t>(n) < sizeof buffer ? static_cast<std::size_t>(n) : sizeof buffer - 1);
+  return std::string(buffer, n < 0                                         ? 0
+                             : static_cast<std::size_t>(n) < sizeof buffer ? static_cast<std::size_t>(n)
+                                                                           : sizeof buffer - 1);
 }
 
-inline std::string peak_text(double fraction) { return fraction < 0 ? std::string("-") : format_text("%.1f%%", 100 * fraction); }
+inline std::string peak_text(double fraction) {
+  return fraction < 0 ? std::string("-") : format_text("%.1f%%", 100 * fraction);
+}
 
 inline std::string algorithm_text(const result_row& r) {
   return r.requested.empty() || r.requested == r.algorithm ? r.algorithm : r.requested + "->" + r.algorithm;
@@ -83,12 +87,12 @@ inline std::string table_header() {
   using detail::format_text;
   std::string h = format_text("# %12s  %12s  %8s  %9s  %4s  %-33s  %-33s  %-22s  %-16s  %s\n", "", "", "", "", "",
                               "out-of-place", "in-place", "", "out-of-place", "in-place");
-  h += format_text("# %12s  %12s  %8s  %9s  %4s  %9s %7s %7s %7s  %9s %7s %7s %7s  %22s  %9s %6s  %9s %6s\n", "size", "count",
-                   "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
-                   "algorithm", "median", "%peak", "median", "%peak");
+  h += format_text("# %12s  %12s  %8s  %9s  %4s  %9s %7s %7s %7s  %9s %7s %7s %7s  %22s  %9s %6s  %9s %6s\n", "size",
+                   "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
+                   "#wrong", "algorithm", "median", "%peak", "median", "%peak");
   h += format_text("# %12s  %12s  %8s  %9s  %4s  %9s %7s %7s %7s  %9s %7s %7s %7s  %22s  %9s %6s  %9s %6s\n", "(B)",
-                   "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)", "",
-                   "(us)", "");
+                   "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)",
+                   "", "(us)", "");
   // no trailing blanks
   for (std::size_t at = h.find(" \n"); at != std::string::npos; at = h.find(" \n")) {
     std::size_t first = at;
@@ -110,10 +114,11 @@ inline std::string table_row(const result_row& r) {
     if (!p.applicable) return format_text("%9s %6s", "N/A", "N/A");
     return format_text("%9.2f %6s", p.median_us, detail::peak_text(p.peak_fraction).c_str());
   };
-  return format_text("  %12llu  %12llu  %8s  %9s  %4d  %s  %s  %22s  %s  %s\n", static_cast<unsigned long long>(r.size_bytes),
-                     static_cast<unsigned long long>(r.elements()), std::string(dtype_short_name(r.type)).c_str(),
-                     r.redop.c_str(), r.root, cell(r.out_of_place).c_str(), cell(r.in_place).c_str(),
-                     detail::algorithm_text(r).c_str(), extra(r.out_of_place).c_str(), extra(r.in_place).c_str());
+  return format_text("  %12llu  %12llu  %8s  %9s  %4d  %s  %s  %22s  %s  %s\n",
+                     static_cast<unsigned long long>(r.size_bytes), static_cast<unsigned long long>(r.elements()),
+                     std::string(dtype_short_name(r.type)).c_str(), r.redop.c_str(), r.root,
+                     cell(r.out_of_place).c_str(), cell(r.in_place).c_str(), detail::algorithm_text(r).c_str(),
+                     extra(r.out_of_place).c_str(), extra(r.in_place).c_str());
 }
 
 /// The CSV header line (with its newline): the table's columns in the table's order, with
@@ -121,7 +126,8 @@ inline std::string table_row(const result_row& r) {
 /// requested algorithm.
 inline std::string csv_header() {
   return "size,count,type,redop,root,oop_time_us,oop_algbw_gbps,oop_busbw_gbps,oop_wrong,ip_time_us,ip_algbw_gbps,"
-         "ip_busbw_gbps,ip_wrong,algorithm,oop_median_us,oop_peak_percent,ip_median_us,ip_peak_percent,collective,ranks,"
+         "ip_busbw_gbps,ip_wrong,algorithm,oop_median_us,oop_peak_percent,ip_median_us,ip_peak_percent,collective,"
+         "ranks,"
          "requested\n";
 }
 
@@ -134,12 +140,15 @@ inline std::string csv_row(const result_row& r) {
   };
   auto extra = [](const placement_result& p) {
     if (!p.applicable) return std::string(",");
-    return format_text("%.6g,", p.median_us) + (p.peak_fraction < 0 ? std::string() : format_text("%.6g", 100 * p.peak_fraction));
+    return format_text("%.6g,", p.median_us) +
+           (p.peak_fraction < 0 ? std::string() : format_text("%.6g", 100 * p.peak_fraction));
   };
-  return format_text("%llu,%llu,", static_cast<unsigned long long>(r.size_bytes), static_cast<unsigned long long>(r.elements())) +
-         std::string(dtype_short_name(r.type)) + "," + r.redop + "," + std::to_string(r.root) + "," + cells(r.out_of_place) + "," +
-         cells(r.in_place) + "," + r.algorithm + "," + extra(r.out_of_place) + "," + extra(r.in_place) + "," +
-         std::string(collective_name(r.kind)) + "," + std::to_string(r.ranks) + "," + r.requested + "\n";
+  return format_text("%llu,%llu,", static_cast<unsigned long long>(r.size_bytes),
+                     static_cast<unsigned long long>(r.elements())) +
+         std::string(dtype_short_name(r.type)) + "," + r.redop + "," + std::to_string(r.root) + "," +
+         cells(r.out_of_place) + "," + cells(r.in_place) + "," + r.algorithm + "," + extra(r.out_of_place) + "," +
+         extra(r.in_place) + "," + std::string(collective_name(r.kind)) + "," + std::to_string(r.ranks) + "," +
+         r.requested + "\n";
 }
 
 /// `s` as a JSON string literal.
@@ -159,7 +168,9 @@ inline std::string json_string(const std::string& s) {
 }
 
 /// `x` as a JSON number (null when it is not finite).
-inline std::string json_number(double x) { return std::isfinite(x) ? detail::format_text("%.10g", x) : std::string("null"); }
+inline std::string json_number(double x) {
+  return std::isfinite(x) ? detail::format_text("%.10g", x) : std::string("null");
+}
 
 /// One row as a JSON object: collective, size_bytes, count (the call's), type, redop, root,
 /// algorithm, requested (when set), ranks, and out_of_place / in_place (null when N/A) with
@@ -172,10 +183,11 @@ inline std::string json_row(const result_row& r) {
            ", \"peak_fraction\": " + (p.peak_fraction < 0 ? std::string("null") : json_number(p.peak_fraction)) +
            ", \"wrong\": " + std::to_string(p.wrong) + "}";
   };
-  return "{\"collective\": " + json_string(std::string(collective_name(r.kind))) + ", \"size_bytes\": " + std::to_string(r.size_bytes) +
-         ", \"count\": " + std::to_string(r.count) + ", \"type\": " + json_string(std::string(dtype_name(r.type))) +
-         ", \"redop\": " + json_string(r.redop) + ", \"root\": " + std::to_string(r.root) +
-         ", \"algorithm\": " + json_string(r.algorithm) + (r.requested.empty() ? "" : ", \"requested\": " + json_string(r.requested)) +
+  return "{\"collective\": " + json_string(std::string(collective_name(r.kind))) +
+         ", \"size_bytes\": " + std::to_string(r.size_bytes) + ", \"count\": " + std::to_string(r.count) +
+         ", \"type\": " + json_string(std::string(dtype_name(r.type))) + ", \"redop\": " + json_string(r.redop) +
+         ", \"root\": " + std::to_string(r.root) + ", \"algorithm\": " + json_string(r.algorithm) +
+         (r.requested.empty() ? "" : ", \"requested\": " + json_string(r.requested)) +
          ", \"ranks\": " + std::to_string(r.ranks) + ",\n     \"out_of_place\": " + placement(r.out_of_place) +
          ",\n     \"in_place\": " + placement(r.in_place) + "}";
 }

@@ -19,7 +19,8 @@ namespace rb = ringzero::bench;
 
 TEST_CASE("bench harness: nccl-tests' bus factors") {
   // 2(n-1)/n, (n-1)/n and 1 at world sizes where they are exact in binary
-  for (const auto& [n, ar, ag] : std::vector<std::tuple<int, double, double>>{{1, 0.0, 0.0}, {2, 1.0, 0.5}, {4, 1.5, 0.75}, {8, 1.75, 0.875}}) {
+  for (const auto& [n, ar, ag] :
+       std::vector<std::tuple<int, double, double>>{{1, 0.0, 0.0}, {2, 1.0, 0.5}, {4, 1.5, 0.75}, {8, 1.75, 0.875}}) {
     CAPTURE(n);
     CHECK(rb::all_reduce_bench.bus_factor(n) == ar);
     CHECK(rb::reduce_scatter_bench.bus_factor(n) == ag);
@@ -30,9 +31,10 @@ TEST_CASE("bench harness: nccl-tests' bus factors") {
     CHECK(rb::barrier_bench.bus_factor(n) == 0.0);
   }
   CHECK_THROWS_AS(rb::describe_bench(rz::collective_kind::send), rz::error);
-  for (rz::collective_kind k : {rz::collective_kind::all_reduce, rz::collective_kind::reduce_scatter, rz::collective_kind::all_gather,
-                                rz::collective_kind::broadcast, rz::collective_kind::reduce, rz::collective_kind::all_to_all,
-                                rz::collective_kind::barrier})
+  for (rz::collective_kind k :
+       {rz::collective_kind::all_reduce, rz::collective_kind::reduce_scatter, rz::collective_kind::all_gather,
+        rz::collective_kind::broadcast, rz::collective_kind::reduce, rz::collective_kind::all_to_all,
+        rz::collective_kind::barrier})
     CHECK(rb::describe_bench(k).kind == k);
 }
 
@@ -68,7 +70,8 @@ TEST_CASE("bench harness: sweep, mean and median, placement") {
   CHECK(p.algbw == 1048576.0 / 2048.0 / 1e3);
   CHECK(p.busbw == p.algbw * 1.5);
   CHECK(p.peak_fraction == 4 * 2 * 1048576.0 / (8.0 * 1e3) / 2048.0);  // n * 2S over 8 GB/s over the mean
-  CHECK(rb::make_placement(rb::all_reduce_bench, s, 1, true, {2048.0, 1024.0}, 0, 8.0).peak_fraction < 0);  // nothing to move
+  CHECK(rb::make_placement(rb::all_reduce_bench, s, 1, true, {2048.0, 1024.0}, 0, 8.0).peak_fraction <
+        0);  // nothing to move
 }
 
 TEST_CASE("bench harness: table, CSV and JSON cells") {
@@ -92,12 +95,14 @@ TEST_CASE("bench harness: table, CSV and JSON cells") {
     if (sep == ' ' && out.back().empty()) out.pop_back();
     return out;
   };
-  CHECK(words(rb::table_row(r), ' ') == std::vector<std::string>{"4096", "1024", "float", "none", "-1", "12.50", "0.33", "0.22", "0", "N/A", "N/A",
-                                                                 "N/A", "N/A", "direct", "11.25", "50.0%", "N/A", "N/A"});
+  CHECK(words(rb::table_row(r), ' ') == std::vector<std::string>{"4096", "1024", "float", "none", "-1", "12.50", "0.33",
+                                                                 "0.22", "0", "N/A", "N/A", "N/A", "N/A", "direct",
+                                                                 "11.25", "50.0%", "N/A", "N/A"});
   const std::vector<std::string> header = words(rb::csv_header(), ','), row = words(rb::csv_row(r), ',');
   CHECK(header.size() == 21);
-  CHECK(row == std::vector<std::string>{"4096", "1024", "float", "none", "-1", "12.5", "0.33", "0.22", "0", "", "", "", "", "direct", "11.25",
-                                        "50", "", "", "all_to_all", "3", ""});
+  CHECK(row == std::vector<std::string>{"4096",  "1024", "float", "none", "-1",         "12.5", "0.33",
+                                        "0.22",  "0",    "",      "",     "",           "",     "direct",
+                                        "11.25", "50",   "",      "",     "all_to_all", "3",    ""});
   r.requested = "auto";
   CHECK(words(rb::table_row(r), ' ')[13] == "auto->direct");
   CHECK(rb::json_string("a\"b\\c\n") == "\"a\\\"b\\\\c\\u000a\"");
@@ -117,7 +122,8 @@ void check_exact(const rb::collective_descriptor& d, int n, rz::dtype t, rz::red
     std::vector<std::int64_t> clean(static_cast<std::size_t>(n), -1), spoiled(static_cast<std::size_t>(n), -1);
     rz::local::launch(n, [&](rz::communicator& c) {
       const int r = c.rank();
-      std::vector<unsigned char> send(s.send_elems * es + 8), recv((s.send_elems > s.recv_elems ? s.send_elems : s.recv_elems) * es + 8);
+      std::vector<unsigned char> send(s.send_elems * es + 8),
+          recv((s.send_elems > s.recv_elems ? s.send_elems : s.recv_elems) * es + 8);
       rb::fill_row(d, send.data(), recv.data(), s, t, op, r, in_place);
       rb::call_args a;
       a.send = send.data();
@@ -148,15 +154,18 @@ void check_exact(const rb::collective_descriptor& d, int n, rz::dtype t, rz::red
 TEST_CASE("bench harness: the exact check on the local backend") {
   for (int n : {1, 2, 3, 4}) {
     CAPTURE(n);
-    for (const rb::collective_descriptor* d : {&rb::all_reduce_bench, &rb::reduce_scatter_bench, &rb::all_gather_bench,
-                                               &rb::broadcast_bench, &rb::reduce_bench, &rb::all_to_all_bench, &rb::barrier_bench}) {
+    for (const rb::collective_descriptor* d :
+         {&rb::all_reduce_bench, &rb::reduce_scatter_bench, &rb::all_gather_bench, &rb::broadcast_bench,
+          &rb::reduce_bench, &rb::all_to_all_bench, &rb::barrier_bench}) {
       CAPTURE(rz::collective_name(d->kind));
       const bool reduces = rz::is_reduction(d->kind);
       for (rz::dtype t : {rz::dtype::float32, rz::dtype::bfloat16, rz::dtype::int8, rz::dtype::float64}) {
         CAPTURE(rz::dtype_name(t));
-        for (rz::reduce_kind op : reduces ? std::vector<rz::reduce_kind>{rz::reduce_kind::sum, rz::reduce_kind::prod, rz::reduce_kind::min,
-                                                                         rz::reduce_kind::max, rz::reduce_kind::avg, rz::reduce_kind::premul_sum}
-                                          : std::vector<rz::reduce_kind>{rz::reduce_kind::sum}) {
+        for (rz::reduce_kind op :
+             reduces
+                 ? std::vector<rz::reduce_kind>{rz::reduce_kind::sum, rz::reduce_kind::prod, rz::reduce_kind::min,
+                                                rz::reduce_kind::max, rz::reduce_kind::avg, rz::reduce_kind::premul_sum}
+                 : std::vector<rz::reduce_kind>{rz::reduce_kind::sum}) {
           CAPTURE(rz::reduce_kind_name(op));
           check_exact(*d, n, t, op, rz::has_root(d->kind) ? n - 1 : -1);
         }
