@@ -6,13 +6,14 @@
 // For every size it runs, on the same buffers, the collective (all_reduce unless --collective
 // says otherwise) with ring, halving_doubling and native, plus the algorithm the cost model
 // picks (auto), taking turns in blocks of 10 iterations so that the machine's slow and fast
-// phases fall on all four alike, and prints one row: for each algorithm the time (us: the
-// median of the per-iteration times, each the slowest rank's) and bus bandwidth (GB/s, nccl-tests'
-// definition), then ringzero's best (the faster of ring and halving_doubling), the ratio
-// native / best (>= 1: ringzero at least matches MPI), and which algorithm auto chose. Every
-// algorithm's result is first checked bitwise against exact values (#wrong); the exit status
-// is non-zero when any is wrong. Buffers are allocated and touched once, before the first row.
-// The MPI library runs with its default settings (whatever the environment gives it).
+// phases fall on all four alike. It prints the benchmarks' table (bench/harness: nccl-tests'
+// columns, one row per algorithm, the placement not measured N/A; time is the mean of the
+// per-iteration times, each the slowest rank's, the median beside it), then per size the ratio
+// native / best of the medians (best: the faster of ring and halving_doubling; >= 1: ringzero at
+// least matches MPI). Every algorithm's result is first checked bitwise against exact values
+// (#wrong); the exit status is non-zero when any is wrong. Buffers are allocated and touched
+// once, before the first row. --json FILE and --csv FILE keep the rows. The MPI library runs
+// with its default settings (whatever the environment gives it).
 //
 //   mpirun -np 2 ringzero-mpi-compare --link
 //
@@ -28,7 +29,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -41,6 +41,9 @@
 #include "ringzero/backend/mpi.hpp"
 #include "ringzero/ringzero.hpp"
 
+#include "harness/collective.hpp"
+#include "harness/table.hpp"
+#include "harness/timing.hpp"
 #include "size_arg.hpp"
 
 namespace rz = ringzero;
@@ -49,162 +52,96 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-double bus_factor(rz::collective_kind k, int n) {
-  const double nn = n;
-  switch (k) {
-    case rz::collective_kind::all_reduce: return 2.0 * (nn - 1) / nn;
-    case rz::collective_kind::reduce_scatter:
-    case rz::collective_kind::all_gather: return (nn - 1) / nn;
-    default: return 1.0;
-  }
-}
-
-struct measurement {
-  double time_us = 0;
-  double busbw = 0;
-  std::int64_t wrong = 0;
-  rz::algorithm resolved = rz::algorithm::automatic;
-};
-
 struct free_deleter {
   void operator()(void* p) const noexcept { std::free(p); }
+};
+
+/// One algorithm's measurement of one size: the harness's row (one placement measured, the
+/// other N/A) and what auto resolved to.
+struct measurement {
+  rz::bench::result_row row;
+  const rz::bench::placement_result& measured(bool in_place) const { return in_place ? row.in_place : row.out_of_place; }
 };
 
 class compare {
  public:
   compare(rz::mpi::communicator& comm, rz::collective_kind kind, int iters, int warmup, bool in_place, std::uint64_t max_bytes)
-      : comm_(comm), kind_(kind), iters_(iters), warmup_(warmup), in_place_(in_place) {
+      : comm_(comm), desc_(rz::bench::describe_bench(kind)), iters_(iters), warmup_(warmup), in_place_(in_place) {
     n_ = comm.world_size();
     r_ = comm.rank();
     const std::uint64_t bytes = (std::max<std::uint64_t>(max_bytes, 64) + 4095) / 4096 * 4096;
-    send_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
-    recv_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
+    send_.reset(static_cast<unsigned char*>(std::aligned_alloc(4096, bytes)));
+    recv_.reset(static_cast<unsigned char*>(std::aligned_alloc(4096, bytes)));
     if (!send_ || !recv_)
       throw std::runtime_error("cannot allocate two buffers of " + std::to_string(bytes) + " bytes (the largest size, -e)");
     std::memset(send_.get(), 0, bytes);
     std::memset(recv_.get(), 0, bytes);
     times_.resize(static_cast<std::size_t>(std::min(iters, block_iters)));
-    slowest_.resize(times_.size());
   }
 
-  /// Elements per rank (the count argument) for a size in bytes: the larger buffer is `bytes`.
-  std::uint64_t count_for(std::uint64_t bytes) const {
-    const std::uint64_t elems = bytes / sizeof(float);
-    if (kind_ == rz::collective_kind::reduce_scatter || kind_ == rz::collective_kind::all_gather)
-      return elems / static_cast<std::uint64_t>(n_);
-    return elems;
-  }
+  /// The row's shape (float32) for a size in bytes (the harness's, as ringzero-bench's).
+  rz::bench::row_shape shape(std::uint64_t bytes) const { return desc_.shape(bytes, sizeof(float), n_); }
 
   /// Timed iterations of one algorithm before the next takes its turn.
   static constexpr int block_iters = 10;
 
-  /// Measures `algos` at `count`, interleaved: each algorithm's result is first checked, then
-  /// its warm-up runs; the timed iterations run in blocks of `block_iters` per algorithm, the
-  /// algorithms taking turns block after block, so that a slow phase of the machine (another
-  /// process, a frequency change) falls on every algorithm alike instead of on whichever ran
-  /// then. Within a block the calls run back to back, each timed from the end of the previous
-  /// one (as nccl-tests does); each iteration's time is the slowest rank's.
-  std::vector<measurement> run(std::uint64_t count, const std::vector<rz::algorithm>& algos) {
+  /// Measures `algos` at shape `s`, interleaved: each algorithm's result is first checked
+  /// exactly (bench/harness), then its warm-up runs; the timed iterations run in blocks of
+  /// `block_iters` per algorithm, the algorithms taking turns block after block, so that a slow
+  /// phase of the machine (another process, a frequency change) falls on every algorithm alike
+  /// instead of on whichever ran then. Within a block the calls run back to back, each timed from
+  /// the end of the previous one (as nccl-tests does); each iteration's time is the slowest rank's.
+  std::vector<measurement> run(const rz::bench::row_shape& s, const std::vector<rz::algorithm>& algos) {
     std::vector<measurement> m(algos.size());
     std::vector<std::vector<double>> samples(algos.size());
+    std::vector<std::int64_t> wrong(algos.size(), 0);
     for (std::size_t a = 0; a < algos.size(); ++a) {
-      fill(count);
-      call(count, algos[a]);
-      m[a].wrong = all_sum(verify(count));
-      for (int i = 0; i < warmup_; ++i) call(count, algos[a]);
+      rz::bench::fill_row(desc_, send_.get(), recv_.get(), s, rz::dtype::float32, rz::reduce_kind::sum, r_, in_place_);
+      call(s, algos[a]);
+      wrong[a] = all_sum(desc_.verify(recv_.get(), s, rz::dtype::float32, rz::reduce_kind::sum, -1, r_, n_, in_place_));
+      for (int i = 0; i < warmup_; ++i) call(s, algos[a]);
       samples[a].reserve(static_cast<std::size_t>(iters_));
     }
+    std::vector<double> slowest;
     for (int done = 0; done < iters_; done += block_iters) {
-      const std::size_t k = static_cast<std::size_t>(std::min(block_iters, iters_ - done));
+      times_.resize(static_cast<std::size_t>(std::min(block_iters, iters_ - done)));
       for (std::size_t a = 0; a < algos.size(); ++a) {
-        call(count, algos[a]);  // the switch from the previous algorithm is not timed
+        call(s, algos[a]);  // the switch from the previous algorithm is not timed
         rz::barrier(comm_);
-        auto last = clock_type::now();
-        for (std::size_t i = 0; i < k; ++i) {
-          call(count, algos[a]);
-          const auto now = clock_type::now();
-          times_[i] = std::chrono::duration<double, std::micro>(now - last).count();
-          last = now;
-        }
-        rz::all_reduce(comm_, times_.data(), slowest_.data(), k, rz::dtype::float64, rz::reduce_kind::max);
-        samples[a].insert(samples[a].end(), slowest_.begin(), slowest_.begin() + static_cast<std::ptrdiff_t>(k));
+        rz::bench::time_each(times_, [&] { call(s, algos[a]); });
+        rz::bench::slowest_over_ranks(comm_, times_, slowest);
+        samples[a].insert(samples[a].end(), slowest.begin(), slowest.end());
       }
     }
-    const double size_bytes = static_cast<double>(largest_buffer(count)) * sizeof(float);
     for (std::size_t a = 0; a < algos.size(); ++a) {
-      std::vector<double>& sorted = samples[a];
-      std::sort(sorted.begin(), sorted.end());
-      const std::size_t k = sorted.size();
-      m[a].time_us = k % 2 ? sorted[k / 2] : 0.5 * (sorted[k / 2 - 1] + sorted[k / 2]);
-      m[a].busbw = m[a].time_us > 0 ? size_bytes / m[a].time_us / 1e3 * bus_factor(kind_, n_) : 0;
+      rz::bench::result_row& row = m[a].row;
+      row.kind = desc_.kind;
+      row.size_bytes = s.size_bytes;
+      row.count = s.count;
+      row.type = rz::dtype::float32;
+      row.redop = rz::is_reduction(desc_.kind) ? "sum" : "none";
+      row.ranks = n_;
       std::string problem;
-      m[a].resolved =
-          rz::resolve_algorithm(comm_, kind_, static_cast<double>(model_bytes(count)), algos[a], comm_.forced_algorithm(), problem);
+      row.algorithm = std::string(rz::algorithm_name(
+          rz::resolve_algorithm(comm_, desc_.kind, static_cast<double>(s.size_bytes), algos[a], comm_.forced_algorithm(), problem)));
+      row.requested = std::string(rz::algorithm_name(algos[a]));
+      (in_place_ ? row.in_place : row.out_of_place) =
+          rz::bench::make_placement(desc_, s, n_, in_place_, rz::bench::summarize(samples[a]), wrong[a], 0.0);
     }
     return m;
   }
 
-  std::uint64_t largest_buffer(std::uint64_t count) const {
-    if (kind_ == rz::collective_kind::reduce_scatter || kind_ == rz::collective_kind::all_gather)
-      return count * static_cast<std::uint64_t>(n_);
-    return count;
-  }
-  std::uint64_t model_bytes(std::uint64_t count) const { return largest_buffer(count) * sizeof(float); }
-
  private:
-  // Input element i of rank r: small integers, so every sum is exact in float32.
-  static float input(int r, std::uint64_t i) { return static_cast<float>(r + 1 + static_cast<int>(i % 5)); }
-
-  void fill(std::uint64_t count) {
-    const std::uint64_t elems = kind_ == rz::collective_kind::all_gather ? count : largest_buffer(count);
-    float* in = in_place_ ? recv_.get() : send_.get();
-    if (in_place_ && kind_ == rz::collective_kind::all_gather) in += static_cast<std::uint64_t>(r_) * count;
-    for (std::uint64_t i = 0; i < elems; ++i) in[i] = input(r_, kind_ == rz::collective_kind::all_gather ? i : i);
-  }
-
-  void call(std::uint64_t count, rz::algorithm a) {
-    rz::collective_options o;
-    o.algo = a;
-    float* send = send_.get();
-    float* recv = recv_.get();
-    const std::uint64_t offset = static_cast<std::uint64_t>(r_) * count;
-    switch (kind_) {
-      case rz::collective_kind::reduce_scatter:
-        rz::reduce_scatter(comm_, in_place_ ? recv : send, in_place_ ? recv + offset : recv, count, rz::dtype::float32,
-                           rz::reduce_kind::sum, o);
-        break;
-      case rz::collective_kind::all_gather:
-        rz::all_gather(comm_, in_place_ ? recv + offset : send, recv, count, rz::dtype::float32, o);
-        break;
-      default:
-        rz::all_reduce(comm_, in_place_ ? recv : send, recv, count, rz::dtype::float32, rz::reduce_kind::sum, o);
-        break;
-    }
-  }
-
-  std::int64_t verify(std::uint64_t count) const {
-    std::int64_t wrong = 0;
-    const float* out = recv_.get();
-    const auto reduced = [&](std::uint64_t i) {
-      float s = 0;
-      for (int q = 0; q < n_; ++q) s += input(q, i);
-      return s;
-    };
-    switch (kind_) {
-      case rz::collective_kind::reduce_scatter: {
-        if (in_place_) out += static_cast<std::uint64_t>(r_) * count;
-        for (std::uint64_t i = 0; i < count; ++i) wrong += out[i] != reduced(static_cast<std::uint64_t>(r_) * count + i);
-        break;
-      }
-      case rz::collective_kind::all_gather:
-        for (std::uint64_t j = 0; j < count * static_cast<std::uint64_t>(n_); ++j)
-          wrong += out[j] != input(static_cast<int>(j / count), j % count);
-        break;
-      default:
-        for (std::uint64_t i = 0; i < count; ++i) wrong += out[i] != reduced(i);
-        break;
-    }
-    return wrong;
+  void call(const rz::bench::row_shape& s, rz::algorithm a) {
+    rz::bench::call_args args;
+    args.send = send_.get();
+    args.recv = recv_.get();
+    args.shape = s;
+    args.type = rz::dtype::float32;
+    args.op = rz::reduce_kind::sum;
+    args.in_place = in_place_;
+    args.options.algo = a;
+    desc_.call(comm_, args, r_, n_);
   }
 
   std::int64_t all_sum(std::int64_t v) {
@@ -214,12 +151,12 @@ class compare {
   }
 
   rz::mpi::communicator& comm_;
-  rz::collective_kind kind_;
+  const rz::bench::collective_descriptor& desc_;
   int iters_, warmup_;
   bool in_place_;
   int n_ = 1, r_ = 0;
-  std::unique_ptr<float, free_deleter> send_, recv_;
-  std::vector<double> times_, slowest_;
+  std::unique_ptr<unsigned char, free_deleter> send_, recv_;
+  std::vector<double> times_;
 };
 
 /// The slowest rank's seconds per repetition of `body`.
@@ -287,7 +224,7 @@ void measure_link(rz::mpi::communicator& comm, int reps) {
 int main(int argc, char** argv) {
   rz::mpi::environment env(argc, argv);
   CLI::App app{"ringzero-mpi-compare: ringzero over MPI point-to-point against MPI's own collectives"};
-  std::string collective = "all_reduce", min_b = "64K", max_b = "256M", json_path;
+  std::string collective = "all_reduce", min_b = "64K", max_b = "256M", json_path, csv_path;
   std::uint64_t factor = 2;
   int iters = 20, warmup = 5;
   bool in_place = false, link = false;
@@ -304,6 +241,7 @@ int main(int argc, char** argv) {
   app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per algorithm and size")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_flag("--inplace", in_place, "run in place instead of out of place");
   app.add_option("--json", json_path, "write the rows to this JSON file (rank 0)");
+  app.add_option("--csv", csv_path, "write the rows to this CSV file (rank 0; the table's columns)");
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
@@ -319,7 +257,7 @@ int main(int argc, char** argv) {
   }
   std::int64_t wrong_total = 0;
   int rows_not_matching = 0;
-  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json comparisons = nlohmann::json::array();
   try {
     const std::uint64_t min_bytes = parse_size(min_b, "minbytes", 1), max_bytes = parse_size(max_b, "maxbytes", 1);
     if (min_bytes > max_bytes)
@@ -346,49 +284,54 @@ int main(int argc, char** argv) {
       const rz::link_model m = comm.link();
       fmt::print("# link model: alpha {:.3g} us, beta {:.3g} us/B, gamma {:.3g} us/B{}\n", m.alpha_us, m.beta_us_per_byte,
                  m.gamma_us_per_byte, comm.oversubscribed() ? " (oversubscribed)" : "");
-      fmt::print("# time: median over iterations of the slowest rank (us); busbw: GB/s (nccl-tests); "
-                 "native/best >= 1 means ringzero's best point-to-point algorithm at least matches MPI's own\n");
-      fmt::print("# {:>10} {:>10} | {:>9} {:>6} | {:>9} {:>6} | {:>9} {:>6} | {:>9} {:>16} | {:>16} {:>11} | {:>6}\n", "size",
-                 "count", "ring", "busbw", "hd", "busbw", "native", "busbw", "auto", "auto chose", "best", "native/best",
-                 "#wrong");
+      fmt::print("# one row per algorithm (requested->resolved); time: mean over iterations of the slowest rank (us), "
+                 "median beside it; busbw: GB/s (nccl-tests)\n");
+      fmt::print("# after each size: native/best = MPI's own median time over ringzero's best (ring or halving_doubling) "
+                 "median; >= 1 means ringzero at least matches MPI\n");
+      std::fputs(rz::bench::table_header().c_str(), stdout);
     }
     const std::vector<rz::algorithm> algos = {rz::algorithm::ring, rz::algorithm::halving_doubling, rz::algorithm::native,
                                               rz::algorithm::automatic};
-    for (std::uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
-      const std::uint64_t count = c.count_for(bytes);
-      if (count == 0) continue;
-      const std::vector<measurement> m = c.run(count, algos);
-      const bool ring_best = m[0].time_us <= m[1].time_us;
-      const measurement& best = ring_best ? m[0] : m[1];
-      const double ratio = best.time_us > 0 ? m[2].time_us / best.time_us : 0;
+    std::vector<rz::bench::result_row> result_rows;
+    for (std::uint64_t bytes : rz::bench::sweep_sizes(min_bytes, max_bytes, factor, 0)) {
+      const rz::bench::row_shape shape = c.shape(bytes);
+      if (shape.count == 0) continue;
+      const std::vector<measurement> m = c.run(shape, algos);
+      auto median = [&](std::size_t a) { return m[a].measured(in_place).median_us; };
+      const bool ring_best = median(0) <= median(1);
+      const double best = ring_best ? median(0) : median(1);
+      const double ratio = best > 0 ? median(2) / best : 0;
       std::int64_t wrong = 0;
-      for (const auto& x : m) wrong += x.wrong;
+      for (const auto& x : m) wrong += x.measured(in_place).wrong;
       wrong_total += wrong;
       if (ratio < 1.0) ++rows_not_matching;
       if (rank == 0) {
-        fmt::print("  {:>10} {:>10} | {:>9.1f} {:>6.2f} | {:>9.1f} {:>6.2f} | {:>9.1f} {:>6.2f} | {:>9.1f} {:>16} | {:>16} {:>11.2f} | {:>6}\n",
-                   c.largest_buffer(count) * sizeof(float), count, m[0].time_us, m[0].busbw, m[1].time_us, m[1].busbw,
-                   m[2].time_us, m[2].busbw, m[3].time_us, rz::algorithm_name(m[3].resolved),
-                   ring_best ? "ring" : "halving_doubling", ratio, wrong);
+        for (const auto& x : m) std::fputs(rz::bench::table_row(x.row).c_str(), stdout);
+        fmt::print("# {:>12}  native/best {:.2f} (best {}, auto chose {})\n", shape.size_bytes, ratio,
+                   ring_best ? "ring" : "halving_doubling", m[3].row.algorithm);
         std::fflush(stdout);
-        nlohmann::json row{{"size_bytes", c.largest_buffer(count) * sizeof(float)}, {"count", count}, {"ranks", n},
-                           {"auto_chose", rz::algorithm_name(m[3].resolved)}, {"best", ring_best ? "ring" : "halving_doubling"},
-                           {"native_over_best", ratio}, {"wrong", wrong}};
-        const char* names[] = {"ring", "halving_doubling", "native", "auto"};
-        for (int i = 0; i < 4; ++i) row[names[i]] = {{"time_us", m[i].time_us}, {"busbw_gbps", m[i].busbw}};
-        rows.push_back(row);
+        comparisons.push_back({{"size_bytes", shape.size_bytes}, {"count", shape.count}, {"ranks", n},
+                               {"auto_chose", m[3].row.algorithm}, {"best", ring_best ? "ring" : "halving_doubling"},
+                               {"native_over_best", ratio}, {"wrong", wrong}});
+        for (const auto& x : m) result_rows.push_back(x.row);
       }
-      if (bytes > max_bytes / factor) break;
     }
     if (rank == 0) {
       fmt::print("# Errors: {} wrong element(s) {}\n", wrong_total, wrong_total == 0 ? "OK" : "FAILED");
       fmt::print("# Sizes where native beat ringzero's best: {}\n", rows_not_matching);
       if (!json_path.empty()) {
-        nlohmann::json doc{{"program", "ringzero-mpi-compare"}, {"collective", rz::collective_name(*kind)}, {"ranks", n},
-                           {"in_place", in_place}, {"rows", rows}, {"wrong", wrong_total}};
-        std::ofstream f(json_path);
-        f << doc.dump(2) << "\n";
+        using rz::bench::json_number;
+        using rz::bench::json_string;
+        rz::bench::write_json(json_path,
+                              {{"program", json_string("ringzero-mpi-compare")},
+                               {"collective", json_string(std::string(rz::collective_name(*kind)))},
+                               {"ranks", json_number(n)},
+                               {"in_place", in_place ? "true" : "false"},
+                               {"comparisons", comparisons.dump()},
+                               {"wrong", json_number(static_cast<double>(wrong_total))}},
+                              result_rows);
       }
+      if (!csv_path.empty()) rz::bench::write_csv(csv_path, result_rows);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ringzero-mpi-compare: %s\n", e.what());

@@ -5,13 +5,14 @@
 // For each size from -b to -e (multiplied by -f, or stepped by -i) and each dtype / op / root,
 // it runs the collective out of place and in place, checks the result bitwise against exact
 // expected values (-c 1), then times -n iterations after -w warm-up iterations and prints
-// nccl-tests' columns: size (B), count (elements), type, redop, root, then per placement time
-// (us, the median of the per-iteration times, each the slowest rank's), algbw and busbw (GB/s),
-// %peak (the fraction of the memory-bandwidth bound reached) and #wrong. Bus-bandwidth factors
-// follow nccl-tests (all_reduce 2(n-1)/n; reduce_scatter, all_gather, all_to_all (n-1)/n of the
-// total bytes; broadcast and reduce 1). Before the table it measures the machine's memory
-// bandwidth with a STREAM-style copy on the same rank threads; docs/performance.md explains how the
-// bound's bytes are counted. The exit status is non-zero when any #wrong is non-zero.
+// nccl-tests' columns in nccl-tests' order: size (B), count (elements), type, redop, root, then
+// per placement time (us, the mean of the per-iteration times, each the slowest rank's), algbw
+// and busbw (GB/s, from the mean) and #wrong; then ringzero's own: the algorithm that ran and,
+// per placement, the median time and %peak (the fraction of the memory-bandwidth bound reached).
+// The sweep, timing, bus factors (nccl-tests' PERFORMANCE.md), exact check and table live in
+// bench/harness/. Before the table it measures the machine's memory bandwidth with a STREAM-style
+// copy on the same rank threads; docs/performance.md explains how the bound's bytes are counted.
+// --json FILE and --csv FILE keep every row. The exit status is non-zero when any #wrong is non-zero.
 //
 // Sizes: like nccl-tests, `size` is the larger of a rank's send and receive buffers; for
 // reduce_scatter, all_gather and all_to_all the per-rank count is size / (elements * world size),
@@ -36,22 +37,23 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
-#include <nlohmann/json.hpp>
 
-#include "exact_values.hpp"
 #include "command_line.hpp"
+#include "harness/collective.hpp"
+#include "harness/table.hpp"
+#include "harness/timing.hpp"
 #include "memory_bandwidth.hpp"
 #include "ringzero/ringzero.hpp"
 #if RINGZERO_HAS_CUDA
@@ -86,6 +88,7 @@ struct options {
   bool pin = false;
   bool reproducible = false;       // --reproducible: floating sum/avg/premulsum reductions in reproducible mode
   std::string json_path;
+  std::string csv_path;
   std::uint64_t bandwidth_bytes = 0;
   bool device_memory = false;      // --memory cuda
   std::string backend = "local";   // --backend local | nccl | mpi
@@ -97,58 +100,14 @@ struct options {
   std::uint64_t copy_bytes() const { return bandwidth_bytes ? bandwidth_bytes : std::max<std::uint64_t>(buffer_bytes(), 64ull << 20); }
 };
 
-// nccl-tests' bus-bandwidth factor.
-double bus_factor(rz::collective_kind k, int n) {
-  const double nn = n;
-  switch (k) {
-    case rz::collective_kind::all_reduce: return 2.0 * (nn - 1) / nn;
-    case rz::collective_kind::reduce_scatter:
-    case rz::collective_kind::all_gather:
-    case rz::collective_kind::all_to_all: return (nn - 1) / nn;
-    default: return 1.0;
-  }
-}
-
-// The least memory traffic (bytes read + written, summed over all ranks) of any shared-memory
-// algorithm for the collective: every input byte read once and every output byte written once.
-// `S` is the per-rank count in bytes of the collective's "whole" buffer (see docs/performance.md).
-double collective_min_bytes(rz::collective_kind k, int n, double S) {
-  const double nn = n;
-  switch (k) {
-    case rz::collective_kind::all_reduce: return nn * 2 * S;              // read S, write S per rank
-    case rz::collective_kind::reduce_scatter: return nn * (S + S / nn);   // read S (n blocks), write S/n
-    case rz::collective_kind::all_gather: return nn * (S / nn + S);       // read S/n own... and write S
-    case rz::collective_kind::broadcast: return S + nn * S;               // root read S, every rank writes S
-    case rz::collective_kind::reduce: return nn * S + S;                  // every input read, root writes S
-    case rz::collective_kind::all_to_all: return nn * 2 * S;              // read S, write S per rank
-    default: return 0;
-  }
-}
-
-struct row_result {
-  double time_us = 0, mean_us = 0, algbw = 0, busbw = 0, peak_fraction = 0;
-  std::int64_t wrong = -1;  // -1: not applicable (N/A)
-};
-
 struct shared_state {
   std::mutex mutex;
-  nlohmann::json rows = nlohmann::json::array();
+  std::vector<rz::bench::result_row> rows;
   double busbw_sum = 0;
   int busbw_rows = 0;
   std::int64_t wrong_total = 0;
   double copy_bandwidth = 0;
 };
-
-// Elements per rank (the collective's count argument) for a size in bytes.
-std::uint64_t count_for(rz::collective_kind k, std::uint64_t bytes, std::size_t es, int n) {
-  const std::uint64_t elems = bytes / es;
-  switch (k) {
-    case rz::collective_kind::reduce_scatter:
-    case rz::collective_kind::all_gather:
-    case rz::collective_kind::all_to_all: return elems / (4u * static_cast<std::uint64_t>(n)) * 4u;
-    default: return elems;
-  }
-}
 
 /// Frees a benchmark buffer: std::free for host memory, cudaFree for device memory.
 struct buffer_deleter {
@@ -170,7 +129,7 @@ class rank_bench {
   /// host communicator of a parallel local world when `comm` works on device memory) carries the
   /// benchmark's own bookkeeping (times, #wrong, barriers around the copy measurement).
   rank_bench(rz::communicator& comm, rz::communicator& host, const options& o, shared_state& shared)
-      : comm_(comm), host_(host), o_(o), shared_(shared), device_(comm.space() == rz::memory_space::cuda) {
+      : comm_(comm), host_(host), o_(o), desc_(rz::bench::describe_bench(o.kind)), shared_(shared), device_(comm.space() == rz::memory_space::cuda) {
     n_ = comm.world_size();
     r_ = comm.rank();
     // Buffers allocated and touched once, reused by every row.
@@ -192,14 +151,10 @@ class rank_bench {
       run_row(0, o_.dtypes.front(), rz::reduce_kind::sum, -1);
       return;
     }
-    for (std::uint64_t bytes = o_.min_bytes; bytes <= o_.max_bytes;) {
+    for (std::uint64_t bytes : rz::bench::sweep_sizes(o_.min_bytes, o_.max_bytes, o_.step_factor, o_.step_bytes))
       for (rz::dtype t : o_.dtypes)
         for (rz::reduce_kind op : reduction() ? o_.ops : std::vector<rz::reduce_kind>{rz::reduce_kind::sum})
           for (int root : rooted() ? o_.roots : std::vector<int>{-1}) run_row(bytes, t, op, root);
-      const std::uint64_t next = o_.step_factor > 1 ? bytes * o_.step_factor : bytes + o_.step_bytes;
-      if (next <= bytes) break;
-      bytes = next;
-    }
   }
 
  private:
@@ -332,38 +287,8 @@ class rank_bench {
       algo += std::string(" (RINGZERO_ALGO=") + std::string(rz::algorithm_name(comm_.forced_algorithm())) + " where available)";
     fmt::print("# ringzero-bench {} : {} rank(s) on {}, algorithm {}{}\n", rz::collective_name(o_.kind), n_, backend_text(), algo,
                o_.reproducible ? ", reproducible mode (floating sum/avg/premulsum rows)" : "");
-    fmt::print("# {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {:>40}  {:>40}\n", "", "", "", "", "", "",
-               "out-of-place", "in-place");
-    fmt::print("# {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {:>9} {:>7} {:>7} {:>6} {:>6}  {:>9} {:>7} {:>7} {:>6} {:>6}\n",
-               "size", "count", "type", "redop", "root", "algo", "time", "algbw", "busbw", "%peak", "#wrong", "time",
-               "algbw", "busbw", "%peak", "#wrong");
-    fmt::print("# {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {:>9} {:>7} {:>7} {:>6} {:>6}  {:>9} {:>7} {:>7} {:>6} {:>6}\n",
-               "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "");
+    std::fputs(rz::bench::table_header().c_str(), stdout);
     std::fflush(stdout);
-  }
-
-  // Buffers and counts of one row.
-  struct row_setup {
-    std::uint64_t count = 0;        // the collective's count argument
-    std::uint64_t send_elems = 0, recv_elems = 0;
-    std::uint64_t size_bytes = 0;   // max(send, recv) bytes of one rank
-    double whole_bytes = 0;         // S of collective_min_bytes
-  };
-
-  row_setup setup(std::uint64_t bytes, rz::dtype t) const {
-    row_setup s;
-    const std::size_t es = rz::dtype_size(t);
-    const std::uint64_t n = static_cast<std::uint64_t>(n_);
-    s.count = count_for(o_.kind, bytes, es, n_);
-    switch (o_.kind) {
-      case rz::collective_kind::reduce_scatter: s.send_elems = s.count * n; s.recv_elems = s.count; break;
-      case rz::collective_kind::all_gather: s.send_elems = s.count; s.recv_elems = s.count * n; break;
-      case rz::collective_kind::all_to_all: s.send_elems = s.recv_elems = s.count * n; break;
-      default: s.send_elems = s.recv_elems = s.count; break;
-    }
-    s.size_bytes = std::max(s.send_elems, s.recv_elems) * es;
-    s.whole_bytes = static_cast<double>(s.size_bytes);
-    return s;
   }
 
   // True when --reproducible applies to a row: a floating sum, avg or premulsum of all_reduce,
@@ -375,89 +300,19 @@ class rank_bench {
            (op == rz::reduce_kind::sum || op == rz::reduce_kind::avg || op == rz::reduce_kind::premul_sum);
   }
 
-  // Runs the collective once with the row's arguments.
-  void call(const row_setup& s, rz::dtype t, rz::reduce_kind opk, int root, bool in_place) {
-    rz::collective_options opts;
-    opts.algo = o_.algo;
-    opts.reproducible = o_.reproducible && reproducible_applies(t, opk);
-    const rz::reduce_op op = opk == rz::reduce_kind::premul_sum ? rz::reduce_op::premul_sum(rz::bench::premul_scalar) : rz::reduce_op(opk);
-    const std::size_t es = rz::dtype_size(t);
-    unsigned char* send = send_.get();
-    unsigned char* recv = recv_.get();
-    const std::uint64_t block = s.count * es, offset = static_cast<std::uint64_t>(r_) * block;
-    switch (o_.kind) {
-      case rz::collective_kind::all_reduce: rz::all_reduce(comm_, in_place ? recv : send, recv, s.count, t, op, opts); break;
-      case rz::collective_kind::reduce_scatter:
-        rz::reduce_scatter(comm_, in_place ? recv : send, in_place ? recv + offset : recv, s.count, t, op, opts);
-        break;
-      case rz::collective_kind::all_gather:
-        rz::all_gather(comm_, in_place ? recv + offset : send, recv, s.count, t, opts);
-        break;
-      case rz::collective_kind::broadcast: rz::broadcast(comm_, in_place ? recv : send, recv, s.count, t, root, opts); break;
-      case rz::collective_kind::reduce: rz::reduce(comm_, in_place ? recv : send, recv, s.count, t, op, root, opts); break;
-      case rz::collective_kind::all_to_all: rz::all_to_all(comm_, send, recv, s.count, t, opts); break;
-      default: rz::barrier(comm_, opts); break;
-    }
-  }
-
-  // Writes this rank's input for the row (in place: into the receive buffer at its input's place).
-  void fill(const row_setup& s, rz::dtype t, rz::reduce_kind op, bool in_place) {
-    const std::size_t es = rz::dtype_size(t);
-    unsigned char* recv = recv_view();
-    const std::uint64_t offset = static_cast<std::uint64_t>(r_) * s.count * es;
-    switch (o_.kind) {
-      case rz::collective_kind::all_gather:
-        rz::bench::fill_input(in_place ? recv + offset : send_view(), s.count, t, op, r_, 0);
-        if (!in_place) std::memset(recv, 0xA5, s.recv_elems * es);
-        break;
-      default:
-        rz::bench::fill_input(in_place ? recv : send_view(), s.send_elems, t, op, r_, 0);
-        if (!in_place) std::memset(recv, 0xA5, s.recv_elems * es);
-        break;
-    }
-    upload(s.send_elems * es, std::max(s.send_elems, s.recv_elems) * es);
-  }
-
-  // Counts elements of this rank's output that differ bitwise from the expected values.
-  std::int64_t verify(const row_setup& s, rz::dtype t, rz::reduce_kind op, int root, bool in_place) const {
-    const std::size_t es = rz::dtype_size(t);
-    const unsigned char* out = recv_view();
-    if (in_place && o_.kind == rz::collective_kind::reduce_scatter) out += static_cast<std::uint64_t>(r_) * s.count * es;
-    std::int64_t wrong = 0;
-    unsigned char expected[rz::bench::pattern_period][8];
-    auto compare_reduced = [&](std::uint64_t first_global, std::uint64_t elems) {
-      for (int k = 0; k < rz::bench::pattern_period; ++k) rz::bench::expected_reduction(t, op, n_, k, expected[k]);
-      for (std::uint64_t i = 0; i < elems; ++i)
-        if (std::memcmp(out + i * es, expected[(first_global + i) % rz::bench::pattern_period], es) != 0) ++wrong;
-    };
-    auto compare_copied = [&](std::uint64_t at, int source_rank, std::uint64_t source_first, std::uint64_t elems) {
-      for (int k = 0; k < rz::bench::pattern_period; ++k) rz::bench::expected_copy(t, op, source_rank, static_cast<std::uint64_t>(k), expected[k]);
-      for (std::uint64_t i = 0; i < elems; ++i)
-        if (std::memcmp(out + (at + i) * es, expected[(source_first + i) % rz::bench::pattern_period], es) != 0) ++wrong;
-    };
-    switch (o_.kind) {
-      case rz::collective_kind::all_reduce: compare_reduced(0, s.count); break;
-      case rz::collective_kind::reduce:
-        if (r_ == root) compare_reduced(0, s.count);
-        break;
-      case rz::collective_kind::reduce_scatter: compare_reduced(static_cast<std::uint64_t>(r_) * s.count, s.count); break;
-      case rz::collective_kind::all_gather:
-        for (int q = 0; q < n_; ++q) compare_copied(static_cast<std::uint64_t>(q) * s.count, q, 0, s.count);
-        break;
-      case rz::collective_kind::broadcast: compare_copied(0, root, 0, s.count); break;
-      case rz::collective_kind::all_to_all:
-        for (int q = 0; q < n_; ++q)
-          compare_copied(static_cast<std::uint64_t>(q) * s.count, q, static_cast<std::uint64_t>(r_) * s.count, s.count);
-        break;
-      default: break;
-    }
-    return wrong;
-  }
-
-  double all_max(double v) {
-    double out = 0;
-    rz::all_reduce(host_, &v, &out, 1, rz::dtype::float64, rz::reduce_kind::max);
-    return out;
+  // The arguments of the row's calls on this rank.
+  rz::bench::call_args args(const rz::bench::row_shape& s, rz::dtype t, rz::reduce_kind op, int root, bool in_place) const {
+    rz::bench::call_args a;
+    a.send = send_.get();
+    a.recv = recv_.get();
+    a.shape = s;
+    a.type = t;
+    a.op = op;
+    a.root = root;
+    a.in_place = in_place;
+    a.options.algo = o_.algo;
+    a.options.reproducible = o_.reproducible && reproducible_applies(t, op);
+    return a;
   }
 
   std::int64_t all_sum(std::int64_t v) {
@@ -466,96 +321,70 @@ class rank_bench {
     return out;
   }
 
-  row_result measure(const row_setup& s, rz::dtype t, rz::reduce_kind op, int root, bool in_place) {
-    row_result res;
-    if (in_place && o_.kind == rz::collective_kind::all_to_all) return res;  // N/A, like nccl-tests' sendrecv
+  // One placement of a row: the exact check (-c 1), the warm-up, the timed iterations.
+  rz::bench::placement_result measure(const rz::bench::row_shape& s, rz::dtype t, rz::reduce_kind op, int root, bool in_place) {
+    if (in_place && !desc_.has_in_place) return {};  // N/A, like nccl-tests' sendrecv
+    const rz::bench::call_args a = args(s, t, op, root, in_place);
+    auto call = [&] { desc_.call(comm_, a, r_, n_); };
+    std::int64_t wrong = 0;
     if (o_.check) {
-      fill(s, t, op, in_place);
-      call(s, t, op, root, in_place);
-      download(std::max(s.send_elems, s.recv_elems) * rz::dtype_size(t));
-      res.wrong = all_sum(verify(s, t, op, root, in_place));
-    } else {
-      res.wrong = 0;
+      const std::size_t es = rz::dtype_size(t);
+      rz::bench::fill_row(desc_, send_view(), recv_view(), s, t, op, r_, in_place);
+      upload(s.send_elems * es, std::max(s.send_elems, s.recv_elems) * es);
+      call();
+      download(std::max(s.send_elems, s.recv_elems) * es);
+      wrong = all_sum(desc_.verify(recv_view(), s, t, op, root, r_, n_, in_place));
     }
-    for (int i = 0; i < o_.warmup; ++i) call(s, t, op, root, in_place);
+    for (int i = 0; i < o_.warmup; ++i) call();
     if (device_) {
       // Device work is asynchronous: time the batch up to the stream's completion.
       comm_.synchronize();
       rz::barrier(host_);
-      const auto t0 = clock_type::now();
-      for (std::size_t i = 0; i < times_.size(); ++i) call(s, t, op, root, in_place);
-      comm_.synchronize();
-      const double each = std::chrono::duration<double, std::micro>(clock_type::now() - t0).count() / static_cast<double>(times_.size());
+      const double each = rz::bench::time_batch(static_cast<int>(times_.size()), call, [&] { comm_.synchronize(); });
       std::fill(times_.begin(), times_.end(), each);
     } else {
       rz::barrier(comm_);
-      auto last = clock_type::now();
-      for (std::size_t i = 0; i < times_.size(); ++i) {
-        call(s, t, op, root, in_place);
-        const auto now = clock_type::now();
-        times_[i] = std::chrono::duration<double, std::micro>(now - last).count();
-        last = now;
-      }
+      rz::bench::time_each(times_, call);
     }
-    // The slowest rank's time of each iteration, then the median and mean over iterations.
-    rz::all_reduce(host_, times_.data(), slowest_.data(), slowest_.size(), rz::dtype::float64, rz::reduce_kind::max);
-    std::vector<double> sorted = slowest_;
-    std::sort(sorted.begin(), sorted.end());
-    const std::size_t m = sorted.size();
-    res.time_us = m % 2 ? sorted[m / 2] : 0.5 * (sorted[m / 2 - 1] + sorted[m / 2]);
-    double total = 0;
-    for (double x : slowest_) total += x;
-    res.mean_us = total / static_cast<double>(m);
-    // A barrier moves no data: no bandwidth, whatever -b/-e say.
-    const bool moves_data = o_.kind != rz::collective_kind::barrier;
-    res.algbw = moves_data && res.time_us > 0 ? static_cast<double>(s.size_bytes) / res.time_us / 1e3 : 0;
-    res.busbw = res.algbw * bus_factor(o_.kind, n_);
-    // A world of one in place has nothing to move: no bound, %peak is printed as "-".
-    const double least = n_ == 1 && in_place ? 0.0 : collective_min_bytes(o_.kind, n_, s.whole_bytes);
-    const double bound_us = least / (copy_gbps_ * 1e3);
-    res.peak_fraction = res.time_us > 0 && least > 0 ? bound_us / res.time_us : -1;
-    return res;
+    // The slowest rank's time of each iteration, then the mean and the median over iterations.
+    rz::bench::slowest_over_ranks(host_, times_, slowest_);
+    return rz::bench::make_placement(desc_, s, n_, in_place, rz::bench::summarize(slowest_), wrong, copy_gbps_);
   }
 
   void run_row(std::uint64_t bytes, rz::dtype t, rz::reduce_kind op, int root) {
-    const row_setup s = setup(bytes, t);
-    if (s.count == 0 && bytes != 0 && o_.kind != rz::collective_kind::barrier) return;  // too small for this world
+    const rz::bench::row_shape s = desc_.shape(bytes, rz::dtype_size(t), n_);
+    if (s.count == 0 && bytes != 0 && desc_.moves_data) return;  // too small for this world
     std::string problem;
-    const rz::algorithm resolved = rz::resolve_algorithm(comm_, o_.kind, s.whole_bytes, o_.algo, comm_.forced_algorithm(), problem);
-    const row_result out = measure(s, t, op, root, false);
-    const row_result in = measure(s, t, op, root, true);
+    const rz::algorithm resolved =
+        rz::resolve_algorithm(comm_, o_.kind, static_cast<double>(s.size_bytes), o_.algo, comm_.forced_algorithm(), problem);
+    rz::bench::result_row row;
+    row.kind = o_.kind;
+    row.size_bytes = s.size_bytes;
+    row.count = s.count;
+    row.type = t;
+    row.redop = reduction() ? std::string(rz::reduce_kind_name(op)) : "none";
+    row.root = root;
+    row.ranks = n_;
+    row.algorithm = std::string(rz::algorithm_name(resolved));
+    row.out_of_place = measure(s, t, op, root, false);
+    row.in_place = measure(s, t, op, root, true);
     if (r_ != 0) return;
-    auto cell = [](const row_result& x) {
-      if (x.wrong < 0) return fmt::format("{:>9} {:>7} {:>7} {:>6} {:>6}", "N/A", "N/A", "N/A", "N/A", "N/A");
-      if (x.peak_fraction < 0) return fmt::format("{:>9.2f} {:>7.2f} {:>7.2f} {:>6} {:>6}", x.time_us, x.algbw, x.busbw, "-", x.wrong);
-      return fmt::format("{:>9.2f} {:>7.2f} {:>7.2f} {:>5.1f}% {:>6}", x.time_us, x.algbw, x.busbw, 100 * x.peak_fraction, x.wrong);
-    };
-    const std::string opname = reduction() ? std::string(rz::reduce_kind_name(op)) : "none";
-    fmt::print("  {:>10}  {:>12}  {:>8}  {:>9}  {:>4}  {:>16}  {}  {}\n", s.size_bytes, s.size_bytes / rz::dtype_size(t),
-               rz::dtype_short_name(t), opname, root, rz::algorithm_name(resolved), cell(out), cell(in));
+    std::fputs(rz::bench::table_row(row).c_str(), stdout);
     std::fflush(stdout);
     std::lock_guard<std::mutex> lock(shared_.mutex);
-    auto json_of = [](const row_result& x) {
-      if (x.wrong < 0) return nlohmann::json(nullptr);
-      return nlohmann::json{{"time_us", x.time_us}, {"mean_time_us", x.mean_us}, {"algbw_gbps", x.algbw},
-                            {"busbw_gbps", x.busbw}, {"peak_fraction", x.peak_fraction < 0 ? nlohmann::json(nullptr) : nlohmann::json(x.peak_fraction)},
-                            {"wrong", x.wrong}};
-    };
-    shared_.rows.push_back({{"collective", rz::collective_name(o_.kind)}, {"size_bytes", s.size_bytes},
-                            {"count", s.count}, {"type", rz::dtype_name(t)}, {"redop", opname}, {"root", root},
-                            {"algorithm", rz::algorithm_name(resolved)}, {"ranks", n_},
-                            {"out_of_place", json_of(out)}, {"in_place", json_of(in)}});
-    for (const row_result* x : {&out, &in}) {
-      if (x->wrong < 0) continue;
+    for (const rz::bench::placement_result* x : {&row.out_of_place, &row.in_place}) {
+      if (!x->applicable) continue;
       shared_.busbw_sum += x->busbw;
       ++shared_.busbw_rows;
       shared_.wrong_total += x->wrong;
     }
+    shared_.rows.push_back(std::move(row));
   }
 
   rz::communicator& comm_;
   rz::communicator& host_;
   const options& o_;
+  const rz::bench::collective_descriptor& desc_;
   shared_state& shared_;
   bool device_ = false;
   int n_ = 1, r_ = 0;
@@ -621,6 +450,7 @@ int main(int argc, char** argv) {
                "reproducible mode (docs/numerics.md) for floating sum, avg and premulsum rows of all_reduce, "
                "reduce_scatter and reduce; host memory only");
   app.add_option("--json", o.json_path, "write every row to this JSON file");
+  app.add_option("--csv", o.csv_path, "write every row to this CSV file (the table's columns, bench/harness/table.hpp)");
   app.add_option("--bandwidth-bytes", bw_size, "per-rank size of the memory-bandwidth copy (default max(maxbytes, 64M))");
   std::string memory = "host";
   app.add_option("--memory", memory, "where buffers live: host, or cuda (device memory; needs a build with CUDA)")->capture_default_str();
@@ -735,9 +565,10 @@ int main(int argc, char** argv) {
                                        "--bandwidth-bytes",
                                        o.ranks, need / (1u << 30), o.max_bytes, rz::bench::physical_memory_bytes() / (1u << 30)));
     }
-    if (!o.json_path.empty() && mpi_rank == 0) {  // fail before measuring, not after
-      const std::string problem = rz::bench::output_path_problem(o.json_path);
-      if (!problem.empty()) throw CLI::ValidationError("--json", "cannot write '" + o.json_path + "': " + problem);
+    for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--json", o.json_path}, {"--csv", o.csv_path}}) {
+      if (path.empty() || mpi_rank != 0) continue;  // fail before measuring, not after
+      const std::string problem = rz::bench::output_path_problem(path);
+      if (!problem.empty()) throw CLI::ValidationError(option, "cannot write '" + path + "': " + problem);
     }
   } catch (const CLI::Error& e) {
     return mpi_rank == 0 ? app.exit(e) : 1;
@@ -795,19 +626,27 @@ int main(int argc, char** argv) {
   }
   fmt::print("# Errors: {} wrong element(s) {}\n", shared.wrong_total, shared.wrong_total == 0 ? "OK" : "FAILED");
   fmt::print("# Avg bus bandwidth    : {:.4f}\n", shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0);
-  if (!o.json_path.empty()) {
-    nlohmann::json doc{{"program", "ringzero-bench"}, {"collective", rz::collective_name(o.kind)}, {"ranks", o.ranks},
-                       {"backend", o.backend}, {"memory", o.device_memory ? "cuda" : "host"},
-                       {"reproducible", o.reproducible},
-                       {"copy_bandwidth_gbps", shared.copy_bandwidth}, {"rows", shared.rows},
-                       {"avg_busbw_gbps", shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0},
-                       {"wrong", shared.wrong_total}};
-    std::ofstream f(o.json_path);
-    if (!f) {
-      std::fprintf(stderr, "ringzero-bench: cannot write %s\n", o.json_path.c_str());
-      return 2;
+  try {
+    const double avg_busbw = shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0;
+    if (!o.json_path.empty()) {
+      using rz::bench::json_number;
+      using rz::bench::json_string;
+      rz::bench::write_json(o.json_path,
+                            {{"program", json_string("ringzero-bench")},
+                             {"collective", json_string(std::string(rz::collective_name(o.kind)))},
+                             {"ranks", json_number(o.ranks)},
+                             {"backend", json_string(o.backend)},
+                             {"memory", json_string(o.device_memory ? "cuda" : "host")},
+                             {"reproducible", o.reproducible ? "true" : "false"},
+                             {"copy_bandwidth_gbps", json_number(shared.copy_bandwidth)},
+                             {"avg_busbw_gbps", json_number(avg_busbw)},
+                             {"wrong", json_number(static_cast<double>(shared.wrong_total))}},
+                            shared.rows);
     }
-    f << doc.dump(2) << "\n";
+    if (!o.csv_path.empty()) rz::bench::write_csv(o.csv_path, shared.rows);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ringzero-bench: %s\n", rz::error_text(e).c_str());
+    return 2;
   }
   return shared.wrong_total == 0 ? 0 : 1;
 }

@@ -11,6 +11,7 @@ packages=(
   python3-venv   # tests/checkpoint: a virtual environment with Python's safetensors package
   libopenmpi-dev openmpi-bin
   jq  # the summaries of bench/ddp_fashion_mnist.sh and bench/zero_fashion_mnist.sh
+  python3-matplotlib  # bench/plot.py: busbw against size from result files (and its test)
 )
 
 missing=()

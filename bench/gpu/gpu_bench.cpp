@@ -14,13 +14,16 @@
 // #wrong: elements of the first and last 64 Ki outputs that differ from the host primitive's
 // result on the same inputs (bitwise; a NaN produced by arithmetic matches any NaN).
 // Then all_reduce (float32 sum, out of place, --size-mib per rank) on the local backend with
-// device memory, every rank of --ranks on this one GPU, ring and halving_doubling: time per call
-// (mean of --iters back-to-back calls up to the streams' completion), algbw = S / time, busbw =
-// algbw * 2(n-1)/n, and "x bound": the time over the copy-bandwidth bound of the ring, the bytes
-// its n ranks must move through the one device's memory, 5(n-1)S (each of the n-1
-// reduce-scatter steps reads two blocks of S/n and writes one; each of the n-1 all-gather steps
-// copies S/n), divided by the copy bandwidth. Results are checked exactly (every rank holds
-// r + 1, so every element must be n(n+1)/2).
+// device memory, every rank of --ranks on this one GPU, ring and halving_doubling, through the
+// benchmarks' harness (bench/harness: shape, call, exact check, bus factor, table): the table has
+// nccl-tests' columns (time: the mean of --iters back-to-back calls up to the streams' completion,
+// the slowest rank's; algbw = S / time; busbw = algbw * 2(n-1)/n; in place N/A), then the
+// algorithm, the median (the same batch) and %peak (the least traffic of any shared-memory
+// algorithm, 2nS, over the copy bandwidth and the time; the ranks share one device's memory).
+// One call's result is first checked exactly against the harness's inputs (every element).
+// "x bound" is the time over the copy-bandwidth bound of the ring: the bytes its n ranks must move
+// through the one device's memory, 5(n-1)S (each of the n-1 reduce-scatter steps reads two blocks
+// of S/n and writes one; each of the n-1 all-gather steps copies S/n), over the copy bandwidth.
 // The last lines check this project's targets on a Hopper GPU: reduce_into and cast reach at
 // least 85% of the copy bandwidth, and ring all_reduce stays within 2x of its bound. Exit status: 0 when every row is right, 1 when a result is
 // wrong, 2 on an error (no device, bad option, too little host memory for --size-mib).
@@ -42,6 +45,9 @@
 #include <vector>
 
 #include "../command_line.hpp"
+#include "../harness/collective.hpp"
+#include "../harness/table.hpp"
+#include "../harness/timing.hpp"
 #include "../memory_bandwidth.hpp"
 #include "copy_kernel.hpp"
 #include "ringzero/backend/cuda/runtime.hpp"
@@ -167,58 +173,68 @@ long long count_wrong(rz::dtype t, const unsigned char* out, std::uint64_t n, bo
   return wrong;
 }
 
+/// One all_reduce row of the harness's table and the ring's copy-bandwidth bound ratio.
 struct collective_row {
-  int ranks = 0;
-  std::string algo;
-  double time_us = 0, algbw = 0, busbw = 0, bound_ratio = 0;
-  long long wrong = 0;
+  rz::bench::result_row row;
+  double bound_ratio = 0;  // time over the ring's bound 5(n-1)S / copy bandwidth (see the file comment)
 };
 
-/// all_reduce float32 sum of `bytes` per rank on `n` ranks sharing `device` (see the file comment).
+/// all_reduce float32 sum of `bytes` per rank on `n` ranks sharing `device`, out of place (see
+/// the file comment); the shape, call, exact check, bus factor and %peak are bench/harness's.
 collective_row bench_all_reduce(int n, rz::algorithm algo, std::size_t bytes, int device, int iters, int warmup, double copy_gbps) {
-  collective_row row;
-  row.ranks = n;
-  row.algo = std::string(rz::algorithm_name(algo));
-  const std::uint64_t count = bytes / 4;
-  std::vector<double> seconds(static_cast<std::size_t>(n), 0.0);
+  const rz::bench::collective_descriptor& d = rz::bench::all_reduce_bench;
+  const rz::bench::row_shape shape = d.shape(bytes, 4, n);
+  std::vector<double> each_us(static_cast<std::size_t>(n), 0.0);
   std::vector<long long> wrong(static_cast<std::size_t>(n), 0);
   rz::local::cuda_launch_options lo;
   lo.devices = {device};
   rz::local::launch_cuda(
       n,
       [&](rz::local::cuda_communicator& c) {
-        const auto& k = rz::primitive::require_device_primitives();
+        const std::size_t r = static_cast<std::size_t>(c.rank());
         device_buffer send(bytes), recv(bytes);
-        if (k.fill(send.p, count, rz::dtype::float32, c.rank() + 1.0, c.cuda_stream()) != 0)
-          throw rz::error(rz::errc::backend_failure, "fill failed");
-        rz::collective_options opts;
-        opts.algo = algo;
-        for (int i = 0; i < warmup; ++i) rz::all_reduce(c, send.p, recv.p, count, rz::dtype::float32, rz::reduce_kind::sum, opts);
+        rz::bench::call_args a;
+        a.send = send.p;
+        a.recv = recv.p;
+        a.shape = shape;
+        a.options.algo = algo;
+        auto call = [&] { d.call(c, a, c.rank(), n); };
+        {  // exact check of one call: the harness's inputs written on the host, uploaded, the output downloaded
+          std::vector<unsigned char> send_host(bytes), recv_host(bytes);
+          rz::bench::fill_row(d, send_host.data(), recv_host.data(), shape, rz::dtype::float32, rz::reduce_kind::sum, c.rank(), false);
+          check(cudaMemcpy(send.p, send_host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+          check(cudaMemcpy(recv.p, recv_host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+          check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after the uploads)");
+          call();
+          c.synchronize();
+          check(cudaMemcpy(recv_host.data(), recv.p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+          wrong[r] = d.verify(recv_host.data(), shape, rz::dtype::float32, rz::reduce_kind::sum, -1, c.rank(), n, false);
+        }
+        for (int i = 0; i < warmup; ++i) call();
         c.synchronize();
         rz::barrier(c);
         c.synchronize();
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < iters; ++i) rz::all_reduce(c, send.p, recv.p, count, rz::dtype::float32, rz::reduce_kind::sum, opts);
-        c.synchronize();
-        seconds[static_cast<std::size_t>(c.rank())] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        // Exact check of the last result: n(n+1)/2 everywhere (sampled windows at both ends and the middle).
-        const float want = static_cast<float>(n * (n + 1) / 2);
-        const std::uint64_t w = std::min<std::uint64_t>(count, 1 << 20);
-        for (std::uint64_t first : {std::uint64_t{0}, count / 2 - std::min(count / 2, w / 2), count - w}) {
-          std::vector<float> got(static_cast<std::size_t>(w));
-          rz::cudart::check(cudaMemcpy(got.data(), recv.p + first * 4, w * 4, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-          for (float v : got) wrong[static_cast<std::size_t>(c.rank())] += v != want;
-        }
+        each_us[r] = rz::bench::time_batch(iters, call, [&] { c.synchronize(); });
       },
       lo);
-  const double slowest = *std::max_element(seconds.begin(), seconds.end());
-  row.time_us = 1e6 * slowest / iters;
-  row.algbw = static_cast<double>(bytes) / row.time_us / 1e3;
-  row.busbw = row.algbw * 2.0 * (n - 1) / n;
+  // Every iteration of the batch at the slowest rank's time per call (mean = median).
+  rz::bench::time_summary t;
+  t.mean_us = t.median_us = *std::max_element(each_us.begin(), each_us.end());
+  long long wrong_total = 0;
+  for (long long x : wrong) wrong_total += x;
+  collective_row out;
+  rz::bench::result_row& row = out.row;
+  row.kind = rz::collective_kind::all_reduce;
+  row.size_bytes = shape.size_bytes;
+  row.count = shape.count;
+  row.type = rz::dtype::float32;
+  row.redop = "sum";
+  row.ranks = n;
+  row.algorithm = std::string(rz::algorithm_name(algo));
+  row.out_of_place = rz::bench::make_placement(d, shape, n, false, t, wrong_total, copy_gbps);
   const double bound_us = 5.0 * (n - 1) * static_cast<double>(bytes) / (copy_gbps * 1e3);
-  row.bound_ratio = row.time_us / bound_us;
-  for (long long x : wrong) row.wrong += x;
-  return row;
+  out.bound_ratio = t.mean_us / bound_us;
+  return out;
 }
 
 /// `text` as a whole decimal integer in [lo, hi] (0 <= lo), written with digits only: no sign,
@@ -271,13 +287,16 @@ int parse_options(int argc, char** argv, options& o) {
     const std::string problem = rz::bench::output_path_problem(o.json_path);
     if (!problem.empty()) throw rz::error(rz::errc::io_error, "--json " + o.json_path + ": cannot open for writing: " + problem);
   }
-  // The inputs are made on the host, two --size-mib buffers at once (random_bytes): check them
+  // The inputs are made on the host, two --size-mib buffers at once (random_bytes), and each
+  // all_reduce rank checks its result through two host copies of its buffers: check the larger
   // against the machine's memory before any allocation, as ringzero-bench does.
-  const double host_bytes = 2.0 * static_cast<double>(o.size_mib) * (1 << 20);
+  int most_ranks = 1;
+  for (int n : o.ranks) most_ranks = std::max(most_ranks, o.collectives ? n : 1);
+  const double host_bytes = 2.0 * most_ranks * static_cast<double>(o.size_mib) * (1 << 20);
   if (rz::bench::exceeds_host_memory(host_bytes)) {
     char text[256];
     std::snprintf(text, sizeof text,
-                  "--size-mib %llu needs %.1f GiB of host memory (two input buffers of that size are filled on the host) "
+                  "--size-mib %llu needs %.1f GiB of host memory (two buffers of that size on the host, per all_reduce rank) "
                   "but this machine has %.1f GiB: lower --size-mib",
                   static_cast<unsigned long long>(o.size_mib), host_bytes / (1 << 30),
                   rz::bench::physical_memory_bytes() / (1 << 30));
@@ -436,20 +455,27 @@ int main(int argc, char** argv) {
       for (int n : o.ranks)
         for (rz::algorithm a : {rz::algorithm::ring, rz::algorithm::halving_doubling})
           collectives.push_back(bench_all_reduce(n, a, S, o.device, o.iters, o.warmup, copy_gbps));
-      std::printf("# all_reduce float32 sum, %zu MiB per rank, local backend, all ranks on GPU %d (out of place)\n", S >> 20, o.device);
-      std::printf("# %5s %-17s %11s %9s %9s %9s %7s\n", "ranks", "algorithm", "time (us)", "algbw", "busbw", "x bound", "#wrong");
-      for (const auto& c : collectives) {
-        std::printf("  %5d %-17s %11.1f %9.1f %9.1f %9.2f %7lld\n", c.ranks, c.algo.c_str(), c.time_us, c.algbw, c.busbw,
-                    c.bound_ratio, c.wrong);
-        wrong_total += c.wrong;
+      std::printf("# all_reduce float32 sum, %zu MiB per rank, local backend, all ranks on GPU %d (out of place; in place "
+                  "not run)\n",
+                  S >> 20, o.device);
+      for (int n : o.ranks) {
+        std::printf("# %d ranks\n%s", n, rz::bench::table_header().c_str());
+        for (const auto& c : collectives) {
+          if (c.row.ranks != n) continue;
+          std::fputs(rz::bench::table_row(c.row).c_str(), stdout);
+          wrong_total += c.row.out_of_place.wrong;
+        }
       }
+      std::printf("# x bound (time over the ring's copy-bandwidth bound 5(n-1)S):");
+      for (const auto& c : collectives) std::printf(" %d ranks %s %.2f;", c.row.ranks, c.row.algorithm.c_str(), c.bound_ratio);
+      std::printf("\n");
     }
     std::printf("# copy bandwidth (better of the two copies): %.1f GB/s (bytes read + written)\n", copy_gbps);
     std::printf("# target reduce_into and cast >= 85%% of copy: worst %s at %.1f%%: %s\n", worst_name.c_str(), 100.0 * worst_target,
                 worst_target >= 0.85 ? "PASS" : "MISS");
     double worst_ring = 0;
     for (const auto& c : collectives)
-      if (c.algo == "ring") worst_ring = std::max(worst_ring, c.bound_ratio);
+      if (c.row.algorithm == "ring") worst_ring = std::max(worst_ring, c.bound_ratio);
     if (!collectives.empty())
       std::printf("# target ring all_reduce within 2x of its copy-bandwidth bound: worst %.2fx: %s\n", worst_ring,
                   worst_ring <= 2.0 ? "PASS" : "MISS");
@@ -464,14 +490,14 @@ int main(int argc, char** argv) {
           << ", \"gbps\": " << r.gbps << ", \"fraction_of_copy\": " << r.gbps / copy_gbps << ", \"wrong\": " << r.wrong << "}"
           << (i + 1 < rows.size() ? ",\n" : "\n");
       }
-      f << "  ],\n  \"all_reduce\": [\n";
-      for (std::size_t i = 0; i < collectives.size(); ++i) {
-        const collective_row& c = collectives[i];
-        f << "    {\"ranks\": " << c.ranks << ", \"algorithm\": \"" << c.algo << "\", \"time_us\": " << c.time_us
-          << ", \"algbw_gbps\": " << c.algbw << ", \"busbw_gbps\": " << c.busbw << ", \"bound_ratio\": " << c.bound_ratio
-          << ", \"wrong\": " << c.wrong << "}" << (i + 1 < collectives.size() ? ",\n" : "\n");
+      std::vector<rz::bench::result_row> all_reduce_rows;
+      std::string ratios;
+      for (const auto& c : collectives) {
+        all_reduce_rows.push_back(c.row);
+        ratios += (ratios.empty() ? "" : ", ") + rz::bench::json_number(c.bound_ratio);
       }
-      f << "  ],\n  \"worst_target_fraction\": " << worst_target << ",\n  \"worst_ring_bound_ratio\": " << worst_ring
+      f << "  ],\n  \"all_reduce\": " << rz::bench::json_rows(all_reduce_rows) << ",\n  \"all_reduce_bound_ratio\": [" << ratios << "]";
+      f << ",\n  \"worst_target_fraction\": " << worst_target << ",\n  \"worst_ring_bound_ratio\": " << worst_ring
         << ",\n  \"wrong\": " << wrong_total << "\n}\n";
       f.close();
       if (!f) throw rz::error(rz::errc::io_error, "--json " + o.json_path + ": writing failed");
