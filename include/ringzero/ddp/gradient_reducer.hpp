@@ -4,86 +4,15 @@
 /// backward is still running (the reducer of PyTorch's DistributedDataParallel, over any
 /// `ringzero::communicator`).
 ///
-/// Life of a reducer:
-/// 1. Construction (collective: every rank constructs its reducer at the same point): the
-///    parameters are registered (values, gradient buffer, element count, dtype); every rank
-///    checks that all ranks registered the same parameter set and options; parameters are
-///    broadcast from rank 0; gradients are assigned to buckets in reverse registration order
-///    (ddp/bucket_assignment.hpp: one dtype per bucket, 1 MiB first bucket, then 25 MiB).
-/// 2. Every step: backward calls `mark_ready(i)` as soon as gradient i is final. A bucket whose
-///    gradients are all ready is handed to the communication hook (default: all_reduce avg), as
-///    an asynchronous collective on the communicator's progress thread, while backward goes on.
-///    Buckets are launched strictly in order (bucket k+1 waits for bucket k), so every rank
-///    issues the same collectives in the same order whatever order it marks gradients in.
-///    `finish()` waits for the buckets and leaves averaged gradients in place.
-/// 3. After the first synchronised step the buckets are rebuilt once from the order in which
-///    gradients actually became ready (rank 0's order, agreed by every rank).
-///
-/// Gradient memory: by default the user owns the gradient buffers; `mark_ready(i)` copies
-/// gradient i into its bucket and `finish()` copies the average back. With
-/// `reducer_options::gradient_as_bucket_view` the reducer owns the gradients: `gradient(i)` is
-/// a view into bucket memory where backward writes directly, and nothing is copied
-/// (PyTorch's `gradient_as_bucket_view=True`). Views move only when the one rebuild changes the
-/// layout; `layout_generation()` then increases and the current values are carried over.
-///
-/// Accumulation: inside `no_sync()` (or with `set_require_gradient_sync(false)`) steps do not
-/// communicate; the trainer accumulates into the gradients, and the next synchronised step
-/// reduces the accumulated sum (PyTorch's `no_sync`).
-///
-/// Reproducible mode (`reducer_options::reproducible`): every micro-batch is one contribution.
-/// The trainer WRITES each micro-batch's gradient (it does not add it to the previous one) and
-/// marks every gradient ready (or unused: zeros) in every micro-step, under no_sync too; the
-/// reducer deposits each completed bucket into a reproducible accumulator
-/// (ddp/reproducible_accumulation.hpp), and the synchronised micro-step leaves the average over
-/// all micro-batches of all ranks, bitwise the same for any world size (docs/ddp.md). A small
-/// agreement per step lets ranks that all hold one micro-batch skip the accumulators and reduce
-/// the buckets asynchronously with the per-call reproducible all_reduce (the same bits).
-///
-/// Uneven inputs (case C13): with `reducer_options::join`, each synchronised step starts with a
-/// small agreement collective; a rank that runs out of data calls `join()`, which shadows the
-/// other ranks' steps with zero gradients, so their all_reduces are matched, and the average is
-/// taken over the ranks that contributed. When every rank has joined, the final parameters are
-/// broadcast from a rank that trained last (PyTorch's `Join` with DDP's join hook). Without the
-/// option, ranks must run the same number of synchronised steps; `join()` is then an error.
-///
-/// Errors: everything a rank does that would leave its peers waiting (a different parameter
-/// set, a gradient never marked ready so that a bucket can never complete, marking twice, an
-/// index out of range, join() without the option) raises `ringzero::error` on that rank and
-/// aborts the communicator, so the peers' pending reductions fail promptly with an error naming
-/// the first failure instead of hanging. After an error the reducer (and the communicator) must
-/// not be used again.
-///
-/// Thread semantics: the reducer is driven by one thread, the thread that owns the communicator
-/// (the training thread): constructor, `mark_ready`, `mark_unused`, `finish`, `join` and the
-/// sync switches are called from it, never concurrently. Reductions run on the communicator's
-/// progress thread; between `mark_ready(i)` and the return of `finish()` the trainer must not
-/// write gradient i (in view mode: the bucket memory of gradient i).
-///
-/// Determinism: averaged gradients are bitwise identical on every rank, and identical run to
-/// run for a given world size, algorithm, hook and bucket layout. The rebuilt layout depends on
-/// rank 0's ready order only, so it is the same on every rank.
-///
-/// CUDA device memory: when the communicator's `space()` is `memory_space::cuda` (the local
-/// backend's `cuda_communicator`, the NCCL backend), parameters and gradients are device
-/// pointers on the communicator's device, the buckets are device memory (cudaMalloc'ed once,
-/// like the host buckets), and every copy into and out of a bucket, every zeroing, division
-/// and cast is enqueued on the communicator's stream (`comm.cuda_stream()`), as are the
-/// collectives (ddp/bucket_memory.hpp). Calls return once their work is enqueued, so:
-/// - before `mark_ready(i)`, the work that writes gradient i must be ordered before the
-///   communicator's stream: enqueue backward on that stream (the simplest), or make the stream
-///   wait for an event recorded after it;
-/// - after `finish()` the averaged gradients are in place in the order of that stream: kernels
-///   enqueued on it afterwards (the optimizer step) read them; work on another stream must wait
-///   for an event recorded on it; the host must call `comm.synchronize()` before reading them;
-/// - the same holds for the parameters broadcast by the constructor and by `join()`.
-/// The results are those of the host reducer with the same inputs, bucket layout and algorithm,
-/// bit for bit (the device primitives share the host's arithmetic). The few values the reducer
-/// itself needs on the host (the agreement at construction, the one rebuild, the join flags)
-/// are staged through device memory and read after a stream synchronisation; in join mode that
-/// is one synchronisation per step. On device memory "communicated" (`bucket_communicated`,
-/// `reducer_stats`) means enqueued: the timings measure how long launching took, not the device.
-/// Needs the CUDA kernels of one .cu file including <ringzero/cuda.cuh> (errc::unsupported
-/// otherwise) and a hook that supports device memory (the built-in ones do).
+/// Construction is collective (parameters registered, agreed across ranks, broadcast from
+/// rank 0, assigned to buckets); each step, `mark_ready(i)` hands completed buckets to the
+/// communication hook while backward goes on, and `finish()` leaves averaged gradients in
+/// place. Options: gradient views into bucket memory, `no_sync` accumulation, uneven inputs
+/// (`join`), reproducible mode, CUDA device memory. Errors abort the communicator so that peers
+/// fail promptly instead of hanging. Thread semantics: driven by the training thread only;
+/// reductions run on the communicator's progress thread (or its CUDA stream).
+/// The manual (life of a reducer, memory, accumulation, join, errors, determinism, device
+/// memory): docs/ddp.md, "The reducer in detail".
 
 #include <algorithm>
 #include <chrono>
@@ -102,16 +31,19 @@
 
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
+#include "ringzero/collective/agreement.hpp"
 #include "ringzero/collective/all_gather.hpp"
 #include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/broadcast.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
+#include "ringzero/core/fnv1a.hpp"
 #include "ringzero/ddp/allreduce_hook.hpp"
 #include "ringzero/ddp/bucket_assignment.hpp"
 #include "ringzero/ddp/bucket_memory.hpp"
 #include "ringzero/ddp/comm_hook.hpp"
 #include "ringzero/ddp/gradient_bucket.hpp"
+#include "ringzero/ddp/reducer_options.hpp"
 #include "ringzero/ddp/reproducible_accumulation.hpp"
 
 namespace ringzero {
@@ -146,108 +78,7 @@ inline void await_work(const work& w, std::chrono::microseconds yield_for = std:
 
 }  // namespace detail
 
-/// One registered parameter: its values, its gradient, its size and dtype. On a communicator
-/// whose buffers are CUDA device memory, `data` and `grad` are device pointers.
-struct reducer_parameter {
-  /// The parameter's values (`count` elements): overwritten by rank 0's values at construction
-  /// (and at the end of `join()`). May be null when `reducer_options::broadcast_parameters` is
-  /// false and `join` is off.
-  void* data = nullptr;
-  /// The gradient buffer (`count` elements). Ignored (may be null) with
-  /// `gradient_as_bucket_view`, where the reducer provides it (`gradient_reducer::gradient`).
-  void* grad = nullptr;
-  std::uint64_t count = 0;      ///< number of elements
-  dtype type = dtype::float32;  ///< element type of values and gradient
-  std::string name;             ///< optional, used in error messages
-
-  /// A parameter from typed spans (`grad` may be empty in view mode; else sizes must match).
-  template <element_type T>
-  static reducer_parameter of(std::span<T> data, std::span<T> grad, std::string name = {}) {
-    reducer_parameter p;
-    p.data = data.data();
-    p.grad = grad.data();
-    p.count = data.size();
-    p.type = dtype_of<T>;
-    p.name = std::move(name);
-    if (!grad.empty() && grad.size() != data.size())
-      throw error(errc::invalid_argument, "reducer_parameter '" + p.name + "': gradient has " +
-                                              std::to_string(grad.size()) + " elements, parameter " +
-                                              std::to_string(data.size()));
-    return p;
-  }
-};
-
-/// Options of a `gradient_reducer`. Every rank must pass the same options (checked), except
-/// `gradient_as_bucket_view` and `collect_timings`, which are local.
-struct reducer_options {
-  /// Byte limits of the buckets, consumed per dtype, the last one repeating (PyTorch's
-  /// `bucket_cap_mb` with its 1 MiB first bucket). Must not be empty.
-  std::vector<std::uint64_t> bucket_byte_limits{default_first_bucket_bytes, default_bucket_bytes};
-  /// The reducer owns the gradients and hands out views into bucket memory (no copies).
-  bool gradient_as_bucket_view = false;
-  /// Parameters not marked ready by `finish()` are treated as `mark_unused` (zero gradient for
-  /// the step, reduced with the others) instead of being an error. Like PyTorch, this also
-  /// disables the rebuild of buckets.
-  bool find_unused_parameters = false;
-  /// Rebuild the buckets once, after the first synchronised step, from rank 0's ready order.
-  bool rebuild_buckets = true;
-  /// Broadcast every parameter from rank 0 at construction.
-  bool broadcast_parameters = true;
-  /// Uneven inputs: enables `join()`. Costs one small collective per synchronised step.
-  bool join = false;
-  /// In steps where some ranks joined: divide by the world size instead of the number of
-  /// contributing ranks (PyTorch's `divide_by_initial_world_size`; off by default here, as
-  /// case C13 asks for the average over the ranks that contributed).
-  bool divide_by_initial_world_size = false;
-  /// The communication hook; null means `allreduce_hook` (average).
-  std::shared_ptr<comm_hook> hook;
-  /// Alignment in bytes of every gradient inside its bucket (a power of two; padding is zero).
-  std::size_t alignment_bytes = 64;
-  /// Record per-step timings of the reductions (`gradient_reducer::stats`).
-  bool collect_timings = true;
-  /// Reproducible gradient accumulation (see the file comment and docs/ddp.md): each
-  /// micro-batch's gradient is one contribution, written (not added) by the trainer; the result
-  /// is the reproducible average over every contribution of every rank, identical bit for bit
-  /// for any world size, rank order and algorithm. Host memory, floating gradients and the
-  /// default hook only; not with divide_by_initial_world_size (refused on every rank).
-  bool reproducible = false;
-};
-
-/// Counters and timings of a reducer, accumulated over steps (see `gradient_reducer::stats`).
-/// Times are in seconds, measured with the steady clock on the training thread, plus each
-/// reduction's completion time as recorded by the progress thread.
-struct reducer_stats {
-  std::uint64_t synchronized_steps = 0;  ///< steps that communicated (shadow steps of join() included)
-  std::uint64_t local_steps = 0;         ///< steps finished under no_sync
-  std::uint64_t buckets_reduced = 0;     ///< bucket reductions completed
-  std::uint64_t rebuilds = 0;            ///< layout changes made by the rebuild (0 or 1)
-  /// Wall time during which at least one bucket of the step was being reduced (from the launch
-  /// of a bucket to its completion, overlapping intervals counted once), summed over steps.
-  double reduction_seconds = 0.0;
-  /// Time `finish()` (and a join-mode launch waiting for the step's agreement) blocked on
-  /// communication: the part of the reduction not hidden behind backward.
-  double exposed_seconds = 0.0;
-
-  /// Fraction of the reduction time hidden behind computation: 1 - exposed / reduction
-  /// (clamped to [0, 1]; 0 when nothing was reduced).
-  double hidden_fraction() const noexcept {
-    if (reduction_seconds <= 0.0) return 0.0;
-    const double f = 1.0 - exposed_seconds / reduction_seconds;
-    return f < 0.0 ? 0.0 : (f > 1.0 ? 1.0 : f);
-  }
-};
-
-/// Description of one bucket of the current layout (for tools, tests and logging).
-struct reducer_bucket_info {
-  std::vector<std::size_t> parameters;  ///< registered indices, in bucket order
-  std::vector<std::uint64_t> offsets;   ///< element offset of each gradient in the bucket
-  dtype type = dtype::float32;          ///< element type
-  std::uint64_t count = 0;              ///< elements, padding included
-  std::uint64_t bytes = 0;              ///< gradient bytes without padding
-  std::uint64_t limit_bytes = 0;        ///< byte limit the bucket was formed under
-};
-
-/// The bucketed gradient reducer. See the file comment for the whole contract.
+/// The bucketed gradient reducer. The whole contract: docs/ddp.md, "The reducer in detail".
 class gradient_reducer {
  public:
   /// Restores the previous synchronisation mode when it goes out of scope (see `no_sync`).
@@ -585,137 +416,11 @@ class gradient_reducer {
   }
 
   /// The first problem with this rank's arguments, or "".
-  std::string validate_locally() const {
-    if (options_.bucket_byte_limits.empty()) return "reducer_options::bucket_byte_limits is empty";
-    if (!options_.hook->supports(comm_.space()))
-      return "the communication hook '" + options_.hook->name() + "' does not support " +
-             (comm_.space() == memory_space::cuda ? "CUDA device memory" : "host memory") +
-             " (the communicator's buffers); override comm_hook::supports in a hook that does";
-    const std::size_t a = options_.alignment_bytes;
-    if (a == 0 || (a & (a - 1)) != 0)
-      return "reducer_options::alignment_bytes = " + std::to_string(a) + " is not a power of two";
-    if (options_.reproducible) {
-      std::vector<dtype> types;
-      std::vector<std::string> names;
-      for (const auto& p : params_) {
-        types.push_back(p.type);
-        names.push_back(p.name);
-      }
-      std::string why = detail::reproducible_reducer_problem(comm_.space(), options_.hook->name(),
-                                                             options_.divide_by_initial_world_size, types, names);
-      if (!why.empty()) return why;
-    }
-    const bool need_data = options_.broadcast_parameters || options_.join;
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const reducer_parameter& p = params_[i];
-      if (!is_valid(p.type))
-        return "parameter " + describe(i) + " has unknown dtype value " + std::to_string(static_cast<unsigned>(p.type));
-      if (p.count > (std::uint64_t{1} << 60) / dtype_size(p.type))
-        return "parameter " + describe(i) + " has " + std::to_string(p.count) + " elements: its size overflows";
-      if (p.count == 0) continue;
-      if (!options_.gradient_as_bucket_view && p.grad == nullptr)
-        return "parameter " + describe(i) + " has a null gradient pointer (and gradient_as_bucket_view is off)";
-      if (need_data && p.data == nullptr)
-        return "parameter " + describe(i) +
-               " has a null data pointer (needed to broadcast parameters; set broadcast_parameters = false and join = false to omit it)";
-    }
-    return {};
-  }
-
-  /// A 64-bit FNV-1a hash step.
-  static std::uint64_t mix(std::uint64_t h, std::uint64_t v) noexcept {
-    for (int k = 0; k < 8; ++k) {
-      h ^= (v >> (8 * k)) & 0xffu;
-      h *= 0x100000001b3ull;
-    }
-    return h;
-  }
+  std::string validate_locally() const;
 
   /// Collective: every rank learns whether every rank's arguments are valid and whether all
   /// registered the same parameters with the same options; raises the same verdict everywhere.
-  void check_agreement(const std::string& problem) {
-    constexpr std::size_t fields = 6;
-    std::uint64_t mine[fields] = {};
-    mine[0] = problem.empty() ? 1 : 0;
-    mine[1] = params_.size();
-    std::uint64_t total = 0, shapes = 0xcbf29ce484222325ull, opts = 0xcbf29ce484222325ull;
-    for (const auto& p : params_) {
-      total += p.count;
-      shapes = mix(mix(shapes, p.count), static_cast<std::uint64_t>(p.type));
-    }
-    mine[2] = total;
-    mine[3] = shapes;
-    for (std::uint64_t l : options_.bucket_byte_limits) opts = mix(opts, l);
-    opts = mix(opts, options_.alignment_bytes);
-    mine[4] = opts;
-    const std::string hook = options_.hook->name();
-    std::uint64_t flags = 0xcbf29ce484222325ull;
-    for (char c : hook) flags = mix(flags, static_cast<unsigned char>(c));
-    flags = mix(flags, (options_.find_unused_parameters ? 1u : 0u) | (options_.rebuild_buckets ? 2u : 0u) |
-                           (options_.broadcast_parameters ? 4u : 0u) | (options_.join ? 8u : 0u) |
-                           (options_.divide_by_initial_world_size ? 16u : 0u) | (options_.reproducible ? 32u : 0u));
-    mine[5] = flags;
-    const int n = comm_.world_size();
-    std::vector<std::uint64_t> all(fields * static_cast<std::size_t>(n));
-    gather_to_host(mine, all.data(), fields, dtype::uint64);
-    auto field = [&](int r, std::size_t f) { return all[static_cast<std::size_t>(r) * fields + f]; };
-
-    std::vector<int> bad;
-    for (int r = 0; r < n; ++r)
-      if (field(r, 0) == 0) bad.push_back(r);
-    if (!bad.empty()) {
-      std::string msg = "gradient_reducer: invalid arguments on " + detail::describe_ranks(bad);
-      if (!problem.empty()) msg += ": " + problem;
-      else msg += " (see the error raised there)";
-      raise(errc::invalid_argument, msg);
-    }
-    auto differs = [&](std::size_t f) {
-      for (int r = 1; r < n; ++r)
-        if (field(r, f) != field(0, f)) return true;
-      return false;
-    };
-    auto values = [&](std::size_t f, auto&& text) {
-      std::vector<std::string> v(static_cast<std::size_t>(n));
-      for (int r = 0; r < n; ++r) v[static_cast<std::size_t>(r)] = text(field(r, f));
-      return detail::describe_values(v);
-    };
-    auto number = [](std::uint64_t v) { return std::to_string(v); };
-    if (differs(1))
-      raise(errc::contract_mismatch,
-            "gradient_reducer: ranks registered different parameter sets: parameter count " + values(1, number) +
-                "; total elements " + values(2, number));
-    if (differs(2) || differs(3)) {
-      // Same count: find the first parameter that differs (a second, equally sized collective).
-      std::vector<std::uint64_t> shape(2 * params_.size());
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        shape[2 * i] = params_[i].count;
-        shape[2 * i + 1] = static_cast<std::uint64_t>(params_[i].type);
-      }
-      std::vector<std::uint64_t> every(shape.size() * static_cast<std::size_t>(n));
-      gather_to_host(shape.data(), every.data(), shape.size(), dtype::uint64);
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        std::vector<std::string> v(static_cast<std::size_t>(n));
-        bool same = true;
-        for (int r = 0; r < n; ++r) {
-          const std::uint64_t c = every[static_cast<std::size_t>(r) * shape.size() + 2 * i];
-          const auto t = static_cast<dtype>(every[static_cast<std::size_t>(r) * shape.size() + 2 * i + 1]);
-          v[static_cast<std::size_t>(r)] = std::to_string(c) + " x " + std::string(dtype_name(t));
-          if (r > 0 && v[static_cast<std::size_t>(r)] != v[0]) same = false;
-        }
-        if (!same)
-          raise(errc::contract_mismatch, "gradient_reducer: ranks registered different parameter sets: parameter " +
-                                             describe(i) + ": " + detail::describe_values(v));
-      }
-    }
-    if (differs(4))
-      raise(errc::contract_mismatch,
-            "gradient_reducer: ranks passed different bucket_byte_limits or alignment_bytes (hashes differ: " +
-                values(4, number) + ")");
-    if (differs(5))
-      raise(errc::contract_mismatch,
-            "gradient_reducer: ranks passed different options (hook name, find_unused_parameters, rebuild_buckets, "
-            "broadcast_parameters, join, divide_by_initial_world_size or reproducible); this rank uses hook '" + hook + "'");
-  }
+  void check_agreement(const std::string& problem);
 
   std::vector<bucket_plan> plan(const std::vector<std::size_t>& order) const {
     std::vector<bucket_tensor> tensors(params_.size());
@@ -725,60 +430,7 @@ class gradient_reducer {
 
   /// Allocates buckets for `plans`; with `carry_gradients` copies the current gradients of the
   /// old layout into the new one (view mode rebuild).
-  void install_layout(const std::vector<bucket_plan>& plans, bool carry_gradients) {
-    std::vector<bucket> fresh(plans.size());
-    std::vector<std::size_t> bucket_of(params_.size());
-    std::vector<std::uint64_t> offset_of(params_.size());
-    for (std::size_t k = 0; k < plans.size(); ++k) {
-      const bucket_plan& p = plans[k];
-      bucket& b = fresh[k];
-      const std::uint64_t es = dtype_size(p.type);
-      const std::uint64_t align = std::max<std::uint64_t>(1, options_.alignment_bytes / es);
-      std::uint64_t at = 0;
-      for (std::size_t i : p.tensors) {
-        at = (at + align - 1) / align * align;
-        b.info.parameters.push_back(i);
-        b.info.offsets.push_back(at);
-        bucket_of[i] = k;
-        offset_of[i] = at;
-        at += params_[i].count;
-      }
-      b.info.type = p.type;
-      b.info.count = at;
-      b.info.bytes = p.bytes;
-      b.info.limit_bytes = p.limit_bytes;
-      b.bytes_allocated = static_cast<std::size_t>((at * es + 63) / 64 * 64);
-      try {
-        b.storage = memory_.allocate(b.bytes_allocated);  // zeroed: every page touched once, here
-      } catch (const error& e) {
-        raise(e.kind(), "gradient_reducer: cannot allocate " + std::to_string(b.bytes_allocated) + " bytes for bucket " +
-                            std::to_string(k) + ": " + e.what());
-      }
-      b.pending = p.tensors.size();
-    }
-    if (carry_gradients) {
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        const std::size_t es = dtype_size(params_[i].type);
-        const bucket& ob = buckets_[bucket_of_[i]];
-        const auto* src = static_cast<const std::byte*>(ob.storage.get()) + offset_of_[i] * es;
-        auto* dst = static_cast<std::byte*>(fresh[bucket_of[i]].storage.get()) + offset_of[i] * es;
-        memory_.copy(dst, src, static_cast<std::size_t>(params_[i].count) * es);
-      }
-    }
-    if (!buckets_.empty()) memory_.synchronize();  // device: nothing in flight reads the old buckets any more
-    buckets_ = std::move(fresh);
-    bucket_of_ = std::move(bucket_of);
-    offset_of_ = std::move(offset_of);
-    if (options_.reproducible) {
-      std::vector<std::uint64_t> counts;
-      std::vector<dtype> types;
-      for (const auto& b : buckets_) {
-        counts.push_back(b.info.count);
-        types.push_back(b.info.type);
-      }
-      reproducible_.reset_layout(counts, types);
-    }
-  }
+  void install_layout(const std::vector<bucket_plan>& plans, bool carry_gradients);
 
   bool params_have_data() const noexcept {
     for (const auto& p : params_)
@@ -1053,104 +705,11 @@ class gradient_reducer {
     return g;
   }
 
-  void launch(std::size_t k) {
-    resolve_agreement();
-    bucket& b = buckets_[k];
-    if (options_.reproducible && one_contribution_each_) {
-      // Every rank holds one micro-batch: the reproducible all_reduce of the bucket itself, the
-      // same function of the same contributions as the accumulator's, asynchronous.
-      if (options_.collect_timings) b.launched_at = clock::now();
-      collective_options reproducible;
-      reproducible.reproducible = true;
-      try {
-        b.pending_work = all_reduce_async(comm_, b.storage.get(), b.storage.get(), b.info.count, b.info.type,
-                                          reduce_op(reduce_kind::avg), reproducible);
-      } catch (const std::exception& e) {
-        fail_from(e, "step " + std::to_string(step_) + ": the reproducible all_reduce of bucket " + std::to_string(k) +
-                         " failed to launch");
-      }
-      return;
-    }
-    if (options_.reproducible) {  // blocking: the reproducible average of the bucket's contributions
-      const auto t0 = clock::now();
-      try {
-        reproducible_.reduce(comm_, k, b.storage.get());
-      } catch (const std::exception& e) {
-        fail_from(e, "step " + std::to_string(step_) + ": the reproducible average of bucket " + std::to_string(k) +
-                         " (parameters " + describe_bucket(k) + ") failed");
-      }
-      b.launched_at = clock::now();
-      if (options_.collect_timings) {
-        stats_.exposed_seconds += std::chrono::duration<double>(b.launched_at - t0).count();
-        add_interval(t0, b.launched_at);
-      }
-      b.pending_work = work{};
-      return;
-    }
-    if (options_.collect_timings) b.launched_at = clock::now();
-    try {
-      b.pending_work = options_.hook->launch(comm_, view_of(k));
-    } catch (const std::exception& e) {
-      fail_from(e, "step " + std::to_string(step_) + ": the '" + options_.hook->name() + "' hook failed to launch bucket " +
-                       std::to_string(k));
-    }
-  }
+  void launch(std::size_t k);
 
   /// Waits for every bucket in order, completes it, copies back (not in shadow steps), and
   /// accounts the timings.
-  void wait_and_complete(bool shadow) {
-    for (std::size_t k = 0; k < buckets_.size(); ++k) {
-      bucket& b = buckets_[k];
-      const auto t0 = clock::now();
-      try {
-        detail::await_work(b.pending_work);
-      } catch (const std::exception& e) {
-        // Uneven inputs show as a collective mismatch (a peer already in another collective), a
-        // peer that never arrives (timeout) or one that left; other failures (an abort caused by
-        // a failing rank, bad arguments, a library error) carry their own cause, and the join
-        // hint would mislead.
-        const auto* re = dynamic_cast<const error*>(&e);
-        const bool maybe_uneven = re == nullptr || re->kind() == errc::contract_mismatch || re->kind() == errc::timeout ||
-                                  re->kind() == errc::peer_exited || re->kind() == errc::size_mismatch;
-        fail_from(e, "step " + std::to_string(step_) + ": reducing bucket " + std::to_string(k) + " (parameters " +
-                         describe_bucket(k) + ") failed" +
-                         (maybe_uneven ? std::string(". If ranks run different numbers of synchronised steps (uneven "
-                                                     "inputs), enable reducer_options::join and call join() when a "
-                                                     "rank runs out of data")
-                                       : std::string()));
-      }
-      if (options_.collect_timings) {
-        const auto t1 = clock::now();
-        stats_.exposed_seconds += std::chrono::duration<double>(t1 - t0).count();
-        const auto done = b.pending_work.valid() ? b.pending_work.completion_time() : b.launched_at;
-        add_interval(b.launched_at, done);
-      }
-      b.pending_work = work{};
-      if (!options_.reproducible) {  // reproducible mode averaged the bucket itself in launch()
-        try {
-          options_.hook->complete(view_of(k));
-        } catch (const std::exception& e) {
-          fail_from(e, "step " + std::to_string(step_) + ": the '" + options_.hook->name() + "' hook failed to complete bucket " +
-                           std::to_string(k));
-        }
-      }
-      ++stats_.buckets_reduced;
-      if (!shadow && !options_.gradient_as_bucket_view) {
-        const std::size_t es = dtype_size(b.info.type);
-        const auto* base = static_cast<const std::byte*>(b.storage.get());
-        try {
-          for (std::size_t j = 0; j < b.info.parameters.size(); ++j) {
-            const reducer_parameter& p = params_[b.info.parameters[j]];
-            if (p.count) memory_.copy(p.grad, base + b.info.offsets[j] * es, static_cast<std::size_t>(p.count) * es);
-          }
-        } catch (const std::exception& e) {
-          fail_from(e, "step " + std::to_string(step_) + ": copying the averaged gradients out of bucket " +
-                           std::to_string(k) + " failed");
-        }
-      }
-    }
-    flush_intervals();
-  }
+  void wait_and_complete(bool shadow);
 
   /// Adds [a, b] to the step's set of in-flight intervals (launch order; FIFO completion makes
   /// them sorted by start, so merging consecutive ones computes the union).
@@ -1202,46 +761,7 @@ class gradient_reducer {
 
   /// Collective, once: agrees on a ready order (rank 0's, or the lowest rank that has one) and
   /// re-plans the buckets from it; reallocates only when the assignment changes.
-  void rebuild(bool have_order) {
-    rebuilt_ = true;
-    const std::size_t n = params_.size();
-    const std::size_t width = n + 1;
-    std::vector<std::int64_t> mine(width, -1);
-    if (have_order && ready_order_.size() == n) {
-      mine[0] = 1;
-      for (std::size_t k = 0; k < n; ++k) mine[k + 1] = static_cast<std::int64_t>(ready_order_[k]);
-    } else {
-      mine[0] = 0;
-    }
-    std::vector<std::int64_t> all(width * static_cast<std::size_t>(comm_.world_size()));
-    try {
-      gather_to_host(mine.data(), all.data(), width, dtype::int64);
-    } catch (const std::exception& e) {
-      fail_from(e, "rebuilding the buckets after step " + std::to_string(step_) + " failed");
-    }
-    ready_order_.clear();
-    ready_order_.shrink_to_fit();
-    for (int r = 0; r < comm_.world_size(); ++r) {
-      const std::int64_t* row = all.data() + static_cast<std::size_t>(r) * width;
-      if (row[0] != 1) continue;
-      std::vector<std::size_t> order(n);
-      for (std::size_t k = 0; k < n; ++k) order[k] = static_cast<std::size_t>(row[k + 1]);
-      std::vector<bucket_plan> plans;
-      try {
-        plans = plan(order);
-      } catch (const std::exception& e) {
-        fail_from(e, "rank " + std::to_string(r) + " recorded an invalid ready order");
-      }
-      bool same = plans.size() == buckets_.size();
-      for (std::size_t k = 0; same && k < plans.size(); ++k) same = plans[k].tensors == buckets_[k].info.parameters;
-      if (!same) {
-        install_layout(plans, /*carry_gradients=*/options_.gradient_as_bucket_view);
-        ++generation_;
-        ++stats_.rebuilds;
-      }
-      return;
-    }
-  }
+  void rebuild(bool have_order);
 
   communicator& comm_;
   bucket_memory memory_;  // host memory, or the communicator's device and stream
@@ -1288,3 +808,6 @@ class gradient_reducer {
 };
 
 }  // namespace ringzero
+
+// The members defined out of the class (kept apart so that each header stays short).
+#include "ringzero/ddp/gradient_reducer_members.hpp"

@@ -57,6 +57,7 @@
 #include "ringzero/algorithm/partition.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
+#include "ringzero/core/fnv1a.hpp"
 #include "ringzero/zero/gather_schedule.hpp"
 #include "ringzero/zero/gradient_schedule.hpp"
 #include "ringzero/zero/memory_model.hpp"
@@ -172,28 +173,7 @@ struct communication_buffers {
 
 namespace detail {
 
-/// FNV-1a, 64 bit: the plan fingerprint (stable across machines and runs).
-class fnv1a {
- public:
-  void bytes(const void* data, std::size_t n) noexcept {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < n; ++i) h_ = (h_ ^ p[i]) * 0x100000001b3ull;
-  }
-  void u64(std::uint64_t v) noexcept {
-    for (int i = 0; i < 8; ++i) {
-      const unsigned char b = static_cast<unsigned char>(v >> (8 * i));
-      bytes(&b, 1);
-    }
-  }
-  void text(std::string_view s) noexcept {
-    u64(s.size());
-    bytes(s.data(), s.size());
-  }
-  std::uint64_t value() const noexcept { return h_; }
-
- private:
-  std::uint64_t h_ = 0xcbf29ce484222325ull;
-};
+using ringzero::detail::fnv1a;  // the plan fingerprint's hash (core/fnv1a.hpp)
 
 /// Adds parameter `s` as the plan fingerprint sees it (name, shape, dtype, trainable flag, tie
 /// group, unit) to `h`.

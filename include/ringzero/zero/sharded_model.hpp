@@ -2,73 +2,19 @@
 /// @file
 /// `zero::sharded_model`: ZeRO stages 0-3 at run time, over any `ringzero::communicator`.
 ///
-/// The model owns the model state a `shard_plan` describes — parameters, gradients, master
-/// weights, optimizer states and communication buffers — and the trainer computes with views of
-/// it (`parameter<T>(i)`, `gradient<T>(i)`: contiguous arrays, so an Eigen trainer wraps them in
-/// `Eigen::Map`). What each stage does (Rajbhandari et al. 2020; PyTorch FSDP's hooks):
-/// - stage 0: gradients are averaged with one all_reduce per unit; every rank updates everything.
-/// - stage 1: gradients are averaged with a reduce_scatter per unit (in place, in the full
-///   gradient buffer); each rank updates its shard; an all_gather per buffer after the step
-///   brings every rank the new parameters.
-/// - stage 2: gradients live in a pooled bucket per unit only while backward produces them; the
-///   bucket is reduce_scattered as soon as the unit is ready (asynchronously, overlapping the rest
-///   of backward) and the rank's shard is accumulated into its gradient shard; the bucket is then
-///   reused. Parameters are all_gathered after the step as at stage 1.
-/// - stage 3: each rank stores only its parameter shard. `pre_forward(u)` / `pre_backward(u)`
-///   all_gather unit u into a pooled gather buffer (and prefetch the next unit: u+1 in forward,
-///   u-1 in backward); `post_forward(u)` / `post_backward(u)` release it. Gradients as stage 2.
-///
-/// The training loop, identical at every stage (the hooks are no-ops where a stage needs none):
-/// @code
-///   for (int micro = 0; micro < accumulation_steps; ++micro) {
-///     for (u = 0; u < units; ++u) { model.pre_forward(u); /* forward of unit u */ model.post_forward(u); }
-///     for (u = units; u-- > 0;) {
-///       model.pre_backward(u);
-///       /* backward of unit u: model.gradient<float>(i) += dL/dw_i for its parameters */
-///       model.post_backward(u);  // (or model.mark_ready(i) per parameter)
-///     }
-///     model.end_backward();
-///   }
-///   model.step();  // clip, update the shard, gather (stages 1-2), zero the gradients
-/// @endcode
-///
-/// Semantics:
-/// - Gradients are summed over micro-batches and averaged over all ranks (PyTorch DDP's
-///   semantics with no_sync accumulation). The trainer ADDS each gradient into its view.
-///   Stages 0-1 reduce once per step (in the last micro-batch); stages 2-3 once per micro-batch.
-/// - Reproducible mode (`sharded_model_options::reproducible`): each micro-batch's gradient is
-///   one contribution (its view starts at zero; the trainer writes or adds it), deposited into a
-///   full-size reproducible accumulator and averaged once per step over all micro-batches of all
-///   ranks (zero/reproducible_gradients.hpp): the same parameter bits at every stage and world
-///   size for a fixed global batch of fixed-size micro-batches (docs/zero.md).
-/// - Views: parameter views are valid for the model's lifetime at stages 0-2, and at stage 3 only
-///   while a unit using the parameter is gathered. Gradient views are valid for the model's
-///   lifetime at stages 0-1 and, at stages 2-3, until the owning unit's reduction starts or
-///   `end_backward()`; ask again every micro-batch. Tied parameters share one view.
-/// - Clipping: `max_grad_norm` clips the global L2 norm of the averaged gradients, computed from
-///   each rank's own shard and summed over the shard group (torch.nn.utils.clip_grad_norm_'s
-///   coefficient max_norm / (norm + 1e-6), applied when below 1).
-/// - Hybrid sharding: pass the communicator of the rank's replica group (the ranks that shard one
-///   copy; `comm`) and the communicator of the ranks holding the same shard in other groups
-///   (`replica_comm`); gradient shards are then also averaged across replica groups, once per step.
-/// - Backends: any communicator whose buffers are host memory (local, MPI); a device-memory
-///   communicator (NCCL) is refused with errc::unsupported.
-/// - Refusal: the constructor compares the plan with the parameters the trainer registers, the
-///   communicators and the optimizer, agrees across ranks (a collective), and throws
-///   `ringzero::error(errc::invalid_argument)` on every rank before any step when anything differs.
-/// - Thread semantics: one thread per rank, as for its communicators. Collective calls (the
-///   constructor, every hook that gathers or reduces, `end_backward`, `step`, `read_parameter` at
-///   stage 3) must be made in the same order on every rank.
-/// - Memory: everything is allocated at construction, the pools of gather buffers and gradient
-///   buckets at the count the plan predicts for the canonical order (they grow only for a
-///   trainer that visits units in another order), so `memory_in_use()` equals `plan().memory()`
-///   exactly from the start for such a trainer, and a rank short of memory fails (every rank
-///   throwing, naming it) in the constructor.
+/// The model owns parameters, gradients, master weights, optimizer states and communication
+/// buffers as a `shard_plan` lays them out; the trainer computes with views (`parameter<T>(i)`,
+/// `gradient<T>(i)`) and calls the hooks `pre_forward`/`post_forward`/`pre_backward`/
+/// `post_backward`/`end_backward`/`step`, the same loop at every stage (no-ops where a stage
+/// needs none). Errors: the constructor agrees across ranks and throws on every rank before any
+/// step when plans, parameters or options differ. Thread semantics: one thread per rank; the
+/// collective calls in the same order on every rank. Host-memory communicators only.
+/// The manual (what each stage does, the loop, views, clipping, hybrid sharding, reproducible
+/// mode, memory): docs/zero.md, "The runtime in detail".
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -81,6 +27,7 @@
 
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
+#include "ringzero/collective/agreement.hpp"
 #include "ringzero/collective/all_gather.hpp"
 #include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/reduce_scatter.hpp"
@@ -516,37 +463,7 @@ class sharded_model {
   /// `allocate()` on every rank, then one exchange so that a rank that could not allocate its
   /// share makes every rank throw (naming it) instead of leaving the others to time out in the
   /// first collective.
-  void allocate_everywhere() {
-    std::string problem;
-    try {
-      allocate();
-    } catch (const std::bad_alloc&) {
-      problem = "cannot allocate the model state of this rank (std::bad_alloc)";
-    } catch (const error& e) {
-      problem = e.message();
-    }
-    // Over the shard group, then across replica groups with "my group failed": every rank joins
-    // both exchanges and learns of a failure anywhere.
-    std::string verdict;
-    for (communicator* c : {&comm_, replica_}) {
-      if (c == nullptr || c->world_size() == 1) continue;
-      const int n = c->world_size();
-      std::uint64_t mine = problem.empty() && verdict.empty() ? 0 : 1;
-      std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
-      all_gather(*c, &mine, all.data(), 1, dtype::uint64, tagged(call_purpose::agree, 2));
-      std::vector<int> failed;
-      for (int r = 0; r < n; ++r)
-        if (all[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
-      if (!failed.empty() && verdict.empty())
-        verdict = c == replica_ ? "across replica groups: the shard group of replica-communicator " +
-                                      ringzero::detail::describe_ranks(failed) +
-                                      " could not allocate the model state (see the errors there); no rank starts"
-                                : ringzero::detail::describe_ranks(failed) +
-                                      " could not allocate the model state (see the error there); no rank starts";
-    }
-    if (!problem.empty()) comm_.raise(errc::internal, "zero::sharded_model: " + problem);
-    if (!verdict.empty()) comm_.raise(errc::internal, "zero::sharded_model: " + verdict);
-  }
+  void allocate_everywhere();
 
   [[noreturn]] void raise(const std::string& message) const { comm_.raise(errc::invalid_argument, "zero::sharded_model: " + message); }
 
@@ -598,127 +515,12 @@ class sharded_model {
   }
 
   /// The first reason why this rank cannot run the plan ("" when it can).
-  std::string check(std::span<const parameter_spec> registered) const {
-    const auto& planned = plan_.parameters();
-    const zero::precision& pr = plan_.request().precision;
-    if (registered.size() != planned.size())
-      return "the plan has " + std::to_string(planned.size()) + " parameters but the trainer registered " +
-             std::to_string(registered.size());
-    for (std::size_t i = 0; i < planned.size(); ++i) {
-      const parameter_spec& a = planned[i];
-      const parameter_spec& b = registered[i];
-      const std::string where = "parameter " + std::to_string(i) + ": the plan has ";
-      if (a.name != b.name) return where + "'" + a.name + "' but the trainer registered '" + b.name + "'";
-      if (a.shape != b.shape)
-        return where + "'" + a.name + "' with shape " + shape_text(a.shape) + " but the trainer registered shape " +
-               shape_text(b.shape);
-      const dtype ta = pr.parameter_type(a.type), tb = pr.parameter_type(b.type);
-      if (ta != tb)
-        return where + "'" + a.name + "' as " + std::string(dtype_name(ta)) + " but the trainer registered " +
-               (is_valid(tb) ? std::string(dtype_name(tb)) : "dtype value " + std::to_string(static_cast<unsigned>(tb)));
-      if (a.trainable != b.trainable)
-        return where + "'" + a.name + "' " + (a.trainable ? "trainable" : "frozen") + " but the trainer registered it " +
-               (b.trainable ? "trainable" : "frozen");
-      if (a.tie_group != b.tie_group)
-        return where + "'" + a.name + "' in tie group '" + a.tie_group + "' but the trainer registered tie group '" +
-               b.tie_group + "'";
-      if (a.unit != b.unit)
-        return where + "'" + a.name + "' in unit '" + a.unit + "' but the trainer registered unit '" + b.unit + "'";
-    }
-    const int total = comm_.world_size() * (replica_ ? replica_->world_size() : 1);
-    if (plan_.world_size() != total)
-      return "the plan is for " + std::to_string(plan_.world_size()) + " ranks but the communicators have " +
-             std::to_string(total);
-    if (plan_.stage() >= 1 && plan_.shards() != comm_.world_size())
-      return "the plan shards over replica groups of " + std::to_string(plan_.shards()) +
-             " ranks but the shard communicator has " + std::to_string(comm_.world_size());
-    if (!(options_.max_grad_norm >= 0) || !std::isfinite(options_.max_grad_norm))
-      return "max_grad_norm must be finite and >= 0, got " + std::to_string(options_.max_grad_norm);
-    if (options_.reproducible) {
-      std::string why = detail::reproducible_gradients_problem(plan_, options_.max_grad_norm, replica_ ? replica_->world_size() : 1);
-      if (!why.empty()) return why;
-    }
-    return sharded_optimizer::problem(plan_, options_.optimizer);
-  }
-
-  /// One value every rank must hold alike, as exchanged by `agree`: its name, its bits and how
-  /// to print them.
-  struct agreed_value {
-    enum class shown : std::uint8_t { integer, real, flag, hash, optimizer };
-    const char* what;
-    std::uint64_t bits;
-    shown as;
-  };
-
-  /// The bits of a real-valued setting the ranks compare (-0 as +0: the same setting).
-  static std::uint64_t setting_bits(double x) noexcept {
-    if (x == 0) x = 0;
-    std::uint64_t b;
-    std::memcpy(&b, &x, sizeof b);
-    return b;
-  }
-
-  /// `bits` as text, read as `as` says.
-  static std::string show(agreed_value::shown as, std::uint64_t bits) {
-    switch (as) {
-      case agreed_value::shown::real: {
-        double x;
-        std::memcpy(&x, &bits, sizeof x);
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.17g", x);
-        return buf;
-      }
-      case agreed_value::shown::flag: return bits != 0 ? "true" : "false";
-      case agreed_value::shown::hash: {
-        char buf[24];
-        std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(bits));
-        return buf;
-      }
-      case agreed_value::shown::optimizer: return std::string(optimizer_name(static_cast<optimizer_kind>(bits)));
-      case agreed_value::shown::integer: break;
-    }
-    return std::to_string(bits);
-  }
+  std::string check(std::span<const parameter_spec> registered) const;
 
   /// This rank's values of everything the ranks must share: its refusal, the plan request
   /// field by field (the parameter list as one hash), the optimizer options that its kind
   /// uses, the clipping settings, and the plan fingerprint last (anything not listed).
-  std::vector<agreed_value> summary(bool refused) const {
-    using shown = agreed_value::shown;
-    const plan_request& q = plan_.request();
-    detail::fnv1a precision_hash;
-    detail::hash_precision(precision_hash, q.precision);
-    const optimizer_options& o = options_.optimizer;
-    const bool sgd = o.kind == optimizer_kind::sgd;
-    return {
-        {"refused", refused ? 1u : 0u, shown::flag},
-        {"plan world size", static_cast<std::uint64_t>(q.world_size), shown::integer},
-        {"plan replica group size", static_cast<std::uint64_t>(q.replica_group_size), shown::integer},
-        {"stage", static_cast<std::uint64_t>(q.stage), shown::integer},
-        {"alignment_bytes", q.alignment_bytes, shown::integer},
-        {"unit_bytes", q.unit_bytes, shown::integer},
-        {"accumulation_steps", static_cast<std::uint64_t>(q.accumulation_steps), shown::integer},
-        {"prefetch", q.prefetch ? 1u : 0u, shown::flag},
-        {"max_inflight_reductions", static_cast<std::uint64_t>(q.max_inflight_reductions), shown::integer},
-        {"precision (hash)", precision_hash.value(), shown::hash},
-        {"parameter count", q.parameters.size(), shown::integer},
-        {"parameters (hash of names, shapes, dtypes, flags, tie groups, units)", parameters_hash(0, q.parameters.size()),
-         shown::hash},
-        {"optimizer", static_cast<std::uint64_t>(o.kind), shown::optimizer},
-        {"learning rate", setting_bits(o.lr), shown::real},
-        {"weight_decay", setting_bits(o.weight_decay), shown::real},
-        {"momentum", sgd ? setting_bits(o.momentum) : 0, shown::real},
-        {"dampening", sgd ? setting_bits(o.dampening) : 0, shown::real},
-        {"nesterov", sgd && o.nesterov ? 1u : 0u, shown::flag},
-        {"beta1", sgd ? 0 : setting_bits(o.beta1), shown::real},
-        {"beta2", sgd ? 0 : setting_bits(o.beta2), shown::real},
-        {"eps", sgd ? 0 : setting_bits(o.eps), shown::real},
-        {"max_grad_norm", setting_bits(options_.max_grad_norm), shown::real},
-        {"skip_nonfinite_steps", options_.skip_nonfinite_steps ? 1u : 0u, shown::flag},
-        {"reproducible", options_.reproducible ? 1u : 0u, shown::flag},
-        {"plan fingerprint", plan_.fingerprint(), shown::hash},
-    };
-  }
+  std::vector<ringzero::detail::agreed_value> summary(bool refused) const;
 
   /// FNV-1a of parameters [first, last) of the plan request (as the fingerprint hashes them).
   std::uint64_t parameters_hash(std::size_t first, std::size_t last) const {
@@ -748,119 +550,18 @@ class sharded_model {
   /// The exchange of `agree` over `c`: the message every rank of `c` raises, or "".
   /// `across_groups`: `c` is the replica communicator, whose rank r stands for shard group r,
   /// and `refused` says that this rank's shard group cannot start.
-  std::string agree_over(communicator& c, bool refused, bool across_groups) {
-    const int n = c.world_size();
-    if (n == 1) return {};
-    const std::vector<agreed_value> mine = summary(refused);
-    const std::size_t fields = mine.size();
-    std::vector<std::uint64_t> table(fields * static_cast<std::size_t>(n));
-    std::vector<std::uint64_t> row(fields);
-    for (std::size_t f = 0; f < fields; ++f) row[f] = mine[f].bits;
-    all_gather(c, row.data(), table.data(), fields, dtype::uint64, tagged(call_purpose::agree, 0));
-    auto at = [&](int r, std::size_t f) { return table[static_cast<std::size_t>(r) * fields + f]; };
-    auto by_rank = [&](std::size_t f) {
-      std::vector<std::string> v;
-      for (int r = 0; r < n; ++r) v.push_back(show(mine[f].as, at(r, f)));
-      return ringzero::detail::describe_values(v);
-    };
-    std::vector<int> refusing;
-    for (int r = 0; r < n; ++r)
-      if (at(r, 0) != 0) refusing.push_back(r);
-    if (!refusing.empty() && across_groups)
-      return "across replica groups: the shard group of replica-communicator " + ringzero::detail::describe_ranks(refusing) +
-             " cannot start (a rank there refused the plan or its ranks differ; see the errors there); no rank starts";
-    if (!refusing.empty())
-      return ringzero::detail::describe_ranks(refusing) + " refused the plan (see " +
-             (refusing.size() == 1 ? "that rank's error" : "those ranks' errors") + "); no rank starts";
-    for (std::size_t f = 1; f < fields; ++f) {
-      bool same = true;
-      for (int r = 1; r < n; ++r) same = same && at(r, f) == at(0, f);
-      if (same) continue;
-      std::string what = std::string(across_groups ? "across replica groups, the ranks of the replica communicator differ in "
-                                                  : "the ranks differ in ") +
-                         mine[f].what + ": " + by_rank(f);
-      if (std::string_view(mine[f].what).starts_with("parameters (hash")) what += first_parameter_difference(c);
-      return what + "; every rank must pass the same plan request and sharded_model_options";
-    }
-    return {};
-  }
+  std::string agree_over(communicator& c, bool refused, bool across_groups);
 
   /// Where the ranks' parameter lists (of equal length, hashes differing) first differ: a second
   /// all_gather of one hash per parameter; names this rank's version of that parameter.
-  std::string first_parameter_difference(communicator& c) {
-    const int n = c.world_size();
-    const auto& ps = plan_.request().parameters;
-    const std::size_t count = ps.size();
-    std::vector<std::uint64_t> row(count), table(count * static_cast<std::size_t>(n));
-    for (std::size_t i = 0; i < count; ++i) row[i] = parameters_hash(i, i + 1);
-    all_gather(c, row.data(), table.data(), count, dtype::uint64, tagged(call_purpose::agree, 1));
-    for (std::size_t i = 0; i < count; ++i)
-      for (int r = 1; r < n; ++r)
-        if (table[static_cast<std::size_t>(r) * count + i] != table[i]) {
-          const parameter_spec& p = ps[i];
-          std::vector<std::string> hashes;
-          for (int k = 0; k < n; ++k) hashes.push_back(show(agreed_value::shown::hash, table[static_cast<std::size_t>(k) * count + i]));
-          return "; first at parameter " + std::to_string(i) + ", here '" + p.name + "' " + shape_text(p.shape) + " " +
-                 (p.type ? std::string(dtype_name(*p.type)) : std::string("(precision's dtype)")) +
-                 (p.trainable ? " trainable" : " frozen") + " in unit '" + p.unit + "', tie group '" + p.tie_group +
-                 "' (its hash: " + ringzero::detail::describe_values(hashes) + ")";
-        }
-    return {};
-  }
+  std::string first_parameter_difference(communicator& c);
 
-  void allocate() {
-    const auto& buffers = plan_.buffers();
-    const bool stage3 = plan_.stage() == 3, shard_grads = plan_.stage() >= 2;
-    params_.reserve(buffers.size());
-    grads_.reserve(buffers.size());
-    for (const flat_buffer& f : buffers) {
-      params_.emplace_back((stage3 ? f.shard_numel : f.numel) * dtype_size(f.type));
-      grads_.emplace_back(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0);
-    }
-    optimizer_.emplace(plan_, shard_index_, options_.optimizer);
-    if (options_.reproducible) reproducible_.emplace(plan_);
-    const std::size_t units = plan_.units().size();
-    unit_gather_.assign(units, npos);
-    unit_bucket_.assign(units, npos);
-    gather_work_.resize(units);
-    reduce_work_.resize(units);
-    marked_.assign(plan_.trainable_storages().size(), false);
-    // The pools at the size the plan predicts for the canonical order, so that a rank short of
-    // memory fails here (where allocate_everywhere tells every rank) rather than at its first
-    // pre_forward or gradient; they grow only for a trainer that visits units in another order.
-    const communication_buffers& cb = plan_.communication();
-    for (std::uint64_t i = 0; i < cb.gather_buffers; ++i) {
-      gathers_buffers_.emplace_back(cb.gather_buffer_bytes);
-      gather_free_.push_back(gathers_buffers_.size() - 1);
-    }
-    for (std::uint64_t i = 0; i < cb.gradient_buckets; ++i) {
-      buckets_.emplace_back(cb.gradient_bucket_bytes);
-      bucket_free_.push_back(buckets_.size() - 1);
-    }
-  }
+  void allocate();
 
   /// Every rank of both communicators learns every rank's learning rate (a scheduler that set
   /// different rates on different ranks would update the shards inconsistently) and throws alike
   /// when they differ.
-  void check_learning_rates() {
-    std::uint64_t mine = setting_bits(optimizer_->options().lr);
-    std::string verdict;
-    for (communicator* c : {&comm_, replica_}) {
-      if (c == nullptr || c->world_size() == 1) continue;
-      const int n = c->world_size();
-      std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
-      all_gather(*c, &mine, all.data(), 1, dtype::uint64, tagged(call_purpose::agree, 3));
-      bool same = true;
-      for (std::uint64_t b : all) same = same && b == all[0];
-      if (same || !verdict.empty()) continue;
-      std::vector<std::string> values;
-      for (std::uint64_t b : all) values.push_back(show(agreed_value::shown::real, b));
-      verdict = std::string(c == replica_ ? "across replica groups, the ranks of the replica communicator" : "the ranks") +
-                " hold different learning rates at step " + std::to_string(optimizer_->steps() + 1) + ": " +
-                ringzero::detail::describe_values(values) + " (set_learning_rate must set the same value on every rank)";
-    }
-    if (!verdict.empty()) raise(verdict);
-  }
+  void check_learning_rates();
 
   /// One more pool buffer of `bytes` (beyond the plan's count), or an error naming this rank.
   detail::host_buffer& grow(std::vector<detail::host_buffer>& pool, std::uint64_t bytes, const char* what) {
@@ -996,62 +697,9 @@ class sharded_model {
     std::memset(buckets_[slot].data(), 0, static_cast<std::size_t>(plan_.units()[u].gradient_bytes));
   }
 
-  void launch_reduction(std::size_t u) {
-    const int stage = plan_.stage();
-    if (reproducible_) {  // deposit this micro-batch; the view of the next one starts at zero
-      for (std::size_t b : plan_.units()[u].buffers) {
-        const flat_buffer& f = plan_.buffers()[b];
-        if (!f.trainable || f.numel == 0) continue;
-        unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
-        reproducible_->deposit(b, full);
-        if (stage <= 1) std::memset(full, 0, static_cast<std::size_t>(f.numel * dtype_size(f.gradient_type)));
-      }
-      return;
-    }
-    for (std::size_t b : plan_.units()[u].buffers) {
-      const flat_buffer& f = plan_.buffers()[b];
-      if (!f.trainable || f.numel == 0) continue;
-      const std::uint64_t gs = dtype_size(f.gradient_type);
-      const std::uint64_t own = static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
-      unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
-      if (stage == 0)
-        reduce_work_[u].push_back(
-            all_reduce_async(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg, tagged(call_purpose::reduce, b)));
-      else
-        reduce_work_[u].push_back(reduce_scatter_async(comm_, full, full + own, f.shard_numel, f.gradient_type, reduce_kind::avg,
-                                                       tagged(call_purpose::reduce, b)));
-    }
-  }
+  void launch_reduction(std::size_t u);
 
-  void complete_reduction(std::size_t u) {
-    auto& list = reduce_work_[u];
-    for (const work& w : list) w.wait();
-    list.clear();
-    if (plan_.stage() < 2) return;
-    if (reproducible_) {  // deposited in launch_reduction: only the bucket is released
-      bucket_free_.push_back(unit_bucket_[u]);
-      unit_bucket_[u] = npos;
-      return;
-    }
-    unsigned char* bucket = buckets_[unit_bucket_[u]].data();
-    for (std::size_t b : plan_.units()[u].buffers) {
-      const flat_buffer& f = plan_.buffers()[b];
-      if (!f.trainable || f.numel == 0) continue;
-      const std::uint64_t gs = dtype_size(f.gradient_type);
-      const unsigned char* src = bucket + f.gradient_offset + static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
-      unsigned char* dst = grads_[b].data();
-      visit_dtype(f.gradient_type, [&]<class T>() {
-        if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
-          T* d = reinterpret_cast<T*>(dst);
-          const T* s = reinterpret_cast<const T*>(src);
-          for (std::uint64_t j = 0; j < f.shard_numel; ++j)
-            d[j] = static_cast<T>(static_cast<float>(d[j]) + static_cast<float>(s[j]));
-        }
-      });
-    }
-    bucket_free_.push_back(unit_bucket_[u]);
-    unit_bucket_[u] = npos;
-  }
+  void complete_reduction(std::size_t u);
 
   /// Reproducible mode, end of the accumulation window: every trainable buffer's average over
   /// all micro-batches of all ranks into its gradient (the whole buffer at stage 0, the rank's
@@ -1098,3 +746,6 @@ class sharded_model {
 };
 
 }  // namespace ringzero::zero
+
+// The members defined out of the class (kept apart so that each header stays short).
+#include "ringzero/zero/sharded_model_members.hpp"

@@ -1,0 +1,279 @@
+#pragma once
+/// @file
+/// The longer private members of `zero::sharded_model` (checking the registered parameters,
+/// the cross-rank agreement, allocation, launching and completing reductions), defined out of
+/// the class. Included by zero/sharded_model.hpp at its end; include that header, not this one.
+
+#include "ringzero/zero/sharded_model.hpp"
+
+namespace ringzero::zero {
+
+inline std::string sharded_model::check(std::span<const parameter_spec> registered) const {
+  const auto& planned = plan_.parameters();
+  const zero::precision& pr = plan_.request().precision;
+  if (registered.size() != planned.size())
+    return "the plan has " + std::to_string(planned.size()) + " parameters but the trainer registered " +
+           std::to_string(registered.size());
+  for (std::size_t i = 0; i < planned.size(); ++i) {
+    const parameter_spec& a = planned[i];
+    const parameter_spec& b = registered[i];
+    const std::string where = "parameter " + std::to_string(i) + ": the plan has ";
+    if (a.name != b.name) return where + "'" + a.name + "' but the trainer registered '" + b.name + "'";
+    if (a.shape != b.shape)
+      return where + "'" + a.name + "' with shape " + shape_text(a.shape) + " but the trainer registered shape " +
+             shape_text(b.shape);
+    const dtype ta = pr.parameter_type(a.type), tb = pr.parameter_type(b.type);
+    if (ta != tb)
+      return where + "'" + a.name + "' as " + std::string(dtype_name(ta)) + " but the trainer registered " +
+             (is_valid(tb) ? std::string(dtype_name(tb)) : "dtype value " + std::to_string(static_cast<unsigned>(tb)));
+    if (a.trainable != b.trainable)
+      return where + "'" + a.name + "' " + (a.trainable ? "trainable" : "frozen") + " but the trainer registered it " +
+             (b.trainable ? "trainable" : "frozen");
+    if (a.tie_group != b.tie_group)
+      return where + "'" + a.name + "' in tie group '" + a.tie_group + "' but the trainer registered tie group '" +
+             b.tie_group + "'";
+    if (a.unit != b.unit)
+      return where + "'" + a.name + "' in unit '" + a.unit + "' but the trainer registered unit '" + b.unit + "'";
+  }
+  const int total = comm_.world_size() * (replica_ ? replica_->world_size() : 1);
+  if (plan_.world_size() != total)
+    return "the plan is for " + std::to_string(plan_.world_size()) + " ranks but the communicators have " +
+           std::to_string(total);
+  if (plan_.stage() >= 1 && plan_.shards() != comm_.world_size())
+    return "the plan shards over replica groups of " + std::to_string(plan_.shards()) +
+           " ranks but the shard communicator has " + std::to_string(comm_.world_size());
+  if (!(options_.max_grad_norm >= 0) || !std::isfinite(options_.max_grad_norm))
+    return "max_grad_norm must be finite and >= 0, got " + std::to_string(options_.max_grad_norm);
+  if (options_.reproducible) {
+    std::string why = detail::reproducible_gradients_problem(plan_, options_.max_grad_norm, replica_ ? replica_->world_size() : 1);
+    if (!why.empty()) return why;
+  }
+  return sharded_optimizer::problem(plan_, options_.optimizer);
+}
+
+inline std::vector<ringzero::detail::agreed_value> sharded_model::summary(bool refused) const {
+  using ringzero::detail::setting_bits;
+  using shown = ringzero::detail::agreed_value::shown;
+  const auto optimizer_text = [](std::uint64_t bits) { return optimizer_name(static_cast<optimizer_kind>(bits)).data(); };
+  const plan_request& q = plan_.request();
+  detail::fnv1a precision_hash;
+  detail::hash_precision(precision_hash, q.precision);
+  const optimizer_options& o = options_.optimizer;
+  const bool sgd = o.kind == optimizer_kind::sgd;
+  return {
+      {"refused", refused ? 1u : 0u, shown::flag},
+      {"plan world size", static_cast<std::uint64_t>(q.world_size), shown::integer},
+      {"plan replica group size", static_cast<std::uint64_t>(q.replica_group_size), shown::integer},
+      {"stage", static_cast<std::uint64_t>(q.stage), shown::integer},
+      {"alignment_bytes", q.alignment_bytes, shown::integer},
+      {"unit_bytes", q.unit_bytes, shown::integer},
+      {"accumulation_steps", static_cast<std::uint64_t>(q.accumulation_steps), shown::integer},
+      {"prefetch", q.prefetch ? 1u : 0u, shown::flag},
+      {"max_inflight_reductions", static_cast<std::uint64_t>(q.max_inflight_reductions), shown::integer},
+      {"precision (hash)", precision_hash.value(), shown::hash},
+      {"parameter count", q.parameters.size(), shown::integer},
+      {"parameters (hash of names, shapes, dtypes, flags, tie groups, units)", parameters_hash(0, q.parameters.size()),
+       shown::hash},
+      {"optimizer", static_cast<std::uint64_t>(o.kind), shown::named, +optimizer_text},
+      {"learning rate", setting_bits(o.lr), shown::real},
+      {"weight_decay", setting_bits(o.weight_decay), shown::real},
+      {"momentum", sgd ? setting_bits(o.momentum) : 0, shown::real},
+      {"dampening", sgd ? setting_bits(o.dampening) : 0, shown::real},
+      {"nesterov", sgd && o.nesterov ? 1u : 0u, shown::flag},
+      {"beta1", sgd ? 0 : setting_bits(o.beta1), shown::real},
+      {"beta2", sgd ? 0 : setting_bits(o.beta2), shown::real},
+      {"eps", sgd ? 0 : setting_bits(o.eps), shown::real},
+      {"max_grad_norm", setting_bits(options_.max_grad_norm), shown::real},
+      {"skip_nonfinite_steps", options_.skip_nonfinite_steps ? 1u : 0u, shown::flag},
+      {"reproducible", options_.reproducible ? 1u : 0u, shown::flag},
+      {"plan fingerprint", plan_.fingerprint(), shown::hash},
+  };
+}
+
+inline std::string sharded_model::agree_over(communicator& c, bool refused, bool across_groups) {
+  const int n = c.world_size();
+  if (n == 1) return {};
+  const std::vector<ringzero::detail::agreed_value> mine = summary(refused);
+  const std::size_t fields = mine.size();
+  const std::vector<std::uint64_t> row = ringzero::detail::agreement_row(mine);
+  std::vector<std::uint64_t> gathered(fields * static_cast<std::size_t>(n));
+  all_gather(c, row.data(), gathered.data(), fields, dtype::uint64, tagged(call_purpose::agree, 0));
+  const ringzero::detail::agreement_table table(std::move(gathered), fields);
+  const std::vector<int> refusing = table.ranks_where_not(0, 0);
+  if (!refusing.empty() && across_groups)
+    return "across replica groups: the shard group of replica-communicator " + ringzero::detail::describe_ranks(refusing) +
+           " cannot start (a rank there refused the plan or its ranks differ; see the errors there); no rank starts";
+  if (!refusing.empty())
+    return ringzero::detail::describe_ranks(refusing) + " refused the plan (see " +
+           (refusing.size() == 1 ? "that rank's error" : "those ranks' errors") + "); no rank starts";
+  if (const std::size_t f = table.first_difference(1); f < fields) {
+    std::string what = std::string(across_groups ? "across replica groups, the ranks of the replica communicator differ in "
+                                                : "the ranks differ in ") +
+                       mine[f].what + ": " + table.by_rank(f, mine[f]);
+    if (mine[f].what.starts_with("parameters (hash")) what += first_parameter_difference(c);
+    return what + "; every rank must pass the same plan request and sharded_model_options";
+  }
+  return {};
+}
+
+inline std::string sharded_model::first_parameter_difference(communicator& c) {
+  const int n = c.world_size();
+  const auto& ps = plan_.request().parameters;
+  const std::size_t count = ps.size();
+  std::vector<std::uint64_t> row(count), gathered(count * static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < count; ++i) row[i] = parameters_hash(i, i + 1);
+  all_gather(c, row.data(), gathered.data(), count, dtype::uint64, tagged(call_purpose::agree, 1));
+  const ringzero::detail::agreement_table table(std::move(gathered), count);
+  if (const std::size_t i = table.first_difference(); i < count) {
+    const parameter_spec& p = ps[i];
+    const ringzero::detail::agreed_value hash{"", 0, ringzero::detail::agreed_value::shown::hash};
+    return "; first at parameter " + std::to_string(i) + ", here '" + p.name + "' " + shape_text(p.shape) + " " +
+           (p.type ? std::string(dtype_name(*p.type)) : std::string("(precision's dtype)")) +
+           (p.trainable ? " trainable" : " frozen") + " in unit '" + p.unit + "', tie group '" + p.tie_group +
+           "' (its hash: " + table.by_rank(i, hash) + ")";
+  }
+  return {};
+}
+
+inline void sharded_model::check_learning_rates() {
+  std::uint64_t mine = ringzero::detail::setting_bits(optimizer_->options().lr);
+  const ringzero::detail::agreed_value rate{"learning rate", mine, ringzero::detail::agreed_value::shown::real};
+  std::string verdict;
+  for (communicator* c : {&comm_, replica_}) {
+    if (c == nullptr || c->world_size() == 1) continue;
+    const int n = c->world_size();
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
+    all_gather(*c, &mine, all.data(), 1, dtype::uint64, tagged(call_purpose::agree, 3));
+    bool same = true;
+    for (std::uint64_t b : all) same = same && b == all[0];
+    if (same || !verdict.empty()) continue;
+    std::vector<std::string> values;
+    for (std::uint64_t b : all) values.push_back(ringzero::detail::show(rate, b));
+    verdict = std::string(c == replica_ ? "across replica groups, the ranks of the replica communicator" : "the ranks") +
+              " hold different learning rates at step " + std::to_string(optimizer_->steps() + 1) + ": " +
+              ringzero::detail::describe_values(values) + " (set_learning_rate must set the same value on every rank)";
+  }
+  if (!verdict.empty()) raise(verdict);
+}
+
+inline void sharded_model::allocate_everywhere() {
+  std::string problem;
+  try {
+    allocate();
+  } catch (const std::bad_alloc&) {
+    problem = "cannot allocate the model state of this rank (std::bad_alloc)";
+  } catch (const error& e) {
+    problem = e.message();
+  }
+  // Over the shard group, then across replica groups with "my group failed": every rank joins
+  // both exchanges and learns of a failure anywhere.
+  std::string verdict;
+  for (communicator* c : {&comm_, replica_}) {
+    if (c == nullptr || c->world_size() == 1) continue;
+    const int n = c->world_size();
+    std::uint64_t mine = problem.empty() && verdict.empty() ? 0 : 1;
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
+    all_gather(*c, &mine, all.data(), 1, dtype::uint64, tagged(call_purpose::agree, 2));
+    std::vector<int> failed;
+    for (int r = 0; r < n; ++r)
+      if (all[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
+    if (!failed.empty() && verdict.empty())
+      verdict = c == replica_ ? "across replica groups: the shard group of replica-communicator " +
+                                    ringzero::detail::describe_ranks(failed) +
+                                    " could not allocate the model state (see the errors there); no rank starts"
+                              : ringzero::detail::describe_ranks(failed) +
+                                    " could not allocate the model state (see the error there); no rank starts";
+  }
+  if (!problem.empty()) comm_.raise(errc::internal, "zero::sharded_model: " + problem);
+  if (!verdict.empty()) comm_.raise(errc::internal, "zero::sharded_model: " + verdict);
+}
+
+inline void sharded_model::allocate() {
+  const auto& buffers = plan_.buffers();
+  const bool stage3 = plan_.stage() == 3, shard_grads = plan_.stage() >= 2;
+  params_.reserve(buffers.size());
+  grads_.reserve(buffers.size());
+  for (const flat_buffer& f : buffers) {
+    params_.emplace_back((stage3 ? f.shard_numel : f.numel) * dtype_size(f.type));
+    grads_.emplace_back(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0);
+  }
+  optimizer_.emplace(plan_, shard_index_, options_.optimizer);
+  if (options_.reproducible) reproducible_.emplace(plan_);
+  const std::size_t units = plan_.units().size();
+  unit_gather_.assign(units, npos);
+  unit_bucket_.assign(units, npos);
+  gather_work_.resize(units);
+  reduce_work_.resize(units);
+  marked_.assign(plan_.trainable_storages().size(), false);
+  // The pools at the size the plan predicts for the canonical order, so that a rank short of
+  // memory fails here (where allocate_everywhere tells every rank) rather than at its first
+  // pre_forward or gradient; they grow only for a trainer that visits units in another order.
+  const communication_buffers& cb = plan_.communication();
+  for (std::uint64_t i = 0; i < cb.gather_buffers; ++i) {
+    gathers_buffers_.emplace_back(cb.gather_buffer_bytes);
+    gather_free_.push_back(gathers_buffers_.size() - 1);
+  }
+  for (std::uint64_t i = 0; i < cb.gradient_buckets; ++i) {
+    buckets_.emplace_back(cb.gradient_bucket_bytes);
+    bucket_free_.push_back(buckets_.size() - 1);
+  }
+}
+
+inline void sharded_model::launch_reduction(std::size_t u) {
+  const int stage = plan_.stage();
+  if (reproducible_) {  // deposit this micro-batch; the view of the next one starts at zero
+    for (std::size_t b : plan_.units()[u].buffers) {
+      const flat_buffer& f = plan_.buffers()[b];
+      if (!f.trainable || f.numel == 0) continue;
+      unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
+      reproducible_->deposit(b, full);
+      if (stage <= 1) std::memset(full, 0, static_cast<std::size_t>(f.numel * dtype_size(f.gradient_type)));
+    }
+    return;
+  }
+  for (std::size_t b : plan_.units()[u].buffers) {
+    const flat_buffer& f = plan_.buffers()[b];
+    if (!f.trainable || f.numel == 0) continue;
+    const std::uint64_t gs = dtype_size(f.gradient_type);
+    const std::uint64_t own = static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
+    unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
+    if (stage == 0)
+      reduce_work_[u].push_back(
+          all_reduce_async(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg, tagged(call_purpose::reduce, b)));
+    else
+      reduce_work_[u].push_back(reduce_scatter_async(comm_, full, full + own, f.shard_numel, f.gradient_type, reduce_kind::avg,
+                                                     tagged(call_purpose::reduce, b)));
+  }
+}
+
+inline void sharded_model::complete_reduction(std::size_t u) {
+  auto& list = reduce_work_[u];
+  for (const work& w : list) w.wait();
+  list.clear();
+  if (plan_.stage() < 2) return;
+  if (reproducible_) {  // deposited in launch_reduction: only the bucket is released
+    bucket_free_.push_back(unit_bucket_[u]);
+    unit_bucket_[u] = npos;
+    return;
+  }
+  unsigned char* bucket = buckets_[unit_bucket_[u]].data();
+  for (std::size_t b : plan_.units()[u].buffers) {
+    const flat_buffer& f = plan_.buffers()[b];
+    if (!f.trainable || f.numel == 0) continue;
+    const std::uint64_t gs = dtype_size(f.gradient_type);
+    const unsigned char* src = bucket + f.gradient_offset + static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
+    unsigned char* dst = grads_[b].data();
+    visit_dtype(f.gradient_type, [&]<class T>() {
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
+        T* d = reinterpret_cast<T*>(dst);
+        const T* s = reinterpret_cast<const T*>(src);
+        for (std::uint64_t j = 0; j < f.shard_numel; ++j)
+          d[j] = static_cast<T>(static_cast<float>(d[j]) + static_cast<float>(s[j]));
+      }
+    });
+  }
+  bucket_free_.push_back(unit_bucket_[u]);
+  unit_bucket_[u] = npos;
+}
+
+}  // namespace ringzero::zero
