@@ -2,20 +2,7 @@
 /// @file
 /// The `direct` algorithm: shared-memory collectives in which each rank reads its peers' buffers
 /// in place (local backend only, between `begin` and `end`).
-///
-/// all_reduce, reduce_scatter and reduce split the result into n blocks; rank r reduces block r
-/// from every input, one cache-resident tile at a time, and writes the tile to every output that
-/// needs it, so each input byte is read once and each output byte written once: the minimum
-/// memory traffic of the collective (2 S per rank for an all_reduce of S bytes). all_gather,
-/// broadcast and all_to_all pull: each rank copies what it needs from its peers into its own
-/// output. Large outputs are written with streaming stores; a large all_reduce with op sum of
-/// float32 or float64 skips the tile altogether (primitive/sum_broadcast.hpp: the inputs are
-/// summed in registers and streamed to every output in one pass, the same bits but for which
-/// payload a sum of two NaNs keeps).
-/// float16 / bfloat16 sum, avg and premul_sum accumulate the tile in float32 (each input
-/// widened tile by tile) and round it once before it is written out (float32_accumulation.hpp).
-/// Determinism: inputs are combined in rank order 0..n-1, so results are identical run to run
-/// and bitwise identical on every rank.
+/// The manual: docs/algorithms.md, "Header notes", `ringzero/algorithm/direct.hpp`.
 
 #include <algorithm>
 #include <array>
@@ -162,7 +149,7 @@ inline void direct_reduce_scatter(const call& c) {
 }
 
 /// direct reduce: rank r reduces block r of the result and writes it into the root's output;
-/// non-root outputs are never touched (case C9).
+/// non-root outputs are never touched.
 inline void direct_reduce(const call& c) {
   const int r = c.rank();
   const std::uint64_t count = c.d.count;

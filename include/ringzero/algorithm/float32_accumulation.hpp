@@ -2,7 +2,7 @@
 /// @file
 /// float32 accumulation of float16 and bfloat16 sum, avg and premul_sum (all_reduce,
 /// reduce_scatter, reduce on two or more ranks): the result is the float32 reduction rounded
-/// once to the 16-bit type, whatever the algorithm or backend (case C22; docs/numerics.md).
+/// once to the 16-bit type, whatever the algorithm or backend (docs/numerics.md).
 ///
 /// `run_in_float32` serves the schedules that move partial results between ranks (ring,
 /// halving_doubling) and the backends' native collectives (MPI_Allreduce, ncclAllReduce...):
@@ -39,7 +39,7 @@ inline bool accumulates_in_float32(const collective_descriptor& d, int world_siz
 
 /// Runs `c` (for which accumulates_in_float32 holds) as `run(call)` on a float32 copy of its
 /// input in the scratch slot scratch_widened, then narrows the result into `c.d.recv` (on the
-/// root only for reduce; other outputs stay untouched, case C9). `run` is the schedule or the
+/// root only for reduce; other outputs stay untouched). `run` is the schedule or the
 /// backend's native collective; it sees an in-place float32 descriptor (reduce_scatter: NCCL's
 /// in-place layout, output at rank * count). Errors: those of `run` and of the scratch pool.
 template <class Run>

@@ -259,7 +259,7 @@ inline void hd_all_gather(const call& c) {
 }
 
 /// halving_doubling reduce: recursive-halving reduce-scatter, then a gather of the finished
-/// blocks at the root. Non-root outputs are never touched (case C9).
+/// blocks at the root. Non-root outputs are never touched.
 inline void hd_reduce(const call& c) {
   const int n = c.n(), r = c.rank(), root = c.d.root;
   const std::uint64_t count = c.d.count;

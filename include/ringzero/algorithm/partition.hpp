@@ -1,12 +1,12 @@
 #pragma once
 /// @file
-/// How a buffer of `count` elements is split into per-rank blocks, in 64-bit arithmetic
-/// (case C11: counts beyond 2^32 must tile exactly).
+/// How a buffer of `count` elements is split into per-rank blocks, in 64-bit arithmetic (counts beyond
+/// 2^32 tile exactly).
 ///
 /// `partition(count, parts, granule)` gives `parts` contiguous blocks that tile [0, count):
 /// every block but possibly the last non-empty one is a multiple of `granule` elements (a cache
 /// line's worth, so blocks start on cache lines when the buffer does); counts that do not divide
-/// give the remainder granules to the first blocks, and trailing blocks may be empty (case C10).
+/// give the remainder granules to the first blocks, and trailing blocks may be empty.
 /// Pure, constexpr and allocation-free.
 
 #include <algorithm>

@@ -98,7 +98,7 @@ inline void ring_all_gather(const call& c) {
 }
 
 /// ring reduce: ring reduce-scatter into the root's output (scratch elsewhere), then every rank
-/// sends its finished block to the root. Non-root outputs are never touched (case C9).
+/// sends its finished block to the root. Non-root outputs are never touched.
 inline void ring_reduce(const call& c) {
   const int n = c.n(), r = c.rank(), root = c.d.root;
   const std::uint64_t count = c.d.count;

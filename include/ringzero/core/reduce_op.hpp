@@ -1,23 +1,7 @@
 #pragma once
 /// @file
 /// Reduction operators: sum, prod, min, max, avg and premul_sum(scalar), with NCCL's meaning.
-///
-/// Semantics shared by every backend and algorithm:
-/// - Integer sum, prod and premul_sum wrap modulo 2^bits (two's complement), never overflow UB.
-/// - avg is the sum (wrapping for integers) divided by the world size once, at the end:
-///   floating types divide in their arithmetic type and round once; integer types truncate toward
-///   zero. This follows NCCL's integer `ncclAvg` (sum, then divide) and is exact for floats whose
-///   sums are exact.
-/// - premul_sum(s) multiplies each rank's input by `s` before summing (NCCL's
-///   `ncclRedOpCreatePreMulSum`); like NCCL, ranks may pass different scalars. For integer types
-///   `s` must be an integer value with |s| < 2^53; it is applied with wrapping multiplication.
-/// - min and max compare unsigned types as unsigned; for floating types a NaN operand makes the
-///   result a NaN.
-/// - float16 and bfloat16 sum, avg and premul_sum accumulate in float32 on every algorithm and
-///   backend: the result is the float32 reduction rounded once to the 16-bit type (avg: the
-///   float32 sum divided by the world size in float32; premul_sum: each input times its scalar
-///   in float32). prod, min and max combine in float32 and round at every combine.
-///   docs/numerics.md.
+/// The manual: docs/algorithms.md, "Header notes", `ringzero/core/reduce_op.hpp`.
 
 #include <cstdint>
 #include <optional>

@@ -6,7 +6,7 @@
 /// Arithmetic: when every rank contributes (the usual case) the bucket is all-reduced with
 /// `reduce_kind::avg`: summed, then divided once (core/reduce_op.hpp), so that a world of one
 /// returns its gradients bit for bit and sums that are exact stay exact. When some ranks have
-/// joined (uneven inputs, case C13) it sums, and `complete` divides by `bucket.divisor`.
+/// joined (uneven inputs) it sums, and `complete` divides by `bucket.divisor`.
 /// PyTorch's default hook (`allreduce_hook`) divides before summing instead; sum-then-divide
 /// rounds once and gives the same values up to rounding.
 /// Host and CUDA device memory alike: on the device the division is the CUDA `divide`

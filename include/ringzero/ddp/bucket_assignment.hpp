@@ -1,24 +1,7 @@
 #pragma once
 /// @file
 /// Bucket assignment for data-parallel gradient reduction: which gradients are reduced together.
-///
-/// Follows the documented behaviour of PyTorch's `compute_bucket_assignment_by_size`
-/// (torch/csrc/distributed/c10d/reducer.cpp, used by `DistributedDataParallel`):
-/// - tensors are visited in the order given; each dtype fills its own open bucket (a bucket
-///   never mixes dtypes);
-/// - a tensor is added to its dtype's open bucket, and the bucket closes as soon as its size
-///   reaches (>=) the current byte limit of that dtype;
-/// - every dtype walks the list of byte limits on its own: its first bucket gets limit 0, its
-///   second limit 1, ..., and the last limit repeats (PyTorch's defaults: 1 MiB for the first
-///   bucket, then 25 MiB);
-/// - buckets still open at the end are kept; the result is ordered by the position (in the given
-///   order) of each bucket's first tensor. For the identity order that is PyTorch's "sorted by
-///   the minimum tensor index".
-/// The gradient reducer passes reverse registration order (the order backward usually produces
-/// gradients), and after its first iteration the order in which gradients actually became ready.
-///
-/// This is a pure planner (DESIGN.md): no communicator, no allocation beyond its result,
-/// deterministic, usable on a laptop to plan any job.
+/// The manual: docs/ddp.md, "Header notes", `ringzero/ddp/bucket_assignment.hpp`.
 
 #include <algorithm>
 #include <array>
@@ -88,8 +71,8 @@ inline void check_bucket_order(std::size_t n, std::span<const std::size_t> order
 /// appears in exactly one bucket (zero-element tensors too).
 /// Errors (errc::invalid_argument): empty `byte_limits`, an invalid dtype, a size in bytes that
 /// overflows 64 bits, or an `order` that is not a permutation.
-/// Example (case C14): limits {400}, float32 tensors of 100, 200, 100, 50 elements give
-/// {{0}, {1}, {2}, {3}}. Case C15: limits {400}, float32 50, float64 25, float32 50, float64 25,
+/// Example: limits {400}, float32 tensors of 100, 200, 100, 50 elements give
+/// {{0}, {1}, {2}, {3}}; limits {400}, float32 50, float64 25, float32 50, float64 25,
 /// float32 50, float64 25 give {{0, 2}, {1, 3}, {4}, {5}}.
 inline std::vector<bucket_plan> assign_buckets(std::span<const bucket_tensor> tensors,
                                                std::span<const std::uint64_t> byte_limits,

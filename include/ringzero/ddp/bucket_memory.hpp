@@ -10,23 +10,7 @@
 ///   with cudaMalloc, and every copy (cudaMemcpyAsync), fill, division and cast (the CUDA
 ///   primitives) enqueued on the communicator's stream, returning before the device has run
 ///   them (stream order, as NCCL's collectives).
-///
-/// Like the collectives (algorithm/device_data_ops.hpp), it reaches the device only through
-/// the program-wide table of primitive/device_primitives.hpp, so it compiles with the host
-/// compiler and without CUDA headers; device memory needs one .cu file of the program to
-/// include <ringzero/cuda.cuh>.
-///
-/// Stream semantics on device memory: `copy`, `fill`, `zero`, `divide`, `cast` and `from_host`
-/// are enqueued on `stream()`; `to_host` and `synchronize` block the calling thread until
-/// everything enqueued on the stream so far has run; `allocate` blocks the host (cudaMalloc)
-/// and enqueues the zeroing. A host buffer given to `from_host` must stay unchanged until the
-/// stream has run the copy (a later `to_host` or `synchronize` guarantees it).
-/// Errors: errc::unsupported when device memory is asked for and no kernels are registered;
-/// errc::backend_failure "<operation> failed on CUDA device <d>: <CUDA error>" when the runtime
-/// refuses an operation; errc::internal when host memory runs out.
-/// Thread semantics: a value type with no state of its own beyond (table, stream, device); each
-/// call makes the device current on the calling thread first. Determinism: element-wise
-/// operations with the host primitives' arithmetic on both sides, bit for bit.
+/// The manual: docs/ddp.md, "Header notes", `ringzero/ddp/bucket_memory.hpp`.
 
 #include <cstddef>
 #include <cstdint>

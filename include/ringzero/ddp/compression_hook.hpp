@@ -6,19 +6,7 @@
 /// bucket is cast to the 16-bit type with each value already divided by the number of
 /// contributing ranks (dividing first keeps the sum from overflowing float16), the 16-bit
 /// buffer is all-reduced with sum, and the result is cast back into the bucket.
-///
-/// Difference from PyTorch: the division is done in the bucket's own precision before the one
-/// rounding to 16 bits (PyTorch casts first, then divides in 16 bits, rounding twice).
-/// Buckets of other dtypes (already 16-bit, or integers) are averaged as `allreduce_hook` does.
-/// Results are bitwise identical on every rank, and deterministic run to run for a given world
-/// size and algorithm; they differ from an uncompressed average by the 16-bit rounding.
-///
-/// CUDA device memory: the same arithmetic in two kernels on the bucket's stream: the bucket is
-/// divided in place (the CUDA `divide`, skipped when the divisor is 1), then cast to the wire
-/// type (the CUDA `cast`, which rounds through float32 as the host does), so the device gives
-/// the host's bits. The bucket's contents between `launch` and `complete` are therefore
-/// unspecified (they are overwritten by `complete`). Scratch is device memory on the bucket's
-/// device (ddp/bucket_memory.hpp).
+/// The manual: docs/ddp.md, "Header notes", `ringzero/ddp/compression_hook.hpp`.
 
 #include <cstdint>
 #include <cstdlib>

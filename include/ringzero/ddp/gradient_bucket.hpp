@@ -34,7 +34,7 @@ struct gradient_bucket {
   std::span<const std::uint64_t> offsets;   ///< element offset of each parameter's gradient in `data`
   int world_size = 1;            ///< ranks in the communicator
   /// Ranks whose real gradients are in this reduction: `world_size`, unless some ranks have
-  /// joined (ran out of inputs) and contribute zeros (case C13).
+  /// joined (ran out of inputs) and contribute zeros.
   int contributors = 1;
   /// What the hook divides the sum by to average: `contributors`, or `world_size` when the
   /// reducer was told to `divide_by_initial_world_size` (PyTorch's join option).

@@ -69,8 +69,8 @@ struct reducer_options {
   /// Uneven inputs: enables `join()`. Costs one small collective per synchronised step.
   bool join = false;
   /// In steps where some ranks joined: divide by the world size instead of the number of
-  /// contributing ranks (PyTorch's `divide_by_initial_world_size`; off by default here, as
-  /// case C13 asks for the average over the ranks that contributed).
+  /// contributing ranks (PyTorch's `divide_by_initial_world_size`; off by default here: the
+  /// average is over the ranks that contributed).
   bool divide_by_initial_world_size = false;
   /// The communication hook; null means `allreduce_hook` (average).
   std::shared_ptr<comm_hook> hook;

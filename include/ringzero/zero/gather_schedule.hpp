@@ -3,20 +3,7 @@
 /// `zero::detail::gather_schedule`: the bookkeeping of stage-3 parameter gathers — which gather
 /// units currently hold a gathered (full) copy of their parameters, with reference counts,
 /// prefetch and release — separated from the memory and the collectives.
-///
-/// The same logic drives the runtime (zero/sharded_model.hpp, whose hooks issue the all_gather
-/// and hand out buffers) and the planner's simulation of the canonical schedule
-/// (zero/shard_plan.hpp, whose hooks do nothing), so the number of gather buffers the plan
-/// predicts is the number the runtime allocates for a trainer that visits units in order.
-///
-/// Rules (FSDP's, with reshard after forward):
-/// - `use(u)` makes unit u and the units it borrows (tied storage owned by another unit) gathered
-///   and counts one reference on each; a unit not held starts its gather (`hooks.start`).
-/// - `prefetch(v)` starts the gather of v (and what it borrows) without a reference; the
-///   prefetched unit is kept until a `use` takes it or `release_all` drops it.
-/// - `done(u)` drops the references `use(u)` took; a unit left with none (and not awaiting
-///   use as a prefetch) is freed (`hooks.free`).
-/// Pure bookkeeping: no allocation after construction except inside the hooks.
+/// The manual: docs/zero.md, "Header notes", `ringzero/zero/gather_schedule.hpp`.
 
 #include <algorithm>
 #include <cstddef>

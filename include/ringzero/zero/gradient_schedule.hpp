@@ -3,25 +3,7 @@
 /// `zero::detail::gradient_schedule`: the bookkeeping of gradient reduction per gather unit —
 /// when a gradient is final, when a unit's gradient bucket is filled, when its reduction is
 /// launched, and when a bucket is reclaimed for reuse — separated from memory and collectives.
-///
-/// The same logic drives the runtime (zero/sharded_model.hpp) and the planner's simulation of the
-/// canonical schedule (zero/shard_plan.hpp), so the number of gradient buckets the plan predicts
-/// is the number the runtime allocates for a trainer that visits units in order.
-///
-/// Rules:
-/// - A trainable storage's gradient is final when the trainer says so (`storage_ready`, the
-///   runtime's `mark_ready`) or when every unit that uses it (its own unit and the units of its
-///   tied aliases) has finished backward (`unit_done`, the runtime's `post_backward`). A unit is
-///   ready when all the trainable storages it owns are final.
-/// - Reductions launch in one fixed order on every rank: units with gradients in descending index
-///   order (the order backward normally produces them; PyTorch DDP launches its buckets in a fixed
-///   order too). A unit that becomes ready early waits for the units before it in that order.
-/// - `acquire(u)` gives unit u a bucket to accumulate into (`hooks.fill`): a free bucket if there
-///   is one; otherwise, when `max_inflight` reductions are in flight, the oldest is completed
-///   first (`hooks.complete`) and its bucket reused; otherwise a new bucket is allocated.
-/// - `finish()` launches everything not yet launched (with zero-filled buckets for units never
-///   acquired: every rank must take part in every reduction) and completes every reduction.
-/// Pure bookkeeping: no allocation after construction except inside the hooks and the deque.
+/// The manual: docs/zero.md, "Header notes", `ringzero/zero/gradient_schedule.hpp`.
 
 #include <cstddef>
 #include <deque>

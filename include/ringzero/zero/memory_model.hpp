@@ -2,23 +2,7 @@
 /// @file
 /// Per-rank memory by category (`zero::memory_breakdown`) and the ZeRO paper's memory model
 /// (`zero::paper_model_state_memory`).
-///
-/// The paper (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
-/// Parameter Models", sections 3.1 and 5, Figure 1) counts the model states of a model with Psi
-/// parameters on N data-parallel devices, with 2 bytes per parameter element, 2 bytes per
-/// gradient element and K bytes of optimizer state per element (K = 12 for mixed-precision Adam:
-/// a float32 master copy, momentum and variance):
-///
-/// | stage                 | parameters | gradients | optimizer states | total (K = 12)   |
-/// |-----------------------|------------|-----------|------------------|------------------|
-/// | 0 (plain DP)          | 2 Psi      | 2 Psi     | K Psi            | 16 Psi           |
-/// | 1 (P_os)              | 2 Psi      | 2 Psi     | K Psi / N        | 4 Psi + 12 Psi/N |
-/// | 2 (P_os+g)            | 2 Psi      | 2 Psi / N | K Psi / N        | 2 Psi + 14 Psi/N |
-/// | 3 (P_os+g+p)          | 2 Psi / N  | 2 Psi / N | K Psi / N        | 16 Psi / N       |
-///
-/// `paper_model_state_memory` evaluates exactly this table (in double precision, exact while the
-/// byte counts stay below 2^53); `model_state_memory` generalises it to other element sizes.
-/// Everything here is pure and constexpr.
+/// The manual: docs/zero.md, "Header notes", `ringzero/zero/memory_model.hpp`.
 
 #include <cstdint>
 

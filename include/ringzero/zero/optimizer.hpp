@@ -2,27 +2,7 @@
 /// @file
 /// The optimizers a ZeRO runtime applies to its shard — SGD (with momentum, dampening, Nesterov),
 /// Adam and AdamW — as options and an element-wise update over one contiguous range.
-///
-/// The updates follow PyTorch's documented algorithms (torch.optim.SGD, Adam, AdamW, single-tensor
-/// "foreach=False" form), computed in float32 with the scalar factors computed in double:
-/// - SGD: g += weight_decay * w; momentum buffer b = g on the first step, else
-///   b = momentum * b + (1 - dampening) * g; the step direction is g + momentum * b (Nesterov) or
-///   b; w -= lr * direction. Without momentum there is no state.
-/// - Adam: g += weight_decay * w (L2 penalty); m = beta1 m + (1 - beta1) g;
-///   v = beta2 v + (1 - beta2) g^2; w -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
-/// - AdamW: w *= 1 - lr * weight_decay (decoupled decay), then Adam's update without the L2 term.
-/// Gradients are multiplied by `grad_scale` (the clipping coefficient) first, as
-/// torch.nn.utils.clip_grad_norm_ multiplies them in place. Element-wise updates make a sharded
-/// optimizer exact: updating each shard gives the same numbers as updating the whole tensor.
-///
-/// Limits (`optimizer_options::problem`): every option is applied as a float32, so each must be 0
-/// or have a magnitude in float32's normal range, 2^-126 (about 1.1754944e-38) to FLT_MAX (about
-/// 3.4028235e+38): a larger value would become inf, a smaller one 0 or a subnormal that loses its
-/// precision (or is flushed to 0). The factors computed from them must hold as well: beta1 and
-/// beta2 must stay below 1 once rounded to float32 (so at most 1 - 2^-24, about 0.99999994);
-/// Adam's first step size lr / (1 - beta1) must not exceed FLT_MAX; AdamW's decay factor
-/// 1 - lr * weight_decay must be in [0, 1], i.e. lr * weight_decay <= 1 (a larger product would
-/// flip the sign of every weight at each step, and overflow float32 beyond FLT_MAX).
+/// The manual: docs/zero.md, "Header notes", `ringzero/zero/optimizer.hpp`.
 
 #include <charconv>
 #include <cmath>

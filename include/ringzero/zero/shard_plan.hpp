@@ -4,43 +4,7 @@
 /// out in flat buffers and shards them across ranks, computed by a pure function of a
 /// `plan_request` (the constructor): no backend, no memory beyond the plan itself, usable to plan
 /// a job of thousands of ranks on one CPU thread.
-///
-/// Layout. Every gather unit (zero/parameter_spec.hpp) gets one flat buffer per (element type,
-/// trainable) pair of its parameters, so frozen parameters never take part in gradient
-/// reduction and every buffer has one element type. In a buffer, parameters follow in
-/// registration order, each starting at an element offset that is a multiple of the alignment
-/// (`alignment_bytes` / element size, at least 1); the buffer is then padded with zeros to a
-/// multiple of (shards * alignment), so it splits into `shards` equal, aligned shards (FSDP's
-/// flat parameter and DeepSpeed's padded partitions work the same way). Padding is minimal: each
-/// gap between parameters is smaller than the alignment and the tail is smaller than
-/// shards * alignment. A tied parameter occupies one storage, in the buffer of the tie group's
-/// first member; zero-size parameters take no space.
-///
-/// Sharding. With G = `replica_group_size` (default: the world size), the ranks form
-/// world_size / G replica groups of G consecutive ranks; rank r holds shard r mod G of every
-/// buffer, so inside each replica group every element is owned by exactly one rank, and the
-/// groups replicate each other (hybrid sharding, FSDP's HYBRID_SHARD). Stage 0 shards nothing
-/// (one shard per buffer, every rank owns everything). What is sharded per stage:
-///
-/// | stage | parameters   | gradients          | master weights, optimizer states |
-/// |-------|--------------|--------------------|----------------------------------|
-/// | 0     | full         | full               | full                             |
-/// | 1     | full         | full               | shard                            |
-/// | 2     | full         | shard (+ buckets)  | shard                            |
-/// | 3     | shard (+ gather buffers) | shard (+ buckets) | shard                 |
-///
-/// Memory per rank is identical on every rank (shards are equal); `memory()` gives it by
-/// category in bytes, padding included. Communication buffers are the gradient buckets (stages
-/// 2-3) and gather buffers (stage 3) of the canonical schedule (units in order forward, reverse
-/// order backward; zero/gather_schedule.hpp, zero/gradient_schedule.hpp), each as large as the
-/// largest unit needs. `traffic()` gives the collectives per optimizer step.
-///
-/// Errors: every bad request throws `ringzero::error(errc::invalid_argument)` naming the problem;
-/// a request for which any size, count or sum the plan reports (a unit's layout, the model's
-/// element counts, a memory category per rank or its totals, a traffic entry's calls, elements,
-/// bytes or volume, the step's volume) would overflow 64 bits is one of them.
-/// Determinism: the plan is a pure function of the request; equal requests give equal plans
-/// with equal `fingerprint()`s on every machine.
+/// The manual: docs/zero.md, "Header notes", `ringzero/zero/shard_plan.hpp`.
 
 #include <algorithm>
 #include <bit>
