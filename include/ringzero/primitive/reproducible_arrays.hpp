@@ -195,6 +195,94 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
   }
 }
 
+/// Elements per block of reproducible_sum_f32 (its inputs, bins, words and result stay in L1).
+inline constexpr std::uint64_t reproducible_fused_block = 512;
+
+/// The word scale 2^-unit (a double) of top bin `bin` for float32 values, as add_words_f32_body.
+[[gnu::always_inline]] inline double word_scale_f32(std::uint32_t bin) noexcept {
+  const std::int32_t field = std::clamp(2127 - 12 * static_cast<std::int32_t>(bin), 1, 2046);
+  return std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52);
+}
+
+/// result[i] = float32 bits of word `w` at top bin `bin` divided by 2^shift (convert_f32_body's
+/// fast form); returns 1 where that form does not apply (the result is not normal).
+[[gnu::always_inline]] inline std::uint32_t convert_word_f32(float& result, std::int64_t w, std::uint32_t bin, int shift) noexcept {
+  const std::uint32_t r = std::bit_cast<std::uint32_t>(static_cast<float>(w));
+  const std::int32_t e = static_cast<std::int32_t>(12 * bin) - 1104 - shift;
+  const std::int32_t biased = static_cast<std::int32_t>((r >> 23) & 0xFF) + e;
+  result = std::bit_cast<float>(w == 0 ? 0u : r + static_cast<std::uint32_t>(e) * (1u << 23));
+  return static_cast<std::uint32_t>((w != 0) & ((biased < 2) | (biased > 254)));
+}
+
+/// The fused float32 sum of one block (n <= reproducible_fused_block) of N inputs in one loop:
+/// the global top bin of element i is the bin of max_q |ins[q][i]| (bins grow with magnitude,
+/// so it is the max of the inputs' bins; for normal values and zeros it comes from the exponent
+/// field), the words are add_words_f32_body's, the result convert_word_f32's. Returns non-zero
+/// when the block holds a subnormal or non-finite value or a result that is not normal: the
+/// caller then redoes the block (`result` is partly written). Values of such elements are
+/// masked to zero before any floating-point step.
+template <int N>
+[[gnu::always_inline]] inline std::uint32_t sum_f32_fused(float* result, const float* const* ins, std::uint64_t first,
+                                                         std::uint64_t n, int shift) noexcept {
+  const float* x[N];
+  for (int q = 0; q < N; ++q) x[q] = ins[q] + first;
+  std::uint32_t rare = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::uint32_t m = 0;
+    for (int q = 0; q < N; ++q) m = std::max(m, std::bit_cast<std::uint32_t>(x[q][i]) & 0x7FFFFFFF);
+    const std::uint32_t e = m >> 23;
+    const std::uint32_t odd = static_cast<std::uint32_t>((e == 255) | ((e == 0) & (m != 0)));
+    const std::uint32_t keep = odd - 1u;  // all ones for ordinary elements
+    const std::uint32_t bin = m == 0 ? 0u : ((e + 953) * 43691u) >> 19;
+    const double s = word_scale_f32(bin);
+    std::int64_t w = 0;
+    for (int q = 0; q < N; ++q)
+      w += static_cast<std::int64_t>(static_cast<double>(std::bit_cast<float>(std::bit_cast<std::uint32_t>(x[q][i]) & keep)) * s);
+    rare |= odd | convert_word_f32(result[i], w, bin, shift);
+  }
+  return rare;
+}
+
+/// sum_f32_fused for any number of inputs, in passes over the block (magnitudes, then words
+/// input by input, then the conversion).
+[[gnu::always_inline]] inline std::uint32_t sum_f32_staged(float* result, const float* const* ins, int n_in, std::uint64_t first,
+                                                          std::uint64_t n, int shift) noexcept {
+  alignas(64) std::uint32_t magnitude[reproducible_fused_block];
+  alignas(64) std::int64_t words[reproducible_fused_block];
+  alignas(64) double scale[reproducible_fused_block];
+  for (std::uint64_t i = 0; i < n; ++i) magnitude[i] = 0;
+  for (int q = 0; q < n_in; ++q) {
+    const float* x = ins[q] + first;
+    for (std::uint64_t i = 0; i < n; ++i) magnitude[i] = std::max(magnitude[i], std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFF);
+  }
+  std::uint32_t rare = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t m = magnitude[i], e = m >> 23;
+    rare |= static_cast<std::uint32_t>((e == 255) | ((e == 0) & (m != 0)));
+    magnitude[i] = m == 0 ? 0u : ((e + 953) * 43691u) >> 19;  // now the bin
+    scale[i] = word_scale_f32(magnitude[i]);
+    words[i] = 0;
+  }
+  if (rare != 0) return rare;
+  for (int q = 0; q < n_in; ++q) {
+    const float* x = ins[q] + first;
+    for (std::uint64_t i = 0; i < n; ++i) words[i] += static_cast<std::int64_t>(static_cast<double>(x[i]) * scale[i]);
+  }
+  for (std::uint64_t i = 0; i < n; ++i) rare |= convert_word_f32(result[i], words[i], magnitude[i], shift);
+  return rare;
+}
+
+/// sum_f32_fused for 2, 3 or 4 inputs, else sum_f32_staged.
+[[gnu::always_inline]] inline std::uint32_t sum_f32_body(float* result, const float* const* ins, int n_in, std::uint64_t first,
+                                                        std::uint64_t n, int shift) noexcept {
+  switch (n_in) {
+    case 2: return sum_f32_fused<2>(result, ins, first, n, shift);
+    case 3: return sum_f32_fused<3>(result, ins, first, n, shift);
+    case 4: return sum_f32_fused<4>(result, ins, first, n, shift);
+    default: return sum_f32_staged(result, ins, n_in, first, n, shift);  // any other count
+  }
+}
+
 // ---- float64 ---------------------------------------------------------------------------------
 
 /// tops[i] = max(tops[i], top bin of float64 bits b[i]) (x / 12 as for float32, x < 2^17);
@@ -269,6 +357,10 @@ RINGZERO_AVX512_TARGET inline void add_limb_words3_avx512(std::int64_t* w, const
                                                           const std::uint8_t* t, std::uint64_t n) noexcept {
   add_limb_words3_body(w, m, l, t, n);
 }
+RINGZERO_AVX512_TARGET inline std::uint32_t sum_f32_avx512(float* r, const float* const* x, int m, std::uint64_t f, std::uint64_t n,
+                                                           int k) noexcept {
+  return sum_f32_body(r, x, m, f, n, k);
+}
 #undef RINGZERO_AVX512_TARGET
 #endif
 
@@ -309,6 +401,12 @@ inline void accumulate_f32(std::uint8_t* t, std::int64_t* l, std::uint8_t* s, co
   if (reproducible_avx512()) return accumulate_f32_avx512(t, l, s, b, n);
 #endif
   accumulate_f32_body(t, l, s, b, n);
+}
+inline std::uint32_t sum_f32(float* r, const float* const* x, int m, std::uint64_t f, std::uint64_t n, int k) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return sum_f32_avx512(r, x, m, f, n, k);
+#endif
+  return sum_f32_body(r, x, m, f, n, k);
 }
 inline void add_limb_words3(std::int64_t* w, const std::uint8_t* m, const std::int64_t* l, const std::uint8_t* t,
                             std::uint64_t n) noexcept {
@@ -423,6 +521,25 @@ inline void add_accumulator_words(const binned_view& view, std::int64_t* words, 
                                   std::uint64_t first, std::uint64_t len) noexcept {
   if (reproducible_kept_bins(view.type) != 3) return view.add_words(words, global_tops, first, len);
   detail::add_limb_words3(words, view.tops + first, view.limbs + 3 * first, global_tops, len);
+}
+
+/// result[i] = the reproducible sum of ins[0][first + i], ..., ins[n_in - 1][first + i] divided
+/// by `divisor`, rounded once to float32, for i < n <= detail::reproducible_fused_block:
+/// bit for bit fold_top_bins, add_truncated_words and convert_to over the same inputs, but in
+/// one loop (2-4 inputs; passes over the block otherwise) that reads each input from memory
+/// once. Blocks with a subnormal or non-finite value, or a result that is not a normal float32,
+/// and divisors that are not powers of two take those three functions. Preconditions:
+/// n_in >= 1, divisor >= 1; `result` does not overlap the inputs' block.
+inline void reproducible_sum_f32(float* result, const float* const* ins, int n_in, std::uint64_t first, std::uint64_t n,
+                                 std::uint64_t divisor) noexcept {
+  if (std::has_single_bit(divisor) && detail::sum_f32(result, ins, n_in, first, n, std::countr_zero(divisor)) == 0) return;
+  alignas(64) std::uint8_t tops[detail::reproducible_fused_block];
+  alignas(64) std::int64_t words[detail::reproducible_fused_block];
+  std::memset(tops, 0, n);
+  std::memset(words, 0, n * 8);
+  for (int q = 0; q < n_in; ++q) fold_top_bins(tops, ins[q] + first, n, dtype::float32);
+  for (int q = 0; q < n_in; ++q) add_truncated_words(words, ins[q] + first, tops, n, dtype::float32);
+  convert_to(result, words, tops, n, dtype::float32, divisor);
 }
 
 }  // namespace ringzero::primitive
