@@ -48,6 +48,8 @@ std::uint64_t make_bits(std::mt19937_64& rng, dtype t, int pattern, int k, int r
     case 4:  // every 8th element infinite or NaN, the others in one bin: after the first, no top moves
       if (i % 8 == 0) return rng() % 3 == 0 ? (all_ones << mant_bits) | 1 : sign | (all_ones << mant_bits);
       return sign | ((all_ones / 2 + rng() % 3) << mant_bits) | frac;
+    case 5:  // positive, narrow range near one exponent: limbs grow fastest, tops stay
+      return ((all_ones / 2 + rng() % 3) << mant_bits) | frac;
     default:  // narrow range near one exponent: limbs grow, tops stay
       return sign | ((all_ones / 2 + rng() % 3) << mant_bits) | frac;
   }
@@ -73,7 +75,9 @@ void compare_paths(dtype t, std::uint64_t count, int pattern, int rounds, std::u
   }
   const binned_view view = acc.view();
   CHECK(std::equal(tops_ref.begin(), tops_ref.end(), view.tops));
-  CHECK(std::equal(limbs_ref.begin(), limbs_ref.end(), view.limbs));
+  std::vector<std::int64_t> limbs_acc(limbs_ref.size());
+  for (std::uint64_t i = 0; i < count; ++i) view.limbs_of(i, limbs_acc.data() + i * static_cast<std::uint64_t>(kept));
+  CHECK(limbs_acc == limbs_ref);
   // Words at global tops = local, local + 0..4 and the non-finite bin.
   const int w = reproducible_words(t);
   for (int raise = 0; raise < 6; ++raise) {
@@ -103,6 +107,23 @@ TEST_CASE("reproducible accumulate_array and add_accumulator_words equal the ele
         CAPTURE(count);
         compare_paths(t, count, pattern, pattern == 1 ? 24 : 6, 1000 * static_cast<std::uint64_t>(pattern) + count);
       }
+}
+
+TEST_CASE("reproducible accumulator: more contributions than one packed word holds (flushes) keep the element functions' limbs") {
+  // 600 contributions: two flushes of the packed limbs (every 256), limbs beyond 2^20 (pattern 5),
+  // tops rising over flushed limbs (pattern 1), non-finite values arriving after a flush (pattern 2).
+  for (const dtype t : {dtype::float32, dtype::bfloat16, dtype::float16})
+    for (const int pattern : {1, 2, 5}) {
+      CAPTURE(dtype_name(t));
+      CAPTURE(pattern);
+      compare_paths(t, 1100, pattern, 600, 77 + static_cast<std::uint64_t>(pattern));
+    }
+  reproducible_accumulator acc(1, dtype::float32);
+  const float big = 0x1.fffffep0f;  // digits 0x1, 0xFFF, 0xFFF at its top bin
+  for (int k = 0; k < 600; ++k) acc.add(std::span<const float>(&big, 1));
+  std::int64_t limbs[6];
+  acc.view().limbs_of(0, limbs);
+  CHECK(limbs[1] == 600 * 0xFFF);  // > 2^20: only exact because of the flushes
 }
 
 TEST_CASE("reproducible accumulate_array covers every float32 exponent rising over one element's top") {

@@ -362,10 +362,12 @@ std::vector<std::uint8_t> storage_after(const std::vector<std::vector<T>>& value
   reproducible_accumulator acc(values[0].size(), dtype_of<T>);
   for (int c : order) acc.add(std::span<const T>(values[static_cast<std::size_t>(c)]));
   const binned_view v = acc.view();
-  const std::size_t limbs = v.count * static_cast<std::size_t>(reproducible_kept_bins(v.type)) * 8;
-  std::vector<std::uint8_t> bytes(v.count + limbs);
+  const std::size_t kept = static_cast<std::size_t>(reproducible_kept_bins(v.type));
+  std::vector<std::int64_t> limbs(v.count * kept);
+  for (std::size_t i = 0; i < v.count; ++i) v.limbs_of(i, limbs.data() + i * kept);
+  std::vector<std::uint8_t> bytes(v.count + limbs.size() * 8);
   std::memcpy(bytes.data(), v.tops, v.count);
-  std::memcpy(bytes.data() + v.count, v.limbs, limbs);
+  std::memcpy(bytes.data() + v.count, limbs.data(), limbs.size() * 8);
   return bytes;
 }
 
@@ -421,7 +423,9 @@ TEST_CASE("reproducible accumulator: arguments and clear") {
   acc.clear();
   CHECK(acc.contributions() == 0);
   CHECK(acc.view().tops[2] == 0);
-  CHECK(acc.view().limbs[8] == 0);
+  std::int64_t limbs[6] = {1, 1, 1, 1, 1, 1};
+  acc.view().limbs_of(2, limbs);
+  CHECK((limbs[0] == 0 && limbs[1] == 0 && limbs[2] == 0));
 }
 
 namespace {

@@ -180,6 +180,49 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
   }
 }
 
+/// accumulate_f32_body for packed elements (local top tops[i], packed limbs packed[i]): the
+/// digits go into their fields of one int64 (pack_limbs), bit for bit accumulate_packed,
+/// n <= reproducible_block,
+/// where the element's top stays or the element is empty (top 0: its limbs are 0, so no shift
+/// is needed). The bin comes as in fold_tops_f32_body; the digits are those of
+/// trunc(|x| / 2^unit), computed like add_words_f32_body's word (exact, < 2^36 as the value's
+/// bin is at most the top). Elements whose top rises from a non-zero bin or becomes the
+/// non-finite bin are left alone with slow[i] = 1 (the caller runs the element function);
+/// their values are masked to zero before any floating-point step when non-finite.
+[[gnu::always_inline]] inline void accumulate_packed_f32_body(std::uint8_t* tops, std::int64_t* packed, std::uint8_t* slow,
+                                                              const float* b, std::uint64_t n) noexcept {
+  alignas(64) std::uint32_t fraction_exponent[reproducible_block];
+  alignas(64) std::uint32_t new_top[reproducible_block];
+  alignas(64) std::int64_t scaled[reproducible_block];
+  for (std::uint64_t i = 0; i < n; ++i)
+    fraction_exponent[i] = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(b[i]) & 0x7FFFFF))) >> 23;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(b[i]), e = (bits >> 23) & 0xFF;
+    const std::uint32_t position = e != 0 ? e + 953 : fraction_exponent[i] + 804;
+    std::uint32_t bin = (position * 43691u) >> 19;
+    bin = e == 255 ? reproducible_nonfinite_bin : bin;
+    bin = (bits << 1) == 0 ? 0 : bin;
+    new_top[i] = std::max(static_cast<std::uint32_t>(tops[i]), bin);
+  }
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t top = new_top[i];
+    const std::uint32_t keep = 0u - static_cast<std::uint32_t>(top != reproducible_nonfinite_bin);
+    const std::int32_t field = std::clamp(2127 - 12 * static_cast<std::int32_t>(top), 1, 2046);
+    const double x = static_cast<double>(std::bit_cast<float>(std::bit_cast<std::uint32_t>(b[i]) & keep));
+    scaled[i] = static_cast<std::int64_t>(x * std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
+  }
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t old = tops[i], top = new_top[i];
+    const bool fast = (top == old || old == 0) && top != reproducible_nonfinite_bin;
+    const std::int64_t s = fast ? scaled[i] : 0;  // slow elements: all digits 0
+    const std::int64_t m = s < 0 ? -s : s, negative = s < 0 ? -1 : 0;  // (x ^ -1) - -1 == -x
+    const std::int64_t fields = ((m >> 24) << 42) | (((m >> 12) & 0xFFF) << 21) | (m & 0xFFF);
+    packed[i] += (fields ^ negative) - negative;
+    tops[i] = static_cast<std::uint8_t>(fast ? top : old);
+    slow[i] = fast ? 0 : 1;
+  }
+}
+
 /// words[i] += the word of accumulator element i (local top local[i], limbs limbs[3i..]) at
 /// global top bin tops[i] >= local[i] (K = 3), bit for bit primitive::add_limb_words.
 [[gnu::always_inline]] inline void add_limb_words3_body(std::int64_t* words, const std::uint8_t* local, const std::int64_t* limbs,
@@ -283,6 +326,23 @@ template <int N>
   }
 }
 
+/// add_limb_words3_body for packed elements (local top local[i], packed limbs packed[i]; a
+/// non-finite element's word is packed[i] itself), bit for bit.
+[[gnu::always_inline]] inline void add_packed_words3_body(std::int64_t* words, const std::uint8_t* local, const std::int64_t* packed,
+                                                          const std::uint8_t* tops, std::uint64_t n) noexcept {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t top = tops[i], mine = local[i], d = top - mine;
+    const std::int64_t p = packed[i];
+    const std::int64_t l2 = static_cast<std::int64_t>(static_cast<std::uint64_t>(p) << 43) >> 43, rest = (p - l2) >> 21;
+    const std::int64_t l1 = static_cast<std::int64_t>(static_cast<std::uint64_t>(rest) << 43) >> 43, l0 = (rest - l1) >> 21;
+    const std::int64_t finite = d == 0 ? l0 * (std::int64_t{1} << 24) + l1 * (std::int64_t{1} << 12) + l2
+                                : d == 1 ? l0 * (std::int64_t{1} << 12) + l1
+                                : d == 2 ? l0 : 0;
+    const std::int64_t nonfinite = mine == reproducible_nonfinite_bin ? p : 0;
+    words[i] += top == reproducible_nonfinite_bin ? nonfinite : finite;
+  }
+}
+
 // ---- float64 ---------------------------------------------------------------------------------
 
 /// tops[i] = max(tops[i], top bin of float64 bits b[i]) (x / 12 as for float32, x < 2^17);
@@ -361,6 +421,14 @@ RINGZERO_AVX512_TARGET inline std::uint32_t sum_f32_avx512(float* r, const float
                                                            int k) noexcept {
   return sum_f32_body(r, x, m, f, n, k);
 }
+RINGZERO_AVX512_TARGET inline void accumulate_packed_f32_avx512(std::uint8_t* t, std::int64_t* p, std::uint8_t* s, const float* b,
+                                                                std::uint64_t n) noexcept {
+  accumulate_packed_f32_body(t, p, s, b, n);
+}
+RINGZERO_AVX512_TARGET inline void add_packed_words3_avx512(std::int64_t* w, const std::uint8_t* m, const std::int64_t* p,
+                                                            const std::uint8_t* t, std::uint64_t n) noexcept {
+  add_packed_words3_body(w, m, p, t, n);
+}
 #undef RINGZERO_AVX512_TARGET
 #endif
 
@@ -407,6 +475,19 @@ inline std::uint32_t sum_f32(float* r, const float* const* x, int m, std::uint64
   if (reproducible_avx512()) return sum_f32_avx512(r, x, m, f, n, k);
 #endif
   return sum_f32_body(r, x, m, f, n, k);
+}
+inline void accumulate_packed_f32(std::uint8_t* t, std::int64_t* p, std::uint8_t* s, const float* b, std::uint64_t n) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return accumulate_packed_f32_avx512(t, p, s, b, n);
+#endif
+  accumulate_packed_f32_body(t, p, s, b, n);
+}
+inline void add_packed_words3(std::int64_t* w, const std::uint8_t* m, const std::int64_t* p, const std::uint8_t* t,
+                              std::uint64_t n) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return add_packed_words3_avx512(w, m, p, t, n);
+#endif
+  add_packed_words3_body(w, m, p, t, n);
 }
 inline void add_limb_words3(std::int64_t* w, const std::uint8_t* m, const std::int64_t* l, const std::uint8_t* t,
                             std::uint64_t n) noexcept {
@@ -515,12 +596,50 @@ inline void accumulate_array(std::uint8_t* tops, std::int64_t* limbs, const void
   }
 }
 
+/// accumulate_array for packed K = 3 elements (float16, bfloat16, float32; see binned_view):
+/// tops[i], packed[i] and, where `flushed` is not null, flushed[3i .. 3i+3) as
+/// primitive::accumulate_packed per element, bit for bit. Precondition: fewer than
+/// reproducible_packed_contributions contributions in `packed`.
+inline void accumulate_packed_array(std::uint8_t* tops, std::int64_t* packed, std::int64_t* flushed, const void* values,
+                                    std::uint64_t count, dtype t) noexcept {
+  const float_format f = format_of(t);
+  const auto* bytes = static_cast<const unsigned char*>(values);
+  const std::size_t es = dtype_size(t);
+  alignas(64) float staged[detail::reproducible_block];
+  alignas(64) std::uint8_t slow[detail::reproducible_block];
+  for (std::uint64_t first = 0; first < count; first += detail::reproducible_block) {
+    const std::uint64_t n = std::min(detail::reproducible_block, count - first);
+    const void* block = bytes + first * es;
+    detail::accumulate_packed_f32(tops + first, packed + first, slow, detail::as_float32(staged, block, n, t), n);
+    std::uint8_t any = 0;
+    for (std::uint64_t i = 0; i < n; ++i) any |= slow[i];
+    if (any != 0)
+      for (std::uint64_t i = 0; i < n; ++i)
+        if (slow[i] != 0)
+          accumulate_packed(tops[first + i], packed[first + i], flushed != nullptr ? flushed + 3 * (first + i) : nullptr,
+                            decode_bits(load_bits(block, i, t), f));
+  }
+}
+
+/// Moves packed K = 3 elements' limbs into their flushed limbs (flushed[3i..] +=
+/// packed_element_limbs, packed[i] = 0), so that they can take reproducible_packed_contributions more.
+inline void flush_packed(const std::uint8_t* tops, std::int64_t* packed, std::int64_t* flushed, std::uint64_t count) noexcept {
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::int64_t limbs[3];
+    packed_element_limbs(tops[i], packed[i], limbs);
+    for (int j = 0; j < 3; ++j) flushed[3 * i + static_cast<std::uint64_t>(j)] += limbs[j];
+    packed[i] = 0;
+  }
+}
+
 /// words[i*w ..] += accumulator element first+i's words at global top bin global_tops[i]
-/// (binned_view::add_words, bit for bit; K = 3 takes a branch-free loop).
+/// (binned_view::add_words, bit for bit; K = 3 takes branch-free loops: the words are linear in
+/// the limbs, so the packed and the flushed parts are added one after the other).
 inline void add_accumulator_words(const binned_view& view, std::int64_t* words, const std::uint8_t* global_tops,
                                   std::uint64_t first, std::uint64_t len) noexcept {
   if (reproducible_kept_bins(view.type) != 3) return view.add_words(words, global_tops, first, len);
-  detail::add_limb_words3(words, view.tops + first, view.limbs + 3 * first, global_tops, len);
+  detail::add_packed_words3(words, view.tops + first, view.packed + first, global_tops, len);
+  if (view.limbs != nullptr) detail::add_limb_words3(words, view.tops + first, view.limbs + 3 * first, global_tops, len);
 }
 
 /// result[i] = the reproducible sum of ins[0][first + i], ..., ins[n_in - 1][first + i] divided
