@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -142,5 +143,42 @@ TEST_CASE("reproducible accumulate_array covers every float32 exponent rising ov
     accumulate_array(tops_fast.data(), limbs_fast.data(), values.data(), count, dtype::float32);
     REQUIRE(tops_fast == tops_ref);
     REQUIRE(limbs_fast == limbs_ref);
+  }
+}
+
+TEST_CASE("reproducible packed deposit: the portable loop (not the AVX-512 copy) equals the element function") {
+  // Tops rising by 0, 1, 2 and more bins between contributions, zeros, subnormals, inf and NaN;
+  // with and without flushed limbs (where rising tops are the element function's).
+  std::mt19937_64 rng(11);
+  const std::uint64_t n = ringzero::primitive::detail::reproducible_block;
+  for (const bool flushed : {false, true}) {
+    std::vector<std::uint8_t> tops_ref(n, 0), tops_fast(n, 0), slow(n, 0);
+    std::vector<std::int64_t> packed_ref(n, 0), packed_fast(n, 0);
+    std::vector<std::int64_t> cold_ref(3 * n, 0), cold_fast(3 * n, 0);
+    std::vector<float> values(n);
+    for (int k = 0; k < 40; ++k) {
+      if (flushed && k % 10 == 5) {  // flushed limbs that later rises move
+        flush_packed(tops_ref.data(), packed_ref.data(), cold_ref.data(), n);
+        flush_packed(tops_fast.data(), packed_fast.data(), cold_fast.data(), n);
+      }
+      for (std::uint64_t i = 0; i < n; ++i) {
+        std::uint32_t e = static_cast<std::uint32_t>(20 + 5 * k + static_cast<int>(rng() % 30));
+        if (rng() % 200 == 0) e = 255;
+        if (rng() % 50 == 0) e = 0;
+        values[i] = std::bit_cast<float>((static_cast<std::uint32_t>(rng() & 1) << 31) | (std::min(e, 255u) << 23) |
+                                         static_cast<std::uint32_t>(rng() & 0x7FFFFF));
+      }
+      for (std::uint64_t i = 0; i < n; ++i)
+        accumulate_packed(tops_ref[i], packed_ref[i], flushed ? cold_ref.data() + 3 * i : nullptr,
+                          decode_bits(std::bit_cast<std::uint32_t>(values[i]), format_of(dtype::float32)));
+      ringzero::primitive::detail::accumulate_packed_f32_body(tops_fast.data(), packed_fast.data(), slow.data(), values.data(), n, flushed);
+      for (std::uint64_t i = 0; i < n; ++i)
+        if (slow[i] != 0)
+          accumulate_packed(tops_fast[i], packed_fast[i], flushed ? cold_fast.data() + 3 * i : nullptr,
+                            decode_bits(std::bit_cast<std::uint32_t>(values[i]), format_of(dtype::float32)));
+      REQUIRE(tops_fast == tops_ref);
+      REQUIRE(packed_fast == packed_ref);
+      REQUIRE(cold_fast == cold_ref);
+    }
   }
 }

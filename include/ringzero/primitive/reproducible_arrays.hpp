@@ -180,17 +180,15 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
   }
 }
 
-/// accumulate_f32_body for packed elements (local top tops[i], packed limbs packed[i]): the
-/// digits go into their fields of one int64 (pack_limbs), bit for bit accumulate_packed,
-/// n <= reproducible_block,
-/// where the element's top stays or the element is empty (top 0: its limbs are 0, so no shift
-/// is needed). The bin comes as in fold_tops_f32_body; the digits are those of
-/// trunc(|x| / 2^unit), computed like add_words_f32_body's word (exact, < 2^36 as the value's
-/// bin is at most the top). Elements whose top rises from a non-zero bin or becomes the
-/// non-finite bin are left alone with slow[i] = 1 (the caller runs the element function);
-/// their values are masked to zero before any floating-point step when non-finite.
+/// accumulate_f32_body for packed elements (local top tops[i], packed limbs packed[i]), bit for
+/// bit accumulate_packed, n <= reproducible_block: the digits go into their fields of one int64
+/// (pack_limbs), and a rising top moves the packed limbs down in the same loop (one bin up: the
+/// word without its low field, shifted by 21 bits; two: the top field alone; more: nothing
+/// kept). Left alone with slow[i] = 1 (the caller runs the element function): elements whose
+/// top becomes the non-finite bin, and, when `flushed` is true (flushed limbs exist, and they
+/// would have to move too), elements whose top rises from a non-zero bin.
 [[gnu::always_inline]] inline void accumulate_packed_f32_body(std::uint8_t* tops, std::int64_t* packed, std::uint8_t* slow,
-                                                              const float* b, std::uint64_t n) noexcept {
+                                                              const float* b, std::uint64_t n, bool flushed) noexcept {
   alignas(64) std::uint32_t fraction_exponent[reproducible_block];
   alignas(64) std::uint32_t new_top[reproducible_block];
   alignas(64) std::int64_t scaled[reproducible_block];
@@ -212,12 +210,16 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
     scaled[i] = static_cast<std::int64_t>(x * std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
   }
   for (std::uint64_t i = 0; i < n; ++i) {
-    const std::uint32_t old = tops[i], top = new_top[i];
-    const bool fast = (top == old || old == 0) && top != reproducible_nonfinite_bin;
+    const std::uint32_t old = tops[i], top = new_top[i], rise = top - old;
+    const bool fast = (rise == 0 || old == 0 || !flushed) && top != reproducible_nonfinite_bin;
     const std::int64_t s = fast ? scaled[i] : 0;  // slow elements: all digits 0
     const std::int64_t m = s < 0 ? -s : s, negative = s < 0 ? -1 : 0;  // (x ^ -1) - -1 == -x
     const std::int64_t fields = ((m >> 24) << 42) | (((m >> 12) & 0xFFF) << 21) | (m & 0xFFF);
-    packed[i] += (fields ^ negative) - negative;
+    const std::int64_t p = packed[i];
+    const std::int64_t low = static_cast<std::int64_t>(static_cast<std::uint64_t>(p) << 43) >> 43, rest = (p - low) >> 21;
+    const std::int64_t middle = static_cast<std::int64_t>(static_cast<std::uint64_t>(rest) << 43) >> 43;
+    const std::int64_t moved = rise == 0 ? p : rise == 1 ? rest : rise == 2 ? (rest - middle) >> 21 : 0;
+    packed[i] = (fast ? moved : p) + ((fields ^ negative) - negative);
     tops[i] = static_cast<std::uint8_t>(fast ? top : old);
     slow[i] = fast ? 0 : 1;
   }
@@ -422,8 +424,8 @@ RINGZERO_AVX512_TARGET inline std::uint32_t sum_f32_avx512(float* r, const float
   return sum_f32_body(r, x, m, f, n, k);
 }
 RINGZERO_AVX512_TARGET inline void accumulate_packed_f32_avx512(std::uint8_t* t, std::int64_t* p, std::uint8_t* s, const float* b,
-                                                                std::uint64_t n) noexcept {
-  accumulate_packed_f32_body(t, p, s, b, n);
+                                                                std::uint64_t n, bool f) noexcept {
+  accumulate_packed_f32_body(t, p, s, b, n, f);
 }
 RINGZERO_AVX512_TARGET inline void add_packed_words3_avx512(std::int64_t* w, const std::uint8_t* m, const std::int64_t* p,
                                                             const std::uint8_t* t, std::uint64_t n) noexcept {
@@ -476,11 +478,12 @@ inline std::uint32_t sum_f32(float* r, const float* const* x, int m, std::uint64
 #endif
   return sum_f32_body(r, x, m, f, n, k);
 }
-inline void accumulate_packed_f32(std::uint8_t* t, std::int64_t* p, std::uint8_t* s, const float* b, std::uint64_t n) noexcept {
+inline void accumulate_packed_f32(std::uint8_t* t, std::int64_t* p, std::uint8_t* s, const float* b, std::uint64_t n,
+                                  bool f) noexcept {
 #if RINGZERO_REPRODUCIBLE_AVX512
-  if (reproducible_avx512()) return accumulate_packed_f32_avx512(t, p, s, b, n);
+  if (reproducible_avx512()) return accumulate_packed_f32_avx512(t, p, s, b, n, f);
 #endif
-  accumulate_packed_f32_body(t, p, s, b, n);
+  accumulate_packed_f32_body(t, p, s, b, n, f);
 }
 inline void add_packed_words3(std::int64_t* w, const std::uint8_t* m, const std::int64_t* p, const std::uint8_t* t,
                               std::uint64_t n) noexcept {
@@ -610,7 +613,7 @@ inline void accumulate_packed_array(std::uint8_t* tops, std::int64_t* packed, st
   for (std::uint64_t first = 0; first < count; first += detail::reproducible_block) {
     const std::uint64_t n = std::min(detail::reproducible_block, count - first);
     const void* block = bytes + first * es;
-    detail::accumulate_packed_f32(tops + first, packed + first, slow, detail::as_float32(staged, block, n, t), n);
+    detail::accumulate_packed_f32(tops + first, packed + first, slow, detail::as_float32(staged, block, n, t), n, flushed != nullptr);
     std::uint8_t any = 0;
     for (std::uint64_t i = 0; i < n; ++i) any |= slow[i];
     if (any != 0)
