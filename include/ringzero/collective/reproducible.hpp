@@ -2,7 +2,8 @@
 /// @file
 /// Running a reduction in reproducible mode (docs/numerics.md; the format is
 /// primitive/reproducible_sum.hpp). `direct` fuses everything per tile: the max top bin over
-/// every rank's input, the truncated words summed in int64, the conversion, the writes. Every
+/// every rank's input, the truncated words summed in int64, the conversion, the writes (plain
+/// float32 inputs: one loop per block, primitive::reproducible_sum_f32). Every
 /// other algorithm runs two schedules inside the same collective (one begin/end, one sequence
 /// number, so their transfers match in issue order on every backend): an all_reduce (max) of
 /// the per-element top bins, then the collective's own schedule (sum, int64) of the truncated

@@ -1,7 +1,9 @@
 #pragma once
 /// @file
 /// The reproducible sum's array operations (format: primitive/reproducible_sum.hpp): fold the
-/// top bins of an array, add its truncated words, convert summed words to the output dtype.
+/// top bins of an array, add its truncated words, convert summed words to the output dtype,
+/// the fused float32 sum of several inputs (reproducible_sum_f32), and the binned accumulator's
+/// deposits (int64 limbs; packed limbs for the 16/32-bit dtypes) and words.
 /// Bit for bit the element functions, computed with exact shortcuts where they apply:
 /// float16/bfloat16/float32 values go through float32 (every such value is a float32), bins
 /// come from exponent fields, truncation is a scaling by a power of two and a truncating
