@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -48,6 +49,8 @@ std::uint64_t make_bits(std::mt19937_64& rng, dtype t, int pattern, int k, int r
     case 4:  // every 8th element infinite or NaN, the others in one bin: after the first, no top moves
       if (i % 8 == 0) return rng() % 3 == 0 ? (all_ones << mant_bits) | 1 : sign | (all_ones << mant_bits);
       return sign | ((all_ones / 2 + rng() % 3) << mant_bits) | frac;
+    case 5:  // positive, narrow range near one exponent: limbs grow fastest, tops stay
+      return ((all_ones / 2 + rng() % 3) << mant_bits) | frac;
     default:  // narrow range near one exponent: limbs grow, tops stay
       return sign | ((all_ones / 2 + rng() % 3) << mant_bits) | frac;
   }
@@ -73,7 +76,9 @@ void compare_paths(dtype t, std::uint64_t count, int pattern, int rounds, std::u
   }
   const binned_view view = acc.view();
   CHECK(std::equal(tops_ref.begin(), tops_ref.end(), view.tops));
-  CHECK(std::equal(limbs_ref.begin(), limbs_ref.end(), view.limbs));
+  std::vector<std::int64_t> limbs_acc(limbs_ref.size());
+  for (std::uint64_t i = 0; i < count; ++i) view.limbs_of(i, limbs_acc.data() + i * static_cast<std::uint64_t>(kept));
+  CHECK(limbs_acc == limbs_ref);
   // Words at global tops = local, local + 0..4 and the non-finite bin.
   const int w = reproducible_words(t);
   for (int raise = 0; raise < 6; ++raise) {
@@ -105,6 +110,23 @@ TEST_CASE("reproducible accumulate_array and add_accumulator_words equal the ele
       }
 }
 
+TEST_CASE("reproducible accumulator: more contributions than one packed word holds (flushes) keep the element functions' limbs") {
+  // 600 contributions: two flushes of the packed limbs (every 256), limbs beyond 2^20 (pattern 5),
+  // tops rising over flushed limbs (pattern 1), non-finite values arriving after a flush (pattern 2).
+  for (const dtype t : {dtype::float32, dtype::bfloat16, dtype::float16})
+    for (const int pattern : {1, 2, 5}) {
+      CAPTURE(dtype_name(t));
+      CAPTURE(pattern);
+      compare_paths(t, 1100, pattern, 600, 77 + static_cast<std::uint64_t>(pattern));
+    }
+  reproducible_accumulator acc(1, dtype::float32);
+  const float big = 0x1.fffffep0f;  // digits 0x1, 0xFFF, 0xFFF at its top bin
+  for (int k = 0; k < 600; ++k) acc.add(std::span<const float>(&big, 1));
+  std::int64_t limbs[6];
+  acc.view().limbs_of(0, limbs);
+  CHECK(limbs[1] == 600 * 0xFFF);  // > 2^20: only exact because of the flushes
+}
+
 TEST_CASE("reproducible accumulate_array covers every float32 exponent rising over one element's top") {
   // Each element sees every exponent field in increasing order, then in decreasing order.
   const std::uint64_t count = 512;
@@ -121,5 +143,42 @@ TEST_CASE("reproducible accumulate_array covers every float32 exponent rising ov
     accumulate_array(tops_fast.data(), limbs_fast.data(), values.data(), count, dtype::float32);
     REQUIRE(tops_fast == tops_ref);
     REQUIRE(limbs_fast == limbs_ref);
+  }
+}
+
+TEST_CASE("reproducible packed deposit: the portable loop (not the AVX-512 copy) equals the element function") {
+  // Tops rising by 0, 1, 2 and more bins between contributions, zeros, subnormals, inf and NaN;
+  // with and without flushed limbs (where rising tops are the element function's).
+  std::mt19937_64 rng(11);
+  const std::uint64_t n = ringzero::primitive::detail::reproducible_block;
+  for (const bool flushed : {false, true}) {
+    std::vector<std::uint8_t> tops_ref(n, 0), tops_fast(n, 0), slow(n, 0);
+    std::vector<std::int64_t> packed_ref(n, 0), packed_fast(n, 0);
+    std::vector<std::int64_t> cold_ref(3 * n, 0), cold_fast(3 * n, 0);
+    std::vector<float> values(n);
+    for (int k = 0; k < 40; ++k) {
+      if (flushed && k % 10 == 5) {  // flushed limbs that later rises move
+        flush_packed(tops_ref.data(), packed_ref.data(), cold_ref.data(), n);
+        flush_packed(tops_fast.data(), packed_fast.data(), cold_fast.data(), n);
+      }
+      for (std::uint64_t i = 0; i < n; ++i) {
+        std::uint32_t e = static_cast<std::uint32_t>(20 + 5 * k + static_cast<int>(rng() % 30));
+        if (rng() % 200 == 0) e = 255;
+        if (rng() % 50 == 0) e = 0;
+        values[i] = std::bit_cast<float>((static_cast<std::uint32_t>(rng() & 1) << 31) | (std::min(e, 255u) << 23) |
+                                         static_cast<std::uint32_t>(rng() & 0x7FFFFF));
+      }
+      for (std::uint64_t i = 0; i < n; ++i)
+        accumulate_packed(tops_ref[i], packed_ref[i], flushed ? cold_ref.data() + 3 * i : nullptr,
+                          decode_bits(std::bit_cast<std::uint32_t>(values[i]), format_of(dtype::float32)));
+      ringzero::primitive::detail::accumulate_packed_f32_body(tops_fast.data(), packed_fast.data(), slow.data(), values.data(), n, flushed);
+      for (std::uint64_t i = 0; i < n; ++i)
+        if (slow[i] != 0)
+          accumulate_packed(tops_fast[i], packed_fast[i], flushed ? cold_fast.data() + 3 * i : nullptr,
+                            decode_bits(std::bit_cast<std::uint32_t>(values[i]), format_of(dtype::float32)));
+      REQUIRE(tops_fast == tops_ref);
+      REQUIRE(packed_fast == packed_ref);
+      REQUIRE(cold_fast == cold_ref);
+    }
   }
 }

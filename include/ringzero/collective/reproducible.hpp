@@ -2,7 +2,8 @@
 /// @file
 /// Running a reduction in reproducible mode (docs/numerics.md; the format is
 /// primitive/reproducible_sum.hpp). `direct` fuses everything per tile: the max top bin over
-/// every rank's input, the truncated words summed in int64, the conversion, the writes. Every
+/// every rank's input, the truncated words summed in int64, the conversion, the writes (plain
+/// float32 inputs: one loop per block, primitive::reproducible_sum_f32). Every
 /// other algorithm runs two schedules inside the same collective (one begin/end, one sequence
 /// number, so their transfers match in issue order on every backend): an all_reduce (max) of
 /// the per-element top bins, then the collective's own schedule (sum, int64) of the truncated
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "ringzero/algorithm/call.hpp"
 #include "ringzero/primitive/reproducible_arrays.hpp"
@@ -69,6 +71,39 @@ inline std::uint64_t reproducible_elements(const collective_descriptor& d, int n
   return d.kind == collective_kind::reduce_scatter ? d.count * static_cast<std::uint64_t>(n) : d.count;
 }
 
+/// direct_reproducible's float32 form for plain inputs (no accumulator, no premul_sum scalar):
+/// primitive::reproducible_sum_f32 block by block over every rank's input, the result copied to
+/// each output. Returns false, having done nothing, where it does not apply.
+inline bool direct_reproducible_f32(const algorithms::call& c, std::uint64_t begin, std::uint64_t end, std::uint64_t divisor,
+                                    bool streaming) {
+  const collective_descriptor& d = c.d;
+  const int n = c.n(), r = c.rank();
+  if (d.type != dtype::float32 || d.op.kind == reduce_kind::premul_sum) return false;
+  std::vector<const float*> ins(static_cast<std::size_t>(n));
+  for (int q = 0; q < n; ++q) {
+    const collective_descriptor* p = c.comm.peer_descriptor(q);
+    if (p->binned != nullptr) return false;
+    ins[static_cast<std::size_t>(q)] = static_cast<const float*>(p->send);
+  }
+  constexpr std::uint64_t block = primitive::detail::reproducible_fused_block;
+  alignas(64) float result[block];
+  for (std::uint64_t first = begin; first < end; first += block) {
+    const std::uint64_t len = std::min(block, end - first);
+    primitive::reproducible_sum_f32(result, ins.data(), n, first, len, divisor);
+    // In place is safe: only this rank reads these elements of any input, and it has read them.
+    switch (d.kind) {
+      case collective_kind::all_reduce:
+        for (int j = 0; j < n; ++j) c.ops.copy(c.at(c.comm.peer_descriptor((r + j) % n)->recv, first), result, len * 4, streaming);
+        break;
+      case collective_kind::reduce_scatter: c.ops.copy(c.at(d.recv, first - begin), result, len * 4, streaming); break;
+      case collective_kind::reduce: c.ops.copy(c.at(c.comm.peer_descriptor(d.root)->recv, first), result, len * 4, streaming); break;
+      default: c.comm.raise(errc::internal, "reproducible mode reached a collective that is not a reduction");
+    }
+  }
+  if (streaming) c.ops.fence();
+  return true;
+}
+
 /// The fused direct form (shared memory): rank r handles its block of the result tile by tile,
 /// reading every rank's contributions in place. Returns a refusal (identical on every rank) or "".
 inline std::string direct_reproducible(const algorithms::call& c) {
@@ -94,8 +129,9 @@ inline std::string direct_reproducible(const algorithms::call& c) {
     begin = mine.begin;
     end = mine.end;
   }
-  constexpr std::uint64_t tile = 2048;
   const bool streaming = c.bytes(d.count) >= primitive::streaming_threshold_bytes;  // peers' outputs: not read soon
+  if (direct_reproducible_f32(c, begin, end, divisor, streaming)) return {};
+  constexpr std::uint64_t tile = 2048;
   auto* base = static_cast<unsigned char*>(
       c.comm.scratch(algorithms::scratch_tile, static_cast<std::size_t>(tile * (1 + 8 * w + es))));
   auto* tops = base;

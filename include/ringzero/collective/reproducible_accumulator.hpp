@@ -6,6 +6,8 @@
 /// bin (no carries between bins); the collectives take the global top bin (max over ranks),
 /// then sum every rank's words at that bin exactly and round once (docs/numerics.md; the
 /// format is primitive/reproducible_sum.hpp, after Demmel & Nguyen's binned summation).
+/// float16/bfloat16/float32 elements keep their 3 limbs packed in one int64 for up to 256
+/// contributions, then move them to int64 limbs (binned_view): 9 bytes per element per deposit.
 
 #include <algorithm>
 #include <cstdint>
@@ -34,7 +36,8 @@ class reproducible_accumulator {
     if (count > std::uint64_t{1} << 56)
       throw error(errc::invalid_argument, "reproducible_accumulator of " + std::to_string(count) + " elements is too large");
     tops_.assign(static_cast<std::size_t>(count), 0);
-    limbs_.assign(static_cast<std::size_t>(count) * static_cast<std::size_t>(kept_), 0);
+    if (kept_ == 3) packed_.assign(static_cast<std::size_t>(count), 0);  // flushed limbs: on the first flush
+    else limbs_.assign(static_cast<std::size_t>(count) * static_cast<std::size_t>(kept_), 0);
   }
 
   /// Deposits one contribution: `values` holds count() elements of type(). Exact: the order of
@@ -44,7 +47,17 @@ class reproducible_accumulator {
     if (values == nullptr && count_ > 0) throw error(errc::invalid_argument, "reproducible_accumulator::add: values is null");
     if (contributions_ >= primitive::reproducible_max_contributions)
       throw error(errc::invalid_argument, "reproducible_accumulator::add: more than 2^26 contributions");
-    primitive::accumulate_array(tops_.data(), limbs_.data(), values, count_, type_);
+    if (kept_ != 3) {
+      primitive::accumulate_array(tops_.data(), limbs_.data(), values, count_, type_);
+      ++contributions_;
+      return;
+    }
+    primitive::accumulate_packed_array(tops_.data(), packed_.data(), limbs_.empty() ? nullptr : limbs_.data(), values, count_, type_);
+    if (++packed_contributions_ == primitive::reproducible_packed_contributions) {
+      if (limbs_.empty()) limbs_.assign(static_cast<std::size_t>(count_) * 3, 0);
+      primitive::flush_packed(tops_.data(), packed_.data(), limbs_.data(), count_);
+      packed_contributions_ = 0;
+    }
     ++contributions_;
   }
 
@@ -65,7 +78,9 @@ class reproducible_accumulator {
   void clear() noexcept {
     std::fill(tops_.begin(), tops_.end(), std::uint8_t{0});
     std::fill(limbs_.begin(), limbs_.end(), std::int64_t{0});
+    std::fill(packed_.begin(), packed_.end(), std::int64_t{0});
     contributions_ = 0;
+    packed_contributions_ = 0;
   }
 
   /// add() calls since construction / clear().
@@ -77,7 +92,8 @@ class reproducible_accumulator {
 
   /// The storage as the collectives read it (valid until the next add/clear or destruction).
   primitive::binned_view view() const noexcept {
-    return primitive::binned_view{tops_.data(), limbs_.data(), count_, type_, contributions_};
+    return primitive::binned_view{tops_.data(), limbs_.empty() ? nullptr : limbs_.data(), count_, type_, contributions_,
+                                  packed_.empty() ? nullptr : packed_.data()};
   }
 
  private:
@@ -85,8 +101,10 @@ class reproducible_accumulator {
   dtype type_ = dtype::float32;
   int kept_ = 3;
   std::uint64_t contributions_ = 0;
+  std::uint64_t packed_contributions_ = 0;  // K = 3: contributions in packed_ since the last flush
   std::vector<std::uint8_t> tops_;
-  std::vector<std::int64_t> limbs_;
+  std::vector<std::int64_t> limbs_;   // float64: 6 limbs per element; K = 3: the flushed limbs (3 per element) or empty
+  std::vector<std::int64_t> packed_;  // K = 3 dtypes: per element the packed limbs of the latest contributions
 };
 
 namespace detail {

@@ -1,7 +1,9 @@
 #pragma once
 /// @file
 /// The reproducible sum's array operations (format: primitive/reproducible_sum.hpp): fold the
-/// top bins of an array, add its truncated words, convert summed words to the output dtype.
+/// top bins of an array, add its truncated words, convert summed words to the output dtype,
+/// the fused float32 sum of several inputs (reproducible_sum_f32), and the binned accumulator's
+/// deposits (int64 limbs; packed limbs for the 16/32-bit dtypes) and words.
 /// Bit for bit the element functions, computed with exact shortcuts where they apply:
 /// float16/bfloat16/float32 values go through float32 (every such value is a float32), bins
 /// come from exponent fields, truncation is a scaling by a power of two and a truncating
@@ -180,6 +182,51 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
   }
 }
 
+/// accumulate_f32_body for packed elements (local top tops[i], packed limbs packed[i]), bit for
+/// bit accumulate_packed, n <= reproducible_block: the digits go into their fields of one int64
+/// (pack_limbs), and a rising top moves the packed limbs down in the same loop (one bin up: the
+/// word without its low field, shifted by 21 bits; two: the top field alone; more: nothing
+/// kept). Left alone with slow[i] = 1 (the caller runs the element function): elements whose
+/// top becomes the non-finite bin, and, when `flushed` is true (flushed limbs exist, and they
+/// would have to move too), elements whose top rises from a non-zero bin.
+[[gnu::always_inline]] inline void accumulate_packed_f32_body(std::uint8_t* tops, std::int64_t* packed, std::uint8_t* slow,
+                                                              const float* b, std::uint64_t n, bool flushed) noexcept {
+  alignas(64) std::uint32_t fraction_exponent[reproducible_block];
+  alignas(64) std::uint32_t new_top[reproducible_block];
+  alignas(64) std::int64_t scaled[reproducible_block];
+  for (std::uint64_t i = 0; i < n; ++i)
+    fraction_exponent[i] = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(b[i]) & 0x7FFFFF))) >> 23;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(b[i]), e = (bits >> 23) & 0xFF;
+    const std::uint32_t position = e != 0 ? e + 953 : fraction_exponent[i] + 804;
+    std::uint32_t bin = (position * 43691u) >> 19;
+    bin = e == 255 ? reproducible_nonfinite_bin : bin;
+    bin = (bits << 1) == 0 ? 0 : bin;
+    new_top[i] = std::max(static_cast<std::uint32_t>(tops[i]), bin);
+  }
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t top = new_top[i];
+    const std::uint32_t keep = 0u - static_cast<std::uint32_t>(top != reproducible_nonfinite_bin);
+    const std::int32_t field = std::clamp(2127 - 12 * static_cast<std::int32_t>(top), 1, 2046);
+    const double x = static_cast<double>(std::bit_cast<float>(std::bit_cast<std::uint32_t>(b[i]) & keep));
+    scaled[i] = static_cast<std::int64_t>(x * std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
+  }
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t old = tops[i], top = new_top[i], rise = top - old;
+    const bool fast = (rise == 0 || old == 0 || !flushed) && top != reproducible_nonfinite_bin;
+    const std::int64_t s = fast ? scaled[i] : 0;  // slow elements: all digits 0
+    const std::int64_t m = s < 0 ? -s : s, negative = s < 0 ? -1 : 0;  // (x ^ -1) - -1 == -x
+    const std::int64_t fields = ((m >> 24) << 42) | (((m >> 12) & 0xFFF) << 21) | (m & 0xFFF);
+    const std::int64_t p = packed[i];
+    const std::int64_t low = static_cast<std::int64_t>(static_cast<std::uint64_t>(p) << 43) >> 43, rest = (p - low) >> 21;
+    const std::int64_t middle = static_cast<std::int64_t>(static_cast<std::uint64_t>(rest) << 43) >> 43;
+    const std::int64_t moved = rise == 0 ? p : rise == 1 ? rest : rise == 2 ? (rest - middle) >> 21 : 0;
+    packed[i] = (fast ? moved : p) + ((fields ^ negative) - negative);
+    tops[i] = static_cast<std::uint8_t>(fast ? top : old);
+    slow[i] = fast ? 0 : 1;
+  }
+}
+
 /// words[i] += the word of accumulator element i (local top local[i], limbs limbs[3i..]) at
 /// global top bin tops[i] >= local[i] (K = 3), bit for bit primitive::add_limb_words.
 [[gnu::always_inline]] inline void add_limb_words3_body(std::int64_t* words, const std::uint8_t* local, const std::int64_t* limbs,
@@ -191,6 +238,111 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
                                 : d == 1 ? l0 * (std::int64_t{1} << 12) + l1
                                 : d == 2 ? l0 : 0;
     const std::int64_t nonfinite = mine == reproducible_nonfinite_bin ? l0 : 0;
+    words[i] += top == reproducible_nonfinite_bin ? nonfinite : finite;
+  }
+}
+
+/// Elements per block of reproducible_sum_f32 (its inputs, bins, words and result stay in L1).
+inline constexpr std::uint64_t reproducible_fused_block = 512;
+
+/// The word scale 2^-unit (a double) of top bin `bin` for float32 values, as add_words_f32_body.
+[[gnu::always_inline]] inline double word_scale_f32(std::uint32_t bin) noexcept {
+  const std::int32_t field = std::clamp(2127 - 12 * static_cast<std::int32_t>(bin), 1, 2046);
+  return std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52);
+}
+
+/// result[i] = float32 bits of word `w` at top bin `bin` divided by 2^shift (convert_f32_body's
+/// fast form); returns 1 where that form does not apply (the result is not normal).
+[[gnu::always_inline]] inline std::uint32_t convert_word_f32(float& result, std::int64_t w, std::uint32_t bin, int shift) noexcept {
+  const std::uint32_t r = std::bit_cast<std::uint32_t>(static_cast<float>(w));
+  const std::int32_t e = static_cast<std::int32_t>(12 * bin) - 1104 - shift;
+  const std::int32_t biased = static_cast<std::int32_t>((r >> 23) & 0xFF) + e;
+  result = std::bit_cast<float>(w == 0 ? 0u : r + static_cast<std::uint32_t>(e) * (1u << 23));
+  return static_cast<std::uint32_t>((w != 0) & ((biased < 2) | (biased > 254)));
+}
+
+/// The fused float32 sum of one block (n <= reproducible_fused_block) of N inputs in one loop:
+/// the global top bin of element i is the bin of max_q |ins[q][i]| (bins grow with magnitude,
+/// so it is the max of the inputs' bins; for normal values and zeros it comes from the exponent
+/// field), the words are add_words_f32_body's, the result convert_word_f32's. Returns non-zero
+/// when the block holds a subnormal or non-finite value or a result that is not normal: the
+/// caller then redoes the block (`result` is partly written). Values of such elements are
+/// masked to zero before any floating-point step.
+template <int N>
+[[gnu::always_inline]] inline std::uint32_t sum_f32_fused(float* result, const float* const* ins, std::uint64_t first,
+                                                         std::uint64_t n, int shift) noexcept {
+  const float* x[N];
+  for (int q = 0; q < N; ++q) x[q] = ins[q] + first;
+  std::uint32_t rare = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::uint32_t m = 0;
+    for (int q = 0; q < N; ++q) m = std::max(m, std::bit_cast<std::uint32_t>(x[q][i]) & 0x7FFFFFFF);
+    const std::uint32_t e = m >> 23;
+    const std::uint32_t odd = static_cast<std::uint32_t>((e == 255) | ((e == 0) & (m != 0)));
+    const std::uint32_t keep = odd - 1u;  // all ones for ordinary elements
+    const std::uint32_t bin = m == 0 ? 0u : ((e + 953) * 43691u) >> 19;
+    const double s = word_scale_f32(bin);
+    std::int64_t w = 0;
+    for (int q = 0; q < N; ++q)
+      w += static_cast<std::int64_t>(static_cast<double>(std::bit_cast<float>(std::bit_cast<std::uint32_t>(x[q][i]) & keep)) * s);
+    rare |= odd | convert_word_f32(result[i], w, bin, shift);
+  }
+  return rare;
+}
+
+/// sum_f32_fused for any number of inputs, in passes over the block (magnitudes, then words
+/// input by input, then the conversion).
+[[gnu::always_inline]] inline std::uint32_t sum_f32_staged(float* result, const float* const* ins, int n_in, std::uint64_t first,
+                                                          std::uint64_t n, int shift) noexcept {
+  alignas(64) std::uint32_t magnitude[reproducible_fused_block];
+  alignas(64) std::int64_t words[reproducible_fused_block];
+  alignas(64) double scale[reproducible_fused_block];
+  for (std::uint64_t i = 0; i < n; ++i) magnitude[i] = 0;
+  for (int q = 0; q < n_in; ++q) {
+    const float* x = ins[q] + first;
+    for (std::uint64_t i = 0; i < n; ++i) magnitude[i] = std::max(magnitude[i], std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFF);
+  }
+  std::uint32_t rare = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t m = magnitude[i], e = m >> 23;
+    rare |= static_cast<std::uint32_t>((e == 255) | ((e == 0) & (m != 0)));
+    magnitude[i] = m == 0 ? 0u : ((e + 953) * 43691u) >> 19;  // now the bin
+    scale[i] = word_scale_f32(magnitude[i]);
+    words[i] = 0;
+  }
+  if (rare != 0) return rare;
+  for (int q = 0; q < n_in; ++q) {
+    const float* x = ins[q] + first;
+    for (std::uint64_t i = 0; i < n; ++i) words[i] += static_cast<std::int64_t>(static_cast<double>(x[i]) * scale[i]);
+  }
+  for (std::uint64_t i = 0; i < n; ++i) rare |= convert_word_f32(result[i], words[i], magnitude[i], shift);
+  return rare;
+}
+
+/// sum_f32_fused for 2, 3 or 4 inputs, else sum_f32_staged.
+[[gnu::always_inline]] inline std::uint32_t sum_f32_body(float* result, const float* const* ins, int n_in, std::uint64_t first,
+                                                        std::uint64_t n, int shift) noexcept {
+  switch (n_in) {
+    case 2: return sum_f32_fused<2>(result, ins, first, n, shift);
+    case 3: return sum_f32_fused<3>(result, ins, first, n, shift);
+    case 4: return sum_f32_fused<4>(result, ins, first, n, shift);
+    default: return sum_f32_staged(result, ins, n_in, first, n, shift);  // any other count
+  }
+}
+
+/// add_limb_words3_body for packed elements (local top local[i], packed limbs packed[i]; a
+/// non-finite element's word is packed[i] itself), bit for bit.
+[[gnu::always_inline]] inline void add_packed_words3_body(std::int64_t* words, const std::uint8_t* local, const std::int64_t* packed,
+                                                          const std::uint8_t* tops, std::uint64_t n) noexcept {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint32_t top = tops[i], mine = local[i], d = top - mine;
+    const std::int64_t p = packed[i];
+    const std::int64_t l2 = static_cast<std::int64_t>(static_cast<std::uint64_t>(p) << 43) >> 43, rest = (p - l2) >> 21;
+    const std::int64_t l1 = static_cast<std::int64_t>(static_cast<std::uint64_t>(rest) << 43) >> 43, l0 = (rest - l1) >> 21;
+    const std::int64_t finite = d == 0 ? l0 * (std::int64_t{1} << 24) + l1 * (std::int64_t{1} << 12) + l2
+                                : d == 1 ? l0 * (std::int64_t{1} << 12) + l1
+                                : d == 2 ? l0 : 0;
+    const std::int64_t nonfinite = mine == reproducible_nonfinite_bin ? p : 0;
     words[i] += top == reproducible_nonfinite_bin ? nonfinite : finite;
   }
 }
@@ -269,6 +421,18 @@ RINGZERO_AVX512_TARGET inline void add_limb_words3_avx512(std::int64_t* w, const
                                                           const std::uint8_t* t, std::uint64_t n) noexcept {
   add_limb_words3_body(w, m, l, t, n);
 }
+RINGZERO_AVX512_TARGET inline std::uint32_t sum_f32_avx512(float* r, const float* const* x, int m, std::uint64_t f, std::uint64_t n,
+                                                           int k) noexcept {
+  return sum_f32_body(r, x, m, f, n, k);
+}
+RINGZERO_AVX512_TARGET inline void accumulate_packed_f32_avx512(std::uint8_t* t, std::int64_t* p, std::uint8_t* s, const float* b,
+                                                                std::uint64_t n, bool f) noexcept {
+  accumulate_packed_f32_body(t, p, s, b, n, f);
+}
+RINGZERO_AVX512_TARGET inline void add_packed_words3_avx512(std::int64_t* w, const std::uint8_t* m, const std::int64_t* p,
+                                                            const std::uint8_t* t, std::uint64_t n) noexcept {
+  add_packed_words3_body(w, m, p, t, n);
+}
 #undef RINGZERO_AVX512_TARGET
 #endif
 
@@ -309,6 +473,26 @@ inline void accumulate_f32(std::uint8_t* t, std::int64_t* l, std::uint8_t* s, co
   if (reproducible_avx512()) return accumulate_f32_avx512(t, l, s, b, n);
 #endif
   accumulate_f32_body(t, l, s, b, n);
+}
+inline std::uint32_t sum_f32(float* r, const float* const* x, int m, std::uint64_t f, std::uint64_t n, int k) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return sum_f32_avx512(r, x, m, f, n, k);
+#endif
+  return sum_f32_body(r, x, m, f, n, k);
+}
+inline void accumulate_packed_f32(std::uint8_t* t, std::int64_t* p, std::uint8_t* s, const float* b, std::uint64_t n,
+                                  bool f) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return accumulate_packed_f32_avx512(t, p, s, b, n, f);
+#endif
+  accumulate_packed_f32_body(t, p, s, b, n, f);
+}
+inline void add_packed_words3(std::int64_t* w, const std::uint8_t* m, const std::int64_t* p, const std::uint8_t* t,
+                              std::uint64_t n) noexcept {
+#if RINGZERO_REPRODUCIBLE_AVX512
+  if (reproducible_avx512()) return add_packed_words3_avx512(w, m, p, t, n);
+#endif
+  add_packed_words3_body(w, m, p, t, n);
 }
 inline void add_limb_words3(std::int64_t* w, const std::uint8_t* m, const std::int64_t* l, const std::uint8_t* t,
                             std::uint64_t n) noexcept {
@@ -417,12 +601,69 @@ inline void accumulate_array(std::uint8_t* tops, std::int64_t* limbs, const void
   }
 }
 
+/// accumulate_array for packed K = 3 elements (float16, bfloat16, float32; see binned_view):
+/// tops[i], packed[i] and, where `flushed` is not null, flushed[3i .. 3i+3) as
+/// primitive::accumulate_packed per element, bit for bit. Precondition: fewer than
+/// reproducible_packed_contributions contributions in `packed`.
+inline void accumulate_packed_array(std::uint8_t* tops, std::int64_t* packed, std::int64_t* flushed, const void* values,
+                                    std::uint64_t count, dtype t) noexcept {
+  const float_format f = format_of(t);
+  const auto* bytes = static_cast<const unsigned char*>(values);
+  const std::size_t es = dtype_size(t);
+  alignas(64) float staged[detail::reproducible_block];
+  alignas(64) std::uint8_t slow[detail::reproducible_block];
+  for (std::uint64_t first = 0; first < count; first += detail::reproducible_block) {
+    const std::uint64_t n = std::min(detail::reproducible_block, count - first);
+    const void* block = bytes + first * es;
+    detail::accumulate_packed_f32(tops + first, packed + first, slow, detail::as_float32(staged, block, n, t), n, flushed != nullptr);
+    std::uint8_t any = 0;
+    for (std::uint64_t i = 0; i < n; ++i) any |= slow[i];
+    if (any != 0)
+      for (std::uint64_t i = 0; i < n; ++i)
+        if (slow[i] != 0)
+          accumulate_packed(tops[first + i], packed[first + i], flushed != nullptr ? flushed + 3 * (first + i) : nullptr,
+                            decode_bits(load_bits(block, i, t), f));
+  }
+}
+
+/// Moves packed K = 3 elements' limbs into their flushed limbs (flushed[3i..] +=
+/// packed_element_limbs, packed[i] = 0), so that they can take reproducible_packed_contributions more.
+inline void flush_packed(const std::uint8_t* tops, std::int64_t* packed, std::int64_t* flushed, std::uint64_t count) noexcept {
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::int64_t limbs[3];
+    packed_element_limbs(tops[i], packed[i], limbs);
+    for (int j = 0; j < 3; ++j) flushed[3 * i + static_cast<std::uint64_t>(j)] += limbs[j];
+    packed[i] = 0;
+  }
+}
+
 /// words[i*w ..] += accumulator element first+i's words at global top bin global_tops[i]
-/// (binned_view::add_words, bit for bit; K = 3 takes a branch-free loop).
+/// (binned_view::add_words, bit for bit; K = 3 takes branch-free loops: the words are linear in
+/// the limbs, so the packed and the flushed parts are added one after the other).
 inline void add_accumulator_words(const binned_view& view, std::int64_t* words, const std::uint8_t* global_tops,
                                   std::uint64_t first, std::uint64_t len) noexcept {
   if (reproducible_kept_bins(view.type) != 3) return view.add_words(words, global_tops, first, len);
-  detail::add_limb_words3(words, view.tops + first, view.limbs + 3 * first, global_tops, len);
+  detail::add_packed_words3(words, view.tops + first, view.packed + first, global_tops, len);
+  if (view.limbs != nullptr) detail::add_limb_words3(words, view.tops + first, view.limbs + 3 * first, global_tops, len);
+}
+
+/// result[i] = the reproducible sum of ins[0][first + i], ..., ins[n_in - 1][first + i] divided
+/// by `divisor`, rounded once to float32, for i < n <= detail::reproducible_fused_block:
+/// bit for bit fold_top_bins, add_truncated_words and convert_to over the same inputs, but in
+/// one loop (2-4 inputs; passes over the block otherwise) that reads each input from memory
+/// once. Blocks with a subnormal or non-finite value, or a result that is not a normal float32,
+/// and divisors that are not powers of two take those three functions. Preconditions:
+/// n_in >= 1, divisor >= 1; `result` does not overlap the inputs' block.
+inline void reproducible_sum_f32(float* result, const float* const* ins, int n_in, std::uint64_t first, std::uint64_t n,
+                                 std::uint64_t divisor) noexcept {
+  if (std::has_single_bit(divisor) && detail::sum_f32(result, ins, n_in, first, n, std::countr_zero(divisor)) == 0) return;
+  alignas(64) std::uint8_t tops[detail::reproducible_fused_block];
+  alignas(64) std::int64_t words[detail::reproducible_fused_block];
+  std::memset(tops, 0, n);
+  std::memset(words, 0, n * 8);
+  for (int q = 0; q < n_in; ++q) fold_top_bins(tops, ins[q] + first, n, dtype::float32);
+  for (int q = 0; q < n_in; ++q) add_truncated_words(words, ins[q] + first, tops, n, dtype::float32);
+  convert_to(result, words, tops, n, dtype::float32, divisor);
 }
 
 }  // namespace ringzero::primitive

@@ -254,22 +254,27 @@ constexpr std::uint64_t convert_words(const std::int64_t* words, std::uint8_t to
 
 // ---- the binned accumulator's element operations ---------------------------------------------
 
+/// Raises an accumulator element's local top bin `top` to `b` when `b` is higher: its limbs move
+/// down by the difference, and those that fall below the kept window are dropped (all of them
+/// when `b` is the non-finite bin).
+constexpr void raise_top(std::uint8_t& top, std::int64_t* limbs, int kept_bins, std::uint8_t b) noexcept {
+  if (b <= top) return;
+  const int shift = static_cast<int>(b) - static_cast<int>(top);
+  if (b == reproducible_nonfinite_bin || shift >= kept_bins) {
+    std::fill(limbs, limbs + kept_bins, std::int64_t{0});
+  } else {
+    for (int j = kept_bins - 1; j >= shift; --j) limbs[j] = limbs[j - shift];
+    std::fill(limbs, limbs + shift, std::int64_t{0});
+  }
+  top = b;
+}
+
 /// Deposits contribution `v` into one element of a binned accumulator: `top` is the element's
 /// local top bin, `limbs[j]` the sum of the contributions' signed 12-bit digits of bin top - j
 /// (j < kept_bins; no carries between limbs). A higher top bin first drops the limbs that fall
 /// below the kept window: exactly the parts that the final truncation drops.
 constexpr void accumulate(std::uint8_t& top, std::int64_t* limbs, int kept_bins, const decoded_value& v) noexcept {
-  const std::uint8_t b = top_bin(v);
-  if (b > top) {
-    const int shift = static_cast<int>(b) - static_cast<int>(top);
-    if (b == reproducible_nonfinite_bin || shift >= kept_bins) {
-      std::fill(limbs, limbs + kept_bins, std::int64_t{0});
-    } else {
-      for (int j = kept_bins - 1; j >= shift; --j) limbs[j] = limbs[j - shift];
-      std::fill(limbs, limbs + shift, std::int64_t{0});
-    }
-    top = b;
-  }
+  raise_top(top, limbs, kept_bins, top_bin(v));
   if (top == reproducible_nonfinite_bin) {
     limbs[0] += nonfinite_word(v);
     return;
@@ -300,15 +305,77 @@ constexpr void add_limb_words(std::int64_t* words, std::uint8_t local, const std
   }
 }
 
+/// Bits per field of a packed K = 3 accumulator element: its three limbs in one int64.
+inline constexpr int reproducible_packed_field_bits = 21;
+/// Contributions a packed element holds exactly: each limb's magnitude stays below
+/// 256 * (2^12 - 1) < 2^20, inside its signed 21-bit field.
+inline constexpr std::uint64_t reproducible_packed_contributions = 256;
+
+/// limbs[0] * 2^42 + limbs[1] * 2^21 + limbs[2]. Precondition: |limbs[j]| < 2^20.
+constexpr std::int64_t pack_limbs(const std::int64_t* limbs) noexcept {
+  return limbs[0] * (std::int64_t{1} << 42) + limbs[1] * (std::int64_t{1} << 21) + limbs[2];
+}
+
+/// The three limbs of a packed word (pack_limbs's inverse: each field sign-extended in turn).
+constexpr void unpack_limbs(std::int64_t packed, std::int64_t* limbs) noexcept {
+  const auto field = [](std::int64_t x) { return static_cast<std::int64_t>(static_cast<std::uint64_t>(x) << 43) >> 43; };
+  const std::int64_t low = field(packed), rest = (packed - low) >> 21, middle = field(rest);
+  limbs[0] = (rest - middle) >> 21;
+  limbs[1] = middle;
+  limbs[2] = low;
+}
+
+/// The limbs of a packed element with local top `top`: unpacked, or for the non-finite bin the
+/// word itself as limb 0 (its counts need more than 21 bits; the other limbs are 0 there).
+constexpr void packed_element_limbs(std::uint8_t top, std::int64_t packed, std::int64_t* limbs) noexcept {
+  if (top == reproducible_nonfinite_bin) {
+    limbs[0] = packed;
+    limbs[1] = limbs[2] = 0;
+    return;
+  }
+  unpack_limbs(packed, limbs);
+}
+
+/// primitive::accumulate for a packed K = 3 element: local top `top`, the packed limbs of the
+/// contributions since the last flush `packed`, and the flushed limbs `flushed` (3, or nullptr
+/// when there are none), which move with a rising top as the packed ones do. Precondition:
+/// fewer than reproducible_packed_contributions contributions in `packed`.
+constexpr void accumulate_packed(std::uint8_t& top, std::int64_t& packed, std::int64_t* flushed, const decoded_value& v) noexcept {
+  std::int64_t limbs[3] = {0, 0, 0};
+  packed_element_limbs(top, packed, limbs);
+  const std::uint8_t before = top;
+  accumulate(top, limbs, 3, v);
+  if (flushed != nullptr && top != before) {
+    std::uint8_t moved = before;
+    raise_top(moved, flushed, 3, top);
+  }
+  packed = top == reproducible_nonfinite_bin ? limbs[0] : pack_limbs(limbs);
+}
+
 /// A read-only view of a binned accumulator's storage (what reproducible_accumulator lends to
-/// its collectives): per element a local top bin and reproducible_kept_bins(type) limbs.
+/// its collectives): per element a local top bin and reproducible_kept_bins(type) limbs. For
+/// float64 `limbs` holds the 6 limbs of each element; for the K = 3 dtypes an element's limbs
+/// are packed_element_limbs of `packed` (the contributions since the last flush) plus, where
+/// `limbs` is not null, the 3 flushed limbs there.
 struct binned_view {
   const std::uint8_t* tops = nullptr;
   const std::int64_t* limbs = nullptr;
   std::uint64_t count = 0;          ///< elements
   dtype type = dtype::float32;
   std::uint64_t contributions = 0;  ///< add() calls deposited
+  const std::int64_t* packed = nullptr;  ///< K = 3 dtypes: one packed word per element
 
+  /// out[0 .. K) = the limbs of element i.
+  void limbs_of(std::uint64_t i, std::int64_t* out) const noexcept {
+    const int kept = reproducible_kept_bins(type);
+    if (kept != 3) {
+      std::copy(limbs + i * 6, limbs + i * 6 + 6, out);
+      return;
+    }
+    packed_element_limbs(tops[i], packed[i], out);
+    if (limbs != nullptr)
+      for (int j = 0; j < 3; ++j) out[j] += limbs[i * 3 + static_cast<std::uint64_t>(j)];
+  }
   /// out[i] = max(out[i], top bin of element first + i), i < len.
   void fold_tops(std::uint8_t* out, std::uint64_t first, std::uint64_t len) const noexcept {
     for (std::uint64_t i = 0; i < len; ++i) out[i] = std::max(out[i], tops[first + i]);
@@ -316,9 +383,11 @@ struct binned_view {
   /// words[i*w..] += element first + i's words at global top bin global_tops[i], i < len.
   void add_words(std::int64_t* words, const std::uint8_t* global_tops, std::uint64_t first, std::uint64_t len) const noexcept {
     const int kept = reproducible_kept_bins(type), w = reproducible_words(type);
-    for (std::uint64_t i = 0; i < len; ++i)
-      add_limb_words(words + i * static_cast<std::uint64_t>(w), tops[first + i],
-                     limbs + (first + i) * static_cast<std::uint64_t>(kept), kept, global_tops[i]);
+    std::int64_t element[6] = {0, 0, 0, 0, 0, 0};
+    for (std::uint64_t i = 0; i < len; ++i) {
+      limbs_of(first + i, element);
+      add_limb_words(words + i * static_cast<std::uint64_t>(w), tops[first + i], element, kept, global_tops[i]);
+    }
   }
 };
 
