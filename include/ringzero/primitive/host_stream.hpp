@@ -118,20 +118,18 @@ class host_stream {
       generation = ++s->recorded;
     }
     push([this, s, generation] {
-      std::exception_ptr error;
+      // Both locks (stream, then event: the only nesting), so that a thread that sees the event
+      // complete also sees the stream's progress, and the reverse.
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        error = error_;
-        ++completed_;  // counted before the event fires: its waiters then see this stream's progress
-      }
-      changed_.notify_all();
-      {
-        std::lock_guard<std::mutex> lock(s->mutex);
+        std::lock_guard<std::mutex> event_lock(s->mutex);
         if (generation > s->completed) {
           s->completed = generation;
-          s->error = error;
+          s->error = error_;
         }
+        ++completed_;
       }
+      changed_.notify_all();
       s->changed.notify_all();
     }, true, true);
   }
