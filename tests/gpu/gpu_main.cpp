@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "ringzero/backend/cuda/runtime.hpp"
+#include "ringzero/primitive/cudart/runtime.hpp"
 
 int main(int argc, char** argv) {
   std::string why;

@@ -58,6 +58,11 @@ inline int table_deallocate(void* ptr) noexcept { return ptr ? static_cast<int>(
 inline int table_synchronize(void* stream) noexcept {
   return static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
+inline int table_allocate_pinned(void** ptr, std::uint64_t bytes) noexcept {
+  *ptr = nullptr;
+  return static_cast<int>(cudaMallocHost(ptr, static_cast<std::size_t>(bytes == 0 ? 1 : bytes)));
+}
+inline int table_deallocate_pinned(void* ptr) noexcept { return ptr ? static_cast<int>(cudaFreeHost(ptr)) : 0; }
 inline const char* table_error_name(int code) noexcept { return cudaGetErrorName(static_cast<cudaError_t>(code)); }
 inline const char* table_error_string(int code) noexcept { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
@@ -65,7 +70,8 @@ inline const char* table_error_string(int code) noexcept { return cudaGetErrorSt
 inline constexpr device_primitives cuda_primitives_table{&table_reduce_into, &table_cast,       &table_scale,
                                                           &table_fill,        &table_copy,       &table_set_device,
                                                           &table_error_name,  &table_error_string, &table_divide,
-                                                          &table_allocate,    &table_deallocate, &table_synchronize};
+                                                          &table_allocate,    &table_deallocate, &table_synchronize,
+                                                          &table_allocate_pinned, &table_deallocate_pinned};
 
 /// Registers the table when the program starts.
 inline const bool cuda_primitives_registered = (register_device_primitives(&cuda_primitives_table), true);

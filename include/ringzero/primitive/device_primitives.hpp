@@ -61,6 +61,10 @@ struct device_primitives {
   /// Blocks the calling thread until the work enqueued on `stream` so far has completed
   /// (cudaStreamSynchronize); returns the first error of that work.
   int (*synchronize)(void* stream) noexcept = nullptr;
+  /// Allocates `bytes` bytes (at least 1) of page-locked host memory into `*ptr` (cudaMallocHost).
+  int (*allocate_pinned)(void** ptr, std::uint64_t bytes) noexcept = nullptr;
+  /// Frees memory from `allocate_pinned` (cudaFreeHost; null is a no-op).
+  int (*deallocate_pinned)(void* ptr) noexcept = nullptr;
 };
 
 namespace detail {

@@ -1,0 +1,119 @@
+#pragma once
+/// @file
+/// `cuda_stream` and `cuda_event`: the CUDA implementation of the memory-and-stream layer, with
+/// the interface of `host_stream` / `host_event` (record, wait_event, query, synchronize) and
+/// the memory operations `enqueue_copy`, `enqueue_fill`, `enqueue_cast`, `enqueue_scale`,
+/// `enqueue_reduce` of primitive/memory_ops.hpp, run by the registered CUDA kernels
+/// (primitive/device_primitives.hpp). Wraps primitive/cudart/{stream,event}.hpp.
+/// Errors: CUDA's (sticky errors included) as errc::backend_failure; errc::unsupported from the
+/// memory operations when no kernels are registered. Needs cudart (RINGZERO_HAS_CUDA=1), not nvcc.
+/// Thread safety: as CUDA's streams and events. The manual is docs/streams.md.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "ringzero/core/dtype.hpp"
+#include "ringzero/primitive/cudart/event.hpp"
+#include "ringzero/primitive/cudart/runtime.hpp"
+#include "ringzero/primitive/cudart/stream.hpp"
+#include "ringzero/primitive/device_primitives.hpp"
+#include "ringzero/primitive/reduce.hpp"
+
+namespace ringzero::primitive {
+
+/// An event on one CUDA device (cudaEventDisableTiming). Never recorded counts as complete.
+class cuda_event {
+ public:
+  /// Creates the event on `device`. Throws errc::backend_failure (errc::no_device without one).
+  explicit cuda_event(int device) : event_(device), device_(device) {}
+
+  /// True when the work before the last record has completed; never blocks.
+  bool query() const { return event_.ready(); }
+  /// Blocks the calling thread until the work before the last record has completed.
+  void synchronize() const { cudart::check(cudaEventSynchronize(event_.get()), "cudaEventSynchronize"); }
+  cudaEvent_t get() const noexcept { return event_.get(); }
+  int device() const noexcept { return device_; }
+
+ private:
+  cudart::event event_;
+  int device_;
+};
+
+/// An owned (non-blocking) or borrowed CUDA stream on one device.
+class cuda_stream {
+ public:
+  /// Creates a non-blocking stream on `device`.
+  explicit cuda_stream(int device) : stream_(cudart::stream::create(device)), device_(device) {}
+  /// Borrows `s` (the caller keeps it) on `device`.
+  static cuda_stream borrow(cudaStream_t s, int device) { return cuda_stream(cudart::stream::borrow(s), device); }
+
+  /// Records `e` at the current end of this stream.
+  void record(cuda_event& e) {
+    cudart::device_guard guard(device_);
+    cudart::check(cudaEventRecord(e.get(), stream_.get()), "cudaEventRecord");
+  }
+  /// Later work on this stream runs after the point of the last record of `e` (no host block).
+  void wait_event(const cuda_event& e) { cudart::stream_wait(stream_.get(), e.get()); }
+  /// True when all work enqueued so far has completed; never blocks. Throws on a failed task.
+  bool query() {
+    const cudaError_t e = cudaStreamQuery(stream_.get());
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    cudart::check(e, "cudaStreamQuery");
+    return true;
+  }
+  /// Blocks until all work enqueued so far has completed. Throws on a failed task.
+  void synchronize() { stream_.synchronize(); }
+  cudaStream_t get() const noexcept { return stream_.get(); }
+  int device() const noexcept { return device_; }
+
+ private:
+  cuda_stream(cudart::stream s, int device) : stream_(std::move(s)), device_(device) {}
+  cudart::stream stream_;
+  int device_;
+};
+
+namespace detail {
+/// Throws errc::backend_failure "<what>: <error>" for `code` != 0.
+inline void check_device_launch(const device_primitives& p, int code, const char* what) {
+  if (code == 0) return;
+  throw error(errc::backend_failure, std::string(what) + " failed: " + p.error_name(code) + ": " + p.error_string(code));
+}
+}  // namespace detail
+
+/// Copies `bytes` bytes (any direction; cudaMemcpyAsync with cudaMemcpyDefault).
+inline void enqueue_copy(cuda_stream& s, void* dst, const void* src, std::uint64_t bytes) {
+  const device_primitives& p = require_device_primitives();
+  detail::check_device_launch(p, p.set_device(s.device()), "enqueue_copy: cudaSetDevice");
+  detail::check_device_launch(p, p.copy(dst, src, bytes, s.get()), "enqueue_copy");
+}
+/// Sets `count` elements of `type` to `value` (bitwise primitive::fill's result).
+inline void enqueue_fill(cuda_stream& s, void* dst, std::uint64_t count, dtype type, double value) {
+  const device_primitives& p = require_device_primitives();
+  detail::check_device_launch(p, p.set_device(s.device()), "enqueue_fill: cudaSetDevice");
+  detail::check_device_launch(p, p.fill(dst, count, type, value, s.get()), "enqueue_fill");
+}
+/// Converts `count` elements (primitive::cast_into's rules).
+inline void enqueue_cast(cuda_stream& s, void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count) {
+  const device_primitives& p = require_device_primitives();
+  detail::check_device_launch(p, p.set_device(s.device()), "enqueue_cast: cudaSetDevice");
+  detail::check_device_launch(p, p.cast(dst, dst_type, src, src_type, count, s.get()), "enqueue_cast");
+}
+/// `dst = scalar * src` (primitive::scale_into's arithmetic).
+inline void enqueue_scale(cuda_stream& s, void* dst, const void* src, std::uint64_t count, dtype type, double scalar) {
+  const device_primitives& p = require_device_primitives();
+  detail::check_device_launch(p, p.set_device(s.device()), "enqueue_scale: cudaSetDevice");
+  detail::check_device_launch(p, p.scale(dst, src, count, type, scalar, s.get()), "enqueue_scale");
+}
+/// `dst = a (op) b` (primitive::reduce_into's semantics).
+inline void enqueue_reduce(cuda_stream& s, void* dst, const void* a, const void* b, std::uint64_t count,
+                           const reduce_spec& spec) {
+  const device_primitives& p = require_device_primitives();
+  detail::check_device_launch(p, p.set_device(s.device()), "enqueue_reduce: cudaSetDevice");
+  detail::check_device_launch(p, p.reduce_into(dst, a, b, count, spec, s.get()), "enqueue_reduce");
+}
+
+}  // namespace ringzero::primitive

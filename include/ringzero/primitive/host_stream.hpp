@@ -1,0 +1,249 @@
+#pragma once
+/// @file
+/// `host_stream` and `host_event`: an asynchronous stream for host memory that orders work the way
+/// a CUDA stream does (CUDA Runtime API, "Stream Management" and "Event Management"). Work
+/// enqueued on a stream runs later, in order, on the stream's own thread; an event marks a point
+/// of a stream; `wait_event` makes later work of another stream run only after that point.
+/// It is how the device code paths run without a GPU: a missing event wait reads stale data.
+///
+/// Errors: the first exception thrown by a task is kept; until it is reported, the stream skips
+/// its further tasks (event records still complete, carrying the error, and a stream that waits
+/// on such an event takes the error over). The next `synchronize()` or `query()` rethrows the
+/// original exception and clears it. Thread safety: every member may be called from any thread.
+/// Destruction resumes a paused stream, drains it (runs all queued work) and drops an unreported
+/// error. The manual is docs/streams.md.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace ringzero::primitive {
+
+namespace detail {
+
+/// What an event shares with the tasks that complete it and the streams that wait on it.
+struct host_event_state {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::uint64_t recorded = 0;   ///< generation of the last record (0: never recorded)
+  std::uint64_t completed = 0;  ///< highest generation whose point has been reached
+  std::exception_ptr error;     ///< the recording stream's pending error at that point
+};
+
+/// The delay before each task from RINGZERO_HOST_STREAM_DELAY_US (microseconds; 0 when unset).
+inline std::chrono::microseconds host_stream_delay_from_environment() noexcept {
+  const char* text = std::getenv("RINGZERO_HOST_STREAM_DELAY_US");
+  if (text == nullptr || *text == '\0') return std::chrono::microseconds{0};
+  char* end = nullptr;
+  const long long v = std::strtoll(text, &end, 10);
+  return std::chrono::microseconds{(end != nullptr && *end == '\0' && v > 0) ? v : 0};
+}
+
+}  // namespace detail
+
+/// A point in a host stream's work (like `cudaEvent_t` without timing). Copies share the event.
+/// `query` never blocks; `synchronize` blocks until the point of the last record is reached. An
+/// event never recorded counts as complete. Both rethrow the error the stream had at that point.
+class host_event {
+ public:
+  host_event() : state_(std::make_shared<detail::host_event_state>()) {}
+
+  /// True when the work before the last record has completed (or the event was never recorded).
+  bool query() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->completed < state_->recorded) return false;
+    if (state_->error) std::rethrow_exception(state_->error);
+    return true;
+  }
+  /// Blocks the calling thread until the point of the last record is reached.
+  void synchronize() const {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    const std::uint64_t target = state_->recorded;
+    state_->changed.wait(lock, [&] { return state_->completed >= target; });
+    if (state_->error) std::rethrow_exception(state_->error);
+  }
+
+ private:
+  friend class host_stream;
+  std::shared_ptr<detail::host_event_state> state_;
+};
+
+/// Options of a host stream.
+struct host_stream_options {
+  /// Sleep before each task: makes every ordering mistake show as stale data (default from
+  /// RINGZERO_HOST_STREAM_DELAY_US, for running a whole test suite slowed down).
+  std::chrono::microseconds delay = detail::host_stream_delay_from_environment();
+  /// Start paused: no task runs until `resume()`.
+  bool paused = false;
+};
+
+/// An in-order queue of host work run by one thread of its own (see the file comment).
+class host_stream {
+ public:
+  using task = std::function<void()>;
+
+  explicit host_stream(host_stream_options options = {}) : options_(options), paused_(options.paused) {
+    worker_ = std::thread([this] { run(); });
+  }
+  host_stream(const host_stream&) = delete;
+  host_stream& operator=(const host_stream&) = delete;
+  /// Resumes, runs every queued task, then joins the thread.
+  ~host_stream() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+      paused_ = false;
+    }
+    changed_.notify_all();
+    worker_.join();
+  }
+
+  /// Enqueues `work`; it runs after everything enqueued before it on this stream.
+  void enqueue(task work) { push(std::move(work), false); }
+
+  /// Records `e` at the current end of this stream (a later record of `e` moves the point).
+  void record(host_event& e) {
+    std::shared_ptr<detail::host_event_state> s = e.state_;
+    std::uint64_t generation = 0;
+    {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      generation = ++s->recorded;
+    }
+    push([this, s, generation] {
+      // Both locks (stream, then event: the only nesting), so that a thread that sees the event
+      // complete also sees the stream's progress, and the reverse.
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::lock_guard<std::mutex> event_lock(s->mutex);
+        if (generation > s->completed) {
+          s->completed = generation;
+          s->error = error_;
+        }
+        ++completed_;
+      }
+      changed_.notify_all();
+      s->changed.notify_all();
+    }, true, true);
+  }
+
+  /// Makes work enqueued on this stream from now on run only after the point of the last
+  /// record of `e` made before this call (nothing when `e` was never recorded). Does not block.
+  void wait_event(const host_event& e) {
+    std::shared_ptr<detail::host_event_state> s = e.state_;
+    std::uint64_t target = 0;
+    {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      target = s->recorded;
+    }
+    if (target == 0) return;
+    push([s, target] {
+      std::unique_lock<std::mutex> lock(s->mutex);
+      s->changed.wait(lock, [&] { return s->completed >= target; });
+      if (s->error) std::rethrow_exception(s->error);
+    }, true);
+  }
+
+  /// True when every task enqueued so far has completed. Never blocks on the work; rethrows
+  /// (and clears) the pending error.
+  bool query() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    take_error(lock);
+    return completed_ == submitted_;
+  }
+
+  /// Blocks until every task enqueued so far has completed; rethrows (and clears) the pending
+  /// error. A paused stream is not resumed: synchronizing it blocks until someone resumes it.
+  void synchronize() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const std::uint64_t target = submitted_;
+    changed_.wait(lock, [&] { return completed_ >= target; });
+    take_error(lock);
+  }
+
+  /// Holds back every task not yet started until `resume()` (a test knob that makes ordering
+  /// mistakes deterministic).
+  void pause() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    paused_ = true;
+  }
+  /// Lets held-back tasks run.
+  void resume() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      paused_ = false;
+    }
+    changed_.notify_all();
+  }
+
+ private:
+  struct item {
+    task work;
+    bool always;        ///< runs even while an error is pending (event records and waits)
+    bool counts_itself;  ///< increments `completed_` itself (event records)
+  };
+
+  void push(task work, bool always, bool counts_itself = false) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(item{std::move(work), always, counts_itself});
+      ++submitted_;
+    }
+    changed_.notify_all();
+  }
+
+  void take_error(std::unique_lock<std::mutex>& lock) {
+    if (!error_) return;
+    std::exception_ptr e = std::exchange(error_, nullptr);
+    lock.unlock();
+    std::rethrow_exception(e);
+  }
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      changed_.wait(lock, [&] { return (!paused_ && !queue_.empty()) || (stopping_ && queue_.empty()); });
+      if (queue_.empty()) return;  // stopping and drained
+      item next = std::move(queue_.front());
+      queue_.pop_front();
+      const bool skip = error_ && !next.always;
+      lock.unlock();
+      if (!skip) {
+        if (options_.delay.count() > 0) std::this_thread::sleep_for(options_.delay);
+        try {
+          next.work();
+        } catch (...) {
+          std::lock_guard<std::mutex> error_lock(mutex_);
+          if (!error_) error_ = std::current_exception();
+        }
+      }
+      const bool counted = next.counts_itself;
+      next.work = nullptr;  // destroy the captures outside the lock
+      lock.lock();
+      if (!counted) {
+        ++completed_;
+        changed_.notify_all();
+      }
+    }
+  }
+
+  host_stream_options options_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<item> queue_;
+  std::uint64_t submitted_ = 0;
+  std::uint64_t completed_ = 0;
+  std::exception_ptr error_;
+  bool paused_ = false;
+  bool stopping_ = false;
+  std::thread worker_;  // last: starts after every other member is initialised
+};
+
+}  // namespace ringzero::primitive

@@ -1,0 +1,136 @@
+#pragma once
+/// @file
+/// `memory_space` (host, pinned host, CUDA device) and `memory_buffer`, the RAII owner of one
+/// allocation in a space. Host memory is 64-byte aligned (`operator new`); device and pinned
+/// memory come from the registered CUDA primitives (primitive/device_primitives.hpp:
+/// cudaMalloc, 256-byte aligned, and cudaMallocHost), so this header needs no CUDA header.
+/// Sizes are in bytes; contents after allocation are unspecified.
+/// Errors: errc::unsupported when device or pinned memory is asked for and no CUDA kernels are
+/// registered; errc::backend_failure when the runtime refuses (out of memory included).
+/// Thread safety: a buffer is owned by one thread at a time; allocation may run on any thread.
+
+#include <cstdint>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "ringzero/core/error.hpp"
+#include "ringzero/primitive/device_primitives.hpp"
+
+namespace ringzero::primitive {
+
+/// Where memory lives.
+enum class memory_space : std::uint8_t {
+  host,         ///< pageable host memory
+  pinned_host,  ///< page-locked host memory (cudaMallocHost): DMA-able, for overlapped copies
+  device,       ///< CUDA device memory of one device
+};
+
+/// "host", "pinned_host" or "device".
+constexpr const char* to_string(memory_space s) noexcept {
+  switch (s) {
+    case memory_space::host: return "host";
+    case memory_space::pinned_host: return "pinned_host";
+    case memory_space::device: return "device";
+  }
+  return "invalid memory_space";
+}
+
+/// Alignment of host allocations in bytes (a cache line; enough for every vector width used).
+inline constexpr std::size_t host_alignment = 64;
+
+/// One owned allocation: pointer, size in bytes, space and device (-1 outside device memory).
+class memory_buffer {
+ public:
+  memory_buffer() = default;
+  memory_buffer(memory_buffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        bytes_(std::exchange(other.bytes_, 0)),
+        space_(other.space_),
+        device_(std::exchange(other.device_, -1)) {}
+  memory_buffer& operator=(memory_buffer&& other) noexcept {
+    if (this != &other) {
+      release();
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+      space_ = other.space_;
+      device_ = std::exchange(other.device_, -1);
+    }
+    return *this;
+  }
+  memory_buffer(const memory_buffer&) = delete;
+  memory_buffer& operator=(const memory_buffer&) = delete;
+  ~memory_buffer() { release(); }
+
+  /// Allocates `bytes` bytes in `space` (on CUDA device `device` for memory_space::device; the
+  /// device is then current on the calling thread). Zero bytes give a null buffer.
+  static memory_buffer allocate(memory_space space, std::size_t bytes, int device = -1) {
+    memory_buffer b;
+    b.space_ = space;
+    if (bytes == 0) return b;
+    switch (space) {
+      case memory_space::host:
+        b.data_ = ::operator new(bytes, std::align_val_t{host_alignment});
+        break;
+      case memory_space::pinned_host: {
+        const device_primitives& p = require_device_primitives();
+        check(p, p.allocate_pinned != nullptr ? p.allocate_pinned(&b.data_, bytes) : -1, space, bytes);
+        break;
+      }
+      case memory_space::device: {
+        const device_primitives& p = require_device_primitives();
+        if (device < 0) throw error(errc::invalid_argument, "memory_buffer::allocate: device memory needs a device index >= 0");
+        check(p, p.set_device(device), space, bytes);
+        check(p, p.allocate(&b.data_, bytes), space, bytes);
+        b.device_ = device;
+        break;
+      }
+    }
+    b.bytes_ = bytes;
+    return b;
+  }
+
+  void* data() const noexcept { return data_; }
+  std::size_t size_bytes() const noexcept { return bytes_; }
+  memory_space space() const noexcept { return space_; }
+  /// The CUDA device of device memory, -1 otherwise.
+  int device() const noexcept { return device_; }
+
+ private:
+  static void check(const device_primitives& p, int code, memory_space space, std::size_t bytes) {
+    if (code == 0) return;
+    const std::string why = code < 0 ? std::string("this program's CUDA table has no pinned allocation")
+                                     : std::string(p.error_name(code)) + ": " + p.error_string(code);
+    throw error(errc::backend_failure, std::string("memory_buffer::allocate: ") + std::to_string(bytes) + " bytes of " +
+                                           to_string(space) + " memory failed: " + why);
+  }
+
+  void release() noexcept {
+    if (data_ == nullptr) return;
+    switch (space_) {
+      case memory_space::host: ::operator delete(data_, std::align_val_t{host_alignment}); break;
+      case memory_space::pinned_host: {
+        const device_primitives* p = registered_device_primitives();
+        if (p != nullptr && p->deallocate_pinned != nullptr) (void)p->deallocate_pinned(data_);
+        break;
+      }
+      case memory_space::device: {
+        const device_primitives* p = registered_device_primitives();
+        if (p != nullptr) {
+          (void)p->set_device(device_);
+          (void)p->deallocate(data_);
+        }
+        break;
+      }
+    }
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  memory_space space_ = memory_space::host;
+  int device_ = -1;
+};
+
+}  // namespace ringzero::primitive
