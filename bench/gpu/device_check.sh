@@ -210,6 +210,7 @@ else
     spawn test_primitives.o compile_cxx tests/gpu/test_primitives.cpp "$obj/test_primitives.o"
     spawn test_local_cuda.o compile_cxx tests/gpu/test_local_cuda.cpp "$obj/test_local_cuda.o"
     [ -f tests/gpu/test_ddp_cuda.cpp ] && spawn test_ddp_cuda.o compile_cxx tests/gpu/test_ddp_cuda.cpp "$obj/test_ddp_cuda.o"
+    [ -f tests/gpu/test_cuda_stream.cpp ] && spawn test_cuda_stream.o compile_cxx tests/gpu/test_cuda_stream.cpp "$obj/test_cuda_stream.o"
     spawn test_no_device.o compile_cxx tests/gpu/test_no_device.cpp "$obj/test_no_device.o" -DRINGZERO_TEST_HAVE_KERNELS=1
     [ $have_nccl = 1 ] && spawn test_nccl.o compile_cxx tests/gpu/test_nccl.cpp "$obj/test_nccl.o"
   fi
@@ -237,6 +238,8 @@ else
   link test_gpu_primitives "$obj/gpu_main.o" "$obj/test_primitives.o" "$obj/ringzero_cuda.o" && built+=(test_gpu_primitives)
   link test_gpu_local "$obj/gpu_main.o" "$obj/test_local_cuda.o" "$obj/ringzero_cuda.o" && built+=(test_gpu_local)
   link test_gpu_ddp "$obj/gpu_main.o" "$obj/test_ddp_cuda.o" "$obj/ringzero_cuda.o" && built+=(test_gpu_ddp)
+  [ -f "$obj/test_cuda_stream.o" ] && link test_gpu_cuda_stream "$obj/gpu_main.o" "$obj/test_cuda_stream.o" "$obj/ringzero_cuda.o" &&
+    built+=(test_gpu_cuda_stream)
   if [ -f "$obj/test_cuda_mlp.o" ] && [ -f "$obj/cuda_mlp_kernels.o" ]; then
     link test_gpu_cuda_mlp "$obj/gpu_main.o" "$obj/test_cuda_mlp.o" "$obj/cuda_mlp_kernels.o" "$obj/ringzero_cuda.o" "$cublas_lib" &&
       built+=(test_gpu_cuda_mlp)
@@ -280,6 +283,7 @@ run_test test_cuda_no_device 30
 run_test test_gpu_primitives 200
 run_test test_gpu_local 150
 if [ -f tests/gpu/test_ddp_cuda.cpp ]; then run_test test_gpu_ddp 90; fi
+if [ -f tests/gpu/test_cuda_stream.cpp ]; then run_test test_gpu_cuda_stream 40; fi
 if [ $mlp_ok = 1 ]; then run_test test_gpu_cuda_mlp 40; else record "test test_gpu_cuda_mlp" skip "no Eigen or cuBLAS"; fi
 if [ $have_nccl = 1 ]; then run_test test_gpu_nccl 100; else record "test test_gpu_nccl" skip "no NCCL on this machine"; fi
 
