@@ -397,7 +397,7 @@ class communicator : public ringzero::communicator {
   /// After the receive half of a transfer failed: waits (within the timeout, unless the world is
   /// aborted or the peer gone) until rank `to` has taken message `k`, which points into the
   /// caller's send buffer, so that the caller may free that buffer once the error reaches it
-  /// (case C12: a size mismatch on one half of a sendrecv while the peer still reads the other).
+  /// (a size mismatch on one half of a sendrecv while the peer still reads the other).
   void settle_posted(int to, std::uint64_t k) noexcept {
     detail::mailbox& box = world_.box(rank(), to);
     const status st = ringzero::detail::wait_until([&] { return box.consumed.load(std::memory_order_acquire) >= k; },

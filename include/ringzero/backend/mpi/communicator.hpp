@@ -1,60 +1,16 @@
 #pragma once
 /// @file
 /// `mpi::communicator`: one rank per MPI process, over a duplicate of an MPI communicator
-/// (MPI_COMM_WORLD or one of the program's). This is how CPU jobs leave one machine.
-///
-/// Transfers. `sendrecv` and `sendrecv_reduce` use nonblocking point-to-point calls
-/// (MPI_Isend / MPI_Irecv) polled with MPI_Test. A transfer larger than `slice_bytes` travels
-/// as slices; a combining receive keeps `pipeline_depth` slices posted into scratch memory
-/// (allocated once, reused) and combines slice s while slices s+1, s+2, ... are in flight, so
-/// large messages overlap transfer and reduction. Every ringzero algorithm that needs only
-/// point-to-point transfers runs over it (ring, halving_doubling); MPI's own collectives
-/// (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather, MPI_Bcast, MPI_Reduce,
-/// MPI_Alltoall, MPI_Barrier) are the algorithm `native` (see backend/mpi/datatype.hpp for
-/// the mapping of dtypes and ops, and their documented differences).
-///
-/// Contract checking. With checking on (`communicator_options::check`, RINGZERO_CHECK=1,
-/// default on in debug builds) `begin` sends this rank's descriptor of each collective
-/// (collective, sequence number, count, dtype, op, root, algorithm, validity and its reason) to
-/// every peer and receives theirs, then every rank runs the same `check_contract` and raises
-/// the same error (errc::invalid_argument, errc::contract_mismatch) before any data moves; the
-/// communicator stays usable after such an error. Cost: 2(n-1) small messages per collective
-/// (docs/mpi.md has the measurements). A point-to-point send/recv exchanges a record with each
-/// of its peers the same way (`exchange_transfer_records`): a size mismatch raises
-/// errc::size_mismatch on both ranks, naming both amounts, before any data moves.
-/// With checking off nothing is exchanged, and still nothing hangs:
-/// - a rank whose own arguments are invalid raises errc::invalid_argument and aborts the
-///   communicator: a notice on a separate control communicator makes every peer fail with the
-///   same code and that rank's reason, at the latest when it next waits;
-/// - every data message carries in its tag the collective's sequence number (mod 63) and how
-///   many slices follow, so ranks that run different collectives fail with
-///   errc::contract_mismatch and transfers of different sizes with errc::size_mismatch (the
-///   detecting rank aborts the communicator so that the others fail too). The detecting rank
-///   is the receiver: a point-to-point sender whose send MPI already completed returns, and
-///   raises the receiver's error at a later call (its next one that waits for a peer, or one that
-///   starts or ends after the receiver's abort notice arrived);
-/// - mismatches that leave all ranks waiting for each other (e.g. different algorithms) end
-///   in a timeout.
-/// After an abort every call on the communicator fails with the first error's code.
-///
-/// Timeouts and departures. Every wait polls against a deadline of `timeout()` from its start.
-/// On expiry the error names the collective and the ranks that did not arrive (check mode:
-/// whose descriptors never came) or whose transfers did not complete; then, per
-/// `failure_policy`, the job is aborted (default: the message goes to stderr, then MPI_Abort,
-/// exit code 124) or the error is thrown. Native collectives are blocking MPI calls; a
-/// watchdog thread aborts the job when one passes its deadline. Destroying a communicator
-/// tells the peers (a departure notice with the counts of messages exchanged): a peer waiting
-/// for a message the departed rank never sent fails at once with errc::peer_exited instead of
-/// waiting for the timeout. Destruction is collective, like MPI_Comm_free: the destructor
-/// waits (up to the timeout) for every peer's departure notice; after an abort only up to
-/// `failed_departure_wait` (250 ms), so that a failed communicator is destroyed promptly even
-/// when a peer is busy elsewhere (see the destructor). Every collective ends by looking for an
-/// abort notice, so a rank that arrives after its peers gave up fails instead of returning a
-/// result made of the data they had sent before failing.
-///
-/// Threads. A communicator is used by one thread at a time (its owner or its progress thread,
-/// like every ringzero communicator); MPI must be initialised with MPI_THREAD_SERIALIZED or
-/// MPI_THREAD_MULTIPLE (see mpi::environment).
+/// (MPI_COMM_WORLD or one of the program's); how CPU jobs leave one machine. It runs ring and
+/// halving_doubling over nonblocking point-to-point transfers (backend/mpi/transport.hpp) and
+/// MPI's own collectives as the algorithm `native` (backend/mpi/native_collectives.hpp).
+/// Errors: invalid or mismatched arguments raise the same ringzero::error on every rank (before
+/// any data moves in check mode, RINGZERO_CHECK=1); a wait past `timeout()` aborts the job or
+/// throws, per `failure_policy`; a peer that destroyed its communicator makes waiting ranks fail
+/// with errc::peer_exited (backend/mpi/control_channel.hpp).
+/// Threads: used by one thread at a time (its owner or its progress thread); MPI must run at
+/// MPI_THREAD_SERIALIZED or above. Construction and destruction are collective.
+/// Manual (transfers, settings, contract checking, timeouts, departures, `native`): docs/mpi.md.
 
 #include "ringzero/backend/mpi/comm_holder.hpp"
 #include "ringzero/backend/mpi/datatype.hpp"

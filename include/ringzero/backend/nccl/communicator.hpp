@@ -1,51 +1,16 @@
 #pragma once
 /// @file
-/// `nccl::communicator`: one rank of an NCCL communicator (`ncclComm_t`) with the CUDA stream
-/// its work is ordered on. Buffers live in CUDA device memory (memory_space::cuda).
-///
-/// - Collectives: NCCL's own collectives are the algorithm `native` (ncclAllReduce,
-///   ncclReduceScatter, ncclAllGather, ncclBroadcast, ncclReduce, ncclAlltoAll, and a barrier
-///   made of a one-element all-reduce plus a stream synchronisation); the cost model always
-///   picks them (`prefers_native`). ringzero's `ring` and `halving_doubling` run over
-///   ncclSend/ncclRecv in group calls, combining received data with the CUDA reduce kernels
-///   (registered by <ringzero/cuda.cuh>), so both can be compared in one GPU job.
-/// - Arithmetic of `native` is NCCL's, which differs from ringzero's schedules in documented
-///   ways: float avg pre-multiplies each input by 1/n (ringzero divides the sum once); min/max
-///   NaN handling and the combine order are NCCL's. Integer results are identical. float16 and
-///   bfloat16 sum, avg and premul_sum on 2+ ranks run NCCL's float32 collective on a widened
-///   copy (algorithm/float32_accumulation.hpp; needs <ringzero/cuda.cuh>; docs/numerics.md).
-/// - A world of one with avg or premul_sum: NCCL before 2.29.7 leaves the last elements of
-///   such a reduction unwritten when the count is not a multiple of its block count (NCCL
-///   issue #1950, PyTorch issue #168092; seen here on an H200). With such an NCCL, ringzero
-///   does these calls itself: avg is a copy (x / 1), premul_sum a scale kernel (registered by
-///   <ringzero/cuda.cuh>; without it, errc::unsupported names the bug and both ways out).
-/// - Stream semantics (NCCL's): a collective returns once enqueued on `stream()`; later work on
-///   that stream sees its results; the host calls `synchronize()` before reading them.
-/// - Non-blocking communicators (default; ncclConfig_t blocking = 0): NCCL calls return at once,
-///   possibly with ncclInProgress; ringzero then polls ncclCommGetAsyncError until the call is
-///   done, never longer than the timeout.
-/// - Failure detection (NCCL has no timeout of its own): a watchdog thread records a CUDA event
-///   after every collective and polls ncclCommGetAsyncError; when a collective has not
-///   completed within `timeout()` (a rank never called it, or died) or NCCL reports an
-///   asynchronous error, it aborts the communicator (ncclCommAbort), which also frees the
-///   stream of the hung kernel. Every later call, and a `synchronize()` in progress, then fails
-///   with errc::timeout / aborted / peer_exited / backend_failure naming the first failure.
-///   This follows PyTorch's ProcessGroupNCCL watchdog.
-/// - Contract check: NCCL hangs (it does not report) when ranks disagree on a collective. With
-///   RINGZERO_CHECK=1 (or `options::check_contract`) every collective first all-gathers the
-///   ranks' descriptors through NCCL and raises the same error on every rank when they differ
-///   (a stream synchronisation per collective: for debugging). The records carry their layout
-///   version: ranks of different ringzero builds are refused by name. Otherwise invalid arguments are
-///   reported on the rank that passed them, and mismatches surface as a watchdog timeout.
-///   Likewise a send/recv size mismatch (case C12) is not detected by NCCL: it ends in a timeout.
-/// - Threads: used by one thread at a time (its owner or its progress thread), like an NCCL
-///   communicator; every call makes the rank's device current on the calling thread.
-///
-/// Construction: from a unique id (see nccl/init.hpp for the id exchanges through MPI, a
-/// shared file, or one process driving several GPUs, and for torchrun's variables), by adopting
-/// an existing ncclComm_t, or by `split`.
-/// Requires NCCL and the CUDA runtime (RINGZERO_HAS_NCCL, RINGZERO_HAS_CUDA); no nvcc unless an
-/// algorithm other than native moves data.
+/// `nccl::communicator`: one rank of an NCCL communicator (`ncclComm_t`) with the CUDA stream its
+/// work is ordered on; buffers live in device memory (memory_space::cuda). NCCL's collectives are
+/// the algorithm `native` (the cost model's choice); ring and halving_doubling run over
+/// ncclSend/ncclRecv with ringzero's CUDA reduce kernels (registered by <ringzero/cuda.cuh>).
+/// Stream semantics are NCCL's: a collective returns once enqueued on `stream()`.
+/// Errors: a watchdog thread aborts the communicator (ncclCommAbort) when a collective passes
+/// `timeout()` or NCCL reports an asynchronous error; later calls fail naming the first failure.
+/// RINGZERO_CHECK=1 compares the ranks' descriptors before every collective.
+/// Threads: one thread at a time (its owner or its progress thread); each call makes the rank's
+/// device current. Requires NCCL and the CUDA runtime; nvcc only for algorithms other than native.
+/// Construction: backend/nccl/init.hpp, adopting an ncclComm_t, or `split`. Manual: docs/gpu.md.
 
 #include <atomic>
 #include <chrono>
