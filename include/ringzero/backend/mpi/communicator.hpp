@@ -36,6 +36,7 @@
 
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
+#include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/core/config.hpp"
 #include "ringzero/core/wait.hpp"
 #include "ringzero/primitive/copy.hpp"
@@ -287,8 +288,8 @@ class communicator final : public ringzero::communicator {
                 int from) override {
     const bool p2p = world_size() > 1 && point_to_point();
     if (p2p) {
-      check_peer(to, "send to");
-      check_peer(from, "receive from");
+      ringzero::detail::check_peer(*this, to, "send to");
+      ringzero::detail::check_peer(*this, from, "receive from");
       raise_if_unusable();
       poll_notices();
       raise_if_unusable();
@@ -382,20 +383,6 @@ class communicator final : public ringzero::communicator {
   bool record_arrived(int p, MPI_Request& request, const char* test_what, const char* irecv_what);
 
   bool send_completed(MPI_Request& request, const char* what);
-
-  std::string seconds_text() const {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%g", timeout().count());
-    return buf;
-  }
-
-  std::string operation_name() const {
-    const collective_descriptor* d = current();
-    if (!d) return "a transfer";
-    std::string s(collective_name(d->kind));
-    if (d->kind != collective_kind::send && d->kind != collective_kind::recv) s += " #" + std::to_string(d->sequence);
-    return s;
-  }
 
   clock::time_point deadline() const { return clock::now() + std::chrono::duration_cast<clock::duration>(timeout()); }
 
@@ -522,12 +509,6 @@ class communicator final : public ringzero::communicator {
     return static_cast<int>(d->sequence % detail::point_to_point_class);
   }
 
-  void check_peer(int peer, const char* what) const {
-    if (peer < -1 || peer >= world_size())
-      raise(errc::invalid_argument, std::string("cannot ") + what + " rank " + std::to_string(peer) + ": outside [0, " +
-                                        std::to_string(world_size()) + ")");
-  }
-
   void transfer(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes, int from,
                 const void* own, void* acc, const combine_fn* combine);
 
@@ -550,8 +531,6 @@ class communicator final : public ringzero::communicator {
     const collective_descriptor* d = current();
     return d == nullptr || d->kind == collective_kind::send || d->kind == collective_kind::recv;
   }
-
-  static std::string amount_text(std::uint64_t bytes, std::uint8_t type);
 
   void exchange_transfer_records(std::uint64_t send_bytes, int to, std::uint64_t recv_bytes, int from);
 

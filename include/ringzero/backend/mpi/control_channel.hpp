@@ -43,7 +43,7 @@ inline void communicator::duplicate_within(MPI_Comm from, detail::comm_holder& i
     }
     if (flag) break;
     if ((i & 31u) == 0 && clock::now() >= deadline) {
-      const std::string msg = "timed out after " + seconds_text() +
+      const std::string msg = "timed out after " + ringzero::detail::seconds_text(timeout()) +
                               " s making the communicator: not every rank of the MPI communicator constructed an "
                               "mpi::communicator (construction is collective)";
       if (policy_ == failure_policy::abort_job) abort_job(error(errc::timeout, context(), msg), job);
@@ -302,15 +302,16 @@ inline void communicator::exchange_descriptors(const collective_descriptor& d) {
     for (int p = 0; p < n; ++p) {
       const auto& peer = peers_[static_cast<std::size_t>(p)];
       if (!arrived[static_cast<std::size_t>(p)] && peer.departed && peer.records_sent_to_me <= records_received_[static_cast<std::size_t>(p)])
-        return departed_text(p) + " and never arrived at " + operation_name();
+        return departed_text(p) + " and never arrived at " + ringzero::detail::operation_name(current());
     }
     return {};
   };
   auto on_timeout = [&]() {
     std::vector<int> missing, present;
     for (int p = 0; p < n; ++p) (arrived[static_cast<std::size_t>(p)] ? present : missing).push_back(p);
-    timed_out("timed out after " + seconds_text() + " s: " + ringzero::detail::describe_ranks(missing) +
-              " never arrived at " + operation_name() + " (" + ringzero::detail::describe_ranks(present) + " did)");
+    timed_out("timed out after " + ringzero::detail::seconds_text(timeout()) +
+              " s: " + ringzero::detail::describe_ranks(missing) + " never arrived at " +
+              ringzero::detail::operation_name(current()) + " (" + ringzero::detail::describe_ranks(present) + " did)");
   };
   poll(step, stalled, deadline(), on_timeout);
   recv_guard.dismiss();
@@ -322,7 +323,8 @@ inline void communicator::exchange_descriptors(const collective_descriptor& d) {
     if (kind == collective_kind::send || kind == collective_kind::recv)
       fail(errc::contract_mismatch, "rank " + std::to_string(p) + " runs a point-to-point send/recv with rank " +
                                         std::to_string(me) + " while rank " + std::to_string(me) + " runs " +
-                                        operation_name() + ": the ranks do not run the same operations in the same order");
+                                        ringzero::detail::operation_name(current()) +
+                                        ": the ranks do not run the same operations in the same order");
   }
   decoded_.resize(static_cast<std::size_t>(n));
   for (int p = 0; p < n; ++p)
@@ -339,14 +341,6 @@ inline void communicator::exchange_descriptors(const collective_descriptor& d) {
                                        ringzero::detail::describe_values(values));
   }
   if (auto violation = check_contract(n, get, false)) raise(violation->code, violation->message);
-}
-
-/// "3 float32 (12 bytes)" for `bytes` bytes of `type` (the bytes alone when they do not divide).
-inline std::string communicator::amount_text(std::uint64_t bytes, std::uint8_t type) {
-  const auto t = static_cast<dtype>(type);
-  const std::size_t es = is_valid(t) ? dtype_size(t) : 0;
-  if (es == 0 || bytes % es != 0) return std::to_string(bytes) + " bytes";
-  return std::to_string(bytes / es) + " " + std::string(dtype_name(t)) + " (" + std::to_string(bytes) + " bytes)";
 }
 
 /// Check mode, point-to-point: sends each peer of this transfer (`to`, `from`; not this rank)
@@ -366,8 +360,9 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
   const std::uint8_t type = static_cast<std::uint8_t>(d ? d->type : dtype::uint8);
   if (to == me && from == me) {
     if (send_bytes != recv_bytes)
-      raise(errc::size_mismatch, "rank " + std::to_string(me) + " sends " + amount_text(send_bytes, type) +
-                                     " to itself but expects " + amount_text(recv_bytes, type));
+      raise(errc::size_mismatch, "rank " + std::to_string(me) + " sends " +
+                                     ringzero::detail::amount_text(send_bytes, type) + " to itself but expects " +
+                                     ringzero::detail::amount_text(recv_bytes, type));
   }
   int peers[2] = {-1, -1};
   int count = 0;
@@ -423,7 +418,7 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
       const int p = peers[i];
       const auto& peer = peers_[static_cast<std::size_t>(p)];
       if (!arrived[i] && peer.departed && peer.records_sent_to_me <= records_received_[static_cast<std::size_t>(p)])
-        return departed_text(p) + " and never posted its side of this " + operation_name();
+        return departed_text(p) + " and never posted its side of this " + ringzero::detail::operation_name(current());
     }
     return {};
   };
@@ -431,9 +426,9 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
     std::vector<int> missing;
     for (int i = 0; i < count; ++i)
       if (!arrived[i]) missing.push_back(peers[i]);
-    timed_out("timed out after " + seconds_text() + " s in " + operation_name() + ": " +
-              ringzero::detail::describe_ranks(missing) + " never posted the matching side of the transfer (check mode: " +
-              "its record never came)");
+    timed_out("timed out after " + ringzero::detail::seconds_text(timeout()) + " s in " +
+              ringzero::detail::operation_name(current()) + ": " + ringzero::detail::describe_ranks(missing) +
+              " never posted the matching side of the transfer (check mode: " + "its record never came)");
   };
   poll(step, stalled, deadline(), on_timeout);
   recv_guard.dismiss();
@@ -447,11 +442,11 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
     const detail::wire_descriptor& theirs = records_[static_cast<std::size_t>(p)];
     const auto kind = static_cast<collective_kind>(theirs.kind);
     if (kind != collective_kind::send && kind != collective_kind::recv) {
-      fail(errc::contract_mismatch,
-           "rank " + std::to_string(p) + " runs " + std::string(collective_name(kind)) + " #" +
-               std::to_string(theirs.sequence) + " while rank " + std::to_string(me) +
-               " runs a point-to-point " + operation_name() + " with it: the ranks do not run the same operations in "
-               "the same order");
+      fail(errc::contract_mismatch, "rank " + std::to_string(p) + " runs " + std::string(collective_name(kind)) + " #" +
+                                        std::to_string(theirs.sequence) + " while rank " + std::to_string(me) +
+                                        " runs a point-to-point " + ringzero::detail::operation_name(current()) +
+                                        " with it: the ranks do not run the same operations in "
+                                        "the same order");
     }
     // The direction sender -> receiver, in the same words on both ranks.
     auto direction = [&](int sender, bool sends, std::uint64_t sent, std::uint8_t sent_type, int receiver, bool receives,
@@ -459,14 +454,15 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
       const std::string rs = "rank " + std::to_string(sender), rr = "rank " + std::to_string(receiver);
       if (sends && !receives) {
         code = errc::contract_mismatch;
-        problem = rs + " sends " + amount_text(sent, sent_type) + " to " + rr + " but " + rr + " does not receive from " + rs;
+        problem = rs + " sends " + ringzero::detail::amount_text(sent, sent_type) + " to " + rr + " but " + rr +
+                  " does not receive from " + rs;
       } else if (!sends && receives) {
         code = errc::contract_mismatch;
-        problem = rr + " receives " + amount_text(expected, expected_type) + " from " + rs + " but " + rs +
-                  " does not send to " + rr;
+        problem = rr + " receives " + ringzero::detail::amount_text(expected, expected_type) + " from " + rs + " but " +
+                  rs + " does not send to " + rr;
       } else if (sends && sent != expected) {
-        problem = rs + " sends " + amount_text(sent, sent_type) + " to " + rr + " but " + rr + " expects " +
-                  amount_text(expected, expected_type);
+        problem = rs + " sends " + ringzero::detail::amount_text(sent, sent_type) + " to " + rr + " but " + rr +
+                  " expects " + ringzero::detail::amount_text(expected, expected_type);
       }
     };
     auto outgoing = [&] { direction(me, p == to, send_bytes, type, p, theirs.receives != 0, theirs.recv_bytes, theirs.type); };
@@ -518,8 +514,8 @@ inline void communicator::synchronize(const char* what) {
       return {};
     };
     auto on_timeout = [&]() {
-      timed_out(std::string("timed out after ") + seconds_text() + " s in " + what + " waiting for rank " +
-                std::to_string(from) + " (every rank must call " + what + ")");
+      timed_out(std::string("timed out after ") + ringzero::detail::seconds_text(timeout()) + " s in " + what +
+                " waiting for rank " + std::to_string(from) + " (every rank must call " + what + ")");
     };
     poll(step_fn, stalled, until, on_timeout);
     recv_guard.dismiss();

@@ -28,7 +28,7 @@ inline std::string communicator::describe_native_timeout(const void* context) co
     c.sequence = static_cast<std::int64_t>(d->sequence);
   }
   const error e(errc::timeout, c,
-                "timed out after " + seconds_text() +
+                "timed out after " + ringzero::detail::seconds_text(timeout()) +
                     " s in a native MPI collective; a blocking MPI call cannot be interrupted, so the job is aborted "
                     "(MPI_Abort). Which ranks did not arrive is unknown to a blocking call: " +
                     (check_ ? std::string("every rank passed the check-mode exchange, so a rank stopped inside MPI")

@@ -60,8 +60,8 @@ void communicator::poll(Step&& step, Stalled&& stalled, clock::time_point until,
 /// MPI_Improbe, checked, and only then received (MPI_Imrecv).
 inline void communicator::transfer(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes, int from,
               const void* own, void* acc, const combine_fn* combine) {
-  check_peer(to, "send to");
-  check_peer(from, "receive from");
+  ringzero::detail::check_peer(*this, to, "send to");
+  ringzero::detail::check_peer(*this, from, "receive from");
   if (aborted_) raise(abort_code_, "the communicator was aborted: " + abort_reason_);
   if (to < 0 && from < 0) return;
   const std::uint64_t slice = slice_bytes_;
@@ -198,12 +198,14 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
     if (from >= 0 && done_recv < R) {
       const auto& peer = peers_[static_cast<std::size_t>(from)];
       if (peer.departed && peer.data_sent_to_me < recv_base + done_recv + 1)
-        return departed_text(from) + " without sending the data this rank waits for in " + operation_name();
+        return departed_text(from) + " without sending the data this rank waits for in " +
+               ringzero::detail::operation_name(current());
     }
     if (to >= 0 && done_send < S) {
       const auto& peer = peers_[static_cast<std::size_t>(to)];
       if (peer.departed && peer.data_received_from_me < send_base + done_send + 1)
-        return departed_text(to) + " without receiving the data this rank sends it in " + operation_name();
+        return departed_text(to) + " without receiving the data this rank sends it in " +
+               ringzero::detail::operation_name(current());
     }
     return {};
   };
@@ -224,8 +226,9 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
     std::sort(peers.begin(), peers.end());
     // Without the check a rank waits only for its neighbours in the schedule: the rank named
     // may itself be waiting for the one that never arrived.
-    timed_out("timed out after " + seconds_text() + " s in " + operation_name() + " waiting for " +
-              ringzero::detail::describe_ranks(peers) + ": " + what + " did not complete" +
+    timed_out("timed out after " + ringzero::detail::seconds_text(timeout()) + " s in " +
+              ringzero::detail::operation_name(current()) + " waiting for " + ringzero::detail::describe_ranks(peers) +
+              ": " + what + " did not complete" +
               (check_ ? std::string()
                       : std::string(" (that rank may itself wait for another; RINGZERO_CHECK=1 names the ranks that "
                                     "never started the collective)")));
@@ -242,7 +245,8 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
   if (detail::error_class(rc) == MPI_ERR_TRUNCATE) {
     if (status.MPI_TAG >= 0 && detail::tag_class(status.MPI_TAG) != cls) class_mismatch(from, detail::tag_class(status.MPI_TAG), cls);
     fail(errc::size_mismatch, "rank " + std::to_string(from) + " sends more than the " + std::to_string(expected) +
-                                  " bytes rank " + std::to_string(rank()) + " expects in " + operation_name() +
+                                  " bytes rank " + std::to_string(rank()) + " expects in " +
+                                  ringzero::detail::operation_name(current()) +
                                   (slices > 1 ? " (at slice " + std::to_string(slice_index) + ")" : ""));
   }
   fail(errc::backend_failure, "MPI_Irecv from rank " + std::to_string(from) + " failed: " + detail::error_string(rc));
@@ -256,7 +260,7 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
   };
   fail(errc::contract_mismatch,
        "rank " + std::to_string(from) + " sent data of " + side(got) + " while rank " + std::to_string(rank()) + " runs " +
-           operation_name() + " (" + side(want) +
+           ringzero::detail::operation_name(current()) + " (" + side(want) +
            "): the ranks do not run the same collectives in the same order (RINGZERO_CHECK=1 finds where they diverge)");
 }
 
@@ -287,7 +291,7 @@ inline void communicator::verify_slice(const MPI_Status& status, int from, int c
     sizes = "rank " + std::to_string(from) + " sends " +
             (got_remaining > want_remaining || (got_remaining == want_remaining && got > len) ? "more" : "fewer") +
             " than the " + std::to_string(expected_total) + " bytes rank " + std::to_string(rank()) + " expects";
-  fail(errc::size_mismatch, sizes + " in " + operation_name());
+  fail(errc::size_mismatch, sizes + " in " + ringzero::detail::operation_name(current()));
 }
 
 }  // namespace ringzero::mpi

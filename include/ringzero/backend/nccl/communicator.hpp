@@ -29,6 +29,7 @@
 
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
+#include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/backend/cuda/device_workspace.hpp"
 #include "ringzero/backend/cuda/runtime.hpp"
 #include "ringzero/backend/cuda/stream.hpp"
@@ -235,8 +236,8 @@ class communicator final : public ringzero::communicator {
 
   void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
                 int from) override {
-    check_peer(to, "send to");
-    check_peer(from, "receive from");
+    ringzero::detail::check_peer(*this, to, "send to");
+    ringzero::detail::check_peer(*this, from, "receive from");
     ensure_alive();
     cudart::use_device(device_);
     group_send_recv(send, send_bytes, to, recv, recv_bytes, from);
@@ -245,8 +246,8 @@ class communicator final : public ringzero::communicator {
 
   void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
                        std::uint64_t bytes, int from, const combine_fn& combine) override {
-    check_peer(to, "send to");
-    check_peer(from, "receive from");
+    ringzero::detail::check_peer(*this, to, "send to");
+    ringzero::detail::check_peer(*this, from, "receive from");
     ensure_alive();
     cudart::use_device(device_);
     void* staging = nullptr;
@@ -387,12 +388,6 @@ class communicator final : public ringzero::communicator {
   }
   ncclConfig_t make_config() const { return make_config_for(options_); }
 
-  void check_peer(int peer, const char* what) const {
-    if (peer < -1 || peer >= world_size())
-      raise(errc::invalid_argument, std::string("cannot ") + what + " rank " + std::to_string(peer) + ": outside [0, " +
-                                        std::to_string(world_size()) + ")");
-  }
-
   // ---- failure state ------------------------------------------------------------------
 
   /// Throws errc::aborted when the communicator was aborted earlier.
@@ -478,7 +473,8 @@ class communicator final : public ringzero::communicator {
     const status s = ringzero::detail::wait_until([&] { return slot.load(std::memory_order_acquire) != nullptr; },
                                                   [] { return status::ok; }, deadline, false);
     if (s != status::ok)
-      raise(errc::backend_failure, std::string(what) + " completed but gave no communicator within " + seconds_text() + " s");
+      raise(errc::backend_failure, std::string(what) + " completed but gave no communicator within " +
+                                       ringzero::detail::seconds_text(timeout()) + " s");
     return slot.load(std::memory_order_acquire);
   }
 
@@ -499,7 +495,8 @@ class communicator final : public ringzero::communicator {
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(state, what);
       if (std::chrono::steady_clock::now() >= deadline) {
-        const std::string msg = std::string(what) + " did not complete within " + seconds_text() +
+        const std::string msg = std::string(what) + " did not complete within " +
+                                ringzero::detail::seconds_text(timeout()) +
                                 " s (NCCL has no timeout of its own; did every rank call it?)";
         abort_with(errc::timeout, msg);
         raise(errc::timeout, msg + "; the communicator was aborted");
@@ -533,7 +530,8 @@ class communicator final : public ringzero::communicator {
       const ncclResult_t state = comm_state();
       if (state != ncclSuccess && state != ncclInProgress) fail(state, "asynchronous NCCL operation");
       if (std::chrono::steady_clock::now() >= deadline) {
-        const std::string msg = std::string(what) + ": the NCCL stream did not finish within " + seconds_text() +
+        const std::string msg = std::string(what) + ": the NCCL stream did not finish within " +
+                                ringzero::detail::seconds_text(timeout()) +
                                 " s (a rank probably never called a collective, or died)";
         abort_with(errc::timeout, msg);
         raise(errc::timeout, msg + "; the communicator was aborted");
@@ -754,7 +752,7 @@ class communicator final : public ringzero::communicator {
           }
           (void)cudaGetLastError();
           if (std::chrono::steady_clock::now() - w.issued > timeout())
-            late = describe(w) + " did not complete within " + seconds_text() +
+            late = describe(w) + " did not complete within " + ringzero::detail::seconds_text(timeout()) +
                    " s (NCCL has no timeout of its own: a rank probably never called it, or died)";
           break;
         }
@@ -765,17 +763,7 @@ class communicator final : public ringzero::communicator {
     }
   }
 
-  static std::string describe(const pending_work& w) {
-    std::string s(collective_name(w.kind));
-    if (w.kind != collective_kind::send && w.kind != collective_kind::recv) s += " #" + std::to_string(w.sequence);
-    return s;
-  }
-
-  std::string seconds_text() const {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%g", timeout().count());
-    return buf;
-  }
+  static std::string describe(const pending_work& w) { return ringzero::detail::operation_name(w.kind, w.sequence); }
 
   // ---- teardown -----------------------------------------------------------------------
 
