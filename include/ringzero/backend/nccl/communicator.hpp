@@ -735,6 +735,7 @@ class communicator final : public ringzero::communicator {
         return;
       }
       std::string late;
+      errc late_code = errc::timeout;  // or the errc of the CUDA error that the device work reported
       {
         std::lock_guard<std::mutex> lock(pending_mutex_);
         while (!pending_.empty()) {
@@ -748,6 +749,7 @@ class communicator final : public ringzero::communicator {
           if (e != cudaErrorNotReady) {
             (void)cudaGetLastError();
             late = "device work of " + describe(w) + " failed: " + cudart::error_text(e);
+            late_code = cudart::errc_of(e);
             break;
           }
           (void)cudaGetLastError();
@@ -757,8 +759,7 @@ class communicator final : public ringzero::communicator {
           break;
         }
       }
-      if (!late.empty()) abort_with(late.find("failed") != std::string::npos ? errc::backend_failure : errc::timeout,
-                                    "rank " + std::to_string(rank()) + ": " + late);
+      if (!late.empty()) abort_with(late_code, "rank " + std::to_string(rank()) + ": " + late);
     } catch (...) {
     }
   }
