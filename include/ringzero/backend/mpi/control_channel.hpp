@@ -27,8 +27,8 @@ namespace ringzero::mpi {
 /// storage is then deliberately leaked (on every failure path) instead of being a member of
 /// this object, which is gone by then. On expiry: abort the job or throw errc::timeout, per
 /// the failure policy (`job` is what MPI_Abort ends).
-inline void communicator::duplicate_within(MPI_Comm from, detail::comm_holder& into, clock::time_point start, clock::time_point deadline,
-                      MPI_Comm job) {
+inline void communicator::duplicate_within(MPI_Comm from, detail::comm_holder& into, clock::time_point start,
+                                           clock::time_point deadline, MPI_Comm job) {
   auto* target = new MPI_Comm(MPI_COMM_NULL);
   MPI_Request req = MPI_REQUEST_NULL;
   {
@@ -136,7 +136,6 @@ inline void communicator::join(MPI_Comm comm) {
         });
   agree("RINGZERO_ALGO", &detail::hello_record::forced_algorithm,
         [](std::int32_t a) { return std::string(algorithm_name(static_cast<algorithm>(a))); });
-
 }
 
 /// Tests the receive of rank `p`'s record (into `records_[p]`) on `request`: true once this
@@ -354,7 +353,8 @@ inline void communicator::exchange_descriptors(const collective_descriptor& d) {
 /// data fails too instead of timing out. Dtypes are not compared: equal byte sizes of
 /// different dtypes pass, as on the local backend. A peer that never posts its side ends in
 /// errc::timeout naming it.
-inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, int to, std::uint64_t recv_bytes, int from) {
+inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, int to, std::uint64_t recv_bytes,
+                                                    int from) {
   const int me = rank();
   const collective_descriptor* d = current();
   const std::uint8_t type = static_cast<std::uint8_t>(d ? d->type : dtype::uint8);

@@ -58,8 +58,9 @@ void communicator::poll(Step&& step, Stalled&& stalled, clock::time_point until,
 /// found before the data lands. Combining receives post full-slice staging buffers; plain
 /// receives post full slices into the output, and a shorter final slice is matched with
 /// MPI_Improbe, checked, and only then received (MPI_Imrecv).
-inline void communicator::transfer(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes, int from,
-              const void* own, void* acc, const combine_fn* combine) {
+inline void communicator::transfer(const void* send, std::uint64_t send_bytes, int to, void* recv,
+                                   std::uint64_t recv_bytes, int from, const void* own, void* acc,
+                                   const combine_fn* combine) {
   ringzero::detail::check_peer(*this, to, "send to");
   ringzero::detail::check_peer(*this, from, "receive from");
   if (aborted_) raise(abort_code_, "the communicator was aborted: " + abort_reason_);
@@ -240,8 +241,9 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
 
 /// A receive failed inside MPI: a truncation (the sender sent more) is a size mismatch,
 /// unless the message belongs to another collective altogether.
-[[noreturn]] inline void communicator::receive_failed(int rc, const MPI_Status& status, int from, int cls, std::uint64_t expected,
-                                 std::uint64_t slice_index, std::uint64_t slices) {
+[[noreturn]] inline void communicator::receive_failed(int rc, const MPI_Status& status, int from, int cls,
+                                                      std::uint64_t expected, std::uint64_t slice_index,
+                                                      std::uint64_t slices) {
   if (detail::error_class(rc) == MPI_ERR_TRUNCATE) {
     if (status.MPI_TAG >= 0 && detail::tag_class(status.MPI_TAG) != cls) class_mismatch(from, detail::tag_class(status.MPI_TAG), cls);
     fail(errc::size_mismatch, "rank " + std::to_string(from) + " sends more than the " + std::to_string(expected) +
@@ -265,7 +267,8 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
 }
 
 /// True when a message with `status` is slice `j` of `slices` of `len` bytes, class `cls`.
-inline bool communicator::slice_matches(const MPI_Status& status, int cls, std::uint64_t j, std::uint64_t slices, std::uint64_t len) {
+inline bool communicator::slice_matches(const MPI_Status& status, int cls, std::uint64_t j, std::uint64_t slices,
+                                        std::uint64_t len) {
   int count = 0;
   MPI_Get_count(&status, MPI_BYTE, &count);
   return detail::tag_class(status.MPI_TAG) == cls && static_cast<std::uint64_t>(count) == len &&
@@ -273,8 +276,8 @@ inline bool communicator::slice_matches(const MPI_Status& status, int cls, std::
 }
 
 /// Checks that slice `j` of `slices` (expected `len` bytes) is what the sender meant.
-inline void communicator::verify_slice(const MPI_Status& status, int from, int cls, std::uint64_t expected_total, std::uint64_t j,
-                  std::uint64_t slices, std::uint64_t len) {
+inline void communicator::verify_slice(const MPI_Status& status, int from, int cls, std::uint64_t expected_total,
+                                       std::uint64_t j, std::uint64_t slices, std::uint64_t len) {
   const int got_class = detail::tag_class(status.MPI_TAG);
   if (got_class != cls) class_mismatch(from, got_class, cls);
   int count = 0;
