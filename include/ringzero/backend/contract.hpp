@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ringzero/backend/descriptor.hpp"
+#include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/core/error.hpp"
 
 namespace ringzero {
@@ -28,43 +29,6 @@ struct contract_violation {
 };
 
 namespace detail {
-
-/// "rank 3", "ranks 1-3", "ranks 0, 2, 5-7" for a sorted list of ranks.
-inline std::string describe_ranks(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (i != 0) s.append(", ");
-    s.append(std::to_string(ranks[i]));
-    if (j > i) s.append("-").append(std::to_string(ranks[j]));
-    i = j + 1;
-  }
-  return s;
-}
-
-/// Groups ranks by value: "rank 0: 2560; ranks 1-3: 5120", groups ordered by their first rank.
-inline std::string describe_values(const std::vector<std::string>& value_of_rank) {
-  std::vector<std::pair<std::string, std::vector<int>>> groups;
-  for (int r = 0; r < static_cast<int>(value_of_rank.size()); ++r) {
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == value_of_rank[static_cast<std::size_t>(r)]; });
-    if (it == groups.end()) groups.push_back({value_of_rank[static_cast<std::size_t>(r)], {r}});
-    else it->second.push_back(r);
-  }
-  std::string s;
-  for (const auto& g : groups) {
-    if (!s.empty()) s += "; ";
-    s += describe_ranks(g.second) + ": " + g.first;
-  }
-  return s;
-}
-
-/// "[0x7f.., +4096 B)" for a byte range.
-inline std::string describe_range(const void* p, std::uint64_t bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "[%p, +%llu B)", p, static_cast<unsigned long long>(bytes));
-  return buf;
-}
 
 inline bool ranges_overlap(const void* a, std::uint64_t an, const void* b, std::uint64_t bn) noexcept {
   if (an == 0 || bn == 0) return false;

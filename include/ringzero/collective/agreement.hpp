@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "ringzero/backend/contract.hpp"
+#include "ringzero/backend/protocol/failure_text.hpp"
 
 namespace ringzero::detail {
 

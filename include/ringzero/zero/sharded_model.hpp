@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "ringzero/backend/communicator.hpp"
-#include "ringzero/backend/contract.hpp"
+#include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/collective/agreement.hpp"
 #include "ringzero/collective/all_gather.hpp"
 #include "ringzero/collective/all_reduce.hpp"

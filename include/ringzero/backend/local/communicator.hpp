@@ -20,6 +20,7 @@
 
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
+#include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/backend/local/world.hpp"
 #include "ringzero/core/wait.hpp"
 
@@ -87,7 +88,7 @@ class communicator : public ringzero::communicator {
       // Peers that arrived may have failed since (a timeout, an exception) and left, taking
       // their buffers with them: a collective never starts on an aborted world.
       if (world_.aborted())
-        raise(world_.abort_code(), "communicator aborted before " + operation_name() +
+        raise(world_.abort_code(), "communicator aborted before " + ringzero::detail::operation_name(current()) +
                                        " could start; first failure: " + world_.abort_reason());
     } catch (...) {
       leave(tag);
@@ -121,8 +122,8 @@ class communicator : public ringzero::communicator {
 
   void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
                 int from) override {
-    check_peer(to, "send to");
-    check_peer(from, "receive from");
+    ringzero::detail::check_peer(*this, to, "send to");
+    ringzero::detail::check_peer(*this, from, "receive from");
     if (world_.aborted()) raise(world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
@@ -140,8 +141,8 @@ class communicator : public ringzero::communicator {
 
   void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
                        std::uint64_t bytes, int from, const combine_fn& combine) override {
-    check_peer(to, "send to");
-    check_peer(from, "receive from");
+    ringzero::detail::check_peer(*this, to, "send to");
+    ringzero::detail::check_peer(*this, from, "receive from");
     const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
     if (from >= 0) {
       try {
@@ -206,31 +207,18 @@ class communicator : public ringzero::communicator {
     return clock::now() + std::chrono::duration_cast<clock::duration>(timeout());
   }
 
-  void check_peer(int peer, const char* what) const {
-    if (peer < -1 || peer >= world_size())
-      raise(errc::invalid_argument, std::string("cannot ") + what + " rank " + std::to_string(peer) +
-                                        ": outside [0, " + std::to_string(world_size()) + ")");
-  }
-
   status failure_of(int peer) const {
     if (world_.aborted()) return status::aborted;
     if (world_.exited(peer)) return status::peer_exited;
     return status::ok;
   }
 
-  std::string operation_name() const {
-    const collective_descriptor* d = current();
-    if (!d) return "a transfer";
-    std::string s(collective_name(d->kind));
-    if (d->kind != collective_kind::send && d->kind != collective_kind::recv) s += " #" + std::to_string(d->sequence);
-    return s;
-  }
-
   [[noreturn]] void fail_wait(status st, const std::string& waiting_for, const std::vector<int>& missing) {
-    const std::string who = detail_describe(missing);
+    const std::string who = ringzero::detail::describe_ranks(missing);
     if (st == status::timeout) {
-      const std::string msg = "timed out after " + seconds_text() + " s waiting for " + who + " to " + waiting_for +
-                              " " + operation_name() + " (they never arrived)";
+      const std::string msg = "timed out after " + ringzero::detail::seconds_text(timeout()) + " s waiting for " + who +
+                              " to " + waiting_for + " " + ringzero::detail::operation_name(current()) +
+                              " (they never arrived)";
       world_.abort("rank " + std::to_string(rank()) + ": " + msg, errc::timeout);
       raise(errc::timeout, msg);
     }
@@ -239,22 +227,15 @@ class communicator : public ringzero::communicator {
       for (int r : missing)
         if (world_.exited(r)) {
           msg = "rank " + std::to_string(r) + " left the world (" + world_.exit_description(r) + ") while this rank waited for it to " +
-                waiting_for + " " + operation_name();
+                waiting_for + " " + ringzero::detail::operation_name(current());
           break;
         }
       world_.abort("rank " + std::to_string(rank()) + ": " + msg, errc::peer_exited);
       raise(errc::peer_exited, msg);
     }
     raise(world_.abort_code(), "communicator aborted while waiting for " + who + " to " + waiting_for + " " +
-                                   operation_name() + "; first failure: " + world_.abort_reason());
-  }
-
-  static std::string detail_describe(const std::vector<int>& ranks) { return ringzero::detail::describe_ranks(ranks); }
-
-  std::string seconds_text() const {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%g", timeout().count());
-    return buf;
+                                   ringzero::detail::operation_name(current()) +
+                                   "; first failure: " + world_.abort_reason());
   }
 
   void depart(std::uint64_t tag) noexcept {
@@ -397,7 +378,7 @@ class communicator : public ringzero::communicator {
   /// After the receive half of a transfer failed: waits (within the timeout, unless the world is
   /// aborted or the peer gone) until rank `to` has taken message `k`, which points into the
   /// caller's send buffer, so that the caller may free that buffer once the error reaches it
-  /// (case C12: a size mismatch on one half of a sendrecv while the peer still reads the other).
+  /// (a size mismatch on one half of a sendrecv while the peer still reads the other).
   void settle_posted(int to, std::uint64_t k) noexcept {
     detail::mailbox& box = world_.box(rank(), to);
     const status st = ringzero::detail::wait_until([&] { return box.consumed.load(std::memory_order_acquire) >= k; },

@@ -1,32 +1,13 @@
 #pragma once
 /// @file
 /// `local::cuda_communicator`: one rank of a local (threads) world whose buffers live in CUDA
-/// device memory, with its own CUDA stream, on any device of the process. Several ranks may
-/// share one GPU (NCCL refuses that), so ringzero's ring and halving-doubling schedules can be
-/// run and checked with many ranks on a single device.
-///
-/// Transfers keep the local backend's zero-copy protocol (backend/local/communicator.hpp): a
-/// receiver copies (cudaMemcpyAsync) or reduces (a CUDA kernel) straight from the sender's
-/// device buffer. The ordering lives on the devices, not on the host threads:
-/// - before posting a message the sender records a CUDA event on its stream, and the receiver's
-///   stream waits for it (cudaStreamWaitEvent) before reading the sender's buffer;
-/// - after reading, the receiver records an event on its stream, and the sender's stream waits
-///   for it before any later work that could overwrite the buffer.
-/// The host threads therefore run ahead and enqueue a whole collective without waiting for the
-/// GPU; the streams execute it in the right order, across devices too (events work between
-/// devices). When the sender's buffer is on another device, the receiver's kernels read it
-/// through peer access (enabled on first contact when the devices allow it), or it is first
-/// copied into a staging buffer on the receiver's device (cudaMemcpyAsync handles any pair).
-///
-/// Stream semantics (as NCCL's): a collective returns once its work is enqueued on `stream()`;
-/// later work on that stream sees its results; the host must `synchronize()` (or synchronise
-/// the stream) before reading them. Buffers must be device memory (or memory the device can
-/// access) that stays valid until the stream has run the collective. Every call made on a
-/// thread makes the rank's device current on that thread (cudaSetDevice).
-/// Algorithms: ring and halving_doubling (the direct algorithm reads peers' buffers in tiles
-/// meant for CPU caches and is not offered here).
-/// Requires the CUDA runtime (RINGZERO_HAS_CUDA) and, for any data movement, the kernels of
-/// <ringzero/cuda.cuh> compiled into the program.
+/// device memory, with its own CUDA stream, on any device of the process; several ranks may share
+/// one GPU. Transfers keep the local backend's zero-copy protocol, ordered on the devices by CUDA
+/// events instead of on the host threads.
+/// Stream semantics are NCCL's: a collective returns once enqueued on `stream()`; `synchronize()`
+/// before reading results. Buffers must stay valid until the stream has run the collective.
+/// Algorithms: ring and halving_doubling. Requires the CUDA runtime and, to move data, the kernels
+/// of <ringzero/cuda.cuh>. Manual: docs/gpu.md.
 
 #include <cstdint>
 #include <string>

@@ -1,24 +1,9 @@
 #pragma once
 /// @file
-/// How ringzero's element types and reduce ops map onto MPI for the `native` algorithm.
-///
-/// | dtype            | MPI datatype      | reduce ops                                          |
-/// |------------------|-------------------|-----------------------------------------------------|
-/// | float32, float64 | MPI_FLOAT, MPI_DOUBLE | MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX             |
-/// | int8 ... uint64  | MPI_INT8_T ... MPI_UINT64_T | MPI_SUM, MPI_PROD, MPI_MIN, MPI_MAX       |
-/// |                  |                   | (8-bit sums: user-defined ops, see operation_of)    |
-/// | float16, bfloat16| MPI_UINT16_T (bits) | user-defined ops (MPI_Op_create) that combine in  |
-/// |                  |                   | float32 with ringzero's own arithmetic             |
-///
-/// avg is MPI_SUM followed by one division by the world size on the rank that holds the
-/// result (ringzero's avg: sum, then divide once); premul_sum scales the input by the rank's
-/// scalar into scratch memory and then sums. Documented differences from the point-to-point
-/// algorithms: MPI_MIN / MPI_MAX on floats follow the MPI library's NaN handling, integer
-/// MPI_SUM wraps as the library's C arithmetic does (two's complement on every platform
-/// ringzero targets), and the combine order (hence float rounding) is the library's.
-///
-/// Counts above INT_MAX: MPI-3 takes `int` counts, so byte movers describe a block with a
-/// derived datatype of 1 GiB pieces (`block_type`) and reductions run in chunks.
+/// How ringzero's element types and reduce ops map onto MPI for the `native` algorithm: MPI's
+/// predefined datatypes and ops where they match ringzero's arithmetic, user-defined ops
+/// (MPI_Op_create) for float16, bfloat16 and 8-bit sums, and derived datatypes for counts above
+/// INT_MAX. The table and the documented differences: docs/mpi.md ("The `native` algorithm").
 
 #include "ringzero/backend/mpi/environment.hpp"
 
@@ -108,7 +93,7 @@ struct user_ops {
 /// extra steps the caller applies). Predefined ops for the standard types, ringzero's
 /// user-defined ops for float16 and bfloat16, and for 8-bit integer sums: Open MPI 4.1's
 /// vectorised (AVX) MPI_SUM on MPI_INT8_T and MPI_UINT8_T saturates instead of wrapping
-/// (120 + 100 gives 127, not -36: case C1) in the part of a buffer it vectorises. (Checked on
+/// (120 + 100 gives 127, not -36) in the part of a buffer it vectorises. (Checked on
 /// Open MPI 4.1.4: the 32- and 64-bit sums and every prod, min and max wrap or compare as
 /// ringzero's do.)
 /// Preconditions: valid `t` and `k`; MPI active.

@@ -1,51 +1,16 @@
 #pragma once
 /// @file
-/// `nccl::communicator`: one rank of an NCCL communicator (`ncclComm_t`) with the CUDA stream
-/// its work is ordered on. Buffers live in CUDA device memory (memory_space::cuda).
-///
-/// - Collectives: NCCL's own collectives are the algorithm `native` (ncclAllReduce,
-///   ncclReduceScatter, ncclAllGather, ncclBroadcast, ncclReduce, ncclAlltoAll, and a barrier
-///   made of a one-element all-reduce plus a stream synchronisation); the cost model always
-///   picks them (`prefers_native`). ringzero's `ring` and `halving_doubling` run over
-///   ncclSend/ncclRecv in group calls, combining received data with the CUDA reduce kernels
-///   (registered by <ringzero/cuda.cuh>), so both can be compared in one GPU job.
-/// - Arithmetic of `native` is NCCL's, which differs from ringzero's schedules in documented
-///   ways: float avg pre-multiplies each input by 1/n (ringzero divides the sum once); min/max
-///   NaN handling and the combine order are NCCL's. Integer results are identical. float16 and
-///   bfloat16 sum, avg and premul_sum on 2+ ranks run NCCL's float32 collective on a widened
-///   copy (algorithm/float32_accumulation.hpp; needs <ringzero/cuda.cuh>; docs/numerics.md).
-/// - A world of one with avg or premul_sum: NCCL before 2.29.7 leaves the last elements of
-///   such a reduction unwritten when the count is not a multiple of its block count (NCCL
-///   issue #1950, PyTorch issue #168092; seen here on an H200). With such an NCCL, ringzero
-///   does these calls itself: avg is a copy (x / 1), premul_sum a scale kernel (registered by
-///   <ringzero/cuda.cuh>; without it, errc::unsupported names the bug and both ways out).
-/// - Stream semantics (NCCL's): a collective returns once enqueued on `stream()`; later work on
-///   that stream sees its results; the host calls `synchronize()` before reading them.
-/// - Non-blocking communicators (default; ncclConfig_t blocking = 0): NCCL calls return at once,
-///   possibly with ncclInProgress; ringzero then polls ncclCommGetAsyncError until the call is
-///   done, never longer than the timeout.
-/// - Failure detection (NCCL has no timeout of its own): a watchdog thread records a CUDA event
-///   after every collective and polls ncclCommGetAsyncError; when a collective has not
-///   completed within `timeout()` (a rank never called it, or died) or NCCL reports an
-///   asynchronous error, it aborts the communicator (ncclCommAbort), which also frees the
-///   stream of the hung kernel. Every later call, and a `synchronize()` in progress, then fails
-///   with errc::timeout / aborted / peer_exited / backend_failure naming the first failure.
-///   This follows PyTorch's ProcessGroupNCCL watchdog.
-/// - Contract check: NCCL hangs (it does not report) when ranks disagree on a collective. With
-///   RINGZERO_CHECK=1 (or `options::check_contract`) every collective first all-gathers the
-///   ranks' descriptors through NCCL and raises the same error on every rank when they differ
-///   (a stream synchronisation per collective: for debugging). The records carry their layout
-///   version: ranks of different ringzero builds are refused by name. Otherwise invalid arguments are
-///   reported on the rank that passed them, and mismatches surface as a watchdog timeout.
-///   Likewise a send/recv size mismatch (case C12) is not detected by NCCL: it ends in a timeout.
-/// - Threads: used by one thread at a time (its owner or its progress thread), like an NCCL
-///   communicator; every call makes the rank's device current on the calling thread.
-///
-/// Construction: from a unique id (see nccl/init.hpp for the id exchanges through MPI, a
-/// shared file, or one process driving several GPUs, and for torchrun's variables), by adopting
-/// an existing ncclComm_t, or by `split`.
-/// Requires NCCL and the CUDA runtime (RINGZERO_HAS_NCCL, RINGZERO_HAS_CUDA); no nvcc unless an
-/// algorithm other than native moves data.
+/// `nccl::communicator`: one rank of an NCCL communicator (`ncclComm_t`) with the CUDA stream its
+/// work is ordered on; buffers live in device memory (memory_space::cuda). NCCL's collectives are
+/// the algorithm `native` (the cost model's choice); ring and halving_doubling run over
+/// ncclSend/ncclRecv with ringzero's CUDA reduce kernels (registered by <ringzero/cuda.cuh>).
+/// Stream semantics are NCCL's: a collective returns once enqueued on `stream()`.
+/// Errors: a watchdog thread aborts the communicator (ncclCommAbort) when a collective passes
+/// `timeout()` or NCCL reports an asynchronous error; later calls fail naming the first failure.
+/// RINGZERO_CHECK=1 compares the ranks' descriptors before every collective.
+/// Threads: one thread at a time (its owner or its progress thread); each call makes the rank's
+/// device current. Requires NCCL and the CUDA runtime; nvcc only for algorithms other than native.
+/// Construction: backend/nccl/init.hpp, adopting an ncclComm_t, or `split`. Manual: docs/gpu.md.
 
 #include <atomic>
 #include <chrono>
@@ -64,6 +29,7 @@
 
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
+#include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/backend/cuda/device_workspace.hpp"
 #include "ringzero/backend/cuda/runtime.hpp"
 #include "ringzero/backend/cuda/stream.hpp"
@@ -270,8 +236,8 @@ class communicator final : public ringzero::communicator {
 
   void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
                 int from) override {
-    check_peer(to, "send to");
-    check_peer(from, "receive from");
+    ringzero::detail::check_peer(*this, to, "send to");
+    ringzero::detail::check_peer(*this, from, "receive from");
     ensure_alive();
     cudart::use_device(device_);
     group_send_recv(send, send_bytes, to, recv, recv_bytes, from);
@@ -280,8 +246,8 @@ class communicator final : public ringzero::communicator {
 
   void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
                        std::uint64_t bytes, int from, const combine_fn& combine) override {
-    check_peer(to, "send to");
-    check_peer(from, "receive from");
+    ringzero::detail::check_peer(*this, to, "send to");
+    ringzero::detail::check_peer(*this, from, "receive from");
     ensure_alive();
     cudart::use_device(device_);
     void* staging = nullptr;
@@ -422,12 +388,6 @@ class communicator final : public ringzero::communicator {
   }
   ncclConfig_t make_config() const { return make_config_for(options_); }
 
-  void check_peer(int peer, const char* what) const {
-    if (peer < -1 || peer >= world_size())
-      raise(errc::invalid_argument, std::string("cannot ") + what + " rank " + std::to_string(peer) + ": outside [0, " +
-                                        std::to_string(world_size()) + ")");
-  }
-
   // ---- failure state ------------------------------------------------------------------
 
   /// Throws errc::aborted when the communicator was aborted earlier.
@@ -513,7 +473,8 @@ class communicator final : public ringzero::communicator {
     const status s = ringzero::detail::wait_until([&] { return slot.load(std::memory_order_acquire) != nullptr; },
                                                   [] { return status::ok; }, deadline, false);
     if (s != status::ok)
-      raise(errc::backend_failure, std::string(what) + " completed but gave no communicator within " + seconds_text() + " s");
+      raise(errc::backend_failure, std::string(what) + " completed but gave no communicator within " +
+                                       ringzero::detail::seconds_text(timeout()) + " s");
     return slot.load(std::memory_order_acquire);
   }
 
@@ -534,7 +495,8 @@ class communicator final : public ringzero::communicator {
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(state, what);
       if (std::chrono::steady_clock::now() >= deadline) {
-        const std::string msg = std::string(what) + " did not complete within " + seconds_text() +
+        const std::string msg = std::string(what) + " did not complete within " +
+                                ringzero::detail::seconds_text(timeout()) +
                                 " s (NCCL has no timeout of its own; did every rank call it?)";
         abort_with(errc::timeout, msg);
         raise(errc::timeout, msg + "; the communicator was aborted");
@@ -568,7 +530,8 @@ class communicator final : public ringzero::communicator {
       const ncclResult_t state = comm_state();
       if (state != ncclSuccess && state != ncclInProgress) fail(state, "asynchronous NCCL operation");
       if (std::chrono::steady_clock::now() >= deadline) {
-        const std::string msg = std::string(what) + ": the NCCL stream did not finish within " + seconds_text() +
+        const std::string msg = std::string(what) + ": the NCCL stream did not finish within " +
+                                ringzero::detail::seconds_text(timeout()) +
                                 " s (a rank probably never called a collective, or died)";
         abort_with(errc::timeout, msg);
         raise(errc::timeout, msg + "; the communicator was aborted");
@@ -772,6 +735,7 @@ class communicator final : public ringzero::communicator {
         return;
       }
       std::string late;
+      errc late_code = errc::timeout;  // or the errc of the CUDA error that the device work reported
       {
         std::lock_guard<std::mutex> lock(pending_mutex_);
         while (!pending_.empty()) {
@@ -785,32 +749,22 @@ class communicator final : public ringzero::communicator {
           if (e != cudaErrorNotReady) {
             (void)cudaGetLastError();
             late = "device work of " + describe(w) + " failed: " + cudart::error_text(e);
+            late_code = cudart::errc_of(e);
             break;
           }
           (void)cudaGetLastError();
           if (std::chrono::steady_clock::now() - w.issued > timeout())
-            late = describe(w) + " did not complete within " + seconds_text() +
+            late = describe(w) + " did not complete within " + ringzero::detail::seconds_text(timeout()) +
                    " s (NCCL has no timeout of its own: a rank probably never called it, or died)";
           break;
         }
       }
-      if (!late.empty()) abort_with(late.find("failed") != std::string::npos ? errc::backend_failure : errc::timeout,
-                                    "rank " + std::to_string(rank()) + ": " + late);
+      if (!late.empty()) abort_with(late_code, "rank " + std::to_string(rank()) + ": " + late);
     } catch (...) {
     }
   }
 
-  static std::string describe(const pending_work& w) {
-    std::string s(collective_name(w.kind));
-    if (w.kind != collective_kind::send && w.kind != collective_kind::recv) s += " #" + std::to_string(w.sequence);
-    return s;
-  }
-
-  std::string seconds_text() const {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%g", timeout().count());
-    return buf;
-  }
+  static std::string describe(const pending_work& w) { return ringzero::detail::operation_name(w.kind, w.sequence); }
 
   // ---- teardown -----------------------------------------------------------------------
 

@@ -1,31 +1,11 @@
 #pragma once
 /// @file
-/// Exchanging NCCL's 128-byte unique id through a file on a filesystem every rank can read
-/// (NFS, Lustre, or /tmp when all ranks share one machine): rank 0 writes it atomically
-/// (a temporary name, then rename), the other ranks poll until it appears, and rank 0 removes
-/// it once the communicator exists (every rank has read it by then, since NCCL's initialisation
-/// waits for all of them).
-///
-/// A file left behind by a job that crashed could hand an old id to a new job. Each file
-/// therefore records the job it belongs to: the first of RINGZERO_JOB_ID, TORCHELASTIC_RUN_ID
-/// (other than torchrun's default "none"), SLURM_JOB_ID and OMPI_MCA_ess_base_jobid that is set
-/// (all ranks of one job see the same value); readers ignore files of another job or world size
-/// and keep waiting for the right one.
-/// Each file also names the process that wrote it (Linux: the boot, the PID namespace, the pid
-/// and the process's start time). A reader on the same machine and in the same PID namespace
-/// ignores a file whose writer has exited (or is a zombie, or whose pid now belongs to a newer
-/// process): a file left by a killed rank 0, even one of the same job identity (torchrun's
-/// restarts keep their run id). A file written on another machine or in another PID namespace
-/// (containers) cannot be judged this way and is taken when its job and world size match, so
-/// without any job variable a stale file from another machine of the same world size is still
-/// taken: remove it, or set RINGZERO_JOB_ID.
-///
-/// Independent of NCCL (the id is plain bytes), so the exchange is testable anywhere.
-/// Errors: errc::io_error (cannot write; or, on a reading rank, the path is there but is not a
-/// regular file or this process may not read it), errc::timeout (no id of this job appeared;
-/// the message says what the file held instead, if anything, or that its directory does not
-/// exist), errc::invalid_argument (a NaN timeout; a job variable that is not one word).
-/// Thread safety: the functions may be called from several threads, also on one path.
+/// Exchanging NCCL's 128-byte unique id through a file every rank can read: rank 0 writes it
+/// atomically, the other ranks poll until an id of their job and world size appears, and rank 0
+/// removes it once the communicator exists. Stale files (another job, a writer that has exited)
+/// are skipped. Independent of NCCL (the id is plain bytes).
+/// Errors: errc::io_error, errc::timeout, errc::invalid_argument. Thread safety: the functions may
+/// be called from several threads, also on one path. Manual: docs/gpu.md ("The id file").
 
 #include <algorithm>
 #include <array>

@@ -1,23 +1,11 @@
 #pragma once
 /// @file
-/// Creating NCCL communicators: every rank needs the same 128-byte unique id, made by rank 0
-/// (ncclGetUniqueId) and handed to the others through some channel NCCL leaves to its user.
-///
-/// - `init_all(devices)`: one process drives several GPUs (rank i on devices[i]); the ranks are
-///   created together in one NCCL group (what ncclCommInitAll does, with a config, so they can
-///   be non-blocking). `launch(devices, fn)` then runs one thread per rank.
-/// - `init_with_file(path, env)`: the id travels through a file on a shared filesystem
-///   (nccl/id_file.hpp).
-/// - `init_with_mpi(comm)` (when built with MPI): the id is broadcast over MPI.
-/// - `init_from_env()`: the rank, world size and local rank come from torchrun's RANK,
-///   WORLD_SIZE and LOCAL_RANK (or Open MPI's / Slurm's variables; backend/launch_env.hpp), the
-///   id through the file named by RINGZERO_NCCL_ID_FILE; a process with none of these variables
-///   is a world of one.
-/// In a multi-process job rank r uses GPU `local_rank % (number of visible devices)`, the
-/// convention of torchrun's LOCAL_RANK.
-/// Errors: invalid_argument (bad arguments, checked first), errc::no_device (no CUDA device:
-/// checked next, on every rank, before any id is exchanged), timeout (ranks did not all
-/// arrive), io_error (the id file), backend_failure (NCCL, CUDA).
+/// Creating NCCL communicators: every rank needs the same unique id, made by rank 0
+/// (ncclGetUniqueId) and handed to the others: `init_all(devices)` / `launch` (one process, several
+/// GPUs), `init_with_file` (a shared file, backend/nccl/id_file.hpp), `init_with_mpi` (broadcast
+/// over MPI) and `init_from_env` (torchrun's, Open MPI's or Slurm's variables;
+/// backend/launch_env.hpp). Rank r uses GPU `local_rank % (visible devices)`.
+/// Errors: invalid_argument, no_device, timeout, io_error, backend_failure. Manual: docs/gpu.md.
 
 #include <chrono>
 #include <exception>

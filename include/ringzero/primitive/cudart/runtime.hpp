@@ -36,6 +36,10 @@ inline bool means_no_device(cudaError_t e) noexcept {
          e == cudaErrorSystemDriverMismatch || e == cudaErrorCompatNotSupportedOnDevice;
 }
 
+/// The errc of a failed CUDA call `e` (not cudaSuccess): errc::no_device where
+/// `means_no_device(e)`, errc::backend_failure otherwise.
+inline errc errc_of(cudaError_t e) noexcept { return means_no_device(e) ? errc::no_device : errc::backend_failure; }
+
 /// Throws `ringzero::error` "<what> failed: <error>" unless `e` is cudaSuccess: errc::no_device
 /// (the message then says "no CUDA device") where `means_no_device(e)`, errc::backend_failure
 /// otherwise. The runtime's sticky last-error state is cleared first, so a failed call does
