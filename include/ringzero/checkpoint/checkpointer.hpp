@@ -10,11 +10,13 @@
 /// next `save`, `async_save` or `wait()`, where its errors surface naming the file.
 /// Errors, on every rank (naming rank, file, reason): device memory (errc::unsupported), a save
 /// mid-step or ranks passing different progress or names (errc::invalid_argument), any write
-/// failure such as a full disk (errc::io_error). A failed save never marks a checkpoint complete;
-/// a failure of rank 0's commit is raised on rank 0 only. Thread semantics: each rank's training
-/// thread. Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
+/// failure such as a full disk, or of rank 0's commit (errc::io_error; a second small collective
+/// shares it). A failed save never marks a checkpoint complete. The destructor finishes a pending
+/// save (see there). Thread semantics: each rank's training thread. Needs nlohmann/json and
+/// libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -52,10 +54,26 @@ class checkpointer {
   }
   checkpointer(const checkpointer&) = delete;
   checkpointer& operator=(const checkpointer&) = delete;
-  /// Waits for a background write still running; a save not finished by `wait()` stays
-  /// incomplete (no collective can run here), and `latest` keeps naming the previous checkpoint.
+  /// Finishes a pending asynchronous save as `wait()` does (collective: every rank destroys its
+  /// checkpointer at the same point, its communicators still alive), printing an error to
+  /// stderr (naming the checkpoint and the failing rank) instead of throwing. Destroyed while an
+  /// exception unwinds, it only joins the writer: no collective runs, the save stays incomplete,
+  /// `latest` keeps naming the previous checkpoint, and stderr says so.
   ~checkpointer() {
     if (job_.writer.joinable()) job_.writer.join();
+    if (!pending_) return;
+    const std::string dir = (root_ / job_.name).string();
+    if (std::uncaught_exceptions() > 0) {
+      pending_ = false;  // the temporary directory stays (never taken as a checkpoint; a later save of the name replaces it)
+      std::fprintf(stderr, "ringzero checkpointer (rank %d): checkpoint '%s' was not completed: destroyed while an exception unwinds\n",
+                   job_.rank, dir.c_str());
+      return;
+    }
+    try {
+      finish();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ringzero checkpointer (rank %d), finishing checkpoint '%s' at destruction: %s\n", job_.rank, dir.c_str(), e.what());
+    }
   }
 
   /// The root directory.
@@ -280,18 +298,30 @@ class checkpointer {
         throw error(errc::invalid_argument, where + "rank " + std::to_string(r) + " named the checkpoint differently from rank 0");
       }
     }
-    if (j.rank != 0) return;
-    std::vector<std::vector<std::uint64_t>> sums(static_cast<std::size_t>(L.world_size));
-    for (int r = 0; r < L.world_size; ++r) {
-      const auto n = static_cast<std::size_t>(L.checksum_count(r));
-      sums[static_cast<std::size_t>(r)].assign(record(r) + 3, record(r) + 3 + n);
+    // Rank 0 commits; a second small collective tells every rank whether it could.
+    std::string problem;
+    errc commit_code = errc::io_error;
+    if (j.rank == 0) {
+      try {
+        std::vector<std::vector<std::uint64_t>> sums(static_cast<std::size_t>(L.world_size));
+        for (int r = 0; r < L.world_size; ++r) {
+          const auto n = static_cast<std::size_t>(L.checksum_count(r));
+          sums[static_cast<std::size_t>(r)].assign(record(r) + 3, record(r) + 3 + n);
+        }
+        commit_checkpoint(root_, j.name, make_index(L, j.progress, sums), options_.keep_last);
+      } catch (const error& e) {
+        problem = e.message();
+        commit_code = e.kind();
+      } catch (const std::exception& e) {
+        problem = e.what();
+        commit_code = errc::internal;
+      }
+      std::error_code ec;
+      if (!problem.empty() && !std::filesystem::exists(root_ / j.name / index_file_name, ec)) cleanup(j.name);
     }
-    try {
-      commit_checkpoint(root_, j.name, make_index(L, j.progress, sums), options_.keep_last);
-    } catch (const error& e) {
-      if (!std::filesystem::exists(root_ / j.name / index_file_name)) cleanup(j.name);
-      throw error(e.kind(), "checkpoint '" + (root_ / j.name).string() + "': rank 0 could not complete it: " + e.message());
-    }
+    const detail::verdict v = detail::agree(*j.comm, j.replica, problem, commit_code);
+    if (!v.text.empty())
+      throw error(v.code, "checkpoint '" + (root_ / j.name).string() + "': the commit (index, rename, latest) failed on " + v.text);
   }
 
   void cleanup(const std::string& name) noexcept {
