@@ -251,14 +251,14 @@ TEST_CASE("a disk that fills up during a save: an error naming the file on every
 
 TEST_CASE("a failure of rank 0's commit is raised on every rank with the same text, naming the file and rank 0") {
   // A directory where rank 0 must create a file makes that create fail (EISDIR, also as root):
-  // first index.json in the temporary directory, then the temporary file of `latest`.
+  // index.json in the temporary directory, then the new `latest` before its rename.
   scratch_dir root("commit");
   save_good(root.path);
   for (const std::string blocked : {"index", "latest"}) {
     CAPTURE(blocked);
     const std::string name = "commit-" + blocked;
     const fs::path in_the_way =
-        blocked == "index" ? ck::temporary_directory(root.path, name) / "index.json" : root.path / "latest.tmp";
+        blocked == "index" ? ck::temporary_directory(root.path, name) / "index.json" : ck::latest_temporary_file(root.path, name);
     fs::create_directories(in_the_way);
     for (int world : {2, 3}) {
       CAPTURE(world);
@@ -277,13 +277,10 @@ TEST_CASE("a failure of rank 0's commit is raised on every rank with the same te
       CHECK(contains(errors[0], in_the_way.string()));
       CHECK(contains(errors[0], "Is a directory"));
       CHECK(ck::read_latest(root.path) == std::optional<std::string>("good"));
-      if (blocked == "index") {  // nothing of the new checkpoint is complete
-        CHECK(!fs::exists(root.path / name));
-        CHECK(!fs::exists(ck::temporary_directory(root.path, name)));
-        fs::create_directories(in_the_way);  // the cleanup removed it with the temporary directory
-      } else {  // the checkpoint itself is complete, but `latest` still names the previous one
-        CHECK(fs::exists(root.path / name / "index.json"));
-      }
+      CHECK(!fs::exists(root.path / name));  // nothing of the new checkpoint is complete or left
+      CHECK(!fs::exists(ck::temporary_directory(root.path, name)));
+      CHECK(!fs::exists(ck::latest_temporary_file(root.path, name)));
+      fs::create_directories(in_the_way);  // the cleanup removed it
     }
     fs::remove_all(in_the_way);
   }

@@ -315,8 +315,7 @@ TEST_CASE("reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at s
   // at most 2 gamma_{n-1} relative (2.5e-4 for n = 2136). Step 4's loss is of parameters updated
   // once more from gradients averaged in another order too: AdamW turns that into differences of
   // a few ulps per parameter, each term of the loss moving by a few u of itself, well inside the
-  // same bound (measured: 1.1e-6). Optimizer states lost or misplaced by the reshard move step 4's
-  // loss by about lr = 1e-2 relative, forty times the bound.
+  // same bound (measured: 1.1e-6).
   REQUIRE(terms > 1000);
   const double u = std::ldexp(1.0, -24), gamma = static_cast<double>(terms - 1) * u / (1 - static_cast<double>(terms - 1) * u);
   const double tolerance = 2 * gamma;

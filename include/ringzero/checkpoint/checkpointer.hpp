@@ -6,7 +6,7 @@
 /// `save`: every rank writes and fsyncs its shard file, one small collective (each rank's status
 /// and chunk checksums), then rank 0 writes the index and commits. `async_save` (PyTorch DCP's
 /// async_save): finishes the previous one, copies this rank's share into a staging buffer
-/// allocated once, and a background thread writes it; the collective and the commit run at the
+/// allocated once, and a background thread (nice 19) writes it; the collective and the commit run at the
 /// next `save`, `async_save` or `wait()`, where its errors surface naming the file.
 /// Errors, on every rank (naming rank, file, reason): device memory (errc::unsupported), a save
 /// mid-step or ranks passing different progress or names (errc::invalid_argument), any write
@@ -14,6 +14,9 @@
 /// shares it). A failed save never marks a checkpoint complete. The destructor finishes a pending
 /// save (see there). Thread semantics: each rank's training thread. Needs nlohmann/json and
 /// libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -254,7 +257,11 @@ class checkpointer {
 
   void launch() {
     if (!job_.problem.empty()) return;  // nothing to write; the next call reports it
-    job_.writer = std::thread([this] { write(job_); });
+    job_.writer = std::thread([this] {
+      // Below the training threads (nice 19): the state is copied, the write takes idle time only.
+      (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
+      write(job_);
+    });
   }
 
   /// The agreement collective and rank 0's commit.
@@ -326,6 +333,7 @@ class checkpointer {
 
   void cleanup(const std::string& name) noexcept {
     try {
+      detail::remove_tree(latest_temporary_file(root_, name));
       detail::remove_tree(temporary_directory(root_, name));
     } catch (...) {
     }

@@ -99,7 +99,7 @@ inline training_progress load(gradient_reducer& reducer, replicated_state& state
     std::vector<detail::load_target> targets;
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (records[i] == nullptr) continue;  // an optimizer state not asked for
-      staging[i] = detail::staging_buffer(specs[i].numel() * dtype_size(specs[i].type));
+      staging[i] = detail::staging_buffer(specs[i].numel() * dtype_size(specs[i].type), false);
       targets.push_back({i, 0, specs[i].numel(), staging[i].data()});
     }
     fragment_reader reader(dir, index);

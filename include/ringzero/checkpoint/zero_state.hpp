@@ -209,10 +209,10 @@ class zero_staging {
       const zero::flat_buffer& f = plan.buffers()[b];
       buffer& s = buffers_[b];
       const algorithms::range held = model.held_range(b), own = model.optimizer_range(b);
-      s.params = staging_buffer(held.size() * dtype_size(f.type));
-      if (f.trainable && f.has_master) s.master = staging_buffer(own.size() * 4);
+      s.params = staging_buffer(held.size() * dtype_size(f.type), false);
+      if (f.trainable && f.has_master) s.master = staging_buffer(own.size() * 4, false);
       if (f.trainable && with_states)
-        for (int k = 0; k < states; ++k) s.states[static_cast<std::size_t>(k)] = staging_buffer(own.size() * 4);
+        for (int k = 0; k < states; ++k) s.states[static_cast<std::size_t>(k)] = staging_buffer(own.size() * 4, false);
       for (std::size_t p : f.parameters) {
         const std::uint64_t off = pl[p].offset, end = pl[p].offset + pl[p].numel;
         auto add = [&](std::size_t spec, algorithms::range r, staging_buffer& dst, std::uint64_t es) {
