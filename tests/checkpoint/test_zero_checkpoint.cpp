@@ -273,6 +273,74 @@ TEST_CASE("a checkpointer destroyed with an asynchronous save pending finishes i
   CHECK(!fs::exists(root.path / "unwound"));
 }
 
+TEST_CASE("checkpointer::load: staging kept from load to load and shared with async_save; the same state as checkpoint::load") {
+  scratch_dir root("kept");
+  std::vector<std::vector<std::vector<float>>> at2(2), at4(2);
+  local::launch(2, [&](communicator& comm) {
+    const int r = comm.rank();
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    initialise(m);
+    ck::checkpointer ckpt(root.path);
+    train(m, r, 0, 2);
+    at2[static_cast<std::size_t>(r)] = parameters_of(m);
+    ckpt.save(m, {}, "two");
+    train(m, r, 2, 4);
+    at4[static_cast<std::size_t>(r)] = parameters_of(m);
+    ckpt.save(m, {}, "four");
+  });
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    std::vector<int> ok(static_cast<std::size_t>(world), 0);
+    local::launch(world, [&](communicator& comm) {
+      const int r = comm.rank();
+      ck::checkpointer ckpt(root.path);
+      sharded_model m(comm, request(zero_test::test_parameters(), world == 2 ? 3 : 1), model_options(adamw()));
+      initialise(m);
+      train(m, r, 7, 8);  // state of its own, overwritten by the loads
+      ckpt.load(m, root.path / "two");
+      const std::uint64_t staging = ckpt.staging_bytes();
+      const bool first = staging > 0 && same_bits(parameters_of(m), at2[0]) && m.optimizer().steps() == 2;
+      ckpt.load(m, root.path);  // latest: "four", through the same staging
+      const bool second = same_bits(parameters_of(m), at4[0]) && m.optimizer().steps() == 4 && ckpt.staging_bytes() == staging;
+      sharded_model reference(comm, request(zero_test::test_parameters(), world == 2 ? 3 : 1), model_options(adamw()));
+      ck::load(reference, root.path);
+      train(m, r, 4, 5);
+      train(reference, r, 4, 5);
+      const bool same_next_step = same_bits(parameters_of(m), parameters_of(reference));
+      ckpt.async_save(m, {}, "five");
+      const bool shared = ckpt.staging_bytes() == staging;
+      ckpt.wait();
+      ok[static_cast<std::size_t>(r)] = first && second && same_next_step && shared;
+    });
+    for (int r = 0; r < world; ++r) {
+      CAPTURE(r);
+      CHECK(ok[static_cast<std::size_t>(r)] == 1);
+    }
+    fs::remove_all(root.path / "five");
+    ck::detail::replace_file_atomically(root.path / "latest", "four\n");
+  }
+  // A refused load through kept staging leaves the model as it was, on every rank.
+  fs::copy(root.path / "four", root.path / "cut", fs::copy_options::recursive);
+  fs::resize_file(root.path / "cut" / ck::shard_file_name(0, 2), 100);
+  std::vector<int> unchanged(2, 0);
+  const auto errors = errors_on_every_rank(2, [&](communicator& comm) {
+    ck::checkpointer ckpt(root.path);
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    initialise(m);
+    ckpt.load(m, root.path / "two");
+    const auto before = parameters_of(m);
+    try {
+      ckpt.load(m, root.path / "cut");
+    } catch (...) {
+      unchanged[static_cast<std::size_t>(comm.rank())] = same_bits(before, parameters_of(m)) && m.optimizer().steps() == 2;
+      throw;
+    }
+  });
+  CHECK(errors[0].find("truncated") != std::string::npos);
+  CHECK(errors[1].find("truncated") != std::string::npos);
+  CHECK(unchanged == std::vector<int>{1, 1});
+}
+
 TEST_CASE("keep_last removes older checkpoints only once the new one is complete") {
   scratch_dir root("keep");
   local::launch(2, [&](communicator& comm) {

@@ -5,10 +5,9 @@
 /// 1. every rank writes and fsyncs its shard file in ROOT/.tmp.NAME/;
 /// 2. once every rank has (the save's agreement collective), rank 0 writes index.json there and
 ///    ROOT/.tmp.NAME.latest (the new `latest`), fsyncs both and ROOT/.tmp.NAME at once;
-/// 3. renames ROOT/.tmp.NAME to ROOT/NAME (atomically exchanging it with an older ROOT/NAME,
-///    then removed) and ROOT/.tmp.NAME.latest to ROOT/latest, and fsyncs ROOT once for both
-///    (file systems that journal metadata in order, as ext4 and XFS do, never keep the second
-///    rename without the first);
+/// 3. renames ROOT/.tmp.NAME to ROOT/NAME (exchanging it atomically with an older ROOT/NAME,
+///    then removed) and ROOT/.tmp.NAME.latest to ROOT/latest; one fsync of ROOT for both (ext4
+///    and XFS journal metadata in order: never the second rename without the first);
 /// 4. with keep_last N, older complete checkpoints beyond the newest N are renamed to
 ///    ROOT/.trash.* and removed — only now, after the new one is complete.
 /// A process killed at any moment leaves the previous checkpoint whole and `latest` naming it:

@@ -7,7 +7,8 @@
 /// and chunk checksums), then rank 0 writes the index and commits. `async_save` (PyTorch DCP's
 /// async_save): finishes the previous one, copies this rank's share into a staging buffer
 /// allocated once, and a background thread (nice 19) writes it; the collective and the commit run at the
-/// next `save`, `async_save` or `wait()`, where its errors surface naming the file.
+/// next `save`, `async_save` or `wait()`, where its errors surface naming the file. `load`
+/// reads through the same staging memory (see there).
 /// Errors, on every rank (naming rank, file, reason): device memory (errc::unsupported), a save
 /// mid-step or ranks passing different progress or names (errc::invalid_argument), any write
 /// failure such as a full disk, or of rank 0's commit (errc::io_error; a second small collective
@@ -30,6 +31,7 @@
 
 #include "ringzero/checkpoint/agreement.hpp"
 #include "ringzero/checkpoint/checkpoint_directory.hpp"
+#include "ringzero/checkpoint/load.hpp"
 #include "ringzero/checkpoint/replicated_state.hpp"
 #include "ringzero/checkpoint/shard_writer.hpp"
 #include "ringzero/checkpoint/staging_buffer.hpp"
@@ -113,6 +115,24 @@ class checkpointer {
     wait();
     prepare_replicated(reducer, state, std::move(progress), std::move(name), true);
     launch();
+  }
+
+  /// Loads the checkpoint at `path` into `model` as `checkpoint::load` does (collective; a
+  /// pending save is finished first), reading into this checkpointer's staging memory: allocated
+  /// once with its pages touched, grown when a load needs more, shared with `async_save`; so a
+  /// resume followed by saves needs no second buffer, and loads after the first fault no fresh
+  /// pages in. Errors as `checkpoint::load`'s.
+  training_progress load(zero::sharded_model& model, const std::filesystem::path& path, const load_options& options = {}) {
+    wait();
+    const std::uint64_t need = detail::zero_staging::bytes_needed(model, options.optimizer_state);
+    if (staging_.bytes() < need) {
+      staging_ = detail::staging_buffer();
+      try {
+        staging_ = detail::staging_buffer(need);
+      } catch (const error&) {  // out of memory: the load allocates its own staging (and reports a failure)
+      }
+    }
+    return detail::load_zero(model, path, options, &staging_);
   }
 
   /// Finishes a pending asynchronous save (collective when one is pending: every rank calls it
