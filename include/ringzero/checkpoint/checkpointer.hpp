@@ -6,9 +6,9 @@
 /// `save`: every rank writes and fsyncs its shard file, one small collective (each rank's status
 /// and chunk checksums), then rank 0 writes the index and commits. `async_save` (PyTorch DCP's
 /// async_save): finishes the previous one, copies this rank's share into a staging buffer
-/// allocated once, and a background thread (nice 19) writes it; the collective and the commit run at the
-/// next `save`, `async_save` or `wait()`, where its errors surface naming the file. `load`
-/// reads through the same staging memory (see there).
+/// allocated once, and a background thread (nice 19) writes it; the collective and the commit
+/// run at the next `save`, `async_save` or `wait()`, where its errors surface naming the file.
+/// `load` reads through the same staging memory (see there).
 /// Errors, on every rank (naming rank, file, reason): device memory (errc::unsupported), a save
 /// mid-step or ranks passing different progress or names (errc::invalid_argument), any write
 /// failure such as a full disk, or of rank 0's commit (errc::io_error; a second small collective
