@@ -1,33 +1,20 @@
 #!/usr/bin/env python3
 """Python's safetensors package reads every shard file of a ringzero checkpoint, and the
 fragments it returns, placed at the global ranges the index records, give every parameter's
-values bit for bit (as the model read them back). Needs Python's safetensors and numpy: when
-they are not importable, a virtual environment is made in VENV (argument 2) and they are
-installed there with pip.
+values bit for bit (as the model read them back). Python's safetensors and numpy come from the
+virtual environment tests/python_safetensors.py makes under BUILD_DIR (argument 2), shared with
+the ringzero-ckpt checks.
 
-usage: check_safetensors.py FIXTURE VENV
+usage: check_safetensors.py FIXTURE BUILD_DIR
+Exit status: 0, 1 on a failed check, 77 (skipped) when the environment cannot be made.
 """
-import json
 import os
 import subprocess
 import sys
 import tempfile
 
-
-def python_with_safetensors(venv):
-    try:
-        import numpy  # noqa: F401
-        import safetensors  # noqa: F401
-        return sys.executable
-    except ImportError:
-        pass
-    python = os.path.join(venv, "bin", "python3")
-    if not os.path.exists(python):
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    probe = subprocess.run([python, "-c", "import safetensors, numpy"], capture_output=True)
-    if probe.returncode != 0:
-        subprocess.run([python, "-m", "pip", "install", "--quiet", "safetensors", "numpy"], check=True)
-    return python
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from python_safetensors import safetensors_python  # noqa: E402
 
 
 CHECK = r'''
@@ -73,12 +60,15 @@ print("safetensors read %d shard files; %d parameters equal the model's values b
 
 
 def main():
-    fixture, venv = sys.argv[1], sys.argv[2]
-    python = python_with_safetensors(venv)
+    fixture, build_dir = sys.argv[1], sys.argv[2]
+    python = safetensors_python(build_dir)
+    if python is None:
+        print("SKIP: Python's safetensors package is not available")
+        return 77
     with tempfile.TemporaryDirectory(prefix="ringzero-ckpt-python-") as root:
         subprocess.run([fixture, root], check=True)
-        subprocess.run([python, "-c", CHECK, root], check=True)
+        return subprocess.run([python, "-c", CHECK, root]).returncode
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

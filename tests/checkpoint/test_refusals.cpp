@@ -248,3 +248,47 @@ TEST_CASE("a disk that fills up during a save: an error naming the file on every
   CHECK(!fs::exists(root.path / ".tmp.full"));
   CHECK(ck::read_latest(root.path) == std::optional<std::string>("good"));
 }
+
+TEST_CASE("a failure of rank 0's commit is raised on every rank with the same text, naming the file and rank 0") {
+  // A directory where rank 0 must create a file makes that create fail (EISDIR, also as root):
+  // index.json in the temporary directory, then the new `latest` before its rename.
+  scratch_dir root("commit");
+  save_good(root.path);
+  for (const std::string blocked : {"index", "latest"}) {
+    CAPTURE(blocked);
+    const std::string name = "commit-" + blocked;
+    const fs::path in_the_way =
+        blocked == "index" ? ck::temporary_directory(root.path, name) / "index.json" : ck::latest_temporary_file(root.path, name);
+    fs::create_directories(in_the_way);
+    for (int world : {2, 3}) {
+      CAPTURE(world);
+      const auto errors = errors_on_every_rank(world, [&](communicator& comm) {
+        sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+        initialise(m);
+        train(m, comm.rank(), 0, 1);
+        ck::checkpointer(root.path).save(m, {}, name);
+      });
+      for (int r = 0; r < world; ++r) {
+        CAPTURE(r);
+        CHECK(errors[static_cast<std::size_t>(r)] == errors[0]);
+      }
+      CHECK(contains(errors[0], "commit"));
+      CHECK(contains(errors[0], "rank 0: "));
+      CHECK(contains(errors[0], in_the_way.string()));
+      CHECK(contains(errors[0], "Is a directory"));
+      CHECK(ck::read_latest(root.path) == std::optional<std::string>("good"));
+      CHECK(!fs::exists(root.path / name));  // nothing of the new checkpoint is complete or left
+      CHECK(!fs::exists(ck::temporary_directory(root.path, name)));
+      CHECK(!fs::exists(ck::latest_temporary_file(root.path, name)));
+      fs::create_directories(in_the_way);  // the cleanup removed it
+    }
+    fs::remove_all(in_the_way);
+  }
+  // The same roots save normally once nothing is in the way.
+  local::launch(2, [&](communicator& comm) {
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    initialise(m);
+    ck::checkpointer(root.path).save(m, {}, "after");
+  });
+  CHECK(ck::read_latest(root.path) == std::optional<std::string>("after"));
+}

@@ -1,12 +1,78 @@
 // Saving and loading a zero::sharded_model: exact resume at stages 0-3 (SGD with momentum and
 // AdamW), the asynchronous save's snapshot, keep_last, resharding to other world sizes, stages,
 // replica groups and alignments (cases C16-C20).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <stdexcept>
+#include <cmath>
+#include <utility>
+
 #include <doctest/doctest.h>
 
 #include "checkpoint_test_util.hpp"
 
 using namespace ckpt_test;
 namespace ck = ringzero::checkpoint;
+
+namespace {
+
+constexpr int batch_samples = 12;  // divisible by every world size 1-4
+
+/// A training step of a global batch of 12 samples split evenly over the ranks, and its loss:
+/// L = (1/12) sum over samples s and trainable elements j (each use of a tied storage apart) of
+/// 0.5 * a_sj * (w_j - t_sj)^2, a_sj in [0.5, 1.5) and t_sj in [-1, 1] drawn from (s, step,
+/// storage, j, use) as the test model draws them. Each rank adds the mean gradient of its samples
+/// (float32); the model's average over ranks makes it the mean over the batch. The loss is
+/// summed in float32 over this rank's terms, then over the ranks (all_reduce), as a trainer
+/// reports it. Returns {the loss at the parameters before the update, its number of terms}.
+std::pair<float, std::uint64_t> batch_step(sharded_model& model, int step) {
+  communicator& comm = model.comm();
+  const int per_rank = batch_samples / comm.world_size();
+  const auto& plan = model.plan();
+  const auto& params = plan.parameters();
+  const std::size_t units = model.unit_count();
+  float loss = 0;
+  std::uint64_t terms = 0;
+  for (std::size_t u = 0; u < units; ++u) {
+    model.pre_forward(u);
+    model.post_forward(u);
+  }
+  for (std::size_t u = units; u-- > 0;) {
+    model.pre_backward(u);
+    for (std::size_t p : plan.units()[u].members) {
+      if (!params[p].trainable || plan.placements()[p].numel == 0) continue;
+      const std::size_t storage = plan.placements()[p].storage;
+      const int use = zero_test::use_of(params[p].name);
+      auto w = model.parameter<float>(p);
+      auto g = model.gradient<float>(p);
+      for (std::size_t j = 0; j < g.size(); ++j) {
+        float sum = 0;
+        for (int i = 0; i < per_rank; ++i) {
+          const int sample = comm.rank() * per_rank + i;
+          const std::uint64_t h = zero_test::key(sample, 0, step, storage, j, use);
+          const float a = 0.5f + static_cast<float>(h % 64) / 64.0f;
+          const float t = static_cast<float>(static_cast<int>((h >> 8) % 33) - 16) / 16.0f;
+          sum += a * (w[j] - t);
+          loss += 0.5f * a * (w[j] - t) * (w[j] - t);
+        }
+        g[j] += sum / static_cast<float>(per_rank);
+        terms += static_cast<std::uint64_t>(per_rank);
+      }
+    }
+    model.post_backward(u);
+  }
+  model.end_backward();
+  model.step();
+  std::uint64_t all_terms = terms;
+  all_reduce(comm, &loss, &loss, 1, dtype::float32, reduce_kind::sum);
+  all_reduce(comm, &all_terms, &all_terms, 1, dtype::uint64, reduce_kind::sum);
+  return {loss / static_cast<float>(batch_samples), all_terms};
+}
+
+}  // namespace
 
 TEST_CASE("resume is exact at stages 0-3 with SGD (momentum) and AdamW: 6 steps == 3 + save + fresh model + load + 3") {
   for (const auto& o : {sgd_momentum(), adamw()})
@@ -133,6 +199,148 @@ TEST_CASE("async_save: the state at the call is saved while training goes on; er
   CHECK(ck::read_latest(root.path) == std::optional<std::string>("step-00000004"));
 }
 
+TEST_CASE("a checkpointer destroyed with an asynchronous save pending finishes it; failures go to stderr, never thrown") {
+  scratch_dir root("async-destroy");
+  std::vector<std::vector<std::vector<float>>> at_save(2), loaded(2);
+  local::launch(2, [&](communicator& comm) {
+    const int r = comm.rank();
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    initialise(m);
+    train(m, r, 0, 2);
+    at_save[static_cast<std::size_t>(r)] = parameters_of(m);
+    {
+      ck::checkpointer ckpt(root.path);
+      ckpt.async_save(m);
+      train(m, r, 2, 3);  // training goes on; nobody calls wait()
+    }
+    sharded_model c(comm, request(zero_test::test_parameters(), 1), model_options(adamw()));
+    ck::load(c, root.path);
+    loaded[static_cast<std::size_t>(r)] = parameters_of(c);
+    CHECK(c.optimizer().steps() == 2);
+  });
+  CHECK(same_bits(at_save[0], loaded[0]));
+  CHECK(same_bits(at_save[1], loaded[1]));
+  CHECK(ck::read_latest(root.path) == std::optional<std::string>("step-00000002"));
+
+  // Rank 0's commit fails at destruction (a directory where index.json goes), and a checkpointer
+  // destroyed by an exception's unwinding runs no collective: both only print, to stderr.
+  const fs::path blocked = ck::temporary_directory(root.path, "blocked") / "index.json";
+  fs::create_directories(blocked);
+  const fs::path log = root.path / "stderr.txt";
+  std::fflush(stderr);
+  const int saved_stderr = ::dup(2);
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  REQUIRE(fd >= 0);
+  ::dup2(fd, 2);
+  ::close(fd);
+  bool threw = false;
+  std::vector<std::string> unwound(2);
+  try {
+    local::launch(2, [&](communicator& comm) {
+      sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+      initialise(m);
+      {
+        ck::checkpointer ckpt(root.path);
+        ckpt.async_save(m, {}, "blocked");
+      }
+      try {
+        ck::checkpointer ckpt(root.path);
+        ckpt.async_save(m, {}, "unwound");
+        throw std::runtime_error("the training step failed");
+      } catch (const std::runtime_error& e) {
+        unwound[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+  } catch (...) {
+    threw = true;
+  }
+  std::fflush(stderr);
+  ::dup2(saved_stderr, 2);
+  ::close(saved_stderr);
+  const std::string text = read_text(log);
+  CAPTURE(text);
+  CHECK(!threw);
+  CHECK(unwound[0] == "the training step failed");
+  for (int r = 0; r < 2; ++r) {
+    const std::string who = "(rank " + std::to_string(r) + ")";
+    CHECK(text.find(who + ", finishing checkpoint '" + (root.path / "blocked").string() + "' at destruction") != std::string::npos);
+    CHECK(text.find(who + ": checkpoint '" + (root.path / "unwound").string() + "' was not completed: destroyed while an exception unwinds") !=
+          std::string::npos);
+  }
+  CHECK(text.find(blocked.string() + "': Is a directory") != std::string::npos);
+  CHECK(ck::read_latest(root.path) == std::optional<std::string>("step-00000002"));
+  CHECK(!fs::exists(root.path / "blocked"));
+  CHECK(!fs::exists(root.path / "unwound"));
+}
+
+TEST_CASE("checkpointer::load: staging kept from load to load and shared with async_save; the same state as checkpoint::load") {
+  scratch_dir root("kept");
+  std::vector<std::vector<std::vector<float>>> at2(2), at4(2);
+  local::launch(2, [&](communicator& comm) {
+    const int r = comm.rank();
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    initialise(m);
+    ck::checkpointer ckpt(root.path);
+    train(m, r, 0, 2);
+    at2[static_cast<std::size_t>(r)] = parameters_of(m);
+    ckpt.save(m, {}, "two");
+    train(m, r, 2, 4);
+    at4[static_cast<std::size_t>(r)] = parameters_of(m);
+    ckpt.save(m, {}, "four");
+  });
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    std::vector<int> ok(static_cast<std::size_t>(world), 0);
+    local::launch(world, [&](communicator& comm) {
+      const int r = comm.rank();
+      ck::checkpointer ckpt(root.path);
+      sharded_model m(comm, request(zero_test::test_parameters(), world == 2 ? 3 : 1), model_options(adamw()));
+      initialise(m);
+      train(m, r, 7, 8);  // state of its own, overwritten by the loads
+      ckpt.load(m, root.path / "two");
+      const std::uint64_t staging = ckpt.staging_bytes();
+      const bool first = staging > 0 && same_bits(parameters_of(m), at2[0]) && m.optimizer().steps() == 2;
+      ckpt.load(m, root.path);  // latest: "four", through the same staging
+      const bool second = same_bits(parameters_of(m), at4[0]) && m.optimizer().steps() == 4 && ckpt.staging_bytes() == staging;
+      sharded_model reference(comm, request(zero_test::test_parameters(), world == 2 ? 3 : 1), model_options(adamw()));
+      ck::load(reference, root.path);
+      train(m, r, 4, 5);
+      train(reference, r, 4, 5);
+      const bool same_next_step = same_bits(parameters_of(m), parameters_of(reference));
+      ckpt.async_save(m, {}, "five");
+      const bool shared = ckpt.staging_bytes() == staging;
+      ckpt.wait();
+      ok[static_cast<std::size_t>(r)] = first && second && same_next_step && shared;
+    });
+    for (int r = 0; r < world; ++r) {
+      CAPTURE(r);
+      CHECK(ok[static_cast<std::size_t>(r)] == 1);
+    }
+    fs::remove_all(root.path / "five");
+    ck::detail::replace_file_atomically(root.path / "latest", "four\n");
+  }
+  // A refused load through kept staging leaves the model as it was, on every rank.
+  fs::copy(root.path / "four", root.path / "cut", fs::copy_options::recursive);
+  fs::resize_file(root.path / "cut" / ck::shard_file_name(0, 2), 100);
+  std::vector<int> unchanged(2, 0);
+  const auto errors = errors_on_every_rank(2, [&](communicator& comm) {
+    ck::checkpointer ckpt(root.path);
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    initialise(m);
+    ckpt.load(m, root.path / "two");
+    const auto before = parameters_of(m);
+    try {
+      ckpt.load(m, root.path / "cut");
+    } catch (...) {
+      unchanged[static_cast<std::size_t>(comm.rank())] = same_bits(before, parameters_of(m)) && m.optimizer().steps() == 2;
+      throw;
+    }
+  });
+  CHECK(errors[0].find("truncated") != std::string::npos);
+  CHECK(errors[1].find("truncated") != std::string::npos);
+  CHECK(unchanged == std::vector<int>{1, 1});
+}
+
 TEST_CASE("keep_last removes older checkpoints only once the new one is complete") {
   scratch_dir root("keep");
   local::launch(2, [&](communicator& comm) {
@@ -152,9 +360,11 @@ TEST_CASE("keep_last removes older checkpoints only once the new one is complete
   CHECK(ck::complete_checkpoints(root.path) == std::vector<std::string>{"step-00000003", "step-00000004"});
 }
 
-TEST_CASE("reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at stages 0-3: every tensor bitwise equal") {
+TEST_CASE("reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at stages 0-3: every tensor bitwise equal, the next steps' losses equal within float32 reduction-order rounding") {
   scratch_dir root("reshard");
   std::vector<std::vector<float>> saved_params;
+  std::array<float, 2> reference{};  // the unresharded run's losses of steps 3 and 4
+  std::uint64_t terms = 0;
   local::launch(4, [&](communicator& comm) {
     sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
     initialise(m);
@@ -162,7 +372,22 @@ TEST_CASE("reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at s
     auto p = parameters_of(m);
     if (comm.rank() == 0) saved_params = p;
     ck::checkpointer(root.path).save(m, {}, "saved");
+    const auto [l3, n] = batch_step(m, 3);  // the run goes on, unresharded
+    const auto [l4, n4] = batch_step(m, 4);
+    if (comm.rank() == 0) reference = {l3, l4}, terms = n;
   });
+  // Tolerance. Step 3's loss is of bitwise identical parameters: only the order of its float32
+  // sums differs (this rank's terms, then the ranks), and its n terms are non-negative, so any
+  // order is within gamma_{n-1} = (n-1)u/(1-(n-1)u) of the exact sum (Higham, Accuracy and
+  // Stability of Numerical Algorithms, 2nd ed., section 4.2; u = 2^-24), and two runs differ by
+  // at most 2 gamma_{n-1} relative (2.5e-4 for n = 2136). Step 4's loss is of parameters updated
+  // once more from gradients averaged in another order too: AdamW turns that into differences of
+  // a few ulps per parameter, each term of the loss moving by a few u of itself, well inside the
+  // same bound (measured: 1.1e-6).
+  REQUIRE(terms > 1000);
+  const double u = std::ldexp(1.0, -24), gamma = static_cast<double>(terms - 1) * u / (1 - static_cast<double>(terms - 1) * u);
+  const double tolerance = 2 * gamma;
+  double worst = 0;
   const auto saved = full_tensors(root.path / "saved");
   for (int world : {3, 2, 1})
     for (int stage = 0; stage <= 3; ++stage)
@@ -172,6 +397,8 @@ TEST_CASE("reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at s
         CAPTURE(alignment);
         scratch_dir again("reshard-again");
         std::vector<std::vector<float>> params;
+        std::array<float, 2> losses{};
+        std::uint64_t n = 0;
         local::launch(world, [&](communicator& comm) {
           sharded_model m(comm, request(zero_test::test_parameters(), stage, alignment), model_options(adamw()));
           ck::load(m, root.path / "saved");
@@ -179,9 +406,18 @@ TEST_CASE("reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at s
           auto p = parameters_of(m);
           if (comm.rank() == 0) params = p;
           ck::checkpointer(again.path).save(m, {}, "resaved");
-          train(m, comm.rank(), 3, 4);  // the next step runs
+          const auto [l3, n3] = batch_step(m, 3);  // the next steps run
+          const auto [l4, n4] = batch_step(m, 4);
+          if (comm.rank() == 0) losses = {l3, l4}, n = n3;
         });
         CHECK(same_bits(params, saved_params));
+        CHECK(n == terms);
+        for (int k = 0; k < 2; ++k) {
+          CAPTURE(k);
+          const double rel = std::abs(static_cast<double>(losses[k]) - reference[k]) / reference[k];
+          worst = std::max(worst, rel);
+          CHECK(rel <= tolerance);
+        }
         const auto resaved = full_tensors(again.path / "resaved");
         CHECK(resaved.size() == saved.size());
         for (const auto& [key, bytes] : saved) {
@@ -190,6 +426,7 @@ TEST_CASE("reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at s
           CHECK(resaved.at(key) == bytes);
         }
       }
+  MESSAGE("reshard: the largest relative loss difference " << worst << ", tolerance " << tolerance << " (" << terms << " terms)");
 }
 
 TEST_CASE("reshard across replica groups: hybrid sharding (2 groups of 2) saved, loaded on 3 ranks at stage 2") {

@@ -3,10 +3,11 @@
 /// `checkpoint::commit_checkpoint` and `resolve_checkpoint`: the directory protocol that makes a
 /// save atomic. Under a root directory, checkpoint NAME is written as follows:
 /// 1. every rank writes and fsyncs its shard file in ROOT/.tmp.NAME/;
-/// 2. once every rank has (the save's one agreement collective), rank 0 writes index.json there,
-///    fsyncs it and the directory, renames ROOT/.tmp.NAME to ROOT/NAME (atomically exchanging it
-///    with an older ROOT/NAME, which is then removed), fsyncs ROOT;
-/// 3. rank 0 replaces ROOT/latest (temporary file, fsync, rename, fsync of ROOT) with NAME;
+/// 2. once every rank has (the save's agreement collective), rank 0 writes index.json there and
+///    ROOT/.tmp.NAME.latest (the new `latest`), fsyncs both and ROOT/.tmp.NAME at once;
+/// 3. renames ROOT/.tmp.NAME to ROOT/NAME (exchanging it atomically with an older ROOT/NAME,
+///    then removed) and ROOT/.tmp.NAME.latest to ROOT/latest; one fsync of ROOT for both (ext4
+///    and XFS journal metadata in order: never the second rename without the first);
 /// 4. with keep_last N, older complete checkpoints beyond the newest N are renamed to
 ///    ROOT/.trash.* and removed — only now, after the new one is complete.
 /// A process killed at any moment leaves the previous checkpoint whole and `latest` naming it:
@@ -102,13 +103,23 @@ inline std::vector<std::string> complete_checkpoints(const std::filesystem::path
   return out;
 }
 
+/// Where rank 0 writes the new `latest` of checkpoint `name` before renaming it into place.
+inline std::filesystem::path latest_temporary_file(const std::filesystem::path& root, const std::string& name) {
+  return root / (".tmp." + name + ".latest");
+}
+
 /// Step 2-4 of the protocol (see the file comment), on rank 0 after every rank's file is
 /// written: writes `index` into ROOT/.tmp.NAME, makes it ROOT/NAME, points `latest` at it and
 /// keeps the newest `keep_last` complete checkpoints (0: all).
 inline void commit_checkpoint(const std::filesystem::path& root, const std::string& name, const checkpoint_index& index, int keep_last) {
   const std::filesystem::path tmp = temporary_directory(root, name);
+  const std::filesystem::path latest_tmp = latest_temporary_file(root, name);
   const std::string text = index.to_json().dump(1);
-  detail::write_whole_file(tmp / index_file_name, text.data(), text.size());
+  const std::string pointer = name + "\n";
+  detail::file index_file = detail::file::create(tmp / index_file_name);
+  index_file.write_at(text.data(), text.size(), 0);
+  detail::file latest_file = detail::file::create(latest_tmp);
+  latest_file.write_at(pointer.data(), pointer.size(), 0);
   // Files a crashed earlier attempt at the same name may have left (another world size).
   std::set<std::string> wanted{std::string(index_file_name)};
   for (const auto& f : index.files) wanted.insert(f.name);
@@ -116,11 +127,18 @@ inline void commit_checkpoint(const std::filesystem::path& root, const std::stri
   for (const auto& entry : std::filesystem::directory_iterator(tmp, ec))
     if (!wanted.contains(entry.path().filename().string())) detail::remove_tree(entry.path());
   if (ec) detail::io_fail("cannot list", tmp, ec.value());
-  detail::sync_directory(tmp);
+  // One round of fsyncs, side by side: a journaling file system commits them together.
+  detail::file tmp_dir = detail::file::open_directory(tmp);
+  detail::sync_all({&index_file, &latest_file, &tmp_dir});
+  index_file.close();
+  latest_file.close();
+  tmp_dir.close();
   const std::filesystem::path final_dir = root / name;
-  if (detail::rename_or_exchange(tmp, final_dir)) detail::remove_tree(tmp);  // tmp now holds the older NAME
+  const bool exchanged = detail::rename_or_exchange(tmp, final_dir);  // then tmp holds the older NAME
+  const std::filesystem::path latest = root / latest_file_name;
+  if (::rename(latest_tmp.c_str(), latest.c_str()) != 0) detail::io_fail("cannot rename '" + latest_tmp.string() + "' to", latest, errno);
   detail::sync_directory(root);
-  detail::replace_file_atomically(root / latest_file_name, name + "\n");
+  if (exchanged) detail::remove_tree(tmp);
   for (const auto& entry : std::filesystem::directory_iterator(root, ec))
     if (entry.path().filename().string().starts_with(".trash.")) detail::remove_tree(entry.path());
   if (keep_last <= 0) return;
@@ -134,7 +152,7 @@ inline void commit_checkpoint(const std::filesystem::path& root, const std::stri
     if (std::rename((root / all[i]).c_str(), trash.c_str()) != 0) detail::io_fail("cannot move old checkpoint", root / all[i], errno);
     detail::remove_tree(trash);
   }
-  detail::sync_directory(root);
+  // No fsync here: a removal lost in a crash only brings an older complete checkpoint back.
 }
 
 }  // namespace ringzero::checkpoint

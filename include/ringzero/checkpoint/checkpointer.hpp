@@ -6,15 +6,21 @@
 /// `save`: every rank writes and fsyncs its shard file, one small collective (each rank's status
 /// and chunk checksums), then rank 0 writes the index and commits. `async_save` (PyTorch DCP's
 /// async_save): finishes the previous one, copies this rank's share into a staging buffer
-/// allocated once, and a background thread writes it; the collective and the commit run at the
-/// next `save`, `async_save` or `wait()`, where its errors surface naming the file.
+/// allocated once, and a background thread (nice 19) writes it; the collective and the commit
+/// run at the next `save`, `async_save` or `wait()`, where its errors surface naming the file.
+/// `load` reads through the same staging memory (see there).
 /// Errors, on every rank (naming rank, file, reason): device memory (errc::unsupported), a save
 /// mid-step or ranks passing different progress or names (errc::invalid_argument), any write
-/// failure such as a full disk (errc::io_error). A failed save never marks a checkpoint complete;
-/// a failure of rank 0's commit is raised on rank 0 only. Thread semantics: each rank's training
-/// thread. Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
+/// failure such as a full disk, or of rank 0's commit (errc::io_error; a second small collective
+/// shares it). A failed save never marks a checkpoint complete. The destructor finishes a pending
+/// save (see there). Thread semantics: each rank's training thread. Needs nlohmann/json and
+/// libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -25,6 +31,7 @@
 
 #include "ringzero/checkpoint/agreement.hpp"
 #include "ringzero/checkpoint/checkpoint_directory.hpp"
+#include "ringzero/checkpoint/load.hpp"
 #include "ringzero/checkpoint/replicated_state.hpp"
 #include "ringzero/checkpoint/shard_writer.hpp"
 #include "ringzero/checkpoint/staging_buffer.hpp"
@@ -52,10 +59,26 @@ class checkpointer {
   }
   checkpointer(const checkpointer&) = delete;
   checkpointer& operator=(const checkpointer&) = delete;
-  /// Waits for a background write still running; a save not finished by `wait()` stays
-  /// incomplete (no collective can run here), and `latest` keeps naming the previous checkpoint.
+  /// Finishes a pending asynchronous save as `wait()` does (collective: every rank destroys its
+  /// checkpointer at the same point, its communicators still alive), printing an error to
+  /// stderr (naming the checkpoint and the failing rank) instead of throwing. Destroyed while an
+  /// exception unwinds, it only joins the writer: no collective runs, the save stays incomplete,
+  /// `latest` keeps naming the previous checkpoint, and stderr says so.
   ~checkpointer() {
     if (job_.writer.joinable()) job_.writer.join();
+    if (!pending_) return;
+    const std::string dir = (root_ / job_.name).string();
+    if (std::uncaught_exceptions() > 0) {
+      pending_ = false;  // the temporary directory stays (never taken as a checkpoint; a later save of the name replaces it)
+      std::fprintf(stderr, "ringzero checkpointer (rank %d): checkpoint '%s' was not completed: destroyed while an exception unwinds\n",
+                   job_.rank, dir.c_str());
+      return;
+    }
+    try {
+      finish();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ringzero checkpointer (rank %d), finishing checkpoint '%s' at destruction: %s\n", job_.rank, dir.c_str(), e.what());
+    }
   }
 
   /// The root directory.
@@ -92,6 +115,24 @@ class checkpointer {
     wait();
     prepare_replicated(reducer, state, std::move(progress), std::move(name), true);
     launch();
+  }
+
+  /// Loads the checkpoint at `path` into `model` as `checkpoint::load` does (collective; a
+  /// pending save is finished first), reading into this checkpointer's staging memory: allocated
+  /// once with its pages touched, grown when a load needs more, shared with `async_save`; so a
+  /// resume followed by saves needs no second buffer, and loads after the first fault no fresh
+  /// pages in. Errors as `checkpoint::load`'s.
+  training_progress load(zero::sharded_model& model, const std::filesystem::path& path, const load_options& options = {}) {
+    wait();
+    const std::uint64_t need = detail::zero_staging::bytes_needed(model, options.optimizer_state);
+    if (staging_.bytes() < need) {
+      staging_ = detail::staging_buffer();
+      try {
+        staging_ = detail::staging_buffer(need);
+      } catch (const error&) {  // out of memory: the load allocates its own staging (and reports a failure)
+      }
+    }
+    return detail::load_zero(model, path, options, &staging_);
   }
 
   /// Finishes a pending asynchronous save (collective when one is pending: every rank calls it
@@ -236,7 +277,11 @@ class checkpointer {
 
   void launch() {
     if (!job_.problem.empty()) return;  // nothing to write; the next call reports it
-    job_.writer = std::thread([this] { write(job_); });
+    job_.writer = std::thread([this] {
+      // Below the training threads (nice 19): the state is copied, the write takes idle time only.
+      (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
+      write(job_);
+    });
   }
 
   /// The agreement collective and rank 0's commit.
@@ -280,22 +325,35 @@ class checkpointer {
         throw error(errc::invalid_argument, where + "rank " + std::to_string(r) + " named the checkpoint differently from rank 0");
       }
     }
-    if (j.rank != 0) return;
-    std::vector<std::vector<std::uint64_t>> sums(static_cast<std::size_t>(L.world_size));
-    for (int r = 0; r < L.world_size; ++r) {
-      const auto n = static_cast<std::size_t>(L.checksum_count(r));
-      sums[static_cast<std::size_t>(r)].assign(record(r) + 3, record(r) + 3 + n);
+    // Rank 0 commits; a second small collective tells every rank whether it could.
+    std::string problem;
+    errc commit_code = errc::io_error;
+    if (j.rank == 0) {
+      try {
+        std::vector<std::vector<std::uint64_t>> sums(static_cast<std::size_t>(L.world_size));
+        for (int r = 0; r < L.world_size; ++r) {
+          const auto n = static_cast<std::size_t>(L.checksum_count(r));
+          sums[static_cast<std::size_t>(r)].assign(record(r) + 3, record(r) + 3 + n);
+        }
+        commit_checkpoint(root_, j.name, make_index(L, j.progress, sums), options_.keep_last);
+      } catch (const error& e) {
+        problem = e.message();
+        commit_code = e.kind();
+      } catch (const std::exception& e) {
+        problem = e.what();
+        commit_code = errc::internal;
+      }
+      std::error_code ec;
+      if (!problem.empty() && !std::filesystem::exists(root_ / j.name / index_file_name, ec)) cleanup(j.name);
     }
-    try {
-      commit_checkpoint(root_, j.name, make_index(L, j.progress, sums), options_.keep_last);
-    } catch (const error& e) {
-      if (!std::filesystem::exists(root_ / j.name / index_file_name)) cleanup(j.name);
-      throw error(e.kind(), "checkpoint '" + (root_ / j.name).string() + "': rank 0 could not complete it: " + e.message());
-    }
+    const detail::verdict v = detail::agree(*j.comm, j.replica, problem, commit_code);
+    if (!v.text.empty())
+      throw error(v.code, "checkpoint '" + (root_ / j.name).string() + "': the commit (index, rename, latest) failed on " + v.text);
   }
 
   void cleanup(const std::string& name) noexcept {
     try {
+      detail::remove_tree(latest_temporary_file(root_, name));
       detail::remove_tree(temporary_directory(root_, name));
     } catch (...) {
     }

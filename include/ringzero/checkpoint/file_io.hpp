@@ -8,7 +8,7 @@
 /// the operation, the file and the system's reason ("No space left on device").
 /// Thread semantics: a `file` is used by one thread at a time.
 
-#include <fcntl.h>
+#include <fcntl.h>  // sync_file_range needs _GNU_SOURCE, which g++ defines
 #include <stdio.h>  // renameat2 (glibc 2.28+)
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,9 +16,13 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <initializer_list>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "ringzero/core/error.hpp"
 
@@ -108,6 +112,25 @@ class file {
     if (::fstat(fd_, &st) != 0) io_fail("cannot stat", path_, errno);
     return static_cast<std::uint64_t>(st.st_size);
   }
+  /// Starts writing bytes [offset, offset + bytes) to the disk without waiting (Linux
+  /// sync_file_range(SYNC_FILE_RANGE_WRITE); elsewhere nothing). No durability: `sync` still
+  /// decides that, and reports errors (this call's are ignored; `sync` sees them again).
+  void start_writeback(std::uint64_t offset, std::uint64_t bytes) noexcept {
+#if defined(SYNC_FILE_RANGE_WRITE)
+    (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
+#else
+    (void)offset;
+    (void)bytes;
+#endif
+  }
+  /// Tells the kernel that bytes [offset, offset + bytes) will be read soon (posix_fadvise
+  /// WILLNEED: it starts reading them in the background). Advice only; never fails.
+  void will_need(std::uint64_t offset, std::uint64_t bytes) const noexcept {
+    (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), POSIX_FADV_WILLNEED);
+  }
+  /// Tells the kernel that the file is read sequentially (posix_fadvise SEQUENTIAL: a larger
+  /// read-ahead). Advice only; never fails.
+  void sequential() const noexcept { (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL); }
   /// fsync: the data and metadata are on stable storage (errors such as ENOSPC and EIO surface here).
   void sync() {
     if (::fsync(fd_) != 0) io_fail("cannot fsync", path_, errno);
@@ -133,6 +156,29 @@ inline void sync_directory(const std::filesystem::path& dir) {
   file d = file::open_directory(dir);
   d.sync();
   d.close();
+}
+
+/// fsyncs every one of `files` (files or directories) at once, one thread each beyond the
+/// first, so that the file system can commit them together; throws the first failure.
+inline void sync_all(std::initializer_list<file*> files) {
+  std::vector<std::exception_ptr> failures(files.size());
+  std::vector<std::thread> threads;
+  std::size_t i = 0;
+  for (file* f : files) {
+    auto one = [f, &failures, i] {
+      try {
+        f->sync();
+      } catch (...) {
+        failures[i] = std::current_exception();
+      }
+    };
+    if (i + 1 == files.size()) one();
+    else threads.emplace_back(one);
+    ++i;
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : failures)
+    if (e) std::rethrow_exception(e);
 }
 
 /// Creates directory `dir` (and its parents); an existing one is fine.

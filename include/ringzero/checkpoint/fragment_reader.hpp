@@ -5,8 +5,9 @@
 /// the range) and verifying every chunk it reads against the index's XXH3 checksums. It needs
 /// no communicator: a rank reads what its new plan needs, and a tool (inspect, verify,
 /// consolidate, reshard) streams tensors with bounded memory.
-/// Files are opened on first use; a file whose size differs from the index's is refused
-/// (truncated or replaced), as is a missing one.
+/// Files are opened on first use, advised as read sequentially; a file whose size differs from
+/// the index's is refused (truncated or replaced), as is a missing one. Reads go by 16 MiB, the
+/// kernel reading the next 64 MiB (posix_fadvise WILLNEED) while a run's checksums are computed.
 /// Errors: errc::io_error naming the file, the rank that wrote it, the tensor, the fragment and
 /// what was expected. Thread semantics: one thread at a time per reader.
 /// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`).
@@ -59,6 +60,22 @@ class fragment_reader {
     }
   }
 
+  /// Asks the kernel to start reading (posix_fadvise WILLNEED) the first `max_bytes` of the
+  /// chunks that hold elements [begin, end) of tensor `t`, so a `read` that follows the current
+  /// one does not wait for the disk at its start. Advice only; opens the files it needs.
+  void prefetch(const tensor_record& t, std::uint64_t begin, std::uint64_t end, std::uint64_t max_bytes) {
+    if (!t.tied_to.empty() || begin >= end || end > t.numel()) return;
+    const std::uint64_t es = dtype_size(t.type);
+    for (const fragment_record& f : t.fragments) {
+      const std::uint64_t lo = std::max(begin, f.begin), hi = std::min(end, f.end);
+      if (lo >= hi || max_bytes == 0) continue;
+      const std::uint64_t b = (lo - f.begin) * es / checksum_chunk_bytes * checksum_chunk_bytes, e = (hi - f.begin) * es;
+      const std::uint64_t n = std::min(max_bytes, e - b);
+      open(f.file).will_need(f.offset + b, n);
+      max_bytes -= n;
+    }
+  }
+
   /// Reads every fragment of every tensor and verifies every checksum (what `verify` does).
   /// Memory: one chunk at a time.
   void verify_all() {
@@ -89,6 +106,7 @@ class fragment_reader {
       throw error(errc::io_error, "checkpoint '" + dir_.string() + "': the shard file of rank " + std::to_string(r.rank) + " is missing or unreadable: " +
                                       e.message());
     }
+    slot->sequential();
     const std::uint64_t size = slot->size();
     if (size != r.bytes) {
       slot.reset();
@@ -129,13 +147,16 @@ class fragment_reader {
   /// covers entirely straight into dst, the partial chunks at either end through a scratch chunk.
   void read_fragment(const tensor_record& t, const fragment_record& f, std::uint64_t b, std::uint64_t e, unsigned char* dst) {
     const std::uint64_t bytes = (f.end - f.begin) * dtype_size(t.type);
-    constexpr std::uint64_t max_run_chunks = 64;  // 256 MiB per pread
+    constexpr std::uint64_t max_run_chunks = 4;                    // 16 MiB per pread, then its checksums
+    constexpr std::uint64_t ahead_bytes = std::uint64_t{64} << 20;  // read by the kernel meanwhile
     std::uint64_t c = b / checksum_chunk_bytes;
     while (c * checksum_chunk_bytes < e) {
       const std::uint64_t cb = c * checksum_chunk_bytes, ce = std::min(bytes, cb + checksum_chunk_bytes);
       if (cb >= b && ce <= e) {
         std::uint64_t c1 = c + 1;
         while (c1 - c < max_run_chunks && std::min(bytes, (c1 + 1) * checksum_chunk_bytes) <= e && c1 * checksum_chunk_bytes < e) ++c1;
+        const std::uint64_t run_end = std::min(e, c1 * checksum_chunk_bytes);
+        if (run_end < e) open(f.file).will_need(f.offset + run_end, std::min(ahead_bytes, e - run_end));
         read_chunks(t, f, c, c1, bytes, dst + (cb - b));
         c = c1;
         continue;

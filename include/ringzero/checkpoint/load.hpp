@@ -57,27 +57,38 @@ void load_phase(communicator& comm, communicator* replica, const std::filesystem
 
 }  // namespace detail
 
-/// Loads the checkpoint at `path` into `model` (see the file comment). Collective.
-inline training_progress load(zero::sharded_model& model, const std::filesystem::path& path, const load_options& options = {}) {
+namespace detail {
+
+/// `load` of a sharded model, reading into `arena` when it is large enough (else fresh staging).
+inline training_progress load_zero(zero::sharded_model& model, const std::filesystem::path& path, const load_options& options,
+                                   staging_buffer* arena) {
   checkpoint_index index;
   std::filesystem::path dir;
-  const detail::zero_tensors z(model.plan(), model.optimizer().options());
-  std::optional<detail::zero_staging> staging;
-  detail::load_phase(model.comm(), model.replica_comm(), path, [&] {
+  const zero_tensors z(model.plan(), model.optimizer().options());
+  std::optional<zero_staging> staging;
+  load_phase(model.comm(), model.replica_comm(), path, [&] {
     if (model.comm().space() != memory_space::host)
       throw error(errc::unsupported, "checkpoints of state in device memory are not supported yet");
     if (!model.between_steps())
       throw error(errc::invalid_argument, "a checkpoint can only be loaded between steps (after step(), before the next micro-batch)");
     dir = resolve_checkpoint(path);
     index = read_index(dir);
-    const auto records = detail::match_tensors(index, z.tensors, options, dir.string());
-    staging.emplace(model, z, options.optimizer_state);
+    const auto records = match_tensors(index, z.tensors, options, dir.string());
+    staging.emplace(model, z, options.optimizer_state, arena);
     fragment_reader reader(dir, index);
     reader.check_files();
-    detail::read_targets(reader, z.tensors, records, staging->targets());
+    read_targets(reader, z.tensors, records, staging->targets());
   });
   staging->commit(index.progress.optimizer_steps);
   return index.progress;
+}
+
+}  // namespace detail
+
+/// Loads the checkpoint at `path` into `model` (see the file comment). Collective.
+/// `checkpointer::load` does the same in staging memory kept from load to load.
+inline training_progress load(zero::sharded_model& model, const std::filesystem::path& path, const load_options& options = {}) {
+  return detail::load_zero(model, path, options, nullptr);
 }
 
 /// Loads the checkpoint at `path` into a DDP trainer: every tensor of `state` whole on every
@@ -99,7 +110,7 @@ inline training_progress load(gradient_reducer& reducer, replicated_state& state
     std::vector<detail::load_target> targets;
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (records[i] == nullptr) continue;  // an optimizer state not asked for
-      staging[i] = detail::staging_buffer(specs[i].numel() * dtype_size(specs[i].type));
+      staging[i] = detail::staging_buffer(specs[i].numel() * dtype_size(specs[i].type), false);
       targets.push_back({i, 0, specs[i].numel(), staging[i].data()});
     }
     fragment_reader reader(dir, index);

@@ -226,6 +226,7 @@ inline reshard_result reshard_offline(const std::filesystem::path& path, const s
     commit_checkpoint(output_root, name, result.index, 0);
   } catch (...) {
     std::filesystem::remove_all(tmp, ec);
+    std::filesystem::remove(latest_temporary_file(output_root, name), ec);
     throw;
   }
   result.directory = output_root / name;

@@ -93,8 +93,8 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
       const zero::flat_buffer& fb = plan.buffers()[b];
       const algorithms::range held = model.held_range(b), own = model.optimizer_range(b);
       staged& s = staging[b];
-      s.params = detail::staging_buffer(held.size() * dtype_size(fb.type));
-      if (fb.trainable && fb.has_master) s.master = detail::staging_buffer(own.size() * 4);
+      s.params = detail::staging_buffer(held.size() * dtype_size(fb.type), false);
+      if (fb.trainable && fb.has_master) s.master = detail::staging_buffer(own.size() * 4, false);
       for (std::size_t p : fb.parameters) {
         const safetensors_tensor& t = *source[p];
         const std::uint64_t es = dtype_size(*t.type);

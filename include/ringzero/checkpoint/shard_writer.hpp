@@ -1,9 +1,10 @@
 #pragma once
 /// @file
 /// `checkpoint::write_shard_file`: writes one rank's shard file — its safetensors header, then
-/// each of its pieces from memory — computing the XXH3 checksum of every 4 MiB chunk as it goes,
-/// and fsyncs it. Pieces that lie back to back both in memory and in the file (a staging copy
-/// is laid out like the file) are written with one pwrite of up to 256 MiB.
+/// each of its pieces from memory — and fsyncs it. Each 4 MiB checksum chunk is hashed (XXH3)
+/// and written right away, while it is still in the processor's cache, and every 64 MiB written
+/// is handed to the disk at once (Linux sync_file_range(SYNC_FILE_RANGE_WRITE)), so the disk
+/// writes while the next chunks are hashed and copied and the final fsync finds little left.
 /// Errors: errc::io_error naming the file and the system's reason (ENOSPC on a full disk, at
 /// the write or at the fsync). Thread semantics: may run on any thread (the asynchronous save's
 /// writer); touches nothing but the file and the memory it reads.
@@ -31,31 +32,23 @@ inline std::vector<std::uint64_t> write_shard_file(const std::filesystem::path& 
   sums.reserve(static_cast<std::size_t>(layout.checksum_count(rank)));
   detail::file f = detail::file::create(path);
   f.write_at(file_layout.header.data(), file_layout.header.size(), 0);
-  constexpr std::uint64_t max_run = std::uint64_t{256} << 20;
-  const unsigned char* run = nullptr;
-  std::uint64_t run_bytes = 0, run_offset = 0;
-  auto flush = [&] {
-    if (run_bytes > 0) f.write_at(run, run_bytes, run_offset);
-    run = nullptr;
-    run_bytes = 0;
-  };
+  constexpr std::uint64_t writeback_bytes = std::uint64_t{64} << 20;
+  std::uint64_t unsubmitted = 0, end = file_layout.header.size();  // [unsubmitted, end) is written, not yet handed to the disk
   for (std::size_t k = 0; k < mine.size(); ++k) {
     const unsigned char* src = sources[k];
     const std::uint64_t bytes = layout.bytes(mine[k]);
     const std::uint64_t offset = file_layout.offsets[k];
-    const std::vector<std::uint64_t> piece_sums = chunk_checksums(src, bytes);
-    sums.insert(sums.end(), piece_sums.begin(), piece_sums.end());
-    if (run != nullptr && run + run_bytes == src && run_offset + run_bytes == offset && run_bytes + bytes <= max_run) {
-      run_bytes += bytes;
-      continue;
+    for (std::uint64_t at = 0; at < bytes; at += checksum_chunk_bytes) {
+      const std::uint64_t n = std::min(checksum_chunk_bytes, bytes - at);
+      sums.push_back(checksum(src + at, static_cast<std::size_t>(n)));
+      f.write_at(src + at, n, offset + at);
+      end = std::max(end, offset + at + n);
+      if (end - unsubmitted >= writeback_bytes) {
+        f.start_writeback(unsubmitted, end - unsubmitted);
+        unsubmitted = end;
+      }
     }
-    flush();
-    run = src;
-    run_bytes = bytes;
-    run_offset = offset;
-    if (run_bytes >= max_run) flush();
   }
-  flush();
   f.sync();
   f.close();
   return sums;

@@ -111,8 +111,15 @@ inline void to_float32(dtype from, const unsigned char* src, float* dst, std::ui
 inline void read_targets(fragment_reader& reader, const std::vector<tensor_spec>& specs, const std::vector<const tensor_record*>& records,
                          const std::vector<load_target>& targets) {
   std::vector<unsigned char> convert;
-  for (const load_target& t : targets) {
+  constexpr std::uint64_t ahead_bytes = std::uint64_t{16} << 20;
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const load_target& t = targets[i];
     if (t.begin >= t.end) continue;
+    for (std::size_t k = i + 1; k < targets.size(); ++k)  // the disk starts on the next target meanwhile
+      if (targets[k].begin < targets[k].end) {
+        reader.prefetch(*records[targets[k].spec], targets[k].begin, targets[k].end, ahead_bytes);
+        break;
+      }
     const tensor_record* r = records[t.spec];
     const tensor_spec& s = specs[t.spec];
     if (r->type == s.type) {

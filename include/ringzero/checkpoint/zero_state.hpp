@@ -196,68 +196,103 @@ inline const unsigned char* zero_source(zero::sharded_model& model, const zero_p
   return reinterpret_cast<const unsigned char*>(base + (s.element - model.optimizer_range(s.buffer).begin));
 }
 
-/// A load's staging memory for one rank of a model, and how to commit it.
+/// A load's staging memory for one rank of a model, and how to commit it: one block holding
+/// the rank's held parameters and its master weights and optimizer states, either `arena` (when
+/// given and large enough: memory reused from load to load) or allocated here (fresh zero pages).
 class zero_staging {
  public:
-  /// Staging for `model`, and the targets that fill it (`parameters_only`: no optimizer states).
-  zero_staging(zero::sharded_model& model, const zero_tensors& z, bool with_states) : model_(model), with_states_(with_states) {
+  /// The bytes of staging a load into `model` needs (each part rounded up to 64 bytes).
+  static std::uint64_t bytes_needed(zero::sharded_model& model, bool with_states) {
+    std::uint64_t total = 0;
+    for_each_part(model, with_states, [&](std::size_t, int, std::uint64_t bytes) { total += round(bytes); });
+    return total;
+  }
+
+  /// Staging for `model`, and the targets that fill it (`with_states`: the optimizer states too).
+  zero_staging(zero::sharded_model& model, const zero_tensors& z, bool with_states, staging_buffer* arena = nullptr)
+      : model_(model), with_states_(with_states) {
     const zero::shard_plan& plan = model.plan();
     const auto& pl = plan.placements();
+    const std::uint64_t total = bytes_needed(model, with_states);
+    unsigned char* base = nullptr;
+    if (arena != nullptr && arena->bytes() >= total) {
+      base = arena->data();
+    } else {
+      own_ = staging_buffer(total, false);
+      base = own_.data();
+    }
+    // Part k of buffer b: which = -2 parameters, -1 master, k >= 0 optimizer state k.
+    std::vector<std::array<unsigned char*, 4>> at(plan.buffers().size(), {nullptr, nullptr, nullptr, nullptr});
+    std::uint64_t offset = 0;
+    for_each_part(model, with_states, [&](std::size_t b, int which, std::uint64_t bytes) {
+      at[b][static_cast<std::size_t>(which + 2)] = base + offset;
+      offset += round(bytes);
+    });
     const int states = model.restorable_optimizer().options().state_count();
-    buffers_.resize(plan.buffers().size());
     for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
       const zero::flat_buffer& f = plan.buffers()[b];
-      buffer& s = buffers_[b];
       const algorithms::range held = model.held_range(b), own = model.optimizer_range(b);
-      s.params = staging_buffer(held.size() * dtype_size(f.type));
-      if (f.trainable && f.has_master) s.master = staging_buffer(own.size() * 4);
-      if (f.trainable && with_states)
-        for (int k = 0; k < states; ++k) s.states[static_cast<std::size_t>(k)] = staging_buffer(own.size() * 4);
       for (std::size_t p : f.parameters) {
         const std::uint64_t off = pl[p].offset, end = pl[p].offset + pl[p].numel;
-        auto add = [&](std::size_t spec, algorithms::range r, staging_buffer& dst, std::uint64_t es) {
+        auto add = [&](std::size_t spec, algorithms::range r, int which, std::uint64_t es) {
           const std::uint64_t lo = std::max(r.begin, off), hi = std::min(r.end, end);
-          if (lo < hi) targets_.push_back({spec, lo - off, hi - off, dst.data() + (lo - r.begin) * es});
+          if (lo >= hi) return;
+          targets_.push_back({spec, lo - off, hi - off, at[b][static_cast<std::size_t>(which + 2)] + (lo - r.begin) * es});
+          places_.push_back({b, which, (lo - r.begin) * es, (hi - lo) * es});
         };
-        add(z.parameter[p], held, s.params, dtype_size(f.type));
+        add(z.parameter[p], held, -2, dtype_size(f.type));
         if (!f.trainable) continue;
-        if (f.has_master) add(z.master[p], own, s.master, 4);
+        if (f.has_master) add(z.master[p], own, -1, 4);
         if (with_states)
-          for (int k = 0; k < states; ++k) add(z.states[p][static_cast<std::size_t>(k)], own, s.states[static_cast<std::size_t>(k)], 4);
+          for (int k = 0; k < states; ++k) add(z.states[p][static_cast<std::size_t>(k)], own, k, 4);
       }
     }
   }
 
   const std::vector<load_target>& targets() const noexcept { return targets_; }
 
-  /// Copies the staging memory into the model (and sets the step count when loading states).
-  /// Cannot fail once `begin_restore` succeeded.
+  /// Copies every target's staging bytes into the model (padding between parameters stays as
+  /// it is) and sets the step count when loading states. Cannot fail once `begin_restore` succeeded.
   void commit(std::uint64_t steps) {
     model_.begin_restore();
     zero::sharded_optimizer& opt = model_.restorable_optimizer();
-    const int states = opt.options().state_count();
-    for (std::size_t b = 0; b < buffers_.size(); ++b) {
-      buffer& s = buffers_[b];
-      copy(model_.held_parameters(b), s.params);
-      copy(reinterpret_cast<unsigned char*>(opt.master(b)), s.master);
-      if (with_states_)
-        for (int k = 0; k < states; ++k) copy(reinterpret_cast<unsigned char*>(opt.state(b, k)), s.states[static_cast<std::size_t>(k)]);
+    for (std::size_t i = 0; i < targets_.size(); ++i) {
+      const place& p = places_[i];
+      unsigned char* dst = p.which == -2   ? model_.held_parameters(p.buffer)
+                           : p.which == -1 ? reinterpret_cast<unsigned char*>(opt.master(p.buffer))
+                                           : reinterpret_cast<unsigned char*>(opt.state(p.buffer, p.which));
+      std::memcpy(dst + p.offset, targets_[i].dst, static_cast<std::size_t>(p.bytes));
     }
     if (with_states_) opt.set_steps(steps);
   }
 
  private:
-  struct buffer {
-    staging_buffer params, master;
-    std::array<staging_buffer, 2> states;
+  struct place {
+    std::size_t buffer;
+    int which;             ///< -2 parameters, -1 master, k >= 0 optimizer state k
+    std::uint64_t offset;  ///< bytes from the start of what the rank holds of that part
+    std::uint64_t bytes;
   };
-  static void copy(unsigned char* dst, const staging_buffer& src) {
-    if (dst != nullptr && !src.empty()) std::memcpy(dst, src.data(), static_cast<std::size_t>(src.bytes()));
+  static std::uint64_t round(std::uint64_t bytes) { return (bytes + 63) / 64 * 64; }
+  /// Calls f(buffer, which, bytes) for every part of staging, in the order they are laid out.
+  template <class F>
+  static void for_each_part(zero::sharded_model& model, bool with_states, F&& f) {
+    const zero::shard_plan& plan = model.plan();
+    const int states = model.restorable_optimizer().options().state_count();
+    for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
+      const zero::flat_buffer& fb = plan.buffers()[b];
+      const algorithms::range held = model.held_range(b), own = model.optimizer_range(b);
+      f(b, -2, held.size() * dtype_size(fb.type));
+      if (fb.trainable && fb.has_master) f(b, -1, own.size() * 4);
+      if (fb.trainable && with_states)
+        for (int k = 0; k < states; ++k) f(b, k, own.size() * 4);
+    }
   }
   zero::sharded_model& model_;
   bool with_states_;
-  std::vector<buffer> buffers_;
+  staging_buffer own_;
   std::vector<load_target> targets_;
+  std::vector<place> places_;
 };
 
 }  // namespace ringzero::checkpoint::detail
