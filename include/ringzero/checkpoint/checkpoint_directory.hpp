@@ -6,8 +6,8 @@
 /// 2. once every rank has (the save's agreement collective), rank 0 writes index.json there and
 ///    ROOT/.tmp.NAME.latest (the new `latest`), fsyncs both and ROOT/.tmp.NAME at once;
 /// 3. renames ROOT/.tmp.NAME to ROOT/NAME (exchanging it atomically with an older ROOT/NAME,
-///    then removed) and ROOT/.tmp.NAME.latest to ROOT/latest; one fsync of ROOT for both (ext4
-///    and XFS journal metadata in order: never the second rename without the first);
+///    then removed), fsyncs ROOT, then renames ROOT/.tmp.NAME.latest to ROOT/latest and fsyncs
+///    ROOT again (so `latest` never names a directory whose rename a power loss could undo);
 /// 4. with keep_last N, older complete checkpoints beyond the newest N are renamed to
 ///    ROOT/.trash.* and removed — only now, after the new one is complete.
 /// A process killed at any moment leaves the previous checkpoint whole and `latest` naming it:
@@ -135,6 +135,9 @@ inline void commit_checkpoint(const std::filesystem::path& root, const std::stri
   tmp_dir.close();
   const std::filesystem::path final_dir = root / name;
   const bool exchanged = detail::rename_or_exchange(tmp, final_dir);  // then tmp holds the older NAME
+  // The new NAME is durable before `latest` can name it, on any file system (no reliance on a
+  // journal that orders metadata): one fsync of ROOT after each rename.
+  detail::sync_directory(root);
   const std::filesystem::path latest = root / latest_file_name;
   if (::rename(latest_tmp.c_str(), latest.c_str()) != 0) detail::io_fail("cannot rename '" + latest_tmp.string() + "' to", latest, errno);
   detail::sync_directory(root);
