@@ -194,9 +194,10 @@ TEST_CASE("reproducible reduce_scatter and reduce: every world size and algorith
 namespace {
 
 /// Each rank r deposits contributions placement[r] (indices into `in`) into an accumulator and
-/// runs the accumulator all_reduce; returns rank 0's output (after checking all ranks agree).
+/// runs the accumulator all_reduce (async: all_reduce_async, while this thread fills a second
+/// accumulator, then waits); returns rank 0's output (after checking all ranks agree).
 bytes accumulated(const std::vector<bytes>& in, dtype t, reduce_kind op, algorithm a, std::uint64_t count,
-                  const std::vector<std::vector<int>>& placement) {
+                  const std::vector<std::vector<int>>& placement, bool async = false) {
   const int n = static_cast<int>(placement.size());
   std::vector<bytes> out(static_cast<std::size_t>(n), bytes(count * dtype_size(t)));
   const std::string failure = rzt::launch_world(n, [&](communicator& comm) {
@@ -205,7 +206,15 @@ bytes accumulated(const std::vector<bytes>& in, dtype t, reduce_kind op, algorit
     for (int c : placement[r]) acc.add(in[static_cast<std::size_t>(c)].data());
     collective_options o;
     o.algo = a;
-    all_reduce(comm, acc, out[r].data(), op, o);
+    if (!async) {
+      all_reduce(comm, acc, out[r].data(), op, o);
+      return;
+    }
+    work w = all_reduce_async(comm, acc, out[r].data(), op, o);
+    reproducible_accumulator other(count, t);
+    for (int c : placement[r]) other.add(in[static_cast<std::size_t>(c)].data());
+    w.wait();
+    CHECK(acc.contributions() == placement[r].size());
   });
   REQUIRE_MESSAGE(failure.empty(), failure);
   for (const auto& o : out) CHECK(o == out[0]);
@@ -226,6 +235,9 @@ TEST_CASE("reproducible accumulator: 8 contributions on 1 rank == 4 ranks x 2 ==
         CHECK(accumulated(in, t, op, a, count, {{7, 0}, {1, 6}, {2, 5}, {4, 3}}) == expected);
         CHECK(accumulated(in, t, op, a, count, {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}) == expected);
         CHECK(accumulated(in, t, op, a, count, {{5, 2, 7, 0, 1}, {}, {3, 4, 6}}) == expected);  // a rank with none
+        // all_reduce_async gives the same bits.
+        CHECK(accumulated(in, t, op, a, count, {{7, 0}, {1, 6}, {2, 5}, {4, 3}}, true) == expected);
+        CHECK(accumulated(in, t, op, a, count, {{5, 2, 7, 0, 1}, {}, {3, 4, 6}}, true) == expected);
         // The ordinary reproducible all_reduce with one contribution per rank agrees too.
         if (op == reduce_kind::sum) CHECK(run_all_reduce(in, t, op, a, count)[5] == expected);
       }
@@ -292,7 +304,12 @@ TEST_CASE("reproducible mode: refusals and the mode mismatch are raised on every
       if (c.rank() == 0) all_reduce(c, acc, buffer_of(f, c.rank()), reduce_kind::sum, reproducible_with(a));
       else all_reduce(c, buffer_of(f, c.rank()), buffer_of(f, c.rank()), 4, dtype::float32, reduce_kind::sum, reproducible_with(a));
     }, errc::contract_mismatch, {"reproducible mode mismatch", "rank 0: accumulator; rank 1: on"});
-    // Accumulator arguments.
+    // Accumulator arguments; the asynchronous all_reduce raises from wait(), on every rank.
+    expect_everywhere(3, [&](communicator& c) {
+      reproducible_accumulator acc(4, dtype::float32);
+      acc.add(f.data());
+      all_reduce_async(c, acc, buffer_of(f, c.rank()), reduce_kind::max, rzt::with_algo(a)).wait();
+    }, errc::invalid_argument, {"an accumulator reduces with sum or avg, not max"});
     expect_everywhere(3, [&](communicator& c) {
       reproducible_accumulator acc(4, dtype::float32);
       reduce_scatter(c, acc, buffer_of(f, c.rank()), reduce_kind::sum, rzt::with_algo(a));

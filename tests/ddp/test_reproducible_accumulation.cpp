@@ -343,3 +343,36 @@ TEST_CASE("reproducible mode: an accumulation micro-step must mark every gradien
       CHECK(contains(o.what, expected[what]));
     }
 }
+
+TEST_CASE("reproducible mode with micro-batches: a bucket's reduction fails on the progress thread, finish() reports it") {
+  // Rank 0 leaves after 5 steps of 2 micro-batches; it takes part in step 6's agreement (an
+  // all_gather of one int32, as the reducer's) and then issues an unrelated all_reduce, which
+  // meets rank 1's asynchronous reduction of bucket 0. The reduction is issued in mark_ready()
+  // and runs on the progress thread: its error must come out of rank 1's finish().
+  std::vector<int> failed_in_finish(2, 0);
+  auto out = run_ranks(2, [&](communicator& comm) {
+    toy_model m({12, 30}, {});
+    reducer_options o;
+    o.reproducible = true;
+    gradient_reducer red(comm, m.parameters(), o);
+    const int steps = comm.rank() == 0 ? 5 : 6;
+    for (int s = 0; s < steps; ++s)
+      for (int micro = 0; micro < 2; ++micro) {
+        red.set_require_gradient_sync(micro == 1);
+        for (std::size_t i = m.size(); i-- > 0;) red.mark_ready(i);
+        failed_in_finish[static_cast<std::size_t>(comm.rank())] = 1;
+        red.finish();
+        failed_in_finish[static_cast<std::size_t>(comm.rank())] = 0;
+      }
+    std::int32_t flag = 3, flags[2] = {};
+    all_gather(comm, &flag, flags, 1, dtype::int32);
+    float metric[2] = {1.0f, 2.0f};
+    all_reduce(comm, metric, metric, 2, dtype::float32, reduce_kind::sum);
+  });
+  REQUIRE(out[0].failed);
+  REQUIRE(out[1].failed);
+  CHECK(failed_in_finish[1] == 1);
+  CHECK_MESSAGE(contains(out[1].what, "step 6: reducing bucket 0"), out[1].what);
+  CHECK_MESSAGE(contains(out[1].what, "mismatch"), out[1].what);
+  CHECK_MESSAGE(contains(out[0].what, "mismatch"), out[0].what);
+}

@@ -21,9 +21,14 @@
 
 namespace ringzero {
 
+class reproducible_accumulator;
+work all_reduce_async(communicator& comm, reproducible_accumulator& acc, void* recv, reduce_kind op,
+                      const collective_options& options);
+
 /// Binned sums of `count` elements of a floating dtype in host memory.
 /// Thread semantics: like a container; add() from one thread at a time, and not while a
-/// collective reads the accumulator (asynchronous use is the caller's to order).
+/// collective reads the accumulator (asynchronous use is the caller's to order: no add, clear,
+/// move or destruction before an all_reduce_async's work on it has completed).
 class reproducible_accumulator {
  public:
   /// An empty accumulator for `count` elements of floating `type` (host memory). Throws
@@ -105,14 +110,20 @@ class reproducible_accumulator {
   std::vector<std::uint8_t> tops_;
   std::vector<std::int64_t> limbs_;   // float64: 6 limbs per element; K = 3: the flushed limbs (3 per element) or empty
   std::vector<std::int64_t> packed_;  // K = 3 dtypes: per element the packed limbs of the latest contributions
+  primitive::binned_view lent_{};      // what an asynchronous collective reads until its work completes
+
+  friend work all_reduce_async(communicator& comm, reproducible_accumulator& acc, void* recv, reduce_kind op,
+                               const collective_options& options);
 };
 
 namespace detail {
 
-/// Issues an accumulator collective of `kind` (all_reduce or reduce_scatter) and waits for it.
-inline void run_accumulator(communicator& comm, collective_kind kind, const reproducible_accumulator& acc, void* recv,
-                            reduce_kind op, const collective_options& options) {
-  const primitive::binned_view view = acc.view();
+/// Issues an accumulator collective of `kind` (all_reduce or reduce_scatter) that reads `view`
+/// (the storage of `acc`): runs it and waits (async false; returns an empty work), or queues it
+/// on the progress thread (async true; `view` must then outlive the returned work).
+inline work issue_accumulator(communicator& comm, collective_kind kind, const reproducible_accumulator& acc,
+                              const primitive::binned_view& view, void* recv, reduce_kind op,
+                              const collective_options& options, bool async) {
   const std::uint64_t n = static_cast<std::uint64_t>(comm.world_size());
   std::uint64_t count = acc.count();
   std::string invalid;
@@ -126,7 +137,18 @@ inline void run_accumulator(communicator& comm, collective_kind kind, const repr
   auto q = make_request(kind, nullptr, recv, count, acc.type(), reduce_op(op), -1, options);
   q.invalid = invalid;
   q.binned = &view;
-  run_blocking(comm, q);
+  if (!async) {
+    run_blocking(comm, q);
+    return {};
+  }
+  return issue(comm, q, true);
+}
+
+/// Issues a blocking accumulator collective of `kind` on `acc` and waits for it.
+inline void run_accumulator(communicator& comm, collective_kind kind, const reproducible_accumulator& acc, void* recv,
+                            reduce_kind op, const collective_options& options) {
+  const primitive::binned_view view = acc.view();
+  (void)issue_accumulator(comm, kind, acc, view, recv, op, options, false);  // blocking: the work is empty
 }
 
 }  // namespace detail
@@ -141,6 +163,16 @@ inline void run_accumulator(communicator& comm, collective_kind kind, const repr
 inline void all_reduce(communicator& comm, const reproducible_accumulator& acc, void* recv, reduce_kind op,
                        const collective_options& options = {}) {
   detail::run_accumulator(comm, collective_kind::all_reduce, acc, recv, op, options);
+}
+
+/// Asynchronous accumulator `all_reduce`: returns at once; the operation runs on `comm`'s
+/// progress thread in issue order and `work::wait()` rethrows its error (on every rank alike, as
+/// all_reduce's). Until the work completes `acc` must not be added to, cleared, moved or
+/// destroyed, and `recv` must not be touched. Same bits as the blocking all_reduce.
+inline work all_reduce_async(communicator& comm, reproducible_accumulator& acc, void* recv, reduce_kind op,
+                             const collective_options& options = {}) {
+  acc.lent_ = acc.view();
+  return detail::issue_accumulator(comm, collective_kind::all_reduce, acc, acc.lent_, recv, op, options, true);
 }
 
 /// Like all_reduce, but rank r receives only elements [r*c, (r+1)*c) with c = acc.count() /

@@ -191,20 +191,16 @@ inline void gradient_reducer::launch(std::size_t k) {
     }
     return;
   }
-  if (options_.reproducible) {  // blocking: the reproducible average of the bucket's contributions
-    const auto t0 = clock::now();
+  if (options_.reproducible) {
+    // Several micro-batches: the reproducible average of the bucket's accumulator, issued as
+    // soon as its last deposit is done, so that it overlaps the rest of backward.
+    if (options_.collect_timings) b.launched_at = clock::now();
     try {
-      reproducible_.reduce(comm_, k, b.storage.get());
+      b.pending_work = reproducible_.reduce_async(comm_, k, b.storage.get());
     } catch (const std::exception& e) {
       fail_from(e, "step " + std::to_string(step_) + ": the reproducible average of bucket " + std::to_string(k) +
-                       " (parameters " + describe_bucket(k) + ") failed");
+                       " (parameters " + describe_bucket(k) + ") failed to launch");
     }
-    b.launched_at = clock::now();
-    if (options_.collect_timings) {
-      stats_.exposed_seconds += std::chrono::duration<double>(b.launched_at - t0).count();
-      add_interval(t0, b.launched_at);
-    }
-    b.pending_work = work{};
     return;
   }
   if (options_.collect_timings) b.launched_at = clock::now();
@@ -244,7 +240,9 @@ inline void gradient_reducer::wait_and_complete(bool shadow) {
       add_interval(b.launched_at, done);
     }
     b.pending_work = work{};
-    if (!options_.reproducible) {  // reproducible mode averaged the bucket itself in launch()
+    if (options_.reproducible) {
+      reproducible_.finish(k);  // the collective averaged the bucket itself; its accumulator is free again
+    } else {
       try {
         options_.hook->complete(view_of(k));
       } catch (const std::exception& e) {

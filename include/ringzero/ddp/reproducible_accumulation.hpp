@@ -11,7 +11,8 @@
 /// the same bits on any number of ranks, whichever rank computed which micro-batch.
 /// What the mode accepts and refuses, and the trainer's contract, are in docs/ddp.md
 /// ("Reproducible gradient accumulation"). Host memory only.
-/// Thread semantics: driven by the reducer's training thread only.
+/// Thread semantics: driven by the reducer's training thread; a bucket's reduction runs on the
+/// communicator's progress thread between reduce_async and finish.
 
 #include <chrono>
 #include <cstddef>
@@ -74,13 +75,19 @@ class reproducible_bucket_accumulators {
   /// Contributions deposited into bucket k since the last reduction.
   std::uint64_t contributions(std::size_t k) const noexcept { return accumulators_[k].contributions(); }
 
-  /// Collective (every rank, every bucket in the same order): `out` (bucket k's elements) = the
-  /// reproducible average of every contribution deposited into bucket k on every rank; then
-  /// forgets this rank's contributions. A rank with no contribution (one that joined) takes
-  /// part and adds nothing. Errors: those of the reproducible all_reduce, on every rank.
-  void reduce(communicator& comm, std::size_t k, void* out) {
-    all_reduce(comm, accumulators_[k], out, reduce_kind::avg);
-    accumulators_[k].clear();
+  /// Collective (every rank, every bucket in the same order), asynchronous: issues `out`
+  /// (bucket k's elements) = the reproducible average of every contribution deposited into
+  /// bucket k on every rank, on the communicator's progress thread. A rank with no contribution
+  /// (one that joined) takes part and adds nothing. Until the returned work completes, bucket k's
+  /// accumulator and `out` must not be touched; then call finish(k). Errors: those of the
+  /// reproducible all_reduce, on every rank, from the work's wait().
+  work reduce_async(communicator& comm, std::size_t k, void* out) {
+    return all_reduce_async(comm, accumulators_[k], out, reduce_kind::avg);
+  }
+
+  /// After bucket k's reduction has completed: forgets this rank's contributions to bucket k.
+  void finish(std::size_t k) noexcept {
+    if (accumulators_[k].contributions() != 0) accumulators_[k].clear();
   }
 
   /// Forgets every contribution of every bucket (keeps the memory).
