@@ -6,7 +6,8 @@
 # modes alternate (default, reproducible, default, ...) for RUNS rounds, so that drifting load
 # affects both alike; each run trains EPOCHS epochs, and the figure per mode is the median over
 # runs of each run's median epoch time. The reducer's reduction time per epoch (in flight, and
-# waited for by finish(); in reproducible mode the reduction is synchronous, so both are equal)
+# waited for by finish(); with several micro-batches per rank the reproducible reductions start as each
+# bucket's last deposit is done and overlap the rest of that backward, as the default's do)
 # shows how much of the difference is communication and how much the deposits. Checks the ratio
 # against the target (reproducible at most 1.3x the default) and prints a Markdown block
 # (command, machine, date, results) for docs/performance.md.
