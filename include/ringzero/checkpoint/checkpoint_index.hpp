@@ -12,7 +12,7 @@
 /// recoverable from the shard file alone. The format is described in docs/checkpoint.md.
 /// `from_json` refuses an index that is not one (naming the file and what is wrong): a newer
 /// format version, unknown dtypes or roles, fragments outside their file or tensor, and
-/// fragments that do not tile their tensor exactly once (case C17).
+/// fragments that do not tile their tensor exactly once.
 /// Needs nlohmann/json and libxxhash (the Meson dependency `ringzero-checkpoint`). Pure values.
 
 #include <nlohmann/json.hpp>

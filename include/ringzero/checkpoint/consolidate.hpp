@@ -5,7 +5,7 @@
 /// does (model-00001-of-00003.safetensors ... plus model.safetensors.index.json holding
 /// {"metadata": {"total_size": bytes}, "weight_map": {name: file}}), for any tool that reads
 /// safetensors. Every parameter is written under its own name: a tied parameter with the values
-/// of its tie group's owner (case C18), a frozen one with its values. Optionally converted to
+/// of its tie group's owner, a frozen one with its values. Optionally converted to
 /// another floating dtype (round to nearest even). Streaming: the data moves through one buffer
 /// of `buffer_bytes` (plus the reader's 4 MiB scratch), read fragment by fragment and verified,
 /// so memory does not grow with the model. Files appear atomically (written as "<name>.tmp",

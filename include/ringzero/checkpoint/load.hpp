@@ -9,7 +9,7 @@
 /// file, tensor and what was expected (missing or truncated files, checksum mismatches, another
 /// model or optimizer, a newer format version (errc::unsupported), fragments that do not tile a
 /// tensor, a call mid-step, device memory (errc::unsupported)). Returns the saved progress; with
-/// `load_options::optimizer_state` the states and step count are restored too (case C20).
+/// `load_options::optimizer_state` the states and step count are restored too.
 /// Thread semantics: a collective on every rank's training thread. Needs nlohmann/json and
 /// libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
 
