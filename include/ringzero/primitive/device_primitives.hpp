@@ -4,19 +4,7 @@
 /// pointers, so that code compiled without nvcc (the collectives, the backends, the gradient
 /// reducer, a trainer's .cpp files) can run them on device memory, and allocate, free and wait
 /// for it.
-///
-/// ringzero is header-only and its kernels need nvcc, so a program that moves data in CUDA
-/// device memory with ringzero's own algorithms compiles ONE .cu file that includes
-/// `<ringzero/cuda.cuh>`: that file instantiates the kernels and registers this table when the
-/// program starts (and `ringzero::register_cuda_primitives()` registers it explicitly, for
-/// static libraries whose object file might otherwise be dropped by the linker). Without it,
-/// everything that needs no kernel still works: NCCL's own collectives (`algorithm::native`),
-/// host memory, and the CUDA runtime helpers; a request that needs a kernel fails with
-/// errc::unsupported saying how to add them.
-///
-/// Streams are `cudaStream_t` values passed as `void*` and results are `cudaError_t` values
-/// passed as `int` (0 is success), so this header includes no CUDA header.
-/// Thread safety: registration is atomic; the table is immutable once registered.
+/// The manual: docs/algorithms.md, "Header notes", `ringzero/primitive/device_primitives.hpp`.
 
 #include <atomic>
 #include <cstdint>

@@ -8,17 +8,7 @@
 /// in between. On a 2-core Xeon VM this moved the 2-rank float32 all_reduce's minimum traffic
 /// 1.5-1.8x faster than reducing 8 KiB tiles and then stream-copying them (see
 /// docs/performance.md); software prefetch of every input a few lines ahead added ~10%.
-///
-/// Types: float32 and float64 sums on x86-64 (SSE2); elsewhere, for other types, or when the
-/// outputs do not share one alignment modulo 16 bytes (so no common aligned body exists), it
-/// returns false and does nothing: the caller then takes its general path.
-/// Preconditions: `n_in >= 2`, `n_out >= 1`; no output overlaps an input except at the same
-/// element (in place: every element is read before it is written); counts in elements.
-/// Thread safety: pure apart from the writes; order them with `store_fence()` before handing
-/// the outputs to another thread. Determinism: the same bits as the chained `reduce_into`, on
-/// every rank and every run, with one exception IEEE 754 leaves open: when two NaNs meet, which
-/// payload the sum keeps (x86 keeps the first operand's, and the compiler may order a vector
-/// add's operands either way), so a NaN's payload may differ from the tile path's.
+/// The manual: docs/algorithms.md, "Header notes", `ringzero/primitive/sum_broadcast.hpp`.
 
 #include <algorithm>
 #include <cstdint>

@@ -4,20 +4,7 @@
 /// CUDA device memory: rank r runs `fn(local::cuda_communicator&)` on its own thread, with its
 /// own CUDA stream, on device `devices[r % devices.size()]` (by default device r modulo the
 /// number of devices, so any number of ranks can share one GPU).
-///
-/// Failure handling as `local::launch`. Before any thread starts, a process without a usable
-/// CUDA device gets `errc::no_device` ("no CUDA device", with the runtime's answer), so a
-/// program run where there is no GPU fails clearly instead of crashing.
-/// Requires the CUDA runtime (RINGZERO_HAS_CUDA); collectives that move data also need the
-/// kernels of <ringzero/cuda.cuh> compiled into the program.
-///
-/// @code
-///   ringzero::local::launch_cuda(4, [](ringzero::local::cuda_communicator& comm) {
-///     float* grad = ...;  // device memory of comm.device(), written on comm.stream()
-///     ringzero::all_reduce(comm, grad, grad, n, ringzero::dtype::float32, ringzero::reduce_kind::avg);
-///     comm.synchronize();  // before the host reads the result
-///   });
-/// @endcode
+/// The manual: docs/gpu.md, "Header notes", `ringzero/backend/local/cuda_launch.hpp`.
 
 #include <string>
 #include <utility>
