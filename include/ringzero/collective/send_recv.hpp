@@ -20,7 +20,9 @@
 #include <span>
 #include <string>
 
-#include "ringzero/collective/dispatch.hpp"
+#include "ringzero/backend/communicator.hpp"
+#include "ringzero/core/checked_arithmetic.hpp"
+#include "ringzero/core/dtype.hpp"
 
 namespace ringzero {
 
