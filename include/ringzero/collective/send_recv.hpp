@@ -21,6 +21,7 @@
 #include <string>
 
 #include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/contract.hpp"
 #include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/core/dtype.hpp"
 
