@@ -21,8 +21,8 @@
 #include "ringzero/backend/contract.hpp"
 #include "ringzero/collective/options.hpp"
 #include "ringzero/collective/request.hpp"
-#include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/collective/selection.hpp"
+#include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 
 namespace ringzero::detail {
