@@ -4,7 +4,9 @@
 /// assignment, the gradient reducer and its communication hooks) and ZeRO (shard planner,
 /// memory and traffic model, sharded runtime).
 /// The MPI and NCCL backends are opt-in (backend/mpi.hpp, backend/nccl.hpp) so that including
-/// this header needs no external library.
+/// this header needs no external library. Under RINGZERO_SEPARATE_COMPILATION
+/// (docs/compile_time.md) it does not pull in the algorithm/ and primitive/ headers: include
+/// those directly where they are used.
 ///
 /// Quick start:
 /// @code
@@ -36,6 +38,7 @@
 #include "ringzero/collective/reduce.hpp"
 #include "ringzero/collective/reduce_scatter.hpp"
 #include "ringzero/collective/reproducible_accumulator.hpp"
+#include "ringzero/collective/selection.hpp"
 #include "ringzero/collective/send_recv.hpp"
 
 #include "ringzero/ddp/allreduce_hook.hpp"

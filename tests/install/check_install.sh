@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs ringzero into a scratch directory and builds a small consumer four ways, as a user
-# would: pkg-config, CMake find_package, a Meson subproject, and a plain -I. Each consumer runs.
+# Installs ringzero into a scratch directory and builds a small consumer five ways, as a user
+# would: pkg-config, CMake find_package, a Meson subproject, a plain -I, and a plain -I in the
+# separate-compilation mode (docs/compile_time.md). Each consumer runs.
 # Arguments: <meson build dir> <source dir>.
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -35,3 +36,11 @@ ninja -C "$work/sub/build" >/dev/null
 echo "--- plain -I"
 g++ -std=c++20 -O1 -I"$source/include" "$source/tests/install/consumer/main.cpp" -pthread -o "$work/consumer_plain"
 "$work/consumer_plain"
+
+echo "--- separate compilation (installed <ringzero/impl/src.hpp> in a .cpp of the consumer's own)"
+inc=$(dirname "$(dirname "$(find "$root" -path '*/ringzero/ringzero.hpp' | head -n 1)")")
+printf '#include <ringzero/impl/src.hpp>\n' >"$work/ringzero_core.cpp"
+g++ -std=c++20 -O1 -DRINGZERO_SEPARATE_COMPILATION -I"$inc" -c "$work/ringzero_core.cpp" -o "$work/ringzero_core.o"
+g++ -std=c++20 -O1 -DRINGZERO_SEPARATE_COMPILATION -I"$inc" "$source/tests/install/consumer/main.cpp" \
+  "$work/ringzero_core.o" -pthread -o "$work/consumer_separate"
+"$work/consumer_separate"

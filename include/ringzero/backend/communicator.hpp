@@ -291,4 +291,20 @@ class communicator {
   detail::progress_engine progress_;
 };
 
+namespace detail {
+
+/// Sets and clears the communicator's current collective (for error messages).
+class current_collective {
+ public:
+  current_collective(communicator& c, const collective_descriptor* d) noexcept : c_(c) { c_.set_current(d); }
+  ~current_collective() { c_.set_current(nullptr); }
+  current_collective(const current_collective&) = delete;
+  current_collective& operator=(const current_collective&) = delete;
+
+ private:
+  communicator& c_;
+};
+
+}  // namespace detail
+
 }  // namespace ringzero

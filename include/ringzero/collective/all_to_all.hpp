@@ -6,7 +6,11 @@
 #include <cstdint>
 #include <span>
 
-#include "ringzero/collective/dispatch.hpp"
+#include "ringzero/collective/request.hpp"
+#include "ringzero/core/dtype.hpp"
+#if !defined(RINGZERO_SEPARATE_COMPILATION)
+#include "ringzero/collective/dispatch.hpp"  // the core's definitions (collective/request.hpp)
+#endif
 
 namespace ringzero {
 

@@ -2,7 +2,11 @@
 /// @file
 /// barrier: returns on every rank once every rank has entered it.
 
-#include "ringzero/collective/dispatch.hpp"
+#include "ringzero/collective/request.hpp"
+#include "ringzero/core/dtype.hpp"
+#if !defined(RINGZERO_SEPARATE_COMPILATION)
+#include "ringzero/collective/dispatch.hpp"  // the core's definitions (collective/request.hpp)
+#endif
 
 namespace ringzero {
 

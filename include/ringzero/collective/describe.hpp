@@ -20,61 +20,12 @@
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
 #include "ringzero/collective/options.hpp"
+#include "ringzero/collective/request.hpp"
 #include "ringzero/collective/selection.hpp"
+#include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 
 namespace ringzero::detail {
-
-/// The arguments of one public collective call.
-struct collective_request {
-  collective_kind kind = collective_kind::barrier;
-  const void* send = nullptr;
-  void* recv = nullptr;
-  std::uint64_t count = 0;
-  dtype type = dtype::float32;
-  reduce_op op{};
-  int root = -1;
-  collective_options options{};
-  std::string invalid;  ///< a problem found by a typed wrapper (e.g. span sizes), if any
-  const primitive::binned_view* binned = nullptr;  ///< accumulator collectives: the accumulator
-};
-
-/// A request with the given fields (root -1 and op sum where the collective has none).
-inline collective_request make_request(collective_kind kind, const void* send, void* recv, std::uint64_t count, dtype type,
-                                       reduce_op op, int root, const collective_options& options) {
-  collective_request q;
-  q.kind = kind;
-  q.send = send;
-  q.recv = recv;
-  q.count = count;
-  q.type = type;
-  q.op = op;
-  q.root = root;
-  q.options = options;
-  return q;
-}
-
-/// "send has 3 elements but recv needs 4" when a typed call's spans disagree, else "".
-inline std::string span_mismatch(std::uint64_t send_size, std::uint64_t send_needed, std::uint64_t recv_size,
-                                 std::uint64_t recv_needed) {
-  if (send_size == send_needed && recv_size == recv_needed) return {};
-  return "send span has " + std::to_string(send_size) + " elements (needs " + std::to_string(send_needed) +
-         ") and recv span has " + std::to_string(recv_size) + " elements (needs " + std::to_string(recv_needed) + ")";
-}
-
-/// `a * b` or std::nullopt on 64-bit overflow.
-inline std::optional<std::uint64_t> checked_mul(std::uint64_t a, std::uint64_t b) noexcept {
-  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return std::nullopt;
-  return a * b;
-}
-
-/// `a * b` bytes, or std::nullopt when that is more than any buffer can hold: a pointer plus
-/// the size must not overflow (PTRDIFF_MAX bytes, the most a C++ object may span).
-inline std::optional<std::uint64_t> checked_buffer_bytes(std::uint64_t a, std::uint64_t b) noexcept {
-  const auto bytes = checked_mul(a, b);
-  if (!bytes || *bytes > static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max())) return std::nullopt;
-  return bytes;
-}
 
 /// Sets `d.reproducible` for request `q` and records its refusals with `fail` (see
 /// collective_options::reproducible): a per-call request for anything but a floating sum, avg or

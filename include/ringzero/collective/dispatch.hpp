@@ -18,21 +18,10 @@
 #include "ringzero/algorithm/halving_doubling.hpp"
 #include "ringzero/algorithm/ring.hpp"
 #include "ringzero/collective/describe.hpp"
+#include "ringzero/collective/request.hpp"
 #include "ringzero/collective/reproducible.hpp"
 
 namespace ringzero::detail {
-
-/// Sets and clears the communicator's current collective (for error messages).
-class current_collective {
- public:
-  current_collective(communicator& c, const collective_descriptor* d) noexcept : c_(c) { c_.set_current(d); }
-  ~current_collective() { c_.set_current(nullptr); }
-  current_collective(const current_collective&) = delete;
-  current_collective& operator=(const current_collective&) = delete;
-
- private:
-  communicator& c_;
-};
 
 /// Holds the communicator's one-thread-at-a-time claim (communicator::enter_exclusive) for a
 /// scope; the constructor throws errc::invalid_argument when another thread holds it.
@@ -170,10 +159,14 @@ inline work issue(communicator& c, collective_descriptor d, bool async) {
   return w;
 }
 
-/// Describes and issues a request (the body of every public collective).
-inline work issue(communicator& c, const collective_request& q, bool async) { return issue(c, describe(c, q), async); }
+#if RINGZERO_DEFINE_COMPILED_CORE
+// The two entry points declared in collective/request.hpp (inline when header-only, compiled
+// once in <ringzero/impl/src.hpp> under RINGZERO_SEPARATE_COMPILATION).
+RINGZERO_DECL work issue(communicator& c, const collective_request& q, bool async) {
+  return issue(c, describe(c, q), async);
+}
 
-/// Describes and runs a blocking request: returns once it has finished, rethrowing its error.
-inline void run_blocking(communicator& c, const collective_request& q) { issue(c, q, false).wait(); }
+RINGZERO_DECL void run_blocking(communicator& c, const collective_request& q) { issue(c, q, false).wait(); }
+#endif
 
 }  // namespace ringzero::detail

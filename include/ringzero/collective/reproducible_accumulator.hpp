@@ -15,7 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "ringzero/collective/dispatch.hpp"
+#include "ringzero/collective/request.hpp"
+#if !defined(RINGZERO_SEPARATE_COMPILATION)
+#include "ringzero/collective/dispatch.hpp"  // the core's definitions (collective/request.hpp)
+#endif
 #include "ringzero/primitive/reproducible_arrays.hpp"
 #include "ringzero/primitive/reproducible_sum.hpp"
 

@@ -20,7 +20,10 @@
 #include <span>
 #include <string>
 
-#include "ringzero/collective/dispatch.hpp"
+#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/contract.hpp"
+#include "ringzero/core/checked_arithmetic.hpp"
+#include "ringzero/core/dtype.hpp"
 
 namespace ringzero {
 

@@ -47,3 +47,23 @@
 
 /// Size in bytes of a cache line; shared atomics are padded to it to avoid false sharing.
 #define RINGZERO_CACHE_LINE 64
+
+// Separate compilation (docs/compile_time.md). By default ringzero is header-only and every
+// function is `inline`. A program that defines RINGZERO_SEPARATE_COMPILATION (for every
+// translation unit) and compiles <ringzero/impl/src.hpp> once in its own .cpp gets the
+// type-erased core (collective execution with every algorithm and dtype x op reduction kernel,
+// and the local backend's thread launch) compiled once there instead of in every user file.
+#if defined(RINGZERO_SEPARATE_COMPILATION)
+/// Declares a function of the compiled core: `inline` when header-only, external otherwise.
+#define RINGZERO_DECL
+#if defined(RINGZERO_SEPARATE_COMPILATION_SOURCE)
+/// 1 where the compiled core's definitions are compiled: every file when header-only, only the
+/// source of <ringzero/impl/src.hpp> under RINGZERO_SEPARATE_COMPILATION.
+#define RINGZERO_DEFINE_COMPILED_CORE 1
+#else
+#define RINGZERO_DEFINE_COMPILED_CORE 0
+#endif
+#else
+#define RINGZERO_DECL inline
+#define RINGZERO_DEFINE_COMPILED_CORE 1
+#endif

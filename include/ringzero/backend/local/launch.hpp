@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -19,6 +20,7 @@
 
 #include "ringzero/backend/local/communicator.hpp"
 #include "ringzero/backend/local/world.hpp"
+#include "ringzero/core/config.hpp"
 
 #if defined(__linux__)
 #include <pthread.h>
@@ -126,15 +128,48 @@ void run_world(int world_size, const launch_options& options, Make&& make, F&& f
 
 }  // namespace detail
 
+namespace detail {
+
+/// A non-owning reference to a rank's function `void(local::communicator&)`: what `launch`
+/// hands to the compiled core, so the thread launch is compiled once, not once per callable.
+/// The referenced callable must outlive the reference.
+class rank_function {
+ public:
+  template <class F>
+  explicit rank_function(F& fn) noexcept
+      : target_(static_cast<void*>(std::addressof(fn))),
+        call_([](void* target, communicator& comm) { (*static_cast<F*>(target))(comm); }) {}
+
+  /// Calls the referenced function with `comm`; rethrows what it throws.
+  void operator()(communicator& comm) const { call_(target_, comm); }
+
+ private:
+  void* target_;
+  void (*call_)(void*, communicator&);
+};
+
+/// The body of `launch` (inline when header-only, compiled once in <ringzero/impl/src.hpp>
+/// under RINGZERO_SEPARATE_COMPILATION).
+RINGZERO_DECL void launch_threads(int world_size, rank_function fn, const launch_options& options);
+
+#if RINGZERO_DEFINE_COMPILED_CORE
+RINGZERO_DECL void launch_threads(int world_size, rank_function fn, const launch_options& options) {
+  run_world<communicator>(
+      world_size, options, [](std::optional<communicator>& comm, world& w, int r) { comm.emplace(w, r); }, fn,
+      "local::launch");
+}
+#endif
+
+}  // namespace detail
+
 /// Runs `fn(ringzero::local::communicator&)` on `world_size` new threads (ranks 0..world_size-1)
 /// and waits for all of them. `fn` must be callable concurrently from all threads.
 /// Throws errc::invalid_argument when world_size < 1 or an environment variable is malformed;
 /// rethrows the exception of the lowest rank whose `fn` threw.
 template <class F>
 void launch(int world_size, F&& fn, const launch_options& options = {}) {
-  detail::run_world<communicator>(
-      world_size, options, [](std::optional<communicator>& comm, world& w, int r) { comm.emplace(w, r); },
-      std::forward<F>(fn), "local::launch");
+  auto call = [&fn](communicator& comm) { fn(comm); };
+  detail::launch_threads(world_size, detail::rank_function(call), options);
 }
 
 }  // namespace ringzero::local
