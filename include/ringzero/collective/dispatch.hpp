@@ -36,7 +36,7 @@ class exclusive_use {
   communicator& c_;
 };
 
-/// A world of one: the output is the input (bit for bit, case C4), or the input times the
+/// A world of one: the output is the input (bit for bit), or the input times the
 /// scalar for premul_sum.
 inline void run_world_of_one(const algorithms::call& c) {
   const collective_descriptor& d = c.d;

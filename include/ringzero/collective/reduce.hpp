@@ -15,7 +15,7 @@ namespace ringzero {
 
 /// Reduces `count` elements from every rank's `send` with `op` into the root's `recv`.
 /// `recv` is written on the root only; on other ranks it is ignored (may be null) and never
-/// touched (case C9). In place when `send == recv` on the root.
+/// touched. In place when `send == recv` on the root.
 /// Errors, thread semantics and determinism as `all_reduce`; follows ncclReduce.
 inline void reduce(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type, reduce_op op,
                    int root, const collective_options& options = {}) {

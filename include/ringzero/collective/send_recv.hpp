@@ -8,7 +8,7 @@
 /// ranks match in order. Two ranks that must exchange data use `sendrecv` (like NCCL's group of
 /// a send and a recv): two blocking sends towards each other would each wait for the other (on
 /// the local backend always, on MPI above its eager size), and fail with errc::timeout. The sizes of a matched send and receive must be equal: otherwise both ranks
-/// get errc::size_mismatch naming both sizes (case C12), never a partial copy. Only byte sizes
+/// get errc::size_mismatch naming both sizes, never a partial copy. Only byte sizes
 /// are compared (equal sizes of different dtypes pass). Where the sender learns it: in the call
 /// on the local backend and on MPI with the check mode; on MPI without it, the receiver raises
 /// in the call and the sender, whose send MPI may already have completed, at a later call on
