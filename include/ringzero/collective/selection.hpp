@@ -2,36 +2,7 @@
 /// @file
 /// Algorithm selection: which algorithms implement which collective, the cost model that picks
 /// one, and how per-call options and RINGZERO_ALGO override it.
-///
-/// The model is the alpha-beta-gamma model (Hockney 1994; Thakur, Rabenseifner & Gropp 2005):
-/// a step costs alpha, each byte moved between ranks beta, each byte combined gamma. Terms for
-/// ranks that share memory are added. Every collective starts and ends with the backend's
-/// rendezvous (`communicator::begin` and `end`; on the local backend each is an all-rank
-/// synchronisation, sigma), whatever the algorithm, so every estimate includes 2s. The
-/// shared-memory `direct` algorithm needs nothing else but its memory traffic (mu per byte read
-/// or written on one rank); its reductions also write each result block into a tile in L1 and
-/// read it back (c per byte: n reads for all_reduce, one for reduce_scatter and reduce, whose
-/// point-to-point schedules combine straight into the output instead). A copy within one rank
-/// (read + write) costs 2 mu per byte: the point-to-point schedules copy the rank's own block
-/// into its output before the first step (all_gather, all_to_all), and the root copies its
-/// whole input before it sends (broadcast). With S the collective's bytes (per rank for
-/// all_reduce, broadcast and reduce; the whole n-block buffer for reduce_scatter, all_gather
-/// and all_to_all), n ranks, p the largest power of two <= n and rem = n - p, each algorithm's
-/// estimate is 2s plus:
-///
-/// | collective     | ring                                  | halving_doubling                                      | direct             |
-/// |----------------|---------------------------------------|-------------------------------------------------------|--------------------|
-/// | all_reduce     | 2(n-1)a + (n-1)/n S(2b+g)             | min(2log2(p)a + (p-1)/p S(2b+g), log2(p)(a + S(b+g))) | 2S m + (S + S/n) c |
-/// |                |                                       | [+ 2a + 2Sb + Sg if rem]                              |                    |
-/// | reduce_scatter | (n-1)a + (n-1)/n S(b+g)               | log2(p)a + (p-1)/p S(b+g) [+ 2a + S(b+g) + S/n b]     | (S + S/n) m + 2S/n c |
-/// | all_gather     | (n-1)a + (n-1)/n S b + 2S/n m         | log2(p)a + (p-1)/p S b [+ 2a + S/n b + S b] + 2S/n m  | 2S m               |
-/// | broadcast      | (n-2+k)(a + S/k b) + 2S m, k = slices | (n-1)a + (n-1)/n S b + all_gather (without 2S/n m) + 2S m | 2S m            |
-/// | reduce         | reduce_scatter + (n-1)a + (n-1)/n S b | reduce_scatter + (n-1)a + (n-1)/n S b                 | (S + S/n) m + 2S/n c |
-/// | all_to_all     | (n-1)(a + S/n b) + 2S/n m             | —                                                     | 2S m               |
-///
-/// The cheapest available algorithm wins; ties go to the earlier column. A backend that
-/// `prefers_native` a collective gets its native one. The parameters come from the backend
-/// (`communicator::link`); docs/algorithms.md lists them and the measured crossovers.
+/// The manual: docs/algorithms.md, "Header notes", `ringzero/collective/selection.hpp`.
 
 #include <algorithm>
 #include <cmath>
