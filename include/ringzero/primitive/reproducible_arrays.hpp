@@ -133,19 +133,15 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
   }
 }
 
-/// One float32 contribution b[i] deposited into a binned accumulator element (K = 3; local top
-/// tops[i], limbs limbs[3i..3i+2]), bit for bit primitive::accumulate, n <= reproducible_block,
-/// where the element's top stays or the element is empty (top 0: its limbs are 0, so no shift
-/// is needed). The bin comes as in fold_tops_f32_body; the digits are those of
-/// trunc(|x| / 2^unit), computed like add_words_f32_body's word (exact, < 2^36 as the value's
-/// bin is at most the top). Elements whose top rises from a non-zero bin or becomes the
-/// non-finite bin are left alone with slow[i] = 1 (the caller runs the element function);
-/// their values are masked to zero before any floating-point step when non-finite.
-[[gnu::always_inline]] inline void accumulate_f32_body(std::uint8_t* tops, std::int64_t* limbs, std::uint8_t* slow,
-                                                       const float* b, std::uint64_t n) noexcept {
+/// The first passes of a block deposit (accumulate_f32_body, accumulate_packed_f32_body),
+/// n <= reproducible_block: new_top[i] = max(tops[i], the bin of b[i]) (bins from the exponent
+/// field, subnormals through their fraction's exponent; zero in bin 0, inf/NaN in the
+/// non-finite bin), and scaled[i] = trunc(b[i] * 2^(1104 - 12 * new_top[i])), the scale's
+/// exponent clamped to a normal double's (0 for non-finite values, masked before any
+/// floating-point step). Branch-free loops, so that each vectorises.
+[[gnu::always_inline]] inline void deposit_tops_and_scaled_f32(const std::uint8_t* tops, const float* b, std::uint64_t n,
+                                                               std::uint32_t* new_top, std::int64_t* scaled) noexcept {
   alignas(64) std::uint32_t fraction_exponent[reproducible_block];
-  alignas(64) std::uint32_t new_top[reproducible_block];
-  alignas(64) std::int64_t scaled[reproducible_block];
   for (std::uint64_t i = 0; i < n; ++i)
     fraction_exponent[i] = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(b[i]) & 0x7FFFFF))) >> 23;
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -163,6 +159,21 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
     const double x = static_cast<double>(std::bit_cast<float>(std::bit_cast<std::uint32_t>(b[i]) & keep));
     scaled[i] = static_cast<std::int64_t>(x * std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
   }
+}
+
+/// One float32 contribution b[i] deposited into a binned accumulator element (K = 3; local top
+/// tops[i], limbs limbs[3i..3i+2]), bit for bit primitive::accumulate, n <= reproducible_block,
+/// where the element's top stays or the element is empty (top 0: its limbs are 0, so no shift
+/// is needed). The bin comes as in fold_tops_f32_body; the digits are those of
+/// trunc(|x| / 2^unit), computed like add_words_f32_body's word (exact, < 2^36 as the value's
+/// bin is at most the top). Elements whose top rises from a non-zero bin or becomes the
+/// non-finite bin are left alone with slow[i] = 1 (the caller runs the element function);
+/// their values are masked to zero before any floating-point step when non-finite.
+[[gnu::always_inline]] inline void accumulate_f32_body(std::uint8_t* tops, std::int64_t* limbs, std::uint8_t* slow,
+                                                       const float* b, std::uint64_t n) noexcept {
+  alignas(64) std::uint32_t new_top[reproducible_block];
+  alignas(64) std::int64_t scaled[reproducible_block];
+  deposit_tops_and_scaled_f32(tops, b, n, new_top, scaled);
   alignas(64) std::int64_t digit[3][reproducible_block];
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t old = tops[i], top = new_top[i];
@@ -191,26 +202,9 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
 /// would have to move too), elements whose top rises from a non-zero bin.
 [[gnu::always_inline]] inline void accumulate_packed_f32_body(std::uint8_t* tops, std::int64_t* packed, std::uint8_t* slow,
                                                               const float* b, std::uint64_t n, bool flushed) noexcept {
-  alignas(64) std::uint32_t fraction_exponent[reproducible_block];
   alignas(64) std::uint32_t new_top[reproducible_block];
   alignas(64) std::int64_t scaled[reproducible_block];
-  for (std::uint64_t i = 0; i < n; ++i)
-    fraction_exponent[i] = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(b[i]) & 0x7FFFFF))) >> 23;
-  for (std::uint64_t i = 0; i < n; ++i) {
-    const std::uint32_t bits = std::bit_cast<std::uint32_t>(b[i]), e = (bits >> 23) & 0xFF;
-    const std::uint32_t position = e != 0 ? e + 953 : fraction_exponent[i] + 804;
-    std::uint32_t bin = (position * 43691u) >> 19;
-    bin = e == 255 ? reproducible_nonfinite_bin : bin;
-    bin = (bits << 1) == 0 ? 0 : bin;
-    new_top[i] = std::max(static_cast<std::uint32_t>(tops[i]), bin);
-  }
-  for (std::uint64_t i = 0; i < n; ++i) {
-    const std::uint32_t top = new_top[i];
-    const std::uint32_t keep = 0u - static_cast<std::uint32_t>(top != reproducible_nonfinite_bin);
-    const std::int32_t field = std::clamp(2127 - 12 * static_cast<std::int32_t>(top), 1, 2046);
-    const double x = static_cast<double>(std::bit_cast<float>(std::bit_cast<std::uint32_t>(b[i]) & keep));
-    scaled[i] = static_cast<std::int64_t>(x * std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
-  }
+  deposit_tops_and_scaled_f32(tops, b, n, new_top, scaled);
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t old = tops[i], top = new_top[i], rise = top - old;
     const bool fast = (rise == 0 || old == 0 || !flushed) && top != reproducible_nonfinite_bin;
