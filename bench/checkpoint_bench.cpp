@@ -35,8 +35,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "ringzero/checkpoint.hpp"
@@ -51,7 +51,9 @@ namespace fs = std::filesystem;
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -95,17 +97,25 @@ int main(int argc, char** argv) {
   CLI::App app{"ringzero-checkpoint-bench: checkpoint save/load throughput against the disk's sequential bandwidth"};
   int ranks = 2, repeat = 3;
   std::string state_text = "1G", dir_text, json_path;
-  app.add_option("--ranks", ranks, "ranks (threads of the local backend)")->capture_default_str()->check(CLI::Range(1, 64));
-  app.add_option("--state", state_text, "model state in bytes (parameters + 2 AdamW moments), e.g. 1G")->capture_default_str();
+  app.add_option("--ranks", ranks, "ranks (threads of the local backend)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--state", state_text, "model state in bytes (parameters + 2 AdamW moments), e.g. 1G")
+      ->capture_default_str();
   app.add_option("--dir", dir_text, "directory on the disk to measure (default: a new directory under /var/tmp)");
-  app.add_option("--repeat", repeat, "repetitions (medians reported)")->capture_default_str()->check(CLI::Range(1, 100));
+  app.add_option("--repeat", repeat, "repetitions (medians reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
   app.add_option("--json", json_path, "also write the results as JSON to this file");
   CLI11_PARSE(app, argc, argv);
   try {
     const std::uint64_t state_bytes = rz::bench::parse_size(state_text, "--state", 1);
     const std::uint64_t per_parameter = std::uint64_t{16} << 20;  // elements
-    const std::uint64_t parameters = std::max<std::uint64_t>(1, (state_bytes + per_parameter * 12 - 1) / (per_parameter * 12));
-    const fs::path dir = dir_text.empty() ? fs::path("/var/tmp") / ("ringzero-checkpoint-bench-" + std::to_string(::getpid())) : fs::path(dir_text);
+    const std::uint64_t parameters =
+        std::max<std::uint64_t>(1, (state_bytes + per_parameter * 12 - 1) / (per_parameter * 12));
+    const fs::path dir = dir_text.empty()
+                             ? fs::path("/var/tmp") / ("ringzero-checkpoint-bench-" + std::to_string(::getpid()))
+                             : fs::path(dir_text);
     fs::create_directories(dir);
     rz::zero::plan_request q;
     for (std::uint64_t p = 0; p < parameters; ++p) {
@@ -120,8 +130,10 @@ int main(int argc, char** argv) {
     options.optimizer.kind = rz::zero::optimizer_kind::adamw;
     options.optimizer.lr = 1e-3;
     const std::uint64_t total = parameters * per_parameter * 12;
-    fmt::print("# ringzero-checkpoint-bench: {} ranks, {} parameters of {} float32 elements, AdamW: {:.3f} GiB of state, in {}\n", ranks,
-               parameters, per_parameter, static_cast<double>(total) / (1u << 30), dir.string());
+    fmt::print(
+        "# ringzero-checkpoint-bench: {} ranks, {} parameters of {} float32 elements, AdamW: {:.3f} GiB of state, in "
+        "{}\n",
+        ranks, parameters, per_parameter, static_cast<double>(total) / (1u << 30), dir.string());
     timings t;
     std::mutex mutex;
     std::uint64_t staging_bytes = 0;
@@ -130,14 +142,15 @@ int main(int argc, char** argv) {
       rz::zero::sharded_model model(comm, q, options);
       for (std::size_t p = 0; p < model.parameter_count(); ++p) {
         std::vector<float> v(per_parameter);
-        for (std::uint64_t j = 0; j < per_parameter; ++j) v[j] = static_cast<float>((j * 2654435761u + p) % 1000) / 1000.0f;
+        for (std::uint64_t j = 0; j < per_parameter; ++j)
+          v[j] = static_cast<float>((j * 2654435761u + p) % 1000) / 1000.0f;
         model.set_parameter(p, v);
       }
       model.step();  // moments become non-zero-sized work; the state is now "trained"
       const std::uint64_t share = total / static_cast<std::uint64_t>(ranks);
       std::vector<unsigned char> source(share, 1), sink(share);
       ck::checkpointer ckpt(dir / "checkpoints");  // keep_last 0: removals are not timed (done below)
-      auto slowest = [&](double mine) {  // the slowest rank's time, on every rank
+      auto slowest = [&](double mine) {            // the slowest rank's time, on every rank
         double all = mine;
         rz::all_reduce(comm, &all, &all, 1, rz::dtype::float64, rz::reduce_kind::max);
         return all;
@@ -196,7 +209,8 @@ int main(int argc, char** argv) {
         ckpt.wait();
         if (r == 0) {
           staging_bytes = ckpt.staging_bytes();
-          for (const std::string& old : {"bench-" + std::to_string(k), "async-" + std::to_string(k)}) fs::remove_all(dir / "checkpoints" / old);
+          for (const std::string& old : {"bench-" + std::to_string(k), "async-" + std::to_string(k)})
+            fs::remove_all(dir / "checkpoints" / old);
         }
         std::vector<unsigned char> staging(ckpt.staging_bytes(), 0);  // pre-touched
         const std::vector<unsigned char> from(ckpt.staging_bytes(), 2);
@@ -209,24 +223,32 @@ int main(int argc, char** argv) {
     const double gib = static_cast<double>(total) / (1u << 30);
     auto gibs = [&](const std::vector<double>& v) { return gib / median(v); };
     fmt::print("{:<44} {:>10} {:>12}\n", "measurement (median of " + std::to_string(repeat) + ")", "seconds", "GiB/s");
-    fmt::print("{:<44} {:>10.3f} {:>12.3f}\n", "sequential write + fsync (dd-like, 64 MiB)", median(t.write), gibs(t.write));
+    fmt::print("{:<44} {:>10.3f} {:>12.3f}\n", "sequential write + fsync (dd-like, 64 MiB)", median(t.write),
+               gibs(t.write));
     fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpoint save", median(t.save), gibs(t.save),
                100.0 * median(t.write) / median(t.save));
     fmt::print("{:<44} {:>10.3f} {:>12.3f}\n", "sequential read, cold cache", median(t.read), gibs(t.read));
-    fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpoint load (reshard-capable), cold", median(t.load),
-               gibs(t.load), 100.0 * median(t.read) / median(t.load));
-    fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpointer::load (staging kept), cold", median(t.load_kept),
-               gibs(t.load_kept), 100.0 * median(t.read) / median(t.load_kept));
+    fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpoint load (reshard-capable), cold",
+               median(t.load), gibs(t.load), 100.0 * median(t.read) / median(t.load));
+    fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpointer::load (staging kept), cold",
+               median(t.load_kept), gibs(t.load_kept), 100.0 * median(t.read) / median(t.load_kept));
     fmt::print("{:<44} {:>10.3f}\n", "async_save: training thread blocked", median(t.blocked));
-    fmt::print("{:<44} {:>10.3f}   ({:.3f} GiB per rank)\n", "memcpy of the same bytes to staging", median(t.memcpy_staging),
-               static_cast<double>(staging_bytes) / (1u << 30));
+    fmt::print("{:<44} {:>10.3f}   ({:.3f} GiB per rank)\n", "memcpy of the same bytes to staging",
+               median(t.memcpy_staging), static_cast<double>(staging_bytes) / (1u << 30));
     fmt::print("{:<44} {:>10.3f}\n", "optimizer step alone", median(t.step_alone));
     fmt::print("{:<44} {:>10.3f}\n", "optimizer step during the background write", median(t.step_during));
     if (!json_path.empty()) {
-      nlohmann::json j = {{"ranks", ranks},           {"state_bytes", total},          {"write_s", t.write},
-                          {"save_s", t.save},         {"read_s", t.read},              {"load_s", t.load}, {"load_kept_s", t.load_kept},
-                          {"async_blocked_s", t.blocked}, {"memcpy_staging_s", t.memcpy_staging},
-                          {"step_alone_s", t.step_alone}, {"step_during_write_s", t.step_during}};
+      nlohmann::json j = {{"ranks", ranks},
+                          {"state_bytes", total},
+                          {"write_s", t.write},
+                          {"save_s", t.save},
+                          {"read_s", t.read},
+                          {"load_s", t.load},
+                          {"load_kept_s", t.load_kept},
+                          {"async_blocked_s", t.blocked},
+                          {"memcpy_staging_s", t.memcpy_staging},
+                          {"step_alone_s", t.step_alone},
+                          {"step_during_write_s", t.step_during}};
       std::ofstream(json_path) << j.dump(1) << "\n";
     }
     if (dir_text.empty()) fs::remove_all(dir);

@@ -8,15 +8,16 @@
 // the page cache: the time is that of a warm read (verification, conversion, writing).
 //
 //   ringzero-consolidate-bench --dir /scratch/ckbench --tool tools/ringzero-ckpt
-//   ringzero-consolidate-bench --dir /scratch/ckbench --tool tools/ringzero-ckpt --total-mib 2048 --largest-mib 1024 --dtype bfloat16
+//   ringzero-consolidate-bench --dir /scratch/ckbench --tool tools/ringzero-ckpt --total-mib 2048 --largest-mib 1024
+//   --dtype bfloat16
 // Results: docs/performance.md, "Checkpoint consolidation".
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
-#include <unistd.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -133,14 +134,19 @@ int main(int argc, char** argv) {
     if (wait4(pid, &status, 0, &usage) != pid) throw ringzero::error(ringzero::errc::io_error, "wait4 failed");
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      throw ringzero::error(ringzero::errc::io_error, fmt::format("{} exited with status {}", tool, WEXITSTATUS(status)));
+      throw ringzero::error(ringzero::errc::io_error,
+                            fmt::format("{} exited with status {}", tool, WEXITSTATUS(status)));
     const double peak_mib = static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
     const double target_mib = 2.0 * static_cast<double>(largest >> 20) + 64.0;
-    fmt::print("checkpoint: {} MiB of float32 parameters in {} rank files, largest tensor {} MiB (written in {:.1f} s)\n", total_mib, ranks,
-               largest >> 20, gen);
-    fmt::print("consolidate{}{}: {:.2f} s, {:.0f} MiB/s of parameters; peak RSS {:.1f} MiB (target < 2 x {} MiB + 64 MiB = {:.0f} MiB: {})\n",
-               dtype.empty() ? "" : " --dtype " + dtype, max_shard.empty() ? "" : " --max-shard-size " + max_shard, seconds,
-               static_cast<double>(total_mib) / seconds, peak_mib, largest >> 20, target_mib, peak_mib < target_mib ? "met" : "MISSED");
+    fmt::print(
+        "checkpoint: {} MiB of float32 parameters in {} rank files, largest tensor {} MiB (written in {:.1f} s)\n",
+        total_mib, ranks, largest >> 20, gen);
+    fmt::print(
+        "consolidate{}{}: {:.2f} s, {:.0f} MiB/s of parameters; peak RSS {:.1f} MiB (target < 2 x {} MiB + 64 MiB = "
+        "{:.0f} MiB: {})\n",
+        dtype.empty() ? "" : " --dtype " + dtype, max_shard.empty() ? "" : " --max-shard-size " + max_shard, seconds,
+        static_cast<double>(total_mib) / seconds, peak_mib, largest >> 20, target_mib,
+        peak_mib < target_mib ? "met" : "MISSED");
     if (!keep) fs::remove_all(dir);
     return peak_mib < target_mib ? 0 : 2;
   } catch (const std::exception& e) {

@@ -42,21 +42,24 @@ struct copy_bandwidth {
 
 // STREAM's copy kernel; loop distribution into a memcpy call is disabled so that it stays a loop.
 [[gnu::noinline, gnu::optimize("no-tree-loop-distribute-patterns")]] inline void stream_copy(double* __restrict c,
-                                                                                            const double* __restrict a,
-                                                                                            std::uint64_t n) {
+                                                                                             const double* __restrict a,
+                                                                                             std::uint64_t n) {
   for (std::uint64_t i = 0; i < n; ++i) c[i] = a[i];
 }
 
 /// Measures on every rank of `comm` at once, copying `bytes` from `src` to `dst` (both touched
 /// already). Collective: every rank must call it; every rank gets the same result.
-inline copy_bandwidth measure_copy_bandwidth(communicator& comm, void* dst, const void* src, std::uint64_t bytes, int reps) {
+inline copy_bandwidth measure_copy_bandwidth(communicator& comm, void* dst, const void* src, std::uint64_t bytes,
+                                             int reps) {
   auto run = [&](bool use_memcpy) {
     std::vector<double> rates;
     for (int rep = 0; rep < reps + 1; ++rep) {  // the first repetition warms up
       barrier(comm);
       const auto t0 = std::chrono::steady_clock::now();
-      if (use_memcpy) std::memcpy(dst, src, bytes);
-      else stream_copy(static_cast<double*>(dst), static_cast<const double*>(src), bytes / sizeof(double));
+      if (use_memcpy)
+        std::memcpy(dst, src, bytes);
+      else
+        stream_copy(static_cast<double*>(dst), static_cast<const double*>(src), bytes / sizeof(double));
       double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       double slowest = 0;
       all_reduce(comm, &seconds, &slowest, 1, dtype::float64, reduce_kind::max);

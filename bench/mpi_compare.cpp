@@ -20,8 +20,9 @@
 // measures instead the cost parameters of the algorithm choice on this machine and network
 // (alpha: one exchange step of 8-byte messages between ring neighbours; beta: the extra time
 // per byte of an exchange step, from 64 KiB and 1 MiB steps; gamma: the float32 combine per
-// byte of 256 KiB; all sizes where the model's choices fall, in cache), prints them as an mpi::communicator_options::link value, and measures what the
-// check mode (RINGZERO_CHECK=1) adds to a barrier and to an 8-byte all_reduce.
+// byte of 256 KiB; all sizes where the model's choices fall, in cache), prints them as an
+// mpi::communicator_options::link value, and measures what the check mode (RINGZERO_CHECK=1) adds to a barrier and to
+// an 8-byte all_reduce.
 
 #include <algorithm>
 #include <chrono>
@@ -34,8 +35,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "ringzero/backend/mpi.hpp"
@@ -60,12 +61,15 @@ struct free_deleter {
 /// other N/A) and what auto resolved to.
 struct measurement {
   rz::bench::result_row row;
-  const rz::bench::placement_result& measured(bool in_place) const { return in_place ? row.in_place : row.out_of_place; }
+  const rz::bench::placement_result& measured(bool in_place) const {
+    return in_place ? row.in_place : row.out_of_place;
+  }
 };
 
 class compare {
  public:
-  compare(rz::mpi::communicator& comm, rz::collective_kind kind, int iters, int warmup, bool in_place, std::uint64_t max_bytes)
+  compare(rz::mpi::communicator& comm, rz::collective_kind kind, int iters, int warmup, bool in_place,
+          std::uint64_t max_bytes)
       : comm_(comm), desc_(rz::bench::describe_bench(kind)), iters_(iters), warmup_(warmup), in_place_(in_place) {
     n_ = comm.world_size();
     r_ = comm.rank();
@@ -73,7 +77,8 @@ class compare {
     send_.reset(static_cast<unsigned char*>(std::aligned_alloc(4096, bytes)));
     recv_.reset(static_cast<unsigned char*>(std::aligned_alloc(4096, bytes)));
     if (!send_ || !recv_)
-      throw std::runtime_error("cannot allocate two buffers of " + std::to_string(bytes) + " bytes (the largest size, -e)");
+      throw std::runtime_error("cannot allocate two buffers of " + std::to_string(bytes) +
+                               " bytes (the largest size, -e)");
     std::memset(send_.get(), 0, bytes);
     std::memset(recv_.get(), 0, bytes);
     times_.resize(static_cast<std::size_t>(std::min(iters, block_iters)));
@@ -122,8 +127,8 @@ class compare {
       row.redop = rz::is_reduction(desc_.kind) ? "sum" : "none";
       row.ranks = n_;
       std::string problem;
-      row.algorithm = std::string(rz::algorithm_name(
-          rz::resolve_algorithm(comm_, desc_.kind, static_cast<double>(s.size_bytes), algos[a], comm_.forced_algorithm(), problem)));
+      row.algorithm = std::string(rz::algorithm_name(rz::resolve_algorithm(
+          comm_, desc_.kind, static_cast<double>(s.size_bytes), algos[a], comm_.forced_algorithm(), problem)));
       row.requested = std::string(rz::algorithm_name(algos[a]));
       (in_place_ ? row.in_place : row.out_of_place) =
           rz::bench::make_placement(desc_, s, n_, in_place_, rz::bench::summarize(samples[a]), wrong[a], 0.0);
@@ -187,9 +192,10 @@ void measure_link(rz::mpi::communicator& comm, int reps) {
   rz::primitive::reduce_spec spec;
   spec.type = rz::dtype::float32;
   const std::uint64_t combined = 256 << 10;
-  const double combine = seconds_per(comm, std::max(3, reps / 4), [&] {
-    rz::primitive::reduce_into(b.data(), a.data(), b.data(), combined / 4, spec);
-  }) * 1e6;
+  const double combine =
+      seconds_per(comm, std::max(3, reps / 4),
+                  [&] { rz::primitive::reduce_into(b.data(), a.data(), b.data(), combined / 4, spec); }) *
+      1e6;
   const double gamma = combine / static_cast<double>(combined);
   // The check mode's cost: the same calls on a second communicator that checks.
   rz::mpi::communicator_options checked;
@@ -206,14 +212,16 @@ void measure_link(rz::mpi::communicator& comm, int reps) {
   const double barrier_plain = barrier_us(plain_comm), barrier_checked = barrier_us(check_comm);
   const double reduce_plain = reduce_us(plain_comm), reduce_checked = reduce_us(check_comm);
   if (r != 0) return;
-  fmt::print("# ringzero-mpi-compare --link : {} MPI processes{}\n", n, comm.oversubscribed() ? " (oversubscribed)" : "");
+  fmt::print("# ringzero-mpi-compare --link : {} MPI processes{}\n", n,
+             comm.oversubscribed() ? " (oversubscribed)" : "");
   fmt::print("  exchange step, {:>8} B : {:>10.2f} us   -> alpha = {:.2f} us\n", small, alpha, alpha);
   fmt::print("  exchange step, {:>8} B : {:>10.2f} us\n", mid, t_mid);
   fmt::print("  exchange step, {:>8} B : {:>10.2f} us   -> beta  = {:.3e} us/B ({:.2f} GB/s)\n", large, t_large, beta,
              1e-3 / beta);
-  fmt::print("  float32 combine, {:>6} B : {:>10.2f} us   -> gamma = {:.3e} us/B ({:.2f} GB/s)\n", combined, combine, gamma,
-             1e-3 / gamma);
-  fmt::print("  link_model: alpha_us = {:.3g}, beta_us_per_byte = {:.4g}, gamma_us_per_byte = {:.4g}\n", alpha, beta, gamma);
+  fmt::print("  float32 combine, {:>6} B : {:>10.2f} us   -> gamma = {:.3e} us/B ({:.2f} GB/s)\n", combined, combine,
+             gamma, 1e-3 / gamma);
+  fmt::print("  link_model: alpha_us = {:.3g}, beta_us_per_byte = {:.4g}, gamma_us_per_byte = {:.4g}\n", alpha, beta,
+             gamma);
   fmt::print("  check mode: barrier {:.2f} -> {:.2f} us ({:+.2f}); 8-byte all_reduce {:.2f} -> {:.2f} us ({:+.2f})\n",
              barrier_plain, barrier_checked, barrier_checked - barrier_plain, reduce_plain, reduce_checked,
              reduce_checked - reduce_plain);
@@ -236,9 +244,15 @@ int main(int argc, char** argv) {
   app.add_option("--collective", collective, "all_reduce, reduce_scatter or all_gather")->capture_default_str();
   app.add_option("-b,--minbytes", min_b, "smallest size (B; suffixes K, M, G)")->capture_default_str();
   app.add_option("-e,--maxbytes", max_b, "largest size (B; suffixes K, M, G)")->capture_default_str();
-  app.add_option("-f,--stepfactor", factor, "size multiplication factor (>= 2)")->capture_default_str()->check(CLI::Range(2, 1024));
-  app.add_option("-n,--iters", iters, "timed iterations per algorithm and size")->capture_default_str()->check(CLI::Range(1, 1000000));
-  app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per algorithm and size")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-f,--stepfactor", factor, "size multiplication factor (>= 2)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1024));
+  app.add_option("-n,--iters", iters, "timed iterations per algorithm and size")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("-w,--warmup_iters", warmup, "warm-up iterations per algorithm and size")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--inplace", in_place, "run in place instead of out of place");
   app.add_option("--json", json_path, "write the rows to this JSON file (rank 0)");
   app.add_option("--csv", csv_path, "write the rows to this CSV file (rank 0; the table's columns)");
@@ -246,13 +260,12 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
-  }
+  } catch (const CLI::ParseError& e) { return rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1); }
   const auto kind = rz::parse_collective(collective);
   if (!kind || (*kind != rz::collective_kind::all_reduce && *kind != rz::collective_kind::reduce_scatter &&
                 *kind != rz::collective_kind::all_gather)) {
-    if (rank == 0) std::fprintf(stderr, "ringzero-mpi-compare: --collective must be all_reduce, reduce_scatter or all_gather\n");
+    if (rank == 0)
+      std::fprintf(stderr, "ringzero-mpi-compare: --collective must be all_reduce, reduce_scatter or all_gather\n");
     return 2;
   }
   std::int64_t wrong_total = 0;
@@ -261,10 +274,12 @@ int main(int argc, char** argv) {
   try {
     const std::uint64_t min_bytes = parse_size(min_b, "minbytes", 1), max_bytes = parse_size(max_b, "maxbytes", 1);
     if (min_bytes > max_bytes)
-      throw std::invalid_argument("-b/--minbytes (" + min_b + ") is larger than -e/--maxbytes (" + max_b + "): no size to measure");
+      throw std::invalid_argument("-b/--minbytes (" + min_b + ") is larger than -e/--maxbytes (" + max_b +
+                                  "): no size to measure");
     rz::mpi::communicator_options options;
     if (app.count("--alpha") + app.count("--beta") + app.count("--gamma") > 0) {
-      if (!(alpha > 0 && beta > 0 && gamma > 0)) throw std::invalid_argument("--alpha, --beta and --gamma go together (all > 0)");
+      if (!(alpha > 0 && beta > 0 && gamma > 0))
+        throw std::invalid_argument("--alpha, --beta and --gamma go together (all > 0)");
       rz::link_model m = rz::mpi::communicator::default_link(false);
       m.alpha_us = alpha;
       m.beta_us_per_byte = beta;
@@ -282,16 +297,18 @@ int main(int argc, char** argv) {
       fmt::print("# ringzero-mpi-compare {} : {} MPI processes, float32 sum, {}, {} iterations after {} warm-up\n",
                  rz::collective_name(*kind), n, in_place ? "in place" : "out of place", iters, warmup);
       const rz::link_model m = comm.link();
-      fmt::print("# link model: alpha {:.3g} us, beta {:.3g} us/B, gamma {:.3g} us/B{}\n", m.alpha_us, m.beta_us_per_byte,
-                 m.gamma_us_per_byte, comm.oversubscribed() ? " (oversubscribed)" : "");
-      fmt::print("# one row per algorithm (requested->resolved); time: mean over iterations of the slowest rank (us), "
-                 "median beside it; busbw: GB/s (nccl-tests)\n");
-      fmt::print("# after each size: native/best = MPI's own median time over ringzero's best (ring or halving_doubling) "
-                 "median; >= 1 means ringzero at least matches MPI\n");
+      fmt::print("# link model: alpha {:.3g} us, beta {:.3g} us/B, gamma {:.3g} us/B{}\n", m.alpha_us,
+                 m.beta_us_per_byte, m.gamma_us_per_byte, comm.oversubscribed() ? " (oversubscribed)" : "");
+      fmt::print(
+          "# one row per algorithm (requested->resolved); time: mean over iterations of the slowest rank (us), "
+          "median beside it; busbw: GB/s (nccl-tests)\n");
+      fmt::print(
+          "# after each size: native/best = MPI's own median time over ringzero's best (ring or halving_doubling) "
+          "median; >= 1 means ringzero at least matches MPI\n");
       std::fputs(rz::bench::table_header().c_str(), stdout);
     }
-    const std::vector<rz::algorithm> algos = {rz::algorithm::ring, rz::algorithm::halving_doubling, rz::algorithm::native,
-                                              rz::algorithm::automatic};
+    const std::vector<rz::algorithm> algos = {rz::algorithm::ring, rz::algorithm::halving_doubling,
+                                              rz::algorithm::native, rz::algorithm::automatic};
     std::vector<rz::bench::result_row> result_rows;
     for (std::uint64_t bytes : rz::bench::sweep_sizes(min_bytes, max_bytes, factor, 0)) {
       const rz::bench::row_shape shape = c.shape(bytes);
@@ -310,9 +327,13 @@ int main(int argc, char** argv) {
         fmt::print("# {:>12}  native/best {:.2f} (best {}, auto chose {})\n", shape.size_bytes, ratio,
                    ring_best ? "ring" : "halving_doubling", m[3].row.algorithm);
         std::fflush(stdout);
-        comparisons.push_back({{"size_bytes", shape.size_bytes}, {"count", shape.count}, {"ranks", n},
-                               {"auto_chose", m[3].row.algorithm}, {"best", ring_best ? "ring" : "halving_doubling"},
-                               {"native_over_best", ratio}, {"wrong", wrong}});
+        comparisons.push_back({{"size_bytes", shape.size_bytes},
+                               {"count", shape.count},
+                               {"ranks", n},
+                               {"auto_chose", m[3].row.algorithm},
+                               {"best", ring_best ? "ring" : "halving_doubling"},
+                               {"native_over_best", ratio},
+                               {"wrong", wrong}});
         for (const auto& x : m) result_rows.push_back(x.row);
       }
     }

@@ -47,8 +47,8 @@
 
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 #include "command_line.hpp"
 #include "harness/collective.hpp"
@@ -86,18 +86,20 @@ struct options {
   std::vector<int> roots{0};
   rz::algorithm algo = rz::algorithm::automatic;
   bool pin = false;
-  bool reproducible = false;       // --reproducible: floating sum/avg/premulsum reductions in reproducible mode
+  bool reproducible = false;  // --reproducible: floating sum/avg/premulsum reductions in reproducible mode
   std::string json_path;
   std::string csv_path;
   std::uint64_t bandwidth_bytes = 0;
-  bool device_memory = false;      // --memory cuda
-  std::string backend = "local";   // --backend local | nccl | mpi
-  std::vector<int> devices;        // --devices (local backend on device memory)
+  bool device_memory = false;     // --memory cuda
+  std::string backend = "local";  // --backend local | nccl | mpi
+  std::vector<int> devices;       // --devices (local backend on device memory)
 
   /// Bytes of each rank's send and receive buffers (sized for -e, reused by every row).
   std::uint64_t buffer_bytes() const { return std::max<std::uint64_t>(max_bytes, 64); }
   /// Bytes per rank of the bandwidth copy: --bandwidth-bytes, else max(buffer, 64 MiB).
-  std::uint64_t copy_bytes() const { return bandwidth_bytes ? bandwidth_bytes : std::max<std::uint64_t>(buffer_bytes(), 64ull << 20); }
+  std::uint64_t copy_bytes() const {
+    return bandwidth_bytes ? bandwidth_bytes : std::max<std::uint64_t>(buffer_bytes(), 64ull << 20);
+  }
 };
 
 struct shared_state {
@@ -129,7 +131,12 @@ class rank_bench {
   /// host communicator of a parallel local world when `comm` works on device memory) carries the
   /// benchmark's own bookkeeping (times, #wrong, barriers around the copy measurement).
   rank_bench(rz::communicator& comm, rz::communicator& host, const options& o, shared_state& shared)
-      : comm_(comm), host_(host), o_(o), desc_(rz::bench::describe_bench(o.kind)), shared_(shared), device_(comm.space() == rz::memory_space::cuda) {
+      : comm_(comm),
+        host_(host),
+        o_(o),
+        desc_(rz::bench::describe_bench(o.kind)),
+        shared_(shared),
+        device_(comm.space() == rz::memory_space::cuda) {
     n_ = comm.world_size();
     r_ = comm.rank();
     // Buffers allocated and touched once, reused by every row.
@@ -164,9 +171,10 @@ class rank_bench {
     const std::uint64_t rounded = (bytes + 4095) / 4096 * 4096;
     auto* p = static_cast<unsigned char*>(std::aligned_alloc(4096, rounded));
     if (!p)
-      throw std::runtime_error(fmt::format("cannot allocate a {}-byte host buffer (its size comes from -e, or from "
-                                           "--bandwidth-bytes for the bandwidth copy): choose smaller sizes",
-                                           rounded));
+      throw std::runtime_error(
+          fmt::format("cannot allocate a {}-byte host buffer (its size comes from -e, or from "
+                      "--bandwidth-bytes for the bandwidth copy): choose smaller sizes",
+                      rounded));
     std::memset(p, 0, rounded);
     return buffer(p);
   }
@@ -225,9 +233,10 @@ class rank_bench {
     if (r_ == 0) {
       std::lock_guard<std::mutex> lock(shared_.mutex);
       shared_.copy_bandwidth = bw.best();
-      fmt::print("# Memory bandwidth: STREAM-style copy of {} MiB per rank on {} rank(s) at once: loop {:.2f} GB/s, "
-                 "memcpy {:.2f} GB/s (read + write bytes, median of 5)\n",
-                 bytes >> 20, n_, bw.loop_gbps, bw.memcpy_gbps, bw.best());
+      fmt::print(
+          "# Memory bandwidth: STREAM-style copy of {} MiB per rank on {} rank(s) at once: loop {:.2f} GB/s, "
+          "memcpy {:.2f} GB/s (read + write bytes, median of 5)\n",
+          bytes >> 20, n_, bw.loop_gbps, bw.memcpy_gbps, bw.best());
       fmt::print("# %peak = (least bytes any shared-memory algorithm must move) / {:.2f} GB/s / time\n", bw.best());
       copy_gbps_ = bw.best();
     }
@@ -247,7 +256,8 @@ class rank_bench {
       std::vector<double> rates;
       for (int rep = 0; rep < 6; ++rep) {
         const auto t0 = clock_type::now();
-        rz::cudart::check(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+        rz::cudart::check(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream),
+                          "cudaMemcpyAsync");
         rz::cudart::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
         const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
         if (rep > 0) rates.push_back(2.0 * static_cast<double>(bytes) / seconds / 1e9);
@@ -263,12 +273,14 @@ class rank_bench {
     if (r_ == 0) {
       std::lock_guard<std::mutex> lock(shared_.mutex);
       shared_.copy_bandwidth = copy_gbps_;
-      fmt::print("# Device copy bandwidth: cudaMemcpyAsync device to device of {} MiB, each rank alone: {:.2f} GB/s "
-                 "(read + write bytes, median of 5, slowest rank)\n",
-                 bytes >> 20, copy_gbps_);
-      fmt::print("# %peak = (least bytes any shared-memory algorithm must move) / {:.2f} GB/s / time (ranks share one "
-                 "device's memory)\n",
-                 copy_gbps_);
+      fmt::print(
+          "# Device copy bandwidth: cudaMemcpyAsync device to device of {} MiB, each rank alone: {:.2f} GB/s "
+          "(read + write bytes, median of 5, slowest rank)\n",
+          bytes >> 20, copy_gbps_);
+      fmt::print(
+          "# %peak = (least bytes any shared-memory algorithm must move) / {:.2f} GB/s / time (ranks share one "
+          "device's memory)\n",
+          copy_gbps_);
     }
 #else
     (void)bytes;
@@ -284,9 +296,10 @@ class rank_bench {
     // auto with RINGZERO_ALGO set: the forced algorithm where it is available (the rows say).
     std::string algo(rz::algorithm_name(o_.algo));
     if (o_.algo == rz::algorithm::automatic && comm_.forced_algorithm() != rz::algorithm::automatic)
-      algo += std::string(" (RINGZERO_ALGO=") + std::string(rz::algorithm_name(comm_.forced_algorithm())) + " where available)";
-    fmt::print("# ringzero-bench {} : {} rank(s) on {}, algorithm {}{}\n", rz::collective_name(o_.kind), n_, backend_text(), algo,
-               o_.reproducible ? ", reproducible mode (floating sum/avg/premulsum rows)" : "");
+      algo += std::string(" (RINGZERO_ALGO=") + std::string(rz::algorithm_name(comm_.forced_algorithm())) +
+              " where available)";
+    fmt::print("# ringzero-bench {} : {} rank(s) on {}, algorithm {}{}\n", rz::collective_name(o_.kind), n_,
+               backend_text(), algo, o_.reproducible ? ", reproducible mode (floating sum/avg/premulsum rows)" : "");
     std::fputs(rz::bench::table_header().c_str(), stdout);
     std::fflush(stdout);
   }
@@ -301,7 +314,8 @@ class rank_bench {
   }
 
   // The arguments of the row's calls on this rank.
-  rz::bench::call_args args(const rz::bench::row_shape& s, rz::dtype t, rz::reduce_kind op, int root, bool in_place) const {
+  rz::bench::call_args args(const rz::bench::row_shape& s, rz::dtype t, rz::reduce_kind op, int root,
+                            bool in_place) const {
     rz::bench::call_args a;
     a.send = send_.get();
     a.recv = recv_.get();
@@ -322,7 +336,8 @@ class rank_bench {
   }
 
   // One placement of a row: the exact check (-c 1), the warm-up, the timed iterations.
-  rz::bench::placement_result measure(const rz::bench::row_shape& s, rz::dtype t, rz::reduce_kind op, int root, bool in_place) {
+  rz::bench::placement_result measure(const rz::bench::row_shape& s, rz::dtype t, rz::reduce_kind op, int root,
+                                      bool in_place) {
     if (in_place && !desc_.has_in_place) return {};  // N/A, like nccl-tests' sendrecv
     const rz::bench::call_args a = args(s, t, op, root, in_place);
     auto call = [&] { desc_.call(comm_, a, r_, n_); };
@@ -355,8 +370,8 @@ class rank_bench {
     const rz::bench::row_shape s = desc_.shape(bytes, rz::dtype_size(t), n_);
     if (s.count == 0 && bytes != 0 && desc_.moves_data) return;  // too small for this world
     std::string problem;
-    const rz::algorithm resolved =
-        rz::resolve_algorithm(comm_, o_.kind, static_cast<double>(s.size_bytes), o_.algo, comm_.forced_algorithm(), problem);
+    const rz::algorithm resolved = rz::resolve_algorithm(comm_, o_.kind, static_cast<double>(s.size_bytes), o_.algo,
+                                                         comm_.forced_algorithm(), problem);
     rz::bench::result_row row;
     row.kind = o_.kind;
     row.size_bytes = s.size_bytes;
@@ -420,7 +435,8 @@ int main(int argc, char** argv) {
   std::string collective = "all_reduce", min_b = "32M", max_b = "32M", step_b = "1M", dtypes = "float", ops = "sum",
               roots = "0", algo = "auto", bw_size, devices;
   app.add_option("collective", collective,
-                 "all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all or barrier")->required();
+                 "all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all or barrier")
+      ->required();
   app.add_option("-b,--minbytes", min_b, "smallest size (B; suffixes K, M, G)")->capture_default_str();
   app.add_option("-e,--maxbytes", max_b, "largest size (B; suffixes K, M, G)")->capture_default_str();
   app.add_option("-i,--stepbytes", step_b, "size increment when -f is 1")->capture_default_str();
@@ -428,38 +444,55 @@ int main(int argc, char** argv) {
   // option as 2^64 - 1, "010" as octal and "0x2" as hexadecimal.
   const CLI::Validator digits(
       [](std::string& text) -> std::string {
-        return rz::bench::parse_digits<int>(text) ? std::string() : "'" + text + "' is not a whole number (decimal digits only)";
+        return rz::bench::parse_digits<int>(text) ? std::string()
+                                                  : "'" + text + "' is not a whole number (decimal digits only)";
       },
       "DIGITS");
   app.add_option("-f,--stepfactor", o.step_factor, "size multiplication factor")->capture_default_str()->check(digits);
-  app.add_option("-n,--iters", o.iters, "timed iterations per row")->capture_default_str()->check(digits)->check(CLI::Range(1, 10000000));
+  app.add_option("-n,--iters", o.iters, "timed iterations per row")
+      ->capture_default_str()
+      ->check(digits)
+      ->check(CLI::Range(1, 10000000));
   app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per row")
       ->capture_default_str()
       ->check(digits)
       ->check(CLI::Range(0, 10000000));
-  app.add_option("-c,--check", o.check, "check results bitwise (0 or 1)")->capture_default_str()->check(digits)->check(CLI::Range(0, 1));
-  app.add_option("-d,--datatype", dtypes, "dtype(s): float, double, half, bfloat16, int8, ... comma-separated, or all")->capture_default_str();
-  app.add_option("-o,--op", ops, "reduce op(s): sum, prod, min, max, avg, premulsum, comma-separated, or all")->capture_default_str();
-  app.add_option("-r,--root", roots, "root rank(s) for broadcast/reduce: comma-separated, or all")->capture_default_str();
+  app.add_option("-c,--check", o.check, "check results bitwise (0 or 1)")
+      ->capture_default_str()
+      ->check(digits)
+      ->check(CLI::Range(0, 1));
+  app.add_option("-d,--datatype", dtypes, "dtype(s): float, double, half, bfloat16, int8, ... comma-separated, or all")
+      ->capture_default_str();
+  app.add_option("-o,--op", ops, "reduce op(s): sum, prod, min, max, avg, premulsum, comma-separated, or all")
+      ->capture_default_str();
+  app.add_option("-r,--root", roots, "root rank(s) for broadcast/reduce: comma-separated, or all")
+      ->capture_default_str();
   app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend; default: number of CPUs)")
       ->check(digits)
       ->check(CLI::Range(1, 4096));
-  app.add_option("--algo", algo, "auto, ring, direct, halving_doubling, native (RINGZERO_ALGO also works)")->capture_default_str();
+  app.add_option("--algo", algo, "auto, ring, direct, halving_doubling, native (RINGZERO_ALGO also works)")
+      ->capture_default_str();
   app.add_flag("--pin", o.pin, "pin rank threads to cores");
   app.add_flag("--reproducible", o.reproducible,
                "reproducible mode (docs/numerics.md) for floating sum, avg and premulsum rows of all_reduce, "
                "reduce_scatter and reduce; host memory only");
   app.add_option("--json", o.json_path, "write every row to this JSON file");
-  app.add_option("--csv", o.csv_path, "write every row to this CSV file (the table's columns, bench/harness/table.hpp)");
-  app.add_option("--bandwidth-bytes", bw_size, "per-rank size of the memory-bandwidth copy (default max(maxbytes, 64M))");
+  app.add_option("--csv", o.csv_path,
+                 "write every row to this CSV file (the table's columns, bench/harness/table.hpp)");
+  app.add_option("--bandwidth-bytes", bw_size,
+                 "per-rank size of the memory-bandwidth copy (default max(maxbytes, 64M))");
   std::string memory = "host";
-  app.add_option("--memory", memory, "where buffers live: host, or cuda (device memory; needs a build with CUDA)")->capture_default_str();
-  app.add_option("--backend", o.backend,
-                 "local (threads), nccl (one rank per GPU; with --memory cuda), or mpi (one rank per process: run under "
-                 "mpirun; --ranks must then be the number of processes or left out)")->capture_default_str();
-  auto* devices_opt = app.add_option("--devices", devices,
-                 "CUDA devices of the ranks, comma-separated (rank r: devices[r % size]; default: local backend all on "
-                 "GPU 0, nccl rank r on GPU r); with --memory cuda only");
+  app.add_option("--memory", memory, "where buffers live: host, or cuda (device memory; needs a build with CUDA)")
+      ->capture_default_str();
+  app.add_option(
+         "--backend", o.backend,
+         "local (threads), nccl (one rank per GPU; with --memory cuda), or mpi (one rank per process: run under "
+         "mpirun; --ranks must then be the number of processes or left out)")
+      ->capture_default_str();
+  auto* devices_opt = app.add_option(
+      "--devices", devices,
+      "CUDA devices of the ranks, comma-separated (rank r: devices[r % size]; default: local backend all on "
+      "GPU 0, nccl rank r on GPU r); with --memory cuda only");
   CLI11_PARSE(app, argc, argv);
 #if RINGZERO_HAS_MPI
   std::optional<rz::mpi::environment> mpi_env;  // --backend mpi: MPI_Init_thread ... MPI_Finalize
@@ -477,20 +510,25 @@ int main(int argc, char** argv) {
     if (!bw_size.empty()) {
       o.bandwidth_bytes = parse_size(bw_size, "bandwidth-bytes");
       if (o.bandwidth_bytes < (64u << 10))
-        throw CLI::ValidationError("bandwidth-bytes", "at least 64K (a smaller copy stays in the caches and is no bound)");
+        throw CLI::ValidationError("bandwidth-bytes",
+                                   "at least 64K (a smaller copy stays in the caches and is no bound)");
     }
     if (o.max_bytes < o.min_bytes) throw CLI::ValidationError("maxbytes", "-e is smaller than -b");
     if (o.step_factor < 1) throw CLI::ValidationError("stepfactor", "must be at least 1");
-    if (o.step_factor == 1 && o.step_bytes == 0) throw CLI::ValidationError("stepbytes", "must be positive when -f is 1");
-    o.dtypes = parse_list<rz::dtype>(dtypes, std::vector<rz::dtype>(std::begin(rz::all_dtypes), std::end(rz::all_dtypes)),
-                                     [](const std::string& s) { return rz::parse_dtype(s); }, "datatype");
+    if (o.step_factor == 1 && o.step_bytes == 0)
+      throw CLI::ValidationError("stepbytes", "must be positive when -f is 1");
+    o.dtypes = parse_list<rz::dtype>(
+        dtypes, std::vector<rz::dtype>(std::begin(rz::all_dtypes), std::end(rz::all_dtypes)),
+        [](const std::string& s) { return rz::parse_dtype(s); }, "datatype");
     std::vector<rz::reduce_kind> all_ops;
     for (int i = 0; i < rz::reduce_kind_count; ++i) all_ops.push_back(static_cast<rz::reduce_kind>(i));
-    o.ops = parse_list<rz::reduce_kind>(ops, all_ops, [](const std::string& s) { return rz::parse_reduce_kind(s); }, "op");
+    o.ops = parse_list<rz::reduce_kind>(
+        ops, all_ops, [](const std::string& s) { return rz::parse_reduce_kind(s); }, "op");
     const auto a = rz::parse_algorithm(algo);
     if (!a) throw CLI::ValidationError("algo", "unknown algorithm '" + algo + "'");
     o.algo = *a;
-    if (memory != "host" && memory != "cuda") throw CLI::ValidationError("memory", "host or cuda, not '" + memory + "'");
+    if (memory != "host" && memory != "cuda")
+      throw CLI::ValidationError("memory", "host or cuda, not '" + memory + "'");
     o.device_memory = memory == "cuda";
     if (o.backend != "local" && o.backend != "nccl" && o.backend != "mpi")
       throw CLI::ValidationError("backend", "local, nccl or mpi, not '" + o.backend + "'");
@@ -511,39 +549,43 @@ int main(int argc, char** argv) {
       MPI_Comm_size(MPI_COMM_WORLD, &size);
       MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
       if (o.ranks != 0 && o.ranks != size)
-        throw CLI::ValidationError("ranks", "--ranks " + std::to_string(o.ranks) + " but mpirun started " + std::to_string(size) + " processes");
+        throw CLI::ValidationError("ranks", "--ranks " + std::to_string(o.ranks) + " but mpirun started " +
+                                                std::to_string(size) + " processes");
       o.ranks = size;
     }
 #else
     if (o.backend == "mpi") throw CLI::ValidationError("backend", "this ringzero-bench was built without MPI");
 #endif
-    if (o.ranks == 0) o.ranks = o.device_memory ? (o.backend == "nccl" ? 1 : 2) : std::max(1, rz::local::detail::available_cpus());
+    if (o.ranks == 0)
+      o.ranks = o.device_memory ? (o.backend == "nccl" ? 1 : 2) : std::max(1, rz::local::detail::available_cpus());
     std::vector<int> all_roots;
     for (int r = 0; r < o.ranks; ++r) all_roots.push_back(r);
-    o.roots = parse_list<int>(roots, all_roots,
-                              [&](const std::string& s) -> std::optional<int> {
-                                const std::optional<int> v = rz::bench::parse_digits<int>(s);
-                                if (v && *v >= o.ranks)
-                                  throw CLI::ValidationError("root", "root " + s + " is outside the " + std::to_string(o.ranks) +
-                                                                         " ranks [0, " + std::to_string(o.ranks) + ")");
-                                return v;
-                              },
-                              "root");
+    o.roots = parse_list<int>(
+        roots, all_roots,
+        [&](const std::string& s) -> std::optional<int> {
+          const std::optional<int> v = rz::bench::parse_digits<int>(s);
+          if (v && *v >= o.ranks)
+            throw CLI::ValidationError("root", "root " + s + " is outside the " + std::to_string(o.ranks) +
+                                                   " ranks [0, " + std::to_string(o.ranks) + ")");
+          return v;
+        },
+        "root");
     if (devices_opt->count() > 0) {
       if (!o.device_memory)
-        throw CLI::ValidationError("--devices", "'" + devices + "' selects CUDA devices, which only --memory cuda uses (not --memory " +
-                                                    memory + ")");
+        throw CLI::ValidationError(
+            "--devices",
+            "'" + devices + "' selects CUDA devices, which only --memory cuda uses (not --memory " + memory + ")");
       if (devices == "all") throw CLI::ValidationError("--devices", "'all' is not a list of CUDA devices (e.g. 0,1)");
-      o.devices = parse_list<int>(devices, {},
-                                  [&](const std::string& s) {
-                                    const std::optional<int> v = rz::bench::parse_digits<int>(s);
-                                    if (!v)
-                                      throw CLI::ValidationError(
-                                          "--devices", "'" + s + (s == devices ? "'" : "' in '" + devices + "'") +
-                                                           " is not a CUDA device index (0, 1, ...)");
-                                    return v;
-                                  },
-                                  "--devices");
+      o.devices = parse_list<int>(
+          devices, {},
+          [&](const std::string& s) {
+            const std::optional<int> v = rz::bench::parse_digits<int>(s);
+            if (!v)
+              throw CLI::ValidationError("--devices", "'" + s + (s == devices ? "'" : "' in '" + devices + "'") +
+                                                          " is not a CUDA device index (0, 1, ...)");
+            return v;
+          },
+          "--devices");
     }
     // Host memory of this process's ranks at their peak, against the machine's physical memory
     // (rz::bench::exceeds_host_memory). On host memory each rank holds its send and receive
@@ -555,24 +597,25 @@ int main(int argc, char** argv) {
       const double need = per_rank * o.ranks;
       if (rz::bench::exceeds_host_memory(need))
         throw CLI::ValidationError(
-            "ranks", o.device_memory
-                         ? fmt::format("{} rank(s) need {:.1f} GiB of host memory (host copies of the -e {} B send and "
-                                       "receive buffers, per rank, with --memory cuda) but this machine has {:.1f} GiB: "
-                                       "lower --ranks or -e",
-                                       o.ranks, need / (1u << 30), o.max_bytes, rz::bench::physical_memory_bytes() / (1u << 30))
-                         : fmt::format("{} rank(s) need {:.1f} GiB of host memory (-e {} B and the bandwidth copy's "
-                                       "buffers, per rank) but this machine has {:.1f} GiB: lower --ranks, -e or "
-                                       "--bandwidth-bytes",
-                                       o.ranks, need / (1u << 30), o.max_bytes, rz::bench::physical_memory_bytes() / (1u << 30)));
+            "ranks",
+            o.device_memory
+                ? fmt::format("{} rank(s) need {:.1f} GiB of host memory (host copies of the -e {} B send and "
+                              "receive buffers, per rank, with --memory cuda) but this machine has {:.1f} GiB: "
+                              "lower --ranks or -e",
+                              o.ranks, need / (1u << 30), o.max_bytes, rz::bench::physical_memory_bytes() / (1u << 30))
+                : fmt::format("{} rank(s) need {:.1f} GiB of host memory (-e {} B and the bandwidth copy's "
+                              "buffers, per rank) but this machine has {:.1f} GiB: lower --ranks, -e or "
+                              "--bandwidth-bytes",
+                              o.ranks, need / (1u << 30), o.max_bytes,
+                              rz::bench::physical_memory_bytes() / (1u << 30)));
     }
-    for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--json", o.json_path}, {"--csv", o.csv_path}}) {
+    for (const auto& [option, path] :
+         {std::pair<const char*, const std::string&>{"--json", o.json_path}, {"--csv", o.csv_path}}) {
       if (path.empty() || mpi_rank != 0) continue;  // fail before measuring, not after
       const std::string problem = rz::bench::output_path_problem(path);
       if (!problem.empty()) throw CLI::ValidationError(option, "cannot write '" + path + "': " + problem);
     }
-  } catch (const CLI::Error& e) {
-    return mpi_rank == 0 ? app.exit(e) : 1;
-  }
+  } catch (const CLI::Error& e) { return mpi_rank == 0 ? app.exit(e) : 1; }
 
   shared_state shared;
   try {
@@ -584,7 +627,8 @@ int main(int argc, char** argv) {
       rank_bench(comm, comm, o, shared).run();
 #endif
     } else if (!o.device_memory) {
-      rz::local::launch(o.ranks, [&](rz::communicator& comm) { rank_bench(comm, comm, o, shared).run(); }, lo);
+      rz::local::launch(
+          o.ranks, [&](rz::communicator& comm) { rank_bench(comm, comm, o, shared).run(); }, lo);
     } else {
 #if RINGZERO_HAS_CUDA
       // The bookkeeping travels on a parallel host world; a failing rank aborts it too.
@@ -609,7 +653,8 @@ int main(int argc, char** argv) {
         rz::local::cuda_launch_options co;
         co.pin_threads = o.pin;
         co.devices = o.devices.empty() ? std::vector<int>{0} : o.devices;
-        rz::local::launch_cuda(o.ranks, [&](rz::local::cuda_communicator& comm) { body(comm); }, co);
+        rz::local::launch_cuda(
+            o.ranks, [&](rz::local::cuda_communicator& comm) { body(comm); }, co);
       }
 #endif
     }

@@ -18,18 +18,21 @@ inline std::uint64_t parse_size(const std::string& text, const std::string& opti
   double v = 0;
   try {
     v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    throw CLI::ValidationError(option, "'" + text + "' is not a size");
-  }
+  } catch (const std::exception&) { throw CLI::ValidationError(option, "'" + text + "' is not a size"); }
   const std::string suffix = text.substr(used);
   double scale = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024.0;
-  else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
-  else if (!suffix.empty() && suffix != "B") throw CLI::ValidationError(option, "unknown suffix in '" + text + "'");
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    scale = 1024.0;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB")
+    scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB")
+    scale = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty() && suffix != "B")
+    throw CLI::ValidationError(option, "unknown suffix in '" + text + "'");
   const double bytes = v * scale;
   if (!std::isfinite(bytes) || bytes < static_cast<double>(min_bytes) || bytes > 1e15)
-    throw CLI::ValidationError(option, "'" + text + "' is not a size from " + std::to_string(min_bytes) + " B to 1e15 B");
+    throw CLI::ValidationError(option,
+                               "'" + text + "' is not a size from " + std::to_string(min_bytes) + " B to 1e15 B");
   return static_cast<std::uint64_t>(bytes);
 }
 

@@ -10,6 +10,7 @@
 // Exit status 1 when RSS grows by more than --max-growth-kib after the first window or a pool grows
 // after the first call; that is a leak or an allocation on the hot path.
 
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -17,11 +18,10 @@
 #include <fstream>
 #include <mutex>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "ringzero/ringzero.hpp"
@@ -48,18 +48,21 @@ int main(int argc, char** argv) {
   long max_growth_kib = 256;
   std::string bytes_text = "4K", json_path;
   app.add_option("--ranks", ranks, "ranks (threads)")->capture_default_str()->check(CLI::Range(1, 4096));
-  app.add_option("--calls", calls, "back-to-back all_reduce calls")->capture_default_str()->check(CLI::Range(1, 100000000));
-  app.add_option("--window", window, "calls per reported window")->capture_default_str()->check(CLI::Range(1, 100000000));
+  app.add_option("--calls", calls, "back-to-back all_reduce calls")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000000));
+  app.add_option("--window", window, "calls per reported window")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000000));
   app.add_option("--bytes", bytes_text, "bytes per rank (suffix K, M)")->capture_default_str();
-  app.add_option("--max-growth-kib", max_growth_kib, "allowed RSS growth after the first window")->capture_default_str();
+  app.add_option("--max-growth-kib", max_growth_kib, "allowed RSS growth after the first window")
+      ->capture_default_str();
   app.add_option("--json", json_path, "write the windows to this JSON file");
   CLI11_PARSE(app, argc, argv);
   std::uint64_t bytes = 0;
   try {
     bytes = parse_size(bytes_text, "bytes");
-  } catch (const CLI::Error& e) {
-    return app.exit(e);
-  }
+  } catch (const CLI::Error& e) { return app.exit(e); }
   const std::uint64_t count = std::max<std::uint64_t>(1, bytes / sizeof(float));
 
   std::vector<double> window_median_us;
@@ -80,7 +83,8 @@ int main(int argc, char** argv) {
         times[static_cast<std::size_t>(i)] = std::chrono::duration<double, std::micro>(now - last).count();
         last = now;
       }
-      rz::all_reduce(comm, times.data(), slowest.data(), static_cast<std::uint64_t>(in_window), rz::dtype::float64, rz::reduce_kind::max);
+      rz::all_reduce(comm, times.data(), slowest.data(), static_cast<std::uint64_t>(in_window), rz::dtype::float64,
+                     rz::reduce_kind::max);
       if (comm.rank() == 0) {
         std::vector<double> sorted(slowest.begin(), slowest.begin() + in_window);
         std::sort(sorted.begin(), sorted.end());
@@ -88,7 +92,8 @@ int main(int argc, char** argv) {
         window_rss_kib.push_back(resident_kib());
       }
     }
-    if (recv[0] != static_cast<float>(comm.world_size())) throw rz::error(rz::errc::internal, "wrong all_reduce result");
+    if (recv[0] != static_cast<float>(comm.world_size()))
+      throw rz::error(rz::errc::internal, "wrong all_reduce result");
     std::lock_guard<std::mutex> lock(mutex);
     if (comm.scratch_bytes() != growths) ++growths_after_first;
   });
@@ -106,9 +111,14 @@ int main(int argc, char** argv) {
   fmt::print("# median of the last window / first window: {:.3f}\n", first > 0 ? last / first : 0.0);
   if (!json_path.empty()) {
     std::ofstream f(json_path);
-    f << nlohmann::json{{"ranks", ranks}, {"calls", calls}, {"bytes", count * sizeof(float)}, {"window", window},
-                        {"window_median_us", window_median_us}, {"window_rss_kib", window_rss_kib},
-                        {"rss_growth_kib", growth}, {"pool_growths_after_first_call", growths_after_first}}
+    f << nlohmann::json{{"ranks", ranks},
+                        {"calls", calls},
+                        {"bytes", count * sizeof(float)},
+                        {"window", window},
+                        {"window_median_us", window_median_us},
+                        {"window_rss_kib", window_rss_kib},
+                        {"rss_growth_kib", growth},
+                        {"pool_growths_after_first_call", growths_after_first}}
              .dump(2)
       << "\n";
   }

@@ -11,9 +11,9 @@
 // Exit status: 0 on success; 1 for a damaged or unreadable checkpoint, a failed write or a bad
 // option value; CLI11's status (106, 109, ...) for an unknown or missing option.
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
@@ -66,13 +66,14 @@ std::uint64_t parse_size(const std::string& text, const std::string& option) {
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
   const std::string number = text.substr(0, i);
   std::string unit;
-  for (std::size_t k = i; k < text.size(); ++k) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[k])));
+  for (std::size_t k = i; k < text.size(); ++k)
+    unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[k])));
   char* end = nullptr;
   const double v = number.empty() ? -1 : std::strtod(number.c_str(), &end);
   if (number.empty() || end != number.c_str() + number.size() || !std::isfinite(v))
     throw usage_error(option + " '" + text + "' is not a size (examples: 5GB, 500MiB, 1048576)");
-  const std::pair<const char*, double> table[] = {{"", 1},      {"b", 1},        {"kb", 1e3},      {"mb", 1e6},
-                                                  {"gb", 1e9},  {"tb", 1e12},    {"kib", 0x1p10},  {"mib", 0x1p20},
+  const std::pair<const char*, double> table[] = {{"", 1},         {"b", 1},       {"kb", 1e3},     {"mb", 1e6},
+                                                  {"gb", 1e9},     {"tb", 1e12},   {"kib", 0x1p10}, {"mib", 0x1p20},
                                                   {"gib", 0x1p30}, {"tib", 0x1p40}};
   for (const auto& [name, scale] : table)
     if (unit == name) {
@@ -80,7 +81,8 @@ std::uint64_t parse_size(const std::string& text, const std::string& option) {
       if (bytes < 1 || bytes >= 0x1p63) throw usage_error(option + " '" + text + "' must be from 1 byte to 2^63 bytes");
       return static_cast<std::uint64_t>(bytes);
     }
-  throw usage_error("unknown size unit '" + unit + "' in " + option + " '" + text + "' (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
+  throw usage_error("unknown size unit '" + unit + "' in " + option + " '" + text +
+                    "' (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
 }
 
 std::string shape_text(const std::vector<std::uint64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
@@ -144,16 +146,19 @@ void print_inspect(const fs::path& dir, const ck::checkpoint_index& x) {
   fmt::print("checkpoint {}\n", dir.string());
   fmt::print("  format version {}, kind {}, saved by {} rank(s)", x.version, x.kind, x.world_size);
   if (x.kind == "zero")
-    fmt::print(" at stage {} (replica group size {}, alignment {} B)", x.stage, x.replica_group_size, x.alignment_bytes);
-  fmt::print("\n  plan fingerprint {}, model fingerprint {}\n", ck::hex64(x.plan_fingerprint), ck::hex64(x.model_fingerprint));
+    fmt::print(" at stage {} (replica group size {}, alignment {} B)", x.stage, x.replica_group_size,
+               x.alignment_bytes);
+  fmt::print("\n  plan fingerprint {}, model fingerprint {}\n", ck::hex64(x.plan_fingerprint),
+             ck::hex64(x.model_fingerprint));
   const ck::training_progress& p = x.progress;
-  fmt::print("  progress: {} optimizer step(s), epoch {}, step {} of the epoch, loss scale {}, RNG seeds [{}]\n", p.optimizer_steps,
-             p.epoch, p.step_in_epoch, p.loss_scale ? fmt::format("{}", *p.loss_scale) : std::string("none"),
-             fmt::join(p.rng_seeds, ", "));
+  fmt::print("  progress: {} optimizer step(s), epoch {}, step {} of the epoch, loss scale {}, RNG seeds [{}]\n",
+             p.optimizer_steps, p.epoch, p.step_in_epoch,
+             p.loss_scale ? fmt::format("{}", *p.loss_scale) : std::string("none"), fmt::join(p.rng_seeds, ", "));
   for (const auto& [k, v] : p.metadata) fmt::print("  metadata {} = {}\n", k, v);
   fmt::print("  optimizer: {}\n", x.optimizer.dump());
   fmt::print("  {} file(s), {} ({} bytes):\n", x.files.size(), human(total), total);
-  for (const auto& f : x.files) fmt::print("    rank {:>4}  {}  {} ({} bytes)\n", f.rank, f.name, human(f.bytes), f.bytes);
+  for (const auto& f : x.files)
+    fmt::print("    rank {:>4}  {}  {} ({} bytes)\n", f.rank, f.name, human(f.bytes), f.bytes);
   std::size_t w_name = 4, w_role = 4, w_shape = 5;
   for (const auto& t : x.tensors) {
     w_name = std::max(w_name, t.name.size());
@@ -161,8 +166,8 @@ void print_inspect(const fs::path& dir, const ck::checkpoint_index& x) {
     w_shape = std::max(w_shape, shape_text(t.shape).size());
   }
   fmt::print("  {} tensor(s):\n", x.tensors.size());
-  fmt::print("    {:<{}}  {:<{}}  {:<8}  {:<{}}  {:>12}  {:>12}  {}\n", "name", w_name, "role", w_role, "dtype", "shape", w_shape,
-             "elements", "bytes", "fragments (rank: [begin, end))");
+  fmt::print("    {:<{}}  {:<{}}  {:<8}  {:<{}}  {:>12}  {:>12}  {}\n", "name", w_name, "role", w_role, "dtype",
+             "shape", w_shape, "elements", "bytes", "fragments (rank: [begin, end))");
   for (const auto& t : x.tensors) {
     std::string where;
     if (!t.tied_to.empty()) where = "tied to '" + t.tied_to + "' (no data of its own)";
@@ -171,7 +176,8 @@ void print_inspect(const fs::path& dir, const ck::checkpoint_index& x) {
     if (t.fragments.empty() && t.tied_to.empty()) where = "(no elements)";
     if (!t.trainable && t.role == ck::tensor_role::parameter) where += "  [frozen]";
     fmt::print("    {:<{}}  {:<{}}  {:<8}  {:<{}}  {:>12}  {:>12}  {}\n", t.name, w_name, role_text(t), w_role,
-               ringzero::dtype_name(t.type), shape_text(t.shape), w_shape, t.numel(), t.numel() * ringzero::dtype_size(t.type), where);
+               ringzero::dtype_name(t.type), shape_text(t.shape), w_shape, t.numel(),
+               t.numel() * ringzero::dtype_size(t.type), where);
   }
 }
 
@@ -190,7 +196,8 @@ std::size_t verify(const fs::path& dir, const ck::checkpoint_index& x, std::uint
       const ck::safetensors_header h = ck::read_safetensors_header(path);
       struct stat st {};
       if (::stat(path.c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) != r.bytes)
-        throw ringzero::error(ringzero::errc::io_error, fmt::format("it has {} bytes, the index expects {}", st.st_size, r.bytes));
+        throw ringzero::error(ringzero::errc::io_error,
+                              fmt::format("it has {} bytes, the index expects {}", st.st_size, r.bytes));
       for (const auto& t : x.tensors)
         for (const auto& f : t.fragments) {
           if (f.file != i) continue;
@@ -199,7 +206,8 @@ std::size_t verify(const fs::path& dir, const ck::checkpoint_index& x, std::uint
           const std::uint64_t bytes = (f.end - f.begin) * ringzero::dtype_size(t.type);
           if (s == nullptr || s->begin != f.offset || s->end - s->begin != bytes || s->type != t.type)
             throw ringzero::error(ringzero::errc::io_error,
-                                  fmt::format("its safetensors header does not hold fragment '{}' ({} bytes of {} at offset {}) as the index says",
+                                  fmt::format("its safetensors header does not hold fragment '{}' ({} bytes of {} at "
+                                              "offset {}) as the index says",
                                               key, bytes, ck::safetensors_dtype(t.type), f.offset));
         }
     } catch (const ringzero::error& e) {
@@ -218,16 +226,19 @@ std::size_t verify(const fs::path& dir, const ck::checkpoint_index& x, std::uint
       if (!file_ok[f.file]) continue;
       const std::uint64_t es = ringzero::dtype_size(t.type), step = buffer.size() / es;
       try {
-        for (std::uint64_t b = f.begin; b < f.end; b += step) reader.read(t, b, std::min(f.end, b + step), buffer.data());
+        for (std::uint64_t b = f.begin; b < f.end; b += step)
+          reader.read(t, b, std::min(f.end, b + step), buffer.data());
       } catch (const ringzero::error& e) {
         ++problems;
-        fmt::print("DAMAGED fragment '{}' of tensor {} in file '{}' of rank {}: {}\n", ck::fragment_key(t.name, t.role, t.state, f.begin, f.end),
-                   t.label(), (dir / r.name).string(), r.rank, e.message());
+        fmt::print("DAMAGED fragment '{}' of tensor {} in file '{}' of rank {}: {}\n",
+                   ck::fragment_key(t.name, t.role, t.state, f.begin, f.end), t.label(), (dir / r.name).string(),
+                   r.rank, e.message());
       }
     }
   bytes_checked = reader.bytes_read();
-  fmt::print("{}: {} file(s), {} fragment(s) of {} tensor(s), {} verified: {}\n", dir.string(), x.files.size(), fragments, x.tensors.size(),
-             human(bytes_checked), problems == 0 ? "every checksum matches" : fmt::format("{} problem(s)", problems));
+  fmt::print("{}: {} file(s), {} fragment(s) of {} tensor(s), {} verified: {}\n", dir.string(), x.files.size(),
+             fragments, x.tensors.size(), human(bytes_checked),
+             problems == 0 ? "every checksum matches" : fmt::format("{} problem(s)", problems));
   return problems;
 }
 
@@ -238,10 +249,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string dir;
   bool json = false;
-  auto* inspect = app.add_subcommand("inspect", "list the tensors (shapes, dtypes, roles), the ranks' files and their sizes");
+  auto* inspect =
+      app.add_subcommand("inspect", "list the tensors (shapes, dtypes, roles), the ranks' files and their sizes");
   inspect->add_option("DIR", dir, "checkpoint directory, or a root whose 'latest' names one")->required();
   inspect->add_flag("--json", json, "print JSON instead of tables");
-  auto* verify_cmd = app.add_subcommand("verify", "read every fragment and check every checksum (exit 1 naming each damaged one)");
+  auto* verify_cmd =
+      app.add_subcommand("verify", "read every fragment and check every checksum (exit 1 naming each damaged one)");
   verify_cmd->add_option("DIR", dir, "checkpoint directory, or a root whose 'latest' names one")->required();
   std::string output, dtype_text, max_shard;
   auto* consolidate = app.add_subcommand("consolidate", "write the full parameters by name into safetensors file(s)");
@@ -249,15 +262,22 @@ int main(int argc, char** argv) {
   consolidate->add_option("-o,--output", output, "the safetensors file to write, e.g. model.safetensors")->required();
   consolidate->add_option("--dtype", dtype_text, "convert floating-point parameters to bfloat16, float16 or float32")
       ->check(CLI::IsMember({"bfloat16", "float16", "float32"}));
-  consolidate->add_option("--max-shard-size", max_shard,
-                          "split into files of at most this much tensor data (e.g. 5GB, 500MiB) with a Hugging Face index");
+  consolidate->add_option(
+      "--max-shard-size", max_shard,
+      "split into files of at most this much tensor data (e.g. 5GB, 500MiB) with a Hugging Face index");
   int world_size = 0, stage = -1, replica_group = -1;
-  auto* reshard = app.add_subcommand("reshard", "rewrite the checkpoint as saved by another number of ranks (and stage)");
+  auto* reshard =
+      app.add_subcommand("reshard", "rewrite the checkpoint as saved by another number of ranks (and stage)");
   reshard->add_option("DIR", dir, "checkpoint directory, or a root whose 'latest' names one")->required();
   reshard->add_option("-o,--output", output, "the new checkpoint root (gets NAME/ and 'latest')")->required();
-  reshard->add_option("--world-size", world_size, "ranks of the new checkpoint")->required()->check(CLI::Range(1, 1 << 24));
-  reshard->add_option("--stage", stage, "ZeRO stage of the new checkpoint (default: the saved one)")->check(CLI::Range(0, 3));
-  reshard->add_option("--replica-group-size", replica_group, "ranks per replica group (hybrid sharding; default: all ranks)")
+  reshard->add_option("--world-size", world_size, "ranks of the new checkpoint")
+      ->required()
+      ->check(CLI::Range(1, 1 << 24));
+  reshard->add_option("--stage", stage, "ZeRO stage of the new checkpoint (default: the saved one)")
+      ->check(CLI::Range(0, 3));
+  reshard
+      ->add_option("--replica-group-size", replica_group,
+                   "ranks per replica group (hybrid sharding; default: all ranks)")
       ->check(CLI::Range(0, 1 << 24));
   try {
     app.parse(argc, argv);
@@ -270,8 +290,10 @@ int main(int argc, char** argv) {
     if (inspect->parsed()) {
       const fs::path d = ck::resolve_checkpoint(dir);
       const ck::checkpoint_index x = ck::read_index(d);
-      if (json) fmt::print("{}\n", inspect_json(d, x).dump(2));
-      else print_inspect(d, x);
+      if (json)
+        fmt::print("{}\n", inspect_json(d, x).dump(2));
+      else
+        print_inspect(d, x);
       return 0;
     }
     if (verify_cmd->parsed()) {
@@ -287,8 +309,9 @@ int main(int argc, char** argv) {
       const ck::consolidate_result r = ck::consolidate(dir, output, o);
       for (const auto& f : r.files) fmt::print("wrote {}\n", f.string());
       if (r.index_file) fmt::print("wrote {}\n", r.index_file->string());
-      fmt::print("{} parameter(s), {} of tensor data in {} file(s){}; {} of the checkpoint read and verified\n", r.tensors,
-                 human(r.total_bytes), r.files.size(), dtype_text.empty() ? "" : " as " + dtype_text, human(r.bytes_read));
+      fmt::print("{} parameter(s), {} of tensor data in {} file(s){}; {} of the checkpoint read and verified\n",
+                 r.tensors, human(r.total_bytes), r.files.size(), dtype_text.empty() ? "" : " as " + dtype_text,
+                 human(r.bytes_read));
       return 0;
     }
     if (reshard->parsed()) {

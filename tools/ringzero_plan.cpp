@@ -12,8 +12,8 @@
 // where only name and shape are required. Exit status: 0 on success (whether or not the plan
 // fits), 1 on a bad model or plan request, 2 on bad command-line usage.
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -76,7 +76,8 @@ const std::string max_bytes_text = std::to_string(std::numeric_limits<std::uint6
 /// `text` as a whole number when it is nothing but decimal digits (exact up to 2^64 - 1),
 /// std::nullopt when it is something else; a digit string above 2^64 - 1 is refused, naming
 /// `option` and its value `given` (`text` itself unless it is part of a longer value).
-std::optional<std::uint64_t> parse_digits(const std::string& text, const std::string& option, const std::string& given) {
+std::optional<std::uint64_t> parse_digits(const std::string& text, const std::string& option,
+                                          const std::string& given) {
   if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
   std::uint64_t value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -99,11 +100,22 @@ std::uint64_t parse_bytes(const std::string& text, const std::string& option) {
   }
   std::string suffix;
   for (std::size_t i = used; i < text.size(); ++i)
-    if (!std::isspace(static_cast<unsigned char>(text[i]))) suffix += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
-  const std::pair<const char*, std::uint64_t> table[] = {
-      {"", 1},         {"b", 1},           {"kb", 1000},       {"mb", 1000000},      {"gb", 1000000000},
-      {"tb", 1000000000000}, {"k", 1ull << 10}, {"kib", 1ull << 10}, {"m", 1ull << 20}, {"mib", 1ull << 20},
-      {"g", 1ull << 30},  {"gib", 1ull << 30}, {"t", 1ull << 40},   {"tib", 1ull << 40}};
+    if (!std::isspace(static_cast<unsigned char>(text[i])))
+      suffix += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+  const std::pair<const char*, std::uint64_t> table[] = {{"", 1},
+                                                         {"b", 1},
+                                                         {"kb", 1000},
+                                                         {"mb", 1000000},
+                                                         {"gb", 1000000000},
+                                                         {"tb", 1000000000000},
+                                                         {"k", 1ull << 10},
+                                                         {"kib", 1ull << 10},
+                                                         {"m", 1ull << 20},
+                                                         {"mib", 1ull << 20},
+                                                         {"g", 1ull << 30},
+                                                         {"gib", 1ull << 30},
+                                                         {"t", 1ull << 40},
+                                                         {"tib", 1ull << 40}};
   for (const auto& [name, scale] : table) {
     if (suffix != name) continue;
     const std::string too_large = option + " '" + text + "' does not fit in 64 bits (at most " + max_bytes_text + ")";
@@ -166,8 +178,10 @@ std::vector<parameter_spec> read_model_file(const std::string& path) {
   std::vector<std::set<std::string>> keys;  // the keys seen in each object being parsed, innermost last
   auto no_duplicate_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using event_t = nlohmann::json::parse_event_t;
-    if (event == event_t::object_start) keys.emplace_back();
-    else if (event == event_t::object_end) keys.pop_back();
+    if (event == event_t::object_start)
+      keys.emplace_back();
+    else if (event == event_t::object_end)
+      keys.pop_back();
     else if (event == event_t::key && !keys.back().insert(parsed.get<std::string>()).second)
       throw usage_error("model file '" + path + "' gives the key '" + parsed.get<std::string>() +
                         "' twice in one object");
@@ -180,7 +194,8 @@ std::vector<parameter_spec> read_model_file(const std::string& path) {
   }
   const nlohmann::json* list = &doc;
   if (doc.is_object()) {
-    if (!doc.contains("parameters")) throw usage_error("model file '" + path + "': an object needs a \"parameters\" list");
+    if (!doc.contains("parameters"))
+      throw usage_error("model file '" + path + "': an object needs a \"parameters\" list");
     list = &doc["parameters"];
   }
   if (!list->is_array()) throw usage_error("model file '" + path + "': expected a list of parameters");
@@ -194,7 +209,8 @@ std::vector<parameter_spec> read_model_file(const std::string& path) {
       where += " ('" + name->get<std::string>() + "')";
     parameter_spec s;
     for (const auto& [key, value] : p.items()) {
-      if (key == "name" && value.is_string()) s.name = value.get<std::string>();
+      if (key == "name" && value.is_string())
+        s.name = value.get<std::string>();
       else if (key == "shape" && value.is_array()) {
         for (const auto& d : value) {
           if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<std::int64_t>() >= 0))
@@ -205,11 +221,14 @@ std::vector<parameter_spec> read_model_file(const std::string& path) {
         s.type = ringzero::parse_dtype(value.get<std::string>());
         if (!s.type)
           throw usage_error(where + ": unknown dtype '" + value.get<std::string>() + "' (" + dtype_examples + ")");
-      }
-      else if (key == "trainable" && value.is_boolean()) s.trainable = value.get<bool>();
-      else if ((key == "tie" || key == "tie_group") && value.is_string()) s.tie_group = value.get<std::string>();
-      else if (key == "unit" && value.is_string()) s.unit = value.get<std::string>();
-      else throw usage_error(where + ": unexpected key '" + key + "' or value " + value.dump());
+      } else if (key == "trainable" && value.is_boolean())
+        s.trainable = value.get<bool>();
+      else if ((key == "tie" || key == "tie_group") && value.is_string())
+        s.tie_group = value.get<std::string>();
+      else if (key == "unit" && value.is_string())
+        s.unit = value.get<std::string>();
+      else
+        throw usage_error(where + ": unexpected key '" + key + "' or value " + value.dump());
     }
     if (!p.contains("name") || !p.contains("shape")) throw usage_error(where + ": \"name\" and \"shape\" are required");
     params.push_back(std::move(s));
@@ -251,19 +270,29 @@ ringzero::zero::plan_request make_request(const options& o, std::vector<paramete
   q.replica_group_size = o.replica_group_size;
   q.stage = stage;
   q.alignment_bytes = parse_alignment(o.alignment);
-  if (o.precision == "mixed" || o.precision == "fp16") q.precision = precision::mixed_adam();
-  else if (o.precision == "bf16") q.precision = precision::bfloat16_adam();
-  else if (o.precision == "fp32") q.precision = precision::float32_adam();
-  else throw usage_error("unknown precision '" + o.precision + "' (mixed, bf16 or fp32)");
+  if (o.precision == "mixed" || o.precision == "fp16")
+    q.precision = precision::mixed_adam();
+  else if (o.precision == "bf16")
+    q.precision = precision::bfloat16_adam();
+  else if (o.precision == "fp32")
+    q.precision = precision::float32_adam();
+  else
+    throw usage_error("unknown precision '" + o.precision + "' (mixed, bf16 or fp32)");
   if (!o.param_dtype.empty()) q.precision.parameter = parse_type(o.param_dtype, "parameter");
   if (!o.grad_dtype.empty()) q.precision.gradient = parse_type(o.grad_dtype, "gradient");
-  if (o.master_dtype == "none") q.precision.master.reset();
-  else if (!o.master_dtype.empty()) q.precision.master = parse_type(o.master_dtype, "master weight");
+  if (o.master_dtype == "none")
+    q.precision.master.reset();
+  else if (!o.master_dtype.empty())
+    q.precision.master = parse_type(o.master_dtype, "master weight");
   if (!o.state_dtype.empty()) q.precision.optimizer_state = parse_type(o.state_dtype, "optimizer state");
-  if (o.optimizer == "adam" || o.optimizer == "adamw") q.precision.optimizer_states = 2;
-  else if (o.optimizer == "sgd-momentum") q.precision.optimizer_states = 1;
-  else if (o.optimizer == "sgd") q.precision.optimizer_states = 0;
-  else throw usage_error("unknown optimizer '" + o.optimizer + "' (adam, adamw, sgd-momentum or sgd)");
+  if (o.optimizer == "adam" || o.optimizer == "adamw")
+    q.precision.optimizer_states = 2;
+  else if (o.optimizer == "sgd-momentum")
+    q.precision.optimizer_states = 1;
+  else if (o.optimizer == "sgd")
+    q.precision.optimizer_states = 0;
+  else
+    throw usage_error("unknown optimizer '" + o.optimizer + "' (adam, adamw, sgd-momentum or sgd)");
   q.unit_bytes = parse_bytes(o.unit_bytes, "--unit-bytes");
   q.accumulation_steps = o.accumulation_steps;
   q.prefetch = !o.no_prefetch;
@@ -306,8 +335,11 @@ nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gp
   j["padding_elements"] = plan.padding_elements();
   j["paper"] = {{"psi", c.psi},
                 {"devices", c.devices},
-                {"model_states", {{"parameters", c.paper.parameters}, {"gradients", c.paper.gradients},
-                                  {"optimizer_states", c.paper.optimizer_states}, {"total", c.paper.total()}}},
+                {"model_states",
+                 {{"parameters", c.paper.parameters},
+                  {"gradients", c.paper.gradients},
+                  {"optimizer_states", c.paper.optimizer_states},
+                  {"total", c.paper.total()}}},
                 {"unpadded_model_states", c.unpadded.total()},
                 {"padding_bytes", c.padding_bytes},
                 {"buffer_bytes", c.buffer_bytes},
@@ -391,8 +423,8 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
   if (gpu) {
     const double left = static_cast<double>(*gpu) - static_cast<double>(m.total());
     if (left >= 0)
-      fmt::print("  fits in {}: yes, {} ({:.1f}%) left for activations and workspace\n", human(static_cast<double>(*gpu)),
-                 human(left), 100.0 * left / static_cast<double>(*gpu));
+      fmt::print("  fits in {}: yes, {} ({:.1f}%) left for activations and workspace\n",
+                 human(static_cast<double>(*gpu)), human(left), 100.0 * left / static_cast<double>(*gpu));
     else
       fmt::print("  fits in {}: NO, {} short\n", human(static_cast<double>(*gpu)), human(-left));
   }
@@ -400,13 +432,15 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
   fmt::print("\nTraffic per optimizer step, per rank\n");
   // One space before each right-aligned cell: a wide value pushes the row along instead of
   // running into its neighbour (same layout as before for values that fit).
-  fmt::print("  {:<15}{:<15}{:<38}{:>7} {:>17} {:>13} {:>13}\n", "collective", "group", "purpose", "calls", "elements", "bytes",
-             "ring sent");
+  fmt::print("  {:<15}{:<15}{:<38}{:>7} {:>17} {:>13} {:>13}\n", "collective", "group", "purpose", "calls", "elements",
+             "bytes", "ring sent");
   for (const auto& e : plan.traffic())
     fmt::print("  {:<15}{:<15}{:<38}{:>7} {:>17} {:>13} {:>13}\n", ringzero::collective_name(e.collective),
-               fmt::format("{} ({})", short_group(e.group), e.ranks), e.purpose, e.calls, grouped(e.elements), human(static_cast<double>(e.bytes)), human(e.ring_bytes_sent()));
+               fmt::format("{} ({})", short_group(e.group), e.ranks), e.purpose, e.calls, grouped(e.elements),
+               human(static_cast<double>(e.bytes)), human(e.ring_bytes_sent()));
 
-  fmt::print("\nAgainst the ZeRO paper (Psi = {} parameters, N = {}, K = 12)\n", grouped(plan.parameter_elements()), c.devices);
+  fmt::print("\nAgainst the ZeRO paper (Psi = {} parameters, N = {}, K = 12)\n", grouped(plan.parameter_elements()),
+             c.devices);
   fmt::print("  model states: paper {} = {}; this precision without padding {}; planned {}\n", formula[stage],
              human(c.paper.total()), human(c.unpadded.total()), human(c.planned.total()));
   fmt::print("  padding: {} elements, {} per rank; communication buffers (not in the paper): {}\n",
@@ -428,22 +462,24 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
 
 void print_summary(const std::vector<shard_plan>& plans, std::optional<std::uint64_t> gpu) {
   fmt::print("precision: {}\n\n", precision_text(plans.front().request().precision));
-  fmt::print("Memory per rank and traffic per step, by stage ({} ranks, {} per replica group)\n", plans.front().world_size(),
-             plans.back().shards());
-  fmt::print("  {:<6}{:>12}{:>12}{:>12}{:>12}{:>14}{:>14}{:>12}{:>12}{:>16}{}\n", "stage", "parameters", "gradients", "master",
-             "optimizer", "model states", "paper (K=12)", "buffers", "total", "volume (elem)", gpu ? "  fits" : "");
+  fmt::print("Memory per rank and traffic per step, by stage ({} ranks, {} per replica group)\n",
+             plans.front().world_size(), plans.back().shards());
+  fmt::print("  {:<6}{:>12}{:>12}{:>12}{:>12}{:>14}{:>14}{:>12}{:>12}{:>16}{}\n", "stage", "parameters", "gradients",
+             "master", "optimizer", "model states", "paper (K=12)", "buffers", "total", "volume (elem)",
+             gpu ? "  fits" : "");
   for (const shard_plan& plan : plans) {
     const auto& m = plan.memory();
     const auto c = ringzero::zero::compare_with_paper(plan);
-    fmt::print("  {:<6}{:>12}{:>12}{:>12}{:>12}{:>14}{:>14}{:>12}{:>12}{:>16}{}\n", plan.stage(), human(static_cast<double>(m.parameters)),
-               human(static_cast<double>(m.gradients)), human(static_cast<double>(m.master_weights)),
-               human(static_cast<double>(m.optimizer_states)), human(static_cast<double>(m.model_states())),
-               human(c.paper.total()), human(static_cast<double>(m.communication_buffers)),
-               human(static_cast<double>(m.total())), grouped(c.planned_volume + c.replica_volume),
-               gpu ? (m.total() <= *gpu ? "  yes" : "  NO") : "");
+    fmt::print("  {:<6}{:>12}{:>12}{:>12}{:>12}{:>14}{:>14}{:>12}{:>12}{:>16}{}\n", plan.stage(),
+               human(static_cast<double>(m.parameters)), human(static_cast<double>(m.gradients)),
+               human(static_cast<double>(m.master_weights)), human(static_cast<double>(m.optimizer_states)),
+               human(static_cast<double>(m.model_states())), human(c.paper.total()),
+               human(static_cast<double>(m.communication_buffers)), human(static_cast<double>(m.total())),
+               grouped(c.planned_volume + c.replica_volume), gpu ? (m.total() <= *gpu ? "  yes" : "  NO") : "");
   }
-  fmt::print("  (paper: the ZeRO paper's model-state formula with K = 12; fits: total <= GPU memory, activations not\n"
-             "   counted; volume: elements each rank moves per step in the paper's accounting; --stage N for details)\n");
+  fmt::print(
+      "  (paper: the ZeRO paper's model-state formula with K = 12; fits: total <= GPU memory, activations not\n"
+      "   counted; volume: elements each rank moves per step in the paper's accounting; --stage N for details)\n");
 }
 
 }  // namespace
@@ -451,11 +487,14 @@ void print_summary(const std::vector<shard_plan>& plans, std::optional<std::uint
 int main(int argc, char** argv) {
   CLI::App app{"ringzero-plan: plan ZeRO stages 0-3 for a model, without hardware"};
   options o;
-  auto* preset = app.add_option("-m,--model", o.model, "Built-in model: gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-7b");
+  auto* preset =
+      app.add_option("-m,--model", o.model, "Built-in model: gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-7b");
   auto* file = app.add_option("-f,--model-file", o.model_file, "JSON model description (see the documentation)");
   preset->excludes(file);
   app.add_option("-s,--stage", o.stage, "ZeRO stage 0, 1, 2, 3, or 'all' for a comparison")->capture_default_str();
-  app.add_option("-n,--world-size", o.world_size, "Number of ranks (GPUs)")->required()->check(CLI::Range(1, 1 << 24, "an integer from 1 to 16777216"));
+  app.add_option("-n,--world-size", o.world_size, "Number of ranks (GPUs)")
+      ->required()
+      ->check(CLI::Range(1, 1 << 24, "an integer from 1 to 16777216"));
   app.add_option("-g,--replica-group-size", o.replica_group_size,
                  "Ranks per replica group for hybrid sharding (shard within, replicate across); default: all ranks");
   app.add_option("--gpu-memory", o.gpu_memory, "Memory per GPU, e.g. 80GiB or 40GB: says whether the plan fits");
@@ -473,7 +512,8 @@ int main(int argc, char** argv) {
   app.add_option("--unit-bytes", o.unit_bytes,
                  "Largest automatic gather unit (for parameters without a unit; 0: one unit per such parameter)")
       ->capture_default_str();
-  app.add_option("--accumulation-steps", o.accumulation_steps, "Micro-batches per optimizer step")->capture_default_str();
+  app.add_option("--accumulation-steps", o.accumulation_steps, "Micro-batches per optimizer step")
+      ->capture_default_str();
   app.add_flag("--no-prefetch", o.no_prefetch, "Stage 3: do not gather the next unit ahead");
   app.add_option("--max-inflight-reductions", o.max_inflight_reductions,
                  "Stages 2-3: gradient reductions in flight before a new bucket waits")
@@ -498,7 +538,8 @@ int main(int argc, char** argv) {
       if (!p) {
         std::string names;
         for (auto n : ringzero::zero::preset_names) names += (names.empty() ? "" : ", ") + std::string(n);
-        throw usage_error("unknown model '" + o.model + "' (built-in: " + names + "; a JSON model file is given with --model-file PATH)");
+        throw usage_error("unknown model '" + o.model + "' (built-in: " + names +
+                          "; a JSON model file is given with --model-file PATH)");
       }
       params = std::move(*p);
       model_name = o.model;
@@ -516,13 +557,17 @@ int main(int argc, char** argv) {
                           " bytes; give a unit, e.g. " + o.gpu_memory + "GiB");
     }
     std::vector<int> stages;
-    if (o.stage == "all") stages = {0, 1, 2, 3};
-    else if (o.stage.size() == 1 && o.stage[0] >= '0' && o.stage[0] <= '3') stages = {o.stage[0] - '0'};
-    else throw usage_error("--stage must be 0, 1, 2, 3 or all, got '" + o.stage + "'");
+    if (o.stage == "all")
+      stages = {0, 1, 2, 3};
+    else if (o.stage.size() == 1 && o.stage[0] >= '0' && o.stage[0] <= '3')
+      stages = {o.stage[0] - '0'};
+    else
+      throw usage_error("--stage must be 0, 1, 2, 3 or all, got '" + o.stage + "'");
     if (app.count("--show-rank") > 0 && o.show_rank < 0)
       throw usage_error("--show-rank must be a rank from 0 to " + std::to_string(o.world_size - 1) + ", got " +
                         std::to_string(o.show_rank));
-    if (o.show_rank >= o.world_size) throw usage_error("--show-rank " + std::to_string(o.show_rank) + " is not below the world size");
+    if (o.show_rank >= o.world_size)
+      throw usage_error("--show-rank " + std::to_string(o.show_rank) + " is not below the world size");
 
     std::vector<shard_plan> plans;
     for (int stage : stages) plans.emplace_back(make_request(o, params, stage));
@@ -543,8 +588,10 @@ int main(int argc, char** argv) {
     }
     fmt::print("ringzero-plan: {}: {} parameters ({} trainable) in {} tensors, {} gather units\n", model_name,
                grouped(first.parameter_elements()), grouped(first.trainable_elements()), tensors, first.units().size());
-    if (plans.size() == 1) print_plan(first, gpu, o.show_rank);
-    else print_summary(plans, gpu);
+    if (plans.size() == 1)
+      print_plan(first, gpu, o.show_rank);
+    else
+      print_summary(plans, gpu);
     return 0;
   } catch (const usage_error& e) {
     fmt::print(stderr, "ringzero-plan: error: {}\n", e.what());

@@ -5,9 +5,9 @@
 // - the same copy and a float32 sum through CUB's cub::DeviceTransform (CCCL's tuned
 //   element-wise transform, which on Hopper may stage through the bulk-copy engine), to show
 //   whether the primitives' own kernels leave bandwidth on the table.
+#include <cuda_runtime.h>
 #include <cub/device/device_transform.cuh>
 #include <cuda/std/tuple>
-#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -33,9 +33,9 @@ int ringzero_bench_copy_kernel(void* dst, const void* src, std::uint64_t bytes, 
 }
 
 int ringzero_bench_cub_copy(void* dst, const void* src, std::uint64_t bytes, void* stream) {
-  return static_cast<int>(cub::DeviceTransform::Transform(static_cast<const std::uint32_t*>(src),
-                                                          static_cast<std::uint32_t*>(dst), static_cast<std::int64_t>(bytes / 4),
-                                                          identity{}, static_cast<cudaStream_t>(stream)));
+  return static_cast<int>(cub::DeviceTransform::Transform(
+      static_cast<const std::uint32_t*>(src), static_cast<std::uint32_t*>(dst), static_cast<std::int64_t>(bytes / 4),
+      identity{}, static_cast<cudaStream_t>(stream)));
 }
 
 int ringzero_bench_cub_sum_float(void* dst, const void* a, const void* b, std::uint64_t count, void* stream) {

@@ -25,8 +25,8 @@
 // through the one device's memory, 5(n-1)S (each of the n-1 reduce-scatter steps reads two blocks
 // of S/n and writes one; each of the n-1 all-gather steps copies S/n), over the copy bandwidth.
 // The last lines check this project's targets on a Hopper GPU: reduce_into and cast reach at
-// least 85% of the copy bandwidth, and ring all_reduce stays within 2x of its bound. Exit status: 0 when every row is right, 1 when a result is
-// wrong, 2 on an error (no device, bad option, too little host memory for --size-mib).
+// least 85% of the copy bandwidth, and ring all_reduce stays within 2x of its bound. Exit status: 0 when every row is
+// right, 1 when a result is wrong, 2 on an error (no device, bad option, too little host memory for --size-mib).
 
 #include <cuda_runtime_api.h>
 
@@ -144,8 +144,9 @@ std::vector<unsigned char> download(const unsigned char* p, std::size_t bytes) {
 
 /// Elements in [0, w) and [n - w, n) of device output `out` (type `t`) that differ from what
 /// `host_op(dst, first, count)` computes for the same element range.
-long long count_wrong(rz::dtype t, const unsigned char* out, std::uint64_t n, bool nan_equal,
-                      const std::function<void(unsigned char* dst, std::uint64_t first, std::uint64_t count)>& host_op) {
+long long count_wrong(
+    rz::dtype t, const unsigned char* out, std::uint64_t n, bool nan_equal,
+    const std::function<void(unsigned char* dst, std::uint64_t first, std::uint64_t count)>& host_op) {
   const std::size_t es = rz::dtype_size(t);
   const std::uint64_t w = std::min<std::uint64_t>(n, 65536);
   long long wrong = 0;
@@ -181,7 +182,8 @@ struct collective_row {
 
 /// all_reduce float32 sum of `bytes` per rank on `n` ranks sharing `device`, out of place (see
 /// the file comment); the shape, call, exact check, bus factor and %peak are bench/harness's.
-collective_row bench_all_reduce(int n, rz::algorithm algo, std::size_t bytes, int device, int iters, int warmup, double copy_gbps) {
+collective_row bench_all_reduce(int n, rz::algorithm algo, std::size_t bytes, int device, int iters, int warmup,
+                                double copy_gbps) {
   const rz::bench::collective_descriptor& d = rz::bench::all_reduce_bench;
   const rz::bench::row_shape shape = d.shape(bytes, 4, n);
   std::vector<double> each_us(static_cast<std::size_t>(n), 0.0);
@@ -201,14 +203,16 @@ collective_row bench_all_reduce(int n, rz::algorithm algo, std::size_t bytes, in
         auto call = [&] { d.call(c, a, c.rank(), n); };
         {  // exact check of one call: the harness's inputs written on the host, uploaded, the output downloaded
           std::vector<unsigned char> send_host(bytes), recv_host(bytes);
-          rz::bench::fill_row(d, send_host.data(), recv_host.data(), shape, rz::dtype::float32, rz::reduce_kind::sum, c.rank(), false);
+          rz::bench::fill_row(d, send_host.data(), recv_host.data(), shape, rz::dtype::float32, rz::reduce_kind::sum,
+                              c.rank(), false);
           check(cudaMemcpy(send.p, send_host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
           check(cudaMemcpy(recv.p, recv_host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
           check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after the uploads)");
           call();
           c.synchronize();
           check(cudaMemcpy(recv_host.data(), recv.p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-          wrong[r] = d.verify(recv_host.data(), shape, rz::dtype::float32, rz::reduce_kind::sum, -1, c.rank(), n, false);
+          wrong[r] =
+              d.verify(recv_host.data(), shape, rz::dtype::float32, rz::reduce_kind::sum, -1, c.rank(), n, false);
         }
         for (int i = 0; i < warmup; ++i) call();
         c.synchronize();
@@ -243,7 +247,8 @@ long long parse_integer(const std::string& option, const std::string& text, long
   const std::optional<long long> v = rz::bench::parse_digits<long long>(text);
   if (!v || *v < lo || *v > hi)
     throw rz::error(rz::errc::invalid_argument, option + " '" + text + "': expected a whole number from " +
-                                                    std::to_string(lo) + " to " + std::to_string(hi) + " (digits only)");
+                                                    std::to_string(lo) + " to " + std::to_string(hi) +
+                                                    " (digits only)");
   return *v;
 }
 
@@ -256,12 +261,18 @@ int parse_options(int argc, char** argv, options& o) {
     };
     // 1 MiB to 1 TiB per operand (three operands are allocated; cudaMalloc names a size the
     // device cannot hold)
-    if (a == "--size-mib") o.size_mib = static_cast<std::uint64_t>(parse_integer(a, value(), 1, 1 << 20));
-    else if (a == "--iters") o.iters = static_cast<int>(parse_integer(a, value(), 1, 1000000));
-    else if (a == "--warmup") o.warmup = static_cast<int>(parse_integer(a, value(), 0, 1000000));
-    else if (a == "--device") o.device = static_cast<int>(parse_integer(a, value(), 0, 1023));
-    else if (a == "--json") o.json_path = value();
-    else if (a == "--no-collectives") o.collectives = false;
+    if (a == "--size-mib")
+      o.size_mib = static_cast<std::uint64_t>(parse_integer(a, value(), 1, 1 << 20));
+    else if (a == "--iters")
+      o.iters = static_cast<int>(parse_integer(a, value(), 1, 1000000));
+    else if (a == "--warmup")
+      o.warmup = static_cast<int>(parse_integer(a, value(), 0, 1000000));
+    else if (a == "--device")
+      o.device = static_cast<int>(parse_integer(a, value(), 0, 1023));
+    else if (a == "--json")
+      o.json_path = value();
+    else if (a == "--no-collectives")
+      o.collectives = false;
     else if (a == "--ranks") {
       o.ranks.clear();
       const std::string list = value();
@@ -269,15 +280,16 @@ int parse_options(int argc, char** argv, options& o) {
         const std::size_t comma = list.find(',', start);
         const std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
         // 2 ranks at least (a ring of one rank is a copy); at most 64 threads on the one GPU
-        const std::string option = comma == std::string::npos && start == 0 ? "--ranks" : "--ranks '" + list + "': item";
+        const std::string option =
+            comma == std::string::npos && start == 0 ? "--ranks" : "--ranks '" + list + "': item";
         o.ranks.push_back(static_cast<int>(parse_integer(option, item, 2, 64)));
         if (comma == std::string::npos) break;
         start = comma + 1;
       }
-    }
-    else if (a == "-h" || a == "--help") {
-      std::printf("usage: ringzero-gpu-bench [--size-mib 256] [--iters 20] [--warmup 3] [--device 0] [--json FILE]\n"
-                  "                          [--ranks 2,4] [--no-collectives]\n");
+    } else if (a == "-h" || a == "--help") {
+      std::printf(
+          "usage: ringzero-gpu-bench [--size-mib 256] [--iters 20] [--warmup 3] [--device 0] [--json FILE]\n"
+          "                          [--ranks 2,4] [--no-collectives]\n");
       return 1;
     } else {
       throw rz::error(rz::errc::invalid_argument, "unknown option " + a);
@@ -285,7 +297,8 @@ int parse_options(int argc, char** argv, options& o) {
   }
   if (!o.json_path.empty()) {  // before minutes of measuring, not after
     const std::string problem = rz::bench::output_path_problem(o.json_path);
-    if (!problem.empty()) throw rz::error(rz::errc::io_error, "--json " + o.json_path + ": cannot open for writing: " + problem);
+    if (!problem.empty())
+      throw rz::error(rz::errc::io_error, "--json " + o.json_path + ": cannot open for writing: " + problem);
   }
   // The inputs are made on the host, two --size-mib buffers at once (random_bytes), and each
   // all_reduce rank checks its result through two host copies of its buffers: check the larger
@@ -295,11 +308,12 @@ int parse_options(int argc, char** argv, options& o) {
   const double host_bytes = 2.0 * most_ranks * static_cast<double>(o.size_mib) * (1 << 20);
   if (rz::bench::exceeds_host_memory(host_bytes)) {
     char text[256];
-    std::snprintf(text, sizeof text,
-                  "--size-mib %llu needs %.1f GiB of host memory (two buffers of that size on the host, per all_reduce rank) "
-                  "but this machine has %.1f GiB: lower --size-mib",
-                  static_cast<unsigned long long>(o.size_mib), host_bytes / (1 << 30),
-                  rz::bench::physical_memory_bytes() / (1 << 30));
+    std::snprintf(
+        text, sizeof text,
+        "--size-mib %llu needs %.1f GiB of host memory (two buffers of that size on the host, per all_reduce rank) "
+        "but this machine has %.1f GiB: lower --size-mib",
+        static_cast<unsigned long long>(o.size_mib), host_bytes / (1 << 30),
+        rz::bench::physical_memory_bytes() / (1 << 30));
     throw rz::error(rz::errc::invalid_argument, text);
   }
   return 0;
@@ -320,8 +334,8 @@ int main(int argc, char** argv) {
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
 
     const std::size_t S = static_cast<std::size_t>(o.size_mib) << 20;
-    std::printf("# ringzero-gpu-bench on %s (%d SMs, %.1f GiB, L2 %.0f MiB), %zu MiB per operand, median of %d\n", prop.name,
-                prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / (1 << 30),
+    std::printf("# ringzero-gpu-bench on %s (%d SMs, %.1f GiB, L2 %.0f MiB), %zu MiB per operand, median of %d\n",
+                prop.name, prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / (1 << 30),
                 static_cast<double>(prop.l2CacheSize) / (1 << 20), S >> 20, o.iters);
     std::fflush(stdout);
     device_buffer a(S), b(S), d(S);
@@ -347,15 +361,20 @@ int main(int argc, char** argv) {
     auto* s = static_cast<void*>(stream);
 
     // Copy bandwidth: the ceiling.
-    add("copy (cudaMemcpyAsync D2D)", 2.0 * S, [&] { return static_cast<int>(cudaMemcpyAsync(d.p, a.p, S, cudaMemcpyDeviceToDevice, stream)); },
-        false);
-    add("copy kernel (16-byte vectors)", 2.0 * S, [&] { return ringzero_bench_copy_kernel(d.p, a.p, S, s); }, false);
+    add(
+        "copy (cudaMemcpyAsync D2D)", 2.0 * S,
+        [&] { return static_cast<int>(cudaMemcpyAsync(d.p, a.p, S, cudaMemcpyDeviceToDevice, stream)); }, false);
+    add(
+        "copy kernel (16-byte vectors)", 2.0 * S, [&] { return ringzero_bench_copy_kernel(d.p, a.p, S, s); }, false);
     rows.back().wrong = std::memcmp(download(d.p, 4096).data(), download(a.p, 4096).data(), 4096) == 0 ? 0 : 1;
     const double copy_gbps = std::max(rows[0].gbps, rows[1].gbps);
     // CUB's transform as a reference for the primitives' own kernels (not part of the ceiling).
-    add("copy (cub::DeviceTransform)", 2.0 * S, [&] { return ringzero_bench_cub_copy(d.p, a.p, S, s); }, false);
+    add(
+        "copy (cub::DeviceTransform)", 2.0 * S, [&] { return ringzero_bench_cub_copy(d.p, a.p, S, s); }, false);
     rows.back().wrong = std::memcmp(download(d.p, 4096).data(), download(a.p, 4096).data(), 4096) == 0 ? 0 : 1;
-    add("sum float32 (cub::DeviceTransform)", 3.0 * S, [&] { return ringzero_bench_cub_sum_float(d.p, a.p, b.p, S / 4, s); }, false);
+    add(
+        "sum float32 (cub::DeviceTransform)", 3.0 * S,
+        [&] { return ringzero_bench_cub_sum_float(d.p, a.p, b.p, S / 4, s); }, false);
 
     // reduce_into.
     struct reduce_case {
@@ -390,37 +409,44 @@ int main(int argc, char** argv) {
       spec.scalar_b = 0.25;
       spec.divisor = c.divisor;
       const std::uint64_t n = S / rz::dtype_size(c.t);
-      const std::string name = "reduce_into " + std::string(rz::reduce_kind_name(c.kind)) + " " + std::string(rz::dtype_name(c.t));
-      row* r = add(name, 3.0 * S, [&] { return k.reduce_into(d.p, a.p, b.p, n, spec, s); }, true);
+      const std::string name =
+          "reduce_into " + std::string(rz::reduce_kind_name(c.kind)) + " " + std::string(rz::dtype_name(c.t));
+      row* r = add(
+          name, 3.0 * S, [&] { return k.reduce_into(d.p, a.p, b.p, n, spec, s); }, true);
       const std::size_t es = rz::dtype_size(c.t);
       const bool arithmetic = c.kind != rz::reduce_kind::min && c.kind != rz::reduce_kind::max;  // NaN payload free
-      r->wrong = count_wrong(c.t, d.p, n, arithmetic, [&](unsigned char* dst, std::uint64_t first, std::uint64_t count) {
-        const auto ha = download(a.p + first * es, count * es), hb = download(b.p + first * es, count * es);
-        rz::primitive::reduce_into(dst, ha.data(), hb.data(), count, spec);
-      });
+      r->wrong =
+          count_wrong(c.t, d.p, n, arithmetic, [&](unsigned char* dst, std::uint64_t first, std::uint64_t count) {
+            const auto ha = download(a.p + first * es, count * es), hb = download(b.p + first * es, count * es);
+            rz::primitive::reduce_into(dst, ha.data(), hb.data(), count, spec);
+          });
     }
     // cast.
-    for (const auto& [to, from] : std::vector<std::pair<rz::dtype, rz::dtype>>{{rz::dtype::bfloat16, rz::dtype::float32},
-                                                                              {rz::dtype::float32, rz::dtype::bfloat16},
-                                                                              {rz::dtype::float16, rz::dtype::float32},
-                                                                              {rz::dtype::float32, rz::dtype::float16},
-                                                                              {rz::dtype::float32, rz::dtype::int32},
-                                                                              {rz::dtype::int8, rz::dtype::float32}}) {
+    for (const auto& [to, from] :
+         std::vector<std::pair<rz::dtype, rz::dtype>>{{rz::dtype::bfloat16, rz::dtype::float32},
+                                                      {rz::dtype::float32, rz::dtype::bfloat16},
+                                                      {rz::dtype::float16, rz::dtype::float32},
+                                                      {rz::dtype::float32, rz::dtype::float16},
+                                                      {rz::dtype::float32, rz::dtype::int32},
+                                                      {rz::dtype::int8, rz::dtype::float32}}) {
       const std::size_t wide = std::max(rz::dtype_size(to), rz::dtype_size(from));
       const std::uint64_t n = S / wide;
       const double moved = static_cast<double>(n) * static_cast<double>(rz::dtype_size(to) + rz::dtype_size(from));
       const std::string name = "cast " + std::string(rz::dtype_name(from)) + " -> " + std::string(rz::dtype_name(to));
-      row* r = add(name, moved, [&] { return k.cast(d.p, to, a.p, from, n, s); }, true);
+      row* r = add(
+          name, moved, [&] { return k.cast(d.p, to, a.p, from, n, s); }, true);
       const std::size_t fs = rz::dtype_size(from);
-      r->wrong = count_wrong(to, d.p, n, rz::is_floating_point(from), [&](unsigned char* dst, std::uint64_t first, std::uint64_t count) {
-        const auto ha = download(a.p + first * fs, count * fs);
-        rz::primitive::cast_into(dst, to, ha.data(), from, count);
-      });
+      r->wrong = count_wrong(to, d.p, n, rz::is_floating_point(from),
+                             [&](unsigned char* dst, std::uint64_t first, std::uint64_t count) {
+                               const auto ha = download(a.p + first * fs, count * fs);
+                               rz::primitive::cast_into(dst, to, ha.data(), from, count);
+                             });
     }
     // scale and fill.
     for (rz::dtype t : {rz::dtype::float32, rz::dtype::bfloat16, rz::dtype::float16}) {
       const std::uint64_t n = S / rz::dtype_size(t);
-      row* r = add("scale " + std::string(rz::dtype_name(t)), 2.0 * S, [&] { return k.scale(d.p, a.p, n, t, 0.125, s); }, false);
+      row* r = add(
+          "scale " + std::string(rz::dtype_name(t)), 2.0 * S, [&] { return k.scale(d.p, a.p, n, t, 0.125, s); }, false);
       const std::size_t es = rz::dtype_size(t);
       r->wrong = count_wrong(t, d.p, n, true, [&](unsigned char* dst, std::uint64_t first, std::uint64_t count) {
         const auto ha = download(a.p + first * es, count * es);
@@ -429,20 +455,23 @@ int main(int argc, char** argv) {
     }
     {
       const std::uint64_t n = S / 4;
-      row* r = add("fill float32", 1.0 * S, [&] { return k.fill(d.p, n, rz::dtype::float32, 1.5, s); }, false);
-      r->wrong = count_wrong(rz::dtype::float32, d.p, n, false, [&](unsigned char* dst, std::uint64_t, std::uint64_t count) {
-        rz::primitive::fill(dst, count, rz::dtype::float32, 1.5);
-      });
+      row* r = add(
+          "fill float32", 1.0 * S, [&] { return k.fill(d.p, n, rz::dtype::float32, 1.5, s); }, false);
+      r->wrong =
+          count_wrong(rz::dtype::float32, d.p, n, false, [&](unsigned char* dst, std::uint64_t, std::uint64_t count) {
+            rz::primitive::fill(dst, count, rz::dtype::float32, 1.5);
+          });
     }
 
     // The table.
-    std::printf("# %-34s %12s %11s %9s %8s %7s\n", "operation", "moved (MiB)", "time (us)", "GB/s", "of copy", "#wrong");
+    std::printf("# %-34s %12s %11s %9s %8s %7s\n", "operation", "moved (MiB)", "time (us)", "GB/s", "of copy",
+                "#wrong");
     long long wrong_total = 0;
     double worst_target = 1e9;
     std::string worst_name;
     for (const row& r : rows) {
-      std::printf("  %-34s %12.0f %11.1f %9.1f %7.1f%% %7lld\n", r.name.c_str(), r.bytes_moved / (1 << 20), r.time_us, r.gbps,
-                  100.0 * r.gbps / copy_gbps, r.wrong);
+      std::printf("  %-34s %12.0f %11.1f %9.1f %7.1f%% %7lld\n", r.name.c_str(), r.bytes_moved / (1 << 20), r.time_us,
+                  r.gbps, 100.0 * r.gbps / copy_gbps, r.wrong);
       wrong_total += r.wrong;
       if (r.target && r.gbps / copy_gbps < worst_target) {
         worst_target = r.gbps / copy_gbps;
@@ -455,9 +484,10 @@ int main(int argc, char** argv) {
       for (int n : o.ranks)
         for (rz::algorithm a : {rz::algorithm::ring, rz::algorithm::halving_doubling})
           collectives.push_back(bench_all_reduce(n, a, S, o.device, o.iters, o.warmup, copy_gbps));
-      std::printf("# all_reduce float32 sum, %zu MiB per rank, local backend, all ranks on GPU %d (out of place; in place "
-                  "not run)\n",
-                  S >> 20, o.device);
+      std::printf(
+          "# all_reduce float32 sum, %zu MiB per rank, local backend, all ranks on GPU %d (out of place; in place "
+          "not run)\n",
+          S >> 20, o.device);
       for (int n : o.ranks) {
         std::printf("# %d ranks\n%s", n, rz::bench::table_header().c_str());
         for (const auto& c : collectives) {
@@ -467,12 +497,13 @@ int main(int argc, char** argv) {
         }
       }
       std::printf("# x bound (time over the ring's copy-bandwidth bound 5(n-1)S):");
-      for (const auto& c : collectives) std::printf(" %d ranks %s %.2f;", c.row.ranks, c.row.algorithm.c_str(), c.bound_ratio);
+      for (const auto& c : collectives)
+        std::printf(" %d ranks %s %.2f;", c.row.ranks, c.row.algorithm.c_str(), c.bound_ratio);
       std::printf("\n");
     }
     std::printf("# copy bandwidth (better of the two copies): %.1f GB/s (bytes read + written)\n", copy_gbps);
-    std::printf("# target reduce_into and cast >= 85%% of copy: worst %s at %.1f%%: %s\n", worst_name.c_str(), 100.0 * worst_target,
-                worst_target >= 0.85 ? "PASS" : "MISS");
+    std::printf("# target reduce_into and cast >= 85%% of copy: worst %s at %.1f%%: %s\n", worst_name.c_str(),
+                100.0 * worst_target, worst_target >= 0.85 ? "PASS" : "MISS");
     double worst_ring = 0;
     for (const auto& c : collectives)
       if (c.row.algorithm == "ring") worst_ring = std::max(worst_ring, c.bound_ratio);
@@ -482,12 +513,13 @@ int main(int argc, char** argv) {
     std::printf("# errors: %lld wrong element(s) %s\n", wrong_total, wrong_total == 0 ? "OK" : "FAILED");
     if (!o.json_path.empty()) {
       std::ofstream f(o.json_path);
-      f << "{\n  \"program\": \"ringzero-gpu-bench\",\n  \"device\": \"" << prop.name << "\",\n  \"size_mib\": " << o.size_mib
-        << ",\n  \"copy_gbps\": " << copy_gbps << ",\n  \"rows\": [\n";
+      f << "{\n  \"program\": \"ringzero-gpu-bench\",\n  \"device\": \"" << prop.name
+        << "\",\n  \"size_mib\": " << o.size_mib << ",\n  \"copy_gbps\": " << copy_gbps << ",\n  \"rows\": [\n";
       for (std::size_t i = 0; i < rows.size(); ++i) {
         const row& r = rows[i];
-        f << "    {\"operation\": \"" << r.name << "\", \"bytes_moved\": " << r.bytes_moved << ", \"time_us\": " << r.time_us
-          << ", \"gbps\": " << r.gbps << ", \"fraction_of_copy\": " << r.gbps / copy_gbps << ", \"wrong\": " << r.wrong << "}"
+        f << "    {\"operation\": \"" << r.name << "\", \"bytes_moved\": " << r.bytes_moved
+          << ", \"time_us\": " << r.time_us << ", \"gbps\": " << r.gbps
+          << ", \"fraction_of_copy\": " << r.gbps / copy_gbps << ", \"wrong\": " << r.wrong << "}"
           << (i + 1 < rows.size() ? ",\n" : "\n");
       }
       std::vector<rz::bench::result_row> all_reduce_rows;
@@ -496,7 +528,8 @@ int main(int argc, char** argv) {
         all_reduce_rows.push_back(c.row);
         ratios += (ratios.empty() ? "" : ", ") + rz::bench::json_number(c.bound_ratio);
       }
-      f << "  ],\n  \"all_reduce\": " << rz::bench::json_rows(all_reduce_rows) << ",\n  \"all_reduce_bound_ratio\": [" << ratios << "]";
+      f << "  ],\n  \"all_reduce\": " << rz::bench::json_rows(all_reduce_rows) << ",\n  \"all_reduce_bound_ratio\": ["
+        << ratios << "]";
       f << ",\n  \"worst_target_fraction\": " << worst_target << ",\n  \"worst_ring_bound_ratio\": " << worst_ring
         << ",\n  \"wrong\": " << wrong_total << "\n}\n";
       f.close();

@@ -258,23 +258,15 @@ inline constexpr collective_descriptor barrier_bench{
 /// the benchmarks do not measure.
 inline const collective_descriptor& describe_bench(collective_kind kind) {
   switch (kind) {
-    case collective_kind::all_reduce:
-      return all_reduce_bench;
-    case collective_kind::reduce_scatter:
-      return reduce_scatter_bench;
-    case collective_kind::all_gather:
-      return all_gather_bench;
-    case collective_kind::broadcast:
-      return broadcast_bench;
-    case collective_kind::reduce:
-      return reduce_bench;
-    case collective_kind::all_to_all:
-      return all_to_all_bench;
-    case collective_kind::barrier:
-      return barrier_bench;
+    case collective_kind::all_reduce: return all_reduce_bench;
+    case collective_kind::reduce_scatter: return reduce_scatter_bench;
+    case collective_kind::all_gather: return all_gather_bench;
+    case collective_kind::broadcast: return broadcast_bench;
+    case collective_kind::reduce: return reduce_bench;
+    case collective_kind::all_to_all: return all_to_all_bench;
+    case collective_kind::barrier: return barrier_bench;
     case collective_kind::send:
-    case collective_kind::recv:
-      break;
+    case collective_kind::recv: break;
   }
   throw error(errc::invalid_argument, "the benchmarks measure no '" + std::string(collective_name(kind)) +
                                           "' (send and recv are point to point)");

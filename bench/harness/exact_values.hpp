@@ -43,16 +43,20 @@ inline std::int64_t input_value(dtype type, reduce_kind op, int rank, std::uint6
 /// `x` stored as an element of type T (integers modulo 2^bits, floats exactly).
 template <class T>
 T as_element(std::int64_t x) {
-  if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<std::uint64_t>(x));
-  else if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) return T(static_cast<float>(x));
-  else return static_cast<T>(x);
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<std::uint64_t>(x));
+  else if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>)
+    return T(static_cast<float>(x));
+  else
+    return static_cast<T>(x);
 }
 
 /// Fills `count` elements of rank `rank`'s input starting at global element `first`.
 inline void fill_input(void* buffer, std::uint64_t count, dtype type, reduce_kind op, int rank, std::uint64_t first) {
   visit_dtype(type, [&]<class T>() {
     std::array<T, pattern_period> period{};
-    for (int k = 0; k < pattern_period; ++k) period[static_cast<std::size_t>(k)] = as_element<T>(pattern_value(type, op, k));
+    for (int k = 0; k < pattern_period; ++k)
+      period[static_cast<std::size_t>(k)] = as_element<T>(pattern_value(type, op, k));
     T* out = static_cast<T*>(buffer);
     const std::uint64_t shift = (first + 3u * static_cast<std::uint64_t>(rank)) % pattern_period;
     for (std::uint64_t i = 0; i < count; ++i) out[i] = period[(i + shift) % pattern_period];
@@ -84,14 +88,18 @@ inline void expected_reduction(dtype type, reduce_kind op, int world, int k, voi
     if (op == reduce_kind::avg) {
       if constexpr (std::is_integral_v<T>) {
         const T wrapped = as_element<T>(acc);
-        if constexpr (std::is_signed_v<T>) result = static_cast<T>(static_cast<std::int64_t>(wrapped) / world);
-        else result = static_cast<T>(static_cast<std::uint64_t>(wrapped) / static_cast<std::uint64_t>(world));
+        if constexpr (std::is_signed_v<T>)
+          result = static_cast<T>(static_cast<std::int64_t>(wrapped) / world);
+        else
+          result = static_cast<T>(static_cast<std::uint64_t>(wrapped) / static_cast<std::uint64_t>(world));
       } else if constexpr (std::is_same_v<T, double>) {
         result = static_cast<double>(acc) / world;
       } else {
         const float q = static_cast<float>(acc) / static_cast<float>(world);
-        if constexpr (std::is_same_v<T, float>) result = q;
-        else result = T(q);
+        if constexpr (std::is_same_v<T, float>)
+          result = q;
+        else
+          result = T(q);
       }
     } else {
       result = as_element<T>(acc);

@@ -17,8 +17,8 @@ int main() {
     if (comm.rank() == 0) {
       const float expected = world_size * (world_size - 1) / 2.0f;  // 0 + 1 + ... + (world_size - 1)
       for (float x : data) wrong += x != expected;
-      std::printf("rank 0 of %d: data[0] = %g after all_reduce(sum), %d wrong of %zu\n",
-                  comm.world_size(), double(data[0]), wrong, count);
+      std::printf("rank 0 of %d: data[0] = %g after all_reduce(sum), %d wrong of %zu\n", comm.world_size(),
+                  double(data[0]), wrong, count);
     }
   });
   return wrong == 0 ? 0 : 1;

@@ -60,11 +60,11 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <zlib.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "command_line.hpp"
 #include "distributed_sampler.hpp"
@@ -75,9 +75,9 @@
 #include "optimizer.hpp"
 #include "progress_bar.hpp"
 #include "ringzero/checkpoint.hpp"
-#include "ringzero/ringzero.hpp"
 #include "ringzero/ddp/compression_hook.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
+#include "ringzero/ringzero.hpp"
 #if RINGZERO_EXAMPLES_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -104,10 +104,10 @@ struct options {
   int ranks = 2;
   std::string compare_ranks;  // "1,2": compare mode
   int epochs = 10;
-  int batch_size = 256;       // per rank, per micro-step
-  int global_batch = 0;       // 0: ranks * accumulate * batch_size
+  int batch_size = 256;  // per rank, per micro-step
+  int global_batch = 0;  // 0: ranks * accumulate * batch_size
   int accumulate = 1;
-  float lr = -1.0f;           // <0: optimizer's default
+  float lr = -1.0f;  // <0: optimizer's default
   bool scale_lr = false;
   std::string optimizer = "sgd";
   std::uint64_t seed = 1;
@@ -126,8 +126,9 @@ struct options {
   std::string json_path;
   bool progress = true;
   std::vector<int> hidden = {256, 128};
-  std::vector<std::string> hidden_lists;  // --hidden as given: widths, or comma-separated lists of them (ex::hidden_widths_check)
-  double min_accuracy = 0.0;  // exit with status 3 when a run ends below it (for tests)
+  std::vector<std::string>
+      hidden_lists;            // --hidden as given: widths, or comma-separated lists of them (ex::hidden_widths_check)
+  double min_accuracy = 0.0;   // exit with status 3 when a run ends below it (for tests)
   std::string device = "cpu";  // cpu or cuda
   int micro_batch = 0;         // >0: examples per micro-batch, micro-batch j of a global batch on rank j mod n
   bool reproducible = false;   // reducer_options::reproducible: each micro-batch's gradient is one contribution
@@ -165,8 +166,8 @@ struct run_result {
   std::uint64_t steps_per_epoch = 0;
   std::vector<epoch_metrics> epochs;
   std::optional<std::uint32_t> parameter_crc32;  // zlib's CRC-32 of the final parameters (CPU runs)
-  int first_epoch = 0;               // epochs done before this run (--resume)
-  ex::evaluation_result evaluation;  // of the final model (also when no epoch was trained)
+  int first_epoch = 0;                           // epochs done before this run (--resume)
+  ex::evaluation_result evaluation;              // of the final model (also when no epoch was trained)
 };
 
 /// The largest --bucket-mb and --first-bucket-mb: 2^40 MiB (2^60 bytes, a byte count uint64
@@ -176,8 +177,8 @@ constexpr double max_bucket_mb = 1099511627776.0;
 constexpr std::int64_t max_global_batch = 1 << 24;
 
 /// A bucket limit in MiB: finite, from 0 (one bucket per tensor) to max_bucket_mb.
-const CLI::Validator bucket_mb_range =
-    ex::number_check({.low = 0, .high = max_bucket_mb}, "a size in MiB from 0 (one bucket per tensor) to 1099511627776 (2^40)", "MiB");
+const CLI::Validator bucket_mb_range = ex::number_check(
+    {.low = 0, .high = max_bucket_mb}, "a size in MiB from 0 (one bucket per tensor) to 1099511627776 (2^40)", "MiB");
 
 /// An accuracy: finite, from 0 to 1.
 const CLI::Validator accuracy_range = ex::number_check({.low = 0, .high = 1}, "an accuracy from 0 to 1", "ACCURACY");
@@ -197,10 +198,11 @@ std::vector<std::uint64_t> bucket_limits(const options& o) {
 void check_global_batch(std::int64_t ranks, const options& o) {
   const std::int64_t global = std::int64_t{o.batch_size} * ranks * o.accumulate;
   if (global > max_global_batch)
-    throw rz::error(rz::errc::invalid_argument,
-                    fmt::format("--batch-size {} x {} rank(s) x --accumulate {} = {} examples per optimizer step: more than "
-                                "{}, the most --global-batch allows",
-                                o.batch_size, ranks, o.accumulate, global, max_global_batch));
+    throw rz::error(
+        rz::errc::invalid_argument,
+        fmt::format("--batch-size {} x {} rank(s) x --accumulate {} = {} examples per optimizer step: more than "
+                    "{}, the most --global-batch allows",
+                    o.batch_size, ranks, o.accumulate, global, max_global_batch));
 }
 
 std::shared_ptr<rz::comm_hook> make_hook(const std::string& compress) {
@@ -234,7 +236,8 @@ ck::replicated_state checkpoint_state(ex::mlp& model, ex::optimizer& opt) {
     if (t.rows > 1) shape.insert(shape.begin(), static_cast<std::uint64_t>(t.rows));
     state.add_parameter(t.name, model.parameter(i), shape);
     for (std::size_t k = 0; k < states.size(); ++k)
-      state.add_optimizer_state(t.name, static_cast<int>(k), states[k].name, states[k].values.subspan(t.offset, t.count), shape);
+      state.add_optimizer_state(t.name, static_cast<int>(k), states[k].name,
+                                states[k].values.subspan(t.offset, t.count), shape);
   }
   state.set_optimizer({{"kind", opt.name()}, {"lr", opt.learning_rate()}});
   return state;
@@ -250,24 +253,29 @@ void initialise_from(ex::mlp& model, const std::string& path) {
     const ex::tensor_info& t = model.tensor(i);
     const ck::safetensors_tensor* s = h.find(t.name);
     const std::uint64_t n = t.count;
-    if (s == nullptr) throw rz::error(rz::errc::invalid_argument, fmt::format("--init-from {}: the model's '{}' is not in the file", path, t.name));
-    if (s->numel() != n || s->shape.back() != static_cast<std::uint64_t>(t.cols) || !s->type || !rz::is_floating_point(*s->type))
-      throw rz::error(rz::errc::invalid_argument, fmt::format("--init-from {}: '{}' is {} [{}], the model's is float32 [{}{}]", path, t.name,
-                                                              s->dtype_name, fmt::join(s->shape, ", "), t.rows > 1 ? fmt::format("{}, ", t.rows) : "",
-                                                              t.cols));
+    if (s == nullptr)
+      throw rz::error(rz::errc::invalid_argument,
+                      fmt::format("--init-from {}: the model's '{}' is not in the file", path, t.name));
+    if (s->numel() != n || s->shape.back() != static_cast<std::uint64_t>(t.cols) || !s->type ||
+        !rz::is_floating_point(*s->type))
+      throw rz::error(
+          rz::errc::invalid_argument,
+          fmt::format("--init-from {}: '{}' is {} [{}], the model's is float32 [{}{}]", path, t.name, s->dtype_name,
+                      fmt::join(s->shape, ", "), t.rows > 1 ? fmt::format("{}, ", t.rows) : "", t.cols));
     raw.resize(static_cast<std::size_t>(s->end - s->begin));
     f.read_at(raw.data(), raw.size(), s->begin);
-    ck::detail::convert_elements(*s->type, raw.data(), rz::dtype::float32, reinterpret_cast<unsigned char*>(model.parameter(i).data()), n);
+    ck::detail::convert_elements(*s->type, raw.data(), rz::dtype::float32,
+                                 reinterpret_cast<unsigned char*>(model.parameter(i).data()), n);
   }
   if (h.tensors.size() != model.tensor_count())
-    throw rz::error(rz::errc::invalid_argument, fmt::format("--init-from {}: the file holds {} tensors, the model {}", path, h.tensors.size(),
-                                                            model.tensor_count()));
+    throw rz::error(rz::errc::invalid_argument, fmt::format("--init-from {}: the file holds {} tensors, the model {}",
+                                                            path, h.tensors.size(), model.tensor_count()));
 }
 
 /// --resume (parameters, optimizer state and step count, bucket layout) or --init-from into every
 /// rank's replica, a collective; returns the epochs already done.
-int restore(const options& o, rz::gradient_reducer& reducer, ck::replicated_state& state, ex::mlp& model, ex::optimizer& opt,
-            bool lead) {
+int restore(const options& o, rz::gradient_reducer& reducer, ck::replicated_state& state, ex::mlp& model,
+            ex::optimizer& opt, bool lead) {
   if (!o.init_from.empty()) {
     initialise_from(model, o.init_from);
     if (lead) fmt::print("  initialised from {}\n", o.init_from);
@@ -276,12 +284,14 @@ int restore(const options& o, rz::gradient_reducer& reducer, ck::replicated_stat
   if (o.resume_dir.empty()) return 0;
   const ck::training_progress p = ck::load(reducer, state, o.resume_dir);
   if (p.step_in_epoch != 0)
-    throw rz::error(rz::errc::invalid_argument, fmt::format("--resume {}: the checkpoint was saved in the middle of epoch {} (this "
-                                                            "example resumes at epoch boundaries)", o.resume_dir, p.epoch + 1));
+    throw rz::error(rz::errc::invalid_argument,
+                    fmt::format("--resume {}: the checkpoint was saved in the middle of epoch {} (this "
+                                "example resumes at epoch boundaries)",
+                                o.resume_dir, p.epoch + 1));
   opt.set_steps(p.optimizer_steps);
   if (lead) {
-    fmt::print("  resumed from {} after epoch {} ({} optimizer steps)\n", ck::resolve_checkpoint(o.resume_dir).string(), p.epoch,
-               p.optimizer_steps);
+    fmt::print("  resumed from {} after epoch {} ({} optimizer steps)\n", ck::resolve_checkpoint(o.resume_dir).string(),
+               p.epoch, p.optimizer_steps);
     if (p.rng_seeds != std::vector<std::uint64_t>{o.seed})
       fmt::print("  note: the checkpoint was trained with --seed {}; the data order continues with --seed {}\n",
                  p.rng_seeds.empty() ? std::string("?") : std::to_string(p.rng_seeds.front()), o.seed);
@@ -301,164 +311,171 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
   std::mutex result_mutex;
 
   auto rank_main = [&](rz::communicator& comm) {
-        Eigen::setNbThreads(1);  // one compute thread per rank (Eigen is built without OpenMP here anyway)
-        const bool lead = comm.rank() == 0;
-        std::vector<int> widths = {static_cast<int>(data.train.features)};
-        widths.insert(widths.end(), o.hidden.begin(), o.hidden.end());
-        widths.push_back(data.train.classes);
-        // Every rank initialises differently on purpose: the reducer broadcasts rank 0's values.
-        ex::mlp model(widths, o.seed + static_cast<std::uint64_t>(comm.rank()) * 7919u);
-        const int eval_chunk = 1000;
-        model.reserve(std::max(per_rank, eval_chunk));
+    Eigen::setNbThreads(1);  // one compute thread per rank (Eigen is built without OpenMP here anyway)
+    const bool lead = comm.rank() == 0;
+    std::vector<int> widths = {static_cast<int>(data.train.features)};
+    widths.insert(widths.end(), o.hidden.begin(), o.hidden.end());
+    widths.push_back(data.train.classes);
+    // Every rank initialises differently on purpose: the reducer broadcasts rank 0's values.
+    ex::mlp model(widths, o.seed + static_cast<std::uint64_t>(comm.rank()) * 7919u);
+    const int eval_chunk = 1000;
+    model.reserve(std::max(per_rank, eval_chunk));
 
-        std::vector<rz::reducer_parameter> params;
+    std::vector<rz::reducer_parameter> params;
+    for (std::size_t i = 0; i < model.tensor_count(); ++i)
+      params.push_back(rz::reducer_parameter::of(model.parameter(i), model.gradient(i), model.tensor(i).name));
+    rz::reducer_options ropt;
+    ropt.bucket_byte_limits = bucket_limits(o);
+    ropt.gradient_as_bucket_view = o.bucket_view;
+    ropt.hook = make_hook(o.compress);
+    ropt.reproducible = o.reproducible;
+    rz::gradient_reducer reducer(comm, std::move(params), ropt);
+    std::uint64_t bound_generation = ~std::uint64_t{0};
+    auto bind_views = [&] {
+      if (!o.bucket_view || bound_generation == reducer.layout_generation()) return;
+      for (std::size_t i = 0; i < model.tensor_count(); ++i)
+        model.bind_gradient(i, reducer.gradient_span<float>(i).data());
+      bound_generation = reducer.layout_generation();
+    };
+    bind_views();
+
+    auto opt = ex::make_optimizer(o.optimizer, model.parameter_elements(), result.lr);
+    ck::replicated_state state = checkpoint_state(model, *opt);
+    const int first_epoch = restore(o, reducer, state, model, *opt, lead);
+    bind_views();  // a restored bucket layout moves the views
+    std::optional<ck::checkpointer> saver;
+    if (!o.checkpoint_dir.empty()) saver.emplace(o.checkpoint_dir);
+    // --micro-batch: every rank reads the one permutation of a world of one (the same for
+    // every rank count); global batch s is its rows [s*G, (s+1)*G), and micro-batch j of it
+    // (rows s*G + j*N ...) goes to rank j mod n. Otherwise each rank reads its own shard.
+    const bool split = o.micro_batch > 0;
+    const int world = comm.world_size();
+    ex::distributed_sampler sampler(data.train.count, split ? 1 : world, split ? 0 : comm.rank(), o.seed);
+    const std::size_t step_rows = static_cast<std::size_t>(per_rank) * static_cast<std::size_t>(o.accumulate);
+    const std::size_t stride =
+        split ? step_rows * static_cast<std::size_t>(world) : step_rows;  // sampler rows per step
+    const std::uint64_t steps = sampler.shard_size() / stride;
+    if (steps == 0)
+      throw rz::error(rz::errc::invalid_argument,
+                      fmt::format("{} training examples {} are fewer than one step of {}", sampler.shard_size(),
+                                  split ? "in all" : "per rank", stride));
+    auto first_row = [&](std::uint64_t s, int micro) {
+      const std::size_t block =
+          split ? static_cast<std::size_t>(micro * world + comm.rank()) : static_cast<std::size_t>(micro);
+      return static_cast<std::size_t>(s) * stride + block * static_cast<std::size_t>(per_rank);
+    };
+    std::uint64_t optimizer_steps = static_cast<std::uint64_t>(first_epoch) * steps;
+    std::vector<float> x(static_cast<std::size_t>(std::max(per_rank, eval_chunk)) * data.train.features);
+    std::vector<std::uint8_t> y(static_cast<std::size_t>(std::max(per_rank, eval_chunk)));
+    ex::progress_bar bar(lead && print && o.progress);
+    // Reproducible: each micro-batch's gradient is its mean, written (not added); the reducer
+    // averages the micro-batches. Otherwise the micro-steps add gradient / accumulate.
+    const float grad_scale = 1.0f / static_cast<float>(o.reproducible ? per_rank : per_rank * o.accumulate);
+
+    if (lead) {
+      std::lock_guard<std::mutex> lock(result_mutex);
+      result.buckets = reducer.bucket_count();
+      result.steps_per_epoch = steps;
+      if (print) {
+        const std::string layout = bucket_layout(reducer, model);
+        fmt::print(
+            "  {} rank(s) x {} per rank x {} micro-step(s) = global batch {}{}; {} steps/epoch; {} lr {:g}{}; "
+            "compress {}; gradients {}{}\n  buckets in reduction order: {}\n",
+            ranks, per_rank, o.accumulate, result.global_batch,
+            split ? " (micro-batch j on rank j mod " + std::to_string(ranks) + ")" : std::string(), steps, o.optimizer,
+            result.lr, o.scale_lr ? " (scaled by the rank count)" : "", o.compress,
+            o.bucket_view ? "written into bucket memory" : "copied through the buckets",
+            o.reproducible ? "; reproducible reduction" : "", layout);
+        std::fflush(stdout);
+      }
+    }
+    if (lead) result.first_epoch = first_epoch;
+    if (first_epoch == o.epochs) {  // nothing to train (--epochs 0, or --resume at --epochs): evaluate only
+      const ex::evaluation_result ev = ex::evaluate(comm, model, data.test, x.data(), y.data(), eval_chunk);
+      if (lead) {
+        result.evaluation = ev;
+        if (print)
+          fmt::print("  no epoch to train ({} of {} done): test loss {:.4f}  test acc {:.4f}\n", first_epoch, o.epochs,
+                     ev.loss, ev.accuracy);
+      }
+    }
+    for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
+      sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+      const auto shard = sampler.indices();
+      reducer.reset_stats();
+      double loss_sum = 0;
+      rz::barrier(comm);
+      const auto t0 = clock_type::now();
+      for (std::uint64_t s = 0; s < steps; ++s) {
+        for (int micro = 0; micro < o.accumulate; ++micro) {
+          data.train.gather(shard.subspan(first_row(s, micro), static_cast<std::size_t>(per_rank)), x.data(), y.data());
+          loss_sum += model.forward(x.data(), y.data(), per_rank);
+          reducer.set_require_gradient_sync(micro + 1 == o.accumulate);  // no_sync on the others
+          model.backward(x.data(), y.data(), per_rank, grad_scale, micro > 0 && !o.reproducible,
+                         [&](std::size_t i) { reducer.mark_ready(i); });
+          reducer.finish();
+        }
+        bind_views();  // the one bucket rebuild may have moved the views
+        opt->begin_step();
         for (std::size_t i = 0; i < model.tensor_count(); ++i)
-          params.push_back(rz::reducer_parameter::of(model.parameter(i), model.gradient(i), model.tensor(i).name));
-        rz::reducer_options ropt;
-        ropt.bucket_byte_limits = bucket_limits(o);
-        ropt.gradient_as_bucket_view = o.bucket_view;
-        ropt.hook = make_hook(o.compress);
-        ropt.reproducible = o.reproducible;
-        rz::gradient_reducer reducer(comm, std::move(params), ropt);
-        std::uint64_t bound_generation = ~std::uint64_t{0};
-        auto bind_views = [&] {
-          if (!o.bucket_view || bound_generation == reducer.layout_generation()) return;
-          for (std::size_t i = 0; i < model.tensor_count(); ++i)
-            model.bind_gradient(i, reducer.gradient_span<float>(i).data());
-          bound_generation = reducer.layout_generation();
-        };
-        bind_views();
-
-        auto opt = ex::make_optimizer(o.optimizer, model.parameter_elements(), result.lr);
-        ck::replicated_state state = checkpoint_state(model, *opt);
-        const int first_epoch = restore(o, reducer, state, model, *opt, lead);
-        bind_views();  // a restored bucket layout moves the views
-        std::optional<ck::checkpointer> saver;
-        if (!o.checkpoint_dir.empty()) saver.emplace(o.checkpoint_dir);
-        // --micro-batch: every rank reads the one permutation of a world of one (the same for
-        // every rank count); global batch s is its rows [s*G, (s+1)*G), and micro-batch j of it
-        // (rows s*G + j*N ...) goes to rank j mod n. Otherwise each rank reads its own shard.
-        const bool split = o.micro_batch > 0;
-        const int world = comm.world_size();
-        ex::distributed_sampler sampler(data.train.count, split ? 1 : world, split ? 0 : comm.rank(), o.seed);
-        const std::size_t step_rows = static_cast<std::size_t>(per_rank) * static_cast<std::size_t>(o.accumulate);
-        const std::size_t stride = split ? step_rows * static_cast<std::size_t>(world) : step_rows;  // sampler rows per step
-        const std::uint64_t steps = sampler.shard_size() / stride;
-        if (steps == 0)
-          throw rz::error(rz::errc::invalid_argument, fmt::format("{} training examples {} are fewer than one step of {}",
-                                                                  sampler.shard_size(), split ? "in all" : "per rank", stride));
-        auto first_row = [&](std::uint64_t s, int micro) {
-          const std::size_t block = split ? static_cast<std::size_t>(micro * world + comm.rank()) : static_cast<std::size_t>(micro);
-          return static_cast<std::size_t>(s) * stride + block * static_cast<std::size_t>(per_rank);
-        };
-        std::uint64_t optimizer_steps = static_cast<std::uint64_t>(first_epoch) * steps;
-        std::vector<float> x(static_cast<std::size_t>(std::max(per_rank, eval_chunk)) * data.train.features);
-        std::vector<std::uint8_t> y(static_cast<std::size_t>(std::max(per_rank, eval_chunk)));
-        ex::progress_bar bar(lead && print && o.progress);
-        // Reproducible: each micro-batch's gradient is its mean, written (not added); the reducer
-        // averages the micro-batches. Otherwise the micro-steps add gradient / accumulate.
-        const float grad_scale = 1.0f / static_cast<float>(o.reproducible ? per_rank : per_rank * o.accumulate);
-
-        if (lead) {
-          std::lock_guard<std::mutex> lock(result_mutex);
-          result.buckets = reducer.bucket_count();
-          result.steps_per_epoch = steps;
-          if (print) {
-            const std::string layout = bucket_layout(reducer, model);
-            fmt::print("  {} rank(s) x {} per rank x {} micro-step(s) = global batch {}{}; {} steps/epoch; {} lr {:g}{}; "
-                       "compress {}; gradients {}{}\n  buckets in reduction order: {}\n",
-                       ranks, per_rank, o.accumulate, result.global_batch,
-                       split ? " (micro-batch j on rank j mod " + std::to_string(ranks) + ")" : std::string(), steps,
-                       o.optimizer, result.lr, o.scale_lr ? " (scaled by the rank count)" : "", o.compress,
-                       o.bucket_view ? "written into bucket memory" : "copied through the buckets",
-                       o.reproducible ? "; reproducible reduction" : "", layout);
-            std::fflush(stdout);
-          }
-        }
-        if (lead) result.first_epoch = first_epoch;
-        if (first_epoch == o.epochs) {  // nothing to train (--epochs 0, or --resume at --epochs): evaluate only
-          const ex::evaluation_result ev = ex::evaluate(comm, model, data.test, x.data(), y.data(), eval_chunk);
-          if (lead) {
-            result.evaluation = ev;
-            if (print)
-              fmt::print("  no epoch to train ({} of {} done): test loss {:.4f}  test acc {:.4f}\n", first_epoch, o.epochs, ev.loss,
-                         ev.accuracy);
-          }
-        }
-        for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
-          sampler.set_epoch(static_cast<std::uint64_t>(epoch));
-          const auto shard = sampler.indices();
-          reducer.reset_stats();
-          double loss_sum = 0;
-          rz::barrier(comm);
-          const auto t0 = clock_type::now();
-          for (std::uint64_t s = 0; s < steps; ++s) {
-            for (int micro = 0; micro < o.accumulate; ++micro) {
-              data.train.gather(shard.subspan(first_row(s, micro), static_cast<std::size_t>(per_rank)), x.data(), y.data());
-              loss_sum += model.forward(x.data(), y.data(), per_rank);
-              reducer.set_require_gradient_sync(micro + 1 == o.accumulate);  // no_sync on the others
-              model.backward(x.data(), y.data(), per_rank, grad_scale, micro > 0 && !o.reproducible,
-                             [&](std::size_t i) { reducer.mark_ready(i); });
-              reducer.finish();
-            }
-            bind_views();  // the one bucket rebuild may have moved the views
-            opt->begin_step();
-            for (std::size_t i = 0; i < model.tensor_count(); ++i)
-              opt->update(model.parameter(i), model.gradient(i), model.tensor(i).offset);
-            ++optimizer_steps;
-            if (bar.enabled())
-              bar.update(fmt::format("epoch {:>2}/{}", epoch + 1, o.epochs), s + 1, steps,
-                         fmt::format("loss {:.4f}", loss_sum / static_cast<double>((s + 1) * static_cast<std::uint64_t>(o.accumulate))));
-          }
-          rz::barrier(comm);
-          const auto t1 = clock_type::now();
-          bar.clear();
-          const rz::reducer_stats st = reducer.stats();
-          double sums[2] = {loss_sum, static_cast<double>(steps * static_cast<std::uint64_t>(o.accumulate))};
-          rz::all_reduce(comm, sums, sums, 2, rz::dtype::float64, rz::reduce_kind::sum);
-          const auto e0 = clock_type::now();
-          const ex::evaluation_result ev = ex::evaluate(comm, model, data.test, x.data(), y.data(), eval_chunk);
-          const auto e1 = clock_type::now();
-          if (saver) {  // a collective over the reducer's communicator, between steps
-            ck::training_progress progress;
-            progress.optimizer_steps = optimizer_steps;
-            progress.epoch = static_cast<std::uint64_t>(epoch + 1);
-            progress.rng_seeds = {o.seed};
-            progress.metadata = {{"example", "01_ddp_fashion_mnist"}, {"global_batch", std::to_string(result.global_batch)}};
-            saver->save(reducer, state, progress);
-          }
-          if (!lead) continue;
-          result.evaluation = ev;
-          epoch_metrics m;
-          m.epoch = epoch + 1;
-          m.train_seconds = std::chrono::duration<double>(t1 - t0).count();
-          m.samples = steps * static_cast<std::uint64_t>(result.global_batch);
-          m.samples_per_second = static_cast<double>(m.samples) / m.train_seconds;
-          m.train_loss = sums[0] / sums[1];
-          m.test_accuracy = ev.accuracy;
-          m.test_loss = ev.loss;
-          m.eval_seconds = std::chrono::duration<double>(e1 - e0).count();
-          m.reduction_seconds = st.reduction_seconds;
-          m.exposed_seconds = st.exposed_seconds;
-          m.hidden_fraction = st.hidden_fraction();
-          if (print)
-            fmt::print("  epoch {:>2}/{}  {:6.2f} s  {:8.0f} samples/s  train loss {:.4f}  test acc {:.4f}  "
-                       "reduce {:5.3f} s, {:3.0f}% hidden\n",
-                       m.epoch, o.epochs, m.train_seconds, m.samples_per_second, m.train_loss, m.test_accuracy,
-                       m.reduction_seconds, 100.0 * m.hidden_fraction);
-          std::fflush(stdout);
-          std::lock_guard<std::mutex> lock(result_mutex);
-          result.epochs.push_back(m);
-        }
-        if (lead) {  // the final parameters' CRC-32 (zlib), in tensor order
-          uLong crc = crc32_z(0L, Z_NULL, 0);
-          for (std::size_t i = 0; i < model.tensor_count(); ++i) {
-            const auto p = model.parameter(i);
-            crc = crc32_z(crc, reinterpret_cast<const Bytef*>(p.data()), p.size_bytes());
-          }
-          std::lock_guard<std::mutex> lock(result_mutex);
-          result.parameter_crc32 = static_cast<std::uint32_t>(crc);
-        }
+          opt->update(model.parameter(i), model.gradient(i), model.tensor(i).offset);
+        ++optimizer_steps;
+        if (bar.enabled())
+          bar.update(fmt::format("epoch {:>2}/{}", epoch + 1, o.epochs), s + 1, steps,
+                     fmt::format("loss {:.4f}",
+                                 loss_sum / static_cast<double>((s + 1) * static_cast<std::uint64_t>(o.accumulate))));
+      }
+      rz::barrier(comm);
+      const auto t1 = clock_type::now();
+      bar.clear();
+      const rz::reducer_stats st = reducer.stats();
+      double sums[2] = {loss_sum, static_cast<double>(steps * static_cast<std::uint64_t>(o.accumulate))};
+      rz::all_reduce(comm, sums, sums, 2, rz::dtype::float64, rz::reduce_kind::sum);
+      const auto e0 = clock_type::now();
+      const ex::evaluation_result ev = ex::evaluate(comm, model, data.test, x.data(), y.data(), eval_chunk);
+      const auto e1 = clock_type::now();
+      if (saver) {  // a collective over the reducer's communicator, between steps
+        ck::training_progress progress;
+        progress.optimizer_steps = optimizer_steps;
+        progress.epoch = static_cast<std::uint64_t>(epoch + 1);
+        progress.rng_seeds = {o.seed};
+        progress.metadata = {{"example", "01_ddp_fashion_mnist"},
+                             {"global_batch", std::to_string(result.global_batch)}};
+        saver->save(reducer, state, progress);
+      }
+      if (!lead) continue;
+      result.evaluation = ev;
+      epoch_metrics m;
+      m.epoch = epoch + 1;
+      m.train_seconds = std::chrono::duration<double>(t1 - t0).count();
+      m.samples = steps * static_cast<std::uint64_t>(result.global_batch);
+      m.samples_per_second = static_cast<double>(m.samples) / m.train_seconds;
+      m.train_loss = sums[0] / sums[1];
+      m.test_accuracy = ev.accuracy;
+      m.test_loss = ev.loss;
+      m.eval_seconds = std::chrono::duration<double>(e1 - e0).count();
+      m.reduction_seconds = st.reduction_seconds;
+      m.exposed_seconds = st.exposed_seconds;
+      m.hidden_fraction = st.hidden_fraction();
+      if (print)
+        fmt::print(
+            "  epoch {:>2}/{}  {:6.2f} s  {:8.0f} samples/s  train loss {:.4f}  test acc {:.4f}  "
+            "reduce {:5.3f} s, {:3.0f}% hidden\n",
+            m.epoch, o.epochs, m.train_seconds, m.samples_per_second, m.train_loss, m.test_accuracy,
+            m.reduction_seconds, 100.0 * m.hidden_fraction);
+      std::fflush(stdout);
+      std::lock_guard<std::mutex> lock(result_mutex);
+      result.epochs.push_back(m);
+    }
+    if (lead) {  // the final parameters' CRC-32 (zlib), in tensor order
+      uLong crc = crc32_z(0L, Z_NULL, 0);
+      for (std::size_t i = 0; i < model.tensor_count(); ++i) {
+        const auto p = model.parameter(i);
+        crc = crc32_z(crc, reinterpret_cast<const Bytef*>(p.data()), p.size_bytes());
+      }
+      std::lock_guard<std::mutex> lock(result_mutex);
+      result.parameter_crc32 = static_cast<std::uint32_t>(crc);
+    }
   };
   if (o.backend == "mpi") {
 #if RINGZERO_HAS_MPI
@@ -528,7 +545,8 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
         std::uint64_t bound_generation = ~std::uint64_t{0};
         auto bind_views = [&] {
           if (!o.bucket_view || bound_generation == reducer.layout_generation()) return;
-          for (std::size_t i = 0; i < model.tensor_count(); ++i) model.bind_gradient(i, reducer.gradient_span<float>(i).data());
+          for (std::size_t i = 0; i < model.tensor_count(); ++i)
+            model.bind_gradient(i, reducer.gradient_span<float>(i).data());
           bound_generation = reducer.layout_generation();
         };
         bind_views();
@@ -540,8 +558,9 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
         const std::size_t step_rows = static_cast<std::size_t>(per_rank) * static_cast<std::size_t>(o.accumulate);
         const std::uint64_t steps = sampler.shard_size() / step_rows;
         if (steps == 0)
-          throw rz::error(rz::errc::invalid_argument, fmt::format("{} training examples per rank are fewer than one step of {}",
-                                                                  sampler.shard_size(), step_rows));
+          throw rz::error(rz::errc::invalid_argument,
+                          fmt::format("{} training examples per rank are fewer than one step of {}",
+                                      sampler.shard_size(), step_rows));
         // Device scratch, allocated once: the epoch's shard indices, the test indices 0..n-1, one
         // batch, and the sums {train loss, train correct, test loss, test correct}.
         ex::device_array<std::uint32_t> shard_indices(sampler.shard_size());
@@ -564,11 +583,12 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
           result.steps_per_epoch = steps;
           if (print) {
             const std::string layout = bucket_layout(reducer, model);
-            fmt::print("  {} rank(s) on {} CUDA device(s) x {} per rank x {} micro-step(s) = global batch {}; {} steps/epoch; "
-                       "{} lr {:g}{}; compress {}; gradients {}\n  buckets in reduction order: {}\n",
-                       ranks, std::min(ranks, rz::cudart::device_count()), per_rank, o.accumulate, result.global_batch,
-                       steps, o.optimizer, result.lr, o.scale_lr ? " (scaled by the rank count)" : "", o.compress,
-                       o.bucket_view ? "written into bucket memory" : "copied through the buckets", layout);
+            fmt::print(
+                "  {} rank(s) on {} CUDA device(s) x {} per rank x {} micro-step(s) = global batch {}; {} steps/epoch; "
+                "{} lr {:g}{}; compress {}; gradients {}\n  buckets in reduction order: {}\n",
+                ranks, std::min(ranks, rz::cudart::device_count()), per_rank, o.accumulate, result.global_batch, steps,
+                o.optimizer, result.lr, o.scale_lr ? " (scaled by the rank count)" : "", o.compress,
+                o.bucket_view ? "written into bucket memory" : "copied through the buckets", layout);
             std::fflush(stdout);
           }
         }
@@ -584,11 +604,13 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
           const auto t0 = clock_type::now();
           for (std::uint64_t s = 0; s < steps; ++s) {
             for (int micro = 0; micro < o.accumulate; ++micro) {
-              const std::size_t first = static_cast<std::size_t>(s) * step_rows + static_cast<std::size_t>(micro) * static_cast<std::size_t>(per_rank);
+              const std::size_t first = static_cast<std::size_t>(s) * step_rows +
+                                        static_cast<std::size_t>(micro) * static_cast<std::size_t>(per_rank);
               train_set.gather(shard_indices.get() + first, per_rank, x.get(), y.get(), stream);
               model.forward(x.get(), y.get(), per_rank, sums.get());
               reducer.set_require_gradient_sync(micro + 1 == o.accumulate);  // no_sync on the others
-              model.backward(x.get(), y.get(), per_rank, grad_scale, micro > 0, [&](std::size_t i) { reducer.mark_ready(i); });
+              model.backward(x.get(), y.get(), per_rank, grad_scale, micro > 0,
+                             [&](std::size_t i) { reducer.mark_ready(i); });
               reducer.finish();
             }
             bind_views();  // the one bucket rebuild may have moved the views
@@ -632,10 +654,11 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
           m.exposed_seconds = st.exposed_seconds;
           m.hidden_fraction = st.hidden_fraction();
           if (print)
-            fmt::print("  epoch {:>2}/{}  {:6.2f} s  {:8.0f} samples/s  train loss {:.4f}  test acc {:.4f}  "
-                       "(GPU; reducer enqueue time {:5.3f} s)\n",
-                       m.epoch, o.epochs, m.train_seconds, m.samples_per_second, m.train_loss, m.test_accuracy,
-                       m.reduction_seconds);
+            fmt::print(
+                "  epoch {:>2}/{}  {:6.2f} s  {:8.0f} samples/s  train loss {:.4f}  test acc {:.4f}  "
+                "(GPU; reducer enqueue time {:5.3f} s)\n",
+                m.epoch, o.epochs, m.train_seconds, m.samples_per_second, m.train_loss, m.test_accuracy,
+                m.reduction_seconds);
           std::fflush(stdout);
           std::lock_guard<std::mutex> lock(result_mutex);
           result.epochs.push_back(m);
@@ -656,8 +679,9 @@ run_result train_on_device(const options& o, const ex::fashion_mnist& data, int 
   r.evaluation.loss = r.epochs.back().test_loss;
   return r;
 #else
-  throw rz::error(rz::errc::unsupported, "--device cuda: this build of ddp_fashion_mnist has no CUDA support (it needs nvcc, "
-                                         "the CUDA runtime and cuBLAS when it is configured)");
+  throw rz::error(rz::errc::unsupported,
+                  "--device cuda: this build of ddp_fashion_mnist has no CUDA support (it needs nvcc, "
+                  "the CUDA runtime and cuBLAS when it is configured)");
 #endif
 }
 
@@ -701,7 +725,8 @@ std::vector<int> parse_rank_list(const std::string& text) {
   if (counts.refused)
     throw rz::error(rz::errc::invalid_argument,
                     "--compare-ranks '" + text + "': '" + *counts.refused + "' is not a rank count from 1 to 256");
-  if (counts.values.size() < 2) throw rz::error(rz::errc::invalid_argument, "--compare-ranks needs two or more counts, e.g. 1,2");
+  if (counts.values.size() < 2)
+    throw rz::error(rz::errc::invalid_argument, "--compare-ranks needs two or more counts, e.g. 1,2");
   return std::vector<int>(counts.values.begin(), counts.values.end());
 }
 
@@ -714,10 +739,12 @@ int main(int argc, char** argv) {
                  "local (ranks are threads of this process) or mpi (one rank per process: run under mpirun -np N; "
                  "--ranks is then the number of processes or left out)")
       ->check(CLI::IsMember({"local", "mpi"}));
-  auto* ranks_opt =
-      app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")->check(ex::whole_number())->check(CLI::Range(1, 256));
-  app.add_option("--compare-ranks", o.compare_ranks,
-                 "train once per rank count (e.g. 1,2) with the same global batch and compare epoch times and accuracy");
+  auto* ranks_opt = app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")
+                        ->check(ex::whole_number())
+                        ->check(CLI::Range(1, 256));
+  app.add_option(
+      "--compare-ranks", o.compare_ranks,
+      "train once per rank count (e.g. 1,2) with the same global batch and compare epoch times and accuracy");
   app.add_option("--epochs", o.epochs, "epochs to train in all (with --resume: including those done; 0: evaluate only)")
       ->check(ex::whole_number())
       ->check(CLI::Range(0, 100000));
@@ -729,55 +756,68 @@ int main(int argc, char** argv) {
                  "batch-size x largest rank count x accumulate)")
       ->check(ex::whole_number())
       ->check(CLI::Range(1, 1 << 24));
-  auto* accumulate_opt = app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation with no_sync)")
+  auto* accumulate_opt = app.add_option("--accumulate", o.accumulate,
+                                        "micro-steps per optimizer step (gradient accumulation with no_sync)")
                              ->check(ex::whole_number())
                              ->check(CLI::Range(1, 1 << 16));
-  app.add_option("--micro-batch", o.micro_batch,
-                 "examples per micro-batch: every global batch (--global-batch, default 512 for every rank count) is split "
-                 "into micro-batches of this size, micro-batch j to rank j mod n, from one shuffle for every rank count (sets "
-                 "the per-rank batch and the micro-steps: not with --batch-size or --accumulate)")
+  app.add_option(
+         "--micro-batch", o.micro_batch,
+         "examples per micro-batch: every global batch (--global-batch, default 512 for every rank count) is split "
+         "into micro-batches of this size, micro-batch j to rank j mod n, from one shuffle for every rank count (sets "
+         "the per-rank batch and the micro-steps: not with --batch-size or --accumulate)")
       ->check(ex::whole_number())
       ->check(CLI::Range(1, 1 << 20));
   app.add_flag("--reproducible", o.reproducible,
                "reproducible gradient averaging (reducer_options::reproducible): each micro-batch's gradient is one "
                "contribution, and with --micro-batch the final parameters are the same bits on any number of ranks");
-  app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adamw)")->check(ex::learning_rate_check());
+  app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adamw)")
+      ->check(ex::learning_rate_check());
   app.add_flag("--scale-lr", o.scale_lr, "multiply the learning rate by the number of ranks (linear scaling rule)");
   app.add_option("--optimizer", o.optimizer, "sgd (momentum 0.9) or adamw (weight decay 0.01)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
-  app.add_option("--seed", o.seed, "seed of the initialisation and of the per-epoch permutations")->check(ex::whole_number());
-  app.add_option("--bucket-mb", o.bucket_mb,
-                 "bucket size limit in MiB, up to 2^40 (default 0.1: two buckets for this model; 0: one bucket per tensor; "
-                 "PyTorch's default is 25 with a 1 MiB first bucket)")
+  app.add_option("--seed", o.seed, "seed of the initialisation and of the per-epoch permutations")
+      ->check(ex::whole_number());
+  app.add_option(
+         "--bucket-mb", o.bucket_mb,
+         "bucket size limit in MiB, up to 2^40 (default 0.1: two buckets for this model; 0: one bucket per tensor; "
+         "PyTorch's default is 25 with a 1 MiB first bucket)")
       ->check(bucket_mb_range);
-  app.add_option("--first-bucket-mb", o.first_bucket_mb, "limit of the first bucket in MiB, as --bucket-mb (default: as the others)")
+  app.add_option("--first-bucket-mb", o.first_bucket_mb,
+                 "limit of the first bucket in MiB, as --bucket-mb (default: as the others)")
       ->check(bucket_mb_range);
   app.add_option("--compress", o.compress, "gradient compression hook: none, fp16, bf16")
       ->check(CLI::IsMember({"none", "fp16", "bf16"}));
   app.add_flag("--bucket-view,!--no-bucket-view", o.bucket_view,
                "backward writes gradients straight into bucket memory (default) instead of copying");
   app.add_flag("--pin,!--no-pin", o.pin, "pin rank r's thread to core r (default on)");
-  app.add_option("--train-subset", o.train_subset, "use only the first N training images (0: all 60000)")->check(ex::whole_number());
-  app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)")->check(ex::whole_number());
+  app.add_option("--train-subset", o.train_subset, "use only the first N training images (0: all 60000)")
+      ->check(ex::whole_number());
+  app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)")
+      ->check(ex::whole_number());
   app.add_option("--data", o.data_dir, "directory with the Fashion-MNIST .gz files");
   app.add_option("--json", o.json_path, "write the metrics to this JSON file");
   app.add_flag("--progress,!--no-progress", o.progress, "progress bar when stdout is a terminal (default on)");
-  app.add_option("--hidden", o.hidden_lists,
-                 "hidden layer widths, each from 1 to 65536, separated by spaces or commas (default 256 128, or 256,128)")
+  app.add_option(
+         "--hidden", o.hidden_lists,
+         "hidden layer widths, each from 1 to 65536, separated by spaces or commas (default 256 128, or 256,128)")
       ->check(ex::hidden_widths_check());
-  app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if a run's final test accuracy (0 to 1) is lower")
+  app.add_option("--min-accuracy", o.min_accuracy,
+                 "fail (exit status 3) if a run's final test accuracy (0 to 1) is lower")
       ->check(accuracy_range);
-  app.add_option("--device", o.device,
-                 "cpu (default: Eigen, host memory) or cuda: train on CUDA GPUs (cuBLAS products, the gradient reducer on "
-                 "device memory, ranks as threads of the local backend, each with its own stream; rank r on GPU r modulo "
-                 "the number of GPUs, so several ranks may share one). Without a CUDA device, or in a build without CUDA, "
-                 "cuda fails at once with exit status 1 and says why")
+  app.add_option(
+         "--device", o.device,
+         "cpu (default: Eigen, host memory) or cuda: train on CUDA GPUs (cuBLAS products, the gradient reducer on "
+         "device memory, ranks as threads of the local backend, each with its own stream; rank r on GPU r modulo "
+         "the number of GPUs, so several ranks may share one). Without a CUDA device, or in a build without CUDA, "
+         "cuda fails at once with exit status 1 and says why")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--checkpoint", o.checkpoint_dir,
                  "save a checkpoint into this directory at the end of every epoch (DIR/step-N/, DIR/latest; CPU only)");
-  auto* resume = app.add_option("--resume", o.resume_dir,
-                                "continue from the newest complete checkpoint in this directory; --epochs counts the epochs done");
-  app.add_option("--init-from", o.init_from, "initial parameters from a safetensors file (e.g. from ringzero-ckpt consolidate)")
+  auto* resume =
+      app.add_option("--resume", o.resume_dir,
+                     "continue from the newest complete checkpoint in this directory; --epochs counts the epochs done");
+  app.add_option("--init-from", o.init_from,
+                 "initial parameters from a safetensors file (e.g. from ringzero-ckpt consolidate)")
       ->excludes(resume);
   CLI11_PARSE(app, argc, argv);
   if (!o.hidden_lists.empty()) o.hidden = ex::hidden_widths(o.hidden_lists);
@@ -819,14 +859,16 @@ int main(int argc, char** argv) {
     std::vector<int> compare_counts;
     if (!o.compare_ranks.empty()) {
       compare_counts = parse_rank_list(o.compare_ranks);
-      if (o.global_batch == 0 && o.micro_batch == 0) check_global_batch(*std::max_element(compare_counts.begin(), compare_counts.end()), o);
+      if (o.global_batch == 0 && o.micro_batch == 0)
+        check_global_batch(*std::max_element(compare_counts.begin(), compare_counts.end()), o);
     } else if (o.global_batch == 0 && o.micro_batch == 0) {
       check_global_batch(o.ranks, o);
     }
     if (o.micro_batch > 0) {
       if (batch_opt->count() > 0 || accumulate_opt->count() > 0)
-        throw rz::error(rz::errc::invalid_argument, "--micro-batch sets the examples per rank and micro-step and the number of "
-                                                    "micro-steps: give --global-batch and --micro-batch, not --batch-size or --accumulate");
+        throw rz::error(rz::errc::invalid_argument,
+                        "--micro-batch sets the examples per rank and micro-step and the number of "
+                        "micro-steps: give --global-batch and --micro-batch, not --batch-size or --accumulate");
       if (o.global_batch == 0) o.global_batch = default_micro_batch_global;
       if (o.global_batch % o.micro_batch != 0)
         throw rz::error(rz::errc::invalid_argument, fmt::format("--micro-batch {} does not divide the global batch {}",
@@ -834,25 +876,31 @@ int main(int argc, char** argv) {
       const int micro_batches = o.global_batch / o.micro_batch;
       for (int n : compare_counts.empty() ? std::vector<int>{o.ranks} : compare_counts)
         if (micro_batches % n != 0)
-          throw rz::error(rz::errc::invalid_argument,
-                          fmt::format("--micro-batch {}: the global batch {} is {} micro-batches, which {} rank(s) cannot share "
-                                      "evenly (the micro-batch must divide the global batch per rank, {} / {})",
-                                      o.micro_batch, o.global_batch, micro_batches, n, o.global_batch, n));
+          throw rz::error(
+              rz::errc::invalid_argument,
+              fmt::format("--micro-batch {}: the global batch {} is {} micro-batches, which {} rank(s) cannot share "
+                          "evenly (the micro-batch must divide the global batch per rank, {} / {})",
+                          o.micro_batch, o.global_batch, micro_batches, n, o.global_batch, n));
     }
     if (o.reproducible && o.compress != "none")
-      throw rz::error(rz::errc::invalid_argument,
-                      fmt::format("--reproducible cannot be combined with --compress {}: 16-bit compression rounds the partial "
-                                  "sums, which is not reproducible across rank counts", o.compress));
+      throw rz::error(
+          rz::errc::invalid_argument,
+          fmt::format("--reproducible cannot be combined with --compress {}: 16-bit compression rounds the partial "
+                      "sums, which is not reproducible across rank counts",
+                      o.compress));
     if ((o.reproducible || o.micro_batch > 0) && o.device == "cuda")
-      throw rz::error(rz::errc::invalid_argument, fmt::format("{} needs --device cpu (the reproducible accumulators and the "
-                                                              "micro-batch split are host-only here)",
-                                                              o.reproducible ? "--reproducible" : "--micro-batch"));
+      throw rz::error(rz::errc::invalid_argument,
+                      fmt::format("{} needs --device cpu (the reproducible accumulators and the "
+                                  "micro-batch split are host-only here)",
+                                  o.reproducible ? "--reproducible" : "--micro-batch"));
     const bool checkpointing = !o.checkpoint_dir.empty() || !o.resume_dir.empty() || !o.init_from.empty();
     if (checkpointing && o.device == "cuda")
-      throw rz::error(rz::errc::unsupported, "--checkpoint, --resume and --init-from work with --device cpu only (the checkpoint "
-                                             "layer saves host memory)");
+      throw rz::error(rz::errc::unsupported,
+                      "--checkpoint, --resume and --init-from work with --device cpu only (the checkpoint "
+                      "layer saves host memory)");
     if (checkpointing && !o.compare_ranks.empty())
-      throw rz::error(rz::errc::invalid_argument, "--checkpoint, --resume and --init-from train one run: not with --compare-ranks");
+      throw rz::error(rz::errc::invalid_argument,
+                      "--checkpoint, --resume and --init-from train one run: not with --compare-ranks");
     if (o.device == "cuda") {  // before loading anything: a machine without a GPU fails at once
       if (o.backend != "local")
         throw rz::error(rz::errc::invalid_argument,
@@ -860,17 +908,28 @@ int main(int argc, char** argv) {
 #if RINGZERO_EXAMPLES_HAVE_CUDA
       (void)rz::cudart::require_device("--device cuda");
 #else
-      throw rz::error(rz::errc::unsupported, "--device cuda: this build of ddp_fashion_mnist has no CUDA support (it needs "
-                                             "nvcc, the CUDA runtime and cuBLAS when it is configured)");
+      throw rz::error(rz::errc::unsupported,
+                      "--device cuda: this build of ddp_fashion_mnist has no CUDA support (it needs "
+                      "nvcc, the CUDA runtime and cuBLAS when it is configured)");
 #endif
     }
     const ex::fashion_mnist data = ex::load_fashion_mnist(o.data_dir, o.train_subset, o.test_subset);
     json out;
     out["example"] = "01_ddp_fashion_mnist";
-    out["config"] = {{"backend", o.backend},      {"reproducible", o.reproducible}, {"micro_batch", o.micro_batch},      {"epochs", o.epochs},        {"optimizer", o.optimizer}, {"seed", o.seed}, {"device", o.device},
-                     {"compress", o.compress},    {"bucket_view", o.bucket_view},
-                     {"bucket_byte_limits", bucket_limits(o)}, {"train_images", data.train.count},
-                     {"test_images", data.test.count}, {"hidden", o.hidden}, {"pinned", o.pin}};
+    out["config"] = {{"backend", o.backend},
+                     {"reproducible", o.reproducible},
+                     {"micro_batch", o.micro_batch},
+                     {"epochs", o.epochs},
+                     {"optimizer", o.optimizer},
+                     {"seed", o.seed},
+                     {"device", o.device},
+                     {"compress", o.compress},
+                     {"bucket_view", o.bucket_view},
+                     {"bucket_byte_limits", bucket_limits(o)},
+                     {"train_images", data.train.count},
+                     {"test_images", data.test.count},
+                     {"hidden", o.hidden},
+                     {"pinned", o.pin}};
     out["runs"] = json::array();
 
     if (o.compare_ranks.empty()) {
@@ -889,17 +948,19 @@ int main(int argc, char** argv) {
       const auto t0 = clock_type::now();
       run_result r = train_on_device(run_options, data, o.ranks, per_rank, process_rank == 0);
       if (process_rank != 0) return 0;  // rank 0 holds the metrics (identical on every rank)
-      fmt::print("{} rank(s), global batch {} ({} per rank x {} micro-steps), {} bucket(s): final test accuracy {:.4f}, "
-                 "{:.1f} s of training ({:.1f} s in all){}\n",
-                 r.ranks, r.global_batch, r.per_rank_batch, r.accumulate, r.buckets, r.evaluation.accuracy,
-                 total_train_seconds(r), std::chrono::duration<double>(clock_type::now() - t0).count(),
-                 r.parameter_crc32 ? fmt::format("; final parameters crc32 {:08x}", *r.parameter_crc32) : std::string());
+      fmt::print(
+          "{} rank(s), global batch {} ({} per rank x {} micro-steps), {} bucket(s): final test accuracy {:.4f}, "
+          "{:.1f} s of training ({:.1f} s in all){}\n",
+          r.ranks, r.global_batch, r.per_rank_batch, r.accumulate, r.buckets, r.evaluation.accuracy,
+          total_train_seconds(r), std::chrono::duration<double>(clock_type::now() - t0).count(),
+          r.parameter_crc32 ? fmt::format("; final parameters crc32 {:08x}", *r.parameter_crc32) : std::string());
       out["runs"].push_back(to_json(r));
     } else {
       const std::vector<int>& counts = compare_counts;
       const int largest = *std::max_element(counts.begin(), counts.end());
       const int global = o.global_batch > 0 ? o.global_batch : o.batch_size * largest * o.accumulate;
-      if (o.scale_lr) fmt::print("note: --scale-lr is ignored in compare mode (the global batch is the same for every run)\n");
+      if (o.scale_lr)
+        fmt::print("note: --scale-lr is ignored in compare mode (the global batch is the same for every run)\n");
       options same = o;
       same.scale_lr = false;
       std::vector<run_result> runs;
@@ -910,8 +971,9 @@ int main(int argc, char** argv) {
           same.accumulate = global / (o.micro_batch * n);
         } else {
           if (global % (n * o.accumulate) != 0)
-            throw rz::error(rz::errc::invalid_argument, fmt::format("global batch {} is not divisible by {} ranks x {} micro-steps",
-                                                                    global, n, o.accumulate));
+            throw rz::error(
+                rz::errc::invalid_argument,
+                fmt::format("global batch {} is not divisible by {} ranks x {} micro-steps", global, n, o.accumulate));
           per_rank = global / (n * o.accumulate);
         }
         fmt::print("== {} rank(s)\n", n);
@@ -929,7 +991,8 @@ int main(int argc, char** argv) {
       for (std::size_t e = 0; e < base.epochs.size(); ++e) {
         std::string line = fmt::format("{:>5}", e + 1);
         for (const auto& r : runs)
-          line += fmt::format(" | {:>12} {:>6.2f} s {:>8.4f}", "", r.epochs[e].train_seconds, r.epochs[e].test_accuracy);
+          line +=
+              fmt::format(" | {:>12} {:>6.2f} s {:>8.4f}", "", r.epochs[e].train_seconds, r.epochs[e].test_accuracy);
         for (std::size_t k = 1; k < runs.size(); ++k)
           line += fmt::format(" | {:>10.2f}x", base.epochs[e].train_seconds / runs[k].epochs[e].train_seconds);
         fmt::print("{}\n", line);
@@ -949,13 +1012,15 @@ int main(int argc, char** argv) {
             o.device == "cuda" ? std::string()
                                : fmt::format("; {:.0f}% of the {:.3f} s of gradient reduction hidden behind backward",
                                              100.0 * hidden, reduction);
-        const std::string crc = r.parameter_crc32 && base.parameter_crc32
-                                    ? fmt::format("; final parameters crc32 {:08x} vs {:08x}", *r.parameter_crc32, *base.parameter_crc32)
-                                    : std::string();
-        fmt::print("{} rank(s) vs {}: epoch-time speedup {:.2f}x (total training time {:.2f} s vs {:.2f} s); final test "
-                   "accuracy {:.4f} vs {:.4f} ({:+.2f} points){}{}\n",
-                   r.ranks, base.ranks, speedup, total_train_seconds(r), total_train_seconds(base), r.evaluation.accuracy,
-                   base.evaluation.accuracy, acc_diff, overlap, crc);
+        const std::string crc =
+            r.parameter_crc32 && base.parameter_crc32
+                ? fmt::format("; final parameters crc32 {:08x} vs {:08x}", *r.parameter_crc32, *base.parameter_crc32)
+                : std::string();
+        fmt::print(
+            "{} rank(s) vs {}: epoch-time speedup {:.2f}x (total training time {:.2f} s vs {:.2f} s); final test "
+            "accuracy {:.4f} vs {:.4f} ({:+.2f} points){}{}\n",
+            r.ranks, base.ranks, speedup, total_train_seconds(r), total_train_seconds(base), r.evaluation.accuracy,
+            base.evaluation.accuracy, acc_diff, overlap, crc);
         cmp.push_back({{"ranks", r.ranks},
                        {"baseline_ranks", base.ranks},
                        {"speedup", speedup},
@@ -983,8 +1048,8 @@ int main(int argc, char** argv) {
           crcs += fmt::format("{}{}: {:08x}", crcs.empty() ? "" : ", ", r.ranks, *r.parameter_crc32);
         }
         if (identical)
-          fmt::print("parameters bitwise identical across {} ranks: yes (crc32 {:08x}){}\n", list, *base.parameter_crc32,
-                     o.reproducible ? "" : " (without --reproducible this is not guaranteed)");
+          fmt::print("parameters bitwise identical across {} ranks: yes (crc32 {:08x}){}\n", list,
+                     *base.parameter_crc32, o.reproducible ? "" : " (without --reproducible this is not guaranteed)");
         else
           fmt::print("parameters bitwise identical across {} ranks: no (crc32 per rank count: {}){}\n", list, crcs,
                      o.reproducible ? "" : "; --reproducible --micro-batch N makes them identical");

@@ -92,12 +92,13 @@ inline CLI::Validator number_check(number_limits limits, std::string what, std::
 inline CLI::Validator learning_rate_check() {
   // high: the largest double that rounds to FLT_MAX (the decimal 3.4028235e38 included).
   return number_check({.low = 0, .high = std::nextafter(0x1.ffffffp127, 0.0), .low_excluded = true, .float32 = true},
-                      "a learning rate: a finite number above 0 that a float32 holds (1.1754944e-38 to 3.4028235e+38)", "RATE");
+                      "a learning rate: a finite number above 0 that a float32 holds (1.1754944e-38 to 3.4028235e+38)",
+                      "RATE");
 }
 
 /// A comma-separated list of whole numbers, each from `low` to `high`, or the first item refused.
 struct whole_number_list {
-  std::vector<std::uint64_t> values;  ///< the numbers, in order (complete only when `refused` is empty)
+  std::vector<std::uint64_t> values;   ///< the numbers, in order (complete only when `refused` is empty)
   std::optional<std::string> refused;  ///< the first item that is not such a number (possibly "")
 };
 
@@ -142,7 +143,8 @@ inline CLI::Validator hidden_widths_check() {
 inline std::vector<int> hidden_widths(const std::vector<std::string>& values) {
   std::vector<int> widths;
   for (const std::string& list : values)
-    for (std::uint64_t w : parse_whole_number_list(list, 1, max_hidden_width).values) widths.push_back(static_cast<int>(w));
+    for (std::uint64_t w : parse_whole_number_list(list, 1, max_hidden_width).values)
+      widths.push_back(static_cast<int>(w));
   return widths;
 }
 

@@ -22,8 +22,8 @@ namespace ringzero::examples {
 /// Throws errc::backend_failure "<what> failed: <cuBLAS status>" unless `s` is success.
 inline void check_cublas(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
-  throw error(errc::backend_failure, std::string(what) + " failed: " + cublasGetStatusName(s) + " (" +
-                                         cublasGetStatusString(s) + ")");
+  throw error(errc::backend_failure,
+              std::string(what) + " failed: " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")");
 }
 
 /// `count` elements of T in device memory of the current device (contents unspecified).
@@ -38,7 +38,8 @@ class device_array {
                   ("cudaMalloc of " + std::to_string(count * sizeof(T)) + " bytes").c_str());
     data_ = static_cast<T*>(p);
   }
-  device_array(device_array&& o) noexcept : data_(std::exchange(o.data_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  device_array(device_array&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), count_(std::exchange(o.count_, 0)) {}
   device_array& operator=(device_array&& o) noexcept {
     if (this != &o) {
       reset();

@@ -35,8 +35,9 @@ struct cuda_dataset {
 
   /// `x` and `y` (device) receive the rows listed by the `rows` device indices at `indices`.
   void gather(const std::uint32_t* indices, int rows, float* x, std::uint8_t* y, cudaStream_t stream) const {
-    check_launch(cuda_kernels::gather_rows(x, y, images.get(), labels.get(), indices, rows, static_cast<int>(features), stream),
-                 "gather_rows kernel");
+    check_launch(
+        cuda_kernels::gather_rows(x, y, images.get(), labels.get(), indices, rows, static_cast<int>(features), stream),
+        "gather_rows kernel");
   }
 };
 

@@ -45,7 +45,8 @@ class cuda_mlp {
     params_ = device_array<float>(values.size());
     grads_ = device_array<float>(values.size());
     params_.upload(values, stream_);
-    cudart::check(cudaMemsetAsync(grads_.get(), 0, values.size() * sizeof(float), stream_), "cudaMemsetAsync (gradients)");
+    cudart::check(cudaMemsetAsync(grads_.get(), 0, values.size() * sizeof(float), stream_),
+                  "cudaMemsetAsync (gradients)");
     grad_ptr_.resize(tensors_.size());
     for (std::size_t i = 0; i < tensors_.size(); ++i) grad_ptr_[i] = grads_.get() + tensors_[i].offset;
   }
@@ -100,14 +101,16 @@ class cuda_mlp {
       const float* input = l == 1 ? x : acts_[static_cast<std::size_t>(l - 1)].get();
       float* z = acts_[static_cast<std::size_t>(l)].get();
       // Z^T (out x batch) = W^T (out x in) * A^T (in x batch), all column-major views.
-      check_cublas(cublasSgemm(blas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, w.cols, batch, w.rows, &one, params_.get() + w.offset,
-                               w.cols, input, w.rows, &zero, z, w.cols),
+      check_cublas(cublasSgemm(blas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, w.cols, batch, w.rows, &one,
+                               params_.get() + w.offset, w.cols, input, w.rows, &zero, z, w.cols),
                    "cublasSgemm (forward)");
-      check_launch(cuda_kernels::add_bias(z, params_.get() + b.offset, batch, b.cols, l < layers, stream_), "add_bias kernel");
+      check_launch(cuda_kernels::add_bias(z, params_.get() + b.offset, batch, b.cols, l < layers, stream_),
+                   "add_bias kernel");
     }
     float* p = acts_[static_cast<std::size_t>(layers)].get();
-    check_launch(cuda_kernels::softmax_cross_entropy(p, y, row_loss_.get(), row_correct_.get(), batch, widths_.back(), stream_),
-                 "softmax_cross_entropy kernel");
+    check_launch(
+        cuda_kernels::softmax_cross_entropy(p, y, row_loss_.get(), row_correct_.get(), batch, widths_.back(), stream_),
+        "softmax_cross_entropy kernel");
     check_launch(cuda_kernels::accumulate_metrics(sums, row_loss_.get(), row_correct_.get(), batch, stream_),
                  "accumulate_metrics kernel");
   }
@@ -131,19 +134,20 @@ class cuda_mlp {
       const float* d = deltas_[static_cast<std::size_t>(l)].get();
       const float* input = l == 1 ? x : acts_[static_cast<std::size_t>(l - 1)].get();
       // db (out) = D^T 1: D row-major batch x out is column-major out x batch.
-      check_cublas(cublasSgemv(blas_.get(), CUBLAS_OP_N, w.cols, batch, &one, d, w.cols, ones_.get(), 1, &beta, grad_ptr_[bi], 1),
+      check_cublas(cublasSgemv(blas_.get(), CUBLAS_OP_N, w.cols, batch, &one, d, w.cols, ones_.get(), 1, &beta,
+                               grad_ptr_[bi], 1),
                    "cublasSgemv (bias gradient)");
       on_ready(bi);
       // dW (in x out, row-major) = A^T D, i.e. dW^T (out x in) = D^T (out x batch) * A (batch x in).
-      check_cublas(cublasSgemm(blas_.get(), CUBLAS_OP_N, CUBLAS_OP_T, w.cols, w.rows, batch, &one, d, w.cols, input, w.rows,
-                               &beta, grad_ptr_[wi], w.cols),
+      check_cublas(cublasSgemm(blas_.get(), CUBLAS_OP_N, CUBLAS_OP_T, w.cols, w.rows, batch, &one, d, w.cols, input,
+                               w.rows, &beta, grad_ptr_[wi], w.cols),
                    "cublasSgemm (weight gradient)");
       on_ready(wi);
       if (l > 1) {
         // dA (batch x in) = D W^T, i.e. dA^T (in x batch) = W (in x out) * D^T (out x batch).
         float* prev = deltas_[static_cast<std::size_t>(l - 1)].get();
-        check_cublas(cublasSgemm(blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, w.rows, batch, w.cols, &one, params_.get() + w.offset,
-                                 w.cols, d, w.cols, &zero, prev, w.rows),
+        check_cublas(cublasSgemm(blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, w.rows, batch, w.cols, &one,
+                                 params_.get() + w.offset, w.cols, d, w.cols, &zero, prev, w.rows),
                      "cublasSgemm (input gradient)");
         check_launch(cuda_kernels::relu_backward(prev, acts_[static_cast<std::size_t>(l - 1)].get(),
                                                  static_cast<std::int64_t>(batch) * w.rows, stream_),

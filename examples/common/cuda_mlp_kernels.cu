@@ -40,8 +40,8 @@ __global__ void add_bias_kernel(float* z, const float* bias, int rows, int cols,
   }
 }
 
-__global__ void softmax_cross_entropy_kernel(float* z, const std::uint8_t* y, float* row_loss, int* row_correct, int rows,
-                                             int classes) {
+__global__ void softmax_cross_entropy_kernel(float* z, const std::uint8_t* y, float* row_loss, int* row_correct,
+                                             int rows, int classes) {
   for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
     float* row = z + static_cast<std::int64_t>(r) * classes;
     float m = row[0];
@@ -62,7 +62,8 @@ __global__ void softmax_cross_entropy_kernel(float* z, const std::uint8_t* y, fl
   }
 }
 
-__global__ void softmax_backward_kernel(float* dz, const float* p, const std::uint8_t* y, int rows, int classes, float scale) {
+__global__ void softmax_backward_kernel(float* dz, const float* p, const std::uint8_t* y, int rows, int classes,
+                                        float scale) {
   const std::int64_t total = static_cast<std::int64_t>(rows) * classes;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -136,19 +137,20 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, std::
 cudaError_t gather_rows(float* x, std::uint8_t* y, const float* images, const std::uint8_t* labels,
                         const std::uint32_t* indices, int rows, int features, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  gather_rows_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * features), threads, 0, stream>>>(x, y, images, labels,
-                                                                                                    indices, rows, features);
+  gather_rows_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * features), threads, 0, stream>>>(
+      x, y, images, labels, indices, rows, features);
   return launched();
 }
 
 cudaError_t add_bias(float* z, const float* bias, int rows, int cols, bool relu, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  add_bias_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * cols), threads, 0, stream>>>(z, bias, rows, cols, relu);
+  add_bias_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * cols), threads, 0, stream>>>(z, bias, rows, cols,
+                                                                                              relu);
   return launched();
 }
 
-cudaError_t softmax_cross_entropy(float* z, const std::uint8_t* y, float* row_loss, int* row_correct, int rows, int classes,
-                                  cudaStream_t stream) {
+cudaError_t softmax_cross_entropy(float* z, const std::uint8_t* y, float* row_loss, int* row_correct, int rows,
+                                  int classes, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   softmax_cross_entropy_kernel<<<blocks_for(rows), threads, 0, stream>>>(z, y, row_loss, row_correct, rows, classes);
   return launched();
@@ -157,8 +159,8 @@ cudaError_t softmax_cross_entropy(float* z, const std::uint8_t* y, float* row_lo
 cudaError_t softmax_cross_entropy_backward(float* dz, const float* p, const std::uint8_t* y, int rows, int classes,
                                            float scale, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  softmax_backward_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * classes), threads, 0, stream>>>(dz, p, y, rows,
-                                                                                                        classes, scale);
+  softmax_backward_kernel<<<blocks_for(static_cast<std::int64_t>(rows) * classes), threads, 0, stream>>>(
+      dz, p, y, rows, classes, scale);
   return launched();
 }
 
@@ -168,7 +170,8 @@ cudaError_t relu_backward(float* d, const float* a, std::int64_t count, cudaStre
   return launched();
 }
 
-cudaError_t accumulate_metrics(double* sums, const float* row_loss, const int* row_correct, int rows, cudaStream_t stream) {
+cudaError_t accumulate_metrics(double* sums, const float* row_loss, const int* row_correct, int rows,
+                               cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   accumulate_metrics_kernel<<<1, threads, 0, stream>>>(sums, row_loss, row_correct, rows);
   return launched();
@@ -180,8 +183,8 @@ cudaError_t fill(float* p, float value, std::int64_t count, cudaStream_t stream)
   return launched();
 }
 
-cudaError_t sgd_update(float* p, const float* g, float* buf, std::int64_t count, float lr, float momentum, float weight_decay,
-                       bool nesterov, cudaStream_t stream) {
+cudaError_t sgd_update(float* p, const float* g, float* buf, std::int64_t count, float lr, float momentum,
+                       float weight_decay, bool nesterov, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
   sgd_kernel<<<blocks_for(count), threads, 0, stream>>>(p, g, buf, count, lr, momentum, weight_decay, nesterov);
   return launched();
@@ -190,8 +193,8 @@ cudaError_t sgd_update(float* p, const float* g, float* buf, std::int64_t count,
 cudaError_t adamw_update(float* p, const float* g, float* m, float* v, std::int64_t count, float lr, float weight_decay,
                          float beta1, float beta2, float eps, float bias1, float bias2_sqrt, cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  adamw_kernel<<<blocks_for(count), threads, 0, stream>>>(p, g, m, v, count, lr / bias1, 1.0f - lr * weight_decay, beta1,
-                                                          beta2, eps, bias2_sqrt);
+  adamw_kernel<<<blocks_for(count), threads, 0, stream>>>(p, g, m, v, count, lr / bias1, 1.0f - lr * weight_decay,
+                                                          beta1, beta2, eps, bias2_sqrt);
   return launched();
 }
 

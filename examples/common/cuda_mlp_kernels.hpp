@@ -26,8 +26,8 @@ cudaError_t add_bias(float* z, const float* bias, int rows, int cols, bool relu,
 /// Softmax cross-entropy on a rows x classes matrix of logits, in place: each row becomes its
 /// probabilities (max subtracted first); `row_loss[r] = log(sum exp(z - max)) - (z[y] - max)`
 /// and `row_correct[r] = 1` when the most probable class (first on ties) is `y[r]`, else 0.
-cudaError_t softmax_cross_entropy(float* z, const std::uint8_t* y, float* row_loss, int* row_correct, int rows, int classes,
-                                  cudaStream_t stream);
+cudaError_t softmax_cross_entropy(float* z, const std::uint8_t* y, float* row_loss, int* row_correct, int rows,
+                                  int classes, cudaStream_t stream);
 
 /// The gradient of `scale * sum of the rows' losses` with respect to the logits:
 /// `dz = scale * (p - onehot(y))`.
@@ -39,15 +39,16 @@ cudaError_t relu_backward(float* d, const float* a, std::int64_t count, cudaStre
 
 /// `sums[0] += sum of row_loss`, `sums[1] += sum of row_correct` over `rows` rows (one block,
 /// a fixed summation tree: deterministic).
-cudaError_t accumulate_metrics(double* sums, const float* row_loss, const int* row_correct, int rows, cudaStream_t stream);
+cudaError_t accumulate_metrics(double* sums, const float* row_loss, const int* row_correct, int rows,
+                               cudaStream_t stream);
 
 /// `p[i] = value` for i < count.
 cudaError_t fill(float* p, float value, std::int64_t count, cudaStream_t stream);
 
 /// SGD with momentum, torch.optim.SGD's rule (dampening 0): g += wd * p; buf = momentum * buf + g;
 /// p -= lr * (nesterov ? g + momentum * buf : buf).
-cudaError_t sgd_update(float* p, const float* g, float* buf, std::int64_t count, float lr, float momentum, float weight_decay,
-                       bool nesterov, cudaStream_t stream);
+cudaError_t sgd_update(float* p, const float* g, float* buf, std::int64_t count, float lr, float momentum,
+                       float weight_decay, bool nesterov, cudaStream_t stream);
 
 /// AdamW, torch.optim.AdamW's rule: p *= 1 - lr * wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 /// p -= lr / bias1 * m / (sqrt(v) / bias2_sqrt + eps), with bias1 = 1 - b1^t, bias2_sqrt = sqrt(1 - b2^t).

@@ -28,7 +28,8 @@ class cuda_optimizer {
   /// `name` is "sgd" or "adamw" (errc::invalid_argument otherwise); learning rate `lr`.
   cuda_optimizer(const std::string& name, std::size_t n, float lr, cudaStream_t stream)
       : name_(name), n_(n), lr_(lr), stream_(stream) {
-    if (name != "sgd" && name != "adamw") throw error(errc::invalid_argument, "unknown optimizer '" + name + "' (sgd or adamw)");
+    if (name != "sgd" && name != "adamw")
+      throw error(errc::invalid_argument, "unknown optimizer '" + name + "' (sgd or adamw)");
     first_ = device_array<float>(n);
     cudart::check(cudaMemsetAsync(first_.get(), 0, n * sizeof(float), stream_), "cudaMemsetAsync (optimizer state)");
     if (name == "adamw") {
@@ -46,19 +47,20 @@ class cuda_optimizer {
   /// [offset, offset + count). Throws errc::invalid_argument when the range exceeds the state.
   void update(float* p, const float* g, std::size_t count, std::size_t offset) {
     if (offset > n_ || count > n_ - offset)
-      throw error(errc::invalid_argument, name_ + ": state range [" + std::to_string(offset) + ", +" + std::to_string(count) +
-                                              ") exceeds " + std::to_string(n_) + " elements");
+      throw error(errc::invalid_argument, name_ + ": state range [" + std::to_string(offset) + ", +" +
+                                              std::to_string(count) + ") exceeds " + std::to_string(n_) + " elements");
     const auto c = static_cast<std::int64_t>(count);
     if (name_ == "sgd") {
-      check_launch(cuda_kernels::sgd_update(p, g, first_.get() + offset, c, lr_, 0.9f, 0.0f, false, stream_), "sgd kernel");
+      check_launch(cuda_kernels::sgd_update(p, g, first_.get() + offset, c, lr_, 0.9f, 0.0f, false, stream_),
+                   "sgd kernel");
       return;
     }
     if (t_ == 0) throw error(errc::invalid_argument, "adamw: update before begin_step");
     const double t = static_cast<double>(t_);
     const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(0.9f), t));  // as optimizer.hpp
     const float bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(0.999f), t)));
-    check_launch(cuda_kernels::adamw_update(p, g, first_.get() + offset, second_.get() + offset, c, lr_, 0.01f, 0.9f, 0.999f,
-                                            1e-8f, bias1, bias2_sqrt, stream_),
+    check_launch(cuda_kernels::adamw_update(p, g, first_.get() + offset, second_.get() + offset, c, lr_, 0.01f, 0.9f,
+                                            0.999f, 1e-8f, bias1, bias2_sqrt, stream_),
                  "adamw kernel");
   }
 

@@ -29,14 +29,14 @@ struct evaluation_result {
 /// passes, ceil(ceil(count / world_size) / chunk), and calls the hooks of a pass even when its
 /// slice has no rows left for it, so hooks may be collectives (a ZeRO stage-3 gather).
 template <class Hooks = no_layer_hooks>
-evaluation_result evaluate(communicator& comm, mlp& model, const image_dataset& data, float* x, std::uint8_t* y, int chunk,
-                           Hooks&& hooks = Hooks{}) {
+evaluation_result evaluate(communicator& comm, mlp& model, const image_dataset& data, float* x, std::uint8_t* y,
+                           int chunk, Hooks&& hooks = Hooks{}) {
   const std::size_t n = data.count, ranks = static_cast<std::size_t>(comm.world_size());
   const std::size_t r = static_cast<std::size_t>(comm.rank());
   const std::size_t begin = n * r / ranks, end = n * (r + 1) / ranks;
   const std::size_t step = static_cast<std::size_t>(chunk);
   const std::size_t passes = ((n + ranks - 1) / ranks + step - 1) / step;  // the largest slice's
-  double sums[2] = {0.0, 0.0};  // correct, loss * rows
+  double sums[2] = {0.0, 0.0};                                             // correct, loss * rows
   std::vector<std::uint32_t> idx(step);
   for (std::size_t pass = 0; pass < passes; ++pass) {
     const std::size_t at = begin + pass * step;
@@ -48,7 +48,8 @@ evaluation_result evaluate(communicator& comm, mlp& model, const image_dataset& 
       }
       continue;
     }
-    for (int k = 0; k < rows; ++k) idx[static_cast<std::size_t>(k)] = static_cast<std::uint32_t>(at + static_cast<std::size_t>(k));
+    for (int k = 0; k < rows; ++k)
+      idx[static_cast<std::size_t>(k)] = static_cast<std::uint32_t>(at + static_cast<std::size_t>(k));
     data.gather(std::span<const std::uint32_t>(idx.data(), static_cast<std::size_t>(rows)), x, y);
     const float loss = model.forward(x, y, rows, hooks);
     sums[0] += model.correct(y, rows);

@@ -48,7 +48,8 @@ inline idx_array read_idx(const std::string& path, std::size_t max_items = 0) {
       if (got <= 0) {
         int code = 0;
         const char* msg = gzerror(f, &code);
-        throw error(errc::io_error, path + ": file ends (or fails: " + std::string(msg ? msg : "?") + ") while reading " + what);
+        throw error(errc::io_error,
+                    path + ": file ends (or fails: " + std::string(msg ? msg : "?") + ") while reading " + what);
       }
       p += got;
       bytes -= static_cast<std::size_t>(got);
@@ -59,16 +60,18 @@ inline idx_array read_idx(const std::string& path, std::size_t max_items = 0) {
   if (magic[0] != 0 || magic[1] != 0)
     throw error(errc::io_error, path + ": not an IDX file (the magic number must start with two zero bytes)");
   if (magic[2] != 0x08)
-    throw error(errc::io_error, path + ": IDX element type code " + std::to_string(magic[2]) +
-                                    " is not unsigned byte (code 8)");
+    throw error(errc::io_error,
+                path + ": IDX element type code " + std::to_string(magic[2]) + " is not unsigned byte (code 8)");
   const int rank = magic[3];
-  if (rank < 1 || rank > 4) throw error(errc::io_error, path + ": IDX rank " + std::to_string(rank) + " is not in 1..4");
+  if (rank < 1 || rank > 4)
+    throw error(errc::io_error, path + ": IDX rank " + std::to_string(rank) + " is not in 1..4");
   idx_array a;
   std::size_t total = 1, per_item = 1;
   for (int d = 0; d < rank; ++d) {
     unsigned char b[4];
     read_exact(b, 4, "the dimensions");
-    const std::uint32_t size = (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) | b[3];
+    const std::uint32_t size =
+        (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) | b[3];
     a.dims.push_back(size);
     if (d > 0) per_item *= size;
   }
@@ -81,11 +84,11 @@ inline idx_array read_idx(const std::string& path, std::size_t max_items = 0) {
 
 /// A labelled image set held as floats: `count` rows of `features` values, row-major.
 struct image_dataset {
-  std::size_t count = 0;            ///< number of images
-  std::size_t features = 0;         ///< values per image (28 * 28 = 784)
-  std::vector<float> images;        ///< count * features normalised values
-  std::vector<std::uint8_t> labels; ///< count labels in [0, classes)
-  int classes = 10;                 ///< number of classes
+  std::size_t count = 0;             ///< number of images
+  std::size_t features = 0;          ///< values per image (28 * 28 = 784)
+  std::vector<float> images;         ///< count * features normalised values
+  std::vector<std::uint8_t> labels;  ///< count labels in [0, classes)
+  int classes = 10;                  ///< number of classes
 
   /// Pointer to image `i`'s first value.
   const float* image(std::size_t i) const noexcept { return images.data() + i * features; }
@@ -159,7 +162,8 @@ inline const char* default_fashion_mnist_dir() noexcept { return "/usr/share/dat
 /// Loads Fashion-MNIST from `dir` (the four .gz files). `train_limit` / `test_limit` keep only
 /// the first images (0: all). Both sets are normalised with the training set's pixel mean and
 /// standard deviation. Throws errc::io_error (see `read_idx`).
-inline fashion_mnist load_fashion_mnist(const std::string& dir, std::size_t train_limit = 0, std::size_t test_limit = 0) {
+inline fashion_mnist load_fashion_mnist(const std::string& dir, std::size_t train_limit = 0,
+                                        std::size_t test_limit = 0) {
   fashion_mnist f;
   const idx_array train_images = read_idx(dir + "/train-images-idx3-ubyte.gz", train_limit);
   const idx_array train_labels = read_idx(dir + "/train-labels-idx1-ubyte.gz", train_limit);

@@ -40,8 +40,8 @@
 #include <string>
 #include <vector>
 
-#include "ringzero/core/error.hpp"
 #include "distributed_sampler.hpp"
+#include "ringzero/core/error.hpp"
 
 namespace ringzero::examples {
 
@@ -186,8 +186,10 @@ class mlp {
       const_matrix_map W(param_ptr_[wi], w.rows, w.cols);
       Eigen::Map<const Eigen::RowVectorXf> bias(param_ptr_[bi], b.cols);
       auto Z = acts_[static_cast<std::size_t>(l)].topRows(batch);
-      if (l == 1) Z.noalias() = input * W;
-      else Z.noalias() = acts_[static_cast<std::size_t>(l - 1)].topRows(batch) * W;
+      if (l == 1)
+        Z.noalias() = input * W;
+      else
+        Z.noalias() = acts_[static_cast<std::size_t>(l - 1)].topRows(batch) * W;
       Z.rowwise() += bias;
       if (l < layers) Z = Z.cwiseMax(0.0f);
       hooks.after_forward(l - 1);
@@ -244,17 +246,23 @@ class mlp {
       const tensor_info& w = tensors_[wi];
       auto D = deltas_[static_cast<std::size_t>(l)].topRows(batch);
       row_vector_map db(grad_ptr_[bi], w.cols);
-      if (accumulate) db.noalias() += D.colwise().sum();
-      else db.noalias() = D.colwise().sum();
+      if (accumulate)
+        db.noalias() += D.colwise().sum();
+      else
+        db.noalias() = D.colwise().sum();
       on_ready(bi);
       matrix_map dW(grad_ptr_[wi], w.rows, w.cols);
       if (l == 1) {
-        if (accumulate) dW.noalias() += input.transpose() * D;
-        else dW.noalias() = input.transpose() * D;
+        if (accumulate)
+          dW.noalias() += input.transpose() * D;
+        else
+          dW.noalias() = input.transpose() * D;
       } else {
         const auto A = acts_[static_cast<std::size_t>(l - 1)].topRows(batch);
-        if (accumulate) dW.noalias() += A.transpose() * D;
-        else dW.noalias() = A.transpose() * D;
+        if (accumulate)
+          dW.noalias() += A.transpose() * D;
+        else
+          dW.noalias() = A.transpose() * D;
       }
       on_ready(wi);
       if (l > 1) {

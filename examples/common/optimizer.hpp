@@ -60,7 +60,8 @@ class optimizer {
                                               std::to_string(g.size()) + " gradients");
     if (offset > n_ || p.size() > n_ - offset)
       throw error(errc::invalid_argument, name() + ": state range [" + std::to_string(offset) + ", +" +
-                                              std::to_string(p.size()) + ") exceeds " + std::to_string(n_) + " elements");
+                                              std::to_string(p.size()) + ") exceeds " + std::to_string(n_) +
+                                              " elements");
   }
   std::size_t n_;
   float lr_;
@@ -98,8 +99,15 @@ class sgd final : public optimizer {
 class adamw final : public optimizer {
  public:
   /// State (two moments) for `n` values.
-  adamw(std::size_t n, float lr, float weight_decay = 0.01f, float beta1 = 0.9f, float beta2 = 0.999f, float eps = 1e-8f)
-      : optimizer(n, lr), weight_decay_(weight_decay), beta1_(beta1), beta2_(beta2), eps_(eps), m_(n, 0.0f), v_(n, 0.0f) {}
+  adamw(std::size_t n, float lr, float weight_decay = 0.01f, float beta1 = 0.9f, float beta2 = 0.999f,
+        float eps = 1e-8f)
+      : optimizer(n, lr),
+        weight_decay_(weight_decay),
+        beta1_(beta1),
+        beta2_(beta2),
+        eps_(eps),
+        m_(n, 0.0f),
+        v_(n, 0.0f) {}
   std::string name() const override { return "adamw"; }
   std::vector<state_tensor> state_tensors() override { return {{"exp_avg", m_}, {"exp_avg_sq", v_}}; }
   void begin_step() override { ++t_; }

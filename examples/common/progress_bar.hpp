@@ -33,7 +33,8 @@ class progress_bar {
     std::string bar(static_cast<std::size_t>(width), ' ');
     for (int i = 0; i < filled && i < width; ++i) bar[static_cast<std::size_t>(i)] = '=';
     if (filled < width) bar[static_cast<std::size_t>(filled)] = '>';
-    fmt::print("\r\033[K{} [{}] {:3d}%  {}", label, bar, static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total)), suffix);
+    fmt::print("\r\033[K{} [{}] {:3d}%  {}", label, bar,
+               static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total)), suffix);
     std::fflush(stdout);
     drawn_ = true;
   }

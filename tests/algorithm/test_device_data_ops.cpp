@@ -29,7 +29,8 @@ int stream_token = 0;  // the fake stream's identity
 std::atomic<int> calls_copy{0}, calls_reduce{0}, calls_scale{0}, calls_cast{0}, wrong_stream{0};
 std::atomic<bool> fail_scale{false};
 
-int host_reduce(void* dst, const void* a, const void* b, std::uint64_t n, const primitive::reduce_spec& s, void* stream) noexcept {
+int host_reduce(void* dst, const void* a, const void* b, std::uint64_t n, const primitive::reduce_spec& s,
+                void* stream) noexcept {
   if (stream != &stream_token) ++wrong_stream;
   ++calls_reduce;
   primitive::reduce_into(dst, a, b, n, s);
@@ -75,9 +76,9 @@ int host_deallocate(void* p) noexcept {
 }
 int host_synchronize(void*) noexcept { return 0; }
 
-const primitive::device_primitives host_table{&host_reduce,     &host_cast,        &host_scale,        &host_fill,
-                                              &host_copy,       &host_set_device,  &host_error_name,   &host_error_string,
-                                              &host_divide,     &host_allocate,    &host_deallocate,   &host_synchronize};
+const primitive::device_primitives host_table{&host_reduce, &host_cast,       &host_scale,      &host_fill,
+                                              &host_copy,   &host_set_device, &host_error_name, &host_error_string,
+                                              &host_divide, &host_allocate,   &host_deallocate, &host_synchronize};
 
 /// Registers `table` for one test and restores "none" afterwards.
 struct registered {
@@ -110,7 +111,8 @@ std::vector<unsigned char> input_of(dtype t, std::uint64_t count, int r) {
   std::vector<unsigned char> v(count * dtype_size(t));
   visit_dtype(t, [&]<class T>() {
     std::uniform_int_distribution<int> d(-50, 50);
-    for (std::uint64_t i = 0; i < count; ++i) reinterpret_cast<T*>(v.data())[i] = primitive::detail::convert<T>(d(gen) * 0.25);
+    for (std::uint64_t i = 0; i < count; ++i)
+      reinterpret_cast<T*>(v.data())[i] = primitive::detail::convert<T>(d(gen) * 0.25);
   });
   return v;
 }
@@ -146,8 +148,10 @@ outcome run(collective_kind k, int n, dtype t, reduce_op op, algorithm a, std::u
     }
     out.recv[static_cast<std::size_t>(r)] = recv;
   };
-  if constexpr (Device) launch_pretend(n, [&](pretend_cuda_communicator& c) { body(c); });
-  else local::launch(n, [&](local::communicator& c) { body(c); });
+  if constexpr (Device)
+    launch_pretend(n, [&](pretend_cuda_communicator& c) { body(c); });
+  else
+    local::launch(n, [&](local::communicator& c) { body(c); });
   return out;
 }
 
@@ -175,8 +179,8 @@ TEST_CASE("collectives on device memory run through the kernel table and match t
       for (dtype t : {dtype::float32, dtype::bfloat16, dtype::int32, dtype::float64})
         for (reduce_op op : {reduce_op(reduce_kind::sum), reduce_op(reduce_kind::avg), reduce_op(reduce_kind::max),
                              reduce_op::premul_sum(2.0)})
-          for (collective_kind k : {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::all_gather,
-                                    collective_kind::broadcast, collective_kind::reduce}) {
+          for (collective_kind k : {collective_kind::all_reduce, collective_kind::reduce_scatter,
+                                    collective_kind::all_gather, collective_kind::broadcast, collective_kind::reduce}) {
             CAPTURE(n);
             CAPTURE(algorithm_name(a));
             CAPTURE(dtype_name(t));
@@ -188,12 +192,14 @@ TEST_CASE("collectives on device memory run through the kernel table and match t
             CHECK(wrong_stream == 0);
             if (k == collective_kind::all_reduce || k == collective_kind::reduce_scatter) CHECK(calls_reduce > 0);
             if (k == collective_kind::all_gather) CHECK(calls_copy > 0);
-            if (op.kind == reduce_kind::premul_sum && k != collective_kind::all_gather && k != collective_kind::broadcast)
+            if (op.kind == reduce_kind::premul_sum && k != collective_kind::all_gather &&
+                k != collective_kind::broadcast)
               CHECK(calls_scale > 0);
             // bfloat16 sum, avg and premul_sum widen to float32 and narrow through the cast kernel
             const bool widened = t == dtype::bfloat16 && op.kind != reduce_kind::max && is_reduction(k);
             CHECK((calls_cast > 0) == widened);
-            for (int r = 0; r < n; ++r) REQUIRE(dev.recv[static_cast<std::size_t>(r)] == host.recv[static_cast<std::size_t>(r)]);
+            for (int r = 0; r < n; ++r)
+              REQUIRE(dev.recv[static_cast<std::size_t>(r)] == host.recv[static_cast<std::size_t>(r)]);
           }
 }
 

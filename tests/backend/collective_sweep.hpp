@@ -6,9 +6,9 @@
 // backend offers (ring, halving_doubling, and direct or native) x out-of-place / in-place
 // (NCCL's conventions) x counts 0, 1, world+1 and 100003. Inputs are small integers whose
 // reductions are exact in every dtype and in any order (nccl-tests' trick), so results are
-// compared bit for bit; integer sums include elements near the type's maximum, so they wrap. Outputs start filled with a sentinel and are framed by guard elements:
-// a result element never written, a guard overwritten, or a non-root reduce output touched
-// (case C9) fails the case.
+// compared bit for bit; integer sums include elements near the type's maximum, so they wrap. Outputs start filled with
+// a sentinel and are framed by guard elements: a result element never written, a guard overwritten, or a non-root
+// reduce output touched (case C9) fails the case.
 
 #include <algorithm>
 #include <cstdint>
@@ -46,17 +46,16 @@ struct sweep_case {
 };
 
 /// The counts of the sweep on `n` ranks.
-inline std::vector<std::uint64_t> sweep_counts(int n) {
-  return {0, 1, static_cast<std::uint64_t>(n) + 1, 100003};
-}
+inline std::vector<std::uint64_t> sweep_counts(int n) { return {0, 1, static_cast<std::uint64_t>(n) + 1, 100003}; }
 
 /// Every case of the sweep that communicator `c` can run, in a fixed order (identical on every
 /// rank). `large_for_all_dtypes` false keeps count 100003 for float32, bfloat16 and int64 only.
 inline std::vector<sweep_case> sweep_cases(const communicator& c, bool large_for_all_dtypes = true) {
   const int n = c.world_size();
   std::vector<sweep_case> out;
-  const collective_kind kinds[] = {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::all_gather,
-                                   collective_kind::broadcast,  collective_kind::reduce,         collective_kind::all_to_all,
+  const collective_kind kinds[] = {collective_kind::all_reduce, collective_kind::reduce_scatter,
+                                   collective_kind::all_gather, collective_kind::broadcast,
+                                   collective_kind::reduce,     collective_kind::all_to_all,
                                    collective_kind::barrier};
   const algorithm algos[] = {algorithm::ring, algorithm::halving_doubling, algorithm::direct, algorithm::native};
   int index = 0;
@@ -73,12 +72,14 @@ inline std::vector<sweep_case> sweep_cases(const communicator& c, bool large_for
       for (dtype t : all_dtypes) {
         std::vector<reduce_kind> ops = {reduce_kind::sum};
         if (is_reduction(k))
-          ops = {reduce_kind::sum, reduce_kind::prod, reduce_kind::min, reduce_kind::max, reduce_kind::avg, reduce_kind::premul_sum};
+          ops = {reduce_kind::sum, reduce_kind::prod, reduce_kind::min,
+                 reduce_kind::max, reduce_kind::avg,  reduce_kind::premul_sum};
         for (reduce_kind op : ops) {
           for (bool in_place : {false, true}) {
             if (in_place && k == collective_kind::all_to_all) continue;
             for (std::uint64_t count : sweep_counts(n)) {
-              if (count > 1000 && !large_for_all_dtypes && t != dtype::float32 && t != dtype::bfloat16 && t != dtype::int64)
+              if (count > 1000 && !large_for_all_dtypes && t != dtype::float32 && t != dtype::bfloat16 &&
+                  t != dtype::int64)
                 continue;
               sweep_case s;
               s.kind = k;
@@ -103,14 +104,17 @@ namespace detail {
 template <class T>
 inline constexpr bool is_half = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
 template <class T>
-inline constexpr bool is_unsigned_int = std::is_integral_v<T> && std::is_unsigned_v<T>;
+inline constexpr bool is_unsigned_int = std::is_integral_v<T>&& std::is_unsigned_v<T>;
 
 /// `v` as a T (integers wrap; small integers are exact in every floating type).
 template <class T>
 T make(std::int64_t v) {
-  if constexpr (is_half<T>) return T(static_cast<float>(v));
-  else if constexpr (std::is_floating_point_v<T>) return static_cast<T>(v);
-  else return static_cast<T>(static_cast<std::make_unsigned_t<T>>(static_cast<std::uint64_t>(v)));
+  if constexpr (is_half<T>)
+    return T(static_cast<float>(v));
+  else if constexpr (std::is_floating_point_v<T>)
+    return static_cast<T>(v);
+  else
+    return static_cast<T>(static_cast<std::make_unsigned_t<T>>(static_cast<std::uint64_t>(v)));
 }
 
 /// Rank r's input element i for a reduction with `op` (exact under every op and dtype).
@@ -120,8 +124,10 @@ T input(reduce_kind op, int r, std::uint64_t i, int n) {
   switch (op) {
     case reduce_kind::prod: {
       const std::uint64_t m = (i + ri) % 3;
-      if constexpr (is_unsigned_int<T>) return make<T>(static_cast<std::int64_t>(m) + 1);
-      else return make<T>(m == 0 ? -1 : static_cast<std::int64_t>(m));
+      if constexpr (is_unsigned_int<T>)
+        return make<T>(static_cast<std::int64_t>(m) + 1);
+      else
+        return make<T>(m == 0 ? -1 : static_cast<std::int64_t>(m));
     }
     case reduce_kind::min:
     case reduce_kind::max: {
@@ -137,8 +143,10 @@ T input(reduce_kind op, int r, std::uint64_t i, int n) {
       if constexpr (std::is_integral_v<T>)
         if (i % 61 == 5) return static_cast<T>(std::numeric_limits<T>::max() - static_cast<T>(ri));
       const auto v = static_cast<std::int64_t>((i * 7 + ri * 3) % 5);
-      if constexpr (is_unsigned_int<T>) return make<T>(v + 1);
-      else return make<T>(v - 2);
+      if constexpr (is_unsigned_int<T>)
+        return make<T>(v + 1);
+      else
+        return make<T>(v - 2);
     }
   }
 }
@@ -168,8 +176,10 @@ T expected(reduce_kind op, std::uint64_t i, int n) {
     if (op == reduce_kind::min || op == reduce_kind::max) return best;
     const T wrapped = static_cast<T>(static_cast<U>(acc));
     if (op != reduce_kind::avg) return wrapped;
-    if constexpr (std::is_signed_v<T>) return static_cast<T>(static_cast<std::int64_t>(wrapped) / n);
-    else return static_cast<T>(static_cast<std::uint64_t>(wrapped) / static_cast<std::uint64_t>(n));
+    if constexpr (std::is_signed_v<T>)
+      return static_cast<T>(static_cast<std::int64_t>(wrapped) / n);
+    else
+      return static_cast<T>(static_cast<std::uint64_t>(wrapped) / static_cast<std::uint64_t>(n));
   } else {
     using C = std::conditional_t<is_half<T>, float, T>;
     double acc = op == reduce_kind::prod ? 1.0 : 0.0;
@@ -199,9 +209,12 @@ T pattern(int r, std::uint64_t i) {
 template <class T>
 std::string show(const T& x) {
   std::ostringstream s;
-  if constexpr (is_half<T>) s << static_cast<float>(x);
-  else if constexpr (sizeof(T) == 1) s << static_cast<int>(x);
-  else s << x;
+  if constexpr (is_half<T>)
+    s << static_cast<float>(x);
+  else if constexpr (sizeof(T) == 1)
+    s << static_cast<int>(x);
+  else
+    s << x;
   return s.str();
 }
 
@@ -279,8 +292,10 @@ std::string run_typed(communicator& c, const sweep_case& k, std::vector<unsigned
     case collective_kind::all_gather: {
       framed<T> in(send_storage, count), out(recv_storage, count * un);
       for (std::uint64_t i = 0; i < count; ++i) {
-        if (k.in_place) out.set(ur * count + i, pattern<T>(r, i));
-        else in.set(i, pattern<T>(r, i));
+        if (k.in_place)
+          out.set(ur * count + i, pattern<T>(r, i));
+        else
+          in.set(i, pattern<T>(r, i));
       }
       all_gather(c, k.in_place ? out.data() + ur * count : in.data(), out.data(), count, t, options);
       for (std::uint64_t q = 0; q < un; ++q)
@@ -342,15 +357,14 @@ struct sweep_buffers {
 inline std::string run_case(communicator& c, const sweep_case& k, sweep_buffers& buffers) {
   try {
     return visit_dtype(k.type, [&]<class T>() { return detail::run_typed<T>(c, k, buffers.send, buffers.recv); });
-  } catch (const std::exception& e) {
-    return std::string("threw: ") + e.what();
-  }
+  } catch (const std::exception& e) { return std::string("threw: ") + e.what(); }
 }
 
 /// Runs every case of `sweep_cases(c, large_for_all_dtypes)` (all of them on every rank, so
 /// that ranks stay in step); returns this rank's first `max_failures` failures ("case: what")
 /// and, when there were more, a line with their number.
-inline std::vector<std::string> run_sweep(communicator& c, bool large_for_all_dtypes = true, std::size_t max_failures = 10) {
+inline std::vector<std::string> run_sweep(communicator& c, bool large_for_all_dtypes = true,
+                                          std::size_t max_failures = 10) {
   std::vector<std::string> failures;
   std::size_t total = 0;
   sweep_buffers buffers;
@@ -358,7 +372,8 @@ inline std::vector<std::string> run_sweep(communicator& c, bool large_for_all_dt
     std::string why = run_case(c, k, buffers);
     if (why.empty()) continue;
     if (++total <= max_failures)
-      failures.push_back("rank " + std::to_string(c.rank()) + "/" + std::to_string(c.world_size()) + " " + k.name() + ": " + why);
+      failures.push_back("rank " + std::to_string(c.rank()) + "/" + std::to_string(c.world_size()) + " " + k.name() +
+                         ": " + why);
   }
   if (total > max_failures) failures.push_back("... and " + std::to_string(total - max_failures) + " more failures");
   return failures;

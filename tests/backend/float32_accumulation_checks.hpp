@@ -26,14 +26,15 @@ namespace ringzero_test {
 
 /// What the checks found on one rank.
 struct accumulation_report {
-  std::vector<std::string> failures;  ///< one line per wrong call (first wrong element named)
-  std::uint64_t checked = 0;          ///< result elements compared
-  std::uint64_t rounding_differs = 0; ///< of those, elements where per-hop 16-bit rounding differs
+  std::vector<std::string> failures;   ///< one line per wrong call (first wrong element named)
+  std::uint64_t checked = 0;           ///< result elements compared
+  std::uint64_t rounding_differs = 0;  ///< of those, elements where per-hop 16-bit rounding differs
 };
 
 /// The exact-sum input of rank `r`, element `k`, as a value (see the file comment).
 inline double accumulation_input(ringzero::dtype t, int r, std::uint64_t k) {
-  const std::uint64_t h = rzt::mix64((k << 8) ^ (static_cast<std::uint64_t>(r) << 2) ^ static_cast<std::uint64_t>(t) ^ 0xacc0ull);
+  const std::uint64_t h =
+      rzt::mix64((k << 8) ^ (static_cast<std::uint64_t>(r) << 2) ^ static_cast<std::uint64_t>(t) ^ 0xacc0ull);
   const double m = static_cast<double>(h % 255) - 127.0;
   const int e = static_cast<int>((h >> 16) % 9) - 4;
   return std::ldexp(m, e);
@@ -44,7 +45,8 @@ inline double accumulation_input(ringzero::dtype t, int r, std::uint64_t k) {
 inline std::uint16_t rounded_once(ringzero::dtype t, ringzero::reduce_kind op, const std::vector<double>& values,
                                   const std::vector<double>& scalars) {
   double acc = 0;
-  for (std::size_t r = 0; r < values.size(); ++r) acc += op == ringzero::reduce_kind::premul_sum ? values[r] * scalars[r] : values[r];
+  for (std::size_t r = 0; r < values.size(); ++r)
+    acc += op == ringzero::reduce_kind::premul_sum ? values[r] * scalars[r] : values[r];
   const float wide = static_cast<float>(acc);
   if (static_cast<double>(wide) != acc) throw std::logic_error("accumulation test input is not exact in float32");
   const float result = op == ringzero::reduce_kind::avg ? wide / static_cast<float>(values.size()) : wide;
@@ -58,8 +60,10 @@ inline std::uint16_t rounded_per_hop(ringzero::dtype t, ringzero::reduce_kind op
   auto round16 = [&](double x) { return rzt::float_value(t, rzt::float_bits_rounded(t, x)); };
   const bool premul = op == ringzero::reduce_kind::premul_sum;
   double acc = round16(premul ? values[0] * scalars[0] : values[0]);
-  for (std::size_t r = 1; r < values.size(); ++r) acc = round16(acc + round16(premul ? values[r] * scalars[r] : values[r]));
-  if (op == ringzero::reduce_kind::avg) acc = round16(static_cast<double>(static_cast<float>(acc) / static_cast<float>(values.size())));
+  for (std::size_t r = 1; r < values.size(); ++r)
+    acc = round16(acc + round16(premul ? values[r] * scalars[r] : values[r]));
+  if (op == ringzero::reduce_kind::avg)
+    acc = round16(static_cast<double>(static_cast<float>(acc) / static_cast<float>(values.size())));
   return static_cast<std::uint16_t>(rzt::float_bits_rounded(t, acc));
 }
 
@@ -85,12 +89,13 @@ inline void check_c22(ringzero::communicator& comm, accumulation_report& report)
     for (int i = 0; i < 4; ++i) {
       report.checked += 2;
       if (a_out[static_cast<std::size_t>(i)] != a_expected || (n == 8 && rzt::bfloat16_value(a_out[0]) != 0.12890625))
-        report.failures.push_back("C22 (a) " + std::string(algorithm_name(a)) + " rank " + std::to_string(r) + ": got " +
-                                  rzt::element_hex(a_out.data(), static_cast<std::uint64_t>(i), 2) + ", expected " +
-                                  rzt::element_hex(&a_expected, 0, 2));
+        report.failures.push_back("C22 (a) " + std::string(algorithm_name(a)) + " rank " + std::to_string(r) +
+                                  ": got " + rzt::element_hex(a_out.data(), static_cast<std::uint64_t>(i), 2) +
+                                  ", expected " + rzt::element_hex(&a_expected, 0, 2));
       if (b_out[static_cast<std::size_t>(i)] != 0x7353)
-        report.failures.push_back("C22 (b) " + std::string(algorithm_name(a)) + " rank " + std::to_string(r) + ": got " +
-                                  rzt::element_hex(b_out.data(), static_cast<std::uint64_t>(i), 2) + ", expected 30000");
+        report.failures.push_back("C22 (b) " + std::string(algorithm_name(a)) + " rank " + std::to_string(r) +
+                                  ": got " + rzt::element_hex(b_out.data(), static_cast<std::uint64_t>(i), 2) +
+                                  ", expected 30000");
     }
     if (a_out[4] != 0xa5a5 || b_out[4] != 0xa5a5)
       report.failures.push_back("C22 " + std::string(algorithm_name(a)) + ": the element after the output was written");
@@ -120,8 +125,11 @@ inline void check_exact_sums(ringzero::communicator& comm, accumulation_report& 
               for (std::uint64_t k = 0; k < in_count; ++k)
                 send[k] = static_cast<std::uint16_t>(rzt::float_bits_exact(t, accumulation_input(t, r, k)));
               const std::vector<std::uint16_t> original = send;
-              std::uint16_t* out = in_place ? send.data() + (scatter ? static_cast<std::uint64_t>(r) * count : 0) : recv.data();
-              const reduce_op rop = op == reduce_kind::premul_sum ? reduce_op::premul_sum(scalars[static_cast<std::size_t>(r)]) : reduce_op(op);
+              std::uint16_t* out =
+                  in_place ? send.data() + (scatter ? static_cast<std::uint64_t>(r) * count : 0) : recv.data();
+              const reduce_op rop = op == reduce_kind::premul_sum
+                                        ? reduce_op::premul_sum(scalars[static_cast<std::size_t>(r)])
+                                        : reduce_op(op);
               collective_options o;
               o.algo = a;
               switch (kind) {
@@ -130,14 +138,17 @@ inline void check_exact_sums(ringzero::communicator& comm, accumulation_report& 
                 default: reduce(comm, send.data(), out, count, t, rop, root, o); break;
               }
               std::ostringstream name;
-              name << collective_name(kind) << ' ' << algorithm_name(a) << ' ' << dtype_name(t) << ' ' << reduce_kind_name(op)
-                   << " count " << count << (in_place ? " in place" : " out of place") << ", rank " << r << " of " << n << ": ";
+              name << collective_name(kind) << ' ' << algorithm_name(a) << ' ' << dtype_name(t) << ' '
+                   << reduce_kind_name(op) << " count " << count << (in_place ? " in place" : " out of place")
+                   << ", rank " << r << " of " << n << ": ";
               if (kind == collective_kind::reduce && r != root) {  // case C9: untouched
-                if ((in_place && send != original) || (!in_place && recv != std::vector<std::uint16_t>(count + 1, sentinel)))
+                if ((in_place && send != original) ||
+                    (!in_place && recv != std::vector<std::uint16_t>(count + 1, sentinel)))
                   report.failures.push_back(name.str() + "a non-root output was written");
                 continue;
               }
-              if (!in_place && recv[count] != sentinel) report.failures.push_back(name.str() + "the element after the output was written");
+              if (!in_place && recv[count] != sentinel)
+                report.failures.push_back(name.str() + "the element after the output was written");
               const std::uint64_t base = scatter ? static_cast<std::uint64_t>(r) * count : 0;
               for (std::uint64_t i = 0; i < count; ++i) {
                 for (int q = 0; q < n; ++q) values[static_cast<std::size_t>(q)] = accumulation_input(t, q, base + i);
@@ -145,8 +156,9 @@ inline void check_exact_sums(ringzero::communicator& comm, accumulation_report& 
                 ++report.checked;
                 if (rounded_per_hop(t, op, values, scalars) != expected) ++report.rounding_differs;
                 if (out[i] != expected) {
-                  report.failures.push_back(name.str() + "element " + std::to_string(i) + " is " + rzt::element_hex(out, i, 2) +
-                                            ", expected " + rzt::element_hex(&expected, 0, 2));
+                  report.failures.push_back(name.str() + "element " + std::to_string(i) + " is " +
+                                            rzt::element_hex(out, i, 2) + ", expected " +
+                                            rzt::element_hex(&expected, 0, 2));
                   break;
                 }
               }

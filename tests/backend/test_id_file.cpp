@@ -51,8 +51,8 @@ TEST_CASE("every rank receives rank 0's id, whoever starts first") {
     for (int r = world - 1; r >= 0; --r)  // readers start before the writer
       ranks.emplace_back([&, r] {
         if (r == 0) std::this_thread::sleep_for(20ms);
-        got[static_cast<std::size_t>(r)] =
-            nccl::exchange_id_through_file(path, r, world, [&] { return expected; }, 10s, "job-42");
+        got[static_cast<std::size_t>(r)] = nccl::exchange_id_through_file(
+            path, r, world, [&] { return expected; }, 10s, "job-42");
       });
     for (auto& t : ranks) t.join();
     for (const auto& id : got) CHECK(id == expected);
@@ -170,7 +170,7 @@ TEST_CASE("a file whose writer has exited is stale, even of the same job; a runn
     const std::size_t slash = where.find('/');
     for (const std::string& writer :
          {std::string("00000000-0000-0000-0000-000000000000") + where.substr(slash) + dead,  // another boot or machine
-          where.substr(0, slash) + "/1" + dead,                                            // another PID namespace
+          where.substr(0, slash) + "/1" + dead,                                              // another PID namespace
           where + "/" + std::to_string(pid) + "/x", where + "/-5/1", where + dead + "/", std::string("garbage"),
           std::string()}) {
       CAPTURE(writer);
@@ -203,7 +203,8 @@ TEST_CASE("a reading rank says when the file's directory is missing, and fails a
     FAIL("no timeout");
   } catch (const error& e) {
     CHECK(e.kind() == errc::timeout);
-    CHECK(std::string(e.what()).find("never appeared; its directory /nonexistent-dir/ringzero: No such file or directory") !=
+    CHECK(std::string(e.what()).find(
+              "never appeared; its directory /nonexistent-dir/ringzero: No such file or directory") !=
           std::string::npos);
   }
   if (::geteuid() == 0) {
@@ -227,8 +228,9 @@ TEST_CASE("a reading rank says when the file's directory is missing, and fails a
 
 TEST_CASE("a file that is not an id file is named as such; paths that are not regular files fail at once") {
   const std::string path = temp_path("garbage");
-  for (const std::string& text : {std::string("hello world\n"), std::string("ringzero-nccl-id 1 world_size=99999999999 job=- id=00\n"),
-                                  std::string(300, '\x01'), std::string()}) {
+  for (const std::string& text :
+       {std::string("hello world\n"), std::string("ringzero-nccl-id 1 world_size=99999999999 job=- id=00\n"),
+        std::string(300, '\x01'), std::string()}) {
     { std::ofstream(path, std::ios::binary) << text; }
     try {
       (void)nccl::read_id_file(path, 2, 0.05s, "");
@@ -290,9 +292,7 @@ TEST_CASE("threads of one process may publish to one path at the same time") {
     writers.emplace_back([&, t] {
       for (int i = 0; i < 50; ++i) try {
           nccl::publish_id_file(path, random_id(static_cast<std::uint64_t>(t)), 2, "");
-        } catch (const error&) {
-          ++failures;
-        }
+        } catch (const error&) { ++failures; }
     });
   for (auto& w : writers) w.join();
   CHECK(failures.load() == 0);

@@ -40,8 +40,10 @@ struct clean_environment {
   }
   ~clean_environment() {
     for (int i = 0; i < launcher_variable_count; ++i) {
-      if (had[i]) setenv(launcher_variables[i], saved[i].c_str(), 1);
-      else unsetenv(launcher_variables[i]);
+      if (had[i])
+        setenv(launcher_variables[i], saved[i].c_str(), 1);
+      else
+        unsetenv(launcher_variables[i]);
     }
   }
 };
@@ -49,9 +51,7 @@ struct clean_environment {
 errc error_of(auto&& f) {
   try {
     f();
-  } catch (const error& e) {
-    return e.kind();
-  }
+  } catch (const error& e) { return e.kind(); }
   return errc::internal;
 }
 
@@ -122,8 +122,10 @@ TEST_CASE("numbers are plain decimal digits; the local rank must fit the world a
   for (const char* text : {" 1", "+1", "1 ", "0x1", ""}) {
     CAPTURE(text);
     setenv("RANK", text, 1);
-    if (*text == '\0') CHECK(error_of([] { (void)read_launch_env(); }) == errc::invalid_argument);  // empty: unset
-    else CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("RANK="), error);
+    if (*text == '\0')
+      CHECK(error_of([] { (void)read_launch_env(); }) == errc::invalid_argument);  // empty: unset
+    else
+      CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("RANK="), error);
   }
   setenv("RANK", "1", 1);
   setenv("LOCAL_RANK", "4", 1);
@@ -132,7 +134,8 @@ TEST_CASE("numbers are plain decimal digits; the local rank must fit the world a
   setenv("LOCAL_WORLD_SIZE", "2", 1);
   CHECK(read_launch_env().local_rank == 1);
   setenv("LOCAL_RANK", "2", 1);
-  CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("LOCAL_RANK=2 is outside [0, LOCAL_WORLD_SIZE=2)"), error);
+  CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("LOCAL_RANK=2 is outside [0, LOCAL_WORLD_SIZE=2)"),
+                       error);
   setenv("LOCAL_WORLD_SIZE", "5", 1);
   CHECK_THROWS_WITH_AS((void)read_launch_env(), doctest::Contains("LOCAL_WORLD_SIZE=\"5\""), error);
   unsetenv("LOCAL_RANK");  // a node of 2 out of 4 processes, and no local rank: cannot be guessed
@@ -153,12 +156,15 @@ TEST_CASE("numbers are plain decimal digits; the local rank must fit the world a
 
 TEST_CASE("a world size without a rank is refused (torchrun, Open MPI), tolerated for Slurm") {
   clean_environment env;
-  for (const auto& [rank_var, size_var] : {std::pair{"RANK", "WORLD_SIZE"}, std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}}) {
+  for (const auto& [rank_var, size_var] :
+       {std::pair{"RANK", "WORLD_SIZE"}, std::pair{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}}) {
     CAPTURE(size_var);
     setenv(size_var, "2", 1);
     for (const char* rank : {"", static_cast<const char*>(nullptr)}) {
-      if (rank) setenv(rank_var, rank, 1);  // empty counts as unset
-      else unsetenv(rank_var);
+      if (rank)
+        setenv(rank_var, rank, 1);  // empty counts as unset
+      else
+        unsetenv(rank_var);
       try {
         (void)read_launch_env();
         FAIL("a world size of 2 without a rank was read as a world of one");

@@ -28,7 +28,8 @@ struct scratch_dir {
   fs::path path;
   explicit scratch_dir(const std::string& what) {
     static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("ringzero-ckpt-" + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    path = fs::temp_directory_path() /
+           ("ringzero-ckpt-" + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -43,7 +44,8 @@ struct scratch_dir {
 inline optimizer_options sgd_momentum() { return zero_test::test_optimizers()[0]; }
 inline optimizer_options adamw() { return zero_test::test_optimizers()[2]; }
 
-inline plan_request request(std::vector<parameter_spec> params, int stage, std::uint64_t alignment = 16, int optimizer_states = 2) {
+inline plan_request request(std::vector<parameter_spec> params, int stage, std::uint64_t alignment = 16,
+                            int optimizer_states = 2) {
   plan_request q;
   q.precision.optimizer_states = optimizer_states;
   q.parameters = std::move(params);
@@ -91,7 +93,8 @@ inline void train(sharded_model& model, int rank, int first, int last) {
         auto w = model.parameter<float>(p);
         auto g = model.gradient<float>(p);
         for (std::size_t j = 0; j < g.size(); ++j)
-          g[j] += zero_test::gradient_term(rank, 0, step, s, j, zero_test::use_of(params[p].name), w[j], frozen_sum, in_u1);
+          g[j] +=
+              zero_test::gradient_term(rank, 0, step, s, j, zero_test::use_of(params[p].name), w[j], frozen_sum, in_u1);
       }
       model.post_backward(u);
     }
@@ -115,7 +118,8 @@ inline std::vector<std::vector<float>> parameters_of(sharded_model& model) {
 inline bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i].size() != b[i].size() || (!a[i].empty() && std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0))
+    if (a[i].size() != b[i].size() ||
+        (!a[i].empty() && std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0))
       return false;
   return true;
 }
@@ -154,9 +158,7 @@ std::vector<std::string> errors_on_every_rank(int world, F&& fn) {
   local::launch(world, [&](communicator& comm) {
     try {
       fn(comm);
-    } catch (const error& e) {
-      out[static_cast<std::size_t>(comm.rank())] = e.what();
-    }
+    } catch (const error& e) { out[static_cast<std::size_t>(comm.rank())] = e.what(); }
   });
   return out;
 }

@@ -18,8 +18,9 @@ namespace {
 
 /// C18's model plus a frozen [6, 3] layer: an embedding [11, 4] tied to the output layer.
 std::vector<parameter_spec> tied_model() {
-  return {make_spec("embed", {11, 4}, "u0", true, "tok"), make_spec("l1.w", {4, 6}, "u1"), make_spec("frozen.w", {6, 3}, "u1", false),
-          make_spec("l1.b", {6}, "u1"), make_spec("out", {11, 4}, "u2", true, "tok")};
+  return {make_spec("embed", {11, 4}, "u0", true, "tok"), make_spec("l1.w", {4, 6}, "u1"),
+          make_spec("frozen.w", {6, 3}, "u1", false), make_spec("l1.b", {6}, "u1"),
+          make_spec("out", {11, 4}, "u2", true, "tok")};
 }
 
 ck::training_progress progress_at_epoch_1() {
@@ -61,7 +62,9 @@ std::map<std::string, file_tensor> read_safetensors(const fs::path& path) {
   const std::string text = read_text(path);
   std::map<std::string, file_tensor> out;
   for (const auto& t : h.tensors)
-    out[t.name] = {t.dtype_name, t.shape, std::vector<unsigned char>(text.begin() + static_cast<std::ptrdiff_t>(t.begin), text.begin() + static_cast<std::ptrdiff_t>(t.end))};
+    out[t.name] = {t.dtype_name, t.shape,
+                   std::vector<unsigned char>(text.begin() + static_cast<std::ptrdiff_t>(t.begin),
+                                              text.begin() + static_cast<std::ptrdiff_t>(t.end))};
   return out;
 }
 
@@ -104,7 +107,9 @@ TEST_CASE("consolidate: a stage-2 3-rank checkpoint with a tied [11, 4] embeddin
   });
 }
 
-TEST_CASE("consolidate --dtype bfloat16: each value rounded to nearest even; a streaming buffer of one chunk changes nothing") {
+TEST_CASE(
+    "consolidate --dtype bfloat16: each value rounded to nearest even; a streaming buffer of one chunk changes "
+    "nothing") {
   scratch_dir root("consolidate-bf16");
   const auto values = save_tied(root.path, 3, 2, "c18");
   ck::consolidate_options o;
@@ -124,10 +129,12 @@ TEST_CASE("consolidate --dtype bfloat16: each value rounded to nearest even; a s
     }
   }
   o.type = dtype::int32;
-  CHECK_THROWS_WITH_AS(ck::consolidate(root.path, root.path / "x.safetensors", o), doctest::Contains("floating-point"), ringzero::error);
+  CHECK_THROWS_WITH_AS(ck::consolidate(root.path, root.path / "x.safetensors", o), doctest::Contains("floating-point"),
+                       ringzero::error);
 }
 
-TEST_CASE("consolidate --max-shard-size: Hugging Face's model-0000i-of-0000N files and index; the same tensors as one file") {
+TEST_CASE(
+    "consolidate --max-shard-size: Hugging Face's model-0000i-of-0000N files and index; the same tensors as one file") {
   scratch_dir root("consolidate-split");
   save_tied(root.path, 3, 2, "c18");
   const auto whole = read_safetensors(ck::consolidate(root.path, root.path / "one.safetensors").files.front());
@@ -162,13 +169,15 @@ TEST_CASE("consolidate refuses a damaged checkpoint naming the file, and leaves 
   std::string bytes = read_text(shard);
   bytes[bytes.size() - 3] = static_cast<char>(bytes[bytes.size() - 3] ^ 0x10);
   write_text(shard, bytes);
-  CHECK_THROWS_WITH_AS(ck::consolidate(root.path, root.path / "model.safetensors"), doctest::Contains(ck::shard_file_name(1, 3).c_str()),
-                       ringzero::error);
+  CHECK_THROWS_WITH_AS(ck::consolidate(root.path, root.path / "model.safetensors"),
+                       doctest::Contains(ck::shard_file_name(1, 3).c_str()), ringzero::error);
   CHECK(!fs::exists(root.path / "model.safetensors"));
   CHECK(!fs::exists(root.path / "model.safetensors.tmp"));
 }
 
-TEST_CASE("reshard_offline: 3 ranks at stage 2 to 2 ranks at stage 3 is byte for byte a save there; it loads and trains on identically") {
+TEST_CASE(
+    "reshard_offline: 3 ranks at stage 2 to 2 ranks at stage 3 is byte for byte a save there; it loads and trains on "
+    "identically") {
   scratch_dir root("reshard");
   save_tied(root.path / "src", 3, 2, "c18");
   const auto before = full_tensors(root.path / "src");
@@ -200,7 +209,9 @@ TEST_CASE("reshard_offline: 3 ranks at stage 2 to 2 ranks at stage 3 is byte for
   CHECK(ck::read_index(root.path / "dst" / "c18").to_json() == ck::read_index(root.path / "direct" / "c18").to_json());
 }
 
-TEST_CASE("reshard_offline to 5 ranks at stages 0-3 (some ranks own nothing of a tensor): every tensor bitwise equal, loads on 5") {
+TEST_CASE(
+    "reshard_offline to 5 ranks at stages 0-3 (some ranks own nothing of a tensor): every tensor bitwise equal, loads "
+    "on 5") {
   scratch_dir root("reshard-5");
   const auto values = save_tied(root.path / "src", 3, 2, "c18");
   const auto before = full_tensors(root.path / "src");
@@ -219,8 +230,8 @@ TEST_CASE("reshard_offline to 5 ranks at stages 0-3 (some ranks own nothing of a
     });
   }
   // Bad requests name the value; the output root may not be the source's.
-  CHECK_THROWS_WITH_AS(ck::reshard_offline(root.path / "src", root.path / "bad", to(0)), doctest::Contains("world size"),
-                       ringzero::error);
+  CHECK_THROWS_WITH_AS(ck::reshard_offline(root.path / "src", root.path / "bad", to(0)),
+                       doctest::Contains("world size"), ringzero::error);
   CHECK_THROWS_WITH_AS(ck::reshard_offline(root.path / "src", root.path / "bad", to(2, 4)),
                        doctest::Contains("stage must be 0-3, got 4"), ringzero::error);
   CHECK_THROWS_WITH_AS(ck::reshard_offline(root.path / "src", root.path / "src", to(2)), doctest::Contains("own root"),

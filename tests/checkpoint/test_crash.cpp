@@ -3,10 +3,10 @@
 // within the save's duration, many times. After every kill, `latest` names a complete
 // checkpoint that loads and verifies (the previous one, or the new one when the save finished),
 // the previous checkpoint is still whole, and no partial checkpoint is ever taken as complete.
-#include <algorithm>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <chrono>
 #include <random>
@@ -25,7 +25,8 @@ constexpr std::uint64_t big = std::uint64_t{1} << 20;  // floats per parameter
 
 std::vector<parameter_spec> big_parameters() {
   using zero_test::make_spec;
-  return {make_spec("p0", {big}, "a"), make_spec("p1", {big}, "a"), make_spec("p2", {1024, 1024}, "b"), make_spec("p3", {big}, "b")};
+  return {make_spec("p0", {big}, "a"), make_spec("p1", {big}, "a"), make_spec("p2", {1024, 1024}, "b"),
+          make_spec("p3", {big}, "b")};
 }
 
 // Kills per run: fewer in the quick sweep of the sanitizer builds (each child there is slow).
@@ -58,9 +59,7 @@ float value(int iteration, std::size_t p, std::uint64_t j) {
       if (comm.rank() == 0 && ::write(fd, &go, 1) != 1) code = 3;
       ckpt.save(m, progress, "ckpt-" + std::to_string(1000 + iteration));
     });
-  } catch (...) {
-    code = 2;
-  }
+  } catch (...) { code = 2; }
   ::_exit(code);
 }
 
@@ -110,7 +109,9 @@ int check_complete(const fs::path& dir) {
 
 }  // namespace
 
-TEST_CASE("C21: a save killed at random points never damages the previous checkpoint, and latest always names a complete one") {
+TEST_CASE(
+    "C21: a save killed at random points never damages the previous checkpoint, and latest always names a complete "
+    "one") {
   scratch_dir root("crash");
   const double duration = run_child(root.path, 0, -1);  // the first checkpoint, complete
   CHECK(check_complete(ck::resolve_checkpoint(root.path)) == 0);
@@ -144,7 +145,8 @@ TEST_CASE("C21: a save killed at random points never damages the previous checkp
     if (named == previous) ++interrupted;
     previous = named;
   }
-  MESSAGE("saves interrupted before completion: " << interrupted << " of " << kills << " (first save took " << duration << " s)");
+  MESSAGE("saves interrupted before completion: " << interrupted << " of " << kills << " (first save took " << duration
+                                                  << " s)");
   CHECK(interrupted >= 1);
   // A model loads the newest complete checkpoint after all of that.
   local::launch(2, [&](communicator& comm) {

@@ -32,7 +32,8 @@ struct trainer {
   }
   std::vector<reducer_parameter> parameters() {
     std::vector<reducer_parameter> out;
-    for (std::size_t p = 0; p < w.size(); ++p) out.push_back(reducer_parameter::of(std::span<float>(w[p]), std::span<float>(g[p]), names[p]));
+    for (std::size_t p = 0; p < w.size(); ++p)
+      out.push_back(reducer_parameter::of(std::span<float>(w[p]), std::span<float>(g[p]), names[p]));
     return out;
   }
   ck::replicated_state state() {
@@ -50,13 +51,15 @@ struct trainer {
   void train(gradient_reducer& reducer, int rank, int first, int last) {
     for (int step = first; step < last; ++step) {
       for (std::size_t p : {std::size_t{1}, std::size_t{0}, std::size_t{2}}) {
-        for (std::size_t j = 0; j < g[p].size(); ++j) g[p][j] = zero_test::gradient_term(rank, 0, step, p, j, 0, w[p][j], 0, false);
+        for (std::size_t j = 0; j < g[p].size(); ++j)
+          g[p][j] = zero_test::gradient_term(rank, 0, step, p, j, 0, w[p][j], 0, false);
         reducer.mark_ready(p);
       }
       reducer.finish();
       ++steps;
       for (std::size_t p = 0; p < w.size(); ++p)
-        zero::detail::apply_update(adamw(), steps, w[p].data(), g[p].data(), 1.0f, m[p].data(), v[p].data(), w[p].size());
+        zero::detail::apply_update(adamw(), steps, w[p].data(), g[p].data(), 1.0f, m[p].data(), v[p].data(),
+                                   w[p].size());
     }
   }
 };
@@ -69,7 +72,8 @@ reducer_options small_buckets() {
 
 }  // namespace
 
-TEST_CASE("DDP trainer: 6 steps == 3 + save + fresh trainer + load + 3, bitwise, with the rebuilt bucket layout restored") {
+TEST_CASE(
+    "DDP trainer: 6 steps == 3 + save + fresh trainer + load + 3, bitwise, with the rebuilt bucket layout restored") {
   scratch_dir root("ddp");
   std::vector<std::vector<std::vector<float>>> straight(2), resumed(2);
   std::vector<std::size_t> saved_order;
@@ -144,8 +148,9 @@ TEST_CASE("DDP trainer: saved on 2 ranks, loaded on 3 (every tensor whole on eve
 TEST_CASE("replicated_state refuses a shape that does not match its values and a tensor registered twice") {
   std::vector<float> x(6);
   ck::replicated_state s;
-  CHECK_THROWS_WITH_AS(s.add_parameter("x", std::span<float>(x), {4, 2}), doctest::Contains("has shape [4, 2] (8 elements) but 6 values"),
-                       ringzero::error);
+  CHECK_THROWS_WITH_AS(s.add_parameter("x", std::span<float>(x), {4, 2}),
+                       doctest::Contains("has shape [4, 2] (8 elements) but 6 values"), ringzero::error);
   s.add_parameter("x", std::span<float>(x), {2, 3});
-  CHECK_THROWS_WITH_AS(s.add_parameter("x", std::span<float>(x)), doctest::Contains("registered twice"), ringzero::error);
+  CHECK_THROWS_WITH_AS(s.add_parameter("x", std::span<float>(x)), doctest::Contains("registered twice"),
+                       ringzero::error);
 }

@@ -30,9 +30,11 @@ std::string refusal(const fs::path& p, const std::string& contents) {
 
 TEST_CASE("safetensors header: written padded to 8 bytes, read back with dtypes, shapes, offsets and metadata") {
   scratch_dir dir("format");
-  const std::string header = ck::encode_safetensors_header(
-      {{"a", dtype::float32, {2, 3}, 24}, {"b", dtype::bfloat16, {5}, 10}, {"c", dtype::int64, {0, 4}, 0}, {"d", dtype::float64, {}, 8}},
-      {{"k", "v"}});
+  const std::string header = ck::encode_safetensors_header({{"a", dtype::float32, {2, 3}, 24},
+                                                            {"b", dtype::bfloat16, {5}, 10},
+                                                            {"c", dtype::int64, {0, 4}, 0},
+                                                            {"d", dtype::float64, {}, 8}},
+                                                           {{"k", "v"}});
   CHECK(header.size() % 8 == 0);
   CHECK(header[8] == '{');
   write_text(dir.path / "x.safetensors", header + std::string(42, '\x01'));
@@ -56,24 +58,33 @@ TEST_CASE("safetensors header: every broken rule is refused naming the file") {
   scratch_dir dir("format-bad");
   const fs::path p = dir.path / "bad.safetensors";
   auto tensor = [](const std::string& dt, const std::string& shape, int b, int e) {
-    return "{\"dtype\":\"" + dt + "\",\"shape\":" + shape + ",\"data_offsets\":[" + std::to_string(b) + "," + std::to_string(e) + "]}";
+    return "{\"dtype\":\"" + dt + "\",\"shape\":" + shape + ",\"data_offsets\":[" + std::to_string(b) + "," +
+           std::to_string(e) + "]}";
   };
   CHECK(refusal(p, "abc").find("shorter than the 8-byte header length") != std::string::npos);
   CHECK(refusal(p, with_header("{}", "").substr(0, 9)).find("runs past the end") != std::string::npos);
   CHECK(refusal(p, with_header("[1]", "")).find("does not start with '{'") != std::string::npos);
   CHECK(refusal(p, with_header("{\"a\":", "")).find("not valid JSON") != std::string::npos);
-  CHECK(refusal(p, with_header("{\"a\":" + tensor("F32", "[2]", 0, 8) + "}", "1234")).find("outside the data section") != std::string::npos);
-  CHECK(refusal(p, with_header("{\"a\":" + tensor("F32", "[2]", 0, 4) + "}", "1234")).find("need 8") != std::string::npos);
-  CHECK(refusal(p, with_header("{\"a\":" + tensor("F32", "[1]", 4, 8) + "}", "12345678")).find("must tile") != std::string::npos);
-  CHECK(refusal(p, with_header("{\"a\":" + tensor("F32", "[1]", 0, 4) + "}", "12345678")).find("data section has 8") != std::string::npos);
-  CHECK(refusal(p, with_header("{\"a\":" + tensor("Q4", "[1]", 0, 4) + "}", "1234")).find("unknown dtype") != std::string::npos);
+  CHECK(
+      refusal(p, with_header("{\"a\":" + tensor("F32", "[2]", 0, 8) + "}", "1234")).find("outside the data section") !=
+      std::string::npos);
+  CHECK(refusal(p, with_header("{\"a\":" + tensor("F32", "[2]", 0, 4) + "}", "1234")).find("need 8") !=
+        std::string::npos);
+  CHECK(refusal(p, with_header("{\"a\":" + tensor("F32", "[1]", 4, 8) + "}", "12345678")).find("must tile") !=
+        std::string::npos);
+  CHECK(refusal(p, with_header("{\"a\":" + tensor("F32", "[1]", 0, 4) + "}", "12345678")).find("data section has 8") !=
+        std::string::npos);
+  CHECK(refusal(p, with_header("{\"a\":" + tensor("Q4", "[1]", 0, 4) + "}", "1234")).find("unknown dtype") !=
+        std::string::npos);
   CHECK(refusal(p, with_header("{\"__metadata__\":{\"x\":1}}", "")).find("not a string") != std::string::npos);
-  CHECK(refusal(p, with_header("{\"a\":" + tensor("F32", "[1]", 0, 4) + ",\"b\":" + tensor("F32", "[1]", 0, 4) + "}", "1234"))
+  CHECK(refusal(p, with_header("{\"a\":" + tensor("F32", "[1]", 0, 4) + ",\"b\":" + tensor("F32", "[1]", 0, 4) + "}",
+                               "1234"))
             .find("must tile") != std::string::npos);
-  CHECK_THROWS_WITH_AS(ck::encode_safetensors_header({{"a", dtype::float32, {1}, 4}, {"a", dtype::float32, {1}, 4}}, {}),
-                       doctest::Contains("appears twice"), ringzero::error);
-  CHECK_THROWS_WITH_AS(ck::encode_safetensors_header({{"__metadata__", dtype::float32, {1}, 4}}, {}), doctest::Contains("reserved"),
-                       ringzero::error);
+  CHECK_THROWS_WITH_AS(
+      ck::encode_safetensors_header({{"a", dtype::float32, {1}, 4}, {"a", dtype::float32, {1}, 4}}, {}),
+      doctest::Contains("appears twice"), ringzero::error);
+  CHECK_THROWS_WITH_AS(ck::encode_safetensors_header({{"__metadata__", dtype::float32, {1}, 4}}, {}),
+                       doctest::Contains("reserved"), ringzero::error);
 }
 
 TEST_CASE("chunk checksums: XXH3-64 per 4 MiB chunk, hex round trip") {
@@ -105,26 +116,26 @@ TEST_CASE("index: the round trip keeps everything, and malformed indexes are ref
     edit(k);
     try {
       (void)ck::checkpoint_index::from_json(k, "x/index.json");
-    } catch (const ringzero::error& e) {
-      return std::string(e.what());
-    }
+    } catch (const ringzero::error& e) { return std::string(e.what()); }
     return std::string();
   };
-  CHECK(refused([](auto& k) { k["format"] = "other"; }).find("the format is not 'ringzero.checkpoint'") != std::string::npos);
+  CHECK(refused([](auto& k) { k["format"] = "other"; }).find("the format is not 'ringzero.checkpoint'") !=
+        std::string::npos);
   CHECK(refused([](auto& k) { k.erase("files"); }).find("the field 'files' is missing") != std::string::npos);
   CHECK(refused([](auto& k) { k["files"].erase(1); }).find("one file per rank") != std::string::npos);
   CHECK(refused([](auto& k) { k["tensors"][0]["dtype"] = "Q4"; }).find("unknown dtype 'Q4'") != std::string::npos);
-  CHECK(refused([](auto& k) { k["tensors"][0]["fragments"][0]["xxh3"] = nlohmann::json::array(); }).find("chunk checksums") != std::string::npos);
-  CHECK(refused([](auto& k) { k["tensors"][0]["fragments"][0]["offset"] = 1u << 30; }).find("lies outside file") != std::string::npos);
+  CHECK(refused([](auto& k) {
+          k["tensors"][0]["fragments"][0]["xxh3"] = nlohmann::json::array();
+        }).find("chunk checksums") != std::string::npos);
+  CHECK(refused([](auto& k) { k["tensors"][0]["fragments"][0]["offset"] = 1u << 30; }).find("lies outside file") !=
+        std::string::npos);
   CHECK(refused([](auto& k) { k["tensors"].push_back(k["tensors"][0]); }).find("listed twice") != std::string::npos);
   const auto newer = [&] {
     nlohmann::json k = j;
     k["format_version"] = 7;
     try {
       (void)ck::checkpoint_index::from_json(k, "x");
-    } catch (const ringzero::error& e) {
-      return e.kind();
-    }
+    } catch (const ringzero::error& e) { return e.kind(); }
     return errc::internal;
   }();
   CHECK(newer == errc::unsupported);

@@ -37,7 +37,8 @@ fs::path copy_of(const fs::path& root, const std::string& name) {
 
 /// Loads `dir` on `world` ranks into a model that trained one step of its own; checks that the
 /// load threw on every rank, that the model is unchanged, and returns rank 0's message.
-std::string refused_load(const fs::path& dir, int world, std::vector<parameter_spec> params = zero_test::test_parameters(),
+std::string refused_load(const fs::path& dir, int world,
+                         std::vector<parameter_spec> params = zero_test::test_parameters(),
                          optimizer_options o = adamw(), ck::load_options options = {}) {
   std::vector<int> unchanged(static_cast<std::size_t>(world), 0);
   const auto errors = errors_on_every_rank(world, [&](communicator& comm) {
@@ -49,7 +50,8 @@ std::string refused_load(const fs::path& dir, int world, std::vector<parameter_s
     try {
       ck::load(m, dir, options);
     } catch (...) {
-      unchanged[static_cast<std::size_t>(comm.rank())] = same_bits(before, parameters_of(m)) && m.optimizer().steps() == steps;
+      unchanged[static_cast<std::size_t>(comm.rank())] =
+          same_bits(before, parameters_of(m)) && m.optimizer().steps() == steps;
       throw;
     }
   });
@@ -130,7 +132,8 @@ TEST_CASE("refusals of damaged checkpoints and of checkpoints of another model; 
     const fs::path dir = copy_of(root.path, "overlap");
     edit_index(dir, [](nlohmann::json& j) {
       for (auto& t : j["tensors"])
-        if (t["name"] == "l1.w" && t["role"] == "parameter") t["fragments"][1]["range"][0] = t["fragments"][0]["range"][1].get<int>() - 1;
+        if (t["name"] == "l1.w" && t["role"] == "parameter")
+          t["fragments"][1]["range"][0] = t["fragments"][0]["range"][1].get<int>() - 1;
     });
     CHECK(contains(refused_load(dir, 2), "are held twice"));
   }
@@ -146,7 +149,8 @@ TEST_CASE("refusals of damaged checkpoints and of checkpoints of another model; 
     CHECK(contains(refused_load(root.path / "good", 2, params), "needs tensor 'extra' (parameter)"));
     auto fewer = zero_test::test_parameters();
     fewer.pop_back();
-    CHECK(contains(refused_load(root.path / "good", 2, fewer), "holds parameter 'l3.w' [13], which the model does not have"));
+    CHECK(contains(refused_load(root.path / "good", 2, fewer),
+                   "holds parameter 'l3.w' [13], which the model does not have"));
   }
   SUBCASE("another optimizer: refused with states, accepted for the parameters only") {
     const std::string e = refused_load(root.path / "good", 2, zero_test::test_parameters(), sgd_momentum());
@@ -226,18 +230,14 @@ TEST_CASE("a disk that fills up during a save: an error naming the file on every
           sharded_model m(comm, request(params, 0), model_options(adamw()));
           initialise(m);
           ck::checkpointer(root.path).save(m, {}, "full");
-        } catch (const error& e) {
-          errors[static_cast<std::size_t>(comm.rank())] = e.what();
-        }
+        } catch (const error& e) { errors[static_cast<std::size_t>(comm.rank())] = e.what(); }
       });
       for (const auto& e : errors)
         if (!contains(e, "was not saved") || !contains(e, ".safetensors") || !contains(e, "File too large")) {
           std::fprintf(stderr, "unexpected error text: %s\n", e.c_str());
           code = 1;
         }
-    } catch (...) {
-      code = 2;
-    }
+    } catch (...) { code = 2; }
     ::_exit(code);
   }
   int status = 0;
@@ -257,8 +257,8 @@ TEST_CASE("a failure of rank 0's commit is raised on every rank with the same te
   for (const std::string blocked : {"index", "latest"}) {
     CAPTURE(blocked);
     const std::string name = "commit-" + blocked;
-    const fs::path in_the_way =
-        blocked == "index" ? ck::temporary_directory(root.path, name) / "index.json" : ck::latest_temporary_file(root.path, name);
+    const fs::path in_the_way = blocked == "index" ? ck::temporary_directory(root.path, name) / "index.json"
+                                                   : ck::latest_temporary_file(root.path, name);
     fs::create_directories(in_the_way);
     for (int world : {2, 3}) {
       CAPTURE(world);

@@ -5,9 +5,9 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
-#include <cmath>
 #include <utility>
 
 #include <doctest/doctest.h>
@@ -139,7 +139,8 @@ TEST_CASE("the index and shard files: names, shapes, roles, one file per rank, l
   REQUIRE(index.files.size() == 3);
   for (int r = 0; r < 3; ++r) {
     CHECK(index.files[static_cast<std::size_t>(r)].name == ck::shard_file_name(r, 3));
-    CHECK(fs::file_size(dir / index.files[static_cast<std::size_t>(r)].name) == index.files[static_cast<std::size_t>(r)].bytes);
+    CHECK(fs::file_size(dir / index.files[static_cast<std::size_t>(r)].name) ==
+          index.files[static_cast<std::size_t>(r)].bytes);
     // Every fragment of that file is a tensor of its safetensors header at the recorded offset.
     const auto header = ck::read_safetensors_header(dir / index.files[static_cast<std::size_t>(r)].name);
     CHECK(header.metadata.at("rank") == std::to_string(r));
@@ -184,8 +185,8 @@ TEST_CASE("async_save: the state at the call is saved while training goes on; er
       CHECK(ckpt.pending());
       CHECK(ckpt.staging_bytes() > 0);
       const std::uint64_t staging = ckpt.staging_bytes();
-      train(m, r, 2, 4);  // overwrites the model while the file is written
-      ckpt.async_save(m);  // finishes the first save, starts the second
+      train(m, r, 2, 4);                       // overwrites the model while the file is written
+      ckpt.async_save(m);                      // finishes the first save, starts the second
       CHECK(ckpt.staging_bytes() == staging);  // allocated once
       ckpt.wait();
       CHECK(!ckpt.pending());
@@ -199,7 +200,8 @@ TEST_CASE("async_save: the state at the call is saved while training goes on; er
   CHECK(ck::read_latest(root.path) == std::optional<std::string>("step-00000004"));
 }
 
-TEST_CASE("a checkpointer destroyed with an asynchronous save pending finishes it; failures go to stderr, never thrown") {
+TEST_CASE(
+    "a checkpointer destroyed with an asynchronous save pending finishes it; failures go to stderr, never thrown") {
   scratch_dir root("async-destroy");
   std::vector<std::vector<std::vector<float>>> at_save(2), loaded(2);
   local::launch(2, [&](communicator& comm) {
@@ -247,13 +249,9 @@ TEST_CASE("a checkpointer destroyed with an asynchronous save pending finishes i
         ck::checkpointer ckpt(root.path);
         ckpt.async_save(m, {}, "unwound");
         throw std::runtime_error("the training step failed");
-      } catch (const std::runtime_error& e) {
-        unwound[static_cast<std::size_t>(comm.rank())] = e.what();
-      }
+      } catch (const std::runtime_error& e) { unwound[static_cast<std::size_t>(comm.rank())] = e.what(); }
     });
-  } catch (...) {
-    threw = true;
-  }
+  } catch (...) { threw = true; }
   std::fflush(stderr);
   ::dup2(saved_stderr, 2);
   ::close(saved_stderr);
@@ -263,9 +261,10 @@ TEST_CASE("a checkpointer destroyed with an asynchronous save pending finishes i
   CHECK(unwound[0] == "the training step failed");
   for (int r = 0; r < 2; ++r) {
     const std::string who = "(rank " + std::to_string(r) + ")";
-    CHECK(text.find(who + ", finishing checkpoint '" + (root.path / "blocked").string() + "' at destruction") != std::string::npos);
-    CHECK(text.find(who + ": checkpoint '" + (root.path / "unwound").string() + "' was not completed: destroyed while an exception unwinds") !=
+    CHECK(text.find(who + ", finishing checkpoint '" + (root.path / "blocked").string() + "' at destruction") !=
           std::string::npos);
+    CHECK(text.find(who + ": checkpoint '" + (root.path / "unwound").string() +
+                    "' was not completed: destroyed while an exception unwinds") != std::string::npos);
   }
   CHECK(text.find(blocked.string() + "': Is a directory") != std::string::npos);
   CHECK(ck::read_latest(root.path) == std::optional<std::string>("step-00000002"));
@@ -273,7 +272,9 @@ TEST_CASE("a checkpointer destroyed with an asynchronous save pending finishes i
   CHECK(!fs::exists(root.path / "unwound"));
 }
 
-TEST_CASE("checkpointer::load: staging kept from load to load and shared with async_save; the same state as checkpoint::load") {
+TEST_CASE(
+    "checkpointer::load: staging kept from load to load and shared with async_save; the same state as "
+    "checkpoint::load") {
   scratch_dir root("kept");
   std::vector<std::vector<std::vector<float>>> at2(2), at4(2);
   local::launch(2, [&](communicator& comm) {
@@ -301,7 +302,8 @@ TEST_CASE("checkpointer::load: staging kept from load to load and shared with as
       const std::uint64_t staging = ckpt.staging_bytes();
       const bool first = staging > 0 && same_bits(parameters_of(m), at2[0]) && m.optimizer().steps() == 2;
       ckpt.load(m, root.path);  // latest: "four", through the same staging
-      const bool second = same_bits(parameters_of(m), at4[0]) && m.optimizer().steps() == 4 && ckpt.staging_bytes() == staging;
+      const bool second =
+          same_bits(parameters_of(m), at4[0]) && m.optimizer().steps() == 4 && ckpt.staging_bytes() == staging;
       sharded_model reference(comm, request(zero_test::test_parameters(), world == 2 ? 3 : 1), model_options(adamw()));
       ck::load(reference, root.path);
       train(m, r, 4, 5);
@@ -332,7 +334,8 @@ TEST_CASE("checkpointer::load: staging kept from load to load and shared with as
     try {
       ckpt.load(m, root.path / "cut");
     } catch (...) {
-      unchanged[static_cast<std::size_t>(comm.rank())] = same_bits(before, parameters_of(m)) && m.optimizer().steps() == 2;
+      unchanged[static_cast<std::size_t>(comm.rank())] =
+          same_bits(before, parameters_of(m)) && m.optimizer().steps() == 2;
       throw;
     }
   });
@@ -360,7 +363,9 @@ TEST_CASE("keep_last removes older checkpoints only once the new one is complete
   CHECK(ck::complete_checkpoints(root.path) == std::vector<std::string>{"step-00000003", "step-00000004"});
 }
 
-TEST_CASE("reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at stages 0-3: every tensor bitwise equal, the next steps' losses equal within float32 reduction-order rounding") {
+TEST_CASE(
+    "reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at stages 0-3: every tensor bitwise equal, the "
+    "next steps' losses equal within float32 reduction-order rounding") {
   scratch_dir root("reshard");
   std::vector<std::vector<float>> saved_params;
   std::array<float, 2> reference{};  // the unresharded run's losses of steps 3 and 4
@@ -385,7 +390,8 @@ TEST_CASE("reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at s
   // a few ulps per parameter, each term of the loss moving by a few u of itself, well inside the
   // same bound (measured: 1.1e-6).
   REQUIRE(terms > 1000);
-  const double u = std::ldexp(1.0, -24), gamma = static_cast<double>(terms - 1) * u / (1 - static_cast<double>(terms - 1) * u);
+  const double u = std::ldexp(1.0, -24),
+               gamma = static_cast<double>(terms - 1) * u / (1 - static_cast<double>(terms - 1) * u);
   const double tolerance = 2 * gamma;
   double worst = 0;
   const auto saved = full_tensors(root.path / "saved");
@@ -426,7 +432,8 @@ TEST_CASE("reshard: saved on 4 ranks at stage 3, loaded on 3, 2 and 1 ranks at s
           CHECK(resaved.at(key) == bytes);
         }
       }
-  MESSAGE("reshard: the largest relative loss difference " << worst << ", tolerance " << tolerance << " (" << terms << " terms)");
+  MESSAGE("reshard: the largest relative loss difference " << worst << ", tolerance " << tolerance << " (" << terms
+                                                           << " terms)");
 }
 
 TEST_CASE("reshard across replica groups: hybrid sharding (2 groups of 2) saved, loaded on 3 ranks at stage 2") {
@@ -469,14 +476,16 @@ TEST_CASE("reshard across replica groups: hybrid sharding (2 groups of 2) saved,
 namespace {
 std::vector<parameter_spec> c16_parameters() {
   using zero_test::make_spec;
-  return {make_spec("a", {3}, ""), make_spec("b", {1}, ""), make_spec("c", {7}, ""), make_spec("d", {0}, ""), make_spec("e", {2}, "")};
+  return {make_spec("a", {3}, ""), make_spec("b", {1}, ""), make_spec("c", {7}, ""), make_spec("d", {0}, ""),
+          make_spec("e", {2}, "")};
 }
 void train_c16(sharded_model& m, int rank, int first, int last) {
   for (int step = first; step < last; ++step) {
     for (std::size_t p = 0; p < m.parameter_count(); ++p) {
       auto w = m.parameter<float>(p);
       auto g = m.gradient<float>(p);
-      for (std::size_t j = 0; j < g.size(); ++j) g[j] += zero_test::gradient_term(rank, 0, step, p, j, 0, w[j], 0, false);
+      for (std::size_t j = 0; j < g.size(); ++j)
+        g[j] += zero_test::gradient_term(rank, 0, step, p, j, 0, w[j], 0, false);
     }
     m.end_backward();
     m.step();
@@ -531,7 +540,8 @@ TEST_CASE("C16: stage 3, parameters of 3, 1, 7, 0, 2 elements, AdamW after 2 ste
   CHECK(ck::read_index(again.path / "c16").progress.optimizer_steps == 2);
 }
 
-TEST_CASE("C17: a [7, 5] parameter saved at stage 3 on 3 ranks records its shape and ranges; 2 ranks restore the 35 values") {
+TEST_CASE(
+    "C17: a [7, 5] parameter saved at stage 3 on 3 ranks records its shape and ranges; 2 ranks restore the 35 values") {
   scratch_dir root("c17");
   std::vector<float> values(35);
   for (std::size_t j = 0; j < 35; ++j) values[j] = static_cast<float>(j) * 0.25f - 3.0f;
@@ -560,14 +570,17 @@ TEST_CASE("C17: a [7, 5] parameter saved at stage 3 on 3 ranks records its shape
   });
 }
 
-TEST_CASE("C18: an embedding [11, 4] tied to the output layer, saved at stage 2 on 3 ranks: both names load with identical values") {
+TEST_CASE(
+    "C18: an embedding [11, 4] tied to the output layer, saved at stage 2 on 3 ranks: both names load with identical "
+    "values") {
   using zero_test::make_spec;
   scratch_dir root("c18");
   std::vector<float> embedding;
   local::launch(3, [&](communicator& comm) {
-    sharded_model m(comm, request({make_spec("embed", {11, 4}, "in", true, "tok"), make_spec("mid", {4, 4}, "mid"),
-                                   make_spec("out", {11, 4}, "out", true, "tok")},
-                                  2),
+    sharded_model m(comm,
+                    request({make_spec("embed", {11, 4}, "in", true, "tok"), make_spec("mid", {4, 4}, "mid"),
+                             make_spec("out", {11, 4}, "out", true, "tok")},
+                            2),
                     model_options(adamw()));
     initialise(m);
     for (int s = 0; s < 2; ++s) {
@@ -575,7 +588,8 @@ TEST_CASE("C18: an embedding [11, 4] tied to the output layer, saved at stage 2 
         for (std::size_t p : m.plan().units()[u].members) {
           auto g = m.gradient<float>(p);
           auto w = m.parameter<float>(p);
-          for (std::size_t j = 0; j < g.size(); ++j) g[j] += zero_test::gradient_term(comm.rank(), 0, s, p, j, 0, w[j], 0, false);
+          for (std::size_t j = 0; j < g.size(); ++j)
+            g[j] += zero_test::gradient_term(comm.rank(), 0, s, p, j, 0, w[j], 0, false);
         }
         m.post_backward(u);
       }
@@ -589,10 +603,12 @@ TEST_CASE("C18: an embedding [11, 4] tied to the output layer, saved at stage 2 
   // Loaded into the same model on 2 ranks, and into a model where the two are separate parameters.
   for (bool tied : {true, false})
     local::launch(2, [&](communicator& comm) {
-      sharded_model m(comm, request({make_spec("embed", {11, 4}, "in", true, tied ? "tok" : ""), make_spec("mid", {4, 4}, "mid"),
-                                     make_spec("out", {11, 4}, "out", true, tied ? "tok" : "")},
-                                    3),
-                      model_options(adamw()));
+      sharded_model m(
+          comm,
+          request({make_spec("embed", {11, 4}, "in", true, tied ? "tok" : ""), make_spec("mid", {4, 4}, "mid"),
+                   make_spec("out", {11, 4}, "out", true, tied ? "tok" : "")},
+                  3),
+          model_options(adamw()));
       ck::load(m, root.path / "c18");
       std::vector<float> a(44), b(44);
       m.read_parameter(0, a);
@@ -609,7 +625,10 @@ TEST_CASE("C19: a frozen [6, 3] layer next to trainable ones, saved at stages 1,
     scratch_dir root("c19");
     std::vector<float> frozen(18);
     for (std::size_t j = 0; j < 18; ++j) frozen[j] = 1.5f - static_cast<float>(j) / 8.0f;
-    auto params = [] { return std::vector<parameter_spec>{make_spec("w1", {4, 6}, "a"), make_spec("frozen", {6, 3}, "a", false), make_spec("w2", {3}, "b")}; };
+    auto params = [] {
+      return std::vector<parameter_spec>{make_spec("w1", {4, 6}, "a"), make_spec("frozen", {6, 3}, "a", false),
+                                         make_spec("w2", {3}, "b")};
+    };
     local::launch(3, [&](communicator& comm) {
       sharded_model m(comm, request(params(), stage, 16, 1), model_options(sgd_momentum()));
       initialise(m);
@@ -634,7 +653,9 @@ TEST_CASE("C19: a frozen [6, 3] layer next to trainable ones, saved at stages 1,
   }
 }
 
-TEST_CASE("C20: AdamW saved after step 10, resumed: step 11's loss equals the uninterrupted run's bit for bit, bias correction at 11") {
+TEST_CASE(
+    "C20: AdamW saved after step 10, resumed: step 11's loss equals the uninterrupted run's bit for bit, bias "
+    "correction at 11") {
   auto loss = [](const std::vector<std::vector<float>>& params) {
     double s = 0;  // a loss of the parameters, summed in a fixed order
     for (const auto& p : params)
@@ -685,7 +706,8 @@ TEST_CASE("load_pretrained: a full-model safetensors file initialises a sharded 
   for (std::size_t j = 0; j < t.size(); ++j) t[j] = -static_cast<float>(j);
   std::vector<bfloat16> b = {bfloat16(1.5f), bfloat16(-2.0f), bfloat16(0.25f), bfloat16(3.0f)};
   const std::string header = ck::encode_safetensors_header(
-      {{"a", dtype::float32, {5, 3}, 60}, {"b", dtype::bfloat16, {4}, 8}, {"emb", dtype::float32, {2, 3}, 24}}, {{"format", "pt"}});
+      {{"a", dtype::float32, {5, 3}, 60}, {"b", dtype::bfloat16, {4}, 8}, {"emb", dtype::float32, {2, 3}, 24}},
+      {{"format", "pt"}});
   std::string file = header;
   file.append(reinterpret_cast<const char*>(a.data()), 60);
   file.append(reinterpret_cast<const char*>(b.data()), 8);
@@ -694,10 +716,12 @@ TEST_CASE("load_pretrained: a full-model safetensors file initialises a sharded 
   for (int world : {1, 3})
     for (int stage : {0, 3})
       local::launch(world, [&](communicator& comm) {
-        sharded_model m(comm, request({make_spec("a", {5, 3}, "u"), make_spec("b", {4}, "u"), make_spec("emb", {2, 3}, "u", true, "tie"),
-                                       make_spec("head", {2, 3}, "v", true, "tie")},
-                                      stage),
-                        model_options(adamw()));
+        sharded_model m(
+            comm,
+            request({make_spec("a", {5, 3}, "u"), make_spec("b", {4}, "u"), make_spec("emb", {2, 3}, "u", true, "tie"),
+                     make_spec("head", {2, 3}, "v", true, "tie")},
+                    stage),
+            model_options(adamw()));
         ck::load_pretrained(m, root.path / "model.safetensors");
         std::vector<float> ra(15), rb(4), rh(6);
         m.read_parameter(0, ra);
@@ -736,7 +760,9 @@ plan_request bf16_request(int stage) {
 }
 }  // namespace
 
-TEST_CASE("bfloat16 parameters with float32 master weights: master weights saved, resume exact at stages 0-3, reshard 2 -> 3") {
+TEST_CASE(
+    "bfloat16 parameters with float32 master weights: master weights saved, resume exact at stages 0-3, reshard 2 -> "
+    "3") {
   for (int stage = 0; stage <= 3; ++stage) {
     CAPTURE(stage);
     scratch_dir root("bf16");

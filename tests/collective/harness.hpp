@@ -30,10 +30,10 @@ inline ringzero::collective_options with_algo(ringzero::algorithm a) {
 
 /// How one rank's call ended.
 struct outcome {
-  bool threw = false;           ///< the call threw
-  bool is_ringzero = false;     ///< ... a ringzero::error
-  ringzero::errc code{};        ///< its code
-  std::string message;          ///< its what()
+  bool threw = false;        ///< the call threw
+  bool is_ringzero = false;  ///< ... a ringzero::error
+  ringzero::errc code{};     ///< its code
+  std::string message;       ///< its what()
 
   /// Runs `f`, recording how it ended.
   template <class F>
@@ -65,9 +65,7 @@ template <class F>
 std::string launch_world(int world, F&& fn, double timeout_seconds = 30.0) {
   try {
     ringzero::local::launch(world, fn, timeout_after(timeout_seconds));
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  } catch (const std::exception& e) { return e.what(); }
   return {};
 }
 
@@ -86,7 +84,8 @@ inline void check_error(const outcome& o, int r, ringzero::errc code, std::initi
 }
 
 /// `check_error` on every rank.
-inline void check_every_rank(const std::vector<outcome>& o, ringzero::errc code, std::initializer_list<std::string> parts) {
+inline void check_every_rank(const std::vector<outcome>& o, ringzero::errc code,
+                             std::initializer_list<std::string> parts) {
   for (int r = 0; r < static_cast<int>(o.size()); ++r) check_error(o[static_cast<std::size_t>(r)], r, code, parts);
 }
 
@@ -103,8 +102,10 @@ class scoped_env {
     ::setenv(name, value, 1);
   }
   ~scoped_env() {
-    if (had_) ::setenv(name_, old_.c_str(), 1);
-    else ::unsetenv(name_);
+    if (had_)
+      ::setenv(name_, old_.c_str(), 1);
+    else
+      ::unsetenv(name_);
   }
   scoped_env(const scoped_env&) = delete;
   scoped_env& operator=(const scoped_env&) = delete;

@@ -79,14 +79,19 @@ std::uint16_t round_16(double x, Value&& value, std::uint16_t inf_bits) {
   if (a >= value(inf_bits)) return static_cast<std::uint16_t>(sign | inf_bits);
   while (hi - lo > 1) {
     const std::uint32_t mid = (lo + hi) / 2;
-    if (value(static_cast<std::uint16_t>(mid)) <= a) lo = mid;
-    else hi = mid;
+    if (value(static_cast<std::uint16_t>(mid)) <= a)
+      lo = mid;
+    else
+      hi = mid;
   }
   const double below = value(static_cast<std::uint16_t>(lo)), above = value(static_cast<std::uint16_t>(hi));
   std::uint32_t pick;
-  if (a - below < above - a) pick = lo;
-  else if (above - a < a - below) pick = hi;
-  else pick = (lo % 2 == 0) ? lo : hi;
+  if (a - below < above - a)
+    pick = lo;
+  else if (above - a < a - below)
+    pick = hi;
+  else
+    pick = (lo % 2 == 0) ? lo : hi;
   return static_cast<std::uint16_t>(sign | pick);
 }
 
@@ -106,8 +111,12 @@ inline std::uint64_t float_bits_rounded(dtype t, double x) {
   switch (t) {
     case dtype::float32: return std::bit_cast<std::uint32_t>(static_cast<float>(x));
     case dtype::float64: return std::bit_cast<std::uint64_t>(x);
-    case dtype::float16: return round_16(x, [](std::uint16_t b) { return half_value(b); }, 0x7c00);
-    case dtype::bfloat16: return round_16(x, [](std::uint16_t b) { return bfloat16_value(b); }, 0x7f80);
+    case dtype::float16:
+      return round_16(
+          x, [](std::uint16_t b) { return half_value(b); }, 0x7c00);
+    case dtype::bfloat16:
+      return round_16(
+          x, [](std::uint16_t b) { return bfloat16_value(b); }, 0x7f80);
     default: throw std::logic_error("float_bits_rounded of an integer dtype");
   }
 }
@@ -204,7 +213,8 @@ inline std::uint64_t input_bits(dtype t, use u, int r, std::uint64_t k) {
 
 /// The expected result bits of reducing `inputs[r]` (rank r's element bits, r < n) with `kind`;
 /// `scalars[r]` is rank r's premul_sum scalar. Wide arithmetic, one conversion at the end.
-inline std::uint64_t expected_bits(dtype t, reduce_kind kind, const std::uint64_t* inputs, int n, const double* scalars) {
+inline std::uint64_t expected_bits(dtype t, reduce_kind kind, const std::uint64_t* inputs, int n,
+                                   const double* scalars) {
   if (ringzero::is_floating_point(t)) {
     double acc = float_value(t, inputs[0]);
     std::uint64_t pick = inputs[0];
@@ -269,8 +279,10 @@ inline std::uint64_t expected_bits(dtype t, reduce_kind kind, const std::uint64_
   }
   if (kind == reduce_kind::avg) {
     const std::uint64_t wrapped = truncate_bits(t, acc);
-    if (is_signed) acc = static_cast<std::uint64_t>(sign_extend(t, wrapped) / n);  // C++ truncates toward zero
-    else acc = wrapped / static_cast<std::uint64_t>(n);
+    if (is_signed)
+      acc = static_cast<std::uint64_t>(sign_extend(t, wrapped) / n);  // C++ truncates toward zero
+    else
+      acc = wrapped / static_cast<std::uint64_t>(n);
   }
   return truncate_bits(t, acc);
 }
@@ -330,7 +342,8 @@ inline std::string element_hex(const void* data, std::uint64_t i, std::size_t el
   std::memcpy(&v, static_cast<const std::uint8_t*>(data) + i * element_size, element_size);
   static const char digits[] = "0123456789abcdef";
   std::string s = "0x";
-  for (int nibble = static_cast<int>(element_size) * 2 - 1; nibble >= 0; --nibble) s += digits[(v >> (4 * nibble)) & 15];
+  for (int nibble = static_cast<int>(element_size) * 2 - 1; nibble >= 0; --nibble)
+    s += digits[(v >> (4 * nibble)) & 15];
   return s;
 }
 

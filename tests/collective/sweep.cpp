@@ -83,8 +83,8 @@ bool run_large([[maybe_unused]] collective_kind kind, [[maybe_unused]] int world
 /// on every world and both placements are covered there too (this halves the largest part of
 /// the full sweep); the whole-buffer collectives, already thinned by `run_large`, run both.
 /// Quick mode: both placements of the few large calls it keeps.
-bool run_large_placement([[maybe_unused]] collective_kind kind, [[maybe_unused]] int world,
-                         [[maybe_unused]] dtype t, [[maybe_unused]] use u, [[maybe_unused]] bool in_place) {
+bool run_large_placement([[maybe_unused]] collective_kind kind, [[maybe_unused]] int world, [[maybe_unused]] dtype t,
+                         [[maybe_unused]] use u, [[maybe_unused]] bool in_place) {
 #if defined(RINGZERO_TEST_SWEEP_QUICK)
   return true;
 #else
@@ -198,7 +198,9 @@ struct call_site {
 class rank_sweep {
  public:
   rank_sweep(communicator& comm, rank_log& log, const world_patterns& patterns, collective_kind kind, algorithm algo)
-      : comm_(comm), log_(log), patterns_(patterns), site_{kind, comm.world_size(), algo, comm.rank(), 0, dtype::float32, {}, false, -1} {}
+      : comm_(comm), log_(log), patterns_(patterns), site_{kind, comm.world_size(), algo, comm.rank(),
+                                                           0,    dtype::float32,    {},   false,
+                                                           -1} {}
 
   /// Runs the sweep of this rank's collective.
   void run() {
@@ -242,14 +244,12 @@ class rank_sweep {
     ++log_.calls;
     try {
       f();
-    } catch (const std::exception& e) {
-      throw std::runtime_error(site_.text() + ": unexpected error: " + e.what());
-    }
+    } catch (const std::exception& e) { throw std::runtime_error(site_.text() + ": unexpected error: " + e.what()); }
   }
 
   /// Checks `count` elements of `data` against `pattern2` from `phase`.
-  void expect_pattern(const char* what, const void* data, std::uint64_t count, const std::vector<std::uint8_t>& pattern2,
-                      std::uint64_t phase) {
+  void expect_pattern(const char* what, const void* data, std::uint64_t count,
+                      const std::vector<std::uint8_t>& pattern2, std::uint64_t phase) {
     const std::size_t es = dtype_size(site_.type);
     const std::uint64_t i = first_mismatch_periodic(data, count, pattern2.data(), period, es, phase);
     if (i == count) return;
@@ -275,7 +275,8 @@ class rank_sweep {
   }
 
   reduce_op op_of(const pattern& p, reduce_kind k) const {
-    return k == reduce_kind::premul_sum ? reduce_op::premul_sum(p.scalars[static_cast<std::size_t>(rank())]) : reduce_op(k);
+    return k == reduce_kind::premul_sum ? reduce_op::premul_sum(p.scalars[static_cast<std::size_t>(rank())])
+                                        : reduce_op(k);
   }
 
   static std::string op_text(reduce_kind k) { return std::string(reduce_kind_name(k)); }
@@ -352,9 +353,12 @@ class rank_sweep {
               fill_periodic(send, count, mine.data(), period, es, 0);
               if (!in_place && bytes) std::memset(recv, sentinel, bytes);
               issue([&] { ringzero::reduce(comm_, send, recv, count, t, op_of(p, k), root, options()); });
-              if (rank() == root) expect_pattern("root output", recv, count, p.expected, 0);
-              else if (in_place) expect_pattern("non-root buffer (in place: must be left as it was)", recv, count, mine, 0);
-              else expect_untouched("non-root receive buffer", recv, bytes);
+              if (rank() == root)
+                expect_pattern("root output", recv, count, p.expected, 0);
+              else if (in_place)
+                expect_pattern("non-root buffer (in place: must be left as it was)", recv, count, mine, 0);
+              else
+                expect_untouched("non-root receive buffer", recv, bytes);
               if (!in_place) expect_pattern("send buffer (must be unchanged)", send, count, mine, 0);
             }
         }
@@ -407,7 +411,8 @@ class rank_sweep {
           begin_case(count, t, "", in_place);
           std::uint8_t* recv = recv_buffer(all);
           if (all) std::memset(recv, sentinel, all);
-          std::uint8_t* send = in_place ? (recv ? recv + static_cast<std::uint64_t>(rank()) * block : nullptr) : send_buffer(block);
+          std::uint8_t* send =
+              in_place ? (recv ? recv + static_cast<std::uint64_t>(rank()) * block : nullptr) : send_buffer(block);
           fill_periodic(send, count, mine.data(), period, es, 0);
           issue([&] { ringzero::all_gather(comm_, send, recv, count, t, options()); });
           for (int q = 0; q < world(); ++q) {
@@ -484,7 +489,8 @@ class rank_sweep {
       const std::uint64_t seen = arrivals->load(std::memory_order_acquire);
       if (seen < (round + 1) * static_cast<std::uint64_t>(world()))
         log_.fail(site_.text() + ": left barrier " + std::to_string(round) + " after only " + std::to_string(seen) +
-                  " arrivals (expected at least " + std::to_string((round + 1) * static_cast<std::uint64_t>(world())) + ")");
+                  " arrivals (expected at least " + std::to_string((round + 1) * static_cast<std::uint64_t>(world())) +
+                  ")");
     }
   }
 
@@ -500,14 +506,12 @@ class rank_sweep {
 
 std::vector<int> sweep_worlds() { return {1, 2, 3, 4, 5, 6, 7, 8, 13}; }
 
-std::vector<algorithm> sweep_algorithms() {
-  return {algorithm::ring, algorithm::direct, algorithm::halving_doubling};
-}
+std::vector<algorithm> sweep_algorithms() { return {algorithm::ring, algorithm::direct, algorithm::halving_doubling}; }
 
 sweep_result sweep(collective_kind kind, int world, algorithm algo) {
   sweep_result result;
-  result.title = std::string(collective_name(kind)) + " world " + std::to_string(world) + " " +
-                 std::string(algorithm_name(algo));
+  result.title =
+      std::string(collective_name(kind)) + " world " + std::to_string(world) + " " + std::string(algorithm_name(algo));
   result.ranks.resize(static_cast<std::size_t>(world));
   const world_patterns& patterns = patterns_for(world);
   std::atomic<std::uint64_t> arrivals{0};
@@ -518,9 +522,7 @@ sweep_result sweep(collective_kind kind, int world, algorithm algo) {
       s.arrivals = &arrivals;
       s.run();
     });
-  } catch (const std::exception& e) {
-    result.launch_error = e.what();
-  }
+  } catch (const std::exception& e) { result.launch_error = e.what(); }
   if (std::getenv("RZT_SWEEP_TIMES") != nullptr)  // for sizing the sweep: seconds per launch
     std::fprintf(stderr, "%-40s %8.2f s\n", result.title.c_str(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

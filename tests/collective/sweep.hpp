@@ -70,9 +70,10 @@ inline void check_result(const sweep_result& s) {
     std::string text;
     for (const auto& f : log.first_failures) text += "\n  " + f;
     CHECK_MESSAGE(log.failures == 0, s.title << " rank " << r << ": " << log.failures << " failures" << text);
-    CHECK_MESSAGE(log.calls == s.ranks[0].calls, s.title << ": rank " << r << " issued " << log.calls
-                                                         << " collectives, rank 0 " << s.ranks[0].calls);
-    CHECK_MESSAGE(log.digests.size() == s.ranks[0].digests.size(), s.title << ": rank " << r << " digest count differs");
+    CHECK_MESSAGE(log.calls == s.ranks[0].calls,
+                  s.title << ": rank " << r << " issued " << log.calls << " collectives, rank 0 " << s.ranks[0].calls);
+    CHECK_MESSAGE(log.digests.size() == s.ranks[0].digests.size(),
+                  s.title << ": rank " << r << " digest count differs");
   }
   CHECK_MESSAGE(calls > 0, s.title << ": no collective ran");
   // Bitwise identical results on every rank.
@@ -83,7 +84,8 @@ inline void check_result(const sweep_result& s) {
     for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i)
       if (a[i] != b[i] && differing++ == 0) first = i;
   }
-  CHECK_MESSAGE(differing == 0, s.title << ": " << differing << " outputs differ between ranks (first: call " << first << ")");
+  CHECK_MESSAGE(differing == 0,
+                s.title << ": " << differing << " outputs differ between ranks (first: call " << first << ")");
 }
 
 }  // namespace rzt

@@ -40,8 +40,8 @@ TEST_CASE("every collective in flight at once, then waited, gives exact results"
         const std::uint64_t c = 37;
         const auto o = with_algo(a);
         auto v = [](int rank, std::uint64_t i) { return static_cast<std::int32_t>(rank * 1000 + static_cast<int>(i)); };
-        std::vector<std::int32_t> sum_in(c), sum_out(c, -1), max_buf(c), rs_in(c * un), rs_out(c, -1), ag_out(c * un, -1),
-            bc(c, -1), red_in(c), red_out(c, -1), a2a_in(c * un), a2a_out(c * un, -1);
+        std::vector<std::int32_t> sum_in(c), sum_out(c, -1), max_buf(c), rs_in(c * un), rs_out(c, -1),
+            ag_out(c * un, -1), bc(c, -1), red_in(c), red_out(c, -1), a2a_in(c * un), a2a_out(c * un, -1);
         for (std::uint64_t i = 0; i < c; ++i) sum_in[i] = max_buf[i] = red_in[i] = v(r, i);
         for (std::uint64_t j = 0; j < c * un; ++j) rs_in[j] = a2a_in[j] = v(r, j);
         if (r == n - 1)
@@ -49,7 +49,8 @@ TEST_CASE("every collective in flight at once, then waited, gives exact results"
         std::vector<work> pending;
         pending.push_back(all_reduce_async(comm, sum_in.data(), sum_out.data(), c, dtype::int32, reduce_kind::sum, o));
         pending.push_back(all_reduce_async(comm, std::span<std::int32_t>(max_buf), reduce_kind::max, o));
-        pending.push_back(reduce_scatter_async(comm, rs_in.data(), rs_out.data(), c, dtype::int32, reduce_kind::sum, o));
+        pending.push_back(
+            reduce_scatter_async(comm, rs_in.data(), rs_out.data(), c, dtype::int32, reduce_kind::sum, o));
         pending.push_back(all_gather_async(comm, sum_in.data(), ag_out.data(), c, dtype::int32, o));
         pending.push_back(broadcast_async(comm, bc.data(), bc.data(), c, dtype::int32, n - 1, o));
         pending.push_back(reduce_async(comm, red_in.data(), red_out.data(), c, dtype::int32, reduce_kind::min, 0, o));
@@ -72,13 +73,16 @@ TEST_CASE("every collective in flight at once, then waited, gives exact results"
           bad += max_buf[i] != v(n - 1, i);
           bad += rs_out[i] != sum_of(static_cast<std::uint64_t>(r) * c + i);
           bad += bc[i] != v(n - 1, i) * 3;
-          if (r == 0) bad += red_out[i] != v(0, i);
-          else bad += red_out[i] != -1;
+          if (r == 0)
+            bad += red_out[i] != v(0, i);
+          else
+            bad += red_out[i] != -1;
         }
         for (std::uint64_t q = 0; q < un; ++q)
           for (std::uint64_t i = 0; i < c; ++i) {
             bad += ag_out[q * c + i] != v(static_cast<int>(q), i);
-            if (a != algorithm::halving_doubling) bad += a2a_out[q * c + i] != v(static_cast<int>(q), static_cast<std::uint64_t>(r) * c + i);
+            if (a != algorithm::halving_doubling)
+              bad += a2a_out[q * c + i] != v(static_cast<int>(q), static_cast<std::uint64_t>(r) * c + i);
           }
       });
       REQUIRE(error.empty());
@@ -140,7 +144,9 @@ TEST_CASE("errors of asynchronous calls are delivered by work::wait on every ran
       std::vector<float> x(16, 1.0f), y(16, 0.0f);
       work w;
       outcome issue;
-      issue.capture([&] { w = all_reduce_async(comm, x.data(), y.data(), comm.rank() == 1 ? 8 : 16, dtype::float32, reduce_kind::sum); });
+      issue.capture([&] {
+        w = all_reduce_async(comm, x.data(), y.data(), comm.rank() == 1 ? 8 : 16, dtype::float32, reduce_kind::sum);
+      });
       issued_ok[r] = !issue.threw && w.valid();
       first[r].capture([&] { w.wait(); });
       second[r].capture([&] { w.wait(); });
@@ -173,16 +179,19 @@ TEST_CASE("errors of asynchronous calls are delivered by work::wait on every ran
   SUBCASE("timeout: a rank that never issues is named by every waiting rank's work") {
     std::vector<outcome> o(3);
     std::atomic<int> failed{0};
-    const std::string error = rzt::launch_world(3, [&](communicator& comm) {
-      if (comm.rank() == 1) {
-        while (failed.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        return;
-      }
-      std::vector<double> x(4, 1.0), y(4, 0.0);
-      work w = reduce_async(comm, x.data(), y.data(), 4, dtype::float64, reduce_kind::sum, 0);
-      o[static_cast<std::size_t>(comm.rank())].capture([&] { w.wait(); });
-      failed.fetch_add(1);
-    }, 0.25);
+    const std::string error = rzt::launch_world(
+        3,
+        [&](communicator& comm) {
+          if (comm.rank() == 1) {
+            while (failed.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            return;
+          }
+          std::vector<double> x(4, 1.0), y(4, 0.0);
+          work w = reduce_async(comm, x.data(), y.data(), 4, dtype::float64, reduce_kind::sum, 0);
+          o[static_cast<std::size_t>(comm.rank())].capture([&] { w.wait(); });
+          failed.fetch_add(1);
+        },
+        0.25);
     CHECK(error.empty());
     check_error(o[0], 0, errc::timeout, {"rank 1", "reduce #0"});
     check_error(o[2], 2, errc::timeout, {"rank 1", "reduce #0"});
@@ -218,36 +227,44 @@ void back_to_back(int world, algorithm a, bool async) {
   constexpr int calls = 10000, batch = 100;
   constexpr std::uint64_t count = 8;
   std::vector<std::uint64_t> wrong(static_cast<std::size_t>(world), 0);
-  std::vector<std::size_t> scratch_warm(static_cast<std::size_t>(world), 0), scratch_end(static_cast<std::size_t>(world), 0);
-  const std::string error = rzt::launch_world(world, [&](communicator& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    const auto o = with_algo(a);
-    // value of rank q at call i, element e; the sums stay exact in float32
-    auto value = [](int q, int i, std::uint64_t e) { return static_cast<float>((i % 997) + q * 3 + static_cast<int>(e)); };
-    auto expected = [&](int i, std::uint64_t e) {
-      float s = 0.0f;
-      for (int q = 0; q < world; ++q) s += value(q, i, e);
-      return s;
-    };
-    std::vector<float> in(count * batch), out(count * batch);
-    for (int i0 = 0; i0 < calls; i0 += batch) {
-      std::vector<work> pending;
-      for (int i = i0; i < i0 + batch; ++i) {
-        float* src = in.data() + static_cast<std::uint64_t>(i - i0) * count;
-        float* dst = out.data() + static_cast<std::uint64_t>(i - i0) * count;
-        for (std::uint64_t e = 0; e < count; ++e) src[e] = value(comm.rank(), i, e);
-        if (async) pending.push_back(all_reduce_async(comm, src, dst, count, dtype::float32, reduce_kind::sum, o));
-        else all_reduce(comm, src, dst, count, dtype::float32, reduce_kind::sum, o);
-      }
-      for (const work& w : pending) w.wait();
-      for (int i = i0; i < i0 + batch; ++i)
-        for (std::uint64_t e = 0; e < count; ++e)
-          wrong[r] += out[static_cast<std::uint64_t>(i - i0) * count + e] != expected(i, e);
-      if (i0 == 0) scratch_warm[r] = comm.scratch_bytes();
-    }
-    scratch_end[r] = comm.scratch_bytes();
-    if (comm.issued() != static_cast<std::uint64_t>(calls)) wrong[r] += 1;
-  }, 120.0);
+  std::vector<std::size_t> scratch_warm(static_cast<std::size_t>(world), 0),
+      scratch_end(static_cast<std::size_t>(world), 0);
+  const std::string error = rzt::launch_world(
+      world,
+      [&](communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        const auto o = with_algo(a);
+        // value of rank q at call i, element e; the sums stay exact in float32
+        auto value = [](int q, int i, std::uint64_t e) {
+          return static_cast<float>((i % 997) + q * 3 + static_cast<int>(e));
+        };
+        auto expected = [&](int i, std::uint64_t e) {
+          float s = 0.0f;
+          for (int q = 0; q < world; ++q) s += value(q, i, e);
+          return s;
+        };
+        std::vector<float> in(count * batch), out(count * batch);
+        for (int i0 = 0; i0 < calls; i0 += batch) {
+          std::vector<work> pending;
+          for (int i = i0; i < i0 + batch; ++i) {
+            float* src = in.data() + static_cast<std::uint64_t>(i - i0) * count;
+            float* dst = out.data() + static_cast<std::uint64_t>(i - i0) * count;
+            for (std::uint64_t e = 0; e < count; ++e) src[e] = value(comm.rank(), i, e);
+            if (async)
+              pending.push_back(all_reduce_async(comm, src, dst, count, dtype::float32, reduce_kind::sum, o));
+            else
+              all_reduce(comm, src, dst, count, dtype::float32, reduce_kind::sum, o);
+          }
+          for (const work& w : pending) w.wait();
+          for (int i = i0; i < i0 + batch; ++i)
+            for (std::uint64_t e = 0; e < count; ++e)
+              wrong[r] += out[static_cast<std::uint64_t>(i - i0) * count + e] != expected(i, e);
+          if (i0 == 0) scratch_warm[r] = comm.scratch_bytes();
+        }
+        scratch_end[r] = comm.scratch_bytes();
+        if (comm.issued() != static_cast<std::uint64_t>(calls)) wrong[r] += 1;
+      },
+      120.0);
   REQUIRE(error.empty());
   for (int r = 0; r < world; ++r) {
     CHECK_MESSAGE(wrong[static_cast<std::size_t>(r)] == 0, "rank " << r);

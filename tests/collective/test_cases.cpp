@@ -6,9 +6,9 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cmath>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -42,8 +42,8 @@ TEST_CASE("the tests' reference arithmetic agrees with IEEE 754 and with itself"
     }
     if (((h >> 7) & 255) != 255) REQUIRE(rzt::float_bits_rounded(dtype::bfloat16, rzt::bfloat16_value(h)) == h);
   }
-  CHECK(rzt::float_bits_rounded(dtype::float16, 65519.0) == 0x7bff);  // largest finite
-  CHECK(rzt::float_bits_rounded(dtype::float16, 65520.0) == 0x7c00);  // the tie rounds to infinity
+  CHECK(rzt::float_bits_rounded(dtype::float16, 65519.0) == 0x7bff);           // largest finite
+  CHECK(rzt::float_bits_rounded(dtype::float16, 65520.0) == 0x7c00);           // the tie rounds to infinity
   CHECK(rzt::float_bits_rounded(dtype::bfloat16, 1.0 + 1.0 / 256) == 0x3f80);  // tie to even
   CHECK(rzt::float_bits_rounded(dtype::bfloat16, 1.0 + 3.0 / 256) == 0x3f82);
   // two independent implementations of round-to-nearest-even agree on arbitrary floats
@@ -58,13 +58,15 @@ TEST_CASE("the tests' reference arithmetic agrees with IEEE 754 and with itself"
   const std::uint64_t c1[] = {120, 100};
   const double ones[] = {1, 1, 1};
   CHECK(rzt::expected_bits(dtype::int8, reduce_kind::sum, c1, 2, ones) == 0xdc);  // -36
-  const std::uint64_t c3[] = {static_cast<std::uint32_t>(-1), static_cast<std::uint32_t>(-2), static_cast<std::uint32_t>(-2)};
+  const std::uint64_t c3[] = {static_cast<std::uint32_t>(-1), static_cast<std::uint32_t>(-2),
+                              static_cast<std::uint32_t>(-2)};
   CHECK(rzt::expected_bits(dtype::int32, reduce_kind::avg, c3, 3, ones) == static_cast<std::uint32_t>(-1));
   const std::uint64_t c2[] = {~0ull, 0, ~0ull >> 1};
   CHECK(rzt::expected_bits(dtype::uint64, reduce_kind::min, c2, 3, ones) == 0);
   CHECK(rzt::expected_bits(dtype::uint64, reduce_kind::max, c2, 3, ones) == ~0ull);
   CHECK(rzt::expected_bits(dtype::int64, reduce_kind::max, c2, 3, ones) == ~0ull >> 1);
-  const std::uint64_t halves[] = {rzt::float_bits_exact(dtype::bfloat16, 1.0), rzt::float_bits_exact(dtype::bfloat16, 1.0),
+  const std::uint64_t halves[] = {rzt::float_bits_exact(dtype::bfloat16, 1.0),
+                                  rzt::float_bits_exact(dtype::bfloat16, 1.0),
                                   rzt::float_bits_exact(dtype::bfloat16, 0.5)};
   // (1 + 1 + 0.5) / 3 = 0.8333.. in float32, then to bfloat16
   CHECK(rzt::expected_bits(dtype::bfloat16, reduce_kind::avg, halves, 3, ones) == bfloat16(2.5f / 3.0f).bits);
@@ -154,10 +156,13 @@ TEST_CASE("C4: avg on a world of one returns all 1000 bfloat16 values bit for bi
           call(send.data(), target);
           return std::vector<std::uint16_t>(target, target + input.size());
         };
-        all_reduce_out = run([&](void* s, void* t) { all_reduce(comm, s, t, 1000, dtype::bfloat16, reduce_kind::avg, with_algo(a)); });
-        reduce_out = run([&](void* s, void* t) { reduce(comm, s, t, 1000, dtype::bfloat16, reduce_kind::avg, 0, with_algo(a)); });
-        reduce_scatter_out =
-            run([&](void* s, void* t) { reduce_scatter(comm, s, t, 1000, dtype::bfloat16, reduce_kind::avg, with_algo(a)); });
+        all_reduce_out = run(
+            [&](void* s, void* t) { all_reduce(comm, s, t, 1000, dtype::bfloat16, reduce_kind::avg, with_algo(a)); });
+        reduce_out = run(
+            [&](void* s, void* t) { reduce(comm, s, t, 1000, dtype::bfloat16, reduce_kind::avg, 0, with_algo(a)); });
+        reduce_scatter_out = run([&](void* s, void* t) {
+          reduce_scatter(comm, s, t, 1000, dtype::bfloat16, reduce_kind::avg, with_algo(a));
+        });
       });
       REQUIRE(error.empty());
       CHECK(all_reduce_out == input);
@@ -219,7 +224,8 @@ TEST_CASE("C6: an all_reduce count mismatch fails on every rank, naming each ran
       const auto r = static_cast<std::size_t>(comm.rank());
       const std::uint64_t count = comm.rank() == 0 ? 2560 : 5120;
       std::vector<float> send(5120, 1.0f), recv(5120, -7.0f);
-      o[r].capture([&] { all_reduce(comm, send.data(), recv.data(), count, dtype::float32, reduce_kind::sum, with_algo(a)); });
+      o[r].capture(
+          [&] { all_reduce(comm, send.data(), recv.data(), count, dtype::float32, reduce_kind::sum, with_algo(a)); });
       for (float x : recv)
         if (x != -7.0f) touched[r] = 1;
       // the communicator is still usable after a refused call
@@ -228,7 +234,8 @@ TEST_CASE("C6: an all_reduce count mismatch fails on every rank, naming each ran
       usable[r] = total == 4.0f;
     });
     CHECK(error.empty());
-    rzt::check_every_rank(o, errc::contract_mismatch, {"all_reduce #0", "count mismatch", "rank 0: 2560", "ranks 1-3: 5120"});
+    rzt::check_every_rank(o, errc::contract_mismatch,
+                          {"all_reduce #0", "count mismatch", "rank 0: 2560", "ranks 1-3: 5120"});
     for (int r = 0; r < 4; ++r) {
       CHECK(touched[static_cast<std::size_t>(r)] == 0);  // never a partial sum
       CHECK(usable[static_cast<std::size_t>(r)] == 1);
@@ -246,13 +253,16 @@ TEST_CASE("C7: an all_reduce dtype mismatch fails on every rank") {
       float f = 0.1f, f_out = -1.0f;
       bfloat16 b(0.1f), b_out(-1.0f);
       o[r].capture([&] {
-        if (comm.rank() == 0) all_reduce(comm, &b, &b_out, 1, dtype::bfloat16, reduce_kind::sum, with_algo(a));
-        else all_reduce(comm, &f, &f_out, 1, dtype::float32, reduce_kind::sum, with_algo(a));
+        if (comm.rank() == 0)
+          all_reduce(comm, &b, &b_out, 1, dtype::bfloat16, reduce_kind::sum, with_algo(a));
+        else
+          all_reduce(comm, &f, &f_out, 1, dtype::float32, reduce_kind::sum, with_algo(a));
       });
       touched[r] = f_out != -1.0f || b_out.bits != bfloat16(-1.0f).bits;
     });
     CHECK(error.empty());
-    rzt::check_every_rank(o, errc::contract_mismatch, {"all_reduce #0", "dtype mismatch", "rank 0: bfloat16", "ranks 1-2: float32"});
+    rzt::check_every_rank(o, errc::contract_mismatch,
+                          {"all_reduce #0", "dtype mismatch", "rank 0: bfloat16", "ranks 1-2: float32"});
     for (int t : touched) CHECK(t == 0);
   }
 }
@@ -276,11 +286,13 @@ TEST_CASE("C9: reduce leaves non-root receive buffers exactly as they were") {
     for (bool in_place : {false, true})
       for (bool null_recv : {false, true}) {
         if (in_place && null_recv) continue;
-        INFO(algorithm_name(a) << (in_place ? " in-place" : " out-of-place") << (null_recv ? ", null non-root recv" : ""));
+        INFO(algorithm_name(a) << (in_place ? " in-place" : " out-of-place")
+                               << (null_recv ? ", null non-root recv" : ""));
         std::array<std::vector<std::int64_t>, 2> out;
         const std::string error = rzt::launch_world(2, [&](communicator& comm) {
           const int r = comm.rank();
-          std::vector<std::int64_t> send = r == 0 ? std::vector<std::int64_t>{1, 2, 3, 4} : std::vector<std::int64_t>{4, 5, 6, 7};
+          std::vector<std::int64_t> send =
+              r == 0 ? std::vector<std::int64_t>{1, 2, 3, 4} : std::vector<std::int64_t>{4, 5, 6, 7};
           std::vector<std::int64_t> recv = {-1, -2, -3, -4};
           std::int64_t* target = in_place ? send.data() : (null_recv && r != 0 ? nullptr : recv.data());
           reduce(comm, send.data(), target, 4, dtype::int64, reduce_kind::sum, 0, with_algo(a));
@@ -288,20 +300,25 @@ TEST_CASE("C9: reduce leaves non-root receive buffers exactly as they were") {
         });
         REQUIRE(error.empty());
         CHECK(out[0] == std::vector<std::int64_t>{5, 7, 9, 11});
-        if (in_place) CHECK(out[1] == std::vector<std::int64_t>{4, 5, 6, 7});
-        else CHECK(out[1] == std::vector<std::int64_t>{-1, -2, -3, -4});
+        if (in_place)
+          CHECK(out[1] == std::vector<std::int64_t>{4, 5, 6, 7});
+        else
+          CHECK(out[1] == std::vector<std::int64_t>{-1, -2, -3, -4});
       }
 }
 
 namespace {
 
 /// Input of rank r at element i for C10: distinct per rank and element, sums exact.
-std::int32_t c10_value(int r, std::uint64_t i) { return static_cast<std::int32_t>((r + 1) * 100000 + static_cast<std::int64_t>(i % 99991)); }
+std::int32_t c10_value(int r, std::uint64_t i) {
+  return static_cast<std::int32_t>((r + 1) * 100000 + static_cast<std::int64_t>(i % 99991));
+}
 
 /// Runs all_reduce, reduce_scatter and all_gather of `count` int32 elements on `world` ranks with
 /// algorithm `a` and checks every element against sums computed here.
 void check_uneven_counts(int world, std::uint64_t count, algorithm a, bool in_place) {
-  INFO("world " << world << " count " << count << " " << algorithm_name(a) << (in_place ? " in-place" : " out-of-place"));
+  INFO("world " << world << " count " << count << " " << algorithm_name(a)
+                << (in_place ? " in-place" : " out-of-place"));
   std::vector<std::uint64_t> bad(static_cast<std::size_t>(world), 0);
   const auto n = static_cast<std::uint64_t>(world);
   const std::string error = rzt::launch_world(world, [&](communicator& comm) {
@@ -323,13 +340,15 @@ void check_uneven_counts(int world, std::uint64_t count, algorithm a, bool in_pl
     for (std::uint64_t j = 0; j < count * n; ++j) rs_in[j] = c10_value(r, j);
     std::int32_t* rs_target = in_place ? rs_in.data() + static_cast<std::uint64_t>(r) * count : rs_out.data();
     reduce_scatter(comm, rs_in.data(), rs_target, count, dtype::int32, reduce_kind::sum, with_algo(a));
-    for (std::uint64_t i = 0; i < count; ++i) wrong += rs_target[i] != sum_of(static_cast<std::uint64_t>(r) * count + i);
+    for (std::uint64_t i = 0; i < count; ++i)
+      wrong += rs_target[i] != sum_of(static_cast<std::uint64_t>(r) * count + i);
     // all_gather: block q is rank q's count elements
     std::vector<std::int32_t> ag_in(count), ag_out(count * n, -1);
     for (std::uint64_t i = 0; i < count; ++i) ag_in[i] = c10_value(r, i);
     const std::int32_t* ag_send = ag_in.data();
     if (in_place) {
-      std::copy(ag_in.begin(), ag_in.end(), ag_out.begin() + static_cast<std::ptrdiff_t>(static_cast<std::uint64_t>(r) * count));
+      std::copy(ag_in.begin(), ag_in.end(),
+                ag_out.begin() + static_cast<std::ptrdiff_t>(static_cast<std::uint64_t>(r) * count));
       ag_send = ag_out.data() + static_cast<std::uint64_t>(r) * count;
     }
     all_gather(comm, ag_send, ag_out.data(), count, dtype::int32, with_algo(a));
@@ -398,7 +417,8 @@ TEST_CASE("C11: halving-doubling ranges of 3*2^31+5 elements tile exactly, for w
     const hd_layout layout(n);
     const partition blocks(count, n, cache_line_granule(8));
     auto groups = [&](int g0, int g1) {
-      return blocks.blocks(static_cast<std::uint64_t>(layout.first_block(g0)), static_cast<std::uint64_t>(layout.first_block(g1)));
+      return blocks.blocks(static_cast<std::uint64_t>(layout.first_block(g0)),
+                           static_cast<std::uint64_t>(layout.first_block(g1)));
     };
     // Recursive halving: at each step a virtual rank keeps one half of its range and gives the
     // other to its partner; the partner keeps exactly what it is given.
@@ -413,8 +433,10 @@ TEST_CASE("C11: halving-doubling ranges of 3*2^31+5 elements tile exactly, for w
         CHECK(keep.end <= count);
         CHECK((keep.end == give.begin || give.end == keep.begin));
         CHECK(keep.size() + give.size() == groups(lo, hi).size());
-        if (lower) hi = mid;
-        else lo = mid;
+        if (lower)
+          hi = mid;
+        else
+          lo = mid;
       }
       final_range[static_cast<std::size_t>(v)] = groups(lo, hi);
       CHECK(final_range[static_cast<std::size_t>(v)] == groups(v, v + 1));
@@ -449,21 +471,28 @@ TEST_CASE("C12: a send/recv size mismatch fails on both sides, not a hang") {
     std::vector<outcome> o(2);
     std::vector<float> after(2, 0.0f);
     std::vector<float> untouched(2, 1.0f);
-    const std::string error = rzt::launch_world(2, [&](communicator& comm) {
-      const auto r = static_cast<std::size_t>(comm.rank());
-      std::vector<float> data = {1.5f, 2.5f, 3.5f}, in = {-9.0f, -9.0f, -9.0f};
-      const std::uint64_t sent = receiver_larger ? 1 : 3, expected = receiver_larger ? 3 : 1;
-      o[r].capture([&] {
-        if (comm.rank() == 0) send(comm, data.data(), sent, dtype::float32, 1);
-        else recv(comm, in.data(), expected, dtype::float32, 0);
-      });
-      if (comm.rank() == 1) untouched[r] = in[0] == -9.0f && in[1] == -9.0f && in[2] == -9.0f;  // no partial copy
-      // later transfers still match
-      float x = 42.0f, y = 0.0f;
-      if (comm.rank() == 0) send(comm, &x, 1, dtype::float32, 1);
-      else recv(comm, &y, 1, dtype::float32, 0);
-      after[r] = comm.rank() == 1 ? y : 42.0f;
-    }, 10.0);
+    const std::string error = rzt::launch_world(
+        2,
+        [&](communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          std::vector<float> data = {1.5f, 2.5f, 3.5f}, in = {-9.0f, -9.0f, -9.0f};
+          const std::uint64_t sent = receiver_larger ? 1 : 3, expected = receiver_larger ? 3 : 1;
+          o[r].capture([&] {
+            if (comm.rank() == 0)
+              send(comm, data.data(), sent, dtype::float32, 1);
+            else
+              recv(comm, in.data(), expected, dtype::float32, 0);
+          });
+          if (comm.rank() == 1) untouched[r] = in[0] == -9.0f && in[1] == -9.0f && in[2] == -9.0f;  // no partial copy
+          // later transfers still match
+          float x = 42.0f, y = 0.0f;
+          if (comm.rank() == 0)
+            send(comm, &x, 1, dtype::float32, 1);
+          else
+            recv(comm, &y, 1, dtype::float32, 0);
+          after[r] = comm.rank() == 1 ? y : 42.0f;
+        },
+        10.0);
     CHECK(error.empty());
     const std::string sizes = receiver_larger ? "rank 0 sends 4 bytes but rank 1 expects 12 bytes"
                                               : "rank 0 sends 12 bytes but rank 1 expects 4 bytes";
@@ -476,18 +505,23 @@ TEST_CASE("C12: a send/recv size mismatch fails on both sides, not a hang") {
 
 TEST_CASE("C12: a sendrecv size mismatch between two ranks fails on both") {
   std::vector<outcome> o(2);
-  const std::string error = rzt::launch_world(2, [&](communicator& comm) {
-    std::vector<std::int32_t> out(4, comm.rank()), in(4, -1);
-    const int peer = 1 - comm.rank();
-    const std::uint64_t n_in = comm.rank() == 0 ? 4 : 2;  // rank 1 expects fewer than rank 0 sends
-    o[static_cast<std::size_t>(comm.rank())].capture(
-        [&] { sendrecv(comm, out.data(), 4, peer, in.data(), n_in, peer, dtype::int32); });
-  }, 10.0);
+  const std::string error = rzt::launch_world(
+      2,
+      [&](communicator& comm) {
+        std::vector<std::int32_t> out(4, comm.rank()), in(4, -1);
+        const int peer = 1 - comm.rank();
+        const std::uint64_t n_in = comm.rank() == 0 ? 4 : 2;  // rank 1 expects fewer than rank 0 sends
+        o[static_cast<std::size_t>(comm.rank())].capture(
+            [&] { sendrecv(comm, out.data(), 4, peer, in.data(), n_in, peer, dtype::int32); });
+      },
+      10.0);
   CHECK(error.empty());
   rzt::check_every_rank(o, errc::size_mismatch, {"rank 0 sends 16 bytes but rank 1 expects 8 bytes"});
 }
 
-TEST_CASE("direct all_reduce of large float sums (the fused streaming loop): 2, 3 and 4 ranks, in and out of place, misaligned") {
+TEST_CASE(
+    "direct all_reduce of large float sums (the fused streaming loop): 2, 3 and 4 ranks, in and out of place, "
+    "misaligned") {
   // 1048579 elements: above the streaming threshold (4 MiB) for float32 and float64, with a
   // tail after the 64-byte steps; shifted by one element so the outputs start unaligned.
   constexpr std::uint64_t count = 1048579;
@@ -495,28 +529,32 @@ TEST_CASE("direct all_reduce of large float sums (the fused streaming loop): 2, 
     for (dtype t : {dtype::float32, dtype::float64})
       for (bool in_place : {false, true})
         for (int shift : {0, 1}) {
-          INFO("world " << n << ", " << dtype_name(t) << (in_place ? ", in place" : ", out of place") << ", shift " << shift);
+          INFO("world " << n << ", " << dtype_name(t) << (in_place ? ", in place" : ", out of place") << ", shift "
+                        << shift);
           std::atomic<std::uint64_t> wrong{0};
           const std::string error = rzt::launch_world(n, [&](communicator& comm) {
             const int r = comm.rank();
             auto run = [&]<class T>() {
               std::vector<T> send(count + 1), recv(count + 1, T(-1));
-              for (std::uint64_t i = 0; i < count; ++i) send[i + shift] = static_cast<T>(static_cast<double>(i % 1000) - 500.0) * static_cast<T>(r + 1);
+              for (std::uint64_t i = 0; i < count; ++i)
+                send[i + shift] = static_cast<T>(static_cast<double>(i % 1000) - 500.0) * static_cast<T>(r + 1);
               T* out = in_place ? send.data() + shift : recv.data() + shift;
               all_reduce(comm, send.data() + shift, out, count, t, reduce_kind::sum, with_algo(algorithm::direct));
               const double ranks_factor = n * (n + 1) / 2.0;  // sum of (r + 1)
               for (std::uint64_t i = 0; i < count; ++i)
-                if (out[i] != static_cast<T>((static_cast<double>(i % 1000) - 500.0) * ranks_factor)) wrong.fetch_add(1);
+                if (out[i] != static_cast<T>((static_cast<double>(i % 1000) - 500.0) * ranks_factor))
+                  wrong.fetch_add(1);
               if (!in_place && shift == 1 && recv[0] != T(-1)) wrong.fetch_add(1);  // nothing before the buffer
             };
-            if (t == dtype::float32) run.template operator()<float>();
-            else run.template operator()<double>();
+            if (t == dtype::float32)
+              run.template operator()<float>();
+            else
+              run.template operator()<double>();
           });
           REQUIRE(error.empty());
           CHECK(wrong.load() == 0);
         }
 }
-
 
 TEST_CASE("C22: 16-bit sums, averages and premul_sums accumulate in float32 and round once, on every algorithm") {
   // C22 literally at world 8 (0.12890625) and world 4 (30000), scaled to worlds 2, 3, 5; and
@@ -527,13 +565,16 @@ TEST_CASE("C22: 16-bit sums, averages and premul_sums accumulate in float32 and 
     INFO("world " << n);
     std::mutex m;
     std::vector<std::string> failures;
-    const std::string error = rzt::launch_world(n, [&](communicator& comm) {
-      const ringzero_test::accumulation_report report = ringzero_test::run_float32_accumulation_checks(comm);
-      std::lock_guard<std::mutex> lock(m);
-      failures.insert(failures.end(), report.failures.begin(), report.failures.end());
-      checked += report.checked;
-      rounding_differs += report.rounding_differs;
-    }, 120.0);
+    const std::string error = rzt::launch_world(
+        n,
+        [&](communicator& comm) {
+          const ringzero_test::accumulation_report report = ringzero_test::run_float32_accumulation_checks(comm);
+          std::lock_guard<std::mutex> lock(m);
+          failures.insert(failures.end(), report.failures.begin(), report.failures.end());
+          checked += report.checked;
+          rounding_differs += report.rounding_differs;
+        },
+        120.0);
     REQUIRE(error.empty());
     for (const auto& f : failures) FAIL_CHECK(f);
     CHECK(failures.empty());

@@ -84,14 +84,19 @@ template <class ArgsOf>
 std::vector<outcome> run_call(int world, ArgsOf&& args_of, std::vector<int>* usable = nullptr) {
   std::vector<outcome> o(static_cast<std::size_t>(world));
   if (usable) usable->assign(static_cast<std::size_t>(world), 0);
-  const std::string error = rzt::launch_world(world, [&](communicator& comm) {
-    rank_buffers b;
-    for (int i = 0; i < 2; ++i) issue(comm, call_args{}, b);
-    o[static_cast<std::size_t>(comm.rank())].capture([&] { issue(comm, args_of(comm.rank()), b); });
-    std::int64_t x = comm.rank(), total = -1;
-    all_reduce(comm, &x, &total, 1, dtype::int64, reduce_kind::sum);
-    if (usable) (*usable)[static_cast<std::size_t>(comm.rank())] = total == static_cast<std::int64_t>(world) * (world - 1) / 2;
-  }, 20.0);
+  const std::string error = rzt::launch_world(
+      world,
+      [&](communicator& comm) {
+        rank_buffers b;
+        for (int i = 0; i < 2; ++i) issue(comm, call_args{}, b);
+        o[static_cast<std::size_t>(comm.rank())].capture([&] { issue(comm, args_of(comm.rank()), b); });
+        std::int64_t x = comm.rank(), total = -1;
+        all_reduce(comm, &x, &total, 1, dtype::int64, reduce_kind::sum);
+        if (usable)
+          (*usable)[static_cast<std::size_t>(comm.rank())] =
+              total == static_cast<std::int64_t>(world) * (world - 1) / 2;
+      },
+      20.0);
   CHECK_MESSAGE(error.empty(), error);
   return o;
 }
@@ -106,12 +111,16 @@ std::string name(collective_kind k) { return std::string(collective_name(k)); }
 
 TEST_CASE("collective mismatch is raised on every rank with each rank's collective") {
   std::vector<int> usable;
-  auto o = run_call(3, [](int r) {
-    call_args a;
-    a.kind = r == 2 ? collective_kind::reduce : collective_kind::all_reduce;
-    return a;
-  }, &usable);
-  check_every_rank(o, errc::contract_mismatch, {"#2", "collective mismatch", "ranks 0-1: all_reduce", "rank 2: reduce"});
+  auto o = run_call(
+      3,
+      [](int r) {
+        call_args a;
+        a.kind = r == 2 ? collective_kind::reduce : collective_kind::all_reduce;
+        return a;
+      },
+      &usable);
+  check_every_rank(o, errc::contract_mismatch,
+                   {"#2", "collective mismatch", "ranks 0-1: all_reduce", "rank 2: reduce"});
   for (int u : usable) CHECK(u == 1);
   // barrier against a data collective
   o = run_call(2, [](int r) {
@@ -128,13 +137,16 @@ TEST_CASE("count mismatch of every collective is raised on every rank") {
       if (k == collective_kind::all_to_all && algo == algorithm::halving_doubling) continue;
       INFO(name(k) << " " << algorithm_name(algo));
       std::vector<int> usable;
-      auto o = run_call(4, [&](int r) {
-        call_args a;
-        a.kind = k;
-        a.algo = algo;
-        a.count = r == 2 ? 7 : 5;
-        return a;
-      }, &usable);
+      auto o = run_call(
+          4,
+          [&](int r) {
+            call_args a;
+            a.kind = k;
+            a.algo = algo;
+            a.count = r == 2 ? 7 : 5;
+            return a;
+          },
+          &usable);
       check_every_rank(o, errc::contract_mismatch, {name(k) + " #2", "count mismatch", "ranks 0-1, 3: 5", "rank 2: 7"});
       for (int u : usable) CHECK(u == 1);
     }
@@ -149,7 +161,8 @@ TEST_CASE("dtype mismatch of every collective is raised on every rank") {
       a.type = r == 1 ? dtype::int64 : dtype::float64;  // same element size: only the dtype differs
       return a;
     });
-    check_every_rank(o, errc::contract_mismatch, {name(k) + " #2", "dtype mismatch", "ranks 0, 2: float64; rank 1: int64"});
+    check_every_rank(o, errc::contract_mismatch,
+                     {name(k) + " #2", "dtype mismatch", "ranks 0, 2: float64; rank 1: int64"});
   }
 }
 
@@ -162,7 +175,8 @@ TEST_CASE("reduce op mismatch is raised on every rank; premul_sum scalars may di
       a.op = r == 0 ? reduce_kind::max : reduce_kind::sum;
       return a;
     });
-    check_every_rank(o, errc::contract_mismatch, {name(k) + " #2", "reduce op mismatch", "rank 0: max", "ranks 1-2: sum"});
+    check_every_rank(o, errc::contract_mismatch,
+                     {name(k) + " #2", "reduce op mismatch", "rank 0: max", "ranks 1-2: sum"});
     o = run_call(3, [&](int r) {
       call_args a;
       a.kind = k;
@@ -206,17 +220,20 @@ TEST_CASE("tag mismatch (collective_options::tag) is raised on every rank, for e
     });
     check_every_rank(o, errc::contract_mismatch, {"all_reduce #2", "count mismatch: rank 0: 4; rank 1: 6"});
   }
-  for (collective_kind k : {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::all_gather,
-                            collective_kind::broadcast, collective_kind::reduce, collective_kind::all_to_all,
-                            collective_kind::barrier}) {
+  for (collective_kind k :
+       {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::all_gather,
+        collective_kind::broadcast, collective_kind::reduce, collective_kind::all_to_all, collective_kind::barrier}) {
     INFO(name(k));
     std::vector<int> usable;
-    auto o = run_call(4, [&](int r) {
-      call_args a;
-      a.kind = k;
-      a.tag = r == 3 ? 0xffffffffffffffffull : 7;
-      return a;
-    }, &usable);
+    auto o = run_call(
+        4,
+        [&](int r) {
+          call_args a;
+          a.kind = k;
+          a.tag = r == 3 ? 0xffffffffffffffffull : 7;
+          return a;
+        },
+        &usable);
     check_every_rank(o, errc::contract_mismatch,
                      {name(k) + " #2", "tag mismatch", "ranks 0-2: 0x7; rank 3: 0xffffffffffffffff"});
     for (int u : usable) CHECK(u == 1);
@@ -232,9 +249,9 @@ TEST_CASE("tag mismatch (collective_options::tag) is raised on every rank, for e
 }
 
 TEST_CASE("algorithm mismatch is raised on every rank, including for barrier") {
-  for (collective_kind k : {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::all_gather,
-                            collective_kind::broadcast, collective_kind::reduce, collective_kind::all_to_all,
-                            collective_kind::barrier}) {
+  for (collective_kind k :
+       {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::all_gather,
+        collective_kind::broadcast, collective_kind::reduce, collective_kind::all_to_all, collective_kind::barrier}) {
     INFO(name(k));
     auto o = run_call(3, [&](int r) {
       call_args a;
@@ -242,22 +259,26 @@ TEST_CASE("algorithm mismatch is raised on every rank, including for barrier") {
       a.algo = r == 1 ? algorithm::direct : algorithm::ring;
       return a;
     });
-    check_every_rank(o, errc::contract_mismatch, {name(k) + " #2", "algorithm mismatch", "ranks 0, 2: ring; rank 1: direct"});
+    check_every_rank(o, errc::contract_mismatch,
+                     {name(k) + " #2", "algorithm mismatch", "ranks 0, 2: ring; rank 1: direct"});
   }
 }
 
 TEST_CASE("an algorithm the local backend or the collective does not offer is an invalid argument on every rank") {
-  for (collective_kind k : {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::all_gather,
-                            collective_kind::broadcast, collective_kind::reduce, collective_kind::all_to_all,
-                            collective_kind::barrier}) {
+  for (collective_kind k :
+       {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::all_gather,
+        collective_kind::broadcast, collective_kind::reduce, collective_kind::all_to_all, collective_kind::barrier}) {
     INFO(name(k));
     std::vector<int> usable;
-    auto o = run_call(2, [&](int) {
-      call_args a;
-      a.kind = k;
-      a.algo = algorithm::native;  // the local backend has no native collectives
-      return a;
-    }, &usable);
+    auto o = run_call(
+        2,
+        [&](int) {
+          call_args a;
+          a.kind = k;
+          a.algo = algorithm::native;  // the local backend has no native collectives
+          return a;
+        },
+        &usable);
     check_every_rank(o, errc::invalid_argument, {"algorithm native is not available for " + name(k), "local"});
     for (int u : usable) CHECK(u == 1);
   }
@@ -285,25 +306,29 @@ namespace {
 /// Ranks in `missing` never call the collective (they wait until every other rank has failed,
 /// then return); the others call all_reduce with algorithm `algo`. Returns each rank's outcome.
 /// `per_communicator`: the timeout is set with communicator::set_timeout instead of launch_options.
-std::vector<outcome> run_with_missing(int world, const std::vector<int>& missing, algorithm algo, bool per_communicator) {
+std::vector<outcome> run_with_missing(int world, const std::vector<int>& missing, algorithm algo,
+                                      bool per_communicator) {
   std::vector<outcome> o(static_cast<std::size_t>(world));
   std::atomic<int> failed{0};
   const int waiting = world - static_cast<int>(missing.size());
   local::launch_options options;
   options.timeout = std::chrono::duration<double>(per_communicator ? 60.0 : 0.25);
   const auto start = std::chrono::steady_clock::now();
-  ringzero::local::launch(world, [&](communicator& comm) {
-    if (per_communicator) comm.set_timeout(std::chrono::milliseconds(250));
-    if (std::find(missing.begin(), missing.end(), comm.rank()) != missing.end()) {
-      while (failed.load() < waiting && std::chrono::steady_clock::now() - start < std::chrono::seconds(60))
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      return;
-    }
-    std::vector<float> x(16, 1.0f), y(16, 0.0f);
-    o[static_cast<std::size_t>(comm.rank())].capture(
-        [&] { all_reduce(comm, x.data(), y.data(), 16, dtype::float32, reduce_kind::sum, with_algo(algo)); });
-    failed.fetch_add(1);
-  }, options);
+  ringzero::local::launch(
+      world,
+      [&](communicator& comm) {
+        if (per_communicator) comm.set_timeout(std::chrono::milliseconds(250));
+        if (std::find(missing.begin(), missing.end(), comm.rank()) != missing.end()) {
+          while (failed.load() < waiting && std::chrono::steady_clock::now() - start < std::chrono::seconds(60))
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          return;
+        }
+        std::vector<float> x(16, 1.0f), y(16, 0.0f);
+        o[static_cast<std::size_t>(comm.rank())].capture(
+            [&] { all_reduce(comm, x.data(), y.data(), 16, dtype::float32, reduce_kind::sum, with_algo(algo)); });
+        failed.fetch_add(1);
+      },
+      options);
   return o;
 }
 
@@ -314,9 +339,11 @@ TEST_CASE("timeout: every waiting rank fails naming the ranks that never arrived
     for (bool per_communicator : {false, true}) {
       INFO(algorithm_name(algo) << (per_communicator ? " (communicator::set_timeout)" : " (launch_options::timeout)"));
       auto o = run_with_missing(4, {3}, algo, per_communicator);
-      for (int r = 0; r < 3; ++r) check_error(o[static_cast<std::size_t>(r)], r, errc::timeout, {"rank 3", "all_reduce #0", "arrive"});
+      for (int r = 0; r < 3; ++r)
+        check_error(o[static_cast<std::size_t>(r)], r, errc::timeout, {"rank 3", "all_reduce #0", "arrive"});
       o = run_with_missing(6, {2, 4, 5}, algo, per_communicator);
-      for (int r : {0, 1, 3}) check_error(o[static_cast<std::size_t>(r)], r, errc::timeout, {"ranks 2, 4-5", "all_reduce #0"});
+      for (int r : {0, 1, 3})
+        check_error(o[static_cast<std::size_t>(r)], r, errc::timeout, {"ranks 2, 4-5", "all_reduce #0"});
     }
 }
 
@@ -346,15 +373,18 @@ TEST_CASE("timeout from RINGZERO_TIMEOUT (seconds) applies when the launch sets 
 TEST_CASE("timeout in a point-to-point transfer names the peer") {
   std::vector<outcome> o(2);
   std::atomic<bool> done{false};
-  const std::string error = rzt::launch_world(2, [&](communicator& comm) {
-    if (comm.rank() == 1) {
-      while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      return;
-    }
-    float x = 1.0f;
-    o[0].capture([&] { send(comm, &x, 1, dtype::float32, 1); });  // rank 1 never receives
-    done = true;
-  }, 0.25);
+  const std::string error = rzt::launch_world(
+      2,
+      [&](communicator& comm) {
+        if (comm.rank() == 1) {
+          while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          return;
+        }
+        float x = 1.0f;
+        o[0].capture([&] { send(comm, &x, 1, dtype::float32, 1); });  // rank 1 never receives
+        done = true;
+      },
+      0.25);
   CHECK(error.empty());
   check_error(o[0], 0, errc::timeout, {"rank 1", "send"});
 }
@@ -364,25 +394,32 @@ TEST_CASE("a rank arriving after the others timed out fails too and writes no on
     INFO(algorithm_name(algo));
     const int world = 3;
     // buffers owned here so that they outlive the ranks: after failing, nobody may write them
-    std::vector<std::vector<float>> send(world, std::vector<float>(64, 1.0f)), recv(world, std::vector<float>(64, -5.0f));
+    std::vector<std::vector<float>> send(world, std::vector<float>(64, 1.0f)),
+        recv(world, std::vector<float>(64, -5.0f));
     std::vector<outcome> o(world);
     std::atomic<int> failed{0};
     const auto start = std::chrono::steady_clock::now();
-    ringzero::local::launch(world, [&](local::communicator& comm) {
-      const auto r = static_cast<std::size_t>(comm.rank());
-      if (comm.rank() == 2) {  // late: waits until the others gave up and left the world
-        while ((failed.load() < 2 || !comm.shared_world().exited(0) || !comm.shared_world().exited(1)) &&
-               std::chrono::steady_clock::now() - start < std::chrono::seconds(60))
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      o[r].capture([&] { all_reduce(comm, send[r].data(), recv[r].data(), 64, dtype::float32, reduce_kind::sum, with_algo(algo)); });
-      if (comm.rank() != 2) failed.fetch_add(1);
-    }, rzt::timeout_after(0.25));
+    ringzero::local::launch(
+        world,
+        [&](local::communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          if (comm.rank() == 2) {  // late: waits until the others gave up and left the world
+            while ((failed.load() < 2 || !comm.shared_world().exited(0) || !comm.shared_world().exited(1)) &&
+                   std::chrono::steady_clock::now() - start < std::chrono::seconds(60))
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          o[r].capture([&] {
+            all_reduce(comm, send[r].data(), recv[r].data(), 64, dtype::float32, reduce_kind::sum, with_algo(algo));
+          });
+          if (comm.rank() != 2) failed.fetch_add(1);
+        },
+        rzt::timeout_after(0.25));
     for (int r = 0; r < 2; ++r) check_error(o[static_cast<std::size_t>(r)], r, errc::timeout, {"rank 2"});
     CHECK(o[2].threw);
     CHECK(o[2].is_ringzero);
     for (int r = 0; r < 2; ++r)
-      for (float v : recv[static_cast<std::size_t>(r)]) REQUIRE_MESSAGE(v == -5.0f, "rank 2 wrote rank " << r << "'s output after it failed");
+      for (float v : recv[static_cast<std::size_t>(r)])
+        REQUIRE_MESSAGE(v == -5.0f, "rank 2 wrote rank " << r << "'s output after it failed");
   }
 }
 
@@ -401,7 +438,8 @@ TEST_CASE("a rank whose function returns while others wait: peer_exited on every
           [&] { all_reduce(comm, x.data(), y.data(), 8, dtype::int32, reduce_kind::sum, with_algo(algo)); });
     });
     CHECK(error.empty());
-    for (int r = 0; r < 2; ++r) check_error(o[static_cast<std::size_t>(r)], r, errc::peer_exited, {"rank 2", "returned", "all_reduce #0"});
+    for (int r = 0; r < 2; ++r)
+      check_error(o[static_cast<std::size_t>(r)], r, errc::peer_exited, {"rank 2", "returned", "all_reduce #0"});
   }
 }
 
@@ -422,29 +460,32 @@ TEST_CASE("a rank that throws while others wait: aborted on every waiting rank, 
     std::vector<outcome> o(3);
     bool rethrown = false;
     try {
-      ringzero::local::launch(3, [&](communicator& comm) {
-        if (comm.rank() == 0) throw std::runtime_error("boom from rank 0");
-        std::vector<double> x(8, 1.0), y(8, 0.0);
-        o[static_cast<std::size_t>(comm.rank())].capture(
-            [&] { all_reduce(comm, x.data(), y.data(), 8, dtype::float64, reduce_kind::sum); });
-      }, rzt::timeout_after(30));
-    } catch (const std::runtime_error& e) {
-      rethrown = contains(e.what(), "boom from rank 0");
-    }
+      ringzero::local::launch(
+          3,
+          [&](communicator& comm) {
+            if (comm.rank() == 0) throw std::runtime_error("boom from rank 0");
+            std::vector<double> x(8, 1.0), y(8, 0.0);
+            o[static_cast<std::size_t>(comm.rank())].capture(
+                [&] { all_reduce(comm, x.data(), y.data(), 8, dtype::float64, reduce_kind::sum); });
+          },
+          rzt::timeout_after(30));
+    } catch (const std::runtime_error& e) { rethrown = contains(e.what(), "boom from rank 0"); }
     CHECK(rethrown);
-    for (int r = 1; r < 3; ++r) check_error(o[static_cast<std::size_t>(r)], r, errc::aborted, {"boom from rank 0", "rank 0 failed"});
+    for (int r = 1; r < 3; ++r)
+      check_error(o[static_cast<std::size_t>(r)], r, errc::aborted, {"boom from rank 0", "rank 0 failed"});
   }
   SUBCASE("errors escaping every rank: launch rethrows the lowest rank's, which names the first failure") {
     std::optional<ringzero::error> caught;
     try {
-      ringzero::local::launch(4, [&](communicator& comm) {
-        if (comm.rank() == 3) throw std::runtime_error("boom from rank 3");
-        std::vector<float> x(8, 1.0f), y(8, 0.0f);
-        all_reduce(comm, x.data(), y.data(), 8, dtype::float32, reduce_kind::sum);
-      }, rzt::timeout_after(30));
-    } catch (const ringzero::error& e) {
-      caught.emplace(e);
-    }
+      ringzero::local::launch(
+          4,
+          [&](communicator& comm) {
+            if (comm.rank() == 3) throw std::runtime_error("boom from rank 3");
+            std::vector<float> x(8, 1.0f), y(8, 0.0f);
+            all_reduce(comm, x.data(), y.data(), 8, dtype::float32, reduce_kind::sum);
+          },
+          rzt::timeout_after(30));
+    } catch (const ringzero::error& e) { caught.emplace(e); }
     REQUIRE(caught.has_value());
     CHECK(caught->kind() == errc::aborted);
     CHECK(contains(caught->what(), "rank 0/4"));
@@ -454,13 +495,14 @@ TEST_CASE("a rank that throws while others wait: aborted on every waiting rank, 
     std::vector<outcome> o(2);
     bool rethrown = false;
     try {
-      ringzero::local::launch(2, [&](communicator& comm) {
-        if (comm.rank() == 1) throw 42;
-        o[0].capture([&] { barrier(comm); });
-      }, rzt::timeout_after(30));
-    } catch (int v) {
-      rethrown = v == 42;
-    }
+      ringzero::local::launch(
+          2,
+          [&](communicator& comm) {
+            if (comm.rank() == 1) throw 42;
+            o[0].capture([&] { barrier(comm); });
+          },
+          rzt::timeout_after(30));
+    } catch (int v) { rethrown = v == 42; }
     CHECK(rethrown);
     check_error(o[0], 0, errc::aborted, {"rank 1 failed", "not derived from std::exception"});
   }
@@ -469,13 +511,15 @@ TEST_CASE("a rank that throws while others wait: aborted on every waiting rank, 
 TEST_CASE("a rank that throws or returns while its peer waits in a transfer") {
   std::vector<outcome> o(2);
   try {
-    ringzero::local::launch(2, [&](communicator& comm) {
-      if (comm.rank() == 1) throw std::runtime_error("receiver gone");
-      float x = 0.0f;
-      o[0].capture([&] { recv(comm, &x, 1, dtype::float32, 1); });
-    }, rzt::timeout_after(30));
-  } catch (const std::runtime_error&) {
-  }
+    ringzero::local::launch(
+        2,
+        [&](communicator& comm) {
+          if (comm.rank() == 1) throw std::runtime_error("receiver gone");
+          float x = 0.0f;
+          o[0].capture([&] { recv(comm, &x, 1, dtype::float32, 1); });
+        },
+        rzt::timeout_after(30));
+  } catch (const std::runtime_error&) {}
   check_error(o[0], 0, errc::aborted, {"receiver gone"});
   o.assign(2, outcome{});
   const std::string error = rzt::launch_world(2, [&](communicator& comm) {
@@ -507,11 +551,14 @@ TEST_CASE("null buffers with a non-zero count are refused on every rank, naming 
         }
         return a;
       });
-      const bool ignored = (k == collective_kind::broadcast && null_send) || (k == collective_kind::reduce && !null_send);
+      const bool ignored =
+          (k == collective_kind::broadcast && null_send) || (k == collective_kind::reduce && !null_send);
       if (ignored) {
         for (const auto& x : o) CHECK_MESSAGE(!x.threw, x.message);
       } else {
-        check_every_rank(o, errc::invalid_argument, {name(k) + " #2", "rank 1: " + std::string(null_send ? "send" : "receive") + " buffer is null with count 5"});
+        check_every_rank(o, errc::invalid_argument,
+                         {name(k) + " #2",
+                          "rank 1: " + std::string(null_send ? "send" : "receive") + " buffer is null with count 5"});
       }
     }
 }
@@ -526,9 +573,11 @@ TEST_CASE("a count that overflows the byte size is refused on every rank") {
       a.count = std::uint64_t{1} << 61;  // 2^61 * 8 bytes = 2^64
       return a;
     });
-    check_every_rank(o, errc::invalid_argument, {"count 2305843009213693952 of float64 overflows the buffer size in bytes"});
+    check_every_rank(o, errc::invalid_argument,
+                     {"count 2305843009213693952 of float64 overflows the buffer size in bytes"});
   }
-  for (collective_kind k : {collective_kind::reduce_scatter, collective_kind::all_gather, collective_kind::all_to_all}) {
+  for (collective_kind k :
+       {collective_kind::reduce_scatter, collective_kind::all_gather, collective_kind::all_to_all}) {
     INFO(name(k) << ": the per-rank count fits, count * world size does not");
     auto o = run_call(4, [&](int) {
       call_args a;
@@ -548,7 +597,8 @@ TEST_CASE("a count that overflows the byte size is refused on every rank") {
       a.count = (std::uint64_t{1} << 62) - 1;
       return a;
     });
-    check_every_rank(o, errc::invalid_argument, {"count 4611686018427387903 of float32 overflows the buffer size in bytes"});
+    check_every_rank(o, errc::invalid_argument,
+                     {"count 4611686018427387903 of float32 overflows the buffer size in bytes"});
   }
 }
 
@@ -580,7 +630,8 @@ TEST_CASE("a world size below 1 and a rank outside the world are refused") {
     try {
       ringzero::local::launch(n, [](communicator&) {});
     } catch (const ringzero::error& e) {
-      refused = e.kind() == errc::invalid_argument && contains(e.what(), "world size must be at least 1, got " + std::to_string(n));
+      refused = e.kind() == errc::invalid_argument &&
+                contains(e.what(), "world size must be at least 1, got " + std::to_string(n));
     }
     CHECK_MESSAGE(refused, "launch(" << n << ")");
     CHECK_THROWS_AS(local::world{n}, ringzero::error);
@@ -591,7 +642,8 @@ TEST_CASE("a world size below 1 and a rank outside the world are refused") {
     try {
       local::communicator c(w, r);
     } catch (const ringzero::error& e) {
-      refused = e.kind() == errc::invalid_argument && contains(e.what(), "rank " + std::to_string(r) + " is outside [0, 2)");
+      refused =
+          e.kind() == errc::invalid_argument && contains(e.what(), "rank " + std::to_string(r) + " is outside [0, 2)");
     }
     CHECK_MESSAGE(refused, "rank " << r);
   }
@@ -627,9 +679,10 @@ TEST_CASE("premul_sum scalars: non-integral on integer dtypes, non-finite, and t
     const char* says;
   };
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
-  for (const bad& b : {bad{dtype::int32, 0.5, "premul_sum scalar 0.5"}, bad{dtype::uint8, -2.25, "premul_sum scalar -2.25"},
-                       bad{dtype::int64, 9007199254740992.0, "below 2^53"}, bad{dtype::float32, nan, "not finite"},
-                       bad{dtype::bfloat16, inf, "not finite"}, bad{dtype::int8, -inf, "not finite"}})
+  for (const bad& b :
+       {bad{dtype::int32, 0.5, "premul_sum scalar 0.5"}, bad{dtype::uint8, -2.25, "premul_sum scalar -2.25"},
+        bad{dtype::int64, 9007199254740992.0, "below 2^53"}, bad{dtype::float32, nan, "not finite"},
+        bad{dtype::bfloat16, inf, "not finite"}, bad{dtype::int8, -inf, "not finite"}})
     for (collective_kind k : reductions) {
       INFO(name(k) << " " << dtype_name(b.type) << " scalar " << b.scalar);
       auto o = run_call(2, [&](int r) {
@@ -719,7 +772,8 @@ TEST_CASE("ranks writing each other's buffers are refused on every rank") {
       a.recv = r == 2 ? own[static_cast<std::size_t>(r)].data() + 8 : shared.data();  // ranks 0 and 1 share
       return a;
     });
-    check_every_rank(o, errc::invalid_argument, {"buffer overlap between ranks", "rank 0's receive buffer", "rank 1's receive buffer"});
+    check_every_rank(o, errc::invalid_argument,
+                     {"buffer overlap between ranks", "rank 0's receive buffer", "rank 1's receive buffer"});
   }
   SUBCASE("a rank's output is another rank's input") {
     auto o = run_call(world, [&](int r) {
@@ -731,7 +785,8 @@ TEST_CASE("ranks writing each other's buffers are refused on every rank") {
       a.recv = r == 1 ? own[0].data() : own[static_cast<std::size_t>(r)].data() + 16;
       return a;
     });
-    check_every_rank(o, errc::invalid_argument, {"buffer overlap between ranks", "rank 1's receive buffer", "rank 0's send buffer"});
+    check_every_rank(o, errc::invalid_argument,
+                     {"buffer overlap between ranks", "rank 1's receive buffer", "rank 0's send buffer"});
   }
 }
 
@@ -825,9 +880,11 @@ TEST_CASE("a malformed RINGZERO_ALGO is refused when the communicators are made"
     rzt::scoped_env env("RINGZERO_ALGO", value);
     bool refused = false;
     try {
-      ringzero::local::launch(3, [](communicator& comm) { barrier(comm); }, rzt::timeout_after(10));
+      ringzero::local::launch(
+          3, [](communicator& comm) { barrier(comm); }, rzt::timeout_after(10));
     } catch (const ringzero::error& e) {
-      refused = e.kind() == errc::invalid_argument && contains(e.what(), "RINGZERO_ALGO=\"" + std::string(value) + "\"");
+      refused =
+          e.kind() == errc::invalid_argument && contains(e.what(), "RINGZERO_ALGO=\"" + std::string(value) + "\"");
     }
     CHECK(refused);
   }
@@ -842,7 +899,8 @@ TEST_CASE("a malformed RINGZERO_TIMEOUT is refused, with or without a launch tim
       try {
         local::launch_options opt;
         if (launch_timeout) opt.timeout = std::chrono::seconds(5);
-        ringzero::local::launch(2, [](communicator& comm) { barrier(comm); }, opt);
+        ringzero::local::launch(
+            2, [](communicator& comm) { barrier(comm); }, opt);
       } catch (const ringzero::error& e) {
         refused = e.kind() == errc::invalid_argument && contains(e.what(), "RINGZERO_TIMEOUT");
       }
@@ -853,7 +911,8 @@ TEST_CASE("a malformed RINGZERO_TIMEOUT is refused, with or without a launch tim
 
 TEST_CASE("a malformed RINGZERO_PIN is refused") {
   rzt::scoped_env env("RINGZERO_PIN", "maybe");
-  CHECK_THROWS_WITH_AS(ringzero::local::launch(2, [](communicator&) {}), doctest::Contains("RINGZERO_PIN"), ringzero::error);
+  CHECK_THROWS_WITH_AS(ringzero::local::launch(2, [](communicator&) {}), doctest::Contains("RINGZERO_PIN"),
+                       ringzero::error);
 }
 
 TEST_CASE("two threads running collectives on one communicator at once: a clear error on the second") {
@@ -885,7 +944,8 @@ TEST_CASE("two threads running collectives on one communicator at once: a clear 
   });
   REQUIRE(error.empty());
   CHECK(second_kind.load() == static_cast<int>(errc::invalid_argument));
-  CHECK_MESSAGE(second_what.find("another thread is running a collective on this communicator") != std::string::npos, second_what);
+  CHECK_MESSAGE(second_what.find("another thread is running a collective on this communicator") != std::string::npos,
+                second_what);
   CHECK_MESSAGE(second_what.find("rank 0") != std::string::npos, second_what);
   // The first thread's collective was not disturbed.
   for (const auto& v : out)

@@ -26,13 +26,13 @@ using rzt::outcome;
 
 namespace {
 
-using rzt::bytes;
-using rzt::put;
-using rzt::get;
 using rzt::adversarial;
-using rzt::reference;
-using rzt::op_for;
+using rzt::bytes;
 using rzt::floating_types;
+using rzt::get;
+using rzt::op_for;
+using rzt::put;
+using rzt::reference;
 using rzt::summing_ops;
 
 collective_options reproducible_with(algorithm a) {
@@ -43,8 +43,8 @@ collective_options reproducible_with(algorithm a) {
 }
 
 /// Runs a reproducible all_reduce of in[r] on every rank r; returns every rank's output.
-std::vector<bytes> run_all_reduce(const std::vector<bytes>& in, dtype t, reduce_kind op, algorithm a, std::uint64_t count,
-                                  bool in_place = false) {
+std::vector<bytes> run_all_reduce(const std::vector<bytes>& in, dtype t, reduce_kind op, algorithm a,
+                                  std::uint64_t count, bool in_place = false) {
   const int n = static_cast<int>(in.size());
   std::vector<bytes> out(in.size(), bytes(count * dtype_size(t) + 1, 0xAB));
   const std::string failure = rzt::launch_world(n, [&](communicator& comm) {
@@ -94,8 +94,8 @@ TEST_CASE("reproducible all_reduce: every rank permutation of the same inputs on
         std::vector<bytes> permuted;
         for (int p : perm) permuted.push_back(in[static_cast<std::size_t>(p)]);
         for (algorithm a : rzt::every_algorithm) {
-          INFO(dtype_name(t) << " " << reduce_kind_name(op) << " " << algorithm_name(a) << " perm " << perm[0] << perm[1]
-                             << perm[2] << perm[3]);
+          INFO(dtype_name(t) << " " << reduce_kind_name(op) << " " << algorithm_name(a) << " perm " << perm[0]
+                             << perm[1] << perm[2] << perm[3]);
           const auto out = run_all_reduce(permuted, t, op, a, count);
           for (const auto& o : out) CHECK(o == expected);
         }
@@ -116,14 +116,17 @@ TEST_CASE("reproducible all_reduce: cancellation, the kept bins, non-finite valu
     for (int r = 0; r < 4; ++r) put(in32[static_cast<std::size_t>(r)], 0, dtype::float32, values[r]);
     CHECK(get(run_all_reduce(in32, dtype::float32, reduce_kind::sum, a, 1)[1], 0, dtype::float32) == 0.0);
     // Everything within 25 bits of the top: exact.
-    for (int r = 0; r < 4; ++r) put(in32[static_cast<std::size_t>(r)], 0, dtype::float32, r == 0 ? 1.0 : std::ldexp(1.0, -20 - r));
+    for (int r = 0; r < 4; ++r)
+      put(in32[static_cast<std::size_t>(r)], 0, dtype::float32, r == 0 ? 1.0 : std::ldexp(1.0, -20 - r));
     CHECK(get(run_all_reduce(in32, dtype::float32, reduce_kind::sum, a, 1)[3], 0, dtype::float32) ==
           1.0 + 0x1p-21 + 0x1p-22 + 0x1p-23);
     // float16 average of 4 x 30000 does not overflow (case C22); the sum does, on every rank.
     std::vector<bytes> in16(4, bytes(2));
     for (auto& b : in16) put(b, 0, dtype::float16, 30000.0);
-    for (const auto& o : run_all_reduce(in16, dtype::float16, reduce_kind::avg, a, 1)) CHECK(get(o, 0, dtype::float16) == 30000.0);
-    for (const auto& o : run_all_reduce(in16, dtype::float16, reduce_kind::sum, a, 1)) CHECK(std::isinf(get(o, 0, dtype::float16)));
+    for (const auto& o : run_all_reduce(in16, dtype::float16, reduce_kind::avg, a, 1))
+      CHECK(get(o, 0, dtype::float16) == 30000.0);
+    for (const auto& o : run_all_reduce(in16, dtype::float16, reduce_kind::sum, a, 1))
+      CHECK(std::isinf(get(o, 0, dtype::float16)));
     // bfloat16 avg over 8 ranks of 1.0 and seven 2^-8 (the issue's example): one rounding.
     std::vector<bytes> inb(8, bytes(2));
     for (int r = 0; r < 8; ++r) put(inb[static_cast<std::size_t>(r)], 0, dtype::bfloat16, r == 0 ? 1.0 : 0x1p-8);
@@ -145,7 +148,8 @@ TEST_CASE("reproducible all_reduce: cancellation, the kept bins, non-finite valu
     // Overflow of the sum of finite values: +inf everywhere.
     std::vector<bytes> big(2, bytes(4));
     for (auto& b : big) put(b, 0, dtype::float32, 3e38);
-    for (const auto& o : run_all_reduce(big, dtype::float32, reduce_kind::sum, a, 1)) CHECK(get(o, 0, dtype::float32) == INFINITY);
+    for (const auto& o : run_all_reduce(big, dtype::float32, reduce_kind::sum, a, 1))
+      CHECK(get(o, 0, dtype::float32) == INFINITY);
     for (const auto& o : run_all_reduce(big, dtype::float32, reduce_kind::avg, a, 1))
       CHECK(get(o, 0, dtype::float32) == static_cast<double>(3e38f));
   }
@@ -156,7 +160,8 @@ TEST_CASE("reproducible reduce_scatter and reduce: every world size and algorith
     for (dtype t : floating_types)
       for (reduce_kind op : summing_ops)
         for (std::uint64_t count : {std::uint64_t{1}, std::uint64_t{7}, std::uint64_t{700}}) {
-          const auto in = adversarial(t, n, count * static_cast<std::uint64_t>(n), 7 * count + static_cast<std::uint64_t>(n));
+          const auto in =
+              adversarial(t, n, count * static_cast<std::uint64_t>(n), 7 * count + static_cast<std::uint64_t>(n));
           const std::uint64_t es = dtype_size(t);
           for (algorithm a : rzt::every_algorithm) {
             INFO("world " << n << " " << dtype_name(t) << " " << reduce_kind_name(op) << " count " << count << " "
@@ -172,9 +177,11 @@ TEST_CASE("reproducible reduce_scatter and reduce: every world size and algorith
                 reduce_scatter(comm, work[r].data(), work[r].data() + r * count * es, count, t, op_for(op, comm.rank()),
                                reproducible_with(a));
               } else {
-                reduce_scatter(comm, in[r].data(), out[r].data(), count, t, op_for(op, comm.rank()), reproducible_with(a));
+                reduce_scatter(comm, in[r].data(), out[r].data(), count, t, op_for(op, comm.rank()),
+                               reproducible_with(a));
               }
-              reduce(comm, in[r].data(), root_out[r].data(), count, t, op_for(op, comm.rank()), root, reproducible_with(a));
+              reduce(comm, in[r].data(), root_out[r].data(), count, t, op_for(op, comm.rank()), root,
+                     reproducible_with(a));
             });
             REQUIRE_MESSAGE(failure.empty(), failure);
             for (int r = 0; r < n; ++r) {
@@ -223,7 +230,8 @@ bytes accumulated(const std::vector<bytes>& in, dtype t, reduce_kind op, algorit
 
 }  // namespace
 
-TEST_CASE("reproducible accumulator: 8 contributions on 1 rank == 4 ranks x 2 == 8 ranks x 1 == 3 uneven ranks, bitwise") {
+TEST_CASE(
+    "reproducible accumulator: 8 contributions on 1 rank == 4 ranks x 2 == 8 ranks x 1 == 3 uneven ranks, bitwise") {
   const std::uint64_t count = 517;
   for (dtype t : floating_types) {
     const auto in = adversarial(t, 8, count, 77, true);
@@ -283,45 +291,67 @@ TEST_CASE("reproducible mode: refusals and the mode mismatch are raised on every
   std::vector<std::int32_t> i32(16, 1);
   auto buffer_of = [](auto& v, int r) { return v.data() + 4 * r; };
   for (algorithm a : rzt::every_algorithm) {
-    expect_everywhere(4, [&](communicator& c) {
-      all_reduce(c, buffer_of(i32, c.rank()), buffer_of(i32, c.rank()), 4, dtype::int32, reduce_kind::sum, reproducible_with(a));
-    }, errc::invalid_argument, {"int32 sum", "reproducible"});
+    expect_everywhere(4,
+                      [&](communicator& c) {
+                        all_reduce(c, buffer_of(i32, c.rank()), buffer_of(i32, c.rank()), 4, dtype::int32,
+                                   reduce_kind::sum, reproducible_with(a));
+                      },
+                      errc::invalid_argument, {"int32 sum", "reproducible"});
     for (reduce_kind k : {reduce_kind::max, reduce_kind::min, reduce_kind::prod})
-      expect_everywhere(3, [&](communicator& c) {
-        all_reduce(c, buffer_of(f, c.rank()), buffer_of(f, c.rank()), 4, dtype::float32, k, reproducible_with(a));
-      }, errc::invalid_argument, {"float32 " + std::string(reduce_kind_name(k)), "reproducible"});
+      expect_everywhere(3,
+                        [&](communicator& c) {
+                          all_reduce(c, buffer_of(f, c.rank()), buffer_of(f, c.rank()), 4, dtype::float32, k,
+                                     reproducible_with(a));
+                        },
+                        errc::invalid_argument, {"float32 " + std::string(reduce_kind_name(k)), "reproducible"});
     // Only rank 0 asks for it: a contract mismatch on every rank.
-    expect_everywhere(4, [&](communicator& c) {
-      collective_options o;
-      o.algo = a;
-      o.reproducible = c.rank() == 0;
-      all_reduce(c, buffer_of(f, c.rank()), buffer_of(f, c.rank()), 4, dtype::float32, reduce_kind::sum, o);
-    }, errc::contract_mismatch, {"reproducible mode mismatch", "rank 0: on; ranks 1-3: off"});
+    expect_everywhere(4,
+                      [&](communicator& c) {
+                        collective_options o;
+                        o.algo = a;
+                        o.reproducible = c.rank() == 0;
+                        all_reduce(c, buffer_of(f, c.rank()), buffer_of(f, c.rank()), 4, dtype::float32,
+                                   reduce_kind::sum, o);
+                      },
+                      errc::contract_mismatch, {"reproducible mode mismatch", "rank 0: on; ranks 1-3: off"});
     // An accumulator on one rank, the ordinary mode on the others.
-    expect_everywhere(2, [&](communicator& c) {
-      reproducible_accumulator acc(4, dtype::float32);
-      acc.add(f.data());
-      if (c.rank() == 0) all_reduce(c, acc, buffer_of(f, c.rank()), reduce_kind::sum, reproducible_with(a));
-      else all_reduce(c, buffer_of(f, c.rank()), buffer_of(f, c.rank()), 4, dtype::float32, reduce_kind::sum, reproducible_with(a));
-    }, errc::contract_mismatch, {"reproducible mode mismatch", "rank 0: accumulator; rank 1: on"});
+    expect_everywhere(2,
+                      [&](communicator& c) {
+                        reproducible_accumulator acc(4, dtype::float32);
+                        acc.add(f.data());
+                        if (c.rank() == 0)
+                          all_reduce(c, acc, buffer_of(f, c.rank()), reduce_kind::sum, reproducible_with(a));
+                        else
+                          all_reduce(c, buffer_of(f, c.rank()), buffer_of(f, c.rank()), 4, dtype::float32,
+                                     reduce_kind::sum, reproducible_with(a));
+                      },
+                      errc::contract_mismatch, {"reproducible mode mismatch", "rank 0: accumulator; rank 1: on"});
     // Accumulator arguments; the asynchronous all_reduce raises from wait(), on every rank.
-    expect_everywhere(3, [&](communicator& c) {
-      reproducible_accumulator acc(4, dtype::float32);
-      acc.add(f.data());
-      all_reduce_async(c, acc, buffer_of(f, c.rank()), reduce_kind::max, rzt::with_algo(a)).wait();
-    }, errc::invalid_argument, {"an accumulator reduces with sum or avg, not max"});
-    expect_everywhere(3, [&](communicator& c) {
-      reproducible_accumulator acc(4, dtype::float32);
-      reduce_scatter(c, acc, buffer_of(f, c.rank()), reduce_kind::sum, rzt::with_algo(a));
-    }, errc::invalid_argument, {"accumulator count 4 is not a multiple of world size 3"});
-    expect_everywhere(2, [&](communicator& c) {
-      reproducible_accumulator acc(4, dtype::float32);
-      all_reduce(c, acc, buffer_of(f, c.rank()), c.rank() == 0 ? reduce_kind::max : reduce_kind::sum, rzt::with_algo(a));
-    }, errc::invalid_argument, {"rank 0: an accumulator reduces with sum or avg, not max"});
+    expect_everywhere(3,
+                      [&](communicator& c) {
+                        reproducible_accumulator acc(4, dtype::float32);
+                        acc.add(f.data());
+                        all_reduce_async(c, acc, buffer_of(f, c.rank()), reduce_kind::max, rzt::with_algo(a)).wait();
+                      },
+                      errc::invalid_argument, {"an accumulator reduces with sum or avg, not max"});
+    expect_everywhere(3,
+                      [&](communicator& c) {
+                        reproducible_accumulator acc(4, dtype::float32);
+                        reduce_scatter(c, acc, buffer_of(f, c.rank()), reduce_kind::sum, rzt::with_algo(a));
+                      },
+                      errc::invalid_argument, {"accumulator count 4 is not a multiple of world size 3"});
+    expect_everywhere(2,
+                      [&](communicator& c) {
+                        reproducible_accumulator acc(4, dtype::float32);
+                        all_reduce(c, acc, buffer_of(f, c.rank()), c.rank() == 0 ? reduce_kind::max : reduce_kind::sum,
+                                   rzt::with_algo(a));
+                      },
+                      errc::invalid_argument, {"rank 0: an accumulator reduces with sum or avg, not max"});
   }
 }
 
-TEST_CASE("RINGZERO_REPRODUCIBLE=1: floating sums become reproducible, integers and min/max run as usual, prod is refused") {
+TEST_CASE(
+    "RINGZERO_REPRODUCIBLE=1: floating sums become reproducible, integers and min/max run as usual, prod is refused") {
   const rzt::scoped_env env("RINGZERO_REPRODUCIBLE", "1");
   const std::uint64_t count = 301;
   const auto in = adversarial(dtype::float32, 3, count, 5);
@@ -363,13 +393,16 @@ class device_memory_communicator final : public communicator {
   backend_kind backend() const noexcept override { return backend_kind::nccl; }
   memory_space space() const noexcept override { return memory_space::cuda; }
   void begin(const collective_descriptor& d) override {
-    if (auto v = check_contract(1, [&](int) -> const collective_descriptor& { return d; }, false)) raise(v->code, v->message);
+    if (auto v = check_contract(
+            1, [&](int) -> const collective_descriptor& { return d; }, false))
+      raise(v->code, v->message);
   }
   void end(const collective_descriptor&) override {}
   void sendrecv(const void*, std::uint64_t, int, void*, std::uint64_t, int) override {
     raise(errc::internal, "no transfers in this test");
   }
-  void sendrecv_reduce(const void*, std::uint64_t, int, const void*, void*, std::uint64_t, int, const combine_fn&) override {
+  void sendrecv_reduce(const void*, std::uint64_t, int, const void*, void*, std::uint64_t, int,
+                       const combine_fn&) override {
     raise(errc::internal, "no transfers in this test");
   }
   link_model link() const noexcept override { return {}; }

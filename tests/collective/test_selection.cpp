@@ -49,8 +49,10 @@ std::uint64_t run_and_check(communicator& comm, collective_kind k, std::uint64_t
     case collective_kind::reduce: {
       std::vector<std::int32_t> in(count), out(count, -1);
       for (std::uint64_t i = 0; i < count; ++i) in[i] = v(r, i);
-      if (k == collective_kind::all_reduce) all_reduce(comm, in.data(), out.data(), count, dtype::int32, reduce_kind::sum, o);
-      else reduce(comm, in.data(), out.data(), count, dtype::int32, reduce_kind::sum, root, o);
+      if (k == collective_kind::all_reduce)
+        all_reduce(comm, in.data(), out.data(), count, dtype::int32, reduce_kind::sum, o);
+      else
+        reduce(comm, in.data(), out.data(), count, dtype::int32, reduce_kind::sum, root, o);
       for (std::uint64_t i = 0; i < count; ++i)
         bad += (k == collective_kind::reduce && r != root) ? out[i] != -1 : out[i] != sum_of(i);
       break;
@@ -99,7 +101,8 @@ algorithm resolved(const communicator& comm, collective_kind k, std::uint64_t co
   const void* send = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
   void* recv = reinterpret_cast<void*>(std::uintptr_t{1} << 46);
   const bool rooted = k == collective_kind::broadcast || k == collective_kind::reduce;
-  auto q = detail::make_request(k, send, recv, count, dtype::int32, reduce_kind::sum, rooted ? 0 : -1, collective_options{});
+  auto q =
+      detail::make_request(k, send, recv, count, dtype::int32, reduce_kind::sum, rooted ? 0 : -1, collective_options{});
   if (k == collective_kind::barrier) {
     q.send = q.recv = nullptr;
     q.count = 0;
@@ -110,7 +113,8 @@ algorithm resolved(const communicator& comm, collective_kind k, std::uint64_t co
 
 /// S of the cost model for `k` with `count` int32 elements per rank (collective/selection.hpp).
 double model_bytes(collective_kind k, std::uint64_t count, int n) {
-  const bool whole = k == collective_kind::reduce_scatter || k == collective_kind::all_gather || k == collective_kind::all_to_all;
+  const bool whole =
+      k == collective_kind::reduce_scatter || k == collective_kind::all_gather || k == collective_kind::all_to_all;
   return static_cast<double>(count) * 4.0 * (whole ? n : 1);
 }
 
@@ -122,8 +126,8 @@ TEST_CASE("RINGZERO_ALGO forces the algorithm of every auto call that can use it
     algorithm algo;
   };
   for (const forcing& f : {forcing{"ring", algorithm::ring}, forcing{"direct", algorithm::direct},
-                           forcing{"halving_doubling", algorithm::halving_doubling}, forcing{"hd", algorithm::halving_doubling},
-                           forcing{"rhd", algorithm::halving_doubling}})
+                           forcing{"halving_doubling", algorithm::halving_doubling},
+                           forcing{"hd", algorithm::halving_doubling}, forcing{"rhd", algorithm::halving_doubling}})
     for (int world : {3, 4}) {
       INFO("RINGZERO_ALGO=" << f.value << " world " << world);
       rzt::scoped_env env("RINGZERO_ALGO", f.value);
@@ -146,7 +150,9 @@ TEST_CASE("RINGZERO_ALGO forces the algorithm of every auto call that can use it
         resolved_ok[r] = ok;
         // rank 0 asks for another algorithm explicitly: an algorithm mismatch naming both
         const algorithm other = f.algo == algorithm::ring ? algorithm::direct : algorithm::ring;
-        mismatch[r].capture([&] { run_and_check(comm, collective_kind::all_reduce, 16, comm.rank() == 0 ? other : algorithm::automatic); });
+        mismatch[r].capture([&] {
+          run_and_check(comm, collective_kind::all_reduce, 16, comm.rank() == 0 ? other : algorithm::automatic);
+        });
       });
       REQUIRE_MESSAGE(error.empty(), error);
       for (int r = 0; r < world; ++r) {
@@ -193,14 +199,18 @@ TEST_CASE("a per-call algorithm overrides RINGZERO_ALGO; set_forced_algorithm ov
     // every rank asks for direct explicitly: runs direct despite RINGZERO_ALGO=ring
     for (collective_kind k : all_collectives) wrong[r] += run_and_check(comm, k, 777, algorithm::direct);
     // explicit direct against auto (= ring): refused
-    mismatch[r].capture([&] { run_and_check(comm, collective_kind::all_gather, 5, comm.rank() == 2 ? algorithm::direct : algorithm::automatic); });
+    mismatch[r].capture([&] {
+      run_and_check(comm, collective_kind::all_gather, 5, comm.rank() == 2 ? algorithm::direct : algorithm::automatic);
+    });
     // per communicator: halving_doubling for auto calls from now on
     comm.set_forced_algorithm(algorithm::halving_doubling);
     int good = comm.forced_algorithm() == algorithm::halving_doubling;
     good &= resolved(comm, collective_kind::all_reduce, 100) == algorithm::halving_doubling;
     good &= resolved(comm, collective_kind::all_to_all, 100) != algorithm::halving_doubling;
     for (collective_kind k : all_collectives)
-      wrong[r] += run_and_check(comm, k, 100, comm.rank() == 1 && k != collective_kind::all_to_all ? algorithm::halving_doubling : algorithm::automatic);
+      wrong[r] += run_and_check(
+          comm, k, 100,
+          comm.rank() == 1 && k != collective_kind::all_to_all ? algorithm::halving_doubling : algorithm::automatic);
     comm.set_forced_algorithm(algorithm::automatic);
     good &= resolved(comm, collective_kind::all_reduce, 100) == model_choice(comm, collective_kind::all_reduce, 400.0);
     ok[r] = good;
@@ -309,7 +319,8 @@ TEST_CASE("the rendezvous (2 sigma) is part of every algorithm's estimate") {
         const double ring_quiet = estimate_us(k, algorithm::ring, world, bytes, quiet);
         const double ring_synced = estimate_us(k, algorithm::ring, world, bytes, synced);
         CHECK(ring_synced - ring_quiet == doctest::Approx(10.0));
-        CHECK(estimate_us(k, algorithm::direct, world, bytes, synced) - estimate_us(k, algorithm::direct, world, bytes, quiet) ==
+        CHECK(estimate_us(k, algorithm::direct, world, bytes, synced) -
+                  estimate_us(k, algorithm::direct, world, bytes, quiet) ==
               doctest::Approx(10.0));
         if (!algorithm_implements(algorithm::halving_doubling, k)) continue;
         CHECK(estimate_us(k, algorithm::halving_doubling, world, bytes, synced) -

@@ -18,7 +18,10 @@ TEST_CASE("dtype sizes, names and parsing") {
     CHECK(dtype_size(t) > 0);
     CHECK(parse_dtype(dtype_name(t)) == t);
     CHECK(parse_dtype(dtype_short_name(t)) == t);
-    visit_dtype(t, [&]<class T>() { CHECK(sizeof(T) == dtype_size(t)); CHECK(dtype_of<T> == t); });
+    visit_dtype(t, [&]<class T>() {
+      CHECK(sizeof(T) == dtype_size(t));
+      CHECK(dtype_of<T> == t);
+    });
   }
   CHECK(!is_valid(static_cast<dtype>(10)));
   CHECK(dtype_size(static_cast<dtype>(200)) == 0);

@@ -20,8 +20,10 @@ TEST_CASE("partitions tile [0, count) exactly, with empty trailing blocks allowe
           const range b = p.block(static_cast<std::uint64_t>(i));
           REQUIRE(b.begin == at);
           REQUIRE(b.end >= b.begin);
-          if (b.empty()) seen_empty = true;
-          else REQUIRE_FALSE(seen_empty);  // only trailing blocks are empty
+          if (b.empty())
+            seen_empty = true;
+          else
+            REQUIRE_FALSE(seen_empty);  // only trailing blocks are empty
           if (b.end != count) REQUIRE(b.size() % granule == 0);
           at = b.end;
         }

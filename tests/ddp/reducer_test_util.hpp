@@ -26,7 +26,8 @@ struct rank_outcome {
 
 /// Runs `body(comm)` on `n` local ranks with a short timeout; returns each rank's outcome
 /// (a throwing rank does not stop the others from being recorded).
-inline std::vector<rank_outcome> run_ranks(int n, const std::function<void(communicator&)>& body, double timeout_s = 20.0) {
+inline std::vector<rank_outcome> run_ranks(int n, const std::function<void(communicator&)>& body,
+                                           double timeout_s = 20.0) {
   std::vector<rank_outcome> out(static_cast<std::size_t>(n));
   local::launch_options opt;
   opt.timeout = std::chrono::duration<double>(timeout_s);
@@ -49,8 +50,7 @@ inline std::vector<rank_outcome> run_ranks(int n, const std::function<void(commu
           }
         },
         opt);
-  } catch (...) {
-  }
+  } catch (...) {}
   return out;
 }
 
@@ -91,9 +91,11 @@ struct toy_model {
       std::string name = "p";
       name += std::to_string(i);
       if (types[i] == dtype::float64)
-        p.push_back(reducer_parameter::of(std::span<double>(values64[slot[i]]), std::span<double>(grads64[slot[i]]), name));
+        p.push_back(
+            reducer_parameter::of(std::span<double>(values64[slot[i]]), std::span<double>(grads64[slot[i]]), name));
       else
-        p.push_back(reducer_parameter::of(std::span<float>(values32[slot[i]]), std::span<float>(grads32[slot[i]]), name));
+        p.push_back(
+            reducer_parameter::of(std::span<float>(values32[slot[i]]), std::span<float>(grads32[slot[i]]), name));
     }
     return p;
   }
@@ -104,8 +106,10 @@ struct toy_model {
     return t == dtype::float64 ? static_cast<const double*>(where)[k] : static_cast<const float*>(where)[k];
   }
   static void write(void* where, dtype t, std::size_t k, double v) {
-    if (t == dtype::float64) static_cast<double*>(where)[k] = v;
-    else static_cast<float*>(where)[k] = static_cast<float>(v);
+    if (t == dtype::float64)
+      static_cast<double*>(where)[k] = v;
+    else
+      static_cast<float*>(where)[k] = static_cast<float>(v);
   }
 };
 
@@ -119,7 +123,8 @@ inline std::vector<std::vector<std::size_t>> bucket_indices_of(const gradient_re
 /// An exact gradient value: element k of parameter i on rank r in step s (small integers times
 /// 1/8, so every sum over up to 16 ranks and its division by 2 or 4 are exact in float).
 inline double grad_value(int rank, std::size_t i, std::size_t k, int step) {
-  return static_cast<double>(((rank + 1) * 3 + static_cast<int>(i) * 5 + static_cast<int>(k % 7) + step * 2) % 29) / 8.0;
+  return static_cast<double>(((rank + 1) * 3 + static_cast<int>(i) * 5 + static_cast<int>(k % 7) + step * 2) % 29) /
+         8.0;
 }
 
 }  // namespace ringzero::test

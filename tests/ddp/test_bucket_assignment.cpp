@@ -18,7 +18,8 @@ std::vector<bucket_plan> assign(const std::vector<bucket_tensor>& t, const std::
 }  // namespace
 
 TEST_CASE("C14: float32 tensors of 100, 200, 100, 50 elements under a 400-byte limit") {
-  const std::vector<bucket_tensor> t = {{100, dtype::float32}, {200, dtype::float32}, {100, dtype::float32}, {50, dtype::float32}};
+  const std::vector<bucket_tensor> t = {
+      {100, dtype::float32}, {200, dtype::float32}, {100, dtype::float32}, {50, dtype::float32}};
   const auto b = assign(t, {400});
   CHECK(bucket_indices(b) == indices{{0}, {1}, {2}, {3}});
   REQUIRE(b.size() == 4);
@@ -51,8 +52,8 @@ TEST_CASE("each dtype walks the limit list on its own; the last limit repeats") 
   CHECK(b[1].limit_bytes == 300);
   CHECK(b[3].limit_bytes == 300);
   // Interleave bfloat16 tensors: they get their own first (small) bucket.
-  std::vector<bucket_tensor> m = {{25, dtype::float32}, {50, dtype::bfloat16}, {25, dtype::float32},
-                                  {50, dtype::bfloat16}, {25, dtype::float32}, {100, dtype::bfloat16}};
+  std::vector<bucket_tensor> m = {{25, dtype::float32},  {50, dtype::bfloat16}, {25, dtype::float32},
+                                  {50, dtype::bfloat16}, {25, dtype::float32},  {100, dtype::bfloat16}};
   b = assign(m, {100, 300});
   CHECK(bucket_indices(b) == indices{{0}, {1}, {2, 4}, {3, 5}});
   CHECK(b[1].limit_bytes == 100);
@@ -64,8 +65,9 @@ TEST_CASE("PyTorch's defaults: 1 MiB first bucket, then 25 MiB") {
   CHECK(default_bucket_byte_limits[0] == 1048576);
   CHECK(default_bucket_byte_limits[1] == 26214400);
   // The example MLP 784-256-128-10 in reverse registration order fits the first bucket (940584 B).
-  const std::vector<bucket_tensor> t = {{784 * 256, dtype::float32}, {256, dtype::float32}, {256 * 128, dtype::float32},
-                                        {128, dtype::float32},       {128 * 10, dtype::float32}, {10, dtype::float32}};
+  const std::vector<bucket_tensor> t = {{784 * 256, dtype::float32}, {256, dtype::float32},
+                                        {256 * 128, dtype::float32}, {128, dtype::float32},
+                                        {128 * 10, dtype::float32},  {10, dtype::float32}};
   const std::vector<std::size_t> reverse = {5, 4, 3, 2, 1, 0};
   auto b = assign_buckets(t, default_bucket_byte_limits, reverse);
   CHECK(bucket_indices(b) == indices{{5, 4, 3, 2, 1, 0}});
@@ -77,11 +79,13 @@ TEST_CASE("PyTorch's defaults: 1 MiB first bucket, then 25 MiB") {
 }
 
 TEST_CASE("the given order is followed and buckets come in order of their first tensor") {
-  const std::vector<bucket_tensor> t = {{100, dtype::float32}, {100, dtype::float32}, {100, dtype::float32}, {100, dtype::float32}};
+  const std::vector<bucket_tensor> t = {
+      {100, dtype::float32}, {100, dtype::float32}, {100, dtype::float32}, {100, dtype::float32}};
   CHECK(bucket_indices(assign(t, {800}, {3, 1, 0, 2})) == indices{{3, 1}, {0, 2}});
   CHECK(bucket_indices(assign(t, {800}, {3, 2, 1, 0})) == indices{{3, 2}, {1, 0}});
   // Mixed dtypes with an order: buckets sorted by the position of their first tensor.
-  const std::vector<bucket_tensor> m = {{10, dtype::float64}, {50, dtype::float32}, {10, dtype::float64}, {50, dtype::float32}};
+  const std::vector<bucket_tensor> m = {
+      {10, dtype::float64}, {50, dtype::float32}, {10, dtype::float64}, {50, dtype::float32}};
   CHECK(bucket_indices(assign(m, {400}, {1, 0, 3, 2})) == indices{{1, 3}, {0, 2}});
   CHECK(bucket_indices(assign(m, {400}, {0, 1, 2, 3})) == indices{{0, 2}, {1, 3}});
 }
@@ -98,21 +102,17 @@ TEST_CASE("bad input is rejected with a clear error") {
   auto code_of = [](auto&& f) {
     try {
       f();
-    } catch (const error& e) {
-      return e.kind();
-    }
+    } catch (const error& e) { return e.kind(); }
     return errc::internal;
   };
   CHECK(code_of([&] { assign(t, {}); }) == errc::invalid_argument);
-  CHECK(code_of([&] { assign(t, {10}, {0}); }) == errc::invalid_argument);        // too short
-  CHECK(code_of([&] { assign(t, {10}, {0, 0}); }) == errc::invalid_argument);     // repeated
-  CHECK(code_of([&] { assign(t, {10}, {0, 2}); }) == errc::invalid_argument);     // out of range
+  CHECK(code_of([&] { assign(t, {10}, {0}); }) == errc::invalid_argument);     // too short
+  CHECK(code_of([&] { assign(t, {10}, {0, 0}); }) == errc::invalid_argument);  // repeated
+  CHECK(code_of([&] { assign(t, {10}, {0, 2}); }) == errc::invalid_argument);  // out of range
   CHECK(code_of([&] { assign({{1, static_cast<dtype>(77)}}, {10}); }) == errc::invalid_argument);
   CHECK(code_of([&] { assign({{std::uint64_t{1} << 62, dtype::float64}}, {10}); }) == errc::invalid_argument);
   try {
     assign(t, {10}, {1, 1});
     FAIL("no error");
-  } catch (const error& e) {
-    CHECK(std::string(e.what()).find("tensor 1 appears twice") != std::string::npos);
-  }
+  } catch (const error& e) { CHECK(std::string(e.what()).find("tensor 1 appears twice") != std::string::npos); }
 }

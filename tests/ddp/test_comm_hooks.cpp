@@ -22,8 +22,9 @@ namespace {
 /// Runs one step on `n` ranks where rank r's gradient k of every parameter is `value(r, k)`,
 /// returns rank 0's reduced gradients.
 template <class Value>
-std::vector<std::vector<double>> one_step(int n, std::shared_ptr<comm_hook> (*make_hook)(), const std::vector<std::uint64_t>& counts,
-                                          const std::vector<dtype>& types, Value&& value, bool view = false) {
+std::vector<std::vector<double>> one_step(int n, std::shared_ptr<comm_hook> (*make_hook)(),
+                                          const std::vector<std::uint64_t>& counts, const std::vector<dtype>& types,
+                                          Value&& value, bool view = false) {
   std::vector<std::vector<double>> result;
   std::mutex mutex;
   auto out = run_ranks(n, [&](communicator& comm) {
@@ -62,7 +63,9 @@ TEST_CASE("fp16 and bf16 compression give the exact average when it is represent
     for (int n : {1, 2, 4})
       for (bool view : {false, true}) {
         CAPTURE(n);
-        auto r = one_step(n, make, kCounts, kTypes, [](int rank, std::size_t k) { return (rank + 1) * 0.25 * static_cast<double>(k % 5); }, view);
+        auto r = one_step(
+            n, make, kCounts, kTypes,
+            [](int rank, std::size_t k) { return (rank + 1) * 0.25 * static_cast<double>(k % 5); }, view);
         for (const auto& v : r)
           for (std::size_t k = 0; k < v.size(); ++k) CHECK(v[k] == 0.25 * static_cast<double>(k % 5) * (n + 1) / 2.0);
       }
@@ -71,9 +74,15 @@ TEST_CASE("fp16 and bf16 compression give the exact average when it is represent
 TEST_CASE("the values really travel in 16 bits: fp16 keeps 2^-11 steps at 0.5, bf16 only 2^-8") {
   // Both ranks hold 1 + 2^-9: each sends (1 + 2^-9) / 2 = 0.5 + 2^-10, exact in fp16, rounded to
   // 0.5 in bf16. And 1 + 2^-13 is lost by both.
-  const auto fp16 = one_step(2, &fp16_compress_hook, {8}, {}, [](int, std::size_t k) { return k < 4 ? 1.0 + std::ldexp(1.0, -9) : 1.0 + std::ldexp(1.0, -13); });
-  const auto bf16 = one_step(2, &bf16_compress_hook, {8}, {}, [](int, std::size_t k) { return k < 4 ? 1.0 + std::ldexp(1.0, -9) : 1.0 + std::ldexp(1.0, -13); });
-  const auto plain = one_step(2, nullptr, {8}, {}, [](int, std::size_t k) { return k < 4 ? 1.0 + std::ldexp(1.0, -9) : 1.0 + std::ldexp(1.0, -13); });
+  const auto fp16 = one_step(2, &fp16_compress_hook, {8}, {}, [](int, std::size_t k) {
+    return k < 4 ? 1.0 + std::ldexp(1.0, -9) : 1.0 + std::ldexp(1.0, -13);
+  });
+  const auto bf16 = one_step(2, &bf16_compress_hook, {8}, {}, [](int, std::size_t k) {
+    return k < 4 ? 1.0 + std::ldexp(1.0, -9) : 1.0 + std::ldexp(1.0, -13);
+  });
+  const auto plain = one_step(2, nullptr, {8}, {}, [](int, std::size_t k) {
+    return k < 4 ? 1.0 + std::ldexp(1.0, -9) : 1.0 + std::ldexp(1.0, -13);
+  });
   CHECK(fp16[0][0] == 1.0 + std::ldexp(1.0, -9));
   CHECK(bf16[0][0] == 1.0);
   CHECK(fp16[0][5] == 1.0);
@@ -88,7 +97,8 @@ TEST_CASE("dividing before the reduction keeps float16 from overflowing") {
 }
 
 TEST_CASE("compression on a world of three stays within 16-bit rounding of the average") {
-  const auto r = one_step(3, &fp16_compress_hook, kCounts, kTypes, [](int rank, std::size_t k) { return 0.1 * (rank + 1) + 0.013 * static_cast<double>(k); });
+  const auto r = one_step(3, &fp16_compress_hook, kCounts, kTypes,
+                          [](int rank, std::size_t k) { return 0.1 * (rank + 1) + 0.013 * static_cast<double>(k); });
   for (const auto& v : r)
     for (std::size_t k = 0; k < v.size(); ++k) {
       const double exact = 0.2 + 0.013 * static_cast<double>(k);
@@ -138,7 +148,7 @@ TEST_CASE("a user hook is called per bucket, in order, with the bucket's layout"
     opt.bucket_byte_limits = {80};
     opt.alignment_bytes = 32;
     gradient_reducer red(comm, m.parameters(), opt);
-    const auto layout = red.buckets();  // the layout of this step (the rebuild follows it)
+    const auto layout = red.buckets();     // the layout of this step (the rebuild follows it)
     for (std::size_t i = 0; i < 4; ++i) {  // forward marking: the last bucket completes first
       std::fill(m.grads32[i].begin(), m.grads32[i].end(), static_cast<float>(comm.rank() * 10 + static_cast<int>(i)));
       red.mark_ready(i);

@@ -66,7 +66,8 @@ trajectory reference(const dataset& d, const std::string& opt_name) {
     t.losses.push_back(model.forward(x, y, kGlobal));
     model.backward(x, y, kGlobal, 1.0f / kGlobal, false, [](std::size_t) {});
     opt->begin_step();
-    for (std::size_t i = 0; i < model.tensor_count(); ++i) opt->update(model.parameter(i), model.gradient(i), model.tensor(i).offset);
+    for (std::size_t i = 0; i < model.tensor_count(); ++i)
+      opt->update(model.parameter(i), model.gradient(i), model.tensor(i).offset);
   }
   t.params.assign(model.parameters().begin(), model.parameters().end());
   return t;
@@ -89,7 +90,8 @@ std::vector<trajectory> ddp(const dataset& d, int n, int k, const std::string& o
     for (std::size_t j = 0; j < tensors; ++j) reg_of[tensor_of[j]] = j;
     std::vector<reducer_parameter> params;
     for (std::size_t j = 0; j < tensors; ++j)
-      params.push_back(reducer_parameter::of(model.parameter(tensor_of[j]), model.gradient(tensor_of[j]), model.tensor(tensor_of[j]).name));
+      params.push_back(reducer_parameter::of(model.parameter(tensor_of[j]), model.gradient(tensor_of[j]),
+                                             model.tensor(tensor_of[j]).name));
     reducer_options opt;
     opt.gradient_as_bucket_view = v == variant::view || v == variant::view_rebuild;
     opt.bucket_byte_limits = {256, 512};
@@ -106,12 +108,14 @@ std::vector<trajectory> ddp(const dataset& d, int n, int k, const std::string& o
     for (int s = 0; s < kSteps; ++s) {
       double loss = 0;
       for (int m = 0; m < k; ++m) {
-        const std::size_t row = static_cast<std::size_t>(s) * kGlobal + static_cast<std::size_t>((m * n + comm.rank()) * b);
+        const std::size_t row =
+            static_cast<std::size_t>(s) * kGlobal + static_cast<std::size_t>((m * n + comm.rank()) * b);
         const float* x = d.x.data() + row * kWidths[0];
         const std::uint8_t* y = d.y.data() + row;
         loss += model.forward(x, y, b);
         red.set_require_gradient_sync(m + 1 == k);
-        model.backward(x, y, b, 1.0f / static_cast<float>(b * k), m > 0, [&](std::size_t i) { red.mark_ready(reg_of[i]); });
+        model.backward(x, y, b, 1.0f / static_cast<float>(b * k), m > 0,
+                       [&](std::size_t i) { red.mark_ready(reg_of[i]); });
         red.finish();
       }
       bind();
@@ -119,7 +123,8 @@ std::vector<trajectory> ddp(const dataset& d, int n, int k, const std::string& o
       all_reduce(comm, &global_loss, &global_loss, 1, dtype::float64, reduce_kind::avg);
       t.losses.push_back(global_loss);
       o->begin_step();
-      for (std::size_t i = 0; i < tensors; ++i) o->update(model.parameter(i), model.gradient(i), model.tensor(i).offset);
+      for (std::size_t i = 0; i < tensors; ++i)
+        o->update(model.parameter(i), model.gradient(i), model.tensor(i).offset);
     }
     CHECK(red.stats().rebuilds == (permuted ? 1u : 0u));
     CHECK(red.stats().synchronized_steps == static_cast<std::uint64_t>(kSteps));
@@ -178,7 +183,9 @@ TEST_CASE("distributed sampler: same permutation on every rank, disjoint shards,
     for (int r = 0; r < n; ++r) s.emplace_back(1003, n, r, 7);
     for (std::uint64_t epoch : {0u, 1u, 5u}) {
       for (auto& x : s) x.set_epoch(epoch);
-      for (int r = 1; r < n; ++r) CHECK(std::equal(s[0].permutation().begin(), s[0].permutation().end(), s[static_cast<std::size_t>(r)].permutation().begin()));
+      for (int r = 1; r < n; ++r)
+        CHECK(std::equal(s[0].permutation().begin(), s[0].permutation().end(),
+                         s[static_cast<std::size_t>(r)].permutation().begin()));
       std::vector<int> seen(1003, 0);
       for (auto& x : s) {
         CHECK(x.shard_size() == 1003 / static_cast<std::size_t>(n));
@@ -189,10 +196,12 @@ TEST_CASE("distributed sampler: same permutation on every rank, disjoint shards,
       // Micro-batches of b from every shard cover consecutive blocks of n*b of the permutation.
       const std::size_t b = 5;
       for (std::size_t step = 0; step < 1003 / (static_cast<std::size_t>(n) * b); ++step) {
-        std::vector<std::uint32_t> got, want(s[0].permutation().begin() + static_cast<std::ptrdiff_t>(step * n * b),
-                                             s[0].permutation().begin() + static_cast<std::ptrdiff_t>((step + 1) * n * b));
-        for (auto& x : s) got.insert(got.end(), x.indices().begin() + static_cast<std::ptrdiff_t>(step * b),
-                                     x.indices().begin() + static_cast<std::ptrdiff_t>((step + 1) * b));
+        std::vector<std::uint32_t> got,
+            want(s[0].permutation().begin() + static_cast<std::ptrdiff_t>(step * n * b),
+                 s[0].permutation().begin() + static_cast<std::ptrdiff_t>((step + 1) * n * b));
+        for (auto& x : s)
+          got.insert(got.end(), x.indices().begin() + static_cast<std::ptrdiff_t>(step * b),
+                     x.indices().begin() + static_cast<std::ptrdiff_t>((step + 1) * b));
         std::sort(got.begin(), got.end());
         std::sort(want.begin(), want.end());
         CHECK(got == want);

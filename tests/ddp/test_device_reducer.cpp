@@ -42,7 +42,8 @@ struct table_calls {
   std::atomic<int> bad_stream{0}, bad_device{0};
   std::atomic<int> fail_copy_on_rank{-1};  ///< copies on this rank's stream fail
   void reset() {
-    for (auto* c : {&allocate, &deallocate, &copy, &fill, &divide, &cast, &synchronize, &reduce, &bad_stream, &bad_device})
+    for (auto* c :
+         {&allocate, &deallocate, &copy, &fill, &divide, &cast, &synchronize, &reduce, &bad_stream, &bad_device})
       *c = 0;
     fail_copy_on_rank = -1;
   }
@@ -58,7 +59,8 @@ void note_stream(void* s) {
   if (!known_stream(s)) ++calls.bad_stream;
 }
 
-int fake_reduce(void* dst, const void* a, const void* b, std::uint64_t n, const primitive::reduce_spec& s, void* stream) noexcept {
+int fake_reduce(void* dst, const void* a, const void* b, std::uint64_t n, const primitive::reduce_spec& s,
+                void* stream) noexcept {
   note_stream(stream);
   ++calls.reduce;
   primitive::reduce_into(dst, a, b, n, s);
@@ -118,9 +120,9 @@ int fake_synchronize(void* stream) noexcept {
   return 0;
 }
 
-const primitive::device_primitives fake_table{&fake_reduce,    &fake_cast,      &fake_scale,       &fake_fill,
-                                              &fake_copy,      &fake_set_device, &fake_error_name, &fake_error_string,
-                                              &fake_divide,    &fake_allocate,  &fake_deallocate,  &fake_synchronize};
+const primitive::device_primitives fake_table{&fake_reduce, &fake_cast,       &fake_scale,      &fake_fill,
+                                              &fake_copy,   &fake_set_device, &fake_error_name, &fake_error_string,
+                                              &fake_divide, &fake_allocate,   &fake_deallocate, &fake_synchronize};
 
 /// Registers `table` for one test and restores "none" afterwards.
 struct registered {
@@ -164,9 +166,9 @@ std::vector<std::string> run_on(bool device, int n, const std::function<void(com
           n, opt, [](std::optional<pretend_cuda_communicator>& c, local::world& w, int r) { c.emplace(w, r); },
           [&](pretend_cuda_communicator& c) { guarded(c); }, "test");
     else
-      local::launch(n, [&](local::communicator& c) { guarded(c); }, opt);
-  } catch (...) {
-  }
+      local::launch(
+          n, [&](local::communicator& c) { guarded(c); }, opt);
+  } catch (...) {}
   return errors;
 }
 
@@ -201,8 +203,10 @@ std::vector<trace> train(bool device, const config& cfg) {
     toy_model m(kCounts, kTypes);
     for (std::size_t i = 0; i < m.size(); ++i)
       for (std::size_t k = 0; k < m.count(i); ++k) {
-        if (m.types[i] == dtype::float64) m.values64[m.slot[i]][k] = 100.0 * r + static_cast<double>(i * 1000 + k);
-        else m.values32[m.slot[i]][k] = static_cast<float>(100 * r + static_cast<int>(i * 1000 + k));
+        if (m.types[i] == dtype::float64)
+          m.values64[m.slot[i]][k] = 100.0 * r + static_cast<double>(i * 1000 + k);
+        else
+          m.values32[m.slot[i]][k] = static_cast<float>(100 * r + static_cast<int>(i * 1000 + k));
       }
     reducer_options opt;
     opt.bucket_byte_limits = {256};
@@ -242,10 +246,12 @@ std::vector<trace> train(bool device, const config& cfg) {
     if (cfg.join) red.join();
     comm.synchronize();
     std::vector<unsigned char> values;
-    for (auto& v : m.values32) values.insert(values.end(), reinterpret_cast<unsigned char*>(v.data()),
-                                             reinterpret_cast<unsigned char*>(v.data() + v.size()));
-    for (auto& v : m.values64) values.insert(values.end(), reinterpret_cast<unsigned char*>(v.data()),
-                                             reinterpret_cast<unsigned char*>(v.data() + v.size()));
+    for (auto& v : m.values32)
+      values.insert(values.end(), reinterpret_cast<unsigned char*>(v.data()),
+                    reinterpret_cast<unsigned char*>(v.data() + v.size()));
+    for (auto& v : m.values64)
+      values.insert(values.end(), reinterpret_cast<unsigned char*>(v.data()),
+                    reinterpret_cast<unsigned char*>(v.data() + v.size()));
     out.push_back(std::move(values));
   });
   for (auto& e : errors) CHECK_MESSAGE(e.empty(), e);
@@ -366,7 +372,7 @@ TEST_CASE("device memory: buckets allocated once, steps allocate nothing and nev
   for (auto& e : errors) CHECK_MESSAGE(e.empty(), e);
   CHECK(after_construction > 0);
   CHECK(zero_mismatch == 0);
-  CHECK(allocs_at_end == after_rebuild);      // no allocation in steps 2-5
+  CHECK(allocs_at_end == after_rebuild);       // no allocation in steps 2-5
   CHECK(syncs_at_end == syncs_after_rebuild);  // and no stream synchronisation
   CHECK(after_rebuild == after_construction);  // same layout: the rebuild kept the buckets
   CHECK(syncs_after_construction > 0);         // the agreement at construction read back its values

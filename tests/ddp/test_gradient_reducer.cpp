@@ -34,7 +34,8 @@ std::vector<std::size_t> order_for(mark_order o, std::size_t n, int rank) {
   std::vector<std::size_t> v(n);
   std::iota(v.begin(), v.end(), std::size_t{0});
   if (o == mark_order::reverse) std::reverse(v.begin(), v.end());
-  if (o == mark_order::shuffled) std::rotate(v.begin(), v.begin() + static_cast<std::ptrdiff_t>((rank * 3 + 1) % n), v.end());
+  if (o == mark_order::shuffled)
+    std::rotate(v.begin(), v.begin() + static_cast<std::ptrdiff_t>((rank * 3 + 1) % n), v.end());
   return v;
 }
 
@@ -97,8 +98,10 @@ TEST_CASE("parameters are broadcast from rank 0 at construction") {
       toy_model m(kCounts, kTypes);
       for (std::size_t i = 0; i < m.size(); ++i)
         for (std::size_t k = 0; k < m.count(i); ++k) {
-          if (m.types[i] == dtype::float64) m.values64[m.slot[i]][k] = comm.rank() * 1000.0 + static_cast<double>(i * 100 + k);
-          else m.values32[m.slot[i]][k] = static_cast<float>(comm.rank() * 1000 + static_cast<int>(i * 100 + k));
+          if (m.types[i] == dtype::float64)
+            m.values64[m.slot[i]][k] = comm.rank() * 1000.0 + static_cast<double>(i * 100 + k);
+          else
+            m.values32[m.slot[i]][k] = static_cast<float>(comm.rank() * 1000 + static_cast<int>(i * 100 + k));
         }
       reducer_options opt;
       opt.bucket_byte_limits = {128};
@@ -345,7 +348,9 @@ TEST_CASE("ranks that register different parameter sets get an error on every ra
   const std::vector<variant> cases = {
       {"one parameter fewer", {40, 7}, {}, "parameter count rank 0: 3; rank 1: 2"},
       {"a different size", {40, 7, 9}, {}, "parameter 2 'p2': rank 0: 8 x float32; rank 1: 9 x float32"},
-      {"a different dtype", {40, 7, 8}, {dtype::float32, dtype::float64, dtype::float32},
+      {"a different dtype",
+       {40, 7, 8},
+       {dtype::float32, dtype::float64, dtype::float32},
        "parameter 1 'p1': rank 0: 7 x float32; rank 1: 7 x float64"},
   };
   for (const auto& v : cases) {

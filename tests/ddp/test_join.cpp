@@ -39,7 +39,8 @@ void run_uneven(const std::vector<int>& batches, bool divide_by_initial, bool vi
     for (int s = 0; s < mine; ++s) {
       for (std::size_t i = m.size(); i-- > 0;) {
         void* g = red.gradient(i);
-        for (std::size_t k = 0; k < m.count(i); ++k) toy_model::write(g, dtype::float32, k, grad_value(comm.rank(), i, k, s));
+        for (std::size_t k = 0; k < m.count(i); ++k)
+          toy_model::write(g, dtype::float32, k, grad_value(comm.rank(), i, k, s));
         red.mark_ready(i);
       }
       red.finish();
@@ -57,7 +58,8 @@ void run_uneven(const std::vector<int>& batches, bool divide_by_initial, bool vi
           REQUIRE(got == static_cast<double>(static_cast<float>(sum / divisor)));
         }
       for (std::size_t i = 0; i < m.size(); ++i)
-        std::fill(m.values32[i].begin(), m.values32[i].end(), static_cast<float>(100 * s + 10 * comm.rank() + static_cast<int>(i)));
+        std::fill(m.values32[i].begin(), m.values32[i].end(),
+                  static_cast<float>(100 * s + 10 * comm.rank() + static_cast<int>(i)));
     }
     red.join();
     // The model of the lowest rank that trained in the last step now lives on every rank.
@@ -96,7 +98,7 @@ TEST_CASE("join across three ranks, in any order of running out, with compressio
   run_uneven({2, 5, 3}, false, false, false);
   run_uneven({4, 1, 4}, false, true, false);
   run_uneven({3, 3, 3}, false, false, false);
-  run_uneven({0, 2, 1}, false, false, false);  // rank 0 joins at once, before the rebuild
+  run_uneven({0, 2, 1}, false, false, false);                // rank 0 joins at once, before the rebuild
   run_uneven({2, 4, 2, 4}, false, false, true, {8, 8, 16});  // fp16: 4 or 2 contributors keep values exact
 }
 
@@ -110,8 +112,8 @@ TEST_CASE("join shadows the one rebuild when a rank joins before it") {
     if (comm.rank() == 0) {
       red.join();  // no data at all; rank 1's order is used for the rebuild
     } else {
-      const std::vector<std::size_t> order = comm.rank() == 1 ? std::vector<std::size_t>{0, 2, 1, 3}
-                                                              : std::vector<std::size_t>{3, 2, 1, 0};
+      const std::vector<std::size_t> order =
+          comm.rank() == 1 ? std::vector<std::size_t>{0, 2, 1, 3} : std::vector<std::size_t>{3, 2, 1, 0};
       for (int s = 0; s < 2; ++s) {
         for (std::size_t i : order) {
           std::fill(m.grads32[i].begin(), m.grads32[i].end(), static_cast<float>(comm.rank()));

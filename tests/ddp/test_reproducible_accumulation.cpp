@@ -38,7 +38,8 @@ std::uint64_t scramble(std::uint64_t x) {
 /// small parts differently in every order). With `exact`, small multiples of 1/8 instead,
 /// whose sums are exact in any order.
 double micro_gradient(int j, std::size_t i, std::size_t k, int s, bool exact) {
-  const std::uint64_t h = scramble(scramble(scramble(static_cast<std::uint64_t>(j) * 131 + i) ^ k) + static_cast<std::uint64_t>(s));
+  const std::uint64_t h =
+      scramble(scramble(scramble(static_cast<std::uint64_t>(j) * 131 + i) ^ k) + static_cast<std::uint64_t>(s));
   if (exact) return static_cast<double>(static_cast<int>(h % 41) - 20) / 8.0;
   const int e = static_cast<int>((h >> 8) % 121) - 60;
   const double mantissa = 1.0 + static_cast<double>((h >> 16) % (1u << 20)) / static_cast<double>(1u << 20);
@@ -258,8 +259,9 @@ TEST_CASE("reproducible with unused parameters: an unused parameter contributes 
 }
 
 TEST_CASE("reproducible mode refuses what it cannot make reproducible, on every rank") {
-  auto refused = [](const std::function<reducer_options(int)>& options, std::vector<reducer_parameter> (*params)(toy_model&),
-                    errc kind, const std::vector<std::string>& words) {
+  auto refused = [](const std::function<reducer_options(int)>& options,
+                    std::vector<reducer_parameter> (*params)(toy_model&), errc kind,
+                    const std::vector<std::string>& words) {
     auto out = run_ranks(2, [&](communicator& comm) {
       toy_model m({8, 3}, {});
       gradient_reducer red(comm, params(m), options(comm.rank()));
@@ -313,7 +315,8 @@ TEST_CASE("reproducible mode refuses what it cannot make reproducible, on every 
       },
       [](toy_model& m) {
         auto p = m.parameters();
-        p.push_back(reducer_parameter::of(std::span<std::int32_t>(ints), std::span<std::int32_t>(int_grads), "counter"));
+        p.push_back(
+            reducer_parameter::of(std::span<std::int32_t>(ints), std::span<std::int32_t>(int_grads), "counter"));
         return p;
       },
       errc::invalid_argument, {"reproducible", "'counter'", "int32"});
@@ -328,9 +331,9 @@ TEST_CASE("reproducible mode: an accumulation micro-step must mark every gradien
       gradient_reducer red(comm, m.parameters(), o);
       red.set_require_gradient_sync(false);
       red.mark_ready(1);
-      if (what == 0) red.finish();                          // parameter 0 never marked
+      if (what == 0) red.finish();                         // parameter 0 never marked
       if (what == 1) red.set_require_gradient_sync(true);  // in the middle of the micro-step
-      if (what == 2) red.mark_ready(1);                     // twice
+      if (what == 2) red.mark_ready(1);                    // twice
     });
   };
   const char* expected[] = {"never marked ready in this micro-batch", "middle of an accumulation micro-step",
@@ -344,7 +347,8 @@ TEST_CASE("reproducible mode: an accumulation micro-step must mark every gradien
     }
 }
 
-TEST_CASE("reproducible mode with micro-batches: a bucket's reduction fails on the progress thread, finish() reports it") {
+TEST_CASE(
+    "reproducible mode with micro-batches: a bucket's reduction fails on the progress thread, finish() reports it") {
   // Rank 0 leaves after 5 steps of 2 micro-batches; it takes part in step 6's agreement (an
   // all_gather of one int32, as the reducer's) and then issues an unrelated all_reduce, which
   // meets rank 1's asynchronous reduction of bucket 0. The reduction is issued in mark_ready()

@@ -32,7 +32,8 @@ class device_buffer {
   std::size_t bytes() const noexcept { return bytes_; }
 
   void upload(const std::vector<unsigned char>& host, std::size_t offset = 0) const {
-    ringzero::cudart::check(cudaMemcpy(get() + offset, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    ringzero::cudart::check(cudaMemcpy(get() + offset, host.data(), host.size(), cudaMemcpyHostToDevice),
+                            "cudaMemcpy H2D");
     // From pageable memory cudaMemcpy may return before the DMA has landed, and it is not ordered
     // with non-blocking streams (CUDA runtime API, "API synchronization behavior"): wait for it.
     ringzero::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after an upload)");

@@ -95,7 +95,8 @@ TEST_CASE("cuda_mlp: loss, accuracy count and gradients as the CPU mlp, in the s
         const float host_loss = host.forward(b.x.data(), b.y.data(), batch);
         const int host_correct = host.correct(b.y.data(), batch);
         std::vector<std::size_t> host_order, dev_order;
-        host.backward(b.x.data(), b.y.data(), batch, scale, accumulate, [&](std::size_t i) { host_order.push_back(i); });
+        host.backward(b.x.data(), b.y.data(), batch, scale, accumulate,
+                      [&](std::size_t i) { host_order.push_back(i); });
         cudart::check(cudaMemsetAsync(sums.get(), 0, 2 * sizeof(double), stream), "cudaMemsetAsync");
         dev.forward(x.get(), y.get(), batch, sums.get());
         dev.backward(x.get(), y.get(), batch, scale, accumulate, [&](std::size_t i) { dev_order.push_back(i); });
@@ -180,7 +181,8 @@ TEST_CASE("cuda_dataset: a gathered batch holds exactly the listed rows") {
   cudart::check(cudaMemcpy(labels.data(), y.get(), labels.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
   for (std::size_t r = 0; r < rows.size(); ++r) {
     CHECK(labels[r] == data.labels[rows[r]]);
-    for (std::size_t c = 0; c < data.features; ++c) CHECK(got[r * data.features + c] == data.images[rows[r] * data.features + c]);
+    for (std::size_t c = 0; c < data.features; ++c)
+      CHECK(got[r * data.features + c] == data.images[rows[r] * data.features + c]);
   }
   cudart::check(cudaStreamDestroy(stream), "cudaStreamDestroy");
 }

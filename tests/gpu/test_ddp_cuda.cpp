@@ -49,19 +49,24 @@ struct config {
 
 /// Element k of parameter i's gradient on rank r in step s, micro-step `micro`.
 double gradient_value(const config& cfg, int r, std::size_t i, std::size_t k, int s, int micro) {
-  if (cfg.exact) return static_cast<double>(((r + 1) * 3 + static_cast<int>(i) * 5 + static_cast<int>(k % 7) + s * 2 + micro) % 29) / 8.0;
-  return 0.1 * (r + 1) + 0.013 * static_cast<double>(i) - 0.0007 * static_cast<double>(k % 1000) + 0.37 * s + 0.011 * micro +
-         (k % 3 == 0 ? 1e3 : 0.0);
+  if (cfg.exact)
+    return static_cast<double>(((r + 1) * 3 + static_cast<int>(i) * 5 + static_cast<int>(k % 7) + s * 2 + micro) % 29) /
+           8.0;
+  return 0.1 * (r + 1) + 0.013 * static_cast<double>(i) - 0.0007 * static_cast<double>(k % 1000) + 0.37 * s +
+         0.011 * micro + (k % 3 == 0 ? 1e3 : 0.0);
 }
 
 /// Element k of parameter i's initial value on rank r (the reducer broadcasts rank 0's).
-double initial_value(int r, std::size_t i, std::size_t k) { return 100.0 * r + static_cast<double>(i * 1000 + k % 997); }
+double initial_value(int r, std::size_t i, std::size_t k) {
+  return 100.0 * r + static_cast<double>(i * 1000 + k % 997);
+}
 
 /// `values` as bytes of dtype `t`.
 std::vector<unsigned char> as_bytes(const std::vector<double>& values, dtype t) {
   std::vector<unsigned char> out(values.size() * dtype_size(t));
   for (std::size_t k = 0; k < values.size(); ++k) {
-    if (t == dtype::float64) std::memcpy(out.data() + 8 * k, &values[k], 8);
+    if (t == dtype::float64)
+      std::memcpy(out.data() + 8 * k, &values[k], 8);
     else {
       const float f = static_cast<float>(values[k]);
       std::memcpy(out.data() + 4 * k, &f, 4);
@@ -108,13 +113,17 @@ void rank_body(communicator& comm, const config& cfg, trace& out) {
   // Writes and reads in stream order (cudaMemcpyAsync on the communicator's stream).
   auto put = [&](void* dst, const std::vector<unsigned char>& src) {
     if (src.empty()) return;
-    if (!device) std::memcpy(dst, src.data(), src.size());
-    else cudart::check(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyDefault, stream), "cudaMemcpyAsync (gradient)");
+    if (!device)
+      std::memcpy(dst, src.data(), src.size());
+    else
+      cudart::check(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyDefault, stream),
+                    "cudaMemcpyAsync (gradient)");
   };
   auto get = [&](const void* src, std::size_t bytes) {
     std::vector<unsigned char> v(bytes);
     if (bytes == 0) return v;
-    if (!device) std::memcpy(v.data(), src, bytes);
+    if (!device)
+      std::memcpy(v.data(), src, bytes);
     else {
       cudart::check(cudaMemcpyAsync(v.data(), src, bytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync (read back)");
       comm.synchronize();
@@ -130,8 +139,8 @@ void rank_body(communicator& comm, const config& cfg, trace& out) {
   if (cfg.hook == "fp16") opt.hook = fp16_compress_hook();
   if (cfg.hook == "bf16") opt.hook = bf16_compress_hook();
   gradient_reducer red(comm, params, opt);
-  const int steps = cfg.join ? 3 + r % 3 : 4;  // uneven inputs in join mode
-  std::vector<std::vector<double>> written(n);   // what this rank wrote (no_sync leaves it)
+  const int steps = cfg.join ? 3 + r % 3 : 4;   // uneven inputs in join mode
+  std::vector<std::vector<double>> written(n);  // what this rank wrote (no_sync leaves it)
   for (int s = 0; s < steps; ++s) {
     for (int micro = 0; micro < cfg.accumulate; ++micro) {
       red.set_require_gradient_sync(micro + 1 == cfg.accumulate);
@@ -288,7 +297,8 @@ TEST_CASE("device reducer on NCCL: a world of one keeps the gradients bit for bi
     c.exact = true;  // NCCL sums in its own order and pre-divides: exact inputs make that irrelevant
     CAPTURE(view);
     std::vector<trace> got(2);
-    nccl::launch({0, 1}, [&](nccl::communicator& comm) { rank_body(comm, c, got[static_cast<std::size_t>(comm.rank())]); });
+    nccl::launch({0, 1},
+                 [&](nccl::communicator& comm) { rank_body(comm, c, got[static_cast<std::size_t>(comm.rank())]); });
     check_same(run_host(c), got);
   }
 }
@@ -327,8 +337,7 @@ TEST_CASE("device reducer: a failing rank fails its peers promptly instead of ha
         },
         o);
     FAIL("no error");
-  } catch (const error&) {
-  }
+  } catch (const error&) {}
   CHECK(errors[1].find("never marked ready") != std::string::npos);
   for (auto& e : errors) CHECK_FALSE(e.empty());
 }

@@ -91,7 +91,8 @@ struct device_memory {
   device_memory(local::cuda_communicator& c, std::size_t bytes) : comm(c), arena(bytes) {}
   unsigned char* base() { return arena.get(); }
   void put(unsigned char* dst, const std::vector<unsigned char>& src) {
-    cudart::check(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyHostToDevice, comm.stream()), "cudaMemcpyAsync H2D");
+    cudart::check(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyHostToDevice, comm.stream()),
+                  "cudaMemcpyAsync H2D");
     comm.synchronize();  // the source vector dies with the caller's scope
   }
   std::vector<unsigned char> get(const unsigned char* src, std::size_t bytes) {
@@ -127,7 +128,8 @@ std::vector<std::vector<unsigned char>> run_cases(communicator& c, const std::ve
     unsigned char* send = m.base() + k.misalign * es;
     unsigned char* recv = m.base() + ((send_elems * es + 511) / 256 * 256) + k.misalign * es;
     const std::vector<unsigned char> input = input_of(k, index, r, send_elems);
-    std::vector<unsigned char> sentinel(static_cast<std::size_t>(recv_elems) * es, static_cast<unsigned char>(0xA5 + index));
+    std::vector<unsigned char> sentinel(static_cast<std::size_t>(recv_elems) * es,
+                                        static_cast<unsigned char>(0xA5 + index));
     unsigned char* checked = recv;
     std::size_t checked_bytes = sentinel.size();
     if (k.in_place) {
@@ -156,7 +158,8 @@ std::vector<std::vector<unsigned char>> run_cases(communicator& c, const std::ve
     collective_options o;
     o.algo = k.algo;
     reduce_op op = k.op;
-    if (op.kind == reduce_kind::premul_sum) op = reduce_op::premul_sum(is_floating_point(k.type) ? 0.75 - 0.5 * r : 3.0 - 2.0 * r);
+    if (op.kind == reduce_kind::premul_sum)
+      op = reduce_op::premul_sum(is_floating_point(k.type) ? 0.75 - 0.5 * r : 3.0 - 2.0 * r);
     switch (k.kind) {
       case collective_kind::all_reduce: all_reduce(c, send, recv, k.count, k.type, op, o); break;
       case collective_kind::reduce_scatter: reduce_scatter(c, send, recv, k.count, k.type, op, o); break;
@@ -207,8 +210,8 @@ std::string describe(const case_spec& k) {
 std::vector<case_spec> sweep_cases(int n) {
   std::vector<case_spec> cases;
   const std::uint64_t counts[] = {1, 3, 7, 1000, 65537};
-  const reduce_op all_ops[] = {reduce_kind::sum, reduce_kind::prod, reduce_kind::min, reduce_kind::max, reduce_kind::avg,
-                               reduce_op::premul_sum(1.0)};
+  const reduce_op all_ops[] = {reduce_kind::sum, reduce_kind::prod, reduce_kind::min,
+                               reduce_kind::max, reduce_kind::avg,  reduce_op::premul_sum(1.0)};
   const reduce_op some_ops[] = {reduce_kind::sum, reduce_kind::avg, reduce_op::premul_sum(1.0)};
   const dtype some_types[] = {dtype::float32, dtype::bfloat16, dtype::int64, dtype::uint8};
   for (algorithm a : {algorithm::ring, algorithm::halving_doubling}) {
@@ -222,15 +225,19 @@ std::vector<case_spec> sweep_cases(int n) {
         for (const reduce_op& op : some_ops)
           for (bool in_place : {false, true}) {
             cases.push_back({collective_kind::reduce_scatter, t, op, 0, a, count, in_place, 0});
-            cases.push_back({collective_kind::reduce, t, op, in_place ? 0 : n - 1, a, count, in_place, count == 7 ? 3 : 0});
+            cases.push_back(
+                {collective_kind::reduce, t, op, in_place ? 0 : n - 1, a, count, in_place, count == 7 ? 3 : 0});
           }
-        for (bool in_place : {false, true}) cases.push_back({collective_kind::all_gather, t, {}, 0, a, count, in_place, 0});
+        for (bool in_place : {false, true})
+          cases.push_back({collective_kind::all_gather, t, {}, 0, a, count, in_place, 0});
         cases.push_back({collective_kind::broadcast, t, {}, n - 1, a, count, false, 0});
         if (a == algorithm::ring) cases.push_back({collective_kind::all_to_all, t, {}, 0, a, count, false, 0});
       }
   }
-  cases.push_back({collective_kind::all_reduce, dtype::float32, reduce_kind::sum, 0, algorithm::ring, 1000003, false, 0});
-  cases.push_back({collective_kind::all_reduce, dtype::bfloat16, reduce_kind::avg, 0, algorithm::halving_doubling, 1000003, true, 0});
+  cases.push_back(
+      {collective_kind::all_reduce, dtype::float32, reduce_kind::sum, 0, algorithm::ring, 1000003, false, 0});
+  cases.push_back({collective_kind::all_reduce, dtype::bfloat16, reduce_kind::avg, 0, algorithm::halving_doubling,
+                   1000003, true, 0});
   return cases;
 }
 
@@ -243,10 +250,12 @@ void on_one_gpu(int n, F&& fn) {
 
 /// Uploads `values` into new device memory owned by `keep`, on `c`'s stream.
 template <class T>
-T* to_device(local::cuda_communicator& c, const std::vector<T>& values, std::vector<std::unique_ptr<gpu_test::device_buffer>>& keep) {
+T* to_device(local::cuda_communicator& c, const std::vector<T>& values,
+             std::vector<std::unique_ptr<gpu_test::device_buffer>>& keep) {
   keep.push_back(std::make_unique<gpu_test::device_buffer>(values.size() * sizeof(T) + 16));
-  cudart::check(cudaMemcpyAsync(keep.back()->get(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice, c.stream()),
-                "cudaMemcpyAsync H2D");
+  cudart::check(
+      cudaMemcpyAsync(keep.back()->get(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice, c.stream()),
+      "cudaMemcpyAsync H2D");
   c.synchronize();
   return reinterpret_cast<T*>(keep.back()->get());
 }
@@ -255,7 +264,8 @@ template <class T>
 std::vector<T> to_host(local::cuda_communicator& c, const T* device, std::size_t count) {
   std::vector<T> v(count);
   c.synchronize();
-  cudart::check(cudaMemcpyAsync(v.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, c.stream()), "cudaMemcpyAsync D2H");
+  cudart::check(cudaMemcpyAsync(v.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, c.stream()),
+                "cudaMemcpyAsync D2H");
   c.synchronize();
   return v;
 }
@@ -304,7 +314,8 @@ TEST_CASE("cases C1, C2, C3, C9 and C10 on device memory") {
   on_one_gpu(4, [](local::cuda_communicator& c) {
     std::vector<std::unique_ptr<gpu_test::device_buffer>> keep;
     const std::uint64_t top = ~std::uint64_t{0};
-    std::uint64_t* x = to_device(c, std::vector<std::uint64_t>{c.rank() == 2 ? 0 : top, c.rank() == 2 ? top >> 1 : top}, keep);
+    std::uint64_t* x =
+        to_device(c, std::vector<std::uint64_t>{c.rank() == 2 ? 0 : top, c.rank() == 2 ? top >> 1 : top}, keep);
     std::uint64_t* lo = to_device(c, std::vector<std::uint64_t>(2, 7), keep);
     std::uint64_t* hi = to_device(c, std::vector<std::uint64_t>(2, 7), keep);
     all_reduce(c, x, lo, 2, dtype::uint64, reduce_kind::min);
@@ -320,8 +331,10 @@ TEST_CASE("cases C1, C2, C3, C9 and C10 on device memory") {
     std::int64_t* y = to_device(c, std::vector<std::int64_t>{-9, -9, -9, -9}, keep);
     reduce(c, x, y, 4, dtype::int64, reduce_kind::sum, 0);
     const auto got = to_host(c, y, 4);
-    if (c.rank() == 0) CHECK(got == std::vector<std::int64_t>{5, 7, 9, 11});
-    else CHECK(got == std::vector<std::int64_t>{-9, -9, -9, -9});
+    if (c.rank() == 0)
+      CHECK(got == std::vector<std::int64_t>{5, 7, 9, 11});
+    else
+      CHECK(got == std::vector<std::int64_t>{-9, -9, -9, -9});
   });
   // C10: counts that do not divide: trailing ranks own empty blocks.
   for (const auto& [n, count] : {std::pair<int, std::uint64_t>{4, 1}, {4, 3}, {4, 7}, {3, 1000003}})
@@ -341,7 +354,8 @@ TEST_CASE("cases C1, C2, C3, C9 and C10 on device memory") {
         reduce_scatter(c, x, part, count, dtype::int32, reduce_kind::sum, o);
         all_gather(c, x, gathered, count, dtype::int32, o);
         const auto got_all = to_host(c, all, count);
-        for (std::uint64_t i = 0; i < count; ++i) REQUIRE(got_all[i] == n * static_cast<std::int32_t>(i % 1000) + rank_sum);
+        for (std::uint64_t i = 0; i < count; ++i)
+          REQUIRE(got_all[i] == n * static_cast<std::int32_t>(i % 1000) + rank_sum);
         const auto got_part = to_host(c, part, count);
         for (std::uint64_t i = 0; i < count; ++i) {
           const std::uint64_t g = static_cast<std::uint64_t>(c.rank()) * count + i;
@@ -383,7 +397,8 @@ TEST_CASE("a world of one returns its input bit for bit (C4); zero counts touch 
   on_one_gpu(1, [](local::cuda_communicator& c) {
     std::vector<std::unique_ptr<gpu_test::device_buffer>> keep;
     std::vector<bfloat16> in(1000);
-    for (std::size_t i = 0; i < in.size(); ++i) in[i] = bfloat16::from_bits(static_cast<std::uint16_t>(0x3f80 + i * 37));
+    for (std::size_t i = 0; i < in.size(); ++i)
+      in[i] = bfloat16::from_bits(static_cast<std::uint16_t>(0x3f80 + i * 37));
     bfloat16* x = to_device(c, in, keep);
     bfloat16* y = to_device(c, std::vector<bfloat16>(1000), keep);
     all_reduce(c, x, y, 1000, dtype::bfloat16, reduce_kind::avg);
@@ -408,7 +423,8 @@ TEST_CASE("a count mismatch fails on every rank (C6); a send/recv size mismatch 
     try {
       all_reduce(c, x, x, c.rank() == 0 ? 2560 : 5120, dtype::float32, reduce_kind::sum);
     } catch (const error& e) {
-      if (e.kind() == errc::contract_mismatch && std::string(e.what()).find("count mismatch") != std::string::npos) ++mismatches;
+      if (e.kind() == errc::contract_mismatch && std::string(e.what()).find("count mismatch") != std::string::npos)
+        ++mismatches;
     }
   });
   CHECK(mismatches == 4);
@@ -417,8 +433,10 @@ TEST_CASE("a count mismatch fails on every rank (C6); a send/recv size mismatch 
     std::vector<std::unique_ptr<gpu_test::device_buffer>> keep;
     float* x = to_device(c, std::vector<float>(3, 1.0f), keep);
     try {
-      if (c.rank() == 0) send(c, x, 1, dtype::float32, 1);
-      else recv(c, x, 3, dtype::float32, 0);
+      if (c.rank() == 0)
+        send(c, x, 1, dtype::float32, 1);
+      else
+        recv(c, x, 3, dtype::float32, 0);
     } catch (const error& e) {
       if (e.kind() == errc::size_mismatch) ++size_errors;
     }
@@ -436,7 +454,8 @@ TEST_CASE("send/recv around a ring, barrier, and asynchronous collectives on dev
     double* y = to_device(c, std::vector<double>(mine.size(), 0.0), keep);
     sendrecv(c, x, mine.size(), (r + 1) % n, y, mine.size(), (r + n - 1) % n, dtype::float64);
     const auto got = to_host(c, y, mine.size());
-    for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == ((r + n - 1) % n) * 10000.0 + static_cast<double>(i));
+    for (std::size_t i = 0; i < got.size(); ++i)
+      REQUIRE(got[i] == ((r + n - 1) % n) * 10000.0 + static_cast<double>(i));
     barrier(c);
     // Three asynchronous all-reduces in flight, then wait: results in issue order.
     std::vector<float*> bufs;
@@ -458,11 +477,10 @@ TEST_CASE("local::launch_cuda refuses bad arguments clearly") {
   local::cuda_launch_options bad;
   bad.devices = {1000};
   try {
-    local::launch_cuda(2, [](local::cuda_communicator&) {}, bad);
+    local::launch_cuda(
+        2, [](local::cuda_communicator&) {}, bad);
     FAIL("device 1000 accepted");
-  } catch (const error& e) {
-    CHECK(e.kind() == errc::invalid_argument);
-  }
+  } catch (const error& e) { CHECK(e.kind() == errc::invalid_argument); }
   // direct is not offered on device memory: an explicit request is refused on every rank.
   std::atomic<int> refused{0};
   on_one_gpu(2, [&](local::cuda_communicator& c) {

@@ -16,8 +16,8 @@
 #include <fstream>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "gpu_test_support.hpp"
@@ -49,7 +49,8 @@ std::vector<unsigned char> finite_input(dtype t, std::uint64_t count, std::uint6
 /// What a world of one must return for `op` on `input` (the host primitives' answer).
 std::vector<unsigned char> world_of_one(dtype t, reduce_op op, const std::vector<unsigned char>& input) {
   std::vector<unsigned char> out = input;
-  if (op.kind == reduce_kind::premul_sum) primitive::scale_into(out.data(), input.data(), input.size() / dtype_size(t), t, op.scalar);
+  if (op.kind == reduce_kind::premul_sum)
+    primitive::scale_into(out.data(), input.data(), input.size() / dtype_size(t), t, op.scalar);
   return out;
 }
 
@@ -68,9 +69,7 @@ std::vector<unsigned char> download(nccl::communicator& c, const void* p, std::s
 errc error_of(auto&& f) {
   try {
     f();
-  } catch (const error& e) {
-    return e.kind();
-  }
+  } catch (const error& e) { return e.kind(); }
   return errc::internal;
 }
 
@@ -90,24 +89,32 @@ TEST_CASE("native collectives with one rank: every kind, dtype and op returns th
       const double scalar = is_floating_point(t) ? 0.5 : 3.0;  // exact in every 16-bit float too
       for (reduce_op op : {reduce_op(reduce_kind::sum), reduce_op(reduce_kind::prod), reduce_op(reduce_kind::min),
                            reduce_op(reduce_kind::max), reduce_op(reduce_kind::avg), reduce_op::premul_sum(scalar)})
-        for (collective_kind k : {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::reduce}) {
+        for (collective_kind k :
+             {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::reduce}) {
           CAPTURE(dtype_name(t));
           CAPTURE(reduce_kind_name(op.kind));
           CAPTURE(collective_name(k));
           recv.upload(std::vector<unsigned char>(bytes, 0xEE));
-          if (k == collective_kind::all_reduce) all_reduce(c, send.get(), recv.get(), count, t, op);
-          else if (k == collective_kind::reduce_scatter) reduce_scatter(c, send.get(), recv.get(), count, t, op);
-          else reduce(c, send.get(), recv.get(), count, t, op, 0);
+          if (k == collective_kind::all_reduce)
+            all_reduce(c, send.get(), recv.get(), count, t, op);
+          else if (k == collective_kind::reduce_scatter)
+            reduce_scatter(c, send.get(), recv.get(), count, t, op);
+          else
+            reduce(c, send.get(), recv.get(), count, t, op, 0);
           std::string what;
           INFO(what);
-          REQUIRE(gpu_test::first_difference(t, download(c, recv.get(), bytes), world_of_one(t, op, input), false, &what) == -1);
+          REQUIRE(gpu_test::first_difference(t, download(c, recv.get(), bytes), world_of_one(t, op, input), false,
+                                             &what) == -1);
         }
       for (collective_kind k : {collective_kind::all_gather, collective_kind::broadcast, collective_kind::all_to_all}) {
         CAPTURE(collective_name(k));
         recv.upload(std::vector<unsigned char>(bytes, 0xEE));
-        if (k == collective_kind::all_gather) all_gather(c, send.get(), recv.get(), count, t);
-        else if (k == collective_kind::broadcast) broadcast(c, send.get(), recv.get(), count, t, 0);
-        else all_to_all(c, send.get(), recv.get(), count, t);
+        if (k == collective_kind::all_gather)
+          all_gather(c, send.get(), recv.get(), count, t);
+        else if (k == collective_kind::broadcast)
+          broadcast(c, send.get(), recv.get(), count, t, 0);
+        else
+          all_to_all(c, send.get(), recv.get(), count, t);
         REQUIRE(download(c, recv.get(), bytes) == input);
       }
     }
@@ -169,8 +176,10 @@ TEST_CASE("communicators from the environment, from an id file, and by split") {
     CHECK(!std::ifstream(path));  // rank 0 removed it once the communicator existed
   }
   for (int i = 0; i < 3; ++i) {
-    if (had[i]) setenv(vars[i], saved[i].c_str(), 1);
-    else unsetenv(vars[i]);
+    if (had[i])
+      setenv(vars[i], saved[i].c_str(), 1);
+    else
+      unsetenv(vars[i]);
   }
 }
 
@@ -181,7 +190,8 @@ TEST_CASE("the contract check runs through NCCL; invalid arguments are refused")
       [](nccl::communicator& c) {
         gpu_test::device_buffer x(256);
         all_reduce(c, x.get(), x.get(), 16, dtype::float32, reduce_kind::sum);
-        CHECK(error_of([&] { all_reduce(c, nullptr, x.get(), 16, dtype::float32, reduce_kind::sum); }) == errc::invalid_argument);
+        CHECK(error_of([&] { all_reduce(c, nullptr, x.get(), 16, dtype::float32, reduce_kind::sum); }) ==
+              errc::invalid_argument);
         CHECK(error_of([&] { broadcast(c, x.get(), x.get(), 16, dtype::float32, 3); }) == errc::invalid_argument);
         all_reduce(c, x.get(), x.get(), 16, dtype::float32, reduce_kind::sum);  // still usable
         c.synchronize();
@@ -189,7 +199,8 @@ TEST_CASE("the contract check runs through NCCL; invalid arguments are refused")
       o);
   on_one_rank([](nccl::communicator& c) {
     gpu_test::device_buffer x(256);
-    CHECK(error_of([&] { all_reduce(c, nullptr, x.get(), 16, dtype::float32, reduce_kind::sum); }) == errc::invalid_argument);
+    CHECK(error_of([&] { all_reduce(c, nullptr, x.get(), 16, dtype::float32, reduce_kind::sum); }) ==
+          errc::invalid_argument);
     c.synchronize();
   });
 }
@@ -243,7 +254,8 @@ TEST_CASE("a collective that cannot complete is aborted after the timeout (watch
     }
     // ncclCommAbort may itself wait for the stream (it frees device memory), so the error can
     // come only once the blocker is released; what matters is that it is a timeout, not success.
-    MESSAGE("timeout reported after " << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s");
+    MESSAGE("timeout reported after " << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                                      << " s");
     CHECK(c.aborted());
     CHECK(error_of([&] { all_reduce(c, x.get(), x.get(), 256, dtype::float32, reduce_kind::sum); }) == errc::aborted);
     blocker.released = true;

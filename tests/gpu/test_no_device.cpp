@@ -48,7 +48,8 @@ TEST_CASE("GPU entry points: errc::no_device without a device, working ones with
   if (devices == 0) {
     MESSAGE("no CUDA device here (" << why << "): checking the errors");
     std::atomic<int> ranks_started{0};
-    expect_no_device([&] { local::launch_cuda(2, [&](local::cuda_communicator&) { ++ranks_started; }); }, "local::launch_cuda");
+    expect_no_device([&] { local::launch_cuda(2, [&](local::cuda_communicator&) { ++ranks_started; }); },
+                     "local::launch_cuda");
     CHECK(ranks_started == 0);
     expect_no_device([] { (void)cudart::require_device("a test"); }, "cudart::require_device");
     // the low-level helpers too: what the runtime answers means "no device", not a failed call

@@ -77,7 +77,8 @@ primitive::reduce_spec spec_of(dtype t, reduce_kind k) {
 std::vector<primitive::reduce_spec> reduce_variants(dtype t) {
   const bool fp = is_floating_point(t);
   std::vector<primitive::reduce_spec> v;
-  for (reduce_kind k : {reduce_kind::sum, reduce_kind::prod, reduce_kind::min, reduce_kind::max}) v.push_back(spec_of(t, k));
+  for (reduce_kind k : {reduce_kind::sum, reduce_kind::prod, reduce_kind::min, reduce_kind::max})
+    v.push_back(spec_of(t, k));
   auto avg = spec_of(t, reduce_kind::avg);
   avg.divisor = 3;
   v.push_back(avg);
@@ -146,13 +147,15 @@ TEST_CASE("reduce_into: every dtype, kind, count and alignment, bit for bit as t
           CAPTURE(l.in_place);
           operand& out = l.in_place == 1 ? a : l.in_place == 2 ? b : d;
           const std::size_t window = static_cast<std::size_t>(l.dst + count + guard) * es;
-          expect_launch(k.reduce_into(out.device.get() + l.dst * es, a.device.get() + l.a * es, b.device.get() + l.b * es, count,
-                                      spec, stream.s),
+          expect_launch(k.reduce_into(out.device.get() + l.dst * es, a.device.get() + l.a * es,
+                                      b.device.get() + l.b * es, count, spec, stream.s),
                         "reduce_into launch");
-          primitive::reduce_into(out.host.data() + l.dst * es, a.host.data() + l.a * es, b.host.data() + l.b * es, count, spec);
+          primitive::reduce_into(out.host.data() + l.dst * es, a.host.data() + l.a * es, b.host.data() + l.b * es,
+                                 count, spec);
           sync(stream.s);
           const std::vector<unsigned char> got = out.device.download(0, window);
-          const std::vector<unsigned char> want(out.host.begin(), out.host.begin() + static_cast<std::ptrdiff_t>(window));
+          const std::vector<unsigned char> want(out.host.begin(),
+                                                out.host.begin() + static_cast<std::ptrdiff_t>(window));
           std::string what;
           const long long at = gpu_test::first_difference(t, got, want, arithmetic, &what);
           INFO(what);
@@ -172,11 +175,34 @@ TEST_CASE("cast: all 100 dtype pairs, bit for bit as the host") {
     std::vector<unsigned char> src = gpu_test::random_bytes(static_cast<std::size_t>(n + guard) * dtype_size(from),
                                                             300 + static_cast<std::uint64_t>(from));
     // The edges of every rule at the front: zeros, infinities, NaN with payload, saturation points.
-    const double specials[] = {0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.5, -2.5, 127.5, 128.0, -129.0, 255.5, 256.0,
-                               65504.0, 65520.0, 70000.0, 2147483648.0, -2147483649.0, 4294967296.0,
-                               9223372036854775808.0, 18446744073709551616.0, 1e30, -1e30,
-                               std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
-                               std::numeric_limits<double>::quiet_NaN(), 1e-40, 5.9604644775390625e-08};
+    const double specials[] = {0.0,
+                               -0.0,
+                               1.0,
+                               -1.0,
+                               0.5,
+                               -0.5,
+                               2.5,
+                               -2.5,
+                               127.5,
+                               128.0,
+                               -129.0,
+                               255.5,
+                               256.0,
+                               65504.0,
+                               65520.0,
+                               70000.0,
+                               2147483648.0,
+                               -2147483649.0,
+                               4294967296.0,
+                               9223372036854775808.0,
+                               18446744073709551616.0,
+                               1e30,
+                               -1e30,
+                               std::numeric_limits<double>::infinity(),
+                               -std::numeric_limits<double>::infinity(),
+                               std::numeric_limits<double>::quiet_NaN(),
+                               1e-40,
+                               5.9604644775390625e-08};
     visit_dtype(from, [&]<class F>() {
       for (std::size_t i = 0; i < std::size(specials); ++i) {
         const F x = primitive::detail::convert<F>(specials[i]);
@@ -200,7 +226,8 @@ TEST_CASE("cast: all 100 dtype pairs, bit for bit as the host") {
           CAPTURE(os);
           ddst.upload(initial);
           std::vector<unsigned char> want = initial;
-          expect_launch(k.cast(ddst.get() + od * es, to, dsrc.get() + os * dtype_size(from), from, count, stream.s), "cast launch");
+          expect_launch(k.cast(ddst.get() + od * es, to, dsrc.get() + os * dtype_size(from), from, count, stream.s),
+                        "cast launch");
           primitive::cast_into(want.data() + od * es, to, src.data() + os * dtype_size(from), from, count);
           sync(stream.s);
           const std::size_t window = static_cast<std::size_t>(od + count + guard) * es;
@@ -240,12 +267,15 @@ TEST_CASE("scale and fill: every dtype, bit for bit as the host") {
           CAPTURE(os);
           CAPTURE(in_place);
           std::vector<unsigned char> want = in_place ? src : initial;
-          if (in_place) ddst.upload(src);
-          else ddst.upload(initial);
+          if (in_place)
+            ddst.upload(src);
+          else
+            ddst.upload(initial);
           const unsigned char* dev_src = in_place ? ddst.get() + os * es : dsrc.get() + os * es;
           expect_launch(k.scale(ddst.get() + od * es, dev_src, count, t, scalar, stream.s), "scale launch");
           const std::vector<unsigned char> host_src = want;
-          primitive::scale_into(want.data() + od * es, (in_place ? host_src.data() : src.data()) + os * es, count, t, scalar);
+          primitive::scale_into(want.data() + od * es, (in_place ? host_src.data() : src.data()) + os * es, count, t,
+                                scalar);
           sync(stream.s);
           const std::size_t window = static_cast<std::size_t>(od + count + guard) * es;
           want.resize(window);
@@ -256,7 +286,8 @@ TEST_CASE("scale and fill: every dtype, bit for bit as the host") {
         }
     for (double value : {0.0, 1.0, -1.0, 2.5, 1e10, -1e10, std::numeric_limits<double>::quiet_NaN(),
                          std::numeric_limits<double>::infinity()})
-      for (std::uint64_t count : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{15}, std::uint64_t{16}, std::uint64_t{17}, n})
+      for (std::uint64_t count :
+           {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{15}, std::uint64_t{16}, std::uint64_t{17}, n})
         for (int od : {0, 1, 3}) {
           CAPTURE(dtype_name(t));
           CAPTURE(value);
@@ -288,7 +319,8 @@ TEST_CASE("divide: every dtype and several divisors, bit for bit as the host (a 
     const std::vector<unsigned char> initial = gpu_test::random_bytes(bytes, 800 + static_cast<std::uint64_t>(t));
     device_buffer dsrc(bytes), ddst(bytes);
     dsrc.upload(src);
-    for (std::int64_t divisor : {std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, std::int64_t{7}, std::int64_t{1} << 40})
+    for (std::int64_t divisor :
+         {std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, std::int64_t{7}, std::int64_t{1} << 40})
       for (std::uint64_t count : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{9}, std::uint64_t{33}, n})
         for (const unary_layout& l : unary_layouts) {
           const int od = l.dst, os = l.src;
@@ -326,20 +358,39 @@ TEST_CASE("divide: every dtype and several divisors, bit for bit as the host (a 
 TEST_CASE("avg and divide of integers: every form of divisor, dividends around its multiples") {
   const auto& k = primitive::require_device_primitives();
   stream_holder stream;
-  constexpr std::int64_t divisors[] = {1,           2,          3,          5,           6,
-                                       7,           100,        127,        128,         255,
-                                       256,         641,        65535,      65537,       0x7fffffff,
-                                       0x80000000,  0xffffffff, 0x100000000, 0x100000001, (std::int64_t{1} << 62) + 3,
+  constexpr std::int64_t divisors[] = {1,
+                                       2,
+                                       3,
+                                       5,
+                                       6,
+                                       7,
+                                       100,
+                                       127,
+                                       128,
+                                       255,
+                                       256,
+                                       641,
+                                       65535,
+                                       65537,
+                                       0x7fffffff,
+                                       0x80000000,
+                                       0xffffffff,
+                                       0x100000000,
+                                       0x100000001,
+                                       (std::int64_t{1} << 62) + 3,
                                        std::numeric_limits<std::int64_t>::max()};
   for (dtype t : {dtype::int8, dtype::uint8, dtype::int32, dtype::uint32, dtype::int64, dtype::uint64})
     for (std::int64_t divisor : divisors) {
       CAPTURE(dtype_name(t));
       CAPTURE(divisor);
       const std::vector<unsigned char> src = visit_dtype(t, [&]<class T>() {
-        const std::vector<unsigned char> noise = gpu_test::random_bytes(4096 * sizeof(T), 900 + static_cast<std::uint64_t>(divisor % 1000));
-        std::vector<T> v = {std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), T(0), T(1), static_cast<T>(-1)};
+        const std::vector<unsigned char> noise =
+            gpu_test::random_bytes(4096 * sizeof(T), 900 + static_cast<std::uint64_t>(divisor % 1000));
+        std::vector<T> v = {std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), T(0), T(1),
+                            static_cast<T>(-1)};
         const auto d = static_cast<std::uint64_t>(divisor);
-        for (std::uint64_t q : {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{3}, std::uint64_t{100}, std::uint64_t{12345}})
+        for (std::uint64_t q :
+             {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{3}, std::uint64_t{100}, std::uint64_t{12345}})
           for (std::uint64_t m : {q * d, q * d - 1, q * d + 1, q * d + d - 1}) {  // wrapping where T is narrower
             v.push_back(static_cast<T>(m));
             v.push_back(static_cast<T>(std::uint64_t{0} - m));
@@ -360,14 +411,16 @@ TEST_CASE("avg and divide of integers: every form of divisor, dividends around i
       expect_launch(k.divide(ddst.get(), dsrc.get(), n, t, divisor, stream.s), "divide launch");
       primitive::divide_into(want.data(), src.data(), n, t, divisor);
       sync(stream.s);
-      CHECK_MESSAGE(gpu_test::first_difference(t, ddst.download(0, src.size()), want, false, &what) == -1, "divide: " << what);
+      CHECK_MESSAGE(gpu_test::first_difference(t, ddst.download(0, src.size()), want, false, &what) == -1,
+                    "divide: " << what);
 
       primitive::reduce_spec avg = spec_of(t, reduce_kind::avg);
       avg.divisor = divisor;
       expect_launch(k.reduce_into(ddst.get(), dsrc.get(), dzero.get(), n, avg, stream.s), "reduce_into launch");
       primitive::reduce_into(want.data(), src.data(), zeros.data(), n, avg);
       sync(stream.s);
-      CHECK_MESSAGE(gpu_test::first_difference(t, ddst.download(0, src.size()), want, false, &what) == -1, "avg: " << what);
+      CHECK_MESSAGE(gpu_test::first_difference(t, ddst.download(0, src.size()), want, false, &what) == -1,
+                    "avg: " << what);
     }
   primitive::reduce_spec negative = spec_of(dtype::int32, reduce_kind::avg);
   negative.divisor = -2;
@@ -420,7 +473,8 @@ TEST_CASE("a count above 2^31 elements is reduced completely (64-bit indexing)")
   da.upload(a);
   db.upload(b);
   const primitive::reduce_spec spec = spec_of(dtype::uint8, reduce_kind::sum);
-  expect_launch(k.reduce_into(da.get() + 1, da.get() + 1, db.get() + 1, count - 1, spec, stream.s), "reduce_into launch");
+  expect_launch(k.reduce_into(da.get() + 1, da.get() + 1, db.get() + 1, count - 1, spec, stream.s),
+                "reduce_into launch");
   sync(stream.s);
   std::vector<unsigned char> want = a;
   primitive::reduce_into(want.data() + 1, want.data() + 1, b.data() + 1, count - 1, spec);
@@ -459,7 +513,9 @@ long long first_difference_parallel(dtype t, const unsigned char* got, const uns
 /// Pinned host memory (fast transfers, touched once), freed on destruction.
 struct pinned_buffer {
   unsigned char* p = nullptr;
-  explicit pinned_buffer(std::size_t bytes) { cudart::check(cudaMallocHost(reinterpret_cast<void**>(&p), bytes), "cudaMallocHost"); }
+  explicit pinned_buffer(std::size_t bytes) {
+    cudart::check(cudaMallocHost(reinterpret_cast<void**>(&p), bytes), "cudaMallocHost");
+  }
   ~pinned_buffer() { (void)cudaFreeHost(p); }
   pinned_buffer(const pinned_buffer&) = delete;
   pinned_buffer& operator=(const pinned_buffer&) = delete;
@@ -476,7 +532,9 @@ struct pinned_buffer {
 // kind, in chunks of 1024 second operands x all 65536 first operands (every other chunk one
 // element in). The host tests check the lane functions with a model of the comparison
 // instruction; this checks the instructions.
-TEST_CASE("reduce_into: every pair of float16 and bfloat16 values (sum, prod, min, max) and of int8 and uint8 values (sum, min, max)") {
+TEST_CASE(
+    "reduce_into: every pair of float16 and bfloat16 values (sum, prod, min, max) and of int8 and uint8 values (sum, "
+    "min, max)") {
   const auto& k = primitive::require_device_primitives();
   stream_holder stream;
   const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
@@ -504,7 +562,8 @@ TEST_CASE("reduce_into: every pair of float16 and bfloat16 values (sum, prod, mi
   constexpr std::size_t bytes = static_cast<std::size_t>(n) * 2;
   pinned_buffer a(bytes), b(bytes), got(bytes);
   std::vector<unsigned char> want(bytes);
-  for (std::uint64_t i = 0; i < n; ++i) reinterpret_cast<std::uint16_t*>(a.p)[i] = static_cast<std::uint16_t>(i % values);
+  for (std::uint64_t i = 0; i < n; ++i)
+    reinterpret_cast<std::uint16_t*>(a.p)[i] = static_cast<std::uint16_t>(i % values);
   device_buffer da(bytes), db(bytes), dd(bytes);
   cudart::check(cudaMemcpy(da.get(), a.p, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
   for (dtype t : {dtype::float16, dtype::bfloat16}) {
@@ -523,14 +582,18 @@ TEST_CASE("reduce_into: every pair of float16 and bfloat16 values (sum, prod, mi
           for (std::uint64_t i = begin; i < end; ++i) second[i] = static_cast<std::uint16_t>(first_second + i / values);
         });
         cudart::check(cudaMemcpy(db.get(), b.p, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-        expect_launch(k.reduce_into(dd.get() + 2 * skip, da.get() + 2 * skip, db.get() + 2 * skip, n - skip, spec, stream.s),
-                      "reduce_into launch");
-        parallel_for(n, threads, [&](unsigned, std::uint64_t begin, std::uint64_t end) {  // the host's result while the device works
-          primitive::reduce_into(want.data() + 2 * begin, a.p + 2 * begin, b.p + 2 * begin, end - begin, spec);
-        });
+        expect_launch(
+            k.reduce_into(dd.get() + 2 * skip, da.get() + 2 * skip, db.get() + 2 * skip, n - skip, spec, stream.s),
+            "reduce_into launch");
+        parallel_for(
+            n, threads,
+            [&](unsigned, std::uint64_t begin, std::uint64_t end) {  // the host's result while the device works
+              primitive::reduce_into(want.data() + 2 * begin, a.p + 2 * begin, b.p + 2 * begin, end - begin, spec);
+            });
         sync(stream.s);
         cudart::check(cudaMemcpy(got.p, dd.get(), bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-        long long at = first_difference_parallel(t, got.p + 2 * skip, want.data() + 2 * skip, n - skip, arithmetic, threads);
+        long long at =
+            first_difference_parallel(t, got.p + 2 * skip, want.data() + 2 * skip, n - skip, arithmetic, threads);
         if (at >= 0) {
           at += static_cast<long long>(skip);
           std::uint16_t x, y, g, h;

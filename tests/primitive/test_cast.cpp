@@ -63,7 +63,7 @@ TEST_CASE("into floating types: round to nearest even; 16-bit floats through flo
   CHECK(convert<double>(std::int64_t{(1LL << 53) + 3}) == 9007199254740996.0);
   CHECK(convert<float>(std::numeric_limits<std::uint64_t>::max()) == 18446744073709551616.0f);
   CHECK(convert<float>(std::int32_t{16777217}) == 16777216.0f);
-  CHECK(convert<float>(1.0000000596046448) == 1.0f);  // exactly half an ulp above 1: even
+  CHECK(convert<float>(1.0000000596046448) == 1.0f);                 // exactly half an ulp above 1: even
   CHECK(convert<float>(1.0000001788139343) == 1.0000002384185791f);  // 1.5 ulps: even is up
   CHECK(std::isinf(convert<float>(1e300)));
   CHECK(convert<float16>(65504.0f).bits == 0x7bff);

@@ -93,8 +93,9 @@ void check_op(reduce_kind kind) {
       const double exact = kind == reduce_kind::sum ? value[i] + y : value[i] * y;  // exact in double
       if (!same(out[i].bits, round_to_half(exact))) {
         char what[96];
-        std::snprintf(what, sizeof what, "%s of binary16 bits 0x%04x and 0x%04x gave 0x%04x", std::string(reduce_kind_name(kind)).c_str(),
-                      static_cast<unsigned>(i), static_cast<unsigned>(second), static_cast<unsigned>(out[i].bits));
+        std::snprintf(what, sizeof what, "%s of binary16 bits 0x%04x and 0x%04x gave 0x%04x",
+                      std::string(reduce_kind_name(kind)).c_str(), static_cast<unsigned>(i),
+                      static_cast<unsigned>(second), static_cast<unsigned>(out[i].bits));
         FAIL_CHECK(what);
         return;
       }
@@ -110,9 +111,9 @@ void check_op(reduce_kind kind) {
 TEST_CASE("the reference rounding itself: known binary16 values") {
   CHECK(round_to_half(65519.99) == 65504.0);
   CHECK(std::isinf(round_to_half(65520.0)));
-  CHECK(round_to_half(1.0 + std::ldexp(1.0, -11)) == 1.0);                          // tie to even (down)
+  CHECK(round_to_half(1.0 + std::ldexp(1.0, -11)) == 1.0);                            // tie to even (down)
   CHECK(round_to_half(1.0 + 3 * std::ldexp(1.0, -11)) == 1.0 + std::ldexp(1.0, -9));  // tie to even (up)
-  CHECK(round_to_half(std::ldexp(1.0, -25)) == 0.0);                                 // tie below the least subnormal
+  CHECK(round_to_half(std::ldexp(1.0, -25)) == 0.0);                                  // tie below the least subnormal
   CHECK(round_to_half(std::ldexp(3.0, -26)) == std::ldexp(1.0, -24));
   CHECK(half_value(0x3c00) == 1.0);
   CHECK(half_value(0x0001) == std::ldexp(1.0, -24));

@@ -34,7 +34,8 @@ std::vector<U> divisors(U small, std::mt19937_64& rng) {
   for (U v = 1; v <= small; ++v) d.push_back(v);
   constexpr unsigned bits = sizeof(U) * 8;
   for (unsigned k = 2; k < bits; ++k)
-    for (U v : {static_cast<U>((U(1) << k) - 1), static_cast<U>(U(1) << k), static_cast<U>((U(1) << k) + 1)}) d.push_back(v);
+    for (U v : {static_cast<U>((U(1) << k) - 1), static_cast<U>(U(1) << k), static_cast<U>((U(1) << k) + 1)})
+      d.push_back(v);
   d.push_back(std::numeric_limits<U>::max());
   d.push_back(std::numeric_limits<U>::max() - 1);
   for (int i = 0; i < 64; ++i) {
@@ -49,8 +50,16 @@ std::vector<U> divisors(U small, std::mt19937_64& rng) {
 template <class U>
 std::vector<U> dividends(U d, std::mt19937_64& rng) {
   constexpr U top = std::numeric_limits<U>::max();
-  std::vector<U> n = {0, 1, 2, top, static_cast<U>(top - 1), static_cast<U>(top / 2), static_cast<U>(top / 2 + 1), d,
-                      static_cast<U>(d - 1), static_cast<U>(d + 1)};
+  std::vector<U> n = {0,
+                      1,
+                      2,
+                      top,
+                      static_cast<U>(top - 1),
+                      static_cast<U>(top / 2),
+                      static_cast<U>(top / 2 + 1),
+                      d,
+                      static_cast<U>(d - 1),
+                      static_cast<U>(d + 1)};
   const U max_q = top / d;
   for (int i = 0; i < 48; ++i) {
     const U q = i < 4 ? static_cast<U>(max_q - static_cast<U>(i)) : std::uniform_int_distribution<U>(0, max_q)(rng);
@@ -108,7 +117,8 @@ std::vector<std::int64_t> world_sizes(std::int64_t small) {
   std::vector<std::int64_t> ns;
   for (std::int64_t n = 1; n <= small; ++n) ns.push_back(n);
   for (unsigned k = 8; k < 63; ++k)
-    for (std::int64_t n : {(std::int64_t{1} << k) - 1, std::int64_t{1} << k, (std::int64_t{1} << k) + 1}) ns.push_back(n);
+    for (std::int64_t n : {(std::int64_t{1} << k) - 1, std::int64_t{1} << k, (std::int64_t{1} << k) + 1})
+      ns.push_back(n);
   ns.push_back(std::numeric_limits<std::int64_t>::max());
   return ns;
 }
@@ -179,7 +189,8 @@ TEST_CASE("divide(a, prepare_divisor(n)) equals divide(a, n) for every integer d
     CHECK(h::divide(std::int8_t{-128}, h::prepare_divisor<std::int8_t>(128)) == -1);
     CHECK(h::divide(std::numeric_limits<std::int32_t>::min(), h::prepare_divisor<std::int32_t>(1)) ==
           std::numeric_limits<std::int32_t>::min());
-    CHECK(h::divide(std::numeric_limits<std::int32_t>::min(), h::prepare_divisor<std::int32_t>(std::int64_t{1} << 31)) == -1);
+    CHECK(h::divide(std::numeric_limits<std::int32_t>::min(),
+                    h::prepare_divisor<std::int32_t>(std::int64_t{1} << 31)) == -1);
     CHECK(h::divide(std::numeric_limits<std::int64_t>::min(), h::prepare_divisor<std::int64_t>(1)) ==
           std::numeric_limits<std::int64_t>::min());
     CHECK(h::divide(std::numeric_limits<std::int64_t>::min(), h::prepare_divisor<std::int64_t>(3)) ==
@@ -189,13 +200,12 @@ TEST_CASE("divide(a, prepare_divisor(n)) equals divide(a, n) for every integer d
 
 TEST_CASE("divide_invariant: every 32-bit dividend for 12 divisors (RINGZERO_TEST_EXHAUSTIVE=1)") {
   if (!exhaustive()) return;
-  for (std::uint32_t d : {3u, 5u, 6u, 7u, 641u, 1000u, 65535u, 65537u, 0x7fffffffu, 0x80000001u, 0xfffffffeu, 0xffffffffu}) {
+  for (std::uint32_t d :
+       {3u, 5u, 6u, 7u, 641u, 1000u, 65535u, 65537u, 0x7fffffffu, 0x80000001u, 0xfffffffeu, 0xffffffffu}) {
     const auto p = h::prepare_invariant_divisor<std::uint32_t>(d);
     std::uint64_t wrong = 0;
     std::uint32_t n = 0;
-    do {
-      wrong += h::divide_invariant(n, p) != n / d;
-    } while (++n != 0);
+    do { wrong += h::divide_invariant(n, p) != n / d; } while (++n != 0);
     CAPTURE(d);
     CHECK(wrong == 0);
   }

@@ -81,8 +81,9 @@ std::vector<std::uint16_t> half_seconds() {
     return v;
   }
   for (std::uint32_t b = 0; b < 65536; b += 257) v.push_back(static_cast<std::uint16_t>(b));
-  for (std::uint16_t b : {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x0400, 0x3c00, 0xbc00, 0x7bff, 0xfbff, 0x7c00, 0xfc00,
-                          0x7c01, 0x7e00, 0xfdff, 0x0080, 0x3f80, 0xbf80, 0x7f7f, 0x7f80, 0xff80, 0x7f81, 0xffc0})
+  for (std::uint16_t b :
+       {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x0400, 0x3c00, 0xbc00, 0x7bff, 0xfbff, 0x7c00, 0xfc00,
+        0x7c01, 0x7e00, 0xfdff, 0x0080, 0x3f80, 0xbf80, 0x7f7f, 0x7f80, 0xff80, 0x7f81, 0xffc0})
     v.push_back(b);
   return v;
 }
@@ -166,7 +167,7 @@ TEST_CASE("nan_lanes: exactly the NaN patterns of float16 and bfloat16, lane by 
 }
 
 TEST_CASE("less_unordered_lanes: -0 equals +0, NaN is unordered, subnormals by value") {
-  CHECK(lanes::less_unordered_lanes<float16>(0x8000u, 0x0000u) == 0);               // -0 < +0 is false
+  CHECK(lanes::less_unordered_lanes<float16>(0x8000u, 0x0000u) == 0);                // -0 < +0 is false
   CHECK(lanes::less_unordered_lanes<float16>(0x00000001u, 0x00000002u) == 0xffffu);  // subnormals
   CHECK(lanes::less_unordered_lanes<float16>(0x7e000000u, 0x00000000u) == 0xffff0000u);
   CHECK(lanes::less_unordered_lanes<float16>(0x3c00bc00u, 0xbc003c00u) == 0xffffu);
@@ -175,7 +176,13 @@ TEST_CASE("less_unordered_lanes: -0 equals +0, NaN is unordered, subnormals by v
   CHECK(lanes::less_unordered_lanes<bfloat16>(0x7fc10000u, 0x3f803f80u) == 0xffffffffu);  // NaN, and 0 < 1
 }
 
-TEST_CASE("min_max_lanes: float16 min as the host, every first operand, both lanes") { check_min_max<float16, false>(); }
+TEST_CASE("min_max_lanes: float16 min as the host, every first operand, both lanes") {
+  check_min_max<float16, false>();
+}
 TEST_CASE("min_max_lanes: float16 max as the host, every first operand, both lanes") { check_min_max<float16, true>(); }
-TEST_CASE("min_max_lanes: bfloat16 min as the host, every first operand, both lanes") { check_min_max<bfloat16, false>(); }
-TEST_CASE("min_max_lanes: bfloat16 max as the host, every first operand, both lanes") { check_min_max<bfloat16, true>(); }
+TEST_CASE("min_max_lanes: bfloat16 min as the host, every first operand, both lanes") {
+  check_min_max<bfloat16, false>();
+}
+TEST_CASE("min_max_lanes: bfloat16 max as the host, every first operand, both lanes") {
+  check_min_max<bfloat16, true>();
+}

@@ -31,16 +31,16 @@ std::uint64_t make_bits(std::mt19937_64& rng, dtype t, int pattern, int k, int r
       return rng() & ((total == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << total) - 1));
     case 1: {  // finite, exponent rising with k (tops rise between contributions by 0..several bins)
       const std::uint64_t span = all_ones - 1;
-      const std::uint64_t e = std::min<std::uint64_t>(span, span * static_cast<std::uint64_t>(k + 1) / static_cast<std::uint64_t>(rounds) +
-                                                                rng() % 40);
+      const std::uint64_t e = std::min<std::uint64_t>(
+          span, span * static_cast<std::uint64_t>(k + 1) / static_cast<std::uint64_t>(rounds) + rng() % 40);
       return sign | (e << mant_bits) | frac;
     }
     case 2: {  // specials among ordinary values
       switch (rng() % 10) {
-        case 0: return sign;                                               // +-0
-        case 1: return sign | 1;                                           // smallest subnormal
-        case 2: return sign | frac;                                        // subnormal
-        case 3: return sign | ((all_ones - 1) << mant_bits) | frac;        // near the largest
+        case 0: return sign;                                                            // +-0
+        case 1: return sign | 1;                                                        // smallest subnormal
+        case 2: return sign | frac;                                                     // subnormal
+        case 3: return sign | ((all_ones - 1) << mant_bits) | frac;                     // near the largest
         case 4: return rng() % 50 == 0 ? sign | (all_ones << mant_bits) : sign | frac;  // rare inf
         case 5: return rng() % 50 == 0 ? (all_ones << mant_bits) | 1 : sign;            // rare NaN
         default: return sign | ((all_ones / 2 + rng() % 24 - 12) << mant_bits) | frac;  // near 1
@@ -84,8 +84,11 @@ void compare_paths(dtype t, std::uint64_t count, int pattern, int rounds, std::u
   for (int raise = 0; raise < 6; ++raise) {
     std::vector<std::uint8_t> global(count);
     for (std::uint64_t i = 0; i < count; ++i) {
-      const int up = raise == 5 ? 255 : std::min(255, tops_ref[i] + static_cast<int>(rng() % static_cast<std::uint64_t>(raise + 1)));
-      global[i] = tops_ref[i] == reproducible_nonfinite_bin ? reproducible_nonfinite_bin : static_cast<std::uint8_t>(up);
+      const int up = raise == 5
+                         ? 255
+                         : std::min(255, tops_ref[i] + static_cast<int>(rng() % static_cast<std::uint64_t>(raise + 1)));
+      global[i] =
+          tops_ref[i] == reproducible_nonfinite_bin ? reproducible_nonfinite_bin : static_cast<std::uint8_t>(up);
     }
     const std::uint64_t first = count / 3, len = count - first;
     std::vector<std::int64_t> ref(len * static_cast<std::uint64_t>(w), 7), fast(ref.size(), 7);
@@ -110,7 +113,9 @@ TEST_CASE("reproducible accumulate_array and add_accumulator_words equal the ele
       }
 }
 
-TEST_CASE("reproducible accumulator: more contributions than one packed word holds (flushes) keep the element functions' limbs") {
+TEST_CASE(
+    "reproducible accumulator: more contributions than one packed word holds (flushes) keep the element functions' "
+    "limbs") {
   // 600 contributions: two flushes of the packed limbs (every 256), limbs beyond 2^20 (pattern 5),
   // tops rising over flushed limbs (pattern 1), non-finite values arriving after a flush (pattern 2).
   for (const dtype t : {dtype::float32, dtype::bfloat16, dtype::float16})
@@ -137,7 +142,8 @@ TEST_CASE("reproducible accumulate_array covers every float32 exponent rising ov
   for (int step = 0; step < 2 * 255; ++step) {
     const std::uint32_t e = static_cast<std::uint32_t>(step < 255 ? step : 509 - step);
     for (std::uint64_t i = 0; i < count; ++i)
-      values[i] = (static_cast<std::uint32_t>(rng() & 1) << 31) | (e << 23) | static_cast<std::uint32_t>(rng() & 0x7FFFFF);
+      values[i] =
+          (static_cast<std::uint32_t>(rng() & 1) << 31) | (e << 23) | static_cast<std::uint32_t>(rng() & 0x7FFFFF);
     for (std::uint64_t i = 0; i < count; ++i)
       accumulate(tops_ref[i], limbs_ref.data() + 3 * i, 3, decode_bits(values[i], format_of(dtype::float32)));
     accumulate_array(tops_fast.data(), limbs_fast.data(), values.data(), count, dtype::float32);
@@ -171,7 +177,8 @@ TEST_CASE("reproducible packed deposit: the portable loop (not the AVX-512 copy)
       for (std::uint64_t i = 0; i < n; ++i)
         accumulate_packed(tops_ref[i], packed_ref[i], flushed ? cold_ref.data() + 3 * i : nullptr,
                           decode_bits(std::bit_cast<std::uint32_t>(values[i]), format_of(dtype::float32)));
-      ringzero::primitive::detail::accumulate_packed_f32_body(tops_fast.data(), packed_fast.data(), slow.data(), values.data(), n, flushed);
+      ringzero::primitive::detail::accumulate_packed_f32_body(tops_fast.data(), packed_fast.data(), slow.data(),
+                                                              values.data(), n, flushed);
       for (std::uint64_t i = 0; i < n; ++i)
         if (slow[i] != 0)
           accumulate_packed(tops_fast[i], packed_fast[i], flushed ? cold_fast.data() + 3 * i : nullptr,

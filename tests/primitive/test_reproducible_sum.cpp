@@ -31,7 +31,8 @@ decoded_value decoded(double x) { return decode_bits(bits_of(x), format_of(dtype
 
 /// Rounds (sign * magnitude * 2^exponent / divisor) to `t` (the function under test).
 std::uint64_t rounded(dtype t, std::int64_t s, int exponent, std::uint64_t divisor = 1) {
-  return round_to_format(s < 0, static_cast<uint128>(s < 0 ? -static_cast<int128>(s) : s), exponent, divisor, format_of(t));
+  return round_to_format(s < 0, static_cast<uint128>(s < 0 ? -static_cast<int128>(s) : s), exponent, divisor,
+                         format_of(t));
 }
 
 /// Reference: `v` (an exact double) rounded to nearest-even at precision p with minimum normal
@@ -139,7 +140,7 @@ TEST_CASE("reproducible format: hand-computed roundings") {
   CHECK(rounded(f32, 3, -151) == 1);
   CHECK(rounded(f32, 3, -150) == 2);
   CHECK(rounded(f32, (1 << 24) - 1, -150) == 0x00800000u);  // rounds up to the smallest normal
-  CHECK(rounded(f32, 1, -149, 3) == 0);                      // a third of the smallest subnormal
+  CHECK(rounded(f32, 1, -149, 3) == 0);                     // a third of the smallest subnormal
   CHECK(rounded(f32, 2, -149, 3) == 1);
   CHECK(rounded(f64, 1, -1074) == 1);
   CHECK(rounded(f64, 3, -1076) == 1);
@@ -175,7 +176,8 @@ TEST_CASE("reproducible format: hand-computed roundings") {
   const std::int64_t pos[1] = {5}, neg[1] = {std::int64_t{2} << 27}, both[1] = {1 + (std::int64_t{1} << 27)};
   CHECK(convert_words(pos, reproducible_nonfinite_bin, 1, 3, format_of(f32)) == 0x7F800000u);
   CHECK(convert_words(neg, reproducible_nonfinite_bin, 4, 3, format_of(f32)) == 0xFF800000u);
-  CHECK(std::isnan(std::bit_cast<float>(static_cast<std::uint32_t>(convert_words(both, reproducible_nonfinite_bin, 1, 3, format_of(f32))))));
+  CHECK(std::isnan(std::bit_cast<float>(
+      static_cast<std::uint32_t>(convert_words(both, reproducible_nonfinite_bin, 1, 3, format_of(f32))))));
   CHECK(convert_words(both, reproducible_nonfinite_bin, 1, 3, format_of(dtype::float16)) == 0x7E00);
   const std::int64_t one[1] = {1 << 24};
   CHECK(std::isnan(std::bit_cast<float>(static_cast<std::uint32_t>(convert_words(one, 90, 0, 3, format_of(f32))))));
@@ -201,8 +203,10 @@ TEST_CASE("reproducible format: randomized roundings match an exact-double refer
     const double ref = reference_round(v, f.precision, emin, emax);
     const std::uint64_t got = rounded(t, s, e, std::uint64_t{1} << k);
     INFO("dtype " << dtype_name(t) << " s " << s << " e " << e << " k " << k);
-    if (ref == 0) CHECK((got & ~(std::uint64_t{1} << (f.exponent_bits + f.precision - 1))) == 0);
-    else CHECK(got == encode(ref, t));
+    if (ref == 0)
+      CHECK((got & ~(std::uint64_t{1} << (f.exponent_bits + f.precision - 1))) == 0);
+    else
+      CHECK(got == encode(ref, t));
     ++checked;
   }
   CHECK(checked > 30000);
@@ -222,7 +226,8 @@ TEST_CASE("reproducible format: divisions round to the nearest float32 (exact ra
       const int128 diff = (static_cast<int128>(s) << 40) - scaled_c;
       return diff < 0 ? -diff : diff;
     };
-    const int128 here = distance(r), below = distance(std::nextafter(r, 0.0f)), above = distance(std::nextafter(r, INFINITY));
+    const int128 here = distance(r), below = distance(std::nextafter(r, 0.0f)),
+                 above = distance(std::nextafter(r, INFINITY));
     INFO("s " << s << " d " << d);
     CHECK(here <= below);
     CHECK(here <= above);
@@ -239,7 +244,8 @@ TEST_CASE("reproducible format: the array functions equal the element functions 
     std::vector<unsigned char> values(n * dtype_size(t));
     for (std::uint64_t i = 0; i < n; ++i) {
       std::uint64_t b = gen();
-      if (i % 3 == 0) b &= ~(std::uint64_t{0x7FF} << 52) & ~(std::uint64_t{0xFF} << 23) & ~(std::uint64_t{0x7C00});  // subnormals
+      if (i % 3 == 0)
+        b &= ~(std::uint64_t{0x7FF} << 52) & ~(std::uint64_t{0xFF} << 23) & ~(std::uint64_t{0x7C00});  // subnormals
       store_bits(values.data(), i, t, b);
     }
     std::vector<std::uint8_t> tops(n, 0);
@@ -250,11 +256,13 @@ TEST_CASE("reproducible format: the array functions equal the element functions 
     }
     // Global tops at or above each element's own (another rank's larger values), up to 175.
     for (auto& top : tops)
-      if (top != reproducible_nonfinite_bin) top = static_cast<std::uint8_t>(std::min<std::uint64_t>(175, top + gen() % 4));
+      if (top != reproducible_nonfinite_bin)
+        top = static_cast<std::uint8_t>(std::min<std::uint64_t>(175, top + gen() % 4));
     std::vector<std::int64_t> fast(n * static_cast<std::uint64_t>(w), 0), slow(fast.size(), 0);
     add_truncated_words(fast.data(), values.data(), tops.data(), n, t);
     for (std::uint64_t i = 0; i < n; ++i)
-      add_words(slow.data() + i * static_cast<std::uint64_t>(w), decode_bits(load_bits(values.data(), i, t), f), tops[i], kept);
+      add_words(slow.data() + i * static_cast<std::uint64_t>(w), decode_bits(load_bits(values.data(), i, t), f),
+                tops[i], kept);
     CHECK(fast == slow);
   }
 }
@@ -280,12 +288,16 @@ TEST_CASE("reproducible format: the portable loops (not the AVX-512 copies) equa
     ringzero::primitive::detail::fold_tops_f64_body(t64.data(), slow.data(), b64.data(), n);
     for (std::uint64_t i = 0; i < n; ++i) {
       REQUIRE(t32[i] == top_bin(decode_bits(b32[i], format_of(dtype::float32))));
-      if (slow[i] == 0) REQUIRE(t64[i] == top_bin(decode_bits(b64[i], format_of(dtype::float64))));
-      else t64[i] = top_bin(decode_bits(b64[i], format_of(dtype::float64)));  // a subnormal: the caller's fix-up
+      if (slow[i] == 0)
+        REQUIRE(t64[i] == top_bin(decode_bits(b64[i], format_of(dtype::float64))));
+      else
+        t64[i] = top_bin(decode_bits(b64[i], format_of(dtype::float64)));  // a subnormal: the caller's fix-up
     }
     for (std::uint64_t i = 0; i < n; ++i) {
-      if (t32[i] != reproducible_nonfinite_bin) t32[i] = static_cast<std::uint8_t>(std::min<std::uint64_t>(175, t32[i] + gen() % 3));
-      if (t64[i] != reproducible_nonfinite_bin) t64[i] = static_cast<std::uint8_t>(std::min<std::uint64_t>(175, t64[i] + gen() % 3));
+      if (t32[i] != reproducible_nonfinite_bin)
+        t32[i] = static_cast<std::uint8_t>(std::min<std::uint64_t>(175, t32[i] + gen() % 3));
+      if (t64[i] != reproducible_nonfinite_bin)
+        t64[i] = static_cast<std::uint8_t>(std::min<std::uint64_t>(175, t64[i] + gen() % 3));
     }
     std::vector<std::int64_t> w32(n, 0), e32(n, 0), w64(2 * n, 0), e64(2 * n, 0);
     ringzero::primitive::detail::add_words_f32_body(w32.data(), f32.data(), t32.data(), n);
@@ -324,12 +336,14 @@ TEST_CASE("reproducible format: the array conversion equals the element conversi
         words[i * static_cast<std::uint64_t>(w) + static_cast<std::uint64_t>(j)] = (gen() & 1) ? -v : v;
       }
     }
-    for (std::uint64_t divisor : {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{8}, std::uint64_t{3}, std::uint64_t{1} << 26}) {
+    for (std::uint64_t divisor :
+         {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{8}, std::uint64_t{3}, std::uint64_t{1} << 26}) {
       std::vector<std::uint64_t> out(n, 0);
       std::vector<unsigned char> packed(n * dtype_size(t));
       convert_to(packed.data(), words.data(), tops.data(), n, t, divisor);
       for (std::uint64_t i = 0; i < n; ++i) {
-        const std::uint64_t expected = convert_words(words.data() + i * static_cast<std::uint64_t>(w), tops[i], divisor, kept, format_of(t));
+        const std::uint64_t expected =
+            convert_words(words.data() + i * static_cast<std::uint64_t>(w), tops[i], divisor, kept, format_of(t));
         INFO(dtype_name(t) << " element " << i << " divisor " << divisor);
         REQUIRE(load_bits(packed.data(), i, t) == expected);
       }
@@ -454,7 +468,9 @@ float block_value(std::mt19937_64& gen, int kind, int input) {
       return sign * std::ldexp(mantissa, static_cast<int>(gen() % 240) - 120);
     }
     case 1: return sign * std::ldexp(mantissa, -126 + static_cast<int>(gen() % 4));
-    case 2: return gen() % 4 == 0 ? sign * std::bit_cast<float>(static_cast<std::uint32_t>(gen() % 0x7FFFFF) + 1) : sign * mantissa;
+    case 2:
+      return gen() % 4 == 0 ? sign * std::bit_cast<float>(static_cast<std::uint32_t>(gen() % 0x7FFFFF) + 1)
+                            : sign * mantissa;
     case 3: {
       const std::uint64_t pick = gen() % 8;
       return pick == 0 ? sign * INFINITY : pick == 1 ? NAN : sign * mantissa;
@@ -474,7 +490,8 @@ TEST_CASE("reproducible format: the fused float32 sum equals the element functio
         const std::uint64_t first = gen() % 7;  // blocks that start inside the inputs
         std::vector<std::vector<float>> inputs(static_cast<std::size_t>(n_in), std::vector<float>(first + len));
         for (auto& x : inputs)
-          for (std::uint64_t i = 0; i < first + len; ++i) x[i] = block_value(gen, kind, static_cast<int>(&x - inputs.data()));
+          for (std::uint64_t i = 0; i < first + len; ++i)
+            x[i] = block_value(gen, kind, static_cast<int>(&x - inputs.data()));
         if (kind == 0 && len == block) inputs[0][first + len / 2] = 0x1p-149f;  // one subnormal in an ordinary block
         std::vector<const float*> ins;
         for (const auto& x : inputs) ins.push_back(x.data());
@@ -487,10 +504,12 @@ TEST_CASE("reproducible format: the fused float32 sum equals the element functio
           }
           // The portable loop (not the AVX-512 copy): where it reports no rare element, the same bits.
           std::vector<float> portable(len);
-          if (ringzero::primitive::detail::sum_f32_body(portable.data(), ins.data(), n_in, first, len, divisor == 3 ? 0 : std::countr_zero(divisor)) == 0 &&
+          if (ringzero::primitive::detail::sum_f32_body(portable.data(), ins.data(), n_in, first, len,
+                                                        divisor == 3 ? 0 : std::countr_zero(divisor)) == 0 &&
               divisor != 3)
             CHECK(std::memcmp(portable.data(), result.data(), len * 4) == 0);
-          if (kind == 0 && divisor == 1 && len == 17) CHECK(ringzero::primitive::detail::sum_f32_body(portable.data(), ins.data(), n_in, first, len, 0) == 0);
+          if (kind == 0 && divisor == 1 && len == 17)
+            CHECK(ringzero::primitive::detail::sum_f32_body(portable.data(), ins.data(), n_in, first, len, 0) == 0);
         }
       }
     }

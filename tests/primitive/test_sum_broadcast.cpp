@@ -31,8 +31,8 @@ template <class T>
 void check_type(dtype t) {
   for (int n_in = 2; n_in <= 5; ++n_in)
     for (int n_out = 1; n_out <= 5; n_out += 2)
-      for (std::uint64_t count : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{3}, std::uint64_t{17}, std::uint64_t{1000},
-                                  std::uint64_t{100003}})
+      for (std::uint64_t count : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{3}, std::uint64_t{17},
+                                  std::uint64_t{1000}, std::uint64_t{100003}})
         for (std::size_t shift = 0; shift < 16 / sizeof(T); ++shift)
           for (bool in_place : {false, true}) {
             CAPTURE(n_in);
@@ -42,7 +42,8 @@ void check_type(dtype t) {
             CAPTURE(in_place);
             const std::size_t len = static_cast<std::size_t>(count) + 16;
             std::vector<std::vector<T>> in(static_cast<std::size_t>(n_in)), out(static_cast<std::size_t>(n_out));
-            for (int q = 0; q < n_in; ++q) in[static_cast<std::size_t>(q)] = random_values<T>(len, 100 * count + static_cast<std::uint64_t>(q));
+            for (int q = 0; q < n_in; ++q)
+              in[static_cast<std::size_t>(q)] = random_values<T>(len, 100 * count + static_cast<std::uint64_t>(q));
             for (auto& o : out) o.assign(len, T(-7));
             // The reference: ((in0 + in1) + in2) + ... through reduce_into.
             std::vector<T> want(static_cast<std::size_t>(count));
@@ -50,14 +51,17 @@ void check_type(dtype t) {
             s.type = t;
             if (count > 0) {
               primitive::reduce_into(want.data(), in[0].data() + shift, in[1].data() + shift, count, s);
-              for (int q = 2; q < n_in; ++q) primitive::reduce_into(want.data(), want.data(), in[static_cast<std::size_t>(q)].data() + shift, count, s);
+              for (int q = 2; q < n_in; ++q)
+                primitive::reduce_into(want.data(), want.data(), in[static_cast<std::size_t>(q)].data() + shift, count,
+                                       s);
             }
             std::vector<void*> outs;
             std::vector<const void*> ins;
             for (int q = 0; q < n_in; ++q) ins.push_back(in[static_cast<std::size_t>(q)].data() + shift);
             for (int k = 0; k < n_out; ++k) {
               // in place: output k is input k (where one exists); otherwise its own buffer
-              T* o = in_place && k < n_in ? in[static_cast<std::size_t>(k)].data() + shift : out[static_cast<std::size_t>(k)].data() + shift;
+              T* o = in_place && k < n_in ? in[static_cast<std::size_t>(k)].data() + shift
+                                          : out[static_cast<std::size_t>(k)].data() + shift;
               outs.push_back(o);
             }
             REQUIRE(primitive::sum_broadcast_streaming(outs.data(), n_out, ins.data(), n_in, count, t));

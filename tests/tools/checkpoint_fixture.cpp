@@ -28,7 +28,8 @@ zero::plan_request tied_model(int stage) {
   using zero_test::make_spec;
   zero::plan_request q;
   q.parameters = {make_spec("embed", {11, 4}, "u0", true, "tok"), make_spec("l1.w", {4, 6}, "u1"),
-                  make_spec("frozen.w", {6, 3}, "u1", false), make_spec("l1.b", {6}, "u1"), make_spec("out", {11, 4}, "u2", true, "tok")};
+                  make_spec("frozen.w", {6, 3}, "u1", false), make_spec("l1.b", {6}, "u1"),
+                  make_spec("out", {11, 4}, "u2", true, "tok")};
   q.stage = stage;
   return q;
 }
@@ -40,7 +41,8 @@ zero::sharded_model_options adamw() {
 }
 
 /// Writes `tensors` (name -> float32 values or raw bytes with their dtype) as one safetensors file.
-void write_safetensors(const fs::path& path, const std::map<std::string, std::pair<dtype, std::vector<unsigned char>>>& tensors) {
+void write_safetensors(const fs::path& path,
+                       const std::map<std::string, std::pair<dtype, std::vector<unsigned char>>>& tensors) {
   std::vector<ck::safetensors_entry> entries;
   std::string data;
   for (const auto& [name, t] : tensors) {
@@ -130,8 +132,10 @@ int main(int argc, char** argv) {
   }
   try {
     const int world = std::atoi(argv[3]), stage = std::atoi(argv[4]);
-    if (std::string(argv[1]) == "save") save(argv[2], world, stage, argv[5]);
-    else load(argv[2], world, stage, argv[5]);
+    if (std::string(argv[1]) == "save")
+      save(argv[2], world, stage, argv[5]);
+    else
+      load(argv[2], world, stage, argv[5]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "checkpoint_fixture: %s\n", e.what());
     return 1;

@@ -81,7 +81,8 @@ struct mlp {
 matrix data(int rows, int cols, int seed) {
   matrix m(rows, cols);
   for (int i = 0; i < rows; ++i)
-    for (int j = 0; j < cols; ++j) m(i, j) = std::sin(0.37f * static_cast<float>(i * cols + j) + 1.3f * static_cast<float>(seed));
+    for (int j = 0; j < cols; ++j)
+      m(i, j) = std::sin(0.37f * static_cast<float>(i * cols + j) + 1.3f * static_cast<float>(seed));
   return m;
 }
 

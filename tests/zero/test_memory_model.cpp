@@ -107,7 +107,8 @@ TEST_CASE("the comparison reports padding, buffers, frozen parameters and hybrid
   CHECK(plan.buffers()[2].numel == 96);
   const double padded_trainable = 1024 + 96, unpadded_trainable = 1001 + 77;
   CHECK(c.padding_bytes == doctest::Approx((2.0 * (padded_trainable + 512) + 14.0 * padded_trainable -
-                                            2.0 * (unpadded_trainable + 512) - 14.0 * unpadded_trainable) / 4));
+                                            2.0 * (unpadded_trainable + 512) - 14.0 * unpadded_trainable) /
+                                           4));
   CHECK(c.buffer_bytes > 0);
   CHECK(c.replica_volume == 2 * (1024 + 96) / 4);  // all_reduce of the gradient shards, counted twice
   // stage 3 volume within the group: two gathers of everything and one reduce_scatter of the trainable

@@ -24,7 +24,8 @@ constexpr double float_min = std::numeric_limits<float>::min();
 
 /// What problem() appends to a value that is not representable as a float32.
 const std::string float_range =
-    " is not representable as a float32 (the optimizer computes in float32: a value must be 0 or round to a magnitude from "
+    " is not representable as a float32 (the optimizer computes in float32: a value must be 0 or round to a magnitude "
+    "from "
     "1.1754943508222875e-38 to 3.4028234663852886e+38)";
 
 optimizer_options sgd(double lr) {
@@ -60,9 +61,9 @@ TEST_CASE("optimizer options that do not survive conversion to float32 are refus
   };
   std::vector<refusal> cases;
   auto add = [&](optimizer_options o, std::string message) { cases.push_back({o, std::move(message)}); };
-  add(sgd(1e39), "learning rate 1e+39" + float_range);           // inf as a float32
-  add(sgd(1e-46), "learning rate 1e-46" + float_range);          // 0 as a float32
-  add(sgd(1e-40), "learning rate 1e-40" + float_range);          // subnormal as a float32
+  add(sgd(1e39), "learning rate 1e+39" + float_range);   // inf as a float32
+  add(sgd(1e-46), "learning rate 1e-46" + float_range);  // 0 as a float32
+  add(sgd(1e-40), "learning rate 1e-40" + float_range);  // subnormal as a float32
   add(sgd(std::nan("")), "learning rate must be finite and >= 0, got nan");
   {
     optimizer_options o = sgd(0.1);
@@ -101,9 +102,12 @@ TEST_CASE("optimizer options that do not survive conversion to float32 are refus
   {
     optimizer_options o = adam();
     o.lr = 3e38;  // finite as a float32, but the first step size lr / (1 - 0.9) is not
-    add(o, "learning rate 3e+38 / (1 - beta1 0.9) = 3.0000000000000006e+39, the first step size, is not representable as a "
-           "float32 (the optimizer computes in float32: a value must be 0 or round to a magnitude from 1.1754943508222875e-38 to "
-           "3.4028234663852886e+38)");
+    add(o,
+        "learning rate 3e+38 / (1 - beta1 0.9) = 3.0000000000000006e+39, the first step size, is not representable as "
+        "a "
+        "float32 (the optimizer computes in float32: a value must be 0 or round to a magnitude from "
+        "1.1754943508222875e-38 to "
+        "3.4028234663852886e+38)");
   }
   {
     optimizer_options o = adam(optimizer_kind::adamw);
@@ -111,8 +115,10 @@ TEST_CASE("optimizer options that do not survive conversion to float32 are refus
     add(o, "weight decay 1e+39" + float_range);
     o.lr = 0.5;
     o.weight_decay = 2.5;
-    add(o, "learning rate 0.5 x weight decay 2.5 = 1.25 is above 1: AdamW multiplies the weights by 1 - lr x weight_decay, "
-           "which must be in [0, 1]");
+    add(o,
+        "learning rate 0.5 x weight decay 2.5 = 1.25 is above 1: AdamW multiplies the weights by 1 - lr x "
+        "weight_decay, "
+        "which must be in [0, 1]");
   }
   for (const refusal& r : cases) {
     CAPTURE(r.message);
@@ -200,8 +206,9 @@ TEST_CASE("set_learning_rate refuses a rate the options cannot apply and keeps t
   adamw.weight_decay = 0.01;
   const shard_plan adam_plan = one_parameter_plan(adamw, 4);
   sharded_optimizer adamw_opt(adam_plan, 0, adamw);
-  expect_refused(adamw_opt, 200, "learning rate 200 x weight decay 0.01 = 2 is above 1: AdamW multiplies the weights by "
-                                 "1 - lr x weight_decay, which must be in [0, 1]");
+  expect_refused(adamw_opt, 200,
+                 "learning rate 200 x weight decay 0.01 = 2 is above 1: AdamW multiplies the weights by "
+                 "1 - lr x weight_decay, which must be in [0, 1]");
   adamw_opt.set_learning_rate(100);
   CHECK(adamw_opt.options().lr == 100);
 }

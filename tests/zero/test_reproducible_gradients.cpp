@@ -198,9 +198,7 @@ TEST_CASE("reproducible mode refuses clipping, hybrid sharding and ranks that di
           sharded_model_options o;
           o.reproducible = true;
           sharded_model model(shard_comm, request(1), o, &replica_comm);
-        } catch (const error& e) {
-          out[static_cast<std::size_t>(r)] = e.what();
-        }
+        } catch (const error& e) { out[static_cast<std::size_t>(r)] = e.what(); }
       });
     for (auto& t : threads) t.join();
     for (const auto& what : out) {

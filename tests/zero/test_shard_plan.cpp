@@ -416,8 +416,9 @@ TEST_CASE("plans are deterministic and fingerprints follow the request") {
 
 TEST_CASE("automatic units group parameters up to unit_bytes") {
   plan_request q;
-  q.parameters = {spec("a", {10}), spec("b", {10}), spec("c", {10}), spec("d", {30}), spec("e", {1}, {}, true, {}, "named"),
-                  spec("f", {10})};
+  q.parameters = {
+      spec("a", {10}), spec("b", {10}), spec("c", {10}), spec("d", {30}), spec("e", {1}, {}, true, {}, "named"),
+      spec("f", {10})};
   q.unit_bytes = 80;  // two float32 parameters of 10
   const shard_plan plan(q);
   REQUIRE(plan.units().size() == 5);
@@ -433,7 +434,8 @@ TEST_CASE("the canonical schedule's buffers follow prefetch and max_inflight_red
   plan_request q;
   for (int i = 0; i < 6; ++i) {
     const std::string index = std::to_string(i);
-    q.parameters.push_back(spec(std::string("l").append(index), {16, 16}, {}, true, {}, std::string("layer").append(index)));
+    q.parameters.push_back(
+        spec(std::string("l").append(index), {16, 16}, {}, true, {}, std::string("layer").append(index)));
   }
   q.world_size = 4;
   q.stage = 3;
@@ -651,27 +653,125 @@ TEST_CASE("bad requests are refused with a message naming the problem") {
     q.stage = 1;
     return q;
   };
-  check_invalid([&] { auto q = base(); q.world_size = 0; shard_plan p(q); }, "world size must be at least 1, got 0");
-  check_invalid([&] { auto q = base(); q.alignment_bytes = 24; shard_plan p(q); }, "alignment must be a power of two");
-  check_invalid([&] { auto q = base(); q.alignment_bytes = 0; shard_plan p(q); }, "alignment must be a power of two");
-  check_invalid([&] { auto q = base(); q.stage = 4; shard_plan p(q); }, "stage must be 0, 1, 2 or 3, got 4");
-  check_invalid([&] { auto q = base(); q.replica_group_size = 3; shard_plan p(q); }, "replica group size 3 does not divide world size 4");
-  check_invalid([&] { auto q = base(); q.replica_group_size = -1; shard_plan p(q); }, "replica group size must be positive");
-  check_invalid([&] { auto q = base(); q.parameters[1].type = static_cast<dtype>(42); shard_plan p(q); },
-                "parameter 1 ('b') has unknown dtype value 42");
-  check_invalid([&] { auto q = base(); q.precision.parameter = static_cast<dtype>(99); shard_plan p(q); },
-                "unknown dtype value 99");
-  check_invalid([&] { auto q = base(); q.precision.master = dtype::int32; shard_plan p(q); },
-                "master weight type must have a floating-point dtype");
-  check_invalid([&] { auto q = base(); q.precision.optimizer_states = -1; shard_plan p(q); }, "optimizer states");
-  check_invalid([&] { auto q = base(); q.parameters[1].name = "a"; shard_plan p(q); }, "parameter name 'a' is used twice");
-  check_invalid([&] { auto q = base(); q.parameters[0].name.clear(); shard_plan p(q); }, "parameter 0 has an empty name");
-  check_invalid([&] { auto q = base(); q.parameters[0].type = dtype::int32; shard_plan p(q); },
-                "is trainable but has the integer dtype int32");
-  check_invalid([&] { auto q = base(); q.parameters[0].shape = {1ull << 40, 1ull << 40}; shard_plan p(q); }, "overflows 64 bits");
-  check_invalid([&] { auto q = base(); q.accumulation_steps = 0; shard_plan p(q); }, "accumulation steps must be at least 1");
-  check_invalid([&] { auto q = base(); q.max_inflight_reductions = 0; shard_plan p(q); }, "max_inflight_reductions");
-  check_invalid([&] { auto q = base(); q.parameters[0].unit = "auto:3"; shard_plan p(q); }, "reserved for automatic units");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.world_size = 0;
+        shard_plan p(q);
+      },
+      "world size must be at least 1, got 0");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.alignment_bytes = 24;
+        shard_plan p(q);
+      },
+      "alignment must be a power of two");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.alignment_bytes = 0;
+        shard_plan p(q);
+      },
+      "alignment must be a power of two");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.stage = 4;
+        shard_plan p(q);
+      },
+      "stage must be 0, 1, 2 or 3, got 4");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.replica_group_size = 3;
+        shard_plan p(q);
+      },
+      "replica group size 3 does not divide world size 4");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.replica_group_size = -1;
+        shard_plan p(q);
+      },
+      "replica group size must be positive");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.parameters[1].type = static_cast<dtype>(42);
+        shard_plan p(q);
+      },
+      "parameter 1 ('b') has unknown dtype value 42");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.precision.parameter = static_cast<dtype>(99);
+        shard_plan p(q);
+      },
+      "unknown dtype value 99");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.precision.master = dtype::int32;
+        shard_plan p(q);
+      },
+      "master weight type must have a floating-point dtype");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.precision.optimizer_states = -1;
+        shard_plan p(q);
+      },
+      "optimizer states");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.parameters[1].name = "a";
+        shard_plan p(q);
+      },
+      "parameter name 'a' is used twice");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.parameters[0].name.clear();
+        shard_plan p(q);
+      },
+      "parameter 0 has an empty name");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.parameters[0].type = dtype::int32;
+        shard_plan p(q);
+      },
+      "is trainable but has the integer dtype int32");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.parameters[0].shape = {1ull << 40, 1ull << 40};
+        shard_plan p(q);
+      },
+      "overflows 64 bits");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.accumulation_steps = 0;
+        shard_plan p(q);
+      },
+      "accumulation steps must be at least 1");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.max_inflight_reductions = 0;
+        shard_plan p(q);
+      },
+      "max_inflight_reductions");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.parameters[0].unit = "auto:3";
+        shard_plan p(q);
+      },
+      "reserved for automatic units");
   check_invalid(
       [&] {
         auto q = base();
@@ -693,6 +793,16 @@ TEST_CASE("bad requests are refused with a message naming the problem") {
         shard_plan p(q);
       },
       "different trainable flags");
-  check_invalid([&] { const shard_plan p(base()); (void)p.fragments(4); }, "rank 4 is outside [0, 4)");
-  check_invalid([&] { const shard_plan p(base()); (void)p.owner(0, 4); }, "element 4 is outside parameter 'a'");
+  check_invalid(
+      [&] {
+        const shard_plan p(base());
+        (void)p.fragments(4);
+      },
+      "rank 4 is outside [0, 4)");
+  check_invalid(
+      [&] {
+        const shard_plan p(base());
+        (void)p.owner(0, 4);
+      },
+      "element 4 is outside parameter 'a'");
 }

@@ -59,9 +59,7 @@ double compare_with_reference(int world, int stage, const run_config& cfg) {
 std::string message_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  }
+  } catch (const std::exception& x) { return x.what(); }
 }
 
 }  // namespace
@@ -79,7 +77,8 @@ TEST_CASE("stages 0-3 match plain data parallelism after 5 steps (float32, 1e-5 
           for (double clip : {0.0, 0.5}) {
 #if defined(RINGZERO_TEST_SWEEP_QUICK)
             const int pick = world + stage;
-            if (o != static_cast<std::size_t>(pick % 3) || accumulation != (pick % 2 ? 3 : 1) || (clip > 0) != (stage % 2 == 1))
+            if (o != static_cast<std::size_t>(pick % 3) || accumulation != (pick % 2 ? 3 : 1) ||
+                (clip > 0) != (stage % 2 == 1))
               continue;
 #endif
             run_config cfg;
@@ -329,7 +328,8 @@ TEST_CASE("a trainer whose registered parameters do not match the plan is refuse
       if (comm.rank() == 1) registered[4].shape = {4, 9};
       sharded_model model(comm, plan, registered);
     });
-    CHECK(m[1].find("parameter 4: the plan has 'l2.w' with shape [9, 4] but the trainer registered shape [4, 9]") != std::string::npos);
+    CHECK(m[1].find("parameter 4: the plan has 'l2.w' with shape [9, 4] but the trainer registered shape [4, 9]") !=
+          std::string::npos);
     CHECK(m[1].find("rank 1") != std::string::npos);
     CHECK(m[0].find("rank 1 refused the plan (see that rank's error); no rank starts") != std::string::npos);
   }
@@ -363,7 +363,8 @@ TEST_CASE("a trainer whose registered parameters do not match the plan is refuse
       const shard_plan mine(q);
       sharded_model model(comm, mine, test_parameters());
     });
-    for (const auto& s : m) CHECK(s.find("the ranks differ in alignment_bytes: rank 0: 16; rank 1: 64") != std::string::npos);
+    for (const auto& s : m)
+      CHECK(s.find("the ranks differ in alignment_bytes: rank 0: 16; rank 1: 64") != std::string::npos);
   }
   SUBCASE("an optimizer the plan did not count") {
     const auto m = refused(2, [&](communicator& comm) {
@@ -372,7 +373,8 @@ TEST_CASE("a trainer whose registered parameters do not match the plan is refuse
       options.optimizer.momentum = 0.9;
       sharded_model model(comm, plan, test_parameters(), options);
     });
-    CHECK(m[0].find("the plan counts 2 optimizer state(s) per element but sgd with momentum keeps 1") != std::string::npos);
+    CHECK(m[0].find("the plan counts 2 optimizer state(s) per element but sgd with momentum keeps 1") !=
+          std::string::npos);
   }
   SUBCASE("16-bit parameters without master weights") {
     const auto m = refused(2, [&](communicator& comm) {
@@ -440,14 +442,14 @@ namespace {
 
 /// Runs `body` on `world` local ranks; returns each rank's error (kind and what()), or no kind
 /// and "no error".
-std::vector<std::pair<std::optional<errc>, std::string>> outcomes(int world, const std::function<void(communicator&)>& body) {
-  std::vector<std::pair<std::optional<errc>, std::string>> out(static_cast<std::size_t>(world), {std::nullopt, "no error"});
+std::vector<std::pair<std::optional<errc>, std::string>> outcomes(int world,
+                                                                  const std::function<void(communicator&)>& body) {
+  std::vector<std::pair<std::optional<errc>, std::string>> out(static_cast<std::size_t>(world),
+                                                               {std::nullopt, "no error"});
   local::launch(world, [&](communicator& comm) {
     try {
       body(comm);
-    } catch (const error& e) {
-      out[static_cast<std::size_t>(comm.rank())] = {e.kind(), e.what()};
-    }
+    } catch (const error& e) { out[static_cast<std::size_t>(comm.rank())] = {e.kind(), e.what()}; }
   });
   return out;
 }
@@ -507,7 +509,8 @@ TEST_CASE("stage 3: no view shows parameters from before step(), whatever was ga
     for (const auto& [kind, what] : out) {
       INFO(what);
       CHECK(kind == errc::invalid_argument);
-      CHECK(has(what, "step() while unit 'u2' (2) is gathered by a pre_forward / pre_backward without its post_forward"));
+      CHECK(
+          has(what, "step() while unit 'u2' (2) is gathered by a pre_forward / pre_backward without its post_forward"));
     }
   }
 }
@@ -590,7 +593,8 @@ TEST_CASE("a request the planner refuses on one rank is refused on every rank at
   for (int r : {0, 2}) {
     INFO(out[static_cast<std::size_t>(r)].second);
     CHECK(out[static_cast<std::size_t>(r)].first == errc::invalid_argument);
-    CHECK(has(out[static_cast<std::size_t>(r)].second, "rank 1 refused the plan (see that rank's error); no rank starts"));
+    CHECK(has(out[static_cast<std::size_t>(r)].second,
+              "rank 1 refused the plan (see that rank's error); no rank starts"));
   }
 }
 
@@ -603,7 +607,8 @@ TEST_CASE("set_learning_rate's refusal names the rank") {
     INFO(out[static_cast<std::size_t>(r)].second);
     CHECK(out[static_cast<std::size_t>(r)].first == errc::invalid_argument);
     CHECK(has(out[static_cast<std::size_t>(r)].second, "[local rank " + std::to_string(r) + "/2]"));
-    CHECK(has(out[static_cast<std::size_t>(r)].second, "zero::sharded_model: set_learning_rate: learning rate must be finite"));
+    CHECK(has(out[static_cast<std::size_t>(r)].second,
+              "zero::sharded_model: set_learning_rate: learning rate must be finite"));
   }
 }
 
@@ -624,9 +629,7 @@ TEST_CASE("hybrid sharding: a difference inside one shard group is refused on ev
         sharded_model_options options;
         options.optimizer.lr = r == 3 ? 0.25 : 0.5;
         sharded_model model(shard_comm, test_request(2, 1), options, &replica_comm);
-      } catch (const error& e) {
-        out[static_cast<std::size_t>(r)] = {e.kind(), e.what()};
-      }
+      } catch (const error& e) { out[static_cast<std::size_t>(r)] = {e.kind(), e.what()}; }
     });
   }
   for (auto& t : threads) t.join();
@@ -635,8 +638,10 @@ TEST_CASE("hybrid sharding: a difference inside one shard group is refused on ev
     const auto& [kind, what] = out[static_cast<std::size_t>(r)];
     INFO("rank " << r << ": " << what);
     CHECK(kind == errc::invalid_argument);
-    if (r >= 2) CHECK(has(what, "the ranks differ in learning rate: rank 0: 0.5; rank 1: 0.25"));
-    else CHECK(has(what, "across replica groups: the shard group of replica-communicator rank 1 cannot start"));
+    if (r >= 2)
+      CHECK(has(what, "the ranks differ in learning rate: rank 0: 0.5; rank 1: 0.25"));
+    else
+      CHECK(has(what, "across replica groups: the shard group of replica-communicator rank 1 cannot start"));
   }
 }
 

@@ -22,8 +22,8 @@ namespace zero_test {
 using ringzero::dtype;
 using ringzero::zero::parameter_spec;
 
-inline parameter_spec make_spec(std::string name, std::vector<std::uint64_t> shape, std::string unit, bool trainable = true,
-                                std::string tie = {}) {
+inline parameter_spec make_spec(std::string name, std::vector<std::uint64_t> shape, std::string unit,
+                                bool trainable = true, std::string tie = {}) {
   parameter_spec s;
   s.name = std::move(name);
   s.shape = std::move(shape);
@@ -71,8 +71,8 @@ inline float initial_value(std::size_t p, std::uint64_t j) {
 }
 
 /// The gradient contribution of one use of element j of parameter p whose value is w.
-inline float gradient_term(int rank, int micro, int step, std::size_t p, std::uint64_t j, int use, float w, float frozen_sum,
-                           bool in_u1) {
+inline float gradient_term(int rank, int micro, int step, std::size_t p, std::uint64_t j, int use, float w,
+                           float frozen_sum, bool in_u1) {
   const std::uint64_t h = key(rank, micro, step, p, j, use);
   const float a = 0.5f + static_cast<float>(h % 64) / 64.0f;
   const float target = static_cast<float>(static_cast<int>((h >> 8) % 33) - 16) / 16.0f;
@@ -90,8 +90,8 @@ struct run_config {
   int accumulation = 1;
   double max_grad_norm = 0;
   ringzero::zero::optimizer_options optimizer;
-  bool mark_ready = false;          ///< also call mark_ready for untied parameters
-  bool implicit_last_end = false;   ///< let step() end the last micro-batch
+  bool mark_ready = false;         ///< also call mark_ready for untied parameters
+  bool implicit_last_end = false;  ///< let step() end the last micro-batch
 };
 
 /// The optimizers the tests sweep: SGD with momentum (Nesterov), Adam with L2, AdamW.
@@ -115,7 +115,8 @@ inline std::vector<ringzero::zero::optimizer_options> test_optimizers() {
 
 /// Trains `model` (any stage) with the test loop and returns every parameter's final values
 /// (a collective at stage 3).
-inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_model& model, int rank, const run_config& cfg) {
+inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_model& model, int rank,
+                                                     const run_config& cfg) {
   const auto& plan = model.plan();
   const auto& params = plan.parameters();
   const std::size_t frozen = model.index("frozen.w");
@@ -166,7 +167,8 @@ inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_mod
 /// Plain data parallelism, written without the runtime: every rank holds every parameter, sums
 /// its micro-batch gradients, averages them with all_reduce, clips by the global norm and applies
 /// an unsharded optimizer (float32, PyTorch's formulas). Returns every parameter's final values.
-inline std::vector<std::vector<float>> train_reference(ringzero::communicator& comm, const std::vector<parameter_spec>& specs,
+inline std::vector<std::vector<float>> train_reference(ringzero::communicator& comm,
+                                                       const std::vector<parameter_spec>& specs,
                                                        const run_config& cfg) {
   using ringzero::zero::optimizer_kind;
   const std::size_t n = specs.size();
@@ -236,8 +238,10 @@ inline std::vector<std::vector<float>> train_reference(ringzero::communicator& c
           const float dir = o.nesterov ? d + static_cast<float>(o.momentum) * buf : buf;
           x -= static_cast<float>(o.lr) * dir;
         } else {
-          if (o.kind == optimizer_kind::adamw) x = x * static_cast<float>(1 - o.lr * o.weight_decay);
-          else d += static_cast<float>(o.weight_decay) * x;
+          if (o.kind == optimizer_kind::adamw)
+            x = x * static_cast<float>(1 - o.lr * o.weight_decay);
+          else
+            d += static_cast<float>(o.weight_decay) * x;
           float& m = s0[p][j];
           float& v = s1[p][j];
           m = static_cast<float>(o.beta1) * m + static_cast<float>(1 - o.beta1) * d;
@@ -260,7 +264,8 @@ inline double max_relative_error(const std::vector<std::vector<float>>& a, const
   double worst = 0;
   for (std::size_t p = 0; p < a.size(); ++p)
     for (std::size_t j = 0; j < a[p].size(); ++j) {
-      const double d = std::fabs(static_cast<double>(a[p][j]) - b[p][j]) / std::max(1.0, std::fabs(static_cast<double>(b[p][j])));
+      const double d =
+          std::fabs(static_cast<double>(a[p][j]) - b[p][j]) / std::max(1.0, std::fabs(static_cast<double>(b[p][j])));
       if (!(d <= worst)) worst = d;  // NaN propagates
     }
   return worst;

@@ -14,10 +14,10 @@ namespace ringzero::algorithms {
 
 /// Scratch slots of the communicator's pool, by purpose.
 enum scratch_slot : int {
-  scratch_tile = 0,         ///< direct: one tile of partial results
-  scratch_accumulator = 1,  ///< ring / halving-doubling: partial sums that are not the output
-  scratch_scaled = 2,       ///< premul_sum: this rank's input multiplied by its scalar
-  scratch_widened = 3,      ///< 16-bit sums: the float32 copy of the input (float32_accumulation.hpp)
+  scratch_tile = 0,                ///< direct: one tile of partial results
+  scratch_accumulator = 1,         ///< ring / halving-doubling: partial sums that are not the output
+  scratch_scaled = 2,              ///< premul_sum: this rank's input multiplied by its scalar
+  scratch_widened = 3,             ///< 16-bit sums: the float32 copy of the input (float32_accumulation.hpp)
   scratch_reproducible_tops = 4,   ///< reproducible mode: per-element top bins (uint8)
   scratch_reproducible_words = 5,  ///< reproducible mode: per-element truncated words (int64)
 };

@@ -48,8 +48,10 @@ class data_ops {
 class host_data_ops final : public data_ops {
  public:
   void copy(void* dst, const void* src, std::uint64_t bytes, bool streaming = false) const override {
-    if (streaming) primitive::copy_bytes_streaming(dst, src, static_cast<std::size_t>(bytes));
-    else primitive::copy_bytes(dst, src, static_cast<std::size_t>(bytes));
+    if (streaming)
+      primitive::copy_bytes_streaming(dst, src, static_cast<std::size_t>(bytes));
+    else
+      primitive::copy_bytes(dst, src, static_cast<std::size_t>(bytes));
   }
   void reduce(void* dst, const void* a, const void* b, std::uint64_t count,
               const primitive::reduce_spec& spec) const override {

@@ -72,8 +72,9 @@ class device_data_ops final : public data_ops {
 
   void check(int code, const char* what) const {
     if (code == 0) return;
-    comm_.raise(errc::backend_failure, std::string(what) + " failed on CUDA device " + std::to_string(comm_.cuda_device()) +
-                                           ": " + kernels_.error_name(code) + ": " + kernels_.error_string(code));
+    comm_.raise(errc::backend_failure, std::string(what) + " failed on CUDA device " +
+                                           std::to_string(comm_.cuda_device()) + ": " + kernels_.error_name(code) +
+                                           ": " + kernels_.error_string(code));
   }
 
   const primitive::device_primitives& kernels_;

@@ -36,7 +36,8 @@ inline direct_tile make_direct_tile(const call& c) {
     return {c.comm.scratch(scratch_tile, static_cast<std::size_t>(c.bytes(elements))), nullptr, elements};
   }
   const std::uint64_t elements = direct_tile_elements(sizeof(float));
-  auto* p = static_cast<unsigned char*>(c.comm.scratch(scratch_tile, static_cast<std::size_t>(2 * elements * sizeof(float))));
+  auto* p =
+      static_cast<unsigned char*>(c.comm.scratch(scratch_tile, static_cast<std::size_t>(2 * elements * sizeof(float))));
   return {p, p + elements * sizeof(float), elements};
 }
 
@@ -44,7 +45,8 @@ inline direct_tile make_direct_tile(const call& c) {
 /// `t.widened` and combined into `t.acc` in float32 (premul_sum: each input times its scalar in
 /// float32; avg: the float32 sum divided by n in float32).
 template <class InputOf>
-void direct_fold_float32(const call& c, const direct_tile& t, std::uint64_t first, std::uint64_t len, InputOf&& input_of) {
+void direct_fold_float32(const call& c, const direct_tile& t, std::uint64_t first, std::uint64_t len,
+                         InputOf&& input_of) {
   const int n = c.n();
   const bool premul = c.d.op.kind == reduce_kind::premul_sum;
   primitive::reduce_spec s;
@@ -79,7 +81,8 @@ void direct_fold(const call& c, const direct_tile& t, std::uint64_t first, std::
   const int n = c.n();
   primitive::reduce_spec s = c.spec();
   const bool premul = c.d.op.kind == reduce_kind::premul_sum;
-  if (premul) s.kind = reduce_kind::premul_sum;  // spec() maps premul_sum to sum; here the raw inputs need their scalars
+  if (premul)
+    s.kind = reduce_kind::premul_sum;  // spec() maps premul_sum to sum; here the raw inputs need their scalars
   const std::int64_t divisor = c.d.op.kind == reduce_kind::avg ? n : 0;
   s.pre_a = premul;
   s.pre_b = premul;

@@ -51,7 +51,8 @@ void run_in_float32(const call& c, Run&& run) {
   const bool scatter = d.kind == collective_kind::reduce_scatter;
   const std::uint64_t in_count = scatter ? d.count * n : d.count;
   const bool writes = d.kind != collective_kind::reduce || c.rank() == d.root;
-  auto* wide = static_cast<unsigned char*>(c.comm.scratch(scratch_widened, static_cast<std::size_t>(in_count * wide_size)));
+  auto* wide =
+      static_cast<unsigned char*>(c.comm.scratch(scratch_widened, static_cast<std::size_t>(in_count * wide_size)));
   c.ops.cast(wide, dtype::float32, d.send, d.type, in_count);
   collective_descriptor w = d;
   w.type = dtype::float32;

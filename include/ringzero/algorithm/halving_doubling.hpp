@@ -25,12 +25,14 @@ namespace detail {
 
 /// Elements of virtual ranks [g0, g1)'s groups of blocks.
 inline range hd_groups(const partition& blocks, const hd_layout& layout, int g0, int g1) {
-  return blocks.blocks(static_cast<std::uint64_t>(layout.first_block(g0)), static_cast<std::uint64_t>(layout.first_block(g1)));
+  return blocks.blocks(static_cast<std::uint64_t>(layout.first_block(g0)),
+                       static_cast<std::uint64_t>(layout.first_block(g1)));
 }
 
 /// Recursive halving among the p virtual ranks. `current` is what this rank contributes (its raw
 /// input, or `acc` after a fold); afterwards `acc` holds the final values of virtual rank v's group.
-inline void hd_halving(const call& c, const void* current, void* acc, const partition& blocks, const hd_layout& layout, int v) {
+inline void hd_halving(const call& c, const void* current, void* acc, const partition& blocks, const hd_layout& layout,
+                       int v) {
   const primitive::reduce_spec partial = c.spec();
   const primitive::reduce_spec last = c.final_spec();
   const combine_fn combine_partial = c.ops.combine(&partial);
@@ -46,8 +48,10 @@ inline void hd_halving(const call& c, const void* current, void* acc, const part
                            c.at(current, keep.begin), c.at(acc, keep.begin), c.bytes(keep.size()),
                            keep.empty() ? -1 : partner, d == 1 ? combine_last : combine_partial);
     current = acc;
-    if (lower) hi = mid;
-    else lo = mid;
+    if (lower)
+      hi = mid;
+    else
+      lo = mid;
   }
 }
 
@@ -59,8 +63,9 @@ inline void hd_doubling(const call& c, void* buffer, const partition& blocks, co
     const range mine = hd_groups(blocks, layout, mine_lo, mine_lo + d);
     const range theirs = hd_groups(blocks, layout, theirs_lo, theirs_lo + d);
     const int partner = layout.real_rank(partner_v);
-    c.comm.sendrecv(c.at(static_cast<const void*>(buffer), mine.begin), c.bytes(mine.size()), mine.empty() ? -1 : partner,
-                    c.at(buffer, theirs.begin), c.bytes(theirs.size()), theirs.empty() ? -1 : partner);
+    c.comm.sendrecv(c.at(static_cast<const void*>(buffer), mine.begin), c.bytes(mine.size()),
+                    mine.empty() ? -1 : partner, c.at(buffer, theirs.begin), c.bytes(theirs.size()),
+                    theirs.empty() ? -1 : partner);
   }
 }
 
@@ -81,7 +86,8 @@ inline void hd_reduce_scatter_blocks(const call& c, const void* input, void* acc
     c.comm.sendrecv_reduce(nullptr, 0, -1, input, acc, c.bytes(all), r - 1, c.ops.combine(&partial));
     hd_halving(c, acc, acc, blocks, layout, layout.virtual_rank(r));
     const range theirs = blocks.block(static_cast<std::uint64_t>(r - 1));
-    if (!theirs.empty()) c.comm.sendrecv(c.at(static_cast<const void*>(acc), theirs.begin), c.bytes(theirs.size()), r - 1, nullptr, 0, -1);
+    if (!theirs.empty())
+      c.comm.sendrecv(c.at(static_cast<const void*>(acc), theirs.begin), c.bytes(theirs.size()), r - 1, nullptr, 0, -1);
     return;
   }
   hd_halving(c, input, acc, blocks, layout, layout.virtual_rank(r));
@@ -95,7 +101,8 @@ inline void hd_all_gather_blocks(const call& c, void* buffer, const partition& b
   if (r < 2 * layout.rem) {
     if (r % 2 == 0) {  // hand the own block to r+1, then receive everything from it
       const range own = blocks.block(static_cast<std::uint64_t>(r));
-      if (!own.empty()) c.comm.sendrecv(c.at(static_cast<const void*>(buffer), own.begin), c.bytes(own.size()), r + 1, nullptr, 0, -1);
+      if (!own.empty())
+        c.comm.sendrecv(c.at(static_cast<const void*>(buffer), own.begin), c.bytes(own.size()), r + 1, nullptr, 0, -1);
       c.comm.sendrecv(nullptr, 0, -1, buffer, c.bytes(all), r + 1);
       return;
     }
@@ -208,7 +215,8 @@ inline void hd_rabenseifner_all_reduce(const call& c);
 /// otherwise, as the communicator's link model says (`hd_prefers_recursive_doubling`).
 /// Preconditions: n >= 2, count > 0.
 inline void hd_all_reduce(const call& c) {
-  if (hd_prefers_recursive_doubling(c.n(), static_cast<double>(c.bytes(c.d.count)), c.comm.link())) return rd_all_reduce(c);
+  if (hd_prefers_recursive_doubling(c.n(), static_cast<double>(c.bytes(c.d.count)), c.comm.link()))
+    return rd_all_reduce(c);
   hd_rabenseifner_all_reduce(c);
 }
 
@@ -274,7 +282,8 @@ inline void hd_reduce(const call& c) {
     }
   } else {
     const range b = blocks.block(static_cast<std::uint64_t>(r));
-    if (!b.empty()) c.comm.sendrecv(c.at(static_cast<const void*>(acc), b.begin), c.bytes(b.size()), root, nullptr, 0, -1);
+    if (!b.empty())
+      c.comm.sendrecv(c.at(static_cast<const void*>(acc), b.begin), c.bytes(b.size()), root, nullptr, 0, -1);
   }
 }
 
@@ -288,7 +297,8 @@ inline void hd_broadcast(const call& c) {
     c.ops.copy(c.d.recv, c.d.send, c.bytes(count));
     for (int q = 0; q < n; ++q) {
       const range b = blocks.block(static_cast<std::uint64_t>(q));
-      if (q != root && !b.empty()) c.comm.sendrecv(c.at(static_cast<const void*>(c.d.recv), b.begin), c.bytes(b.size()), q, nullptr, 0, -1);
+      if (q != root && !b.empty())
+        c.comm.sendrecv(c.at(static_cast<const void*>(c.d.recv), b.begin), c.bytes(b.size()), q, nullptr, 0, -1);
     }
   } else {
     const range b = blocks.block(static_cast<std::uint64_t>(r));

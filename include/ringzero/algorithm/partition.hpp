@@ -32,7 +32,9 @@ struct partition {
   std::uint64_t granule = 1;
 
   constexpr partition(std::uint64_t count_, int parts_, std::uint64_t granule_ = 1) noexcept
-      : count(count_), parts(static_cast<std::uint64_t>(parts_ < 1 ? 1 : parts_)), granule(granule_ < 1 ? 1 : granule_) {}
+      : count(count_),
+        parts(static_cast<std::uint64_t>(parts_ < 1 ? 1 : parts_)),
+        granule(granule_ < 1 ? 1 : granule_) {}
 
   /// First element of block i (0 <= i <= parts; block `parts` starts at `count`).
   constexpr std::uint64_t start(std::uint64_t i) const noexcept {

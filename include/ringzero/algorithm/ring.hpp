@@ -72,7 +72,8 @@ inline void ring_reduce_scatter(const call& c) {
   const int next = ring_mod(r + 1, n), prev = ring_mod(r - 1, n);
   const std::uint64_t count = c.d.count;
   const void* input = c.scaled_input(c.d.send, count * static_cast<std::uint64_t>(n));
-  auto* tmp = static_cast<unsigned char*>(c.comm.scratch(scratch_accumulator, static_cast<std::size_t>(2 * c.bytes(count))));
+  auto* tmp =
+      static_cast<unsigned char*>(c.comm.scratch(scratch_accumulator, static_cast<std::size_t>(2 * c.bytes(count))));
   void* tmp_half[2] = {tmp, tmp + c.bytes(count)};
   const primitive::reduce_spec partial = c.spec();
   const primitive::reduce_spec last = c.final_spec();
@@ -114,7 +115,8 @@ inline void ring_reduce(const call& c) {
     }
   } else {
     const range b = blocks.block(static_cast<std::uint64_t>(r));
-    if (!b.empty()) c.comm.sendrecv(c.at(static_cast<const void*>(acc), b.begin), c.bytes(b.size()), root, nullptr, 0, -1);
+    if (!b.empty())
+      c.comm.sendrecv(c.at(static_cast<const void*>(acc), b.begin), c.bytes(b.size()), root, nullptr, 0, -1);
   }
 }
 
@@ -139,8 +141,8 @@ inline void ring_broadcast(const call& c) {
 inline void ring_all_to_all(const call& c) {
   const int n = c.n(), r = c.rank();
   const std::uint64_t count = c.d.count;
-  c.ops.copy(c.at(c.d.recv, static_cast<std::uint64_t>(r) * count), c.at(c.d.send, static_cast<std::uint64_t>(r) * count),
-             c.bytes(count));
+  c.ops.copy(c.at(c.d.recv, static_cast<std::uint64_t>(r) * count),
+             c.at(c.d.send, static_cast<std::uint64_t>(r) * count), c.bytes(count));
   for (int k = 1; k < n; ++k) {
     const int to = ring_mod(r + k, n), from = ring_mod(r - k, n);
     c.comm.sendrecv(c.at(c.d.send, static_cast<std::uint64_t>(to) * count), c.bytes(count), to,

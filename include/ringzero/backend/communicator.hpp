@@ -73,12 +73,12 @@ struct combine_fn {
 /// an alpha-beta-gamma model (Hockney; Thakur, Rabenseifner & Gropp 2005) plus the terms of the
 /// shared-memory `direct` algorithm. Units: microseconds and microseconds per byte.
 struct link_model {
-  double alpha_us = 1.0;                ///< latency of one point-to-point step
-  double beta_us_per_byte = 1e-4;       ///< per byte transferred between two ranks
-  double gamma_us_per_byte = 1e-4;      ///< per byte combined by a reduction
-  double sync_us = 0.0;                 ///< one all-rank synchronisation (direct only)
-  double memory_us_per_byte = 1e-4;     ///< per byte of memory traffic on one rank (direct only)
-  double cache_us_per_byte = 0.0;       ///< per byte through direct's L1-resident tile (write or read)
+  double alpha_us = 1.0;             ///< latency of one point-to-point step
+  double beta_us_per_byte = 1e-4;    ///< per byte transferred between two ranks
+  double gamma_us_per_byte = 1e-4;   ///< per byte combined by a reduction
+  double sync_us = 0.0;              ///< one all-rank synchronisation (direct only)
+  double memory_us_per_byte = 1e-4;  ///< per byte of memory traffic on one rank (direct only)
+  double cache_us_per_byte = 0.0;    ///< per byte through direct's L1-resident tile (write or read)
 };
 
 /// The abstract communicator. See the file comment for its contract.
@@ -194,8 +194,8 @@ class communicator {
 
   /// Runs `d` with the backend's own collective. Default: throws errc::unsupported.
   virtual void run_native(const collective_descriptor& d) {
-    raise(errc::unsupported, "backend " + std::string(backend_name(backend())) + " has no native " +
-                                 std::string(collective_name(d.kind)));
+    raise(errc::unsupported,
+          "backend " + std::string(backend_name(backend())) + " has no native " + std::string(collective_name(d.kind)));
   }
 
   /// True when the cost model should pick the backend's own collective for `k` whenever it
@@ -275,8 +275,7 @@ class communicator {
   void stop_progress() noexcept {
     try {
       progress_.shutdown();
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
  private:

@@ -2,8 +2,8 @@
 /// @file
 /// The cross-rank contract check: given every rank's descriptor of the same collective, decide
 /// whether they agree (NCCL's contract: same collective, count, dtype, op and root, in the same
-/// order; and the same caller's tag and reproducible mode) and whether any rank passed invalid arguments, and describe each difference with every
-/// rank's value ("count mismatch: rank 0: 2560; ranks 1-3: 5120").
+/// order; and the same caller's tag and reproducible mode) and whether any rank passed invalid arguments, and describe
+/// each difference with every rank's value ("count mismatch: rank 0: 2560; ranks 1-3: 5120").
 ///
 /// Every rank runs the same pure function on the same descriptors, so all ranks reach the same
 /// verdict and raise the same error: no rank runs a collective that another rank refused.
@@ -79,16 +79,17 @@ std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_ra
       errc code = errc::unsupported;
       for (int r = 0; r < n; ++r)
         if (!get(r).invalid.empty() && get(r).invalid_code != errc::unsupported) code = errc::invalid_argument;
-      return contract_violation{code,
-                                "invalid arguments (" + (grouped.size() < s.size() ? grouped : s) + "); no rank ran it"};
+      return contract_violation{
+          code, "invalid arguments (" + (grouped.size() < s.size() ? grouped : s) + "); no rank ran it"};
     }
   }
   // 2. The same collective.
   if (!all_equal([](const collective_descriptor& d) { return d.kind; }))
-    return contract_violation{errc::contract_mismatch,
-                              "collective mismatch: " + detail::describe_values(values([](const collective_descriptor& d) {
-                                return std::string(collective_name(d.kind));
-                              }))};
+    return contract_violation{
+        errc::contract_mismatch,
+        "collective mismatch: " + detail::describe_values(values([](const collective_descriptor& d) {
+          return std::string(collective_name(d.kind));
+        }))};
   const collective_kind kind = get(0).kind;
   // 3. Reproducible mode, count, dtype, op, root, algorithm.
   if (!all_equal([](const collective_descriptor& d) { return d.reproducible; }))
@@ -110,10 +111,11 @@ std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_ra
                                 }))};
   }
   if (is_reduction(kind) && !all_equal([](const collective_descriptor& d) { return d.op.kind; }))
-    return contract_violation{errc::contract_mismatch,
-                              "reduce op mismatch: " + detail::describe_values(values([](const collective_descriptor& d) {
-                                return std::string(reduce_kind_name(d.op.kind));
-                              }))};
+    return contract_violation{
+        errc::contract_mismatch,
+        "reduce op mismatch: " + detail::describe_values(values([](const collective_descriptor& d) {
+          return std::string(reduce_kind_name(d.op.kind));
+        }))};
   if (has_root(kind) && !all_equal([](const collective_descriptor& d) { return d.root; }))
     return contract_violation{errc::contract_mismatch,
                               "root mismatch: " + detail::describe_values(values([](const collective_descriptor& d) {

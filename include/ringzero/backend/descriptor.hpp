@@ -42,21 +42,21 @@ constexpr const char* reproducible_mode_name(reproducible_mode m) noexcept {
 /// One rank's view of one collective call. Counts are in elements, extents in bytes.
 struct collective_descriptor {
   collective_kind kind = collective_kind::barrier;
-  std::uint64_t sequence = 0;     ///< n-th collective issued on this communicator (from 0)
-  std::uint64_t count = 0;        ///< the count argument as passed (per rank, NCCL's meaning)
-  std::uint64_t tag = 0;          ///< the caller's label (collective_options::tag); must match
+  std::uint64_t sequence = 0;  ///< n-th collective issued on this communicator (from 0)
+  std::uint64_t count = 0;     ///< the count argument as passed (per rank, NCCL's meaning)
+  std::uint64_t tag = 0;       ///< the caller's label (collective_options::tag); must match
   dtype type = dtype::float32;
-  reduce_op op{};                 ///< reductions only; scalar may differ between ranks
-  int root = -1;                  ///< broadcast and reduce only
+  reduce_op op{};                         ///< reductions only; scalar may differ between ranks
+  int root = -1;                          ///< broadcast and reduce only
   algorithm algo = algorithm::automatic;  ///< the resolved algorithm (never automatic once issued)
-  const void* send = nullptr;     ///< send buffer as passed
-  void* recv = nullptr;           ///< receive buffer as passed
-  std::uint64_t send_bytes = 0;   ///< bytes this rank reads from `send` (0 when it reads none)
-  std::uint64_t recv_bytes = 0;   ///< bytes this rank writes to `recv` (0 when it writes none)
-  bool in_place = false;          ///< the buffers follow NCCL's in-place convention
+  const void* send = nullptr;             ///< send buffer as passed
+  void* recv = nullptr;                   ///< receive buffer as passed
+  std::uint64_t send_bytes = 0;           ///< bytes this rank reads from `send` (0 when it reads none)
+  std::uint64_t recv_bytes = 0;           ///< bytes this rank writes to `recv` (0 when it writes none)
+  bool in_place = false;                  ///< the buffers follow NCCL's in-place convention
   reproducible_mode reproducible = reproducible_mode::off;  ///< must match on every rank
-  const primitive::binned_view* binned = nullptr;  ///< mode accumulator: this rank's accumulator
-  std::string invalid;            ///< non-empty: why this rank's arguments are invalid
+  const primitive::binned_view* binned = nullptr;           ///< mode accumulator: this rank's accumulator
+  std::string invalid;                                      ///< non-empty: why this rank's arguments are invalid
   errc invalid_code = errc::invalid_argument;  ///< the error `invalid` raises (unsupported or invalid_argument)
 };
 

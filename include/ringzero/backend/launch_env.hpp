@@ -26,10 +26,10 @@ namespace ringzero {
 
 /// Where this process sits in its job.
 struct launch_env {
-  int rank = 0;            ///< global rank, 0 <= rank < world_size
-  int world_size = 1;      ///< number of processes
-  int local_rank = 0;      ///< rank among the processes of this node (selects the GPU)
-  std::string source;      ///< "torchrun", "mpi", "slurm" or "none" (world of one)
+  int rank = 0;        ///< global rank, 0 <= rank < world_size
+  int world_size = 1;  ///< number of processes
+  int local_rank = 0;  ///< rank among the processes of this node (selects the GPU)
+  std::string source;  ///< "torchrun", "mpi", "slurm" or "none" (world of one)
 };
 
 namespace detail {
@@ -51,7 +51,8 @@ inline int parse_nonnegative_int(const std::string& text, const char* name) {
 /// would train apart without a word). Not for Slurm, whose allocation shells set SLURM_NTASKS
 /// without SLURM_PROCID for every command they run.
 inline std::optional<launch_env> read_launch_env(const char* rank_var, const char* size_var, const char* local_var,
-                                                 const char* local_size_var, const char* source, bool size_needs_rank = true) {
+                                                 const char* local_size_var, const char* source,
+                                                 bool size_needs_rank = true) {
   const auto rank = env_string(rank_var);
   const auto size = env_string(size_var);
   if (!rank) {
@@ -60,13 +61,13 @@ inline std::optional<launch_env> read_launch_env(const char* rank_var, const cha
                                               " is not: set both (or neither, for a world of one)");
     return std::nullopt;
   }
-  if (!size)
-    throw error(errc::invalid_argument, std::string(rank_var) + " is set but " + size_var + " is not");
+  if (!size) throw error(errc::invalid_argument, std::string(rank_var) + " is set but " + size_var + " is not");
   launch_env e;
   e.source = source;
   e.rank = parse_nonnegative_int(*rank, rank_var);
   e.world_size = parse_nonnegative_int(*size, size_var);
-  if (e.world_size < 1) throw error(errc::invalid_argument, std::string(size_var) + "=\"" + *size + "\" must be at least 1");
+  if (e.world_size < 1)
+    throw error(errc::invalid_argument, std::string(size_var) + "=\"" + *size + "\" must be at least 1");
   if (e.rank >= e.world_size)
     throw error(errc::invalid_argument, std::string(rank_var) + "=" + std::to_string(e.rank) + " is outside [0, " +
                                             size_var + "=" + std::to_string(e.world_size) + ")");
@@ -76,18 +77,19 @@ inline std::optional<launch_env> read_launch_env(const char* rank_var, const cha
   if (local_size) {
     node_size = parse_nonnegative_int(*local_size, local_size_var);
     if (node_size < 1 || node_size > e.world_size)
-      throw error(errc::invalid_argument, std::string(local_size_var) + "=\"" + *local_size + "\" is outside [1, " + size_var +
-                                              "=" + std::to_string(e.world_size) + "]");
+      throw error(errc::invalid_argument, std::string(local_size_var) + "=\"" + *local_size + "\" is outside [1, " +
+                                              size_var + "=" + std::to_string(e.world_size) + "]");
   }
   if (local) {
     e.local_rank = parse_nonnegative_int(*local, local_var);
     if (e.local_rank >= node_size)
-      throw error(errc::invalid_argument, std::string(local_var) + "=" + std::to_string(e.local_rank) + " is outside [0, " +
-                                              (local_size ? local_size_var : size_var) + "=" + std::to_string(node_size) + ")");
+      throw error(errc::invalid_argument, std::string(local_var) + "=" + std::to_string(e.local_rank) +
+                                              " is outside [0, " + (local_size ? local_size_var : size_var) + "=" +
+                                              std::to_string(node_size) + ")");
   } else if (node_size < e.world_size) {
-    throw error(errc::invalid_argument, std::string(local_size_var) + "=" + std::to_string(node_size) + " is below " + size_var +
-                                            "=" + std::to_string(e.world_size) + " (several nodes) but " + local_var +
-                                            " is not set: set it");
+    throw error(errc::invalid_argument, std::string(local_size_var) + "=" + std::to_string(node_size) + " is below " +
+                                            size_var + "=" + std::to_string(e.world_size) + " (several nodes) but " +
+                                            local_var + " is not set: set it");
   } else {
     e.local_rank = e.rank;  // one node: the global rank is the local one
   }
@@ -104,7 +106,8 @@ inline launch_env read_launch_env() {
                                        "OMPI_COMM_WORLD_LOCAL_SIZE", "mpi"))
     return *e;
   // SLURM_NTASKS_PER_NODE can be a list such as "2(x3)": the local rank is checked against the world size only
-  if (auto e = detail::read_launch_env("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "slurm", false)) return *e;
+  if (auto e = detail::read_launch_env("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "slurm", false))
+    return *e;
   launch_env e;
   e.source = "none";
   return e;

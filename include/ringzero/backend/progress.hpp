@@ -34,7 +34,7 @@ namespace detail {
 /// Completion state shared by a `work` handle and the engine that runs the operation.
 struct work_state {
   std::atomic<bool> done{false};
-  std::exception_ptr failure;  ///< written before `done` is set
+  std::exception_ptr failure;                           ///< written before `done` is set
   std::chrono::steady_clock::time_point finished_at{};  ///< written before `done` is set
   std::mutex mutex;
   std::condition_variable cv;
@@ -191,9 +191,7 @@ class progress_engine {
       std::exception_ptr failure;
       try {
         next.task();
-      } catch (...) {
-        failure = std::current_exception();
-      }
+      } catch (...) { failure = std::current_exception(); }
       next.task = nullptr;
       next.state->finish(failure);
       {

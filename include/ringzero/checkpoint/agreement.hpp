@@ -27,13 +27,16 @@ inline constexpr std::size_t text_words = 64;
 inline constexpr std::uint64_t agreement_tag = 0x636b707400000000ull;  // "ckpt"
 
 /// Every rank's record (each `mine.size()` words, equal on every rank), by global rank.
-inline std::vector<std::uint64_t> gather_records(communicator& comm, communicator* replica, const std::vector<std::uint64_t>& mine) {
+inline std::vector<std::uint64_t> gather_records(communicator& comm, communicator* replica,
+                                                 const std::vector<std::uint64_t>& mine) {
   collective_options o;
   o.tag = agreement_tag;
   const std::size_t n = mine.size();
   std::vector<std::uint64_t> group(n * static_cast<std::size_t>(comm.world_size()));
-  if (comm.world_size() == 1) group = mine;
-  else all_gather(comm, mine.data(), group.data(), n, dtype::uint64, o);
+  if (comm.world_size() == 1)
+    group = mine;
+  else
+    all_gather(comm, mine.data(), group.data(), n, dtype::uint64, o);
   if (replica == nullptr || replica->world_size() == 1) return group;
   std::vector<std::uint64_t> all(group.size() * static_cast<std::size_t>(replica->world_size()));
   all_gather(*replica, group.data(), all.data(), group.size(), dtype::uint64, o);
@@ -71,7 +74,8 @@ struct verdict {
 
 /// Every rank learns every rank's `problem` ("" for none) and its code; returns the verdict all
 /// ranks share.
-inline verdict agree(communicator& comm, communicator* replica, const std::string& problem, errc code = errc::io_error) {
+inline verdict agree(communicator& comm, communicator* replica, const std::string& problem,
+                     errc code = errc::io_error) {
   std::vector<std::uint64_t> mine(1 + text_words, 0);
   mine[0] = problem.empty() ? 0 : static_cast<std::uint64_t>(code);
   pack_text(problem, mine.data() + 1);

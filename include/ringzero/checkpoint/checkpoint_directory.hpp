@@ -44,10 +44,11 @@ inline std::string default_checkpoint_name(std::uint64_t steps) {
 /// Throws errc::invalid_argument unless `name` can name a checkpoint directory: non-empty, at
 /// most 200 characters, no '/', not starting with '.', not "latest".
 inline void check_checkpoint_name(const std::string& name) {
-  if (name.empty() || name.size() > 200 || name.find('/') != std::string::npos || name.front() == '.' || name == latest_file_name ||
-      name.find('\0') != std::string::npos)
-    throw error(errc::invalid_argument, "checkpoint name '" + name +
-                                            "' is not usable: it must be a plain directory name (no '/', not starting with '.', not 'latest')");
+  if (name.empty() || name.size() > 200 || name.find('/') != std::string::npos || name.front() == '.' ||
+      name == latest_file_name || name.find('\0') != std::string::npos)
+    throw error(errc::invalid_argument,
+                "checkpoint name '" + name +
+                    "' is not usable: it must be a plain directory name (no '/', not starting with '.', not 'latest')");
 }
 
 /// Where the ranks write checkpoint `name` before it is complete.
@@ -73,12 +74,13 @@ inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& pat
   if (std::filesystem::exists(path / index_file_name, ec)) return path;
   const std::optional<std::string> latest = read_latest(path);
   if (!latest)
-    throw error(errc::io_error, "'" + path.string() + "' holds no complete checkpoint: neither " + std::string(index_file_name) + " nor a '" +
-                                    std::string(latest_file_name) + "' pointer");
+    throw error(errc::io_error, "'" + path.string() + "' holds no complete checkpoint: neither " +
+                                    std::string(index_file_name) + " nor a '" + std::string(latest_file_name) +
+                                    "' pointer");
   const std::filesystem::path dir = path / *latest;
   if (!std::filesystem::exists(dir / index_file_name, ec))
-    throw error(errc::io_error, "'" + (path / latest_file_name).string() + "' names checkpoint '" + *latest + "', which has no " +
-                                    std::string(index_file_name));
+    throw error(errc::io_error, "'" + (path / latest_file_name).string() + "' names checkpoint '" + *latest +
+                                    "', which has no " + std::string(index_file_name));
   return dir;
 }
 
@@ -111,7 +113,8 @@ inline std::filesystem::path latest_temporary_file(const std::filesystem::path& 
 /// Step 2-4 of the protocol (see the file comment), on rank 0 after every rank's file is
 /// written: writes `index` into ROOT/.tmp.NAME, makes it ROOT/NAME, points `latest` at it and
 /// keeps the newest `keep_last` complete checkpoints (0: all).
-inline void commit_checkpoint(const std::filesystem::path& root, const std::string& name, const checkpoint_index& index, int keep_last) {
+inline void commit_checkpoint(const std::filesystem::path& root, const std::string& name, const checkpoint_index& index,
+                              int keep_last) {
   const std::filesystem::path tmp = temporary_directory(root, name);
   const std::filesystem::path latest_tmp = latest_temporary_file(root, name);
   const std::string text = index.to_json().dump(1);
@@ -139,7 +142,8 @@ inline void commit_checkpoint(const std::filesystem::path& root, const std::stri
   // journal that orders metadata): one fsync of ROOT after each rename.
   detail::sync_directory(root);
   const std::filesystem::path latest = root / latest_file_name;
-  if (::rename(latest_tmp.c_str(), latest.c_str()) != 0) detail::io_fail("cannot rename '" + latest_tmp.string() + "' to", latest, errno);
+  if (::rename(latest_tmp.c_str(), latest.c_str()) != 0)
+    detail::io_fail("cannot rename '" + latest_tmp.string() + "' to", latest, errno);
   detail::sync_directory(root);
   if (exchanged) detail::remove_tree(tmp);
   for (const auto& entry : std::filesystem::directory_iterator(root, ec))
@@ -152,7 +156,8 @@ inline void commit_checkpoint(const std::filesystem::path& root, const std::stri
   for (std::size_t i = 0; i + keep_others < all.size(); ++i) {
     const std::filesystem::path trash = root / (".trash." + all[i]);
     detail::remove_tree(trash);
-    if (std::rename((root / all[i]).c_str(), trash.c_str()) != 0) detail::io_fail("cannot move old checkpoint", root / all[i], errno);
+    if (std::rename((root / all[i]).c_str(), trash.c_str()) != 0)
+      detail::io_fail("cannot move old checkpoint", root / all[i], errno);
     detail::remove_tree(trash);
   }
   // No fsync here: a removal lost in a crash only brings an older complete checkpoint back.

@@ -67,9 +67,9 @@ constexpr std::optional<tensor_role> parse_role(std::string_view s) noexcept {
 
 /// One shard file.
 struct file_record {
-  std::string name;        ///< file name inside the checkpoint directory
-  int rank = 0;            ///< the rank that wrote it
-  std::uint64_t bytes = 0; ///< its size
+  std::string name;         ///< file name inside the checkpoint directory
+  int rank = 0;             ///< the rank that wrote it
+  std::uint64_t bytes = 0;  ///< its size
 };
 
 /// One piece of a tensor in one file.
@@ -85,12 +85,12 @@ struct fragment_record {
 struct tensor_record {
   std::string name;
   tensor_role role = tensor_role::parameter;
-  int state = 0;            ///< the optimizer state number (role optimizer_state)
-  std::string state_name;   ///< "exp_avg", "exp_avg_sq", "momentum_buffer" (role optimizer_state)
+  int state = 0;           ///< the optimizer state number (role optimizer_state)
+  std::string state_name;  ///< "exp_avg", "exp_avg_sq", "momentum_buffer" (role optimizer_state)
   dtype type = dtype::float32;
   std::vector<std::uint64_t> shape;
   bool trainable = true;
-  std::string tied_to;      ///< non-empty: an alias whose values are those of this parameter (no fragments)
+  std::string tied_to;  ///< non-empty: an alias whose values are those of this parameter (no fragments)
   std::vector<fragment_record> fragments;  ///< by `begin`
 
   /// Elements (the product of the shape).
@@ -102,7 +102,8 @@ struct tensor_record {
   /// "'fc.weight' (optimizer state 1, exp_avg_sq)", for messages.
   std::string label() const {
     std::string s = "'" + name + "' (" + std::string(role_name(role));
-    if (role == tensor_role::optimizer_state) s += " " + std::to_string(state) + (state_name.empty() ? "" : ", " + state_name);
+    if (role == tensor_role::optimizer_state)
+      s += " " + std::to_string(state) + (state_name.empty() ? "" : ", " + state_name);
     return s + ")";
   }
 };
@@ -113,20 +114,21 @@ inline std::string role_token(tensor_role role, int state) {
 }
 
 /// The name a fragment is stored under in its shard file: "<tensor>#<role>[<begin>:<end>]".
-inline std::string fragment_key(const std::string& name, tensor_role role, int state, std::uint64_t begin, std::uint64_t end) {
+inline std::string fragment_key(const std::string& name, tensor_role role, int state, std::uint64_t begin,
+                                std::uint64_t end) {
   return name + "#" + role_token(role, state) + "[" + std::to_string(begin) + ":" + std::to_string(end) + "]";
 }
 
 /// The whole index. See the file comment.
 struct checkpoint_index {
   int version = format_version;
-  std::string kind = "zero";         ///< "zero" (a zero::sharded_model) or "replicated" (a DDP trainer)
+  std::string kind = "zero";  ///< "zero" (a zero::sharded_model) or "replicated" (a DDP trainer)
   int world_size = 1;
   int stage = 0;
   int replica_group_size = 1;
   std::uint64_t alignment_bytes = 0;
-  std::uint64_t plan_fingerprint = 0;   ///< zero::shard_plan::fingerprint() (0 for "replicated")
-  std::uint64_t model_fingerprint = 0;  ///< hash of the tensors' names, roles, shapes and dtypes
+  std::uint64_t plan_fingerprint = 0;                   ///< zero::shard_plan::fingerprint() (0 for "replicated")
+  std::uint64_t model_fingerprint = 0;                  ///< hash of the tensors' names, roles, shapes and dtypes
   nlohmann::json optimizer = nlohmann::json::object();  ///< the optimizer's kind and options
   nlohmann::json extra = nlohmann::json::object();      ///< kind-specific state (the DDP bucket layout)
   training_progress progress;
@@ -167,8 +169,11 @@ struct checkpoint_index {
     j["files"] = std::move(fs);
     nlohmann::json ts = nlohmann::json::array();
     for (const auto& t : tensors) {
-      nlohmann::json e = {{"name", t.name}, {"role", std::string(role_name(t.role))}, {"dtype", std::string(safetensors_dtype(t.type))},
-                          {"shape", t.shape}, {"trainable", t.trainable}};
+      nlohmann::json e = {{"name", t.name},
+                          {"role", std::string(role_name(t.role))},
+                          {"dtype", std::string(safetensors_dtype(t.type))},
+                          {"shape", t.shape},
+                          {"trainable", t.trainable}};
       if (t.role == tensor_role::optimizer_state) {
         e["state"] = t.state;
         e["state_name"] = t.state_name;
@@ -190,7 +195,9 @@ struct checkpoint_index {
   /// Parses and checks an index (see the file comment); `where` names the file in errors.
   /// Throws errc::unsupported for a newer format version, errc::io_error for anything else.
   static checkpoint_index from_json(const nlohmann::json& j, const std::string& where) {
-    auto fail = [&](const std::string& why) -> error { return error(errc::io_error, "checkpoint index '" + where + "': " + why); };
+    auto fail = [&](const std::string& why) -> error {
+      return error(errc::io_error, "checkpoint index '" + where + "': " + why);
+    };
     auto field = [&](const nlohmann::json& o, const char* name) -> const nlohmann::json& {
       if (!o.is_object() || !o.contains(name)) throw fail("the field '" + std::string(name) + "' is missing");
       return o[name];
@@ -222,9 +229,11 @@ struct checkpoint_index {
     x.world_size = static_cast<int>(world);
     x.stage = static_cast<int>(std::min<std::uint64_t>(unsigned_field(j, "stage"), 4));
     if (x.stage > 3) throw fail("stage is not 0-3");
-    x.replica_group_size = static_cast<int>(std::min<std::uint64_t>(unsigned_field(j, "replica_group_size"), world + 1));
+    x.replica_group_size =
+        static_cast<int>(std::min<std::uint64_t>(unsigned_field(j, "replica_group_size"), world + 1));
     x.alignment_bytes = unsigned_field(j, "alignment_bytes");
-    for (auto [name, out] : {std::pair{"plan_fingerprint", &x.plan_fingerprint}, std::pair{"model_fingerprint", &x.model_fingerprint}}) {
+    for (auto [name, out] :
+         {std::pair{"plan_fingerprint", &x.plan_fingerprint}, std::pair{"model_fingerprint", &x.model_fingerprint}}) {
       const auto v = parse_hex64(string_field(j, name));
       if (!v) throw fail(std::string("the field '") + name + "' is not 16 hex digits");
       *out = *v;
@@ -236,7 +245,8 @@ struct checkpoint_index {
     x.extra = field(j, "extra");
     x.progress = training_progress::from_json(field(j, "progress"), "checkpoint index '" + where + "'");
     const auto& fs = field(j, "files");
-    if (!fs.is_array() || fs.size() != world) throw fail("'files' must list one file per rank (" + std::to_string(world) + ")");
+    if (!fs.is_array() || fs.size() != world)
+      throw fail("'files' must list one file per rank (" + std::to_string(world) + ")");
     for (const auto& f : fs) {
       file_record r;
       r.name = string_field(f, "name");
@@ -265,7 +275,8 @@ struct checkpoint_index {
       for (const auto& d : shape) {
         if (!d.is_number_unsigned()) throw fail("tensor '" + t.name + "' has a malformed shape");
         const std::uint64_t v = d.get<std::uint64_t>();
-        if (v != 0 && numel > (std::uint64_t{1} << 60) / v) throw fail("tensor '" + t.name + "' has a shape that overflows");
+        if (v != 0 && numel > (std::uint64_t{1} << 60) / v)
+          throw fail("tensor '" + t.name + "' has a shape that overflows");
         numel *= v;
         t.shape.push_back(v);
       }
@@ -282,19 +293,23 @@ struct checkpoint_index {
       for (const auto& fj : frs) {
         fragment_record f;
         f.file = static_cast<std::size_t>(std::min<std::uint64_t>(unsigned_field(fj, "file"), world));
-        if (f.file >= x.files.size()) throw fail("a fragment of tensor " + t.label() + " names file " + std::to_string(f.file) + ", which does not exist");
+        if (f.file >= x.files.size())
+          throw fail("a fragment of tensor " + t.label() + " names file " + std::to_string(f.file) +
+                     ", which does not exist");
         const auto& range = field(fj, "range");
         if (!range.is_array() || range.size() != 2 || !range[0].is_number_unsigned() || !range[1].is_number_unsigned())
           throw fail("a fragment of tensor " + t.label() + " has a malformed range");
         f.begin = range[0].get<std::uint64_t>();
         f.end = range[1].get<std::uint64_t>();
         f.offset = unsigned_field(fj, "offset");
-        const std::string in = "the fragment [" + std::to_string(f.begin) + ", " + std::to_string(f.end) + ") of tensor " + t.label();
+        const std::string in =
+            "the fragment [" + std::to_string(f.begin) + ", " + std::to_string(f.end) + ") of tensor " + t.label();
         if (f.begin >= f.end || f.end > numel)
           throw fail(in + " is empty or outside the tensor's " + std::to_string(numel) + " elements");
         const std::uint64_t bytes = (f.end - f.begin) * es;
         if (f.offset > x.files[f.file].bytes || bytes > x.files[f.file].bytes - f.offset)
-          throw fail(in + " lies outside file '" + x.files[f.file].name + "' (" + std::to_string(x.files[f.file].bytes) + " bytes)");
+          throw fail(in + " lies outside file '" + x.files[f.file].name + "' (" +
+                     std::to_string(x.files[f.file].bytes) + " bytes)");
         const auto& sums = field(fj, "xxh3");
         if (!sums.is_array() || sums.size() != chunk_count(bytes))
           throw fail(in + " must have " + std::to_string(chunk_count(bytes)) + " chunk checksums");
@@ -306,19 +321,21 @@ struct checkpoint_index {
         t.fragments.push_back(std::move(f));
       }
       std::sort(t.fragments.begin(), t.fragments.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
-      if (!t.tied_to.empty() && !t.fragments.empty()) throw fail("tensor " + t.label() + " is tied to '" + t.tied_to + "' but has fragments");
+      if (!t.tied_to.empty() && !t.fragments.empty())
+        throw fail("tensor " + t.label() + " is tied to '" + t.tied_to + "' but has fragments");
       if (t.tied_to.empty()) {
         std::uint64_t at = 0;
         for (const auto& f : t.fragments) {
           if (f.begin != at)
             throw fail("the fragments of tensor " + t.label() + " do not tile it: " +
                        (f.begin < at ? "elements from " + std::to_string(f.begin) + " are held twice"
-                                     : "elements [" + std::to_string(at) + ", " + std::to_string(f.begin) + ") are held by no fragment"));
+                                     : "elements [" + std::to_string(at) + ", " + std::to_string(f.begin) +
+                                           ") are held by no fragment"));
           at = f.end;
         }
         if (at != numel)
-          throw fail("the fragments of tensor " + t.label() + " do not tile it: elements [" + std::to_string(at) + ", " +
-                     std::to_string(numel) + ") are held by no fragment");
+          throw fail("the fragments of tensor " + t.label() + " do not tile it: elements [" + std::to_string(at) +
+                     ", " + std::to_string(numel) + ") are held by no fragment");
       }
       if (x.find(t.name, t.role, t.state) != nullptr) throw fail("tensor " + t.label() + " is listed twice");
       x.tensors.push_back(std::move(t));
@@ -327,7 +344,8 @@ struct checkpoint_index {
       if (!t.tied_to.empty()) {
         const tensor_record* owner = x.find(t.tied_to, t.role, t.state);
         if (owner == nullptr || !owner->tied_to.empty() || owner->shape != t.shape || owner->type != t.type)
-          throw fail("tensor " + t.label() + " is tied to '" + t.tied_to + "', which is missing, itself tied, or of another shape or dtype");
+          throw fail("tensor " + t.label() + " is tied to '" + t.tied_to +
+                     "', which is missing, itself tied, or of another shape or dtype");
       }
     return x;
   }

@@ -54,7 +54,8 @@ struct checkpointer_options {
 class checkpointer {
  public:
   /// Checkpoints under `root` (created when missing, by every rank).
-  explicit checkpointer(std::filesystem::path root, checkpointer_options options = {}) : root_(std::move(root)), options_(options) {
+  explicit checkpointer(std::filesystem::path root, checkpointer_options options = {})
+      : root_(std::move(root)), options_(options) {
     if (options_.keep_last < 0) throw error(errc::invalid_argument, "checkpointer: keep_last must be >= 0");
   }
   checkpointer(const checkpointer&) = delete;
@@ -69,15 +70,19 @@ class checkpointer {
     if (!pending_) return;
     const std::string dir = (root_ / job_.name).string();
     if (std::uncaught_exceptions() > 0) {
-      pending_ = false;  // the temporary directory stays (never taken as a checkpoint; a later save of the name replaces it)
-      std::fprintf(stderr, "ringzero checkpointer (rank %d): checkpoint '%s' was not completed: destroyed while an exception unwinds\n",
-                   job_.rank, dir.c_str());
+      pending_ =
+          false;  // the temporary directory stays (never taken as a checkpoint; a later save of the name replaces it)
+      std::fprintf(
+          stderr,
+          "ringzero checkpointer (rank %d): checkpoint '%s' was not completed: destroyed while an exception unwinds\n",
+          job_.rank, dir.c_str());
       return;
     }
     try {
       finish();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "ringzero checkpointer (rank %d), finishing checkpoint '%s' at destruction: %s\n", job_.rank, dir.c_str(), e.what());
+      std::fprintf(stderr, "ringzero checkpointer (rank %d), finishing checkpoint '%s' at destruction: %s\n", job_.rank,
+                   dir.c_str(), e.what());
     }
   }
 
@@ -104,14 +109,16 @@ class checkpointer {
   }
   /// Saves a DDP trainer (collective over the reducer's communicator): the tensors of `state`,
   /// the reducer's bucket layout, and `progress` (whose optimizer_steps the trainer sets).
-  void save(gradient_reducer& reducer, const replicated_state& state, training_progress progress, std::string name = {}) {
+  void save(gradient_reducer& reducer, const replicated_state& state, training_progress progress,
+            std::string name = {}) {
     wait();
     prepare_replicated(reducer, state, std::move(progress), std::move(name), false);
     write(job_);
     finish();
   }
   /// The asynchronous DDP `save`.
-  void async_save(gradient_reducer& reducer, const replicated_state& state, training_progress progress, std::string name = {}) {
+  void async_save(gradient_reducer& reducer, const replicated_state& state, training_progress progress,
+                  std::string name = {}) {
     wait();
     prepare_replicated(reducer, state, std::move(progress), std::move(name), true);
     launch();
@@ -122,7 +129,8 @@ class checkpointer {
   /// once with its pages touched, grown when a load needs more, shared with `async_save`; so a
   /// resume followed by saves needs no second buffer, and loads after the first fault no fresh
   /// pages in. Errors as `checkpoint::load`'s.
-  training_progress load(zero::sharded_model& model, const std::filesystem::path& path, const load_options& options = {}) {
+  training_progress load(zero::sharded_model& model, const std::filesystem::path& path,
+                         const load_options& options = {}) {
     wait();
     const std::uint64_t need = detail::zero_staging::bytes_needed(model, options.optimizer_state);
     if (staging_.bytes() < need) {
@@ -158,7 +166,8 @@ class checkpointer {
     std::thread writer;
   };
 
-  void start_job(communicator& comm, communicator* replica, int rank, state_layout layout, training_progress progress, std::string name) {
+  void start_job(communicator& comm, communicator* replica, int rank, state_layout layout, training_progress progress,
+                 std::string name) {
     job_.comm = &comm;
     job_.replica = replica;
     job_.rank = rank;
@@ -182,15 +191,14 @@ class checkpointer {
   /// Checks shared by both kinds, recorded as this rank's problem (the agreement raises it everywhere).
   void check_common(communicator& comm) {
     if (comm.space() != memory_space::host)
-      refuse(errc::unsupported, "checkpoints of state in device memory are not supported yet (the " + std::string(backend_name(comm.backend())) +
+      refuse(errc::unsupported, "checkpoints of state in device memory are not supported yet (the " +
+                                    std::string(backend_name(comm.backend())) +
                                     " communicator's buffers are device memory)");
     const std::string p = job_.progress.problem();
     if (!p.empty()) refuse(errc::invalid_argument, "training_progress: " + p);
     try {
       check_checkpoint_name(job_.name);
-    } catch (const error& e) {
-      refuse(e.kind(), e.message());
-    }
+    } catch (const error& e) { refuse(e.kind(), e.message()); }
   }
 
   void prepare_zero(zero::sharded_model& model, training_progress progress, std::string name, bool staged) {
@@ -205,20 +213,23 @@ class checkpointer {
     start_job(model.comm(), model.replica_comm(), rank, std::move(layout), std::move(progress), std::move(name));
     check_common(model.comm());
     if (!model.between_steps())
-      refuse(errc::invalid_argument, "a checkpoint can only be saved between steps (after step(), before the next micro-batch)");
+      refuse(errc::invalid_argument,
+             "a checkpoint can only be saved between steps (after step(), before the next micro-batch)");
     if (!job_.problem.empty()) return;
     std::vector<const unsigned char*> sources;
     for (const auto& s : where[static_cast<std::size_t>(rank)]) sources.push_back(detail::zero_source(model, s));
     set_sources(std::move(sources), staged);
   }
 
-  void prepare_replicated(gradient_reducer& reducer, const replicated_state& state, training_progress progress, std::string name,
-                          bool staged) {
+  void prepare_replicated(gradient_reducer& reducer, const replicated_state& state, training_progress progress,
+                          std::string name, bool staged) {
     communicator& comm = reducer.comm();
     if (name.empty()) name = default_checkpoint_name(progress.optimizer_steps);
     state_layout layout = detail::replicated_layout(state, comm.world_size());
     const std::vector<std::size_t> order = reducer.layout_order();
-    layout.extra = {{"reducer", {{"bucket_order", order}, {"rebuilt", reducer.layout_rebuilt()}, {"parameters", reducer.parameter_count()}}}};
+    layout.extra = {
+        {"reducer",
+         {{"bucket_order", order}, {"rebuilt", reducer.layout_rebuilt()}, {"parameters", reducer.parameter_count()}}}};
     start_job(comm, nullptr, comm.rank(), std::move(layout), std::move(progress), std::move(name));
     check_common(comm);
     if (!job_.problem.empty()) return;
@@ -265,7 +276,8 @@ class checkpointer {
       const std::filesystem::path tmp = temporary_directory(root_, j.name);
       detail::make_directories(tmp);
       const shard_file_layout f = make_shard_file_layout(j.layout, j.rank);
-      j.checksums = write_shard_file(tmp / shard_file_name(j.rank, j.layout.world_size), j.layout, j.rank, f, j.sources);
+      j.checksums =
+          write_shard_file(tmp / shard_file_name(j.rank, j.layout.world_size), j.layout, j.rank, f, j.sources);
     } catch (const error& e) {
       j.problem = e.message();
       j.code = e.kind();
@@ -309,7 +321,8 @@ class checkpointer {
         if (failed.empty()) code = static_cast<errc>(record(r)[0]);
         failed.emplace_back(r, detail::unpack_text(record(r) + 3 + max_sums));
       }
-    const std::string where = "checkpoint '" + (root_ / j.name).string() + "' was not saved (the previous checkpoint is untouched): ";
+    const std::string where =
+        "checkpoint '" + (root_ / j.name).string() + "' was not saved (the previous checkpoint is untouched): ";
     if (!failed.empty()) {
       if (j.rank == 0) cleanup(j.name);
       throw error(code, where + detail::describe_failures(failed));
@@ -317,12 +330,14 @@ class checkpointer {
     for (int r = 1; r < L.world_size; ++r) {
       if (record(r)[1] != record(0)[1]) {
         if (j.rank == 0) cleanup(j.name);
-        throw error(errc::invalid_argument, where + "rank " + std::to_string(r) +
-                                                " passed another training_progress than rank 0 (every rank must pass the same values)");
+        throw error(errc::invalid_argument,
+                    where + "rank " + std::to_string(r) +
+                        " passed another training_progress than rank 0 (every rank must pass the same values)");
       }
       if (record(r)[2] != record(0)[2]) {
         if (j.rank == 0) cleanup(j.name);
-        throw error(errc::invalid_argument, where + "rank " + std::to_string(r) + " named the checkpoint differently from rank 0");
+        throw error(errc::invalid_argument,
+                    where + "rank " + std::to_string(r) + " named the checkpoint differently from rank 0");
       }
     }
     // Rank 0 commits; a second small collective tells every rank whether it could.
@@ -348,15 +363,15 @@ class checkpointer {
     }
     const detail::verdict v = detail::agree(*j.comm, j.replica, problem, commit_code);
     if (!v.text.empty())
-      throw error(v.code, "checkpoint '" + (root_ / j.name).string() + "': the commit (index, rename, latest) failed on " + v.text);
+      throw error(v.code, "checkpoint '" + (root_ / j.name).string() +
+                              "': the commit (index, rename, latest) failed on " + v.text);
   }
 
   void cleanup(const std::string& name) noexcept {
     try {
       detail::remove_tree(latest_temporary_file(root_, name));
       detail::remove_tree(temporary_directory(root_, name));
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   std::filesystem::path root_;

@@ -43,7 +43,7 @@ struct consolidate_options {
 
 /// What `consolidate` wrote.
 struct consolidate_result {
-  std::vector<std::filesystem::path> files;  ///< the safetensors files, in order
+  std::vector<std::filesystem::path> files;         ///< the safetensors files, in order
   std::optional<std::filesystem::path> index_file;  ///< model.safetensors.index.json when split
   std::uint64_t total_bytes = 0;                    ///< tensor data bytes over all files
   std::size_t tensors = 0;                          ///< parameters written
@@ -68,7 +68,8 @@ inline void write_consolidated_file(fragment_reader& reader, const std::vector<c
   const checkpoint_index& index = reader.index();
   std::vector<safetensors_entry> entries;
   for (std::size_t i = 0; i < records.size(); ++i)
-    entries.push_back({records[i]->name, out_types[i], records[i]->shape, records[i]->numel() * dtype_size(out_types[i])});
+    entries.push_back(
+        {records[i]->name, out_types[i], records[i]->shape, records[i]->numel() * dtype_size(out_types[i])});
   const std::string header = encode_safetensors_header(entries, {{"format", "pt"}});
   std::filesystem::path tmp = path;
   tmp += ".tmp";
@@ -80,8 +81,8 @@ inline void write_consolidated_file(fragment_reader& reader, const std::vector<c
       const tensor_record& name_record = *records[i];
       const tensor_record* data = index.find_parameter_data(name_record.name);
       if (data == nullptr)
-        throw error(errc::io_error, "checkpoint '" + reader.directory().string() + "': parameter '" + name_record.name + "' is tied to '" +
-                                        name_record.tied_to + "', which has no data");
+        throw error(errc::io_error, "checkpoint '" + reader.directory().string() + "': parameter '" + name_record.name +
+                                        "' is tied to '" + name_record.tied_to + "', which has no data");
       const std::uint64_t in_es = dtype_size(data->type), out_es = dtype_size(out_types[i]);
       // Fragment by fragment, in pieces of whole checksum chunks of that fragment: no chunk is read twice.
       for (const fragment_record& fr : data->fragments) {
@@ -106,7 +107,8 @@ inline void write_consolidated_file(fragment_reader& reader, const std::vector<c
     std::filesystem::remove(tmp, ec);
     throw;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) detail::io_fail("cannot rename '" + tmp.string() + "' to", path, errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    detail::io_fail("cannot rename '" + tmp.string() + "' to", path, errno);
 }
 
 }  // namespace detail
@@ -156,10 +158,12 @@ inline consolidate_result consolidate(const std::filesystem::path& path, const s
     result.total_bytes += bytes;
   }
   result.tensors = params.size();
-  const std::filesystem::path out_dir = output.parent_path().empty() ? std::filesystem::path(".") : output.parent_path();
+  const std::filesystem::path out_dir =
+      output.parent_path().empty() ? std::filesystem::path(".") : output.parent_path();
   std::map<std::string, std::string> weight_map;
   for (std::size_t g = 0; g < groups.size(); ++g) {
-    const std::filesystem::path file = groups.size() == 1 ? output : out_dir / detail::hf_shard_name(output, g, groups.size());
+    const std::filesystem::path file =
+        groups.size() == 1 ? output : out_dir / detail::hf_shard_name(output, g, groups.size());
     std::vector<const tensor_record*> records;
     std::vector<dtype> out_types;
     for (std::size_t i : groups[g]) {

@@ -80,7 +80,8 @@ class file {
       const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
       if (w < 0) {
         if (errno == EINTR) continue;
-        io_fail("cannot write " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_, errno);
+        io_fail("cannot write " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
+                errno);
       }
       if (w == 0) io_fail("cannot write (no progress) at offset " + std::to_string(offset) + " of", path_, ENOSPC);
       p += w;
@@ -96,11 +97,12 @@ class file {
       const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
       if (r < 0) {
         if (errno == EINTR) continue;
-        io_fail("cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_, errno);
+        io_fail("cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
+                errno);
       }
       if (r == 0)
-        throw error(errc::io_error, "file '" + path_.string() + "' ends at byte " + std::to_string(offset) + " (truncated): " +
-                                        std::to_string(bytes) + " more bytes were expected");
+        throw error(errc::io_error, "file '" + path_.string() + "' ends at byte " + std::to_string(offset) +
+                                        " (truncated): " + std::to_string(bytes) + " more bytes were expected");
       p += r;
       bytes -= static_cast<std::uint64_t>(r);
       offset += static_cast<std::uint64_t>(r);
@@ -168,12 +170,12 @@ inline void sync_all(std::initializer_list<file*> files) {
     auto one = [f, &failures, i] {
       try {
         f->sync();
-      } catch (...) {
-        failures[i] = std::current_exception();
-      }
+      } catch (...) { failures[i] = std::current_exception(); }
     };
-    if (i + 1 == files.size()) one();
-    else threads.emplace_back(one);
+    if (i + 1 == files.size())
+      one();
+    else
+      threads.emplace_back(one);
     ++i;
   }
   for (std::thread& t : threads) t.join();

@@ -69,7 +69,8 @@ class fragment_reader {
     for (const fragment_record& f : t.fragments) {
       const std::uint64_t lo = std::max(begin, f.begin), hi = std::min(end, f.end);
       if (lo >= hi || max_bytes == 0) continue;
-      const std::uint64_t b = (lo - f.begin) * es / checksum_chunk_bytes * checksum_chunk_bytes, e = (hi - f.begin) * es;
+      const std::uint64_t b = (lo - f.begin) * es / checksum_chunk_bytes * checksum_chunk_bytes,
+                          e = (hi - f.begin) * es;
       const std::uint64_t n = std::min(max_bytes, e - b);
       open(f.file).will_need(f.offset + b, n);
       max_bytes -= n;
@@ -103,15 +104,16 @@ class fragment_reader {
     try {
       slot.emplace(detail::file::open_read(path));
     } catch (const error& e) {
-      throw error(errc::io_error, "checkpoint '" + dir_.string() + "': the shard file of rank " + std::to_string(r.rank) + " is missing or unreadable: " +
-                                      e.message());
+      throw error(errc::io_error, "checkpoint '" + dir_.string() + "': the shard file of rank " +
+                                      std::to_string(r.rank) + " is missing or unreadable: " + e.message());
     }
     slot->sequential();
     const std::uint64_t size = slot->size();
     if (size != r.bytes) {
       slot.reset();
-      throw error(errc::io_error, "checkpoint '" + dir_.string() + "': shard file '" + path.string() + "' of rank " + std::to_string(r.rank) + " has " +
-                                      std::to_string(size) + " bytes, the index expects " + std::to_string(r.bytes) +
+      throw error(errc::io_error, "checkpoint '" + dir_.string() + "': shard file '" + path.string() + "' of rank " +
+                                      std::to_string(r.rank) + " has " + std::to_string(size) +
+                                      " bytes, the index expects " + std::to_string(r.bytes) +
                                       (size < r.bytes ? " (truncated)" : ""));
     }
     return *slot;
@@ -122,8 +124,8 @@ class fragment_reader {
   }
 
   /// Reads chunks [c0, c1) of fragment f (of `bytes` bytes) into `dst` and verifies them.
-  void read_chunks(const tensor_record& t, const fragment_record& f, std::uint64_t c0, std::uint64_t c1, std::uint64_t bytes,
-                   unsigned char* dst) {
+  void read_chunks(const tensor_record& t, const fragment_record& f, std::uint64_t c0, std::uint64_t c1,
+                   std::uint64_t bytes, unsigned char* dst) {
     const detail::file& file = open(f.file);
     const std::uint64_t b = c0 * checksum_chunk_bytes, e = std::min(bytes, c1 * checksum_chunk_bytes);
     file.read_at(dst, e - b, f.offset + b);
@@ -133,11 +135,12 @@ class fragment_reader {
       const std::uint64_t sum = checksum(dst + (cb - b), static_cast<std::size_t>(ce - cb));
       if (sum != f.checksums[static_cast<std::size_t>(c)]) {
         const file_record& r = index_->files[f.file];
-        throw error(errc::io_error, "checkpoint '" + dir_.string() + "': checksum mismatch in shard file '" + (dir_ / r.name).string() +
-                                        "' of rank " + std::to_string(r.rank) + ", tensor " + t.label() + ", fragment [" +
-                                        std::to_string(f.begin) + ", " + std::to_string(f.end) + "), bytes [" +
-                                        std::to_string(f.offset + cb) + ", " + std::to_string(f.offset + ce) + ") of the file: XXH3 " +
-                                        hex64(sum) + ", the index records " + hex64(f.checksums[static_cast<std::size_t>(c)]) +
+        throw error(errc::io_error, "checkpoint '" + dir_.string() + "': checksum mismatch in shard file '" +
+                                        (dir_ / r.name).string() + "' of rank " + std::to_string(r.rank) + ", tensor " +
+                                        t.label() + ", fragment [" + std::to_string(f.begin) + ", " +
+                                        std::to_string(f.end) + "), bytes [" + std::to_string(f.offset + cb) + ", " +
+                                        std::to_string(f.offset + ce) + ") of the file: XXH3 " + hex64(sum) +
+                                        ", the index records " + hex64(f.checksums[static_cast<std::size_t>(c)]) +
                                         " (the data is damaged)");
       }
     }
@@ -145,16 +148,19 @@ class fragment_reader {
 
   /// Copies bytes [b, e) of fragment f into dst, reading whole chunks: runs of chunks the range
   /// covers entirely straight into dst, the partial chunks at either end through a scratch chunk.
-  void read_fragment(const tensor_record& t, const fragment_record& f, std::uint64_t b, std::uint64_t e, unsigned char* dst) {
+  void read_fragment(const tensor_record& t, const fragment_record& f, std::uint64_t b, std::uint64_t e,
+                     unsigned char* dst) {
     const std::uint64_t bytes = (f.end - f.begin) * dtype_size(t.type);
-    constexpr std::uint64_t max_run_chunks = 4;                    // 16 MiB per pread, then its checksums
+    constexpr std::uint64_t max_run_chunks = 4;                     // 16 MiB per pread, then its checksums
     constexpr std::uint64_t ahead_bytes = std::uint64_t{64} << 20;  // read by the kernel meanwhile
     std::uint64_t c = b / checksum_chunk_bytes;
     while (c * checksum_chunk_bytes < e) {
       const std::uint64_t cb = c * checksum_chunk_bytes, ce = std::min(bytes, cb + checksum_chunk_bytes);
       if (cb >= b && ce <= e) {
         std::uint64_t c1 = c + 1;
-        while (c1 - c < max_run_chunks && std::min(bytes, (c1 + 1) * checksum_chunk_bytes) <= e && c1 * checksum_chunk_bytes < e) ++c1;
+        while (c1 - c < max_run_chunks && std::min(bytes, (c1 + 1) * checksum_chunk_bytes) <= e &&
+               c1 * checksum_chunk_bytes < e)
+          ++c1;
         const std::uint64_t run_end = std::min(e, c1 * checksum_chunk_bytes);
         if (run_end < e) open(f.file).will_need(f.offset + run_end, std::min(ahead_bytes, e - run_end));
         read_chunks(t, f, c, c1, bytes, dst + (cb - b));

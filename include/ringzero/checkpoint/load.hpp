@@ -51,7 +51,8 @@ void load_phase(communicator& comm, communicator* replica, const std::filesystem
   }
   const verdict v = agree(comm, replica, problem, code);
   if (!v.text.empty())
-    throw error(v.code, error_context{std::string(backend_name(comm.backend())), comm.rank(), comm.world_size(), {}, -1},
+    throw error(v.code,
+                error_context{std::string(backend_name(comm.backend())), comm.rank(), comm.world_size(), {}, -1},
                 "loading checkpoint '" + path.string() + "' failed, the state is unchanged: " + v.text);
 }
 
@@ -60,8 +61,8 @@ void load_phase(communicator& comm, communicator* replica, const std::filesystem
 namespace detail {
 
 /// `load` of a sharded model, reading into `arena` when it is large enough (else fresh staging).
-inline training_progress load_zero(zero::sharded_model& model, const std::filesystem::path& path, const load_options& options,
-                                   staging_buffer* arena) {
+inline training_progress load_zero(zero::sharded_model& model, const std::filesystem::path& path,
+                                   const load_options& options, staging_buffer* arena) {
   checkpoint_index index;
   std::filesystem::path dir;
   const zero_tensors z(model.plan(), model.optimizer().options());
@@ -70,7 +71,8 @@ inline training_progress load_zero(zero::sharded_model& model, const std::filesy
     if (model.comm().space() != memory_space::host)
       throw error(errc::unsupported, "checkpoints of state in device memory are not supported yet");
     if (!model.between_steps())
-      throw error(errc::invalid_argument, "a checkpoint can only be loaded between steps (after step(), before the next micro-batch)");
+      throw error(errc::invalid_argument,
+                  "a checkpoint can only be loaded between steps (after step(), before the next micro-batch)");
     dir = resolve_checkpoint(path);
     index = read_index(dir);
     const auto records = match_tensors(index, z.tensors, options, dir.string());
@@ -87,7 +89,8 @@ inline training_progress load_zero(zero::sharded_model& model, const std::filesy
 
 /// Loads the checkpoint at `path` into `model` (see the file comment). Collective.
 /// `checkpointer::load` does the same in staging memory kept from load to load.
-inline training_progress load(zero::sharded_model& model, const std::filesystem::path& path, const load_options& options = {}) {
+inline training_progress load(zero::sharded_model& model, const std::filesystem::path& path,
+                              const load_options& options = {}) {
   return detail::load_zero(model, path, options, nullptr);
 }
 
@@ -127,7 +130,8 @@ inline training_progress load(gradient_reducer& reducer, replicated_state& state
     }
   });
   for (std::size_t i = 0; i < specs.size(); ++i)
-    if (!staging[i].empty()) std::memcpy(state.entries()[i].data, staging[i].data(), static_cast<std::size_t>(staging[i].bytes()));
+    if (!staging[i].empty())
+      std::memcpy(state.entries()[i].data, staging[i].data(), static_cast<std::size_t>(staging[i].bytes()));
   if (restore_layout) reducer.restore_layout(order, rebuilt);
   return index.progress;
 }

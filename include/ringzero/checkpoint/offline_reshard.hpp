@@ -32,8 +32,8 @@ namespace ringzero::checkpoint {
 
 /// Options of `reshard_offline`.
 struct reshard_options {
-  int world_size = 1;                ///< ranks of the new checkpoint (>= 1)
-  std::optional<int> stage;          ///< zero checkpoints: the new stage (0-3); unset: the saved one
+  int world_size = 1;                     ///< ranks of the new checkpoint (>= 1)
+  std::optional<int> stage;               ///< zero checkpoints: the new stage (0-3); unset: the saved one
   std::optional<int> replica_group_size;  ///< zero: ranks per replica group (0: all); unset: all
   std::uint64_t buffer_bytes = std::uint64_t{16} << 20;  ///< streaming buffer (whole 4 MiB chunks)
 };
@@ -112,7 +112,9 @@ inline zero::plan_request zero_request_of(const checkpoint_index& x, int world_s
         s.type = json_dtype(e.at("type"), where);
         s.trainable = e.at("trainable").get<bool>();
         const tensor_record* r = x.find(s.name, tensor_role::parameter);
-        if (r == nullptr) throw error(errc::io_error, where + ": the recorded plan names parameter '" + s.name + "', which the index lacks");
+        if (r == nullptr)
+          throw error(errc::io_error,
+                      where + ": the recorded plan names parameter '" + s.name + "', which the index lacks");
         s.shape = r->shape;
         q.parameters.push_back(std::move(s));
       }
@@ -130,21 +132,28 @@ inline zero::plan_request zero_request_of(const checkpoint_index& x, int world_s
     s.shape = t.shape;
     s.type = t.type;
     s.trainable = t.trainable;
-    const bool owner = std::any_of(x.tensors.begin(), x.tensors.end(), [&](const tensor_record& o) { return o.tied_to == t.name; });
-    if (!t.tied_to.empty()) s.tie_group = t.tied_to;
-    else if (owner) s.tie_group = t.name;
+    const bool owner =
+        std::any_of(x.tensors.begin(), x.tensors.end(), [&](const tensor_record& o) { return o.tied_to == t.name; });
+    if (!t.tied_to.empty())
+      s.tie_group = t.tied_to;
+    else if (owner)
+      s.tie_group = t.name;
     q.parameters.push_back(std::move(s));
   }
   return q;
 }
 
 /// The layout of the new checkpoint (every rank's pieces).
-inline state_layout reshard_layout(const checkpoint_index& x, const reshard_options& o, const std::string& where, bool& exact) {
+inline state_layout reshard_layout(const checkpoint_index& x, const reshard_options& o, const std::string& where,
+                                   bool& exact) {
   if (o.world_size < 1 || o.world_size > (1 << 24))
-    throw error(errc::invalid_argument, "reshard: the world size must be from 1 to 16777216, got " + std::to_string(o.world_size));
+    throw error(errc::invalid_argument,
+                "reshard: the world size must be from 1 to 16777216, got " + std::to_string(o.world_size));
   if (x.kind == "replicated") {
     if ((o.stage && *o.stage != 0) || o.replica_group_size)
-      throw error(errc::invalid_argument, where + " is a data-parallel (replicated) checkpoint: it has no ZeRO stage or replica groups to change");
+      throw error(
+          errc::invalid_argument,
+          where + " is a data-parallel (replicated) checkpoint: it has no ZeRO stage or replica groups to change");
     state_layout L;
     L.kind = x.kind;
     L.world_size = o.world_size;
@@ -164,14 +173,16 @@ inline state_layout reshard_layout(const checkpoint_index& x, const reshard_opti
     return L;
   }
   const int stage = o.stage.value_or(x.stage);
-  if (stage < 0 || stage > 3) throw error(errc::invalid_argument, "reshard: the stage must be 0-3, got " + std::to_string(stage));
+  if (stage < 0 || stage > 3)
+    throw error(errc::invalid_argument, "reshard: the stage must be 0-3, got " + std::to_string(stage));
   const zero::optimizer_options opt = optimizer_of(x, where);
   const zero::shard_plan plan(zero_request_of(x, o.world_size, stage, o.replica_group_size.value_or(0), where, exact));
   const zero_tensors z(plan, opt);
   state_layout L = zero_layout(plan, opt, z, nullptr);
   if (L.model_fingerprint() != x.model_fingerprint)
-    throw error(errc::io_error, where + ": the model rebuilt from the index (" + std::to_string(z.tensors.size()) +
-                                    " tensors) does not match the checkpoint's model fingerprint: the index is inconsistent");
+    throw error(errc::io_error,
+                where + ": the model rebuilt from the index (" + std::to_string(z.tensors.size()) +
+                    " tensors) does not match the checkpoint's model fingerprint: the index is inconsistent");
   return L;
 }
 
@@ -180,13 +191,15 @@ inline state_layout reshard_layout(const checkpoint_index& x, const reshard_opti
 /// Reshards the checkpoint at `path` (a checkpoint directory, or a root whose `latest` names
 /// one) into the root `output_root` (see the file comment). `output_root` must not be the
 /// source's root.
-inline reshard_result reshard_offline(const std::filesystem::path& path, const std::filesystem::path& output_root, const reshard_options& o) {
+inline reshard_result reshard_offline(const std::filesystem::path& path, const std::filesystem::path& output_root,
+                                      const reshard_options& o) {
   const std::filesystem::path dir = resolve_checkpoint(path);
   const checkpoint_index x = read_index(dir);
   const std::string where = "checkpoint '" + dir.string() + "'";
   std::error_code ec;
   if (std::filesystem::exists(output_root, ec) && std::filesystem::equivalent(output_root, dir.parent_path(), ec))
-    throw error(errc::invalid_argument, "reshard: the output root '" + output_root.string() + "' is the source's own root; choose another directory");
+    throw error(errc::invalid_argument, "reshard: the output root '" + output_root.string() +
+                                            "' is the source's own root; choose another directory");
   reshard_result result;
   state_layout L = detail::reshard_layout(x, o, where, result.exact_plan);
   fragment_reader reader(dir, x);

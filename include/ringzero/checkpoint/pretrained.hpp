@@ -76,10 +76,12 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
         for (std::size_t q = 0; q < ps.size() && source[p] == nullptr; ++q)
           if (ps[q].tie_group == ps[p].tie_group) source[p] = header.find(ps[q].name);
       const safetensors_tensor* t = source[p];
-      if (t == nullptr) throw fail("the model's parameter '" + ps[p].name + "' " + zero::shape_text(ps[p].shape) + " is not in the file");
+      if (t == nullptr)
+        throw fail("the model's parameter '" + ps[p].name + "' " + zero::shape_text(ps[p].shape) +
+                   " is not in the file");
       if (t->shape != ps[p].shape)
-        throw fail("tensor '" + t->name + "' has shape " + zero::shape_text(t->shape) + ", the model's parameter '" + ps[p].name +
-                   "' has " + zero::shape_text(ps[p].shape));
+        throw fail("tensor '" + t->name + "' has shape " + zero::shape_text(t->shape) + ", the model's parameter '" +
+                   ps[p].name + "' has " + zero::shape_text(ps[p].shape));
       if (!t->type || (*t->type != pl[p].type && !(is_floating_point(*t->type) && is_floating_point(pl[p].type))))
         throw fail("tensor '" + t->name + "' is " + t->dtype_name + ", which cannot become the model's " +
                    std::string(dtype_name(pl[p].type)) + " parameter '" + ps[p].name + "'");
@@ -87,7 +89,8 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
     if (strict)
       for (const auto& t : header.tensors)
         if (!names.contains(t.name))
-          throw fail("the file holds tensor '" + t.name + "', which the model does not have (pass strict = false to ignore it)");
+          throw fail("the file holds tensor '" + t.name +
+                     "', which the model does not have (pass strict = false to ignore it)");
     std::vector<unsigned char> raw;
     for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
       const zero::flat_buffer& fb = plan.buffers()[b];
@@ -113,7 +116,8 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
   model.begin_restore();
   for (std::size_t b = 0; b < staging.size(); ++b) {
     if (!staging[b].params.empty())
-      std::memcpy(model.held_parameters(b), staging[b].params.data(), static_cast<std::size_t>(staging[b].params.bytes()));
+      std::memcpy(model.held_parameters(b), staging[b].params.data(),
+                  static_cast<std::size_t>(staging[b].params.bytes()));
     float* m = model.restorable_optimizer().master(b);
     if (m != nullptr && !staging[b].master.empty())
       std::memcpy(m, staging[b].master.data(), static_cast<std::size_t>(staging[b].master.bytes()));

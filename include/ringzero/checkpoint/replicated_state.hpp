@@ -40,7 +40,8 @@ class replicated_state {
   }
   /// Registers optimizer state `state` ("exp_avg", PyTorch's name in `state_name`) of parameter `name`.
   template <element_type T>
-  void add_optimizer_state(std::string name, int state, std::string state_name, std::span<T> values, std::vector<std::uint64_t> shape = {}) {
+  void add_optimizer_state(std::string name, int state, std::string state_name, std::span<T> values,
+                           std::vector<std::uint64_t> shape = {}) {
     add(std::move(name), tensor_role::optimizer_state, state, std::move(state_name), values, std::move(shape));
   }
   /// Registers the float32 master weights of parameter `name`.
@@ -62,18 +63,20 @@ class replicated_state {
 
  private:
   template <element_type T>
-  void add(std::string name, tensor_role role, int state, std::string state_name, std::span<T> values, std::vector<std::uint64_t> shape) {
+  void add(std::string name, tensor_role role, int state, std::string state_name, std::span<T> values,
+           std::vector<std::uint64_t> shape) {
     if (name.empty()) throw error(errc::invalid_argument, "checkpoint::replicated_state: a tensor needs a name");
     if (shape.empty()) shape = {values.size()};
     std::uint64_t n = 1;
     for (std::uint64_t d : shape) n *= d;
     if (n != values.size())
-      throw error(errc::invalid_argument, "checkpoint::replicated_state: '" + name + "' has shape " + zero::shape_text(shape) + " (" +
-                                              std::to_string(n) + " elements) but " + std::to_string(values.size()) + " values");
+      throw error(errc::invalid_argument, "checkpoint::replicated_state: '" + name + "' has shape " +
+                                              zero::shape_text(shape) + " (" + std::to_string(n) + " elements) but " +
+                                              std::to_string(values.size()) + " values");
     for (const entry& e : entries_)
       if (e.spec.name == name && e.spec.role == role && e.spec.state == state)
-        throw error(errc::invalid_argument, "checkpoint::replicated_state: '" + name + "' (" + std::string(role_name(role)) +
-                                                ") is registered twice");
+        throw error(errc::invalid_argument, "checkpoint::replicated_state: '" + name + "' (" +
+                                                std::string(role_name(role)) + ") is registered twice");
     entry e;
     e.spec.name = std::move(name);
     e.spec.role = role;

@@ -69,11 +69,11 @@ constexpr std::uint64_t safetensors_dtype_size(std::string_view s) noexcept {
 /// One tensor of a safetensors file.
 struct safetensors_tensor {
   std::string name;
-  std::string dtype_name;               ///< as written ("F32")
-  std::optional<dtype> type;            ///< std::nullopt when ringzero has no such type
+  std::string dtype_name;     ///< as written ("F32")
+  std::optional<dtype> type;  ///< std::nullopt when ringzero has no such type
   std::vector<std::uint64_t> shape;
-  std::uint64_t begin = 0;              ///< absolute byte offset of the data in the file
-  std::uint64_t end = 0;                ///< one past the last byte
+  std::uint64_t begin = 0;  ///< absolute byte offset of the data in the file
+  std::uint64_t end = 0;    ///< one past the last byte
   std::uint64_t numel() const noexcept {
     std::uint64_t n = 1;
     for (std::uint64_t d : shape) n *= d;
@@ -148,15 +148,17 @@ namespace detail {
 inline safetensors_header read_safetensors_header(const detail::file& f) {
   const std::filesystem::path& path = f.path();
   const std::uint64_t size = f.size();
-  if (size < 8) detail::safetensors_fail(path, "is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
+  if (size < 8)
+    detail::safetensors_fail(path, "is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
   unsigned char len[8];
   f.read_at(len, 8, 0);
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
-  if (n > safetensors_max_header) detail::safetensors_fail(path, "header length " + std::to_string(n) + " exceeds 100 MB");
+  if (n > safetensors_max_header)
+    detail::safetensors_fail(path, "header length " + std::to_string(n) + " exceeds 100 MB");
   if (n > size - 8)
-    detail::safetensors_fail(path, "header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(size) +
-                                       " bytes): truncated");
+    detail::safetensors_fail(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
+                                       std::to_string(size) + " bytes): truncated");
   std::string text(static_cast<std::size_t>(n), '\0');
   f.read_at(text.data(), n, 8);
   if (text.empty() || text[0] != '{') detail::safetensors_fail(path, "the header does not start with '{'");
@@ -185,8 +187,8 @@ inline safetensors_header read_safetensors_header(const detail::file& f) {
     const auto& dt = value["dtype"];
     const auto& shape = value["shape"];
     const auto& offsets = value["data_offsets"];
-    if (!dt.is_string() || !shape.is_array() || !offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-        !offsets[1].is_number_unsigned())
+    if (!dt.is_string() || !shape.is_array() || !offsets.is_array() || offsets.size() != 2 ||
+        !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
       detail::safetensors_fail(path, where + " has a malformed dtype, shape or data_offsets");
     safetensors_tensor t;
     t.name = key;
@@ -196,10 +198,12 @@ inline safetensors_header read_safetensors_header(const detail::file& f) {
     if (es == 0) detail::safetensors_fail(path, where + " has unknown dtype '" + t.dtype_name + "'");
     std::uint64_t numel = 1;
     for (const auto& d : shape) {
-      if (!d.is_number_unsigned()) detail::safetensors_fail(path, where + " has a shape entry that is not a non-negative integer");
+      if (!d.is_number_unsigned())
+        detail::safetensors_fail(path, where + " has a shape entry that is not a non-negative integer");
       const std::uint64_t v = d.get<std::uint64_t>();
       t.shape.push_back(v);
-      if (v != 0 && numel > (std::uint64_t{1} << 62) / v) detail::safetensors_fail(path, where + " has a shape that overflows");
+      if (v != 0 && numel > (std::uint64_t{1} << 62) / v)
+        detail::safetensors_fail(path, where + " has a shape that overflows");
       numel *= v;
     }
     const std::uint64_t b = offsets[0].get<std::uint64_t>(), e = offsets[1].get<std::uint64_t>();
@@ -208,26 +212,26 @@ inline safetensors_header read_safetensors_header(const detail::file& f) {
                                          "] outside the data section of " + std::to_string(data_bytes) + " bytes" +
                                          (e > data_bytes ? " (truncated file?)" : ""));
     if (e - b != numel * es)
-      detail::safetensors_fail(path, where + " holds " + std::to_string(e - b) + " bytes but its shape and dtype need " +
-                                         std::to_string(numel * es));
+      detail::safetensors_fail(path, where + " holds " + std::to_string(e - b) +
+                                         " bytes but its shape and dtype need " + std::to_string(numel * es));
     t.begin = out.data_start + b;
     t.end = out.data_start + e;
     out.tensors.push_back(std::move(t));
   }
-  std::sort(out.tensors.begin(), out.tensors.end(), [](const auto& a, const auto& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
+  std::sort(out.tensors.begin(), out.tensors.end(),
+            [](const auto& a, const auto& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   std::uint64_t at = out.data_start;
   for (const auto& t : out.tensors) {
     if (t.begin != at)
-      detail::safetensors_fail(path, "tensor '" + t.name + "' starts at data offset " + std::to_string(t.begin - out.data_start) +
-                                         " but the previous data ends at " + std::to_string(at - out.data_start) +
+      detail::safetensors_fail(path, "tensor '" + t.name + "' starts at data offset " +
+                                         std::to_string(t.begin - out.data_start) + " but the previous data ends at " +
+                                         std::to_string(at - out.data_start) +
                                          " (the tensors must tile the data section)");
     at = t.end;
   }
   if (at != size)
-    detail::safetensors_fail(path, "the tensors end at data offset " + std::to_string(at - out.data_start) + " but the data section has " +
-                                       std::to_string(data_bytes) + " bytes");
+    detail::safetensors_fail(path, "the tensors end at data offset " + std::to_string(at - out.data_start) +
+                                       " but the data section has " + std::to_string(data_bytes) + " bytes");
   return out;
 }
 

@@ -24,8 +24,8 @@ namespace ringzero::checkpoint {
 /// Writes rank `rank`'s file of `layout` (`file_layout` = make_shard_file_layout(layout, rank))
 /// to `path`, piece k read from `sources[k]`; returns the chunk checksums of its pieces in file
 /// order, concatenated. Throws errc::io_error naming `path`.
-inline std::vector<std::uint64_t> write_shard_file(const std::filesystem::path& path, const state_layout& layout, int rank,
-                                                   const shard_file_layout& file_layout,
+inline std::vector<std::uint64_t> write_shard_file(const std::filesystem::path& path, const state_layout& layout,
+                                                   int rank, const shard_file_layout& file_layout,
                                                    const std::vector<const unsigned char*>& sources) {
   const auto& mine = layout.pieces[static_cast<std::size_t>(rank)];
   std::vector<std::uint64_t> sums;
@@ -33,7 +33,8 @@ inline std::vector<std::uint64_t> write_shard_file(const std::filesystem::path& 
   detail::file f = detail::file::create(path);
   f.write_at(file_layout.header.data(), file_layout.header.size(), 0);
   constexpr std::uint64_t writeback_bytes = std::uint64_t{64} << 20;
-  std::uint64_t unsubmitted = 0, end = file_layout.header.size();  // [unsubmitted, end) is written, not yet handed to the disk
+  std::uint64_t unsubmitted = 0,
+                end = file_layout.header.size();  // [unsubmitted, end) is written, not yet handed to the disk
   for (std::size_t k = 0; k < mine.size(); ++k) {
     const unsigned char* src = sources[k];
     const std::uint64_t bytes = layout.bytes(mine[k]);

@@ -24,8 +24,10 @@ namespace ringzero::checkpoint::detail {
 struct staging_release {
   std::size_t mapped = 0;
   void operator()(unsigned char* p) const noexcept {
-    if (mapped != 0) ::munmap(p, mapped);
-    else std::free(p);
+    if (mapped != 0)
+      ::munmap(p, mapped);
+    else
+      std::free(p);
   }
 };
 
@@ -36,7 +38,9 @@ class staging_buffer {
   explicit staging_buffer(std::uint64_t bytes, bool pre_touch = true) : bytes_(bytes) {
     if (bytes == 0) return;
     constexpr std::uint64_t huge = std::uint64_t{2} << 20;
-    auto fail = [&] { return error(errc::internal, "checkpoint: cannot allocate " + std::to_string(bytes) + " bytes of staging memory"); };
+    auto fail = [&] {
+      return error(errc::internal, "checkpoint: cannot allocate " + std::to_string(bytes) + " bytes of staging memory");
+    };
     if (bytes < huge) {
       void* p = std::aligned_alloc(64, static_cast<std::size_t>((bytes + 63) / 64 * 64));
       if (p == nullptr) throw fail();
@@ -45,9 +49,11 @@ class staging_buffer {
       return;
     }
     const std::uint64_t rounded = (bytes + huge - 1) / huge * huge;
-    void* p = ::mmap(nullptr, static_cast<std::size_t>(rounded), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p =
+        ::mmap(nullptr, static_cast<std::size_t>(rounded), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw fail();
-    data_ = std::unique_ptr<unsigned char, staging_release>(static_cast<unsigned char*>(p), staging_release{static_cast<std::size_t>(rounded)});
+    data_ = std::unique_ptr<unsigned char, staging_release>(static_cast<unsigned char*>(p),
+                                                            staging_release{static_cast<std::size_t>(rounded)});
 #if defined(MADV_HUGEPAGE)
     (void)::madvise(p, static_cast<std::size_t>(rounded), MADV_HUGEPAGE);
 #endif

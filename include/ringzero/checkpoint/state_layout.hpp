@@ -73,7 +73,8 @@ struct state_layout {
   std::uint64_t model_fingerprint() const {
     std::string s;
     for (const tensor_spec& t : tensors) {
-      s += t.name + '\n' + role_token(t.role, t.state) + '\n' + std::string(safetensors_dtype(t.type)) + '\n' + t.tied_to + '\n';
+      s += t.name + '\n' + role_token(t.role, t.state) + '\n' + std::string(safetensors_dtype(t.type)) + '\n' +
+           t.tied_to + '\n';
       for (std::uint64_t d : t.shape) s += std::to_string(d) + ',';
       s += '\n';
     }
@@ -101,14 +102,12 @@ inline shard_file_layout make_shard_file_layout(const state_layout& layout, int 
   const auto& mine = layout.pieces[static_cast<std::size_t>(rank)];
   for (const piece& p : mine) {
     const tensor_spec& t = layout.tensors[p.tensor];
-    entries.push_back({fragment_key(t.name, t.role, t.state, p.begin, p.end), t.type, {p.end - p.begin}, layout.bytes(p)});
+    entries.push_back(
+        {fragment_key(t.name, t.role, t.state, p.begin, p.end), t.type, {p.end - p.begin}, layout.bytes(p)});
   }
   const std::map<std::string, std::string> metadata = {
-      {"format", std::string(format_name)},
-      {"format_version", std::to_string(format_version)},
-      {"kind", layout.kind},
-      {"rank", std::to_string(rank)},
-      {"world_size", std::to_string(layout.world_size)},
+      {"format", std::string(format_name)}, {"format_version", std::to_string(format_version)}, {"kind", layout.kind},
+      {"rank", std::to_string(rank)},       {"world_size", std::to_string(layout.world_size)},
   };
   shard_file_layout f;
   f.header = encode_safetensors_header(entries, metadata);
@@ -162,7 +161,8 @@ inline checkpoint_index make_index(const state_layout& layout, const training_pr
       fr.end = p.end;
       fr.offset = f.offsets[k];
       const std::size_t n = static_cast<std::size_t>(chunk_count(layout.bytes(p)));
-      fr.checksums.assign(sums.begin() + static_cast<std::ptrdiff_t>(at), sums.begin() + static_cast<std::ptrdiff_t>(at + n));
+      fr.checksums.assign(sums.begin() + static_cast<std::ptrdiff_t>(at),
+                          sums.begin() + static_cast<std::ptrdiff_t>(at + n));
       at += n;
       x.tensors[p.tensor].fragments.push_back(std::move(fr));
     }

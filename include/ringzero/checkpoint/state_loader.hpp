@@ -48,9 +48,12 @@ struct load_target {
 
 /// The record each of `specs` is read from (a master may come from its parameter: then the
 /// record's dtype differs and the values are converted). Throws on any mismatch.
-inline std::vector<const tensor_record*> match_tensors(const checkpoint_index& index, const std::vector<tensor_spec>& specs,
+inline std::vector<const tensor_record*> match_tensors(const checkpoint_index& index,
+                                                       const std::vector<tensor_spec>& specs,
                                                        const load_options& options, const std::string& where) {
-  auto fail = [&](const std::string& why) -> error { return error(errc::invalid_argument, "checkpoint '" + where + "': " + why); };
+  auto fail = [&](const std::string& why) -> error {
+    return error(errc::invalid_argument, "checkpoint '" + where + "': " + why);
+  };
   std::vector<const tensor_record*> out(specs.size(), nullptr);
   std::set<std::string> model_names;
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -72,30 +75,32 @@ inline std::vector<const tensor_record*> match_tensors(const checkpoint_index& i
     }
     if (r == nullptr) {
       const tensor_record* any = index.find(s.name, tensor_role::parameter);
-      throw fail("the model needs tensor " + label + " " + std::string(safetensors_dtype(s.type)) + " " + zero::shape_text(s.shape) +
-                 ", which the checkpoint does not hold" +
+      throw fail("the model needs tensor " + label + " " + std::string(safetensors_dtype(s.type)) + " " +
+                 zero::shape_text(s.shape) + ", which the checkpoint does not hold" +
                  (any == nullptr ? " (no parameter of that name: a checkpoint of another model?)"
-                  : s.role == tensor_role::optimizer_state
-                      ? " (saved with another optimizer or as frozen; load with optimizer_state = false to take the parameters only)"
-                      : ""));
+                  : s.role == tensor_role::optimizer_state ? " (saved with another optimizer or as frozen; load with "
+                                                             "optimizer_state = false to take the parameters only)"
+                                                           : ""));
     }
     if (r->shape != s.shape)
-      throw fail("tensor " + label + " has shape " + zero::shape_text(r->shape) + " in the checkpoint, the model expects " +
-                 zero::shape_text(s.shape));
+      throw fail("tensor " + label + " has shape " + zero::shape_text(r->shape) +
+                 " in the checkpoint, the model expects " + zero::shape_text(s.shape));
     if (s.role == tensor_role::optimizer_state && r->state_name != s.state_name)
       throw fail("tensor " + label + " is '" + s.state_name + "' for the model's optimizer but '" + r->state_name +
-                 "' in the checkpoint (saved with another optimizer: load with optimizer_state = false to take the parameters only)");
+                 "' in the checkpoint (saved with another optimizer: load with optimizer_state = false to take the "
+                 "parameters only)");
     const bool converted_master = s.role == tensor_role::master && r->role == tensor_role::parameter;
     if (r->type != s.type && !converted_master)
-      throw fail("tensor " + label + " is " + std::string(safetensors_dtype(r->type)) + " in the checkpoint, the model expects " +
-                 std::string(safetensors_dtype(s.type)));
+      throw fail("tensor " + label + " is " + std::string(safetensors_dtype(r->type)) +
+                 " in the checkpoint, the model expects " + std::string(safetensors_dtype(s.type)));
     out[i] = r;
   }
   if (options.strict)
     for (const tensor_record& t : index.tensors)
       if (t.role == tensor_role::parameter && !model_names.contains(t.name))
-        throw fail("the checkpoint holds parameter '" + t.name + "' " + zero::shape_text(t.shape) +
-                   ", which the model does not have (a checkpoint of another model? load with strict = false to ignore it)");
+        throw fail(
+            "the checkpoint holds parameter '" + t.name + "' " + zero::shape_text(t.shape) +
+            ", which the model does not have (a checkpoint of another model? load with strict = false to ignore it)");
   return out;
 }
 
@@ -108,8 +113,8 @@ inline void to_float32(dtype from, const unsigned char* src, float* dst, std::ui
 }
 
 /// Reads every target (see the file comment). `records[t.spec]` must be set for each target.
-inline void read_targets(fragment_reader& reader, const std::vector<tensor_spec>& specs, const std::vector<const tensor_record*>& records,
-                         const std::vector<load_target>& targets) {
+inline void read_targets(fragment_reader& reader, const std::vector<tensor_spec>& specs,
+                         const std::vector<const tensor_record*>& records, const std::vector<load_target>& targets) {
   std::vector<unsigned char> convert;
   constexpr std::uint64_t ahead_bytes = std::uint64_t{16} << 20;
   for (std::size_t i = 0; i < targets.size(); ++i) {

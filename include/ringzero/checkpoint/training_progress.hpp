@@ -69,8 +69,10 @@ struct training_progress {
     p.epoch = count("epoch");
     p.step_in_epoch = count("step_in_epoch");
     if (!j.contains("loss_scale")) throw bad("loss_scale");
-    if (j["loss_scale"].is_number()) p.loss_scale = j["loss_scale"].get<double>();
-    else if (!j["loss_scale"].is_null()) throw bad("loss_scale");
+    if (j["loss_scale"].is_number())
+      p.loss_scale = j["loss_scale"].get<double>();
+    else if (!j["loss_scale"].is_null())
+      throw bad("loss_scale");
     if (!j.contains("rng_seeds") || !j["rng_seeds"].is_array()) throw bad("rng_seeds");
     for (const auto& s : j["rng_seeds"]) {
       if (!s.is_number_unsigned()) throw bad("rng_seeds");

@@ -55,10 +55,16 @@ inline nlohmann::json optimizer_json(const zero::optimizer_options& o) {
 /// declared dtypes, precision, automatic unit size), as the index's extra["plan"] records it, so
 /// that an offline reshard (checkpoint/offline_reshard.hpp) rebuilds the plan for another world size.
 inline nlohmann::json plan_request_json(const zero::plan_request& q) {
-  auto type = [](std::optional<dtype> t) { return t ? nlohmann::json(std::string(dtype_name(*t))) : nlohmann::json(nullptr); };
+  auto type = [](std::optional<dtype> t) {
+    return t ? nlohmann::json(std::string(dtype_name(*t))) : nlohmann::json(nullptr);
+  };
   nlohmann::json ps = nlohmann::json::array();
   for (const zero::parameter_spec& p : q.parameters)
-    ps.push_back({{"name", p.name}, {"unit", p.unit}, {"tie_group", p.tie_group}, {"type", type(p.type)}, {"trainable", p.trainable}});
+    ps.push_back({{"name", p.name},
+                  {"unit", p.unit},
+                  {"tie_group", p.tie_group},
+                  {"type", type(p.type)},
+                  {"trainable", p.trainable}});
   const zero::precision& pr = q.precision;
   return {{"parameters", std::move(ps)},
           {"replica_group_size", q.replica_group_size},
@@ -237,7 +243,8 @@ class zero_staging {
         auto add = [&](std::size_t spec, algorithms::range r, int which, std::uint64_t es) {
           const std::uint64_t lo = std::max(r.begin, off), hi = std::min(r.end, end);
           if (lo >= hi) return;
-          targets_.push_back({spec, lo - off, hi - off, at[b][static_cast<std::size_t>(which + 2)] + (lo - r.begin) * es});
+          targets_.push_back(
+              {spec, lo - off, hi - off, at[b][static_cast<std::size_t>(which + 2)] + (lo - r.begin) * es});
           places_.push_back({b, which, (lo - r.begin) * es, (hi - lo) * es});
         };
         add(z.parameter[p], held, -2, dtype_size(f.type));

@@ -27,7 +27,8 @@ namespace ringzero {
 /// - Follows NCCL's ncclAllReduce; avg divides once at the end (see core/reduce_op.hpp).
 inline void all_reduce(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type, reduce_op op,
                        const collective_options& options = {}) {
-  detail::run_blocking(comm, detail::make_request(collective_kind::all_reduce, send, recv, count, type, op, -1, options));
+  detail::run_blocking(comm,
+                       detail::make_request(collective_kind::all_reduce, send, recv, count, type, op, -1, options));
 }
 
 /// Asynchronous `all_reduce`: returns at once; the operation runs on `comm`'s progress thread in
@@ -35,14 +36,16 @@ inline void all_reduce(communicator& comm, const void* send, void* recv, std::ui
 /// unmodified, `recv` untouched) until the work completes.
 inline work all_reduce_async(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type,
                              reduce_op op, const collective_options& options = {}) {
-  return detail::issue(comm, detail::make_request(collective_kind::all_reduce, send, recv, count, type, op, -1, options), true);
+  return detail::issue(
+      comm, detail::make_request(collective_kind::all_reduce, send, recv, count, type, op, -1, options), true);
 }
 
 /// Typed `all_reduce` of two spans of equal size (a size difference is an invalid argument).
 template <element_type T>
 void all_reduce(communicator& comm, std::span<const T> send, std::span<T> recv, reduce_op op = reduce_kind::sum,
                 const collective_options& options = {}) {
-  auto q = detail::make_request(collective_kind::all_reduce, send.data(), recv.data(), recv.size(), dtype_of<T>, op, -1, options);
+  auto q = detail::make_request(collective_kind::all_reduce, send.data(), recv.data(), recv.size(), dtype_of<T>, op, -1,
+                                options);
   q.invalid = detail::span_mismatch(send.size(), recv.size(), recv.size(), recv.size());
   detail::run_blocking(comm, q);
 }

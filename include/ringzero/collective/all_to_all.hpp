@@ -20,21 +20,25 @@ namespace ringzero {
 /// Errors and thread semantics as `all_reduce`; the result is a copy, bitwise exact.
 inline void all_to_all(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type,
                        const collective_options& options = {}) {
-  detail::run_blocking(comm, detail::make_request(collective_kind::all_to_all, send, recv, count, type, {}, -1, options));
+  detail::run_blocking(comm,
+                       detail::make_request(collective_kind::all_to_all, send, recv, count, type, {}, -1, options));
 }
 
 /// Asynchronous `all_to_all` (see `all_reduce_async` for the handle's semantics).
 inline work all_to_all_async(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type,
                              const collective_options& options = {}) {
-  return detail::issue(comm, detail::make_request(collective_kind::all_to_all, send, recv, count, type, {}, -1, options), true);
+  return detail::issue(
+      comm, detail::make_request(collective_kind::all_to_all, send, recv, count, type, {}, -1, options), true);
 }
 
 /// Typed `all_to_all`: both spans must hold world_size * count elements (count = size / world_size).
 template <element_type T>
-void all_to_all(communicator& comm, std::span<const T> send, std::span<T> recv, const collective_options& options = {}) {
+void all_to_all(communicator& comm, std::span<const T> send, std::span<T> recv,
+                const collective_options& options = {}) {
   const std::uint64_t n = static_cast<std::uint64_t>(comm.world_size());
   const std::uint64_t count = recv.size() / n;
-  auto q = detail::make_request(collective_kind::all_to_all, send.data(), recv.data(), count, dtype_of<T>, {}, -1, options);
+  auto q =
+      detail::make_request(collective_kind::all_to_all, send.data(), recv.data(), count, dtype_of<T>, {}, -1, options);
   q.invalid = detail::span_mismatch(send.size(), count * n, recv.size(), count * n);
   detail::run_blocking(comm, q);
 }

@@ -14,12 +14,14 @@ namespace ringzero {
 /// Errors: contract_mismatch when another rank called a different collective; timeout naming
 /// the ranks that never arrived; aborted; peer_exited. Thread semantics as `all_reduce`.
 inline void barrier(communicator& comm, const collective_options& options = {}) {
-  detail::run_blocking(comm, detail::make_request(collective_kind::barrier, nullptr, nullptr, 0, dtype::uint8, {}, -1, options));
+  detail::run_blocking(
+      comm, detail::make_request(collective_kind::barrier, nullptr, nullptr, 0, dtype::uint8, {}, -1, options));
 }
 
 /// Asynchronous `barrier` (see `all_reduce_async` for the handle's semantics).
 inline work barrier_async(communicator& comm, const collective_options& options = {}) {
-  return detail::issue(comm, detail::make_request(collective_kind::barrier, nullptr, nullptr, 0, dtype::uint8, {}, -1, options), true);
+  return detail::issue(
+      comm, detail::make_request(collective_kind::barrier, nullptr, nullptr, 0, dtype::uint8, {}, -1, options), true);
 }
 
 }  // namespace ringzero

@@ -19,13 +19,15 @@ namespace ringzero {
 /// Errors and thread semantics as `all_reduce`; the result is a copy, bitwise exact.
 inline void broadcast(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type, int root,
                       const collective_options& options = {}) {
-  detail::run_blocking(comm, detail::make_request(collective_kind::broadcast, send, recv, count, type, {}, root, options));
+  detail::run_blocking(comm,
+                       detail::make_request(collective_kind::broadcast, send, recv, count, type, {}, root, options));
 }
 
 /// Asynchronous `broadcast` (see `all_reduce_async` for the handle's semantics).
 inline work broadcast_async(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type, int root,
                             const collective_options& options = {}) {
-  return detail::issue(comm, detail::make_request(collective_kind::broadcast, send, recv, count, type, {}, root, options), true);
+  return detail::issue(
+      comm, detail::make_request(collective_kind::broadcast, send, recv, count, type, {}, root, options), true);
 }
 
 /// Typed in-place `broadcast` of `buffer` from `root`.

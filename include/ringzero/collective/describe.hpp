@@ -12,8 +12,8 @@
 /// recv on non-root ranks.
 
 #include <cmath>
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -38,8 +38,8 @@ void describe_reproducible(const communicator& c, const collective_request& q, c
   const bool supported_kind = q.kind == collective_kind::all_reduce || q.kind == collective_kind::reduce_scatter ||
                               q.kind == collective_kind::reduce;
   const bool floating = is_valid(q.type) && is_floating_point(q.type);
-  const bool summing = q.op.kind == reduce_kind::sum || q.op.kind == reduce_kind::avg ||
-                       q.op.kind == reduce_kind::premul_sum;
+  const bool summing =
+      q.op.kind == reduce_kind::sum || q.op.kind == reduce_kind::avg || q.op.kind == reduce_kind::premul_sum;
   const std::string what = std::string(dtype_name(q.type)) + " " + std::string(reduce_kind_name(q.op.kind)) +
                            (supported_kind ? "" : " (" + std::string(collective_name(q.kind)) + ")");
   if (!requested) {  // RINGZERO_REPRODUCIBLE: only where it applies; floating prod is refused
@@ -51,9 +51,10 @@ void describe_reproducible(const communicator& c, const collective_request& q, c
     }
     if (!summing) return;  // min and max are order-independent already
   } else if (!supported_kind || !floating || !summing) {
-    fail("reproducible mode supports float16, bfloat16, float32 and float64 with sum, avg or premul_sum in "
-         "all_reduce, reduce_scatter and reduce, not " + what +
-         (floating ? "" : " (integer reductions are exact already)"));
+    fail(
+        "reproducible mode supports float16, bfloat16, float32 and float64 with sum, avg or premul_sum in "
+        "all_reduce, reduce_scatter and reduce, not " +
+        what + (floating ? "" : " (integer reductions are exact already)"));
     return;
   }
   d.reproducible = q.binned != nullptr ? reproducible_mode::accumulator : reproducible_mode::on;
@@ -86,11 +87,14 @@ inline collective_descriptor describe(const communicator& c, const collective_re
   if (q.kind != collective_kind::barrier && !is_valid(q.type))
     fail("unknown dtype value " + std::to_string(static_cast<unsigned>(q.type)));
   if (is_reduction(q.kind)) {
-    if (!is_valid(q.op.kind)) fail("unknown reduce op value " + std::to_string(static_cast<unsigned>(q.op.kind)));
+    if (!is_valid(q.op.kind))
+      fail("unknown reduce op value " + std::to_string(static_cast<unsigned>(q.op.kind)));
     else if (q.op.kind == reduce_kind::premul_sum) {
       const double s = q.op.scalar;
-      if (!std::isfinite(s)) fail("premul_sum scalar is not finite");
-      else if (is_valid(q.type) && !is_floating_point(q.type) && (s != std::trunc(s) || std::fabs(s) >= 9007199254740992.0))
+      if (!std::isfinite(s))
+        fail("premul_sum scalar is not finite");
+      else if (is_valid(q.type) && !is_floating_point(q.type) &&
+               (s != std::trunc(s) || std::fabs(s) >= 9007199254740992.0))
         fail("premul_sum scalar " + std::to_string(s) + " is not an integer below 2^53 in magnitude, as " +
              std::string(dtype_name(q.type)) + " requires");
     }
@@ -104,10 +108,22 @@ inline collective_descriptor describe(const communicator& c, const collective_re
   std::optional<std::uint64_t> whole = checked_mul(q.count, static_cast<std::uint64_t>(n));
   switch (q.kind) {
     case collective_kind::all_reduce: send_elems = recv_elems = q.count; break;
-    case collective_kind::reduce_scatter: send_elems = whole.value_or(0); recv_elems = q.count; break;
-    case collective_kind::all_gather: send_elems = q.count; recv_elems = whole.value_or(0); break;
-    case collective_kind::broadcast: send_elems = is_root ? q.count : 0; recv_elems = q.count; break;
-    case collective_kind::reduce: send_elems = q.count; recv_elems = is_root ? q.count : 0; break;
+    case collective_kind::reduce_scatter:
+      send_elems = whole.value_or(0);
+      recv_elems = q.count;
+      break;
+    case collective_kind::all_gather:
+      send_elems = q.count;
+      recv_elems = whole.value_or(0);
+      break;
+    case collective_kind::broadcast:
+      send_elems = is_root ? q.count : 0;
+      recv_elems = q.count;
+      break;
+    case collective_kind::reduce:
+      send_elems = q.count;
+      recv_elems = is_root ? q.count : 0;
+      break;
     case collective_kind::all_to_all: send_elems = recv_elems = whole.value_or(0); break;
     default: break;
   }
@@ -153,8 +169,8 @@ inline collective_descriptor describe(const communicator& c, const collective_re
   }
 
   // The algorithm (identical on every rank for valid calls: a function of count, dtype and world).
-  const double model_bytes = static_cast<double>(q.count) * static_cast<double>(es) *
-                             (needs_whole ? static_cast<double>(n) : 1.0);
+  const double model_bytes =
+      static_cast<double>(q.count) * static_cast<double>(es) * (needs_whole ? static_cast<double>(n) : 1.0);
   std::string problem;
   d.algo = resolve_algorithm(c, q.kind, model_bytes, q.options.algo, c.forced_algorithm(), problem);
   if (!problem.empty()) fail(problem);

@@ -18,8 +18,8 @@
 #include "ringzero/algorithm/halving_doubling.hpp"
 #include "ringzero/algorithm/ring.hpp"
 #include "ringzero/collective/describe.hpp"
-#include "ringzero/collective/request.hpp"
 #include "ringzero/collective/reproducible.hpp"
+#include "ringzero/collective/request.hpp"
 
 namespace ringzero::detail {
 
@@ -40,7 +40,8 @@ class exclusive_use {
 /// scalar for premul_sum.
 inline void run_world_of_one(const algorithms::call& c) {
   const collective_descriptor& d = c.d;
-  if (d.kind == collective_kind::reduce || d.kind == collective_kind::all_reduce || d.kind == collective_kind::reduce_scatter) {
+  if (d.kind == collective_kind::reduce || d.kind == collective_kind::all_reduce ||
+      d.kind == collective_kind::reduce_scatter) {
     if (d.op.kind == reduce_kind::premul_sum) {
       c.ops.scale(d.recv, d.send, d.count, d.type, d.op.scalar);
       return;
@@ -97,10 +98,12 @@ inline void run_algorithm(const algorithms::call& c) {
 /// schedule or native collective on a float32 copy (direct widens its own tiles).
 inline void run_with(communicator& c, const collective_descriptor& d, const algorithms::data_ops& ops) {
   const algorithms::call call{c, d, ops};
-  if (c.world_size() == 1 && (d.algo != algorithm::native || c.space() == memory_space::host)) run_world_of_one(call);
+  if (c.world_size() == 1 && (d.algo != algorithm::native || c.space() == memory_space::host))
+    run_world_of_one(call);
   else if (d.algo != algorithm::direct && algorithms::accumulates_in_float32(d, c.world_size()))
     algorithms::run_in_float32(call, run_algorithm);
-  else run_algorithm(call);
+  else
+    run_algorithm(call);
 }
 
 /// Executes descriptor `d` on `c` on the calling thread. The data operations follow the
@@ -118,7 +121,8 @@ inline void execute(communicator& c, const collective_descriptor& d) {
     try {
       const bool widened = algorithms::accumulates_in_float32(d, c.world_size());
       if (d.reproducible != reproducible_mode::off) {
-        refusal = run_reproducible(c, d, algorithms::host_ops(), [](const algorithms::call& inner) { run_algorithm(inner); });
+        refusal =
+            run_reproducible(c, d, algorithms::host_ops(), [](const algorithms::call& inner) { run_algorithm(inner); });
       } else if (c.space() == memory_space::host || d.kind == collective_kind::barrier ||
                  (d.algo == algorithm::native && !widened)) {
         run_with(c, d, algorithms::host_ops());

@@ -23,9 +23,10 @@ inline void reduce(communicator& comm, const void* send, void* recv, std::uint64
 }
 
 /// Asynchronous `reduce` (see `all_reduce_async` for the handle's semantics).
-inline work reduce_async(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type, reduce_op op,
-                         int root, const collective_options& options = {}) {
-  return detail::issue(comm, detail::make_request(collective_kind::reduce, send, recv, count, type, op, root, options), true);
+inline work reduce_async(communicator& comm, const void* send, void* recv, std::uint64_t count, dtype type,
+                         reduce_op op, int root, const collective_options& options = {}) {
+  return detail::issue(comm, detail::make_request(collective_kind::reduce, send, recv, count, type, op, root, options),
+                       true);
 }
 
 /// Typed in-place `reduce` of `buffer` into the root's `buffer`.

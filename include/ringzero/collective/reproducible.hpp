@@ -74,8 +74,8 @@ inline std::uint64_t reproducible_elements(const collective_descriptor& d, int n
 /// direct_reproducible's float32 form for plain inputs (no accumulator, no premul_sum scalar):
 /// primitive::reproducible_sum_f32 block by block over every rank's input, the result copied to
 /// each output. Returns false, having done nothing, where it does not apply.
-inline bool direct_reproducible_f32(const algorithms::call& c, std::uint64_t begin, std::uint64_t end, std::uint64_t divisor,
-                                    bool streaming) {
+inline bool direct_reproducible_f32(const algorithms::call& c, std::uint64_t begin, std::uint64_t end,
+                                    std::uint64_t divisor, bool streaming) {
   const collective_descriptor& d = c.d;
   const int n = c.n(), r = c.rank();
   if (d.type != dtype::float32 || d.op.kind == reduce_kind::premul_sum) return false;
@@ -93,10 +93,13 @@ inline bool direct_reproducible_f32(const algorithms::call& c, std::uint64_t beg
     // In place is safe: only this rank reads these elements of any input, and it has read them.
     switch (d.kind) {
       case collective_kind::all_reduce:
-        for (int j = 0; j < n; ++j) c.ops.copy(c.at(c.comm.peer_descriptor((r + j) % n)->recv, first), result, len * 4, streaming);
+        for (int j = 0; j < n; ++j)
+          c.ops.copy(c.at(c.comm.peer_descriptor((r + j) % n)->recv, first), result, len * 4, streaming);
         break;
       case collective_kind::reduce_scatter: c.ops.copy(c.at(d.recv, first - begin), result, len * 4, streaming); break;
-      case collective_kind::reduce: c.ops.copy(c.at(c.comm.peer_descriptor(d.root)->recv, first), result, len * 4, streaming); break;
+      case collective_kind::reduce:
+        c.ops.copy(c.at(c.comm.peer_descriptor(d.root)->recv, first), result, len * 4, streaming);
+        break;
       default: c.comm.raise(errc::internal, "reproducible mode reached a collective that is not a reduction");
     }
   }
@@ -136,12 +139,13 @@ inline std::string direct_reproducible(const algorithms::call& c) {
       c.comm.scratch(algorithms::scratch_tile, static_cast<std::size_t>(tile * (1 + 8 * w + es))));
   auto* tops = base;
   auto* words = reinterpret_cast<std::int64_t*>(base + tile);  // 8-byte aligned: tile is a multiple of 8
-  void* scaled = base + tile * (1 + 8 * w);  // premul_sum: one rank's tile times its scalar
+  void* scaled = base + tile * (1 + 8 * w);                    // premul_sum: one rank's tile times its scalar
   for (std::uint64_t first = begin; first < end; first += tile) {
     const std::uint64_t len = std::min(tile, end - first);
     std::memset(tops, 0, len);
     std::memset(words, 0, len * w * 8);
-    for (int q = 0; q < n; ++q) reproducible_source{c.comm.peer_descriptor(q), &c.ops, scaled}.fold_tops(tops, first, len);
+    for (int q = 0; q < n; ++q)
+      reproducible_source{c.comm.peer_descriptor(q), &c.ops, scaled}.fold_tops(tops, first, len);
     for (int q = 0; q < n; ++q)
       reproducible_source{c.comm.peer_descriptor(q), &c.ops, scaled}.add_words(words, tops, first, len);
     switch (d.kind) {
@@ -185,8 +189,9 @@ inline collective_descriptor inner_descriptor(const collective_descriptor& d, co
   const std::uint64_t whole = kind == collective_kind::reduce_scatter ? count * static_cast<std::uint64_t>(n) : count;
   inner.send = buffer;
   inner.send_bytes = whole * es;
-  inner.recv = kind == collective_kind::reduce_scatter ? static_cast<unsigned char*>(buffer) + static_cast<std::uint64_t>(rank) * count * es
-                                                       : buffer;
+  inner.recv = kind == collective_kind::reduce_scatter
+                   ? static_cast<unsigned char*>(buffer) + static_cast<std::uint64_t>(rank) * count * es
+                   : buffer;
   inner.recv_bytes = count * es;
   return inner;
 }
@@ -222,7 +227,8 @@ std::string run_reproducible(communicator& comm, const collective_descriptor& d,
   if (std::string refusal = reproducible_headroom(total); !refusal.empty()) return refusal;
 
   // Phase 1: the global top bin of every element.
-  auto* tops = static_cast<std::uint8_t*>(comm.scratch(algorithms::scratch_reproducible_tops, static_cast<std::size_t>(elements)));
+  auto* tops = static_cast<std::uint8_t*>(
+      comm.scratch(algorithms::scratch_reproducible_tops, static_cast<std::size_t>(elements)));
   std::memset(tops, 0, static_cast<std::size_t>(elements));
   source.fold_tops(tops, 0, elements);
   if (n > 1) {
@@ -237,7 +243,8 @@ std::string run_reproducible(communicator& comm, const collective_descriptor& d,
   std::memset(words, 0, static_cast<std::size_t>(elements * w * 8));
   source.add_words(words, tops, 0, elements);
   if (n > 1) {
-    const collective_descriptor inner = inner_descriptor(d, d.kind, words, d.count * w, dtype::int64, reduce_kind::sum, r, n);
+    const collective_descriptor inner =
+        inner_descriptor(d, d.kind, words, d.count * w, dtype::int64, reduce_kind::sum, r, n);
     run_schedule(algorithms::call{comm, inner, ops});
   }
 

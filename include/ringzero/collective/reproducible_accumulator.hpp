@@ -38,21 +38,26 @@ class reproducible_accumulator {
   /// errc::invalid_argument for an integer or invalid dtype or a count whose storage overflows.
   reproducible_accumulator(std::uint64_t count, dtype type) : count_(count), type_(type) {
     if (!is_valid(type) || !primitive::reproducible_supports(type))
-      throw error(errc::invalid_argument, "reproducible_accumulator supports float16, bfloat16, float32 and float64, not " +
-                                              std::string(dtype_name(type)));
+      throw error(errc::invalid_argument,
+                  "reproducible_accumulator supports float16, bfloat16, float32 and float64, not " +
+                      std::string(dtype_name(type)));
     kept_ = primitive::reproducible_kept_bins(type);
     if (count > std::uint64_t{1} << 56)
-      throw error(errc::invalid_argument, "reproducible_accumulator of " + std::to_string(count) + " elements is too large");
+      throw error(errc::invalid_argument,
+                  "reproducible_accumulator of " + std::to_string(count) + " elements is too large");
     tops_.assign(static_cast<std::size_t>(count), 0);
-    if (kept_ == 3) packed_.assign(static_cast<std::size_t>(count), 0);  // flushed limbs: on the first flush
-    else limbs_.assign(static_cast<std::size_t>(count) * static_cast<std::size_t>(kept_), 0);
+    if (kept_ == 3)
+      packed_.assign(static_cast<std::size_t>(count), 0);  // flushed limbs: on the first flush
+    else
+      limbs_.assign(static_cast<std::size_t>(count) * static_cast<std::size_t>(kept_), 0);
   }
 
   /// Deposits one contribution: `values` holds count() elements of type(). Exact: the order of
   /// add() calls never changes any later result. Host memory only. Throws errc::invalid_argument
   /// for a null pointer with count() > 0 or beyond 2^26 contributions (the format's headroom).
   void add(const void* values) {
-    if (values == nullptr && count_ > 0) throw error(errc::invalid_argument, "reproducible_accumulator::add: values is null");
+    if (values == nullptr && count_ > 0)
+      throw error(errc::invalid_argument, "reproducible_accumulator::add: values is null");
     if (contributions_ >= primitive::reproducible_max_contributions)
       throw error(errc::invalid_argument, "reproducible_accumulator::add: more than 2^26 contributions");
     if (kept_ != 3) {
@@ -60,7 +65,8 @@ class reproducible_accumulator {
       ++contributions_;
       return;
     }
-    primitive::accumulate_packed_array(tops_.data(), packed_.data(), limbs_.empty() ? nullptr : limbs_.data(), values, count_, type_);
+    primitive::accumulate_packed_array(tops_.data(), packed_.data(), limbs_.empty() ? nullptr : limbs_.data(), values,
+                                       count_, type_);
     if (++packed_contributions_ == primitive::reproducible_packed_contributions) {
       if (limbs_.empty()) limbs_.assign(static_cast<std::size_t>(count_) * 3, 0);
       primitive::flush_packed(tops_.data(), packed_.data(), limbs_.data(), count_);
@@ -74,8 +80,8 @@ class reproducible_accumulator {
   template <element_type T>
   void add(std::span<const T> values) {
     if (dtype_of<T> != type_)
-      throw error(errc::invalid_argument, "reproducible_accumulator::add: element type differs from " +
-                                              std::string(dtype_name(type_)));
+      throw error(errc::invalid_argument,
+                  "reproducible_accumulator::add: element type differs from " + std::string(dtype_name(type_)));
     if (values.size() != count_)
       throw error(errc::invalid_argument, "reproducible_accumulator::add: " + std::to_string(values.size()) +
                                               " values for " + std::to_string(count_) + " elements");
@@ -100,8 +106,8 @@ class reproducible_accumulator {
 
   /// The storage as the collectives read it (valid until the next add/clear or destruction).
   primitive::binned_view view() const noexcept {
-    return primitive::binned_view{tops_.data(), limbs_.empty() ? nullptr : limbs_.data(), count_, type_, contributions_,
-                                  packed_.empty() ? nullptr : packed_.data()};
+    return primitive::binned_view{tops_.data(),   limbs_.empty() ? nullptr : limbs_.data(),  count_, type_,
+                                  contributions_, packed_.empty() ? nullptr : packed_.data()};
   }
 
  private:
@@ -113,7 +119,7 @@ class reproducible_accumulator {
   std::vector<std::uint8_t> tops_;
   std::vector<std::int64_t> limbs_;   // float64: 6 limbs per element; K = 3: the flushed limbs (3 per element) or empty
   std::vector<std::int64_t> packed_;  // K = 3 dtypes: per element the packed limbs of the latest contributions
-  primitive::binned_view lent_{};      // what an asynchronous collective reads until its work completes
+  primitive::binned_view lent_{};     // what an asynchronous collective reads until its work completes
 
   friend work all_reduce_async(communicator& comm, reproducible_accumulator& acc, void* recv, reduce_kind op,
                                const collective_options& options);
@@ -133,7 +139,8 @@ inline work issue_accumulator(communicator& comm, collective_kind kind, const re
   if (kind == collective_kind::reduce_scatter) {
     count = acc.count() / n;
     if (acc.count() % n != 0)
-      invalid = "accumulator count " + std::to_string(acc.count()) + " is not a multiple of world size " + std::to_string(n);
+      invalid =
+          "accumulator count " + std::to_string(acc.count()) + " is not a multiple of world size " + std::to_string(n);
   }
   if (op != reduce_kind::sum && op != reduce_kind::avg && invalid.empty())
     invalid = "an accumulator reduces with sum or avg, not " + std::string(reduce_kind_name(op));

@@ -30,13 +30,13 @@ struct collective_request {
   reduce_op op{};
   int root = -1;
   collective_options options{};
-  std::string invalid;  ///< a problem found by a typed wrapper (e.g. span sizes), if any
+  std::string invalid;                             ///< a problem found by a typed wrapper (e.g. span sizes), if any
   const primitive::binned_view* binned = nullptr;  ///< accumulator collectives: the accumulator
 };
 
 /// A request with the given fields (root -1 and op sum where the collective has none).
-inline collective_request make_request(collective_kind kind, const void* send, void* recv, std::uint64_t count, dtype type,
-                                       reduce_op op, int root, const collective_options& options) {
+inline collective_request make_request(collective_kind kind, const void* send, void* recv, std::uint64_t count,
+                                       dtype type, reduce_op op, int root, const collective_options& options) {
   collective_request q;
   q.kind = kind;
   q.send = send;

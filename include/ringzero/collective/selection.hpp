@@ -10,8 +10,8 @@
 #include <optional>
 #include <string>
 
-#include "ringzero/algorithm/partition.hpp"
 #include "ringzero/algorithm/halving_doubling.hpp"
+#include "ringzero/algorithm/partition.hpp"
 #include "ringzero/algorithm/ring.hpp"
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/collective/options.hpp"
@@ -42,7 +42,8 @@ inline bool algorithm_available(const communicator& c, algorithm a, collective_k
 inline double estimate_us(collective_kind k, algorithm a, int n, double bytes, const link_model& m) noexcept {
   const algorithms::hd_layout layout(n);
   const double nn = n, p = layout.p, log_p = layout.steps(), S = bytes;
-  const double a_ = m.alpha_us, b = m.beta_us_per_byte, g = m.gamma_us_per_byte, s = m.sync_us, mu = m.memory_us_per_byte;
+  const double a_ = m.alpha_us, b = m.beta_us_per_byte, g = m.gamma_us_per_byte, s = m.sync_us,
+               mu = m.memory_us_per_byte;
   const double c = m.cache_us_per_byte;
   const bool rem = layout.rem > 0;
   const double rendezvous = 2 * s;                // begin + end, paid by every algorithm
@@ -67,7 +68,8 @@ inline double estimate_us(collective_kind k, algorithm a, int n, double bytes, c
         case collective_kind::reduce_scatter: return rendezvous + ring_rs();
         case collective_kind::all_gather: return rendezvous + gather() + own_block_copy;
         case collective_kind::broadcast: {
-          const double slices = std::max(1.0, std::ceil(S / static_cast<double>(algorithms::ring_broadcast_slice_bytes)));
+          const double slices =
+              std::max(1.0, std::ceil(S / static_cast<double>(algorithms::ring_broadcast_slice_bytes)));
           return rendezvous + (nn - 2 + slices) * (a_ + S / slices * b) + root_copy;
         }
         case collective_kind::reduce: return rendezvous + ring_rs() + gather();
@@ -79,7 +81,8 @@ inline double estimate_us(collective_kind k, algorithm a, int n, double bytes, c
     case algorithm::halving_doubling:
       switch (k) {
         case collective_kind::all_reduce:  // the cheaper of Rabenseifner's and recursive doubling
-          return rendezvous + std::min(algorithms::hd_rabenseifner_us(n, S, a_, b, g), algorithms::hd_recursive_doubling_us(n, S, a_, b, g));
+          return rendezvous + std::min(algorithms::hd_rabenseifner_us(n, S, a_, b, g),
+                                       algorithms::hd_recursive_doubling_us(n, S, a_, b, g));
         case collective_kind::reduce_scatter: return rendezvous + hd_rs();
         case collective_kind::all_gather: return rendezvous + hd_ag() + own_block_copy;
         case collective_kind::broadcast: return rendezvous + gather() + hd_ag() + root_copy;

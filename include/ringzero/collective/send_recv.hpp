@@ -7,14 +7,13 @@
 /// small message may be before the receiver posts its receive. Transfers between a pair of
 /// ranks match in order. Two ranks that must exchange data use `sendrecv` (like NCCL's group of
 /// a send and a recv): two blocking sends towards each other would each wait for the other (on
-/// the local backend always, on MPI above its eager size), and fail with errc::timeout. The sizes of a matched send and receive must be equal: otherwise both ranks
-/// get errc::size_mismatch naming both sizes, never a partial copy. Only byte sizes
-/// are compared (equal sizes of different dtypes pass). Where the sender learns it: in the call
-/// on the local backend and on MPI with the check mode; on MPI without it, the receiver raises
-/// in the call and the sender, whose send MPI may already have completed, at a later call on
-/// the communicator (backend/mpi/communicator.hpp, docs/mpi.md).
-/// Thread semantics: blocking, ordered after the communicator's earlier async operations.
-/// Zero-element transfers still match (and check sizes); null pointers are allowed for them.
+/// the local backend always, on MPI above its eager size), and fail with errc::timeout. The sizes of a matched send and
+/// receive must be equal: otherwise both ranks get errc::size_mismatch naming both sizes, never a partial copy. Only
+/// byte sizes are compared (equal sizes of different dtypes pass). Where the sender learns it: in the call on the local
+/// backend and on MPI with the check mode; on MPI without it, the receiver raises in the call and the sender, whose
+/// send MPI may already have completed, at a later call on the communicator (backend/mpi/communicator.hpp,
+/// docs/mpi.md). Thread semantics: blocking, ordered after the communicator's earlier async operations. Zero-element
+/// transfers still match (and check sizes); null pointers are allowed for them.
 
 #include <cstdint>
 #include <span>
@@ -30,10 +29,11 @@ namespace ringzero {
 namespace detail {
 
 /// Validates one side of a transfer on the calling rank; throws errc::invalid_argument.
-inline std::uint64_t transfer_bytes(const communicator& c, const void* buffer, std::uint64_t count, dtype type, int peer,
-                                    const char* what) {
+inline std::uint64_t transfer_bytes(const communicator& c, const void* buffer, std::uint64_t count, dtype type,
+                                    int peer, const char* what) {
   if (!is_valid(type))
-    c.raise(errc::invalid_argument, std::string(what) + ": unknown dtype value " + std::to_string(static_cast<unsigned>(type)));
+    c.raise(errc::invalid_argument,
+            std::string(what) + ": unknown dtype value " + std::to_string(static_cast<unsigned>(type)));
   if (peer < 0 || peer >= c.world_size())
     c.raise(errc::invalid_argument, std::string(what) + ": peer " + std::to_string(peer) + " is outside [0, " +
                                         std::to_string(c.world_size()) + ")");
@@ -47,8 +47,8 @@ inline std::uint64_t transfer_bytes(const communicator& c, const void* buffer, s
 }
 
 /// Runs one transfer on `c`, after its pending async work, naming `kind` in errors.
-inline void transfer(communicator& c, collective_kind kind, dtype type, const void* send, std::uint64_t send_bytes, int to,
-                     void* recv, std::uint64_t recv_bytes, int from) {
+inline void transfer(communicator& c, collective_kind kind, dtype type, const void* send, std::uint64_t send_bytes,
+                     int to, void* recv, std::uint64_t recv_bytes, int from) {
   c.progress().drain();
   collective_descriptor d;
   d.kind = kind;
@@ -89,11 +89,12 @@ inline void sendrecv(communicator& comm, const void* send_buffer, std::uint64_t 
   const std::uint64_t sb = detail::transfer_bytes(comm, send_buffer, send_count, type, to, "sendrecv (send side)");
   const std::uint64_t rb = detail::transfer_bytes(comm, recv_buffer, recv_count, type, from, "sendrecv (recv side)");
   if ((to == comm.rank()) != (from == comm.rank()))
-    comm.raise(errc::invalid_argument,
-               "sendrecv: to " + std::to_string(to) + " and from " + std::to_string(from) + ": " +
-                   (to == comm.rank() ? std::string("a send to oneself needs the same call's receive from oneself (from == ")
-                                      : std::string("a receive from oneself needs the same call's send to oneself (to == ")) +
-                   std::to_string(comm.rank()) + "); nothing else " + (to == comm.rank() ? "receives" : "sends") + " it");
+    comm.raise(
+        errc::invalid_argument,
+        "sendrecv: to " + std::to_string(to) + " and from " + std::to_string(from) + ": " +
+            (to == comm.rank() ? std::string("a send to oneself needs the same call's receive from oneself (from == ")
+                               : std::string("a receive from oneself needs the same call's send to oneself (to == ")) +
+            std::to_string(comm.rank()) + "); nothing else " + (to == comm.rank() ? "receives" : "sends") + " it");
   if (detail::ranges_overlap(send_buffer, sb, recv_buffer, rb))
     comm.raise(errc::invalid_argument, "sendrecv: send and receive buffers overlap");
   detail::transfer(comm, collective_kind::send, type, send_buffer, sb, to, recv_buffer, rb, from);

@@ -38,8 +38,8 @@ constexpr std::string_view algorithm_name(algorithm a) noexcept {
 /// Parses `algorithm_name` output (case-sensitive; also "hd", "rhd" and "automatic");
 /// std::nullopt when unknown.
 constexpr std::optional<algorithm> parse_algorithm(std::string_view s) noexcept {
-  for (algorithm a : {algorithm::automatic, algorithm::ring, algorithm::direct, algorithm::halving_doubling,
-                      algorithm::native})
+  for (algorithm a :
+       {algorithm::automatic, algorithm::ring, algorithm::direct, algorithm::halving_doubling, algorithm::native})
     if (s == algorithm_name(a)) return a;
   if (s == "automatic") return algorithm::automatic;
   if (s == "hd" || s == "rhd") return algorithm::halving_doubling;

@@ -116,33 +116,96 @@ constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
 namespace detail {
 template <class T>
 struct dtype_of_impl;
-template <> struct dtype_of_impl<float> { static constexpr dtype value = dtype::float32; };
-template <> struct dtype_of_impl<double> { static constexpr dtype value = dtype::float64; };
-template <> struct dtype_of_impl<float16> { static constexpr dtype value = dtype::float16; };
-template <> struct dtype_of_impl<bfloat16> { static constexpr dtype value = dtype::bfloat16; };
-template <> struct dtype_of_impl<std::int8_t> { static constexpr dtype value = dtype::int8; };
-template <> struct dtype_of_impl<std::uint8_t> { static constexpr dtype value = dtype::uint8; };
-template <> struct dtype_of_impl<std::int32_t> { static constexpr dtype value = dtype::int32; };
-template <> struct dtype_of_impl<std::uint32_t> { static constexpr dtype value = dtype::uint32; };
-template <> struct dtype_of_impl<std::int64_t> { static constexpr dtype value = dtype::int64; };
-template <> struct dtype_of_impl<std::uint64_t> { static constexpr dtype value = dtype::uint64; };
+template <>
+struct dtype_of_impl<float> {
+  static constexpr dtype value = dtype::float32;
+};
+template <>
+struct dtype_of_impl<double> {
+  static constexpr dtype value = dtype::float64;
+};
+template <>
+struct dtype_of_impl<float16> {
+  static constexpr dtype value = dtype::float16;
+};
+template <>
+struct dtype_of_impl<bfloat16> {
+  static constexpr dtype value = dtype::bfloat16;
+};
+template <>
+struct dtype_of_impl<std::int8_t> {
+  static constexpr dtype value = dtype::int8;
+};
+template <>
+struct dtype_of_impl<std::uint8_t> {
+  static constexpr dtype value = dtype::uint8;
+};
+template <>
+struct dtype_of_impl<std::int32_t> {
+  static constexpr dtype value = dtype::int32;
+};
+template <>
+struct dtype_of_impl<std::uint32_t> {
+  static constexpr dtype value = dtype::uint32;
+};
+template <>
+struct dtype_of_impl<std::int64_t> {
+  static constexpr dtype value = dtype::int64;
+};
+template <>
+struct dtype_of_impl<std::uint64_t> {
+  static constexpr dtype value = dtype::uint64;
+};
 
-template <dtype D> struct dtype_type_impl;
-template <> struct dtype_type_impl<dtype::float32> { using type = float; };
-template <> struct dtype_type_impl<dtype::float64> { using type = double; };
-template <> struct dtype_type_impl<dtype::float16> { using type = float16; };
-template <> struct dtype_type_impl<dtype::bfloat16> { using type = bfloat16; };
-template <> struct dtype_type_impl<dtype::int8> { using type = std::int8_t; };
-template <> struct dtype_type_impl<dtype::uint8> { using type = std::uint8_t; };
-template <> struct dtype_type_impl<dtype::int32> { using type = std::int32_t; };
-template <> struct dtype_type_impl<dtype::uint32> { using type = std::uint32_t; };
-template <> struct dtype_type_impl<dtype::int64> { using type = std::int64_t; };
-template <> struct dtype_type_impl<dtype::uint64> { using type = std::uint64_t; };
+template <dtype D>
+struct dtype_type_impl;
+template <>
+struct dtype_type_impl<dtype::float32> {
+  using type = float;
+};
+template <>
+struct dtype_type_impl<dtype::float64> {
+  using type = double;
+};
+template <>
+struct dtype_type_impl<dtype::float16> {
+  using type = float16;
+};
+template <>
+struct dtype_type_impl<dtype::bfloat16> {
+  using type = bfloat16;
+};
+template <>
+struct dtype_type_impl<dtype::int8> {
+  using type = std::int8_t;
+};
+template <>
+struct dtype_type_impl<dtype::uint8> {
+  using type = std::uint8_t;
+};
+template <>
+struct dtype_type_impl<dtype::int32> {
+  using type = std::int32_t;
+};
+template <>
+struct dtype_type_impl<dtype::uint32> {
+  using type = std::uint32_t;
+};
+template <>
+struct dtype_type_impl<dtype::int64> {
+  using type = std::int64_t;
+};
+template <>
+struct dtype_type_impl<dtype::uint64> {
+  using type = std::uint64_t;
+};
 }  // namespace detail
 
 /// True when `T` (cv-qualifiers ignored) is one of the ten element types.
 template <class T>
-concept element_type = requires { detail::dtype_of_impl<std::remove_cv_t<T>>::value; };
+concept element_type = requires {
+  detail::dtype_of_impl<std::remove_cv_t<T>>::value;
+};
 
 /// The `dtype` of an element type: `dtype_of<float> == dtype::float32`.
 template <element_type T>
@@ -169,8 +232,10 @@ constexpr decltype(auto) visit_dtype(dtype t, F&& f) {
     case dtype::uint64: return f.template operator()<std::uint64_t>();
   }
   using result = decltype(f.template operator()<float>());
-  if constexpr (std::is_void_v<result>) return;
-  else return result{};
+  if constexpr (std::is_void_v<result>)
+    return;
+  else
+    return result{};
 }
 
 }  // namespace ringzero

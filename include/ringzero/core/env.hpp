@@ -58,8 +58,7 @@ inline double parse_seconds(const std::string& text, const char* what) {
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
   if (end == text.c_str() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v <= 0.0)
-    throw error(errc::invalid_argument,
-                std::string(what) + "=\"" + text + "\" is not a positive number of seconds");
+    throw error(errc::invalid_argument, std::string(what) + "=\"" + text + "\" is not a positive number of seconds");
   return v;
 }
 

@@ -67,11 +67,11 @@ inline std::error_code make_error_code(errc e) noexcept { return {static_cast<in
 
 /// Where an error happened. Unknown fields keep their defaults (-1 or empty).
 struct error_context {
-  std::string backend;          ///< "local", "mpi", "nccl", or empty outside a communicator
-  int rank = -1;                ///< the rank that raised the error
-  int world_size = -1;          ///< that communicator's world size
-  std::string collective;       ///< e.g. "all_reduce", "send"; empty when not in a collective
-  std::int64_t sequence = -1;   ///< the collective's sequence number on this communicator
+  std::string backend;         ///< "local", "mpi", "nccl", or empty outside a communicator
+  int rank = -1;               ///< the rank that raised the error
+  int world_size = -1;         ///< that communicator's world size
+  std::string collective;      ///< e.g. "all_reduce", "send"; empty when not in a collective
+  std::int64_t sequence = -1;  ///< the collective's sequence number on this communicator
 };
 
 /// The exception thrown by every public ringzero call. `code()` is an `errc`; `what()` starts

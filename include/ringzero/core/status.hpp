@@ -11,10 +11,10 @@ namespace ringzero {
 /// Outcome of an internal step. `ok` is zero so `if (s != status::ok)` reads naturally.
 enum class status : std::uint8_t {
   ok = 0,
-  timeout,         ///< the deadline passed before the awaited event
-  aborted,         ///< the communicator was aborted (by a timeout or failure on some rank)
-  peer_exited,     ///< a rank that was awaited has left the communicator
-  size_mismatch,   ///< a transfer's sender and receiver disagree on its size
+  timeout,        ///< the deadline passed before the awaited event
+  aborted,        ///< the communicator was aborted (by a timeout or failure on some rank)
+  peer_exited,    ///< a rank that was awaited has left the communicator
+  size_mismatch,  ///< a transfer's sender and receiver disagree on its size
 };
 
 /// A short lower-case description of `s`.

@@ -78,8 +78,8 @@ struct alignas(RINGZERO_CACHE_LINE) doorbell {
 
 /// Tuning of `wait_until`.
 struct wait_policy {
-  std::chrono::microseconds spin{30};    ///< spinning before the first yield (none when oversubscribed)
-  std::chrono::microseconds yield{100};  ///< yielding before blocking
+  std::chrono::microseconds spin{30};          ///< spinning before the first yield (none when oversubscribed)
+  std::chrono::microseconds yield{100};        ///< yielding before blocking
   std::chrono::microseconds max_block{10000};  ///< longest single block (failures are re-checked after it)
 };
 
@@ -133,7 +133,8 @@ template <class Ready, class Failed>
       if (bell) bell->waiters.fetch_sub(1, std::memory_order_seq_cst);
       return ready() ? status::ok : status::timeout;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) + std::chrono::microseconds(1);
+    const auto left =
+        std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) + std::chrono::microseconds(1);
     const auto limit = left < policy.max_block ? left : policy.max_block;
     if (bell) {
       bell->block(seen, limit);

@@ -73,7 +73,8 @@ class workspace_pool {
   void grow(slot_storage& s, std::size_t bytes) {
     constexpr std::size_t granule = std::size_t{2} << 20;
     std::size_t rounded = bytes <= alignment ? alignment : (bytes + granule - 1) / granule * granule;
-    if (rounded < bytes) throw error(errc::invalid_argument, "scratch request of " + std::to_string(bytes) + " bytes overflows");
+    if (rounded < bytes)
+      throw error(errc::invalid_argument, "scratch request of " + std::to_string(bytes) + " bytes overflows");
     s.data.reset();
     s.bytes = 0;
     void* p = std::aligned_alloc(alignment, rounded);

@@ -28,7 +28,7 @@ inline constexpr std::array<std::uint64_t, 2> default_bucket_byte_limits = {defa
 
 /// One tensor as bucket assignment sees it: its element count and dtype.
 struct bucket_tensor {
-  std::uint64_t count = 0;     ///< number of elements
+  std::uint64_t count = 0;      ///< number of elements
   dtype type = dtype::float32;  ///< element type (buckets never mix dtypes)
 };
 
@@ -55,7 +55,8 @@ inline void check_bucket_order(std::size_t n, std::span<const std::size_t> order
       throw error(errc::invalid_argument, "bucket assignment: order[" + std::to_string(k) + "] = " + std::to_string(i) +
                                               " is not a tensor index (there are " + std::to_string(n) + ")");
     if (seen[i])
-      throw error(errc::invalid_argument, "bucket assignment: tensor " + std::to_string(i) + " appears twice in the order");
+      throw error(errc::invalid_argument,
+                  "bucket assignment: tensor " + std::to_string(i) + " appears twice in the order");
     seen[i] = true;
   }
 }
@@ -93,7 +94,8 @@ inline std::vector<bucket_plan> assign_buckets(std::span<const bucket_tensor> te
     const std::size_t i = order.empty() ? k : order[k];
     const bucket_tensor& t = tensors[i];
     if (!is_valid(t.type))
-      throw error(errc::invalid_argument, "bucket assignment: tensor " + std::to_string(i) + " has unknown dtype value " +
+      throw error(errc::invalid_argument, "bucket assignment: tensor " + std::to_string(i) +
+                                              " has unknown dtype value " +
                                               std::to_string(static_cast<unsigned>(t.type)));
     const std::uint64_t es = dtype_size(t.type);
     if (t.count > std::numeric_limits<std::uint64_t>::max() / es)

@@ -106,11 +106,13 @@ class bucket_memory {
   /// device), zeroed: host memory is touched once here; device memory is zeroed on the stream.
   detail::bucket_storage allocate(std::size_t bytes) const {
     const std::size_t rounded = (bytes + 63) / 64 * 64 + 64;
-    if (rounded < bytes) throw error(errc::invalid_argument, "bucket_memory: " + std::to_string(bytes) + " bytes overflow");
+    if (rounded < bytes)
+      throw error(errc::invalid_argument, "bucket_memory: " + std::to_string(bytes) + " bytes overflow");
     if (!kernels_) {
       void* p = std::aligned_alloc(64, rounded);
       if (p == nullptr)
-        throw error(errc::internal, "bucket_memory: cannot allocate " + std::to_string(rounded) + " bytes of host memory");
+        throw error(errc::internal,
+                    "bucket_memory: cannot allocate " + std::to_string(rounded) + " bytes of host memory");
       std::memset(p, 0, rounded);
       return detail::bucket_storage(p, detail::bucket_memory_deleter{});
     }

@@ -53,8 +53,8 @@ class compression_hook final : public comm_hook {
   /// Throws errc::invalid_argument for any other dtype.
   explicit compression_hook(dtype wire) : wire_(wire) {
     if (wire != dtype::float16 && wire != dtype::bfloat16)
-      throw error(errc::invalid_argument, "compression_hook: wire dtype must be float16 or bfloat16, got " +
-                                              std::string(dtype_name(wire)));
+      throw error(errc::invalid_argument,
+                  "compression_hook: wire dtype must be float16 or bfloat16, got " + std::string(dtype_name(wire)));
   }
 
   /// "fp16_compress" or "bf16_compress".
@@ -76,9 +76,11 @@ class compression_hook final : public comm_hook {
     }
     visit_source(bucket.type, [&]<class S>() {
       if (wire_ == dtype::float16)
-        detail::compress_divided(reinterpret_cast<float16*>(wire), static_cast<const S*>(bucket.data), bucket.count, bucket.divisor);
+        detail::compress_divided(reinterpret_cast<float16*>(wire), static_cast<const S*>(bucket.data), bucket.count,
+                                 bucket.divisor);
       else
-        detail::compress_divided(reinterpret_cast<bfloat16*>(wire), static_cast<const S*>(bucket.data), bucket.count, bucket.divisor);
+        detail::compress_divided(reinterpret_cast<bfloat16*>(wire), static_cast<const S*>(bucket.data), bucket.count,
+                                 bucket.divisor);
     });
     return all_reduce_async(comm, wire, wire, bucket.count, wire_, reduce_kind::sum);
   }
@@ -115,8 +117,10 @@ class compression_hook final : public comm_hook {
 
   template <class F>
   static void visit_source(dtype t, F&& f) {
-    if (t == dtype::float32) f.template operator()<float>();
-    else f.template operator()<double>();
+    if (t == dtype::float32)
+      f.template operator()<float>();
+    else
+      f.template operator()<double>();
   }
 
   /// Bucket `index`'s scratch of at least `count` 16-bit elements in `memory` (allocated and

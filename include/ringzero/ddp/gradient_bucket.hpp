@@ -25,14 +25,14 @@ namespace ringzero {
 /// a hook enqueues its own work on that stream (ddp/bucket_memory.hpp does) and must not read
 /// `data` on the host.
 struct gradient_bucket {
-  std::size_t index = 0;         ///< position in the step's reduction order (0 = reduced first)
-  std::size_t bucket_count = 0;  ///< number of buckets reduced per step
-  void* data = nullptr;          ///< the flat buffer, reduced in place
-  std::uint64_t count = 0;       ///< elements in `data`, padding included (same on every rank)
-  dtype type = dtype::float32;   ///< element type of `data`
+  std::size_t index = 0;                    ///< position in the step's reduction order (0 = reduced first)
+  std::size_t bucket_count = 0;             ///< number of buckets reduced per step
+  void* data = nullptr;                     ///< the flat buffer, reduced in place
+  std::uint64_t count = 0;                  ///< elements in `data`, padding included (same on every rank)
+  dtype type = dtype::float32;              ///< element type of `data`
   std::span<const std::size_t> parameters;  ///< registered indices of the parameters in the bucket
   std::span<const std::uint64_t> offsets;   ///< element offset of each parameter's gradient in `data`
-  int world_size = 1;            ///< ranks in the communicator
+  int world_size = 1;                       ///< ranks in the communicator
   /// Ranks whose real gradients are in this reduction: `world_size`, unless some ranks have
   /// joined (ran out of inputs) and contribute zeros.
   int contributors = 1;

@@ -137,13 +137,11 @@ class gradient_reducer {
     if (unwinding) comm_.abort("gradient_reducer destroyed during exception unwinding with reductions in flight");
     try {
       agreement_.wait();
-    } catch (...) {
-    }
+    } catch (...) {}
     for (auto& b : buckets_) {
       try {
         b.pending_work.wait();
-      } catch (...) {
-      }
+      } catch (...) {}
     }
     if (unwinding || !failure_.empty()) {
       // Peers of an aborted collective may still read this rank's buffers (zero-copy backends).
@@ -153,8 +151,7 @@ class gradient_reducer {
     } else if (memory_.is_device()) {
       try {
         memory_.synchronize();  // device work still reading the buckets finishes before they are freed
-      } catch (...) {
-      }
+      } catch (...) {}
     }
   }
 
@@ -194,9 +191,7 @@ class gradient_reducer {
     std::vector<bucket_plan> plans;
     try {
       plans = plan(std::vector<std::size_t>(order.begin(), order.end()));
-    } catch (const error& e) {
-      fail(errc::invalid_argument, "restore_layout: " + e.message());
-    }
+    } catch (const error& e) { fail(errc::invalid_argument, "restore_layout: " + e.message()); }
     bool same = plans.size() == buckets_.size();
     for (std::size_t k = 0; same && k < plans.size(); ++k) same = plans[k].tensors == buckets_[k].info.parameters;
     if (!same) {
@@ -309,10 +304,12 @@ class gradient_reducer {
     if (!missing.empty()) {
       if (!options_.find_unused_parameters) {
         if (missing.size() == params_.size() && unsynced_marks_ > 0)
-          fail(errc::invalid_argument,
-               "finish() in step " + std::to_string(step_) + ": no gradient was marked ready since gradient sync was "
-               "turned back on, but " + std::to_string(unsynced_marks_) + " were marked under no_sync: call finish() "
-               "inside the no_sync scope (or not at all) for accumulation micro-steps");
+          fail(errc::invalid_argument, "finish() in step " + std::to_string(step_) +
+                                           ": no gradient was marked ready since gradient sync was "
+                                           "turned back on, but " +
+                                           std::to_string(unsynced_marks_) +
+                                           " were marked under no_sync: call finish() "
+                                           "inside the no_sync scope (or not at all) for accumulation micro-steps");
         std::string names;
         for (std::size_t k = 0; k < missing.size() && k < 8; ++k) names += (k ? ", " : "") + describe(missing[k]);
         if (missing.size() > 8) names += ", ... (" + std::to_string(missing.size()) + " in all)";
@@ -507,7 +504,9 @@ class gradient_reducer {
       try {
         // Reproducible mode: 1 + this rank's micro-batches deposited under no_sync, so that every
         // rank learns whether each rank contributes exactly one micro-batch (all flags 1).
-        set_flag(options_.reproducible ? 1 + static_cast<int>(std::min<std::uint64_t>(reproducible_micro_steps_, 1u << 30)) : 1);
+        set_flag(options_.reproducible
+                     ? 1 + static_cast<int>(std::min<std::uint64_t>(reproducible_micro_steps_, 1u << 30))
+                     : 1);
       } catch (const std::exception& e) {
         fail_from(e, "step " + std::to_string(step_) + ": preparing the join agreement failed");
       }
@@ -550,8 +549,10 @@ class gradient_reducer {
 
   /// This rank's join flag (in the reducer's memory: the all_gather reads it there).
   void set_flag(int value) {
-    if (memory_.is_device()) memory_.fill(flags_send_, 1, dtype::int32, value);
-    else *flags_send_ = value;
+    if (memory_.is_device())
+      memory_.fill(flags_send_, 1, dtype::int32, value);
+    else
+      *flags_send_ = value;
   }
 
   /// Device memory: copies the gathered flags to the host (waits for the stream).
@@ -579,9 +580,7 @@ class gradient_reducer {
       set_flag(active ? 1 : 0);
       all_gather(comm_, flags_send_, flags_, 1, dtype::int32);
       fetch_flags();
-    } catch (const std::exception& e) {
-      fail_from(e, "join(): the agreement with the other ranks failed");
-    }
+    } catch (const std::exception& e) { fail_from(e, "join(): the agreement with the other ranks failed"); }
     return count_flags();
   }
 
@@ -595,21 +594,23 @@ class gradient_reducer {
     }
     if (sync && !step_open_) open_step();
     if (ready_[i])
-      fail(errc::invalid_argument, std::string(zero ? "mark_unused" : "mark_ready") + "(" + describe(i) + ") called twice in " +
-                                       (sync ? "step " + std::to_string(step_) : std::string("an accumulation micro-step")));
+      fail(errc::invalid_argument,
+           std::string(zero ? "mark_unused" : "mark_ready") + "(" + describe(i) + ") called twice in " +
+               (sync ? "step " + std::to_string(step_) : std::string("an accumulation micro-step")));
     ready_[i] = 1;
     if (sync && rebuild_pending()) ready_order_.push_back(i);
     bucket& b = buckets_[bucket_of_[i]];
     try {
-      if (zero) zero_slot(i);
+      if (zero)
+        zero_slot(i);
       else if (!options_.gradient_as_bucket_view && params_[i].count != 0) {
         const std::size_t es = dtype_size(params_[i].type);
         memory_.copy(static_cast<std::byte*>(b.storage.get()) + offset_of_[i] * es, params_[i].grad,
                      static_cast<std::size_t>(params_[i].count) * es);
       }
     } catch (const std::exception& e) {
-      fail_from(e, std::string(zero ? "mark_unused" : "mark_ready") + "(" + describe(i) + "): moving the gradient into bucket " +
-                       std::to_string(bucket_of_[i]) + " failed");
+      fail_from(e, std::string(zero ? "mark_unused" : "mark_ready") + "(" + describe(i) +
+                       "): moving the gradient into bucket " + std::to_string(bucket_of_[i]) + " failed");
     }
     --b.pending;
     if (options_.reproducible && b.pending == 0) {
@@ -617,7 +618,8 @@ class gradient_reducer {
       try {
         if (!sync || !one_contribution_each_) reproducible_.deposit(bucket_of_[i], b.storage.get());
       } catch (const std::exception& e) {
-        fail_from(e, "depositing bucket " + std::to_string(bucket_of_[i]) + " into its reproducible accumulator failed");
+        fail_from(e,
+                  "depositing bucket " + std::to_string(bucket_of_[i]) + " into its reproducible accumulator failed");
       }
     }
     if (sync)
@@ -648,16 +650,15 @@ class gradient_reducer {
   void zero_slot(std::size_t i) {
     const bucket& b = buckets_[bucket_of_[i]];
     const std::size_t es = dtype_size(params_[i].type);
-    memory_.zero(static_cast<std::byte*>(b.storage.get()) + offset_of_[i] * es, static_cast<std::size_t>(params_[i].count) * es);
+    memory_.zero(static_cast<std::byte*>(b.storage.get()) + offset_of_[i] * es,
+                 static_cast<std::size_t>(params_[i].count) * es);
   }
 
   /// Zeroes every bucket (join's shadow steps).
   void zero_buckets() {
     try {
       for (auto& b : buckets_) memory_.zero(b.storage.get(), b.bytes_allocated);
-    } catch (const std::exception& e) {
-      fail_from(e, "join(): zeroing the buckets failed");
-    }
+    } catch (const std::exception& e) { fail_from(e, "join(): zeroing the buckets failed"); }
   }
 
   /// Collective: all_gather of `count` elements of `type` from host memory `mine` into host
@@ -673,7 +674,8 @@ class gradient_reducer {
     if (control_bytes_ < whole + bytes) {
       // Sized at once for the rebuild's exchange too (params + 1 int64 per rank), so that the
       // rebuild allocates nothing unless it changes the layout.
-      const std::size_t rebuild_bytes = (params_.size() + 1) * sizeof(std::int64_t) * (static_cast<std::size_t>(comm_.world_size()) + 1);
+      const std::size_t rebuild_bytes =
+          (params_.size() + 1) * sizeof(std::int64_t) * (static_cast<std::size_t>(comm_.world_size()) + 1);
       const std::size_t size = std::max(whole + bytes, rebuild_bytes);
       if (control_storage_) memory_.synchronize();
       control_storage_.reset();

@@ -40,7 +40,8 @@ inline std::string gradient_reducer::validate_locally() const {
       return "parameter " + describe(i) + " has a null gradient pointer (and gradient_as_bucket_view is off)";
     if (need_data && p.data == nullptr)
       return "parameter " + describe(i) +
-             " has a null data pointer (needed to broadcast parameters; set broadcast_parameters = false and join = false to omit it)";
+             " has a null data pointer (needed to broadcast parameters; set broadcast_parameters = false and join = "
+             "false to omit it)";
   }
   return {};
 }
@@ -77,8 +78,10 @@ inline void gradient_reducer::check_agreement(const std::string& problem) {
 
   if (const std::vector<int> bad = table.ranks_where_not(0, 1); !bad.empty()) {
     std::string msg = "gradient_reducer: invalid arguments on " + detail::describe_ranks(bad);
-    if (!problem.empty()) msg += ": " + problem;
-    else msg += " (see the error raised there)";
+    if (!problem.empty())
+      msg += ": " + problem;
+    else
+      msg += " (see the error raised there)";
     raise(errc::invalid_argument, msg);
   }
   if (!table.same(1))
@@ -115,7 +118,8 @@ inline void gradient_reducer::check_agreement(const std::string& problem) {
   if (!table.same(5))
     raise(errc::contract_mismatch,
           "gradient_reducer: ranks passed different options (hook name, find_unused_parameters, rebuild_buckets, "
-          "broadcast_parameters, join, divide_by_initial_world_size or reproducible); this rank uses hook '" + hook + "'");
+          "broadcast_parameters, join, divide_by_initial_world_size or reproducible); this rank uses hook '" +
+              hook + "'");
 }
 
 inline void gradient_reducer::install_layout(const std::vector<bucket_plan>& plans, bool carry_gradients) {
@@ -207,8 +211,8 @@ inline void gradient_reducer::launch(std::size_t k) {
   try {
     b.pending_work = options_.hook->launch(comm_, view_of(k));
   } catch (const std::exception& e) {
-    fail_from(e, "step " + std::to_string(step_) + ": the '" + options_.hook->name() + "' hook failed to launch bucket " +
-                     std::to_string(k));
+    fail_from(e, "step " + std::to_string(step_) + ": the '" + options_.hook->name() +
+                     "' hook failed to launch bucket " + std::to_string(k));
   }
 }
 
@@ -246,8 +250,8 @@ inline void gradient_reducer::wait_and_complete(bool shadow) {
       try {
         options_.hook->complete(view_of(k));
       } catch (const std::exception& e) {
-        fail_from(e, "step " + std::to_string(step_) + ": the '" + options_.hook->name() + "' hook failed to complete bucket " +
-                         std::to_string(k));
+        fail_from(e, "step " + std::to_string(step_) + ": the '" + options_.hook->name() +
+                         "' hook failed to complete bucket " + std::to_string(k));
       }
     }
     ++stats_.buckets_reduced;

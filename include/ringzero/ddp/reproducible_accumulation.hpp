@@ -33,7 +33,8 @@ namespace ringzero::detail {
 /// partial sums to 16 bits, which no reproducible sum can undo); `parameter_types` the
 /// registered gradients' dtypes (floating types only).
 inline std::string reproducible_reducer_problem(memory_space space, const std::string& hook_name,
-                                                bool divide_by_initial_world_size, const std::vector<dtype>& parameter_types,
+                                                bool divide_by_initial_world_size,
+                                                const std::vector<dtype>& parameter_types,
                                                 const std::vector<std::string>& parameter_names) {
   if (space != memory_space::host)
     return "reducer_options::reproducible needs a communicator on host memory (the reproducible accumulators are "

@@ -80,7 +80,8 @@ namespace detail {
 /// Throws errc::backend_failure "<what>: <error>" for `code` != 0.
 inline void check_device_launch(const device_primitives& p, int code, const char* what) {
   if (code == 0) return;
-  throw error(errc::backend_failure, std::string(what) + " failed: " + p.error_name(code) + ": " + p.error_string(code));
+  throw error(errc::backend_failure,
+              std::string(what) + " failed: " + p.error_name(code) + ": " + p.error_string(code));
 }
 }  // namespace detail
 
@@ -97,7 +98,8 @@ inline void enqueue_fill(cuda_stream& s, void* dst, std::uint64_t count, dtype t
   detail::check_device_launch(p, p.fill(dst, count, type, value, s.get()), "enqueue_fill");
 }
 /// Converts `count` elements (primitive::cast_into's rules).
-inline void enqueue_cast(cuda_stream& s, void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count) {
+inline void enqueue_cast(cuda_stream& s, void* dst, dtype dst_type, const void* src, dtype src_type,
+                         std::uint64_t count) {
   const device_primitives& p = require_device_primitives();
   detail::check_device_launch(p, p.set_device(s.device()), "enqueue_cast: cudaSetDevice");
   detail::check_device_launch(p, p.cast(dst, dst_type, src, src_type, count, s.get()), "enqueue_cast");

@@ -8,7 +8,8 @@
 /// in several is harmless. Requires nvcc.
 
 #if !defined(__CUDACC__)
-#error "ringzero/primitive/device_primitives.cuh contains CUDA kernels: include it only from a .cu file compiled by nvcc"
+#error \
+    "ringzero/primitive/device_primitives.cuh contains CUDA kernels: include it only from a .cu file compiled by nvcc"
 #endif
 
 #include <cuda_runtime.h>
@@ -27,10 +28,12 @@ inline int table_reduce_into(void* dst, const void* a, const void* b, std::uint6
                              void* stream) noexcept {
   return static_cast<int>(device::reduce_into(dst, a, b, count, spec, static_cast<cudaStream_t>(stream)));
 }
-inline int table_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count, void* stream) noexcept {
+inline int table_cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count,
+                      void* stream) noexcept {
   return static_cast<int>(device::cast(dst, dst_type, src, src_type, count, static_cast<cudaStream_t>(stream)));
 }
-inline int table_scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar, void* stream) noexcept {
+inline int table_scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar,
+                       void* stream) noexcept {
   return static_cast<int>(device::scale(dst, src, count, type, scalar, static_cast<cudaStream_t>(stream)));
 }
 inline int table_fill(void* dst, std::uint64_t count, dtype type, double value, void* stream) noexcept {
@@ -38,8 +41,8 @@ inline int table_fill(void* dst, std::uint64_t count, dtype type, double value, 
 }
 inline int table_copy(void* dst, const void* src, std::uint64_t bytes, void* stream) noexcept {
   if (bytes == 0 || dst == src) return 0;
-  return static_cast<int>(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault,
-                                          static_cast<cudaStream_t>(stream)));
+  return static_cast<int>(
+      cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
 }
 inline int table_set_device(int device) noexcept {
   int current = -1;
@@ -67,11 +70,20 @@ inline const char* table_error_name(int code) noexcept { return cudaGetErrorName
 inline const char* table_error_string(int code) noexcept { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
 /// The program-wide table of the CUDA primitives.
-inline constexpr device_primitives cuda_primitives_table{&table_reduce_into, &table_cast,       &table_scale,
-                                                          &table_fill,        &table_copy,       &table_set_device,
-                                                          &table_error_name,  &table_error_string, &table_divide,
-                                                          &table_allocate,    &table_deallocate, &table_synchronize,
-                                                          &table_allocate_pinned, &table_deallocate_pinned};
+inline constexpr device_primitives cuda_primitives_table{&table_reduce_into,
+                                                         &table_cast,
+                                                         &table_scale,
+                                                         &table_fill,
+                                                         &table_copy,
+                                                         &table_set_device,
+                                                         &table_error_name,
+                                                         &table_error_string,
+                                                         &table_divide,
+                                                         &table_allocate,
+                                                         &table_deallocate,
+                                                         &table_synchronize,
+                                                         &table_allocate_pinned,
+                                                         &table_deallocate_pinned};
 
 /// Registers the table when the program starts.
 inline const bool cuda_primitives_registered = (register_device_primitives(&cuda_primitives_table), true);

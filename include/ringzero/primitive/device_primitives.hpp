@@ -25,9 +25,11 @@ struct device_primitives {
   int (*reduce_into)(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec,
                      void* stream) noexcept = nullptr;
   /// Converts `count` elements with primitive/cast.hpp's rules.
-  int (*cast)(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count, void* stream) noexcept = nullptr;
+  int (*cast)(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count,
+              void* stream) noexcept = nullptr;
   /// `dst = scalar * src` with premul_sum's arithmetic (primitive/reduce.hpp's `scale_into`).
-  int (*scale)(void* dst, const void* src, std::uint64_t count, dtype type, double scalar, void* stream) noexcept = nullptr;
+  int (*scale)(void* dst, const void* src, std::uint64_t count, dtype type, double scalar,
+               void* stream) noexcept = nullptr;
   /// Sets `count` elements to `value` converted to `type` (primitive/fill.hpp's `fill`).
   int (*fill)(void* dst, std::uint64_t count, dtype type, double value, void* stream) noexcept = nullptr;
   /// Copies `bytes` bytes between any two device (or host) addresses (cudaMemcpyAsync).

@@ -69,9 +69,10 @@ struct alignas(sizeof(T) * V >= 16 ? 16 : sizeof(T) * V) pack {
 
 /// The unsigned integer of T's size.
 template <class T>
-using raw_bits = std::conditional_t<sizeof(T) == 1, std::uint8_t,
-                                    std::conditional_t<sizeof(T) == 2, std::uint16_t,
-                                                       std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>;
+using raw_bits =
+    std::conditional_t<sizeof(T) == 1, std::uint8_t,
+                       std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                          std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>;
 
 /// What a kernel loads its input vectors of T as (`Whole`: the element function combines whole
 /// vectors, `has_vector_op`): the raw bits, because a `pack` of a type with a default member

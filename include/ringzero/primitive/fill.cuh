@@ -26,9 +26,12 @@ inline cudaError_t fill(void* dst, std::uint64_t count, dtype type, double value
   if (count == 0) return cudaSuccess;
   const std::uint64_t bits = element_pattern(type, value);
   switch (dtype_size(type)) {
-    case 1: return detail::launch_generate(static_cast<std::uint8_t*>(dst), count, static_cast<std::uint8_t>(bits), stream);
-    case 2: return detail::launch_generate(static_cast<std::uint16_t*>(dst), count, static_cast<std::uint16_t>(bits), stream);
-    case 4: return detail::launch_generate(static_cast<std::uint32_t*>(dst), count, static_cast<std::uint32_t>(bits), stream);
+    case 1:
+      return detail::launch_generate(static_cast<std::uint8_t*>(dst), count, static_cast<std::uint8_t>(bits), stream);
+    case 2:
+      return detail::launch_generate(static_cast<std::uint16_t*>(dst), count, static_cast<std::uint16_t>(bits), stream);
+    case 4:
+      return detail::launch_generate(static_cast<std::uint32_t*>(dst), count, static_cast<std::uint32_t>(bits), stream);
     default: return detail::launch_generate(static_cast<std::uint64_t*>(dst), count, bits, stream);
   }
 }

@@ -117,21 +117,23 @@ class host_stream {
       std::lock_guard<std::mutex> lock(s->mutex);
       generation = ++s->recorded;
     }
-    push([this, s, generation] {
-      // Both locks (stream, then event: the only nesting), so that a thread that sees the event
-      // complete also sees the stream's progress, and the reverse.
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        std::lock_guard<std::mutex> event_lock(s->mutex);
-        if (generation > s->completed) {
-          s->completed = generation;
-          s->error = error_;
-        }
-        ++completed_;
-      }
-      changed_.notify_all();
-      s->changed.notify_all();
-    }, true, true);
+    push(
+        [this, s, generation] {
+          // Both locks (stream, then event: the only nesting), so that a thread that sees the event
+          // complete also sees the stream's progress, and the reverse.
+          {
+            std::lock_guard<std::mutex> lock(mutex_);
+            std::lock_guard<std::mutex> event_lock(s->mutex);
+            if (generation > s->completed) {
+              s->completed = generation;
+              s->error = error_;
+            }
+            ++completed_;
+          }
+          changed_.notify_all();
+          s->changed.notify_all();
+        },
+        true, true);
   }
 
   /// Makes work enqueued on this stream from now on run only after the point of the last
@@ -144,11 +146,13 @@ class host_stream {
       target = s->recorded;
     }
     if (target == 0) return;
-    push([s, target] {
-      std::unique_lock<std::mutex> lock(s->mutex);
-      s->changed.wait(lock, [&] { return s->completed >= target; });
-      if (s->error) std::rethrow_exception(s->error);
-    }, true);
+    push(
+        [s, target] {
+          std::unique_lock<std::mutex> lock(s->mutex);
+          s->changed.wait(lock, [&] { return s->completed >= target; });
+          if (s->error) std::rethrow_exception(s->error);
+        },
+        true);
   }
 
   /// True when every task enqueued so far has completed. Never blocks on the work; rethrows
@@ -186,7 +190,7 @@ class host_stream {
  private:
   struct item {
     task work;
-    bool always;        ///< runs even while an error is pending (event records and waits)
+    bool always;         ///< runs even while an error is pending (event records and waits)
     bool counts_itself;  ///< increments `completed_` itself (event records)
   };
 

@@ -61,7 +61,7 @@ inline invariant_divisor<U> prepare_invariant_divisor(std::uint64_t divisor) noe
   if (divisor == 0 || (bits < 64 && divisor >> (bits % 64) != 0)) return r;
   const U d = static_cast<U>(divisor);
   const unsigned l = static_cast<unsigned>(std::bit_width(static_cast<U>(d - 1)));  // ceil(log2 d)
-  __extension__ using wide = unsigned __int128;  // (2^l - d) 2^N < d 2^N <= 2^(2N)
+  __extension__ using wide = unsigned __int128;                                     // (2^l - d) 2^N < d 2^N <= 2^(2N)
   const wide m = ((((static_cast<wide>(1) << l) - d) << bits) / d) + 1;
   r.multiplier = static_cast<U>(m);
   r.shift_1 = l < 1 ? l : 1;

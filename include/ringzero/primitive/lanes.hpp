@@ -40,8 +40,10 @@ RINGZERO_HOST_DEVICE inline std::uint32_t add_bytes(std::uint32_t x, std::uint32
 template <bool Signed, bool Max>
 RINGZERO_HOST_DEVICE inline std::uint32_t min_max_bytes(std::uint32_t x, std::uint32_t y) noexcept {
 #if defined(__CUDA_ARCH__)
-  if constexpr (Signed) return Max ? __vmaxs4(x, y) : __vmins4(x, y);
-  else return Max ? __vmaxu4(x, y) : __vminu4(x, y);
+  if constexpr (Signed)
+    return Max ? __vmaxs4(x, y) : __vmins4(x, y);
+  else
+    return Max ? __vmaxu4(x, y) : __vminu4(x, y);
 #else
   std::uint32_t r = 0;
   for (int lane = 0; lane < 4; ++lane) {

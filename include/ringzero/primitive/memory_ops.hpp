@@ -31,7 +31,8 @@ inline void enqueue_fill(host_stream& s, void* dst, std::uint64_t count, dtype t
 }
 
 /// Converts `count` elements of `src_type` at `src` into `dst_type` at `dst`.
-inline void enqueue_cast(host_stream& s, void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count) {
+inline void enqueue_cast(host_stream& s, void* dst, dtype dst_type, const void* src, dtype src_type,
+                         std::uint64_t count) {
   s.enqueue([=] { cast_into(dst, dst_type, src, src_type, count); });
 }
 

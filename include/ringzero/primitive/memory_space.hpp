@@ -69,9 +69,7 @@ class memory_buffer {
     b.space_ = space;
     if (bytes == 0) return b;
     switch (space) {
-      case memory_space::host:
-        b.data_ = ::operator new(bytes, std::align_val_t{host_alignment});
-        break;
+      case memory_space::host: b.data_ = ::operator new (bytes, std::align_val_t{host_alignment}); break;
       case memory_space::pinned_host: {
         const device_primitives& p = require_device_primitives();
         check(p, p.allocate_pinned != nullptr ? p.allocate_pinned(&b.data_, bytes) : -1, space, bytes);
@@ -79,7 +77,8 @@ class memory_buffer {
       }
       case memory_space::device: {
         const device_primitives& p = require_device_primitives();
-        if (device < 0) throw error(errc::invalid_argument, "memory_buffer::allocate: device memory needs a device index >= 0");
+        if (device < 0)
+          throw error(errc::invalid_argument, "memory_buffer::allocate: device memory needs a device index >= 0");
         check(p, p.set_device(device), space, bytes);
         check(p, p.allocate(&b.data_, bytes), space, bytes);
         b.device_ = device;
@@ -108,7 +107,7 @@ class memory_buffer {
   void release() noexcept {
     if (data_ == nullptr) return;
     switch (space_) {
-      case memory_space::host: ::operator delete(data_, std::align_val_t{host_alignment}); break;
+      case memory_space::host: ::operator delete (data_, std::align_val_t{host_alignment}); break;
       case memory_space::pinned_host: {
         const device_primitives* p = registered_device_primitives();
         if (p != nullptr && p->deallocate_pinned != nullptr) (void)p->deallocate_pinned(data_);

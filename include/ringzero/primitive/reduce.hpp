@@ -60,8 +60,10 @@ RINGZERO_HOST_DEVICE inline compute_t<T> load(T x) noexcept {
 
 template <class T>
 RINGZERO_HOST_DEVICE inline T store(compute_t<T> x) noexcept {
-  if constexpr (is_half_v<T>) return T(x);
-  else return x;
+  if constexpr (is_half_v<T>)
+    return T(x);
+  else
+    return x;
 }
 
 template <class C>
@@ -73,8 +75,10 @@ RINGZERO_HOST_DEVICE inline C add(C a, C b) noexcept {
 #if defined(__CUDA_ARCH__)
     // Explicitly rounded: nvcc would otherwise contract a product and this sum into one FMA,
     // which rounds once where the host rounds twice.
-    if constexpr (std::is_same_v<C, float>) return __fadd_rn(a, b);
-    else return __dadd_rn(a, b);
+    if constexpr (std::is_same_v<C, float>)
+      return __fadd_rn(a, b);
+    else
+      return __dadd_rn(a, b);
 #else
     return a + b;
 #endif
@@ -89,8 +93,10 @@ RINGZERO_HOST_DEVICE inline C mul(C a, C b) noexcept {
     return static_cast<C>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
   } else {
 #if defined(__CUDA_ARCH__)
-    if constexpr (std::is_same_v<C, float>) return __fmul_rn(a, b);
-    else return __dmul_rn(a, b);
+    if constexpr (std::is_same_v<C, float>)
+      return __fmul_rn(a, b);
+    else
+      return __dmul_rn(a, b);
 #else
     return a * b;
 #endif
@@ -119,8 +125,10 @@ template <class C>
 RINGZERO_HOST_DEVICE inline C divide(C a, std::int64_t n) noexcept {
   if constexpr (std::is_floating_point_v<C>) {
 #if defined(__CUDA_ARCH__)
-    if constexpr (std::is_same_v<C, float>) return __fdiv_rn(a, static_cast<C>(n));
-    else return __ddiv_rn(a, static_cast<C>(n));
+    if constexpr (std::is_same_v<C, float>)
+      return __fdiv_rn(a, static_cast<C>(n));
+    else
+      return __ddiv_rn(a, static_cast<C>(n));
 #else
     return a / static_cast<C>(n);
 #endif
@@ -134,7 +142,8 @@ RINGZERO_HOST_DEVICE inline C divide(C a, std::int64_t n) noexcept {
   } else {
 #if defined(__CUDA_ARCH__)
     if constexpr (sizeof(C) <= 4)
-      if (n > 0 && n <= 0xffffffff) return static_cast<C>(static_cast<std::uint32_t>(a) / static_cast<std::uint32_t>(n));
+      if (n > 0 && n <= 0xffffffff)
+        return static_cast<C>(static_cast<std::uint32_t>(a) / static_cast<std::uint32_t>(n));
 #endif
     return static_cast<C>(static_cast<std::uint64_t>(a) / static_cast<std::uint64_t>(n));
   }
@@ -234,10 +243,14 @@ enum class binary { sum, prod, min, max };
 
 template <binary B, class C>
 RINGZERO_HOST_DEVICE inline C apply(C a, C b) noexcept {
-  if constexpr (B == binary::sum) return add(a, b);
-  else if constexpr (B == binary::prod) return mul(a, b);
-  else if constexpr (B == binary::min) return min_of(a, b);
-  else return max_of(a, b);
+  if constexpr (B == binary::sum)
+    return add(a, b);
+  else if constexpr (B == binary::prod)
+    return mul(a, b);
+  else if constexpr (B == binary::min)
+    return min_of(a, b);
+  else
+    return max_of(a, b);
 }
 
 template <class T, binary B, bool PreA, bool PreB, bool Post>
@@ -299,7 +312,8 @@ void divide_typed(T* dst, const T* src, std::uint64_t n, std::int64_t divisor) n
 /// `dst[i] = post(pre_a(a[i]) op pre_b(b[i]))` for `i < count` (elements of `spec.type`).
 /// Preconditions: `spec.type` and `spec.kind` valid; `dst` equals or is disjoint from each of `a`
 /// and `b`; pointers non-null when `count > 0`. Never throws.
-inline void reduce_into(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec) noexcept {
+inline void reduce_into(void* dst, const void* a, const void* b, std::uint64_t count,
+                        const reduce_spec& spec) noexcept {
   if (count == 0) return;
   visit_dtype(spec.type, [&]<class T>() {
     detail::reduce_typed<T>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, spec);

@@ -174,9 +174,12 @@ cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t
   constexpr bool half = std::is_same_v<T, float16>;
   if constexpr (B == binary::sum && !Post) {
     if (!spec.pre_a && !spec.pre_b) {  // a plain sum
-      if constexpr (half) return launch(lane_element<T, half_add_lanes>{});
-      else if constexpr (sizeof(T) == 1) return launch(lane_element<T, byte_add_lanes>{});
-      else return launch(reduce_element<T, B, false, false>{});
+      if constexpr (half)
+        return launch(lane_element<T, half_add_lanes>{});
+      else if constexpr (sizeof(T) == 1)
+        return launch(lane_element<T, byte_add_lanes>{});
+      else
+        return launch(reduce_element<T, B, false, false>{});
     }
   }
   // prod, min and max ignore the pre-scaling

@@ -56,7 +56,8 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
   if (t == dtype::float32) return static_cast<const float*>(values);
   const auto* h = static_cast<const std::uint16_t*>(values);
   for (std::uint64_t i = 0; i < n; ++i)
-    staging[i] = t == dtype::float16 ? ringzero::detail::half_bits_to_float(h[i]) : ringzero::detail::bfloat16_bits_to_float(h[i]);
+    staging[i] = t == dtype::float16 ? ringzero::detail::half_bits_to_float(h[i])
+                                     : ringzero::detail::bfloat16_bits_to_float(h[i]);
   return staging;
 }
 
@@ -71,10 +72,13 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
 [[gnu::always_inline]] inline void fold_tops_f32_body(std::uint8_t* tops, const float* b, std::uint64_t n) noexcept {
   alignas(64) std::uint32_t fraction_exponent[reproducible_block];
   for (std::uint64_t i = 0; i < n; ++i)
-    fraction_exponent[i] = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(b[i]) & 0x7FFFFF))) >> 23;
+    fraction_exponent[i] = std::bit_cast<std::uint32_t>(static_cast<float>(
+                               static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(b[i]) & 0x7FFFFF))) >>
+                           23;
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t bits = std::bit_cast<std::uint32_t>(b[i]), e = (bits >> 23) & 0xFF;
-    const std::uint32_t position = e != 0 ? e + 953 : fraction_exponent[i] + 804;  // leading bit + reproducible_bin_offset
+    const std::uint32_t position =
+        e != 0 ? e + 953 : fraction_exponent[i] + 804;  // leading bit + reproducible_bin_offset
     std::uint32_t bin = (position * 43691u) >> 19;
     bin = e == 255 ? reproducible_nonfinite_bin : bin;
     bin = (bits << 1) == 0 ? 0 : bin;
@@ -95,7 +99,8 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
   if (nonfinite_block == 0) {  // the common case: one loop, the scale's exponent clamped to [1, 2046]
     for (std::uint64_t i = 0; i < n; ++i) {
       const std::int32_t field = std::clamp(2127 - 12 * static_cast<std::int32_t>(tops[i]), 1, 2046);
-      words[i] += static_cast<std::int64_t>(static_cast<double>(b[i]) * std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
+      words[i] += static_cast<std::int64_t>(static_cast<double>(b[i]) *
+                                            std::bit_cast<double>(static_cast<std::uint64_t>(field) << 52));
     }
     return;
   }
@@ -139,11 +144,14 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
 /// non-finite bin), and scaled[i] = trunc(b[i] * 2^(1104 - 12 * new_top[i])), the scale's
 /// exponent clamped to a normal double's (0 for non-finite values, masked before any
 /// floating-point step). Branch-free loops, so that each vectorises.
-[[gnu::always_inline]] inline void deposit_tops_and_scaled_f32(const std::uint8_t* tops, const float* b, std::uint64_t n,
-                                                               std::uint32_t* new_top, std::int64_t* scaled) noexcept {
+[[gnu::always_inline]] inline void deposit_tops_and_scaled_f32(const std::uint8_t* tops, const float* b,
+                                                               std::uint64_t n, std::uint32_t* new_top,
+                                                               std::int64_t* scaled) noexcept {
   alignas(64) std::uint32_t fraction_exponent[reproducible_block];
   for (std::uint64_t i = 0; i < n; ++i)
-    fraction_exponent[i] = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(b[i]) & 0x7FFFFF))) >> 23;
+    fraction_exponent[i] = std::bit_cast<std::uint32_t>(static_cast<float>(
+                               static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(b[i]) & 0x7FFFFF))) >>
+                           23;
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t bits = std::bit_cast<std::uint32_t>(b[i]), e = (bits >> 23) & 0xFF;
     const std::uint32_t position = e != 0 ? e + 953 : fraction_exponent[i] + 804;
@@ -178,7 +186,7 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t old = tops[i], top = new_top[i];
     const bool fast = (top == old || old == 0) && top != reproducible_nonfinite_bin;
-    const std::int64_t s = fast ? scaled[i] : 0;  // slow elements: all digits 0
+    const std::int64_t s = fast ? scaled[i] : 0;                       // slow elements: all digits 0
     const std::int64_t m = s < 0 ? -s : s, negative = s < 0 ? -1 : 0;  // (x ^ -1) - -1 == -x
     digit[0][i] = ((m >> 24) ^ negative) - negative;
     digit[1][i] = (((m >> 12) & 0xFFF) ^ negative) - negative;
@@ -200,19 +208,21 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
 /// kept). Left alone with slow[i] = 1 (the caller runs the element function): elements whose
 /// top becomes the non-finite bin, and, when `flushed` is true (flushed limbs exist, and they
 /// would have to move too), elements whose top rises from a non-zero bin.
-[[gnu::always_inline]] inline void accumulate_packed_f32_body(std::uint8_t* tops, std::int64_t* packed, std::uint8_t* slow,
-                                                              const float* b, std::uint64_t n, bool flushed) noexcept {
+[[gnu::always_inline]] inline void accumulate_packed_f32_body(std::uint8_t* tops, std::int64_t* packed,
+                                                              std::uint8_t* slow, const float* b, std::uint64_t n,
+                                                              bool flushed) noexcept {
   alignas(64) std::uint32_t new_top[reproducible_block];
   alignas(64) std::int64_t scaled[reproducible_block];
   deposit_tops_and_scaled_f32(tops, b, n, new_top, scaled);
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t old = tops[i], top = new_top[i], rise = top - old;
     const bool fast = (rise == 0 || old == 0 || !flushed) && top != reproducible_nonfinite_bin;
-    const std::int64_t s = fast ? scaled[i] : 0;  // slow elements: all digits 0
+    const std::int64_t s = fast ? scaled[i] : 0;                       // slow elements: all digits 0
     const std::int64_t m = s < 0 ? -s : s, negative = s < 0 ? -1 : 0;  // (x ^ -1) - -1 == -x
     const std::int64_t fields = ((m >> 24) << 42) | (((m >> 12) & 0xFFF) << 21) | (m & 0xFFF);
     const std::int64_t p = packed[i];
-    const std::int64_t low = static_cast<std::int64_t>(static_cast<std::uint64_t>(p) << 43) >> 43, rest = (p - low) >> 21;
+    const std::int64_t low = static_cast<std::int64_t>(static_cast<std::uint64_t>(p) << 43) >> 43,
+                       rest = (p - low) >> 21;
     const std::int64_t middle = static_cast<std::int64_t>(static_cast<std::uint64_t>(rest) << 43) >> 43;
     const std::int64_t moved = rise == 0 ? p : rise == 1 ? rest : rise == 2 ? (rest - middle) >> 21 : 0;
     packed[i] = (fast ? moved : p) + ((fields ^ negative) - negative);
@@ -223,14 +233,16 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
 
 /// words[i] += the word of accumulator element i (local top local[i], limbs limbs[3i..]) at
 /// global top bin tops[i] >= local[i] (K = 3), bit for bit primitive::add_limb_words.
-[[gnu::always_inline]] inline void add_limb_words3_body(std::int64_t* words, const std::uint8_t* local, const std::int64_t* limbs,
-                                                        const std::uint8_t* tops, std::uint64_t n) noexcept {
+[[gnu::always_inline]] inline void add_limb_words3_body(std::int64_t* words, const std::uint8_t* local,
+                                                        const std::int64_t* limbs, const std::uint8_t* tops,
+                                                        std::uint64_t n) noexcept {
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t top = tops[i], mine = local[i], d = top - mine;
     const std::int64_t l0 = limbs[3 * i], l1 = limbs[3 * i + 1], l2 = limbs[3 * i + 2];
-    const std::int64_t finite = d == 0 ? l0 * (std::int64_t{1} << 24) + l1 * (std::int64_t{1} << 12) + l2
+    const std::int64_t finite = d == 0   ? l0 * (std::int64_t{1} << 24) + l1 * (std::int64_t{1} << 12) + l2
                                 : d == 1 ? l0 * (std::int64_t{1} << 12) + l1
-                                : d == 2 ? l0 : 0;
+                                : d == 2 ? l0
+                                         : 0;
     const std::int64_t nonfinite = mine == reproducible_nonfinite_bin ? l0 : 0;
     words[i] += top == reproducible_nonfinite_bin ? nonfinite : finite;
   }
@@ -247,7 +259,8 @@ inline constexpr std::uint64_t reproducible_fused_block = 512;
 
 /// result[i] = float32 bits of word `w` at top bin `bin` divided by 2^shift (convert_f32_body's
 /// fast form); returns 1 where that form does not apply (the result is not normal).
-[[gnu::always_inline]] inline std::uint32_t convert_word_f32(float& result, std::int64_t w, std::uint32_t bin, int shift) noexcept {
+[[gnu::always_inline]] inline std::uint32_t convert_word_f32(float& result, std::int64_t w, std::uint32_t bin,
+                                                             int shift) noexcept {
   const std::uint32_t r = std::bit_cast<std::uint32_t>(static_cast<float>(w));
   const std::int32_t e = static_cast<std::int32_t>(12 * bin) - 1104 - shift;
   const std::int32_t biased = static_cast<std::int32_t>((r >> 23) & 0xFF) + e;
@@ -264,7 +277,7 @@ inline constexpr std::uint64_t reproducible_fused_block = 512;
 /// masked to zero before any floating-point step.
 template <int N>
 [[gnu::always_inline]] inline std::uint32_t sum_f32_fused(float* result, const float* const* ins, std::uint64_t first,
-                                                         std::uint64_t n, int shift) noexcept {
+                                                          std::uint64_t n, int shift) noexcept {
   const float* x[N];
   for (int q = 0; q < N; ++q) x[q] = ins[q] + first;
   std::uint32_t rare = 0;
@@ -278,7 +291,8 @@ template <int N>
     const double s = word_scale_f32(bin);
     std::int64_t w = 0;
     for (int q = 0; q < N; ++q)
-      w += static_cast<std::int64_t>(static_cast<double>(std::bit_cast<float>(std::bit_cast<std::uint32_t>(x[q][i]) & keep)) * s);
+      w += static_cast<std::int64_t>(
+          static_cast<double>(std::bit_cast<float>(std::bit_cast<std::uint32_t>(x[q][i]) & keep)) * s);
     rare |= odd | convert_word_f32(result[i], w, bin, shift);
   }
   return rare;
@@ -286,15 +300,16 @@ template <int N>
 
 /// sum_f32_fused for any number of inputs, in passes over the block (magnitudes, then words
 /// input by input, then the conversion).
-[[gnu::always_inline]] inline std::uint32_t sum_f32_staged(float* result, const float* const* ins, int n_in, std::uint64_t first,
-                                                          std::uint64_t n, int shift) noexcept {
+[[gnu::always_inline]] inline std::uint32_t sum_f32_staged(float* result, const float* const* ins, int n_in,
+                                                           std::uint64_t first, std::uint64_t n, int shift) noexcept {
   alignas(64) std::uint32_t magnitude[reproducible_fused_block];
   alignas(64) std::int64_t words[reproducible_fused_block];
   alignas(64) double scale[reproducible_fused_block];
   for (std::uint64_t i = 0; i < n; ++i) magnitude[i] = 0;
   for (int q = 0; q < n_in; ++q) {
     const float* x = ins[q] + first;
-    for (std::uint64_t i = 0; i < n; ++i) magnitude[i] = std::max(magnitude[i], std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFF);
+    for (std::uint64_t i = 0; i < n; ++i)
+      magnitude[i] = std::max(magnitude[i], std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFF);
   }
   std::uint32_t rare = 0;
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -314,8 +329,8 @@ template <int N>
 }
 
 /// sum_f32_fused for 2, 3 or 4 inputs, else sum_f32_staged.
-[[gnu::always_inline]] inline std::uint32_t sum_f32_body(float* result, const float* const* ins, int n_in, std::uint64_t first,
-                                                        std::uint64_t n, int shift) noexcept {
+[[gnu::always_inline]] inline std::uint32_t sum_f32_body(float* result, const float* const* ins, int n_in,
+                                                         std::uint64_t first, std::uint64_t n, int shift) noexcept {
   switch (n_in) {
     case 2: return sum_f32_fused<2>(result, ins, first, n, shift);
     case 3: return sum_f32_fused<3>(result, ins, first, n, shift);
@@ -326,16 +341,19 @@ template <int N>
 
 /// add_limb_words3_body for packed elements (local top local[i], packed limbs packed[i]; a
 /// non-finite element's word is packed[i] itself), bit for bit.
-[[gnu::always_inline]] inline void add_packed_words3_body(std::int64_t* words, const std::uint8_t* local, const std::int64_t* packed,
-                                                          const std::uint8_t* tops, std::uint64_t n) noexcept {
+[[gnu::always_inline]] inline void add_packed_words3_body(std::int64_t* words, const std::uint8_t* local,
+                                                          const std::int64_t* packed, const std::uint8_t* tops,
+                                                          std::uint64_t n) noexcept {
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t top = tops[i], mine = local[i], d = top - mine;
     const std::int64_t p = packed[i];
     const std::int64_t l2 = static_cast<std::int64_t>(static_cast<std::uint64_t>(p) << 43) >> 43, rest = (p - l2) >> 21;
-    const std::int64_t l1 = static_cast<std::int64_t>(static_cast<std::uint64_t>(rest) << 43) >> 43, l0 = (rest - l1) >> 21;
-    const std::int64_t finite = d == 0 ? l0 * (std::int64_t{1} << 24) + l1 * (std::int64_t{1} << 12) + l2
+    const std::int64_t l1 = static_cast<std::int64_t>(static_cast<std::uint64_t>(rest) << 43) >> 43,
+                       l0 = (rest - l1) >> 21;
+    const std::int64_t finite = d == 0   ? l0 * (std::int64_t{1} << 24) + l1 * (std::int64_t{1} << 12) + l2
                                 : d == 1 ? l0 * (std::int64_t{1} << 12) + l1
-                                : d == 2 ? l0 : 0;
+                                : d == 2 ? l0
+                                         : 0;
     const std::int64_t nonfinite = mine == reproducible_nonfinite_bin ? p : 0;
     words[i] += top == reproducible_nonfinite_bin ? nonfinite : finite;
   }
@@ -370,7 +388,7 @@ template <int N>
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint64_t top = tops[i];
     const std::uint64_t keep = 0u - static_cast<std::uint64_t>(top - 10u < 166u);
-    const double x = std::bit_cast<double>(b[i] & keep);  // zero outside bins 10..175
+    const double x = std::bit_cast<double>(b[i] & keep);    // zero outside bins 10..175
     const std::uint64_t t = (top & keep) | (100u & ~keep);  // any in-range bin for the unused scales
     const double hi = std::trunc(x * std::bit_cast<double>((2127u - 12u * t) << 52));
     const double rest = x - hi * std::bit_cast<double>((12u * t - 81u) << 52);  // exact: x's bits below 2^(u+36)
@@ -407,24 +425,25 @@ RINGZERO_AVX512_TARGET inline void add_words_f64_avx512(std::int64_t* w, std::ui
                                                         const std::uint8_t* t, std::uint64_t n) noexcept {
   add_words_f64_body(w, s, b, t, n);
 }
-RINGZERO_AVX512_TARGET inline void accumulate_f32_avx512(std::uint8_t* t, std::int64_t* l, std::uint8_t* s, const float* b,
-                                                         std::uint64_t n) noexcept {
+RINGZERO_AVX512_TARGET inline void accumulate_f32_avx512(std::uint8_t* t, std::int64_t* l, std::uint8_t* s,
+                                                         const float* b, std::uint64_t n) noexcept {
   accumulate_f32_body(t, l, s, b, n);
 }
 RINGZERO_AVX512_TARGET inline void add_limb_words3_avx512(std::int64_t* w, const std::uint8_t* m, const std::int64_t* l,
                                                           const std::uint8_t* t, std::uint64_t n) noexcept {
   add_limb_words3_body(w, m, l, t, n);
 }
-RINGZERO_AVX512_TARGET inline std::uint32_t sum_f32_avx512(float* r, const float* const* x, int m, std::uint64_t f, std::uint64_t n,
-                                                           int k) noexcept {
+RINGZERO_AVX512_TARGET inline std::uint32_t sum_f32_avx512(float* r, const float* const* x, int m, std::uint64_t f,
+                                                           std::uint64_t n, int k) noexcept {
   return sum_f32_body(r, x, m, f, n, k);
 }
-RINGZERO_AVX512_TARGET inline void accumulate_packed_f32_avx512(std::uint8_t* t, std::int64_t* p, std::uint8_t* s, const float* b,
-                                                                std::uint64_t n, bool f) noexcept {
+RINGZERO_AVX512_TARGET inline void accumulate_packed_f32_avx512(std::uint8_t* t, std::int64_t* p, std::uint8_t* s,
+                                                                const float* b, std::uint64_t n, bool f) noexcept {
   accumulate_packed_f32_body(t, p, s, b, n, f);
 }
-RINGZERO_AVX512_TARGET inline void add_packed_words3_avx512(std::int64_t* w, const std::uint8_t* m, const std::int64_t* p,
-                                                            const std::uint8_t* t, std::uint64_t n) noexcept {
+RINGZERO_AVX512_TARGET inline void add_packed_words3_avx512(std::int64_t* w, const std::uint8_t* m,
+                                                            const std::int64_t* p, const std::uint8_t* t,
+                                                            std::uint64_t n) noexcept {
   add_packed_words3_body(w, m, p, t, n);
 }
 #undef RINGZERO_AVX512_TARGET
@@ -455,14 +474,16 @@ inline void fold_tops_f64(std::uint8_t* t, std::uint8_t* s, const std::uint64_t*
 #endif
   fold_tops_f64_body(t, s, b, n);
 }
-inline void add_words_f64(std::int64_t* w, std::uint8_t* s, const std::uint64_t* b, const std::uint8_t* t, std::uint64_t n) noexcept {
+inline void add_words_f64(std::int64_t* w, std::uint8_t* s, const std::uint64_t* b, const std::uint8_t* t,
+                          std::uint64_t n) noexcept {
 #if RINGZERO_REPRODUCIBLE_AVX512
   if (reproducible_avx512()) return add_words_f64_avx512(w, s, b, t, n);
 #endif
   add_words_f64_body(w, s, b, t, n);
 }
 
-inline void accumulate_f32(std::uint8_t* t, std::int64_t* l, std::uint8_t* s, const float* b, std::uint64_t n) noexcept {
+inline void accumulate_f32(std::uint8_t* t, std::int64_t* l, std::uint8_t* s, const float* b,
+                           std::uint64_t n) noexcept {
 #if RINGZERO_REPRODUCIBLE_AVX512
   if (reproducible_avx512()) return accumulate_f32_avx512(t, l, s, b, n);
 #endif
@@ -551,7 +572,8 @@ inline void convert_to(void* out, const std::int64_t* words, const std::uint8_t*
   const int kept = reproducible_kept_bins(t);
   const std::uint64_t w = static_cast<std::uint64_t>(reproducible_words(t));
   if (t != dtype::float32 || !std::has_single_bit(divisor)) {
-    for (std::uint64_t i = 0; i < count; ++i) store_bits(out, i, t, convert_words(words + i * w, tops[i], divisor, kept, f));
+    for (std::uint64_t i = 0; i < count; ++i)
+      store_bits(out, i, t, convert_words(words + i * w, tops[i], divisor, kept, f));
     return;
   }
   const int shift = std::countr_zero(divisor);
@@ -565,7 +587,8 @@ inline void convert_to(void* out, const std::int64_t* words, const std::uint8_t*
     if (any != 0)
       for (std::uint64_t i = 0; i < n; ++i)
         if (slow[i] != 0)
-          result[first + i] = std::bit_cast<float>(static_cast<std::uint32_t>(convert_words(words + first + i, tops[first + i], divisor, kept, f)));
+          result[first + i] = std::bit_cast<float>(
+              static_cast<std::uint32_t>(convert_words(words + first + i, tops[first + i], divisor, kept, f)));
   }
 }
 
@@ -573,10 +596,12 @@ inline void convert_to(void* out, const std::int64_t* words, const std::uint8_t*
 /// accumulator: tops[i] and limbs[i*K .. i*K+K) (K = reproducible_kept_bins(t)) as
 /// primitive::accumulate per element, bit for bit. 16/32-bit dtypes take the float32 loop,
 /// float64 and elements whose top becomes the non-finite bin the element function.
-inline void accumulate_array(std::uint8_t* tops, std::int64_t* limbs, const void* values, std::uint64_t count, dtype t) noexcept {
+inline void accumulate_array(std::uint8_t* tops, std::int64_t* limbs, const void* values, std::uint64_t count,
+                             dtype t) noexcept {
   const float_format f = format_of(t);
   if (t == dtype::float64) {
-    for (std::uint64_t i = 0; i < count; ++i) accumulate(tops[i], limbs + 6 * i, 6, decode_bits(load_bits(values, i, t), f));
+    for (std::uint64_t i = 0; i < count; ++i)
+      accumulate(tops[i], limbs + 6 * i, 6, decode_bits(load_bits(values, i, t), f));
     return;
   }
   const auto* bytes = static_cast<const unsigned char*>(values);
@@ -591,7 +616,8 @@ inline void accumulate_array(std::uint8_t* tops, std::int64_t* limbs, const void
     for (std::uint64_t i = 0; i < n; ++i) any |= slow[i];
     if (any != 0)
       for (std::uint64_t i = 0; i < n; ++i)
-        if (slow[i] != 0) accumulate(tops[first + i], limbs + 3 * (first + i), 3, decode_bits(load_bits(block, i, t), f));
+        if (slow[i] != 0)
+          accumulate(tops[first + i], limbs + 3 * (first + i), 3, decode_bits(load_bits(block, i, t), f));
   }
 }
 
@@ -609,20 +635,23 @@ inline void accumulate_packed_array(std::uint8_t* tops, std::int64_t* packed, st
   for (std::uint64_t first = 0; first < count; first += detail::reproducible_block) {
     const std::uint64_t n = std::min(detail::reproducible_block, count - first);
     const void* block = bytes + first * es;
-    detail::accumulate_packed_f32(tops + first, packed + first, slow, detail::as_float32(staged, block, n, t), n, flushed != nullptr);
+    detail::accumulate_packed_f32(tops + first, packed + first, slow, detail::as_float32(staged, block, n, t), n,
+                                  flushed != nullptr);
     std::uint8_t any = 0;
     for (std::uint64_t i = 0; i < n; ++i) any |= slow[i];
     if (any != 0)
       for (std::uint64_t i = 0; i < n; ++i)
         if (slow[i] != 0)
-          accumulate_packed(tops[first + i], packed[first + i], flushed != nullptr ? flushed + 3 * (first + i) : nullptr,
+          accumulate_packed(tops[first + i], packed[first + i],
+                            flushed != nullptr ? flushed + 3 * (first + i) : nullptr,
                             decode_bits(load_bits(block, i, t), f));
   }
 }
 
 /// Moves packed K = 3 elements' limbs into their flushed limbs (flushed[3i..] +=
 /// packed_element_limbs, packed[i] = 0), so that they can take reproducible_packed_contributions more.
-inline void flush_packed(const std::uint8_t* tops, std::int64_t* packed, std::int64_t* flushed, std::uint64_t count) noexcept {
+inline void flush_packed(const std::uint8_t* tops, std::int64_t* packed, std::int64_t* flushed,
+                         std::uint64_t count) noexcept {
   for (std::uint64_t i = 0; i < count; ++i) {
     std::int64_t limbs[3];
     packed_element_limbs(tops[i], packed[i], limbs);
@@ -638,7 +667,8 @@ inline void add_accumulator_words(const binned_view& view, std::int64_t* words, 
                                   std::uint64_t first, std::uint64_t len) noexcept {
   if (reproducible_kept_bins(view.type) != 3) return view.add_words(words, global_tops, first, len);
   detail::add_packed_words3(words, view.tops + first, view.packed + first, global_tops, len);
-  if (view.limbs != nullptr) detail::add_limb_words3(words, view.tops + first, view.limbs + 3 * first, global_tops, len);
+  if (view.limbs != nullptr)
+    detail::add_limb_words3(words, view.tops + first, view.limbs + 3 * first, global_tops, len);
 }
 
 /// result[i] = the reproducible sum of ins[0][first + i], ..., ins[n_in - 1][first + i] divided
@@ -650,7 +680,8 @@ inline void add_accumulator_words(const binned_view& view, std::int64_t* words, 
 /// n_in >= 1, divisor >= 1; `result` does not overlap the inputs' block.
 inline void reproducible_sum_f32(float* result, const float* const* ins, int n_in, std::uint64_t first, std::uint64_t n,
                                  std::uint64_t divisor) noexcept {
-  if (std::has_single_bit(divisor) && detail::sum_f32(result, ins, n_in, first, n, std::countr_zero(divisor)) == 0) return;
+  if (std::has_single_bit(divisor) && detail::sum_f32(result, ins, n_in, first, n, std::countr_zero(divisor)) == 0)
+    return;
   alignas(64) std::uint8_t tops[detail::reproducible_fused_block];
   alignas(64) std::int64_t words[detail::reproducible_fused_block];
   std::memset(tops, 0, n);

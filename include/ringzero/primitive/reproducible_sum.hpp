@@ -57,8 +57,12 @@ constexpr float_format format_of(dtype t) noexcept {
     case dtype::float16: return {11, 15, 5};
     case dtype::bfloat16: return {8, 127, 8};
     case dtype::float32: return {24, 127, 8};
-    case dtype::int8: case dtype::uint8: case dtype::int32: case dtype::uint32: case dtype::int64: case dtype::uint64:
-      break;
+    case dtype::int8:
+    case dtype::uint8:
+    case dtype::int32:
+    case dtype::uint32:
+    case dtype::int64:
+    case dtype::uint64: break;
   }
   return {24, 127, 8};
 }
@@ -76,9 +80,21 @@ struct decoded_value {
 inline std::uint64_t load_bits(const void* values, std::uint64_t i, dtype t) noexcept {
   const auto* p = static_cast<const unsigned char*>(values);
   switch (dtype_size(t)) {
-    case 2: { std::uint16_t b; std::memcpy(&b, p + 2 * i, 2); return b; }
-    case 4: { std::uint32_t b; std::memcpy(&b, p + 4 * i, 4); return b; }
-    default: { std::uint64_t b; std::memcpy(&b, p + 8 * i, 8); return b; }
+    case 2: {
+      std::uint16_t b;
+      std::memcpy(&b, p + 2 * i, 2);
+      return b;
+    }
+    case 4: {
+      std::uint32_t b;
+      std::memcpy(&b, p + 4 * i, 4);
+      return b;
+    }
+    default: {
+      std::uint64_t b;
+      std::memcpy(&b, p + 8 * i, 8);
+      return b;
+    }
   }
 }
 
@@ -86,8 +102,16 @@ inline std::uint64_t load_bits(const void* values, std::uint64_t i, dtype t) noe
 inline void store_bits(void* out, std::uint64_t i, dtype t, std::uint64_t bits) noexcept {
   auto* p = static_cast<unsigned char*>(out);
   switch (dtype_size(t)) {
-    case 2: { const auto b = static_cast<std::uint16_t>(bits); std::memcpy(p + 2 * i, &b, 2); return; }
-    case 4: { const auto b = static_cast<std::uint32_t>(bits); std::memcpy(p + 4 * i, &b, 4); return; }
+    case 2: {
+      const auto b = static_cast<std::uint16_t>(bits);
+      std::memcpy(p + 2 * i, &b, 2);
+      return;
+    }
+    case 4: {
+      const auto b = static_cast<std::uint32_t>(bits);
+      std::memcpy(p + 4 * i, &b, 4);
+      return;
+    }
     default: std::memcpy(p + 8 * i, &bits, 8); return;
   }
 }
@@ -166,7 +190,8 @@ constexpr void add_words(std::int64_t* words, const decoded_value& v, std::uint8
 /// Number of significant bits of `x` (0 for 0).
 constexpr int bit_width(uint128 x) noexcept {
   const auto hi = static_cast<std::uint64_t>(x >> 64);
-  return hi != 0 ? 64 + static_cast<int>(std::bit_width(hi)) : static_cast<int>(std::bit_width(static_cast<std::uint64_t>(x)));
+  return hi != 0 ? 64 + static_cast<int>(std::bit_width(hi))
+                 : static_cast<int>(std::bit_width(static_cast<std::uint64_t>(x)));
 }
 
 /// Rounds (-1)^negative * magnitude * 2^exponent / divisor once to format `f` (to nearest, ties
@@ -282,7 +307,8 @@ constexpr void accumulate(std::uint8_t& top, std::int64_t* limbs, int kept_bins,
   const uint128 t = truncated_magnitude(v, reproducible_unit_exponent(top, kept_bins));
   constexpr std::uint64_t digit_mask = (std::uint64_t{1} << reproducible_bin_width) - 1;
   for (int j = 0; j < kept_bins; ++j) {
-    const auto digit = static_cast<std::int64_t>(static_cast<std::uint64_t>(t >> (reproducible_bin_width * (kept_bins - 1 - j))) & digit_mask);
+    const auto digit = static_cast<std::int64_t>(
+        static_cast<std::uint64_t>(t >> (reproducible_bin_width * (kept_bins - 1 - j))) & digit_mask);
     limbs[j] += v.negative ? -digit : digit;
   }
 }
@@ -318,7 +344,9 @@ constexpr std::int64_t pack_limbs(const std::int64_t* limbs) noexcept {
 
 /// The three limbs of a packed word (pack_limbs's inverse: each field sign-extended in turn).
 constexpr void unpack_limbs(std::int64_t packed, std::int64_t* limbs) noexcept {
-  const auto field = [](std::int64_t x) { return static_cast<std::int64_t>(static_cast<std::uint64_t>(x) << 43) >> 43; };
+  const auto field = [](std::int64_t x) {
+    return static_cast<std::int64_t>(static_cast<std::uint64_t>(x) << 43) >> 43;
+  };
   const std::int64_t low = field(packed), rest = (packed - low) >> 21, middle = field(rest);
   limbs[0] = (rest - middle) >> 21;
   limbs[1] = middle;
@@ -340,7 +368,8 @@ constexpr void packed_element_limbs(std::uint8_t top, std::int64_t packed, std::
 /// contributions since the last flush `packed`, and the flushed limbs `flushed` (3, or nullptr
 /// when there are none), which move with a rising top as the packed ones do. Precondition:
 /// fewer than reproducible_packed_contributions contributions in `packed`.
-constexpr void accumulate_packed(std::uint8_t& top, std::int64_t& packed, std::int64_t* flushed, const decoded_value& v) noexcept {
+constexpr void accumulate_packed(std::uint8_t& top, std::int64_t& packed, std::int64_t* flushed,
+                                 const decoded_value& v) noexcept {
   std::int64_t limbs[3] = {0, 0, 0};
   packed_element_limbs(top, packed, limbs);
   const std::uint8_t before = top;
@@ -360,9 +389,9 @@ constexpr void accumulate_packed(std::uint8_t& top, std::int64_t& packed, std::i
 struct binned_view {
   const std::uint8_t* tops = nullptr;
   const std::int64_t* limbs = nullptr;
-  std::uint64_t count = 0;          ///< elements
+  std::uint64_t count = 0;  ///< elements
   dtype type = dtype::float32;
-  std::uint64_t contributions = 0;  ///< add() calls deposited
+  std::uint64_t contributions = 0;       ///< add() calls deposited
   const std::int64_t* packed = nullptr;  ///< K = 3 dtypes: one packed word per element
 
   /// out[0 .. K) = the limbs of element i.
@@ -381,7 +410,8 @@ struct binned_view {
     for (std::uint64_t i = 0; i < len; ++i) out[i] = std::max(out[i], tops[first + i]);
   }
   /// words[i*w..] += element first + i's words at global top bin global_tops[i], i < len.
-  void add_words(std::int64_t* words, const std::uint8_t* global_tops, std::uint64_t first, std::uint64_t len) const noexcept {
+  void add_words(std::int64_t* words, const std::uint8_t* global_tops, std::uint64_t first,
+                 std::uint64_t len) const noexcept {
     const int kept = reproducible_kept_bins(type), w = reproducible_words(type);
     std::int64_t element[6] = {0, 0, 0, 0, 0, 0};
     for (std::uint64_t i = 0; i < len; ++i) {

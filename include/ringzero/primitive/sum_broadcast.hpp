@@ -55,13 +55,15 @@ inline T chained_sum(const T* const* ins, int n_in, std::uint64_t i) noexcept {
 }
 
 template <class T, bool Stream>
-void sum_broadcast_body(T* const* outs, int n_out, const T* const* ins, int n_in, std::uint64_t& i, std::uint64_t count) noexcept {
+void sum_broadcast_body(T* const* outs, int n_out, const T* const* ins, int n_in, std::uint64_t& i,
+                        std::uint64_t count) noexcept {
   constexpr std::uint64_t lanes = 16 / sizeof(T);
-  constexpr std::uint64_t step = 4 * lanes;                 // one 64-byte line per output per iteration
+  constexpr std::uint64_t step = 4 * lanes;                  // one 64-byte line per output per iteration
   constexpr std::uint64_t prefetch_ahead = 512 / sizeof(T);  // elements: 8 lines ahead of the loads
   using S = sse<T>;
   for (; i + step <= count; i += step) {
-    for (int q = 0; q < n_in; ++q) _mm_prefetch(reinterpret_cast<const char*>(ins[q] + i + prefetch_ahead), _MM_HINT_T0);
+    for (int q = 0; q < n_in; ++q)
+      _mm_prefetch(reinterpret_cast<const char*>(ins[q] + i + prefetch_ahead), _MM_HINT_T0);
     typename S::v x0 = S::add(S::load(ins[0] + i), S::load(ins[1] + i));
     typename S::v x1 = S::add(S::load(ins[0] + i + lanes), S::load(ins[1] + i + lanes));
     typename S::v x2 = S::add(S::load(ins[0] + i + 2 * lanes), S::load(ins[1] + i + 2 * lanes));
@@ -89,7 +91,8 @@ void sum_broadcast_body(T* const* outs, int n_out, const T* const* ins, int n_in
 }
 
 template <class T>
-bool sum_broadcast_streaming_typed(T* const* outs, int n_out, const T* const* ins, int n_in, std::uint64_t count) noexcept {
+bool sum_broadcast_streaming_typed(T* const* outs, int n_out, const T* const* ins, int n_in,
+                                   std::uint64_t count) noexcept {
   const auto misalign = reinterpret_cast<std::uintptr_t>(outs[0]) % 16;
   if (misalign % sizeof(T) != 0) return false;
   for (int k = 1; k < n_out; ++k)
@@ -105,8 +108,10 @@ bool sum_broadcast_streaming_typed(T* const* outs, int n_out, const T* const* in
   for (int k = 0; k < n_out && !in_place; ++k)
     for (int q = 0; q < n_in && !in_place; ++q) in_place = outs[k] == ins[q];
   std::uint64_t i = head;
-  if (in_place) sum_broadcast_body<T, false>(outs, n_out, ins, n_in, i, count);
-  else sum_broadcast_body<T, true>(outs, n_out, ins, n_in, i, count);
+  if (in_place)
+    sum_broadcast_body<T, false>(outs, n_out, ins, n_in, i, count);
+  else
+    sum_broadcast_body<T, true>(outs, n_out, ins, n_in, i, count);
   for (; i < count; ++i) {
     const T x = chained_sum(ins, n_in, i);
     for (int k = 0; k < n_out; ++k) outs[k][i] = x;

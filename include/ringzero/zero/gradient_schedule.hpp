@@ -21,8 +21,8 @@ class gradient_schedule {
   /// `storage_unit[s]`: the unit owning trainable storage s (storages numbered 0..S-1).
   /// `uses[u]`: the distinct trainable storages unit u uses (its own and those of its aliases).
   /// `max_inflight` >= 1.
-  gradient_schedule(std::size_t units, std::vector<std::size_t> storage_unit, std::vector<std::vector<std::size_t>> uses,
-                    int max_inflight)
+  gradient_schedule(std::size_t units, std::vector<std::size_t> storage_unit,
+                    std::vector<std::vector<std::size_t>> uses, int max_inflight)
       : storage_unit_(std::move(storage_unit)),
         uses_(std::move(uses)),
         has_gradients_(units, false),
@@ -61,8 +61,10 @@ class gradient_schedule {
   void acquire(std::size_t u, Hooks& hooks) {
     if (phase_[u] == phase::filling) return;
     if (free_ == 0 && inflight_.size() >= max_inflight_) complete_oldest(hooks);
-    if (free_ > 0) --free_;
-    else ++allocated_;
+    if (free_ > 0)
+      --free_;
+    else
+      ++allocated_;
     phase_[u] = phase::filling;
     hooks.fill(u);
   }

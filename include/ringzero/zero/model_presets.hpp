@@ -97,7 +97,7 @@ inline std::vector<parameter_spec> llama_parameters(int layers, std::uint64_t d_
 
 /// Names accepted by `preset_parameters`.
 inline constexpr std::array<std::string_view, 5> preset_names = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
-                                                                  "llama-7b"};
+                                                                 "llama-7b"};
 
 /// The parameters of preset `name` ("gpt2" is GPT-2 small; see `preset_names`), or std::nullopt
 /// for an unknown name.

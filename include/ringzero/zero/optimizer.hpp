@@ -45,8 +45,8 @@ inline std::string number_text(double x) {
 
 /// The explanation appended to a value refused by `fits_float`.
 inline std::string float_range_text() {
-  return " (the optimizer computes in float32: a value must be 0 or round to a magnitude from " + number_text(float_min_normal) +
-         " to " + number_text(float_max) + ")";
+  return " (the optimizer computes in float32: a value must be 0 or round to a magnitude from " +
+         number_text(float_min_normal) + " to " + number_text(float_max) + ")";
 }
 
 }  // namespace detail
@@ -75,14 +75,15 @@ constexpr std::optional<optimizer_kind> parse_optimizer(std::string_view s) noex
 /// is applied as a float32 and must be 0 or in float32's normal range (see the file comment).
 struct optimizer_options {
   optimizer_kind kind = optimizer_kind::adam;
-  double lr = 1e-3;            ///< learning rate (>= 0); Adam/AdamW: lr / (1 - beta1) <= FLT_MAX; AdamW: lr * weight_decay <= 1
-  double weight_decay = 0;     ///< L2 penalty (SGD, Adam) or decoupled decay (AdamW, lr * weight_decay <= 1); AdamW's PyTorch default is 1e-2
-  double momentum = 0;         ///< SGD momentum (>= 0); 0: no momentum buffer
-  double dampening = 0;        ///< SGD dampening
-  bool nesterov = false;       ///< SGD Nesterov momentum (needs momentum > 0 and dampening 0)
-  double beta1 = 0.9;          ///< Adam/AdamW first-moment decay, in [0, 1) and below 1 as a float32 (<= 1 - 2^-24)
-  double beta2 = 0.999;        ///< Adam/AdamW second-moment decay, in [0, 1) and below 1 as a float32 (<= 1 - 2^-24)
-  double eps = 1e-8;           ///< Adam/AdamW denominator term (> 0, at least 2^-126 so that it stays a normal float32)
+  double lr = 1e-3;  ///< learning rate (>= 0); Adam/AdamW: lr / (1 - beta1) <= FLT_MAX; AdamW: lr * weight_decay <= 1
+  double weight_decay = 0;  ///< L2 penalty (SGD, Adam) or decoupled decay (AdamW, lr * weight_decay <= 1); AdamW's
+                            ///< PyTorch default is 1e-2
+  double momentum = 0;      ///< SGD momentum (>= 0); 0: no momentum buffer
+  double dampening = 0;     ///< SGD dampening
+  bool nesterov = false;    ///< SGD Nesterov momentum (needs momentum > 0 and dampening 0)
+  double beta1 = 0.9;       ///< Adam/AdamW first-moment decay, in [0, 1) and below 1 as a float32 (<= 1 - 2^-24)
+  double beta2 = 0.999;     ///< Adam/AdamW second-moment decay, in [0, 1) and below 1 as a float32 (<= 1 - 2^-24)
+  double eps = 1e-8;        ///< Adam/AdamW denominator term (> 0, at least 2^-126 so that it stays a normal float32)
 
   /// State tensors per parameter element: 2 for Adam/AdamW, 1 for SGD with momentum, 0 for SGD.
   constexpr int state_count() const noexcept {
@@ -100,13 +101,15 @@ struct optimizer_options {
     using detail::number_text;
     auto bad = [](double x) { return !std::isfinite(x); };
     auto not_float = [](const char* name, double x) {
-      return std::string(name) + " " + number_text(x) + " is not representable as a float32" + detail::float_range_text();
+      return std::string(name) + " " + number_text(x) + " is not representable as a float32" +
+             detail::float_range_text();
     };
     if (kind != optimizer_kind::sgd && kind != optimizer_kind::adam && kind != optimizer_kind::adamw)
       return "unknown optimizer kind " + std::to_string(static_cast<unsigned>(kind));
     if (bad(lr) || lr < 0) return "learning rate must be finite and >= 0, got " + number_text(lr);
     if (!fits_float(lr)) return not_float("learning rate", lr);
-    if (bad(weight_decay) || weight_decay < 0) return "weight decay must be finite and >= 0, got " + number_text(weight_decay);
+    if (bad(weight_decay) || weight_decay < 0)
+      return "weight decay must be finite and >= 0, got " + number_text(weight_decay);
     if (!fits_float(weight_decay)) return not_float("weight decay", weight_decay);
     if (kind == optimizer_kind::sgd) {
       if (bad(momentum) || momentum < 0) return "momentum must be finite and >= 0, got " + number_text(momentum);
@@ -118,19 +121,21 @@ struct optimizer_options {
     } else {
       const std::pair<const char*, double> betas[] = {{"beta1", beta1}, {"beta2", beta2}};
       for (const auto& [name, beta] : betas) {
-        if (bad(beta) || beta < 0 || beta >= 1) return std::string(name) + " must be in [0, 1), got " + number_text(beta);
+        if (bad(beta) || beta < 0 || beta >= 1)
+          return std::string(name) + " must be in [0, 1), got " + number_text(beta);
         if (!fits_float(beta)) return not_float(name, beta);
         // The moments decay by the float32 beta: one that rounds to 1 would never decay.
         if (static_cast<float>(beta) >= 1.0f)
-          return std::string(name) + " " + number_text(beta) + " rounds to 1 as a float32 (the largest usable beta is " +
-                 number_text(1.0 - 0x1p-24) + ")";
+          return std::string(name) + " " + number_text(beta) +
+                 " rounds to 1 as a float32 (the largest usable beta is " + number_text(1.0 - 0x1p-24) + ")";
       }
       if (bad(eps) || eps <= 0) return "eps must be finite and > 0, got " + number_text(eps);
       if (!fits_float(eps)) return not_float("eps", eps);
       // The step size lr / (1 - beta1^t) is largest at the first step.
       if (lr / (1.0 - beta1) > detail::float_max)
-        return "learning rate " + number_text(lr) + " / (1 - beta1 " + number_text(beta1) + ") = " + number_text(lr / (1.0 - beta1)) +
-               ", the first step size, is not representable as a float32" + detail::float_range_text();
+        return "learning rate " + number_text(lr) + " / (1 - beta1 " + number_text(beta1) +
+               ") = " + number_text(lr / (1.0 - beta1)) + ", the first step size, is not representable as a float32" +
+               detail::float_range_text();
       if (kind == optimizer_kind::adamw && lr * weight_decay > 1)
         return "learning rate " + number_text(lr) + " x weight decay " + number_text(weight_decay) + " = " +
                number_text(lr * weight_decay) +
@@ -175,13 +180,16 @@ void apply_update(const optimizer_options& o, std::uint64_t step, float* w, cons
       const float step_size = static_cast<float>(o.lr / correction1);
       const float correction2_sqrt = static_cast<float>(std::sqrt(correction2));
       const float beta1 = static_cast<float>(o.beta1), beta2 = static_cast<float>(o.beta2);
-      const float one_minus_beta1 = static_cast<float>(1.0 - o.beta1), one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+      const float one_minus_beta1 = static_cast<float>(1.0 - o.beta1),
+                  one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
       const float eps = static_cast<float>(o.eps);
       const float decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
       for (std::uint64_t j = 0; j < count; ++j) {
         float d = static_cast<float>(g[j]) * grad_scale;
-        if (decoupled) w[j] *= decay;
-        else if (wd != 0) d += wd * w[j];
+        if (decoupled)
+          w[j] *= decay;
+        else if (wd != 0)
+          d += wd * w[j];
         float& m = s0[j];
         float& v = s1[j];
         m = beta1 * m + one_minus_beta1 * d;

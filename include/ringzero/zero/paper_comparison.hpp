@@ -15,9 +15,9 @@ namespace ringzero::zero {
 
 /// A plan set against the paper. Memory in bytes per rank, traffic in elements per rank per step.
 struct paper_comparison {
-  double psi = 0;             ///< the paper's Psi: unique parameter elements (tied storage once)
-  int devices = 1;            ///< the paper's N: ranks sharing one copy of the state (shards)
-  int stage = 0;              ///< ZeRO stage
+  double psi = 0;   ///< the paper's Psi: unique parameter elements (tied storage once)
+  int devices = 1;  ///< the paper's N: ranks sharing one copy of the state (shards)
+  int stage = 0;    ///< ZeRO stage
   /// The paper's formula with K = 12: 16 Psi, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N, 16 Psi/N.
   model_memory paper;
   /// The same formula with the plan's element sizes, frozen parameters excluded from gradients
@@ -67,8 +67,10 @@ inline paper_comparison compare_with_paper(const shard_plan& plan) {
 
   c.paper_volume = paper_communication_volume(c.psi, c.stage);
   for (const traffic_entry& e : plan.traffic()) {
-    if (e.group == rank_group::replica) c.replica_volume += e.volume_elements();
-    else c.planned_volume += e.volume_elements();
+    if (e.group == rank_group::replica)
+      c.replica_volume += e.volume_elements();
+    else
+      c.planned_volume += e.volume_elements();
   }
   return c;
 }

@@ -32,7 +32,8 @@ namespace ringzero::zero::detail {
 /// floating dtype only; no gradient clipping (the global norm is summed per shard, an order
 /// that depends on the world size, so clipping would not be reproducible); no averaging across
 /// replica groups of hybrid sharding (an average of averages depends on the group size).
-inline std::string reproducible_gradients_problem(const shard_plan& plan, double max_grad_norm, int replica_world_size) {
+inline std::string reproducible_gradients_problem(const shard_plan& plan, double max_grad_norm,
+                                                  int replica_world_size) {
   if (max_grad_norm != 0)
     return "reproducible mode cannot clip gradients (max_grad_norm " + std::to_string(max_grad_norm) +
            "): the global gradient norm is summed shard by shard, which is not reproducible across world sizes";
@@ -72,8 +73,10 @@ class reproducible_gradients {
   /// the whole buffer when `shard` is false (stage 0), else this rank's shard
   /// (numel / world_size elements, `comm`'s rank order). Forgets the contributions.
   void reduce(communicator& comm, std::size_t b, bool shard, void* out, const collective_options& options) {
-    if (shard) reduce_scatter(comm, *accumulators_[b], out, reduce_kind::avg, options);
-    else all_reduce(comm, *accumulators_[b], out, reduce_kind::avg, options);
+    if (shard)
+      reduce_scatter(comm, *accumulators_[b], out, reduce_kind::avg, options);
+    else
+      all_reduce(comm, *accumulators_[b], out, reduce_kind::avg, options);
     accumulators_[b]->clear();
   }
 

@@ -79,17 +79,17 @@ struct parameter_placement {
 /// One flat buffer: the storage-owning parameters of one unit with one element type and one
 /// trainable flag, aligned and padded, split into equal shards.
 struct flat_buffer {
-  std::size_t unit = 0;                      ///< owning gather unit
-  dtype type = dtype::float32;               ///< element type of the parameters
-  dtype gradient_type = dtype::float32;      ///< element type of the gradients (trainable only)
-  bool trainable = true;                     ///< false: frozen, no gradient or optimizer state
-  bool has_master = false;                   ///< the optimizer keeps a master copy (trainable only)
-  std::vector<std::size_t> parameters;       ///< storage-owning parameters, in layout order
-  std::uint64_t payload = 0;                 ///< elements of those parameters
-  std::uint64_t numel = 0;                   ///< elements including padding (shards * shard_numel)
-  std::uint64_t shard_numel = 0;             ///< elements of one shard
-  std::uint64_t gather_offset = 0;           ///< byte offset in its unit's gather buffer (stage 3)
-  std::uint64_t gradient_offset = 0;         ///< byte offset in its unit's gradient bucket (stages 2-3)
+  std::size_t unit = 0;                  ///< owning gather unit
+  dtype type = dtype::float32;           ///< element type of the parameters
+  dtype gradient_type = dtype::float32;  ///< element type of the gradients (trainable only)
+  bool trainable = true;                 ///< false: frozen, no gradient or optimizer state
+  bool has_master = false;               ///< the optimizer keeps a master copy (trainable only)
+  std::vector<std::size_t> parameters;   ///< storage-owning parameters, in layout order
+  std::uint64_t payload = 0;             ///< elements of those parameters
+  std::uint64_t numel = 0;               ///< elements including padding (shards * shard_numel)
+  std::uint64_t shard_numel = 0;         ///< elements of one shard
+  std::uint64_t gather_offset = 0;       ///< byte offset in its unit's gather buffer (stage 3)
+  std::uint64_t gradient_offset = 0;     ///< byte offset in its unit's gradient bucket (stages 2-3)
 
   /// Elements of shard `index` (0 <= index < shards): [index*shard_numel, (index+1)*shard_numel).
   constexpr algorithms::range shard(int index) const noexcept {
@@ -343,8 +343,10 @@ class shard_plan {
   /// The bookkeeping of gradient reduction for this plan (zero/gradient_schedule.hpp).
   detail::gradient_schedule make_gradient_schedule() const {
     std::vector<std::size_t> storage_unit(trainable_storages_.size());
-    for (std::size_t s = 0; s < trainable_storages_.size(); ++s) storage_unit[s] = placements_[trainable_storages_[s]].unit;
-    return detail::gradient_schedule(units_.size(), std::move(storage_unit), storage_uses_, request_.max_inflight_reductions);
+    for (std::size_t s = 0; s < trainable_storages_.size(); ++s)
+      storage_unit[s] = placements_[trainable_storages_[s]].unit;
+    return detail::gradient_schedule(units_.size(), std::move(storage_unit), storage_uses_,
+                                     request_.max_inflight_reductions);
   }
 
   /// A 64-bit fingerprint of the request (FNV-1a): equal requests give equal fingerprints.
@@ -353,7 +355,8 @@ class shard_plan {
  private:
   void check_rank(int rank) const {
     if (rank < 0 || rank >= request_.world_size)
-      detail::plan_error("rank " + std::to_string(rank) + " is outside [0, " + std::to_string(request_.world_size) + ")");
+      detail::plan_error("rank " + std::to_string(rank) + " is outside [0, " + std::to_string(request_.world_size) +
+                         ")");
   }
 
   std::uint64_t align_elements(dtype t) const noexcept {
@@ -377,22 +380,26 @@ class shard_plan {
     if (q.accumulation_steps < 1)
       detail::plan_error("accumulation steps must be at least 1, got " + std::to_string(q.accumulation_steps));
     if (q.max_inflight_reductions < 1)
-      detail::plan_error("max_inflight_reductions must be at least 1, got " + std::to_string(q.max_inflight_reductions));
+      detail::plan_error("max_inflight_reductions must be at least 1, got " +
+                         std::to_string(q.max_inflight_reductions));
     shards_ = q.stage == 0 ? 1 : group;
 
     const zero::precision& pr = q.precision;
     auto check_type = [](dtype t, const char* what, bool floating) {
       if (!is_valid(t))
-        detail::plan_error(std::string("unknown dtype value ") + std::to_string(static_cast<unsigned>(t)) + " for the " + what);
+        detail::plan_error(std::string("unknown dtype value ") + std::to_string(static_cast<unsigned>(t)) +
+                           " for the " + what);
       if (floating && !is_floating_point(t))
-        detail::plan_error(std::string("the ") + what + " must have a floating-point dtype, got " + std::string(dtype_name(t)));
+        detail::plan_error(std::string("the ") + what + " must have a floating-point dtype, got " +
+                           std::string(dtype_name(t)));
     };
     check_type(pr.parameter, "default parameter type", false);
     if (pr.gradient) check_type(*pr.gradient, "gradient type", true);
     if (pr.master) check_type(*pr.master, "master weight type", true);
     check_type(pr.optimizer_state, "optimizer state type", true);
     if (pr.optimizer_states < 0)
-      detail::plan_error("the number of optimizer states per element must be >= 0, got " + std::to_string(pr.optimizer_states));
+      detail::plan_error("the number of optimizer states per element must be >= 0, got " +
+                         std::to_string(pr.optimizer_states));
   }
 
   void place_parameters() {
@@ -421,8 +428,8 @@ class shard_plan {
       const std::string who = "parameter " + std::to_string(i) + " ('" + s.name + "')";
       if (s.name.empty()) detail::plan_error("parameter " + std::to_string(i) + " has an empty name");
       if (!by_name_.emplace(s.name, i).second)
-        detail::plan_error("parameter name '" + s.name + "' is used twice (indices " + std::to_string(by_name_[s.name]) +
-                           " and " + std::to_string(i) + ")");
+        detail::plan_error("parameter name '" + s.name + "' is used twice (indices " +
+                           std::to_string(by_name_[s.name]) + " and " + std::to_string(i) + ")");
       pl.type = q.precision.parameter_type(s.type);
       if (!is_valid(pl.type))
         detail::plan_error(who + " has unknown dtype value " + std::to_string(static_cast<unsigned>(pl.type)));
@@ -432,7 +439,8 @@ class shard_plan {
       const auto numel = s.numel();
       if (!numel || !detail::checked_product(*numel, dtype_size(pl.type)) ||
           !detail::checked_product(*numel, 16))  // room for every per-element category
-        detail::plan_error(who + " with shape " + shape_text(s.shape) + " is too large: its size in bytes overflows 64 bits");
+        detail::plan_error(who + " with shape " + shape_text(s.shape) +
+                           " is too large: its size in bytes overflows 64 bits");
       pl.numel = *numel;
       pl.storage = i;
 
@@ -443,8 +451,8 @@ class shard_plan {
           const parameter_spec& os = q.parameters[o];
           const parameter_placement& op = placements_[o];
           auto differ = [&](const std::string& what, const std::string& a, const std::string& b) {
-            detail::plan_error("tie group '" + s.tie_group + "': '" + os.name + "' and '" + s.name + "' have different " +
-                               what + " (" + a + " vs " + b + ")");
+            detail::plan_error("tie group '" + s.tie_group + "': '" + os.name + "' and '" + s.name +
+                               "' have different " + what + " (" + a + " vs " + b + ")");
           };
           if (os.shape != s.shape) differ("shapes", shape_text(os.shape), shape_text(s.shape));
           if (op.type != pl.type) differ("dtypes", std::string(dtype_name(op.type)), std::string(dtype_name(pl.type)));
@@ -458,14 +466,16 @@ class shard_plan {
       // The unit.
       if (!s.unit.empty()) {
         if (s.unit.rfind("auto:", 0) == 0)
-          detail::plan_error(who + " names unit '" + s.unit + "'; names starting with 'auto:' are reserved for automatic units");
+          detail::plan_error(who + " names unit '" + s.unit +
+                             "'; names starting with 'auto:' are reserved for automatic units");
         pl.unit = unit_for(s.unit);
         current_auto = npos;
       } else if (pl.alias) {
         pl.unit = placements_[pl.storage].unit;
       } else {
         const std::uint64_t bytes = pl.numel * dtype_size(pl.type);
-        if (current_auto == npos || (current_auto_bytes > 0 && bytes > q.unit_bytes - std::min(q.unit_bytes, current_auto_bytes))) {
+        if (current_auto == npos ||
+            (current_auto_bytes > 0 && bytes > q.unit_bytes - std::min(q.unit_bytes, current_auto_bytes))) {
           current_auto = unit_for("auto:" + std::to_string(auto_count++));
           current_auto_bytes = 0;
         }
@@ -530,7 +540,8 @@ class shard_plan {
         detail::multiply_or_refuse(f.numel, 16, padded_size);  // room for every per-element category
         f.shard_numel = f.numel / shards;
         // Sums over buffers: each is checked, so every total the plan reports fits in 64 bits.
-        parameter_elements_ = detail::add_or_refuse(parameter_elements_, f.payload, "the model's parameter element count");
+        parameter_elements_ =
+            detail::add_or_refuse(parameter_elements_, f.payload, "the model's parameter element count");
         if (f.trainable) trainable_elements_ += f.payload;  // at most parameter_elements_
         padding_elements_ = detail::add_or_refuse(padding_elements_, f.padding(), "the model's padding element count");
         // Regions in the unit's gather buffer and gradient bucket.
@@ -600,8 +611,10 @@ class shard_plan {
       communication_.gradient_bucket_bytes = std::max(communication_.gradient_bucket_bytes, u.gradient_bytes);
     }
     communication_.gradient_buckets = grads.buckets();
-    if (stage3) communication_.gather_buffers = gathers.peak();
-    else communication_.gather_buffer_bytes = 0;
+    if (stage3)
+      communication_.gather_buffers = gathers.peak();
+    else
+      communication_.gather_buffer_bytes = 0;
     if (communication_.gradient_buckets == 0) communication_.gradient_bucket_bytes = 0;
   }
 
@@ -651,10 +664,11 @@ class shard_plan {
     }
     const communication_buffers& c = communication_;
     constexpr std::string_view buffers = "the communication buffer memory per rank";
-    memory_.communication_buffers =
-        detail::add_or_refuse(detail::multiply_or_refuse(c.gather_buffer_bytes, c.gather_buffers, buffers),
-                              detail::multiply_or_refuse(c.gradient_bucket_bytes, c.gradient_buckets, buffers), buffers);
-    constexpr std::string_view states = "the model-state memory per rank (parameters, gradients, master weights, optimizer states)";
+    memory_.communication_buffers = detail::add_or_refuse(
+        detail::multiply_or_refuse(c.gather_buffer_bytes, c.gather_buffers, buffers),
+        detail::multiply_or_refuse(c.gradient_bucket_bytes, c.gradient_buckets, buffers), buffers);
+    constexpr std::string_view states =
+        "the model-state memory per rank (parameters, gradients, master weights, optimizer states)";
     std::uint64_t sum = detail::add_or_refuse(memory_.parameters, memory_.gradients, states);
     sum = detail::add_or_refuse(sum, memory_.master_weights, states);
     sum = detail::add_or_refuse(sum, memory_.optimizer_states, states);
@@ -670,8 +684,8 @@ class shard_plan {
     const auto accumulation = static_cast<std::uint64_t>(q.accumulation_steps);
     const int groups = replica_groups();
     std::uint64_t step_volume = 0;
-    auto add = [&](collective_kind k, rank_group g, int ranks, std::string purpose, std::uint64_t repeat, bool trainable_only,
-                   bool gradient, bool shard_only, const std::vector<std::uint64_t>* per_unit) {
+    auto add = [&](collective_kind k, rank_group g, int ranks, std::string purpose, std::uint64_t repeat,
+                   bool trainable_only, bool gradient, bool shard_only, const std::vector<std::uint64_t>* per_unit) {
       traffic_entry e;
       e.collective = k;
       e.group = g;
@@ -693,7 +707,8 @@ class shard_plan {
       if (e.calls == 0) return;
       const std::uint64_t volume = e.collective == collective_kind::all_reduce ? 2 : 1;
       detail::multiply_or_refuse(e.bytes, volume, what + " in volume bytes");
-      step_volume = detail::add_or_refuse(step_volume, detail::multiply_or_refuse(e.elements, volume, what + " in volume elements"),
+      step_volume = detail::add_or_refuse(step_volume,
+                                          detail::multiply_or_refuse(e.elements, volume, what + " in volume elements"),
                                           "the communication volume per step in elements");
       traffic_.push_back(std::move(e));
     };
@@ -702,19 +717,19 @@ class shard_plan {
       return;
     }
     if (stage == 3) {
-      add(collective_kind::all_gather, rank_group::shard, shards_, "parameters before forward", accumulation, false, false,
-          false, &gathers_forward_);
-      add(collective_kind::all_gather, rank_group::shard, shards_, "parameters before backward", accumulation, false, false,
-          false, &gathers_backward_);
+      add(collective_kind::all_gather, rank_group::shard, shards_, "parameters before forward", accumulation, false,
+          false, false, &gathers_forward_);
+      add(collective_kind::all_gather, rank_group::shard, shards_, "parameters before backward", accumulation, false,
+          false, false, &gathers_backward_);
     }
-    add(collective_kind::reduce_scatter, rank_group::shard, shards_, "gradients", stage >= 2 ? accumulation : 1, true, true,
-        false, nullptr);
+    add(collective_kind::reduce_scatter, rank_group::shard, shards_, "gradients", stage >= 2 ? accumulation : 1, true,
+        true, false, nullptr);
     if (groups > 1)
-      add(collective_kind::all_reduce, rank_group::replica, groups, "gradient shards across replica groups", 1, true, true,
-          true, nullptr);
+      add(collective_kind::all_reduce, rank_group::replica, groups, "gradient shards across replica groups", 1, true,
+          true, true, nullptr);
     if (stage <= 2)
-      add(collective_kind::all_gather, rank_group::shard, shards_, "parameters after the optimizer step", 1, true, false,
-          false, nullptr);
+      add(collective_kind::all_gather, rank_group::shard, shards_, "parameters after the optimizer step", 1, true,
+          false, false, nullptr);
   }
 
   void compute_fingerprint() {

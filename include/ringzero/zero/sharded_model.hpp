@@ -149,7 +149,8 @@ class sharded_model {
         raise("the gradient of '" + name(p) + "' was requested after the reduction of unit '" + plan_.units()[w].name +
               "' started in this micro-batch (request gradients before mark_ready / post_backward)");
     }
-    if (plan_.stage() <= 1) return {reinterpret_cast<T*>(grads_[pl.buffer].data() + pl.offset * gs), static_cast<std::size_t>(pl.numel)};
+    if (plan_.stage() <= 1)
+      return {reinterpret_cast<T*>(grads_[pl.buffer].data() + pl.offset * gs), static_cast<std::size_t>(pl.numel)};
     gradient_hooks h{*this};
     gradients_.acquire(w, h);
     unsigned char* bucket = buckets_[unit_bucket_[w]].data();
@@ -185,8 +186,8 @@ class sharded_model {
   void read_parameter(std::size_t p, std::span<float> out) {
     const parameter_placement& pl = placement(p);
     if (out.size() != pl.numel)
-      raise("read_parameter('" + name(p) + "'): output has " + std::to_string(out.size()) + " elements, the parameter " +
-            std::to_string(pl.numel));
+      raise("read_parameter('" + name(p) + "'): output has " + std::to_string(out.size()) +
+            " elements, the parameter " + std::to_string(pl.numel));
     const flat_buffer& f = plan_.buffers()[pl.buffer];
     const unsigned char* src = nullptr;
     std::size_t borrowed_slot = npos;
@@ -201,7 +202,8 @@ class sharded_model {
         borrowed_slot = take_gather_slot();
         unsigned char* dst = gathers_buffers_[borrowed_slot].data() + f.gather_offset;
         if (f.shard_numel > 0)
-          all_gather(comm_, params_[pl.buffer].data(), dst, f.shard_numel, f.type, tagged(call_purpose::read, pl.buffer));
+          all_gather(comm_, params_[pl.buffer].data(), dst, f.shard_numel, f.type,
+                     tagged(call_purpose::read, pl.buffer));
         src = dst;
       }
     }
@@ -288,8 +290,8 @@ class sharded_model {
                 ") is gathered by a pre_forward / pre_backward without its post_forward / post_backward");
     if (micro_ == steps - 1) end_backward();
     if (micro_ != steps)
-      raise("step() after " + std::to_string(micro_) + " micro-batch(es), but the plan accumulates " + std::to_string(steps) +
-            " (call end_backward() after each)");
+      raise("step() after " + std::to_string(micro_) + " micro-batch(es), but the plan accumulates " +
+            std::to_string(steps) + " (call end_backward() after each)");
     if (plan_.stage() == 3) {
       // A unit gathered after end_backward() (an evaluation pass, a prefetch) holds the
       // parameters from before this update: drop it, so the next pre_forward gathers the
@@ -364,7 +366,9 @@ class sharded_model {
   communicator* replica_comm() noexcept { return replica_; }
   /// This rank's number in the whole job: replica rank * shard group size + shard rank (the
   /// rank whose `plan().shard_index()` this rank holds).
-  int global_rank() const noexcept { return (replica_ != nullptr ? replica_->rank() * comm_.world_size() : 0) + comm_.rank(); }
+  int global_rank() const noexcept {
+    return (replica_ != nullptr ? replica_->rank() * comm_.world_size() : 0) + comm_.rank();
+  }
   /// The range of buffer b whose master weights and optimizer states this rank holds (and
   /// whose parameters its optimizer updates): the whole buffer at stage 0, its shard otherwise.
   algorithms::range optimizer_range(std::size_t b) const { return owned_range(b); }
@@ -391,7 +395,8 @@ class sharded_model {
   /// the old parameters) and zeroes the gradients. Throws errc::invalid_argument (naming this
   /// rank) unless `between_steps()`. Local.
   void begin_restore() {
-    if (!between_steps()) raise("a checkpoint can only be restored between steps (after step(), before the next micro-batch)");
+    if (!between_steps())
+      raise("a checkpoint can only be restored between steps (after step(), before the next micro-batch)");
     if (plan_.stage() == 3) {
       gather_hooks h{*this};
       gathers_.release_all(h);
@@ -465,7 +470,9 @@ class sharded_model {
   /// first collective.
   void allocate_everywhere();
 
-  [[noreturn]] void raise(const std::string& message) const { comm_.raise(errc::invalid_argument, "zero::sharded_model: " + message); }
+  [[noreturn]] void raise(const std::string& message) const {
+    comm_.raise(errc::invalid_argument, "zero::sharded_model: " + message);
+  }
 
   /// What a collective of the runtime is for; with the flat buffer's index it makes the call's
   /// tag (collective_options::tag), so ranks that issue the same-shaped calls for different
@@ -491,7 +498,8 @@ class sharded_model {
 
   const parameter_placement& placement(std::size_t p) const {
     if (p >= plan_.placements().size())
-      raise("parameter index " + std::to_string(p) + " is outside [0, " + std::to_string(plan_.placements().size()) + ")");
+      raise("parameter index " + std::to_string(p) + " is outside [0, " + std::to_string(plan_.placements().size()) +
+            ")");
     return plan_.placements()[p];
   }
 
@@ -569,10 +577,11 @@ class sharded_model {
       return pool.emplace_back(bytes);
     } catch (const std::bad_alloc&) {
       comm_.raise(errc::internal, "zero::sharded_model: cannot allocate another " + std::string(what) + " of " +
-                                      std::to_string(bytes) + " bytes (beyond the plan's count: units visited out of order)");
+                                      std::to_string(bytes) +
+                                      " bytes (beyond the plan's count: units visited out of order)");
     } catch (const error& e) {
-      comm_.raise(e.kind(), "zero::sharded_model: another " + std::string(what) + " (beyond the plan's count: units visited out of order): " +
-                                e.message());
+      comm_.raise(e.kind(), "zero::sharded_model: another " + std::string(what) +
+                                " (beyond the plan's count: units visited out of order): " + e.message());
     }
   }
 
@@ -646,7 +655,8 @@ class sharded_model {
     if (plan_.stage() != 3) return;
     gather_hooks h{*this};
     if (!gathers_.done(u, h))
-      raise(std::string(what) + "(" + std::to_string(u) + ") without a matching " + needs + "(" + std::to_string(u) + ")");
+      raise(std::string(what) + "(" + std::to_string(u) + ") without a matching " + needs + "(" + std::to_string(u) +
+            ")");
   }
 
   std::size_t take_gather_slot() {
@@ -666,8 +676,8 @@ class sharded_model {
     for (std::size_t b : plan_.units()[u].buffers) {
       const flat_buffer& f = plan_.buffers()[b];
       if (f.shard_numel == 0) continue;
-      gather_work_[u].push_back(
-          all_gather_async(comm_, params_[b].data(), base + f.gather_offset, f.shard_numel, f.type, tagged(call_purpose::gather, b)));
+      gather_work_[u].push_back(all_gather_async(comm_, params_[b].data(), base + f.gather_offset, f.shard_numel,
+                                                 f.type, tagged(call_purpose::gather, b)));
     }
   }
 
@@ -716,8 +726,7 @@ class sharded_model {
     for (const work& w : list) {
       try {
         w.wait();
-      } catch (...) {
-      }
+      } catch (...) {}
     }
     list.clear();
   }

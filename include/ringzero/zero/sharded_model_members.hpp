@@ -45,7 +45,8 @@ inline std::string sharded_model::check(std::span<const parameter_spec> register
   if (!(options_.max_grad_norm >= 0) || !std::isfinite(options_.max_grad_norm))
     return "max_grad_norm must be finite and >= 0, got " + std::to_string(options_.max_grad_norm);
   if (options_.reproducible) {
-    std::string why = detail::reproducible_gradients_problem(plan_, options_.max_grad_norm, replica_ ? replica_->world_size() : 1);
+    std::string why =
+        detail::reproducible_gradients_problem(plan_, options_.max_grad_norm, replica_ ? replica_->world_size() : 1);
     if (!why.empty()) return why;
   }
   return sharded_optimizer::problem(plan_, options_.optimizer);
@@ -54,7 +55,9 @@ inline std::string sharded_model::check(std::span<const parameter_spec> register
 inline std::vector<ringzero::detail::agreed_value> sharded_model::summary(bool refused) const {
   using ringzero::detail::setting_bits;
   using shown = ringzero::detail::agreed_value::shown;
-  const auto optimizer_text = [](std::uint64_t bits) { return optimizer_name(static_cast<optimizer_kind>(bits)).data(); };
+  const auto optimizer_text = [](std::uint64_t bits) {
+    return optimizer_name(static_cast<optimizer_kind>(bits)).data();
+  };
   const plan_request& q = plan_.request();
   detail::fnv1a precision_hash;
   detail::hash_precision(precision_hash, q.precision);
@@ -101,15 +104,17 @@ inline std::string sharded_model::agree_over(communicator& c, bool refused, bool
   const ringzero::detail::agreement_table table(std::move(gathered), fields);
   const std::vector<int> refusing = table.ranks_where_not(0, 0);
   if (!refusing.empty() && across_groups)
-    return "across replica groups: the shard group of replica-communicator " + ringzero::detail::describe_ranks(refusing) +
+    return "across replica groups: the shard group of replica-communicator " +
+           ringzero::detail::describe_ranks(refusing) +
            " cannot start (a rank there refused the plan or its ranks differ; see the errors there); no rank starts";
   if (!refusing.empty())
     return ringzero::detail::describe_ranks(refusing) + " refused the plan (see " +
            (refusing.size() == 1 ? "that rank's error" : "those ranks' errors") + "); no rank starts";
   if (const std::size_t f = table.first_difference(1); f < fields) {
-    std::string what = std::string(across_groups ? "across replica groups, the ranks of the replica communicator differ in "
-                                                : "the ranks differ in ") +
-                       mine[f].what + ": " + table.by_rank(f, mine[f]);
+    std::string what =
+        std::string(across_groups ? "across replica groups, the ranks of the replica communicator differ in "
+                                  : "the ranks differ in ") +
+        mine[f].what + ": " + table.by_rank(f, mine[f]);
     if (mine[f].what.starts_with("parameters (hash")) what += first_parameter_difference(c);
     return what + "; every rank must pass the same plan request and sharded_model_options";
   }
@@ -149,9 +154,10 @@ inline void sharded_model::check_learning_rates() {
     if (same || !verdict.empty()) continue;
     std::vector<std::string> values;
     for (std::uint64_t b : all) values.push_back(ringzero::detail::show(rate, b));
-    verdict = std::string(c == replica_ ? "across replica groups, the ranks of the replica communicator" : "the ranks") +
-              " hold different learning rates at step " + std::to_string(optimizer_->steps() + 1) + ": " +
-              ringzero::detail::describe_values(values) + " (set_learning_rate must set the same value on every rank)";
+    verdict =
+        std::string(c == replica_ ? "across replica groups, the ranks of the replica communicator" : "the ranks") +
+        " hold different learning rates at step " + std::to_string(optimizer_->steps() + 1) + ": " +
+        ringzero::detail::describe_values(values) + " (set_learning_rate must set the same value on every rank)";
   }
   if (!verdict.empty()) raise(verdict);
 }
@@ -162,9 +168,7 @@ inline void sharded_model::allocate_everywhere() {
     allocate();
   } catch (const std::bad_alloc&) {
     problem = "cannot allocate the model state of this rank (std::bad_alloc)";
-  } catch (const error& e) {
-    problem = e.message();
-  }
+  } catch (const error& e) { problem = e.message(); }
   // Over the shard group, then across replica groups with "my group failed": every rank joins
   // both exchanges and learns of a failure anywhere.
   std::string verdict;
@@ -238,11 +242,11 @@ inline void sharded_model::launch_reduction(std::size_t u) {
     const std::uint64_t own = static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
     unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
     if (stage == 0)
-      reduce_work_[u].push_back(
-          all_reduce_async(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg, tagged(call_purpose::reduce, b)));
+      reduce_work_[u].push_back(all_reduce_async(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg,
+                                                 tagged(call_purpose::reduce, b)));
     else
-      reduce_work_[u].push_back(reduce_scatter_async(comm_, full, full + own, f.shard_numel, f.gradient_type, reduce_kind::avg,
-                                                     tagged(call_purpose::reduce, b)));
+      reduce_work_[u].push_back(reduce_scatter_async(comm_, full, full + own, f.shard_numel, f.gradient_type,
+                                                     reduce_kind::avg, tagged(call_purpose::reduce, b)));
   }
 }
 
@@ -261,7 +265,8 @@ inline void sharded_model::complete_reduction(std::size_t u) {
     const flat_buffer& f = plan_.buffers()[b];
     if (!f.trainable || f.numel == 0) continue;
     const std::uint64_t gs = dtype_size(f.gradient_type);
-    const unsigned char* src = bucket + f.gradient_offset + static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
+    const unsigned char* src =
+        bucket + f.gradient_offset + static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
     unsigned char* dst = grads_[b].data();
     visit_dtype(f.gradient_type, [&]<class T>() {
       if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {

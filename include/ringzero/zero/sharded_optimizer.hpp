@@ -39,18 +39,20 @@ class sharded_optimizer {
     const bool has_trainable = plan.trainable_elements() > 0;
     if (has_trainable && pr.optimizer_states != options.state_count())
       return "the plan counts " + std::to_string(pr.optimizer_states) + " optimizer state(s) per element but " +
-             std::string(optimizer_name(options.kind)) + (options.kind == optimizer_kind::sgd && options.momentum != 0 ? " with momentum" : "") +
-             " keeps " + std::to_string(options.state_count());
+             std::string(optimizer_name(options.kind)) +
+             (options.kind == optimizer_kind::sgd && options.momentum != 0 ? " with momentum" : "") + " keeps " +
+             std::to_string(options.state_count());
     if (has_trainable && options.state_count() > 0 && pr.optimizer_state != dtype::float32)
       return "optimizer states must be float32, the plan has " + std::string(dtype_name(pr.optimizer_state));
     for (const flat_buffer& f : plan.buffers()) {
       if (!f.trainable || f.payload == 0) continue;
       const auto supported = [](dtype t) { return t == dtype::float32 || t == dtype::bfloat16 || t == dtype::float16; };
       if (!supported(f.type))
-        return "trainable parameters must be float32, bfloat16 or float16; unit '" + plan.units()[f.unit].name + "' has " +
-               std::string(dtype_name(f.type));
+        return "trainable parameters must be float32, bfloat16 or float16; unit '" + plan.units()[f.unit].name +
+               "' has " + std::string(dtype_name(f.type));
       if (!supported(f.gradient_type))
-        return "gradients must be float32, bfloat16 or float16, the plan has " + std::string(dtype_name(f.gradient_type));
+        return "gradients must be float32, bfloat16 or float16, the plan has " +
+               std::string(dtype_name(f.gradient_type));
       if (f.has_master && *pr.master != dtype::float32)
         return "master weights must be float32, the plan has " + std::string(dtype_name(*pr.master));
       if (!f.has_master && f.type != dtype::float32)
@@ -95,7 +97,9 @@ class sharded_optimizer {
   /// exp_avg, exp_avg_sq) of buffer `b`'s owned range, float32; nullptr for a frozen buffer or
   /// an empty range. For checkpoints (checkpoint/).
   float* state(std::size_t b, int k) noexcept { return reinterpret_cast<float*>(state_[b].states[k].data()); }
-  const float* state(std::size_t b, int k) const noexcept { return reinterpret_cast<const float*>(state_[b].states[k].data()); }
+  const float* state(std::size_t b, int k) const noexcept {
+    return reinterpret_cast<const float*>(state_[b].states[k].data());
+  }
   /// Sets the number of steps begun so far, as a checkpoint restores it (the next step is
   /// `steps + 1`, so Adam's bias correction continues where the saved run stopped).
   void set_steps(std::uint64_t steps) noexcept { step_ = steps; }

@@ -52,10 +52,10 @@ struct traffic_entry {
   collective_kind collective = collective_kind::all_reduce;  ///< all_reduce, reduce_scatter or all_gather
   rank_group group = rank_group::shard;                      ///< which ranks take part
   int ranks = 1;                                             ///< ranks in that group
-  std::string purpose;          ///< e.g. "gradients", "parameters before forward"
-  std::uint64_t calls = 0;      ///< collectives per step (per buffer and micro-batch)
-  std::uint64_t elements = 0;   ///< sum of their sizes S in elements (see the file comment)
-  std::uint64_t bytes = 0;      ///< the same in bytes
+  std::string purpose;                                       ///< e.g. "gradients", "parameters before forward"
+  std::uint64_t calls = 0;                                   ///< collectives per step (per buffer and micro-batch)
+  std::uint64_t elements = 0;  ///< sum of their sizes S in elements (see the file comment)
+  std::uint64_t bytes = 0;     ///< the same in bytes
 
   /// The paper's volume in elements: 2S for all_reduce, S otherwise.
   constexpr std::uint64_t volume_elements() const noexcept {

@@ -25,9 +25,7 @@ inline ringzero::mpi::communicator_options throwing(std::optional<bool> check, d
 inline std::optional<ringzero::error> error_of(const std::function<void()>& f) {
   try {
     f();
-  } catch (const ringzero::error& e) {
-    return e;
-  }
+  } catch (const ringzero::error& e) { return e; }
   return std::nullopt;
 }
 
@@ -36,7 +34,8 @@ inline bool contains(const std::string& text, const std::string& part) { return 
 
 /// "rank 3" or "ranks 1-3" for ranks [first, last].
 inline std::string ranks_text(int first, int last) {
-  return first == last ? "rank " + std::to_string(first) : "ranks " + std::to_string(first) + "-" + std::to_string(last);
+  return first == last ? "rank " + std::to_string(first)
+                       : "ranks " + std::to_string(first) + "-" + std::to_string(last);
 }
 
 /// Seconds since `start`.

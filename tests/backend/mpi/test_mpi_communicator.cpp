@@ -100,8 +100,8 @@ TEST_CASE("asynchronous collectives run in issue order on the progress thread") 
   std::vector<work> handles;
   for (int i = 0; i < k; ++i) {
     std::fill(buffers[static_cast<std::size_t>(i)].begin(), buffers[static_cast<std::size_t>(i)].end(), r * 100 + i);
-    handles.push_back(all_reduce_async(comm, std::span<std::int64_t>(buffers[static_cast<std::size_t>(i)]), reduce_kind::sum,
-                                       with(mpi_algorithms[i % 3])));
+    handles.push_back(all_reduce_async(comm, std::span<std::int64_t>(buffers[static_cast<std::size_t>(i)]),
+                                       reduce_kind::sum, with(mpi_algorithms[i % 3])));
   }
   std::vector<std::int64_t> after(10, r);
   all_reduce(comm, std::span<std::int64_t>(after), reduce_kind::max);  // blocking, queued behind the async ones
@@ -229,11 +229,14 @@ TEST_CASE("C9: reduce leaves non-root receive buffers exactly as they were (worl
   if (comm) {
     for (algorithm a : mpi_algorithms) {
       CAPTURE(algorithm_name(a));
-      std::vector<std::int64_t> in = comm->rank() == 0 ? std::vector<std::int64_t>{1, 2, 3, 4} : std::vector<std::int64_t>{4, 5, 6, 7};
+      std::vector<std::int64_t> in =
+          comm->rank() == 0 ? std::vector<std::int64_t>{1, 2, 3, 4} : std::vector<std::int64_t>{4, 5, 6, 7};
       std::vector<std::int64_t> out(4, 99);
       reduce(*comm, in.data(), out.data(), 4, dtype::int64, reduce_kind::sum, 0, with(a));
-      if (comm->rank() == 0) CHECK(out == std::vector<std::int64_t>{5, 7, 9, 11});
-      else CHECK(out == std::vector<std::int64_t>{99, 99, 99, 99});
+      if (comm->rank() == 0)
+        CHECK(out == std::vector<std::int64_t>{5, 7, 9, 11});
+      else
+        CHECK(out == std::vector<std::int64_t>{99, 99, 99, 99});
     }
   }
 }
@@ -282,7 +285,8 @@ TEST_CASE("every algorithm gives bitwise identical results on every rank (inexac
       CAPTURE(count);
       std::vector<float> v(count);
       for (std::uint64_t i = 0; i < count; ++i)  // sums of these are not exact in float32
-        v[i] = 0.1f * static_cast<float>((i * 7 + static_cast<std::uint64_t>(r) * 13) % 101) + 1e-3f * static_cast<float>(r);
+        v[i] = 0.1f * static_cast<float>((i * 7 + static_cast<std::uint64_t>(r) * 13) % 101) +
+               1e-3f * static_cast<float>(r);
       std::uint32_t nan_bits = 0x7fc00001u + static_cast<std::uint32_t>(r);  // a different quiet-NaN payload per rank
       std::memcpy(&v[0], &nan_bits, sizeof nan_bits);
       all_reduce(comm, std::span<float>(v), reduce_kind::sum, with(a));
@@ -290,7 +294,8 @@ TEST_CASE("every algorithm gives bitwise identical results on every rank (inexac
       all_gather(comm, v.data(), everyone.data(), count, dtype::float32);
       bool identical = true;
       for (int q = 0; q < n; ++q)
-        identical = identical && std::memcmp(everyone.data() + static_cast<std::uint64_t>(q) * count, v.data(), count * sizeof(float)) == 0;
+        identical = identical && std::memcmp(everyone.data() + static_cast<std::uint64_t>(q) * count, v.data(),
+                                             count * sizeof(float)) == 0;
       CHECK(identical);
     }
   }

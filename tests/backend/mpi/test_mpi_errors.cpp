@@ -65,7 +65,8 @@ TEST_CASE("check mode: a tag mismatch (collective_options::tag) raises on every 
   CHECK(v[0] == 1.0f);
   o.tag = 9;  // the same tag everywhere runs
   std::vector<std::int32_t> x(4, 1);
-  CHECK_FALSE(error_of([&] { all_reduce(comm, x.data(), x.data(), 4, dtype::int32, reduce_kind::sum, o); }).has_value());
+  CHECK_FALSE(
+      error_of([&] { all_reduce(comm, x.data(), x.data(), 4, dtype::int32, reduce_kind::sum, o); }).has_value());
   CHECK(x[3] == n);
   expect_usable(comm);
 }
@@ -76,8 +77,10 @@ TEST_CASE("check mode: a dtype mismatch (C7) raises on every rank") {
   float f = 0.1f;
   bfloat16 b(0.1f);
   const auto e = error_of([&] {
-    if (r == 0) all_reduce(comm, &b, &b, 1, dtype::bfloat16, reduce_kind::sum);
-    else all_reduce(comm, &f, &f, 1, dtype::float32, reduce_kind::sum);
+    if (r == 0)
+      all_reduce(comm, &b, &b, 1, dtype::bfloat16, reduce_kind::sum);
+    else
+      all_reduce(comm, &f, &f, 1, dtype::float32, reduce_kind::sum);
   });
   CHECK(e.has_value());
   if (e) {
@@ -92,9 +95,8 @@ TEST_CASE("check mode: a root mismatch (C8) raises on every rank") {
   mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
   const int r = comm.rank();
   std::vector<std::int64_t> v{1, 2, 3, 4}, out(4, -7);
-  const auto e = error_of([&] {
-    reduce(comm, v.data(), out.data(), 4, dtype::int64, reduce_kind::sum, r == 1 ? 1 : 0);
-  });
+  const auto e =
+      error_of([&] { reduce(comm, v.data(), out.data(), 4, dtype::int64, reduce_kind::sum, r == 1 ? 1 : 0); });
   CHECK(e.has_value());
   if (e) {
     CHECK(e->kind() == errc::contract_mismatch);
@@ -110,8 +112,10 @@ TEST_CASE("check mode: different collectives on different ranks raise on every r
   const int n = comm.world_size(), r = comm.rank();
   std::vector<float> v(100, 1.0f);
   const auto e = error_of([&] {
-    if (r == 0) all_reduce(comm, std::span<float>(v));
-    else broadcast(comm, std::span<float>(v), 0);
+    if (r == 0)
+      all_reduce(comm, std::span<float>(v));
+    else
+      broadcast(comm, std::span<float>(v), 0);
   });
   CHECK(e.has_value());
   if (e) {
@@ -125,9 +129,8 @@ TEST_CASE("check mode: invalid arguments on one rank are reported on every rank,
   mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
   const int n = comm.world_size(), r = comm.rank();
   std::vector<float> v(10, 1.0f);
-  const auto e = error_of([&] {
-    all_reduce(comm, r == n - 1 ? nullptr : v.data(), v.data(), 10, dtype::float32, reduce_kind::sum);
-  });
+  const auto e = error_of(
+      [&] { all_reduce(comm, r == n - 1 ? nullptr : v.data(), v.data(), 10, dtype::float32, reduce_kind::sum); });
   CHECK(e.has_value());
   if (e) {
     CHECK(e->kind() == errc::invalid_argument);
@@ -213,7 +216,8 @@ TEST_CASE("check off: a point-to-point send matched against a collective is a co
 // With the check mode on, a send/recv exchanges a small record with its peer before any data
 // moves: both ranks raise the same error naming both amounts (as on the local backend), and the
 // communicator stays usable. (Before, only the receiver raised; the sender's send returned.)
-TEST_CASE("check mode: a send/recv mismatch (C12) raises on both ranks before data moves; the communicator stays usable") {
+TEST_CASE(
+    "check mode: a send/recv mismatch (C12) raises on both ranks before data moves; the communicator stays usable") {
   mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
   const int r = comm.rank();
   struct mismatch {
@@ -227,33 +231,34 @@ TEST_CASE("check mode: a send/recv mismatch (C12) raises on both ranks before da
   };
   const mismatch cases[] = {
       {"the sender sends more", 3, dtype::float32, 1, dtype::float32, errc::size_mismatch,
-       "rank 0 sends 3 float32 (12 bytes) to rank 1 but rank 1 expects 1 float32 (4 bytes) (check mode: no data moved)"},
+       "rank 0 sends 3 float32 (12 bytes) to rank 1 but rank 1 expects 1 float32 (4 bytes) (check mode: no data "
+       "moved)"},
       {"the sender sends less", 1, dtype::float32, 3, dtype::float32, errc::size_mismatch,
        "rank 0 sends 1 float32 (4 bytes) to rank 1 but rank 1 expects 3 float32 (12 bytes)"},
       {"dtypes of different sizes", 3, dtype::float32, 3, dtype::float64, errc::size_mismatch,
        "rank 0 sends 3 float32 (12 bytes) to rank 1 but rank 1 expects 3 float64 (24 bytes)"},
   };
   SUBCASE("sizes that differ") {
-  for (const mismatch& m : cases) {
-    CAPTURE(m.name);
-    std::vector<double> out(8, 1.0), in(8, -1.0);
-    const auto e = error_of([&] {
-      if (r == 0) send(comm, out.data(), m.send_count, m.send_type, 1);
-      if (r == 1) recv(comm, in.data(), m.recv_count, m.recv_type, 0);
-    });
-    if (r <= 1) {
-      CHECK(e.has_value());  // the sender too
-      if (e) {
-        INFO(std::string(e->what()));
-        CHECK(e->kind() == m.code);
-        CHECK(contains(e->what(), m.text));
-        CHECK(contains(e->what(), "[mpi rank " + std::to_string(r) + "/"));
+    for (const mismatch& m : cases) {
+      CAPTURE(m.name);
+      std::vector<double> out(8, 1.0), in(8, -1.0);
+      const auto e = error_of([&] {
+        if (r == 0) send(comm, out.data(), m.send_count, m.send_type, 1);
+        if (r == 1) recv(comm, in.data(), m.recv_count, m.recv_type, 0);
+      });
+      if (r <= 1) {
+        CHECK(e.has_value());  // the sender too
+        if (e) {
+          INFO(std::string(e->what()));
+          CHECK(e->kind() == m.code);
+          CHECK(contains(e->what(), m.text));
+          CHECK(contains(e->what(), "[mpi rank " + std::to_string(r) + "/"));
+        }
       }
+      if (r == 1) CHECK(in[0] == -1.0);  // nothing landed
+      CHECK_FALSE(comm.aborted());
+      expect_usable(comm);
     }
-    if (r == 1) CHECK(in[0] == -1.0);  // nothing landed
-    CHECK_FALSE(comm.aborted());
-    expect_usable(comm);
-  }
   }
   SUBCASE("both ranks receive from each other: an error on both instead of a timeout") {
     std::vector<float> in(4, 0.0f);
@@ -265,8 +270,9 @@ TEST_CASE("check mode: a send/recv mismatch (C12) raises on both ranks before da
       if (e) {
         INFO(std::string(e->what()));
         CHECK(e->kind() == errc::contract_mismatch);
-        CHECK(contains(e->what(), "rank 1 receives 4 float32 (16 bytes) from rank 0 but rank 0 does not send to rank 1 "
-                                  "(check mode: no data moved)"));
+        CHECK(contains(e->what(),
+                       "rank 1 receives 4 float32 (16 bytes) from rank 0 but rank 0 does not send to rank 1 "
+                       "(check mode: no data moved)"));
       }
     }
     expect_usable(comm);
@@ -292,8 +298,10 @@ TEST_CASE("check mode: a send against a collective raises contract_mismatch on e
   const std::string n = std::to_string(comm.world_size());
   std::vector<float> v(10, 1.0f);
   const auto first = error_of([&] {
-    if (r == 0) send(comm, v.data(), 10, dtype::float32, 1);
-    else all_reduce(comm, std::span<float>(v));
+    if (r == 0)
+      send(comm, v.data(), 10, dtype::float32, 1);
+    else
+      all_reduce(comm, std::span<float>(v));
   });
   const std::string by_rank0 =
       "[mpi rank 0/" + n + "] send: rank 1 runs all_reduce #0 while rank 0 runs a point-to-point send with it";
@@ -313,7 +321,8 @@ TEST_CASE("check mode: a send against a collective raises contract_mismatch on e
 // the message's size and tag and raises at once, naming both sizes, and aborts the
 // communicator; the sender's send has already returned (MPI completed it: the receiver took the
 // message off the wire to check it), so the sender raises the receiver's error at its next call.
-TEST_CASE("C12 check off: a send/recv size mismatch is an error on the receiver at once, on the sender at its next call") {
+TEST_CASE(
+    "C12 check off: a send/recv size mismatch is an error on the receiver at once, on the sender at its next call") {
   SUBCASE("the sender sends less") {
     mpi::communicator comm(MPI_COMM_WORLD, throwing(false));
     const int r = comm.rank();
@@ -407,8 +416,7 @@ TEST_CASE("a rank that leaves early makes the waiting ranks fail at once with pe
         try {
           mpi::communicator comm(MPI_COMM_WORLD, throwing(check));
           if (by_exception) throw std::runtime_error("the data loader failed");
-        } catch (const std::runtime_error&) {
-        }
+        } catch (const std::runtime_error&) {}
         continue;
       }
       mpi::communicator comm(MPI_COMM_WORLD, throwing(check));
@@ -434,18 +442,18 @@ TEST_CASE("check mode: a timeout names the ranks that never arrived, on every ra
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   {
-  mpi::communicator comm(MPI_COMM_WORLD, throwing(true, world_rank == 0 ? 2.0 : 4.0));
-  const int n = comm.world_size(), r = comm.rank();
-  std::vector<float> v(100, 1.0f);
-  if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(7000));
-  const auto e = error_of([&] { all_reduce(comm, std::span<float>(v)); });
-  CHECK(e.has_value());
-  if (e) {
-    CHECK(e->kind() == errc::timeout);
-    CHECK(contains(e->what(), "timed out after 2 s: rank " + std::to_string(n - 1) + " never arrived at all_reduce #0 (" +
-                                  ranks_text(0, n - 2) + " did)"));
-  }
-  CHECK(comm.aborted());
+    mpi::communicator comm(MPI_COMM_WORLD, throwing(true, world_rank == 0 ? 2.0 : 4.0));
+    const int n = comm.world_size(), r = comm.rank();
+    std::vector<float> v(100, 1.0f);
+    if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(7000));
+    const auto e = error_of([&] { all_reduce(comm, std::span<float>(v)); });
+    CHECK(e.has_value());
+    if (e) {
+      CHECK(e->kind() == errc::timeout);
+      CHECK(contains(e->what(), "timed out after 2 s: rank " + std::to_string(n - 1) +
+                                    " never arrived at all_reduce #0 (" + ranks_text(0, n - 2) + " did)"));
+    }
+    CHECK(comm.aborted());
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -454,21 +462,22 @@ TEST_CASE("check off: a timeout names the peers whose transfers did not complete
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   {
-  mpi::communicator comm(MPI_COMM_WORLD, throwing(false, world_rank == 0 ? 2.0 : 4.0));
-  const int n = comm.world_size(), r = comm.rank();
-  std::vector<float> v(100, 1.0f);
-  ringzero::collective_options ring;
-  ring.algo = algorithm::ring;
-  if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(7000));
-  const auto e = error_of([&] { all_reduce(comm, v.data(), v.data(), 100, dtype::float32, reduce_kind::sum, ring); });
-  CHECK(e.has_value());
-  if (e) {
-    CHECK(e->kind() == errc::timeout);
-    // Rank 0 receives from its ring predecessor, the sleeping rank.
-    CHECK(contains(e->what(), "timed out after 2 s in all_reduce #0 waiting for rank " + std::to_string(n - 1) +
-                                  ": the receive of "));
-    CHECK(contains(e->what(), " bytes from rank " + std::to_string(n - 1) + " (0 of 1 slices arrived) did not complete"));
-  }
+    mpi::communicator comm(MPI_COMM_WORLD, throwing(false, world_rank == 0 ? 2.0 : 4.0));
+    const int n = comm.world_size(), r = comm.rank();
+    std::vector<float> v(100, 1.0f);
+    ringzero::collective_options ring;
+    ring.algo = algorithm::ring;
+    if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(7000));
+    const auto e = error_of([&] { all_reduce(comm, v.data(), v.data(), 100, dtype::float32, reduce_kind::sum, ring); });
+    CHECK(e.has_value());
+    if (e) {
+      CHECK(e->kind() == errc::timeout);
+      // Rank 0 receives from its ring predecessor, the sleeping rank.
+      CHECK(contains(e->what(), "timed out after 2 s in all_reduce #0 waiting for rank " + std::to_string(n - 1) +
+                                    ": the receive of "));
+      CHECK(contains(e->what(),
+                     " bytes from rank " + std::to_string(n - 1) + " (0 of 1 slices arrived) did not complete"));
+    }
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -529,7 +538,8 @@ TEST_CASE("after a timeout under throw_error, destroying the communicator is pro
 // data sent. A point-to-point transfer now looks for the abort notice before it starts and
 // after it completes, as every collective does, so the late rank fails (from the probe at the
 // start, or at the end when rank 0's notice was not yet received when the receive began).
-TEST_CASE("check off: a rank that arrives late at a send its peer gave up on fails, instead of receiving the reused buffer") {
+TEST_CASE(
+    "check off: a rank that arrives late at a send its peer gave up on fails, instead of receiving the reused buffer") {
   mpi::communicator comm(MPI_COMM_WORLD, throwing(false, 30.0));
   comm.set_timeout(std::chrono::duration<double>(1.0));
   const int r = comm.rank();
@@ -577,8 +587,8 @@ TEST_CASE("sendrecv with only one side on the own rank is refused; a later sendr
     CHECK(from_self.has_value());
     if (from_self) {
       CHECK(from_self->kind() == errc::invalid_argument);
-      CHECK(contains(from_self->what(), "a receive from oneself needs the same call's send to oneself (to == " +
-                                            std::to_string(r) + ")"));
+      CHECK(contains(from_self->what(),
+                     "a receive from oneself needs the same call's send to oneself (to == " + std::to_string(r) + ")"));
     }
     CHECK_FALSE(error_of([&] { sendrecv(comm, b, 4, r, y, 4, r, dtype::float32); }).has_value());
     CHECK(y[0] == 5.0f);
@@ -612,8 +622,9 @@ TEST_CASE("ranks that disagree on the check mode cannot make a communicator") {
   CHECK(e.has_value());
   if (e) {
     CHECK(e->kind() == errc::invalid_argument);
-    CHECK(contains(e->what(), "the check mode (RINGZERO_CHECK / communicator_options::check) differs between ranks: rank 0: 1; " +
-                                  ranks_text(1, n - 1) + ": 0"));
+    CHECK(contains(e->what(),
+                   "the check mode (RINGZERO_CHECK / communicator_options::check) differs between ranks: rank 0: 1; " +
+                       ranks_text(1, n - 1) + ": 0"));
   }
 }
 

@@ -105,7 +105,8 @@ TEST_CASE("MPI check mode: a reproducible mode mismatch raises on every rank; th
     CHECK(contains(e->what(), "reproducible mode mismatch"));
     CHECK(contains(e->what(), "rank 0: on; " + ringzero_test::ranks_text(1, n - 1) + ": off"));
   }
-  const auto refused = error_of([&] { all_reduce(comm, std::span<float>(v), reduce_kind::max, reproducible_with(algorithm::ring)); });
+  const auto refused =
+      error_of([&] { all_reduce(comm, std::span<float>(v), reduce_kind::max, reproducible_with(algorithm::ring)); });
   CHECK(refused.has_value());
   if (refused) CHECK(contains(refused->what(), "float32 max"));
   all_reduce(comm, std::span<float>(v), reduce_kind::sum, reproducible_with(algorithm::ring));

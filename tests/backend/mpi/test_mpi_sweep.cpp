@@ -10,7 +10,8 @@
 
 TEST_CASE("collective sweep on the MPI backend (the body shared with the local backend)") {
   ringzero::mpi::communicator_options options;
-  if (const char* slice = std::getenv("RINGZERO_TEST_SLICE_BYTES")) options.slice_bytes = std::strtoull(slice, nullptr, 10);
+  if (const char* slice = std::getenv("RINGZERO_TEST_SLICE_BYTES"))
+    options.slice_bytes = std::strtoull(slice, nullptr, 10);
   ringzero::mpi::communicator comm(MPI_COMM_WORLD, options);
   INFO("slice bytes: " << comm.slice_bytes() << ", pipeline depth: " << comm.pipeline_depth());
 #if defined(RINGZERO_TEST_SWEEP_QUICK)

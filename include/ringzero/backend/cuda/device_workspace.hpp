@@ -42,7 +42,8 @@ class device_workspace {
     if (bytes <= s.bytes && s.data) return s.data;
     constexpr std::size_t granule = std::size_t{2} << 20;
     const std::size_t rounded = (bytes + granule - 1) / granule * granule;
-    if (rounded < bytes) throw error(errc::invalid_argument, "scratch request of " + std::to_string(bytes) + " bytes overflows");
+    if (rounded < bytes)
+      throw error(errc::invalid_argument, "scratch request of " + std::to_string(bytes) + " bytes overflows");
     device_guard guard(device_);
     if (s.data) {
       check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (before growing device scratch)");
@@ -54,8 +55,9 @@ class device_workspace {
     const cudaError_t e = cudaMalloc(&p, rounded == 0 ? granule : rounded);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
-      throw error(errc::backend_failure, "cannot allocate " + std::to_string(rounded) + " bytes of device scratch on device " +
-                                             std::to_string(device_) + ": " + error_text(e));
+      throw error(errc::backend_failure, "cannot allocate " + std::to_string(rounded) +
+                                             " bytes of device scratch on device " + std::to_string(device_) + ": " +
+                                             error_text(e));
     }
     s.data = p;
     s.bytes = rounded == 0 ? granule : rounded;

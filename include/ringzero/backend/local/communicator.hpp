@@ -20,8 +20,8 @@
 
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
-#include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/backend/local/world.hpp"
+#include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/core/wait.hpp"
 
 namespace ringzero::local {
@@ -68,16 +68,14 @@ class communicator : public ringzero::communicator {
   void abort(const std::string& reason) noexcept override {
     try {
       world_.abort("rank " + std::to_string(rank()) + ": " + reason);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   /// The world this rank belongs to.
   world& shared_world() noexcept { return world_; }
 
   void begin(const collective_descriptor& d) override {
-    if (world_.aborted())
-      raise(world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
+    if (world_.aborted()) raise(world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
     detail::rank_slot& me = world_.slot(rank());
     me.desc = d;
     const std::uint64_t tag = d.sequence + 1;
@@ -203,9 +201,7 @@ class communicator : public ringzero::communicator {
  private:
   using clock = std::chrono::steady_clock;
 
-  clock::time_point deadline() const {
-    return clock::now() + std::chrono::duration_cast<clock::duration>(timeout());
-  }
+  clock::time_point deadline() const { return clock::now() + std::chrono::duration_cast<clock::duration>(timeout()); }
 
   status failure_of(int peer) const {
     if (world_.aborted()) return status::aborted;
@@ -226,8 +222,8 @@ class communicator : public ringzero::communicator {
       std::string msg;
       for (int r : missing)
         if (world_.exited(r)) {
-          msg = "rank " + std::to_string(r) + " left the world (" + world_.exit_description(r) + ") while this rank waited for it to " +
-                waiting_for + " " + ringzero::detail::operation_name(current());
+          msg = "rank " + std::to_string(r) + " left the world (" + world_.exit_description(r) +
+                ") while this rank waited for it to " + waiting_for + " " + ringzero::detail::operation_name(current());
           break;
         }
       world_.abort("rank " + std::to_string(rank()) + ": " + msg, errc::peer_exited);
@@ -275,9 +271,9 @@ class communicator : public ringzero::communicator {
     for (int r = 0; r < world_size(); ++r) {
       if (r == rank()) continue;
       auto& peer = world_.slot(r).*field;
-      status st = ringzero::detail::wait_until([&] { return peer.load(std::memory_order_acquire) >= tag; },
-                                               [&] { return failure_of(r); }, until, world_.oversubscribed(),
-                                               &world_.bell(r));
+      status st =
+          ringzero::detail::wait_until([&] { return peer.load(std::memory_order_acquire) >= tag; },
+                                       [&] { return failure_of(r); }, until, world_.oversubscribed(), &world_.bell(r));
       if (st == status::ok) continue;
       std::vector<int> missing;
       for (int q = 0; q < world_size(); ++q)
@@ -342,9 +338,8 @@ class communicator : public ringzero::communicator {
       box.consumed_signal = nullptr;
       box.consumed.store(k, std::memory_order_release);
       world_.bell(rank()).ring();
-      raise(errc::size_mismatch, "rank " + std::to_string(from) + " sends " + std::to_string(got) +
-                                     " bytes but rank " + std::to_string(rank()) + " expects " +
-                                     std::to_string(expected) + " bytes");
+      raise(errc::size_mismatch, "rank " + std::to_string(from) + " sends " + std::to_string(got) + " bytes but rank " +
+                                     std::to_string(rank()) + " expects " + std::to_string(expected) + " bytes");
     }
     on_arrival(from, box.ready_signal);
     return box.data;
@@ -367,7 +362,8 @@ class communicator : public ringzero::communicator {
     if (st != status::ok) fail_wait(st, "receive the data of", {to});
     if (box.tag_mismatch)
       raise(errc::contract_mismatch, "rank " + std::to_string(to) + " expected data of another operation than " +
-                                         tag_name(current_tag()) + ": the two ranks issued operations in different orders");
+                                         tag_name(current_tag()) +
+                                         ": the two ranks issued operations in different orders");
     if (box.expected != bytes)
       raise(errc::size_mismatch, "rank " + std::to_string(rank()) + " sends " + std::to_string(bytes) +
                                      " bytes but rank " + std::to_string(to) + " expects " +

@@ -48,8 +48,7 @@ class cuda_communicator final : public communicator {
     try {
       cudart::use_device(device_);
       (void)cudaStreamSynchronize(stream_.get());
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   memory_space space() const noexcept override { return memory_space::cuda; }

@@ -30,7 +30,8 @@ struct cuda_launch_options : launch_options {
 template <class F>
 void launch_cuda(int world_size, F&& fn, const cuda_launch_options& options = {}) {
   if (world_size < 1)
-    throw error(errc::invalid_argument, "local::launch_cuda: world size must be at least 1, got " + std::to_string(world_size));
+    throw error(errc::invalid_argument,
+                "local::launch_cuda: world size must be at least 1, got " + std::to_string(world_size));
   const int count = cudart::require_device("local::launch_cuda");
   for (int d : options.devices)
     if (d < 0 || d >= count)

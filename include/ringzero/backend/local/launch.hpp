@@ -68,9 +68,7 @@ inline bool pin_current_thread(int index) noexcept {
 inline std::string exception_text(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
+  } catch (const std::exception& x) { return x.what(); } catch (...) {
     return "an exception not derived from std::exception";
   }
 }
@@ -85,7 +83,8 @@ namespace detail {
 template <class Comm, class Make, class F>
 void run_world(int world_size, const launch_options& options, Make&& make, F&& fn, const char* who) {
   if (world_size < 1)
-    throw error(errc::invalid_argument, std::string(who) + ": world size must be at least 1, got " + std::to_string(world_size));
+    throw error(errc::invalid_argument,
+                std::string(who) + ": world size must be at least 1, got " + std::to_string(world_size));
   const bool pin = options.pin_threads ? *options.pin_threads : env_pin_threads();
   const auto timeout = options.timeout ? *options.timeout : env_timeout();
   world w(world_size);

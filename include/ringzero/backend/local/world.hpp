@@ -44,15 +44,15 @@ struct alignas(RINGZERO_CACHE_LINE) rank_slot {
 /// The two signals are opaque to the host protocol: ranks whose buffers live in device memory
 /// publish there the CUDA event that marks their data ready (sender) or read (receiver).
 struct alignas(RINGZERO_CACHE_LINE) mailbox {
-  std::atomic<std::uint64_t> posted{0};    ///< number of messages the sender has published
-  const void* data = nullptr;              ///< the sender's buffer (valid until consumed)
-  std::uint64_t bytes = 0;                 ///< its size
-  std::uint64_t tag = 0;                   ///< 1 + sequence of the collective it belongs to; 0: send/recv
-  void* ready_signal = nullptr;            ///< sender's signal for the last posted message (device ranks)
+  std::atomic<std::uint64_t> posted{0};  ///< number of messages the sender has published
+  const void* data = nullptr;            ///< the sender's buffer (valid until consumed)
+  std::uint64_t bytes = 0;               ///< its size
+  std::uint64_t tag = 0;                 ///< 1 + sequence of the collective it belongs to; 0: send/recv
+  void* ready_signal = nullptr;          ///< sender's signal for the last posted message (device ranks)
   alignas(RINGZERO_CACHE_LINE) std::atomic<std::uint64_t> consumed{0};  ///< messages the receiver finished
-  std::uint64_t expected = 0;              ///< bytes the receiver expected for the last consumed message
-  bool tag_mismatch = false;               ///< the receiver expected another operation's message
-  void* consumed_signal = nullptr;         ///< receiver's signal for the last consumed message (device ranks)
+  std::uint64_t expected = 0;       ///< bytes the receiver expected for the last consumed message
+  bool tag_mismatch = false;        ///< the receiver expected another operation's message
+  void* consumed_signal = nullptr;  ///< receiver's signal for the last consumed message (device ranks)
 };
 
 /// Number of processors this process may run on (at least 1).
@@ -137,7 +137,9 @@ class world {
   }
 
   /// True once rank `r` left.
-  bool exited(int r) const noexcept { return exit_state_[static_cast<std::size_t>(r)].load(std::memory_order_acquire) != 0; }
+  bool exited(int r) const noexcept {
+    return exit_state_[static_cast<std::size_t>(r)].load(std::memory_order_acquire) != 0;
+  }
 
   /// "returned" or "threw: <what>" for a rank that left; empty otherwise.
   std::string exit_description(int r) const {

@@ -81,17 +81,20 @@ struct comm_shape {
 
   explicit comm_shape(MPI_Comm comm) {
     if (!is_active())
-      throw error(errc::invalid_argument,
-                  "mpi::communicator: MPI is not initialised (or already finalised); create a ringzero::mpi::environment "
-                  "or call MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) first");
+      throw error(
+          errc::invalid_argument,
+          "mpi::communicator: MPI is not initialised (or already finalised); create a ringzero::mpi::environment "
+          "or call MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) first");
     const int level = thread_level();
     if (level < MPI_THREAD_SERIALIZED)
-      throw error(errc::unsupported, std::string("mpi::communicator: MPI was initialised with ") + thread_level_name(level) +
-                                         "; ringzero runs asynchronous collectives on a progress thread and needs "
-                                         "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (use ringzero::mpi::environment, or "
-                                         "MPI_Init_thread with MPI_THREAD_MULTIPLE)");
+      throw error(errc::unsupported,
+                  std::string("mpi::communicator: MPI was initialised with ") + thread_level_name(level) +
+                      "; ringzero runs asynchronous collectives on a progress thread and needs "
+                      "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (use ringzero::mpi::environment, or "
+                      "MPI_Init_thread with MPI_THREAD_MULTIPLE)");
     serialize = level < MPI_THREAD_MULTIPLE;
-    if (comm == MPI_COMM_NULL) throw error(errc::invalid_argument, "mpi::communicator: the MPI communicator is MPI_COMM_NULL");
+    if (comm == MPI_COMM_NULL)
+      throw error(errc::invalid_argument, "mpi::communicator: the MPI communicator is MPI_COMM_NULL");
     int inter = 0;
     MPI_Comm_test_inter(comm, &inter);
     if (inter) throw error(errc::invalid_argument, "mpi::communicator: intercommunicators are not supported");
@@ -140,9 +143,7 @@ class communicator final : public ringzero::communicator {
     bool all_departed = true;
     try {
       all_departed = depart();
-    } catch (...) {
-      all_departed = false;
-    }
+    } catch (...) { all_departed = false; }
     if (!abandon(notice_requests_)) {
       std::vector<std::unique_ptr<detail::notice>> none;
       keep_notice_bodies(none);
@@ -260,7 +261,7 @@ class communicator final : public ringzero::communicator {
     }
     if (!d.invalid.empty()) {
       fail(d.invalid_code, "invalid arguments (rank " + std::to_string(rank()) + ": " + d.invalid +
-                                       "); the communicator is aborted so that no peer waits for this rank");
+                               "); the communicator is aborted so that no peer waits for this rank");
     }
   }
 
@@ -314,8 +315,7 @@ class communicator final : public ringzero::communicator {
   void abort(const std::string& reason) noexcept override {
     try {
       notify_abort(errc::aborted, "rank " + std::to_string(rank()) + ": " + reason);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
  private:
@@ -348,12 +348,12 @@ class communicator final : public ringzero::communicator {
       raise(errc::invalid_argument, "slice_bytes must be 0 (automatic) or a multiple of 64 up to 1 GiB, got " +
                                         std::to_string(options.slice_bytes));
     if (options.pipeline_depth < 0 || options.pipeline_depth > 64)
-      raise(errc::invalid_argument, "pipeline_depth must be 0 (automatic) or in [1, 64], got " +
-                                        std::to_string(options.pipeline_depth));
+      raise(errc::invalid_argument,
+            "pipeline_depth must be 0 (automatic) or in [1, 64], got " + std::to_string(options.pipeline_depth));
     if (options.expected_world_size > 0 && options.expected_world_size != shape.size)
-      raise(errc::invalid_argument, "the job has " + std::to_string(shape.size) + " processes in this communicator but " +
-                                        std::to_string(options.expected_world_size) +
-                                        " were expected (check mpirun -np / srun -n)");
+      raise(errc::invalid_argument,
+            "the job has " + std::to_string(shape.size) + " processes in this communicator but " +
+                std::to_string(options.expected_world_size) + " were expected (check mpirun -np / srun -n)");
     join(comm);
     watchdog_.set_comm(data_.get());
   }
@@ -479,7 +479,8 @@ class communicator final : public ringzero::communicator {
   /// receive that could not be finished poisons the staging memory.
   class request_guard {
    public:
-    request_guard(communicator& c, std::vector<MPI_Request>& r, bool staging = false) noexcept : c_(c), r_(r), staging_(staging) {}
+    request_guard(communicator& c, std::vector<MPI_Request>& r, bool staging = false) noexcept
+        : c_(c), r_(r), staging_(staging) {}
     request_guard(const request_guard&) = delete;
     request_guard& operator=(const request_guard&) = delete;
     ~request_guard() {
@@ -517,7 +518,8 @@ class communicator final : public ringzero::communicator {
 
   [[noreturn]] void class_mismatch(int from, int got, int want);
 
-  static bool slice_matches(const MPI_Status& status, int cls, std::uint64_t j, std::uint64_t slices, std::uint64_t len);
+  static bool slice_matches(const MPI_Status& status, int cls, std::uint64_t j, std::uint64_t slices,
+                            std::uint64_t len);
 
   void verify_slice(const MPI_Status& status, int from, int cls, std::uint64_t expected_total, std::uint64_t j,
                     std::uint64_t slices, std::uint64_t len);

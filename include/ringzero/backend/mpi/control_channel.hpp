@@ -85,7 +85,8 @@ inline void communicator::join(MPI_Comm comm) {
   oversubscribed_ = cpus != 0 && static_cast<unsigned>(local) > cpus;
   mpi_yields_ = detail::mpi_yields_when_idle();
   single_node_ = local == world_size();  // the same answer on every rank
-  slice_bytes_ = options_.slice_bytes != 0 ? options_.slice_bytes : (single_node_ ? node_slice_bytes : network_slice_bytes);
+  slice_bytes_ =
+      options_.slice_bytes != 0 ? options_.slice_bytes : (single_node_ ? node_slice_bytes : network_slice_bytes);
   pipeline_depth_ = options_.pipeline_depth != 0 ? options_.pipeline_depth
                                                  : (single_node_ ? node_pipeline_depth : network_pipeline_depth);
 
@@ -108,13 +109,15 @@ inline void communicator::join(MPI_Comm comm) {
     mine.link[2] = options_.link->gamma_us_per_byte;
   }
   std::vector<detail::hello_record> all(static_cast<std::size_t>(world_size()));
-  check(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, control_.get()), "MPI_Allgather");
+  check(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, control_.get()),
+        "MPI_Allgather");
   auto agree = [&](const char* what, auto field, auto text) {
     std::vector<std::string> values;
     for (const auto& h : all) values.push_back(text(h.*field));
     for (const auto& v : values)
       if (v != values.front())
-        raise(errc::invalid_argument, std::string(what) + " differs between ranks: " + ringzero::detail::describe_values(values));
+        raise(errc::invalid_argument,
+              std::string(what) + " differs between ranks: " + ringzero::detail::describe_values(values));
   };
   auto number = [](auto v) { return std::to_string(v); };
   instance_ = all.front().instance;
@@ -128,12 +131,11 @@ inline void communicator::join(MPI_Comm comm) {
   agree("the check mode (RINGZERO_CHECK / communicator_options::check)", &detail::hello_record::check, number);
   agree("slice_bytes", &detail::hello_record::slice_bytes, number);
   agree("pipeline_depth", &detail::hello_record::pipeline_depth, number);
-  agree("the link model (communicator_options::link)", &detail::hello_record::link,
-        [](const double (&m)[3]) {
-          if (m[0] == 0 && m[1] == 0 && m[2] == 0) return std::string("the default");
-          return "alpha " + std::to_string(m[0]) + " us, beta " + std::to_string(m[1]) + " us/B, gamma " +
-                 std::to_string(m[2]) + " us/B";
-        });
+  agree("the link model (communicator_options::link)", &detail::hello_record::link, [](const double(&m)[3]) {
+    if (m[0] == 0 && m[1] == 0 && m[2] == 0) return std::string("the default");
+    return "alpha " + std::to_string(m[0]) + " us, beta " + std::to_string(m[1]) + " us/B, gamma " +
+           std::to_string(m[2]) + " us/B";
+  });
   agree("RINGZERO_ALGO", &detail::hello_record::forced_algorithm,
         [](std::int32_t a) { return std::string(algorithm_name(static_cast<algorithm>(a))); });
 }
@@ -198,7 +200,8 @@ inline void communicator::poll_notices() {
     int flag = 0;
     MPI_Message message = MPI_MESSAGE_NULL;
     MPI_Status status;
-    if (MPI_Improbe(MPI_ANY_SOURCE, detail::tag_notice, control_.get(), &flag, &message, &status) != MPI_SUCCESS || !flag)
+    if (MPI_Improbe(MPI_ANY_SOURCE, detail::tag_notice, control_.get(), &flag, &message, &status) != MPI_SUCCESS ||
+        !flag)
       return;
     int bytes = 0;
     MPI_Get_count(&status, MPI_BYTE, &bytes);
@@ -266,9 +269,10 @@ inline void communicator::exchange_descriptors(const collective_descriptor& d) {
     auto lock = mpi_lock();
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
-      check(MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(detail::wire_descriptor)), MPI_BYTE,
-                      p, detail::tag_descriptor, control_.get(), &recv_requests_[static_cast<std::size_t>(p)]),
-            "MPI_Irecv (descriptor)");
+      check(
+          MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(detail::wire_descriptor)), MPI_BYTE,
+                    p, detail::tag_descriptor, control_.get(), &recv_requests_[static_cast<std::size_t>(p)]),
+          "MPI_Irecv (descriptor)");
     }
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
@@ -286,21 +290,24 @@ inline void communicator::exchange_descriptors(const collective_descriptor& d) {
     bool progressed = false;
     auto lock = mpi_lock();
     for (int p = 0; p < n; ++p) {
-      if (record_arrived(p, recv_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)", "MPI_Irecv (descriptor)")) {
+      if (record_arrived(p, recv_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)",
+                         "MPI_Irecv (descriptor)")) {
         arrived[static_cast<std::size_t>(p)] = 1;
         --pending;
         progressed = true;
       }
       if (send_completed(send_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)")) progressed = true;
     }
-    if (pending == 0 && std::all_of(send_requests_.begin(), send_requests_.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; }))
+    if (pending == 0 &&
+        std::all_of(send_requests_.begin(), send_requests_.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; }))
       return step_result::done;
     return progressed ? step_result::progressed : step_result::idle;
   };
   auto stalled = [&]() -> std::string {
     for (int p = 0; p < n; ++p) {
       const auto& peer = peers_[static_cast<std::size_t>(p)];
-      if (!arrived[static_cast<std::size_t>(p)] && peer.departed && peer.records_sent_to_me <= records_received_[static_cast<std::size_t>(p)])
+      if (!arrived[static_cast<std::size_t>(p)] && peer.departed &&
+          peer.records_sent_to_me <= records_received_[static_cast<std::size_t>(p)])
         return departed_text(p) + " and never arrived at " + ringzero::detail::operation_name(current());
     }
     return {};
@@ -386,9 +393,10 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
       w.send_bytes = p == to ? send_bytes : 0;
       w.receives = p == from ? 1 : 0;
       w.recv_bytes = p == from ? recv_bytes : 0;
-      check(MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(detail::wire_descriptor)), MPI_BYTE, p,
-                      detail::tag_descriptor, control_.get(), &recv_requests_[static_cast<std::size_t>(i)]),
-            "MPI_Irecv (transfer record)");
+      check(
+          MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(detail::wire_descriptor)), MPI_BYTE,
+                    p, detail::tag_descriptor, control_.get(), &recv_requests_[static_cast<std::size_t>(i)]),
+          "MPI_Irecv (transfer record)");
       check(MPI_Isend(&w, static_cast<int>(w.wire_bytes()), MPI_BYTE, p, detail::tag_descriptor, control_.get(),
                       &send_requests_[static_cast<std::size_t>(i)]),
             "MPI_Isend (transfer record)");
@@ -449,8 +457,8 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
                                         "the same order");
     }
     // The direction sender -> receiver, in the same words on both ranks.
-    auto direction = [&](int sender, bool sends, std::uint64_t sent, std::uint8_t sent_type, int receiver, bool receives,
-                         std::uint64_t expected, std::uint8_t expected_type) {
+    auto direction = [&](int sender, bool sends, std::uint64_t sent, std::uint8_t sent_type, int receiver,
+                         bool receives, std::uint64_t expected, std::uint8_t expected_type) {
       const std::string rs = "rank " + std::to_string(sender), rr = "rank " + std::to_string(receiver);
       if (sends && !receives) {
         code = errc::contract_mismatch;
@@ -465,8 +473,12 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
                   " expects " + ringzero::detail::amount_text(expected, expected_type);
       }
     };
-    auto outgoing = [&] { direction(me, p == to, send_bytes, type, p, theirs.receives != 0, theirs.recv_bytes, theirs.type); };
-    auto incoming = [&] { direction(p, theirs.sends != 0, theirs.send_bytes, theirs.type, me, p == from, recv_bytes, type); };
+    auto outgoing = [&] {
+      direction(me, p == to, send_bytes, type, p, theirs.receives != 0, theirs.recv_bytes, theirs.type);
+    };
+    auto incoming = [&] {
+      direction(p, theirs.sends != 0, theirs.send_bytes, theirs.type, me, p == from, recv_bytes, type);
+    };
     // The lower rank's sending direction first, on both ranks.
     if (me < p) {
       outgoing();
@@ -497,16 +509,19 @@ inline void communicator::synchronize(const char* what) {
     request_guard send_guard(*this, send_requests_);
     {
       auto lock = mpi_lock();
-      check(MPI_Irecv(sync_buffer_, static_cast<int>(sizeof sync_buffer_), MPI_BYTE, from, detail::tag_sync, control_.get(),
-                      &recv_requests_[0]),
+      check(MPI_Irecv(sync_buffer_, static_cast<int>(sizeof sync_buffer_), MPI_BYTE, from, detail::tag_sync,
+                      control_.get(), &recv_requests_[0]),
             "MPI_Irecv (sync)");
-      check(MPI_Isend(nullptr, 0, MPI_BYTE, to, detail::tag_sync, control_.get(), &send_requests_[0]), "MPI_Isend (sync)");
+      check(MPI_Isend(nullptr, 0, MPI_BYTE, to, detail::tag_sync, control_.get(), &send_requests_[0]),
+            "MPI_Isend (sync)");
     }
     auto step_fn = [&]() -> step_result {
       auto lock = mpi_lock();
       int a = 1, b = 1;
-      if (recv_requests_[0] != MPI_REQUEST_NULL) check(MPI_Test(&recv_requests_[0], &a, MPI_STATUS_IGNORE), "MPI_Test (sync)");
-      if (send_requests_[0] != MPI_REQUEST_NULL) check(MPI_Test(&send_requests_[0], &b, MPI_STATUS_IGNORE), "MPI_Test (sync)");
+      if (recv_requests_[0] != MPI_REQUEST_NULL)
+        check(MPI_Test(&recv_requests_[0], &a, MPI_STATUS_IGNORE), "MPI_Test (sync)");
+      if (send_requests_[0] != MPI_REQUEST_NULL)
+        check(MPI_Test(&send_requests_[0], &b, MPI_STATUS_IGNORE), "MPI_Test (sync)");
       return a && b ? step_result::done : step_result::idle;
     };
     auto stalled = [&]() -> std::string {
@@ -545,18 +560,17 @@ inline bool communicator::depart() {
       body->records_sent = records_sent_[static_cast<std::size_t>(p)];
       body->unwinding = unwinding ? 1 : 0;
       MPI_Request req = MPI_REQUEST_NULL;
-      if (MPI_Isend(body.get(), static_cast<int>(body->wire_bytes()), MPI_BYTE, p, detail::tag_notice, control_.get(), &req) ==
-          MPI_SUCCESS) {
+      if (MPI_Isend(body.get(), static_cast<int>(body->wire_bytes()), MPI_BYTE, p, detail::tag_notice, control_.get(),
+                    &req) == MPI_SUCCESS) {
         sends.push_back(req);
         bodies.push_back(std::move(body));
       }
     }
   }
   const auto start = clock::now();
-  const auto until =
-      aborted_ ? start + std::min(std::chrono::duration_cast<clock::duration>(timeout()),
-                                  std::chrono::duration_cast<clock::duration>(failed_departure_wait))
-               : deadline();
+  const auto until = aborted_ ? start + std::min(std::chrono::duration_cast<clock::duration>(timeout()),
+                                                 std::chrono::duration_cast<clock::duration>(failed_departure_wait))
+                              : deadline();
   bool all_departed = false;
   for (;;) {
     poll_notices();

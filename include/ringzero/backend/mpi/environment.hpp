@@ -14,7 +14,8 @@
 /// Requires an MPI implementation (`mpi.h`); any MPI-3 library works (Open MPI, MPICH).
 
 #if !__has_include(<mpi.h>)
-#error "ringzero/backend/mpi needs an MPI library (mpi.h): compile with mpicxx (or MPI's compile and link flags, e.g. pkg-config mpi) and -DRINGZERO_HAS_MPI=1, or in Meson use the ringzero-mpi dependency"
+#error \
+    "ringzero/backend/mpi needs an MPI library (mpi.h): compile with mpicxx (or MPI's compile and link flags, e.g. pkg-config mpi) and -DRINGZERO_HAS_MPI=1, or in Meson use the ringzero-mpi dependency"
 #endif
 
 // The deprecated MPI C++ bindings are not used; skip them (faster builds, no warnings).
@@ -156,7 +157,8 @@ class environment {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
-    if (finalized) throw error(errc::unsupported, "mpi::environment: MPI was already finalised and cannot be initialised again");
+    if (finalized)
+      throw error(errc::unsupported, "mpi::environment: MPI was already finalised and cannot be initialised again");
     if (initialized) {
       provided_ = thread_level();
       return;

@@ -16,8 +16,8 @@
 namespace ringzero::mpi::detail {
 
 /// The MPI communicators of destroyed `mpi::communicator`s whose destructor stopped waiting
-/// before every peer had departed (after `failed_departure_wait` when aborted, else the timeout). Freeing them at once would let MPI give their
-/// context to a later communicator while the late peer's departure notice is still on its way:
+/// before every peer had departed (after `failed_departure_wait` when aborted, else the timeout). Freeing them at once
+/// would let MPI give their context to a later communicator while the late peer's departure notice is still on its way:
 /// Open MPI files a message for a context that does not exist yet under that context and
 /// delivers it to the next communicator that gets it, out of its message order (a later
 /// message of that communicator would then be lost: a hang). So they linger here, and

@@ -42,7 +42,8 @@ void communicator::chunked(const void* send, void* recv, std::uint64_t count, st
   constexpr std::uint64_t chunk = std::uint64_t{1} << 30;
   for (std::uint64_t first = 0; first < count; first += chunk) {
     const std::uint64_t len = std::min(chunk, count - first);
-    const void* s = send == MPI_IN_PLACE || send == nullptr ? send : static_cast<const unsigned char*>(send) + first * element_size;
+    const void* s =
+        send == MPI_IN_PLACE || send == nullptr ? send : static_cast<const unsigned char*>(send) + first * element_size;
     void* r = recv == nullptr ? nullptr : static_cast<unsigned char*>(recv) + first * element_size;
     call(s, r, static_cast<int>(len));
   }
@@ -97,11 +98,12 @@ inline void communicator::run_native(const collective_descriptor& d) {
       const bool aliased = in == d.send && d.in_place;
       void* out = aliased ? staging().get(staging_native, static_cast<std::size_t>(count * es)) : d.recv;
       if (count <= static_cast<std::uint64_t>(INT_MAX)) {
-        native_check(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), type, op, comm), "MPI_Reduce_scatter_block");
+        native_check(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), type, op, comm),
+                     "MPI_Reduce_scatter_block");
       } else {
         for (int q = 0; q < n; ++q)
-          chunked(static_cast<const unsigned char*>(in) + static_cast<std::uint64_t>(q) * count * es, q == r ? out : nullptr,
-                  count, es, [&](const void* s, void* v, int len) {
+          chunked(static_cast<const unsigned char*>(in) + static_cast<std::uint64_t>(q) * count * es,
+                  q == r ? out : nullptr, count, es, [&](const void* s, void* v, int len) {
                     native_check(MPI_Reduce(s, v, len, type, op, q, comm), "MPI_Reduce");
                   });
       }

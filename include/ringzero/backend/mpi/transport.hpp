@@ -72,13 +72,16 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
   const std::uint64_t R = from >= 0 ? detail::slice_count(recv_bytes, slice) : 0;
   const std::uint64_t recv_window = reducing ? static_cast<std::uint64_t>(pipeline_depth_) : transfer_window;
   const std::uint64_t send_window = transfer_window;
-  auto slice_len = [&](std::uint64_t total, std::uint64_t j) { return std::min(slice, total - std::min(total, j * slice)); };
+  auto slice_len = [&](std::uint64_t total, std::uint64_t j) {
+    return std::min(slice, total - std::min(total, j * slice));
+  };
   // Plain receives whose last slice is short match it by probing (see above).
   const bool probe_tail = !reducing && R > 0 && slice_len(recv_bytes, R - 1) < slice;
   const std::uint64_t posted_slices = probe_tail ? R - 1 : R;
   unsigned char* stage = nullptr;
   if (reducing && R > 0)
-    stage = static_cast<unsigned char*>(staging().get(staging_receive, static_cast<std::size_t>(std::min(R, recv_window) * slice)));
+    stage = static_cast<unsigned char*>(
+        staging().get(staging_receive, static_cast<std::size_t>(std::min(R, recv_window) * slice)));
 
   recv_requests_.assign(static_cast<std::size_t>(std::min(R, recv_window)), MPI_REQUEST_NULL);
   send_requests_.assign(static_cast<std::size_t>(std::min(S, send_window)), MPI_REQUEST_NULL);
@@ -93,13 +96,15 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
   auto post_recv = [&](std::uint64_t j) {
     const std::size_t slot = static_cast<std::size_t>(j % recv_window);
     // Every posted receive has room for a whole slice: full slices of the output, or staging.
-    void* dst = reducing ? static_cast<void*>(stage + slot * slice) : static_cast<void*>(static_cast<unsigned char*>(recv) + j * slice);
-    check(MPI_Irecv(dst, static_cast<int>(slice), MPI_BYTE, from, MPI_ANY_TAG, data_.get(), &recv_requests_[slot]), "MPI_Irecv");
+    void* dst = reducing ? static_cast<void*>(stage + slot * slice)
+                         : static_cast<void*>(static_cast<unsigned char*>(recv) + j * slice);
+    check(MPI_Irecv(dst, static_cast<int>(slice), MPI_BYTE, from, MPI_ANY_TAG, data_.get(), &recv_requests_[slot]),
+          "MPI_Irecv");
   };
   auto post_send = [&](std::uint64_t i) {
     const std::size_t slot = static_cast<std::size_t>(i % send_window);
-    check(MPI_Isend(static_cast<const unsigned char*>(send) + i * slice, static_cast<int>(slice_len(send_bytes, i)), MPI_BYTE,
-                    to, detail::data_tag(cls, S - 1 - i), data_.get(), &send_requests_[slot]),
+    check(MPI_Isend(static_cast<const unsigned char*>(send) + i * slice, static_cast<int>(slice_len(send_bytes, i)),
+                    MPI_BYTE, to, detail::data_tag(cls, S - 1 - i), data_.get(), &send_requests_[slot]),
           "MPI_Isend");
     ++data_sent_[static_cast<std::size_t>(to)];
   };
@@ -133,8 +138,8 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
       verify_slice(status, from, cls, recv_bytes, j, R, slice_len(recv_bytes, j));
     }
     auto lock = mpi_lock();
-    check(MPI_Imrecv(static_cast<unsigned char*>(recv) + j * slice, static_cast<int>(slice_len(recv_bytes, j)), MPI_BYTE,
-                     &message, &recv_requests_[static_cast<std::size_t>(j % recv_window)]),
+    check(MPI_Imrecv(static_cast<unsigned char*>(recv) + j * slice, static_cast<int>(slice_len(recv_bytes, j)),
+                     MPI_BYTE, &message, &recv_requests_[static_cast<std::size_t>(j % recv_window)]),
           "MPI_Imrecv");
     return true;
   };
@@ -245,7 +250,8 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
                                                       std::uint64_t expected, std::uint64_t slice_index,
                                                       std::uint64_t slices) {
   if (detail::error_class(rc) == MPI_ERR_TRUNCATE) {
-    if (status.MPI_TAG >= 0 && detail::tag_class(status.MPI_TAG) != cls) class_mismatch(from, detail::tag_class(status.MPI_TAG), cls);
+    if (status.MPI_TAG >= 0 && detail::tag_class(status.MPI_TAG) != cls)
+      class_mismatch(from, detail::tag_class(status.MPI_TAG), cls);
     fail(errc::size_mismatch, "rank " + std::to_string(from) + " sends more than the " + std::to_string(expected) +
                                   " bytes rank " + std::to_string(rank()) + " expects in " +
                                   ringzero::detail::operation_name(current()) +
@@ -260,10 +266,11 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
     return c == detail::point_to_point_class ? std::string("a point-to-point send/recv")
                                              : "a collective with sequence number = " + std::to_string(c) + " (mod 63)";
   };
-  fail(errc::contract_mismatch,
-       "rank " + std::to_string(from) + " sent data of " + side(got) + " while rank " + std::to_string(rank()) + " runs " +
-           ringzero::detail::operation_name(current()) + " (" + side(want) +
-           "): the ranks do not run the same collectives in the same order (RINGZERO_CHECK=1 finds where they diverge)");
+  fail(
+      errc::contract_mismatch,
+      "rank " + std::to_string(from) + " sent data of " + side(got) + " while rank " + std::to_string(rank()) +
+          " runs " + ringzero::detail::operation_name(current()) + " (" + side(want) +
+          "): the ranks do not run the same collectives in the same order (RINGZERO_CHECK=1 finds where they diverge)");
 }
 
 /// True when a message with `status` is slice `j` of `slices` of `len` bytes, class `cls`.
@@ -288,8 +295,8 @@ inline void communicator::verify_slice(const MPI_Status& status, int from, int c
   if (got == len && got_remaining == want_remaining) return;
   std::string sizes;
   if (j == 0 && got_remaining == 0)
-    sizes = "rank " + std::to_string(from) + " sends " + std::to_string(got) + " bytes but rank " + std::to_string(rank()) +
-            " expects " + std::to_string(expected_total) + " bytes";
+    sizes = "rank " + std::to_string(from) + " sends " + std::to_string(got) + " bytes but rank " +
+            std::to_string(rank()) + " expects " + std::to_string(expected_total) + " bytes";
   else
     sizes = "rank " + std::to_string(from) + " sends " +
             (got_remaining > want_remaining || (got_remaining == want_remaining && got > len) ? "more" : "fewer") +

@@ -14,8 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -85,9 +85,7 @@ class watchdog {
       std::string message;
       try {
         message = describe_(context_.load(std::memory_order_relaxed));
-      } catch (...) {
-        message = "ringzero: a blocking MPI call timed out";
-      }
+      } catch (...) { message = "ringzero: a blocking MPI call timed out"; }
       std::fprintf(stderr, "%s\n", message.c_str());
       std::fflush(stderr);
       MPI_Abort(comm_, exit_code_);

@@ -69,11 +69,11 @@ struct wire_descriptor {
   std::uint8_t algo = 0;
   std::uint32_t reason_length = 0;
   std::int32_t invalid_code = 0;  ///< the errc that `reason` raises
-  std::uint64_t send_bytes = 0;  ///< point-to-point: bytes the sender sends to the addressee
-  std::uint64_t recv_bytes = 0;  ///< point-to-point: bytes the sender expects from the addressee
-  std::uint8_t sends = 0;        ///< point-to-point: 1 when it sends to the addressee
-  std::uint8_t receives = 0;     ///< point-to-point: 1 when it receives from the addressee
-  std::uint8_t reproducible = 0; ///< the reproducible_mode
+  std::uint64_t send_bytes = 0;   ///< point-to-point: bytes the sender sends to the addressee
+  std::uint64_t recv_bytes = 0;   ///< point-to-point: bytes the sender expects from the addressee
+  std::uint8_t sends = 0;         ///< point-to-point: 1 when it sends to the addressee
+  std::uint8_t receives = 0;      ///< point-to-point: 1 when it receives from the addressee
+  std::uint8_t reproducible = 0;  ///< the reproducible_mode
   std::uint8_t pad2[5] = {};
   char reason[max_reason] = {};
 
@@ -167,7 +167,7 @@ struct hello_record {
   std::int32_t forced_algorithm = 0;
   std::int32_t oversubscribed = 0;  ///< this rank's node runs more processes than processors
   std::int32_t wire_format = 0;     ///< `wire_format_version` of the rank's build
-  double link[3] = {0, 0, 0};  ///< alpha, beta, gamma of the link model (as given; 0: default)
+  double link[3] = {0, 0, 0};       ///< alpha, beta, gamma of the link model (as given; 0: default)
 };
 
 }  // namespace ringzero::mpi::detail

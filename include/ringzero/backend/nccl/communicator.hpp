@@ -29,12 +29,12 @@
 
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
-#include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/backend/cuda/device_workspace.hpp"
 #include "ringzero/backend/cuda/runtime.hpp"
 #include "ringzero/backend/cuda/stream.hpp"
 #include "ringzero/backend/nccl/id_file.hpp"
 #include "ringzero/backend/nccl/types.hpp"
+#include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/core/wait.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 #include "ringzero/primitive/fill.hpp"
@@ -122,8 +122,7 @@ class communicator final : public ringzero::communicator {
     if (!aborted_.load(std::memory_order_acquire)) {
       try {
         wait_stream("destroy");
-      } catch (...) {
-      }
+      } catch (...) {}
     }
     workspace_.release();
     release_events();
@@ -185,7 +184,9 @@ class communicator final : public ringzero::communicator {
 
   /// Aborts the communicator (ncclCommAbort): pending NCCL work stops, every later call fails
   /// with errc::aborted naming `reason`. Thread-safe, idempotent.
-  void abort(const std::string& reason) noexcept override { abort_with(errc::aborted, "rank " + std::to_string(rank()) + ": " + reason); }
+  void abort(const std::string& reason) noexcept override {
+    abort_with(errc::aborted, "rank " + std::to_string(rank()) + ": " + reason);
+  }
 
   /// Splits this communicator (ncclCommSplit, collective over all its ranks): ranks passing the
   /// same `color` form a new communicator, ordered by `key` (then by old rank). Returns nullptr
@@ -228,7 +229,7 @@ class communicator final : public ringzero::communicator {
       exchange_and_check(d);
     } else if (!d.invalid.empty()) {
       raise(d.invalid_code, "invalid arguments on this rank: " + d.invalid +
-                                        " (the NCCL backend does not tell the other ranks unless RINGZERO_CHECK=1)");
+                                " (the NCCL backend does not tell the other ranks unless RINGZERO_CHECK=1)");
     }
   }
 
@@ -251,7 +252,8 @@ class communicator final : public ringzero::communicator {
     ensure_alive();
     cudart::use_device(device_);
     void* staging = nullptr;
-    if (from >= 0 && bytes != 0) staging = workspace_.get(cudart::device_workspace::staging_slot, static_cast<std::size_t>(bytes));
+    if (from >= 0 && bytes != 0)
+      staging = workspace_.get(cudart::device_workspace::staging_slot, static_cast<std::size_t>(bytes));
     group_send_recv(send, send_bytes, to, staging, from >= 0 ? bytes : 0, from);
     if (staging != nullptr) combine(acc, own, staging, bytes / combine.element_size);
     watch_transfer();
@@ -267,12 +269,14 @@ class communicator final : public ringzero::communicator {
       return world_of_one_reduction(d);
     switch (d.kind) {
       case collective_kind::all_reduce:
-        return with_op(d, "ncclAllReduce", [&](ncclRedOp_t op) { return ncclAllReduce(d.send, d.recv, d.count, t, op, comm_, s); });
+        return with_op(d, "ncclAllReduce",
+                       [&](ncclRedOp_t op) { return ncclAllReduce(d.send, d.recv, d.count, t, op, comm_, s); });
       case collective_kind::reduce_scatter:
         return with_op(d, "ncclReduceScatter",
                        [&](ncclRedOp_t op) { return ncclReduceScatter(d.send, d.recv, d.count, t, op, comm_, s); });
       case collective_kind::reduce:
-        return with_op(d, "ncclReduce", [&](ncclRedOp_t op) { return ncclReduce(d.send, d.recv, d.count, t, op, d.root, comm_, s); });
+        return with_op(d, "ncclReduce",
+                       [&](ncclRedOp_t op) { return ncclReduce(d.send, d.recv, d.count, t, op, d.root, comm_, s); });
       case collective_kind::all_gather:
         return call("ncclAllGather", [&] { return ncclAllGather(d.send, d.recv, d.count, t, comm_, s); });
       case collective_kind::broadcast:
@@ -301,8 +305,9 @@ class communicator final : public ringzero::communicator {
     const std::uint64_t bytes = d.count * dtype_size(d.type);
     if (d.op.kind == reduce_kind::avg) {
       if (d.recv != d.send && bytes > 0)
-        cudart::check(cudaMemcpyAsync(d.recv, d.send, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, stream_.get()),
-                      "cudaMemcpyAsync (world of one, avg)");
+        cudart::check(
+            cudaMemcpyAsync(d.recv, d.send, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, stream_.get()),
+            "cudaMemcpyAsync (world of one, avg)");
       return;
     }
     const primitive::device_primitives* k = primitive::registered_device_primitives();
@@ -312,7 +317,9 @@ class communicator final : public ringzero::communicator {
                                    "end of the buffer unwritten (NCCL issue #1950); use NCCL 2.29.7 or newer, or "
                                    "compile <ringzero/cuda.cuh> into the program so that ringzero scales it itself");
     const int e = k->scale(d.recv, d.send, d.count, d.type, d.op.scalar, static_cast<void*>(stream_.get()));
-    if (e != 0) raise(errc::backend_failure, "world of one, premul_sum: the scale kernel failed (CUDA error " + std::to_string(e) + ")");
+    if (e != 0)
+      raise(errc::backend_failure,
+            "world of one, premul_sum: the scale kernel failed (CUDA error " + std::to_string(e) + ")");
   }
 
   struct shape {
@@ -416,8 +423,7 @@ class communicator final : public ringzero::communicator {
       std::lock_guard<std::mutex> lock(state_mutex_);
       abort_code_ = code;
       abort_reason_ = reason;
-    } catch (...) {
-    }
+    } catch (...) {}
     // Flag first: waiters stop at once, while ncclCommAbort may take a while (it can wait for
     // device work to drain before freeing memory).
     aborted_.store(true, std::memory_order_release);
@@ -469,7 +475,8 @@ class communicator final : public ringzero::communicator {
   /// returns it; errc::backend_failure naming `what` if it is still null at the timeout.
   ncclComm_t wait_for_handle(ncclComm_t& handle, const char* what) {
     std::atomic_ref<ncclComm_t> slot(handle);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
     const status s = ringzero::detail::wait_until([&] { return slot.load(std::memory_order_acquire) != nullptr; },
                                                   [] { return status::ok; }, deadline, false);
     if (s != status::ok)
@@ -481,7 +488,8 @@ class communicator final : public ringzero::communicator {
   /// Polls `comm`'s state until it is no longer in progress; an error fails, the timeout
   /// aborts (errc::timeout).
   void wait_ready(ncclComm_t comm, const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
     auto pause = std::chrono::microseconds(1);
     for (;;) {
       ncclResult_t state = ncclSuccess;
@@ -509,7 +517,8 @@ class communicator final : public ringzero::communicator {
   /// Polls the stream until its work is done (see `synchronize`).
   void wait_stream(const char* what) {
     cudart::use_device(device_);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
     auto pause = std::chrono::microseconds(1);
     for (;;) {
       if (aborted_.load(std::memory_order_acquire)) raise_abort();
@@ -542,7 +551,8 @@ class communicator final : public ringzero::communicator {
   }
 
   /// One NCCL group of a send and a receive (either may be absent).
-  void group_send_recv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes, int from) {
+  void group_send_recv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
+                       int from) {
     if (to < 0 && from < 0) return;
     cudaStream_t s = stream_.get();
     call("ncclSend/ncclRecv", [&] {
@@ -584,7 +594,8 @@ class communicator final : public ringzero::communicator {
       ncclResult_t first = ncclGroupStart();
       for (int q = 0; q < world_size() && first == ncclSuccess; ++q) {
         first = ncclSend(static_cast<const unsigned char*>(d.send) + q * block, d.count, t, q, comm_, s);
-        if (first == ncclSuccess) first = ncclRecv(static_cast<unsigned char*>(d.recv) + q * block, d.count, t, q, comm_, s);
+        if (first == ncclSuccess)
+          first = ncclRecv(static_cast<unsigned char*>(d.recv) + q * block, d.count, t, q, comm_, s);
       }
       const ncclResult_t end = ncclGroupEnd();
       return first == ncclSuccess ? end : first;
@@ -626,8 +637,8 @@ class communicator final : public ringzero::communicator {
                                   cudaMemcpyHostToDevice, s),
                   "cudaMemcpyAsync (contract check)");
     call("ncclAllGather (contract check)", [&] {
-      return ncclAllGather(dev + sizeof(wire_descriptor) * static_cast<std::size_t>(rank()), dev, sizeof(wire_descriptor),
-                           ncclUint8, comm_, s);
+      return ncclAllGather(dev + sizeof(wire_descriptor) * static_cast<std::size_t>(rank()), dev,
+                           sizeof(wire_descriptor), ncclUint8, comm_, s);
     });
     cudart::check(cudaMemcpyAsync(all.data(), dev, sizeof(wire_descriptor) * all.size(), cudaMemcpyDeviceToHost, s),
                   "cudaMemcpyAsync (contract check)");
@@ -637,8 +648,9 @@ class communicator final : public ringzero::communicator {
         char layouts[64];
         std::snprintf(layouts, sizeof layouts, "0x%08X (this rank: 0x%08X)", static_cast<unsigned>(all[r].layout),
                       static_cast<unsigned>(wire_layout));
-        raise(errc::contract_mismatch, "rank " + std::to_string(r) + " writes contract records of layout " + layouts +
-                                           ": the ranks run different ringzero builds; rebuild every rank from one version");
+        raise(errc::contract_mismatch,
+              "rank " + std::to_string(r) + " writes contract records of layout " + layouts +
+                  ": the ranks run different ringzero builds; rebuild every rank from one version");
       }
     std::vector<collective_descriptor> descriptors(all.size());
     for (std::size_t r = 0; r < all.size(); ++r) {
@@ -760,8 +772,7 @@ class communicator final : public ringzero::communicator {
         }
       }
       if (!late.empty()) abort_with(late_code, "rank " + std::to_string(rank()) + ": " + late);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   static std::string describe(const pending_work& w) { return ringzero::detail::operation_name(w.kind, w.sequence); }
@@ -785,14 +796,14 @@ class communicator final : public ringzero::communicator {
         std::lock_guard<std::mutex> lock(api_mutex_);
         r = ncclCommFinalize(comm_);
       }
-      if (r == ncclInProgress) wait_ready(comm_, "ncclCommFinalize");
-      else if (r != ncclSuccess) throw error(errc_of(r), "ncclCommFinalize failed");
+      if (r == ncclInProgress)
+        wait_ready(comm_, "ncclCommFinalize");
+      else if (r != ncclSuccess)
+        throw error(errc_of(r), "ncclCommFinalize failed");
       std::lock_guard<std::mutex> lock(api_mutex_);
       (void)ncclCommDestroy(comm_);
       comm_ = nullptr;
-    } catch (...) {
-      abort_with(errc::aborted, "destroying the communicator failed");
-    }
+    } catch (...) { abort_with(errc::aborted, "destroying the communicator failed"); }
   }
 
   /// Tears down a half-constructed communicator.

@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -71,11 +71,13 @@ inline std::string job_token_from_env() {
   for (const char* name : {"RINGZERO_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"}) {
     auto v = ringzero::detail::env_string(name);
     if (!v || (std::string_view(name) == "TORCHELASTIC_RUN_ID" && *v == "none")) continue;
-    const bool one_word = std::none_of(v->begin(), v->end(), [](char c) { return static_cast<unsigned char>(c) <= ' ' || c == 0x7f; });
+    const bool one_word =
+        std::none_of(v->begin(), v->end(), [](char c) { return static_cast<unsigned char>(c) <= ' ' || c == 0x7f; });
     if (!one_word || *v == "-" || v->size() > max_job_token_bytes)
       throw error(errc::invalid_argument, std::string(name) + "=\"" + detail::printable_start(*v) +
                                               "\" cannot name the job in an NCCL id file: use one word of at most " +
-                                              std::to_string(max_job_token_bytes) + " bytes without spaces, other than \"-\"");
+                                              std::to_string(max_job_token_bytes) +
+                                              " bytes without spaces, other than \"-\"");
     return *v;
   }
   return {};
@@ -146,10 +148,12 @@ inline std::string this_machine_and_namespace() {
   const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);  // "pid:[4026531836]"
   std::string space = n > 0 ? std::string(ns, static_cast<std::size_t>(n)) : std::string();
   const std::size_t open = space.find('['), close = space.find(']');
-  space = open != std::string::npos && close != std::string::npos && close > open + 1 ? space.substr(open + 1, close - open - 1)
-                                                                                       : std::string();
+  space = open != std::string::npos && close != std::string::npos && close > open + 1
+              ? space.substr(open + 1, close - open - 1)
+              : std::string();
   const auto word = [](const std::string& w) {
-    return !w.empty() && std::all_of(w.begin(), w.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; });
+    return !w.empty() && std::all_of(w.begin(), w.end(),
+                                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; });
   };
   if (word(boot) && word(space)) return boot + "/" + space;
 #endif
@@ -192,9 +196,7 @@ inline writer_state judge_writer(const std::string& writer, long* pid_out = null
     if (used != pid_text.size() || pid <= 0) return writer_state::unknown;
     start = std::stoull(start_text, &used);
     if (used != start_text.size()) return writer_state::unknown;
-  } catch (...) {
-    return writer_state::unknown;
-  }
+  } catch (...) { return writer_state::unknown; }
   if (pid_out) *pid_out = pid;
   if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return writer_state::exited;
   unsigned long long now_start = 0;
@@ -212,8 +214,9 @@ inline writer_state judge_writer(const std::string& writer, long* pid_out = null
 /// empty: readers then cannot judge the writer, as for files of earlier ringzero versions).
 inline std::string id_file_line(const id_bytes& id, int world_size, const std::string& job,
                                 const std::string& writer = this_process_writer()) {
-  return std::string(id_file_magic) + " 1 world_size=" + std::to_string(world_size) + " job=" + (job.empty() ? "-" : job) +
-         " id=" + hex_of(id) + (writer.empty() ? std::string() : " writer=" + writer) + "\n";
+  return std::string(id_file_magic) + " 1 world_size=" + std::to_string(world_size) +
+         " job=" + (job.empty() ? "-" : job) + " id=" + hex_of(id) +
+         (writer.empty() ? std::string() : " writer=" + writer) + "\n";
 }
 
 /// What an id file holds, parsed; `ok` false when it is not (yet) a complete id file. `writer`
@@ -235,9 +238,7 @@ inline id_file_content parse_id_file(const std::string& text) {
   if (size.rfind("world_size=", 0) != 0 || job.rfind("job=", 0) != 0 || id.rfind("id=", 0) != 0) return c;
   try {
     c.world_size = std::stoi(size.substr(11));
-  } catch (...) {
-    return c;
-  }
+  } catch (...) { return c; }
   c.job = job.substr(4);
   if (c.job == "-") c.job.clear();
   if (in >> writer && writer.rfind("writer=", 0) == 0) c.writer = writer.substr(7);  // optional (added later)
@@ -279,14 +280,16 @@ inline void publish_id_file(const std::string& path, const id_bytes& id, int wor
   const int fd = ::mkstemp(tmp.data());
   if (fd < 0) {
     const int why = errno;
-    throw error(errc::io_error, "cannot create a temporary file next to " + path + " to publish the NCCL unique id: " +
-                                    std::strerror(why));
+    throw error(errc::io_error, "cannot create a temporary file next to " + path +
+                                    " to publish the NCCL unique id: " + std::strerror(why));
   }
   int why = ::fchmod(fd, 0644) == 0 ? 0 : errno;  // mkstemp makes it 0600: readers may run as other users
   for (std::size_t done = 0; why == 0 && done < line.size();) {
     const ssize_t wrote = ::write(fd, line.data() + done, line.size() - done);
-    if (wrote >= 0) done += static_cast<std::size_t>(wrote);
-    else if (errno != EINTR) why = errno;
+    if (wrote >= 0)
+      done += static_cast<std::size_t>(wrote);
+    else if (errno != EINTR)
+      why = errno;
   }
   if (::close(fd) != 0 && why == 0) why = errno;
   if (why != 0) {
@@ -327,7 +330,8 @@ inline id_bytes read_id_file(const std::string& path, int world_size, std::chron
   if (std::isnan(timeout.count()))
     throw error(errc::invalid_argument, "read_id_file: the timeout for " + path + " is NaN");
   const auto wait = timeout.count() > 0.0 ? bounded_timeout(timeout) : std::chrono::duration<double>(0);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
   auto pause = std::chrono::milliseconds(1);
   std::string seen;
   for (;;) {
@@ -369,8 +373,9 @@ inline id_bytes read_id_file(const std::string& path, int world_size, std::chron
     if (std::chrono::steady_clock::now() >= deadline) {
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%g", timeout.count());
-      throw error(errc::timeout, "waited " + std::string(seconds) + " s for rank 0 to publish the NCCL unique id at " + path +
-                                     (seen.empty() ? " (the file never appeared" + detail::directory_note(path) + ")" : seen));
+      throw error(errc::timeout,
+                  "waited " + std::string(seconds) + " s for rank 0 to publish the NCCL unique id at " + path +
+                      (seen.empty() ? " (the file never appeared" + detail::directory_note(path) + ")" : seen));
     }
     std::this_thread::sleep_for(pause);
     if (pause < std::chrono::milliseconds(50)) pause *= 2;
@@ -384,7 +389,8 @@ inline void remove_id_file(const std::string& path) noexcept { (void)std::remove
 /// id on every rank. Throws as `publish_id_file` and `read_id_file`.
 template <class MakeId>
 id_bytes exchange_id_through_file(const std::string& path, int rank, int world_size, MakeId&& make_id,
-                                  std::chrono::duration<double> timeout, const std::string& job = job_token_from_env()) {
+                                  std::chrono::duration<double> timeout,
+                                  const std::string& job = job_token_from_env()) {
   if (rank == 0) {
     const id_bytes id = make_id();
     publish_id_file(path, id, world_size, job);

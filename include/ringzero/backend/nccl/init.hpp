@@ -42,8 +42,8 @@ inline std::vector<std::unique_ptr<communicator>> init_all(const std::vector<int
     throw error(errc::invalid_argument, "nccl::init_all: options::stream cannot serve several ranks; leave it unset");
   for (std::size_t i = 0; i < devices.size(); ++i) {
     if (devices[i] < 0 || devices[i] >= count)
-      throw error(errc::invalid_argument, "nccl::init_all: CUDA device " + std::to_string(devices[i]) + " is outside [0, " +
-                                              std::to_string(count) + ")");
+      throw error(errc::invalid_argument, "nccl::init_all: CUDA device " + std::to_string(devices[i]) +
+                                              " is outside [0, " + std::to_string(count) + ")");
     for (std::size_t j = 0; j < i; ++j)
       if (devices[j] == devices[i])
         throw error(errc::invalid_argument, "nccl::init_all: device " + std::to_string(devices[i]) +
@@ -75,7 +75,8 @@ inline std::vector<std::unique_ptr<communicator>> init_all(const std::vector<int
   }
   // Non-blocking: every communicator reports ncclInProgress until its initialisation is done.
   const auto wait = bounded_timeout(opts.timeout ? *opts.timeout : env_timeout());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
   for (ncclComm_t c : comms) {
     for (;;) {
       ncclResult_t state = ncclSuccess;
@@ -173,19 +174,23 @@ auto naming_rank(int rank, int world_size, F&& f) -> decltype(f()) {
 /// (`ringzero [nccl rank 1/4]: ...`); errc::invalid_argument, before any file is touched, for a
 /// world size below 1, a rank outside [0, world size), a negative local rank or a timeout that
 /// is not positive.
-inline std::unique_ptr<communicator> init_with_file(const std::string& path, const launch_env& env, const options& opts = {}) {
+inline std::unique_ptr<communicator> init_with_file(const std::string& path, const launch_env& env,
+                                                    const options& opts = {}) {
   return detail::naming_rank(env.rank, env.world_size, [&] {
     const std::string who = "nccl::init_with_file: ";
-    if (env.world_size < 1) throw error(errc::invalid_argument, who + "world size " + std::to_string(env.world_size) + " is below 1");
+    if (env.world_size < 1)
+      throw error(errc::invalid_argument, who + "world size " + std::to_string(env.world_size) + " is below 1");
     if (env.rank < 0 || env.rank >= env.world_size)
-      throw error(errc::invalid_argument, who + "rank " + std::to_string(env.rank) + " is outside [0, " +
-                                              std::to_string(env.world_size) + ")");
-    if (env.local_rank < 0) throw error(errc::invalid_argument, who + "local rank " + std::to_string(env.local_rank) + " is negative");
+      throw error(errc::invalid_argument,
+                  who + "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")");
+    if (env.local_rank < 0)
+      throw error(errc::invalid_argument, who + "local rank " + std::to_string(env.local_rank) + " is negative");
     const auto wait = opts.timeout ? *opts.timeout : env_timeout();
     if (!(wait.count() > 0.0))
       throw error(errc::invalid_argument, who + "timeout must be positive, got " + std::to_string(wait.count()) + " s");
     const int device = device_for_local_rank(env.local_rank, "nccl::init_with_file");
-    const id_bytes id = exchange_id_through_file(path, env.rank, env.world_size, [] { return generate_id(); }, bounded_timeout(wait));
+    const id_bytes id = exchange_id_through_file(
+        path, env.rank, env.world_size, [] { return generate_id(); }, bounded_timeout(wait));
     struct published_file {  // rank 0 removes the file it published, whether or not the communicator comes up
       const std::string& path;
       bool owner;
@@ -219,10 +224,11 @@ inline std::unique_ptr<communicator> init_with_mpi(MPI_Comm mpi, const options& 
   MPI_Allreduce(&missing, &first_missing, 1, MPI_INT, MPI_MIN, mpi);
   const error_context where = detail::init_context(rank, size);
   if (first_missing < size)
-    throw error(errc::no_device, where,
-                "nccl::init_with_mpi: no CUDA device on " +
-                    (count > 0 ? "rank " + std::to_string(first_missing) + " (this rank has " + std::to_string(count) + ")"
-                               : "this rank (" + why + ")"));
+    throw error(
+        errc::no_device, where,
+        "nccl::init_with_mpi: no CUDA device on " +
+            (count > 0 ? "rank " + std::to_string(first_missing) + " (this rank has " + std::to_string(count) + ")"
+                       : "this rank (" + why + ")"));
   id_bytes id{};
   int ok = 1;
   std::string failure;
@@ -235,10 +241,13 @@ inline std::unique_ptr<communicator> init_with_mpi(MPI_Comm mpi, const options& 
     }
   }
   MPI_Bcast(&ok, 1, MPI_INT, 0, mpi);
-  if (!ok) throw error(errc::backend_failure, where, "nccl::init_with_mpi: rank 0 could not create the NCCL unique id" +
-                                                         (failure.empty() ? std::string() : ": " + failure));
+  if (!ok)
+    throw error(errc::backend_failure, where,
+                "nccl::init_with_mpi: rank 0 could not create the NCCL unique id" +
+                    (failure.empty() ? std::string() : ": " + failure));
   MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, mpi);
-  return detail::naming_rank(rank, size, [&] { return std::make_unique<communicator>(id, rank, size, local_rank % count, opts); });
+  return detail::naming_rank(rank, size,
+                             [&] { return std::make_unique<communicator>(id, rank, size, local_rank % count, opts); });
 }
 #endif
 
@@ -253,9 +262,10 @@ inline std::unique_ptr<communicator> init_from_env(const options& opts = {}) {
     return std::make_unique<communicator>(generate_id(), 0, 1, device, opts);
   }
   if (auto path = ringzero::detail::env_string("RINGZERO_NCCL_ID_FILE")) return init_with_file(*path, env, opts);
-  throw error(errc::invalid_argument, "nccl::init_from_env: " + std::to_string(env.world_size) + " ranks (from " + env.source +
-                                          " variables) need a way to share NCCL's unique id: set RINGZERO_NCCL_ID_FILE to a "
-                                          "path every rank can read, or use nccl::init_with_mpi");
+  throw error(errc::invalid_argument,
+              "nccl::init_from_env: " + std::to_string(env.world_size) + " ranks (from " + env.source +
+                  " variables) need a way to share NCCL's unique id: set RINGZERO_NCCL_ID_FILE to a "
+                  "path every rank can read, or use nccl::init_with_mpi");
 }
 
 }  // namespace ringzero::nccl

@@ -7,7 +7,8 @@
 #include "ringzero/core/config.hpp"
 
 #if !RINGZERO_HAS_NCCL
-#error "ringzero/backend/nccl/*.hpp needs NCCL: define RINGZERO_HAS_NCCL=1 (the ringzero-nccl dependency does) and link nccl and cudart"
+#error \
+    "ringzero/backend/nccl/*.hpp needs NCCL: define RINGZERO_HAS_NCCL=1 (the ringzero-nccl dependency does) and link nccl and cudart"
 #endif
 
 #include <nccl.h>

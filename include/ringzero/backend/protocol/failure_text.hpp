@@ -37,9 +37,12 @@ inline std::string describe_ranks(const std::vector<int>& ranks) {
 inline std::string describe_values(const std::vector<std::string>& value_of_rank) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (int r = 0; r < static_cast<int>(value_of_rank.size()); ++r) {
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == value_of_rank[static_cast<std::size_t>(r)]; });
-    if (it == groups.end()) groups.push_back({value_of_rank[static_cast<std::size_t>(r)], {r}});
-    else it->second.push_back(r);
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == value_of_rank[static_cast<std::size_t>(r)]; });
+    if (it == groups.end())
+      groups.push_back({value_of_rank[static_cast<std::size_t>(r)], {r}});
+    else
+      it->second.push_back(r);
   }
   std::string s;
   for (const auto& g : groups) {
@@ -89,8 +92,8 @@ inline std::string amount_text(std::uint64_t bytes, std::uint8_t type) {
 template <class Communicator>
 void check_peer(const Communicator& comm, int peer, const char* what) {
   if (peer < -1 || peer >= comm.world_size())
-    comm.raise(errc::invalid_argument, std::string("cannot ") + what + " rank " + std::to_string(peer) + ": outside [0, " +
-                                           std::to_string(comm.world_size()) + ")");
+    comm.raise(errc::invalid_argument, std::string("cannot ") + what + " rank " + std::to_string(peer) +
+                                           ": outside [0, " + std::to_string(comm.world_size()) + ")");
 }
 
 }  // namespace ringzero::detail

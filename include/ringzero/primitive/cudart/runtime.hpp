@@ -12,7 +12,8 @@
 #include "ringzero/core/config.hpp"
 
 #if !RINGZERO_HAS_CUDA && !defined(__CUDACC__)
-#error "ringzero/primitive/cudart/*.hpp needs the CUDA runtime: define RINGZERO_HAS_CUDA=1 and link cudart (or compile with nvcc)"
+#error \
+    "ringzero/primitive/cudart/*.hpp needs the CUDA runtime: define RINGZERO_HAS_CUDA=1 and link cudart (or compile with nvcc)"
 #endif
 
 #include <cuda_runtime_api.h>
@@ -24,9 +25,7 @@
 namespace ringzero::cudart {
 
 /// "cudaErrorMemoryAllocation: out of memory" for `e`.
-inline std::string error_text(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-}
+inline std::string error_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
 
 /// Whether `e` means that this process has no usable CUDA device at all (no device, no or a
 /// too old driver, only the toolkit's link-time copy of the driver library loaded), as opposed
@@ -47,7 +46,8 @@ inline errc errc_of(cudaError_t e) noexcept { return means_no_device(e) ? errc::
 inline void check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
   (void)cudaGetLastError();
-  if (means_no_device(e)) throw error(errc::no_device, std::string(what) + " failed: no CUDA device (" + error_text(e) + ")");
+  if (means_no_device(e))
+    throw error(errc::no_device, std::string(what) + " failed: no CUDA device (" + error_text(e) + ")");
   throw error(errc::backend_failure, std::string(what) + " failed: " + error_text(e));
 }
 
@@ -60,15 +60,13 @@ inline int device_count(std::string* why = nullptr) noexcept {
     (void)cudaGetLastError();
     try {
       if (why) *why = error_text(e);
-    } catch (...) {
-    }
+    } catch (...) {}
     return 0;
   }
   if (n <= 0) {
     try {
       if (why) *why = "cudaGetDeviceCount reports no device";
-    } catch (...) {
-    }
+    } catch (...) {}
     return 0;
   }
   return n;
