@@ -6,7 +6,7 @@
 #        build-tsan     ThreadSanitizer, quick collective sweep
 #        build-asan     AddressSanitizer + UndefinedBehaviorSanitizer, quick collective sweep, -O1
 #                       (-O2 doubled its compile time: about 25 of the run's minutes on 2 cores)
-#      (the sanitizer builds leave out MPI and CUDA, whose libraries are not instrumented),
+#      (the sanitizer builds leave out MPI, CUDA and libtorch, whose libraries are not instrumented),
 #   3. prints one summary line "N passed, N failed" (Meson tests over all configurations).
 # Exit status 0 only when every test passed.
 set -uo pipefail
@@ -70,9 +70,9 @@ PY
 start=$(date +%s)
 run_config build-release -Dbuildtype=release -Dtests=enabled
 run_config build-tsan -Dbuildtype=debugoptimized -Db_sanitize=thread -Dtest_sweep=quick \
-  -Dmpi=disabled -Dcuda=disabled -Dnccl=disabled -Dexamples=disabled -Dbench=disabled -Dtools=disabled
+  -Dmpi=disabled -Dcuda=disabled -Dnccl=disabled -Dtorch=disabled -Dexamples=disabled -Dbench=disabled -Dtools=disabled
 run_config build-asan -Ddebug=true -Doptimization=1 -Db_sanitize=address,undefined -Db_lundef=false -Dtest_sweep=quick \
-  -Dmpi=disabled -Dcuda=disabled -Dnccl=disabled -Dexamples=disabled -Dbench=disabled -Dtools=disabled
+  -Dmpi=disabled -Dcuda=disabled -Dnccl=disabled -Dtorch=disabled -Dexamples=disabled -Dbench=disabled -Dtools=disabled
 end=$(date +%s)
 echo "# test run took $((end - start)) s; skipped (no GPU or other missing hardware): $skipped"
 echo "$passed passed, $failed failed"
