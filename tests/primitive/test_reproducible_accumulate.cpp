@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -188,4 +189,79 @@ TEST_CASE("reproducible packed deposit: the portable loop (not the AVX-512 copy)
       REQUIRE(cold_fast == cold_ref);
     }
   }
+}
+
+TEST_CASE(
+    "reproducible packed deposit: values within their tops (none, a few, or many outside, bin boundaries) equal the "
+    "element function") {
+  // After a first contribution sets the tops, each round puts a share of the elements outside
+  // their top (0, 1 in 1000, 1 in 100, 1 in 10, 1 in 2: the within-top pass alone, the gathered
+  // rest, the whole block), the others within it; values at both sides of each element's top bin
+  // boundary (the largest float32 below 2^(12 (T + 1) - 1080), and that power of two itself),
+  // zeros of either sign, subnormals and rare inf / NaN. Both the portable loop and the
+  // dispatched one (AVX-512 where the CPU has it), with and without flushed limbs.
+  std::mt19937_64 rng(23);
+  const std::uint64_t n = 2 * ringzero::primitive::detail::reproducible_block + 1000;  // two blocks and a tail
+  const float_format f32 = format_of(dtype::float32);
+  for (const bool portable : {true, false})
+    for (const bool flushed : {false, true}) {
+      CAPTURE(portable);
+      CAPTURE(flushed);
+      std::vector<std::uint8_t> tops_ref(n, 0), tops_fast(n, 0), slow(n, 0);
+      std::vector<std::int64_t> packed_ref(n, 0), packed_fast(n, 0), cold_ref(3 * n, 0), cold_fast(3 * n, 0);
+      std::vector<float> values(n);
+      const std::uint64_t shares[] = {0, 1000, 100, 10, 2};
+      for (int k = 0; k < 26; ++k) {
+        if (flushed && k % 6 == 3) {
+          flush_packed(tops_ref.data(), packed_ref.data(), cold_ref.data(), n);
+          flush_packed(tops_fast.data(), packed_fast.data(), cold_fast.data(), n);
+        }
+        const std::uint64_t share = shares[k % 5];
+        for (std::uint64_t i = 0; i < n; ++i) {
+          const int top = tops_ref[i];
+          const float sign = (rng() & 1) != 0 ? -1.0f : 1.0f;
+          const int boundary = 12 * (top + 1) - 1080;  // the top bin's upper boundary: 2^boundary
+          float v = 0;
+          if (k == 0 || top == 0 || top == reproducible_nonfinite_bin)
+            v = sign *
+                std::ldexp(1.0f + static_cast<float>(rng() % 4096) / 4096.0f, -30 + static_cast<int>(rng() % 40));
+          else if (share != 0 && rng() % share == 0)  // outside: the boundary itself, or a bin or more above
+            v = rng() % 2 == 0 && boundary <= 127
+                    ? sign * std::ldexp(1.0f, boundary)
+                    : sign * std::ldexp(1.5f, std::min(127, boundary + 1 + static_cast<int>(rng() % 20)));
+          else
+            switch (rng() % 8) {
+              case 0: v = boundary <= 128 ? sign * std::nextafter(std::ldexp(1.0f, boundary), 0.0f) : sign; break;
+              case 1: v = sign * 0.0f; break;
+              case 2: v = sign * std::bit_cast<float>(static_cast<std::uint32_t>(rng() % 0x7FFFFF + 1)); break;
+              default:
+                v = sign * std::ldexp(1.0f + static_cast<float>(rng() % 4096) / 4096.0f,
+                                      std::min(boundary, 128) - 1 - static_cast<int>(rng() % 30));
+            }
+          if (rng() % 3000 == 0) v = rng() % 2 == 0 ? sign * INFINITY : NAN;
+          values[i] = v;
+        }
+        for (std::uint64_t i = 0; i < n; ++i)
+          accumulate_packed(tops_ref[i], packed_ref[i], flushed ? cold_ref.data() + 3 * i : nullptr,
+                            decode_bits(std::bit_cast<std::uint32_t>(values[i]), f32));
+        if (portable) {
+          for (std::uint64_t first = 0; first < n; first += ringzero::primitive::detail::reproducible_block) {
+            const std::uint64_t len = std::min(ringzero::primitive::detail::reproducible_block, n - first);
+            ringzero::primitive::detail::accumulate_packed_f32_body(tops_fast.data() + first,
+                                                                    packed_fast.data() + first, slow.data() + first,
+                                                                    values.data() + first, len, flushed);
+          }
+          for (std::uint64_t i = 0; i < n; ++i)
+            if (slow[i] != 0)
+              accumulate_packed(tops_fast[i], packed_fast[i], flushed ? cold_fast.data() + 3 * i : nullptr,
+                                decode_bits(std::bit_cast<std::uint32_t>(values[i]), f32));
+        } else {
+          accumulate_packed_array(tops_fast.data(), packed_fast.data(), flushed ? cold_fast.data() : nullptr,
+                                  values.data(), n, dtype::float32);
+        }
+        REQUIRE(tops_fast == tops_ref);
+        REQUIRE(packed_fast == packed_ref);
+        REQUIRE(cold_fast == cold_ref);
+      }
+    }
 }
