@@ -116,7 +116,8 @@ struct torch_zero_boundary : torch::autograd::Function<torch_zero_boundary> {
 };
 }  // namespace detail
 
-/// See the file comment. Construction is a collective over `comm` (plans, agrees, broadcasts).
+/// A torch module's parameters registered with a `zero::sharded_model` (see the file comment).
+/// Construction is a collective over `comm` (plans, agrees, broadcasts). Not copyable.
 class torch_zero {
  public:
   /// Registers every parameter of `module` (named_parameters order, which must be the order the
