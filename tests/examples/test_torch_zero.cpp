@@ -271,3 +271,15 @@ TEST_CASE("torch_zero: parameters changed after registration are refused at step
     CHECK(contains(e[0], "rank(s) 1 refused"));
   }
 }
+
+TEST_CASE("torch_zero: a parameter used outside its unit's run() is refused at backward() on every rank, named") {
+  const auto e = errors(2, [](rz::communicator& comm) {
+    auto net = make_model();
+    torch_zero z(comm, *net, options(2, wrap_policy::layer));
+    // ln_f's weight used without run("ln_f", ...): its gradient arrives while its unit is closed.
+    auto out = (net->ln_f->weight * 2).sum();
+    z.backward(out);
+  });
+  CHECK(contains(e[0], "the gradient of parameter 'ln_f.weight' arrived outside the backward of its unit 'ln_f'"));
+  CHECK(contains(e[1], "the gradient of parameter 'ln_f.weight' arrived outside the backward of its unit 'ln_f'"));
+}

@@ -188,6 +188,16 @@ class torch_zero {
   void backward(const torch::Tensor& loss) {
     loss.backward();
     const auto& plan = model_.plan();
+    // A gradient that autograd accumulated while its unit's backward was not open (the unit
+    // closed, its reduction started, or never opened) would be lost: refuse it, on every rank.
+    std::string late;
+    for (std::size_t i = 0; i < names_.size() && late.empty(); ++i) {
+      const std::size_t w = plan.placements()[plan.placements()[i].storage].unit;
+      if (!open_[w] && tensors_[alias_of_[i]].grad().defined())
+        late = "the gradient of parameter '" + names_[i] + "' arrived outside the backward of its unit '" +
+               plan.units()[w].name + "' (is it used outside run(\"" + plan.units()[w].name + "\", ...)?)";
+    }
+    agree(late);
     for (std::size_t u = plan.units().size(); u-- > 0;) {
       if (deferred_[u]) {
         model_.post_forward(u);
