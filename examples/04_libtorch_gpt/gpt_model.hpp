@@ -1,0 +1,122 @@
+#pragma once
+// A small GPT in libtorch (Radford et al. 2019, "Language Models are Unsupervised Multitask
+// Learners": pre-norm blocks, learned position embeddings, output layer tied to the token
+// embedding) whose forward runs every part that may be a gather unit through
+// `integration::torch_zero::run`, so one model serves every wrap policy:
+//   block: "embeddings", "blocks.<i>", "head"; layer: "wte", "wpe", "blocks.<i>.ln1", ...,
+//   "ln_f", "lm_head"; model: "model".
+// Shared by example 04 and its test (tests/examples/test_libtorch_gpt.cpp).
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ringzero/integration/torch_zero.hpp"
+
+namespace gpt {
+
+/// Sizes of the model.
+struct config {
+  std::int64_t vocab = 96;    ///< characters
+  std::int64_t context = 64;  ///< positions
+  std::int64_t layers = 2;    ///< transformer blocks
+  std::int64_t embd = 64;     ///< embedding width (heads * head width)
+  std::int64_t heads = 4;     ///< attention heads
+};
+
+/// One pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
+struct block_impl : torch::nn::Module {
+  explicit block_impl(const config& c) : heads(c.heads) {
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embd})));
+    attn_qkv = register_module("attn_qkv", torch::nn::Linear(c.embd, 3 * c.embd));
+    attn_proj = register_module("attn_proj", torch::nn::Linear(c.embd, c.embd));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embd})));
+    mlp_fc = register_module("mlp_fc", torch::nn::Linear(c.embd, 4 * c.embd));
+    mlp_proj = register_module("mlp_proj", torch::nn::Linear(4 * c.embd, c.embd));
+  }
+
+  torch::Tensor forward(const std::string& path, const torch::Tensor& x, ringzero::integration::torch_zero& z) {
+    const std::int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads;
+    auto h = z.run(path + ".ln1", x, [&](const torch::Tensor& t) { return ln1->forward(t); });
+    auto qkv = z.run(path + ".attn_qkv", h, [&](const torch::Tensor& t) { return attn_qkv->forward(t); });
+    auto parts = qkv.chunk(3, -1);
+    auto q = parts[0].view({B, T, heads, D}).transpose(1, 2);
+    auto k = parts[1].view({B, T, heads, D}).transpose(1, 2);
+    auto v = parts[2].view({B, T, heads, D}).transpose(1, 2);
+    auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
+    auto mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+    att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+    auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
+    auto a = z.run(path + ".attn_proj", y, [&](const torch::Tensor& t) { return attn_proj->forward(t); });
+    auto x2 = x + a;
+    auto h2 = z.run(path + ".ln2", x2, [&](const torch::Tensor& t) { return ln2->forward(t); });
+    auto f = z.run(path + ".mlp_fc", h2, [&](const torch::Tensor& t) { return torch::gelu(mlp_fc->forward(t)); });
+    auto m = z.run(path + ".mlp_proj", f, [&](const torch::Tensor& t) { return mlp_proj->forward(t); });
+    return x2 + m;
+  }
+
+  std::int64_t heads;
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  torch::nn::Linear attn_qkv{nullptr}, attn_proj{nullptr}, mlp_fc{nullptr}, mlp_proj{nullptr};
+};
+
+/// The output layer: the token embedding's weight registered again under its own name (tied).
+struct head_impl : torch::nn::Module {
+  explicit head_impl(const torch::Tensor& tied) { weight = register_parameter("weight", tied); }
+  torch::Tensor weight;
+};
+
+/// The GPT: wte, wpe, blocks.<i>, ln_f, lm_head (tied to wte), in registration (and use) order.
+struct model : torch::nn::Module {
+  explicit model(const config& c) : cfg(c) {
+    wte = register_module("wte", torch::nn::Embedding(c.vocab, c.embd));
+    wpe = register_module("wpe", torch::nn::Embedding(c.context, c.embd));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (std::int64_t i = 0; i < c.layers; ++i) blocks->push_back(std::make_shared<block_impl>(c));
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embd})));
+    lm_head = register_module("lm_head", std::make_shared<head_impl>(wte->weight));
+    // GPT-2's initialisation: normal(0, 0.02) weights, zero biases, LayerNorm at (1, 0).
+    torch::NoGradGuard no_grad;
+    for (auto& p : named_parameters(true)) {
+      const std::string& n = p.key();
+      if (n.ends_with(".bias"))
+        p.value().zero_();
+      else if (n.find(".ln") != std::string::npos || n.starts_with("ln_f"))
+        p.value().fill_(1);
+      else if (n != "lm_head.weight")
+        p.value().normal_(0, 0.02);
+    }
+  }
+
+  /// Logits [B, T, vocab] for token ids [B, T] (T <= context).
+  torch::Tensor forward(const torch::Tensor& idx, ringzero::integration::torch_zero& z) {
+    return z.run("model", idx, [&](const torch::Tensor& ids) {
+      const std::int64_t T = ids.size(1);
+      auto x = z.run("embeddings", ids, [&](const torch::Tensor& i) {
+        auto tok = z.run("wte", i, [&](const torch::Tensor& t) { return wte->forward(t); });
+        auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong));
+        auto pos = z.run("wpe", positions, [&](const torch::Tensor& t) { return wpe->forward(t); });
+        return tok + pos;
+      });
+      for (std::size_t b = 0; b < blocks->size(); ++b) {
+        const std::string path = "blocks." + std::to_string(b);
+        x = z.run(path, x, [&](const torch::Tensor& t) { return blocks->at<block_impl>(b).forward(path, t, z); });
+      }
+      return z.run("head", x, [&](const torch::Tensor& t) {
+        auto h = z.run("ln_f", t, [&](const torch::Tensor& s) { return ln_f->forward(s); });
+        return z.run("lm_head", h, [&](const torch::Tensor& s) { return torch::matmul(s, lm_head->weight.t()); });
+      });
+    });
+  }
+
+  config cfg;
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  std::shared_ptr<head_impl> lm_head;
+};
+
+}  // namespace gpt

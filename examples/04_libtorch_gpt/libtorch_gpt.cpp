@@ -1,0 +1,336 @@
+// 04_libtorch_gpt: a small character-level GPT in libtorch, trained on the text of Debian's
+// `fortunes` package with DDP or ZeRO stages 1-3 through `ringzero::integration::torch_zero`.
+//
+// What it demonstrates:
+// - one flag switches the whole distribution strategy (--strategy ddp|zero1|zero2|zero3, as
+//   Lightning's Trainer(strategy=...)): ddp is stage 0 of the runtime (replicated model,
+//   gradients all_reduced per unit during backward), zeroN is ZeRO stage N;
+// - --wrap block|layer|model chooses the gather units (FSDP's wrapping policy): one per
+//   transformer block plus the embeddings and the head, one per torch submodule, or one;
+// - at stage 3 parameters exist only while their unit is gathered: torch's parameters are views
+//   over the runtime's gather buffers, and each unit is gathered again into the same torch storage
+//   before its backward, so the tensors autograd saved see valid data (docs/libtorch_gpt.md);
+// - it prints the loss per step (against the corpus' unigram entropy), tokens/s, parameter
+//   memory per rank against the plan, and a few lines of generated text.
+// Not used: checkpoints, the MPI backend (ranks are threads of one process, --ranks N).
+//
+// How to run (from the build directory; `apt-get install fortunes`):
+//   examples/libtorch_gpt                                  (2 ranks, zero3, block wrap, ~2 minutes)
+//   examples/libtorch_gpt --strategy ddp --ranks 2 --steps 100
+//   examples/libtorch_gpt --strategy zero3 --wrap layer --bf16 --steps 50
+// `--help` lists every option.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "gpt_model.hpp"
+#include "launcher.hpp"
+#include "ringzero/ringzero.hpp"
+
+namespace rz = ringzero;
+namespace ex = ringzero::examples;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct options {
+  int ranks = 2;
+  std::string strategy = "zero3";
+  std::string wrap = "block";
+  int steps = 1000;
+  std::int64_t batch = 16;  // sequences per global batch
+  gpt::config model{};
+  double lr = 2e-3;
+  double clip = 1.0;
+  std::uint64_t seed = 1234;
+  bool bf16 = false;
+  bool reshard_after_forward = true;
+  int generate = 240;
+  int print_every = 10;
+  std::string data = "/usr/share/games/fortunes";
+  std::string json_path;
+};
+
+/// The corpus: every plain fortune file (names without a dot: not the .dat indexes or the .u8
+/// links) of the directory, in name order, concatenated.
+std::string load_corpus(const std::string& dir) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(dir))
+    throw rz::error(rz::errc::io_error, "no fortune files in " + dir + " (Debian: apt-get install fortunes)");
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().filename().string().find('.') == std::string::npos) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::string text;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  if (text.size() < 1000) throw rz::error(rz::errc::io_error, "the fortune files in " + dir + " hold too little text");
+  return text;
+}
+
+int stage_of(const std::string& strategy) {
+  static const std::map<std::string, int> stages{{"ddp", 0}, {"zero1", 1}, {"zero2", 2}, {"zero3", 3}};
+  return stages.at(strategy);
+}
+
+rz::integration::wrap_policy wrap_of(const std::string& w) {
+  if (w == "layer") return rz::integration::wrap_policy::layer;
+  if (w == "model") return rz::integration::wrap_policy::model;
+  return rz::integration::wrap_policy::block;
+}
+
+struct corpus {
+  std::string text;
+  std::vector<std::int64_t> ids;     // text as vocabulary indices
+  std::vector<unsigned char> vocab;  // index -> byte
+  double unigram_entropy = 0;        // nats per character
+};
+
+corpus make_corpus(const std::string& dir) {
+  corpus c;
+  c.text = load_corpus(dir);
+  std::vector<std::uint64_t> counts(256);
+  for (unsigned char ch : c.text) ++counts[ch];
+  std::vector<std::int64_t> index(256, -1);
+  for (int b = 0; b < 256; ++b)
+    if (counts[static_cast<std::size_t>(b)] > 0) {
+      index[static_cast<std::size_t>(b)] = static_cast<std::int64_t>(c.vocab.size());
+      c.vocab.push_back(static_cast<unsigned char>(b));
+      const double p = static_cast<double>(counts[static_cast<std::size_t>(b)]) / static_cast<double>(c.text.size());
+      c.unigram_entropy -= p * std::log(p);
+    }
+  c.ids.reserve(c.text.size());
+  for (unsigned char ch : c.text) c.ids.push_back(index[ch]);
+  return c;
+}
+
+struct result {
+  std::vector<double> losses;
+  std::vector<double> step_seconds;
+  rz::zero::memory_breakdown measured, planned;
+  std::vector<rz::zero::parameter_spec> parameters;
+  std::string sample;
+  double tokens_per_second = 0;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+result train(const options& o, const corpus& c) {
+  result res;
+  std::mutex construct;
+  rz::local::launch(o.ranks, [&](rz::communicator& comm) {
+    const int rank = comm.rank();
+    std::shared_ptr<gpt::model> net;
+    {
+      // The same initial values on every rank and in every run: one module at a time from one seed.
+      std::lock_guard lock(construct);
+      torch::manual_seed(o.seed);
+      gpt::config cfg = o.model;
+      cfg.vocab = static_cast<std::int64_t>(c.vocab.size());
+      net = std::make_shared<gpt::model>(cfg);
+      if (o.bf16) net->to(torch::kBFloat16);
+    }
+    rz::integration::torch_zero_options zo;
+    zo.stage = stage_of(o.strategy);
+    zo.wrap = wrap_of(o.wrap);
+    zo.reshard_after_forward = o.reshard_after_forward;
+    if (o.bf16) zo.precision = rz::zero::precision::bfloat16_adam();
+    zo.model.optimizer.kind = rz::zero::optimizer_kind::adamw;
+    zo.model.optimizer.lr = o.lr;
+    zo.model.optimizer.weight_decay = 0;
+    zo.model.max_grad_norm = o.clip;
+    rz::integration::torch_zero z(comm, *net, zo);
+
+    const std::int64_t T = o.model.context, local_batch = o.batch / o.ranks;
+    const auto V = static_cast<std::int64_t>(c.vocab.size());
+    std::mt19937_64 rng(o.seed + 1);  // the same global batch on every rank and at every --ranks
+    std::uniform_int_distribution<std::size_t> start(0, c.ids.size() - static_cast<std::size_t>(T) - 2);
+    auto x = torch::empty({local_batch, T}, torch::kLong), y = torch::empty({local_batch, T}, torch::kLong);
+    std::vector<double> losses, seconds;
+    const auto t_all = clock_type::now();
+    for (int step = 0; step < o.steps; ++step) {
+      for (std::int64_t s = 0; s < o.batch; ++s) {
+        const std::size_t at = start(rng);
+        if (s / local_batch != rank) continue;
+        auto* xs = x[s % local_batch].data_ptr<std::int64_t>();
+        auto* ys = y[s % local_batch].data_ptr<std::int64_t>();
+        for (std::int64_t t = 0; t < T; ++t) {
+          xs[t] = c.ids[at + static_cast<std::size_t>(t)];
+          ys[t] = c.ids[at + static_cast<std::size_t>(t) + 1];
+        }
+      }
+      const auto t0 = clock_type::now();
+      auto logits = net->forward(x, z);
+      auto loss = torch::nn::functional::cross_entropy(logits.view({-1, V}).to(torch::kFloat32), y.view({-1}));
+      z.backward(loss);
+      z.step();
+      seconds.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+      double l = loss.item<double>();
+      rz::all_reduce(comm, &l, &l, 1, rz::dtype::float64, rz::reduce_kind::avg);
+      losses.push_back(l);
+      if (rank == 0 && (step % o.print_every == 0 || step + 1 == o.steps)) {
+        const double tps = static_cast<double>(o.batch * T) / seconds.back();
+        fmt::print("step {:5d}  loss {:.6f}  ({:.3f} bits/char)  {:8.0f} tokens/s\n", step, l, l / std::log(2.0), tps);
+        std::fflush(stdout);
+      }
+    }
+    const double total = std::chrono::duration<double>(clock_type::now() - t_all).count();
+
+    // Generated text: every rank runs the same forwards (stage 3 gathers are collectives).
+    std::string sample;
+    {
+      torch::NoGradGuard no_grad;
+      std::mt19937_64 g(o.seed + 2);
+      std::vector<std::int64_t> ctx{c.ids[0]};
+      for (int i = 0; i < o.generate; ++i) {
+        const std::size_t n = std::min<std::size_t>(ctx.size(), static_cast<std::size_t>(T));
+        auto in =
+            torch::from_blob(ctx.data() + (ctx.size() - n), {1, static_cast<std::int64_t>(n)}, torch::kLong).clone();
+        auto logits = net->forward(in, z).select(1, static_cast<std::int64_t>(n) - 1).to(torch::kFloat64);
+        auto p = torch::softmax(logits / 0.8, -1).contiguous();
+        const double* pp = p.data_ptr<double>();
+        std::discrete_distribution<std::int64_t> pick(pp, pp + V);
+        ctx.push_back(pick(g));
+      }
+      for (std::int64_t id : ctx) sample.push_back(static_cast<char>(c.vocab[static_cast<std::size_t>(id)]));
+    }
+    if (rank == 0) {
+      res.losses = losses;
+      res.step_seconds = seconds;
+      res.measured = z.model().memory_in_use();
+      res.planned = z.model().plan().memory();
+      res.parameters = z.parameters();
+      res.sample = sample;
+      res.tokens_per_second = static_cast<double>(o.batch * T) * o.steps / total;
+    }
+  });
+  return res;
+}
+
+nlohmann::json parameters_json(const std::vector<rz::zero::parameter_spec>& ps) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& p : ps) {
+    nlohmann::json j{{"name", p.name}, {"shape", p.shape}, {"unit", p.unit}};
+    if (p.type) j["dtype"] = std::string(rz::dtype_name(*p.type));
+    if (!p.tie_group.empty()) j["tie"] = p.tie_group;
+    list.push_back(j);
+  }
+  return list;
+}
+
+nlohmann::json memory_json(const rz::zero::memory_breakdown& m) {
+  return {{"parameters", m.parameters},
+          {"gradients", m.gradients},
+          {"master_weights", m.master_weights},
+          {"optimizer_states", m.optimizer_states},
+          {"communication_buffers", m.communication_buffers}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  CLI::App app{"A small character-level GPT (libtorch) trained on Debian's fortunes with DDP or ZeRO 1-3"};
+  app.add_option("--ranks", o.ranks, "ranks (threads of this process)")->check(CLI::Range(1, 64));
+  app.add_option("--strategy", o.strategy, "distribution strategy")
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
+  app.add_option("--wrap", o.wrap, "gather units: per transformer block, per torch submodule, or one")
+      ->check(CLI::IsMember({"block", "layer", "model"}));
+  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::Range(0, 10000000));
+  app.add_option("--batch", o.batch, "sequences per global batch (a multiple of --ranks)")->check(CLI::Range(1, 65536));
+  app.add_option("--context", o.model.context, "characters per sequence")->check(CLI::Range(2, 4096));
+  app.add_option("--layers", o.model.layers, "transformer blocks")->check(CLI::Range(1, 256));
+  app.add_option("--embd", o.model.embd, "embedding width")->check(CLI::Range(1, 65536));
+  app.add_option("--heads", o.model.heads, "attention heads (divides --embd)")->check(CLI::Range(1, 1024));
+  app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)")->check(CLI::Range(0.0, 1e6));
+  app.add_option("--seed", o.seed, "seed of the initial values, the batches and the sampling");
+  app.add_flag("--bf16", o.bf16, "bfloat16 parameters, compute and gradients; float32 master weights and states");
+  app.add_flag("--reshard-after-forward,!--no-reshard-after-forward", o.reshard_after_forward,
+               "stage 3: release each unit after its forward (default) or keep it until its backward");
+  app.add_option("--generate", o.generate, "characters to generate at the end")->check(CLI::Range(0, 100000));
+  app.add_option("--print-every", o.print_every, "print the loss every N steps")->check(CLI::Range(1, 1000000));
+  app.add_option("--data", o.data, "directory of the fortune files");
+  app.add_option("--json", o.json_path, "write losses, memory, plan and parameters to this JSON file");
+  CLI11_PARSE(app, argc, argv);
+  if (const std::string refusal = ex::launcher_refusal(ex::detect_launcher(), "libtorch_gpt", ""); !refusal.empty()) {
+    std::fprintf(stderr, "%s\n", refusal.c_str());
+    return 2;
+  }
+  if (o.batch % o.ranks != 0 || o.model.embd % o.model.heads != 0) {
+    std::fprintf(stderr, "libtorch_gpt: --batch must be a multiple of --ranks and --heads must divide --embd\n");
+    return 1;
+  }
+  torch::set_num_threads(1);  // one compute thread per rank
+  try {
+    const corpus c = make_corpus(o.data);
+    fmt::print("corpus: {} characters, vocabulary {}, unigram entropy {:.4f} nats ({:.4f} bits) per character\n",
+               c.text.size(), c.vocab.size(), c.unigram_entropy, c.unigram_entropy / std::log(2.0));
+    fmt::print("{} on {} rank(s), wrap {}, {} blocks of width {}, context {}, global batch {}{}\n", o.strategy, o.ranks,
+               o.wrap, o.model.layers, o.model.embd, o.model.context, o.batch, o.bf16 ? ", bfloat16" : "");
+    std::fflush(stdout);
+    const result r = train(o, c);
+
+    const auto& m = r.measured;
+    const auto& p = r.planned;
+    const std::uint64_t measured_peak = m.parameters + m.communication_buffers;
+    const std::uint64_t planned_peak = p.parameters + p.communication_buffers;
+    fmt::print("\nparameter memory per rank (parameters + gather buffers and gradient buckets):\n");
+    fmt::print("  measured {:>12} B  (parameters {}, communication buffers {})\n", measured_peak, m.parameters,
+               m.communication_buffers);
+    fmt::print("  plan     {:>12} B  (parameters {}, communication buffers {})  {}\n", planned_peak, p.parameters,
+               p.communication_buffers, measured_peak <= planned_peak ? "within the plan" : "ABOVE THE PLAN");
+    if (!r.losses.empty()) {
+      double tail = 0;
+      const std::size_t k = std::min<std::size_t>(20, r.losses.size());
+      for (std::size_t i = r.losses.size() - k; i < r.losses.size(); ++i) tail += r.losses[i];
+      tail /= static_cast<double>(k);
+      fmt::print("training loss (mean of the last {} steps) {:.4f} nats vs unigram entropy {:.4f}: {}\n", k, tail,
+                 c.unigram_entropy, tail < c.unigram_entropy ? "below" : "NOT below");
+      fmt::print("{:.0f} tokens/s, median step {:.2f} ms\n", r.tokens_per_second, 1e3 * median(r.step_seconds));
+    }
+    fmt::print("\ngenerated:\n{}\n", r.sample);
+    if (!o.json_path.empty()) {
+      nlohmann::json j{{"strategy", o.strategy},
+                       {"ranks", o.ranks},
+                       {"wrap", o.wrap},
+                       {"losses", r.losses},
+                       {"step_seconds", r.step_seconds},
+                       {"median_step_seconds", median(r.step_seconds)},
+                       {"tokens_per_second", r.tokens_per_second},
+                       {"unigram_entropy", c.unigram_entropy},
+                       {"memory_measured", memory_json(m)},
+                       {"memory_planned", memory_json(p)},
+                       {"parameters", parameters_json(r.parameters)},
+                       {"sample", r.sample}};
+      std::ofstream f(o.json_path);
+      f << j.dump(1) << "\n";
+      if (!f) throw rz::error(rz::errc::io_error, "cannot write " + o.json_path);
+    }
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "libtorch_gpt: %s\n", rz::error_text(e).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,456 @@
+#pragma once
+/// @file
+/// `integration::torch_zero`: a torch::nn::Module trained through `zero::sharded_model` (ZeRO
+/// stages 0-3) after one call. Its parameters become views over the runtime's memory, one torch
+/// storage per flat buffer; at stage 3 a unit's storage points at its gather buffer only while
+/// the unit is gathered, and an identity autograd function at each unit's output gathers it
+/// again before its backward and repoints the same storage, so the tensors autograd saved see
+/// valid data (FSDP's approach). Gradients are accumulated by autograd straight into the
+/// runtime's gradient memory. The module calls `run(name, x, f)` around every part that may be
+/// a unit. Errors: ringzero::error on every rank, naming the parameter. Thread semantics: one
+/// thread per rank, as the runtime. Needs libtorch; never included by <ringzero/ringzero.hpp>.
+/// The manual: docs/libtorch_gpt.md.
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ringzero/collective/all_gather.hpp"
+#include "ringzero/collective/broadcast.hpp"
+#include "ringzero/zero/sharded_model.hpp"
+
+namespace ringzero::integration {
+
+/// How parameters are grouped into gather units (FSDP's wrapping policy).
+enum class wrap_policy {
+  block,  ///< one unit per child of the blocks container, one "embeddings" before, one "head" after
+  layer,  ///< one unit per submodule that owns parameters (named by its path)
+  model,  ///< the whole module is one unit, "model"
+};
+
+/// The policy's name ("block", "layer", "model").
+constexpr std::string_view wrap_name(wrap_policy w) noexcept {
+  switch (w) {
+    case wrap_policy::block: return "block";
+    case wrap_policy::layer: return "layer";
+    case wrap_policy::model: return "model";
+  }
+  return "?";
+}
+
+/// Options of a `torch_zero`.
+struct torch_zero_options {
+  int stage = 3;                          ///< ZeRO stage 0-3
+  wrap_policy wrap = wrap_policy::block;  ///< gather units
+  std::string blocks = "blocks";          ///< block wrap: the module path of the blocks container
+  /// Master weights, optimizer states (the parameter element type is the module's own).
+  zero::precision precision{};
+  int accumulation_steps = 1;  ///< micro-batches per step (one `backward` each)
+  bool prefetch = true;        ///< stage 3: gather the next unit while this one computes
+  int max_inflight_reductions = 2;
+  /// Stage 3: release a unit after its forward (true) or keep it gathered until its backward.
+  bool reshard_after_forward = true;
+  /// Start every rank from rank 0's values (a broadcast, as DDP does); false: each rank's own,
+  /// which must then be equal.
+  bool broadcast_from_rank0 = true;
+  zero::sharded_model_options model{};  ///< optimizer, clipping
+};
+
+namespace detail {
+
+/// The ringzero dtype of a torch scalar type, or nullopt when the runtime has no such dtype.
+inline std::optional<dtype> dtype_of_torch(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float: return dtype::float32;
+    case c10::ScalarType::Double: return dtype::float64;
+    case c10::ScalarType::BFloat16: return dtype::bfloat16;
+    case c10::ScalarType::Half: return dtype::float16;
+    default: return std::nullopt;  // integer and complex types cannot be trained here
+  }
+}
+
+/// The gather unit of parameter `name` (module path + "." + parameter) under `wrap`.
+/// `after_blocks`: a block of `blocks` came before this parameter.
+inline std::string unit_name(const std::string& name, wrap_policy wrap, const std::string& blocks, bool after_blocks) {
+  switch (wrap) {
+    case wrap_policy::model: return "model";
+    case wrap_policy::layer: {
+      const auto dot = name.rfind('.');
+      return dot == std::string::npos ? name : name.substr(0, dot);
+    }
+    case wrap_policy::block: {
+      const std::string prefix = blocks + ".";
+      if (name.starts_with(prefix)) {
+        const auto dot = name.find('.', prefix.size());
+        return dot == std::string::npos ? name : name.substr(0, dot);
+      }
+      return after_blocks ? "head" : "embeddings";
+    }
+  }
+  return name;
+}
+
+}  // namespace detail
+
+class torch_zero;
+
+namespace detail {
+/// The identity at a unit's input (kind 0) or output (kind 1); its backward tells the bridge
+/// that the unit's backward ends (input) or begins (output).
+struct torch_zero_boundary : torch::autograd::Function<torch_zero_boundary> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch_zero* bridge, std::int64_t unit,
+                               std::int64_t kind, const torch::Tensor& x) {
+    ctx->saved_data["bridge"] = reinterpret_cast<std::int64_t>(bridge);
+    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["kind"] = kind;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads);
+};
+}  // namespace detail
+
+/// A torch module's parameters registered with a `zero::sharded_model` (see the file comment).
+/// Construction is a collective over `comm` (plans, agrees, broadcasts). Not copyable.
+class torch_zero {
+ public:
+  /// Registers every parameter of `module` (named_parameters order, which must be the order the
+  /// forward uses the units) with a `zero::sharded_model` on `comm`. Tied parameters (one tensor
+  /// under two names) share one storage. Throws errc::invalid_argument on every rank when a
+  /// rank's module has a parameter that does not require grad, is not contiguous, not on the
+  /// CPU or of an unsupported dtype (naming it), or when the plans differ.
+  torch_zero(communicator& comm, torch::nn::Module& module, const torch_zero_options& options = {})
+      : comm_(comm), module_(module), options_(options), model_(comm, request(), options.model) {
+    const auto& plan = model_.plan();
+    for (std::size_t u = 0; u < plan.units().size(); ++u) unit_index_[plan.units()[u].name] = u;
+    representative_.assign(plan.buffers().size(), npos);
+    for (std::size_t p = 0; p < plan.placements().size(); ++p) {
+      const auto& pl = plan.placements()[p];
+      if (!pl.alias && pl.numel > 0 && representative_[pl.buffer] == npos) representative_[pl.buffer] = p;
+    }
+    initialise();
+    open_.assign(plan.units().size(), false);
+    deferred_.assign(plan.units().size(), false);
+  }
+
+  torch_zero(const torch_zero&) = delete;
+  torch_zero& operator=(const torch_zero&) = delete;
+
+  /// The runtime (plan, memory, optimizer).
+  zero::sharded_model& model() noexcept { return model_; }
+  const zero::sharded_model& model() const noexcept { return model_; }
+  /// The parameters as registered (name, shape, dtype, tie group, unit).
+  const std::vector<zero::parameter_spec>& parameters() const noexcept { return specs_; }
+  /// The unit named `name` under this wrap policy, if there is one.
+  std::optional<std::size_t> unit(std::string_view name) const {
+    auto it = unit_index_.find(std::string(name));
+    if (it == unit_index_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  /// `f(x)`, run as unit `name` when the wrap policy makes one of that name (else just `f(x)`):
+  /// gathers it (stage 3), marks its input and output for backward, releases it after (stage 3
+  /// with reshard_after_forward). A collective at stage 3 (every rank, same order).
+  torch::Tensor run(std::string_view name, const torch::Tensor& x,
+                    const std::function<torch::Tensor(const torch::Tensor&)>& f) {
+    const auto u = unit(name);
+    if (!u) return f(x);
+    model_.pre_forward(*u);
+    bind(*u);
+    const bool graph = torch::GradMode::is_enabled();
+    torch::Tensor y;
+    try {
+      torch::Tensor in = x;
+      if (graph && x.defined() && x.requires_grad())
+        in = detail::torch_zero_boundary::apply(this, static_cast<std::int64_t>(*u), 0, x);
+      y = f(in);
+      if (graph && y.requires_grad()) y = detail::torch_zero_boundary::apply(this, static_cast<std::int64_t>(*u), 1, y);
+    } catch (...) {
+      model_.post_forward(*u);
+      throw;
+    }
+    if (model_.plan().stage() == 3 && graph && !options_.reshard_after_forward && y.requires_grad())
+      deferred_[*u] = true;  // released in its backward, after the second gather
+    else
+      model_.post_forward(*u);
+    return y;
+  }
+
+  /// The backward of one micro-batch: `loss.backward()`, gradients accumulated straight into
+  /// the runtime's memory unit by unit (reductions start as units finish), then
+  /// `end_backward()`. A collective.
+  void backward(const torch::Tensor& loss) {
+    loss.backward();
+    const auto& plan = model_.plan();
+    // A gradient that autograd accumulated while its unit's backward was not open (the unit
+    // closed, its reduction started, or never opened) would be lost: refuse it, on every rank.
+    std::string late;
+    for (std::size_t i = 0; i < names_.size() && late.empty(); ++i) {
+      const std::size_t w = plan.placements()[plan.placements()[i].storage].unit;
+      if (!open_[w] && tensors_[alias_of_[i]].grad().defined())
+        late = "the gradient of parameter '" + names_[i] + "' arrived outside the backward of its unit '" +
+               plan.units()[w].name + "' (is it used outside run(\"" + plan.units()[w].name + "\", ...)?)";
+    }
+    agree(late);
+    for (std::size_t u = plan.units().size(); u-- > 0;) {
+      if (deferred_[u]) {
+        model_.post_forward(u);
+        deferred_[u] = false;
+      }
+      if (open_[u]) close(u);
+    }
+    for (auto& t : tensors_) t.mutable_grad() = torch::Tensor();
+    model_.end_backward();
+  }
+
+  /// Checks that the module still has the registered parameters (on every rank: one all_gather
+  /// of a flag), then the runtime's step (clip, update, gather). Throws errc::invalid_argument on
+  /// every rank when a parameter was replaced, resized or made not to require grad, naming it.
+  zero::step_result step() {
+    agree(changed());
+    return model_.step();
+  }
+
+  /// The first registered parameter that changed ("" when none): replaced, a new storage,
+  /// another shape, no longer requiring grad, or the module's parameter list differs. Local.
+  std::string changed() const {
+    const auto now = module_.named_parameters(true);
+    if (now.size() != names_.size())
+      return "the module has " + std::to_string(now.size()) + " parameters, " + std::to_string(names_.size()) +
+             " were registered (parameters changed after registration)";
+    for (std::size_t i = 0; i < names_.size(); ++i) {
+      const auto& item = now[i];
+      const std::string& n = names_[i];
+      if (item.key() != n)
+        return "parameter " + std::to_string(i) + " is now '" + item.key() + "', registered as '" + n + "'";
+      const torch::Tensor& t = item.value();
+      const torch::Tensor& reg = tensors_[alias_of_[i]];
+      if (t.unsafeGetTensorImpl() != reg.unsafeGetTensorImpl())
+        return "parameter '" + n + "' was replaced by another tensor after registration";
+      if (!t.has_storage() || t.storage().unsafeGetStorageImpl() != storage_of(i))
+        return "parameter '" + n + "' has new data (set_data or an in-place resize) after registration";
+      if (!t.requires_grad()) return "parameter '" + n + "' no longer requires grad";
+      if (t.sizes().vec() != sizes_[i]) return "parameter '" + n + "' changed its shape after registration";
+    }
+    return {};
+  }
+
+ private:
+  friend struct detail::torch_zero_boundary;
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+  /// The plan request for the module's parameters (checked here; refusals agreed across ranks).
+  zero::plan_request request() {
+    std::string problem;
+    const auto named = module_.named_parameters(true);
+    bool after_blocks = false;
+    std::string first_head;  // block wrap: the first parameter after a block that is not in one
+    std::vector<std::size_t> name_of_tensor;
+    for (const auto& item : named) {
+      const std::string& n = item.key();
+      const torch::Tensor& t = item.value();
+      std::size_t owner = npos;
+      for (std::size_t j = 0; j < tensors_.size(); ++j)
+        if (tensors_[j].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) owner = j;
+      zero::parameter_spec s;
+      s.name = n;
+      for (auto d : t.sizes()) s.shape.push_back(static_cast<std::uint64_t>(d));
+      const auto type = detail::dtype_of_torch(t.scalar_type());
+      if (problem.empty()) {
+        if (!t.requires_grad())
+          problem = "parameter '" + n + "' does not require grad (the bridge trains every parameter it registers)";
+        else if (!t.is_contiguous())
+          problem = "parameter '" + n + "' is not contiguous";
+        else if (!t.device().is_cpu())
+          problem = "parameter '" + n + "' is on " + t.device().str() + ", the runtime's memory is the CPU's";
+        else if (!type)
+          problem = "parameter '" + n + "' has dtype " + std::string(c10::toString(t.scalar_type())) +
+                    ", which cannot be trained (float32, float64, bfloat16, float16)";
+      }
+      s.type = type.value_or(dtype::float32);
+      const bool in_block = n.starts_with(options_.blocks + ".");
+      if (options_.wrap == wrap_policy::block) {
+        if (in_block && !first_head.empty() && problem.empty())
+          problem = "parameter '" + first_head + "' lies between the blocks of '" + options_.blocks +
+                    "' (block wrap needs them consecutive)";
+        if (in_block) after_blocks = true;
+        if (!in_block && after_blocks && first_head.empty()) first_head = n;
+      }
+      s.unit = detail::unit_name(n, options_.wrap, options_.blocks, after_blocks);
+      if (owner != npos) {
+        specs_[name_of_tensor[owner]].tie_group = names_[name_of_tensor[owner]];
+        s.tie_group = names_[name_of_tensor[owner]];
+        alias_of_.push_back(owner);
+      } else {
+        alias_of_.push_back(tensors_.size());
+        name_of_tensor.push_back(names_.size());
+        tensors_.push_back(t);
+      }
+      names_.push_back(n);
+      sizes_.push_back(t.sizes().vec());
+      specs_.push_back(std::move(s));
+    }
+    // Every rank learns whether any refused, before the runtime's own agreement.
+    agree(problem);
+    zero::plan_request q;
+    q.parameters = specs_;
+    q.stage = options_.stage;
+    q.precision = options_.precision;
+    if (!specs_.empty() && specs_[0].type) q.precision.parameter = *specs_[0].type;
+    q.accumulation_steps = options_.accumulation_steps;
+    q.prefetch = options_.prefetch;
+    q.max_inflight_reductions = options_.max_inflight_reductions;
+    return q;
+  }
+
+  /// Throws on every rank when any rank has a problem: its own message there, the refusing
+  /// ranks named on the others.
+  void agree(const std::string& problem) {
+    const int n = comm_.world_size();
+    std::vector<std::uint8_t> flags(static_cast<std::size_t>(n));
+    const std::uint8_t mine = problem.empty() ? 0 : 1;
+    all_gather(comm_, &mine, flags.data(), 1, dtype::uint8);
+    if (!problem.empty()) comm_.raise(errc::invalid_argument, "integration::torch_zero: " + problem);
+    std::string ranks;
+    for (int r = 0; r < n; ++r)
+      if (flags[static_cast<std::size_t>(r)] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    if (!ranks.empty())
+      comm_.raise(errc::invalid_argument,
+                  "integration::torch_zero: rank(s) " + ranks + " refused the module (see that rank's error)");
+  }
+
+  /// Initial values into the runtime (rank 0's, broadcast), then every parameter becomes a view
+  /// over its buffer's storage.
+  void initialise() {
+    const auto& plan = model_.plan();
+    for (std::size_t i = 0; i < names_.size(); ++i) {
+      const auto& pl = plan.placements()[i];
+      if (pl.alias) continue;
+      torch::Tensor v = tensors_[alias_of_[i]].detach().to(torch::kFloat32).contiguous().clone();
+      std::span<float> values(v.data_ptr<float>(), static_cast<std::size_t>(v.numel()));
+      if (options_.broadcast_from_rank0 && comm_.world_size() > 1 && !values.empty())
+        broadcast(comm_, values.data(), values.data(), values.size(), dtype::float32, 0);
+      model_.set_parameter(i, values);
+    }
+    storages_.resize(plan.buffers().size());
+    for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
+      const auto& f = plan.buffers()[b];
+      const std::size_t bytes = static_cast<std::size_t>(f.numel * dtype_size(f.type));
+      unsigned char* data = plan.stage() <= 2 && representative_[b] != npos ? buffer_start(b) : nullptr;
+      storages_[b] = c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(data, c10::Device(c10::kCPU)),
+                                  nullptr, false);
+    }
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < names_.size(); ++i) {
+      const auto& pl = plan.placements()[i];
+      if (pl.alias) continue;
+      torch::Tensor& t = tensors_[alias_of_[i]];
+      torch::Tensor view = torch::empty({0}, t.options().requires_grad(false));
+      view.set_(storages_[pl.buffer], static_cast<std::int64_t>(pl.offset), t.sizes(), t.strides());
+      t.set_data(view);
+    }
+  }
+
+  const c10::StorageImpl* storage_of(std::size_t i) const {
+    return storages_[model_.plan().placements()[model_.plan().placements()[i].storage].buffer].unsafeGetStorageImpl();
+  }
+
+  /// The first byte of buffer b in the runtime's memory now (its gather buffer at stage 3).
+  unsigned char* buffer_start(std::size_t b) {
+    const std::size_t p = representative_[b];
+    const auto& pl = model_.plan().placements()[p];
+    unsigned char* first = nullptr;
+    visit_dtype(pl.type, [&]<class T>() {
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
+        first = reinterpret_cast<unsigned char*>(model_.parameter<T>(p).data());
+    });
+    return first - pl.offset * dtype_size(pl.type);
+  }
+
+  /// Stage 3: points the storages of unit u (and of the units it borrows) at their gather buffers.
+  void bind(std::size_t u) {
+    const auto& plan = model_.plan();
+    if (plan.stage() != 3) return;
+    auto point = [&](std::size_t w) {
+      for (std::size_t b : plan.units()[w].buffers)
+        if (representative_[b] != npos)
+          storages_[b].unsafeGetStorageImpl()->set_data_ptr_noswap(
+              c10::DataPtr(buffer_start(b), c10::Device(c10::kCPU)));
+    };
+    point(u);
+    for (std::size_t w : plan.units()[u].borrowed) point(w);
+  }
+
+  /// Before the backward of unit u (its output's boundary): gathers it again into the same
+  /// storages, and points its parameters' .grad at the runtime's gradient memory.
+  void open(std::size_t u) {
+    model_.pre_backward(u);
+    bind(u);
+    if (deferred_[u]) {
+      model_.post_forward(u);
+      deferred_[u] = false;
+    }
+    const auto& plan = model_.plan();
+    for (std::size_t p : plan.units()[u].members) {
+      const auto& pl = plan.placements()[p];
+      if (pl.numel == 0) continue;
+      torch::Tensor& t = tensors_[alias_of_[p]];
+      const auto& f = plan.buffers()[pl.buffer];
+      void* g = nullptr;
+      visit_dtype(f.gradient_type, [&]<class T>() {
+        if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
+          g = model_.gradient<T>(p).data();
+      });
+      if (!t.grad().defined() || t.grad().data_ptr() != g)
+        t.mutable_grad() = torch::from_blob(g, t.sizes(), t.options().requires_grad(false));
+    }
+    open_[u] = true;
+  }
+
+  /// After the backward of unit u (its input's boundary, or the end of backward): its gradients
+  /// are final; their views are dropped (the memory goes to the reduction).
+  void close(std::size_t u) {
+    open_[u] = false;
+    model_.post_backward(u);
+    const auto& plan = model_.plan();
+    for (std::size_t p : plan.units()[u].members) {
+      const auto& pl = plan.placements()[p];
+      if (plan.placements()[pl.storage].unit == u) tensors_[alias_of_[p]].mutable_grad() = torch::Tensor();
+    }
+  }
+
+  communicator& comm_;
+  torch::nn::Module& module_;
+  torch_zero_options options_;
+  std::vector<std::string> names_;                ///< registered names, in order
+  std::vector<std::vector<std::int64_t>> sizes_;  ///< their shapes
+  std::vector<std::size_t> alias_of_;             ///< per name: index into tensors_
+  std::vector<torch::Tensor> tensors_;            ///< distinct parameter tensors
+  std::vector<zero::parameter_spec> specs_;
+  zero::sharded_model model_;
+  std::map<std::string, std::size_t, std::less<>> unit_index_;
+  std::vector<std::size_t> representative_;  ///< per buffer: a parameter owning storage in it
+  std::vector<c10::Storage> storages_;       ///< per buffer: the storage the parameters view
+  std::vector<bool> open_;                   ///< unit's backward begun, not ended
+  std::vector<bool> deferred_;               ///< stage 3: post_forward deferred to backward
+};
+
+inline torch::autograd::variable_list detail::torch_zero_boundary::backward(torch::autograd::AutogradContext* ctx,
+                                                                            torch::autograd::variable_list grads) {
+  auto* bridge = reinterpret_cast<torch_zero*>(ctx->saved_data["bridge"].toInt());
+  const auto u = static_cast<std::size_t>(ctx->saved_data["unit"].toInt());
+  if (ctx->saved_data["kind"].toInt() == 1) {
+    if (!bridge->open_[u]) bridge->open(u);
+  } else if (bridge->open_[u]) {
+    bridge->close(u);
+  }
+  return {torch::Tensor(), torch::Tensor(), torch::Tensor(), grads[0]};
+}
+
+}  // namespace ringzero::integration
