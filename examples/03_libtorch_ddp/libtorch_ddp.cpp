@@ -67,7 +67,7 @@ struct options {
   int global_batch = 64;
   int accumulate = 1;
   std::string optimizer = "adam";
-  double lr = 0;  // 0: 1e-3 for adam, 0.05 for sgd
+  double lr = 0;  // initial; 0: 1e-3 for adam, 0.05 for sgd
   std::uint64_t seed = 1;
   double bucket_mb = 0.05;
   std::size_t train_subset = 0;
@@ -79,15 +79,15 @@ struct options {
 };
 
 // The CNN: conv 5x5 (8) - SyncBatchNorm - ReLU - max-pool 2, conv 5x5 (16) - SyncBatchNorm - ReLU -
-// max-pool 2, linear 784 -> 64 - ReLU, linear 64 -> 10. `comm` makes the batch norms synchronised.
+// max-pool 2, linear 784 -> 128 - ReLU, linear 128 -> 10. `comm` makes the batch norms synchronised.
 struct cnn : torch::nn::Module {
   explicit cnn(rz::communicator* comm) {
     conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 5).padding(2)));
     bn1 = register_module("bn1", rz::sync_batch_norm(comm, 8));
     conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 5).padding(2)));
     bn2 = register_module("bn2", rz::sync_batch_norm(comm, 16));
-    fc1 = register_module("fc1", torch::nn::Linear(16 * 7 * 7, 64));
-    fc2 = register_module("fc2", torch::nn::Linear(64, 10));
+    fc1 = register_module("fc1", torch::nn::Linear(16 * 7 * 7, 128));
+    fc2 = register_module("fc2", torch::nn::Linear(128, 10));
   }
   torch::Tensor forward(torch::Tensor x) {
     x = F::max_pool2d(torch::relu(bn1->forward(conv1->forward(x))), F::MaxPool2dFuncOptions(2));
@@ -174,15 +174,17 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, boo
         const auto limit = static_cast<std::uint64_t>(o.bucket_mb * 1024 * 1024);
         ddp_options.reducer.bucket_byte_limits = {std::max<std::uint64_t>(limit, 1)};
         rz::torch_ddp ddp(comm, *model, ddp_options);
+        const double base_lr = o.lr > 0 ? o.lr : (o.optimizer == "adam" ? 1e-3 : 0.05);
         std::unique_ptr<torch::optim::Optimizer> optimizer;
         if (o.optimizer == "adam")
-          optimizer = std::make_unique<torch::optim::Adam>(model->parameters(),
-                                                           torch::optim::AdamOptions(o.lr > 0 ? o.lr : 1e-3));
+          optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(base_lr));
         else
-          optimizer = std::make_unique<torch::optim::SGD>(
-              model->parameters(), torch::optim::SGDOptions(o.lr > 0 ? o.lr : 0.05).momentum(0.9));
+          optimizer =
+              std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(base_lr).momentum(0.9));
         ex::distributed_sampler sampler(data.train.count, ranks, comm.rank(), o.seed);
         const std::size_t steps = sampler.shard_size() / static_cast<std::size_t>(per_rank * o.accumulate);
+        const double total_steps = static_cast<double>(steps) * o.epochs;
+        double done_steps = 0;
         std::vector<float> x;
         std::vector<std::uint8_t> y;
         torch::Tensor images, labels;
@@ -211,6 +213,10 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, boo
                 ddp.finish();  // averaged gradients in .grad()
               }
             }
+            // The learning rate decays linearly to 0 over the run.
+            for (auto& group : optimizer->param_groups())
+              group.options().set_lr(base_lr * (1.0 - done_steps / total_steps));
+            done_steps += 1;
             optimizer->step();
           }
           rz::barrier(comm);
@@ -283,7 +289,9 @@ int main(int argc, char** argv) {
       ->check(ex::whole_number())
       ->check(CLI::Range(1, 1024));
   app.add_option("--optimizer", o.optimizer, "adam or sgd (momentum 0.9)")->check(CLI::IsMember({"adam", "sgd"}));
-  app.add_option("--lr", o.lr, "learning rate (default 1e-3 for adam, 0.05 for sgd)")->check(ex::learning_rate_check());
+  app.add_option("--lr", o.lr,
+                 "initial learning rate, decaying linearly to 0 over the run (default 1e-3 for adam, 0.05 for sgd)")
+      ->check(ex::learning_rate_check());
   app.add_option("--seed", o.seed, "seed of the initial model and the per-epoch permutations")
       ->check(ex::whole_number());
   app.add_option("--bucket-mb", o.bucket_mb,

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <atomic>
 #include <functional>
@@ -167,6 +168,34 @@ TEST_CASE("torch_ddp: parameters and buffers are broadcast from rank 0; a .grad(
     DOCTEST_CHECK(copies[r] == 4);  // linear weight, bias, batch-norm weight, bias
     DOCTEST_CHECK(view_ok[r] == 1);
   }
+}
+
+TEST_CASE("torch_ddp: a libtorch optimizer's zero_grad keeps the bucket views (no copies)") {
+  std::vector<int> copies(2, -1), views_ok(2, 0);
+  std::vector<torch::Tensor> weights(2);
+  rz::local::launch(2, [&](rz::communicator& comm) {
+    torch::set_num_threads(1);
+    two_layers model(comm.rank());
+    rz::torch_ddp ddp(comm, model);
+    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.5));
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      loss_of(model.forward(batch(comm.rank(), step))).backward();
+      ddp.finish();
+      optimizer.step();
+    }
+    int ok = 1;
+    for (std::size_t i = 0; i < ddp.parameter_count(); ++i)
+      ok &= model.parameters()[i].grad().data_ptr() == ddp.reducer().gradient(i) ? 1 : 0;
+    views_ok[comm.rank()] = ok;
+    copies[comm.rank()] = static_cast<int>(ddp.gradient_copies());
+    weights[comm.rank()] = model.first->weight.detach().clone();
+  });
+  for (int r = 0; r < 2; ++r) {
+    DOCTEST_CHECK(copies[r] == 0);
+    DOCTEST_CHECK(views_ok[r] == 1);
+  }
+  DOCTEST_CHECK(torch::equal(weights[0], weights[1]));  // the same averaged step on both ranks
 }
 
 TEST_CASE(
