@@ -213,7 +213,8 @@ class torch_ddp {
 
   /// Collects the parameters and buffers; returns this rank's first problem, or "".
   std::string collect(const torch_ddp_options& options) {
-    if (comm_.space() != memory_space::host) return "unsupported: the communicator works on CUDA device memory";
+    if (comm_.space() != memory_space::host)
+      return "the communicator works on CUDA device memory; the libtorch bridge supports host memory only";
     std::vector<const void*> seen;
     const auto check = [](const std::string& what, const torch::Tensor& t, dtype& type) -> std::string {
       if (!t.defined()) return what + " is undefined";
@@ -261,6 +262,8 @@ class torch_ddp {
   /// Collective: every rank learns whether any rank's module was refused, and every rank
   /// registered the same buffers (the reducer checks the parameters itself).
   void agree(const std::string& problem) {
+    if (comm_.space() != memory_space::host)  // the same on every rank: refused without a collective
+      throw error(errc::unsupported, context(), "torch_ddp: " + problem);
     detail::fnv1a buffer_hash;
     for (const auto& b : buffers_) {
       buffer_hash.text(b.name);
@@ -276,8 +279,7 @@ class torch_ddp {
       if (all[2 * static_cast<std::size_t>(r) + 1] != all[1])
         differ += (differ.empty() ? "" : ", ") + std::to_string(r);
     }
-    const errc code = problem.rfind("unsupported", 0) == 0 ? errc::unsupported : errc::invalid_argument;
-    if (!problem.empty()) throw error(code, context(), "torch_ddp: " + problem);
+    if (!problem.empty()) throw error(errc::invalid_argument, context(), "torch_ddp: " + problem);
     if (!refused.empty())
       throw error(errc::invalid_argument, context(),
                   "torch_ddp: rank(s) " + refused + " refused their module (their error names the parameter)");
