@@ -1,0 +1,355 @@
+// The libtorch bridge (integration/torch_ddp.hpp, integration/torch_sync_batch_norm.hpp): bucket
+// views and hooks give the 1-rank average bitwise, accumulation, buckets launched during
+// backward, SyncBatchNorm (case C23 exactly, forward and backward against libtorch's batch_norm
+// on the whole batch), and the bad inputs of issue 20 (errors naming the parameter, no hang).
+// libtorch's headers bring glog's CHECK macro, so doctest's is spelled DOCTEST_CHECK here.
+#include <doctest/doctest.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringzero/backend/local/launch.hpp"
+#include "ringzero/ddp/allreduce_hook.hpp"
+#include "ringzero/integration/torch_ddp.hpp"
+
+namespace rz = ringzero;
+
+namespace {
+
+// Two linear layers without activation; weights are small integers set from `seed`, so every
+// gradient of a sum loss over integer inputs is an integer (exact in float32 in any order).
+struct two_layers : torch::nn::Module {
+  explicit two_layers(int seed) {
+    first = register_module("first", torch::nn::Linear(6, 4));
+    second = register_module("second", torch::nn::Linear(4, 3));
+    torch::NoGradGuard no_grad;
+    int k = seed;
+    for (auto& p : parameters())
+      for (std::int64_t i = 0; i < p.numel(); ++i) p.view(-1)[i] = static_cast<float>((k++ * 7) % 5 - 2);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return second->forward(first->forward(x)); }
+  torch::nn::Linear first{nullptr}, second{nullptr};
+};
+
+// Integer inputs of rank `rank`'s micro-batch `step` (3 rows), and the integer loss weights.
+torch::Tensor batch(int rank, int step) {
+  return (torch::arange(18, torch::kFloat32).view({3, 6}) * (rank + 2) + step * 3).remainder(7) - 3;
+}
+torch::Tensor loss_of(const torch::Tensor& out) { return (out * torch::tensor({1.0f, -2.0f, 3.0f})).sum(); }
+
+// The gradients of a fresh rank-0 model for `rank`'s batches `steps` (summed), one tensor per parameter.
+std::vector<torch::Tensor> local_gradients(int rank, std::vector<int> steps) {
+  two_layers m(0);
+  for (int s : steps) loss_of(m.forward(batch(rank, s))).backward();
+  std::vector<torch::Tensor> g;
+  for (auto& p : m.parameters()) g.push_back(p.grad().clone());
+  return g;
+}
+
+// Counts bucket launches (the reducer calls `launch` when a bucket's gradients are all ready).
+struct counting_hook : rz::comm_hook {
+  rz::allreduce_hook average;
+  std::atomic<int> launches{0};
+  std::string name() const override { return "counting"; }
+  rz::work launch(rz::communicator& comm, const rz::gradient_bucket& b) override {
+    ++launches;
+    return average.launch(comm, b);
+  }
+  void complete(const rz::gradient_bucket& b) override { average.complete(b); }
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) { return e.what(); }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE(
+    "torch_ddp: 2 ranks give the 1-rank average of the gradients bitwise, in bucket views, launched during "
+    "backward") {
+  torch::set_num_threads(1);
+  std::vector<std::vector<std::vector<torch::Tensor>>> got(2);  // [rank][step][parameter]
+  std::vector<int> launched_before_last(2, -1), copies(2, -1), buckets(2, 0), views_ok(2, 0);
+  rz::local::launch(2, [&](rz::communicator& comm) {
+    torch::set_num_threads(1);
+    const int r = comm.rank();
+    two_layers model(r);  // rank 1 starts from other weights: the broadcast makes them rank 0's
+    rz::torch_ddp_options opt;
+    opt.reducer.bucket_byte_limits = {1};  // one parameter per bucket: 4 buckets
+    auto hook = std::make_shared<counting_hook>();
+    opt.reducer.hook = hook;
+    rz::torch_ddp ddp(comm, model, opt);
+    buckets[r] = static_cast<int>(ddp.reducer().bucket_count());
+    // first.weight is the last gradient backward produces: by then the other buckets are out.
+    model.first->weight.register_hook([&, r](torch::Tensor g) {
+      if (launched_before_last[r] < 0) launched_before_last[r] = hook->launches.load();
+      return g;
+    });
+    for (int step = 0; step < 3; ++step) {  // step 0 rebuilds the buckets, so views move once
+      ddp.zero_grad();
+      loss_of(model.forward(batch(r, step))).backward();
+      ddp.finish();
+      std::vector<torch::Tensor> g;
+      for (auto& p : model.parameters()) g.push_back(p.grad().clone());
+      got[r].push_back(g);
+    }
+    {  // accumulation: steps 3 and 4 summed, then averaged
+      ddp.zero_grad();
+      {
+        auto guard = ddp.no_sync();
+        loss_of(model.forward(batch(r, 3))).backward();
+        ddp.finish();
+      }
+      loss_of(model.forward(batch(r, 4))).backward();
+      ddp.finish();
+      std::vector<torch::Tensor> g;
+      for (auto& p : model.parameters()) g.push_back(p.grad().clone());
+      got[r].push_back(g);
+    }
+    int ok = 1;
+    for (std::size_t i = 0; i < ddp.parameter_count(); ++i)
+      ok &= model.parameters()[i].grad().data_ptr() == ddp.reducer().gradient(i) ? 1 : 0;
+    views_ok[r] = ok;
+    copies[r] = static_cast<int>(ddp.gradient_copies());
+  });
+  const std::vector<std::vector<int>> steps = {{0}, {1}, {2}, {3, 4}};
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    const auto g0 = local_gradients(0, steps[s]), g1 = local_gradients(1, steps[s]);
+    for (int r = 0; r < 2; ++r)
+      for (std::size_t i = 0; i < g0.size(); ++i) {
+        CAPTURE(s);
+        CAPTURE(i);
+        DOCTEST_CHECK(torch::equal(got[r][s][i], (g0[i] + g1[i]) / 2));
+      }
+  }
+  for (int r = 0; r < 2; ++r) {
+    DOCTEST_CHECK(buckets[r] == 4);
+    DOCTEST_CHECK(launched_before_last[r] >= 1);
+    DOCTEST_CHECK(copies[r] == 0);
+    DOCTEST_CHECK(views_ok[r] == 1);
+  }
+}
+
+TEST_CASE("torch_ddp: parameters and buffers are broadcast from rank 0; a .grad() reset to none is copied in") {
+  std::vector<float> weight(2), mean(2);
+  std::vector<int> copies(2);
+  std::vector<int> view_ok(2);
+  rz::local::launch(2, [&](rz::communicator& comm) {
+    torch::set_num_threads(1);
+    const int r = comm.rank();
+    torch::nn::Sequential model(torch::nn::Linear(2, 2), rz::sync_batch_norm(&comm, 2));
+    {
+      torch::NoGradGuard no_grad;
+      model->parameters()[0].fill_(static_cast<float>(r + 1));
+      model->named_buffers()["1.running_mean"].fill_(static_cast<float>(10 * (r + 1)));
+    }
+    rz::torch_ddp ddp(comm, *model);
+    weight[r] = model->parameters()[0][0][0].item<float>();
+    mean[r] = model->named_buffers()["1.running_mean"][0].item<float>();
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();  // as zero_grad(set_to_none)
+    const torch::Tensor x = torch::tensor({{1.0f, 2.0f}, {3.0f, 5.0f}}) * (r + 1);
+    model->forward(x).pow(2).sum().backward();
+    ddp.finish();
+    copies[r] = static_cast<int>(ddp.gradient_copies());
+    view_ok[r] = model->parameters()[0].grad().data_ptr() == ddp.reducer().gradient(0) ? 1 : 0;
+  });
+  for (int r = 0; r < 2; ++r) {
+    DOCTEST_CHECK(weight[r] == 1.0f);
+    DOCTEST_CHECK(mean[r] == 10.0f);
+    DOCTEST_CHECK(copies[r] == 4);  // linear weight, bias, batch-norm weight, bias
+    DOCTEST_CHECK(view_ok[r] == 1);
+  }
+}
+
+TEST_CASE("torch_ddp: a libtorch optimizer's zero_grad keeps the bucket views (no copies)") {
+  std::vector<int> copies(2, -1), views_ok(2, 0);
+  std::vector<torch::Tensor> weights(2);
+  rz::local::launch(2, [&](rz::communicator& comm) {
+    torch::set_num_threads(1);
+    two_layers model(comm.rank());
+    rz::torch_ddp ddp(comm, model);
+    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.5));
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      loss_of(model.forward(batch(comm.rank(), step))).backward();
+      ddp.finish();
+      optimizer.step();
+    }
+    int ok = 1;
+    for (std::size_t i = 0; i < ddp.parameter_count(); ++i)
+      ok &= model.parameters()[i].grad().data_ptr() == ddp.reducer().gradient(i) ? 1 : 0;
+    views_ok[comm.rank()] = ok;
+    copies[comm.rank()] = static_cast<int>(ddp.gradient_copies());
+    weights[comm.rank()] = model.first->weight.detach().clone();
+  });
+  for (int r = 0; r < 2; ++r) {
+    DOCTEST_CHECK(copies[r] == 0);
+    DOCTEST_CHECK(views_ok[r] == 1);
+  }
+  DOCTEST_CHECK(torch::equal(weights[0], weights[1]));  // the same averaged step on both ranks
+}
+
+TEST_CASE(
+    "sync_batch_norm: case C23 (rank 0 holds 1, 3; rank 1 holds 2, 4, 6, 8): mean 4, biased var 34/6, running "
+    "var 34/5") {
+  std::vector<float> mean(2), var(2), running_mean(2), running_var(2);
+  std::vector<std::int64_t> count(2);
+  std::vector<torch::Tensor> y(2), dx(2), dw(2), db(2);
+  const std::vector<torch::Tensor> inputs = {torch::tensor({1.0f, 3.0f}).view({2, 1}),
+                                             torch::tensor({2.0f, 4.0f, 6.0f, 8.0f}).view({4, 1})};
+  const std::vector<torch::Tensor> coeff = {torch::tensor({1.0f, -2.0f}).view({2, 1}),
+                                            torch::tensor({0.5f, 3.0f, -1.0f, 2.0f}).view({4, 1})};
+  rz::local::launch(2, [&](rz::communicator& comm) {
+    torch::set_num_threads(1);
+    const int r = comm.rank();
+    const rz::sync_batch_stats s = rz::sync_batch_statistics(&comm, inputs[r]);
+    mean[r] = s.mean.to(torch::kFloat32).item<float>();
+    var[r] = s.variance.to(torch::kFloat32).item<float>();
+    count[r] = s.count;
+    rz::sync_batch_norm bn(&comm, 1, rz::sync_batch_norm_options{.eps = 1e-5, .momentum = 1.0});
+    const torch::Tensor x = inputs[r].clone().requires_grad_(true);
+    const torch::Tensor out = bn->forward(x);
+    (out * coeff[r]).sum().backward();
+    running_mean[r] = bn->running_mean.item<float>();
+    running_var[r] = bn->running_var.item<float>();
+    y[r] = out.detach();
+    dx[r] = x.grad();
+    dw[r] = bn->weight.grad();
+    db[r] = bn->bias.grad();
+  });
+  for (int r = 0; r < 2; ++r) {
+    DOCTEST_CHECK(mean[r] == 4.0f);
+    DOCTEST_CHECK(var[r] == static_cast<float>(34.0 / 6.0));
+    DOCTEST_CHECK(count[r] == 6);
+    DOCTEST_CHECK(running_mean[r] == 4.0f);
+    DOCTEST_CHECK(running_var[r] == static_cast<float>(34.0 / 5.0));
+  }
+  // libtorch's own batch_norm on the whole batch of 6, loss = sum of both ranks' losses.
+  const torch::Tensor x = torch::cat(inputs).requires_grad_(true);
+  const torch::Tensor w = torch::ones({1}).requires_grad_(true), b = torch::zeros({1}).requires_grad_(true);
+  const torch::Tensor ref = torch::batch_norm(x, w, b, {}, {}, true, 0.1, 1e-5, false);
+  (ref * torch::cat(coeff)).sum().backward();
+  DOCTEST_CHECK(torch::allclose(torch::cat(y), ref.detach(), 1e-6, 1e-6));
+  DOCTEST_CHECK(torch::allclose(torch::cat(dx), x.grad(), 1e-5, 1e-6));
+  DOCTEST_CHECK(torch::allclose(dw[0] + dw[1], w.grad(), 1e-5, 1e-6));
+  DOCTEST_CHECK(torch::allclose(db[0] + db[1], b.grad(), 1e-5, 1e-6));
+}
+
+TEST_CASE("sync_batch_norm: [N, C, H, W] over 2 ranks matches batch_norm over the concatenated batch") {
+  torch::manual_seed(3);
+  const std::vector<torch::Tensor> inputs = {torch::randn({3, 4, 5, 5}) * 2 + 1, torch::randn({2, 4, 5, 5}) - 0.5};
+  const std::vector<torch::Tensor> coeff = {torch::randn({3, 4, 5, 5}), torch::randn({2, 4, 5, 5})};
+  std::vector<torch::Tensor> y(2), dx(2), dw(2), running_var(2);
+  rz::local::launch(2, [&](rz::communicator& comm) {
+    torch::set_num_threads(1);
+    const int r = comm.rank();
+    rz::sync_batch_norm bn(&comm, 4);
+    const torch::Tensor x = inputs[r].clone().requires_grad_(true);
+    const torch::Tensor out = bn->forward(x);
+    (out * coeff[r]).sum().backward();
+    y[r] = out.detach();
+    dx[r] = x.grad();
+    dw[r] = bn->weight.grad();
+    running_var[r] = bn->running_var.clone();
+  });
+  const torch::Tensor x = torch::cat(inputs).requires_grad_(true);
+  const torch::Tensor w = torch::ones({4}).requires_grad_(true), b = torch::zeros({4}).requires_grad_(true);
+  const torch::Tensor rm = torch::zeros({4}), rv = torch::ones({4});
+  const torch::Tensor ref = torch::batch_norm(x, w, b, rm, rv, true, 0.1, 1e-5, false);
+  (ref * torch::cat(coeff)).sum().backward();
+  DOCTEST_CHECK(torch::allclose(torch::cat(y), ref.detach(), 1e-5, 1e-5));
+  DOCTEST_CHECK(torch::allclose(torch::cat(dx), x.grad(), 1e-4, 1e-5));
+  DOCTEST_CHECK(torch::allclose(dw[0] + dw[1], w.grad(), 1e-4, 1e-4));
+  DOCTEST_CHECK(torch::equal(running_var[0], running_var[1]));
+  DOCTEST_CHECK(torch::allclose(running_var[0], rv, 1e-6, 1e-6));
+}
+
+TEST_CASE("torch_ddp: bad modules are refused on every rank, naming the parameter") {
+  std::vector<std::string> errors(2);
+  SUBCASE("a parameter that does not require grad (rank 1 only)") {
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      two_layers m(0);
+      if (comm.rank() == 1) m.second->bias.requires_grad_(false);
+      errors[comm.rank()] = error_of([&] { rz::torch_ddp ddp(comm, m); });
+    });
+    DOCTEST_CHECK(errors[1].find("parameter 'second.bias' does not require grad") != std::string::npos);
+    DOCTEST_CHECK(errors[0].find("rank(s) 1 refused") != std::string::npos);
+  }
+  SUBCASE("a parameter that is not contiguous") {
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      torch::nn::Module m;
+      m.register_parameter("transposed", torch::zeros({4, 3}).t());
+      errors[comm.rank()] = error_of([&] { rz::torch_ddp ddp(comm, m); });
+    });
+    for (const auto& e : errors) DOCTEST_CHECK(e.find("parameter 'transposed' is not contiguous") != std::string::npos);
+  }
+  SUBCASE("a parameter on another device than the communicator's memory") {
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      torch::nn::Module m;
+      m.register_parameter("elsewhere", torch::empty({3}, torch::device(torch::kMeta)));
+      errors[comm.rank()] = error_of([&] { rz::torch_ddp ddp(comm, m); });
+    });
+    for (const auto& e : errors) DOCTEST_CHECK(e.find("parameter 'elsewhere' is on device meta") != std::string::npos);
+  }
+}
+
+TEST_CASE("torch_ddp: a parameter replaced after registration, or never reached by backward, is an error (no hang)") {
+  std::vector<std::string> errors(2);
+  SUBCASE("changed on rank 0 only: rank 0 names it, rank 1 fails promptly") {
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      two_layers m(0);
+      errors[comm.rank()] = error_of([&] {
+        rz::torch_ddp ddp(comm, m);
+        if (comm.rank() == 0) m.first->weight.set_data(torch::zeros({4, 6}));
+        for (int step = 0; step < 2; ++step) {  // rank 1's second step needs rank 0, which has failed
+          ddp.zero_grad();
+          loss_of(m.forward(batch(comm.rank(), step))).backward();
+          ddp.finish();
+        }
+      });
+    });
+    DOCTEST_CHECK(errors[0].find("parameter 'first.weight' changed its storage") != std::string::npos);
+    DOCTEST_CHECK(!errors[1].empty());
+  }
+  SUBCASE("never reached") {
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      two_layers m(0);
+      errors[comm.rank()] = error_of([&] {
+        rz::torch_ddp ddp(comm, m);
+        m.first->forward(batch(comm.rank(), 0)).sum().backward();  // `second` takes no part
+        ddp.finish();
+      });
+    });
+    for (const auto& e : errors) {
+      DOCTEST_CHECK(e.find("'second.bias'") != std::string::npos);
+      DOCTEST_CHECK(e.find("never marked ready") != std::string::npos);
+    }
+  }
+  SUBCASE("never reached, with find_unused_parameters: zero gradients") {
+    std::vector<float> unused_sum(2, -1), used_sum(2, 0);
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      two_layers m(0);
+      rz::torch_ddp_options opt;
+      opt.reducer.find_unused_parameters = true;
+      rz::torch_ddp ddp(comm, m, opt);
+      m.second->weight.grad().fill_(5.0f);
+      m.first->forward(batch(comm.rank(), 0)).sum().backward();
+      ddp.finish();
+      unused_sum[comm.rank()] = m.second->weight.grad().abs().sum().item<float>();
+      used_sum[comm.rank()] = m.first->weight.grad().abs().sum().item<float>();
+    });
+    for (int r = 0; r < 2; ++r) {
+      DOCTEST_CHECK(unused_sum[r] == 0.0f);
+      DOCTEST_CHECK(used_sum[r] > 0.0f);
+    }
+  }
+}
