@@ -1,8 +1,8 @@
 // 03_libtorch_ddp: data-parallel training of a libtorch CNN on Fashion-MNIST through ringzero.
 //
 // What it demonstrates:
-// - a plain libtorch model (torch::nn::Conv2d, ringzero::sync_batch_norm, torch::nn::Linear,
-//   torch::optim) made data-parallel with one call: `ringzero::torch_ddp ddp(comm, model)`
+// - a plain libtorch model (torch::nn::Conv2d, ringzero::integration::sync_batch_norm, torch::nn::Linear,
+//   torch::optim) made data-parallel with one call: `ringzero::integration::torch_ddp ddp(comm, model)`
 //   (include/ringzero/integration/torch_ddp.hpp, docs/libtorch.md): every parameter's .grad() is
 //   a view of the gradient reducer's bucket memory, so backward accumulates straight into the
 //   buckets, and autograd hooks hand each bucket to an all_reduce as soon as its gradients are
@@ -83,9 +83,9 @@ struct options {
 struct cnn : torch::nn::Module {
   explicit cnn(rz::communicator* comm) {
     conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 5).padding(2)));
-    bn1 = register_module("bn1", rz::sync_batch_norm(comm, 8));
+    bn1 = register_module("bn1", rz::integration::sync_batch_norm(comm, 8));
     conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 5).padding(2)));
-    bn2 = register_module("bn2", rz::sync_batch_norm(comm, 16));
+    bn2 = register_module("bn2", rz::integration::sync_batch_norm(comm, 16));
     fc1 = register_module("fc1", torch::nn::Linear(16 * 7 * 7, 128));
     fc2 = register_module("fc2", torch::nn::Linear(128, 10));
   }
@@ -95,7 +95,7 @@ struct cnn : torch::nn::Module {
     return fc2->forward(torch::relu(fc1->forward(x.flatten(1))));
   }
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  rz::sync_batch_norm bn1{nullptr}, bn2{nullptr};
+  rz::integration::sync_batch_norm bn1{nullptr}, bn2{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 
@@ -170,10 +170,10 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, boo
           torch::manual_seed(o.seed);
           model = std::make_shared<cnn>(&comm);
         }
-        rz::torch_ddp_options ddp_options;
+        rz::integration::torch_ddp_options ddp_options;
         const auto limit = static_cast<std::uint64_t>(o.bucket_mb * 1024 * 1024);
         ddp_options.reducer.bucket_byte_limits = {std::max<std::uint64_t>(limit, 1)};
-        rz::torch_ddp ddp(comm, *model, ddp_options);
+        rz::integration::torch_ddp ddp(comm, *model, ddp_options);
         const double base_lr = o.lr > 0 ? o.lr : (o.optimizer == "adam" ? 1e-3 : 0.05);
         std::unique_ptr<torch::optim::Optimizer> optimizer;
         if (o.optimizer == "adam")

@@ -83,11 +83,11 @@ TEST_CASE(
     torch::set_num_threads(1);
     const int r = comm.rank();
     two_layers model(r);  // rank 1 starts from other weights: the broadcast makes them rank 0's
-    rz::torch_ddp_options opt;
+    rz::integration::torch_ddp_options opt;
     opt.reducer.bucket_byte_limits = {1};  // one parameter per bucket: 4 buckets
     auto hook = std::make_shared<counting_hook>();
     opt.reducer.hook = hook;
-    rz::torch_ddp ddp(comm, model, opt);
+    rz::integration::torch_ddp ddp(comm, model, opt);
     buckets[r] = static_cast<int>(ddp.reducer().bucket_count());
     // first.weight is the last gradient backward produces: by then the other buckets are out.
     model.first->weight.register_hook([&, r](torch::Tensor g) {
@@ -146,13 +146,13 @@ TEST_CASE("torch_ddp: parameters and buffers are broadcast from rank 0; a .grad(
   rz::local::launch(2, [&](rz::communicator& comm) {
     torch::set_num_threads(1);
     const int r = comm.rank();
-    torch::nn::Sequential model(torch::nn::Linear(2, 2), rz::sync_batch_norm(&comm, 2));
+    torch::nn::Sequential model(torch::nn::Linear(2, 2), rz::integration::sync_batch_norm(&comm, 2));
     {
       torch::NoGradGuard no_grad;
       model->parameters()[0].fill_(static_cast<float>(r + 1));
       model->named_buffers()["1.running_mean"].fill_(static_cast<float>(10 * (r + 1)));
     }
-    rz::torch_ddp ddp(comm, *model);
+    rz::integration::torch_ddp ddp(comm, *model);
     weight[r] = model->parameters()[0][0][0].item<float>();
     mean[r] = model->named_buffers()["1.running_mean"][0].item<float>();
     for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();  // as zero_grad(set_to_none)
@@ -176,7 +176,7 @@ TEST_CASE("torch_ddp: a libtorch optimizer's zero_grad keeps the bucket views (n
   rz::local::launch(2, [&](rz::communicator& comm) {
     torch::set_num_threads(1);
     two_layers model(comm.rank());
-    rz::torch_ddp ddp(comm, model);
+    rz::integration::torch_ddp ddp(comm, model);
     torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.5));
     for (int step = 0; step < 3; ++step) {
       optimizer.zero_grad();
@@ -211,11 +211,12 @@ TEST_CASE(
   rz::local::launch(2, [&](rz::communicator& comm) {
     torch::set_num_threads(1);
     const int r = comm.rank();
-    const rz::sync_batch_stats s = rz::sync_batch_statistics(&comm, inputs[r]);
+    const rz::integration::sync_batch_stats s = rz::integration::sync_batch_statistics(&comm, inputs[r]);
     mean[r] = s.mean.to(torch::kFloat32).item<float>();
     var[r] = s.variance.to(torch::kFloat32).item<float>();
     count[r] = s.count;
-    rz::sync_batch_norm bn(&comm, 1, rz::sync_batch_norm_options{.eps = 1e-5, .momentum = 1.0});
+    rz::integration::sync_batch_norm bn(&comm, 1,
+                                        rz::integration::sync_batch_norm_options{.eps = 1e-5, .momentum = 1.0});
     const torch::Tensor x = inputs[r].clone().requires_grad_(true);
     const torch::Tensor out = bn->forward(x);
     (out * coeff[r]).sum().backward();
@@ -252,7 +253,7 @@ TEST_CASE("sync_batch_norm: [N, C, H, W] over 2 ranks matches batch_norm over th
   rz::local::launch(2, [&](rz::communicator& comm) {
     torch::set_num_threads(1);
     const int r = comm.rank();
-    rz::sync_batch_norm bn(&comm, 4);
+    rz::integration::sync_batch_norm bn(&comm, 4);
     const torch::Tensor x = inputs[r].clone().requires_grad_(true);
     const torch::Tensor out = bn->forward(x);
     (out * coeff[r]).sum().backward();
@@ -279,7 +280,7 @@ TEST_CASE("torch_ddp: bad modules are refused on every rank, naming the paramete
     rz::local::launch(2, [&](rz::communicator& comm) {
       two_layers m(0);
       if (comm.rank() == 1) m.second->bias.requires_grad_(false);
-      errors[comm.rank()] = error_of([&] { rz::torch_ddp ddp(comm, m); });
+      errors[comm.rank()] = error_of([&] { rz::integration::torch_ddp ddp(comm, m); });
     });
     DOCTEST_CHECK(errors[1].find("parameter 'second.bias' does not require grad") != std::string::npos);
     DOCTEST_CHECK(errors[0].find("rank(s) 1 refused") != std::string::npos);
@@ -288,7 +289,7 @@ TEST_CASE("torch_ddp: bad modules are refused on every rank, naming the paramete
     rz::local::launch(2, [&](rz::communicator& comm) {
       torch::nn::Module m;
       m.register_parameter("transposed", torch::zeros({4, 3}).t());
-      errors[comm.rank()] = error_of([&] { rz::torch_ddp ddp(comm, m); });
+      errors[comm.rank()] = error_of([&] { rz::integration::torch_ddp ddp(comm, m); });
     });
     for (const auto& e : errors) DOCTEST_CHECK(e.find("parameter 'transposed' is not contiguous") != std::string::npos);
   }
@@ -296,7 +297,7 @@ TEST_CASE("torch_ddp: bad modules are refused on every rank, naming the paramete
     rz::local::launch(2, [&](rz::communicator& comm) {
       torch::nn::Module m;
       m.register_parameter("elsewhere", torch::empty({3}, torch::device(torch::kMeta)));
-      errors[comm.rank()] = error_of([&] { rz::torch_ddp ddp(comm, m); });
+      errors[comm.rank()] = error_of([&] { rz::integration::torch_ddp ddp(comm, m); });
     });
     for (const auto& e : errors) DOCTEST_CHECK(e.find("parameter 'elsewhere' is on device meta") != std::string::npos);
   }
@@ -308,7 +309,7 @@ TEST_CASE("torch_ddp: a parameter replaced after registration, or never reached 
     rz::local::launch(2, [&](rz::communicator& comm) {
       two_layers m(0);
       errors[comm.rank()] = error_of([&] {
-        rz::torch_ddp ddp(comm, m);
+        rz::integration::torch_ddp ddp(comm, m);
         if (comm.rank() == 0) m.first->weight.set_data(torch::zeros({4, 6}));
         for (int step = 0; step < 2; ++step) {  // rank 1's second step needs rank 0, which has failed
           ddp.zero_grad();
@@ -324,7 +325,7 @@ TEST_CASE("torch_ddp: a parameter replaced after registration, or never reached 
     rz::local::launch(2, [&](rz::communicator& comm) {
       two_layers m(0);
       errors[comm.rank()] = error_of([&] {
-        rz::torch_ddp ddp(comm, m);
+        rz::integration::torch_ddp ddp(comm, m);
         m.first->forward(batch(comm.rank(), 0)).sum().backward();  // `second` takes no part
         ddp.finish();
       });
@@ -338,9 +339,9 @@ TEST_CASE("torch_ddp: a parameter replaced after registration, or never reached 
     std::vector<float> unused_sum(2, -1), used_sum(2, 0);
     rz::local::launch(2, [&](rz::communicator& comm) {
       two_layers m(0);
-      rz::torch_ddp_options opt;
+      rz::integration::torch_ddp_options opt;
       opt.reducer.find_unused_parameters = true;
-      rz::torch_ddp ddp(comm, m, opt);
+      rz::integration::torch_ddp ddp(comm, m, opt);
       m.second->weight.grad().fill_(5.0f);
       m.first->forward(batch(comm.rank(), 0)).sum().backward();
       ddp.finish();

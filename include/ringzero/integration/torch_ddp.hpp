@@ -31,9 +31,10 @@
 #include "ringzero/core/error.hpp"
 #include "ringzero/core/fnv1a.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
+#include "ringzero/integration/torch_dtype.hpp"
 #include "ringzero/integration/torch_sync_batch_norm.hpp"
 
-namespace ringzero {
+namespace ringzero::integration {
 
 class torch_ddp;
 
@@ -46,21 +47,6 @@ struct torch_ddp_options {
 };
 
 namespace detail {
-
-/// The ringzero dtype of a libtorch scalar type, or false when there is none.
-inline bool torch_dtype(c10::ScalarType t, dtype& out) noexcept {
-  switch (t) {
-    case c10::ScalarType::Float: out = dtype::float32; return true;
-    case c10::ScalarType::Double: out = dtype::float64; return true;
-    case c10::ScalarType::Half: out = dtype::float16; return true;
-    case c10::ScalarType::BFloat16: out = dtype::bfloat16; return true;
-    case c10::ScalarType::Char: out = dtype::int8; return true;
-    case c10::ScalarType::Byte: out = dtype::uint8; return true;
-    case c10::ScalarType::Int: out = dtype::int32; return true;
-    case c10::ScalarType::Long: out = dtype::int64; return true;
-    default: return false;  // complex, bool, quantized ...: no ringzero dtype
-  }
-}
 
 /// What a post hook reaches: the bridge while it lives (null afterwards: a graph built before the
 /// bridge was destroyed may still run its AccumulateGrad nodes).
@@ -222,7 +208,9 @@ class torch_ddp {
       if (!t.device().is_cpu())
         return what + " is on device " + t.device().str() + ", but the communicator works on host (CPU) memory";
       if (!t.is_contiguous()) return what + " is not contiguous (its .grad() must be a view of one bucket slice)";
-      if (!detail::torch_dtype(t.scalar_type(), type))
+      if (const auto d = dtype_of_torch(t.scalar_type()); d)
+        type = *d;
+      else
         return what + " has dtype " + std::string(c10::toString(t.scalar_type())) + ", which ringzero cannot reduce";
       return {};
     };
@@ -264,7 +252,7 @@ class torch_ddp {
   void agree(const std::string& problem) {
     if (comm_.space() != memory_space::host)  // the same on every rank: refused without a collective
       throw error(errc::unsupported, context(), "torch_ddp: " + problem);
-    detail::fnv1a buffer_hash;
+    ringzero::detail::fnv1a buffer_hash;
     for (const auto& b : buffers_) {
       buffer_hash.text(b.name);
       buffer_hash.u64(b.count);
@@ -349,4 +337,4 @@ class torch_ddp {
   std::uint64_t copies_ = 0;
 };
 
-}  // namespace ringzero
+}  // namespace ringzero::integration

@@ -21,7 +21,7 @@
 #include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/core/error.hpp"
 
-namespace ringzero {
+namespace ringzero::integration {
 
 /// Settings of a `sync_batch_norm` (PyTorch's BatchNorm defaults). Always affine, always
 /// tracking running statistics.
@@ -182,4 +182,4 @@ class sync_batch_norm_impl : public torch::nn::Module {
 /// The module holder of `sync_batch_norm_impl` (libtorch's TORCH_MODULE pattern).
 TORCH_MODULE_IMPL(sync_batch_norm, sync_batch_norm_impl);
 
-}  // namespace ringzero
+}  // namespace ringzero::integration

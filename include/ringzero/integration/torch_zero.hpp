@@ -23,6 +23,7 @@
 
 #include "ringzero/collective/all_gather.hpp"
 #include "ringzero/collective/broadcast.hpp"
+#include "ringzero/integration/torch_dtype.hpp"
 #include "ringzero/zero/sharded_model.hpp"
 
 namespace ringzero::integration {
@@ -63,17 +64,6 @@ struct torch_zero_options {
 };
 
 namespace detail {
-
-/// The ringzero dtype of a torch scalar type, or nullopt when the runtime has no such dtype.
-inline std::optional<dtype> dtype_of_torch(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float: return dtype::float32;
-    case c10::ScalarType::Double: return dtype::float64;
-    case c10::ScalarType::BFloat16: return dtype::bfloat16;
-    case c10::ScalarType::Half: return dtype::float16;
-    default: return std::nullopt;  // integer and complex types cannot be trained here
-  }
-}
 
 /// The gather unit of parameter `name` (module path + "." + parameter) under `wrap`.
 /// `after_blocks`: a block of `blocks` came before this parameter.
@@ -261,7 +251,8 @@ class torch_zero {
       zero::parameter_spec s;
       s.name = n;
       for (auto d : t.sizes()) s.shape.push_back(static_cast<std::uint64_t>(d));
-      const auto type = detail::dtype_of_torch(t.scalar_type());
+      auto type = dtype_of_torch(t.scalar_type());
+      if (type && !is_floating_point(*type)) type.reset();  // only floating parameters are trained
       if (problem.empty()) {
         if (!t.requires_grad())
           problem = "parameter '" + n + "' does not require grad (the bridge trains every parameter it registers)";
