@@ -1,0 +1,266 @@
+// The ZeRO runtime's device path on the simulated device: the state in memory touched only by
+// stream work, the trainer's forward and backward enqueued on a compute host_stream, the
+// runtime's collectives and step on its communication stream, ordered by events only. Every
+// result is bitwise the host runtime's; allocations equal the plan; a read the runtime does not
+// order reads stale data; a device context that does not fit is refused on every rank.
+// Suite device-sim (also run with RINGZERO_HOST_STREAM_DELAY_US set).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "zero_test_model.hpp"
+
+using namespace ringzero;
+using namespace ringzero::zero;
+using namespace zero_test;
+
+namespace {
+
+plan_request device_request(int stage, int accumulation, const optimizer_options& o) {
+  plan_request q;
+  q.parameters = test_parameters();
+  q.stage = stage;
+  q.accumulation_steps = accumulation;
+  q.alignment_bytes = 16;
+  q.precision.optimizer_states = o.state_count();
+  return q;
+}
+
+/// One unit's backward as compute-stream work: the views are taken on the rank's thread (the
+/// hooks order them), the arithmetic of `train_sharded` runs later on the compute stream.
+struct backward_task {
+  struct item {
+    std::span<const float> w;
+    std::span<float> g;
+    std::size_t storage;
+    int use;
+  };
+  std::vector<item> items;
+  std::span<const float> frozen;
+  bool in_u1 = false;
+  int rank = 0, micro = 0, step = 0;
+
+  void operator()() const {
+    float frozen_sum = 0;
+    if (in_u1)
+      for (float x : frozen) frozen_sum += x;
+    for (const item& it : items)
+      for (std::size_t j = 0; j < it.g.size(); ++j)
+        it.g[j] += gradient_term(rank, micro, step, it.storage, j, it.use, it.w[j], frozen_sum, in_u1);
+  }
+};
+
+/// `train_sharded` of zero_test_model.hpp with the forward and backward enqueued on `compute`.
+std::vector<std::vector<float>> train_on_stream(sharded_model& model, primitive::host_stream& compute, int rank,
+                                                const run_config& cfg, std::vector<step_result>* results = nullptr) {
+  const auto& plan = model.plan();
+  const auto& params = plan.parameters();
+  const std::size_t frozen = model.index("frozen.w");
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    std::vector<float> v(plan.placements()[p].numel);
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] = initial_value(plan.placements()[p].storage, j);
+    model.set_parameter(p, v);
+  }
+  const std::size_t units = model.unit_count();
+  for (int step = 0; step < cfg.steps; ++step) {
+    for (int micro = 0; micro < cfg.accumulation; ++micro) {
+      for (std::size_t u = 0; u < units; ++u) {
+        model.pre_forward(u);
+        std::vector<std::span<float>> weights;
+        for (std::size_t p : plan.units()[u].members) weights.push_back(model.parameter<float>(p));
+        compute.enqueue([weights] {  // a forward reads its weights
+          volatile float sink = 0;
+          for (auto w : weights)
+            for (float x : w) sink = sink + x;
+        });
+        model.post_forward(u);
+      }
+      for (std::size_t u = units; u-- > 0;) {
+        model.pre_backward(u);
+        backward_task t;
+        t.in_u1 = plan.units()[u].name == "u1";
+        t.rank = rank;
+        t.micro = micro;
+        t.step = step;
+        if (t.in_u1) t.frozen = model.parameter<float>(frozen);
+        for (std::size_t p : plan.units()[u].members) {
+          if (!params[p].trainable || plan.placements()[p].numel == 0) continue;
+          auto w = model.parameter<float>(p);
+          auto g = model.gradient<float>(p);
+          t.items.push_back({w, g, plan.placements()[p].storage, use_of(params[p].name)});
+        }
+        compute.enqueue(t);
+        if (cfg.mark_ready)
+          for (std::size_t p : plan.units()[u].members)
+            if (params[p].trainable && params[p].tie_group.empty()) model.mark_ready(p);
+        model.post_backward(u);
+      }
+      if (!(cfg.implicit_last_end && micro == cfg.accumulation - 1)) model.end_backward();
+    }
+    const step_result r = model.step();
+    if (results) results->push_back(r);
+  }
+  std::vector<std::vector<float>> out(params.size());
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    out[p].resize(plan.placements()[p].numel);
+    model.read_parameter(p, out[p]);
+  }
+  return out;
+}
+
+bool same_result(const step_result& a, const step_result& b) {
+  return std::memcmp(&a.gradient_norm, &b.gradient_norm, sizeof(double)) == 0 &&
+         std::memcmp(&a.clip_coefficient, &b.clip_coefficient, sizeof(double)) == 0 && a.skipped == b.skipped &&
+         a.steps == b.steps;
+}
+
+/// Bitwise comparison of two parameter lists (float == is not bitwise for NaN or signed zero).
+bool bitwise_equal(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t p = 0; p < a.size(); ++p)
+    if (a[p].size() != b[p].size() ||
+        (!a[p].empty() && std::memcmp(a[p].data(), b[p].data(), a[p].size() * sizeof(float)) != 0))
+      return false;
+  return true;
+}
+
+/// A one-rank communicator that claims CUDA device memory on `device` (no device needed: the
+/// device context is refused before any data moves).
+class claims_device_memory final : public communicator {
+ public:
+  explicit claims_device_memory(int device) : communicator(0, 1), device_(device) {}
+  ~claims_device_memory() override { stop_progress(); }
+  backend_kind backend() const noexcept override { return backend_kind::nccl; }
+  memory_space space() const noexcept override { return memory_space::cuda; }
+  int cuda_device() const noexcept override { return device_; }
+  void begin(const collective_descriptor&) override {}
+  void end(const collective_descriptor&) override {}
+  void sendrecv(const void*, std::uint64_t, int, void*, std::uint64_t, int) override {
+    raise(errc::internal, "no transfers in this test");
+  }
+  void sendrecv_reduce(const void*, std::uint64_t, int, const void*, void*, std::uint64_t, int,
+                       const combine_fn&) override {
+    raise(errc::internal, "no transfers in this test");
+  }
+  link_model link() const noexcept override { return {}; }
+
+ private:
+  int device_;
+};
+
+/// A compute stream that claims to be a CUDA stream on `device`; the runtime must refuse it
+/// before enqueueing anything (every enqueueing member fails the test).
+class claims_cuda_stream final : public execution_stream {
+ public:
+  explicit claims_cuda_stream(int device) : device_(device) {}
+  const char* kind() const noexcept override { return "cuda_stream"; }
+  primitive::memory_space space() const noexcept override { return primitive::memory_space::device; }
+  int device() const noexcept override { return device_; }
+  ringzero::memory_space communicator_space() const noexcept override { return ringzero::memory_space::cuda; }
+  std::unique_ptr<event> make_event() const override { return fail<std::unique_ptr<event>>(); }
+  std::unique_ptr<execution_stream> make_communication_stream(communicator&,
+                                                              primitive::host_stream_options) const override {
+    return fail<std::unique_ptr<execution_stream>>();
+  }
+  void record(event&) override { fail<void>(); }
+  void wait(const event&) override { fail<void>(); }
+  void wait_host(const event&) override { fail<void>(); }
+  void synchronize() override { fail<void>(); }
+  bool runs_host_work() const noexcept override { return false; }
+  void copy(void*, const void*, std::uint64_t) override { fail<void>(); }
+  void fill(void*, std::uint64_t, dtype, double) override { fail<void>(); }
+  void reduce(void*, const void*, const void*, std::uint64_t, const primitive::reduce_spec&) override { fail<void>(); }
+  void host_work(std::function<void()>, const std::string&) override { fail<void>(); }
+  void collective(std::function<void()>) override { fail<void>(); }
+
+ private:
+  template <class R>
+  static R fail() {
+    throw error(errc::internal, "the runtime used a compute stream it should have refused");
+  }
+  int device_;
+};
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) { return x.what(); }
+}
+
+errc kind_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const error& x) { return x.kind(); } catch (...) {
+    return errc::internal;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise the host runtime") {
+  // Uneven, frozen, tied and zero-size parameters (the test model); per world size and stage,
+  // accumulation 1 and 3, the optimizers in rotation, clipping on at odd stages.
+  const auto optimizers = test_optimizers();
+  int runs = 0;
+  for (int world = 1; world <= 4; ++world)
+    for (int stage = 0; stage <= 3; ++stage)
+      for (int accumulation : {1, 3}) {
+        run_config cfg;
+        cfg.steps = 3;
+        cfg.optimizer = optimizers[static_cast<std::size_t>(world + stage + accumulation) % optimizers.size()];
+        cfg.accumulation = accumulation;
+        cfg.max_grad_norm = stage % 2 == 1 ? 0.5 : 0.0;
+        cfg.mark_ready = (world + stage) % 2 == 0;
+        cfg.implicit_last_end = accumulation == 3 && stage >= 2;
+        CAPTURE(world);
+        CAPTURE(stage);
+        CAPTURE(accumulation);
+        CAPTURE(optimizer_name(cfg.optimizer.kind));
+        std::vector<std::vector<std::vector<float>>> host(static_cast<std::size_t>(world)),
+            device(static_cast<std::size_t>(world));
+        std::vector<std::vector<step_result>> host_steps(static_cast<std::size_t>(world)),
+            device_steps(static_cast<std::size_t>(world));
+        std::vector<memory_breakdown> used(static_cast<std::size_t>(world));
+        std::vector<memory_breakdown> planned(static_cast<std::size_t>(world));
+        local::launch(world, [&](communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          sharded_model_options options;
+          options.optimizer = cfg.optimizer;
+          options.max_grad_norm = cfg.max_grad_norm;
+          {
+            sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer), options);
+            host[r] = train_sharded(model, comm.rank(), cfg, &host_steps[r]);
+          }
+          primitive::host_stream compute;
+          host_execution_stream stream(compute);
+          sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer), device_context{&stream},
+                              options);
+          device[r] = train_on_stream(model, compute, comm.rank(), cfg, &device_steps[r]);
+          compute.synchronize();
+          used[r] = model.memory_in_use();
+          planned[r] = model.plan().memory();
+        });
+        for (std::size_t r = 0; r < host.size(); ++r) {
+          CAPTURE(r);
+          CHECK(bitwise_equal(device[r], host[r]));
+          CHECK(bitwise_equal(device[r], device[0]));
+          REQUIRE(device_steps[r].size() == host_steps[r].size());
+          for (std::size_t t = 0; t < host_steps[r].size(); ++t) CHECK(same_result(device_steps[r][t], host_steps[r][t]));
+          CHECK(used[r].parameters == planned[r].parameters);
+          CHECK(used[r].gradients == planned[r].gradients);
+          CHECK(used[r].master_weights == planned[r].master_weights);
+          CHECK(used[r].optimizer_states == planned[r].optimizer_states);
+          CHECK(used[r].communication_buffers == planned[r].communication_buffers);
+        }
+        ++runs;
+      }
+  CHECK(runs == 4 * 4 * 2);
+}
