@@ -8,11 +8,11 @@
 
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <span>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -245,7 +245,10 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
                               options);
           device[r] = train_on_stream(model, compute, comm.rank(), cfg, &device_steps[r]);
           compute.synchronize();
-          used[r] = model.memory_in_use();
+          used[r] = model.memory_in_use(primitive::memory_space::host);
+          const memory_breakdown elsewhere = model.memory_in_use(primitive::memory_space::device);
+          CHECK(elsewhere.total() == 0);
+          CHECK(model.memory_in_use(primitive::memory_space::pinned_host).total() == 0);
           planned[r] = model.plan().memory();
         });
         for (std::size_t r = 0; r < host.size(); ++r) {
@@ -253,7 +256,8 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
           CHECK(bitwise_equal(device[r], host[r]));
           CHECK(bitwise_equal(device[r], device[0]));
           REQUIRE(device_steps[r].size() == host_steps[r].size());
-          for (std::size_t t = 0; t < host_steps[r].size(); ++t) CHECK(same_result(device_steps[r][t], host_steps[r][t]));
+          for (std::size_t t = 0; t < host_steps[r].size(); ++t)
+            CHECK(same_result(device_steps[r][t], host_steps[r][t]));
           CHECK(used[r].parameters == planned[r].parameters);
           CHECK(used[r].gradients == planned[r].gradients);
           CHECK(used[r].master_weights == planned[r].master_weights);
@@ -263,4 +267,179 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
         ++runs;
       }
   CHECK(runs == 4 * 4 * 2);
+}
+
+TEST_CASE("device path: a read the runtime does not order reads stale parameters; the compute stream's read waits") {
+  // Stage 3, two ranks, after one step: the communication stream is paused, pre_forward(0)
+  // enqueues the gather there. A trainer that reads the view on a stream of its own (no event
+  // wait) reads the gather slot as it was: stale. The same read on the compute stream waits for
+  // the gather and sees the updated parameters.
+  for (bool prefetch : {false, true}) {
+    CAPTURE(prefetch);
+    std::vector<std::vector<float>> stale(2), fresh(2), updated(2);
+    std::vector<int> compute_done_while_paused(2, -1);
+    local::launch(2, [&](communicator& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      run_config cfg;
+      cfg.steps = 1;
+      cfg.optimizer = test_optimizers()[0];
+      plan_request q = device_request(3, 1, cfg.optimizer);
+      q.prefetch = prefetch;
+      primitive::host_stream compute;
+      host_execution_stream stream(compute);
+      sharded_model_options options;
+      options.optimizer = cfg.optimizer;
+      sharded_model model(comm, q, device_context{&stream}, options);
+      (void)train_on_stream(model, compute, comm.rank(), cfg);  // initial values, one step
+      compute.synchronize();
+      const std::size_t embed = model.index("embed");
+      auto& comm_stream = dynamic_cast<host_execution_stream&>(*model.communication_stream()).native();
+      comm_stream.pause();
+      model.pre_forward(model.unit_of(embed));
+      const std::span<float> w = model.parameter<float>(embed);
+      stale[r].assign(w.size(), -1.0f);
+      fresh[r].assign(w.size(), -1.0f);
+      primitive::host_stream side;  // the trainer's mistake: not the stream the runtime orders
+      primitive::enqueue_copy(side, stale[r].data(), w.data(), w.size_bytes());
+      side.synchronize();  // completes although the gather has not run
+      primitive::enqueue_copy(compute, fresh[r].data(), w.data(), w.size_bytes());
+      compute_done_while_paused[r] = compute.query() ? 1 : 0;  // waits on the gather: not done
+      comm_stream.resume();
+      compute.synchronize();
+      model.post_forward(model.unit_of(embed));
+      updated[r].resize(w.size());
+      model.read_parameter(embed, updated[r]);
+    });
+    for (std::size_t r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      CHECK(compute_done_while_paused[r] == 0);
+      CHECK(fresh[r] == updated[r]);  // the ordered read sees the gathered, updated parameters
+      CHECK(stale[r] != updated[r]);  // the unordered one read the slot before the gather
+    }
+  }
+}
+
+TEST_CASE("device path: a device context that does not fit is refused with invalid_argument on every rank") {
+  sharded_model_options options;
+  SUBCASE("no compute stream") {
+    std::vector<std::exception_ptr> errors(2);
+    local::launch(2, [&](communicator& comm) {
+      try {
+        sharded_model model(comm, device_request(1, 1, options.optimizer), device_context{}, options);
+      } catch (...) { errors[static_cast<std::size_t>(comm.rank())] = std::current_exception(); }
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      REQUIRE(errors[static_cast<std::size_t>(r)]);
+      CHECK(kind_of(errors[static_cast<std::size_t>(r)]) == errc::invalid_argument);
+      const std::string m = message_of(errors[static_cast<std::size_t>(r)]);
+      CHECK(m.find("rank " + std::to_string(r)) != std::string::npos);
+      CHECK(m.find("needs the trainer's compute stream") != std::string::npos);
+    }
+  }
+  SUBCASE("a device-memory compute stream with a host-memory communicator, on one rank only") {
+    // Rank 1's stream claims CUDA device memory; rank 0's is a host stream. Neither hangs: rank 1
+    // names what was expected, rank 0 names rank 1.
+    std::vector<std::exception_ptr> errors(2);
+    local::launch(2, [&](communicator& comm) {
+      primitive::host_stream compute;
+      host_execution_stream host(compute);
+      claims_cuda_stream device(0);
+      execution_stream* s = comm.rank() == 1 ? static_cast<execution_stream*>(&device) : &host;
+      try {
+        sharded_model model(comm, device_request(2, 1, options.optimizer), device_context{s}, options);
+      } catch (...) { errors[static_cast<std::size_t>(comm.rank())] = std::current_exception(); }
+    });
+    REQUIRE(errors[0]);
+    REQUIRE(errors[1]);
+    CHECK(kind_of(errors[0]) == errc::invalid_argument);
+    CHECK(kind_of(errors[1]) == errc::invalid_argument);
+    const std::string m1 = message_of(errors[1]), m0 = message_of(errors[0]);
+    CHECK(m1.find("rank 1") != std::string::npos);
+    CHECK(m1.find("the compute stream is a cuda_stream, whose model state is CUDA device memory, but the shard "
+                  "communicator (local) moves host memory: expected a CUDA device-memory communicator") !=
+          std::string::npos);
+    CHECK(m0.find("rank 1 refused the plan") != std::string::npos);
+  }
+  SUBCASE("a host compute stream with a device-memory communicator") {
+    claims_device_memory comm(0);
+    primitive::host_stream compute;
+    host_execution_stream host(compute);
+    try {
+      sharded_model model(comm, device_request(0, 1, options.optimizer), device_context{&host}, options);
+      FAIL("accepted");
+    } catch (const error& e) {
+      CHECK(e.kind() == errc::invalid_argument);
+      CHECK(std::string(e.what()).find("rank 0") != std::string::npos);
+      CHECK(std::string(e.what()).find("the compute stream is a host_stream, whose model state is host memory, but "
+                                       "the shard communicator (nccl) moves CUDA device memory: expected a "
+                                       "host-memory communicator") != std::string::npos);
+    }
+  }
+  SUBCASE("a compute stream on another device") {
+    claims_device_memory comm(1);
+    claims_cuda_stream stream(0);
+    try {
+      sharded_model model(comm, device_request(3, 1, options.optimizer), device_context{&stream}, options);
+      FAIL("accepted");
+    } catch (const error& e) {
+      CHECK(e.kind() == errc::invalid_argument);
+      CHECK(std::string(e.what()).find("the compute stream is on CUDA device 0 but the shard communicator's rank "
+                                       "uses CUDA device 1: expected a compute stream on device 1") !=
+            std::string::npos);
+    }
+  }
+  SUBCASE("reproducible mode") {
+    local::launch(1, [&](communicator& comm) {
+      primitive::host_stream compute;
+      host_execution_stream host(compute);
+      sharded_model_options o = options;
+      o.reproducible = true;
+      CHECK_THROWS_WITH_AS(sharded_model(comm, device_request(1, 1, o.optimizer), device_context{&host}, o),
+                           doctest::Contains("reproducible mode is not available on the device path yet"), error);
+    });
+  }
+}
+
+TEST_CASE("device path: a refused step leaves the state as it was; the next step runs") {
+  // Ranks that set different learning rates: the check runs first on the communication stream,
+  // the rest of the step is skipped there, and every rank throws; parameters are unchanged.
+  std::vector<std::string> messages(2);
+  std::vector<int> unchanged(2, 0), recovered(2, 0);
+  local::launch(2, [&](communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    primitive::host_stream compute;
+    host_execution_stream host(compute);
+    sharded_model_options options;
+    options.optimizer = test_optimizers()[0];
+    sharded_model model(comm, device_request(2, 1, options.optimizer), device_context{&host}, options);
+    run_config cfg;
+    cfg.steps = 1;
+    cfg.optimizer = options.optimizer;
+    (void)train_on_stream(model, compute, comm.rank(), cfg);
+    const std::size_t p = model.index("l1.w");
+    std::vector<float> before(model.plan().placements()[p].numel), after(before.size());
+    model.read_parameter(p, before);
+    model.set_learning_rate(comm.rank() == 0 ? 0.05 : 0.025);
+    model.pre_backward(model.unit_of(p));
+    auto g = model.gradient<float>(p);
+    compute.enqueue([g] {
+      for (float& x : g) x += 1.0f;
+    });
+    model.post_backward(model.unit_of(p));
+    try {
+      (void)model.step();
+    } catch (const error& e) { messages[r] = e.what(); }
+    model.read_parameter(p, after);
+    unchanged[r] = before == after ? 1 : 0;
+    model.set_learning_rate(0.05);
+    const step_result s = model.step();  // the kept gradients, now with equal rates
+    recovered[r] = s.steps == 2 ? 1 : 0;
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(messages[r].find("hold different learning rates at step 2") != std::string::npos);
+    CHECK(unchanged[r] == 1);
+    CHECK(recovered[r] == 1);
+  }
 }

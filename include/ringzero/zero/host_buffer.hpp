@@ -37,9 +37,7 @@ class host_buffer {
   explicit host_buffer(primitive::memory_buffer b) : bytes_(b.size_bytes()), adopted_(std::move(b)) {}
 
   /// The memory (nullptr when empty).
-  unsigned char* data() noexcept {
-    return data_ ? data_.get() : static_cast<unsigned char*>(adopted_.data());
-  }
+  unsigned char* data() noexcept { return data_ ? data_.get() : static_cast<unsigned char*>(adopted_.data()); }
   const unsigned char* data() const noexcept {
     return data_ ? data_.get() : static_cast<const unsigned char*>(adopted_.data());
   }

@@ -327,6 +327,10 @@ class sharded_model {
   /// accumulation_steps, or at stage 3 while a unit is gathered by a `pre_forward` /
   /// `pre_backward` not yet matched by its `post_forward` / `post_backward`.
   step_result step() {
+    if (comm_stream_ && !comm_stream_->runs_host_work())  // before anything changes
+      comm_.raise(errc::unsupported, std::string("zero::sharded_model: the optimizer step, gradient clipping and the "
+                                                 "non-finite check have no kernels for a ") +
+                                         comm_stream_->kind() + " yet (the device path steps on the host stream only)");
     const int steps = plan_.request().accumulation_steps;
     if (plan_.stage() == 3)
       // A unit gathered by a pre_* hook without its post_* would serve parameters from before
@@ -462,6 +466,19 @@ class sharded_model {
     m.optimizer_states = optimizer_->state_bytes();
     for (const auto& b : gathers_buffers_) m.communication_buffers += b.bytes();
     for (const auto& b : buckets_) m.communication_buffers += b.bytes();
+    return m;
+  }
+  /// The part of `memory_in_use()` that lives in memory space `space` (each allocation counted
+  /// where it was made: host memory on the host path, the compute stream's space on the device path).
+  memory_breakdown memory_in_use(primitive::memory_space space) const {
+    memory_breakdown m;
+    const auto in = [space](const detail::host_buffer& b) { return b.space() == space ? b.bytes() : 0; };
+    for (const auto& b : params_) m.parameters += in(b);
+    for (const auto& b : grads_) m.gradients += in(b);
+    m.master_weights = optimizer_->master_bytes(space);
+    m.optimizer_states = optimizer_->state_bytes(space);
+    for (const auto& b : gathers_buffers_) m.communication_buffers += in(b);
+    for (const auto& b : buckets_) m.communication_buffers += in(b);
     return m;
   }
 
@@ -846,19 +863,19 @@ class sharded_model {
   std::optional<detail::reproducible_gradients> reproducible_;  ///< reproducible mode only
   // The device path (all empty on the host path). Declared last: the communication stream is
   // drained in the destructor and destroyed before the buffers its work used.
-  execution_stream* compute_ = nullptr;                                    ///< the trainer's
-  std::vector<std::unique_ptr<execution_stream::event>> gathered_;          ///< per unit, on comm
-  std::vector<std::unique_ptr<execution_stream::event>> gather_slot_free_;  ///< per slot, on compute
+  execution_stream* compute_ = nullptr;                                      ///< the trainer's
+  std::vector<std::unique_ptr<execution_stream::event>> gathered_;           ///< per unit, on comm
+  std::vector<std::unique_ptr<execution_stream::event>> gather_slot_free_;   ///< per slot, on compute
   std::vector<std::unique_ptr<execution_stream::event>> bucket_free_event_;  ///< per bucket, on comm
-  std::unique_ptr<execution_stream::event> compute_mark_;                   ///< scratch, on compute
-  std::unique_ptr<execution_stream::event> comm_mark_;                      ///< scratch, on comm
-  double squares_ = 0;    ///< the step's sum of squared gradients (written by stream work)
-  step_result pending_;   ///< the step's result (written by stream work)
+  std::unique_ptr<execution_stream::event> compute_mark_;                    ///< scratch, on compute
+  std::unique_ptr<execution_stream::event> comm_mark_;                       ///< scratch, on comm
+  double squares_ = 0;   ///< the step's sum of squared gradients (written by stream work)
+  step_result pending_;  ///< the step's result (written by stream work)
   std::unique_ptr<execution_stream> comm_stream_;
 };
 
 }  // namespace ringzero::zero
 
 // The members defined out of the class (kept apart so that each header stays short).
-#include "ringzero/zero/sharded_model_members.hpp"
 #include "ringzero/zero/sharded_model_device.hpp"
+#include "ringzero/zero/sharded_model_members.hpp"

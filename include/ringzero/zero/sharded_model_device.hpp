@@ -114,8 +114,7 @@ inline void sharded_model::set_parameter_on_streams(std::size_t p, std::span<con
   });
   comm_waits_for_compute();
   if (count != 0)
-    comm_stream_->copy(params_[pl.buffer].data() + (whole ? first : first - own.begin) * es, staged.data(),
-                       count * es);
+    comm_stream_->copy(params_[pl.buffer].data() + (whole ? first : first - own.begin) * es, staged.data(), count * es);
   if (float* m = f.trainable ? optimizer_->master(pl.buffer) : nullptr; m != nullptr && hi > lo)
     comm_stream_->copy(m + (lo - own.begin), values.data() + (lo - pl.offset), (hi - lo) * sizeof(float));
   comm_stream_->synchronize();  // `staged` and `values` must outlive the copies
@@ -141,7 +140,8 @@ inline void sharded_model::read_parameter_on_streams(std::size_t p, std::span<fl
       unsigned char* shard = params_[pl.buffer].data();
       const collective_options tag = tagged(call_purpose::read, pl.buffer);
       if (f.shard_numel > 0)
-        comm_stream_->collective([this, shard, dst, &f, tag] { all_gather(comm_, shard, dst, f.shard_numel, f.type, tag); });
+        comm_stream_->collective(
+            [this, shard, dst, &f, tag] { all_gather(comm_, shard, dst, f.shard_numel, f.type, tag); });
       src = dst;
     }
   }
@@ -162,10 +162,6 @@ inline void sharded_model::read_parameter_on_streams(std::size_t p, std::span<fl
 
 inline step_result sharded_model::step_on_streams() {
   execution_stream& s = *comm_stream_;
-  if (!s.runs_host_work())
-    comm_.raise(errc::unsupported, std::string("zero::sharded_model: the optimizer step, gradient clipping and the "
-                                               "non-finite check have no kernels for a ") +
-                                       s.kind() + " yet (the device path steps on the host stream only)");
   const auto& buffers = plan_.buffers();
   comm_waits_for_compute();  // the last micro-batch's gradients and reads of the parameters
   // As the host path, in the same order, but as work on the communication stream: a refusal

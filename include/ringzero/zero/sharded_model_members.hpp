@@ -255,9 +255,8 @@ inline void sharded_model::launch_reduction(std::size_t u) {
     if (comm_stream_) {  // the blocking collective, in order on the communication stream
       const collective_options tag = tagged(call_purpose::reduce, b);
       if (stage == 0)
-        comm_stream_->collective([this, full, &f, tag] {
-          all_reduce(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg, tag);
-        });
+        comm_stream_->collective(
+            [this, full, &f, tag] { all_reduce(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg, tag); });
       else
         comm_stream_->collective([this, full, own, &f, tag] {
           reduce_scatter(comm_, full, full + own, f.shard_numel, f.gradient_type, reduce_kind::avg, tag);

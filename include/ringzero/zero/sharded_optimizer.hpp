@@ -167,6 +167,19 @@ class sharded_optimizer {
     for (const buffer_state& s : state_) n += s.states[0].bytes() + s.states[1].bytes();
     return n;
   }
+  /// Bytes of master weights held in memory space `space`.
+  std::uint64_t master_bytes(primitive::memory_space space) const noexcept {
+    std::uint64_t n = 0;
+    for (const buffer_state& s : state_) n += s.master.space() == space ? s.master.bytes() : 0;
+    return n;
+  }
+  /// Bytes of optimizer states held in memory space `space`.
+  std::uint64_t state_bytes(primitive::memory_space space) const noexcept {
+    std::uint64_t n = 0;
+    for (const buffer_state& s : state_)
+      for (const detail::host_buffer& b : s.states) n += b.space() == space ? b.bytes() : 0;
+    return n;
+  }
 
  private:
   struct buffer_state {
