@@ -443,3 +443,81 @@ TEST_CASE("device path: a refused step leaves the state as it was; the next step
     CHECK(recovered[r] == 1);
   }
 }
+
+namespace {
+
+/// The bfloat16 loop (bfloat16 parameters and gradients, float32 master weights and states) for
+/// both paths: `run` executes the backward arithmetic at once (host path) or enqueues it on the
+/// compute stream (device path).
+template <class Run>
+std::vector<std::vector<float>> train_bfloat16(sharded_model& model, int rank, int steps, Run run) {
+  const auto& plan = model.plan();
+  const auto& params = plan.parameters();
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    std::vector<float> v(plan.placements()[p].numel);
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] = initial_value(plan.placements()[p].storage, j);
+    model.set_parameter(p, v);
+  }
+  for (int step = 0; step < steps; ++step) {
+    for (std::size_t u = 0; u < model.unit_count(); ++u) {
+      model.pre_forward(u);
+      model.post_forward(u);
+    }
+    for (std::size_t u = model.unit_count(); u-- > 0;) {
+      model.pre_backward(u);
+      for (std::size_t p : plan.units()[u].members) {
+        if (!params[p].trainable || plan.placements()[p].numel == 0) continue;
+        const std::span<bfloat16> w = model.parameter<bfloat16>(p);
+        const std::span<bfloat16> g = model.gradient<bfloat16>(p);
+        const std::size_t s = plan.placements()[p].storage;
+        const int use = use_of(params[p].name);
+        run([=] {
+          for (std::size_t j = 0; j < g.size(); ++j)
+            g[j] = static_cast<bfloat16>(static_cast<float>(g[j]) +
+                                         gradient_term(rank, 0, step, s, j, use, static_cast<float>(w[j]), 0, false));
+        });
+      }
+      model.post_backward(u);
+    }
+    model.end_backward();
+    (void)model.step();
+  }
+  std::vector<std::vector<float>> out(params.size());
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    out[p].resize(plan.placements()[p].numel);
+    model.read_parameter(p, out[p]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("device path: bfloat16 parameters and gradients with float32 master weights, bitwise the host runtime") {
+  for (int world : {1, 2, 3})
+    for (int stage = 0; stage <= 3; ++stage) {
+      CAPTURE(world);
+      CAPTURE(stage);
+      std::vector<std::vector<std::vector<float>>> host(static_cast<std::size_t>(world)),
+          device(static_cast<std::size_t>(world));
+      local::launch(world, [&](communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        sharded_model_options options;
+        options.optimizer = test_optimizers()[2];  // AdamW
+        plan_request q = device_request(stage, 1, options.optimizer);
+        q.precision = precision::bfloat16_adam();
+        {
+          sharded_model model(comm, q, options);
+          host[r] = train_bfloat16(model, comm.rank(), 3, [](const auto& work) { work(); });
+        }
+        primitive::host_stream compute;
+        host_execution_stream stream(compute);
+        sharded_model model(comm, q, device_context{&stream}, options);
+        device[r] = train_bfloat16(model, comm.rank(), 3, [&](const auto& work) { compute.enqueue(work); });
+        compute.synchronize();
+      });
+      for (std::size_t r = 0; r < host.size(); ++r) {
+        CAPTURE(r);
+        CHECK(bitwise_equal(device[r], host[r]));
+      }
+    }
+}
