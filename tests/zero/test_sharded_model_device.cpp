@@ -14,6 +14,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "zero_test_model.hpp"
@@ -520,4 +521,52 @@ TEST_CASE("device path: bfloat16 parameters and gradients with float32 master we
         CHECK(bitwise_equal(device[r], host[r]));
       }
     }
+}
+
+TEST_CASE("device path: hybrid sharding (2 replica groups of 2 ranks), bitwise the host runtime") {
+  // Rank r: shard group r / 2, replica group r % 2. The replica average and the agreement over
+  // the replica communicator run on the communication stream too.
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    local::world shard0(2), shard1(2), replica0(2), replica1(2);
+    std::vector<std::vector<std::vector<float>>> host(4), device(4);
+    std::vector<std::exception_ptr> failures(4);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          local::communicator shard_comm(r / 2 == 0 ? shard0 : shard1, r % 2);
+          local::communicator replica_comm(r % 2 == 0 ? replica0 : replica1, r / 2);
+          run_config cfg;
+          cfg.steps = 3;
+          cfg.optimizer = test_optimizers()[1];
+          cfg.accumulation = 2;
+          cfg.max_grad_norm = 0.5;
+          sharded_model_options options;
+          options.optimizer = cfg.optimizer;
+          options.max_grad_norm = cfg.max_grad_norm;
+          const plan_request q = device_request(stage, cfg.accumulation, cfg.optimizer);
+          {
+            sharded_model model(shard_comm, q, options, &replica_comm);
+            host[static_cast<std::size_t>(r)] = train_sharded(model, r, cfg);
+          }
+          primitive::host_stream compute;
+          host_execution_stream stream(compute);
+          sharded_model model(shard_comm, q, device_context{&stream}, options, &replica_comm);
+          device[static_cast<std::size_t>(r)] = train_on_stream(model, compute, r, cfg);
+          compute.synchronize();
+        } catch (...) {
+          failures[static_cast<std::size_t>(r)] = std::current_exception();
+          for (auto* w : {&shard0, &shard1, &replica0, &replica1}) w->abort("rank failed");
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (auto& f : failures)
+      if (f) FAIL(message_of(f));
+    for (std::size_t r = 0; r < 4; ++r) {
+      CAPTURE(r);
+      CHECK(bitwise_equal(device[r], host[r]));
+      CHECK(bitwise_equal(device[r], device[0]));
+    }
+  }
 }
