@@ -116,7 +116,8 @@ inline std::vector<ringzero::zero::optimizer_options> test_optimizers() {
 /// Trains `model` (any stage) with the test loop and returns every parameter's final values
 /// (a collective at stage 3).
 inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_model& model, int rank,
-                                                     const run_config& cfg) {
+                                                     const run_config& cfg,
+                                                     std::vector<ringzero::zero::step_result>* results = nullptr) {
   const auto& plan = model.plan();
   const auto& params = plan.parameters();
   const std::size_t frozen = model.index("frozen.w");
@@ -154,7 +155,8 @@ inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_mod
       }
       if (!(cfg.implicit_last_end && micro == cfg.accumulation - 1)) model.end_backward();
     }
-    model.step();
+    const ringzero::zero::step_result r = model.step();
+    if (results) results->push_back(r);
   }
   std::vector<std::vector<float>> out(params.size());
   for (std::size_t p = 0; p < params.size(); ++p) {

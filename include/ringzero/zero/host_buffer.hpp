@@ -4,6 +4,8 @@
 /// ZeRO runtime allocates once (at construction or when a pool grows) and reuses. Every page is
 /// touched when it is allocated, never on the training path (first touches are slow on virtual
 /// machines). `bytes()` is the size asked for, which is what the runtime's memory report counts.
+/// The device path (docs/zero.md) instead adopts a `primitive::memory_buffer` of its context's
+/// memory space, which it zeroes by stream work; `data()` is then not host-addressable on CUDA.
 
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include <string>
 
 #include "ringzero/core/error.hpp"
+#include "ringzero/primitive/memory_space.hpp"
 
 namespace ringzero::zero::detail {
 
@@ -30,14 +33,21 @@ class host_buffer {
     data_.reset(static_cast<unsigned char*>(p));
   }
 
+  /// Adopts `b` (device path): its contents are left as they are, for stream work to set.
+  explicit host_buffer(primitive::memory_buffer b) : bytes_(b.size_bytes()), adopted_(std::move(b)) {}
+
   /// The memory (nullptr when empty).
-  unsigned char* data() noexcept { return data_.get(); }
-  const unsigned char* data() const noexcept { return data_.get(); }
+  unsigned char* data() noexcept { return data_ ? data_.get() : static_cast<unsigned char*>(adopted_.data()); }
+  const unsigned char* data() const noexcept {
+    return data_ ? data_.get() : static_cast<const unsigned char*>(adopted_.data());
+  }
+  /// Where the memory lives (memory_space::host unless adopted).
+  primitive::memory_space space() const noexcept { return data_ ? primitive::memory_space::host : adopted_.space(); }
   /// Bytes asked for.
   std::uint64_t bytes() const noexcept { return bytes_; }
-  /// Sets every byte to zero.
+  /// Sets every byte to zero (host memory only; an adopted buffer is zeroed by stream work).
   void zero() noexcept {
-    if (bytes_ != 0) std::memset(data_.get(), 0, static_cast<std::size_t>(bytes_));
+    if (bytes_ != 0 && data_) std::memset(data_.get(), 0, static_cast<std::size_t>(bytes_));
   }
 
  private:
@@ -46,6 +56,7 @@ class host_buffer {
   };
   std::unique_ptr<unsigned char, free_deleter> data_;
   std::uint64_t bytes_ = 0;
+  primitive::memory_buffer adopted_;
 };
 
 }  // namespace ringzero::zero::detail

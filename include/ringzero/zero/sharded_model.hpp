@@ -8,7 +8,10 @@
 /// `post_backward`/`end_backward`/`step`, the same loop at every stage (no-ops where a stage
 /// needs none). Errors: the constructor agrees across ranks and throws on every rank before any
 /// step when plans, parameters or options differ. Thread semantics: one thread per rank; the
-/// collective calls in the same order on every rank. Host-memory communicators only.
+/// collective calls in the same order on every rank. The device path (a `device_context`: the
+/// state in the compute stream's memory space, collectives on a communication stream, ordered
+/// by events) runs on the host stream (the simulated device of CI) and, without the optimizer
+/// step yet, on CUDA streams (zero/execution_stream.hpp).
 /// The manual (what each stage does, the loop, views, clipping, hybrid sharding, reproducible
 /// mode, memory): docs/zero.md, "The runtime in detail".
 
@@ -16,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <optional>
 #include <span>
@@ -31,6 +35,7 @@
 #include "ringzero/collective/all_gather.hpp"
 #include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/reduce_scatter.hpp"
+#include "ringzero/zero/execution_stream.hpp"
 #include "ringzero/zero/gather_schedule.hpp"
 #include "ringzero/zero/gradient_schedule.hpp"
 #include "ringzero/zero/host_buffer.hpp"
@@ -81,9 +86,26 @@ class sharded_model {
         shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
         gathers_(plan_.make_gather_schedule()),
         gradients_(plan_.make_gradient_schedule()) {
-    require_host_memory();
-    agree(check(registered));
-    allocate_everywhere();
+    start(nullptr, check(registered));
+  }
+
+  /// The device path of the constructor above: the model state lives in the memory space of
+  /// `device.compute` (allocated and zeroed by stream work); the trainer enqueues its forward
+  /// and backward on that stream; the runtime's collectives run on a communication stream
+  /// ordered against it by events (docs/zero.md, "The device path"). Throws as the constructor
+  /// above, and errc::invalid_argument on every rank when the compute stream is missing, is on
+  /// another device than the communicator's rank, or its memory is not the communicator's.
+  sharded_model(communicator& comm, shard_plan plan, std::span<const parameter_spec> registered,
+                const device_context& device, const sharded_model_options& options = {},
+                communicator* replica_comm = nullptr)
+      : comm_(comm),
+        replica_(replica_comm),
+        plan_(std::move(plan)),
+        options_(options),
+        shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
+        gathers_(plan_.make_gather_schedule()),
+        gradients_(plan_.make_gradient_schedule()) {
+    start(&device, check(registered));
   }
 
   /// Plans `request` for these communicators (its world size and replica group size are set
@@ -92,15 +114,38 @@ class sharded_model {
   /// rank (the planner's message on that rank, the refusing ranks named on the others).
   sharded_model(communicator& comm, plan_request request, const sharded_model_options& options = {},
                 communicator* replica_comm = nullptr)
-      : sharded_model(comm, plan_for(comm, std::move(request), replica_comm), options, replica_comm) {}
+      : sharded_model(comm, plan_for(comm, std::move(request), replica_comm), nullptr, options, replica_comm) {}
+
+  /// The device path of the constructor above (see the device constructor for `device`).
+  sharded_model(communicator& comm, plan_request request, const device_context& device,
+                const sharded_model_options& options = {}, communicator* replica_comm = nullptr)
+      : sharded_model(comm, plan_for(comm, std::move(request), replica_comm), &device, options, replica_comm) {}
 
   sharded_model(const sharded_model&) = delete;
   sharded_model& operator=(const sharded_model&) = delete;
 
-  /// Waits for every collective still in flight (their errors are dropped), then frees.
+  /// Waits for every collective still in flight (their errors are dropped), then frees. The
+  /// device path first waits for the compute stream's work enqueued so far and drains the
+  /// communication stream.
   ~sharded_model() {
     for (auto& list : gather_work_) wait_quietly(list);
     for (auto& list : reduce_work_) wait_quietly(list);
+    if (comm_stream_) {
+      try {
+        compute_->record(*compute_mark_);
+        compute_->wait_host(*compute_mark_);
+      } catch (...) {}
+      comm_stream_->synchronize_quietly();
+    }
+  }
+
+  /// The device path's communication stream (nullptr on the host path): the runtime's
+  /// collectives, optimizer step and copies run there. For tests, which pause it.
+  execution_stream* communication_stream() noexcept { return comm_stream_.get(); }
+  /// Blocks until the runtime's work enqueued so far (communication stream) has run; rethrows
+  /// its error. No-op on the host path.
+  void synchronize() {
+    if (comm_stream_) comm_stream_->synchronize();
   }
 
   /// The plan.
@@ -165,6 +210,7 @@ class sharded_model {
     if (values.size() != pl.numel)
       raise("set_parameter('" + name(p) + "'): got " + std::to_string(values.size()) + " values for " +
             std::to_string(pl.numel) + " elements");
+    if (comm_stream_) return set_parameter_on_streams(p, values);
     const flat_buffer& f = plan_.buffers()[pl.buffer];
     const algorithms::range own = owned_range(pl.buffer);
     const std::uint64_t lo = std::max(own.begin, pl.offset), hi = std::min(own.end, pl.offset + pl.numel);
@@ -188,6 +234,7 @@ class sharded_model {
     if (out.size() != pl.numel)
       raise("read_parameter('" + name(p) + "'): output has " + std::to_string(out.size()) +
             " elements, the parameter " + std::to_string(pl.numel));
+    if (comm_stream_) return read_parameter_on_streams(p, out);
     const flat_buffer& f = plan_.buffers()[pl.buffer];
     const unsigned char* src = nullptr;
     std::size_t borrowed_slot = npos;
@@ -280,6 +327,10 @@ class sharded_model {
   /// accumulation_steps, or at stage 3 while a unit is gathered by a `pre_forward` /
   /// `pre_backward` not yet matched by its `post_forward` / `post_backward`.
   step_result step() {
+    if (comm_stream_ && !comm_stream_->runs_host_work())  // before anything changes
+      comm_.raise(errc::unsupported, std::string("zero::sharded_model: the optimizer step, gradient clipping and the "
+                                                 "non-finite check have no kernels for a ") +
+                                         comm_stream_->kind() + " yet (the device path steps on the host stream only)");
     const int steps = plan_.request().accumulation_steps;
     if (plan_.stage() == 3)
       // A unit gathered by a pre_* hook without its post_* would serve parameters from before
@@ -300,6 +351,7 @@ class sharded_model {
       gathers_.release_all(h);
     }
     micro_ = 0;
+    if (comm_stream_) return step_on_streams();
     check_learning_rates();
     const auto& buffers = plan_.buffers();
     if (replica_ != nullptr && replica_->world_size() > 1)
@@ -402,6 +454,7 @@ class sharded_model {
       gathers_.release_all(h);
     }
     zero_gradients();
+    synchronize();
   }
 
   /// Bytes this rank holds now, by category (pools at their current size).
@@ -413,6 +466,19 @@ class sharded_model {
     m.optimizer_states = optimizer_->state_bytes();
     for (const auto& b : gathers_buffers_) m.communication_buffers += b.bytes();
     for (const auto& b : buckets_) m.communication_buffers += b.bytes();
+    return m;
+  }
+  /// The part of `memory_in_use()` that lives in memory space `space` (each allocation counted
+  /// where it was made: host memory on the host path, the compute stream's space on the device path).
+  memory_breakdown memory_in_use(primitive::memory_space space) const {
+    memory_breakdown m;
+    const auto in = [space](const detail::host_buffer& b) { return b.space() == space ? b.bytes() : 0; };
+    for (const auto& b : params_) m.parameters += in(b);
+    for (const auto& b : grads_) m.gradients += in(b);
+    m.master_weights = optimizer_->master_bytes(space);
+    m.optimizer_states = optimizer_->state_bytes(space);
+    for (const auto& b : gathers_buffers_) m.communication_buffers += in(b);
+    for (const auto& b : buckets_) m.communication_buffers += in(b);
     return m;
   }
 
@@ -437,7 +503,8 @@ class sharded_model {
     std::string problem;
   };
 
-  sharded_model(communicator& comm, planned p, const sharded_model_options& options, communicator* replica_comm)
+  sharded_model(communicator& comm, planned p, const device_context* device, const sharded_model_options& options,
+                communicator* replica_comm)
       : comm_(comm),
         replica_(replica_comm),
         plan_(std::move(p.plan)),
@@ -445,9 +512,7 @@ class sharded_model {
         shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
         gathers_(plan_.make_gather_schedule()),
         gradients_(plan_.make_gradient_schedule()) {
-    require_host_memory();
-    agree(p.problem.empty() ? check(plan_.parameters()) : p.problem);
-    allocate_everywhere();
+    start(device, p.problem.empty() ? check(plan_.parameters()) : p.problem);
   }
 
   /// Plans `request` for the communicators. A refusal is kept (not thrown) so that the other
@@ -574,7 +639,7 @@ class sharded_model {
   /// One more pool buffer of `bytes` (beyond the plan's count), or an error naming this rank.
   detail::host_buffer& grow(std::vector<detail::host_buffer>& pool, std::uint64_t bytes, const char* what) {
     try {
-      return pool.emplace_back(bytes);
+      return pool.emplace_back(make_buffer(bytes));
     } catch (const std::bad_alloc&) {
       comm_.raise(errc::internal, "zero::sharded_model: cannot allocate another " + std::string(what) + " of " +
                                       std::to_string(bytes) +
@@ -622,6 +687,11 @@ class sharded_model {
   }
 
   void zero_gradients() {
+    if (comm_stream_) {  // on the communication stream, after everything before it there
+      for (auto& g : grads_)
+        if (g.bytes() != 0) comm_stream_->fill(g.data(), g.bytes(), dtype::uint8, 0);
+      return;
+    }
     for (auto& g : grads_) g.zero();
   }
 
@@ -666,6 +736,7 @@ class sharded_model {
       return s;
     }
     grow(gathers_buffers_, plan_.communication().gather_buffer_bytes, "gather buffer");
+    if (comm_stream_) gather_slot_free_.push_back(compute_->make_event());
     return gathers_buffers_.size() - 1;
   }
 
@@ -673,6 +744,7 @@ class sharded_model {
     const std::size_t slot = take_gather_slot();
     unit_gather_[u] = slot;
     unsigned char* base = gathers_buffers_[slot].data();
+    if (comm_stream_) return start_gather_on_streams(u, slot);
     for (std::size_t b : plan_.units()[u].buffers) {
       const flat_buffer& f = plan_.buffers()[b];
       if (f.shard_numel == 0) continue;
@@ -682,13 +754,20 @@ class sharded_model {
   }
 
   void wait_gather(std::size_t u) {
+    if (comm_stream_) {  // the compute stream's later work (the trainer's) runs after the gather
+      compute_->wait(*gathered_[u]);
+      return;
+    }
     auto& list = gather_work_[u];
     for (const work& w : list) w.wait();
     list.clear();
   }
 
   void free_gather(std::size_t u) {
-    wait_gather(u);
+    if (comm_stream_)  // the next gather into the slot waits for the compute work before now
+      compute_->record(*gather_slot_free_[unit_gather_[u]]);
+    else
+      wait_gather(u);
     gather_free_.push_back(unit_gather_[u]);
     unit_gather_[u] = npos;
   }
@@ -701,15 +780,45 @@ class sharded_model {
       bucket_free_.pop_back();
     } else {
       grow(buckets_, plan_.communication().gradient_bucket_bytes, "gradient bucket");
+      if (comm_stream_) bucket_free_event_.push_back(compute_->make_event());
       slot = buckets_.size() - 1;
     }
     unit_bucket_[u] = slot;
+    if (comm_stream_) {  // after the reduction that used the slot last, on the compute stream
+      compute_->wait(*bucket_free_event_[slot]);
+      compute_->fill(buckets_[slot].data(), plan_.units()[u].gradient_bytes, dtype::uint8, 0);
+      return;
+    }
     std::memset(buckets_[slot].data(), 0, static_cast<std::size_t>(plan_.units()[u].gradient_bytes));
   }
 
   void launch_reduction(std::size_t u);
 
   void complete_reduction(std::size_t u);
+
+  // ---- the device path (zero/sharded_model_device.hpp) ----
+  /// Checks `device` against the communicators (this rank's problem, "" when none) and, when
+  /// it fits, creates the communication stream and the events.
+  std::string attach(const device_context& device);
+  /// The constructors' common end: attach (device path) or refuse device memory (host path),
+  /// agree across ranks, allocate.
+  void start(const device_context* device, std::string problem);
+  /// A zeroed buffer of `bytes`: host memory, or (device path) the context's memory space,
+  /// zeroed on the communication stream.
+  detail::host_buffer make_buffer(std::uint64_t bytes);
+  /// The communication stream's later work runs after the compute stream's work enqueued so far.
+  void comm_waits_for_compute() {
+    compute_->record(*compute_mark_);
+    comm_stream_->wait(*compute_mark_);
+  }
+  void start_gather_on_streams(std::size_t u, std::size_t slot);
+  void set_parameter_on_streams(std::size_t p, std::span<const float> values);
+  void read_parameter_on_streams(std::size_t p, std::span<float> out);
+  step_result step_on_streams();
+  /// all_gather of `count` uint64 values per rank over `c`, through device memory when `c`'s
+  /// buffers are device memory (the agreement exchanges of the constructor and step).
+  void exchange(communicator& c, const std::uint64_t* mine, std::uint64_t* all, std::size_t count,
+                collective_options options);
 
   /// Reproducible mode, end of the accumulation window: every trainable buffer's average over
   /// all micro-batches of all ranks into its gradient (the whole buffer at stage 0, the rank's
@@ -752,9 +861,21 @@ class sharded_model {
   std::vector<bool> marked_;
   int micro_ = 0;
   std::optional<detail::reproducible_gradients> reproducible_;  ///< reproducible mode only
+  // The device path (all empty on the host path). Declared last: the communication stream is
+  // drained in the destructor and destroyed before the buffers its work used.
+  execution_stream* compute_ = nullptr;                                      ///< the trainer's
+  std::vector<std::unique_ptr<execution_stream::event>> gathered_;           ///< per unit, on comm
+  std::vector<std::unique_ptr<execution_stream::event>> gather_slot_free_;   ///< per slot, on compute
+  std::vector<std::unique_ptr<execution_stream::event>> bucket_free_event_;  ///< per bucket, on comm
+  std::unique_ptr<execution_stream::event> compute_mark_;                    ///< scratch, on compute
+  std::unique_ptr<execution_stream::event> comm_mark_;                       ///< scratch, on comm
+  double squares_ = 0;   ///< the step's sum of squared gradients (written by stream work)
+  step_result pending_;  ///< the step's result (written by stream work)
+  std::unique_ptr<execution_stream> comm_stream_;
 };
 
 }  // namespace ringzero::zero
 
 // The members defined out of the class (kept apart so that each header stays short).
+#include "ringzero/zero/sharded_model_device.hpp"
 #include "ringzero/zero/sharded_model_members.hpp"

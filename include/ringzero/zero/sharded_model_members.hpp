@@ -100,7 +100,7 @@ inline std::string sharded_model::agree_over(communicator& c, bool refused, bool
   const std::size_t fields = mine.size();
   const std::vector<std::uint64_t> row = ringzero::detail::agreement_row(mine);
   std::vector<std::uint64_t> gathered(fields * static_cast<std::size_t>(n));
-  all_gather(c, row.data(), gathered.data(), fields, dtype::uint64, tagged(call_purpose::agree, 0));
+  exchange(c, row.data(), gathered.data(), fields, tagged(call_purpose::agree, 0));
   const ringzero::detail::agreement_table table(std::move(gathered), fields);
   const std::vector<int> refusing = table.ranks_where_not(0, 0);
   if (!refusing.empty() && across_groups)
@@ -127,7 +127,7 @@ inline std::string sharded_model::first_parameter_difference(communicator& c) {
   const std::size_t count = ps.size();
   std::vector<std::uint64_t> row(count), gathered(count * static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < count; ++i) row[i] = parameters_hash(i, i + 1);
-  all_gather(c, row.data(), gathered.data(), count, dtype::uint64, tagged(call_purpose::agree, 1));
+  exchange(c, row.data(), gathered.data(), count, tagged(call_purpose::agree, 1));
   const ringzero::detail::agreement_table table(std::move(gathered), count);
   if (const std::size_t i = table.first_difference(); i < count) {
     const parameter_spec& p = ps[i];
@@ -148,7 +148,7 @@ inline void sharded_model::check_learning_rates() {
     if (c == nullptr || c->world_size() == 1) continue;
     const int n = c->world_size();
     std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
-    all_gather(*c, &mine, all.data(), 1, dtype::uint64, tagged(call_purpose::agree, 3));
+    exchange(*c, &mine, all.data(), 1, tagged(call_purpose::agree, 3));
     bool same = true;
     for (std::uint64_t b : all) same = same && b == all[0];
     if (same || !verdict.empty()) continue;
@@ -177,7 +177,7 @@ inline void sharded_model::allocate_everywhere() {
     const int n = c->world_size();
     std::uint64_t mine = problem.empty() && verdict.empty() ? 0 : 1;
     std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
-    all_gather(*c, &mine, all.data(), 1, dtype::uint64, tagged(call_purpose::agree, 2));
+    exchange(*c, &mine, all.data(), 1, tagged(call_purpose::agree, 2));
     std::vector<int> failed;
     for (int r = 0; r < n; ++r)
       if (all[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
@@ -198,10 +198,12 @@ inline void sharded_model::allocate() {
   params_.reserve(buffers.size());
   grads_.reserve(buffers.size());
   for (const flat_buffer& f : buffers) {
-    params_.emplace_back((stage3 ? f.shard_numel : f.numel) * dtype_size(f.type));
-    grads_.emplace_back(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0);
+    params_.emplace_back(make_buffer((stage3 ? f.shard_numel : f.numel) * dtype_size(f.type)));
+    grads_.emplace_back(
+        make_buffer(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0));
   }
-  optimizer_.emplace(plan_, shard_index_, options_.optimizer);
+  optimizer_.emplace(plan_, shard_index_, options_.optimizer,
+                     [this](std::uint64_t bytes) { return make_buffer(bytes); });
   if (options_.reproducible) reproducible_.emplace(plan_);
   const std::size_t units = plan_.units().size();
   unit_gather_.assign(units, npos);
@@ -214,12 +216,20 @@ inline void sharded_model::allocate() {
   // pre_forward or gradient; they grow only for a trainer that visits units in another order.
   const communication_buffers& cb = plan_.communication();
   for (std::uint64_t i = 0; i < cb.gather_buffers; ++i) {
-    gathers_buffers_.emplace_back(cb.gather_buffer_bytes);
+    gathers_buffers_.emplace_back(make_buffer(cb.gather_buffer_bytes));
     gather_free_.push_back(gathers_buffers_.size() - 1);
   }
   for (std::uint64_t i = 0; i < cb.gradient_buckets; ++i) {
-    buckets_.emplace_back(cb.gradient_bucket_bytes);
+    buckets_.emplace_back(make_buffer(cb.gradient_bucket_bytes));
     bucket_free_.push_back(buckets_.size() - 1);
+  }
+  if (comm_stream_) {
+    for (std::size_t u = 0; u < units; ++u) gathered_.push_back(compute_->make_event());
+    for (std::size_t i = 0; i < gathers_buffers_.size(); ++i) gather_slot_free_.push_back(compute_->make_event());
+    for (std::size_t i = 0; i < buckets_.size(); ++i) bucket_free_event_.push_back(compute_->make_event());
+    // The trainer's first writes (gradients at stages 0-1) come after the zeroing.
+    comm_stream_->record(*comm_mark_);
+    compute_->wait(*comm_mark_);
   }
 }
 
@@ -235,12 +245,24 @@ inline void sharded_model::launch_reduction(std::size_t u) {
     }
     return;
   }
+  if (comm_stream_) comm_waits_for_compute();  // the trainer's gradients are complete
   for (std::size_t b : plan_.units()[u].buffers) {
     const flat_buffer& f = plan_.buffers()[b];
     if (!f.trainable || f.numel == 0) continue;
     const std::uint64_t gs = dtype_size(f.gradient_type);
     const std::uint64_t own = static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
     unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
+    if (comm_stream_) {  // the blocking collective, in order on the communication stream
+      const collective_options tag = tagged(call_purpose::reduce, b);
+      if (stage == 0)
+        comm_stream_->collective(
+            [this, full, &f, tag] { all_reduce(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg, tag); });
+      else
+        comm_stream_->collective([this, full, own, &f, tag] {
+          reduce_scatter(comm_, full, full + own, f.shard_numel, f.gradient_type, reduce_kind::avg, tag);
+        });
+      continue;
+    }
     if (stage == 0)
       reduce_work_[u].push_back(all_reduce_async(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg,
                                                  tagged(call_purpose::reduce, b)));
@@ -268,6 +290,13 @@ inline void sharded_model::complete_reduction(std::size_t u) {
     const unsigned char* src =
         bucket + f.gradient_offset + static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
     unsigned char* dst = grads_[b].data();
+    if (comm_stream_) {  // the same sum (in float for 16-bit types), as stream work
+      primitive::reduce_spec sum;
+      sum.type = f.gradient_type;
+      sum.kind = reduce_kind::sum;
+      comm_stream_->reduce(dst, dst, src, f.shard_numel, sum);
+      continue;
+    }
     visit_dtype(f.gradient_type, [&]<class T>() {
       if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
         T* d = reinterpret_cast<T*>(dst);
@@ -277,6 +306,7 @@ inline void sharded_model::complete_reduction(std::size_t u) {
       }
     });
   }
+  if (comm_stream_) comm_stream_->record(*bucket_free_event_[unit_bucket_[u]]);
   bucket_free_.push_back(unit_bucket_[u]);
   unit_bucket_[u] = npos;
 }

@@ -13,6 +13,7 @@
 /// Thread semantics: used by one thread. Memory: allocated once at construction.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -62,8 +63,11 @@ class sharded_optimizer {
   }
 
   /// The optimizer of shard `shard_index` of `plan` (0 <= shard_index < plan.shards()).
-  /// Throws errc::invalid_argument when `problem(plan, options)` is not empty.
-  sharded_optimizer(const shard_plan& plan, int shard_index, const optimizer_options& options)
+  /// Throws errc::invalid_argument when `problem(plan, options)` is not empty. `allocate` makes
+  /// each buffer of master weights and states (bytes; zero-filled host memory when not given;
+  /// the device path allocates in its memory space and zeroes by stream work).
+  sharded_optimizer(const shard_plan& plan, int shard_index, const optimizer_options& options,
+                    const std::function<detail::host_buffer(std::uint64_t)>& allocate = {})
       : plan_(&plan), options_(options), shard_index_(shard_index) {
     const std::string p = problem(plan, options);
     if (!p.empty()) throw error(errc::invalid_argument, "zero::sharded_optimizer: " + p);
@@ -77,8 +81,9 @@ class sharded_optimizer {
       if (!f.trainable) continue;
       buffer_state& s = state_[b];
       s.count = owned_range(b).size();
-      if (f.has_master) s.master = detail::host_buffer(s.count * sizeof(float));
-      for (int k = 0; k < options.state_count(); ++k) s.states[k] = detail::host_buffer(s.count * sizeof(float));
+      const auto make = [&](std::uint64_t bytes) { return allocate ? allocate(bytes) : detail::host_buffer(bytes); };
+      if (f.has_master) s.master = make(s.count * sizeof(float));
+      for (int k = 0; k < options.state_count(); ++k) s.states[k] = make(s.count * sizeof(float));
     }
   }
 
@@ -160,6 +165,19 @@ class sharded_optimizer {
   std::uint64_t state_bytes() const noexcept {
     std::uint64_t n = 0;
     for (const buffer_state& s : state_) n += s.states[0].bytes() + s.states[1].bytes();
+    return n;
+  }
+  /// Bytes of master weights held in memory space `space`.
+  std::uint64_t master_bytes(primitive::memory_space space) const noexcept {
+    std::uint64_t n = 0;
+    for (const buffer_state& s : state_) n += s.master.space() == space ? s.master.bytes() : 0;
+    return n;
+  }
+  /// Bytes of optimizer states held in memory space `space`.
+  std::uint64_t state_bytes(primitive::memory_space space) const noexcept {
+    std::uint64_t n = 0;
+    for (const buffer_state& s : state_)
+      for (const detail::host_buffer& b : s.states) n += b.space() == space ? b.bytes() : 0;
     return n;
   }
 

@@ -1,0 +1,229 @@
+#pragma once
+/// @file
+/// The device path of `zero::sharded_model`, defined out of the class: attaching a
+/// `device_context`, allocating in its memory space, stage 3 gathers, setting and reading
+/// parameters and the optimizer step as work on the communication stream. Included by
+/// zero/sharded_model.hpp at its end; include that header, not this one. The manual:
+/// docs/zero.md, "The device path".
+
+#include "ringzero/zero/sharded_model.hpp"
+
+namespace ringzero::zero {
+
+inline std::string sharded_model::attach(const device_context& device) {
+  if (device.compute == nullptr)
+    return "the device_context has no compute stream (device_context::compute is null): the device path needs the "
+           "trainer's compute stream";
+  const execution_stream& s = *device.compute;
+  const auto space_name = [](ringzero::memory_space m) {
+    return m == ringzero::memory_space::cuda ? "CUDA device" : "host";
+  };
+  for (const communicator* c : {static_cast<const communicator*>(&comm_), static_cast<const communicator*>(replica_)}) {
+    if (c == nullptr) continue;
+    const char* which = c == &comm_ ? "shard" : "replica";
+    if (c->space() != s.communicator_space())
+      return std::string("the compute stream is a ") + s.kind() + ", whose model state is " +
+             space_name(s.communicator_space()) + " memory, but the " + which + " communicator (" +
+             std::string(backend_name(c->backend())) + ") moves " + space_name(c->space()) + " memory: expected a " +
+             space_name(s.communicator_space()) + "-memory communicator";
+    if (c->space() == ringzero::memory_space::cuda && c->cuda_device() != s.device())
+      return std::string("the compute stream is on CUDA device ") + std::to_string(s.device()) + " but the " + which +
+             " communicator's rank uses CUDA device " + std::to_string(c->cuda_device()) +
+             ": expected a compute stream on device " + std::to_string(c->cuda_device());
+  }
+  if (options_.reproducible) return "reproducible mode is not available on the device path yet";
+  compute_ = device.compute;
+  comm_stream_ = s.make_communication_stream(comm_, device.communication);
+  compute_mark_ = s.make_event();
+  comm_mark_ = s.make_event();
+  return {};
+}
+
+inline void sharded_model::start(const device_context* device, std::string problem) {
+  if (device == nullptr) {
+    require_host_memory();
+  } else {
+    // A device context that does not fit makes this rank refuse; `agree` tells every rank.
+    // The exchange runs in the communicator's memory, whatever the context is.
+    std::string why = attach(*device);
+    if (problem.empty()) problem = std::move(why);
+  }
+  agree(problem);
+  allocate_everywhere();
+}
+
+inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes) {
+  if (!comm_stream_) return detail::host_buffer(bytes);
+  detail::host_buffer b(primitive::memory_buffer::allocate(comm_stream_->space(), bytes, comm_stream_->device()));
+  if (bytes != 0) comm_stream_->fill(b.data(), bytes, dtype::uint8, 0);
+  return b;
+}
+
+inline void sharded_model::exchange(communicator& c, const std::uint64_t* mine, std::uint64_t* all, std::size_t count,
+                                    collective_options options) {
+  const std::size_t n = static_cast<std::size_t>(c.world_size());
+  if (c.space() == ringzero::memory_space::host) {
+    all_gather(c, mine, all, count, dtype::uint64, options);
+    return;
+  }
+  // Device memory: stage through one device buffer on the communicator's stream.
+  const primitive::device_primitives& p = primitive::require_device_primitives();
+  const std::uint64_t row = count * sizeof(std::uint64_t);
+  primitive::memory_buffer staging =
+      primitive::memory_buffer::allocate(primitive::memory_space::device, row * (n + 1), c.cuda_device());
+  unsigned char* base = static_cast<unsigned char*>(staging.data());
+  const auto checked = [&](int code, const char* what) {
+    if (code != 0)
+      c.raise(errc::backend_failure, std::string("zero::sharded_model: ") + what + ": " + p.error_name(code));
+  };
+  checked(p.copy(base, mine, row, c.cuda_stream()), "staging the agreement row");
+  all_gather(c, base, base + row, count, dtype::uint64, options);
+  checked(p.copy(all, base + row, row * n, c.cuda_stream()), "reading the agreement rows");
+  checked(p.synchronize(c.cuda_stream()), "synchronizing the agreement exchange");
+}
+
+inline void sharded_model::start_gather_on_streams(std::size_t u, std::size_t slot) {
+  execution_stream& s = *comm_stream_;
+  s.wait(*gather_slot_free_[slot]);  // the slot's last readers (compute work) are done
+  unsigned char* base = gathers_buffers_[slot].data();
+  for (std::size_t b : plan_.units()[u].buffers) {
+    const flat_buffer& f = plan_.buffers()[b];
+    if (f.shard_numel == 0) continue;
+    const collective_options tag = tagged(call_purpose::gather, b);
+    unsigned char* src = params_[b].data();
+    unsigned char* dst = base + f.gather_offset;
+    s.collective([this, src, dst, &f, tag] { all_gather(comm_, src, dst, f.shard_numel, f.type, tag); });
+  }
+  s.record(*gathered_[u]);
+}
+
+inline void sharded_model::set_parameter_on_streams(std::size_t p, std::span<const float> values) {
+  const parameter_placement& pl = plan_.placements()[p];
+  const flat_buffer& f = plan_.buffers()[pl.buffer];
+  const algorithms::range own = owned_range(pl.buffer);
+  const std::uint64_t lo = std::max(own.begin, pl.offset), hi = std::min(own.end, pl.offset + pl.numel);
+  const std::uint64_t es = dtype_size(f.type);
+  // The host values in the parameter's dtype (the whole parameter, or the owned part at stage 3),
+  // copied in on the communication stream after the trainer's work so far.
+  const bool whole = plan_.stage() <= 2;
+  const std::uint64_t first = whole ? pl.offset : lo, count = whole ? pl.numel : (hi > lo ? hi - lo : 0);
+  std::vector<unsigned char> staged(static_cast<std::size_t>(count * es));
+  visit_dtype(f.type, [&]<class T>() {
+    T* d = reinterpret_cast<T*>(staged.data());
+    for (std::uint64_t k = 0; k < count; ++k) d[k] = static_cast<T>(values[first + k - pl.offset]);
+  });
+  comm_waits_for_compute();
+  if (count != 0)
+    comm_stream_->copy(params_[pl.buffer].data() + (whole ? first : first - own.begin) * es, staged.data(), count * es);
+  if (float* m = f.trainable ? optimizer_->master(pl.buffer) : nullptr; m != nullptr && hi > lo)
+    comm_stream_->copy(m + (lo - own.begin), values.data() + (lo - pl.offset), (hi - lo) * sizeof(float));
+  comm_stream_->synchronize();  // `staged` and `values` must outlive the copies
+}
+
+inline void sharded_model::read_parameter_on_streams(std::size_t p, std::span<float> out) {
+  const parameter_placement& pl = plan_.placements()[p];
+  const flat_buffer& f = plan_.buffers()[pl.buffer];
+  const std::uint64_t es = dtype_size(f.type);
+  comm_waits_for_compute();
+  const unsigned char* src = nullptr;
+  std::size_t borrowed_slot = npos;
+  if (plan_.stage() <= 2) {
+    src = params_[pl.buffer].data();
+  } else {
+    const std::size_t w = storage_unit(p);
+    if (gathers_.held(w)) {  // gathered on the communication stream: ordered before the copy
+      src = gathers_buffers_[unit_gather_[w]].data() + f.gather_offset;
+    } else {
+      borrowed_slot = take_gather_slot();
+      comm_stream_->wait(*gather_slot_free_[borrowed_slot]);
+      unsigned char* dst = gathers_buffers_[borrowed_slot].data() + f.gather_offset;
+      unsigned char* shard = params_[pl.buffer].data();
+      const collective_options tag = tagged(call_purpose::read, pl.buffer);
+      if (f.shard_numel > 0)
+        comm_stream_->collective(
+            [this, shard, dst, &f, tag] { all_gather(comm_, shard, dst, f.shard_numel, f.type, tag); });
+      src = dst;
+    }
+  }
+  std::vector<unsigned char> staged(static_cast<std::size_t>(pl.numel * es));
+  if (pl.numel != 0) comm_stream_->copy(staged.data(), src + pl.offset * es, pl.numel * es);
+  try {
+    comm_stream_->synchronize();
+  } catch (...) {
+    if (borrowed_slot != npos) gather_free_.push_back(borrowed_slot);
+    throw;
+  }
+  visit_dtype(f.type, [&]<class T>() {
+    const T* s = reinterpret_cast<const T*>(staged.data());
+    for (std::uint64_t k = 0; k < pl.numel; ++k) out[k] = static_cast<float>(s[k]);
+  });
+  if (borrowed_slot != npos) gather_free_.push_back(borrowed_slot);
+}
+
+inline step_result sharded_model::step_on_streams() {
+  execution_stream& s = *comm_stream_;
+  const auto& buffers = plan_.buffers();
+  comm_waits_for_compute();  // the last micro-batch's gradients and reads of the parameters
+  // As the host path, in the same order, but as work on the communication stream: a refusal
+  // (learning rates differ) makes the stream skip the rest, so nothing is half-updated, and the
+  // synchronize at the end rethrows it.
+  s.collective([this] { check_learning_rates(); });
+  if (replica_ != nullptr && replica_->world_size() > 1)
+    for (std::size_t b = 0; b < buffers.size(); ++b)
+      if (buffers[b].trainable && buffers[b].numel > 0) {
+        unsigned char* g = owned_gradient(b);
+        const std::uint64_t n = owned_range(b).size();
+        const collective_options tag = tagged(call_purpose::replica_average, b);
+        s.collective([this, g, n, &buffers, b, tag] {
+          all_reduce(*replica_, g, g, n, buffers[b].gradient_type, reduce_kind::avg, tag);
+        });
+      }
+  s.host_work(
+      [this, &buffers] {
+        squares_ = 0;
+        for (std::size_t b = 0; b < buffers.size(); ++b)
+          if (buffers[b].trainable) squares_ += sum_of_squares(b);
+      },
+      "the gradient norm");
+  if (plan_.stage() >= 1 && comm_.world_size() > 1)
+    s.collective([this] {
+      all_reduce(comm_, &squares_, &squares_, 1, dtype::float64, reduce_kind::sum, tagged(call_purpose::norm, 0));
+    });
+  s.host_work(
+      [this, &buffers] {
+        step_result r;
+        r.gradient_norm = std::sqrt(squares_);
+        if (!std::isfinite(r.gradient_norm) && options_.skip_nonfinite_steps) {
+          r.skipped = true;
+          r.steps = optimizer_->steps();
+          pending_ = r;
+          return;
+        }
+        if (options_.max_grad_norm > 0) {
+          const double coefficient = options_.max_grad_norm / (r.gradient_norm + 1e-6);
+          if (coefficient < 1) r.clip_coefficient = coefficient;
+        }
+        optimizer_->begin_step();
+        for (std::size_t b = 0; b < buffers.size(); ++b)
+          if (buffers[b].trainable)
+            optimizer_->update(b, owned_parameters(b), owned_gradient(b), static_cast<float>(r.clip_coefficient));
+        r.steps = optimizer_->steps();
+        pending_ = r;
+      },
+      "the optimizer step");
+  if (plan_.stage() == 1 || plan_.stage() == 2)
+    for (std::size_t b = 0; b < buffers.size(); ++b)
+      if (buffers[b].trainable && buffers[b].numel > 0)
+        s.collective([this, &buffers, b] {
+          if (pending_.skipped) return;  // every rank decided alike (one global norm)
+          all_gather(comm_, owned_parameters(b), params_[b].data(), buffers[b].shard_numel, buffers[b].type,
+                     tagged(call_purpose::regather, b));
+        });
+  zero_gradients();
+  // The result is a host value: the one host wait of the device path, once per step. The
+  // compute stream's later work is enqueued after it, so it sees the updated parameters.
+  s.synchronize();
+  return pending_;
+}
+
+}  // namespace ringzero::zero

@@ -1,0 +1,572 @@
+// The ZeRO runtime's device path on the simulated device: the state in memory touched only by
+// stream work, the trainer's forward and backward enqueued on a compute host_stream, the
+// runtime's collectives and step on its communication stream, ordered by events only. Every
+// result is bitwise the host runtime's; allocations equal the plan; a read the runtime does not
+// order reads stale data; a device context that does not fit is refused on every rank.
+// Suite device-sim (also run with RINGZERO_HOST_STREAM_DELAY_US set).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zero_test_model.hpp"
+
+using namespace ringzero;
+using namespace ringzero::zero;
+using namespace zero_test;
+
+namespace {
+
+plan_request device_request(int stage, int accumulation, const optimizer_options& o) {
+  plan_request q;
+  q.parameters = test_parameters();
+  q.stage = stage;
+  q.accumulation_steps = accumulation;
+  q.alignment_bytes = 16;
+  q.precision.optimizer_states = o.state_count();
+  return q;
+}
+
+/// One unit's backward as compute-stream work: the views are taken on the rank's thread (the
+/// hooks order them), the arithmetic of `train_sharded` runs later on the compute stream.
+struct backward_task {
+  struct item {
+    std::span<const float> w;
+    std::span<float> g;
+    std::size_t storage;
+    int use;
+  };
+  std::vector<item> items;
+  std::span<const float> frozen;
+  bool in_u1 = false;
+  int rank = 0, micro = 0, step = 0;
+
+  void operator()() const {
+    float frozen_sum = 0;
+    if (in_u1)
+      for (float x : frozen) frozen_sum += x;
+    for (const item& it : items)
+      for (std::size_t j = 0; j < it.g.size(); ++j)
+        it.g[j] += gradient_term(rank, micro, step, it.storage, j, it.use, it.w[j], frozen_sum, in_u1);
+  }
+};
+
+/// `train_sharded` of zero_test_model.hpp with the forward and backward enqueued on `compute`.
+std::vector<std::vector<float>> train_on_stream(sharded_model& model, primitive::host_stream& compute, int rank,
+                                                const run_config& cfg, std::vector<step_result>* results = nullptr) {
+  const auto& plan = model.plan();
+  const auto& params = plan.parameters();
+  const std::size_t frozen = model.index("frozen.w");
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    std::vector<float> v(plan.placements()[p].numel);
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] = initial_value(plan.placements()[p].storage, j);
+    model.set_parameter(p, v);
+  }
+  const std::size_t units = model.unit_count();
+  for (int step = 0; step < cfg.steps; ++step) {
+    for (int micro = 0; micro < cfg.accumulation; ++micro) {
+      for (std::size_t u = 0; u < units; ++u) {
+        model.pre_forward(u);
+        std::vector<std::span<float>> weights;
+        for (std::size_t p : plan.units()[u].members) weights.push_back(model.parameter<float>(p));
+        compute.enqueue([weights] {  // a forward reads its weights
+          volatile float sink = 0;
+          for (auto w : weights)
+            for (float x : w) sink = sink + x;
+        });
+        model.post_forward(u);
+      }
+      for (std::size_t u = units; u-- > 0;) {
+        model.pre_backward(u);
+        backward_task t;
+        t.in_u1 = plan.units()[u].name == "u1";
+        t.rank = rank;
+        t.micro = micro;
+        t.step = step;
+        if (t.in_u1) t.frozen = model.parameter<float>(frozen);
+        for (std::size_t p : plan.units()[u].members) {
+          if (!params[p].trainable || plan.placements()[p].numel == 0) continue;
+          auto w = model.parameter<float>(p);
+          auto g = model.gradient<float>(p);
+          t.items.push_back({w, g, plan.placements()[p].storage, use_of(params[p].name)});
+        }
+        compute.enqueue(t);
+        if (cfg.mark_ready)
+          for (std::size_t p : plan.units()[u].members)
+            if (params[p].trainable && params[p].tie_group.empty()) model.mark_ready(p);
+        model.post_backward(u);
+      }
+      if (!(cfg.implicit_last_end && micro == cfg.accumulation - 1)) model.end_backward();
+    }
+    const step_result r = model.step();
+    if (results) results->push_back(r);
+  }
+  std::vector<std::vector<float>> out(params.size());
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    out[p].resize(plan.placements()[p].numel);
+    model.read_parameter(p, out[p]);
+  }
+  return out;
+}
+
+bool same_result(const step_result& a, const step_result& b) {
+  return std::memcmp(&a.gradient_norm, &b.gradient_norm, sizeof(double)) == 0 &&
+         std::memcmp(&a.clip_coefficient, &b.clip_coefficient, sizeof(double)) == 0 && a.skipped == b.skipped &&
+         a.steps == b.steps;
+}
+
+/// Bitwise comparison of two parameter lists (float == is not bitwise for NaN or signed zero).
+bool bitwise_equal(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t p = 0; p < a.size(); ++p)
+    if (a[p].size() != b[p].size() ||
+        (!a[p].empty() && std::memcmp(a[p].data(), b[p].data(), a[p].size() * sizeof(float)) != 0))
+      return false;
+  return true;
+}
+
+/// A one-rank communicator that claims CUDA device memory on `device` (no device needed: the
+/// device context is refused before any data moves).
+class claims_device_memory final : public communicator {
+ public:
+  explicit claims_device_memory(int device) : communicator(0, 1), device_(device) {}
+  ~claims_device_memory() override { stop_progress(); }
+  backend_kind backend() const noexcept override { return backend_kind::nccl; }
+  memory_space space() const noexcept override { return memory_space::cuda; }
+  int cuda_device() const noexcept override { return device_; }
+  void begin(const collective_descriptor&) override {}
+  void end(const collective_descriptor&) override {}
+  void sendrecv(const void*, std::uint64_t, int, void*, std::uint64_t, int) override {
+    raise(errc::internal, "no transfers in this test");
+  }
+  void sendrecv_reduce(const void*, std::uint64_t, int, const void*, void*, std::uint64_t, int,
+                       const combine_fn&) override {
+    raise(errc::internal, "no transfers in this test");
+  }
+  link_model link() const noexcept override { return {}; }
+
+ private:
+  int device_;
+};
+
+/// A compute stream that claims to be a CUDA stream on `device`; the runtime must refuse it
+/// before enqueueing anything (every enqueueing member fails the test).
+class claims_cuda_stream final : public execution_stream {
+ public:
+  explicit claims_cuda_stream(int device) : device_(device) {}
+  const char* kind() const noexcept override { return "cuda_stream"; }
+  primitive::memory_space space() const noexcept override { return primitive::memory_space::device; }
+  int device() const noexcept override { return device_; }
+  ringzero::memory_space communicator_space() const noexcept override { return ringzero::memory_space::cuda; }
+  std::unique_ptr<event> make_event() const override { return fail<std::unique_ptr<event>>(); }
+  std::unique_ptr<execution_stream> make_communication_stream(communicator&,
+                                                              primitive::host_stream_options) const override {
+    return fail<std::unique_ptr<execution_stream>>();
+  }
+  void record(event&) override { fail<void>(); }
+  void wait(const event&) override { fail<void>(); }
+  void wait_host(const event&) override { fail<void>(); }
+  void synchronize() override { fail<void>(); }
+  bool runs_host_work() const noexcept override { return false; }
+  void copy(void*, const void*, std::uint64_t) override { fail<void>(); }
+  void fill(void*, std::uint64_t, dtype, double) override { fail<void>(); }
+  void reduce(void*, const void*, const void*, std::uint64_t, const primitive::reduce_spec&) override { fail<void>(); }
+  void host_work(std::function<void()>, const std::string&) override { fail<void>(); }
+  void collective(std::function<void()>) override { fail<void>(); }
+
+ private:
+  template <class R>
+  static R fail() {
+    throw error(errc::internal, "the runtime used a compute stream it should have refused");
+  }
+  int device_;
+};
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) { return x.what(); }
+}
+
+errc kind_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const error& x) { return x.kind(); } catch (...) {
+    return errc::internal;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise the host runtime") {
+  // Uneven, frozen, tied and zero-size parameters (the test model); per world size and stage,
+  // accumulation 1 and 3, the optimizers in rotation, clipping on at odd stages.
+  const auto optimizers = test_optimizers();
+  int runs = 0;
+  for (int world = 1; world <= 4; ++world)
+    for (int stage = 0; stage <= 3; ++stage)
+      for (int accumulation : {1, 3}) {
+        run_config cfg;
+        cfg.steps = 3;
+        cfg.optimizer = optimizers[static_cast<std::size_t>(world + stage + accumulation) % optimizers.size()];
+        cfg.accumulation = accumulation;
+        cfg.max_grad_norm = stage % 2 == 1 ? 0.5 : 0.0;
+        cfg.mark_ready = (world + stage) % 2 == 0;
+        cfg.implicit_last_end = accumulation == 3 && stage >= 2;
+        CAPTURE(world);
+        CAPTURE(stage);
+        CAPTURE(accumulation);
+        CAPTURE(optimizer_name(cfg.optimizer.kind));
+        std::vector<std::vector<std::vector<float>>> host(static_cast<std::size_t>(world)),
+            device(static_cast<std::size_t>(world));
+        std::vector<std::vector<step_result>> host_steps(static_cast<std::size_t>(world)),
+            device_steps(static_cast<std::size_t>(world));
+        std::vector<memory_breakdown> used(static_cast<std::size_t>(world));
+        std::vector<memory_breakdown> planned(static_cast<std::size_t>(world));
+        local::launch(world, [&](communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          sharded_model_options options;
+          options.optimizer = cfg.optimizer;
+          options.max_grad_norm = cfg.max_grad_norm;
+          {
+            sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer), options);
+            host[r] = train_sharded(model, comm.rank(), cfg, &host_steps[r]);
+          }
+          primitive::host_stream compute;
+          host_execution_stream stream(compute);
+          sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer), device_context{&stream},
+                              options);
+          device[r] = train_on_stream(model, compute, comm.rank(), cfg, &device_steps[r]);
+          compute.synchronize();
+          used[r] = model.memory_in_use(primitive::memory_space::host);
+          const memory_breakdown elsewhere = model.memory_in_use(primitive::memory_space::device);
+          CHECK(elsewhere.total() == 0);
+          CHECK(model.memory_in_use(primitive::memory_space::pinned_host).total() == 0);
+          planned[r] = model.plan().memory();
+        });
+        for (std::size_t r = 0; r < host.size(); ++r) {
+          CAPTURE(r);
+          CHECK(bitwise_equal(device[r], host[r]));
+          CHECK(bitwise_equal(device[r], device[0]));
+          REQUIRE(device_steps[r].size() == host_steps[r].size());
+          for (std::size_t t = 0; t < host_steps[r].size(); ++t)
+            CHECK(same_result(device_steps[r][t], host_steps[r][t]));
+          CHECK(used[r].parameters == planned[r].parameters);
+          CHECK(used[r].gradients == planned[r].gradients);
+          CHECK(used[r].master_weights == planned[r].master_weights);
+          CHECK(used[r].optimizer_states == planned[r].optimizer_states);
+          CHECK(used[r].communication_buffers == planned[r].communication_buffers);
+        }
+        ++runs;
+      }
+  CHECK(runs == 4 * 4 * 2);
+}
+
+TEST_CASE("device path: a read the runtime does not order reads stale parameters; the compute stream's read waits") {
+  // Stage 3, two ranks, after one step: the communication stream is paused, pre_forward(0)
+  // enqueues the gather there. A trainer that reads the view on a stream of its own (no event
+  // wait) reads the gather slot as it was: stale. The same read on the compute stream waits for
+  // the gather and sees the updated parameters.
+  for (bool prefetch : {false, true}) {
+    CAPTURE(prefetch);
+    std::vector<std::vector<float>> stale(2), fresh(2), updated(2);
+    std::vector<int> compute_done_while_paused(2, -1);
+    local::launch(2, [&](communicator& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      run_config cfg;
+      cfg.steps = 1;
+      cfg.optimizer = test_optimizers()[0];
+      plan_request q = device_request(3, 1, cfg.optimizer);
+      q.prefetch = prefetch;
+      primitive::host_stream compute;
+      host_execution_stream stream(compute);
+      sharded_model_options options;
+      options.optimizer = cfg.optimizer;
+      sharded_model model(comm, q, device_context{&stream}, options);
+      (void)train_on_stream(model, compute, comm.rank(), cfg);  // initial values, one step
+      compute.synchronize();
+      const std::size_t embed = model.index("embed");
+      auto& comm_stream = dynamic_cast<host_execution_stream&>(*model.communication_stream()).native();
+      comm_stream.pause();
+      model.pre_forward(model.unit_of(embed));
+      const std::span<float> w = model.parameter<float>(embed);
+      stale[r].assign(w.size(), -1.0f);
+      fresh[r].assign(w.size(), -1.0f);
+      primitive::host_stream side;  // the trainer's mistake: not the stream the runtime orders
+      primitive::enqueue_copy(side, stale[r].data(), w.data(), w.size_bytes());
+      side.synchronize();  // completes although the gather has not run
+      primitive::enqueue_copy(compute, fresh[r].data(), w.data(), w.size_bytes());
+      compute_done_while_paused[r] = compute.query() ? 1 : 0;  // waits on the gather: not done
+      comm_stream.resume();
+      compute.synchronize();
+      model.post_forward(model.unit_of(embed));
+      updated[r].resize(w.size());
+      model.read_parameter(embed, updated[r]);
+    });
+    for (std::size_t r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      CHECK(compute_done_while_paused[r] == 0);
+      CHECK(fresh[r] == updated[r]);  // the ordered read sees the gathered, updated parameters
+      CHECK(stale[r] != updated[r]);  // the unordered one read the slot before the gather
+    }
+  }
+}
+
+TEST_CASE("device path: a device context that does not fit is refused with invalid_argument on every rank") {
+  sharded_model_options options;
+  SUBCASE("no compute stream") {
+    std::vector<std::exception_ptr> errors(2);
+    local::launch(2, [&](communicator& comm) {
+      try {
+        sharded_model model(comm, device_request(1, 1, options.optimizer), device_context{}, options);
+      } catch (...) { errors[static_cast<std::size_t>(comm.rank())] = std::current_exception(); }
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      REQUIRE(errors[static_cast<std::size_t>(r)]);
+      CHECK(kind_of(errors[static_cast<std::size_t>(r)]) == errc::invalid_argument);
+      const std::string m = message_of(errors[static_cast<std::size_t>(r)]);
+      CHECK(m.find("rank " + std::to_string(r)) != std::string::npos);
+      CHECK(m.find("needs the trainer's compute stream") != std::string::npos);
+    }
+  }
+  SUBCASE("a device-memory compute stream with a host-memory communicator, on one rank only") {
+    // Rank 1's stream claims CUDA device memory; rank 0's is a host stream. Neither hangs: rank 1
+    // names what was expected, rank 0 names rank 1.
+    std::vector<std::exception_ptr> errors(2);
+    local::launch(2, [&](communicator& comm) {
+      primitive::host_stream compute;
+      host_execution_stream host(compute);
+      claims_cuda_stream device(0);
+      execution_stream* s = comm.rank() == 1 ? static_cast<execution_stream*>(&device) : &host;
+      try {
+        sharded_model model(comm, device_request(2, 1, options.optimizer), device_context{s}, options);
+      } catch (...) { errors[static_cast<std::size_t>(comm.rank())] = std::current_exception(); }
+    });
+    REQUIRE(errors[0]);
+    REQUIRE(errors[1]);
+    CHECK(kind_of(errors[0]) == errc::invalid_argument);
+    CHECK(kind_of(errors[1]) == errc::invalid_argument);
+    const std::string m1 = message_of(errors[1]), m0 = message_of(errors[0]);
+    CHECK(m1.find("rank 1") != std::string::npos);
+    CHECK(m1.find("the compute stream is a cuda_stream, whose model state is CUDA device memory, but the shard "
+                  "communicator (local) moves host memory: expected a CUDA device-memory communicator") !=
+          std::string::npos);
+    CHECK(m0.find("rank 1 refused the plan") != std::string::npos);
+  }
+  SUBCASE("a host compute stream with a device-memory communicator") {
+    claims_device_memory comm(0);
+    primitive::host_stream compute;
+    host_execution_stream host(compute);
+    try {
+      sharded_model model(comm, device_request(0, 1, options.optimizer), device_context{&host}, options);
+      FAIL("accepted");
+    } catch (const error& e) {
+      CHECK(e.kind() == errc::invalid_argument);
+      CHECK(std::string(e.what()).find("rank 0") != std::string::npos);
+      CHECK(std::string(e.what()).find("the compute stream is a host_stream, whose model state is host memory, but "
+                                       "the shard communicator (nccl) moves CUDA device memory: expected a "
+                                       "host-memory communicator") != std::string::npos);
+    }
+  }
+  SUBCASE("a compute stream on another device") {
+    claims_device_memory comm(1);
+    claims_cuda_stream stream(0);
+    try {
+      sharded_model model(comm, device_request(3, 1, options.optimizer), device_context{&stream}, options);
+      FAIL("accepted");
+    } catch (const error& e) {
+      CHECK(e.kind() == errc::invalid_argument);
+      CHECK(std::string(e.what()).find("the compute stream is on CUDA device 0 but the shard communicator's rank "
+                                       "uses CUDA device 1: expected a compute stream on device 1") !=
+            std::string::npos);
+    }
+  }
+  SUBCASE("reproducible mode") {
+    local::launch(1, [&](communicator& comm) {
+      primitive::host_stream compute;
+      host_execution_stream host(compute);
+      sharded_model_options o = options;
+      o.reproducible = true;
+      CHECK_THROWS_WITH_AS(sharded_model(comm, device_request(1, 1, o.optimizer), device_context{&host}, o),
+                           doctest::Contains("reproducible mode is not available on the device path yet"), error);
+    });
+  }
+}
+
+TEST_CASE("device path: a refused step leaves the state as it was; the next step runs") {
+  // Ranks that set different learning rates: the check runs first on the communication stream,
+  // the rest of the step is skipped there, and every rank throws; parameters are unchanged.
+  std::vector<std::string> messages(2);
+  std::vector<int> unchanged(2, 0), recovered(2, 0);
+  local::launch(2, [&](communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    primitive::host_stream compute;
+    host_execution_stream host(compute);
+    sharded_model_options options;
+    options.optimizer = test_optimizers()[0];
+    sharded_model model(comm, device_request(2, 1, options.optimizer), device_context{&host}, options);
+    run_config cfg;
+    cfg.steps = 1;
+    cfg.optimizer = options.optimizer;
+    (void)train_on_stream(model, compute, comm.rank(), cfg);
+    const std::size_t p = model.index("l1.w");
+    std::vector<float> before(model.plan().placements()[p].numel), after(before.size());
+    model.read_parameter(p, before);
+    model.set_learning_rate(comm.rank() == 0 ? 0.05 : 0.025);
+    model.pre_backward(model.unit_of(p));
+    auto g = model.gradient<float>(p);
+    compute.enqueue([g] {
+      for (float& x : g) x += 1.0f;
+    });
+    model.post_backward(model.unit_of(p));
+    try {
+      (void)model.step();
+    } catch (const error& e) { messages[r] = e.what(); }
+    model.read_parameter(p, after);
+    unchanged[r] = before == after ? 1 : 0;
+    model.set_learning_rate(0.05);
+    const step_result s = model.step();  // the kept gradients, now with equal rates
+    recovered[r] = s.steps == 2 ? 1 : 0;
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(messages[r].find("hold different learning rates at step 2") != std::string::npos);
+    CHECK(unchanged[r] == 1);
+    CHECK(recovered[r] == 1);
+  }
+}
+
+namespace {
+
+/// The bfloat16 loop (bfloat16 parameters and gradients, float32 master weights and states) for
+/// both paths: `run` executes the backward arithmetic at once (host path) or enqueues it on the
+/// compute stream (device path).
+template <class Run>
+std::vector<std::vector<float>> train_bfloat16(sharded_model& model, int rank, int steps, Run run) {
+  const auto& plan = model.plan();
+  const auto& params = plan.parameters();
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    std::vector<float> v(plan.placements()[p].numel);
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] = initial_value(plan.placements()[p].storage, j);
+    model.set_parameter(p, v);
+  }
+  for (int step = 0; step < steps; ++step) {
+    for (std::size_t u = 0; u < model.unit_count(); ++u) {
+      model.pre_forward(u);
+      model.post_forward(u);
+    }
+    for (std::size_t u = model.unit_count(); u-- > 0;) {
+      model.pre_backward(u);
+      for (std::size_t p : plan.units()[u].members) {
+        if (!params[p].trainable || plan.placements()[p].numel == 0) continue;
+        const std::span<bfloat16> w = model.parameter<bfloat16>(p);
+        const std::span<bfloat16> g = model.gradient<bfloat16>(p);
+        const std::size_t s = plan.placements()[p].storage;
+        const int use = use_of(params[p].name);
+        run([=] {
+          for (std::size_t j = 0; j < g.size(); ++j)
+            g[j] = static_cast<bfloat16>(static_cast<float>(g[j]) +
+                                         gradient_term(rank, 0, step, s, j, use, static_cast<float>(w[j]), 0, false));
+        });
+      }
+      model.post_backward(u);
+    }
+    model.end_backward();
+    (void)model.step();
+  }
+  std::vector<std::vector<float>> out(params.size());
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    out[p].resize(plan.placements()[p].numel);
+    model.read_parameter(p, out[p]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("device path: bfloat16 parameters and gradients with float32 master weights, bitwise the host runtime") {
+  for (int world : {1, 2, 3})
+    for (int stage = 0; stage <= 3; ++stage) {
+      CAPTURE(world);
+      CAPTURE(stage);
+      std::vector<std::vector<std::vector<float>>> host(static_cast<std::size_t>(world)),
+          device(static_cast<std::size_t>(world));
+      local::launch(world, [&](communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        sharded_model_options options;
+        options.optimizer = test_optimizers()[2];  // AdamW
+        plan_request q = device_request(stage, 1, options.optimizer);
+        q.precision = precision::bfloat16_adam();
+        {
+          sharded_model model(comm, q, options);
+          host[r] = train_bfloat16(model, comm.rank(), 3, [](const auto& work) { work(); });
+        }
+        primitive::host_stream compute;
+        host_execution_stream stream(compute);
+        sharded_model model(comm, q, device_context{&stream}, options);
+        device[r] = train_bfloat16(model, comm.rank(), 3, [&](const auto& work) { compute.enqueue(work); });
+        compute.synchronize();
+      });
+      for (std::size_t r = 0; r < host.size(); ++r) {
+        CAPTURE(r);
+        CHECK(bitwise_equal(device[r], host[r]));
+      }
+    }
+}
+
+TEST_CASE("device path: hybrid sharding (2 replica groups of 2 ranks), bitwise the host runtime") {
+  // Rank r: shard group r / 2, replica group r % 2. The replica average and the agreement over
+  // the replica communicator run on the communication stream too.
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    local::world shard0(2), shard1(2), replica0(2), replica1(2);
+    std::vector<std::vector<std::vector<float>>> host(4), device(4);
+    std::vector<std::exception_ptr> failures(4);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          local::communicator shard_comm(r / 2 == 0 ? shard0 : shard1, r % 2);
+          local::communicator replica_comm(r % 2 == 0 ? replica0 : replica1, r / 2);
+          run_config cfg;
+          cfg.steps = 3;
+          cfg.optimizer = test_optimizers()[1];
+          cfg.accumulation = 2;
+          cfg.max_grad_norm = 0.5;
+          sharded_model_options options;
+          options.optimizer = cfg.optimizer;
+          options.max_grad_norm = cfg.max_grad_norm;
+          const plan_request q = device_request(stage, cfg.accumulation, cfg.optimizer);
+          {
+            sharded_model model(shard_comm, q, options, &replica_comm);
+            host[static_cast<std::size_t>(r)] = train_sharded(model, r, cfg);
+          }
+          primitive::host_stream compute;
+          host_execution_stream stream(compute);
+          sharded_model model(shard_comm, q, device_context{&stream}, options, &replica_comm);
+          device[static_cast<std::size_t>(r)] = train_on_stream(model, compute, r, cfg);
+          compute.synchronize();
+        } catch (...) {
+          failures[static_cast<std::size_t>(r)] = std::current_exception();
+          for (auto* w : {&shard0, &shard1, &replica0, &replica1}) w->abort("rank failed");
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (auto& f : failures)
+      if (f) FAIL(message_of(f));
+    for (std::size_t r = 0; r < 4; ++r) {
+      CAPTURE(r);
+      CHECK(bitwise_equal(device[r], host[r]));
+      CHECK(bitwise_equal(device[r], device[0]));
+    }
+  }
+}
