@@ -34,6 +34,7 @@
 #include <system_error>
 #include <vector>
 
+#include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/zero/model_presets.hpp"
 #include "ringzero/zero/paper_comparison.hpp"
 #include "ringzero/zero/shard_plan.hpp"
@@ -123,8 +124,9 @@ std::uint64_t parse_bytes(const std::string& text, const std::string& option) {
     std::string number = text.substr(0, used);
     number.erase(0, number.find_first_not_of(" \t\n\r\f\v"));
     if (const auto whole = parse_digits(number, option, text)) {
-      if (*whole > std::numeric_limits<std::uint64_t>::max() / scale) throw usage_error(too_large);
-      return *whole * scale;
+      const std::optional<std::uint64_t> bytes = ringzero::detail::checked_mul(*whole, scale);
+      if (!bytes) throw usage_error(too_large);
+      return *bytes;
     }
     if (!std::isfinite(value)) throw usage_error(option + " '" + text + "' is not a finite size");
     if (value < 0) throw usage_error(option + " '" + text + "' is negative");  // before rounding: -0.4 rounds to -0

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -327,4 +328,75 @@ TEST_CASE("the rendezvous (2 sigma) is part of every algorithm's estimate") {
                   estimate_us(k, algorithm::halving_doubling, world, bytes, quiet) ==
               doctest::Approx(10.0));
       }
+}
+
+TEST_CASE("algorithm descriptors: one per algorithm, each collective at most once, every entry runnable") {
+  const algorithm every[] = {algorithm::ring, algorithm::direct, algorithm::halving_doubling, algorithm::native};
+  CHECK(std::size(algorithms::algorithm_table) == std::size(every));
+  for (algorithm a : every) {
+    INFO(algorithm_name(a));
+    const algorithms::algorithm_descriptor* d = algorithms::find_algorithm(a);
+    REQUIRE(d != nullptr);
+    CHECK(d->id == a);
+    CHECK(!d->requires_backend.empty());
+    for (int i = 0; i < collective_kind_count; ++i) {
+      const auto k = static_cast<collective_kind>(i);
+      int entries = 0;
+      for (const algorithms::collective_entry& e : d->collectives) entries += e.kind == k;
+      CHECK(entries <= 1);
+      const algorithms::collective_entry* e = d->find(k);
+      CHECK(algorithm_implements(a, k) == (e != nullptr));
+      if (e == nullptr) continue;
+      CHECK(static_cast<bool>(e->run));
+      // a formula for every algorithm but the backend's own collective
+      CHECK(static_cast<bool>(e->cost_us) != d->backend_moves_data);
+    }
+  }
+  CHECK(algorithms::find_algorithm(algorithm::automatic) == nullptr);
+  CHECK(estimate_us(collective_kind::send, algorithm::direct, 4, 1000.0, link_model{}) == INFINITY);
+  CHECK(estimate_us(collective_kind::all_to_all, algorithm::halving_doubling, 4, 1000.0, link_model{}) == INFINITY);
+}
+
+TEST_CASE("dispatch raises errc::internal naming the collective and algorithm that no descriptor runs") {
+  // ring's descriptor alone: a test-only table without direct and halving_doubling
+  const algorithms::algorithm_descriptor ring_only[] = {algorithms::ring_descriptor};
+  struct unhandled {
+    collective_kind kind;
+    algorithm algo;
+    bool ring_only_table;
+  };
+  for (const unhandled& u : {unhandled{collective_kind::all_to_all, algorithm::halving_doubling, false},
+                             unhandled{collective_kind::send, algorithm::ring, false},
+                             unhandled{collective_kind::all_reduce, algorithm::automatic, false},
+                             unhandled{collective_kind::all_reduce, algorithm::direct, true},
+                             unhandled{collective_kind::barrier, algorithm::halving_doubling, true}}) {
+    INFO(collective_name(u.kind) << " with " << algorithm_name(u.algo) << (u.ring_only_table ? " (ring only)" : ""));
+    for (int world : {2, 3}) {
+      std::vector<outcome> o(static_cast<std::size_t>(world));
+      const std::string error = rzt::launch_world(world, [&](communicator& comm) {
+        collective_descriptor d;
+        d.kind = u.kind;
+        d.algo = u.algo;
+        d.type = dtype::int32;
+        d.count = 1;
+        // every rank has its own buffers: the call must fail before touching any
+        std::vector<std::int32_t> mine_in(1, comm.rank()), mine_out(1, -1);
+        d.send = mine_in.data();
+        d.recv = mine_out.data();
+        const algorithms::call call{comm, d, algorithms::host_ops()};
+        o[static_cast<std::size_t>(comm.rank())].capture([&] {
+          if (u.ring_only_table)
+            detail::run_algorithm(call, ring_only);
+          else
+            detail::run_algorithm(call);
+        });
+        if (mine_out[0] != -1) o[static_cast<std::size_t>(comm.rank())].message += " (output written)";
+      });
+      REQUIRE_MESSAGE(error.empty(), error);
+      check_every_rank(o, errc::internal,
+                       {"no algorithm descriptor runs " + std::string(collective_name(u.kind)) + " with " +
+                        std::string(algorithm_name(u.algo))});
+      for (const outcome& x : o) CHECK(!rzt::contains(x.message, "(output written)"));
+    }
+  }
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ringzero/backend/communicator.hpp"
+#include "ringzero/collective/agreement.hpp"
 #include "ringzero/collective/all_gather.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
@@ -72,6 +73,18 @@ struct verdict {
   std::string text;  ///< "" when no rank had a problem
 };
 
+/// The verdict of gathered records (collective/agreement.hpp's table, one row per rank): field 0
+/// is a rank's error code (0: no problem), its problem text packed from field `text_at` on.
+inline verdict verdict_of(const ringzero::detail::agreement_table& records, std::size_t text_at) {
+  verdict v;
+  const std::vector<int> failing = records.ranks_where_not(0, 0);
+  if (!failing.empty()) v.code = static_cast<errc>(records.at(static_cast<std::size_t>(failing[0]), 0));
+  std::vector<std::pair<int, std::string>> failed;
+  for (int r : failing) failed.emplace_back(r, unpack_text(records.row(static_cast<std::size_t>(r)).data() + text_at));
+  v.text = describe_failures(failed);
+  return v;
+}
+
 /// Every rank learns every rank's `problem` ("" for none) and its code; returns the verdict all
 /// ranks share.
 inline verdict agree(communicator& comm, communicator* replica, const std::string& problem,
@@ -79,17 +92,7 @@ inline verdict agree(communicator& comm, communicator* replica, const std::strin
   std::vector<std::uint64_t> mine(1 + text_words, 0);
   mine[0] = problem.empty() ? 0 : static_cast<std::uint64_t>(code);
   pack_text(problem, mine.data() + 1);
-  const std::vector<std::uint64_t> all = gather_records(comm, replica, mine);
-  std::vector<std::pair<int, std::string>> failed;
-  verdict v;
-  const std::size_t ranks = all.size() / mine.size();
-  for (std::size_t r = 0; r < ranks; ++r)
-    if (all[r * mine.size()] != 0) {
-      if (failed.empty()) v.code = static_cast<errc>(all[r * mine.size()]);
-      failed.emplace_back(static_cast<int>(r), unpack_text(all.data() + r * mine.size() + 1));
-    }
-  v.text = describe_failures(failed);
-  return v;
+  return verdict_of(ringzero::detail::agreement_table(gather_records(comm, replica, mine), mine.size()), 1);
 }
 
 }  // namespace ringzero::checkpoint::detail

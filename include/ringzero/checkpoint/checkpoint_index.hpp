@@ -29,6 +29,7 @@
 #include "ringzero/checkpoint/file_io.hpp"
 #include "ringzero/checkpoint/safetensors.hpp"
 #include "ringzero/checkpoint/training_progress.hpp"
+#include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
 
@@ -275,9 +276,10 @@ struct checkpoint_index {
       for (const auto& d : shape) {
         if (!d.is_number_unsigned()) throw fail("tensor '" + t.name + "' has a malformed shape");
         const std::uint64_t v = d.get<std::uint64_t>();
-        if (v != 0 && numel > (std::uint64_t{1} << 60) / v)
+        const std::optional<std::uint64_t> product = ringzero::detail::checked_mul(numel, v);
+        if (!product || *product > (std::uint64_t{1} << 60))
           throw fail("tensor '" + t.name + "' has a shape that overflows");
-        numel *= v;
+        numel = *product;
         t.shape.push_back(v);
       }
       if (!field(e, "trainable").is_boolean()) throw fail("tensor '" + t.name + "' has a malformed 'trainable'");

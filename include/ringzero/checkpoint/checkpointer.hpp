@@ -312,20 +312,14 @@ class checkpointer {
     if (j.problem.empty())
       for (std::size_t k = 0; k < j.checksums.size() && k < max_sums; ++k) mine[3 + k] = j.checksums[k];
     detail::pack_text(j.problem, mine.data() + 3 + max_sums);
-    const std::vector<std::uint64_t> all = detail::gather_records(*j.comm, j.replica, mine);
-    auto record = [&](int r) { return all.data() + static_cast<std::size_t>(r) * words; };
-    std::vector<std::pair<int, std::string>> failed;
-    errc code = errc::io_error;
-    for (int r = 0; r < L.world_size; ++r)
-      if (record(r)[0] != 0) {
-        if (failed.empty()) code = static_cast<errc>(record(r)[0]);
-        failed.emplace_back(r, detail::unpack_text(record(r) + 3 + max_sums));
-      }
+    const ringzero::detail::agreement_table records(detail::gather_records(*j.comm, j.replica, mine), words);
+    auto record = [&](int r) { return records.row(static_cast<std::size_t>(r)).data(); };
     const std::string where =
         "checkpoint '" + (root_ / j.name).string() + "' was not saved (the previous checkpoint is untouched): ";
-    if (!failed.empty()) {
+    const detail::verdict failed = detail::verdict_of(records, 3 + max_sums);
+    if (!failed.text.empty()) {
       if (j.rank == 0) cleanup(j.name);
-      throw error(code, where + detail::describe_failures(failed));
+      throw error(failed.code, where + failed.text);
     }
     for (int r = 1; r < L.world_size; ++r) {
       if (record(r)[1] != record(0)[1]) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ringzero/checkpoint/file_io.hpp"
+#include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
 
@@ -202,9 +203,10 @@ inline safetensors_header read_safetensors_header(const detail::file& f) {
         detail::safetensors_fail(path, where + " has a shape entry that is not a non-negative integer");
       const std::uint64_t v = d.get<std::uint64_t>();
       t.shape.push_back(v);
-      if (v != 0 && numel > (std::uint64_t{1} << 62) / v)
+      const std::optional<std::uint64_t> product = ringzero::detail::checked_mul(numel, v);
+      if (!product || *product > (std::uint64_t{1} << 62))
         detail::safetensors_fail(path, where + " has a shape that overflows");
-      numel *= v;
+      numel = *product;
     }
     const std::uint64_t b = offsets[0].get<std::uint64_t>(), e = offsets[1].get<std::uint64_t>();
     if (b > e || e > data_bytes)

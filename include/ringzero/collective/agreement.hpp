@@ -75,6 +75,8 @@ class agreement_table {
 
   std::size_t ranks() const noexcept { return ranks_; }
   std::uint64_t at(std::size_t rank, std::size_t field) const { return table_[rank * fields_ + field]; }
+  /// Rank `rank`'s whole row (`fields` values).
+  std::span<const std::uint64_t> row(std::size_t rank) const { return {table_.data() + rank * fields_, fields_}; }
 
   /// True when every rank holds the same value of `field`.
   bool same(std::size_t field) const {

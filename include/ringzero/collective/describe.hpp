@@ -179,7 +179,7 @@ inline collective_descriptor describe(const communicator& c, const collective_re
 
   // Device memory needs the CUDA kernels unless the backend's own collective moves the data.
   const bool moves_data = q.kind != collective_kind::barrier && q.count != 0;
-  if (c.space() == memory_space::cuda && moves_data && d.algo != algorithm::native &&
+  if (c.space() == memory_space::cuda && moves_data && !algorithms::backend_moves_data(d.algo) &&
       primitive::registered_device_primitives() == nullptr)
     fail(primitive::device_primitives_missing_message());
   return d;

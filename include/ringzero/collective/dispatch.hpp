@@ -9,14 +9,13 @@
 /// that peers fail promptly instead of waiting for a rank that has given up.
 
 #include <exception>
+#include <span>
 #include <string>
 #include <utility>
 
+#include "ringzero/algorithm/algorithm_table.hpp"
 #include "ringzero/algorithm/device_data_ops.hpp"
-#include "ringzero/algorithm/direct.hpp"
 #include "ringzero/algorithm/float32_accumulation.hpp"
-#include "ringzero/algorithm/halving_doubling.hpp"
-#include "ringzero/algorithm/ring.hpp"
 #include "ringzero/collective/describe.hpp"
 #include "ringzero/collective/reproducible.hpp"
 #include "ringzero/collective/request.hpp"
@@ -50,47 +49,18 @@ inline void run_world_of_one(const algorithms::call& c) {
   c.ops.copy(d.recv, d.send, c.bytes(d.count));
 }
 
-/// Runs `d`'s algorithm on `c` (n >= 2, count > 0).
-inline void run_algorithm(const algorithms::call& c) {
-  using namespace algorithms;
+/// Runs `c.d`'s algorithm (n >= 2, count > 0): the entry of `table` for its algorithm and
+/// collective. Raises errc::internal naming both when `table` has none (describe refuses such
+/// calls before they get here, so reaching it is a bug).
+inline void run_algorithm(const algorithms::call& c,
+                          std::span<const algorithms::algorithm_descriptor> table = algorithms::algorithm_table) {
   const collective_descriptor& d = c.d;
-  switch (d.algo) {
-    case algorithm::native: c.comm.run_native(d); return;
-    case algorithm::direct:
-      switch (d.kind) {
-        case collective_kind::barrier: return;  // begin and end already synchronise all ranks
-        case collective_kind::all_reduce: return direct_all_reduce(c);
-        case collective_kind::reduce_scatter: return direct_reduce_scatter(c);
-        case collective_kind::all_gather: return direct_all_gather(c);
-        case collective_kind::broadcast: return direct_broadcast(c);
-        case collective_kind::reduce: return direct_reduce(c);
-        case collective_kind::all_to_all: return direct_all_to_all(c);
-        default: return;
-      }
-    case algorithm::ring:
-      switch (d.kind) {
-        case collective_kind::all_reduce: return ring_all_reduce(c);
-        case collective_kind::reduce_scatter: return ring_reduce_scatter(c);
-        case collective_kind::all_gather: return ring_all_gather(c);
-        case collective_kind::broadcast: return ring_broadcast(c);
-        case collective_kind::reduce: return ring_reduce(c);
-        case collective_kind::all_to_all: return ring_all_to_all(c);
-        case collective_kind::barrier: return dissemination_barrier(c);
-        default: return;
-      }
-    case algorithm::halving_doubling:
-      switch (d.kind) {
-        case collective_kind::all_reduce: return hd_all_reduce(c);
-        case collective_kind::reduce_scatter: return hd_reduce_scatter(c);
-        case collective_kind::all_gather: return hd_all_gather(c);
-        case collective_kind::broadcast: return hd_broadcast(c);
-        case collective_kind::reduce: return hd_reduce(c);
-        case collective_kind::barrier: return dissemination_barrier(c);
-        default: return;
-      }
-    case algorithm::automatic: break;
-  }
-  c.comm.raise(errc::internal, "collective issued without a resolved algorithm");
+  const algorithms::collective_entry* e = algorithms::find_collective(d.algo, d.kind, table);
+  if (e == nullptr || e->run == nullptr)
+    c.comm.raise(errc::internal, "no algorithm descriptor runs " + std::string(collective_name(d.kind)) + " with " +
+                                     std::string(algorithm_name(d.algo)) +
+                                     (d.algo == algorithm::automatic ? " (the algorithm was never resolved)" : ""));
+  e->run(c);
 }
 
 /// Runs `d` with the data operations `ops`: the world-of-one copy, the backend's native
@@ -98,10 +68,10 @@ inline void run_algorithm(const algorithms::call& c) {
 /// schedule or native collective on a float32 copy (direct widens its own tiles).
 inline void run_with(communicator& c, const collective_descriptor& d, const algorithms::data_ops& ops) {
   const algorithms::call call{c, d, ops};
-  if (c.world_size() == 1 && (d.algo != algorithm::native || c.space() == memory_space::host))
+  if (c.world_size() == 1 && (!algorithms::backend_moves_data(d.algo) || c.space() == memory_space::host))
     run_world_of_one(call);
-  else if (d.algo != algorithm::direct && algorithms::accumulates_in_float32(d, c.world_size()))
-    algorithms::run_in_float32(call, run_algorithm);
+  else if (!algorithms::widens_16bit_sums(d.algo) && algorithms::accumulates_in_float32(d, c.world_size()))
+    algorithms::run_in_float32(call, [](const algorithms::call& inner) { run_algorithm(inner); });
   else
     run_algorithm(call);
 }
@@ -124,11 +94,11 @@ inline void execute(communicator& c, const collective_descriptor& d) {
         refusal =
             run_reproducible(c, d, algorithms::host_ops(), [](const algorithms::call& inner) { run_algorithm(inner); });
       } else if (c.space() == memory_space::host || d.kind == collective_kind::barrier ||
-                 (d.algo == algorithm::native && !widened)) {
+                 (algorithms::backend_moves_data(d.algo) && !widened)) {
         run_with(c, d, algorithms::host_ops());
       } else {
         const primitive::device_primitives* kernels = primitive::registered_device_primitives();
-        if (kernels == nullptr && widened && d.algo == algorithm::native)
+        if (kernels == nullptr && widened && algorithms::backend_moves_data(d.algo))
           c.raise(errc::unsupported, std::string(dtype_name(d.type)) + " " + std::string(reduce_kind_name(d.op.kind)) +
                                          " on 2 or more ranks accumulates in float32 (docs/numerics.md), even with "
                                          "the native collective: widening the input needs ringzero's CUDA kernels, and "

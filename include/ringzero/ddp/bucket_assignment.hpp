@@ -8,11 +8,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
 
@@ -98,7 +100,8 @@ inline std::vector<bucket_plan> assign_buckets(std::span<const bucket_tensor> te
                                               " has unknown dtype value " +
                                               std::to_string(static_cast<unsigned>(t.type)));
     const std::uint64_t es = dtype_size(t.type);
-    if (t.count > std::numeric_limits<std::uint64_t>::max() / es)
+    const std::optional<std::uint64_t> tensor_bytes = detail::checked_mul(t.count, es);
+    if (!tensor_bytes)
       throw error(errc::invalid_argument, "bucket assignment: tensor " + std::to_string(i) + " of " +
                                               std::to_string(t.count) + " elements overflows 64-bit bytes");
     open_bucket& b = open[static_cast<std::size_t>(t.type)];
@@ -108,10 +111,7 @@ inline std::vector<bucket_plan> assign_buckets(std::span<const bucket_tensor> te
       b.plan.limit_bytes = byte_limits[b.limit_index];
     }
     b.plan.tensors.push_back(i);
-    const std::uint64_t bytes = t.count * es;
-    b.plan.bytes = bytes > std::numeric_limits<std::uint64_t>::max() - b.plan.bytes
-                       ? std::numeric_limits<std::uint64_t>::max()
-                       : b.plan.bytes + bytes;
+    b.plan.bytes = detail::checked_add(b.plan.bytes, *tensor_bytes).value_or(std::numeric_limits<std::uint64_t>::max());
     if (b.plan.bytes >= b.plan.limit_bytes) {
       done.emplace_back(b.first_position, std::move(b.plan));
       b.plan = bucket_plan{};

@@ -7,11 +7,11 @@
 /// Pure values; no allocation beyond the strings and the shape.
 
 #include <cstdint>
-#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/core/dtype.hpp"
 
 namespace ringzero::zero {
@@ -47,13 +47,14 @@ struct parameter_spec {
     std::uint64_t n = 1;
     for (std::uint64_t d : shape) {
       if (d == 0) return 0;
-      if (n > std::numeric_limits<std::uint64_t>::max() / d) {
+      const std::optional<std::uint64_t> product = ringzero::detail::checked_mul(n, d);
+      if (!product) {
         // a later zero dimension would still make it zero
         for (std::uint64_t e : shape)
           if (e == 0) return 0;
         return std::nullopt;
       }
-      n *= d;
+      n = *product;
     }
     return n;
   }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ringzero/algorithm/partition.hpp"
+#include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
 #include "ringzero/core/fnv1a.hpp"
@@ -160,25 +161,9 @@ inline void hash_precision(fnv1a& h, const zero::precision& pr) noexcept {
   h.u64(static_cast<std::uint64_t>(pr.optimizer_states));
 }
 
-/// `x` rounded up to a multiple of `m` (m >= 1), or std::nullopt on overflow.
-inline std::optional<std::uint64_t> round_up(std::uint64_t x, std::uint64_t m) noexcept {
-  const std::uint64_t r = x % m;
-  if (r == 0) return x;
-  if (x > std::numeric_limits<std::uint64_t>::max() - (m - r)) return std::nullopt;
-  return x + (m - r);
-}
-
-/// `a + b` or std::nullopt on overflow.
-inline std::optional<std::uint64_t> checked_add(std::uint64_t a, std::uint64_t b) noexcept {
-  if (a > std::numeric_limits<std::uint64_t>::max() - b) return std::nullopt;
-  return a + b;
-}
-
-/// `a * b` or std::nullopt on overflow.
-inline std::optional<std::uint64_t> checked_product(std::uint64_t a, std::uint64_t b) noexcept {
-  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return std::nullopt;
-  return a * b;
-}
+using ringzero::detail::checked_add;  // the checked arithmetic of core/checked_arithmetic.hpp
+using ringzero::detail::checked_mul;
+using ringzero::detail::checked_round_up;
 
 [[noreturn]] inline void plan_error(const std::string& message) {
   throw error(errc::invalid_argument, "zero::shard_plan: " + message);
@@ -195,7 +180,7 @@ inline std::uint64_t add_or_refuse(std::uint64_t a, std::uint64_t b, std::string
 /// `a * b`; a product that does not fit in 64 bits refuses the request with errc::invalid_argument
 /// "<what> overflows 64 bits".
 inline std::uint64_t multiply_or_refuse(std::uint64_t a, std::uint64_t b, std::string_view what) {
-  const auto product = checked_product(a, b);
+  const auto product = checked_mul(a, b);
   if (!product) plan_error(std::string(what) + " overflows 64 bits");
   return *product;
 }
@@ -203,7 +188,7 @@ inline std::uint64_t multiply_or_refuse(std::uint64_t a, std::uint64_t b, std::s
 /// `x` rounded up to a multiple of `m` (m >= 1); a result that does not fit in 64 bits refuses
 /// the request with errc::invalid_argument "<what> overflows 64 bits".
 inline std::uint64_t round_up_or_refuse(std::uint64_t x, std::uint64_t m, std::string_view what) {
-  const auto rounded = round_up(x, m);
+  const auto rounded = checked_round_up(x, m);
   if (!rounded) plan_error(std::string(what) + " overflows 64 bits");
   return *rounded;
 }
@@ -437,8 +422,8 @@ class shard_plan {
         detail::plan_error(who + " is trainable but has the integer dtype " + std::string(dtype_name(pl.type)) +
                            " (mark it frozen)");
       const auto numel = s.numel();
-      if (!numel || !detail::checked_product(*numel, dtype_size(pl.type)) ||
-          !detail::checked_product(*numel, 16))  // room for every per-element category
+      if (!numel || !detail::checked_mul(*numel, dtype_size(pl.type)) ||
+          !detail::checked_mul(*numel, 16))  // room for every per-element category
         detail::plan_error(who + " with shape " + shape_text(s.shape) +
                            " is too large: its size in bytes overflows 64 bits");
       pl.numel = *numel;

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <thread>
 
+#include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/core/env.hpp"
 #include "ringzero/core/error.hpp"
 
@@ -371,10 +372,9 @@ inline id_bytes read_id_file(const std::string& path, int world_size, std::chron
         seen = "; it exists but is empty (not written by ringzero, which renames a whole file into place): remove it";
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      char seconds[32];
-      std::snprintf(seconds, sizeof seconds, "%g", timeout.count());
       throw error(errc::timeout,
-                  "waited " + std::string(seconds) + " s for rank 0 to publish the NCCL unique id at " + path +
+                  "waited " + ringzero::detail::seconds_text(timeout) +
+                      " s for rank 0 to publish the NCCL unique id at " + path +
                       (seen.empty() ? " (the file never appeared" + detail::directory_note(path) + ")" : seen));
     }
     std::this_thread::sleep_for(pause);
