@@ -155,7 +155,8 @@ TEST_CASE("reproducible accumulate_array covers every float32 exponent rising ov
 
 TEST_CASE("reproducible packed deposit: the portable loop (not the AVX-512 copy) equals the element function") {
   // Tops rising by 0, 1, 2 and more bins between contributions, zeros, subnormals, inf and NaN;
-  // with and without flushed limbs (where rising tops are the element function's).
+  // with and without flushed limbs (where rising tops are the element function's); every other
+  // round without the within-top pass.
   std::mt19937_64 rng(11);
   const std::uint64_t n = ringzero::primitive::detail::reproducible_block;
   for (const bool flushed : {false, true}) {
@@ -179,7 +180,7 @@ TEST_CASE("reproducible packed deposit: the portable loop (not the AVX-512 copy)
         accumulate_packed(tops_ref[i], packed_ref[i], flushed ? cold_ref.data() + 3 * i : nullptr,
                           decode_bits(std::bit_cast<std::uint32_t>(values[i]), format_of(dtype::float32)));
       ringzero::primitive::detail::accumulate_packed_f32_body(tops_fast.data(), packed_fast.data(), slow.data(),
-                                                              values.data(), n, flushed);
+                                                              values.data(), n, flushed, k % 2 == 0);
       for (std::uint64_t i = 0; i < n; ++i)
         if (slow[i] != 0)
           accumulate_packed(tops_fast[i], packed_fast[i], flushed ? cold_fast.data() + 3 * i : nullptr,
@@ -199,7 +200,8 @@ TEST_CASE(
   // rest, the whole block), the others within it; values at both sides of each element's top bin
   // boundary (the largest float32 below 2^(12 (T + 1) - 1080), and that power of two itself),
   // zeros of either sign, subnormals and rare inf / NaN. Both the portable loop and the
-  // dispatched one (AVX-512 where the CPU has it), with and without flushed limbs.
+  // dispatched one (AVX-512 where the CPU has it), with and without flushed limbs; every third
+  // round without the within-top pass (within = false: the full deposit only).
   std::mt19937_64 rng(23);
   const std::uint64_t n = 2 * ringzero::primitive::detail::reproducible_block + 1000;  // two blocks and a tail
   const float_format f32 = format_of(dtype::float32);
@@ -217,6 +219,7 @@ TEST_CASE(
           flush_packed(tops_fast.data(), packed_fast.data(), cold_fast.data(), n);
         }
         const std::uint64_t share = shares[k % 5];
+        const bool within = k % 3 != 2;
         for (std::uint64_t i = 0; i < n; ++i) {
           const int top = tops_ref[i];
           const float sign = (rng() & 1) != 0 ? -1.0f : 1.0f;
@@ -249,7 +252,7 @@ TEST_CASE(
             const std::uint64_t len = std::min(ringzero::primitive::detail::reproducible_block, n - first);
             ringzero::primitive::detail::accumulate_packed_f32_body(tops_fast.data() + first,
                                                                     packed_fast.data() + first, slow.data() + first,
-                                                                    values.data() + first, len, flushed);
+                                                                    values.data() + first, len, flushed, within);
           }
           for (std::uint64_t i = 0; i < n; ++i)
             if (slow[i] != 0)
@@ -257,7 +260,7 @@ TEST_CASE(
                                 decode_bits(std::bit_cast<std::uint32_t>(values[i]), f32));
         } else {
           accumulate_packed_array(tops_fast.data(), packed_fast.data(), flushed ? cold_fast.data() : nullptr,
-                                  values.data(), n, dtype::float32);
+                                  values.data(), n, dtype::float32, within);
         }
         REQUIRE(tops_fast == tops_ref);
         REQUIRE(packed_fast == packed_ref);

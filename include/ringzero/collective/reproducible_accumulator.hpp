@@ -65,8 +65,10 @@ class reproducible_accumulator {
       ++contributions_;
       return;
     }
+    // Into an empty accumulator almost every value rises over its top, in the second contribution
+    // still about one in ten (measured on example 01's gradients): both skip the within-top pass.
     primitive::accumulate_packed_array(tops_.data(), packed_.data(), limbs_.empty() ? nullptr : limbs_.data(), values,
-                                       count_, type_);
+                                       count_, type_, contributions_ >= 2);
     if (++packed_contributions_ == primitive::reproducible_packed_contributions) {
       if (limbs_.empty()) limbs_.assign(static_cast<std::size_t>(count_) * 3, 0);
       primitive::flush_packed(tops_.data(), packed_.data(), limbs_.data(), count_);

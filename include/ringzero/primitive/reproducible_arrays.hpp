@@ -274,15 +274,15 @@ inline constexpr std::uint64_t reproducible_few_outside = 48;
 /// elements outside their tops are left with slow[i] = 1 for the element function when they are
 /// few (reproducible_few_outside), else the whole block goes through deposit_packed_f32 with the
 /// values already deposited replaced by zeros (a zero within a finite top changes nothing).
-/// Blocks where two of three sampled values lie outside (as in an empty accumulator) go through
-/// deposit_packed_f32 at once.
+/// Blocks where two of three sampled values lie outside (as in an empty accumulator), and every
+/// block when `within` is false, go through deposit_packed_f32 at once.
 [[gnu::always_inline]] inline void accumulate_packed_f32_body(std::uint8_t* tops, std::int64_t* packed,
                                                               std::uint8_t* slow, const float* b, std::uint64_t n,
-                                                              bool flushed) noexcept {
+                                                              bool flushed, bool within) noexcept {
   if (n == 0) return;
-  const int sampled_outside =
-      !within_top_f32(b[0], tops[0]) + !within_top_f32(b[n / 2], tops[n / 2]) + !within_top_f32(b[n - 1], tops[n - 1]);
-  if (sampled_outside < 2) {
+  if (within &&
+      !within_top_f32(b[0], tops[0]) + !within_top_f32(b[n / 2], tops[n / 2]) + !within_top_f32(b[n - 1], tops[n - 1]) <
+          2) {
     if (deposit_within_tops_f32(tops, packed, slow, b, n) <= reproducible_few_outside) return;  // slow: the rest
   } else {
     std::memset(slow, 1, n);
@@ -495,8 +495,9 @@ RINGZERO_AVX512_TARGET inline std::uint32_t sum_f32_avx512(float* r, const float
   return sum_f32_body(r, x, m, f, n, k);
 }
 RINGZERO_AVX512_TARGET inline void accumulate_packed_f32_avx512(std::uint8_t* t, std::int64_t* p, std::uint8_t* s,
-                                                                const float* b, std::uint64_t n, bool f) noexcept {
-  accumulate_packed_f32_body(t, p, s, b, n, f);
+                                                                const float* b, std::uint64_t n, bool f,
+                                                                bool w) noexcept {
+  accumulate_packed_f32_body(t, p, s, b, n, f, w);
 }
 RINGZERO_AVX512_TARGET inline void add_packed_words3_avx512(std::int64_t* w, const std::uint8_t* m,
                                                             const std::int64_t* p, const std::uint8_t* t,
@@ -553,11 +554,11 @@ inline std::uint32_t sum_f32(float* r, const float* const* x, int m, std::uint64
   return sum_f32_body(r, x, m, f, n, k);
 }
 inline void accumulate_packed_f32(std::uint8_t* t, std::int64_t* p, std::uint8_t* s, const float* b, std::uint64_t n,
-                                  bool f) noexcept {
+                                  bool f, bool w) noexcept {
 #if RINGZERO_REPRODUCIBLE_AVX512
-  if (reproducible_avx512()) return accumulate_packed_f32_avx512(t, p, s, b, n, f);
+  if (reproducible_avx512()) return accumulate_packed_f32_avx512(t, p, s, b, n, f, w);
 #endif
-  accumulate_packed_f32_body(t, p, s, b, n, f);
+  accumulate_packed_f32_body(t, p, s, b, n, f, w);
 }
 inline void add_packed_words3(std::int64_t* w, const std::uint8_t* m, const std::int64_t* p, const std::uint8_t* t,
                               std::uint64_t n) noexcept {
@@ -681,9 +682,11 @@ inline void accumulate_array(std::uint8_t* tops, std::int64_t* limbs, const void
 /// accumulate_array for packed K = 3 elements (float16, bfloat16, float32; see binned_view):
 /// tops[i], packed[i] and, where `flushed` is not null, flushed[3i .. 3i+3) as
 /// primitive::accumulate_packed per element, bit for bit. Precondition: fewer than
-/// reproducible_packed_contributions contributions in `packed`.
+/// reproducible_packed_contributions contributions in `packed`. `within` = false skips the
+/// within-top pass (a speed hint, same bits): for deposits where many values rise over their
+/// tops, such as an accumulator's first and second contributions.
 inline void accumulate_packed_array(std::uint8_t* tops, std::int64_t* packed, std::int64_t* flushed, const void* values,
-                                    std::uint64_t count, dtype t) noexcept {
+                                    std::uint64_t count, dtype t, bool within = true) noexcept {
   const float_format f = format_of(t);
   const auto* bytes = static_cast<const unsigned char*>(values);
   const std::size_t es = dtype_size(t);
@@ -693,7 +696,7 @@ inline void accumulate_packed_array(std::uint8_t* tops, std::int64_t* packed, st
     const std::uint64_t n = std::min(detail::reproducible_block, count - first);
     const void* block = bytes + first * es;
     detail::accumulate_packed_f32(tops + first, packed + first, slow, detail::as_float32(staged, block, n, t), n,
-                                  flushed != nullptr);
+                                  flushed != nullptr, within);
     std::uint8_t any = 0;
     for (std::uint64_t i = 0; i < n; ++i) any |= slow[i];
     if (any == 0) continue;
