@@ -212,8 +212,9 @@ inline const unsigned char* zero_source(zero::sharded_model& model, const zero_p
 /// the previous state is then here, ready for the next load into the same model.
 class zero_spare {
  public:
-  /// True when this copy has `model`'s layout (built for the model at that address with the same
-  /// plan; a model built in the place of a destroyed one with the same plan fits too).
+  /// True when this copy has `model`'s layout and optimizer options but the learning rate (built
+  /// for the model at that address with the same plan; a model built in the place of a
+  /// destroyed one with the same plan and options fits too).
   bool fits(zero::sharded_model& model) const {
     if (owner_ != &model || !optimizer_ || fingerprint_ != model.plan().fingerprint() ||
         held_.size() != model.plan().buffers().size())
@@ -224,7 +225,10 @@ class zero_spare {
           own.begin != mine.begin || own.end != mine.end)
         return false;
     }
-    return optimizer_->options().kind == model.optimizer().options().kind;
+    nlohmann::json kept = optimizer_json(optimizer_->options()), wanted = optimizer_json(model.optimizer().options());
+    kept.erase("lr");  // the only option that changes during training; the exchange keeps the model's
+    wanted.erase("lr");
+    return kept == wanted;
   }
   /// Allocates a fresh copy with `model`'s layout (zeroed, every page touched).
   void build(zero::sharded_model& model) {
