@@ -14,8 +14,8 @@
 // - baseline read: each rank reads its baseline file back after evicting it from the page
 //   cache (posix_fadvise DONTNEED);
 // - load: checkpoint::load into a fresh model after evicting the checkpoint's files (fresh
-//   staging memory), then checkpointer::load after evicting them again (the checkpointer's
-//   staging memory, allocated by the first repetition and kept);
+//   memory for the copy it reads into), then checkpointer::load after evicting them again (the
+//   memory it keeps: the model's previous state, exchanged at each load; allocated by the first);
 // - async: the time async_save blocks the training thread (staging allocated by a first call),
 //   next to a plain memcpy of the same bytes into a pre-touched buffer; and the time of an
 //   optimizer step alone and while the background write runs.
@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
           if (r == 0) evict_tree(dir / "checkpoints" / ("bench-" + std::to_string(k)));
           rz::barrier(comm);
           t0 = clock_type::now();
-          ckpt.load(fresh, dir / "checkpoints");  // staging kept by the checkpointer (the first one allocates it)
+          ckpt.load(fresh, dir / "checkpoints");  // memory kept by the checkpointer (the first one allocates it)
           record(t.load_kept, slowest(seconds_since(t0)));
         }
         // Asynchronous: the first call allocates the staging buffer; the measured one reuses it.
@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
     fmt::print("{:<44} {:>10.3f} {:>12.3f}\n", "sequential read, cold cache", median(t.read), gibs(t.read));
     fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpoint load (reshard-capable), cold",
                median(t.load), gibs(t.load), 100.0 * median(t.read) / median(t.load));
-    fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpointer::load (staging kept), cold",
+    fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpointer::load (memory kept), cold",
                median(t.load_kept), gibs(t.load_kept), 100.0 * median(t.read) / median(t.load_kept));
     fmt::print("{:<44} {:>10.3f}\n", "async_save: training thread blocked", median(t.blocked));
     fmt::print("{:<44} {:>10.3f}   ({:.3f} GiB per rank)\n", "memcpy of the same bytes to staging",

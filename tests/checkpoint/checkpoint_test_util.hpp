@@ -114,6 +114,22 @@ inline std::vector<std::vector<float>> parameters_of(sharded_model& model) {
   return out;
 }
 
+/// This rank's master weights and optimizer states, padding included, as bytes (local).
+inline std::vector<unsigned char> optimizer_bytes(sharded_model& model) {
+  std::vector<unsigned char> out;
+  const zero::sharded_optimizer& o = model.optimizer();
+  for (std::size_t b = 0; b < model.plan().buffers().size(); ++b) {
+    const std::size_t n = static_cast<std::size_t>(model.optimizer_range(b).size()) * sizeof(float);
+    auto add = [&](const float* x) {
+      if (x != nullptr)
+        out.insert(out.end(), reinterpret_cast<const unsigned char*>(x), reinterpret_cast<const unsigned char*>(x) + n);
+    };
+    add(o.master(b));
+    for (int k = 0; k < o.options().state_count(); ++k) add(o.state(b, k));
+  }
+  return out;
+}
+
 /// True when a and b hold the same bits.
 inline bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
   if (a.size() != b.size()) return false;

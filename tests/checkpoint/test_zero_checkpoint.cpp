@@ -273,8 +273,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "checkpointer::load: staging kept from load to load and shared with async_save; the same state as "
-    "checkpoint::load") {
+    "checkpointer::load: the model's previous state kept from load to load and exchanged, the learning rate "
+    "kept; the same state as checkpoint::load; parameters-only loads through async_save's staging") {
   scratch_dir root("kept");
   std::vector<std::vector<std::vector<float>>> at2(2), at4(2);
   local::launch(2, [&](communicator& comm) {
@@ -298,21 +298,32 @@ TEST_CASE(
       sharded_model m(comm, request(zero_test::test_parameters(), world == 2 ? 3 : 1), model_options(adamw()));
       initialise(m);
       train(m, r, 7, 8);  // state of its own, overwritten by the loads
+      m.set_learning_rate(0.0625);
       ckpt.load(m, root.path / "two");
-      const std::uint64_t staging = ckpt.staging_bytes();
-      const bool first = staging > 0 && same_bits(parameters_of(m), at2[0]) && m.optimizer().steps() == 2;
-      ckpt.load(m, root.path);  // latest: "four", through the same staging
-      const bool second =
-          same_bits(parameters_of(m), at4[0]) && m.optimizer().steps() == 4 && ckpt.staging_bytes() == staging;
+      const std::uint64_t kept = ckpt.load_memory_bytes();
+      const std::uint64_t expected =
+          m.memory_in_use().parameters + m.memory_in_use().master_weights + m.memory_in_use().optimizer_states;
+      const bool first = kept == expected && ckpt.staging_bytes() == 0 && same_bits(parameters_of(m), at2[0]) &&
+                         m.optimizer().steps() == 2 && m.optimizer().options().lr == 0.0625;
+      ckpt.load(m, root.path);  // latest: "four", into the state kept from the first load
+      const bool second = same_bits(parameters_of(m), at4[0]) && m.optimizer().steps() == 4 &&
+                          ckpt.load_memory_bytes() == kept && m.optimizer().options().lr == 0.0625;
+      m.set_learning_rate(adamw().lr);
       sharded_model reference(comm, request(zero_test::test_parameters(), world == 2 ? 3 : 1), model_options(adamw()));
       ck::load(reference, root.path);
       train(m, r, 4, 5);
       train(reference, r, 4, 5);
-      const bool same_next_step = same_bits(parameters_of(m), parameters_of(reference));
+      const bool same_next_step =
+          same_bits(parameters_of(m), parameters_of(reference)) && optimizer_bytes(m) == optimizer_bytes(reference);
       ckpt.async_save(m, {}, "five");
-      const bool shared = ckpt.staging_bytes() == staging;
+      const std::uint64_t staging = ckpt.staging_bytes();
       ckpt.wait();
-      ok[static_cast<std::size_t>(r)] = first && second && same_next_step && shared;
+      ckpt.load(m, root.path / "two", {.optimizer_state = false});  // parameters only: async_save's staging, grown
+      const bool shared = staging > 0 && ckpt.staging_bytes() >= staging && same_bits(parameters_of(m), at2[0]) &&
+                          m.optimizer().steps() == 5;
+      ckpt.release_load_memory();
+      const bool released = ckpt.load_memory_bytes() == 0;
+      ok[static_cast<std::size_t>(r)] = first && second && same_next_step && shared && released;
     });
     for (int r = 0; r < world; ++r) {
       CAPTURE(r);
@@ -331,11 +342,12 @@ TEST_CASE(
     initialise(m);
     ckpt.load(m, root.path / "two");
     const auto before = parameters_of(m);
+    const auto states_before = optimizer_bytes(m);
     try {
       ckpt.load(m, root.path / "cut");
     } catch (...) {
       unchanged[static_cast<std::size_t>(comm.rank())] =
-          same_bits(before, parameters_of(m)) && m.optimizer().steps() == 2;
+          same_bits(before, parameters_of(m)) && optimizer_bytes(m) == states_before && m.optimizer().steps() == 2;
       throw;
     }
   });

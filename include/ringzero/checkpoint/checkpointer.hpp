@@ -8,7 +8,7 @@
 /// async_save): finishes the previous one, copies this rank's share into a staging buffer
 /// allocated once, and a background thread (nice 19) writes it; the collective and the commit
 /// run at the next `save`, `async_save` or `wait()`, where its errors surface naming the file.
-/// `load` reads through the same staging memory (see there).
+/// `load` keeps its memory from load to load (see there).
 /// Errors, on every rank (naming rank, file, reason): device memory (errc::unsupported), a save
 /// mid-step or ranks passing different progress or names (errc::invalid_argument), any write
 /// failure such as a full disk, or of rank 0's commit (errc::io_error; a second small collective
@@ -90,7 +90,7 @@ class checkpointer {
   const std::filesystem::path& root() const noexcept { return root_; }
   /// True while an asynchronous save waits to be finished by the next call.
   bool pending() const noexcept { return pending_; }
-  /// Bytes of the staging buffer (0 before the first asynchronous save).
+  /// Bytes of the staging buffer (0 before the first asynchronous save or parameters-only load).
   std::uint64_t staging_bytes() const noexcept { return staging_.bytes(); }
 
   /// Saves `model` (collective) as checkpoint `name` (default "step-<optimizer steps>"); the
@@ -125,13 +125,17 @@ class checkpointer {
   }
 
   /// Loads the checkpoint at `path` into `model` as `checkpoint::load` does (collective; a
-  /// pending save is finished first), reading into this checkpointer's staging memory: allocated
-  /// once with its pages touched, grown when a load needs more, shared with `async_save`; so a
-  /// resume followed by saves needs no second buffer, and loads after the first fault no fresh
-  /// pages in. Errors as `checkpoint::load`'s.
+  /// pending save is finished first), keeping memory from load to load. With the optimizer
+  /// states (a resume) it reads into a second copy of the rank's state, exchanged with the
+  /// model's at the end: the checkpointer then keeps the model's previous state, and the next
+  /// load into the same model reads into that memory (no fresh pages, no copy). Parameters only:
+  /// it reads into the staging buffer shared with `async_save` (allocated once, pages touched,
+  /// grown when needed), then copies. `release_load_memory()` frees the kept copy.
+  /// Errors as `checkpoint::load`'s.
   training_progress load(zero::sharded_model& model, const std::filesystem::path& path,
                          const load_options& options = {}) {
     wait();
+    if (options.optimizer_state) return detail::load_zero(model, path, options, nullptr, &spare_);
     const std::uint64_t need = detail::zero_staging::bytes_needed(model, options.optimizer_state);
     if (staging_.bytes() < need) {
       staging_ = detail::staging_buffer();
@@ -140,8 +144,13 @@ class checkpointer {
       } catch (const error&) {  // out of memory: the load allocates its own staging (and reports a failure)
       }
     }
-    return detail::load_zero(model, path, options, &staging_);
+    return detail::load_zero(model, path, options, &staging_, nullptr);
   }
+  /// Bytes of the copy of a model's state that `load` keeps (0 before a load of optimizer states).
+  std::uint64_t load_memory_bytes() const noexcept { return spare_.bytes(); }
+  /// Frees the copy of a model's state that `load` keeps (the rank's parameters, master
+  /// weights and optimizer states). Local.
+  void release_load_memory() noexcept { spare_.clear(); }
 
   /// Finishes a pending asynchronous save (collective when one is pending: every rank calls it
   /// at the same point): waits for the background write, agrees, commits. Throws its errors.
@@ -373,6 +382,7 @@ class checkpointer {
   job job_;
   bool pending_ = false;
   detail::staging_buffer staging_;
+  detail::zero_spare spare_;  ///< `load`'s second copy of a model's state
 };
 
 }  // namespace ringzero::checkpoint

@@ -3,8 +3,9 @@
 /// `checkpoint::load`: restores a checkpoint (a checkpoint directory, or a root whose `latest`
 /// names one) into a `zero::sharded_model` or a DDP trainer at any world size, stage, replica
 /// group size and alignment (resharding), each rank reading only the byte ranges its plan needs.
-/// All or nothing: every rank reads and verifies into staging memory, one small collective tells
-/// every rank whether all succeeded, and only then is the state overwritten; a failed load
+/// All or nothing: every rank reads and verifies into memory of its own (with the optimizer
+/// states: a copy laid out as the model's state, then exchanged with it), one small collective
+/// tells every rank whether all succeeded, and only then is the state replaced; a failed load
 /// leaves the state exactly as it was and raises the same error on every rank, naming the rank,
 /// file, tensor and what was expected (missing or truncated files, checksum mismatches, another
 /// model or optimizer, a newer format version (errc::unsupported), fragments that do not tile a
@@ -60,9 +61,11 @@ void load_phase(communicator& comm, communicator* replica, const std::filesystem
 
 namespace detail {
 
-/// `load` of a sharded model, reading into `arena` when it is large enough (else fresh staging).
+/// `load` of a sharded model. With the optimizer states: reading into `spare` (reused when it
+/// has the model's layout; else a fresh copy), exchanged with the model's state at the end.
+/// Without: reading into `arena` when it is large enough (else fresh staging), then copied.
 inline training_progress load_zero(zero::sharded_model& model, const std::filesystem::path& path,
-                                   const load_options& options, staging_buffer* arena) {
+                                   const load_options& options, staging_buffer* arena, zero_spare* spare) {
   checkpoint_index index;
   std::filesystem::path dir;
   const zero_tensors z(model.plan(), model.optimizer().options());
@@ -76,7 +79,7 @@ inline training_progress load_zero(zero::sharded_model& model, const std::filesy
     dir = resolve_checkpoint(path);
     index = read_index(dir);
     const auto records = match_tensors(index, z.tensors, options, dir.string());
-    staging.emplace(model, z, options.optimizer_state, arena);
+    staging.emplace(model, z, options.optimizer_state, arena, spare);
     fragment_reader reader(dir, index);
     reader.check_files();
     read_targets(reader, z.tensors, records, staging->targets());
@@ -91,7 +94,7 @@ inline training_progress load_zero(zero::sharded_model& model, const std::filesy
 /// `checkpointer::load` does the same in staging memory kept from load to load.
 inline training_progress load(zero::sharded_model& model, const std::filesystem::path& path,
                               const load_options& options = {}) {
-  return detail::load_zero(model, path, options, nullptr);
+  return detail::load_zero(model, path, options, nullptr, nullptr);
 }
 
 /// Loads the checkpoint at `path` into a DDP trainer: every tensor of `state` whole on every

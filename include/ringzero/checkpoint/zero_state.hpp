@@ -14,11 +14,15 @@
 /// master weights and states of its optimizer range, so any world size, stage, replica group
 /// size and alignment can load any checkpoint of the same model (ranks with empty shards too).
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ringzero/algorithm/partition.hpp"
@@ -202,12 +206,79 @@ inline const unsigned char* zero_source(zero::sharded_model& model, const zero_p
   return reinterpret_cast<const unsigned char*>(base + (s.element - model.optimizer_range(s.buffer).begin));
 }
 
-/// A load's staging memory for one rank of a model, and how to commit it: one block holding
-/// the rank's held parameters and its master weights and optimizer states, either `arena` (when
-/// given and large enough: memory reused from load to load) or allocated here (fresh zero pages).
+/// A second copy of one rank's restorable state (held parameters, optimizer) of the layout of
+/// one model: a load that restores the optimizer states reads into it and exchanges it with the
+/// model's (`sharded_model::exchange_restorable_state`), so nothing is copied after the reads;
+/// the previous state is then here, ready for the next load into the same model.
+class zero_spare {
+ public:
+  /// True when this copy has `model`'s layout and optimizer options but the learning rate (built
+  /// for the model at that address with the same plan; a model built in the place of a
+  /// destroyed one with the same plan and options fits too).
+  bool fits(zero::sharded_model& model) const {
+    if (owner_ != &model || !optimizer_ || fingerprint_ != model.plan().fingerprint() ||
+        held_.size() != model.plan().buffers().size())
+      return false;
+    for (std::size_t b = 0; b < held_.size(); ++b) {
+      const algorithms::range own = model.optimizer_range(b), mine = optimizer_->owned_range(b);
+      if (held_[b].bytes() != model.held_range(b).size() * dtype_size(model.plan().buffers()[b].type) ||
+          own.begin != mine.begin || own.end != mine.end)
+        return false;
+    }
+    nlohmann::json kept = optimizer_json(optimizer_->options()), wanted = optimizer_json(model.optimizer().options());
+    kept.erase("lr");  // the only option that changes during training; the exchange keeps the model's
+    wanted.erase("lr");
+    return kept == wanted;
+  }
+  /// Allocates a fresh copy with `model`'s layout (zeroed, every page touched).
+  void build(zero::sharded_model& model) {
+    held_.clear();
+    optimizer_.reset();
+    owner_ = nullptr;
+    const zero::shard_plan& plan = model.plan();
+    for (std::size_t b = 0; b < plan.buffers().size(); ++b)
+      held_.emplace_back(model.held_range(b).size() * dtype_size(plan.buffers()[b].type));
+    optimizer_ = std::make_unique<zero::sharded_optimizer>(plan, plan.stage() == 0 ? 0 : model.comm().rank(),
+                                                           model.optimizer().options());
+    owner_ = &model;
+    fingerprint_ = plan.fingerprint();
+  }
+  /// Part `which` of buffer `b` (-2 held parameters, -1 master weights, k >= 0 optimizer state k).
+  unsigned char* part(std::size_t b, int which) {
+    if (which == -2) return held_[b].data();
+    if (which == -1) return reinterpret_cast<unsigned char*>(optimizer_->master(b));
+    return reinterpret_cast<unsigned char*>(optimizer_->state(b, which));
+  }
+  /// Exchanges this copy with `model`'s state (after `begin_restore`).
+  void exchange(zero::sharded_model& model) { model.exchange_restorable_state(held_, *optimizer_); }
+  /// Bytes held (0 before `build`).
+  std::uint64_t bytes() const noexcept {
+    std::uint64_t n = optimizer_ ? optimizer_->master_bytes() + optimizer_->state_bytes() : 0;
+    for (const zero::detail::host_buffer& h : held_) n += h.bytes();
+    return n;
+  }
+  /// Frees the memory.
+  void clear() noexcept {
+    held_.clear();
+    optimizer_.reset();
+    owner_ = nullptr;
+  }
+
+ private:
+  std::vector<zero::detail::host_buffer> held_;
+  std::unique_ptr<zero::sharded_optimizer> optimizer_;
+  const zero::sharded_model* owner_ = nullptr;
+  std::uint64_t fingerprint_ = 0;
+};
+
+/// A load's staging memory for one rank of a model, and how to commit it. With the optimizer
+/// states (a resume): a `zero_spare` (`spare` when given, reused if it fits the model; else one
+/// allocated here), exchanged with the model's state at commit. Parameters only: one block
+/// holding the rank's held parameters and master weights, either `arena` (when given and large
+/// enough: memory reused from load to load) or allocated here (fresh zero pages), copied at commit.
 class zero_staging {
  public:
-  /// The bytes of staging a load into `model` needs (each part rounded up to 64 bytes).
+  /// The bytes of copied staging a load into `model` needs (each part rounded up to 64 bytes).
   static std::uint64_t bytes_needed(zero::sharded_model& model, bool with_states) {
     std::uint64_t total = 0;
     for_each_part(model, with_states, [&](std::size_t, int, std::uint64_t bytes) { total += round(bytes); });
@@ -215,25 +286,37 @@ class zero_staging {
   }
 
   /// Staging for `model`, and the targets that fill it (`with_states`: the optimizer states too).
-  zero_staging(zero::sharded_model& model, const zero_tensors& z, bool with_states, staging_buffer* arena = nullptr)
+  zero_staging(zero::sharded_model& model, const zero_tensors& z, bool with_states, staging_buffer* arena = nullptr,
+               zero_spare* spare = nullptr)
       : model_(model), with_states_(with_states) {
     const zero::shard_plan& plan = model.plan();
     const auto& pl = plan.placements();
-    const std::uint64_t total = bytes_needed(model, with_states);
-    unsigned char* base = nullptr;
-    if (arena != nullptr && arena->bytes() >= total) {
-      base = arena->data();
-    } else {
-      own_ = staging_buffer(total, false);
-      base = own_.data();
-    }
     // Part k of buffer b: which = -2 parameters, -1 master, k >= 0 optimizer state k.
     std::vector<std::array<unsigned char*, 4>> at(plan.buffers().size(), {nullptr, nullptr, nullptr, nullptr});
-    std::uint64_t offset = 0;
-    for_each_part(model, with_states, [&](std::size_t b, int which, std::uint64_t bytes) {
-      at[b][static_cast<std::size_t>(which + 2)] = base + offset;
-      offset += round(bytes);
-    });
+    if (with_states) {
+      spare_ = spare != nullptr ? spare : &own_spare_;
+      if (!spare_->fits(model)) {
+        spare_->clear();  // the old copy's memory goes before the new one's comes
+        spare_->build(model);
+      }
+      for_each_part(model, with_states, [&](std::size_t b, int which, std::uint64_t) {
+        at[b][static_cast<std::size_t>(which + 2)] = spare_->part(b, which);
+      });
+    } else {
+      const std::uint64_t total = bytes_needed(model, with_states);
+      unsigned char* base = nullptr;
+      if (arena != nullptr && arena->bytes() >= total) {
+        base = arena->data();
+      } else {
+        own_ = staging_buffer(total, false);
+        base = own_.data();
+      }
+      std::uint64_t offset = 0;
+      for_each_part(model, with_states, [&](std::size_t b, int which, std::uint64_t bytes) {
+        at[b][static_cast<std::size_t>(which + 2)] = base + offset;
+        offset += round(bytes);
+      });
+    }
     const int states = model.restorable_optimizer().options().state_count();
     for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
       const zero::flat_buffer& f = plan.buffers()[b];
@@ -254,23 +337,30 @@ class zero_staging {
           for (int k = 0; k < states; ++k) add(z.states[p][static_cast<std::size_t>(k)], own, k, 4);
       }
     }
+    if (spare_ != nullptr) find_gaps();
   }
 
   const std::vector<load_target>& targets() const noexcept { return targets_; }
 
-  /// Copies every target's staging bytes into the model (padding between parameters stays as
-  /// it is) and sets the step count when loading states. Cannot fail once `begin_restore` succeeded.
+  /// Makes the staged state the model's (padding between parameters stays as it is) and sets
+  /// the step count when loading states: copies every target's bytes into the model, or, with
+  /// a spare, copies the model's padding into it and exchanges the two. Cannot fail once
+  /// `begin_restore` succeeded.
   void commit(std::uint64_t steps) {
     model_.begin_restore();
-    zero::sharded_optimizer& opt = model_.restorable_optimizer();
+    if (spare_ != nullptr) {
+      for (const place& g : gaps_)
+        std::memcpy(spare_->part(g.buffer, g.which) + g.offset, model_part(g.buffer, g.which) + g.offset,
+                    static_cast<std::size_t>(g.bytes));
+      spare_->exchange(model_);
+      model_.restorable_optimizer().set_steps(steps);
+      return;
+    }
     for (std::size_t i = 0; i < targets_.size(); ++i) {
       const place& p = places_[i];
-      unsigned char* dst = p.which == -2   ? model_.held_parameters(p.buffer)
-                           : p.which == -1 ? reinterpret_cast<unsigned char*>(opt.master(p.buffer))
-                                           : reinterpret_cast<unsigned char*>(opt.state(p.buffer, p.which));
-      std::memcpy(dst + p.offset, targets_[i].dst, static_cast<std::size_t>(p.bytes));
+      std::memcpy(model_part(p.buffer, p.which) + p.offset, targets_[i].dst, static_cast<std::size_t>(p.bytes));
     }
-    if (with_states_) opt.set_steps(steps);
+    if (with_states_) model_.restorable_optimizer().set_steps(steps);
   }
 
  private:
@@ -281,6 +371,29 @@ class zero_staging {
     std::uint64_t bytes;
   };
   static std::uint64_t round(std::uint64_t bytes) { return (bytes + 63) / 64 * 64; }
+  unsigned char* model_part(std::size_t b, int which) {
+    zero::sharded_optimizer& opt = model_.restorable_optimizer();
+    return which == -2   ? model_.held_parameters(b)
+           : which == -1 ? reinterpret_cast<unsigned char*>(opt.master(b))
+                         : reinterpret_cast<unsigned char*>(opt.state(b, which));
+  }
+  /// The byte ranges of every part no target covers (padding), which `commit` copies from the
+  /// model into the spare.
+  void find_gaps() {
+    std::vector<place> sorted = places_;
+    std::sort(sorted.begin(), sorted.end(), [](const place& x, const place& y) {
+      return std::tie(x.buffer, x.which, x.offset) < std::tie(y.buffer, y.which, y.offset);
+    });
+    std::size_t i = 0;
+    for_each_part(model_, with_states_, [&](std::size_t b, int which, std::uint64_t bytes) {
+      std::uint64_t at = 0;
+      for (; i < sorted.size() && sorted[i].buffer == b && sorted[i].which == which; ++i) {
+        if (sorted[i].offset > at) gaps_.push_back({b, which, at, sorted[i].offset - at});
+        at = std::max(at, sorted[i].offset + sorted[i].bytes);
+      }
+      if (bytes > at) gaps_.push_back({b, which, at, bytes - at});
+    });
+  }
   /// Calls f(buffer, which, bytes) for every part of staging, in the order they are laid out.
   template <class F>
   static void for_each_part(zero::sharded_model& model, bool with_states, F&& f) {
@@ -298,8 +411,11 @@ class zero_staging {
   zero::sharded_model& model_;
   bool with_states_;
   staging_buffer own_;
+  zero_spare own_spare_;
+  zero_spare* spare_ = nullptr;
   std::vector<load_target> targets_;
   std::vector<place> places_;
+  std::vector<place> gaps_;  ///< with a spare: the padding bytes to copy from the model
 };
 
 }  // namespace ringzero::checkpoint::detail
