@@ -311,4 +311,20 @@ inline void sharded_model::complete_reduction(std::size_t u) {
   unit_bucket_[u] = npos;
 }
 
+inline void sharded_model::exchange_restorable_state(std::vector<detail::host_buffer>& held, sharded_optimizer& spare) {
+  bool fits = held.size() == params_.size() && spare.options().kind == optimizer_->options().kind;
+  for (std::size_t b = 0; fits && b < params_.size(); ++b) {
+    fits = held[b].bytes() == params_[b].bytes() && spare.owned_range(b).begin == owned_range(b).begin &&
+           spare.owned_range(b).end == owned_range(b).end &&
+           (spare.master(b) == nullptr) == (optimizer_->master(b) == nullptr);
+    for (int k = 0; fits && k < optimizer_->options().state_count(); ++k)
+      fits = (spare.state(b, k) == nullptr) == (optimizer_->state(b, k) == nullptr);
+  }
+  if (!fits) raise("exchange_restorable_state: the spare state does not have this rank's layout");
+  const double lr = optimizer_->options().lr;
+  params_.swap(held);
+  std::swap(*optimizer_, spare);
+  optimizer_->set_learning_rate(lr);  // valid: it was this optimizer's rate
+}
+
 }  // namespace ringzero::zero
