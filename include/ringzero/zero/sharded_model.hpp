@@ -79,15 +79,7 @@ class sharded_model {
   /// ranks' plans differ (the message says what differs).
   sharded_model(communicator& comm, shard_plan plan, std::span<const parameter_spec> registered,
                 const sharded_model_options& options = {}, communicator* replica_comm = nullptr)
-      : comm_(comm),
-        replica_(replica_comm),
-        plan_(std::move(plan)),
-        options_(options),
-        shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
-        gathers_(plan_.make_gather_schedule()),
-        gradients_(plan_.make_gradient_schedule()) {
-    start(nullptr, check(registered));
-  }
+      : sharded_model(construct_tag{}, comm, std::move(plan), registered, nullptr, options, replica_comm) {}
 
   /// The device path of the constructor above: the model state lives in the memory space of
   /// `device.compute` (allocated and zeroed by stream work); the trainer enqueues its forward
@@ -98,15 +90,7 @@ class sharded_model {
   sharded_model(communicator& comm, shard_plan plan, std::span<const parameter_spec> registered,
                 const device_context& device, const sharded_model_options& options = {},
                 communicator* replica_comm = nullptr)
-      : comm_(comm),
-        replica_(replica_comm),
-        plan_(std::move(plan)),
-        options_(options),
-        shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
-        gathers_(plan_.make_gather_schedule()),
-        gradients_(plan_.make_gradient_schedule()) {
-    start(&device, check(registered));
-  }
+      : sharded_model(construct_tag{}, comm, std::move(plan), registered, &device, options, replica_comm) {}
 
   /// Plans `request` for these communicators (its world size and replica group size are set
   /// from them) and runs it for a trainer registering `request.parameters`. Throws as the
@@ -367,29 +351,17 @@ class sharded_model {
       if (buffers[b].trainable) squares += sum_of_squares(b);
     if (plan_.stage() >= 1 && comm_.world_size() > 1)
       all_reduce(comm_, &squares, &squares, 1, dtype::float64, reduce_kind::sum, tagged(call_purpose::norm, 0));
-    step_result result;
-    result.gradient_norm = std::sqrt(squares);
-    if (!std::isfinite(result.gradient_norm) && options_.skip_nonfinite_steps) {
+    const step_result result = update_owned_shards(squares);
+    if (result.skipped) {
       zero_gradients();
-      result.skipped = true;
-      result.steps = optimizer_->steps();
       return result;
     }
-    if (options_.max_grad_norm > 0) {
-      const double coefficient = options_.max_grad_norm / (result.gradient_norm + 1e-6);
-      if (coefficient < 1) result.clip_coefficient = coefficient;
-    }
-    optimizer_->begin_step();
-    for (std::size_t b = 0; b < buffers.size(); ++b)
-      if (buffers[b].trainable)
-        optimizer_->update(b, owned_parameters(b), owned_gradient(b), static_cast<float>(result.clip_coefficient));
     if (plan_.stage() == 1 || plan_.stage() == 2)
       for (std::size_t b = 0; b < buffers.size(); ++b)
         if (buffers[b].trainable && buffers[b].numel > 0)
           all_gather(comm_, owned_parameters(b), params_[b].data(), buffers[b].shard_numel, buffers[b].type,
                      tagged(call_purpose::regather, b));
     zero_gradients();
-    result.steps = optimizer_->steps();
     return result;
   }
 
@@ -491,6 +463,20 @@ class sharded_model {
   }
 
  private:
+  struct construct_tag {};
+  // Both public constructors: `device` null on the host path.
+  sharded_model(construct_tag, communicator& comm, shard_plan plan, std::span<const parameter_spec> registered,
+                const device_context* device, const sharded_model_options& options, communicator* replica_comm)
+      : comm_(comm),
+        replica_(replica_comm),
+        plan_(std::move(plan)),
+        options_(options),
+        shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
+        gathers_(plan_.make_gather_schedule()),
+        gradients_(plan_.make_gradient_schedule()) {
+    start(device, check(registered));
+  }
+
   struct gather_hooks {
     sharded_model& m;
     void start(std::size_t u) { m.start_gather(u); }
@@ -823,6 +809,10 @@ class sharded_model {
   void set_parameter_on_streams(std::size_t p, std::span<const float> values);
   void read_parameter_on_streams(std::size_t p, std::span<float> out);
   step_result step_on_streams();
+  /// The update both paths share once the squared gradient norm (all ranks' sum) is known: the
+  /// non-finite check (skipped: nothing updated), the clip coefficient, the optimizer on every
+  /// trainable owned shard; `steps` set.
+  step_result update_owned_shards(double squares);
   /// all_gather of `count` uint64 values per rank over `c`, through device memory when `c`'s
   /// buffers are device memory (the agreement exchanges of the constructor and step).
   void exchange(communicator& c, const std::uint64_t* mine, std::uint64_t* all, std::size_t count,

@@ -189,28 +189,7 @@ inline step_result sharded_model::step_on_streams() {
     s.collective([this] {
       all_reduce(comm_, &squares_, &squares_, 1, dtype::float64, reduce_kind::sum, tagged(call_purpose::norm, 0));
     });
-  s.host_work(
-      [this, &buffers] {
-        step_result r;
-        r.gradient_norm = std::sqrt(squares_);
-        if (!std::isfinite(r.gradient_norm) && options_.skip_nonfinite_steps) {
-          r.skipped = true;
-          r.steps = optimizer_->steps();
-          pending_ = r;
-          return;
-        }
-        if (options_.max_grad_norm > 0) {
-          const double coefficient = options_.max_grad_norm / (r.gradient_norm + 1e-6);
-          if (coefficient < 1) r.clip_coefficient = coefficient;
-        }
-        optimizer_->begin_step();
-        for (std::size_t b = 0; b < buffers.size(); ++b)
-          if (buffers[b].trainable)
-            optimizer_->update(b, owned_parameters(b), owned_gradient(b), static_cast<float>(r.clip_coefficient));
-        r.steps = optimizer_->steps();
-        pending_ = r;
-      },
-      "the optimizer step");
+  s.host_work([this] { pending_ = update_owned_shards(squares_); }, "the optimizer step");
   if (plan_.stage() == 1 || plan_.stage() == 2)
     for (std::size_t b = 0; b < buffers.size(); ++b)
       if (buffers[b].trainable && buffers[b].numel > 0)

@@ -327,4 +327,25 @@ inline void sharded_model::exchange_restorable_state(std::vector<detail::host_bu
   optimizer_->set_learning_rate(lr);  // valid: it was this optimizer's rate
 }
 
+inline step_result sharded_model::update_owned_shards(double squares) {
+  const auto& buffers = plan_.buffers();
+  step_result r;
+  r.gradient_norm = std::sqrt(squares);
+  if (!std::isfinite(r.gradient_norm) && options_.skip_nonfinite_steps) {
+    r.skipped = true;
+    r.steps = optimizer_->steps();
+    return r;
+  }
+  if (options_.max_grad_norm > 0) {
+    const double coefficient = options_.max_grad_norm / (r.gradient_norm + 1e-6);
+    if (coefficient < 1) r.clip_coefficient = coefficient;
+  }
+  optimizer_->begin_step();
+  for (std::size_t b = 0; b < buffers.size(); ++b)
+    if (buffers[b].trainable)
+      optimizer_->update(b, owned_parameters(b), owned_gradient(b), static_cast<float>(r.clip_coefficient));
+  r.steps = optimizer_->steps();
+  return r;
+}
+
 }  // namespace ringzero::zero
