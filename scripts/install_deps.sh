@@ -13,7 +13,6 @@ packages=(
   jq  # the summaries of bench/ddp_fashion_mnist.sh and bench/zero_fashion_mnist.sh
   python3-matplotlib  # bench/plot.py: busbw against size from result files (and its test)
   libtorch-dev  # examples 03 and 04 (libtorch trainers) and the 'torch' test suite
-  libopenblas0-serial  # an optimised single-threaded BLAS for libtorch's matrix products (Debian's default is the reference BLAS)
   fortunes  # example 04's corpus: the text in /usr/share/games/fortunes
   clang-format  # the 'format' test: every source laid out as .clang-format says
 )

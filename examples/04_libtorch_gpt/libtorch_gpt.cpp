@@ -324,7 +324,8 @@ int main(int argc, char** argv) {
                        {"parameters", parameters_json(r.parameters)},
                        {"sample", r.sample}};
       std::ofstream f(o.json_path);
-      f << j.dump(1) << "\n";
+      // The vocabulary is bytes: a sample may cut a UTF-8 sequence, which JSON cannot hold as is.
+      f << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       if (!f) throw rz::error(rz::errc::io_error, "cannot write " + o.json_path);
     }
   } catch (const std::exception& e) {

@@ -44,7 +44,7 @@ tmp = tempfile.mkdtemp(prefix="libtorch_gpt_check_")
 
 def run(args, env=None):
     out = os.path.join(tmp, "run.json")
-    r = subprocess.run([exe, *args, "--json", out], capture_output=True, text=True, timeout=300,
+    r = subprocess.run([exe, *args, "--json", out], capture_output=True, text=True, errors="replace", timeout=300,
                        env={**os.environ, **(env or {})})
     if r.returncode != 0:
         failures.append(f"{' '.join(args)}: exit {r.returncode}: {r.stderr.strip()[-600:]}")
@@ -59,7 +59,7 @@ def memory_matches_plan(run_json, label):
         json.dump({"parameters": run_json["parameters"]}, f)
     r = subprocess.run([plan_exe, "--model-file", model_file, "--world-size", "2", "--stage", "3",
                         "--precision", "fp32", "--optimizer", "adamw", "--json"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, errors="replace", timeout=60)
     if r.returncode != 0:
         failures.append(f"ringzero-plan for {label}: exit {r.returncode}: {r.stderr.strip()}")
         return
@@ -106,11 +106,11 @@ if one is not None and reference is not None:
 
 # The launcher refusal (as examples 01 and 02) and a global batch that does not split.
 env = {k: v for k, v in os.environ.items() if k not in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")}
-r = subprocess.run([exe, "--steps", "1"], capture_output=True, text=True, timeout=60,
+r = subprocess.run([exe, "--steps", "1"], capture_output=True, text=True, errors="replace", timeout=60,
                    env={**env, "OMPI_COMM_WORLD_SIZE": "2"})
 if r.returncode != 2 or "mpirun (Open MPI) as one of 2 processes" not in r.stderr or "--ranks 2" not in r.stderr:
     failures.append(f"launcher refusal: exit {r.returncode}, stderr {r.stderr.strip()!r}")
-r = subprocess.run([exe, "--ranks", "2", "--batch", "3"], capture_output=True, text=True, timeout=60)
+r = subprocess.run([exe, "--ranks", "2", "--batch", "3"], capture_output=True, text=True, errors="replace", timeout=60)
 if r.returncode != 1 or "--batch must be a multiple of --ranks" not in r.stderr:
     failures.append(f"--batch 3 --ranks 2: exit {r.returncode}, stderr {r.stderr.strip()!r}")
 
