@@ -51,7 +51,7 @@ struct options {
   int ranks = 2;
   std::string strategy = "zero3";
   std::string wrap = "block";
-  int steps = 1000;
+  int steps = 400;
   std::int64_t batch = 16;  // sequences per global batch
   gpt::config model{};
   double lr = 2e-3;
