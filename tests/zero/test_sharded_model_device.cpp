@@ -65,11 +65,7 @@ std::vector<std::vector<float>> train_on_stream(sharded_model& model, primitive:
   const auto& plan = model.plan();
   const auto& params = plan.parameters();
   const std::size_t frozen = model.index("frozen.w");
-  for (std::size_t p = 0; p < params.size(); ++p) {
-    std::vector<float> v(plan.placements()[p].numel);
-    for (std::size_t j = 0; j < v.size(); ++j) v[j] = initial_value(plan.placements()[p].storage, j);
-    model.set_parameter(p, v);
-  }
+  set_initial_parameters(model);
   const std::size_t units = model.unit_count();
   for (int step = 0; step < cfg.steps; ++step) {
     for (int micro = 0; micro < cfg.accumulation; ++micro) {

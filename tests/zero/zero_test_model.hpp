@@ -113,6 +113,16 @@ inline std::vector<ringzero::zero::optimizer_options> test_optimizers() {
   return {sgd, adam, adamw};
 }
 
+/// Sets every parameter of `model` to the test model's initial values (`initial_value` of its storage).
+inline void set_initial_parameters(ringzero::zero::sharded_model& model) {
+  const auto& plan = model.plan();
+  for (std::size_t p = 0; p < plan.parameters().size(); ++p) {
+    std::vector<float> v(plan.placements()[p].numel);
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] = initial_value(plan.placements()[p].storage, j);
+    model.set_parameter(p, v);
+  }
+}
+
 /// Trains `model` (any stage) with the test loop and returns every parameter's final values
 /// (a collective at stage 3).
 inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_model& model, int rank,
@@ -121,11 +131,7 @@ inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_mod
   const auto& plan = model.plan();
   const auto& params = plan.parameters();
   const std::size_t frozen = model.index("frozen.w");
-  for (std::size_t p = 0; p < params.size(); ++p) {
-    std::vector<float> v(plan.placements()[p].numel);
-    for (std::size_t j = 0; j < v.size(); ++j) v[j] = initial_value(plan.placements()[p].storage, j);
-    model.set_parameter(p, v);
-  }
+  set_initial_parameters(model);
   const std::size_t units = model.unit_count();
   for (int step = 0; step < cfg.steps; ++step) {
     for (int micro = 0; micro < cfg.accumulation; ++micro) {
