@@ -184,8 +184,8 @@ class rank_bench {
 #if RINGZERO_HAS_CUDA
     if (device_) {
       void* p = nullptr;
-      rz::cudart::check(cudaMalloc(&p, bytes), "cudaMalloc (benchmark buffer)");
-      rz::cudart::check(cudaMemset(p, 0, bytes), "cudaMemset");
+      rz::primitive::cudart::check(cudaMalloc(&p, bytes), "cudaMalloc (benchmark buffer)");
+      rz::primitive::cudart::check(cudaMemset(p, 0, bytes), "cudaMemset");
       return buffer(static_cast<unsigned char*>(p), buffer_deleter{true});
     }
 #endif
@@ -200,11 +200,13 @@ class rank_bench {
   void upload(std::uint64_t send_bytes, std::uint64_t recv_bytes) const {
 #if RINGZERO_HAS_CUDA
     if (!device_) return;
-    rz::cudart::check(cudaMemcpy(send_.get(), send_host_.get(), send_bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-    rz::cudart::check(cudaMemcpy(recv_.get(), recv_host_.get(), recv_bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    rz::primitive::cudart::check(cudaMemcpy(send_.get(), send_host_.get(), send_bytes, cudaMemcpyHostToDevice),
+                                 "cudaMemcpy H2D");
+    rz::primitive::cudart::check(cudaMemcpy(recv_.get(), recv_host_.get(), recv_bytes, cudaMemcpyHostToDevice),
+                                 "cudaMemcpy H2D");
     // From pageable memory cudaMemcpy may return before its DMA lands, and the collective's
     // stream (non-blocking, or NCCL's) is not ordered after it: wait for the uploads.
-    rz::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after the uploads)");
+    rz::primitive::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after the uploads)");
 #else
     (void)send_bytes;
     (void)recv_bytes;
@@ -216,7 +218,8 @@ class rank_bench {
 #if RINGZERO_HAS_CUDA
     if (!device_) return;
     comm_.synchronize();
-    rz::cudart::check(cudaMemcpy(recv_host_.get(), recv_.get(), recv_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    rz::primitive::cudart::check(cudaMemcpy(recv_host_.get(), recv_.get(), recv_bytes, cudaMemcpyDeviceToHost),
+                                 "cudaMemcpy D2H");
 #else
     (void)recv_bytes;
 #endif
@@ -256,9 +259,9 @@ class rank_bench {
       std::vector<double> rates;
       for (int rep = 0; rep < 6; ++rep) {
         const auto t0 = clock_type::now();
-        rz::cudart::check(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream),
-                          "cudaMemcpyAsync");
-        rz::cudart::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        rz::primitive::cudart::check(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream),
+                                     "cudaMemcpyAsync");
+        rz::primitive::cudart::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
         const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
         if (rep > 0) rates.push_back(2.0 * static_cast<double>(bytes) / seconds / 1e9);
       }

@@ -50,13 +50,13 @@
 #include "../harness/timing.hpp"
 #include "../memory_bandwidth.hpp"
 #include "copy_kernel.hpp"
-#include "ringzero/backend/cuda/runtime.hpp"
 #include "ringzero/backend/local/cuda.hpp"
 #include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/barrier.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
 #include "ringzero/primitive/cast.hpp"
+#include "ringzero/primitive/cudart/runtime.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 #include "ringzero/primitive/fill.hpp"
 #include "ringzero/primitive/reduce.hpp"
@@ -75,7 +75,7 @@ struct options {
   bool collectives = true;
 };
 
-void check(cudaError_t e, const char* what) { rz::cudart::check(e, what); }
+void check(cudaError_t e, const char* what) { rz::primitive::cudart::check(e, what); }
 
 /// A cudaMalloc'd buffer.
 struct device_buffer {
@@ -325,7 +325,7 @@ int main(int argc, char** argv) {
   options o;
   try {
     if (parse_options(argc, argv, o) != 0) return 0;
-    rz::cudart::require_device_index(o.device, "--device " + std::to_string(o.device));
+    rz::primitive::cudart::require_device_index(o.device, "--device " + std::to_string(o.device));
     check(cudaSetDevice(o.device), "cudaSetDevice");
     const rz::primitive::device_primitives& k = rz::primitive::require_device_primitives();
     cudaDeviceProp prop{};

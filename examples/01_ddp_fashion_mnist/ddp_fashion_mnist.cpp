@@ -6,7 +6,7 @@
 //   or AdamW;
 // - a distributed sampler: every epoch all ranks draw the same permutation (seeded by the epoch)
 //   and each takes a disjoint shard, so N ranks see the same global batches as one rank would;
-// - `ringzero::gradient_reducer`: parameters broadcast from rank 0 at the start; backward runs
+// - `ringzero::ddp::gradient_reducer`: parameters broadcast from rank 0 at the start; backward runs
 //   layer by layer and calls `mark_ready` as each layer's gradients exist, so buckets of
 //   gradients are all-reduced on the communicator's progress thread while the earlier layers
 //   are still being differentiated; `finish()` leaves the averaged gradients in place (here
@@ -205,9 +205,9 @@ void check_global_batch(std::int64_t ranks, const options& o) {
                     o.batch_size, ranks, o.accumulate, global, max_global_batch));
 }
 
-std::shared_ptr<rz::comm_hook> make_hook(const std::string& compress) {
-  if (compress == "fp16") return rz::fp16_compress_hook();
-  if (compress == "bf16") return rz::bf16_compress_hook();
+std::shared_ptr<rz::ddp::comm_hook> make_hook(const std::string& compress) {
+  if (compress == "fp16") return rz::ddp::fp16_compress_hook();
+  if (compress == "bf16") return rz::ddp::bf16_compress_hook();
   return nullptr;  // the default average
 }
 
@@ -274,7 +274,7 @@ void initialise_from(ex::mlp& model, const std::string& path) {
 
 /// --resume (parameters, optimizer state and step count, bucket layout) or --init-from into every
 /// rank's replica, a collective; returns the epochs already done.
-int restore(const options& o, rz::gradient_reducer& reducer, ck::replicated_state& state, ex::mlp& model,
+int restore(const options& o, rz::ddp::gradient_reducer& reducer, ck::replicated_state& state, ex::mlp& model,
             ex::optimizer& opt, bool lead) {
   if (!o.init_from.empty()) {
     initialise_from(model, o.init_from);
@@ -321,15 +321,15 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
     const int eval_chunk = 1000;
     model.reserve(std::max(per_rank, eval_chunk));
 
-    std::vector<rz::reducer_parameter> params;
+    std::vector<rz::ddp::reducer_parameter> params;
     for (std::size_t i = 0; i < model.tensor_count(); ++i)
-      params.push_back(rz::reducer_parameter::of(model.parameter(i), model.gradient(i), model.tensor(i).name));
-    rz::reducer_options ropt;
+      params.push_back(rz::ddp::reducer_parameter::of(model.parameter(i), model.gradient(i), model.tensor(i).name));
+    rz::ddp::reducer_options ropt;
     ropt.bucket_byte_limits = bucket_limits(o);
     ropt.gradient_as_bucket_view = o.bucket_view;
     ropt.hook = make_hook(o.compress);
     ropt.reproducible = o.reproducible;
-    rz::gradient_reducer reducer(comm, std::move(params), ropt);
+    rz::ddp::gradient_reducer reducer(comm, std::move(params), ropt);
     std::uint64_t bound_generation = ~std::uint64_t{0};
     auto bind_views = [&] {
       if (!o.bucket_view || bound_generation == reducer.layout_generation()) return;
@@ -428,7 +428,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
       rz::barrier(comm);
       const auto t1 = clock_type::now();
       bar.clear();
-      const rz::reducer_stats st = reducer.stats();
+      const rz::ddp::reducer_stats st = reducer.stats();
       double sums[2] = {loss_sum, static_cast<double>(steps * static_cast<std::uint64_t>(o.accumulate))};
       rz::all_reduce(comm, sums, sums, 2, rz::dtype::float64, rz::reduce_kind::sum);
       const auto e0 = clock_type::now();
@@ -527,9 +527,9 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
         const int max_rows = std::max(per_rank, eval_chunk);
         model.reserve(max_rows);
 
-        std::vector<rz::reducer_parameter> params;
+        std::vector<rz::ddp::reducer_parameter> params;
         for (std::size_t i = 0; i < model.tensor_count(); ++i) {
-          rz::reducer_parameter p;
+          rz::ddp::reducer_parameter p;
           p.data = model.parameter(i);
           p.grad = model.gradient(i);
           p.count = model.tensor(i).count;
@@ -537,11 +537,11 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
           p.name = model.tensor(i).name;
           params.push_back(p);
         }
-        rz::reducer_options ropt;
+        rz::ddp::reducer_options ropt;
         ropt.bucket_byte_limits = bucket_limits(o);
         ropt.gradient_as_bucket_view = o.bucket_view;
         ropt.hook = make_hook(o.compress);
-        rz::gradient_reducer reducer(comm, std::move(params), ropt);
+        rz::ddp::gradient_reducer reducer(comm, std::move(params), ropt);
         std::uint64_t bound_generation = ~std::uint64_t{0};
         auto bind_views = [&] {
           if (!o.bucket_view || bound_generation == reducer.layout_generation()) return;
@@ -586,9 +586,9 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
             fmt::print(
                 "  {} rank(s) on {} CUDA device(s) x {} per rank x {} micro-step(s) = global batch {}; {} steps/epoch; "
                 "{} lr {:g}{}; compress {}; gradients {}\n  buckets in reduction order: {}\n",
-                ranks, std::min(ranks, rz::cudart::device_count()), per_rank, o.accumulate, result.global_batch, steps,
-                o.optimizer, result.lr, o.scale_lr ? " (scaled by the rank count)" : "", o.compress,
-                o.bucket_view ? "written into bucket memory" : "copied through the buckets", layout);
+                ranks, std::min(ranks, rz::primitive::cudart::device_count()), per_rank, o.accumulate,
+                result.global_batch, steps, o.optimizer, result.lr, o.scale_lr ? " (scaled by the rank count)" : "",
+                o.compress, o.bucket_view ? "written into bucket memory" : "copied through the buckets", layout);
             std::fflush(stdout);
           }
         }
@@ -597,7 +597,8 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
           const auto shard = sampler.indices();
           std::copy(shard.begin(), shard.end(), shard_host.begin());
           shard_indices.upload(shard_host, stream);
-          rz::cudart::check(cudaMemsetAsync(sums.get(), 0, 4 * sizeof(double), stream), "cudaMemsetAsync (sums)");
+          rz::primitive::cudart::check(cudaMemsetAsync(sums.get(), 0, 4 * sizeof(double), stream),
+                                       "cudaMemsetAsync (sums)");
           reducer.reset_stats();
           comm.synchronize();
           rz::barrier(comm);
@@ -623,7 +624,7 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
           rz::barrier(comm);
           const auto t1 = clock_type::now();
           bar.clear();
-          const rz::reducer_stats st = reducer.stats();
+          const rz::ddp::reducer_stats st = reducer.stats();
           // Evaluation: each rank a contiguous slice of the test set, as evaluation.hpp.
           const std::size_t n = data.test.count, world = static_cast<std::size_t>(comm.world_size());
           const std::size_t rank = static_cast<std::size_t>(comm.rank());
@@ -635,8 +636,9 @@ run_result train_cuda(const options& o, const ex::fashion_mnist& data, int ranks
           }
           rz::all_reduce(comm, sums.get(), sums.get(), 4, rz::dtype::float64, rz::reduce_kind::sum);
           double host_sums[4] = {0, 0, 0, 0};
-          rz::cudart::check(cudaMemcpyAsync(host_sums, sums.get(), sizeof host_sums, cudaMemcpyDeviceToHost, stream),
-                            "cudaMemcpyAsync (sums)");
+          rz::primitive::cudart::check(
+              cudaMemcpyAsync(host_sums, sums.get(), sizeof host_sums, cudaMemcpyDeviceToHost, stream),
+              "cudaMemcpyAsync (sums)");
           comm.synchronize();
           const auto e1 = clock_type::now();
           if (!lead) continue;
@@ -906,7 +908,7 @@ int main(int argc, char** argv) {
         throw rz::error(rz::errc::invalid_argument,
                         fmt::format("--device cuda runs its ranks on the local backend (not --backend {})", o.backend));
 #if RINGZERO_EXAMPLES_HAVE_CUDA
-      (void)rz::cudart::require_device("--device cuda");
+      (void)rz::primitive::cudart::require_device("--device cuda");
 #else
       throw rz::error(rz::errc::unsupported,
                       "--device cuda: this build of ddp_fashion_mnist has no CUDA support (it needs "

@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "ringzero/backend/cuda/runtime.hpp"
 #include "ringzero/core/error.hpp"
+#include "ringzero/primitive/cudart/runtime.hpp"
 
 namespace ringzero::examples {
 
@@ -34,8 +34,8 @@ class device_array {
   /// Allocates `count` elements (at least one byte). Throws errc::backend_failure.
   explicit device_array(std::size_t count) : count_(count) {
     void* p = nullptr;
-    cudart::check(cudaMalloc(&p, count == 0 ? 1 : count * sizeof(T)),
-                  ("cudaMalloc of " + std::to_string(count * sizeof(T)) + " bytes").c_str());
+    primitive::cudart::check(cudaMalloc(&p, count == 0 ? 1 : count * sizeof(T)),
+                             ("cudaMalloc of " + std::to_string(count * sizeof(T)) + " bytes").c_str());
     data_ = static_cast<T*>(p);
   }
   device_array(device_array&& o) noexcept
@@ -59,8 +59,9 @@ class device_array {
   /// host vector may be reused when this returns (pageable memory is staged by the runtime).
   void upload(const std::vector<T>& host, cudaStream_t stream) const {
     if (host.empty()) return;
-    cudart::check(cudaMemcpyAsync(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream),
-                  "cudaMemcpyAsync (upload)");
+    primitive::cudart::check(
+        cudaMemcpyAsync(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync (upload)");
   }
 
  private:
@@ -95,6 +96,6 @@ class cublas_handle {
 
 /// Throws errc::backend_failure "<what> failed: <CUDA error>" unless `e` is cudaSuccess (a
 /// kernel launch's result).
-inline void check_launch(cudaError_t e, const char* what) { cudart::check(e, what); }
+inline void check_launch(cudaError_t e, const char* what) { primitive::cudart::check(e, what); }
 
 }  // namespace ringzero::examples

@@ -45,8 +45,8 @@ class cuda_mlp {
     params_ = device_array<float>(values.size());
     grads_ = device_array<float>(values.size());
     params_.upload(values, stream_);
-    cudart::check(cudaMemsetAsync(grads_.get(), 0, values.size() * sizeof(float), stream_),
-                  "cudaMemsetAsync (gradients)");
+    primitive::cudart::check(cudaMemsetAsync(grads_.get(), 0, values.size() * sizeof(float), stream_),
+                             "cudaMemsetAsync (gradients)");
     grad_ptr_.resize(tensors_.size());
     for (std::size_t i = 0; i < tensors_.size(); ++i) grad_ptr_[i] = grads_.get() + tensors_[i].offset;
   }
@@ -71,7 +71,7 @@ class cuda_mlp {
   /// after waiting for the stream).
   void reserve(int max_batch) {
     if (max_batch <= max_batch_) return;
-    cudart::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (before regrowing activations)");
+    primitive::cudart::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (before regrowing activations)");
     max_batch_ = max_batch;
     acts_.clear();
     deltas_.clear();
@@ -159,9 +159,10 @@ class cuda_mlp {
   /// All parameters, copied to the host (waits for the stream).
   std::vector<float> download_parameters() const {
     std::vector<float> v(params_.size());
-    cudart::check(cudaMemcpyAsync(v.data(), params_.get(), v.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-                  "cudaMemcpyAsync (parameters)");
-    cudart::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    primitive::cudart::check(
+        cudaMemcpyAsync(v.data(), params_.get(), v.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync (parameters)");
+    primitive::cudart::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     return v;
   }
 

@@ -31,10 +31,12 @@ class cuda_optimizer {
     if (name != "sgd" && name != "adamw")
       throw error(errc::invalid_argument, "unknown optimizer '" + name + "' (sgd or adamw)");
     first_ = device_array<float>(n);
-    cudart::check(cudaMemsetAsync(first_.get(), 0, n * sizeof(float), stream_), "cudaMemsetAsync (optimizer state)");
+    primitive::cudart::check(cudaMemsetAsync(first_.get(), 0, n * sizeof(float), stream_),
+                             "cudaMemsetAsync (optimizer state)");
     if (name == "adamw") {
       second_ = device_array<float>(n);
-      cudart::check(cudaMemsetAsync(second_.get(), 0, n * sizeof(float), stream_), "cudaMemsetAsync (optimizer state)");
+      primitive::cudart::check(cudaMemsetAsync(second_.get(), 0, n * sizeof(float), stream_),
+                               "cudaMemsetAsync (optimizer state)");
     }
   }
 

@@ -5,7 +5,7 @@
 /// memory and traffic model, sharded runtime).
 /// The MPI and NCCL backends are opt-in (backend/mpi.hpp, backend/nccl.hpp) so that including
 /// this header needs no external library. Under RINGZERO_SEPARATE_COMPILATION
-/// (docs/compile_time.md) it does not pull in the algorithm/ and primitive/ headers: include
+/// (docs/compile_time.md) it does not pull in the algorithms/ and primitive/ headers: include
 /// those directly where they are used.
 ///
 /// Quick start:

@@ -30,10 +30,10 @@ struct trainer {
       for (std::size_t p = 0; p < w.size(); ++p)
         for (std::size_t j = 0; j < w[p].size(); ++j) w[p][j] = zero_test::initial_value(p, j);
   }
-  std::vector<reducer_parameter> parameters() {
-    std::vector<reducer_parameter> out;
+  std::vector<ddp::reducer_parameter> parameters() {
+    std::vector<ddp::reducer_parameter> out;
     for (std::size_t p = 0; p < w.size(); ++p)
-      out.push_back(reducer_parameter::of(std::span<float>(w[p]), std::span<float>(g[p]), names[p]));
+      out.push_back(ddp::reducer_parameter::of(std::span<float>(w[p]), std::span<float>(g[p]), names[p]));
     return out;
   }
   ck::replicated_state state() {
@@ -48,7 +48,7 @@ struct trainer {
   }
   /// Steps [first, last): gradients marked ready in the order 1, 0, 2 (so the rebuild changes
   /// the initial reverse-order layout), averaged by the reducer, AdamW applied.
-  void train(gradient_reducer& reducer, int rank, int first, int last) {
+  void train(ddp::gradient_reducer& reducer, int rank, int first, int last) {
     for (int step = first; step < last; ++step) {
       for (std::size_t p : {std::size_t{1}, std::size_t{0}, std::size_t{2}}) {
         for (std::size_t j = 0; j < g[p].size(); ++j)
@@ -64,8 +64,8 @@ struct trainer {
   }
 };
 
-reducer_options small_buckets() {
-  reducer_options o;
+ddp::reducer_options small_buckets() {
+  ddp::reducer_options o;
   o.bucket_byte_limits = {40, 40};
   return o;
 }
@@ -82,13 +82,13 @@ TEST_CASE(
     const int r = comm.rank();
     {
       trainer t(0);
-      gradient_reducer reducer(comm, t.parameters(), small_buckets());
+      ddp::gradient_reducer reducer(comm, t.parameters(), small_buckets());
       t.train(reducer, r, 0, 6);
       straight[static_cast<std::size_t>(r)] = t.w;
     }
     {
       trainer t(0);
-      gradient_reducer reducer(comm, t.parameters(), small_buckets());
+      ddp::gradient_reducer reducer(comm, t.parameters(), small_buckets());
       t.train(reducer, r, 0, 3);
       CHECK(reducer.layout_rebuilt());
       if (r == 0) saved_order = reducer.layout_order();
@@ -98,7 +98,7 @@ TEST_CASE(
       ck::checkpointer(root.path).save(reducer, t.state(), p);
     }
     trainer t(7.0f);  // garbage, overwritten by the load
-    gradient_reducer reducer(comm, t.parameters(), small_buckets());
+    ddp::gradient_reducer reducer(comm, t.parameters(), small_buckets());
     CHECK(!reducer.layout_rebuilt());
     ck::replicated_state state = t.state();
     const ck::training_progress p = ck::load(reducer, state, root.path);
@@ -125,7 +125,7 @@ TEST_CASE("DDP trainer: saved on 2 ranks, loaded on 3 (every tensor whole on eve
   std::vector<std::vector<float>> saved_w, saved_v;
   local::launch(2, [&](communicator& comm) {
     trainer t(0);
-    gradient_reducer reducer(comm, t.parameters(), small_buckets());
+    ddp::gradient_reducer reducer(comm, t.parameters(), small_buckets());
     t.train(reducer, comm.rank(), 0, 2);
     if (comm.rank() == 0) {
       saved_w = t.w;
@@ -137,7 +137,7 @@ TEST_CASE("DDP trainer: saved on 2 ranks, loaded on 3 (every tensor whole on eve
   });
   local::launch(3, [&](communicator& comm) {
     trainer t(-1.0f);
-    gradient_reducer reducer(comm, t.parameters(), small_buckets());
+    ddp::gradient_reducer reducer(comm, t.parameters(), small_buckets());
     ck::replicated_state state = t.state();
     ck::load(reducer, state, root.path / "two");
     CHECK(same_bits(t.w, saved_w));

@@ -20,7 +20,7 @@
 #include "../backend/float32_accumulation_checks.hpp"
 #include "harness.hpp"
 #include "reference.hpp"
-#include "ringzero/algorithm/partition.hpp"
+#include "ringzero/algorithms/partition.hpp"
 #include "ringzero/ringzero.hpp"
 
 using namespace ringzero;

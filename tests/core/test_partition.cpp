@@ -5,7 +5,7 @@
 #include <set>
 #include <vector>
 
-#include "ringzero/algorithm/partition.hpp"
+#include "ringzero/algorithms/partition.hpp"
 
 using namespace ringzero::algorithms;
 

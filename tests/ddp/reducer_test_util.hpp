@@ -85,17 +85,17 @@ struct toy_model {
     return types[i] == dtype::float64 ? values64[slot[i]].size() : values32[slot[i]].size();
   }
 
-  std::vector<reducer_parameter> parameters() {
-    std::vector<reducer_parameter> p;
+  std::vector<ddp::reducer_parameter> parameters() {
+    std::vector<ddp::reducer_parameter> p;
     for (std::size_t i = 0; i < types.size(); ++i) {
       std::string name = "p";
       name += std::to_string(i);
       if (types[i] == dtype::float64)
-        p.push_back(
-            reducer_parameter::of(std::span<double>(values64[slot[i]]), std::span<double>(grads64[slot[i]]), name));
+        p.push_back(ddp::reducer_parameter::of(std::span<double>(values64[slot[i]]),
+                                               std::span<double>(grads64[slot[i]]), name));
       else
         p.push_back(
-            reducer_parameter::of(std::span<float>(values32[slot[i]]), std::span<float>(grads32[slot[i]]), name));
+            ddp::reducer_parameter::of(std::span<float>(values32[slot[i]]), std::span<float>(grads32[slot[i]]), name));
     }
     return p;
   }
@@ -114,7 +114,7 @@ struct toy_model {
 };
 
 /// The parameter indices of each bucket of `red`'s current layout.
-inline std::vector<std::vector<std::size_t>> bucket_indices_of(const gradient_reducer& red) {
+inline std::vector<std::vector<std::size_t>> bucket_indices_of(const ddp::gradient_reducer& red) {
   std::vector<std::vector<std::size_t>> out;
   for (const auto& b : red.buckets()) out.push_back(b.parameters);
   return out;

@@ -8,6 +8,7 @@
 #include "ringzero/ddp/bucket_assignment.hpp"
 
 using namespace ringzero;
+using namespace ringzero::ddp;
 using indices = std::vector<std::vector<std::size_t>>;
 
 namespace {

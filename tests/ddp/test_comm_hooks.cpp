@@ -15,6 +15,7 @@
 #include "ringzero/ddp/gradient_reducer.hpp"
 
 using namespace ringzero;
+using namespace ringzero::ddp;
 using namespace ringzero::test;
 
 namespace {

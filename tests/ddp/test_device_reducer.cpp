@@ -29,6 +29,7 @@
 #include "ringzero/ringzero.hpp"
 
 using namespace ringzero;
+using namespace ringzero::ddp;
 using namespace ringzero::test;
 
 namespace {

@@ -19,6 +19,7 @@
 #include "ringzero/ddp/gradient_reducer.hpp"
 
 using namespace ringzero;
+using namespace ringzero::ddp;
 using namespace ringzero::test;
 
 namespace {

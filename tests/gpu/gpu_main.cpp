@@ -10,7 +10,7 @@
 
 int main(int argc, char** argv) {
   std::string why;
-  if (ringzero::cudart::device_count(&why) == 0) {
+  if (ringzero::primitive::cudart::device_count(&why) == 0) {
     std::printf("skipped: no CUDA device (%s)\n", why.c_str());
     return 77;
   }

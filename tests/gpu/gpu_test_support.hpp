@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "ringzero/backend/cuda/runtime.hpp"
 #include "ringzero/core/dtype.hpp"
+#include "ringzero/primitive/cudart/runtime.hpp"
 
 namespace gpu_test {
 
@@ -22,7 +22,7 @@ namespace gpu_test {
 class device_buffer {
  public:
   explicit device_buffer(std::size_t bytes) : bytes_(bytes) {
-    ringzero::cudart::check(cudaMalloc(&data_, bytes == 0 ? 1 : bytes), "cudaMalloc (test buffer)");
+    ringzero::primitive::cudart::check(cudaMalloc(&data_, bytes == 0 ? 1 : bytes), "cudaMalloc (test buffer)");
   }
   ~device_buffer() { (void)cudaFree(data_); }
   device_buffer(const device_buffer&) = delete;
@@ -32,17 +32,18 @@ class device_buffer {
   std::size_t bytes() const noexcept { return bytes_; }
 
   void upload(const std::vector<unsigned char>& host, std::size_t offset = 0) const {
-    ringzero::cudart::check(cudaMemcpy(get() + offset, host.data(), host.size(), cudaMemcpyHostToDevice),
-                            "cudaMemcpy H2D");
+    ringzero::primitive::cudart::check(cudaMemcpy(get() + offset, host.data(), host.size(), cudaMemcpyHostToDevice),
+                                       "cudaMemcpy H2D");
     // From pageable memory cudaMemcpy may return before the DMA has landed, and it is not ordered
     // with non-blocking streams (CUDA runtime API, "API synchronization behavior"): wait for it.
-    ringzero::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after an upload)");
+    ringzero::primitive::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after an upload)");
   }
   std::vector<unsigned char> download(std::size_t offset, std::size_t bytes) const {
     std::vector<unsigned char> host(bytes);
     // Work on non-blocking streams is not ordered before a cudaMemcpy: wait for all of it.
-    ringzero::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before a download)");
-    ringzero::cudart::check(cudaMemcpy(host.data(), get() + offset, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    ringzero::primitive::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before a download)");
+    ringzero::primitive::cudart::check(cudaMemcpy(host.data(), get() + offset, bytes, cudaMemcpyDeviceToHost),
+                                       "cudaMemcpy D2H");
     return host;
   }
 

@@ -31,8 +31,8 @@ namespace {
 /// Reads `count` floats at device pointer `p` (synchronous).
 std::vector<float> download(const float* p, std::size_t count) {
   std::vector<float> v(count);
-  cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  cudart::check(cudaMemcpy(v.data(), p, count * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  primitive::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  primitive::cudart::check(cudaMemcpy(v.data(), p, count * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
   return v;
 }
 
@@ -70,9 +70,9 @@ batch_data make_batch(int rows, int features, int classes, std::uint64_t seed) {
 }  // namespace
 
 TEST_CASE("cuda_mlp: loss, accuracy count and gradients as the CPU mlp, in the same order") {
-  cudart::use_device(0);
+  primitive::cudart::use_device(0);
   cudaStream_t stream = nullptr;
-  cudart::check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  primitive::cudart::check(cudaStreamCreate(&stream), "cudaStreamCreate");
   for (const std::vector<int>& widths : {std::vector<int>{20, 16, 12, 10}, std::vector<int>{784, 256, 128, 10}})
     for (int batch : {1, 37, 256}) {
       CAPTURE(widths.front());
@@ -88,7 +88,7 @@ TEST_CASE("cuda_mlp: loss, accuracy count and gradients as the CPU mlp, in the s
       device_array<double> sums(2);
       x.upload(b.x, stream);
       y.upload(b.y, stream);
-      cudart::check(cudaMemsetAsync(sums.get(), 0, 2 * sizeof(double), stream), "cudaMemsetAsync");
+      primitive::cudart::check(cudaMemsetAsync(sums.get(), 0, 2 * sizeof(double), stream), "cudaMemsetAsync");
       const float scale = 1.0f / static_cast<float>(batch);
       for (bool accumulate : {false, true}) {
         CAPTURE(accumulate);
@@ -97,13 +97,14 @@ TEST_CASE("cuda_mlp: loss, accuracy count and gradients as the CPU mlp, in the s
         std::vector<std::size_t> host_order, dev_order;
         host.backward(b.x.data(), b.y.data(), batch, scale, accumulate,
                       [&](std::size_t i) { host_order.push_back(i); });
-        cudart::check(cudaMemsetAsync(sums.get(), 0, 2 * sizeof(double), stream), "cudaMemsetAsync");
+        primitive::cudart::check(cudaMemsetAsync(sums.get(), 0, 2 * sizeof(double), stream), "cudaMemsetAsync");
         dev.forward(x.get(), y.get(), batch, sums.get());
         dev.backward(x.get(), y.get(), batch, scale, accumulate, [&](std::size_t i) { dev_order.push_back(i); });
         CHECK(dev_order == host_order);
         std::vector<double> s(2);
-        cudart::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-        cudart::check(cudaMemcpy(s.data(), sums.get(), 2 * sizeof(double), cudaMemcpyDeviceToHost), "cudaMemcpy");
+        primitive::cudart::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        primitive::cudart::check(cudaMemcpy(s.data(), sums.get(), 2 * sizeof(double), cudaMemcpyDeviceToHost),
+                                 "cudaMemcpy");
         CHECK(s[0] / batch == doctest::Approx(host_loss).epsilon(1e-4));
         CHECK(s[1] == host_correct);
         for (std::size_t i = 0; i < host.tensor_count(); ++i)
@@ -120,13 +121,13 @@ TEST_CASE("cuda_mlp: loss, accuracy count and gradients as the CPU mlp, in the s
       check_close(download(elsewhere.get(), elsewhere.size()), host.gradient(0), 1e-4, "bound fc1.weight");
       CHECK_THROWS_AS(dev.forward(x.get(), y.get(), batch + 1, sums.get()), error);
     }
-  cudart::check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  primitive::cudart::check(cudaStreamDestroy(stream), "cudaStreamDestroy");
 }
 
 TEST_CASE("cuda_optimizer: SGD and AdamW steps as the CPU optimizers") {
-  cudart::use_device(0);
+  primitive::cudart::use_device(0);
   cudaStream_t stream = nullptr;
-  cudart::check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  primitive::cudart::check(cudaStreamCreate(&stream), "cudaStreamCreate");
   const std::size_t n = 1000;
   for (const char* name : {"sgd", "adamw"}) {
     CAPTURE(name);
@@ -155,13 +156,13 @@ TEST_CASE("cuda_optimizer: SGD and AdamW steps as the CPU optimizers") {
     CHECK_THROWS_AS(dev.update(dp.get(), dg.get(), n, 1), error);
   }
   CHECK_THROWS_AS(cuda_optimizer("lamb", 4, 0.1f, stream), error);
-  cudart::check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  primitive::cudart::check(cudaStreamDestroy(stream), "cudaStreamDestroy");
 }
 
 TEST_CASE("cuda_dataset: a gathered batch holds exactly the listed rows") {
-  cudart::use_device(0);
+  primitive::cudart::use_device(0);
   cudaStream_t stream = nullptr;
-  cudart::check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  primitive::cudart::check(cudaStreamCreate(&stream), "cudaStreamCreate");
   image_dataset data;
   data.count = 50;
   data.features = 7;
@@ -178,11 +179,11 @@ TEST_CASE("cuda_dataset: a gathered batch holds exactly the listed rows") {
   dev.gather(idx.get(), static_cast<int>(rows.size()), x.get(), y.get(), stream);
   const std::vector<float> got = download(x.get(), x.size());
   std::vector<std::uint8_t> labels(rows.size());
-  cudart::check(cudaMemcpy(labels.data(), y.get(), labels.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  primitive::cudart::check(cudaMemcpy(labels.data(), y.get(), labels.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
   for (std::size_t r = 0; r < rows.size(); ++r) {
     CHECK(labels[r] == data.labels[rows[r]]);
     for (std::size_t c = 0; c < data.features; ++c)
       CHECK(got[r * data.features + c] == data.images[rows[r] * data.features + c]);
   }
-  cudart::check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  primitive::cudart::check(cudaStreamDestroy(stream), "cudaStreamDestroy");
 }

@@ -28,6 +28,7 @@
 #endif
 
 using namespace ringzero;
+using namespace ringzero::ddp;
 
 namespace {
 
@@ -116,8 +117,8 @@ void rank_body(communicator& comm, const config& cfg, trace& out) {
     if (!device)
       std::memcpy(dst, src.data(), src.size());
     else
-      cudart::check(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyDefault, stream),
-                    "cudaMemcpyAsync (gradient)");
+      primitive::cudart::check(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyDefault, stream),
+                               "cudaMemcpyAsync (gradient)");
   };
   auto get = [&](const void* src, std::size_t bytes) {
     std::vector<unsigned char> v(bytes);
@@ -125,7 +126,8 @@ void rank_body(communicator& comm, const config& cfg, trace& out) {
     if (!device)
       std::memcpy(v.data(), src, bytes);
     else {
-      cudart::check(cudaMemcpyAsync(v.data(), src, bytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync (read back)");
+      primitive::cudart::check(cudaMemcpyAsync(v.data(), src, bytes, cudaMemcpyDefault, stream),
+                               "cudaMemcpyAsync (read back)");
       comm.synchronize();
     }
     return v;

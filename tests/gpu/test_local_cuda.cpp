@@ -91,14 +91,15 @@ struct device_memory {
   device_memory(local::cuda_communicator& c, std::size_t bytes) : comm(c), arena(bytes) {}
   unsigned char* base() { return arena.get(); }
   void put(unsigned char* dst, const std::vector<unsigned char>& src) {
-    cudart::check(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyHostToDevice, comm.stream()),
-                  "cudaMemcpyAsync H2D");
+    primitive::cudart::check(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyHostToDevice, comm.stream()),
+                             "cudaMemcpyAsync H2D");
     comm.synchronize();  // the source vector dies with the caller's scope
   }
   std::vector<unsigned char> get(const unsigned char* src, std::size_t bytes) {
     std::vector<unsigned char> v(bytes);
     comm.synchronize();
-    cudart::check(cudaMemcpyAsync(v.data(), src, bytes, cudaMemcpyDeviceToHost, comm.stream()), "cudaMemcpyAsync D2H");
+    primitive::cudart::check(cudaMemcpyAsync(v.data(), src, bytes, cudaMemcpyDeviceToHost, comm.stream()),
+                             "cudaMemcpyAsync D2H");
     comm.synchronize();
     return v;
   }
@@ -253,7 +254,7 @@ template <class T>
 T* to_device(local::cuda_communicator& c, const std::vector<T>& values,
              std::vector<std::unique_ptr<gpu_test::device_buffer>>& keep) {
   keep.push_back(std::make_unique<gpu_test::device_buffer>(values.size() * sizeof(T) + 16));
-  cudart::check(
+  primitive::cudart::check(
       cudaMemcpyAsync(keep.back()->get(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice, c.stream()),
       "cudaMemcpyAsync H2D");
   c.synchronize();
@@ -264,8 +265,8 @@ template <class T>
 std::vector<T> to_host(local::cuda_communicator& c, const T* device, std::size_t count) {
   std::vector<T> v(count);
   c.synchronize();
-  cudart::check(cudaMemcpyAsync(v.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, c.stream()),
-                "cudaMemcpyAsync D2H");
+  primitive::cudart::check(cudaMemcpyAsync(v.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, c.stream()),
+                           "cudaMemcpyAsync D2H");
   c.synchronize();
   return v;
 }

@@ -62,7 +62,7 @@ void on_one_rank(F&& fn, const nccl::options& o = {}) {
 std::vector<unsigned char> download(nccl::communicator& c, const void* p, std::size_t bytes) {
   std::vector<unsigned char> v(bytes);
   c.synchronize();
-  cudart::check(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  primitive::cudart::check(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
   return v;
 }
 
@@ -242,7 +242,7 @@ TEST_CASE("a collective that cannot complete is aborted after the timeout (watch
       blocker.released = true;
     });
     gpu_test::device_buffer x(1024);
-    cudart::check(cudaLaunchHostFunc(c.stream(), &stream_blocker::wait, &blocker), "cudaLaunchHostFunc");
+    primitive::cudart::check(cudaLaunchHostFunc(c.stream(), &stream_blocker::wait, &blocker), "cudaLaunchHostFunc");
     all_reduce(c, x.get(), x.get(), 256, dtype::float32, reduce_kind::sum);
     const auto start = std::chrono::steady_clock::now();
     try {
@@ -260,7 +260,7 @@ TEST_CASE("a collective that cannot complete is aborted after the timeout (watch
     CHECK(error_of([&] { all_reduce(c, x.get(), x.get(), 256, dtype::float32, reduce_kind::sum); }) == errc::aborted);
     blocker.released = true;
     releaser.join();
-    cudart::check(cudaStreamSynchronize(c.stream()), "cudaStreamSynchronize");
+    primitive::cudart::check(cudaStreamSynchronize(c.stream()), "cudaStreamSynchronize");
     comms.clear();
   }
 }

@@ -12,10 +12,10 @@
 
 #include <unistd.h>
 
-#include "ringzero/backend/cuda/event.hpp"
-#include "ringzero/backend/cuda/runtime.hpp"
-#include "ringzero/backend/cuda/stream.hpp"
 #include "ringzero/backend/local/cuda.hpp"
+#include "ringzero/primitive/cudart/event.hpp"
+#include "ringzero/primitive/cudart/runtime.hpp"
+#include "ringzero/primitive/cudart/stream.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 #include "ringzero/ringzero.hpp"
 #if RINGZERO_HAS_NCCL
@@ -44,19 +44,19 @@ void expect_no_device(F&& f, const char* what) {
 
 TEST_CASE("GPU entry points: errc::no_device without a device, working ones with a device") {
   std::string why;
-  const int devices = cudart::device_count(&why);
+  const int devices = primitive::cudart::device_count(&why);
   if (devices == 0) {
     MESSAGE("no CUDA device here (" << why << "): checking the errors");
     std::atomic<int> ranks_started{0};
     expect_no_device([&] { local::launch_cuda(2, [&](local::cuda_communicator&) { ++ranks_started; }); },
                      "local::launch_cuda");
     CHECK(ranks_started == 0);
-    expect_no_device([] { (void)cudart::require_device("a test"); }, "cudart::require_device");
+    expect_no_device([] { (void)primitive::cudart::require_device("a test"); }, "primitive::cudart::require_device");
     // the low-level helpers too: what the runtime answers means "no device", not a failed call
-    expect_no_device([] { (void)cudart::stream::create(0); }, "cudart::stream::create");
-    expect_no_device([] { cudart::event e(0); }, "cudart::event");
-    expect_no_device([] { cudart::device_guard g(0); }, "cudart::device_guard");
-    expect_no_device([] { cudart::use_device(0); }, "cudart::use_device");
+    expect_no_device([] { (void)primitive::cudart::stream::create(0); }, "primitive::cudart::stream::create");
+    expect_no_device([] { primitive::cudart::event e(0); }, "primitive::cudart::event");
+    expect_no_device([] { primitive::cudart::device_guard g(0); }, "primitive::cudart::device_guard");
+    expect_no_device([] { primitive::cudart::use_device(0); }, "primitive::cudart::use_device");
     expect_no_device(
         [] {
           local::world w(1);
@@ -71,7 +71,7 @@ TEST_CASE("GPU entry points: errc::no_device without a device, working ones with
     return;
   }
   MESSAGE(devices << " CUDA device(s): checking that the entry points work");
-  CHECK(cudart::require_device("a test") == devices);
+  CHECK(primitive::cudart::require_device("a test") == devices);
   std::atomic<int> ranks{0};
   local::launch_cuda(2, [&](local::cuda_communicator& c) {
     ++ranks;

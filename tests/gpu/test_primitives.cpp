@@ -35,7 +35,9 @@ const std::uint64_t counts[] = {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65,
 
 struct stream_holder {
   cudaStream_t s = nullptr;
-  stream_holder() { cudart::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  stream_holder() {
+    primitive::cudart::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
   ~stream_holder() { (void)cudaStreamDestroy(s); }
 };
 
@@ -44,7 +46,7 @@ void expect_launch(int code, const char* what) {
   REQUIRE(code == 0);
 }
 
-void sync(cudaStream_t s) { cudart::check(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
+void sync(cudaStream_t s) { primitive::cudart::check(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
 
 /// The host's and the device's copy of one operand, both from the same random bytes.
 struct operand {
@@ -60,8 +62,9 @@ struct operand {
   /// Restores bytes [0, bytes) on both sides.
   void restore(std::size_t bytes) {
     std::memcpy(host.data(), pristine.data(), bytes);
-    cudart::check(cudaMemcpy(device.get(), device_pristine.get(), bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy D2D");
-    cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // a D2D cudaMemcpy is asynchronous
+    primitive::cudart::check(cudaMemcpy(device.get(), device_pristine.get(), bytes, cudaMemcpyDeviceToDevice),
+                             "cudaMemcpy D2D");
+    primitive::cudart::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // a D2D cudaMemcpy is asynchronous
   }
 };
 
@@ -437,7 +440,7 @@ TEST_CASE("allocate, deallocate and synchronize through the table") {
   expect_launch(k.fill(p, 1000, dtype::uint8, 7.0, stream.s), "fill");
   CHECK(k.synchronize(stream.s) == 0);
   std::vector<unsigned char> host(1000);
-  cudart::check(cudaMemcpy(host.data(), p, host.size(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  primitive::cudart::check(cudaMemcpy(host.data(), p, host.size(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
   CHECK(host == std::vector<unsigned char>(1000, 7));
   CHECK(k.deallocate(p) == 0);
   CHECK(k.deallocate(nullptr) == 0);
@@ -459,7 +462,7 @@ TEST_CASE("invalid dtypes and kinds are refused without a launch") {
 
 TEST_CASE("a count above 2^31 elements is reduced completely (64-bit indexing)") {
   std::size_t free_bytes = 0, total_bytes = 0;
-  cudart::check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  primitive::cudart::check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
   const std::uint64_t count = (std::uint64_t{1} << 31) + 17;
   if (free_bytes < 4 * count) {
     MESSAGE("skipped: needs " << 4 * count / (1 << 20) << " MiB of free device memory");
@@ -514,7 +517,7 @@ long long first_difference_parallel(dtype t, const unsigned char* got, const uns
 struct pinned_buffer {
   unsigned char* p = nullptr;
   explicit pinned_buffer(std::size_t bytes) {
-    cudart::check(cudaMallocHost(reinterpret_cast<void**>(&p), bytes), "cudaMallocHost");
+    primitive::cudart::check(cudaMallocHost(reinterpret_cast<void**>(&p), bytes), "cudaMallocHost");
   }
   ~pinned_buffer() { (void)cudaFreeHost(p); }
   pinned_buffer(const pinned_buffer&) = delete;
@@ -565,7 +568,7 @@ TEST_CASE(
   for (std::uint64_t i = 0; i < n; ++i)
     reinterpret_cast<std::uint16_t*>(a.p)[i] = static_cast<std::uint16_t>(i % values);
   device_buffer da(bytes), db(bytes), dd(bytes);
-  cudart::check(cudaMemcpy(da.get(), a.p, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  primitive::cudart::check(cudaMemcpy(da.get(), a.p, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
   for (dtype t : {dtype::float16, dtype::bfloat16}) {
     for (reduce_kind kind : {reduce_kind::sum, reduce_kind::prod, reduce_kind::min, reduce_kind::max}) {
       CAPTURE(dtype_name(t));
@@ -581,7 +584,7 @@ TEST_CASE(
         parallel_for(n, threads, [&](unsigned, std::uint64_t begin, std::uint64_t end) {
           for (std::uint64_t i = begin; i < end; ++i) second[i] = static_cast<std::uint16_t>(first_second + i / values);
         });
-        cudart::check(cudaMemcpy(db.get(), b.p, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+        primitive::cudart::check(cudaMemcpy(db.get(), b.p, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
         expect_launch(
             k.reduce_into(dd.get() + 2 * skip, da.get() + 2 * skip, db.get() + 2 * skip, n - skip, spec, stream.s),
             "reduce_into launch");
@@ -591,7 +594,7 @@ TEST_CASE(
               primitive::reduce_into(want.data() + 2 * begin, a.p + 2 * begin, b.p + 2 * begin, end - begin, spec);
             });
         sync(stream.s);
-        cudart::check(cudaMemcpy(got.p, dd.get(), bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+        primitive::cudart::check(cudaMemcpy(got.p, dd.get(), bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
         long long at =
             first_difference_parallel(t, got.p + 2 * skip, want.data() + 2 * skip, n - skip, arithmetic, threads);
         if (at >= 0) {

@@ -53,15 +53,15 @@ std::vector<torch::Tensor> local_gradients(int rank, std::vector<int> steps) {
 }
 
 // Counts bucket launches (the reducer calls `launch` when a bucket's gradients are all ready).
-struct counting_hook : rz::comm_hook {
-  rz::allreduce_hook average;
+struct counting_hook : rz::ddp::comm_hook {
+  rz::ddp::allreduce_hook average;
   std::atomic<int> launches{0};
   std::string name() const override { return "counting"; }
-  rz::work launch(rz::communicator& comm, const rz::gradient_bucket& b) override {
+  rz::work launch(rz::communicator& comm, const rz::ddp::gradient_bucket& b) override {
     ++launches;
     return average.launch(comm, b);
   }
-  void complete(const rz::gradient_bucket& b) override { average.complete(b); }
+  void complete(const rz::ddp::gradient_bucket& b) override { average.complete(b); }
 };
 
 std::string error_of(const std::function<void()>& f) {

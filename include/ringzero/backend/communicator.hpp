@@ -5,7 +5,7 @@
 /// A communicator has a rank, a world size, a memory space, a timeout, and point-to-point
 /// transfers of bytes (`sendrecv`, and `sendrecv_reduce`, which combines what it receives into
 /// a buffer). The collective layer (collective/) brackets every collective with `begin` and
-/// `end`, where backends check NCCL's contract; algorithms (algorithm/) are written against the
+/// `end`, where backends check NCCL's contract; algorithms (algorithms/) are written against the
 /// transfers alone, so every algorithm runs on every backend. A backend may also offer its own
 /// collectives (`run_native`) and, on shared memory, its peers' buffers (`peer_descriptor`).
 ///

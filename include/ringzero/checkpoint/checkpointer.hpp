@@ -109,7 +109,7 @@ class checkpointer {
   }
   /// Saves a DDP trainer (collective over the reducer's communicator): the tensors of `state`,
   /// the reducer's bucket layout, and `progress` (whose optimizer_steps the trainer sets).
-  void save(gradient_reducer& reducer, const replicated_state& state, training_progress progress,
+  void save(ddp::gradient_reducer& reducer, const replicated_state& state, training_progress progress,
             std::string name = {}) {
     wait();
     prepare_replicated(reducer, state, std::move(progress), std::move(name), false);
@@ -117,7 +117,7 @@ class checkpointer {
     finish();
   }
   /// The asynchronous DDP `save`.
-  void async_save(gradient_reducer& reducer, const replicated_state& state, training_progress progress,
+  void async_save(ddp::gradient_reducer& reducer, const replicated_state& state, training_progress progress,
                   std::string name = {}) {
     wait();
     prepare_replicated(reducer, state, std::move(progress), std::move(name), true);
@@ -230,7 +230,7 @@ class checkpointer {
     set_sources(std::move(sources), staged);
   }
 
-  void prepare_replicated(gradient_reducer& reducer, const replicated_state& state, training_progress progress,
+  void prepare_replicated(ddp::gradient_reducer& reducer, const replicated_state& state, training_progress progress,
                           std::string name, bool staged) {
     communicator& comm = reducer.comm();
     if (name.empty()) name = default_checkpoint_name(progress.optimizer_steps);

@@ -100,8 +100,8 @@ inline training_progress load(zero::sharded_model& model, const std::filesystem:
 /// Loads the checkpoint at `path` into a DDP trainer: every tensor of `state` whole on every
 /// rank, and the reducer's bucket layout when the checkpoint records one for the same number
 /// of parameters. Collective over the reducer's communicator.
-inline training_progress load(gradient_reducer& reducer, replicated_state& state, const std::filesystem::path& path,
-                              const load_options& options = {}) {
+inline training_progress load(ddp::gradient_reducer& reducer, replicated_state& state,
+                              const std::filesystem::path& path, const load_options& options = {}) {
   checkpoint_index index;
   const std::vector<tensor_spec> specs = state.specs();
   std::vector<detail::staging_buffer> staging(specs.size());
@@ -127,7 +127,7 @@ inline training_progress load(gradient_reducer& reducer, replicated_state& state
       if (r.value("parameters", std::uint64_t{0}) == reducer.parameter_count()) {
         order = r.at("bucket_order").get<std::vector<std::size_t>>();
         rebuilt = r.at("rebuilt").get<bool>();
-        ringzero::detail::check_bucket_order(reducer.parameter_count(), order);
+        ringzero::ddp::detail::check_bucket_order(reducer.parameter_count(), order);
         restore_layout = order.size() == reducer.parameter_count();
       }
     }

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "ringzero/algorithm/partition.hpp"
+#include "ringzero/algorithms/partition.hpp"
 #include "ringzero/checkpoint/staging_buffer.hpp"
 #include "ringzero/checkpoint/state_layout.hpp"
 #include "ringzero/checkpoint/state_loader.hpp"

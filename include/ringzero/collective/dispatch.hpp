@@ -13,9 +13,9 @@
 #include <string>
 #include <utility>
 
-#include "ringzero/algorithm/algorithm_table.hpp"
-#include "ringzero/algorithm/device_data_ops.hpp"
-#include "ringzero/algorithm/float32_accumulation.hpp"
+#include "ringzero/algorithms/algorithm_table.hpp"
+#include "ringzero/algorithms/device_data_ops.hpp"
+#include "ringzero/algorithms/float32_accumulation.hpp"
 #include "ringzero/collective/describe.hpp"
 #include "ringzero/collective/reproducible.hpp"
 #include "ringzero/collective/request.hpp"
@@ -78,7 +78,7 @@ inline void run_with(communicator& c, const collective_descriptor& d, const algo
 
 /// Executes descriptor `d` on `c` on the calling thread. The data operations follow the
 /// communicator's memory space: host memory runs the host primitives; CUDA device memory
-/// enqueues the CUDA primitives on the communicator's stream (algorithm/device_data_ops.hpp),
+/// enqueues the CUDA primitives on the communicator's stream (algorithms/device_data_ops.hpp),
 /// which needs the kernels registered by <ringzero/cuda.cuh> unless the backend's native
 /// collective runs (or the call is a barrier, which moves no data). A 16-bit sum that
 /// accumulates in float32 needs them even for the native collective (to widen and narrow).

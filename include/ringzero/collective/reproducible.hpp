@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "ringzero/algorithm/call.hpp"
+#include "ringzero/algorithms/call.hpp"
 #include "ringzero/primitive/reproducible_arrays.hpp"
 #include "ringzero/primitive/reproducible_sum.hpp"
 

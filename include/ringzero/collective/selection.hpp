@@ -1,14 +1,14 @@
 #pragma once
 /// @file
 /// Algorithm selection: which algorithms implement which collective and what each costs (both
-/// read from the descriptors of algorithm/algorithm_table.hpp), the cost model that picks one,
+/// read from the descriptors of algorithms/algorithm_table.hpp), the cost model that picks one,
 /// and how per-call options and RINGZERO_ALGO override it.
 /// The manual: docs/algorithms.md, "Header notes", `ringzero/collective/selection.hpp`.
 
 #include <cmath>
 #include <string>
 
-#include "ringzero/algorithm/algorithm_table.hpp"
+#include "ringzero/algorithms/algorithm_table.hpp"
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/collective/options.hpp"
 

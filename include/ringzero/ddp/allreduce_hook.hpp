@@ -18,7 +18,7 @@
 #include "ringzero/ddp/bucket_memory.hpp"
 #include "ringzero/ddp/comm_hook.hpp"
 
-namespace ringzero {
+namespace ringzero::ddp {
 
 /// The default average (see the file comment). Stateless: one object may serve any number of
 /// reducers and threads.
@@ -44,4 +44,4 @@ class allreduce_hook final : public comm_hook {
   bool supports(memory_space) const override { return true; }
 };
 
-}  // namespace ringzero
+}  // namespace ringzero::ddp

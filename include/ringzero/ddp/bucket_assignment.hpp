@@ -18,7 +18,7 @@
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
 
-namespace ringzero {
+namespace ringzero::ddp {
 
 /// PyTorch's default byte limit of the first bucket (`dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB).
 inline constexpr std::uint64_t default_first_bucket_bytes = std::uint64_t{1} << 20;
@@ -100,7 +100,7 @@ inline std::vector<bucket_plan> assign_buckets(std::span<const bucket_tensor> te
                                               " has unknown dtype value " +
                                               std::to_string(static_cast<unsigned>(t.type)));
     const std::uint64_t es = dtype_size(t.type);
-    const std::optional<std::uint64_t> tensor_bytes = detail::checked_mul(t.count, es);
+    const std::optional<std::uint64_t> tensor_bytes = ringzero::detail::checked_mul(t.count, es);
     if (!tensor_bytes)
       throw error(errc::invalid_argument, "bucket assignment: tensor " + std::to_string(i) + " of " +
                                               std::to_string(t.count) + " elements overflows 64-bit bytes");
@@ -111,7 +111,8 @@ inline std::vector<bucket_plan> assign_buckets(std::span<const bucket_tensor> te
       b.plan.limit_bytes = byte_limits[b.limit_index];
     }
     b.plan.tensors.push_back(i);
-    b.plan.bytes = detail::checked_add(b.plan.bytes, *tensor_bytes).value_or(std::numeric_limits<std::uint64_t>::max());
+    b.plan.bytes =
+        ringzero::detail::checked_add(b.plan.bytes, *tensor_bytes).value_or(std::numeric_limits<std::uint64_t>::max());
     if (b.plan.bytes >= b.plan.limit_bytes) {
       done.emplace_back(b.first_position, std::move(b.plan));
       b.plan = bucket_plan{};
@@ -139,4 +140,4 @@ inline std::vector<std::vector<std::size_t>> bucket_indices(const std::vector<bu
   return out;
 }
 
-}  // namespace ringzero
+}  // namespace ringzero::ddp

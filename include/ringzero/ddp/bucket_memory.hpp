@@ -28,7 +28,7 @@
 #include "ringzero/primitive/fill.hpp"
 #include "ringzero/primitive/reduce.hpp"
 
-namespace ringzero {
+namespace ringzero::ddp {
 
 namespace detail {
 
@@ -225,4 +225,4 @@ class bucket_memory {
   int device_ = -1;
 };
 
-}  // namespace ringzero
+}  // namespace ringzero::ddp

@@ -15,7 +15,7 @@
 #include "ringzero/backend/progress.hpp"
 #include "ringzero/ddp/gradient_bucket.hpp"
 
-namespace ringzero {
+namespace ringzero::ddp {
 
 /// A communication hook. See the file comment.
 ///
@@ -57,4 +57,4 @@ class comm_hook {
   virtual bool supports(memory_space space) const { return space == memory_space::host; }
 };
 
-}  // namespace ringzero
+}  // namespace ringzero::ddp

@@ -22,7 +22,7 @@
 #include "ringzero/ddp/bucket_memory.hpp"
 #include "ringzero/ddp/comm_hook.hpp"
 
-namespace ringzero {
+namespace ringzero::ddp {
 
 namespace detail {
 
@@ -151,4 +151,4 @@ inline std::shared_ptr<comm_hook> fp16_compress_hook() { return std::make_shared
 /// PyTorch's `bf16_compress_hook`: a `compression_hook` communicating in bfloat16.
 inline std::shared_ptr<comm_hook> bf16_compress_hook() { return std::make_shared<compression_hook>(dtype::bfloat16); }
 
-}  // namespace ringzero
+}  // namespace ringzero::ddp

@@ -12,7 +12,7 @@
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/core/dtype.hpp"
 
-namespace ringzero {
+namespace ringzero::ddp {
 
 /// One bucket of gradients handed to a `comm_hook`.
 /// The buffer holds `count` elements of `type`: the gradients of `parameters`, gradient k
@@ -50,4 +50,4 @@ struct gradient_bucket {
   bool is_last() const noexcept { return index + 1 == bucket_count; }
 };
 
-}  // namespace ringzero
+}  // namespace ringzero::ddp

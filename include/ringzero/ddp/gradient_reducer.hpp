@@ -46,7 +46,7 @@
 #include "ringzero/ddp/reducer_options.hpp"
 #include "ringzero/ddp/reproducible_accumulation.hpp"
 
-namespace ringzero {
+namespace ringzero::ddp {
 
 namespace detail {
 
@@ -809,7 +809,7 @@ class gradient_reducer {
   std::string failure_;
 };
 
-}  // namespace ringzero
+}  // namespace ringzero::ddp
 
 // The members defined out of the class (kept apart so that each header stays short).
 #include "ringzero/ddp/gradient_reducer_members.hpp"

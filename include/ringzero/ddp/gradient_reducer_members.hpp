@@ -6,7 +6,7 @@
 
 #include "ringzero/ddp/gradient_reducer.hpp"
 
-namespace ringzero {
+namespace ringzero::ddp {
 
 inline std::string gradient_reducer::validate_locally() const {
   if (options_.bucket_byte_limits.empty()) return "reducer_options::bucket_byte_limits is empty";
@@ -47,8 +47,8 @@ inline std::string gradient_reducer::validate_locally() const {
 }
 
 inline void gradient_reducer::check_agreement(const std::string& problem) {
-  using shown = detail::agreed_value::shown;
-  detail::fnv1a shapes, limits, flags;
+  using shown = ringzero::detail::agreed_value::shown;
+  ringzero::detail::fnv1a shapes, limits, flags;
   std::uint64_t total = 0;
   for (const auto& p : params_) {
     total += p.count;
@@ -62,7 +62,7 @@ inline void gradient_reducer::check_agreement(const std::string& problem) {
   flags.u64((options_.find_unused_parameters ? 1u : 0u) | (options_.rebuild_buckets ? 2u : 0u) |
             (options_.broadcast_parameters ? 4u : 0u) | (options_.join ? 8u : 0u) |
             (options_.divide_by_initial_world_size ? 16u : 0u) | (options_.reproducible ? 32u : 0u));
-  const std::vector<detail::agreed_value> mine = {
+  const std::vector<ringzero::detail::agreed_value> mine = {
       {"arguments valid", problem.empty() ? 1u : 0u, shown::flag},
       {"parameter count", params_.size(), shown::integer},
       {"total elements", total, shown::integer},
@@ -71,13 +71,13 @@ inline void gradient_reducer::check_agreement(const std::string& problem) {
       {"options (hash)", flags.value(), shown::hash},
   };
   const std::size_t fields = mine.size();
-  const std::vector<std::uint64_t> row = detail::agreement_row(mine);
+  const std::vector<std::uint64_t> row = ringzero::detail::agreement_row(mine);
   std::vector<std::uint64_t> gathered(fields * static_cast<std::size_t>(comm_.world_size()));
   gather_to_host(row.data(), gathered.data(), fields, dtype::uint64);
-  const detail::agreement_table table(std::move(gathered), fields);
+  const ringzero::detail::agreement_table table(std::move(gathered), fields);
 
   if (const std::vector<int> bad = table.ranks_where_not(0, 1); !bad.empty()) {
-    std::string msg = "gradient_reducer: invalid arguments on " + detail::describe_ranks(bad);
+    std::string msg = "gradient_reducer: invalid arguments on " + ringzero::detail::describe_ranks(bad);
     if (!problem.empty())
       msg += ": " + problem;
     else
@@ -108,7 +108,7 @@ inline void gradient_reducer::check_agreement(const std::string& problem) {
       }
       if (!same)
         raise(errc::contract_mismatch, "gradient_reducer: ranks registered different parameter sets: parameter " +
-                                           describe(i) + ": " + detail::describe_values(v));
+                                           describe(i) + ": " + ringzero::detail::describe_values(v));
     }
   }
   if (!table.same(4))
@@ -313,4 +313,4 @@ inline void gradient_reducer::rebuild(bool have_order) {
   }
 }
 
-}  // namespace ringzero
+}  // namespace ringzero::ddp

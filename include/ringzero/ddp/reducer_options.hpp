@@ -17,7 +17,7 @@
 #include "ringzero/ddp/bucket_assignment.hpp"
 #include "ringzero/ddp/comm_hook.hpp"
 
-namespace ringzero {
+namespace ringzero::ddp {
 
 /// One registered parameter: its values, its gradient, its size and dtype. On a communicator
 /// whose buffers are CUDA device memory, `data` and `grad` are device pointers.
@@ -120,4 +120,4 @@ struct reducer_bucket_info {
   std::uint64_t limit_bytes = 0;        ///< byte limit the bucket was formed under
 };
 
-}  // namespace ringzero
+}  // namespace ringzero::ddp

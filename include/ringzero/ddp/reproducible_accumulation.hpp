@@ -25,7 +25,7 @@
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/reduce_op.hpp"
 
-namespace ringzero::detail {
+namespace ringzero::ddp::detail {
 
 /// Why reproducible mode cannot run with these settings, or "" when it can. `hook_name` is the
 /// reducer's hook ("allreduce" is the default average; every other hook is refused because the
@@ -103,4 +103,4 @@ class reproducible_bucket_accumulators {
   std::vector<reproducible_accumulator> accumulators_;
 };
 
-}  // namespace ringzero::detail
+}  // namespace ringzero::ddp::detail

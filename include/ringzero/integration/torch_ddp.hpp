@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// `torch_ddp`: data parallelism for a libtorch `torch::nn::Module` through
-/// `ringzero::gradient_reducer`, in one call. Every parameter's `.grad()` is a tensor view over
+/// `ringzero::ddp::gradient_reducer`, in one call. Every parameter's `.grad()` is a tensor view over
 /// the reducer's bucket memory (backward accumulates straight into the bucket); a post hook on
 /// each parameter's AccumulateGrad node (the hook PyTorch's own DDP reducer uses) marks the
 /// gradient ready once accumulated, so buckets are all-reduced while backward goes on;
@@ -42,7 +42,7 @@ class torch_ddp;
 /// the module's buffers (e.g. batch-norm running statistics) are broadcast from rank 0 at
 /// registration, as the parameters are.
 struct torch_ddp_options {
-  reducer_options reducer;        ///< buckets, find_unused_parameters, hooks, join ... (docs/ddp.md)
+  ddp::reducer_options reducer;   ///< buckets, find_unused_parameters, hooks, join ... (docs/ddp.md)
   bool broadcast_buffers = true;  ///< copy every buffer from rank 0 at construction
 };
 
@@ -72,17 +72,17 @@ class torch_ddp {
     options.reducer.gradient_as_bucket_view = true;
     std::string problem = collect(options);
     agree(problem);
-    std::vector<reducer_parameter> params;
+    std::vector<ddp::reducer_parameter> params;
     params.reserve(params_.size());
     for (auto& p : params_) {
-      reducer_parameter r;
+      ddp::reducer_parameter r;
       r.data = p.tensor.data_ptr();
       r.count = static_cast<std::uint64_t>(p.tensor.numel());
       r.type = p.type;
       r.name = p.name;
       params.push_back(std::move(r));
     }
-    reducer_ = std::make_unique<gradient_reducer>(comm_, std::move(params), options.reducer);
+    reducer_ = std::make_unique<ddp::gradient_reducer>(comm_, std::move(params), options.reducer);
     if (options.broadcast_buffers)
       for (auto& b : buffers_) broadcast(comm_, b.tensor.data_ptr(), b.tensor.data_ptr(), b.count, b.type, 0);
     torch::NoGradGuard no_grad;
@@ -118,7 +118,7 @@ class torch_ddp {
   }
 
   /// The reducer (layout, stats, join ...). Its gradients are the `.grad()` views.
-  gradient_reducer& reducer() noexcept { return *reducer_; }
+  ddp::gradient_reducer& reducer() noexcept { return *reducer_; }
   /// Registered parameters (after deduplication), in registration order.
   std::size_t parameter_count() const noexcept { return params_.size(); }
   /// The name of registered parameter `i` (as `named_parameters()` gives it).
@@ -154,7 +154,7 @@ class torch_ddp {
   }
 
   /// Accumulation steps until the guard is destroyed (`gradient_reducer::no_sync`).
-  [[nodiscard]] gradient_reducer::no_sync_guard no_sync() { return reducer_->no_sync(); }
+  [[nodiscard]] ddp::gradient_reducer::no_sync_guard no_sync() { return reducer_->no_sync(); }
 
  private:
   struct registered {
@@ -331,7 +331,7 @@ class torch_ddp {
   torch::nn::Module& module_;
   std::vector<registered> params_;
   std::vector<registered> buffers_;
-  std::unique_ptr<gradient_reducer> reducer_;
+  std::unique_ptr<ddp::gradient_reducer> reducer_;
   std::shared_ptr<detail::torch_ddp_link> link_;
   std::thread::id thread_;
   std::uint64_t copies_ = 0;

@@ -31,12 +31,12 @@ class cuda_event {
   /// True when the work before the last record has completed; never blocks.
   bool query() const { return event_.ready(); }
   /// Blocks the calling thread until the work before the last record has completed.
-  void synchronize() const { cudart::check(cudaEventSynchronize(event_.get()), "cudaEventSynchronize"); }
+  void synchronize() const { primitive::cudart::check(cudaEventSynchronize(event_.get()), "cudaEventSynchronize"); }
   cudaEvent_t get() const noexcept { return event_.get(); }
   int device() const noexcept { return device_; }
 
  private:
-  cudart::event event_;
+  primitive::cudart::event event_;
   int device_;
 };
 
@@ -44,17 +44,19 @@ class cuda_event {
 class cuda_stream {
  public:
   /// Creates a non-blocking stream on `device`.
-  explicit cuda_stream(int device) : stream_(cudart::stream::create(device)), device_(device) {}
+  explicit cuda_stream(int device) : stream_(primitive::cudart::stream::create(device)), device_(device) {}
   /// Borrows `s` (the caller keeps it) on `device`.
-  static cuda_stream borrow(cudaStream_t s, int device) { return cuda_stream(cudart::stream::borrow(s), device); }
+  static cuda_stream borrow(cudaStream_t s, int device) {
+    return cuda_stream(primitive::cudart::stream::borrow(s), device);
+  }
 
   /// Records `e` at the current end of this stream.
   void record(cuda_event& e) {
-    cudart::device_guard guard(device_);
-    cudart::check(cudaEventRecord(e.get(), stream_.get()), "cudaEventRecord");
+    primitive::cudart::device_guard guard(device_);
+    primitive::cudart::check(cudaEventRecord(e.get(), stream_.get()), "cudaEventRecord");
   }
   /// Later work on this stream runs after the point of the last record of `e` (no host block).
-  void wait_event(const cuda_event& e) { cudart::stream_wait(stream_.get(), e.get()); }
+  void wait_event(const cuda_event& e) { primitive::cudart::stream_wait(stream_.get(), e.get()); }
   /// True when all work enqueued so far has completed; never blocks. Throws on a failed task.
   bool query() {
     const cudaError_t e = cudaStreamQuery(stream_.get());
@@ -62,7 +64,7 @@ class cuda_stream {
       (void)cudaGetLastError();
       return false;
     }
-    cudart::check(e, "cudaStreamQuery");
+    primitive::cudart::check(e, "cudaStreamQuery");
     return true;
   }
   /// Blocks until all work enqueued so far has completed. Throws on a failed task.
@@ -71,8 +73,8 @@ class cuda_stream {
   int device() const noexcept { return device_; }
 
  private:
-  cuda_stream(cudart::stream s, int device) : stream_(std::move(s)), device_(device) {}
-  cudart::stream stream_;
+  cuda_stream(primitive::cudart::stream s, int device) : stream_(std::move(s)), device_(device) {}
+  primitive::cudart::stream stream_;
   int device_;
 };
 

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "ringzero/algorithm/partition.hpp"
+#include "ringzero/algorithms/partition.hpp"
 #include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "ringzero/backend/cuda/device_workspace.hpp"
-#include "ringzero/backend/cuda/event.hpp"
-#include "ringzero/backend/cuda/runtime.hpp"
-#include "ringzero/backend/cuda/stream.hpp"
 #include "ringzero/backend/local/communicator.hpp"
+#include "ringzero/primitive/cudart/device_workspace.hpp"
+#include "ringzero/primitive/cudart/event.hpp"
+#include "ringzero/primitive/cudart/runtime.hpp"
+#include "ringzero/primitive/cudart/stream.hpp"
 
 namespace ringzero::local {
 
@@ -31,10 +31,10 @@ class cuda_communicator final : public communicator {
   cuda_communicator(world& w, int rank, int device, cudaStream_t stream = nullptr)
       : communicator(w, rank),
         device_(checked_device(device)),
-        stream_(stream ? cudart::stream::borrow(stream) : cudart::stream::create(device)),
+        stream_(stream ? primitive::cudart::stream::borrow(stream) : primitive::cudart::stream::create(device)),
         workspace_(device, stream_.get()),
         peer_mode_(static_cast<std::size_t>(w.size()), peer_unknown) {
-    cudart::use_device(device_);
+    primitive::cudart::use_device(device_);
     ready_.reserve(static_cast<std::size_t>(w.size()));
     consumed_.reserve(static_cast<std::size_t>(w.size()));
     for (int r = 0; r < w.size(); ++r) {
@@ -46,7 +46,7 @@ class cuda_communicator final : public communicator {
   ~cuda_communicator() override {
     stop_progress();
     try {
-      cudart::use_device(device_);
+      primitive::cudart::use_device(device_);
       (void)cudaStreamSynchronize(stream_.get());
     } catch (...) {}
   }
@@ -82,72 +82,74 @@ class cuda_communicator final : public communicator {
   /// device work failed.
   void synchronize() override {
     communicator::synchronize();
-    cudart::use_device(device_);
-    cudart::check(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
+    primitive::cudart::use_device(device_);
+    primitive::cudart::check(cudaStreamSynchronize(stream_.get()), "cudaStreamSynchronize");
   }
 
   void* scratch(int slot, std::size_t bytes) override { return workspace_.get(slot, bytes); }
   std::size_t scratch_bytes() const noexcept override { return workspace_.capacity_bytes(); }
 
   void begin(const collective_descriptor& d) override {
-    cudart::use_device(device_);
+    primitive::cudart::use_device(device_);
     communicator::begin(d);
   }
 
   void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
                 int from) override {
-    cudart::use_device(device_);
+    primitive::cudart::use_device(device_);
     communicator::sendrecv(send, send_bytes, to, recv, recv_bytes, from);
   }
 
   void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
                        std::uint64_t bytes, int from, const combine_fn& combine) override {
-    cudart::use_device(device_);
+    primitive::cudart::use_device(device_);
     communicator::sendrecv_reduce(send, send_bytes, to, own, acc, bytes, from, combine);
   }
 
  protected:
   void* signal_ready(int to) override {
-    const cudart::event& e = ready_[static_cast<std::size_t>(to)];
+    const primitive::cudart::event& e = ready_[static_cast<std::size_t>(to)];
     e.record(stream_.get());
     return static_cast<void*>(e.get());
   }
 
   void on_arrival(int from, void* signal) override {
     (void)from;
-    if (signal) cudart::stream_wait(stream_.get(), static_cast<cudaEvent_t>(signal));
+    if (signal) primitive::cudart::stream_wait(stream_.get(), static_cast<cudaEvent_t>(signal));
   }
 
   void copy_received(void* dst, const void* src, std::uint64_t bytes, int from) override {
     (void)from;
-    cudart::check(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault, stream_.get()),
-                  "cudaMemcpyAsync (receive)");
+    primitive::cudart::check(
+        cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault, stream_.get()),
+        "cudaMemcpyAsync (receive)");
   }
 
   const void* readable_received(const void* data, std::uint64_t bytes, int from) override {
     if (mode_for(data, from) != peer_staged) return data;
-    void* staging = workspace_.get(cudart::device_workspace::staging_slot, static_cast<std::size_t>(bytes));
-    cudart::check(cudaMemcpyAsync(staging, data, static_cast<std::size_t>(bytes), cudaMemcpyDefault, stream_.get()),
-                  "cudaMemcpyAsync (staging a peer's buffer)");
+    void* staging = workspace_.get(primitive::cudart::device_workspace::staging_slot, static_cast<std::size_t>(bytes));
+    primitive::cudart::check(
+        cudaMemcpyAsync(staging, data, static_cast<std::size_t>(bytes), cudaMemcpyDefault, stream_.get()),
+        "cudaMemcpyAsync (staging a peer's buffer)");
     return staging;
   }
 
   void* signal_consumed(int from) override {
-    const cudart::event& e = consumed_[static_cast<std::size_t>(from)];
+    const primitive::cudart::event& e = consumed_[static_cast<std::size_t>(from)];
     e.record(stream_.get());
     return static_cast<void*>(e.get());
   }
 
   void on_consumed(int to, void* signal) override {
     (void)to;
-    if (signal) cudart::stream_wait(stream_.get(), static_cast<cudaEvent_t>(signal));
+    if (signal) primitive::cudart::stream_wait(stream_.get(), static_cast<cudaEvent_t>(signal));
   }
 
  private:
   enum peer_mode : int { peer_unknown = 0, peer_direct = 1, peer_staged = 2 };
 
   static int checked_device(int device) {
-    cudart::require_device_index(device, "local::cuda_communicator");
+    primitive::cudart::require_device_index(device, "local::cuda_communicator");
     return device;
   }
 
@@ -181,10 +183,10 @@ class cuda_communicator final : public communicator {
   }
 
   int device_;
-  cudart::stream stream_;
-  cudart::device_workspace workspace_;
-  std::vector<cudart::event> ready_;     ///< per destination rank: "my data for it is ready"
-  std::vector<cudart::event> consumed_;  ///< per source rank: "I have finished reading its data"
+  primitive::cudart::stream stream_;
+  primitive::cudart::device_workspace workspace_;
+  std::vector<primitive::cudart::event> ready_;     ///< per destination rank: "my data for it is ready"
+  std::vector<primitive::cudart::event> consumed_;  ///< per source rank: "I have finished reading its data"
   std::vector<int> peer_mode_;
 };
 

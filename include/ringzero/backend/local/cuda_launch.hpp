@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "ringzero/backend/cuda/runtime.hpp"
 #include "ringzero/backend/local/cuda_communicator.hpp"
 #include "ringzero/backend/local/launch.hpp"
+#include "ringzero/primitive/cudart/runtime.hpp"
 
 namespace ringzero::local {
 
@@ -32,7 +32,7 @@ void launch_cuda(int world_size, F&& fn, const cuda_launch_options& options = {}
   if (world_size < 1)
     throw error(errc::invalid_argument,
                 "local::launch_cuda: world size must be at least 1, got " + std::to_string(world_size));
-  const int count = cudart::require_device("local::launch_cuda");
+  const int count = primitive::cudart::require_device("local::launch_cuda");
   for (int d : options.devices)
     if (d < 0 || d >= count)
       throw error(errc::invalid_argument, "local::launch_cuda: CUDA device " + std::to_string(d) + " is outside [0, " +
@@ -45,7 +45,7 @@ void launch_cuda(int world_size, F&& fn, const cuda_launch_options& options = {}
       world_size, options,
       [&](std::optional<cuda_communicator>& comm, world& w, int r) {
         const int device = device_of(r);
-        cudart::use_device(device);
+        primitive::cudart::use_device(device);
         comm.emplace(w, r, device);
       },
       std::forward<F>(fn), "local::launch_cuda");

@@ -29,13 +29,13 @@
 
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
-#include "ringzero/backend/cuda/device_workspace.hpp"
-#include "ringzero/backend/cuda/runtime.hpp"
-#include "ringzero/backend/cuda/stream.hpp"
 #include "ringzero/backend/nccl/id_file.hpp"
 #include "ringzero/backend/nccl/types.hpp"
 #include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/core/wait.hpp"
+#include "ringzero/primitive/cudart/device_workspace.hpp"
+#include "ringzero/primitive/cudart/runtime.hpp"
+#include "ringzero/primitive/cudart/stream.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 #include "ringzero/primitive/fill.hpp"
 
@@ -85,10 +85,11 @@ class communicator final : public ringzero::communicator {
       : ringzero::communicator(rank, world_size),
         device_(checked_device(device)),
         options_(opts),
-        stream_(opts.stream ? cudart::stream::borrow(opts.stream) : cudart::stream::create(device)),
+        stream_(opts.stream ? primitive::cudart::stream::borrow(opts.stream)
+                            : primitive::cudart::stream::create(device)),
         workspace_(device, stream_.get()) {
     configure();
-    cudart::use_device(device_);
+    primitive::cudart::use_device(device_);
     ncclConfig_t config = make_config();
     ncclUniqueId uid;
     std::memcpy(&uid, id.data(), id_size);
@@ -194,7 +195,7 @@ class communicator final : public ringzero::communicator {
   /// `opts.stream`). Throws as the constructor.
   std::unique_ptr<communicator> split(int color, int key, const options& opts = {}) {
     ensure_alive();
-    cudart::use_device(device_);
+    primitive::cudart::use_device(device_);
     options o = opts;
     ncclConfig_t config = make_config_for(o);
     ncclComm_t child = nullptr;
@@ -224,7 +225,7 @@ class communicator final : public ringzero::communicator {
 
   void begin(const collective_descriptor& d) override {
     ensure_alive();
-    cudart::use_device(device_);
+    primitive::cudart::use_device(device_);
     if (check_contract_) {
       exchange_and_check(d);
     } else if (!d.invalid.empty()) {
@@ -240,7 +241,7 @@ class communicator final : public ringzero::communicator {
     ringzero::detail::check_peer(*this, to, "send to");
     ringzero::detail::check_peer(*this, from, "receive from");
     ensure_alive();
-    cudart::use_device(device_);
+    primitive::cudart::use_device(device_);
     group_send_recv(send, send_bytes, to, recv, recv_bytes, from);
     watch_transfer();
   }
@@ -250,10 +251,10 @@ class communicator final : public ringzero::communicator {
     ringzero::detail::check_peer(*this, to, "send to");
     ringzero::detail::check_peer(*this, from, "receive from");
     ensure_alive();
-    cudart::use_device(device_);
+    primitive::cudart::use_device(device_);
     void* staging = nullptr;
     if (from >= 0 && bytes != 0)
-      staging = workspace_.get(cudart::device_workspace::staging_slot, static_cast<std::size_t>(bytes));
+      staging = workspace_.get(primitive::cudart::device_workspace::staging_slot, static_cast<std::size_t>(bytes));
     group_send_recv(send, send_bytes, to, staging, from >= 0 ? bytes : 0, from);
     if (staging != nullptr) combine(acc, own, staging, bytes / combine.element_size);
     watch_transfer();
@@ -261,7 +262,7 @@ class communicator final : public ringzero::communicator {
 
   void run_native(const collective_descriptor& d) override {
     ensure_alive();
-    cudart::use_device(device_);
+    primitive::cudart::use_device(device_);
     const ncclDataType_t t = nccl_type(d.type);
     cudaStream_t s = stream_.get();
     if (world_size() == 1 && is_reduction(d.kind) &&
@@ -305,7 +306,7 @@ class communicator final : public ringzero::communicator {
     const std::uint64_t bytes = d.count * dtype_size(d.type);
     if (d.op.kind == reduce_kind::avg) {
       if (d.recv != d.send && bytes > 0)
-        cudart::check(
+        primitive::cudart::check(
             cudaMemcpyAsync(d.recv, d.send, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, stream_.get()),
             "cudaMemcpyAsync (world of one, avg)");
       return;
@@ -360,7 +361,8 @@ class communicator final : public ringzero::communicator {
       : ringzero::communicator(s.rank, s.size),
         device_(s.device),
         options_(opts),
-        stream_(opts.stream ? cudart::stream::borrow(opts.stream) : cudart::stream::create(s.device)),
+        stream_(opts.stream ? primitive::cudart::stream::borrow(opts.stream)
+                            : primitive::cudart::stream::create(s.device)),
         workspace_(s.device, stream_.get()),
         comm_(comm),
         owned_(owned) {
@@ -378,7 +380,7 @@ class communicator final : public ringzero::communicator {
   }
 
   static int checked_device(int device) {
-    cudart::require_device_index(device, "nccl::communicator");
+    primitive::cudart::require_device_index(device, "nccl::communicator");
     return device;
   }
 
@@ -516,7 +518,7 @@ class communicator final : public ringzero::communicator {
 
   /// Polls the stream until its work is done (see `synchronize`).
   void wait_stream(const char* what) {
-    cudart::use_device(device_);
+    primitive::cudart::use_device(device_);
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
     auto pause = std::chrono::microseconds(1);
@@ -531,7 +533,8 @@ class communicator final : public ringzero::communicator {
       }
       if (e != cudaErrorNotReady) {
         (void)cudaGetLastError();
-        const std::string msg = std::string(what) + ": device work on the NCCL stream failed: " + cudart::error_text(e);
+        const std::string msg =
+            std::string(what) + ": device work on the NCCL stream failed: " + primitive::cudart::error_text(e);
         abort_with(errc::backend_failure, msg);
         raise(errc::backend_failure, msg);
       }
@@ -606,7 +609,7 @@ class communicator final : public ringzero::communicator {
   /// NCCL has no barrier: a one-element all-reduce, then the host waits for the stream (as
   /// PyTorch's barrier does), so every rank returns only once every rank has entered it.
   void native_barrier() {
-    void* flag = workspace_.get(cudart::device_workspace::staging_slot, sizeof(std::int32_t));
+    void* flag = workspace_.get(primitive::cudart::device_workspace::staging_slot, sizeof(std::int32_t));
     cudaStream_t s = stream_.get();
     call("ncclAllReduce (barrier)", [&] { return ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm_, s); });
     wait_stream("barrier");
@@ -630,18 +633,19 @@ class communicator final : public ringzero::communicator {
     mine.invalid_code = static_cast<std::uint8_t>(d.invalid_code);
     std::strncpy(mine.invalid, d.invalid.c_str(), sizeof mine.invalid - 1);
     std::vector<wire_descriptor> all(static_cast<std::size_t>(n));
-    auto* dev = static_cast<unsigned char*>(
-        workspace_.get(cudart::device_workspace::staging_slot, sizeof(wire_descriptor) * static_cast<std::size_t>(n)));
+    auto* dev = static_cast<unsigned char*>(workspace_.get(primitive::cudart::device_workspace::staging_slot,
+                                                           sizeof(wire_descriptor) * static_cast<std::size_t>(n)));
     cudaStream_t s = stream_.get();
-    cudart::check(cudaMemcpyAsync(dev + sizeof(wire_descriptor) * static_cast<std::size_t>(rank()), &mine, sizeof mine,
-                                  cudaMemcpyHostToDevice, s),
-                  "cudaMemcpyAsync (contract check)");
+    primitive::cudart::check(cudaMemcpyAsync(dev + sizeof(wire_descriptor) * static_cast<std::size_t>(rank()), &mine,
+                                             sizeof mine, cudaMemcpyHostToDevice, s),
+                             "cudaMemcpyAsync (contract check)");
     call("ncclAllGather (contract check)", [&] {
       return ncclAllGather(dev + sizeof(wire_descriptor) * static_cast<std::size_t>(rank()), dev,
                            sizeof(wire_descriptor), ncclUint8, comm_, s);
     });
-    cudart::check(cudaMemcpyAsync(all.data(), dev, sizeof(wire_descriptor) * all.size(), cudaMemcpyDeviceToHost, s),
-                  "cudaMemcpyAsync (contract check)");
+    primitive::cudart::check(
+        cudaMemcpyAsync(all.data(), dev, sizeof(wire_descriptor) * all.size(), cudaMemcpyDeviceToHost, s),
+        "cudaMemcpyAsync (contract check)");
     wait_stream("contract check");
     for (std::size_t r = 0; r < all.size(); ++r)
       if (all[r].layout != wire_layout) {
@@ -709,11 +713,12 @@ class communicator final : public ringzero::communicator {
         free_events_.pop_back();
       }
     }
-    if (e == nullptr) cudart::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    if (e == nullptr)
+      primitive::cudart::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     const cudaError_t r = cudaEventRecord(e, stream_.get());
     if (r != cudaSuccess) {
       (void)cudaEventDestroy(e);
-      cudart::check(r, "cudaEventRecord");
+      primitive::cudart::check(r, "cudaEventRecord");
     }
     std::lock_guard<std::mutex> lock(pending_mutex_);
     pending_.push_back(pending_work{e, kind, sequence, std::chrono::steady_clock::now()});
@@ -760,8 +765,8 @@ class communicator final : public ringzero::communicator {
           }
           if (e != cudaErrorNotReady) {
             (void)cudaGetLastError();
-            late = "device work of " + describe(w) + " failed: " + cudart::error_text(e);
-            late_code = cudart::errc_of(e);
+            late = "device work of " + describe(w) + " failed: " + primitive::cudart::error_text(e);
+            late_code = primitive::cudart::errc_of(e);
             break;
           }
           (void)cudaGetLastError();
@@ -816,8 +821,8 @@ class communicator final : public ringzero::communicator {
 
   int device_;
   options options_;
-  cudart::stream stream_;
-  cudart::device_workspace workspace_;
+  primitive::cudart::stream stream_;
+  primitive::cudart::device_workspace workspace_;
   ncclComm_t comm_ = nullptr;
   bool owned_ = false;
   bool check_contract_ = false;

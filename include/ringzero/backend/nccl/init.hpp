@@ -15,10 +15,10 @@
 #include <utility>
 #include <vector>
 
-#include "ringzero/backend/cuda/runtime.hpp"
 #include "ringzero/backend/launch_env.hpp"
 #include "ringzero/backend/nccl/communicator.hpp"
 #include "ringzero/backend/nccl/id_file.hpp"
+#include "ringzero/primitive/cudart/runtime.hpp"
 
 #if RINGZERO_HAS_MPI
 #ifndef OMPI_SKIP_MPICXX
@@ -36,7 +36,7 @@ namespace ringzero::nccl {
 /// one NCCL group. Devices must be distinct (NCCL refuses two ranks on one GPU); each rank gets
 /// its own stream (`opts.stream` must be unset). Returns once every rank exists.
 inline std::vector<std::unique_ptr<communicator>> init_all(const std::vector<int>& devices, const options& opts = {}) {
-  const int count = cudart::require_device("nccl::init_all");
+  const int count = primitive::cudart::require_device("nccl::init_all");
   if (devices.empty()) throw error(errc::invalid_argument, "nccl::init_all: no devices given");
   if (opts.stream != nullptr)
     throw error(errc::invalid_argument, "nccl::init_all: options::stream cannot serve several ranks; leave it unset");
@@ -60,7 +60,7 @@ inline std::vector<std::unique_ptr<communicator>> init_all(const std::vector<int
   std::vector<ncclComm_t> comms(devices.size(), nullptr);
   ncclResult_t first = ncclGroupStart();
   for (int i = 0; i < n && first == ncclSuccess; ++i) {
-    cudart::use_device(devices[static_cast<std::size_t>(i)]);
+    primitive::cudart::use_device(devices[static_cast<std::size_t>(i)]);
     first = ncclCommInitRankConfig(&comms[static_cast<std::size_t>(i)], n, uid, i, &config);
   }
   const ncclResult_t end = ncclGroupEnd();
@@ -121,7 +121,7 @@ void launch(const std::vector<int>& devices, F&& fn, const options& opts = {}) {
   for (std::size_t i = 0; i < comms.size(); ++i) {
     threads.emplace_back([&, i] {
       try {
-        cudart::use_device(comms[i]->device());
+        primitive::cudart::use_device(comms[i]->device());
         fn(*comms[i]);
         comms[i]->synchronize();
       } catch (...) {
@@ -138,7 +138,7 @@ void launch(const std::vector<int>& devices, F&& fn, const options& opts = {}) {
 
 /// The device of a rank with local rank `local_rank`: local_rank % device count.
 inline int device_for_local_rank(int local_rank, const std::string& who) {
-  const int count = cudart::require_device(who);
+  const int count = primitive::cudart::require_device(who);
   return local_rank % count;
 }
 
@@ -218,7 +218,7 @@ inline std::unique_ptr<communicator> init_with_mpi(MPI_Comm mpi, const options& 
   MPI_Comm_rank(node, &local_rank);
   MPI_Comm_free(&node);
   std::string why;
-  const int count = cudart::device_count(&why);
+  const int count = primitive::cudart::device_count(&why);
   // the lowest rank without a device (size when every rank has one)
   int missing = count > 0 ? size : rank, first_missing = size;
   MPI_Allreduce(&missing, &first_missing, 1, MPI_INT, MPI_MIN, mpi);

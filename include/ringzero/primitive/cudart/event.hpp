@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// `cudart::event`: an owned CUDA event without timing (the cheapest kind), used to order one
+/// `primitive::cudart::event`: an owned CUDA event without timing (the cheapest kind), used to order one
 /// stream's work after another's (`cudaEventRecord` on the producer, `cudaStreamWaitEvent` on
 /// the consumer) across the ranks of one process, also across devices.
 ///
@@ -11,7 +11,7 @@
 
 #include "ringzero/primitive/cudart/runtime.hpp"
 
-namespace ringzero::cudart {
+namespace ringzero::primitive::cudart {
 
 /// An owned `cudaEvent_t` created with `cudaEventDisableTiming` on a given device.
 class event {
@@ -67,4 +67,4 @@ inline void stream_wait(cudaStream_t stream, cudaEvent_t e) {
   check(cudaStreamWaitEvent(stream, e, 0), "cudaStreamWaitEvent");
 }
 
-}  // namespace ringzero::cudart
+}  // namespace ringzero::primitive::cudart

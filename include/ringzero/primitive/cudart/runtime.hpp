@@ -22,7 +22,7 @@
 
 #include "ringzero/core/error.hpp"
 
-namespace ringzero::cudart {
+namespace ringzero::primitive::cudart {
 
 /// "cudaErrorMemoryAllocation: out of memory" for `e`.
 inline std::string error_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
@@ -120,4 +120,4 @@ class device_guard {
   bool changed_ = false;
 };
 
-}  // namespace ringzero::cudart
+}  // namespace ringzero::primitive::cudart

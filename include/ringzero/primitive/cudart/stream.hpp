@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// `cudart::stream`: the CUDA stream a communicator orders its work on, either created (and
+/// `primitive::cudart::stream`: the CUDA stream a communicator orders its work on, either created (and
 /// destroyed) by ringzero or borrowed from the caller (never destroyed).
 ///
 /// Created streams are non-blocking (`cudaStreamNonBlocking`): they do not synchronise with the
@@ -10,7 +10,7 @@
 
 #include "ringzero/primitive/cudart/runtime.hpp"
 
-namespace ringzero::cudart {
+namespace ringzero::primitive::cudart {
 
 /// An owned or borrowed `cudaStream_t`.
 class stream {
@@ -67,4 +67,4 @@ class stream {
   bool owned_ = false;
 };
 
-}  // namespace ringzero::cudart
+}  // namespace ringzero::primitive::cudart

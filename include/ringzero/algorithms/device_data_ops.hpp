@@ -17,7 +17,7 @@
 #include <deque>
 #include <string>
 
-#include "ringzero/algorithm/data_ops.hpp"
+#include "ringzero/algorithms/data_ops.hpp"
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 

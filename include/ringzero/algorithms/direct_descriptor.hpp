@@ -4,9 +4,9 @@
 /// peers' buffers in place; the local backend), the schedules of algorithm/direct.hpp, and their
 /// cost in memory traffic (mu) and direct's L1 tile (cache). docs/algorithms.md has the table.
 
-#include "ringzero/algorithm/algorithm_descriptor.hpp"
-#include "ringzero/algorithm/cost_terms.hpp"
-#include "ringzero/algorithm/direct.hpp"
+#include "ringzero/algorithms/algorithm_descriptor.hpp"
+#include "ringzero/algorithms/cost_terms.hpp"
+#include "ringzero/algorithms/direct.hpp"
 
 namespace ringzero::algorithms {
 

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ringzero/algorithm/algorithm_descriptor.hpp"
-#include "ringzero/algorithm/cost_terms.hpp"
-#include "ringzero/algorithm/ring.hpp"
+#include "ringzero/algorithms/algorithm_descriptor.hpp"
+#include "ringzero/algorithms/cost_terms.hpp"
+#include "ringzero/algorithms/ring.hpp"
 
 namespace ringzero::algorithms {
 

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// `cudart::device_workspace`: scratch memory on one CUDA device, owned by a communicator,
+/// `primitive::cudart::device_workspace`: scratch memory on one CUDA device, owned by a communicator,
 /// allocated once and reused (the device counterpart of core/workspace_pool.hpp).
 ///
 /// A slot grows (to the request rounded up to 2 MiB) only when a request exceeds it. Growing
@@ -13,14 +13,14 @@
 #include <cstddef>
 #include <string>
 
-#include "ringzero/backend/cuda/runtime.hpp"
+#include "ringzero/primitive/cudart/runtime.hpp"
 
-namespace ringzero::cudart {
+namespace ringzero::primitive::cudart {
 
 /// A few numbered device buffers on one device, each grown on demand and kept.
 class device_workspace {
  public:
-  /// Number of slots (the algorithms use slots 0..5 of algorithm/call.hpp through
+  /// Number of slots (the algorithms use slots 0..5 of algorithms/call.hpp through
   /// `communicator::scratch`; backends use the last one for staging received data).
   static constexpr int slot_count = 7;
   /// The slot backends use for staging.
@@ -100,4 +100,4 @@ class device_workspace {
   std::array<slot_storage, slot_count> slots_{};
 };
 
-}  // namespace ringzero::cudart
+}  // namespace ringzero::primitive::cudart

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "ringzero/algorithm/call.hpp"
+#include "ringzero/algorithms/call.hpp"
 
 namespace ringzero::algorithms {
 

@@ -1,7 +1,7 @@
 // The device data path of the collectives, checked on the CPU: a local communicator that says
 // its buffers are CUDA memory (memory_space::cuda), and a table of "device primitives" that run
 // the host primitives. The collectives must then route every copy, combine, scale and cast through
-// the table on the communicator's stream (algorithm/device_data_ops.hpp) and give exactly the
+// the table on the communicator's stream (algorithms/device_data_ops.hpp) and give exactly the
 // host backend's results; without a table they must refuse on every rank, and a failing
 // "kernel" must raise errc::backend_failure naming it.
 #include <doctest/doctest.h>
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "ringzero/algorithm/device_data_ops.hpp"
+#include "ringzero/algorithms/device_data_ops.hpp"
 #include "ringzero/primitive/cast.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 #include "ringzero/primitive/fill.hpp"

@@ -7,10 +7,10 @@
 
 #include <algorithm>
 
-#include "ringzero/algorithm/algorithm_descriptor.hpp"
-#include "ringzero/algorithm/cost_terms.hpp"
-#include "ringzero/algorithm/halving_doubling.hpp"
-#include "ringzero/algorithm/ring.hpp"
+#include "ringzero/algorithms/algorithm_descriptor.hpp"
+#include "ringzero/algorithms/cost_terms.hpp"
+#include "ringzero/algorithms/halving_doubling.hpp"
+#include "ringzero/algorithms/ring.hpp"
 
 namespace ringzero::algorithms {
 

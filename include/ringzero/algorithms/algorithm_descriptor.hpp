@@ -9,7 +9,7 @@
 #include <span>
 #include <string_view>
 
-#include "ringzero/algorithm/call.hpp"
+#include "ringzero/algorithms/call.hpp"
 #include "ringzero/core/algorithm.hpp"
 
 namespace ringzero::algorithms {

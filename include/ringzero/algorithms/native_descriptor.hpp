@@ -5,7 +5,7 @@
 /// It has no cost formula: the model picks it only when the backend prefers it
 /// (communicator::prefers_native) or when no other algorithm is available.
 
-#include "ringzero/algorithm/algorithm_descriptor.hpp"
+#include "ringzero/algorithms/algorithm_descriptor.hpp"
 
 namespace ringzero::algorithms {
 

@@ -2,14 +2,14 @@
 /// @file
 /// The `direct` algorithm: shared-memory collectives in which each rank reads its peers' buffers
 /// in place (local backend only, between `begin` and `end`).
-/// The manual: docs/algorithms.md, "Header notes", `ringzero/algorithm/direct.hpp`.
+/// The manual: docs/algorithms.md, "Header notes", `ringzero/algorithms/direct.hpp`.
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 
-#include "ringzero/algorithm/call.hpp"
-#include "ringzero/algorithm/float32_accumulation.hpp"
+#include "ringzero/algorithms/call.hpp"
+#include "ringzero/algorithms/float32_accumulation.hpp"
 
 namespace ringzero::algorithms {
 

@@ -6,11 +6,11 @@
 
 #include <span>
 
-#include "ringzero/algorithm/algorithm_descriptor.hpp"
-#include "ringzero/algorithm/direct_descriptor.hpp"
-#include "ringzero/algorithm/halving_doubling_descriptor.hpp"
-#include "ringzero/algorithm/native_descriptor.hpp"
-#include "ringzero/algorithm/ring_descriptor.hpp"
+#include "ringzero/algorithms/algorithm_descriptor.hpp"
+#include "ringzero/algorithms/direct_descriptor.hpp"
+#include "ringzero/algorithms/halving_doubling_descriptor.hpp"
+#include "ringzero/algorithms/native_descriptor.hpp"
+#include "ringzero/algorithms/ring_descriptor.hpp"
 
 namespace ringzero::algorithms {
 

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "ringzero/algorithm/data_ops.hpp"
-#include "ringzero/algorithm/partition.hpp"
+#include "ringzero/algorithms/data_ops.hpp"
+#include "ringzero/algorithms/partition.hpp"
 #include "ringzero/backend/communicator.hpp"
 
 namespace ringzero::algorithms {

@@ -4,7 +4,7 @@
 /// model; Thakur, Rabenseifner & Gropp 2005), from a world size, the bytes S and a link model.
 /// The formulas themselves sit in each algorithm's descriptor; docs/algorithms.md has the table.
 
-#include "ringzero/algorithm/partition.hpp"
+#include "ringzero/algorithms/partition.hpp"
 #include "ringzero/backend/communicator.hpp"
 
 namespace ringzero::algorithms {

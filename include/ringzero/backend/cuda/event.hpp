@@ -1,6 +1,0 @@
-#pragma once
-/// @file
-/// Moved to ringzero/primitive/cudart/event.hpp (the CUDA runtime wrappers sit below backend/, in the
-/// memory-and-stream layer); this header stays for code that includes the old path.
-
-#include "ringzero/primitive/cudart/event.hpp"
