@@ -77,7 +77,7 @@ trajectory reference(const dataset& d, const std::string& opt_name) {
 enum class variant { copy, view, view_rebuild, copy_rebuild };
 
 /// N-rank DDP: rank r's micro-step m of step s uses rows s*G + (m*N + r)*b .. + b.
-std::vector<trajectory> ddp(const dataset& d, int n, int k, const std::string& opt_name, variant v) {
+std::vector<trajectory> ddp_runs(const dataset& d, int n, int k, const std::string& opt_name, variant v) {
   std::vector<trajectory> per_rank(static_cast<std::size_t>(n));
   auto out = run_ranks(n, [&](communicator& comm) {
     mlp model(kWidths, 11 + 100 * static_cast<std::uint64_t>(comm.rank()));  // rank 0's values are broadcast
@@ -151,7 +151,7 @@ TEST_CASE("N-rank DDP equals 1-rank training on the same global batch (N = 1..4)
           CAPTURE(n);
           CAPTURE(k);
           CAPTURE(static_cast<int>(v));
-          const auto runs = ddp(d, n, k, opt_name, v);
+          const auto runs = ddp_runs(d, n, k, opt_name, v);
           for (int s = 0; s < kSteps; ++s)
             CHECK(std::fabs(runs[0].losses[static_cast<std::size_t>(s)] - ref.losses[static_cast<std::size_t>(s)]) <=
                   1e-5 * std::fabs(ref.losses[static_cast<std::size_t>(s)]));
