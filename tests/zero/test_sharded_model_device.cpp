@@ -172,6 +172,9 @@ class claims_cuda_stream final : public execution_stream {
   void wait_host(const event&) override { fail<void>(); }
   void synchronize() override { fail<void>(); }
   bool runs_host_work() const noexcept override { return false; }
+  void add_sum_of_squares(double*, const void*, std::uint64_t, dtype) override { fail<void>(); }
+  void decide_step(step_scalars*, double, bool) override { fail<void>(); }
+  void update_shard(const shard_update&, const step_scalars*) override { fail<void>(); }
   void copy(void*, const void*, std::uint64_t) override { fail<void>(); }
   void fill(void*, std::uint64_t, dtype, double) override { fail<void>(); }
   void reduce(void*, const void*, const void*, std::uint64_t, const primitive::reduce_spec&) override { fail<void>(); }
