@@ -2,7 +2,8 @@
 /// @file
 /// The CUDA umbrella header, for .cu files compiled by nvcc: every CUDA primitive
 /// (`ringzero::primitive::device::reduce_into`, `cast`, `scale`, `fill`, on a `cudaStream_t`)
-/// and their registration for the rest of the program (see primitive/device_primitives.hpp).
+/// and their registration for the rest of the program (see primitive/device_primitives.hpp), and
+/// the ZeRO step's kernels (zero/optimizer_kernels.cuh).
 ///
 /// A program that runs ringzero's own algorithms (ring, halving_doubling) on CUDA device memory
 /// — the local backend with `local::launch_cuda`, or the NCCL backend with an algorithm other
@@ -24,3 +25,4 @@
 #include "ringzero/primitive/fill.cuh"
 #include "ringzero/primitive/reduce_into.cuh"
 #include "ringzero/primitive/scale.cuh"
+#include "ringzero/zero/optimizer_kernels.cuh"

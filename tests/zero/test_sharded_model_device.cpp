@@ -6,10 +6,12 @@
 // Suite device-sim (also run with RINGZERO_HOST_STREAM_DELAY_US set).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -172,6 +174,9 @@ class claims_cuda_stream final : public execution_stream {
   void wait_host(const event&) override { fail<void>(); }
   void synchronize() override { fail<void>(); }
   bool runs_host_work() const noexcept override { return false; }
+  void add_sum_of_squares(double*, const void*, std::uint64_t, dtype) override { fail<void>(); }
+  void decide_step(step_scalars*, double, bool) override { fail<void>(); }
+  void update_shard(const shard_update&, const step_scalars*) override { fail<void>(); }
   void copy(void*, const void*, std::uint64_t) override { fail<void>(); }
   void fill(void*, std::uint64_t, dtype, double) override { fail<void>(); }
   void reduce(void*, const void*, const void*, std::uint64_t, const primitive::reduce_spec&) override { fail<void>(); }
@@ -487,7 +492,100 @@ std::vector<std::vector<float>> train_bfloat16(sharded_model& model, int rank, i
   return out;
 }
 
+/// A float32 training loop in which the last rank's first trainable gradient element is +inf at
+/// step `overflow` (the global norm is not finite on every rank); `run` as for train_bfloat16.
+template <class Run>
+std::vector<std::vector<float>> train_overflowing(sharded_model& model, int rank, int world, int steps, int overflow,
+                                                  Run run, std::vector<step_result>& results) {
+  const auto& plan = model.plan();
+  const auto& params = plan.parameters();
+  set_initial_parameters(model);
+  for (int step = 0; step < steps; ++step) {
+    for (std::size_t u = 0; u < model.unit_count(); ++u) {
+      model.pre_forward(u);
+      model.post_forward(u);
+    }
+    bool poisoned = false;
+    for (std::size_t u = model.unit_count(); u-- > 0;) {
+      model.pre_backward(u);
+      for (std::size_t p : plan.units()[u].members) {
+        if (!params[p].trainable || plan.placements()[p].numel == 0) continue;
+        const std::span<float> w = model.parameter<float>(p);
+        const std::span<float> g = model.gradient<float>(p);
+        const std::size_t s = plan.placements()[p].storage;
+        const int use = use_of(params[p].name);
+        const bool poison = step == overflow && rank == world - 1 && !poisoned;
+        poisoned = poisoned || poison;
+        run([=] {
+          for (std::size_t j = 0; j < g.size(); ++j) g[j] += gradient_term(rank, 0, step, s, j, use, w[j], 0, false);
+          if (poison) g[0] = std::numeric_limits<float>::infinity();
+        });
+      }
+      model.post_backward(u);
+    }
+    model.end_backward();
+    results.push_back(model.step());
+  }
+  std::vector<std::vector<float>> out(params.size());
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    out[p].resize(plan.placements()[p].numel);
+    model.read_parameter(p, out[p]);
+  }
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("device path: a non-finite gradient norm skips the step (or not), clipping on, bitwise the host runtime") {
+  // The decision is made on the communication stream from the all_reduced sum of squares; a
+  // skipped step updates nothing, does not count, and (stages 1-2) regathers unchanged shards.
+  const auto optimizers = test_optimizers();
+  for (int world : {1, 2, 3})
+    for (int stage = 0; stage <= 3; ++stage)
+      for (bool skip : {true, false}) {
+        CAPTURE(world);
+        CAPTURE(stage);
+        CAPTURE(skip);
+        const std::size_t n = static_cast<std::size_t>(world);
+        std::vector<std::vector<std::vector<float>>> host(n), device(n);
+        std::vector<std::vector<step_result>> host_steps(n), device_steps(n);
+        local::launch(world, [&](communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          sharded_model_options options;
+          options.optimizer = optimizers[static_cast<std::size_t>(world + stage) % optimizers.size()];
+          options.max_grad_norm = 1.0;
+          options.skip_nonfinite_steps = skip;
+          const plan_request q = device_request(stage, 1, options.optimizer);
+          {
+            sharded_model model(comm, q, options);
+            host[r] = train_overflowing(
+                model, comm.rank(), world, 4, 1, [](const auto& work) { work(); }, host_steps[r]);
+          }
+          primitive::host_stream compute;
+          host_execution_stream stream(compute);
+          sharded_model model(comm, q, device_context{&stream}, options);
+          device[r] = train_overflowing(
+              model, comm.rank(), world, 4, 1, [&](const auto& work) { compute.enqueue(work); }, device_steps[r]);
+          compute.synchronize();
+        });
+        for (std::size_t r = 0; r < n; ++r) {
+          CAPTURE(r);
+          CHECK(bitwise_equal(device[r], host[r]));
+          REQUIRE(device_steps[r].size() == 4);
+          REQUIRE(host_steps[r].size() == 4);
+          for (std::size_t t = 0; t < 4; ++t) CHECK(same_result(device_steps[r][t], host_steps[r][t]));
+          CHECK(std::isinf(device_steps[r][1].gradient_norm));
+          CHECK(device_steps[r][1].skipped == skip);
+          CHECK(device_steps[r][3].steps == (skip ? 3u : 4u));
+          CHECK(device_steps[r][0].clip_coefficient < 1);  // the test model's norm is above 1
+          if (skip) {
+            for (std::size_t t : {2u, 3u}) CHECK(std::isfinite(device_steps[r][t].gradient_norm));
+            for (const auto& values : device[r])
+              for (float x : values) CHECK(std::isfinite(x));
+          }
+        }
+      }
+}
 
 TEST_CASE("device path: bfloat16 parameters and gradients with float32 master weights, bitwise the host runtime") {
   for (int world : {1, 2, 3})

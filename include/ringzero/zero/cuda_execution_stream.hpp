@@ -3,8 +3,11 @@
 /// `zero::cuda_execution_stream`: the CUDA implementation of `zero::execution_stream` over a
 /// `primitive::cuda_stream` (borrowed). Memory operations run the registered CUDA kernels;
 /// collectives are issued on the caller's thread and enqueued by the communicator on its own
-/// stream, which is the runtime's communication stream; `host_work` throws errc::unsupported
-/// (the optimizer step has no CUDA kernels yet; docs/zero.md, "The device path").
+/// stream, which is the runtime's communication stream; the step's operations run the kernels
+/// of zero/optimizer_kernels.cuh (registered by <ringzero/cuda.cuh>; errc::unsupported without
+/// them), the sum of squares through 256 float64 partials of device memory this stream owns
+/// (allocated at its first use); `host_work` throws errc::unsupported (host code cannot touch
+/// device memory; docs/zero.md, "The device path"). CUDA errors: errc::backend_failure.
 /// Needs cudart (RINGZERO_HAS_CUDA=1). Thread safety: as CUDA's streams and events.
 
 #include <functional>
@@ -12,7 +15,9 @@
 #include <string>
 
 #include "ringzero/primitive/cuda_stream.hpp"
+#include "ringzero/primitive/memory_space.hpp"
 #include "ringzero/zero/execution_stream.hpp"
+#include "ringzero/zero/optimizer_kernels.hpp"
 
 namespace ringzero::zero {
 
@@ -51,9 +56,25 @@ class cuda_execution_stream final : public execution_stream {
               const primitive::reduce_spec& spec) override {
     primitive::enqueue_reduce(*stream_, dst, a, b, count, spec);
   }
+  void add_sum_of_squares(double* sum, const void* values, std::uint64_t count, dtype type) override {
+    const optimizer_kernels& k = kernels_on_device();
+    if (partials_.size_bytes() == 0)
+      partials_ = primitive::memory_buffer::allocate(primitive::memory_space::device,
+                                                     sum_of_squares_partials * sizeof(double), stream_->device());
+    launched(k.add_sum_of_squares(sum, values, count, type, static_cast<double*>(partials_.data()), stream_->get()),
+             "the gradient's sum of squares");
+  }
+  void decide_step(step_scalars* s, double max_grad_norm, bool skip_nonfinite) override {
+    const optimizer_kernels& k = kernels_on_device();
+    launched(k.decide_step(s, max_grad_norm, skip_nonfinite, stream_->get()), "the step's decision");
+  }
+  void update_shard(const shard_update& u, const step_scalars* s) override {
+    const optimizer_kernels& k = kernels_on_device();
+    launched(k.update_shard(u, s, stream_->get()), "the optimizer update of a shard");
+  }
   void host_work(std::function<void()>, const std::string& what) override {
     throw error(errc::unsupported, "zero::sharded_model on a CUDA stream: " + what +
-                                       " has no CUDA kernel yet (the device path runs it on the host stream only)");
+                                       " is host code, which cannot run on device memory (it has no CUDA kernel)");
   }
   void collective(std::function<void()> issue) override { issue(); }
 
@@ -62,7 +83,21 @@ class cuda_execution_stream final : public execution_stream {
     explicit cuda_event_box(int device) : native(device) {}
     primitive::cuda_event native;
   };
+  /// The registered kernels, the stream's device made current on the calling thread.
+  const optimizer_kernels& kernels_on_device() const {
+    const optimizer_kernels& k = require_optimizer_kernels();
+    launched(primitive::require_device_primitives().set_device(stream_->device()), "cudaSetDevice");
+    return k;
+  }
+  /// Throws errc::backend_failure for a failed launch (`code`, a cudaError_t).
+  void launched(int code, const char* what) const {
+    if (code == 0) return;
+    const primitive::device_primitives& p = primitive::require_device_primitives();
+    throw error(errc::backend_failure, std::string("zero::sharded_model on a CUDA stream: launching ") + what +
+                                           " failed: " + p.error_name(code) + ": " + p.error_string(code));
+  }
   std::unique_ptr<primitive::cuda_stream> owned_;
+  primitive::memory_buffer partials_;  ///< the sum of squares' scratch (device memory)
   primitive::cuda_stream* stream_;
 };
 

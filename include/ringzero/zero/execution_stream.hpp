@@ -4,6 +4,8 @@
 /// written against (events, memory operations, host work, collectives), with the host
 /// implementation `host_execution_stream` over a `primitive::host_stream` (the simulated device
 /// of CI) and `device_context`, what a trainer hands `sharded_model` to run its device path.
+/// The step's operations (sum of squares, decision, shard update) run zero/shard_update.hpp's
+/// host code on the host stream and zero/optimizer_kernels.cuh's kernels on CUDA.
 /// The CUDA implementation is zero/cuda_execution_stream.hpp (needs cudart).
 /// Errors: the host stream's (docs/streams.md); `host_work` on a stream that cannot run host
 /// code on its memory throws errc::unsupported. Thread safety: as the wrapped stream.
@@ -20,6 +22,7 @@
 #include "ringzero/primitive/memory_ops.hpp"
 #include "ringzero/primitive/memory_space.hpp"
 #include "ringzero/primitive/reduce.hpp"
+#include "ringzero/zero/shard_update.hpp"
 
 namespace ringzero::zero {
 
@@ -70,6 +73,13 @@ class execution_stream {
   virtual void fill(void* dst, std::uint64_t count, dtype type, double value) = 0;
   virtual void reduce(void* dst, const void* a, const void* b, std::uint64_t count,
                       const primitive::reduce_spec& spec) = 0;
+  /// The optimizer step's operations on the stream's memory (zero/shard_update.hpp): `*sum +=`
+  /// the float64 sum of squares of `count` gradients of `type` (float32, bfloat16, float16);
+  /// `detail::decide_step(*s, ...)`; and `u` applied with the gradients multiplied by
+  /// `float(s->clip_coefficient)`, nothing when `s->skipped` (both read when the work runs).
+  virtual void add_sum_of_squares(double* sum, const void* values, std::uint64_t count, dtype type) = 0;
+  virtual void decide_step(step_scalars* s, double max_grad_norm, bool skip_nonfinite) = 0;
+  virtual void update_shard(const shard_update& u, const step_scalars* s) = 0;
   /// Whether `host_work` runs (true for the host kind).
   virtual bool runs_host_work() const noexcept = 0;
   /// Host code reading and writing the stream's memory, run in order (host kind); errc::unsupported
@@ -116,6 +126,17 @@ class host_execution_stream final : public execution_stream {
   void reduce(void* dst, const void* a, const void* b, std::uint64_t count,
               const primitive::reduce_spec& spec) override {
     primitive::enqueue_reduce(*stream_, dst, a, b, count, spec);
+  }
+  void add_sum_of_squares(double* sum, const void* values, std::uint64_t count, dtype type) override {
+    stream_->enqueue([=] { *sum += detail::sum_of_squares(values, count, type); });
+  }
+  void decide_step(step_scalars* s, double max_grad_norm, bool skip_nonfinite) override {
+    stream_->enqueue([=] { detail::decide_step(*s, max_grad_norm, skip_nonfinite); });
+  }
+  void update_shard(const shard_update& u, const step_scalars* s) override {
+    stream_->enqueue([u, s] {
+      if (s->skipped == 0) detail::update_shard(u, static_cast<float>(s->clip_coefficient));
+    });
   }
   void host_work(std::function<void()> work, const std::string&) override { stream_->enqueue(std::move(work)); }
   void collective(std::function<void()> issue) override { stream_->enqueue(std::move(issue)); }

@@ -145,62 +145,7 @@ struct optimizer_options {
   }
 };
 
-namespace detail {
-
-/// Applies one step (number `step`, counting from 1) of `o` to `count` elements: weights `w`
-/// (float32, updated in place), gradients `g` (any type convertible to float, multiplied by
-/// `grad_scale`), and state arrays `s0`, `s1` (momentum buffer; or Adam's exp_avg and exp_avg_sq).
-template <class G>
-void apply_update(const optimizer_options& o, std::uint64_t step, float* w, const G* g, float grad_scale, float* s0,
-                  float* s1, std::uint64_t count) noexcept {
-  const float lr = static_cast<float>(o.lr);
-  const float wd = static_cast<float>(o.weight_decay);
-  switch (o.kind) {
-    case optimizer_kind::sgd: {
-      const float momentum = static_cast<float>(o.momentum);
-      const float keep = static_cast<float>(1.0 - o.dampening);
-      for (std::uint64_t j = 0; j < count; ++j) {
-        float d = static_cast<float>(g[j]) * grad_scale;
-        if (wd != 0) d += wd * w[j];
-        if (o.momentum != 0) {
-          float& b = s0[j];
-          b = step == 1 ? d : momentum * b + keep * d;
-          d = o.nesterov ? d + momentum * b : b;
-        }
-        w[j] -= lr * d;
-      }
-      return;
-    }
-    case optimizer_kind::adam:
-    case optimizer_kind::adamw: {
-      const bool decoupled = o.kind == optimizer_kind::adamw;
-      const double t = static_cast<double>(step);
-      const double correction1 = 1.0 - std::pow(o.beta1, t);
-      const double correction2 = 1.0 - std::pow(o.beta2, t);
-      const float step_size = static_cast<float>(o.lr / correction1);
-      const float correction2_sqrt = static_cast<float>(std::sqrt(correction2));
-      const float beta1 = static_cast<float>(o.beta1), beta2 = static_cast<float>(o.beta2);
-      const float one_minus_beta1 = static_cast<float>(1.0 - o.beta1),
-                  one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
-      const float eps = static_cast<float>(o.eps);
-      const float decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
-      for (std::uint64_t j = 0; j < count; ++j) {
-        float d = static_cast<float>(g[j]) * grad_scale;
-        if (decoupled)
-          w[j] *= decay;
-        else if (wd != 0)
-          d += wd * w[j];
-        float& m = s0[j];
-        float& v = s1[j];
-        m = beta1 * m + one_minus_beta1 * d;
-        v = beta2 * v + one_minus_beta2 * d * d;
-        const float denom = std::sqrt(v) / correction2_sqrt + eps;
-        w[j] -= step_size * (m / denom);
-      }
-      return;
-    }
-  }
-}
-
-}  // namespace detail
 }  // namespace ringzero::zero
+
+// The element-wise update (detail::apply_update), shared with the CUDA kernels.
+#include "ringzero/zero/shard_update.hpp"

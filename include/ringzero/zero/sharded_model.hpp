@@ -10,8 +10,8 @@
 /// step when plans, parameters or options differ. Thread semantics: one thread per rank; the
 /// collective calls in the same order on every rank. The device path (a `device_context`: the
 /// state in the compute stream's memory space, collectives on a communication stream, ordered
-/// by events) runs on the host stream (the simulated device of CI) and, without the optimizer
-/// step yet, on CUDA streams (zero/execution_stream.hpp).
+/// by events) runs on the host stream (the simulated device of CI) and on CUDA streams, the step
+/// as CUDA kernels there (zero/execution_stream.hpp, zero/optimizer_kernels.cuh).
 /// The manual (what each stage does, the loop, views, clipping, hybrid sharding, reproducible
 /// mode, memory): docs/zero.md, "The runtime in detail".
 
@@ -311,10 +311,6 @@ class sharded_model {
   /// accumulation_steps, or at stage 3 while a unit is gathered by a `pre_forward` /
   /// `pre_backward` not yet matched by its `post_forward` / `post_backward`.
   step_result step() {
-    if (comm_stream_ && !comm_stream_->runs_host_work())  // before anything changes
-      comm_.raise(errc::unsupported, std::string("zero::sharded_model: the optimizer step, gradient clipping and the "
-                                                 "non-finite check have no kernels for a ") +
-                                         comm_stream_->kind() + " yet (the device path steps on the host stream only)");
     const int steps = plan_.request().accumulation_steps;
     if (plan_.stage() == 3)
       // A unit gathered by a pre_* hook without its post_* would serve parameters from before
@@ -664,20 +660,7 @@ class sharded_model {
   }
 
   double sum_of_squares(std::size_t b) {
-    const flat_buffer& f = plan_.buffers()[b];
-    const std::uint64_t n = owned_range(b).size();
-    const unsigned char* g = owned_gradient(b);
-    double s = 0;
-    visit_dtype(f.gradient_type, [&]<class T>() {
-      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
-        const T* x = reinterpret_cast<const T*>(g);
-        for (std::uint64_t j = 0; j < n; ++j) {
-          const double v = static_cast<double>(static_cast<float>(x[j]));
-          s += v * v;
-        }
-      }
-    });
-    return s;
+    return detail::sum_of_squares(owned_gradient(b), owned_range(b).size(), plan_.buffers()[b].gradient_type);
   }
 
   void zero_gradients() {
@@ -867,8 +850,8 @@ class sharded_model {
   std::vector<std::unique_ptr<execution_stream::event>> bucket_free_event_;  ///< per bucket, on comm
   std::unique_ptr<execution_stream::event> compute_mark_;                    ///< scratch, on compute
   std::unique_ptr<execution_stream::event> comm_mark_;                       ///< scratch, on comm
-  double squares_ = 0;   ///< the step's sum of squared gradients (written by stream work)
-  step_result pending_;  ///< the step's result (written by stream work)
+  detail::host_buffer step_scalars_;  ///< a step_scalars in the stream's memory (written by stream work)
+  step_scalars decided_;              ///< the step's scalars read back to the host
   std::unique_ptr<execution_stream> comm_stream_;
 };
 

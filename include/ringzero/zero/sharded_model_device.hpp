@@ -2,7 +2,8 @@
 /// @file
 /// The device path of `zero::sharded_model`, defined out of the class: attaching a
 /// `device_context`, allocating in its memory space, stage 3 gathers, setting and reading
-/// parameters and the optimizer step as work on the communication stream. Included by
+/// parameters and the optimizer step as work on the communication stream (its operations:
+/// zero/execution_stream.hpp). Included by
 /// zero/sharded_model.hpp at its end; include that header, not this one. The manual:
 /// docs/zero.md, "The device path".
 
@@ -178,31 +179,45 @@ inline step_result sharded_model::step_on_streams() {
           all_reduce(*replica_, g, g, n, buffers[b].gradient_type, reduce_kind::avg, tag);
         });
       }
-  s.host_work(
-      [this, &buffers] {
-        squares_ = 0;
-        for (std::size_t b = 0; b < buffers.size(); ++b)
-          if (buffers[b].trainable) squares_ += sum_of_squares(b);
-      },
-      "the gradient norm");
+  // The norm, the decision and the update as stream operations (kernels on CUDA): the decision
+  // is read on the stream, so the host learns it only at the step's one wait below.
+  step_scalars* scalars = reinterpret_cast<step_scalars*>(step_scalars_.data());
+  s.fill(scalars, sizeof(step_scalars), dtype::uint8, 0);
+  for (std::size_t b = 0; b < buffers.size(); ++b)
+    if (buffers[b].trainable && owned_range(b).size() > 0)
+      s.add_sum_of_squares(&scalars->squares, owned_gradient(b), owned_range(b).size(), buffers[b].gradient_type);
   if (plan_.stage() >= 1 && comm_.world_size() > 1)
-    s.collective([this] {
-      all_reduce(comm_, &squares_, &squares_, 1, dtype::float64, reduce_kind::sum, tagged(call_purpose::norm, 0));
+    s.collective([this, scalars] {
+      all_reduce(comm_, &scalars->squares, &scalars->squares, 1, dtype::float64, reduce_kind::sum,
+                 tagged(call_purpose::norm, 0));
     });
-  s.host_work([this] { pending_ = update_owned_shards(squares_); }, "the optimizer step");
+  s.decide_step(scalars, options_.max_grad_norm, options_.skip_nonfinite_steps);
+  // Step number steps() + 1: a skipped step (decided on the stream) updates nothing and does not count.
+  const std::uint64_t next = optimizer_->steps() + 1;
+  for (std::size_t b = 0; b < buffers.size(); ++b)
+    if (buffers[b].trainable && owned_range(b).size() > 0)
+      s.update_shard(optimizer_->describe(b, owned_parameters(b), owned_gradient(b), next), scalars);
+  // Stages 1-2 regather whatever was decided: after a skipped step every shard is unchanged on
+  // every rank (one global norm), so the all_gather rewrites the same values.
   if (plan_.stage() == 1 || plan_.stage() == 2)
     for (std::size_t b = 0; b < buffers.size(); ++b)
       if (buffers[b].trainable && buffers[b].numel > 0)
         s.collective([this, &buffers, b] {
-          if (pending_.skipped) return;  // every rank decided alike (one global norm)
           all_gather(comm_, owned_parameters(b), params_[b].data(), buffers[b].shard_numel, buffers[b].type,
                      tagged(call_purpose::regather, b));
         });
   zero_gradients();
+  s.copy(&decided_, scalars, sizeof(step_scalars));
   // The result is a host value: the one host wait of the device path, once per step. The
   // compute stream's later work is enqueued after it, so it sees the updated parameters.
   s.synchronize();
-  return pending_;
+  step_result r;
+  r.gradient_norm = decided_.gradient_norm;
+  r.clip_coefficient = decided_.clip_coefficient;
+  r.skipped = decided_.skipped != 0;
+  if (!r.skipped) optimizer_->begin_step();
+  r.steps = optimizer_->steps();
+  return r;
 }
 
 }  // namespace ringzero::zero

@@ -224,6 +224,7 @@ inline void sharded_model::allocate() {
     bucket_free_.push_back(buckets_.size() - 1);
   }
   if (comm_stream_) {
+    step_scalars_ = make_buffer(sizeof(step_scalars));  // not model state: outside memory_in_use
     for (std::size_t u = 0; u < units; ++u) gathered_.push_back(compute_->make_event());
     for (std::size_t i = 0; i < gathers_buffers_.size(); ++i) gather_slot_free_.push_back(compute_->make_event());
     for (std::size_t i = 0; i < buckets_.size(); ++i) bucket_free_event_.push_back(compute_->make_event());
@@ -329,16 +330,16 @@ inline void sharded_model::exchange_restorable_state(std::vector<detail::host_bu
 
 inline step_result sharded_model::update_owned_shards(double squares) {
   const auto& buffers = plan_.buffers();
+  step_scalars decided;
+  decided.squares = squares;
+  detail::decide_step(decided, options_.max_grad_norm, options_.skip_nonfinite_steps);
   step_result r;
-  r.gradient_norm = std::sqrt(squares);
-  if (!std::isfinite(r.gradient_norm) && options_.skip_nonfinite_steps) {
+  r.gradient_norm = decided.gradient_norm;
+  r.clip_coefficient = decided.clip_coefficient;
+  if (decided.skipped != 0) {
     r.skipped = true;
     r.steps = optimizer_->steps();
     return r;
-  }
-  if (options_.max_grad_norm > 0) {
-    const double coefficient = options_.max_grad_norm / (r.gradient_norm + 1e-6);
-    if (coefficient < 1) r.clip_coefficient = coefficient;
   }
   optimizer_->begin_step();
   for (std::size_t b = 0; b < buffers.size(); ++b)

@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "ringzero/core/dtype.hpp"
@@ -23,6 +22,7 @@
 #include "ringzero/zero/host_buffer.hpp"
 #include "ringzero/zero/optimizer.hpp"
 #include "ringzero/zero/shard_plan.hpp"
+#include "ringzero/zero/shard_update.hpp"
 
 namespace ringzero::zero {
 
@@ -132,27 +132,27 @@ class sharded_optimizer {
   /// are multiplied by `grad_scale` first. Call `begin_step` once before the step's updates.
   void update(std::size_t b, void* params, const void* grads, float grad_scale) {
     const flat_buffer& f = plan_->buffers()[b];
+    if (!f.trainable || state_[b].count == 0) return;
+    detail::update_shard(describe(b, params, grads, step_), grad_scale);
+  }
+
+  /// Buffer `b`'s update at step number `step` (counting from 1) as data, for a stream that runs
+  /// it later (the device path): `params` and `grads` as for `update`; the state pointers are
+  /// this optimizer's. A frozen buffer or an empty range gives count 0.
+  shard_update describe(std::size_t b, void* params, const void* grads, std::uint64_t step) {
+    const flat_buffer& f = plan_->buffers()[b];
     buffer_state& s = state_[b];
-    if (!f.trainable || s.count == 0) return;
-    visit_dtype(f.gradient_type, [&]<class G>() {
-      if constexpr (std::is_same_v<G, float> || std::is_same_v<G, bfloat16> || std::is_same_v<G, float16>) {
-        const G* g = static_cast<const G*>(grads);
-        float* s0 = reinterpret_cast<float*>(s.states[0].data());
-        float* s1 = reinterpret_cast<float*>(s.states[1].data());
-        if (!f.has_master) {
-          detail::apply_update(options_, step_, static_cast<float*>(params), g, grad_scale, s0, s1, s.count);
-          return;
-        }
-        float* w = master(b);
-        detail::apply_update(options_, step_, w, g, grad_scale, s0, s1, s.count);
-        visit_dtype(f.type, [&]<class P>() {
-          if constexpr (std::is_same_v<P, bfloat16> || std::is_same_v<P, float16> || std::is_same_v<P, float>) {
-            P* p = static_cast<P*>(params);
-            for (std::uint64_t j = 0; j < s.count; ++j) p[j] = static_cast<P>(w[j]);
-          }
-        });
-      }
-    });
+    shard_update u;
+    u.rule = detail::make_update_rule(options_, step);
+    u.params = params;
+    u.param_type = f.type;
+    u.grads = grads;
+    u.gradient_type = f.gradient_type;
+    u.master = f.has_master ? master(b) : nullptr;
+    u.s0 = reinterpret_cast<float*>(s.states[0].data());
+    u.s1 = reinterpret_cast<float*>(s.states[1].data());
+    u.count = f.trainable ? s.count : 0;
+    return u;
   }
 
   /// Bytes of master weights held.
