@@ -17,7 +17,6 @@
 #include "ringzero/backend/mpi/environment.hpp"
 #include "ringzero/backend/mpi/lingering.hpp"
 #include "ringzero/backend/mpi/options.hpp"
-#include "ringzero/backend/mpi/watchdog.hpp"
 #include "ringzero/backend/mpi/wire.hpp"
 
 #include <algorithm>
@@ -36,7 +35,9 @@
 
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/backend/contract.hpp"
+#include "ringzero/backend/protocol/contract_exchange.hpp"
 #include "ringzero/backend/protocol/failure_text.hpp"
+#include "ringzero/backend/protocol/watchdog.hpp"
 #include "ringzero/core/config.hpp"
 #include "ringzero/core/wait.hpp"
 #include "ringzero/primitive/copy.hpp"
@@ -340,9 +341,7 @@ class communicator final : public ringzero::communicator {
         records_received_(static_cast<std::size_t>(shape.size), 0),
         peers_(static_cast<std::size_t>(shape.size)),
         records_(static_cast<std::size_t>(shape.size)),
-        uncaught_at_start_(std::uncaught_exceptions()),
-        watchdog_([this](const void* context) { return describe_native_timeout(context); }, MPI_COMM_NULL,
-                  timeout_exit_code) {
+        uncaught_at_start_(std::uncaught_exceptions()) {
     if (options.timeout) set_timeout(*options.timeout);
     if (options.slice_bytes % 64 != 0 || options.slice_bytes > (std::uint64_t{1} << 30))
       raise(errc::invalid_argument, "slice_bytes must be 0 (automatic) or a multiple of 64 up to 1 GiB, got " +
@@ -355,7 +354,6 @@ class communicator final : public ringzero::communicator {
             "the job has " + std::to_string(shape.size) + " processes in this communicator but " +
                 std::to_string(options.expected_world_size) + " were expected (check mpirun -np / srun -n)");
     join(comm);
-    watchdog_.set_comm(data_.get());
   }
 
   // ---- construction (control_channel.hpp) -------------------------------------------------------
@@ -545,11 +543,16 @@ class communicator final : public ringzero::communicator {
   // ---- native collectives (native_collectives.hpp) ----------------------------------------------
 
   std::string describe_native_timeout(const void* context) const;
+  void end_job_if_late() noexcept;
 
-  /// Arms the watchdog for one blocking MPI call and disarms it when the scope ends.
+  /// Arms the watchdog (backend/protocol/watchdog.hpp; started on first use, looking every
+  /// 100 ms) for one blocking MPI call and disarms it when the scope ends.
   class watchdog_scope {
    public:
-    watchdog_scope(communicator& c, const collective_descriptor& d) : c_(c) { c_.watchdog_.arm(c_.deadline(), &d); }
+    watchdog_scope(communicator& c, const collective_descriptor& d) : c_(c) {
+      c_.watchdog_.start(std::chrono::milliseconds(100), [&c = c_] { c.end_job_if_late(); });
+      c_.watchdog_.arm(c_.deadline(), &d);
+    }
     ~watchdog_scope() { c_.watchdog_.disarm(); }
     watchdog_scope(const watchdog_scope&) = delete;
     watchdog_scope& operator=(const watchdog_scope&) = delete;
@@ -601,15 +604,14 @@ class communicator final : public ringzero::communicator {
   unsigned char sync_buffer_[64] = {};
   std::vector<MPI_Request> recv_requests_;
   std::vector<MPI_Request> send_requests_;
-  detail::wire_descriptor own_record_;
-  detail::wire_descriptor transfer_records_[2];  ///< check mode: this rank's records of a send/recv
-  std::vector<detail::wire_descriptor> records_;
+  ringzero::detail::wire_record transfer_records_[2];   ///< check mode: this rank's records of a send/recv
+  std::vector<ringzero::detail::wire_record> records_;  ///< check mode: every rank's record (own one at rank())
   std::vector<collective_descriptor> decoded_;
   std::vector<char> arrived_;
   std::unique_ptr<workspace_pool> staging_;
   int uncaught_at_start_ = 0;
   std::uint64_t instance_ = 0;
-  detail::watchdog watchdog_;
+  ringzero::detail::watchdog watchdog_;
 };
 
 }  // namespace ringzero::mpi

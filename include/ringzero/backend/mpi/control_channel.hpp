@@ -102,7 +102,7 @@ inline void communicator::join(MPI_Comm comm) {
   mine.pipeline_depth = pipeline_depth_;
   mine.forced_algorithm = static_cast<std::int32_t>(forced_algorithm());
   mine.oversubscribed = oversubscribed_ ? 1 : 0;
-  mine.wire_format = detail::wire_format_version;
+  mine.wire_format = static_cast<std::int32_t>(ringzero::detail::wire_format_version);
   if (options_.link) {  // as given; zeros for the default, resolved below
     mine.link[0] = options_.link->alpha_us;
     mine.link[1] = options_.link->beta_us_per_byte;
@@ -149,10 +149,10 @@ inline bool communicator::record_arrived(int p, MPI_Request& request, const char
   int flag = 0;
   check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), test_what);
   if (!flag) return false;
-  detail::wire_descriptor& record = records_[static_cast<std::size_t>(p)];
+  ringzero::detail::wire_record& record = records_[static_cast<std::size_t>(p)];
   if (record.instance != instance_) {
-    check(MPI_Irecv(&record, static_cast<int>(sizeof(detail::wire_descriptor)), MPI_BYTE, p, detail::tag_descriptor,
-                    control_.get(), &request),
+    check(MPI_Irecv(&record, static_cast<int>(sizeof(ringzero::detail::wire_record)), MPI_BYTE, p,
+                    detail::tag_descriptor, control_.get(), &request),
           irecv_what);
     return false;
   }
@@ -255,98 +255,80 @@ inline bool communicator::abandon(std::vector<MPI_Request>& requests) noexcept {
   return all_finished;
 }
 
-/// Sends this rank's descriptor of `d` to every peer, receives theirs (polled, with the
-/// timeout naming the ranks that never arrived), and raises the contract's verdict.
+/// The check mode's contract exchange (backend/protocol/contract_exchange.hpp) over the control
+/// communicator: sends this rank's record of `d` to every peer, receives theirs (polled, with
+/// the timeout naming the ranks that never arrived), and raises the verdict.
 inline void communicator::exchange_descriptors(const collective_descriptor& d) {
   const int n = world_size(), me = rank();
-  detail::encode(d, own_record_);
-  own_record_.instance = instance_;
-  recv_requests_.assign(static_cast<std::size_t>(n), MPI_REQUEST_NULL);
-  send_requests_.assign(static_cast<std::size_t>(n), MPI_REQUEST_NULL);
-  request_guard recv_guard(*this, recv_requests_);
-  request_guard send_guard(*this, send_requests_);
-  {
-    auto lock = mpi_lock();
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      check(
-          MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(detail::wire_descriptor)), MPI_BYTE,
-                    p, detail::tag_descriptor, control_.get(), &recv_requests_[static_cast<std::size_t>(p)]),
-          "MPI_Irecv (descriptor)");
-    }
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      check(MPI_Isend(&own_record_, static_cast<int>(own_record_.wire_bytes()), MPI_BYTE, p, detail::tag_descriptor,
-                      control_.get(), &send_requests_[static_cast<std::size_t>(p)]),
-            "MPI_Isend (descriptor)");
-      ++records_sent_[static_cast<std::size_t>(p)];
-    }
-  }
-  std::vector<char>& arrived = arrived_;
-  arrived.assign(static_cast<std::size_t>(n), 0);
-  arrived[static_cast<std::size_t>(me)] = 1;
-  int pending = n - 1;
-  auto step = [&]() -> step_result {
-    bool progressed = false;
-    auto lock = mpi_lock();
-    for (int p = 0; p < n; ++p) {
-      if (record_arrived(p, recv_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)",
-                         "MPI_Irecv (descriptor)")) {
-        arrived[static_cast<std::size_t>(p)] = 1;
-        --pending;
-        progressed = true;
+  auto all_gather = [&](std::vector<ringzero::detail::wire_record>& records) {
+    recv_requests_.assign(static_cast<std::size_t>(n), MPI_REQUEST_NULL);
+    send_requests_.assign(static_cast<std::size_t>(n), MPI_REQUEST_NULL);
+    request_guard recv_guard(*this, recv_requests_);
+    request_guard send_guard(*this, send_requests_);
+    const ringzero::detail::wire_record& own = records[static_cast<std::size_t>(me)];
+    {
+      auto lock = mpi_lock();
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        check(MPI_Irecv(&records[static_cast<std::size_t>(p)], static_cast<int>(sizeof(ringzero::detail::wire_record)),
+                        MPI_BYTE, p, detail::tag_descriptor, control_.get(),
+                        &recv_requests_[static_cast<std::size_t>(p)]),
+              "MPI_Irecv (descriptor)");
       }
-      if (send_completed(send_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)")) progressed = true;
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        check(MPI_Isend(&own, static_cast<int>(own.wire_bytes()), MPI_BYTE, p, detail::tag_descriptor, control_.get(),
+                        &send_requests_[static_cast<std::size_t>(p)]),
+              "MPI_Isend (descriptor)");
+        ++records_sent_[static_cast<std::size_t>(p)];
+      }
     }
-    if (pending == 0 &&
-        std::all_of(send_requests_.begin(), send_requests_.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; }))
-      return step_result::done;
-    return progressed ? step_result::progressed : step_result::idle;
+    std::vector<char>& arrived = arrived_;
+    arrived.assign(static_cast<std::size_t>(n), 0);
+    arrived[static_cast<std::size_t>(me)] = 1;
+    int pending = n - 1;
+    auto step = [&]() -> step_result {
+      bool progressed = false;
+      auto lock = mpi_lock();
+      for (int p = 0; p < n; ++p) {
+        if (record_arrived(p, recv_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)",
+                           "MPI_Irecv (descriptor)")) {
+          arrived[static_cast<std::size_t>(p)] = 1;
+          --pending;
+          progressed = true;
+        }
+        if (send_completed(send_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)")) progressed = true;
+      }
+      if (pending == 0 && std::all_of(send_requests_.begin(), send_requests_.end(),
+                                      [](MPI_Request r) { return r == MPI_REQUEST_NULL; }))
+        return step_result::done;
+      return progressed ? step_result::progressed : step_result::idle;
+    };
+    auto stalled = [&]() -> std::string {
+      for (int p = 0; p < n; ++p) {
+        const auto& peer = peers_[static_cast<std::size_t>(p)];
+        if (!arrived[static_cast<std::size_t>(p)] && peer.departed &&
+            peer.records_sent_to_me <= records_received_[static_cast<std::size_t>(p)])
+          return departed_text(p) + " and never arrived at " + ringzero::detail::operation_name(current());
+      }
+      return {};
+    };
+    auto on_timeout = [&]() {
+      std::vector<int> missing, present;
+      for (int p = 0; p < n; ++p) (arrived[static_cast<std::size_t>(p)] ? present : missing).push_back(p);
+      timed_out("timed out after " + ringzero::detail::seconds_text(timeout()) +
+                " s: " + ringzero::detail::describe_ranks(missing) + " never arrived at " +
+                ringzero::detail::operation_name(current()) + " (" + ringzero::detail::describe_ranks(present) +
+                " did)");
+    };
+    poll(step, stalled, deadline(), on_timeout);
+    recv_guard.dismiss();
+    send_guard.dismiss();
   };
-  auto stalled = [&]() -> std::string {
-    for (int p = 0; p < n; ++p) {
-      const auto& peer = peers_[static_cast<std::size_t>(p)];
-      if (!arrived[static_cast<std::size_t>(p)] && peer.departed &&
-          peer.records_sent_to_me <= records_received_[static_cast<std::size_t>(p)])
-        return departed_text(p) + " and never arrived at " + ringzero::detail::operation_name(current());
-    }
-    return {};
-  };
-  auto on_timeout = [&]() {
-    std::vector<int> missing, present;
-    for (int p = 0; p < n; ++p) (arrived[static_cast<std::size_t>(p)] ? present : missing).push_back(p);
-    timed_out("timed out after " + ringzero::detail::seconds_text(timeout()) +
-              " s: " + ringzero::detail::describe_ranks(missing) + " never arrived at " +
-              ringzero::detail::operation_name(current()) + " (" + ringzero::detail::describe_ranks(present) + " did)");
-  };
-  poll(step, stalled, deadline(), on_timeout);
-  recv_guard.dismiss();
-  send_guard.dismiss();
-
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    const auto kind = static_cast<collective_kind>(records_[static_cast<std::size_t>(p)].kind);
-    if (kind == collective_kind::send || kind == collective_kind::recv)
-      fail(errc::contract_mismatch, "rank " + std::to_string(p) + " runs a point-to-point send/recv with rank " +
-                                        std::to_string(me) + " while rank " + std::to_string(me) + " runs " +
-                                        ringzero::detail::operation_name(current()) +
-                                        ": the ranks do not run the same operations in the same order");
-  }
-  decoded_.resize(static_cast<std::size_t>(n));
-  for (int p = 0; p < n; ++p)
-    if (p != me) decoded_[static_cast<std::size_t>(p)] = detail::decode(records_[static_cast<std::size_t>(p)]);
-  auto get = [&](int r) -> const collective_descriptor& { return r == me ? d : decoded_[static_cast<std::size_t>(r)]; };
-  bool same_sequence = true;
-  for (int p = 0; p < n; ++p) same_sequence = same_sequence && get(p).sequence == d.sequence;
-  if (!same_sequence) {
-    std::vector<std::string> values;
-    // Appended, not `"#" + std::to_string(...)`: that spelling draws GCC 12's -Wrestrict
-    // false positive (GCC bug 105329) into every program that includes this header.
-    for (int p = 0; p < n; ++p) values.push_back(std::string(1, '#').append(std::to_string(get(p).sequence)));
-    raise(errc::contract_mismatch, "sequence number mismatch (a rank issued collectives that others did not): " +
-                                       ringzero::detail::describe_values(values));
-  }
-  if (auto violation = check_contract(n, get, false)) raise(violation->code, violation->message);
+  const auto verdict = ringzero::detail::exchange_contract(n, me, d, instance_, records_, decoded_, all_gather);
+  if (!verdict) return;
+  if (verdict->abort) fail(verdict->code, verdict->message);
+  raise(verdict->code, verdict->message);
 }
 
 /// Check mode, point-to-point: sends each peer of this transfer (`to`, `from`; not this rank)
@@ -384,8 +366,8 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
     auto lock = mpi_lock();
     for (int i = 0; i < count; ++i) {
       const int p = peers[i];
-      detail::wire_descriptor& w = transfer_records_[i];
-      w = detail::wire_descriptor{};
+      ringzero::detail::wire_record& w = transfer_records_[i];
+      w = ringzero::detail::wire_record{};
       w.instance = instance_;
       w.kind = static_cast<std::uint8_t>(collective_kind::send);
       w.type = type;
@@ -394,8 +376,8 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
       w.receives = p == from ? 1 : 0;
       w.recv_bytes = p == from ? recv_bytes : 0;
       check(
-          MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(detail::wire_descriptor)), MPI_BYTE,
-                    p, detail::tag_descriptor, control_.get(), &recv_requests_[static_cast<std::size_t>(i)]),
+          MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(ringzero::detail::wire_record)),
+                    MPI_BYTE, p, detail::tag_descriptor, control_.get(), &recv_requests_[static_cast<std::size_t>(i)]),
           "MPI_Irecv (transfer record)");
       check(MPI_Isend(&w, static_cast<int>(w.wire_bytes()), MPI_BYTE, p, detail::tag_descriptor, control_.get(),
                       &send_requests_[static_cast<std::size_t>(i)]),
@@ -447,7 +429,7 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
   errc code = errc::size_mismatch;
   for (int i = 0; i < count && problem.empty(); ++i) {
     const int p = peers[i];
-    const detail::wire_descriptor& theirs = records_[static_cast<std::size_t>(p)];
+    const ringzero::detail::wire_record& theirs = records_[static_cast<std::size_t>(p)];
     const auto kind = static_cast<collective_kind>(theirs.kind);
     if (kind != collective_kind::send && kind != collective_kind::recv) {
       fail(errc::contract_mismatch, "rank " + std::to_string(p) + " runs " + std::string(collective_name(kind)) + " #" +

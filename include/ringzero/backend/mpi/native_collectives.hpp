@@ -10,6 +10,8 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "ringzero/backend/mpi/communicator.hpp"
@@ -34,6 +36,22 @@ inline std::string communicator::describe_native_timeout(const void* context) co
                     (check_ ? std::string("every rank passed the check-mode exchange, so a rank stopped inside MPI")
                             : std::string("run with RINGZERO_CHECK=1 to name them")));
   return e.what();
+}
+
+/// The watchdog's tick: when the armed blocking call passed its deadline, writes the report to
+/// stderr and ends the job (MPI_Abort with `timeout_exit_code`): a blocking MPI call cannot be
+/// interrupted or timed out from inside.
+inline void communicator::end_job_if_late() noexcept {
+  const void* context = nullptr;
+  if (!watchdog_.expired(context)) return;
+  std::string message;
+  try {
+    message = describe_native_timeout(context);
+  } catch (...) { message = "ringzero: a blocking MPI call timed out"; }
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(data_.get(), timeout_exit_code);
+  std::_Exit(timeout_exit_code);  // MPI_Abort does not return; if it ever does, end the process anyway
 }
 
 /// Runs `call(sendbuf, recvbuf, count)` over chunks of at most 2^30 elements.

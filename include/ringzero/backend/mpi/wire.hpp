@@ -1,13 +1,13 @@
 #pragma once
 /// @file
-/// What MPI ranks send each other besides data: the collective descriptors of the check mode
-/// (`wire_descriptor`), the notices of the control channel (`notice`: a rank aborted the
-/// communicator, or left it), the hello record exchanged when a communicator is made, and the
-/// tag layout of data messages.
+/// What MPI ranks send each other besides data and the check mode's records (those are every
+/// backend's `wire_record`, backend/protocol/wire_record.hpp): the notices of the control
+/// channel (`notice`: a rank aborted the communicator, or left it), the hello record exchanged
+/// when a communicator is made, and the tag layout of data messages.
 ///
 /// Records are plain bytes in the sender's layout: all ranks of a job must share one ABI
 /// (the same build of ringzero on machines of the same architecture), as MPI_BYTE transfers do.
-/// Notices and descriptors carry the communicator's instance id (chosen by rank 0 when it is
+/// Notices and records carry the communicator's instance id (chosen by rank 0 when it is
 /// made): a message left over from a destroyed communicator whose MPI context was reused is
 /// recognised and dropped instead of being taken for the new communicator's.
 
@@ -17,8 +17,6 @@
 #include <cstring>
 #include <string>
 
-#include "ringzero/backend/descriptor.hpp"
-
 namespace ringzero::mpi::detail {
 
 // ---------------------------------------------------------------- tags
@@ -26,7 +24,7 @@ namespace ringzero::mpi::detail {
 /// Tags of the control communicator.
 enum control_tag : int {
   tag_notice = 1,      ///< an abort or departure notice (probed for while waiting)
-  tag_descriptor = 2,  ///< a collective descriptor of the check mode
+  tag_descriptor = 2,  ///< a check-mode record (ringzero::detail::wire_record)
   tag_sync = 3,        ///< a synchronisation message (split)
 };
 
@@ -47,74 +45,6 @@ constexpr int data_tag(int cls, std::uint64_t remaining) noexcept {
 constexpr int tag_class(int tag) noexcept { return tag / (tag_remaining_cap + 1); }
 /// The `remaining` field of a data tag.
 constexpr int tag_remaining(int tag) noexcept { return tag % (tag_remaining_cap + 1); }
-
-// ---------------------------------------------------------------- check-mode descriptors
-
-/// One rank's collective descriptor as sent to its peers in check mode: the fields the
-/// contract compares (the reproducible mode among them), plus the reason its arguments are
-/// invalid (truncated to fit) and the error code it raises. A
-/// point-to-point transfer (kind send or recv) sends the same record to each peer it sends to
-/// or receives from, saying what it sends to and receives from that peer (`sends`,
-/// `send_bytes`, `receives`, `recv_bytes`; `type` is the call's dtype).
-struct wire_descriptor {
-  static constexpr std::size_t max_reason = 448;
-  std::uint64_t instance = 0;
-  std::uint64_t sequence = 0;
-  std::uint64_t count = 0;
-  std::uint64_t tag = 0;
-  std::int32_t root = -1;
-  std::uint8_t kind = 0;
-  std::uint8_t type = 0;
-  std::uint8_t op = 0;
-  std::uint8_t algo = 0;
-  std::uint32_t reason_length = 0;
-  std::int32_t invalid_code = 0;  ///< the errc that `reason` raises
-  std::uint64_t send_bytes = 0;   ///< point-to-point: bytes the sender sends to the addressee
-  std::uint64_t recv_bytes = 0;   ///< point-to-point: bytes the sender expects from the addressee
-  std::uint8_t sends = 0;         ///< point-to-point: 1 when it sends to the addressee
-  std::uint8_t receives = 0;      ///< point-to-point: 1 when it receives from the addressee
-  std::uint8_t reproducible = 0;  ///< the reproducible_mode
-  std::uint8_t pad2[5] = {};
-  char reason[max_reason] = {};
-
-  /// Bytes that carry information (the header plus the reason).
-  std::size_t wire_bytes() const noexcept { return offsetof(wire_descriptor, reason) + reason_length; }
-};
-
-/// Encodes `d` (its invalid reason truncated to max_reason bytes, marked with "...").
-inline void encode(const collective_descriptor& d, wire_descriptor& w) {
-  w.sequence = d.sequence;
-  w.count = d.count;
-  w.tag = d.tag;
-  w.root = d.root;
-  w.kind = static_cast<std::uint8_t>(d.kind);
-  w.type = static_cast<std::uint8_t>(d.type);
-  w.op = static_cast<std::uint8_t>(d.op.kind);
-  w.algo = static_cast<std::uint8_t>(d.algo);
-  w.reproducible = static_cast<std::uint8_t>(d.reproducible);
-  w.invalid_code = static_cast<std::int32_t>(d.invalid_code);
-  std::string reason = d.invalid;
-  if (reason.size() > wire_descriptor::max_reason) reason = reason.substr(0, wire_descriptor::max_reason - 3) + "...";
-  w.reason_length = static_cast<std::uint32_t>(reason.size());
-  std::memcpy(w.reason, reason.data(), reason.size());
-}
-
-/// Decodes a received record into a descriptor (buffers unknown: null, sizes zero).
-inline collective_descriptor decode(const wire_descriptor& w) {
-  collective_descriptor d;
-  d.sequence = w.sequence;
-  d.count = w.count;
-  d.tag = w.tag;
-  d.root = w.root;
-  d.kind = static_cast<collective_kind>(w.kind);
-  d.type = static_cast<dtype>(w.type);
-  d.op.kind = static_cast<reduce_kind>(w.op);
-  d.algo = static_cast<algorithm>(w.algo);
-  d.reproducible = static_cast<reproducible_mode>(w.reproducible);
-  d.invalid_code = static_cast<errc>(w.invalid_code);
-  d.invalid.assign(w.reason, std::min<std::size_t>(w.reason_length, wire_descriptor::max_reason));
-  return d;
-}
 
 // ---------------------------------------------------------------- control notices
 
@@ -151,12 +81,6 @@ struct notice {
 
 // ---------------------------------------------------------------- hello
 
-/// The layout of the records above; ranks built with different layouts refuse to make a
-/// communicator together (2: wire_descriptor carries the collective's tag; 3: and the
-/// point-to-point fields of the check mode; 4: and the reproducible mode and the error code of
-/// an invalid call).
-inline constexpr std::int32_t wire_format_version = 4;
-
 /// What every rank states when a communicator is made; ranks must agree on all of it.
 struct hello_record {
   std::uint64_t instance = 0;  ///< rank 0's becomes the communicator's instance id
@@ -166,7 +90,7 @@ struct hello_record {
   std::int32_t pipeline_depth = 0;
   std::int32_t forced_algorithm = 0;
   std::int32_t oversubscribed = 0;  ///< this rank's node runs more processes than processors
-  std::int32_t wire_format = 0;     ///< `wire_format_version` of the rank's build
+  std::int32_t wire_format = 0;     ///< ringzero::detail::wire_format_version of the rank's build
   double link[3] = {0, 0, 0};       ///< alpha, beta, gamma of the link model (as given; 0: default)
 };
 

@@ -14,7 +14,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -28,10 +27,12 @@
 #include <vector>
 
 #include "ringzero/backend/communicator.hpp"
-#include "ringzero/backend/contract.hpp"
 #include "ringzero/backend/nccl/id_file.hpp"
+#include "ringzero/backend/nccl/options.hpp"
 #include "ringzero/backend/nccl/types.hpp"
+#include "ringzero/backend/protocol/contract_exchange.hpp"
 #include "ringzero/backend/protocol/failure_text.hpp"
+#include "ringzero/backend/protocol/watchdog.hpp"
 #include "ringzero/core/wait.hpp"
 #include "ringzero/primitive/cudart/device_workspace.hpp"
 #include "ringzero/primitive/cudart/runtime.hpp"
@@ -40,28 +41,6 @@
 #include "ringzero/primitive/fill.hpp"
 
 namespace ringzero::nccl {
-
-/// Settings of an NCCL communicator.
-struct options {
-  /// false (default): a non-blocking communicator (ncclConfig_t blocking = 0) whose calls
-  /// ringzero polls with the timeout; true: NCCL's blocking calls (a host call that blocks
-  /// inside NCCL, such as a first connection to a peer that never comes, cannot be aborted).
-  bool blocking = false;
-  /// Timeout of every collective and wait. Unset: RINGZERO_TIMEOUT, else 300 s.
-  std::optional<std::chrono::duration<double>> timeout;
-  /// Run the watchdog thread (abort on timeout or asynchronous error). Without it, timeouts are
-  /// enforced only where the host waits (`synchronize`, blocking NCCL calls being polled).
-  bool watchdog = true;
-  /// How often the watchdog looks.
-  std::chrono::milliseconds watchdog_interval{100};
-  /// Cross-rank contract check before every collective (see the file comment). Unset:
-  /// RINGZERO_CHECK, default off.
-  std::optional<bool> check_contract;
-  /// ncclConfig_t commName (shown in NCCL's logs); empty: none.
-  std::string name;
-  /// The stream to order work on; nullptr: the communicator creates a non-blocking stream.
-  cudaStream_t stream = nullptr;
-};
 
 /// The id of a new NCCL clique (ncclGetUniqueId). Throws errc::backend_failure.
 inline id_bytes generate_id() {
@@ -334,28 +313,6 @@ class communicator final : public ringzero::communicator {
     std::uint64_t sequence;
     std::chrono::steady_clock::time_point issued;
   };
-  /// The layout of `wire_descriptor` this build writes: "RZ" and a version, raised whenever a
-  /// field is added, moved or reinterpreted, so that ranks running different ringzero builds are
-  /// refused by name instead of reading each other's records with the wrong layout (version 2
-  /// added `tag`; 3 `reproducible` and `invalid_code`; the MPI backend's hello has the same
-  /// check, `detail::wire_format_version`).
-  static constexpr std::uint32_t wire_layout = 0x525A0003u;
-  /// The descriptor fields the contract check exchanges, in a fixed 256-byte record.
-  struct wire_descriptor {
-    std::uint64_t sequence;
-    std::uint64_t count;
-    std::uint64_t tag;
-    std::uint32_t layout;  ///< `wire_layout` of the writing rank's build
-    std::int32_t root;
-    std::uint8_t kind;
-    std::uint8_t type;
-    std::uint8_t op;
-    std::uint8_t algo;
-    std::uint8_t reproducible;  ///< the reproducible_mode (always off here: refused, but compared)
-    std::uint8_t invalid_code;  ///< the errc of `invalid`
-    char invalid[218];
-  };
-  static_assert(sizeof(wire_descriptor) == 256);
 
   communicator(const shape& s, ncclComm_t comm, bool owned, const options& opts)
       : ringzero::communicator(s.rank, s.size),
@@ -617,90 +574,48 @@ class communicator final : public ringzero::communicator {
 
   // ---- contract check -----------------------------------------------------------------
 
+  /// The check mode's contract exchange (backend/protocol/contract_exchange.hpp) with
+  /// ncclAllGather as its byte exchange, through device staging memory.
   void exchange_and_check(const collective_descriptor& d) {
     const int n = world_size();
-    wire_descriptor mine{};
-    mine.layout = wire_layout;
-    mine.sequence = d.sequence;
-    mine.count = d.count;
-    mine.tag = d.tag;
-    mine.root = d.root;
-    mine.kind = static_cast<std::uint8_t>(d.kind);
-    mine.type = static_cast<std::uint8_t>(d.type);
-    mine.op = static_cast<std::uint8_t>(d.op.kind);
-    mine.algo = static_cast<std::uint8_t>(d.algo);
-    mine.reproducible = static_cast<std::uint8_t>(d.reproducible);
-    mine.invalid_code = static_cast<std::uint8_t>(d.invalid_code);
-    std::strncpy(mine.invalid, d.invalid.c_str(), sizeof mine.invalid - 1);
-    std::vector<wire_descriptor> all(static_cast<std::size_t>(n));
-    auto* dev = static_cast<unsigned char*>(workspace_.get(primitive::cudart::device_workspace::staging_slot,
-                                                           sizeof(wire_descriptor) * static_cast<std::size_t>(n)));
-    cudaStream_t s = stream_.get();
-    primitive::cudart::check(cudaMemcpyAsync(dev + sizeof(wire_descriptor) * static_cast<std::size_t>(rank()), &mine,
-                                             sizeof mine, cudaMemcpyHostToDevice, s),
-                             "cudaMemcpyAsync (contract check)");
-    call("ncclAllGather (contract check)", [&] {
-      return ncclAllGather(dev + sizeof(wire_descriptor) * static_cast<std::size_t>(rank()), dev,
-                           sizeof(wire_descriptor), ncclUint8, comm_, s);
-    });
-    primitive::cudart::check(
-        cudaMemcpyAsync(all.data(), dev, sizeof(wire_descriptor) * all.size(), cudaMemcpyDeviceToHost, s),
-        "cudaMemcpyAsync (contract check)");
-    wait_stream("contract check");
-    for (std::size_t r = 0; r < all.size(); ++r)
-      if (all[r].layout != wire_layout) {
-        char layouts[64];
-        std::snprintf(layouts, sizeof layouts, "0x%08X (this rank: 0x%08X)", static_cast<unsigned>(all[r].layout),
-                      static_cast<unsigned>(wire_layout));
-        raise(errc::contract_mismatch,
-              "rank " + std::to_string(r) + " writes contract records of layout " + layouts +
-                  ": the ranks run different ringzero builds; rebuild every rank from one version");
-      }
-    std::vector<collective_descriptor> descriptors(all.size());
-    for (std::size_t r = 0; r < all.size(); ++r) {
-      const wire_descriptor& w = all[r];
-      collective_descriptor& c = descriptors[r];
-      c.kind = static_cast<collective_kind>(w.kind);
-      c.sequence = w.sequence;
-      c.count = w.count;
-      c.tag = w.tag;
-      c.type = static_cast<dtype>(w.type);
-      c.op = reduce_op(static_cast<reduce_kind>(w.op));
-      c.root = w.root;
-      c.algo = static_cast<algorithm>(w.algo);
-      c.reproducible = static_cast<reproducible_mode>(w.reproducible);
-      c.invalid_code = static_cast<errc>(w.invalid_code);
-      c.invalid.assign(w.invalid, strnlen(w.invalid, sizeof w.invalid));
-    }
-    std::vector<std::string> sequences;
-    for (const auto& c : descriptors) sequences.push_back(std::to_string(c.sequence));
-    auto violation = check_contract(
-        n, [&](int r) -> const collective_descriptor& { return descriptors[static_cast<std::size_t>(r)]; }, false);
-    if (!violation) {
-      bool same = true;
-      for (const auto& c : descriptors) same = same && c.sequence == d.sequence;
-      if (!same)
-        violation = contract_violation{errc::contract_mismatch,
-                                       "sequence mismatch: " + ringzero::detail::describe_values(sequences)};
-    }
-    if (violation) raise(violation->code, violation->message);
+    auto all_gather = [&](std::vector<ringzero::detail::wire_record>& records) {
+      constexpr std::size_t record_bytes = sizeof(ringzero::detail::wire_record);
+      auto* dev = static_cast<unsigned char*>(workspace_.get(primitive::cudart::device_workspace::staging_slot,
+                                                             record_bytes * static_cast<std::size_t>(n)));
+      unsigned char* own = dev + record_bytes * static_cast<std::size_t>(rank());
+      cudaStream_t s = stream_.get();
+      primitive::cudart::check(
+          cudaMemcpyAsync(own, &records[static_cast<std::size_t>(rank())], record_bytes, cudaMemcpyHostToDevice, s),
+          "cudaMemcpyAsync (contract check)");
+      call("ncclAllGather (contract check)",
+           [&] { return ncclAllGather(own, dev, record_bytes, ncclUint8, comm_, s); });
+      primitive::cudart::check(
+          cudaMemcpyAsync(records.data(), dev, record_bytes * records.size(), cudaMemcpyDeviceToHost, s),
+          "cudaMemcpyAsync (contract check)");
+      wait_stream("contract check");
+    };
+    const auto verdict = ringzero::detail::exchange_contract(n, rank(), d, 0, records_, decoded_, all_gather);
+    if (!verdict) return;
+    if (verdict->abort) abort_with(verdict->code, "rank " + std::to_string(rank()) + ": " + verdict->message);
+    raise(verdict->code, verdict->message);
   }
 
   // ---- watchdog -----------------------------------------------------------------------
 
+  /// Starts the watchdog thread (backend/protocol/watchdog.hpp) with `watchdog_step` as its
+  /// tick, on this rank's device.
   void start_watchdog() {
     if (!options_.watchdog) return;
-    watchdog_ = std::thread([this] { watchdog_loop(); });
+    watchdog_.start(options_.watchdog_interval, [this, device_set = false]() mutable {
+      if (!device_set) {
+        (void)cudaSetDevice(device_);
+        device_set = true;
+      }
+      watchdog_step();
+    });
   }
 
-  void stop_watchdog() noexcept {
-    {
-      std::lock_guard<std::mutex> lock(watch_mutex_);
-      stop_ = true;
-    }
-    watch_cv_.notify_all();
-    if (watchdog_.joinable()) watchdog_.join();
-  }
+  void stop_watchdog() noexcept { watchdog_.stop(); }
 
   /// Records an event after collective #`sequence` for the watchdog.
   void watch(collective_kind kind, std::uint64_t sequence) {
@@ -729,18 +644,6 @@ class communicator final : public ringzero::communicator {
     const collective_descriptor* d = current();
     if (d == nullptr || d->kind == collective_kind::send || d->kind == collective_kind::recv)
       watch(d ? d->kind : collective_kind::send, 0);
-  }
-
-  void watchdog_loop() {
-    (void)cudaSetDevice(device_);
-    std::unique_lock<std::mutex> lock(watch_mutex_);
-    while (!stop_) {
-      watch_cv_.wait_for(lock, options_.watchdog_interval, [&] { return stop_; });
-      if (stop_) break;
-      lock.unlock();
-      watchdog_step();
-      lock.lock();
-    }
   }
 
   void watchdog_step() noexcept {
@@ -826,6 +729,8 @@ class communicator final : public ringzero::communicator {
   ncclComm_t comm_ = nullptr;
   bool owned_ = false;
   bool check_contract_ = false;
+  std::vector<ringzero::detail::wire_record> records_;  ///< check mode: every rank's record
+  std::vector<collective_descriptor> decoded_;
 
   std::mutex api_mutex_;  ///< serialises NCCL calls on comm_ (the watchdog may abort it)
   mutable std::mutex state_mutex_;
@@ -836,10 +741,7 @@ class communicator final : public ringzero::communicator {
   std::mutex pending_mutex_;
   std::deque<pending_work> pending_;
   std::vector<cudaEvent_t> free_events_;
-  std::mutex watch_mutex_;
-  std::condition_variable watch_cv_;
-  bool stop_ = false;
-  std::thread watchdog_;
+  ringzero::detail::watchdog watchdog_;
 };
 
 }  // namespace ringzero::nccl
