@@ -223,14 +223,14 @@ else
   note "building with $jobs cores (log: $build_log)"
   build_started=$(date +%s)
   [ "$(remaining)" -lt $((build_cap + 60)) ] && build_cap=$(( $(remaining) - 60 ))
-  rm -f "$bin"/* "$obj"/*.o "$obj"/*.rc "$build_log".*
+  rm -f "$bin"/* "$obj"/*.o "$obj"/*.rc "$obj"/*.time "$build_log".*
   names=()
   spawn() {  # spawn NAME CMD...: runs CMD in the background, at most $jobs at once; status in NAME.rc
     local name=$1
     shift
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n 2>/dev/null || sleep 0.2; done
     names+=("$name")
-    ( "$@"; echo $? > "$obj/$name.rc" ) &
+    ( local t0=$SECONDS; "$@"; echo $? > "$obj/$name.rc"; echo $(( SECONDS - t0 )) > "$obj/$name.time" ) &
   }
   example_flags=(-isystem "$eigen_inc" -Iexamples/common -DEIGEN_DONT_PARALLELIZE -DRINGZERO_EXAMPLES_HAVE_CUDA=1 -DXXH_INLINE_ALL)
   # never -isystem /usr/include: it breaks the standard library's #include_next
@@ -274,6 +274,10 @@ else
   wait
   failed=()
   for name in "${names[@]}"; do [ "$(cat "$obj/$name.rc" 2>/dev/null)" = 0 ] || failed+=("$name"); done
+  # the compilations' durations, longest first: the build's critical path
+  slowest=$(for name in "${names[@]}"; do echo "$(cat "$obj/$name.time" 2>/dev/null || echo 0) $name"; done | sort -rn | head -4 |
+    awk '{printf "%s%s %ss", NR > 1 ? ", " : "", $2, $1}')
+  echo "### compile times (s): $(for name in "${names[@]}"; do printf '%s %s; ' "$name" "$(cat "$obj/$name.time" 2>/dev/null)"; done)" >> "$build_log"
   for f in "$build_log".*; do [ -f "$f" ] && { echo "### ${f#"$build_log".}"; cat "$f"; } >> "$build_log"; done
   rm -f "$build_log".*
   k=$obj/ringzero_cuda.o
@@ -293,7 +297,7 @@ else
   done
   link ringzero-gpu-bench "$obj/gpu_bench.o" "$obj/copy_kernel.o" "$k" && built+=(ringzero-gpu-bench)
   link ringzero-bench "$obj/ringzero_bench.o" "$k" && built+=(ringzero-bench)
-  detail="$(( $(date +%s) - build_started ))s; built: ${built[*]:-nothing}"
+  detail="$(( $(date +%s) - build_started ))s (slowest: $slowest); built: ${built[*]:-nothing}"
   [ ${#failed[@]} -gt 0 ] && detail="$detail; FAILED: ${failed[*]} (see build.log)"
   [ -z "$nvcc" ] && detail="$detail; no nvcc: nothing with CUDA built"
   [ -z "$doctest_inc" ] && detail="$detail; no doctest: tests not built (carry .device-deps)"
