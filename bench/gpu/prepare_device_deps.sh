@@ -2,7 +2,8 @@
 # Collects, from THIS machine, what bench/gpu/device_check.sh needs on a bare GPU machine that
 # has no network (CUDA, NCCL and a C++ compiler are expected there; these are not): the
 # header-only libraries of the tests and benchmarks (doctest, CLI11, nlohmann_json, fmt), the
-# headers of the example trainer (Eigen, zlib), and the Fashion-MNIST files.
+# headers of the example trainers (Eigen, zlib, and xxhash for their checkpoint code), and the
+# Fashion-MNIST files.
 #
 #   bench/gpu/prepare_device_deps.sh [DEST]      # default DEST: .device-deps in the repository
 #
@@ -29,7 +30,7 @@ copy_dir CLI CLI
 copy_dir nlohmann nlohmann
 copy_dir fmt fmt
 copy_dir eigen3/Eigen eigen3/Eigen
-for h in zlib.h zconf.h; do
+for h in zlib.h zconf.h xxhash.h; do
   if [ -f "/usr/include/$h" ]; then cp "/usr/include/$h" "$dest/include/"; copied+=("$h"); fi
 done
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
