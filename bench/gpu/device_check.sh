@@ -251,6 +251,7 @@ else
       spawn test_no_device.o compile_cxx tests/gpu/test_no_device.cpp "$obj/test_no_device.o" -DRINGZERO_TEST_HAVE_KERNELS=1
     fi
     [ -f tests/zero/test_sharded_model_device.cpp ] && spawn test_zero_device.o compile_sim tests/zero/test_sharded_model_device.cpp "$obj/test_zero_device.o"
+    [ -f tests/zero/test_sharded_model_offload.cpp ] && spawn test_zero_offload.o compile_sim tests/zero/test_sharded_model_offload.cpp "$obj/test_zero_offload.o"
     [ -f tests/primitive/test_host_stream.cpp ] && spawn test_host_stream.o compile_sim tests/primitive/test_host_stream.cpp "$obj/test_host_stream.o"
     [ -f tests/primitive/test_memory_ops.cpp ] && spawn test_memory_ops.o compile_sim tests/primitive/test_memory_ops.cpp "$obj/test_memory_ops.o"
     if [ -n "$nvcc" ]; then
@@ -284,6 +285,7 @@ else
   link test_gpu_zero "$obj/gpu_main.o" "$obj/test_zero_cuda.o" "$k" && built+=(test_gpu_zero)
   link_host test_device_sim_streams "$obj/doctest_main.o" "$obj/test_host_stream.o" "$obj/test_memory_ops.o" && built+=(test_device_sim_streams)
   link_host test_zero_device "$obj/doctest_main.o" "$obj/test_zero_device.o" && built+=(test_zero_device)
+  link_host test_zero_offload "$obj/doctest_main.o" "$obj/test_zero_offload.o" && built+=(test_zero_offload)
   link_host ringzero-plan "$obj/ringzero_plan.o" && built+=(ringzero-plan)
   link test_cuda_no_device "$obj/doctest_main.o" "$obj/test_no_device.o" "$k" && built+=(test_cuda_no_device)
   link test_gpu_primitives "$obj/gpu_main.o" "$obj/test_primitives.o" "$k" && built+=(test_gpu_primitives)
@@ -358,6 +360,10 @@ sim_wait() {
 sim_start device_sim_streams test_device_sim_streams 60 RINGZERO_TIMEOUT=120
 sim_start zero_device_sim test_zero_device 120 RINGZERO_TIMEOUT=120
 sim_start zero_device_sim_delayed test_zero_device 150 RINGZERO_TIMEOUT=120 RINGZERO_HOST_STREAM_DELAY_US=50
+if [ -f tests/zero/test_sharded_model_offload.cpp ]; then
+  sim_start zero_offload_sim test_zero_offload 120 RINGZERO_TIMEOUT=120
+  sim_start zero_offload_sim_delayed test_zero_offload 150 RINGZERO_TIMEOUT=120 RINGZERO_HOST_STREAM_DELAY_US=50
+fi
 
 run_test test_cuda_no_device 30
 if [ -f tests/gpu/test_zero_cuda.cpp ]; then run_test test_gpu_zero 90; fi
