@@ -190,11 +190,12 @@ compile_nvcc() {  # compile_nvcc SRC OBJ [EXTRA...]
   fi
   return 1
 }
-compile_cxx() {  # compile_cxx SRC OBJ [EXTRA...]
+compile_cxx() {  # compile_cxx SRC OBJ [EXTRA...]: EXTRA comes first, so its -I folders are searched first
   local src=$1 o=$2
   shift 2
+  # (bench/command_line.hpp must not stand in for examples/common/command_line.hpp)
   # shellcheck disable=SC2086
-  timeout --kill-after=5 "$build_cap" "$cxx" $cxxflags "$@" -c "$src" -o "$o" >> "$build_log.$(basename "$o")" 2>&1
+  timeout --kill-after=5 "$build_cap" "$cxx" "$@" $cxxflags -c "$src" -o "$o" >> "$build_log.$(basename "$o")" 2>&1
 }
 compile_sim() {  # compile_sim SRC OBJ: a device-sim test (no CUDA)
   # shellcheck disable=SC2086
@@ -388,7 +389,7 @@ gpu_peak_stop() {  # prints the peak above the first reading, in MiB, or nothing
   smi_pid=""
   awk 'NR == 1 { base = $1 } $1 > peak { peak = $1 } END { if (NR > 1) print peak - base }' "$build/run/smi.txt"
 }
-zero_runs=()  # label<TAB>json<TAB>status<TAB>GPU peak MiB, for the table
+zero_runs=()  # stage<TAB>offload<TAB>json<TAB>exit status<TAB>GPU peak MiB, for the table
 train_zero() {  # train_zero STAGE OFFLOAD(none|optimizer)
   local stage=$1 offload=$2 label json rc peak summary_line args
   label="example 02 stage $stage"
@@ -514,8 +515,8 @@ def plan_for(run, offload):
     return json.loads(p.stdout)["plans"][0], " ".join(args[1:])
 
 
-def mib(b):
-    return f"{b / 2**20:.3f}"
+def kib(b):
+    return f"{b / 1024:.1f}"
 
 
 with open(runs_tsv, encoding="utf-8") as f:
@@ -533,9 +534,10 @@ if ddp:
 
 print("\nExample 02, 2 ranks sharing the GPU: step time (mean over the run; median) and memory per rank")
 print("(runtime: sharded_model::memory_in_use() after training, the larger rank; plan: ringzero-plan for the same")
-print("model; GPU: the most memory nvidia-smi saw in use above the start, CUDA contexts and cuBLAS included)")
-head = f"  {'stage':<6}{'offload':<10}{'ms/step':>9}{'median':>9}{'x DDP':>7}{'acc':>7}{'runtime MiB':>13}" \
-       f"{'plan MiB':>10}{'plan GPU':>10}{'plan host':>10}{'GPU MiB':>9}  memory"
+print("model, in all and on the GPU / in host memory; GPU MiB: the most memory nvidia-smi saw in use above the")
+print("start, CUDA contexts and cuBLAS included)")
+head = f"  {'stage':<6}{'offload':<10}{'ms/step':>9}{'median':>9}{'x DDP':>7}{'acc':>7}{'runtime KiB':>13}" \
+       f"{'plan KiB':>10}{'on GPU':>10}{'on host':>10}{'GPU MiB':>9}  memory"
 print(head)
 memory_ok, memory_checked, table = True, 0, []
 for run in runs:
@@ -571,9 +573,9 @@ for run in runs:
     host = (plan or {}).get("host_memory_per_rank", {}).get("total")
     print(f"  {run['stage']:<6}{run['offload']:<10}{row['mean_step_ms']:>9.3f}{row['median_step_ms']:>9.3f}"
           f"{row.get('relative_to_ddp', float('nan')):>7.2f}{row['final_test_accuracy'] or 0:>7.4f}"
-          f"{mib(measured) if measured is not None else '?':>13}"
-          f"{mib(plan['memory_per_rank']['total']) if plan else '?':>10}{mib(dev) if dev is not None else '-':>10}"
-          f"{mib(host) if host is not None else '-':>10}{run['gpu_peak_mib'] or '-':>9}  {verdict}")
+          f"{kib(measured) if measured is not None else '?':>13}"
+          f"{kib(plan['memory_per_rank']['total']) if plan else '?':>10}{kib(dev) if dev is not None else '-':>10}"
+          f"{kib(host) if host is not None else '-':>10}{run['gpu_peak_mib'] or '-':>9}  {verdict}")
 if ddp_step:
     print(f"  DDP (example 01, 2 ranks, --device cuda): {1e3 * ddp_step:.3f} ms/step")
 else:
