@@ -278,7 +278,7 @@ else
   for name in "${names[@]}"; do [ "$(cat "$obj/$name.rc" 2>/dev/null)" = 0 ] || failed+=("$name"); done
   # the compilations' durations, longest first: the build's critical path
   slowest=$(for name in "${names[@]}"; do echo "$(cat "$obj/$name.time" 2>/dev/null || echo 0) $name"; done | sort -rn | head -4 |
-    awk '{printf "%s%s %ss", NR > 1 ? ", " : "", $2, $1}')
+    awk '{printf "%s%s %ss", (NR > 1 ? ", " : ""), $2, $1}')
   echo "### compile times (s): $(for name in "${names[@]}"; do printf '%s %s; ' "$name" "$(cat "$obj/$name.time" 2>/dev/null)"; done)" >> "$build_log"
   for f in "$build_log".*; do [ -f "$f" ] && { echo "### ${f#"$build_log".}"; cat "$f"; } >> "$build_log"; done
   rm -f "$build_log".*
