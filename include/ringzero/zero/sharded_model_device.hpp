@@ -32,16 +32,26 @@ inline std::string sharded_model::attach(const device_context& device) {
              ": expected a compute stream on device " + std::to_string(c->cuda_device());
   }
   if (options_.reproducible) return "reproducible mode is not available on the device path yet";
+  const bool offloaded = plan_.request().offload == offload::optimizer;
+  if (offloaded) {
+    std::string why = detail::offload_problem(s);
+    if (!why.empty()) return why;
+  }
   compute_ = device.compute;
   comm_stream_ = s.make_communication_stream(comm_, device.communication);
   compute_mark_ = s.make_event();
   comm_mark_ = s.make_event();
+  if (offloaded) offload_ = std::make_unique<detail::optimizer_offload>(plan_, s, comm_, device.communication);
   return {};
 }
 
 inline void sharded_model::start(const device_context* device, std::string problem) {
   if (device == nullptr) {
     require_host_memory();
+    if (plan_.request().offload != offload::none && problem.empty())
+      problem =
+          "the plan offloads the optimizer (offload::optimizer), which runs on the device path only: expected a "
+          "device_context (the host path keeps the whole model state in host memory already) or offload::none";
   } else {
     // A device context that does not fit makes this rank refuse; `agree` tells every rank.
     // The exchange runs in the communicator's memory, whatever the context is.
@@ -189,7 +199,10 @@ inline step_result sharded_model::step_on_streams() {
     s.collective([this] {
       all_reduce(comm_, &squares_, &squares_, 1, dtype::float64, reduce_kind::sum, tagged(call_purpose::norm, 0));
     });
-  s.host_work([this] { pending_ = update_owned_shards(squares_); }, "the optimizer step");
+  if (offload_)
+    enqueue_offloaded_update();  // zero/sharded_model_offload.hpp
+  else
+    s.host_work([this] { pending_ = update_owned_shards(squares_); }, "the optimizer step");
   if (plan_.stage() == 1 || plan_.stage() == 2)
     for (std::size_t b = 0; b < buffers.size(); ++b)
       if (buffers[b].trainable && buffers[b].numel > 0)

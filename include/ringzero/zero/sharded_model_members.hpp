@@ -202,8 +202,15 @@ inline void sharded_model::allocate() {
     grads_.emplace_back(
         make_buffer(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0));
   }
-  optimizer_.emplace(plan_, shard_index_, options_.optimizer,
-                     [this](std::uint64_t bytes) { return make_buffer(bytes); });
+  if (offload_) {  // master weights and states in host memory, with transfer buffers (attach made it)
+    const primitive::memory_space space = offload_->space;
+    optimizer_.emplace(plan_, shard_index_, options_.optimizer,
+                       [space](std::uint64_t bytes) { return detail::optimizer_offload::allocate(space, bytes); });
+    offload_->allocate_buffers(plan_);
+  } else {
+    optimizer_.emplace(plan_, shard_index_, options_.optimizer,
+                       [this](std::uint64_t bytes) { return make_buffer(bytes); });
+  }
   if (options_.reproducible) reproducible_.emplace(plan_);
   const std::size_t units = plan_.units().size();
   unit_gather_.assign(units, npos);
@@ -329,6 +336,16 @@ inline void sharded_model::exchange_restorable_state(std::vector<detail::host_bu
 
 inline step_result sharded_model::update_owned_shards(double squares) {
   const auto& buffers = plan_.buffers();
+  step_result r = begin_update(squares);
+  if (r.skipped) return r;
+  for (std::size_t b = 0; b < buffers.size(); ++b)
+    if (buffers[b].trainable)
+      optimizer_->update(b, owned_parameters(b), owned_gradient(b), static_cast<float>(r.clip_coefficient));
+  r.steps = optimizer_->steps();
+  return r;
+}
+
+inline step_result sharded_model::begin_update(double squares) {
   step_result r;
   r.gradient_norm = std::sqrt(squares);
   if (!std::isfinite(r.gradient_norm) && options_.skip_nonfinite_steps) {
@@ -341,9 +358,6 @@ inline step_result sharded_model::update_owned_shards(double squares) {
     if (coefficient < 1) r.clip_coefficient = coefficient;
   }
   optimizer_->begin_step();
-  for (std::size_t b = 0; b < buffers.size(); ++b)
-    if (buffers[b].trainable)
-      optimizer_->update(b, owned_parameters(b), owned_gradient(b), static_cast<float>(r.clip_coefficient));
   r.steps = optimizer_->steps();
   return r;
 }
