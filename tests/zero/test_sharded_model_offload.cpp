@@ -346,3 +346,50 @@ TEST_CASE("offload is refused on every rank where pinned host memory is not avai
                 "includes ringzero/cuda.cuh, or offload::none") != std::string::npos);
   CHECK(m0.find("rank 1 refused the plan") != std::string::npos);
 }
+
+TEST_CASE("offload: a refused step leaves the state as it was; the next step runs") {
+  // Ranks that set different learning rates: the check on the communication stream refuses the
+  // step before the offload stream's work, every rank throws, nothing changes; the error does
+  // not stay on the offload stream: the next step, with equal rates, is applied.
+  std::vector<std::string> messages(2);
+  std::vector<int> unchanged(2, 0), recovered(2, 0), changed(2, 0);
+  local::launch(2, [&](communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    primitive::host_stream compute;
+    host_execution_stream host(compute);
+    sharded_model_options options;
+    options.optimizer = test_optimizers()[0];
+    sharded_model model(comm, offload_request(2, 1, true, options.optimizer, offload::optimizer), device_context{&host},
+                        options);
+    std::vector<step_result> steps;
+    (void)train<bfloat16>(
+        model, comm.rank(), 1, [&](const auto& w) { compute.enqueue(w); }, steps);
+    const std::size_t p = model.index("l1.w");
+    std::vector<float> before(model.plan().placements()[p].numel), after(before.size()), last(before.size());
+    model.read_parameter(p, before);
+    model.set_learning_rate(comm.rank() == 0 ? 0.05 : 0.025);
+    model.pre_backward(model.unit_of(p));
+    auto g = model.gradient<bfloat16>(p);
+    compute.enqueue([g] {
+      for (bfloat16& x : g) x = static_cast<bfloat16>(static_cast<float>(x) + 1.0f);
+    });
+    model.post_backward(model.unit_of(p));
+    try {
+      (void)model.step();
+    } catch (const error& e) { messages[r] = e.what(); }
+    model.read_parameter(p, after);
+    unchanged[r] = before == after ? 1 : 0;
+    model.set_learning_rate(0.05);
+    const step_result s = model.step();  // the kept gradients, now with equal rates
+    recovered[r] = s.steps == 2 && !s.skipped ? 1 : 0;
+    model.read_parameter(p, last);
+    changed[r] = last != before ? 1 : 0;
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(messages[r].find("hold different learning rates at step 2") != std::string::npos);
+    CHECK(unchanged[r] == 1);
+    CHECK(recovered[r] == 1);
+    CHECK(changed[r] == 1);
+  }
+}

@@ -17,6 +17,10 @@ inline void sharded_model::enqueue_offloaded_update() {
   execution_stream& cpu = *o.stream;
   const auto& buffers = plan_.buffers();
   const auto moved = [&](std::size_t b) { return buffers[b].trainable && owned_range(b).size() > 0; };
+  // A refused step (learning rates differ) left its error on the offload stream too, which took
+  // it over from the communication stream: drop it (the previous step() waited for this stream's
+  // last work, so this does not wait), or every later step would fail with it.
+  cpu.synchronize_quietly();
   // The squared norm (all ranks' sum) is known: the CPU decides (skip, clip) and begins the step.
   c.record(*o.started);
   cpu.wait(*o.started);
