@@ -393,3 +393,49 @@ TEST_CASE("offload: a refused step leaves the state as it was; the next step run
     CHECK(changed[r] == 1);
   }
 }
+
+TEST_CASE("offload with hybrid sharding (2 replica groups of 2 ranks), bitwise the host runtime") {
+  // Rank r: shard group r / 2, replica group r % 2; the replica average runs before the copies.
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    local::world shard0(2), shard1(2), replica0(2), replica1(2);
+    std::vector<std::vector<std::vector<float>>> host(4), device(4);
+    std::vector<std::exception_ptr> failures(4);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          local::communicator shard_comm(r / 2 == 0 ? shard0 : shard1, r % 2);
+          local::communicator replica_comm(r % 2 == 0 ? replica0 : replica1, r / 2);
+          sharded_model_options options;
+          options.optimizer = test_optimizers()[2];
+          options.max_grad_norm = 0.5;
+          plan_request q = offload_request(stage, 2, true, options.optimizer, offload::none);
+          std::vector<step_result> steps;
+          {
+            sharded_model model(shard_comm, q, options, &replica_comm);
+            host[static_cast<std::size_t>(r)] = train<bfloat16>(
+                model, r, 3, [](const auto& w) { w(); }, steps);
+          }
+          q.offload = offload::optimizer;
+          primitive::host_stream compute;
+          host_execution_stream stream(compute);
+          sharded_model model(shard_comm, q, device_context{&stream}, options, &replica_comm);
+          device[static_cast<std::size_t>(r)] = train<bfloat16>(
+              model, r, 3, [&](const auto& w) { compute.enqueue(w); }, steps);
+          compute.synchronize();
+        } catch (...) {
+          failures[static_cast<std::size_t>(r)] = std::current_exception();
+          for (auto* w : {&shard0, &shard1, &replica0, &replica1}) w->abort("rank failed");
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (auto& f : failures)
+      if (f) FAIL(message_of(f));
+    for (std::size_t r = 0; r < 4; ++r) {
+      CAPTURE(r);
+      CHECK(bitwise_equal(device[r], host[r]));
+      CHECK(bitwise_equal(device[r], device[0]));
+    }
+  }
+}
