@@ -153,6 +153,13 @@ class pinned_offload_stream final : public execution_stream {
   void reduce(void* d, const void* a, const void* b, std::uint64_t n, const primitive::reduce_spec& r) override {
     inner_.reduce(d, a, b, n, r);
   }
+  void add_sum_of_squares(double* sum, const void* v, std::uint64_t n, dtype t) override {
+    inner_.add_sum_of_squares(sum, v, n, t);
+  }
+  void decide_step(step_scalars* s, double max_grad_norm, bool skip) override {
+    inner_.decide_step(s, max_grad_norm, skip);
+  }
+  void update_shard(const shard_update& u, const step_scalars* s) override { inner_.update_shard(u, s); }
   void host_work(std::function<void()> w, const std::string& what) override { inner_.host_work(std::move(w), what); }
   void collective(std::function<void()> i) override { inner_.collective(std::move(i)); }
 
