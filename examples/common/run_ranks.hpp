@@ -17,6 +17,7 @@
 #include <fmt/core.h>
 
 #include "launcher.hpp"
+#include "ringzero/backend/launch_env.hpp"
 #include "ringzero/ringzero.hpp"
 #if RINGZERO_HAS_CUDA
 #include "ringzero/backend/local/cuda.hpp"
@@ -48,8 +49,7 @@ class process_world {
     const bool per_process = setup.backend != "local";
     if (setup.backend == "mpi" && setup.device != "cpu")
       throw error(errc::invalid_argument,
-                  "--backend mpi works on host memory: use --device cpu, or --backend nccl "
-                  "(or local) for --device cuda");
+                  "--device cuda does not run on --backend mpi (its transfers are host memory)");
     if (setup.backend == "nccl" && setup.device != "cuda")
       throw error(errc::invalid_argument, "--backend nccl needs --device cuda");
     if (!per_process) return;
