@@ -27,7 +27,7 @@
 //   mpirun -np 2 examples/zero_fashion_mnist --backend mpi --stage 3   (the numbers of --ranks 2)
 //   examples/zero_fashion_mnist --device cuda --ranks 2 --stage 3      (2 ranks sharing one GPU)
 //   mpirun -np 2 examples/zero_fashion_mnist --device cuda --backend nccl
-// `--help` lists every option; docs/examples.md explains them. bench/zero_fashion_mnist.sh
+// `--help` lists every option; docs/zero.md explains them. bench/zero_fashion_mnist.sh
 // compares the stages with DDP.
 
 #include <algorithm>
