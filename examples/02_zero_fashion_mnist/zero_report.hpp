@@ -282,12 +282,12 @@ inline void print_memory(const options& o, const run_result& r, const zero::shar
                  first = static_cast<double>(r.heap.first_step) / n;
     const double built = static_cast<double>(p.model_states() + p.communication_buffers);
     fmt::print(
-        "  heap growth per rank (malloc statistics of the process / {} ranks, communicator scratch excluded):\n"
+        "  heap growth per rank (malloc statistics of the {} / {} ranks, communicator scratch excluded):\n"
         "    while the runtime was built: {} (planned model states {} + communication buffers {}: {})\n"
         "    during the first step:       {} (nothing large is allocated there)\n",
-        ranks, bytes_text(construction), bytes_text(static_cast<double>(p.model_states())),
-        bytes_text(static_cast<double>(p.communication_buffers)), relative_text(construction, built),
-        bytes_text(first));
+        o.where.backend == "local" ? "process" : "processes", ranks, bytes_text(construction),
+        bytes_text(static_cast<double>(p.model_states())), bytes_text(static_cast<double>(p.communication_buffers)),
+        relative_text(construction, built), bytes_text(first));
   }
   if (o.stage > 0 && !r.memory.empty()) {
     const double s0 = static_cast<double>(stage0.memory().model_states());

@@ -2,25 +2,14 @@
 /// @file
 /// `cuda_mlp`: the multilayer perceptron of mlp.hpp on a CUDA GPU: the same layers, parameter
 /// layout, initialisation (copied from an `mlp`), loss and gradient order, with the matrix
-/// products in cuBLAS (cublasSgemm, cublasSgemv) and the rest in the small kernels of
-/// cuda_mlp_kernels.cu. Backward reports each gradient as soon as its computation is enqueued,
-/// so a gradient reducer on the same stream can start reducing it while the earlier layers are
-/// still being differentiated.
-///
-/// Layout and numerics as mlp.hpp: parameters in one flat device buffer in registration order
-/// W1, b1, W2, b2, ... (W_l is in_l x out_l row-major); activations are row-major batch x width.
-/// cuBLAS is column-major, so a row-major product Z = A W is computed as Z^T = W^T A^T, where
-/// each row-major matrix is read as its column-major transpose (no copies).
-///
-/// Stream semantics: everything is enqueued on the stream given at construction (cuBLAS is
-/// bound to it); nothing blocks the host except `download_parameters` and `read`. Gradients of
-/// tensor i are final, in the order of that stream, when `on_ready(i)` is called.
-/// Memory: parameters, gradients and activations for up to `max_batch` rows are allocated by
-/// the constructor and `reserve`, once; built with `external_storage` it owns neither parameters
-/// nor gradients and computes on device memory the caller binds per tensor (`bind_parameter`,
-/// `bind_gradient`) around each layer through layer hooks, as mlp.hpp (example 02 on the device
-/// views of zero::sharded_model). Threads: one object per rank's thread; the current
-/// device must be the one the object was made on.
+/// products in cuBLAS and the rest in the kernels of cuda_mlp_kernels.cu (a row-major Z = A W is
+/// computed as the column-major Z^T = W^T A^T, without copies). Backward reports each gradient
+/// as soon as it is enqueued, so a gradient reducer can reduce it while earlier layers run.
+/// Built with `external_storage` it owns no parameters or gradients: the caller binds them per
+/// tensor around each layer through layer hooks, as mlp.hpp (example 02 on zero::sharded_model's
+/// device views). Everything is enqueued on the stream given at construction (cuBLAS is bound to
+/// it); only `download_parameters` blocks. Activations for up to `max_batch` rows are allocated
+/// once (`reserve`). Threads: one object per rank's thread, on the device it was made on.
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
