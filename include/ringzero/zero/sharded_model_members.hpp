@@ -349,6 +349,9 @@ inline step_result sharded_model::update_owned_shards(double squares) {
     return r;
   }
   optimizer_->begin_step();
+  for (std::size_t b = 0; b < buffers.size(); ++b)
+    if (buffers[b].trainable)
+      optimizer_->update(b, owned_parameters(b), owned_gradient(b), static_cast<float>(r.clip_coefficient));
   r.steps = optimizer_->steps();
   return r;
 }
