@@ -81,7 +81,7 @@ class fragment_reader {
       const std::uint64_t n = std::min(max_bytes, e - b);
       if (dst == nullptr ||
           !may_go_direct(f.file, f.offset + b,
-                         static_cast<const unsigned char*>(dst) + (lo - begin) * es - ((lo - f.begin) * es - b)))
+                         reinterpret_cast<std::uintptr_t>(dst) + (lo - begin) * es - ((lo - f.begin) * es - b)))
         open(f.file).will_need(f.offset + b, n);
       max_bytes -= n;
     }
@@ -114,10 +114,10 @@ class fragment_reader {
   static constexpr std::uint64_t direct_alignment = 4096;
 
  private:
-  /// True when a read at file offset `offset` of file `i` into `dst` is congruent modulo
+  /// True when a read at file offset `offset` of file `i` into address `dst` is congruent modulo
   /// `direct_alignment` and the file can be opened with O_DIRECT (tried once per file).
-  bool may_go_direct(std::size_t i, std::uint64_t offset, const unsigned char* dst) {
-    if ((reinterpret_cast<std::uintptr_t>(dst) - offset) % direct_alignment != 0) return false;
+  bool may_go_direct(std::size_t i, std::uint64_t offset, std::uintptr_t dst) {
+    if ((dst - offset) % direct_alignment != 0) return false;
     direct_file& d = direct_[i];
     if (!d.tried) {
       d.tried = true;
@@ -131,7 +131,8 @@ class fragment_reader {
   /// when `may_go_direct` and the data is not cached, the rest (or all) buffered.
   void read_range(std::size_t i, unsigned char* dst, std::uint64_t bytes, std::uint64_t offset) {
     const detail::file& buffered = open(i);
-    if (bytes >= direct_min_bytes && may_go_direct(i, offset, dst) && !buffered.cached(offset)) {
+    if (bytes >= direct_min_bytes && may_go_direct(i, offset, reinterpret_cast<std::uintptr_t>(dst)) &&
+        !buffered.cached(offset)) {
       const std::uint64_t head = (direct_alignment - offset % direct_alignment) % direct_alignment;
       const std::uint64_t body = (bytes - head) / direct_alignment * direct_alignment;
       if (head != 0) buffered.read_at(dst, head, offset);
@@ -210,7 +211,8 @@ class fragment_reader {
                c1 * checksum_chunk_bytes < e)
           ++c1;
         const std::uint64_t run_end = std::min(e, c1 * checksum_chunk_bytes);
-        if (run_end < e && !may_go_direct(f.file, f.offset + run_end, dst + (run_end - b)))
+        if (run_end < e &&
+            !may_go_direct(f.file, f.offset + run_end, reinterpret_cast<std::uintptr_t>(dst + (run_end - b))))
           open(f.file).will_need(f.offset + run_end, std::min(ahead_bytes, e - run_end));
         read_chunks(t, f, c, c1, bytes, dst + (cb - b));
         c = c1;
