@@ -200,7 +200,10 @@ class fragment_reader {
   void read_fragment(const tensor_record& t, const fragment_record& f, std::uint64_t b, std::uint64_t e,
                      unsigned char* dst) {
     const std::uint64_t bytes = (f.end - f.begin) * dtype_size(t.type);
-    constexpr std::uint64_t max_run_chunks = 4;                     // 16 MiB per pread, then its checksums
+    // 16 MiB per buffered pread (the kernel reads ahead meanwhile), 64 MiB per direct one (no
+    // read-ahead: a larger request keeps the disk's queue full), then its checksums.
+    const std::uint64_t max_run_chunks =
+        may_go_direct(f.file, f.offset, reinterpret_cast<std::uintptr_t>(dst) - b) ? 16 : 4;
     constexpr std::uint64_t ahead_bytes = std::uint64_t{64} << 20;  // read by the kernel meanwhile
     std::uint64_t c = b / checksum_chunk_bytes;
     while (c * checksum_chunk_bytes < e) {
