@@ -9,10 +9,10 @@
 /// the index's is refused (truncated or replaced), as is a missing one. Reads go by 16 MiB
 /// (64 MiB when direct). A read whose file offset and destination address are congruent
 /// modulo 4096 (an aligned shard file read into page-aligned memory) and whose data is not in
-/// the page cache goes with O_DIRECT straight into the destination (no copy out of the page cache), its unaligned head
-/// and tail buffered; elsewhere (file systems that refuse O_DIRECT, unaligned files of older
-/// saves, cached data) reads are buffered, the kernel reading the next 64 MiB (posix_fadvise
-/// WILLNEED) while a run's checksums are computed. Every byte is verified either way.
+/// the page cache goes with O_DIRECT straight into the destination (no copy out of the page
+/// cache), its unaligned head and tail buffered; elsewhere (file systems that refuse O_DIRECT,
+/// unaligned files of older saves, cached data) reads are buffered, the kernel reading the next
+/// 64 MiB (posix_fadvise WILLNEED) while a run's checksums are computed. Every byte is verified.
 /// Errors: errc::io_error naming the file, the rank that wrote it, the tensor, the fragment and
 /// what was expected. Thread semantics: one thread at a time per reader.
 /// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`).
