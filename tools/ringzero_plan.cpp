@@ -255,6 +255,7 @@ struct options {
   int max_inflight_reductions = 2;
   int show_rank = -1;
   bool json = false;
+  std::string offload = "none";
 };
 
 /// --alignment: a whole number of bytes as digits, so "-16" is refused as given instead of
@@ -299,6 +300,9 @@ ringzero::zero::plan_request make_request(const options& o, std::vector<paramete
   q.accumulation_steps = o.accumulation_steps;
   q.prefetch = !o.no_prefetch;
   q.max_inflight_reductions = o.max_inflight_reductions;
+  const auto offload = ringzero::zero::parse_offload(o.offload);
+  if (!offload) throw usage_error("--offload must be none or optimizer, got '" + o.offload + "'");
+  q.offload = *offload;
   return q;
 }
 
@@ -330,6 +334,9 @@ nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gp
   j["shards"] = plan.shards();
   j["replica_groups"] = plan.replica_groups();
   j["memory_per_rank"] = memory_json(plan.memory());
+  j["offload"] = std::string(ringzero::zero::offload_name(plan.request().offload));
+  j["device_memory_per_rank"] = memory_json(plan.device_memory());
+  j["host_memory_per_rank"] = memory_json(plan.host_memory());
   j["communication_buffers"] = {{"gather_buffers", comm.gather_buffers},
                                 {"gather_buffer_bytes", comm.gather_buffer_bytes},
                                 {"gradient_buckets", comm.gradient_buckets},
@@ -362,8 +369,8 @@ nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gp
   j["traffic_per_step"] = traffic;
   if (gpu) {
     j["gpu_memory"] = *gpu;
-    j["fits"] = plan.memory().total() <= *gpu;
-    j["headroom_bytes"] = static_cast<double>(*gpu) - static_cast<double>(plan.memory().total());
+    j["fits"] = plan.device_memory().total() <= *gpu;  // what stays on the GPU
+    j["headroom_bytes"] = static_cast<double>(*gpu) - static_cast<double>(plan.device_memory().total());
   }
   if (show_rank >= 0) {
     nlohmann::json frags = nlohmann::json::array();
@@ -413,6 +420,15 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
   row("communication buffers", m.communication_buffers, std::nullopt);
   row("total", m.total(), std::nullopt);
   fmt::print("  (the paper's K = 12 counts master weights and optimizer states together)\n");
+  const auto& dm = plan.device_memory();
+  const auto& hm = plan.host_memory();
+  if (plan.request().offload != ringzero::zero::offload::none)
+    fmt::print(
+        "  on the GPU {}; in pinned host memory (offload {}) {}: master weights {},\n"
+        "  optimizer states {}, transfer buffers {} (the gradient and parameter shards of the CPU update)\n",
+        human(static_cast<double>(dm.total())), ringzero::zero::offload_name(plan.request().offload),
+        human(static_cast<double>(hm.total())), human(static_cast<double>(hm.master_weights)),
+        human(static_cast<double>(hm.optimizer_states)), human(static_cast<double>(hm.communication_buffers)));
   const auto& comm = plan.communication();
   if (stage == 3)
     fmt::print("  buffers: {} gather buffer{} of {} and ", comm.gather_buffers, comm.gather_buffers == 1 ? "" : "s",
@@ -423,7 +439,7 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
     fmt::print("{} gradient bucket{} of {} (each sized for the largest unit)\n", comm.gradient_buckets,
                comm.gradient_buckets == 1 ? "" : "s", human(static_cast<double>(comm.gradient_bucket_bytes)));
   if (gpu) {
-    const double left = static_cast<double>(*gpu) - static_cast<double>(m.total());
+    const double left = static_cast<double>(*gpu) - static_cast<double>(dm.total());
     if (left >= 0)
       fmt::print("  fits in {}: yes, {} ({:.1f}%) left for activations and workspace\n",
                  human(static_cast<double>(*gpu)), human(left), 100.0 * left / static_cast<double>(*gpu));
@@ -466,6 +482,7 @@ void print_summary(const std::vector<shard_plan>& plans, std::optional<std::uint
   fmt::print("precision: {}\n\n", precision_text(plans.front().request().precision));
   fmt::print("Memory per rank and traffic per step, by stage ({} ranks, {} per replica group)\n",
              plans.front().world_size(), plans.back().shards());
+  const bool offloaded = plans.front().request().offload != ringzero::zero::offload::none;
   fmt::print("  {:<6}{:>12}{:>12}{:>12}{:>12}{:>14}{:>14}{:>12}{:>12}{:>16}{}\n", "stage", "parameters", "gradients",
              "master", "optimizer", "model states", "paper (K=12)", "buffers", "total", "volume (elem)",
              gpu ? "  fits" : "");
@@ -477,8 +494,18 @@ void print_summary(const std::vector<shard_plan>& plans, std::optional<std::uint
                human(static_cast<double>(m.master_weights)), human(static_cast<double>(m.optimizer_states)),
                human(static_cast<double>(m.model_states())), human(c.paper.total()),
                human(static_cast<double>(m.communication_buffers)), human(static_cast<double>(m.total())),
-               grouped(c.planned_volume + c.replica_volume), gpu ? (m.total() <= *gpu ? "  yes" : "  NO") : "");
+               grouped(c.planned_volume + c.replica_volume),
+               gpu ? (plan.device_memory().total() <= *gpu ? "  yes" : "  NO") : "");
+    if (offloaded)
+      fmt::print("  {:<6}on the GPU {}, in pinned host memory {}\n", "",
+                 human(static_cast<double>(plan.device_memory().total())),
+                 human(static_cast<double>(plan.host_memory().total())));
   }
+  if (offloaded)
+    fmt::print(
+        "  (offload {}: master weights, optimizer states and transfer buffers in pinned host memory; fits: the\n"
+        "   GPU's part)\n",
+        ringzero::zero::offload_name(plans.front().request().offload));
   fmt::print(
       "  (paper: the ZeRO paper's model-state formula with K = 12; fits: total <= GPU memory, activations not\n"
       "   counted; volume: elements each rank moves per step in the paper's accounting; --stage N for details)\n");
@@ -489,8 +516,8 @@ void print_summary(const std::vector<shard_plan>& plans, std::optional<std::uint
 int main(int argc, char** argv) {
   CLI::App app{"ringzero-plan: plan ZeRO stages 0-3 for a model, without hardware"};
   options o;
-  auto* preset =
-      app.add_option("-m,--model", o.model, "Built-in model: gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-7b");
+  auto* preset = app.add_option("-m,--model", o.model,
+                                "Built-in model: gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-7b, llama-70b");
   auto* file = app.add_option("-f,--model-file", o.model_file, "JSON model description (see the documentation)");
   preset->excludes(file);
   app.add_option("-s,--stage", o.stage, "ZeRO stage 0, 1, 2, 3, or 'all' for a comparison")->capture_default_str();
@@ -522,6 +549,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--show-rank", o.show_rank, "List the parameter fragments this rank owns");
   app.add_flag("--json", o.json, "Print JSON instead of tables");
+  app.add_option("--offload", o.offload,
+                 "none, or optimizer: master weights and optimizer states in pinned host memory, updated on the CPU")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

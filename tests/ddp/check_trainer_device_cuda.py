@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`ddp_fashion_mnist --device cuda` must fail at once, with exit status 1 and a clear message,
+"""`TRAINER --device cuda` (example 01 or 02) must fail at once, with exit status 1 and a clear message,
 where it cannot train on a GPU: on a machine without a CUDA device it says "no CUDA device"
 (and what the CUDA runtime answered) before loading any data; in a build without CUDA it says
 that the build has no CUDA support. On a machine with a GPU it gets past that check, and the
@@ -23,7 +23,8 @@ def main() -> int:
     failures = []
     if p.returncode != 1:
         failures.append(f"exit status {p.returncode}, expected 1")
-    if not err.startswith("ddp_fashion_mnist: "):
+    program = os.path.basename(trainer)
+    if not err.startswith(program + ": "):
         failures.append("the error does not start with the program's name")
     if "no CUDA device" in err:
         if "--device cuda" not in err:

@@ -1,5 +1,5 @@
 """Examples 01 and 02 started by a launcher as one of several processes, without --backend mpi,
-refuse (exit 2) with a message naming the launcher, instead of running one complete job per
+refuse (exit 2) with a message naming the launcher and --backend mpi (torchrun: --ranks N), instead of running one complete job per
 process. The launcher is simulated by the variables it sets (Open MPI, PMI, Slurm's srun,
 torchrun); a launcher that started one process, and a batch script's Slurm variables, are no
 reason to refuse (those runs stop at a bad option instead, so they need no dataset).
@@ -38,7 +38,7 @@ def expect_no_refusal(exe, extra_env):
         failures.append(f"{name} {extra_env}: exit {r.returncode}, stderr {r.stderr.strip()!r}; expected exit 1 at the missing dataset")
 
 
-for exe, advice in ((ddp_exe, "--backend mpi"), (zero_exe, "--ranks 4")):
+for exe, advice in ((ddp_exe, "--backend mpi"), (zero_exe, "--backend mpi")):
     expect_refusal(exe, {"OMPI_COMM_WORLD_SIZE": "4"}, "mpirun (Open MPI) as one of 4 processes", advice)
     expect_refusal(exe, {"PMI_SIZE": "4"}, "mpiexec (PMI) as one of 4 processes", advice)
     expect_refusal(exe, {"SLURM_STEP_NUM_TASKS": "4"}, "srun (Slurm) as one of 4 processes", advice)

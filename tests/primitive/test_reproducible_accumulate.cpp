@@ -196,14 +196,14 @@ TEST_CASE(
     "reproducible packed deposit: values within their tops (none, a few, or many outside, bin boundaries) equal the "
     "element function") {
   // After a first contribution sets the tops, each round puts a share of the elements outside
-  // their top (0, 1 in 1000, 1 in 100, 1 in 10, 1 in 2: the within-top pass alone, the gathered
-  // rest, the whole block), the others within it; values at both sides of each element's top bin
+  // their top (0, 1 in 1000, 1 in 100, 1 in 10, 1 in 2: the within-top pass alone, then few or
+  // many gathered, or the whole block), the others within it; values at both sides of each element's top bin
   // boundary (the largest float32 below 2^(12 (T + 1) - 1080), and that power of two itself),
   // zeros of either sign, subnormals and rare inf / NaN. Both the portable loop and the
   // dispatched one (AVX-512 where the CPU has it), with and without flushed limbs; every third
   // round without the within-top pass (within = false: the full deposit only).
   std::mt19937_64 rng(23);
-  const std::uint64_t n = 2 * ringzero::primitive::detail::reproducible_block + 1000;  // two blocks and a tail
+  const std::uint64_t n = 2 * ringzero::primitive::detail::reproducible_block + 1003;  // two blocks and a tail
   const float_format f32 = format_of(dtype::float32);
   for (const bool portable : {true, false})
     for (const bool flushed : {false, true}) {

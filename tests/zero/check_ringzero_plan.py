@@ -182,4 +182,35 @@ refused(["--model", "gpt2", "-n", "4", "--alignment", "18446744073709551616"],
 out = plans("--model", "gpt2", "-n", "4", "--stage", "1", "--alignment", "4096")
 check(out["plans"][0]["padding_elements"] > 0, "--alignment 4096 accepted")
 
+# --offload optimizer: device and host memory apart; the 70B preset on 8 x 80 GB fits at stage 3
+# only with offload (bf16 parameters and gradients, float32 master weights and Adam states).
+for offload in ("none", "optimizer"):
+    out = plans("--model", "llama-70b", "--world-size", "8", "--precision", "bf16", "--gpu-memory", "80GB",
+                "--offload", offload)
+    check(out["model"]["parameters"] == 68976648192, "llama-70b parameter count")
+    for p in out["plans"]:
+        dev, host, total = p["device_memory_per_rank"], p["host_memory_per_rank"], p["memory_per_rank"]
+        check(p["offload"] == offload, "offload reported")
+        for k in ("parameters", "gradients", "master_weights", "optimizer_states", "communication_buffers", "total"):
+            check(dev[k] + host[k] == total[k], f"{offload} stage {p['stage']}: device + host {k} is the total")
+        check(p["fits"] == (dev["total"] <= 80 * 10**9), f"{offload} stage {p['stage']}: fits judges the device part")
+        if offload == "none":
+            check(host["total"] == 0, "no offload: nothing in host memory")
+            check(p["fits"] is False, f"llama-70b stage {p['stage']} without offload does not fit in 80 GB")
+        else:
+            # the updated range per rank: every (padded) element at stage 0, a shard of 1/8 at stages 1-3
+            padded = dev["parameters"] // 2 * (8 if p["stage"] == 3 else 1)
+            own = padded if p["stage"] == 0 else padded // 8
+            check(host["master_weights"] == 4 * own, f"stage {p['stage']}: float32 master weights of the updated range")
+            check(host["optimizer_states"] == 2 * host["master_weights"], "Adam's two float32 states in host memory")
+            check(host["communication_buffers"] == host["master_weights"], "transfer buffers: 2 + 2 bytes per element")
+            check(dev["master_weights"] == 0 and dev["optimizer_states"] == 0, "nothing of the optimizer on the GPU")
+            check(p["fits"] is (p["stage"] == 3), f"llama-70b stage {p['stage']} with offload: fits at stage 3 only")
+r = run("--model", "llama-70b", "--world-size", "8", "--precision", "bf16", "--gpu-memory", "80GB", "--stage", "3",
+        "--offload", "optimizer")
+check(r.returncode == 0 and "in pinned host memory (offload optimizer) 128.48 GiB" in r.stdout
+      and "fits in 74.51 GiB: yes" in r.stdout, "the table shows device and host memory and what fits")
+r = run("--model", "gpt2", "--world-size", "4", "--offload", "gpu")
+check(r.returncode == 1 and "--offload must be none or optimizer, got 'gpu'" in r.stderr, "bad --offload refused")
+
 sys.exit(finish())

@@ -169,3 +169,49 @@ TEST_CASE("the memory and volume sums are exact up to 2^64 - 1; a plan whose sum
   q.accumulation_steps = 16;
   CHECK(refusal(q) == "ringzero: zero::shard_plan: the communication volume per step in elements overflows 64 bits");
 }
+
+TEST_CASE("offload::optimizer: the plan counts device and host memory apart, byte for byte") {
+  // bfloat16 parameters and gradients, float32 master weights and Adam's two float32 states; a
+  // trainable parameter of 10 elements and a frozen one of 6, world size 2, alignment 16 bytes
+  // (8 bfloat16 elements): each buffer is padded to 16 elements, shards of 8 (at stage 0, to a
+  // multiple of 8: 16 and 8 elements).
+  plan_request q;
+  q.parameters.resize(2);
+  q.parameters[0].name = "a";
+  q.parameters[0].shape = {10};
+  q.parameters[0].unit = "u0";
+  q.parameters[1].name = "f";
+  q.parameters[1].shape = {6};
+  q.parameters[1].unit = "u0";
+  q.parameters[1].trainable = false;
+  q.world_size = 2;
+  q.alignment_bytes = 16;
+  q.precision = precision::bfloat16_adam();
+  struct expected {
+    int stage;
+    std::uint64_t parameters, gradients, own;  // device bytes; elements the optimizer updates
+  };
+  for (const expected e :
+       {expected{0, 48, 32, 16}, expected{1, 64, 32, 8}, expected{2, 64, 16, 8}, expected{3, 32, 16, 8}}) {
+    CAPTURE(e.stage);
+    q.stage = e.stage;
+    q.offload = offload::none;
+    const shard_plan plain(q);
+    q.offload = offload::optimizer;
+    const shard_plan off(q);
+    const std::uint64_t buffers = plain.memory().communication_buffers;  // gather buffers, buckets
+    // Without offload everything is device memory.
+    CHECK(plain.device_memory() == plain.memory());
+    CHECK(plain.host_memory() == memory_breakdown{});
+    CHECK(plain.memory() == memory_breakdown{e.parameters, e.gradients, e.own * 4, e.own * 8, buffers});
+    // With it: master weights (4 B), states (2 x 4 B) and the transfer buffers (the gradient and
+    // the parameter shard, 2 + 2 B) of the updated range in host memory.
+    CHECK(off.device_memory() == memory_breakdown{e.parameters, e.gradients, 0, 0, buffers});
+    CHECK(off.host_memory() == memory_breakdown{0, 0, e.own * 4, e.own * 8, e.own * 4});
+    CHECK(off.memory() == memory_breakdown{e.parameters, e.gradients, e.own * 4, e.own * 8, buffers + e.own * 4});
+    CHECK(off.fingerprint() != plain.fingerprint());
+    CHECK(off.traffic().size() == plain.traffic().size());
+  }
+  q.offload = static_cast<offload>(7);
+  CHECK_THROWS_WITH_AS(shard_plan{q}, doctest::Contains("offload must be none or optimizer, got value 7"), error);
+}

@@ -626,11 +626,9 @@ TEST_CASE("sums over buffers, units and calls that overflow 64 bits are refused,
 }
 
 TEST_CASE("preset models have their published parameter counts") {
-  const std::pair<const char*, std::uint64_t> expected[] = {{"gpt2", 124439808ull},
-                                                            {"gpt2-medium", 354823168ull},
-                                                            {"gpt2-large", 774030080ull},
-                                                            {"gpt2-xl", 1557611200ull},
-                                                            {"llama-7b", 6738415616ull}};
+  const std::pair<const char*, std::uint64_t> expected[] = {
+      {"gpt2", 124439808ull},     {"gpt2-medium", 354823168ull}, {"gpt2-large", 774030080ull},
+      {"gpt2-xl", 1557611200ull}, {"llama-7b", 6738415616ull},   {"llama-70b", 68976648192ull}};
   for (const auto& [name, count] : expected) {
     plan_request q;
     q.parameters = *preset_parameters(name);

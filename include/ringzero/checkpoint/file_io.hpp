@@ -4,21 +4,25 @@
 /// reads and writes of whole ranges (pread / pwrite, retried on short transfers and EINTR),
 /// fsync of files and directories, atomic replacement of a small file (temporary file, fsync,
 /// rename, fsync of the directory) and atomic exchange of two directories (renameat2 with
-/// RENAME_EXCHANGE, Linux 3.15+). Every failure throws `ringzero::error(errc::io_error)` naming
+/// RENAME_EXCHANGE, Linux 3.15+), and reads that bypass the page cache (O_DIRECT) where the file
+/// system allows them. Every failure throws `ringzero::error(errc::io_error)` naming
 /// the operation, the file and the system's reason ("No space left on device").
 /// Thread semantics: a `file` is used by one thread at a time.
 
 #include <fcntl.h>  // sync_file_range needs _GNU_SOURCE, which g++ defines
 #include <stdio.h>  // renameat2 (glibc 2.28+)
 #include <sys/stat.h>
+#include <sys/uio.h>  // preadv2, RWF_NOWAIT
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -32,6 +36,11 @@ namespace ringzero::checkpoint::detail {
 [[noreturn]] inline void io_fail(const std::string& what, const std::filesystem::path& path, int err) {
   throw error(errc::io_error, what + " '" + path.string() + "': " + std::strerror(err));
 }
+
+/// For tests: makes O_DIRECT look refused as by a file system without it (`at_open`: open fails
+/// with EINVAL; `at_read`: the first direct pread does), so the buffered fallback runs anywhere.
+enum class direct_refusal { none, at_open, at_read };
+inline std::atomic<direct_refusal> test_direct_refusal{direct_refusal::none};
 
 /// An open file descriptor, closed on destruction. Move-only.
 class file {
@@ -61,6 +70,19 @@ class file {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) io_fail("cannot open", path, errno);
     return file(fd, path);
+  }
+  /// Opens `path` for reading with O_DIRECT (Linux: reads bypass the page cache; offsets,
+  /// lengths and memory must be multiples of the logical block size), or std::nullopt when
+  /// the file system refuses it or the file cannot be opened (the caller reads buffered).
+  static std::optional<file> open_direct(const std::filesystem::path& path) noexcept {
+#if defined(O_DIRECT)
+    if (test_direct_refusal.load() == direct_refusal::at_open) return std::nullopt;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (fd >= 0) return file(fd, path);
+#else
+    (void)path;
+#endif
+    return std::nullopt;
   }
   /// Opens a directory (for fsync).
   static file open_directory(const std::filesystem::path& path) {
@@ -107,6 +129,45 @@ class file {
       bytes -= static_cast<std::uint64_t>(r);
       offset += static_cast<std::uint64_t>(r);
     }
+  }
+  /// `read_at` on a file opened by `open_direct` (`data`, `bytes` and `offset` multiples of the
+  /// logical block size): returns the bytes read before the system refused the request with
+  /// EINVAL (all of them normally), for the caller to read the rest buffered; other errors and
+  /// a file that ends first throw as `read_at`'s do.
+  std::uint64_t read_direct_at(void* data, std::uint64_t bytes, std::uint64_t offset) const {
+    auto* p = static_cast<unsigned char*>(data);
+    const std::uint64_t asked = bytes;
+    if (test_direct_refusal.load() == direct_refusal::at_read) return 0;
+    while (bytes > 0) {
+      const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
+      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EINVAL) break;
+        io_fail("cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
+                errno);
+      }
+      if (r == 0)
+        throw error(errc::io_error, "file '" + path_.string() + "' ends at byte " + std::to_string(offset) +
+                                        " (truncated): " + std::to_string(bytes) + " more bytes were expected");
+      p += r;
+      bytes -= static_cast<std::uint64_t>(r);
+      offset += static_cast<std::uint64_t>(r);
+      if (r % 512 != 0) break;  // an unaligned short read: the rest cannot go direct
+    }
+    return asked - bytes;
+  }
+  /// True when the byte at `offset` is in the page cache (a 1-byte preadv2 with RWF_NOWAIT
+  /// succeeds), so a read there is served from memory; false when not or unknown.
+  bool cached(std::uint64_t offset) const noexcept {
+#if defined(RWF_NOWAIT)
+    unsigned char byte = 0;
+    iovec v{&byte, 1};
+    return ::preadv2(fd_, &v, 1, static_cast<off_t>(offset), RWF_NOWAIT) == 1;
+#else
+    (void)offset;
+    return false;
+#endif
   }
   /// The file's size in bytes.
   std::uint64_t size() const {

@@ -6,8 +6,13 @@
 /// no communicator: a rank reads what its new plan needs, and a tool (inspect, verify,
 /// consolidate, reshard) streams tensors with bounded memory.
 /// Files are opened on first use, advised as read sequentially; a file whose size differs from
-/// the index's is refused (truncated or replaced), as is a missing one. Reads go by 16 MiB, the
-/// kernel reading the next 64 MiB (posix_fadvise WILLNEED) while a run's checksums are computed.
+/// the index's is refused (truncated or replaced), as is a missing one. Reads go by 16 MiB
+/// (64 MiB when direct). A read whose file offset and destination address are congruent
+/// modulo 4096 (an aligned shard file read into page-aligned memory) and whose data is not in
+/// the page cache goes with O_DIRECT straight into the destination (no copy out of the page
+/// cache), its unaligned head and tail buffered; elsewhere (file systems that refuse O_DIRECT,
+/// unaligned files of older saves, cached data) reads are buffered, the kernel reading the next
+/// 64 MiB (posix_fadvise WILLNEED) while a run's checksums are computed. Every byte is verified.
 /// Errors: errc::io_error naming the file, the rank that wrote it, the tensor, the fragment and
 /// what was expected. Thread semantics: one thread at a time per reader.
 /// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`).
@@ -31,7 +36,7 @@ class fragment_reader {
  public:
   /// A reader of the checkpoint in `dir` described by `index` (both must outlive it).
   fragment_reader(std::filesystem::path dir, const checkpoint_index& index)
-      : dir_(std::move(dir)), index_(&index), files_(index.files.size()) {}
+      : dir_(std::move(dir)), index_(&index), files_(index.files.size()), direct_(index.files.size()) {}
 
   /// The index.
   const checkpoint_index& index() const noexcept { return *index_; }
@@ -62,8 +67,10 @@ class fragment_reader {
 
   /// Asks the kernel to start reading (posix_fadvise WILLNEED) the first `max_bytes` of the
   /// chunks that hold elements [begin, end) of tensor `t`, so a `read` that follows the current
-  /// one does not wait for the disk at its start. Advice only; opens the files it needs.
-  void prefetch(const tensor_record& t, std::uint64_t begin, std::uint64_t end, std::uint64_t max_bytes) {
+  /// one does not wait for the disk at its start; nothing for the parts a `read` into `dst`
+  /// (when given) would read with O_DIRECT. Advice only; opens the files it needs.
+  void prefetch(const tensor_record& t, std::uint64_t begin, std::uint64_t end, std::uint64_t max_bytes,
+                const void* dst = nullptr) {
     if (!t.tied_to.empty() || begin >= end || end > t.numel()) return;
     const std::uint64_t es = dtype_size(t.type);
     for (const fragment_record& f : t.fragments) {
@@ -72,7 +79,10 @@ class fragment_reader {
       const std::uint64_t b = (lo - f.begin) * es / checksum_chunk_bytes * checksum_chunk_bytes,
                           e = (hi - f.begin) * es;
       const std::uint64_t n = std::min(max_bytes, e - b);
-      open(f.file).will_need(f.offset + b, n);
+      if (dst == nullptr ||
+          !may_go_direct(f.file, f.offset + b,
+                         reinterpret_cast<std::uintptr_t>(dst) + (lo - begin) * es - ((lo - f.begin) * es - b)))
+        open(f.file).will_need(f.offset + b, n);
       max_bytes -= n;
     }
   }
@@ -94,8 +104,48 @@ class fragment_reader {
 
   /// Bytes read from files so far.
   std::uint64_t bytes_read() const noexcept { return bytes_read_; }
+  /// Of those, bytes read with O_DIRECT (straight into the destination).
+  std::uint64_t bytes_read_direct() const noexcept { return bytes_direct_; }
+
+  /// Reads at least this many bytes with O_DIRECT when the conditions allow (smaller ones buffered).
+  static constexpr std::uint64_t direct_min_bytes = std::uint64_t{64} << 10;
+  /// The alignment O_DIRECT reads keep (offset, length and memory): 4096, a multiple of the
+  /// logical block size of common disks (512 or 4096).
+  static constexpr std::uint64_t direct_alignment = 4096;
 
  private:
+  /// True when a read at file offset `offset` of file `i` into address `dst` is congruent modulo
+  /// `direct_alignment` and the file can be opened with O_DIRECT (tried once per file).
+  bool may_go_direct(std::size_t i, std::uint64_t offset, std::uintptr_t dst) {
+    if ((dst - offset) % direct_alignment != 0) return false;
+    direct_file& d = direct_[i];
+    if (!d.tried) {
+      d.tried = true;
+      (void)open(i);
+      d.fd = detail::file::open_direct(dir_ / index_->files[i].name);
+    }
+    return d.fd.has_value();
+  }
+
+  /// Reads `bytes` bytes at `offset` of file `i` into `dst`: the aligned middle with O_DIRECT
+  /// when `may_go_direct` and the data is not cached, the rest (or all) buffered.
+  void read_range(std::size_t i, unsigned char* dst, std::uint64_t bytes, std::uint64_t offset) {
+    const detail::file& buffered = open(i);
+    if (bytes >= direct_min_bytes && may_go_direct(i, offset, reinterpret_cast<std::uintptr_t>(dst)) &&
+        !buffered.cached(offset)) {
+      const std::uint64_t head = (direct_alignment - offset % direct_alignment) % direct_alignment;
+      const std::uint64_t body = (bytes - head) / direct_alignment * direct_alignment;
+      if (head != 0) buffered.read_at(dst, head, offset);
+      const std::uint64_t done = direct_[i].fd->read_direct_at(dst + head, body, offset + head);
+      if (done < body) direct_[i].fd.reset();  // refused (EINVAL): buffered from here on
+      bytes_direct_ += done;
+      const std::uint64_t at = head + done;
+      if (at < bytes) buffered.read_at(dst + at, bytes - at, offset + at);
+      return;
+    }
+    buffered.read_at(dst, bytes, offset);
+  }
+
   const detail::file& open(std::size_t i) {
     std::optional<detail::file>& slot = files_[i];
     if (slot) return *slot;
@@ -126,9 +176,8 @@ class fragment_reader {
   /// Reads chunks [c0, c1) of fragment f (of `bytes` bytes) into `dst` and verifies them.
   void read_chunks(const tensor_record& t, const fragment_record& f, std::uint64_t c0, std::uint64_t c1,
                    std::uint64_t bytes, unsigned char* dst) {
-    const detail::file& file = open(f.file);
     const std::uint64_t b = c0 * checksum_chunk_bytes, e = std::min(bytes, c1 * checksum_chunk_bytes);
-    file.read_at(dst, e - b, f.offset + b);
+    read_range(f.file, dst, e - b, f.offset + b);
     bytes_read_ += e - b;
     for (std::uint64_t c = c0; c < c1; ++c) {
       const std::uint64_t cb = c * checksum_chunk_bytes, ce = std::min(bytes, cb + checksum_chunk_bytes);
@@ -151,7 +200,10 @@ class fragment_reader {
   void read_fragment(const tensor_record& t, const fragment_record& f, std::uint64_t b, std::uint64_t e,
                      unsigned char* dst) {
     const std::uint64_t bytes = (f.end - f.begin) * dtype_size(t.type);
-    constexpr std::uint64_t max_run_chunks = 4;                     // 16 MiB per pread, then its checksums
+    // 16 MiB per buffered pread (the kernel reads ahead meanwhile), 64 MiB per direct one (no
+    // read-ahead: a larger request keeps the disk's queue full), then its checksums.
+    const std::uint64_t max_run_chunks =
+        may_go_direct(f.file, f.offset, reinterpret_cast<std::uintptr_t>(dst) - b) ? 16 : 4;
     constexpr std::uint64_t ahead_bytes = std::uint64_t{64} << 20;  // read by the kernel meanwhile
     std::uint64_t c = b / checksum_chunk_bytes;
     while (c * checksum_chunk_bytes < e) {
@@ -162,7 +214,9 @@ class fragment_reader {
                c1 * checksum_chunk_bytes < e)
           ++c1;
         const std::uint64_t run_end = std::min(e, c1 * checksum_chunk_bytes);
-        if (run_end < e) open(f.file).will_need(f.offset + run_end, std::min(ahead_bytes, e - run_end));
+        if (run_end < e &&
+            !may_go_direct(f.file, f.offset + run_end, reinterpret_cast<std::uintptr_t>(dst + (run_end - b))))
+          open(f.file).will_need(f.offset + run_end, std::min(ahead_bytes, e - run_end));
         read_chunks(t, f, c, c1, bytes, dst + (cb - b));
         c = c1;
         continue;
@@ -177,9 +231,15 @@ class fragment_reader {
 
   std::filesystem::path dir_;
   const checkpoint_index* index_;
+  struct direct_file {
+    bool tried = false;
+    std::optional<detail::file> fd;  ///< opened with O_DIRECT; empty when refused
+  };
   std::vector<std::optional<detail::file>> files_;
+  std::vector<direct_file> direct_;
   std::vector<unsigned char> scratch_;
   std::uint64_t bytes_read_ = 0;
+  std::uint64_t bytes_direct_ = 0;
 };
 
 }  // namespace ringzero::checkpoint

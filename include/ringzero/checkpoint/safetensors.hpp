@@ -11,7 +11,8 @@
 ///   overlap and without gaps, and end at the end of the file.
 /// Readers here enforce every one of those rules (and the 100 MB header limit of the reference
 /// implementation), so a damaged or truncated file is refused naming the file and the rule.
-/// Writers pad the header with spaces so that the data section starts at a multiple of 8 bytes.
+/// Writers pad the header with spaces so that the data section starts at a multiple of 8 bytes
+/// (or of a larger alignment asked for).
 /// Needs nlohmann/json (the Meson dependency `ringzero-checkpoint`). Pure functions except
 /// `read_safetensors_header`, which reads a file.
 
@@ -107,9 +108,14 @@ struct safetensors_entry {
 
 /// The first 8 + N bytes of a safetensors file holding `entries` in this order (data offsets
 /// assigned contiguously from 0) with `metadata`; N is padded with spaces to make 8 + N a
-/// multiple of 8. Throws errc::invalid_argument for a duplicate or reserved name.
+/// multiple of `data_alignment` (a multiple of 8: 8, or 4096 for shard files read with
+/// O_DIRECT). Throws errc::invalid_argument for a duplicate or reserved name or a bad alignment.
 inline std::string encode_safetensors_header(const std::vector<safetensors_entry>& entries,
-                                             const std::map<std::string, std::string>& metadata) {
+                                             const std::map<std::string, std::string>& metadata,
+                                             std::uint64_t data_alignment = 8) {
+  if (data_alignment == 0 || data_alignment % 8 != 0)
+    throw error(errc::invalid_argument,
+                "safetensors: data alignment " + std::to_string(data_alignment) + " is not a positive multiple of 8");
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
@@ -128,7 +134,7 @@ inline std::string encode_safetensors_header(const std::vector<safetensors_entry
     at += e.bytes;
   }
   std::string json = h.dump();
-  json.append((8 - (8 + json.size()) % 8) % 8, ' ');
+  json.append(static_cast<std::size_t>((data_alignment - (8 + json.size()) % data_alignment) % data_alignment), ' ');
   std::string out(8, '\0');
   const std::uint64_t n = json.size();
   for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);

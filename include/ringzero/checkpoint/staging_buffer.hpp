@@ -2,8 +2,9 @@
 /// @file
 /// `checkpoint::detail::staging_buffer`: zero-filled host memory for a save's or a load's
 /// staging copy. Blocks of 2 MiB and more are anonymous mappings (zero pages from the kernel,
-/// no memset) advised to use transparent huge pages (madvise MADV_HUGEPAGE): on virtual machines
-/// a first touch of each 4 KiB page costs microseconds. `pre_touch` (the asynchronous save's
+/// no memset) advised to use transparent huge pages (madvise MADV_HUGEPAGE); smaller ones are
+/// page-aligned from 4 KiB up (direct reads need it). On virtual machines a first touch of each
+/// 4 KiB page costs microseconds. `pre_touch` (the asynchronous save's
 /// buffer, allocated once and copied into on the training thread) touches every page here;
 /// without it (a load's, filled once by pread) pages are touched as they are first written.
 /// Throws errc::internal when memory is exhausted. Move-only.
@@ -42,7 +43,9 @@ class staging_buffer {
       return error(errc::internal, "checkpoint: cannot allocate " + std::to_string(bytes) + " bytes of staging memory");
     };
     if (bytes < huge) {
-      void* p = std::aligned_alloc(64, static_cast<std::size_t>((bytes + 63) / 64 * 64));
+      const std::uint64_t align = bytes >= 4096 ? 4096 : 64;
+      void* p = std::aligned_alloc(static_cast<std::size_t>(align),
+                                   static_cast<std::size_t>((bytes + align - 1) / align * align));
       if (p == nullptr) throw fail();
       std::memset(p, 0, static_cast<std::size_t>(bytes));
       data_.reset(static_cast<unsigned char*>(p));

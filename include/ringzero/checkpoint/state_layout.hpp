@@ -96,27 +96,44 @@ struct shard_file_layout {
   std::uint64_t bytes = 0;
 };
 
-/// The file layout of rank `rank` in `layout`.
-inline shard_file_layout make_shard_file_layout(const state_layout& layout, int rank) {
+/// The alignment of every fragment's data in the shard files a save writes (bytes from the start
+/// of the file): a multiple of common disks' logical block sizes, so a load can read fragments
+/// with O_DIRECT. Readers take offsets from the index: files of 8-byte alignment (written
+/// before 2026-12-02) load as well.
+inline constexpr std::uint64_t shard_data_alignment = 4096;
+
+/// The name of the safetensors tensor of zero bytes (U8) that fills the gap before a fragment
+/// so that its data starts at a multiple of `shard_data_alignment` (safetensors has no gaps:
+/// its tensors tile the data section). Loaders ignore these (a fragment key always has a '#').
+inline std::string padding_key(std::size_t k) { return "__padding__." + std::to_string(k); }
+
+/// The file layout of rank `rank` in `layout`: every piece's data at a multiple of
+/// `data_alignment` bytes from the start of the file, after a padding tensor where needed.
+inline shard_file_layout make_shard_file_layout(const state_layout& layout, int rank,
+                                                std::uint64_t data_alignment = shard_data_alignment) {
   std::vector<safetensors_entry> entries;
   const auto& mine = layout.pieces[static_cast<std::size_t>(rank)];
+  std::vector<std::uint64_t> relative;  // each piece's offset in the data section
+  std::uint64_t at = 0;
   for (const piece& p : mine) {
     const tensor_spec& t = layout.tensors[p.tensor];
+    if (const std::uint64_t gap = (data_alignment - at % data_alignment) % data_alignment; gap != 0) {
+      entries.push_back({padding_key(entries.size()), dtype::uint8, {gap}, gap});
+      at += gap;
+    }
+    relative.push_back(at);
     entries.push_back(
         {fragment_key(t.name, t.role, t.state, p.begin, p.end), t.type, {p.end - p.begin}, layout.bytes(p)});
+    at += layout.bytes(p);
   }
   const std::map<std::string, std::string> metadata = {
       {"format", std::string(format_name)}, {"format_version", std::to_string(format_version)}, {"kind", layout.kind},
       {"rank", std::to_string(rank)},       {"world_size", std::to_string(layout.world_size)},
   };
   shard_file_layout f;
-  f.header = encode_safetensors_header(entries, metadata);
-  std::uint64_t at = f.header.size();
-  for (const piece& p : mine) {
-    f.offsets.push_back(at);
-    at += layout.bytes(p);
-  }
-  f.bytes = at;
+  f.header = encode_safetensors_header(entries, metadata, data_alignment);
+  for (std::uint64_t r : relative) f.offsets.push_back(f.header.size() + r);
+  f.bytes = f.header.size() + at;
   return f;
 }
 

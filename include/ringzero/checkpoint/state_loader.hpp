@@ -122,7 +122,8 @@ inline void read_targets(fragment_reader& reader, const std::vector<tensor_spec>
     if (t.begin >= t.end) continue;
     for (std::size_t k = i + 1; k < targets.size(); ++k)  // the disk starts on the next target meanwhile
       if (targets[k].begin < targets[k].end) {
-        reader.prefetch(*records[targets[k].spec], targets[k].begin, targets[k].end, ahead_bytes);
+        reader.prefetch(*records[targets[k].spec], targets[k].begin, targets[k].end, ahead_bytes,
+                        records[targets[k].spec]->type == specs[targets[k].spec].type ? targets[k].dst : nullptr);
         break;
       }
     const tensor_record* r = records[t.spec];

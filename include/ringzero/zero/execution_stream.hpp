@@ -42,6 +42,12 @@ class execution_stream {
   /// Where the model state of a runtime driven by this stream lives: memory_space::host for the
   /// simulated device (host memory touched only by stream work), memory_space::device on CUDA.
   virtual primitive::memory_space space() const noexcept = 0;
+  /// Where offloaded state lives (zero/offload.hpp): host memory the CPU updates and this
+  /// stream's copies reach; pinned host memory beside device memory, host memory on the host stream.
+  virtual primitive::memory_space offload_space() const noexcept {
+    return space() == primitive::memory_space::host ? primitive::memory_space::host
+                                                    : primitive::memory_space::pinned_host;
+  }
   /// The CUDA device of the stream; -1 for the host stream.
   virtual int device() const noexcept = 0;
   /// The communicator memory this stream's memory is (host for the host stream).

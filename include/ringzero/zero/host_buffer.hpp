@@ -1,9 +1,11 @@
 #pragma once
 /// @file
-/// `zero::detail::host_buffer`: one zero-filled, 64-byte-aligned block of host memory that the
-/// ZeRO runtime allocates once (at construction or when a pool grows) and reuses. Every page is
-/// touched when it is allocated, never on the training path (first touches are slow on virtual
-/// machines). `bytes()` is the size asked for, which is what the runtime's memory report counts.
+/// `zero::detail::host_buffer`: one zero-filled block of host memory, page-aligned (4096 bytes)
+/// from 4 KiB up and 64-byte-aligned below, that the ZeRO runtime allocates once (at
+/// construction or when a pool grows) and reuses. Every page is touched when it is allocated,
+/// never on the training path (first touches are slow on virtual machines). `bytes()` is the
+/// size asked for, which is what the runtime's memory report counts. Page alignment lets a
+/// checkpoint load read a file straight into the memory (O_DIRECT, docs/checkpoint.md).
 /// The device path (docs/zero.md) instead adopts a `primitive::memory_buffer` of its context's
 /// memory space, which it zeroes by stream work; `data()` is then not host-addressable on CUDA.
 
@@ -22,12 +24,16 @@ namespace ringzero::zero::detail {
 /// See the file comment. Move-only.
 class host_buffer {
  public:
+  /// The alignment of blocks of at least this many bytes.
+  static constexpr std::uint64_t page_bytes = 4096;
   host_buffer() = default;
   /// `bytes` zeroed bytes (none for 0). Throws errc::internal when memory is exhausted.
   explicit host_buffer(std::uint64_t bytes) : bytes_(bytes) {
     if (bytes == 0) return;
-    const std::uint64_t rounded = (bytes + 63) / 64 * 64;
-    void* p = rounded >= bytes ? std::aligned_alloc(64, static_cast<std::size_t>(rounded)) : nullptr;
+    const std::uint64_t align = bytes >= page_bytes ? page_bytes : 64;
+    const std::uint64_t rounded = (bytes + align - 1) / align * align;
+    void* p = rounded >= bytes ? std::aligned_alloc(static_cast<std::size_t>(align), static_cast<std::size_t>(rounded))
+                               : nullptr;
     if (p == nullptr) throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes");
     std::memset(p, 0, static_cast<std::size_t>(rounded));
     data_.reset(static_cast<unsigned char*>(p));

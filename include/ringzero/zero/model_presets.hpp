@@ -64,9 +64,10 @@ inline std::vector<parameter_spec> gpt2_parameters(int layers, std::uint64_t d_m
 }
 
 /// A LLaMA-style decoder named as in Hugging Face's LlamaForCausalLM: `layers` blocks of width
-/// `d_model` with SwiGLU width `ffn`, vocabulary `vocab`, untied output projection.
+/// `d_model` with SwiGLU width `ffn`, vocabulary `vocab`, untied output projection; key and value
+/// projections of width `kv_width` (grouped-query attention; 0: `d_model`, full multi-head).
 inline std::vector<parameter_spec> llama_parameters(int layers, std::uint64_t d_model, std::uint64_t ffn,
-                                                    std::uint64_t vocab) {
+                                                    std::uint64_t vocab, std::uint64_t kv_width = 0) {
   std::vector<parameter_spec> p;
   auto add = [&](std::string name, std::vector<std::uint64_t> shape, std::string unit) {
     parameter_spec s;
@@ -75,14 +76,14 @@ inline std::vector<parameter_spec> llama_parameters(int layers, std::uint64_t d_
     s.unit = std::move(unit);
     p.push_back(std::move(s));
   };
-  const std::uint64_t d = d_model;
+  const std::uint64_t d = d_model, kv = kv_width == 0 ? d_model : kv_width;
   add("model.embed_tokens.weight", {vocab, d}, "embeddings");
   for (int i = 0; i < layers; ++i) {
     const std::string l = "model.layers." + std::to_string(i) + ".";
     const std::string unit = "model.layers." + std::to_string(i);
     add(l + "self_attn.q_proj.weight", {d, d}, unit);
-    add(l + "self_attn.k_proj.weight", {d, d}, unit);
-    add(l + "self_attn.v_proj.weight", {d, d}, unit);
+    add(l + "self_attn.k_proj.weight", {kv, d}, unit);
+    add(l + "self_attn.v_proj.weight", {kv, d}, unit);
     add(l + "self_attn.o_proj.weight", {d, d}, unit);
     add(l + "mlp.gate_proj.weight", {ffn, d}, unit);
     add(l + "mlp.up_proj.weight", {ffn, d}, unit);
@@ -96,8 +97,8 @@ inline std::vector<parameter_spec> llama_parameters(int layers, std::uint64_t d_
 }
 
 /// Names accepted by `preset_parameters`.
-inline constexpr std::array<std::string_view, 5> preset_names = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
-                                                                 "llama-7b"};
+inline constexpr std::array<std::string_view, 6> preset_names = {"gpt2",    "gpt2-medium", "gpt2-large",
+                                                                 "gpt2-xl", "llama-7b",    "llama-70b"};
 
 /// The parameters of preset `name` ("gpt2" is GPT-2 small; see `preset_names`), or std::nullopt
 /// for an unknown name.
@@ -107,6 +108,8 @@ inline std::optional<std::vector<parameter_spec>> preset_parameters(std::string_
   if (name == "gpt2-large") return gpt2_parameters(36, 1280);
   if (name == "gpt2-xl") return gpt2_parameters(48, 1600);
   if (name == "llama-7b") return llama_parameters(32, 4096, 11008, 32000);
+  // Llama 2 70B: 8 key-value heads of 128 (grouped-query attention), 68,976,648,192 parameters.
+  if (name == "llama-70b") return llama_parameters(80, 8192, 28672, 32000, 1024);
   return std::nullopt;
 }
 

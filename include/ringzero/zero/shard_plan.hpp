@@ -26,6 +26,7 @@
 #include "ringzero/zero/gather_schedule.hpp"
 #include "ringzero/zero/gradient_schedule.hpp"
 #include "ringzero/zero/memory_model.hpp"
+#include "ringzero/zero/offload.hpp"
 #include "ringzero/zero/parameter_spec.hpp"
 #include "ringzero/zero/precision.hpp"
 #include "ringzero/zero/traffic_model.hpp"
@@ -64,6 +65,10 @@ struct plan_request {
   /// Stages 2-3: reductions allowed in flight before a new gradient bucket waits for the oldest
   /// (>= 1; 2 lets one reduction overlap the backward of the next unit).
   int max_inflight_reductions = 2;
+  /// What the rank keeps in host memory (zero/offload.hpp): offload::optimizer moves master
+  /// weights and optimizer states there, with one transfer buffer per trainable buffer for the
+  /// gradient shard and one for the updated parameter shard.
+  zero::offload offload = zero::offload::none;
 };
 
 /// Where one parameter lives in the plan.
@@ -291,8 +296,16 @@ class shard_plan {
     return static_cast<int>((pl.offset + element) / buf.shard_numel);
   }
 
-  /// Memory of every rank by category, in bytes (identical on every rank; padding included).
+  /// Memory of every rank by category, in bytes (identical on every rank; padding included):
+  /// `device_memory()` plus `host_memory()`, category by category.
   const memory_breakdown& memory() const noexcept { return memory_; }
+  /// The part of `memory()` in the compute stream's memory (a GPU's): all of it without offload;
+  /// with offload::optimizer parameters, gradients, gather buffers and gradient buckets.
+  const memory_breakdown& device_memory() const noexcept { return device_memory_; }
+  /// The part of `memory()` in host memory (pinned on a GPU): nothing without offload; with
+  /// offload::optimizer the master weights, the optimizer states and, as communication buffers,
+  /// the transfer buffers (per trainable buffer, the rank's gradient shard and parameter shard).
+  const memory_breakdown& host_memory() const noexcept { return host_memory_; }
   /// The communication buffers of the canonical schedule.
   const communication_buffers& communication() const noexcept { return communication_; }
   /// Collectives per optimizer step (each rank takes part in each entry).
@@ -360,6 +373,9 @@ class shard_plan {
       detail::plan_error("replica group size " + std::to_string(group) + " does not divide world size " +
                          std::to_string(q.world_size));
     if (q.stage < 0 || q.stage > 3) detail::plan_error("stage must be 0, 1, 2 or 3, got " + std::to_string(q.stage));
+    if (q.offload != offload::none && q.offload != offload::optimizer)
+      detail::plan_error("offload must be none or optimizer, got value " +
+                         std::to_string(static_cast<unsigned>(q.offload)));
     if (q.alignment_bytes == 0 || !std::has_single_bit(q.alignment_bytes))
       detail::plan_error("alignment must be a power of two (in bytes), got " + std::to_string(q.alignment_bytes));
     if (q.accumulation_steps < 1)
@@ -634,26 +650,40 @@ class shard_plan {
   void compute_memory() {
     const int stage = request_.stage;
     const zero::precision& pr = request_.precision;
+    const bool offloaded = request_.offload == offload::optimizer;
+    memory_breakdown& optimizer_side = offloaded ? host_memory_ : device_memory_;
     // category += elements * bytes per element
     auto add = [](std::uint64_t& category, std::uint64_t elements, std::uint64_t element_bytes, std::string_view what) {
       category = detail::add_or_refuse(category, detail::multiply_or_refuse(elements, element_bytes, what), what);
     };
     for (const flat_buffer& f : buffers_) {
       const std::uint64_t full = f.numel, shard = f.shard_numel;
-      add(memory_.parameters, stage >= 3 ? shard : full, dtype_size(f.type), "the parameter memory per rank");
+      add(device_memory_.parameters, stage >= 3 ? shard : full, dtype_size(f.type), "the parameter memory per rank");
       if (!f.trainable) continue;
-      add(memory_.gradients, stage >= 2 ? shard : full, dtype_size(f.gradient_type), "the gradient memory per rank");
+      add(device_memory_.gradients, stage >= 2 ? shard : full, dtype_size(f.gradient_type),
+          "the gradient memory per rank");
       const std::uint64_t own = stage >= 1 ? shard : full;
-      if (f.has_master) add(memory_.master_weights, own, dtype_size(*pr.master), "the master weight memory per rank");
-      add(memory_.optimizer_states, own, pr.state_bytes_per_element(), "the optimizer state memory per rank");
+      if (f.has_master)
+        add(optimizer_side.master_weights, own, dtype_size(*pr.master), "the master weight memory per rank");
+      add(optimizer_side.optimizer_states, own, pr.state_bytes_per_element(), "the optimizer state memory per rank");
+      if (offloaded)  // the gradient shard in, the updated parameter shard out
+        add(host_memory_.communication_buffers, own, dtype_size(f.gradient_type) + dtype_size(f.type),
+            "the host transfer buffer memory per rank");
     }
     const communication_buffers& c = communication_;
     constexpr std::string_view buffers = "the communication buffer memory per rank";
-    memory_.communication_buffers = detail::add_or_refuse(
+    device_memory_.communication_buffers = detail::add_or_refuse(
         detail::multiply_or_refuse(c.gather_buffer_bytes, c.gather_buffers, buffers),
         detail::multiply_or_refuse(c.gradient_bucket_bytes, c.gradient_buckets, buffers), buffers);
     constexpr std::string_view states =
         "the model-state memory per rank (parameters, gradients, master weights, optimizer states)";
+    // Device plus host, category by category: each sum, the model states and the total fit.
+    memory_.parameters = device_memory_.parameters;
+    memory_.gradients = device_memory_.gradients;
+    memory_.master_weights = device_memory_.master_weights + host_memory_.master_weights;  // one of them is 0
+    memory_.optimizer_states = device_memory_.optimizer_states + host_memory_.optimizer_states;
+    memory_.communication_buffers =
+        detail::add_or_refuse(device_memory_.communication_buffers, host_memory_.communication_buffers, buffers);
     std::uint64_t sum = detail::add_or_refuse(memory_.parameters, memory_.gradients, states);
     sum = detail::add_or_refuse(sum, memory_.master_weights, states);
     sum = detail::add_or_refuse(sum, memory_.optimizer_states, states);
@@ -730,6 +760,10 @@ class shard_plan {
     h.u64(q.prefetch ? 1 : 0);
     h.u64(static_cast<std::uint64_t>(q.max_inflight_reductions));
     detail::hash_precision(h, q.precision);
+    if (q.offload != offload::none) {  // plans without offload keep their fingerprints
+      h.text("offload");
+      h.u64(static_cast<std::uint64_t>(q.offload));
+    }
     h.u64(q.parameters.size());
     for (const parameter_spec& s : q.parameters) detail::hash_parameter(h, s);
     fingerprint_ = h.value();
@@ -749,6 +783,8 @@ class shard_plan {
   std::vector<std::uint64_t> gathers_backward_;
   communication_buffers communication_;
   memory_breakdown memory_;
+  memory_breakdown device_memory_;
+  memory_breakdown host_memory_;
   std::vector<traffic_entry> traffic_;
   std::uint64_t parameter_elements_ = 0;
   std::uint64_t trainable_elements_ = 0;

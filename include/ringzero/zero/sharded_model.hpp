@@ -40,6 +40,7 @@
 #include "ringzero/zero/gradient_schedule.hpp"
 #include "ringzero/zero/host_buffer.hpp"
 #include "ringzero/zero/optimizer.hpp"
+#include "ringzero/zero/optimizer_offload.hpp"
 #include "ringzero/zero/reproducible_gradients.hpp"
 #include "ringzero/zero/shard_plan.hpp"
 #include "ringzero/zero/sharded_optimizer.hpp"
@@ -126,6 +127,8 @@ class sharded_model {
   /// The device path's communication stream (nullptr on the host path): the runtime's
   /// collectives, optimizer step and copies run there. For tests, which pause it.
   execution_stream* communication_stream() noexcept { return comm_stream_.get(); }
+  /// The offload stream (offload::optimizer on the device path; else nullptr): the CPU update runs there. For tests.
+  execution_stream* offload_stream() noexcept { return offload_ ? offload_->stream.get() : nullptr; }
   /// Blocks until the runtime's work enqueued so far (communication stream) has run; rethrows
   /// its error. No-op on the host path.
   void synchronize() {
@@ -442,7 +445,14 @@ class sharded_model {
     m.optimizer_states = optimizer_->state_bytes();
     for (const auto& b : gathers_buffers_) m.communication_buffers += b.bytes();
     for (const auto& b : buckets_) m.communication_buffers += b.bytes();
+    m.communication_buffers += offload_ ? offload_->bytes() : 0;
     return m;
+  }
+  /// The part of `memory_in_use()` that offload::optimizer keeps in host memory (master weights,
+  /// optimizer states, transfer buffers); zero without offload. Equals `plan().host_memory()`.
+  memory_breakdown offloaded_memory_in_use() const {
+    if (!offload_) return {};
+    return {0, 0, optimizer_->master_bytes(), optimizer_->state_bytes(), offload_->bytes()};
   }
   /// The part of `memory_in_use()` that lives in memory space `space` (each allocation counted
   /// where it was made: host memory on the host path, the compute stream's space on the device path).
@@ -455,6 +465,7 @@ class sharded_model {
     m.optimizer_states = optimizer_->state_bytes(space);
     for (const auto& b : gathers_buffers_) m.communication_buffers += in(b);
     for (const auto& b : buckets_) m.communication_buffers += in(b);
+    m.communication_buffers += offload_ && offload_->space == space ? offload_->bytes() : 0;
     return m;
   }
 
@@ -796,6 +807,10 @@ class sharded_model {
   /// non-finite check (skipped: nothing updated), the clip coefficient, the optimizer on every
   /// trainable owned shard; `steps` set.
   step_result update_owned_shards(double squares);
+  /// offload::optimizer (zero/sharded_model_offload.hpp): the update decided in `scalars` (host
+  /// memory) as copies on the communication stream and CPU work on the offload stream, pipelined
+  /// buffer by buffer; begins the optimizer's step unless skipped.
+  void enqueue_offloaded_update(const step_scalars* scalars);
   /// all_gather of `count` uint64 values per rank over `c`, through device memory when `c`'s
   /// buffers are device memory (the agreement exchanges of the constructor and step).
   void exchange(communicator& c, const std::uint64_t* mine, std::uint64_t* all, std::size_t count,
@@ -852,6 +867,7 @@ class sharded_model {
   std::unique_ptr<execution_stream::event> comm_mark_;                       ///< scratch, on comm
   detail::host_buffer step_scalars_;  ///< a step_scalars in the stream's memory (written by stream work)
   step_scalars decided_;              ///< the step's scalars read back to the host
+  std::unique_ptr<detail::optimizer_offload> offload_;  ///< offload::optimizer only
   std::unique_ptr<execution_stream> comm_stream_;
 };
 
@@ -860,3 +876,4 @@ class sharded_model {
 // The members defined out of the class (kept apart so that each header stays short).
 #include "ringzero/zero/sharded_model_device.hpp"
 #include "ringzero/zero/sharded_model_members.hpp"
+#include "ringzero/zero/sharded_model_offload.hpp"

@@ -33,16 +33,26 @@ inline std::string sharded_model::attach(const device_context& device) {
              ": expected a compute stream on device " + std::to_string(c->cuda_device());
   }
   if (options_.reproducible) return "reproducible mode is not available on the device path yet";
+  const bool offloaded = plan_.request().offload == offload::optimizer;
+  if (offloaded) {
+    std::string why = detail::offload_problem(s);
+    if (!why.empty()) return why;
+  }
   compute_ = device.compute;
   comm_stream_ = s.make_communication_stream(comm_, device.communication);
   compute_mark_ = s.make_event();
   comm_mark_ = s.make_event();
+  if (offloaded) offload_ = std::make_unique<detail::optimizer_offload>(plan_, s, comm_, device.communication);
   return {};
 }
 
 inline void sharded_model::start(const device_context* device, std::string problem) {
   if (device == nullptr) {
     require_host_memory();
+    if (plan_.request().offload != offload::none && problem.empty())
+      problem =
+          "the plan offloads the optimizer (offload::optimizer), which runs on the device path only: expected a "
+          "device_context (the host path keeps the whole model state in host memory already) or offload::none";
   } else {
     // A device context that does not fit makes this rank refuse; `agree` tells every rank.
     // The exchange runs in the communicator's memory, whatever the context is.
@@ -192,11 +202,15 @@ inline step_result sharded_model::step_on_streams() {
                  tagged(call_purpose::norm, 0));
     });
   s.decide_step(scalars, options_.max_grad_norm, options_.skip_nonfinite_steps);
-  // Step number steps() + 1: a skipped step (decided on the stream) updates nothing and does not count.
-  const std::uint64_t next = optimizer_->steps() + 1;
-  for (std::size_t b = 0; b < buffers.size(); ++b)
-    if (buffers[b].trainable && owned_range(b).size() > 0)
-      s.update_shard(optimizer_->describe(b, owned_parameters(b), owned_gradient(b), next), scalars);
+  if (offload_) {
+    enqueue_offloaded_update(scalars);  // zero/sharded_model_offload.hpp
+  } else {
+    // Step number steps() + 1: a skipped step (decided on the stream) updates nothing and does not count.
+    const std::uint64_t next = optimizer_->steps() + 1;
+    for (std::size_t b = 0; b < buffers.size(); ++b)
+      if (buffers[b].trainable && owned_range(b).size() > 0)
+        s.update_shard(optimizer_->describe(b, owned_parameters(b), owned_gradient(b), next), scalars);
+  }
   // Stages 1-2 regather whatever was decided: after a skipped step every shard is unchanged on
   // every rank (one global norm), so the all_gather rewrites the same values.
   if (plan_.stage() == 1 || plan_.stage() == 2)
@@ -215,7 +229,7 @@ inline step_result sharded_model::step_on_streams() {
   r.gradient_norm = decided_.gradient_norm;
   r.clip_coefficient = decided_.clip_coefficient;
   r.skipped = decided_.skipped != 0;
-  if (!r.skipped) optimizer_->begin_step();
+  if (!r.skipped && !offload_) optimizer_->begin_step();  // the offloaded update began it on the CPU
   r.steps = optimizer_->steps();
   return r;
 }

@@ -202,8 +202,15 @@ inline void sharded_model::allocate() {
     grads_.emplace_back(
         make_buffer(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0));
   }
-  optimizer_.emplace(plan_, shard_index_, options_.optimizer,
-                     [this](std::uint64_t bytes) { return make_buffer(bytes); });
+  if (offload_) {  // master weights and states in host memory, with transfer buffers (attach made it)
+    const primitive::memory_space space = offload_->space;
+    optimizer_.emplace(plan_, shard_index_, options_.optimizer,
+                       [space](std::uint64_t bytes) { return detail::optimizer_offload::allocate(space, bytes); });
+    offload_->allocate_buffers(plan_);
+  } else {
+    optimizer_.emplace(plan_, shard_index_, options_.optimizer,
+                       [this](std::uint64_t bytes) { return make_buffer(bytes); });
+  }
   if (options_.reproducible) reproducible_.emplace(plan_);
   const std::size_t units = plan_.units().size();
   unit_gather_.assign(units, npos);

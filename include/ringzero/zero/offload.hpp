@@ -1,0 +1,37 @@
+#pragma once
+/// @file
+/// `zero::offload`: what of a rank's ZeRO state lives in host memory instead of the device's
+/// (ZeRO-Offload, Ren et al. 2021, section 4; PyTorch FSDP's CPUOffload). A `plan_request`
+/// field: the plan counts device and host bytes apart (`shard_plan::device_memory()`,
+/// `host_memory()`), and `zero::sharded_model` on the device path keeps the offloaded state in
+/// pinned host memory and updates it on the CPU. Pure values. The manual: docs/zero.md, "CPU offload".
+
+#include <optional>
+#include <string_view>
+
+namespace ringzero::zero {
+
+/// What a plan keeps in host memory.
+enum class offload : unsigned char {
+  none,       ///< everything in the compute stream's memory (the default)
+  optimizer,  ///< master weights, optimizer states and the step's transfer buffers in host memory;
+              ///< the optimizer update runs on the CPU
+};
+
+/// "none" or "optimizer".
+constexpr std::string_view offload_name(offload o) noexcept {
+  switch (o) {
+    case offload::none: return "none";
+    case offload::optimizer: return "optimizer";
+  }
+  return "invalid offload";
+}
+
+/// The offload named `name` ("none", "optimizer"), or std::nullopt.
+constexpr std::optional<offload> parse_offload(std::string_view name) noexcept {
+  if (name == "none") return offload::none;
+  if (name == "optimizer") return offload::optimizer;
+  return std::nullopt;
+}
+
+}  // namespace ringzero::zero

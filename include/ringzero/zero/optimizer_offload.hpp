@@ -1,0 +1,102 @@
+#pragma once
+/// @file
+/// `zero::detail::optimizer_offload`: what `sharded_model` holds for offload::optimizer on the
+/// device path (zero/offload.hpp): per trainable flat buffer, two zeroed transfer buffers in host
+/// memory (the rank's gradient shard, copied in from the device, and its parameter shard, which
+/// the CPU update writes and which is copied back), two events per buffer that pipeline the
+/// copies with the CPU update, and the offload stream on which the CPU update runs (a host
+/// thread of its own). Host memory is the compute stream's `offload_space()`: pinned host memory
+/// beside a CUDA stream, plain host memory on the host stream. Errors: as
+/// `primitive::memory_buffer::allocate`. Thread semantics: used by the rank's thread; the buffers
+/// are touched only by stream work. The manual: docs/zero.md, "CPU offload".
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ringzero/zero/execution_stream.hpp"
+#include "ringzero/zero/host_buffer.hpp"
+#include "ringzero/zero/shard_plan.hpp"
+
+namespace ringzero::zero::detail {
+
+/// See the file comment.
+struct optimizer_offload {
+  /// A zeroed host buffer of `bytes` in `space` (host or pinned_host: both host-addressable).
+  static host_buffer allocate(primitive::memory_space space, std::uint64_t bytes) {
+    host_buffer b(primitive::memory_buffer::allocate(space, static_cast<std::size_t>(bytes)));
+    if (bytes != 0) std::memset(b.data(), 0, static_cast<std::size_t>(bytes));
+    return b;
+  }
+
+  /// The offload stream (`options` as the communication stream's) and the events of `plan`;
+  /// host memory is `compute.offload_space()`. Allocates no buffers yet.
+  optimizer_offload(const shard_plan& plan, const execution_stream& compute, communicator& comm,
+                    primitive::host_stream_options options)
+      : space(compute.offload_space()) {
+    for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
+      copied_in.push_back(compute.make_event());
+      updated.push_back(compute.make_event());
+    }
+    started = compute.make_event();
+    finished = compute.make_event();
+    stream = compute.make_communication_stream(comm, options);
+  }
+
+  /// The transfer buffers of every trainable buffer of `plan`: the range the rank's optimizer
+  /// updates (its shard; the whole buffer at stage 0), zeroed.
+  void allocate_buffers(const shard_plan& plan) {
+    const auto& buffers = plan.buffers();
+    gradients.resize(buffers.size());
+    parameters.resize(buffers.size());
+    for (std::size_t b = 0; b < buffers.size(); ++b) {
+      const flat_buffer& f = buffers[b];
+      if (!f.trainable) continue;
+      const std::uint64_t own = plan.stage() == 0 ? f.numel : f.shard_numel;
+      gradients[b] = allocate(space, own * dtype_size(f.gradient_type));
+      parameters[b] = allocate(space, own * dtype_size(f.type));
+    }
+  }
+
+  /// Bytes of the transfer buffers (in `space`).
+  std::uint64_t bytes() const noexcept {
+    std::uint64_t n = 0;
+    for (const host_buffer& b : gradients) n += b.bytes();
+    for (const host_buffer& b : parameters) n += b.bytes();
+    return n;
+  }
+
+  primitive::memory_space space;        ///< where the offloaded state and the transfer buffers live
+  std::vector<host_buffer> gradients;   ///< per buffer: the rank's gradient shard (gradient dtype)
+  std::vector<host_buffer> parameters;  ///< per buffer: the rank's parameter shard (parameter dtype)
+  std::vector<std::unique_ptr<execution_stream::event>> copied_in;  ///< per buffer, on the communication stream
+  std::vector<std::unique_ptr<execution_stream::event>> updated;    ///< per buffer, on the offload stream
+  std::unique_ptr<execution_stream::event> started;                 ///< the norm is known (communication stream)
+  std::unique_ptr<execution_stream::event> finished;                ///< the CPU's step is done (offload stream)
+  /// Declared last: drained and destroyed before the buffers its work uses.
+  std::unique_ptr<execution_stream> stream;
+};
+
+/// Why the device path cannot offload beside compute stream `s` ("" when it can): pinned host
+/// memory needs the registered CUDA table with its pinned allocation; the CPU update is ordered
+/// against host streams only so far.
+inline std::string offload_problem(const execution_stream& s) {
+  if (s.offload_space() == primitive::memory_space::pinned_host) {
+    const primitive::device_primitives* p = primitive::registered_device_primitives();
+    if (p == nullptr || p->allocate_pinned == nullptr)
+      return std::string("the plan offloads the optimizer (offload::optimizer) beside a ") + s.kind() +
+             ", which needs pinned host memory, but this program has no CUDA table with pinned allocation "
+             "registered: expected a program that includes ringzero/cuda.cuh, or offload::none";
+  }
+  if (!s.runs_host_work())
+    return std::string(
+               "the plan offloads the optimizer (offload::optimizer), but its CPU update is not ordered "
+               "against a ") +
+           s.kind() + " yet: expected a host_stream compute stream, or offload::none";
+  return {};
+}
+
+}  // namespace ringzero::zero::detail

@@ -1,0 +1,81 @@
+#pragma once
+/// @file
+/// The optimizer step of `zero::sharded_model` with offload::optimizer (zero/offload.hpp), defined
+/// out of the class: the gradient shards copied to host memory on the communication stream, the
+/// update on the CPU (the offload stream), the updated parameter shards copied back, pipelined
+/// buffer by buffer (ZeRO-Offload, Ren et al. 2021, section 4.2). Included by
+/// zero/sharded_model.hpp at its end; include that header, not this one. The manual: docs/zero.md,
+/// "CPU offload".
+
+#include "ringzero/zero/sharded_model.hpp"
+
+namespace ringzero::zero {
+
+inline void sharded_model::enqueue_offloaded_update(const step_scalars* scalars) {
+  detail::optimizer_offload& o = *offload_;
+  execution_stream& c = *comm_stream_;
+  execution_stream& cpu = *o.stream;
+  const auto& buffers = plan_.buffers();
+  const auto moved = [&](std::size_t b) { return buffers[b].trainable && owned_range(b).size() > 0; };
+  // A refused step (learning rates differ) left its error on the offload stream too, which took
+  // it over from the communication stream: drop it (the previous step() waited for this stream's
+  // last work, so this does not wait), or every later step would fail with it.
+  cpu.synchronize_quietly();
+  // The communication stream has decided (skip, clip) in `scalars`: the CPU begins the step.
+  c.record(*o.started);
+  cpu.wait(*o.started);
+  cpu.host_work(
+      [this, scalars] {
+        if (scalars->skipped == 0) optimizer_->begin_step();
+      },
+      "the offloaded step's decision");
+  // In: every gradient shard (and float32 parameters without master weights: the update
+  // changes them in place), each announced to the CPU as soon as it has arrived.
+  for (std::size_t b = 0; b < buffers.size(); ++b) {
+    if (!moved(b)) continue;
+    const std::uint64_t n = owned_range(b).size();
+    c.copy(o.gradients[b].data(), owned_gradient(b), n * dtype_size(buffers[b].gradient_type));
+    if (!buffers[b].has_master) c.copy(o.parameters[b].data(), owned_parameters(b), n * dtype_size(buffers[b].type));
+    c.record(*o.copied_in[b]);
+  }
+  // The CPU updates buffer b while the copies of the others run: the same per-element rule as
+  // without offload (sharded_optimizer::update), so the results are bitwise the same.
+  for (std::size_t b = 0; b < buffers.size(); ++b) {
+    if (!moved(b)) continue;
+    cpu.wait(*o.copied_in[b]);
+    cpu.host_work(
+        [this, &o, b, scalars] {
+          const flat_buffer& f = plan_.buffers()[b];
+          if (scalars->skipped == 0) {
+            optimizer_->update(b, o.parameters[b].data(), o.gradients[b].data(),
+                               static_cast<float>(scalars->clip_coefficient));
+            return;
+          }
+          // Skipped: the copy back must leave the parameters as they are. With master weights
+          // they are the master weights rounded (set_parameter, a checkpoint load and every
+          // update keep them so); without, the copy in brought them.
+          if (!f.has_master) return;
+          const float* w = optimizer_->master(b);
+          visit_dtype(f.type, [&]<class P>() {
+            if constexpr (std::is_same_v<P, bfloat16> || std::is_same_v<P, float16> || std::is_same_v<P, float>) {
+              P* p = reinterpret_cast<P*>(o.parameters[b].data());
+              for (std::uint64_t j = 0, n = owned_range(b).size(); j < n; ++j) p[j] = static_cast<P>(w[j]);
+            }
+          });
+        },
+        "the offloaded optimizer update");
+    cpu.record(*o.updated[b]);
+  }
+  // Out: each updated parameter shard once its update is done (buffer b's copy overlaps the
+  // update of b + 1).
+  for (std::size_t b = 0; b < buffers.size(); ++b) {
+    if (!moved(b)) continue;
+    c.wait(*o.updated[b]);
+    c.copy(owned_parameters(b), o.parameters[b].data(), owned_range(b).size() * dtype_size(buffers[b].type));
+  }
+  // The rest of the step (the all_gather of stages 1-2, the result) comes after the CPU's work.
+  cpu.record(*o.finished);
+  c.wait(*o.finished);
+}
+
+}  // namespace ringzero::zero

@@ -1,0 +1,335 @@
+// The aligned shard-file layout and the reads that bypass the page cache: every fragment of a
+// new save starts at a 4096-aligned offset (padding tensors fill the gaps, Python-readable as
+// plain safetensors), checkpoints of the older unaligned layout still load bit for bit, and a
+// load reads with O_DIRECT where it can and buffered where O_DIRECT is refused (at open, as
+// file systems without it do, or at the read), with the same bytes and the same checksum checks.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "checkpoint_test_util.hpp"
+
+using namespace ckpt_test;
+namespace ck = ringzero::checkpoint;
+
+namespace {
+
+/// Drops every file under `dir` from the page cache (written back first), as a cold load finds them.
+void evict_tree(const fs::path& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+/// Rewrites the checkpoint in `dir` as saves before the aligned layout wrote it: each shard file's
+/// fragments contiguous after a header padded to 8 bytes, no padding tensors; the index's offsets
+/// and file sizes follow. Returns how many fragments no longer start at a multiple of 4096.
+int unalign(const fs::path& dir) {
+  ck::checkpoint_index index = ck::read_index(dir);
+  std::map<std::string, std::uint64_t> moved;  // "<file>/<key>" -> new offset
+  for (std::size_t i = 0; i < index.files.size(); ++i) {
+    const fs::path path = dir / index.files[i].name;
+    const ck::safetensors_header h = ck::read_safetensors_header(path);
+    const std::string old = read_text(path);
+    std::vector<ck::safetensors_entry> entries;
+    std::string data;
+    std::vector<std::uint64_t> relative;
+    for (const ck::safetensors_tensor& t : h.tensors) {
+      if (t.name.rfind("__padding__.", 0) == 0) continue;
+      REQUIRE(t.type.has_value());
+      entries.push_back({t.name, *t.type, t.shape, t.end - t.begin});
+      relative.push_back(data.size());
+      data.append(old, static_cast<std::size_t>(t.begin), static_cast<std::size_t>(t.end - t.begin));
+    }
+    const std::string header = ck::encode_safetensors_header(entries, h.metadata);
+    CHECK(header.size() % 8 == 0);
+    for (std::size_t k = 0; k < entries.size(); ++k)
+      moved[std::to_string(i) + "/" + entries[k].name] = header.size() + relative[k];
+    write_text(path, header + data);
+    index.files[i].bytes = header.size() + data.size();
+  }
+  int unaligned = 0;
+  for (ck::tensor_record& t : index.tensors)
+    for (ck::fragment_record& f : t.fragments) {
+      const auto it =
+          moved.find(std::to_string(f.file) + "/" + ck::fragment_key(t.name, t.role, t.state, f.begin, f.end));
+      REQUIRE(it != moved.end());
+      f.offset = it->second;
+      unaligned += f.offset % 4096 != 0 ? 1 : 0;
+    }
+  write_text(dir / std::string(ck::index_file_name), index.to_json().dump(1));
+  return unaligned;
+}
+
+/// Parameters large enough for reads of at least 64 KiB per fragment, and small ones next to them.
+std::vector<parameter_spec> large_parameters() {
+  auto spec = [](std::string name, std::vector<std::uint64_t> shape, std::string unit) {
+    parameter_spec p;
+    p.name = std::move(name);
+    p.shape = std::move(shape);
+    p.unit = std::move(unit);
+    return p;
+  };
+  return {spec("big.w", {300, 257}, "u0"), spec("big.b", {1001}, "u0"), spec("mid.w", {129, 251}, "u1"),
+          spec("tiny", {3}, "u1")};
+}
+
+/// RAII for the O_DIRECT refusal test hook.
+struct refusal_scope {
+  explicit refusal_scope(ck::detail::direct_refusal r) { ck::detail::test_direct_refusal.store(r); }
+  ~refusal_scope() { ck::detail::test_direct_refusal.store(ck::detail::direct_refusal::none); }
+  refusal_scope(const refusal_scope&) = delete;
+  refusal_scope& operator=(const refusal_scope&) = delete;
+};
+
+/// One float32 tensor of `n` elements whose element j holds `value(j)`, saved as 2 ranks' pieces
+/// [0, split) and [split, n) into a checkpoint under `root` (written with the aligned layout).
+float value(std::uint64_t j) { return static_cast<float>(j % 10007) * 0.25f - static_cast<float>(j % 13); }
+fs::path write_one_tensor(const fs::path& root, std::uint64_t n, std::uint64_t split) {
+  ck::state_layout L;
+  L.kind = "replicated";
+  L.world_size = 2;
+  ck::tensor_spec t;
+  t.name = "w";
+  t.shape = {n};
+  L.tensors = {t};
+  L.pieces = {{{0, 0, split}}, {{0, split, n}}};
+  std::vector<float> all(static_cast<std::size_t>(n));
+  for (std::uint64_t j = 0; j < n; ++j) all[static_cast<std::size_t>(j)] = value(j);
+  const std::string name = "one";
+  const fs::path tmp = ck::temporary_directory(root, name);
+  fs::create_directories(tmp);
+  std::vector<std::vector<std::uint64_t>> sums;
+  for (int r = 0; r < 2; ++r) {
+    const ck::piece& p = L.pieces[static_cast<std::size_t>(r)][0];
+    const auto* src = reinterpret_cast<const unsigned char*>(all.data() + p.begin);
+    sums.push_back(
+        ck::write_shard_file(tmp / ck::shard_file_name(r, 2), L, r, ck::make_shard_file_layout(L, r), {src}));
+  }
+  ck::commit_checkpoint(root, name, ck::make_index(L, {}, sums), 0);
+  return root / name;
+}
+
+/// Elements [begin, end) of "w" read into `dst`, checked against `value`.
+bool reads_right(ck::fragment_reader& reader, std::uint64_t begin, std::uint64_t end, float* dst) {
+  const ck::tensor_record* t = reader.index().find("w", ck::tensor_role::parameter);
+  REQUIRE(t != nullptr);
+  std::memset(dst, 0xff, static_cast<std::size_t>(end - begin) * sizeof(float));
+  reader.read(*t, begin, end, dst);
+  for (std::uint64_t j = begin; j < end; ++j) {
+    const float want = value(j);
+    if (std::memcmp(&dst[j - begin], &want, sizeof want) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("aligned layout: every fragment of a new save starts at a multiple of 4096; padding tensors fill the gaps") {
+  scratch_dir root("aligned");
+  local::launch(3, [&](communicator& comm) {
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    initialise(m);
+    train(m, comm.rank(), 0, 2);
+    ck::checkpointer(root.path).save(m);
+  });
+  const fs::path dir = latest_dir(root.path);
+  const ck::checkpoint_index index = ck::read_index(dir);
+  std::size_t fragments = 0, paddings = 0;
+  for (const auto& t : index.tensors)
+    for (const auto& f : t.fragments) {
+      CHECK(f.offset % ck::shard_data_alignment == 0);
+      ++fragments;
+    }
+  CHECK(fragments > 20);
+  for (const auto& file : index.files) {
+    // The header parses (the tensors tile the data section) and the padding is zeros of type U8.
+    const auto h = ck::read_safetensors_header(dir / file.name);
+    CHECK(h.data_start % 4096 == 0);
+    const std::string bytes = read_text(dir / file.name);
+    for (const auto& t : h.tensors) {
+      if (t.name.find('#') != std::string::npos) continue;
+      CHECK(t.name.rfind("__padding__.", 0) == 0);
+      CHECK(t.dtype_name == "U8");
+      CHECK(t.end - t.begin < 4096);
+      CHECK(t.end % 4096 == 0);
+      CHECK(bytes.find_first_not_of('\0', static_cast<std::size_t>(t.begin)) >= t.end);
+      ++paddings;
+    }
+  }
+  CHECK(paddings > 0);
+  ck::state_layout empty;
+  empty.pieces.resize(1);
+  CHECK(ck::make_shard_file_layout(empty, 0).header.size() == 4096);
+  CHECK_THROWS_AS((void)ck::encode_safetensors_header({}, {}, 12), ringzero::error);
+}
+
+TEST_CASE("a checkpoint of the older unaligned layout loads bit for bit, at the same and at another world size") {
+  for (int stage : {1, 3}) {
+    CAPTURE(stage);
+    scratch_dir root("unaligned");
+    std::vector<std::vector<std::vector<float>>> saved(2);
+    std::vector<std::vector<unsigned char>> saved_optimizer(2);
+    local::launch(2, [&](communicator& comm) {
+      sharded_model m(comm, request(zero_test::test_parameters(), stage), model_options(adamw()));
+      initialise(m);
+      train(m, comm.rank(), 0, 3);
+      ck::checkpointer(root.path).save(m);
+      saved[static_cast<std::size_t>(comm.rank())] = parameters_of(m);
+      saved_optimizer[static_cast<std::size_t>(comm.rank())] = optimizer_bytes(m);
+    });
+    const auto aligned = full_tensors(root.path);
+    CHECK(unalign(latest_dir(root.path)) > 0);
+    CHECK(full_tensors(root.path) == aligned);
+    local::launch(2, [&](communicator& comm) {
+      sharded_model m(comm, request(zero_test::test_parameters(), stage), model_options(adamw()));
+      ck::checkpointer(root.path).load(m, root.path);
+      CHECK(same_bits(parameters_of(m), saved[0]));
+      CHECK(optimizer_bytes(m) == saved_optimizer[static_cast<std::size_t>(comm.rank())]);
+      CHECK(m.optimizer().steps() == 3);
+    });
+    std::vector<std::vector<std::vector<float>>> resharded(3);
+    local::launch(3, [&](communicator& comm) {
+      sharded_model m(comm, request(zero_test::test_parameters(), 2), model_options(adamw()));
+      ck::load(m, root.path);
+      resharded[static_cast<std::size_t>(comm.rank())] = parameters_of(m);
+    });
+    for (const auto& r : resharded) CHECK(same_bits(r, saved[0]));
+  }
+}
+
+TEST_CASE("O_DIRECT reads: straight into page-aligned memory where aligned, buffered elsewhere, same bytes") {
+  scratch_dir root("direct");
+  constexpr std::uint64_t n = 3 * (std::uint64_t{1} << 20) + 12345;  // 12 MiB and an odd tail: 3 chunks + part
+  const fs::path dir = write_one_tensor(root.path, n, 1536 * 1024);  // both pieces page-congruent
+  const ck::checkpoint_index index = ck::read_index(dir);
+  for (const auto& t : index.tensors)
+    for (const auto& f : t.fragments) CHECK(f.offset % 4096 == 0);
+  const bool direct_possible = ck::detail::file::open_direct(dir / index.files[0].name).has_value();
+  if (!direct_possible) MESSAGE("this file system refuses O_DIRECT: only the buffered reads are checked");
+  ck::detail::staging_buffer memory(n * sizeof(float) + 8192, false);  // page-aligned
+  auto* base = reinterpret_cast<float*>(memory.data());
+  SUBCASE("the whole tensor into page-aligned memory: direct, cold") {
+    evict_tree(dir);
+    ck::fragment_reader reader(dir, index);
+    CHECK(reads_right(reader, 0, n, base));
+    CHECK(reader.bytes_read() == n * sizeof(float));
+    if (direct_possible) CHECK(reader.bytes_read_direct() > n * sizeof(float) * 9 / 10);
+  }
+  SUBCASE("congruent but not aligned: head and tail buffered, the middle direct") {
+    evict_tree(dir);
+    ck::fragment_reader reader(dir, index);
+    // Elements from 1: file offset 4 past an aligned one, memory 4 past a page.
+    CHECK(reads_right(reader, 1, n - 1, base + 1));
+    if (direct_possible) CHECK(reader.bytes_read_direct() > 0);
+  }
+  SUBCASE("not congruent (memory one element off): buffered") {
+    evict_tree(dir);
+    ck::fragment_reader reader(dir, index);
+    CHECK(reads_right(reader, 0, n, base + 1));
+    CHECK(reader.bytes_read_direct() == 0);
+  }
+  SUBCASE("data in the page cache: buffered") {
+    ck::fragment_reader warm(dir, index);
+    CHECK(reads_right(warm, 0, n, base + 1));  // buffered: leaves the file cached
+    ck::fragment_reader reader(dir, index);
+    CHECK(reads_right(reader, 0, n, base));
+    CHECK(reader.bytes_read_direct() == 0);
+  }
+  SUBCASE("O_DIRECT refused at open (as on file systems without it): buffered, same bytes") {
+    refusal_scope refuse(ck::detail::direct_refusal::at_open);
+    evict_tree(dir);
+    ck::fragment_reader reader(dir, index);
+    CHECK(reads_right(reader, 0, n, base));
+    CHECK(reader.bytes_read_direct() == 0);
+  }
+  SUBCASE("O_DIRECT refused at the read (EINVAL): buffered from there on, same bytes") {
+    refusal_scope refuse(ck::detail::direct_refusal::at_read);
+    evict_tree(dir);
+    ck::fragment_reader reader(dir, index);
+    CHECK(reads_right(reader, 0, n, base));
+    CHECK(reads_right(reader, 5, n - 3, base + 5));
+    CHECK(reader.bytes_read_direct() == 0);
+  }
+  SUBCASE("a flipped byte in a directly read chunk is a checksum mismatch") {
+    const fs::path file = dir / index.files[1].name;
+    const ck::tensor_record* t = index.find("w", ck::tensor_role::parameter);
+    REQUIRE(t != nullptr);
+    const std::uint64_t at = t->fragments[1].offset + 5 * 1000 * 1000 + 3;
+    {
+      const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+      REQUIRE(fd >= 0);
+      unsigned char b = 0;
+      REQUIRE(::pread(fd, &b, 1, static_cast<off_t>(at)) == 1);
+      b ^= 0x10;
+      REQUIRE(::pwrite(fd, &b, 1, static_cast<off_t>(at)) == 1);
+      ::close(fd);
+    }
+    evict_tree(dir);
+    ck::fragment_reader reader(dir, index);
+    CHECK_THROWS_WITH_AS(reader.read(*t, 0, n, base), doctest::Contains("checksum mismatch"), ringzero::error);
+  }
+}
+
+TEST_CASE("O_DIRECT on tmpfs (/dev/shm): whatever the file system allows, the same bytes") {
+  if (!fs::is_directory("/dev/shm")) return;
+  const fs::path root = fs::path("/dev/shm") / ("ringzero-ckpt-direct-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  constexpr std::uint64_t n = (std::uint64_t{1} << 20) + 77;
+  const fs::path dir = write_one_tensor(root, n, 4099);
+  const ck::checkpoint_index index = ck::read_index(dir);
+  ck::detail::staging_buffer memory(n * sizeof(float), false);
+  evict_tree(dir);
+  ck::fragment_reader reader(dir, index);
+  CHECK(reads_right(reader, 0, n, reinterpret_cast<float*>(memory.data())));
+  fs::remove_all(root);
+}
+
+TEST_CASE("a cold load into a model with large parameters (direct reads) and with O_DIRECT refused is exact") {
+  using ck::detail::direct_refusal;
+  for (direct_refusal refusal : {direct_refusal::none, direct_refusal::at_open, direct_refusal::at_read})
+    for (int stage : {0, 3}) {
+      CAPTURE(stage);
+      CAPTURE(static_cast<int>(refusal));
+      scratch_dir root("direct-model");
+      std::vector<std::vector<std::vector<float>>> saved(2);
+      std::vector<std::vector<unsigned char>> saved_optimizer(2);
+      local::launch(2, [&](communicator& comm) {
+        sharded_model m(comm, request(large_parameters(), stage, 4096), model_options(adamw()));
+        initialise(m);
+        train(m, comm.rank(), 0, 2);
+        ck::checkpointer(root.path).save(m);
+        saved[static_cast<std::size_t>(comm.rank())] = parameters_of(m);
+        saved_optimizer[static_cast<std::size_t>(comm.rank())] = optimizer_bytes(m);
+      });
+      evict_tree(root.path);
+      refusal_scope refuse(refusal);
+      local::launch(2, [&](communicator& comm) {
+        sharded_model m(comm, request(large_parameters(), stage, 4096), model_options(adamw()));
+        ck::checkpointer c(root.path);
+        c.load(m, root.path);  // into fresh memory
+        CHECK(same_bits(parameters_of(m), saved[0]));
+        CHECK(optimizer_bytes(m) == saved_optimizer[static_cast<std::size_t>(comm.rank())]);
+        train(m, comm.rank(), 2, 3);
+        barrier(comm);
+        if (comm.rank() == 0) evict_tree(root.path);
+        barrier(comm);
+        c.load(m, root.path);  // into the kept memory
+        CHECK(same_bits(parameters_of(m), saved[0]));
+        CHECK(optimizer_bytes(m) == saved_optimizer[static_cast<std::size_t>(comm.rank())]);
+      });
+    }
+}
