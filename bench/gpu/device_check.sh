@@ -469,12 +469,12 @@ else
   printf '%s\n' "${zero_runs[@]}" > "$build/run/zero_runs.tsv"
   rm -f "$build/run/zero_records.tsv"
   run_limited 30 "$train_log" "$python" - "$bin/ringzero-plan" "$build/run/zero_runs.tsv" "$ddp_json" "$zero_json" \
-    "$build/run/zero_records.tsv" "$build/run" <<'PY'
+    "$build/run/zero_records.tsv" "$build/run" "$train_device" <<'PY'
 """Example 02's runs (JSON of --json) against ringzero-plan --json for the same model; prints a
 table and writes STEP<TAB>STATUS<TAB>DETAIL records for the summary."""
 import json, os, subprocess, sys
 
-plan_exe, runs_tsv, ddp_path, out_path, records_path, tmp = sys.argv[1:7]
+plan_exe, runs_tsv, ddp_path, out_path, records_path, tmp, device = sys.argv[1:8]
 records, plans, runs = [], {}, []
 
 
@@ -532,7 +532,7 @@ if ddp:
         if r.get("ranks") == 2 and r.get("epochs"):
             ddp_step = sum(e["train_seconds"] for e in r["epochs"]) / (r["steps_per_epoch"] * len(r["epochs"]))
 
-print("\nExample 02, 2 ranks sharing the GPU: step time (mean over the run; median) and memory per rank")
+print(f"\nExample 02 --device {device}, 2 ranks (sharing one GPU with cuda): step time (mean over the run; median) and memory per rank")
 print("(runtime: sharded_model::memory_in_use() after training, the larger rank; plan: ringzero-plan for the same")
 print("model, in all and on the GPU / in host memory; GPU MiB: the most memory nvidia-smi saw in use above the")
 print("start, CUDA contexts and cuBLAS included)")
@@ -577,7 +577,7 @@ for run in runs:
           f"{kib(plan['memory_per_rank']['total']) if plan else '?':>10}{kib(dev) if dev is not None else '-':>10}"
           f"{kib(host) if host is not None else '-':>10}{run['gpu_peak_mib'] or '-':>9}  {verdict}")
 if ddp_step:
-    print(f"  DDP (example 01, 2 ranks, --device cuda): {1e3 * ddp_step:.3f} ms/step")
+    print(f"  DDP (example 01, 2 ranks, --device {device}): {1e3 * ddp_step:.3f} ms/step")
 else:
     print("  DDP (example 01, 2 ranks): no result, so no 'x DDP' column")
 
