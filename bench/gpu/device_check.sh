@@ -17,7 +17,8 @@
 #   3. example 02 on the GPU, 2 ranks sharing it: --stage 0..3, then DDP (example 01,
 #      --compare-ranks 1,2), then --stage 0..3 --offload optimizer (skipped with a note when
 #      example 02 has no --offload yet); step times and each rank's memory next to ringzero-plan's
-#      numbers for the same model, plus the GPU memory nvidia-smi saw (python3 makes the table);
+#      numbers for the same model, plus the GPU memory nvidia-smi saw (python3 makes the table;
+#      targets: the runtime's allocations equal the plan, stage 3 <= 1.2x DDP, offload <= 2x);
 #   4. the other 'gpu' tests (stream, DDP, local backend, primitives, the examples' MLP, NCCL);
 #   5. ringzero-gpu-bench (copy and primitive bandwidth, all_reduce on 2 and 4 ranks of one GPU);
 #   6. ringzero-bench all_reduce on device memory (local backend 2 and 4 ranks, NCCL 1 rank);
@@ -34,7 +35,8 @@
 # build.log, tests.log, train.log, zero.json, gpu_bench.log, collectives.log, bench.json).
 # Environment: DEVICE_CHECK_BUDGET (seconds, default 290), DEVICE_CHECK_BUILD (build folder,
 # default /tmp/ringzero-device-check), DEVICE_CHECK_DEPS (default <repo>/.device-deps),
-# DEVICE_CHECK_BUILD_CAP (seconds for any one compilation, default 150), CXX, NVCC.
+# DEVICE_CHECK_BUILD_CAP (seconds for any one compilation, default 150), CXX, NVCC,
+# DEVICE_CHECK_TRAIN_DEVICE (cuda; cpu trains on host memory, to check this script without a GPU).
 # Exit status: 0 when no step failed and no target was missed (skips allowed).
 
 set -uo pipefail
