@@ -534,7 +534,7 @@ if ddp:
         if r.get("ranks") == 2 and r.get("epochs"):
             ddp_step = sum(e["train_seconds"] for e in r["epochs"]) / (r["steps_per_epoch"] * len(r["epochs"]))
 
-print(f"\nExample 02 --device {device}, 2 ranks (sharing one GPU with cuda): step time (mean over the run; median) and memory per rank")
+print(f"\nExample 02 --device {device}, 2 ranks{' sharing one GPU' if device == 'cuda' else ''}: step time (mean over the run; median) and memory per rank")
 print("(runtime: sharded_model::memory_in_use() after training, the larger rank; plan: ringzero-plan for the same")
 print("model, in all and on the GPU / in host memory; GPU MiB: the most memory nvidia-smi saw in use above the")
 print("start, CUDA contexts and cuBLAS included)")
