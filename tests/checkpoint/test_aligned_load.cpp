@@ -5,6 +5,7 @@
 // file systems without it do, or at the read), with the same bytes and the same checksum checks.
 #include <fcntl.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <cstdint>
 #include <cstring>
@@ -222,18 +223,28 @@ TEST_CASE("O_DIRECT reads: straight into page-aligned memory where aligned, buff
   ck::detail::staging_buffer memory(n * sizeof(float) + 8192, false);  // page-aligned
   auto* base = reinterpret_cast<float*>(memory.data());
   SUBCASE("the whole tensor into page-aligned memory: direct, cold") {
-    evict_tree(dir);
-    ck::fragment_reader reader(dir, index);
-    CHECK(reads_right(reader, 0, n, base));
-    CHECK(reader.bytes_read() == n * sizeof(float));
-    if (direct_possible) CHECK(reader.bytes_read_direct() > n * sizeof(float) * 9 / 10);
+    // Eviction is advice (posix_fadvise): a page the kernel kept sends its read to the buffered
+    // path, so the direct share is judged on the better of two cold reads.
+    std::uint64_t direct = 0;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      evict_tree(dir);
+      ck::fragment_reader reader(dir, index);
+      CHECK(reads_right(reader, 0, n, base));
+      CHECK(reader.bytes_read() == n * sizeof(float));
+      direct = std::max(direct, reader.bytes_read_direct());
+    }
+    if (direct_possible) CHECK(direct > n * sizeof(float) * 9 / 10);
   }
   SUBCASE("congruent but not aligned: head and tail buffered, the middle direct") {
-    evict_tree(dir);
-    ck::fragment_reader reader(dir, index);
-    // Elements from 1: file offset 4 past an aligned one, memory 4 past a page.
-    CHECK(reads_right(reader, 1, n - 1, base + 1));
-    if (direct_possible) CHECK(reader.bytes_read_direct() > 0);
+    std::uint64_t direct = 0;
+    for (int attempt = 0; attempt < 2; ++attempt) {  // the better of two cold reads, as above
+      evict_tree(dir);
+      ck::fragment_reader reader(dir, index);
+      // Elements from 1: file offset 4 past an aligned one, memory 4 past a page.
+      CHECK(reads_right(reader, 1, n - 1, base + 1));
+      direct = std::max(direct, reader.bytes_read_direct());
+    }
+    if (direct_possible) CHECK(direct > 0);
   }
   SUBCASE("not congruent (memory one element off): buffered") {
     evict_tree(dir);

@@ -56,12 +56,6 @@ double compare_with_reference(int world, int stage, const run_config& cfg) {
   return worst;
 }
 
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) { return x.what(); }
-}
-
 }  // namespace
 
 TEST_CASE("stages 0-3 match plain data parallelism after 5 steps (float32, 1e-5 relative)") {

@@ -191,20 +191,6 @@ class claims_cuda_stream final : public execution_stream {
   int device_;
 };
 
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) { return x.what(); }
-}
-
-errc kind_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const error& x) { return x.kind(); } catch (...) {
-    return errc::internal;
-  }
-}
-
 }  // namespace
 
 TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise the host runtime") {

@@ -167,20 +167,6 @@ class pinned_offload_stream final : public execution_stream {
   host_execution_stream inner_;
 };
 
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) { return x.what(); }
-}
-
-errc kind_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const error& x) { return x.kind(); } catch (...) {
-    return errc::internal;
-  }
-}
-
 }  // namespace
 
 TEST_CASE("offload on the host stream: stages 0-3 x {float32, bfloat16} x world sizes 1-4, bitwise the host runtime") {

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -277,6 +278,22 @@ inline double max_relative_error(const std::vector<std::vector<float>>& a, const
       if (!(d <= worst)) worst = d;  // NaN propagates
     }
   return worst;
+}
+
+/// The message of the exception in `e` (a std::exception).
+inline std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) { return x.what(); }
+}
+
+/// The errc of the ringzero::error in `e`; errc::internal for any other exception.
+inline ringzero::errc kind_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const ringzero::error& x) { return x.kind(); } catch (...) {
+    return ringzero::errc::internal;
+  }
 }
 
 }  // namespace zero_test

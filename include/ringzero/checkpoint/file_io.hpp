@@ -112,50 +112,14 @@ class file {
     }
   }
   /// Reads exactly `bytes` bytes at `offset`; a file that ends first is an error ("truncated").
-  void read_at(void* data, std::uint64_t bytes, std::uint64_t offset) const {
-    auto* p = static_cast<unsigned char*>(data);
-    while (bytes > 0) {
-      const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
-      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        io_fail("cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
-                errno);
-      }
-      if (r == 0)
-        throw error(errc::io_error, "file '" + path_.string() + "' ends at byte " + std::to_string(offset) +
-                                        " (truncated): " + std::to_string(bytes) + " more bytes were expected");
-      p += r;
-      bytes -= static_cast<std::uint64_t>(r);
-      offset += static_cast<std::uint64_t>(r);
-    }
-  }
+  void read_at(void* data, std::uint64_t bytes, std::uint64_t offset) const { read_loop(data, bytes, offset, false); }
   /// `read_at` on a file opened by `open_direct` (`data`, `bytes` and `offset` multiples of the
   /// logical block size): returns the bytes read before the system refused the request with
   /// EINVAL (all of them normally), for the caller to read the rest buffered; other errors and
   /// a file that ends first throw as `read_at`'s do.
   std::uint64_t read_direct_at(void* data, std::uint64_t bytes, std::uint64_t offset) const {
-    auto* p = static_cast<unsigned char*>(data);
-    const std::uint64_t asked = bytes;
     if (test_direct_refusal.load() == direct_refusal::at_read) return 0;
-    while (bytes > 0) {
-      const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
-      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EINVAL) break;
-        io_fail("cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
-                errno);
-      }
-      if (r == 0)
-        throw error(errc::io_error, "file '" + path_.string() + "' ends at byte " + std::to_string(offset) +
-                                        " (truncated): " + std::to_string(bytes) + " more bytes were expected");
-      p += r;
-      bytes -= static_cast<std::uint64_t>(r);
-      offset += static_cast<std::uint64_t>(r);
-      if (r % 512 != 0) break;  // an unaligned short read: the rest cannot go direct
-    }
-    return asked - bytes;
+    return read_loop(data, bytes, offset, true);
   }
   /// True when the byte at `offset` is in the page cache (a 1-byte preadv2 with RWF_NOWAIT
   /// succeeds), so a read there is served from memory; false when not or unknown.
@@ -205,6 +169,31 @@ class file {
   }
 
  private:
+  /// pread until `bytes` are read at `offset`; returns how many were. `direct`: stops early at
+  /// EINVAL or after a short read that is not a whole number of 512-byte blocks (the rest cannot
+  /// go direct). Other errors and a file that ends first throw errc::io_error naming the file.
+  std::uint64_t read_loop(void* data, std::uint64_t bytes, std::uint64_t offset, bool direct) const {
+    auto* p = static_cast<unsigned char*>(data);
+    const std::uint64_t asked = bytes;
+    while (bytes > 0) {
+      const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
+      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (direct && errno == EINVAL) break;
+        io_fail("cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
+                errno);
+      }
+      if (r == 0)
+        throw error(errc::io_error, "file '" + path_.string() + "' ends at byte " + std::to_string(offset) +
+                                        " (truncated): " + std::to_string(bytes) + " more bytes were expected");
+      p += r;
+      bytes -= static_cast<std::uint64_t>(r);
+      offset += static_cast<std::uint64_t>(r);
+      if (direct && r % 512 != 0) break;
+    }
+    return asked - bytes;
+  }
   file(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
   void reset() noexcept {
     if (fd_ >= 0) ::close(fd_);
