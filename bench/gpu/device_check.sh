@@ -185,12 +185,14 @@ compile_nvcc() {  # compile_nvcc SRC OBJ [EXTRA...]
   shift 2
   log=$build_log.$(basename "$o")
   # shellcheck disable=SC2086
-  timeout --kill-after=5 "$build_cap" "$nvcc" $nvccflags "$@" -c "$src" -o "$o" >> "$log" 2>&1 && return 0
-  if grep -q "unsupported GNU version\|unsupported clang version" "$log"; then
+  timeout --kill-after=5 "$build_cap" "$nvcc" $nvccflags "$@" -c "$src" -o "$o" >> "$log" 2>&1
+  local rc=$?
+  if [ $rc != 0 ] && grep -q "unsupported GNU version\|unsupported clang version" "$log"; then
     # shellcheck disable=SC2086
-    timeout --kill-after=5 "$build_cap" "$nvcc" $nvccflags -allow-unsupported-compiler "$@" -c "$src" -o "$o" >> "$log" 2>&1 && return 0
+    timeout --kill-after=5 "$build_cap" "$nvcc" $nvccflags -allow-unsupported-compiler "$@" -c "$src" -o "$o" >> "$log" 2>&1
+    rc=$?
   fi
-  return 1
+  return $rc
 }
 compile_cxx() {  # compile_cxx SRC OBJ [EXTRA...]: EXTRA comes first, so its -I folders are searched first
   local src=$1 o=$2
@@ -233,7 +235,12 @@ else
     shift
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n 2>/dev/null || sleep 0.2; done
     names+=("$name")
-    ( local t0=$SECONDS; "$@"; echo $? > "$obj/$name.rc"; echo $(( SECONDS - t0 )) > "$obj/$name.time" ) &
+    ( local t0=$SECONDS rc
+      "$@"
+      rc=$?
+      [ $rc = 124 ] && echo "### killed after DEVICE_CHECK_BUILD_CAP (${build_cap}s)" >> "$build_log.$name"
+      echo $rc > "$obj/$name.rc"
+      echo $(( SECONDS - t0 )) > "$obj/$name.time" ) &
   }
   example_flags=(-isystem "$eigen_inc" -Iexamples/common -DEIGEN_DONT_PARALLELIZE -DRINGZERO_EXAMPLES_HAVE_CUDA=1 -DXXH_INLINE_ALL)
   # never -isystem /usr/include: it breaks the standard library's #include_next
