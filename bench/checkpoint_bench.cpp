@@ -17,7 +17,8 @@
 //   memory for the copy it reads into), then checkpointer::load after evicting them again (the
 //   memory it keeps: the model's previous state, exchanged at each load; allocated by the first);
 // - async: the time async_save blocks the training thread (staging allocated by a first call),
-//   next to a plain memcpy of the same bytes into a pre-touched buffer; and the time of an
+//   next to a plain memcpy of the same bytes per rank, both ranks at once, from the model's kind
+//   of memory into the checkpointer's kind of staging buffer (pre-touched); and the time of an
 //   optimizer step alone and while the background write runs.
 // Throughput = total state bytes / wall time of the slowest rank. Prints a table (and --json).
 
@@ -40,7 +41,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ringzero/checkpoint.hpp"
+#include "ringzero/checkpoint/staging_buffer.hpp"
 #include "ringzero/ringzero.hpp"
+#include "ringzero/zero/host_buffer.hpp"
 
 #include "size_arg.hpp"
 
@@ -212,11 +215,14 @@ int main(int argc, char** argv) {
           for (const std::string& old : {"bench-" + std::to_string(k), "async-" + std::to_string(k)})
             fs::remove_all(dir / "checkpoints" / old);
         }
-        std::vector<unsigned char> staging(ckpt.staging_bytes(), 0);  // pre-touched
-        const std::vector<unsigned char> from(ckpt.staging_bytes(), 2);
+        // Like with like: the destination is the checkpointer's kind of staging memory (pre-touched),
+        // the source the kind the model's state lives in (a page-aligned host_buffer), both ranks at once.
+        ck::detail::staging_buffer staging(ckpt.staging_bytes());
+        rz::zero::detail::host_buffer from(ckpt.staging_bytes());
+        std::memset(from.data(), 2, static_cast<std::size_t>(from.bytes()));
         rz::barrier(comm);
         t0 = clock_type::now();
-        std::memcpy(staging.data(), from.data(), staging.size());
+        std::memcpy(staging.data(), from.data(), static_cast<std::size_t>(staging.bytes()));
         record(t.memcpy_staging, slowest(seconds_since(t0)));
       }
     });

@@ -5,14 +5,17 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 #include <doctest/doctest.h>
 
 #include "checkpoint_test_util.hpp"
+#include "ringzero/checkpoint/background_writer.hpp"
 
 using namespace ckpt_test;
 namespace ck = ringzero::checkpoint;
@@ -815,4 +818,33 @@ TEST_CASE(
     });
     CHECK(full_tensors(again.path / "again") == full_tensors(root.path));
   }
+}
+
+TEST_CASE("background_writer: one kept thread runs each task; wait returns after it; destruction runs a queued one") {
+  std::thread::id first, second;
+  int value = 0;
+  {
+    ck::detail::background_writer w;
+    w.wait();  // nothing handed yet: returns at once
+    w.start([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      first = std::this_thread::get_id();
+      value = 1;
+    });
+    w.wait();
+    CHECK(value == 1);
+    w.start([&] {
+      second = std::this_thread::get_id();
+      value = 2;
+    });
+    w.wait();
+    CHECK(value == 2);
+    CHECK(first == second);  // the same thread, kept
+    CHECK(first != std::this_thread::get_id());
+    w.start([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      value = 3;
+    });
+  }  // no wait(): the destructor lets the task finish before the thread ends
+  CHECK(value == 3);
 }

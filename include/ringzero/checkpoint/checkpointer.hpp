@@ -6,9 +6,10 @@
 /// `save`: every rank writes and fsyncs its shard file, one small collective (each rank's status
 /// and chunk checksums), then rank 0 writes the index and commits. `async_save` (PyTorch DCP's
 /// async_save): finishes the previous one, copies this rank's share into a staging buffer
-/// allocated once, and a background thread (nice 19) writes it; the collective and the commit
-/// run at the next `save`, `async_save` or `wait()`, where its errors surface naming the file.
-/// `load` keeps its memory from load to load (see there).
+/// allocated once (one memcpy per piece: all it blocks for), and a background thread (nice 19,
+/// started once and kept) hashes and writes it; the collective and the commit run at the next
+/// `save`, `async_save` or `wait()`, where its errors surface naming the file. `load` keeps its
+/// memory from load to load (see there).
 /// Errors, on every rank (naming rank, file, reason): device memory (errc::unsupported), a save
 /// mid-step or ranks passing different progress or names (errc::invalid_argument), any write
 /// failure such as a full disk, or of rank 0's commit (errc::io_error; a second small collective
@@ -16,20 +17,17 @@
 /// save (see there). Thread semantics: each rank's training thread. Needs nlohmann/json and
 /// libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "ringzero/checkpoint/agreement.hpp"
+#include "ringzero/checkpoint/background_writer.hpp"
 #include "ringzero/checkpoint/checkpoint_directory.hpp"
 #include "ringzero/checkpoint/load.hpp"
 #include "ringzero/checkpoint/replicated_state.hpp"
@@ -63,10 +61,10 @@ class checkpointer {
   /// Finishes a pending asynchronous save as `wait()` does (collective: every rank destroys its
   /// checkpointer at the same point, its communicators still alive), printing an error to
   /// stderr (naming the checkpoint and the failing rank) instead of throwing. Destroyed while an
-  /// exception unwinds, it only joins the writer: no collective runs, the save stays incomplete,
+  /// exception unwinds, it only waits for the writer: no collective runs, the save stays incomplete,
   /// `latest` keeps naming the previous checkpoint, and stderr says so.
   ~checkpointer() {
-    if (job_.writer.joinable()) job_.writer.join();
+    writer_.wait();
     if (!pending_) return;
     const std::string dir = (root_ / job_.name).string();
     if (std::uncaught_exceptions() > 0) {
@@ -156,7 +154,7 @@ class checkpointer {
   /// at the same point): waits for the background write, agrees, commits. Throws its errors.
   void wait() {
     if (!pending_) return;
-    if (job_.writer.joinable()) job_.writer.join();
+    writer_.wait();
     finish();
   }
 
@@ -172,7 +170,6 @@ class checkpointer {
     std::vector<std::uint64_t> checksums;
     std::string problem;
     errc code = errc::io_error;
-    std::thread writer;
   };
 
   void start_job(communicator& comm, communicator* replica, int rank, state_layout layout, training_progress progress,
@@ -298,11 +295,11 @@ class checkpointer {
 
   void launch() {
     if (!job_.problem.empty()) return;  // nothing to write; the next call reports it
-    job_.writer = std::thread([this] {
-      // Below the training threads (nice 19): the state is copied, the write takes idle time only.
-      (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
-      write(job_);
-    });
+    try {
+      writer_.start([this] { write(job_); });
+    } catch (const std::exception& e) {  // no thread: the agreement at the next call reports it
+      refuse(errc::internal, std::string("cannot start the background writer thread: ") + e.what());
+    }
   }
 
   /// The agreement collective and rank 0's commit.
@@ -382,7 +379,8 @@ class checkpointer {
   job job_;
   bool pending_ = false;
   detail::staging_buffer staging_;
-  detail::zero_spare spare_;  ///< `load`'s second copy of a model's state
+  detail::zero_spare spare_;          ///< `load`'s second copy of a model's state
+  detail::background_writer writer_;  ///< last: its thread ends before the members its task uses
 };
 
 }  // namespace ringzero::checkpoint
