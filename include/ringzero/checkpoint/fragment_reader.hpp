@@ -131,8 +131,11 @@ class fragment_reader {
   /// when `may_go_direct` and the data is not cached, the rest (or all) buffered.
   void read_range(std::size_t i, unsigned char* dst, std::uint64_t bytes, std::uint64_t offset) {
     const detail::file& buffered = open(i);
+    // Cached: its first and its last byte in the page cache (data read before). A few pages that
+    // an eviction left behind (posix_fadvise(DONTNEED) skips pages still in another CPU's LRU
+    // batch) or that readahead brought do not make the range cached.
     if (bytes >= direct_min_bytes && may_go_direct(i, offset, reinterpret_cast<std::uintptr_t>(dst)) &&
-        !buffered.cached(offset)) {
+        !(buffered.cached(offset) && buffered.cached(offset + bytes - 1))) {
       const std::uint64_t head = (direct_alignment - offset % direct_alignment) % direct_alignment;
       const std::uint64_t body = (bytes - head) / direct_alignment * direct_alignment;
       if (head != 0) buffered.read_at(dst, head, offset);
