@@ -115,22 +115,6 @@ std::vector<std::vector<float>> train_on_stream(sharded_model& model, primitive:
   return out;
 }
 
-bool same_result(const step_result& a, const step_result& b) {
-  return std::memcmp(&a.gradient_norm, &b.gradient_norm, sizeof(double)) == 0 &&
-         std::memcmp(&a.clip_coefficient, &b.clip_coefficient, sizeof(double)) == 0 && a.skipped == b.skipped &&
-         a.steps == b.steps;
-}
-
-/// Bitwise comparison of two parameter lists (float == is not bitwise for NaN or signed zero).
-bool bitwise_equal(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t p = 0; p < a.size(); ++p)
-    if (a[p].size() != b[p].size() ||
-        (!a[p].empty() && std::memcmp(a[p].data(), b[p].data(), a[p].size() * sizeof(float)) != 0))
-      return false;
-  return true;
-}
-
 /// A one-rank communicator that claims CUDA device memory on `device` (no device needed: the
 /// device context is refused before any data moves).
 class claims_device_memory final : public communicator {

@@ -89,21 +89,6 @@ std::vector<std::vector<float>> train(sharded_model& model, int rank, int steps,
   return out;
 }
 
-bool same_result(const step_result& a, const step_result& b) {
-  return std::memcmp(&a.gradient_norm, &b.gradient_norm, sizeof(double)) == 0 &&
-         std::memcmp(&a.clip_coefficient, &b.clip_coefficient, sizeof(double)) == 0 && a.skipped == b.skipped &&
-         a.steps == b.steps;
-}
-
-bool bitwise_equal(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t p = 0; p < a.size(); ++p)
-    if (a[p].size() != b[p].size() ||
-        (!a[p].empty() && std::memcmp(a[p].data(), b[p].data(), a[p].size() * sizeof(float)) != 0))
-      return false;
-  return true;
-}
-
 /// What one rank's run on the device path reports.
 struct device_run {
   std::vector<std::vector<float>> values;

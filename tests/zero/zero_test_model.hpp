@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -294,6 +295,23 @@ inline ringzero::errc kind_of(const std::exception_ptr& e) {
   } catch (const ringzero::error& x) { return x.kind(); } catch (...) {
     return ringzero::errc::internal;
   }
+}
+
+/// Two step results with the same bits (norm and clip coefficient compared as bytes).
+inline bool same_result(const ringzero::zero::step_result& a, const ringzero::zero::step_result& b) {
+  return std::memcmp(&a.gradient_norm, &b.gradient_norm, sizeof(double)) == 0 &&
+         std::memcmp(&a.clip_coefficient, &b.clip_coefficient, sizeof(double)) == 0 && a.skipped == b.skipped &&
+         a.steps == b.steps;
+}
+
+/// Bitwise comparison of two parameter lists (float == is not bitwise for NaN or signed zero).
+inline bool bitwise_equal(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t p = 0; p < a.size(); ++p)
+    if (a[p].size() != b[p].size() ||
+        (!a[p].empty() && std::memcmp(a[p].data(), b[p].data(), a[p].size() * sizeof(float)) != 0))
+      return false;
+  return true;
 }
 
 }  // namespace zero_test
