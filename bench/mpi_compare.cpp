@@ -184,7 +184,10 @@ void measure_link(rz::mpi::communicator& comm, int reps) {
   // fall at sizes that stay in cache, so beta and gamma are measured there.
   const std::uint64_t small = 8, mid = 64 << 10, large = 1 << 20;
   std::vector<unsigned char> a(large, 1), b(large, 2);
-  auto step = [&](std::uint64_t bytes) { comm.sendrecv(a.data(), bytes, next, b.data(), bytes, prev); };
+  rz::collective_descriptor op;  // one point-to-point transfer on the transport, as rz::sendrecv issues it
+  op.kind = rz::collective_kind::send;
+  op.type = rz::dtype::uint8;
+  auto step = [&](std::uint64_t bytes) { comm.sendrecv(op, a.data(), bytes, next, b.data(), bytes, prev); };
   const double alpha = seconds_per(comm, reps, [&] { step(small); }) * 1e6;
   const double t_mid = seconds_per(comm, std::max(3, reps / 4), [&] { step(mid); }) * 1e6;
   const double t_large = seconds_per(comm, std::max(3, reps / 20), [&] { step(large); }) * 1e6;

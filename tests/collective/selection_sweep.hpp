@@ -15,13 +15,13 @@
 
 namespace rzt {
 
-/// A communicator that only answers the selection questions (rank 0 of `world_size`): which
+/// A backend that only answers the selection questions (rank 0 of `world_size`): which
 /// algorithms it supports, whether it prefers native, its link model. It moves no data.
-class selection_probe final : public ringzero::communicator {
+class selection_probe final : public ringzero::detail::backend_communicator {
  public:
   selection_probe(int world_size, std::vector<ringzero::algorithm> algos, bool prefers_native,
                   const ringzero::link_model& link)
-      : communicator(0, world_size), algos_(std::move(algos)), prefers_native_(prefers_native), link_(link) {
+      : backend_communicator(0, world_size), algos_(std::move(algos)), prefers_native_(prefers_native), link_(link) {
     set_forced_algorithm(ringzero::algorithm::automatic);
     set_reproducible(false);
   }
@@ -33,17 +33,20 @@ class selection_probe final : public ringzero::communicator {
   }
   bool prefers_native(ringzero::collective_kind) const noexcept override { return prefers_native_; }
   ringzero::link_model link() const noexcept override { return link_; }
-  void begin(const ringzero::collective_descriptor&) override { no_data(); }
-  void end(const ringzero::collective_descriptor&) override { no_data(); }
-  void sendrecv(const void*, std::uint64_t, int, void*, std::uint64_t, int) override { no_data(); }
-  void sendrecv_reduce(const void*, std::uint64_t, int, const void*, void*, std::uint64_t, int,
-                       const ringzero::combine_fn&) override {
-    no_data();
+  void begin(const ringzero::collective_descriptor& op) override { no_data(op); }
+  void end(const ringzero::collective_descriptor& op) override { no_data(op); }
+  void sendrecv(const ringzero::collective_descriptor& op, const void*, std::uint64_t, int, void*, std::uint64_t,
+                int) override {
+    no_data(op);
+  }
+  void sendrecv_reduce(const ringzero::collective_descriptor& op, const void*, std::uint64_t, int, const void*, void*,
+                       std::uint64_t, int, const ringzero::combine_fn&) override {
+    no_data(op);
   }
 
  private:
-  [[noreturn]] void no_data() const {
-    raise(ringzero::errc::internal, "selection_probe answers selection questions only; it moves no data");
+  [[noreturn]] void no_data(const ringzero::collective_descriptor& op) const {
+    raise(&op, ringzero::errc::internal, "selection_probe answers selection questions only; it moves no data");
   }
   std::vector<ringzero::algorithm> algos_;
   bool prefers_native_;

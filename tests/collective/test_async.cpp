@@ -259,9 +259,9 @@ void back_to_back(int world, algorithm a, bool async) {
           for (int i = i0; i < i0 + batch; ++i)
             for (std::uint64_t e = 0; e < count; ++e)
               wrong[r] += out[static_cast<std::uint64_t>(i - i0) * count + e] != expected(i, e);
-          if (i0 == 0) scratch_warm[r] = comm.scratch_bytes();
+          if (i0 == 0) scratch_warm[r] = detail::transport_of(comm).scratch_bytes();
         }
-        scratch_end[r] = comm.scratch_bytes();
+        scratch_end[r] = detail::transport_of(comm).scratch_bytes();
         if (comm.issued() != static_cast<std::uint64_t>(calls)) wrong[r] += 1;
       },
       120.0);

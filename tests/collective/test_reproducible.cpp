@@ -386,24 +386,24 @@ namespace {
 
 /// A one-rank communicator that claims CUDA device memory (no device needed: reproducible mode
 /// is refused before any data moves). Its begin() runs the contract check on its descriptor.
-class device_memory_communicator final : public communicator {
+class device_memory_communicator final : public detail::backend_communicator {
  public:
-  device_memory_communicator() : communicator(0, 1) {}
+  device_memory_communicator() : backend_communicator(0, 1) {}
   ~device_memory_communicator() override { stop_progress(); }
   backend_kind backend() const noexcept override { return backend_kind::nccl; }
   memory_space space() const noexcept override { return memory_space::cuda; }
   void begin(const collective_descriptor& d) override {
     if (auto v = check_contract(
             1, [&](int) -> const collective_descriptor& { return d; }, false))
-      raise(v->code, v->message);
+      raise(&d, v->code, v->message);
   }
   void end(const collective_descriptor&) override {}
-  void sendrecv(const void*, std::uint64_t, int, void*, std::uint64_t, int) override {
-    raise(errc::internal, "no transfers in this test");
+  void sendrecv(const collective_descriptor& d, const void*, std::uint64_t, int, void*, std::uint64_t, int) override {
+    raise(&d, errc::internal, "no transfers in this test");
   }
-  void sendrecv_reduce(const void*, std::uint64_t, int, const void*, void*, std::uint64_t, int,
-                       const combine_fn&) override {
-    raise(errc::internal, "no transfers in this test");
+  void sendrecv_reduce(const collective_descriptor& d, const void*, std::uint64_t, int, const void*, void*,
+                       std::uint64_t, int, const combine_fn&) override {
+    raise(&d, errc::internal, "no transfers in this test");
   }
   link_model link() const noexcept override { return {}; }
 };

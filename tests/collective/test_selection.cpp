@@ -383,7 +383,7 @@ TEST_CASE("dispatch raises errc::internal naming the collective and algorithm th
         std::vector<std::int32_t> mine_in(1, comm.rank()), mine_out(1, -1);
         d.send = mine_in.data();
         d.recv = mine_out.data();
-        const algorithms::call call{comm, d, algorithms::host_ops()};
+        const algorithms::call call{detail::transport_of(comm), d, d, algorithms::host_ops()};
         o[static_cast<std::size_t>(comm.rank())].capture([&] {
           if (u.ring_only_table)
             detail::run_algorithm(call, ring_only);

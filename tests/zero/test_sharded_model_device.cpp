@@ -117,21 +117,21 @@ std::vector<std::vector<float>> train_on_stream(sharded_model& model, primitive:
 
 /// A one-rank communicator that claims CUDA device memory on `device` (no device needed: the
 /// device context is refused before any data moves).
-class claims_device_memory final : public communicator {
+class claims_device_memory final : public detail::backend_communicator {
  public:
-  explicit claims_device_memory(int device) : communicator(0, 1), device_(device) {}
+  explicit claims_device_memory(int device) : backend_communicator(0, 1), device_(device) {}
   ~claims_device_memory() override { stop_progress(); }
   backend_kind backend() const noexcept override { return backend_kind::nccl; }
   memory_space space() const noexcept override { return memory_space::cuda; }
   int cuda_device() const noexcept override { return device_; }
   void begin(const collective_descriptor&) override {}
   void end(const collective_descriptor&) override {}
-  void sendrecv(const void*, std::uint64_t, int, void*, std::uint64_t, int) override {
-    raise(errc::internal, "no transfers in this test");
+  void sendrecv(const collective_descriptor& d, const void*, std::uint64_t, int, void*, std::uint64_t, int) override {
+    raise(&d, errc::internal, "no transfers in this test");
   }
-  void sendrecv_reduce(const void*, std::uint64_t, int, const void*, void*, std::uint64_t, int,
-                       const combine_fn&) override {
-    raise(errc::internal, "no transfers in this test");
+  void sendrecv_reduce(const collective_descriptor& d, const void*, std::uint64_t, int, const void*, void*,
+                       std::uint64_t, int, const combine_fn&) override {
+    raise(&d, errc::internal, "no transfers in this test");
   }
   link_model link() const noexcept override { return {}; }
 

@@ -30,7 +30,7 @@ struct collective_entry {
 /// None of today's algorithms limits dtype, op or world size: every dtype and op runs (16-bit
 /// sums accumulate in float32, see `widens_16bit_sums`), on any world size (a world of one is
 /// a copy done by dispatch unless `backend_moves_data`). The backend says which algorithms it
-/// offers (communicator::supports).
+/// offers (transport::supports).
 struct algorithm_descriptor {
   algorithm id = algorithm::automatic;
   std::span<const collective_entry> collectives;

@@ -1,18 +1,18 @@
 #pragma once
 /// @file
-/// `call`: what every algorithm receives (the communicator, this rank's descriptor, the data
-/// operations for its memory space) and helpers shared by the schedules: byte offsets, the
-/// reduction spec of a descriptor, and premul_sum's pre-scaled input.
+/// `call`: what every algorithm receives (the transport, the collective being run, this rank's
+/// descriptor of the schedule, the data operations for its memory space) and helpers shared by the schedules: byte
+/// offsets, the reduction spec of a descriptor, and premul_sum's pre-scaled input.
 
 #include <cstdint>
 
 #include "ringzero/algorithms/data_ops.hpp"
 #include "ringzero/algorithms/partition.hpp"
-#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/transport.hpp"
 
 namespace ringzero::algorithms {
 
-/// Scratch slots of the communicator's pool, by purpose.
+/// Scratch slots of the transport's pool, by purpose.
 enum scratch_slot : int {
   scratch_tile = 0,                ///< direct: one tile of partial results
   scratch_accumulator = 1,         ///< ring / halving-doubling: partial sums that are not the output
@@ -24,12 +24,13 @@ enum scratch_slot : int {
 
 /// One collective as an algorithm sees it.
 struct call {
-  communicator& comm;
-  const collective_descriptor& d;
+  transport& t;
+  const collective_descriptor& op;  ///< the collective being run: every transfer passes it (its tag)
+  const collective_descriptor& d;   ///< what this schedule computes (op, or a float32 or reproducible stage of it)
   const data_ops& ops;
 
-  int rank() const noexcept { return comm.rank(); }
-  int n() const noexcept { return comm.world_size(); }
+  int rank() const noexcept { return t.rank(); }
+  int n() const noexcept { return t.world_size(); }
   std::size_t element_size() const noexcept { return dtype_size(d.type); }
   /// Bytes of `elements` elements.
   std::uint64_t bytes(std::uint64_t elements) const noexcept { return elements * element_size(); }
@@ -62,7 +63,7 @@ struct call {
   /// wire is already scaled and combines are plain sums).
   const void* scaled_input(const void* input, std::uint64_t count) const {
     if (d.op.kind != reduce_kind::premul_sum || count == 0) return input;
-    void* scaled = comm.scratch(scratch_scaled, static_cast<std::size_t>(bytes(count)));
+    void* scaled = t.scratch(scratch_scaled, static_cast<std::size_t>(bytes(count)));
     ops.scale(scaled, input, count, d.type, d.op.scalar);
     return scaled;
   }

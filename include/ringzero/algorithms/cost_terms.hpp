@@ -5,7 +5,7 @@
 /// The formulas themselves sit in each algorithm's descriptor; docs/algorithms.md has the table.
 
 #include "ringzero/algorithms/partition.hpp"
-#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/transport.hpp"
 
 namespace ringzero::algorithms {
 

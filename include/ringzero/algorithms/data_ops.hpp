@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/transport.hpp"
 #include "ringzero/primitive/cast.hpp"
 #include "ringzero/primitive/copy.hpp"
 #include "ringzero/primitive/reduce.hpp"

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// `device_data_ops`: the `data_ops` of a communicator whose buffers live in CUDA device memory.
-/// Every operation is enqueued on the communicator's stream (copies with cudaMemcpyAsync,
+/// `device_data_ops`: the `data_ops` of a transport whose buffers live in CUDA device memory.
+/// Every operation is enqueued on the transport's stream (copies with cudaMemcpyAsync,
 /// combines, scaling and casts with the CUDA primitives) and returns at once, so a schedule (ring,
 /// halving_doubling) issues a whole collective without waiting for the device; the backend
 /// orders the transfers between ranks with CUDA events (backend/local/cuda_communicator.hpp) or
@@ -18,21 +18,21 @@
 #include <string>
 
 #include "ringzero/algorithms/data_ops.hpp"
-#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/transport.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 
 namespace ringzero::algorithms {
 
-/// `data_ops` on CUDA device memory, enqueued on `comm.cuda_stream()` on `comm.cuda_device()`.
-/// Errors: a failed launch raises `ringzero::error(errc::backend_failure)` on `comm`, naming the
-/// operation and the CUDA error.
+/// `data_ops` on CUDA device memory, enqueued on `t.cuda_stream()` on `t.cuda_device()`.
+/// Errors: a failed launch raises `ringzero::error(errc::backend_failure)` within `op`, naming
+/// the operation and the CUDA error.
 class device_data_ops final : public data_ops {
  public:
-  /// Operations for `comm` (whose space() is memory_space::cuda) with the kernels of `kernels`.
-  /// Makes the communicator's device current on the calling thread.
-  device_data_ops(const primitive::device_primitives& kernels, communicator& comm)
-      : kernels_(kernels), comm_(comm), stream_(comm.cuda_stream()) {
-    check(kernels_.set_device(comm.cuda_device()), "cudaSetDevice");
+  /// Operations for collective `op` on `t` (whose space() is memory_space::cuda) with the kernels
+  /// of `kernels`. Makes the transport's device current on the calling thread.
+  device_data_ops(const primitive::device_primitives& kernels, transport& t, const collective_descriptor& op)
+      : kernels_(kernels), t_(t), op_(op), stream_(t.cuda_stream()) {
+    check(kernels_.set_device(t.cuda_device()), "cudaSetDevice");
   }
 
   void copy(void* dst, const void* src, std::uint64_t bytes, bool streaming = false) const override {
@@ -72,13 +72,14 @@ class device_data_ops final : public data_ops {
 
   void check(int code, const char* what) const {
     if (code == 0) return;
-    comm_.raise(errc::backend_failure, std::string(what) + " failed on CUDA device " +
-                                           std::to_string(comm_.cuda_device()) + ": " + kernels_.error_name(code) +
-                                           ": " + kernels_.error_string(code));
+    t_.raise(&op_, errc::backend_failure,
+             std::string(what) + " failed on CUDA device " + std::to_string(t_.cuda_device()) + ": " +
+                 kernels_.error_name(code) + ": " + kernels_.error_string(code));
   }
 
   const primitive::device_primitives& kernels_;
-  communicator& comm_;
+  transport& t_;
+  const collective_descriptor& op_;
   void* stream_;
   mutable std::deque<bound_combine> bound_;  ///< stable addresses for the combines handed out
 };

@@ -33,11 +33,11 @@ struct direct_tile {
 inline direct_tile make_direct_tile(const call& c) {
   if (!accumulates_in_float32(c.d, c.n())) {
     const std::uint64_t elements = direct_tile_elements(c.element_size());
-    return {c.comm.scratch(scratch_tile, static_cast<std::size_t>(c.bytes(elements))), nullptr, elements};
+    return {c.t.scratch(scratch_tile, static_cast<std::size_t>(c.bytes(elements))), nullptr, elements};
   }
   const std::uint64_t elements = direct_tile_elements(sizeof(float));
   auto* p =
-      static_cast<unsigned char*>(c.comm.scratch(scratch_tile, static_cast<std::size_t>(2 * elements * sizeof(float))));
+      static_cast<unsigned char*>(c.t.scratch(scratch_tile, static_cast<std::size_t>(2 * elements * sizeof(float))));
   return {p, p + elements * sizeof(float), elements};
 }
 
@@ -55,10 +55,10 @@ void direct_fold_float32(const call& c, const direct_tile& t, std::uint64_t firs
   s.pre_b = premul;
   const std::int64_t divisor = c.d.op.kind == reduce_kind::avg ? n : 0;
   c.ops.cast(t.acc, dtype::float32, c.at(input_of(0), first), c.d.type, len);
-  if (premul) c.ops.scale(t.acc, t.acc, len, dtype::float32, c.comm.peer_descriptor(0)->op.scalar);
+  if (premul) c.ops.scale(t.acc, t.acc, len, dtype::float32, c.t.peer_descriptor(0)->op.scalar);
   for (int q = 1; q < n; ++q) {
     c.ops.cast(t.widened, dtype::float32, c.at(input_of(q), first), c.d.type, len);
-    s.scalar_b = c.comm.peer_descriptor(q)->op.scalar;
+    s.scalar_b = c.t.peer_descriptor(q)->op.scalar;
     s.divisor = q == n - 1 ? divisor : 0;
     c.ops.reduce(t.acc, t.acc, t.widened, len, s);
   }
@@ -86,13 +86,13 @@ void direct_fold(const call& c, const direct_tile& t, std::uint64_t first, std::
   const std::int64_t divisor = c.d.op.kind == reduce_kind::avg ? n : 0;
   s.pre_a = premul;
   s.pre_b = premul;
-  s.scalar_a = c.comm.peer_descriptor(0)->op.scalar;
-  s.scalar_b = c.comm.peer_descriptor(1)->op.scalar;
+  s.scalar_a = c.t.peer_descriptor(0)->op.scalar;
+  s.scalar_b = c.t.peer_descriptor(1)->op.scalar;
   s.divisor = n == 2 ? divisor : 0;
   c.ops.reduce(tile, c.at(input_of(0), first), c.at(input_of(1), first), len, s);
   s.pre_a = false;
   for (int q = 2; q < n; ++q) {
-    s.scalar_b = c.comm.peer_descriptor(q)->op.scalar;
+    s.scalar_b = c.t.peer_descriptor(q)->op.scalar;
     s.divisor = q == n - 1 ? divisor : 0;
     c.ops.reduce(tile, tile, c.at(input_of(q), first), len, s);
   }
@@ -106,7 +106,7 @@ inline void direct_all_reduce(const call& c) {
   const std::uint64_t count = c.d.count;
   const range mine = c.blocks_of(count).block(static_cast<std::uint64_t>(r));
   const bool streaming = c.bytes(count) >= primitive::streaming_threshold_bytes;
-  auto input_of = [&](int q) { return c.comm.peer_descriptor(q)->send; };
+  auto input_of = [&](int q) { return c.t.peer_descriptor(q)->send; };
   // Large plain sums: one fused pass from the inputs straight to every output (no tile).
   constexpr int fused_max_ranks = 16;
   if (streaming && c.d.op.kind == reduce_kind::sum && n <= fused_max_ranks && mine.end > mine.begin &&
@@ -114,7 +114,7 @@ inline void direct_all_reduce(const call& c) {
     std::array<void*, fused_max_ranks> outs{};
     std::array<const void*, fused_max_ranks> ins{};
     for (int q = 0; q < n; ++q) {
-      outs[static_cast<std::size_t>(q)] = c.at(c.comm.peer_descriptor((r + q) % n)->recv, mine.begin);
+      outs[static_cast<std::size_t>(q)] = c.at(c.t.peer_descriptor((r + q) % n)->recv, mine.begin);
       ins[static_cast<std::size_t>(q)] = c.at(input_of(q), mine.begin);
     }
     if (c.ops.sum_to_all_streaming(outs.data(), n, ins.data(), n, mine.end - mine.begin, c.d.type)) {
@@ -129,7 +129,7 @@ inline void direct_all_reduce(const call& c) {
     const void* result = detail::direct_result(c, tile, len);
     for (int j = 0; j < n; ++j) {
       const int q = (r + j) % n;
-      c.ops.copy(c.at(c.comm.peer_descriptor(q)->recv, first), result, c.bytes(len), streaming);
+      c.ops.copy(c.at(c.t.peer_descriptor(q)->recv, first), result, c.bytes(len), streaming);
     }
   }
   if (streaming) c.ops.fence();
@@ -142,7 +142,7 @@ inline void direct_reduce_scatter(const call& c) {
   const std::uint64_t base = static_cast<std::uint64_t>(r) * count;
   const bool streaming = c.bytes(count) >= primitive::streaming_threshold_bytes;
   const detail::direct_tile tile = detail::make_direct_tile(c);
-  auto input_of = [&](int q) { return c.comm.peer_descriptor(q)->send; };
+  auto input_of = [&](int q) { return c.t.peer_descriptor(q)->send; };
   for (std::uint64_t first = 0; first < count; first += tile.elements) {
     const std::uint64_t len = std::min(tile.elements, count - first);
     detail::direct_fold(c, tile, base + first, len, input_of);
@@ -159,8 +159,8 @@ inline void direct_reduce(const call& c) {
   const range mine = c.blocks_of(count).block(static_cast<std::uint64_t>(r));
   const bool streaming = c.bytes(count) >= primitive::streaming_threshold_bytes;
   const detail::direct_tile tile = detail::make_direct_tile(c);
-  void* root_out = c.comm.peer_descriptor(c.d.root)->recv;
-  auto input_of = [&](int q) { return c.comm.peer_descriptor(q)->send; };
+  void* root_out = c.t.peer_descriptor(c.d.root)->recv;
+  auto input_of = [&](int q) { return c.t.peer_descriptor(q)->send; };
   for (std::uint64_t first = mine.begin; first < mine.end; first += tile.elements) {
     const std::uint64_t len = std::min(tile.elements, mine.end - first);
     detail::direct_fold(c, tile, first, len, input_of);
@@ -176,7 +176,7 @@ inline void direct_all_gather(const call& c) {
   const bool streaming = c.bytes(count) * static_cast<std::uint64_t>(n) >= primitive::streaming_threshold_bytes;
   for (int j = 0; j < n; ++j) {
     const int q = (r + j) % n;
-    c.ops.copy(c.at(c.d.recv, static_cast<std::uint64_t>(q) * count), c.comm.peer_descriptor(q)->send, c.bytes(count),
+    c.ops.copy(c.at(c.d.recv, static_cast<std::uint64_t>(q) * count), c.t.peer_descriptor(q)->send, c.bytes(count),
                streaming);
   }
   if (streaming) c.ops.fence();
@@ -185,7 +185,7 @@ inline void direct_all_gather(const call& c) {
 /// direct broadcast: every rank copies the root's send buffer into its own output.
 inline void direct_broadcast(const call& c) {
   const bool streaming = c.bytes(c.d.count) >= primitive::streaming_threshold_bytes;
-  c.ops.copy(c.d.recv, c.comm.peer_descriptor(c.d.root)->send, c.bytes(c.d.count), streaming);
+  c.ops.copy(c.d.recv, c.t.peer_descriptor(c.d.root)->send, c.bytes(c.d.count), streaming);
   if (streaming) c.ops.fence();
 }
 
@@ -197,7 +197,7 @@ inline void direct_all_to_all(const call& c) {
   for (int j = 0; j < n; ++j) {
     const int q = (r + j) % n;
     c.ops.copy(c.at(c.d.recv, static_cast<std::uint64_t>(q) * count),
-               c.at(c.comm.peer_descriptor(q)->send, static_cast<std::uint64_t>(r) * count), c.bytes(count), streaming);
+               c.at(c.t.peer_descriptor(q)->send, static_cast<std::uint64_t>(r) * count), c.bytes(count), streaming);
   }
   if (streaming) c.ops.fence();
 }

@@ -52,7 +52,7 @@ void run_in_float32(const call& c, Run&& run) {
   const std::uint64_t in_count = scatter ? d.count * n : d.count;
   const bool writes = d.kind != collective_kind::reduce || c.rank() == d.root;
   auto* wide =
-      static_cast<unsigned char*>(c.comm.scratch(scratch_widened, static_cast<std::size_t>(in_count * wide_size)));
+      static_cast<unsigned char*>(c.t.scratch(scratch_widened, static_cast<std::size_t>(in_count * wide_size)));
   c.ops.cast(wide, dtype::float32, d.send, d.type, in_count);
   collective_descriptor w = d;
   w.type = dtype::float32;
@@ -61,7 +61,7 @@ void run_in_float32(const call& c, Run&& run) {
   w.send_bytes = in_count * wide_size;
   w.recv_bytes = writes ? d.count * wide_size : 0;
   w.in_place = writes;
-  run(call{c.comm, w, c.ops});
+  run(call{c.t, c.op, w, c.ops});
   if (writes) c.ops.cast(d.recv, d.type, w.recv, dtype::float32, d.count);
 }
 

@@ -44,9 +44,9 @@ inline void hd_halving(const call& c, const void* current, void* acc, const part
     const bool lower = (v & d) == 0;
     const range keep = lower ? hd_groups(blocks, layout, lo, mid) : hd_groups(blocks, layout, mid, hi);
     const range give = lower ? hd_groups(blocks, layout, mid, hi) : hd_groups(blocks, layout, lo, mid);
-    c.comm.sendrecv_reduce(c.at(current, give.begin), c.bytes(give.size()), give.empty() ? -1 : partner,
-                           c.at(current, keep.begin), c.at(acc, keep.begin), c.bytes(keep.size()),
-                           keep.empty() ? -1 : partner, d == 1 ? combine_last : combine_partial);
+    c.t.sendrecv_reduce(c.op, c.at(current, give.begin), c.bytes(give.size()), give.empty() ? -1 : partner,
+                        c.at(current, keep.begin), c.at(acc, keep.begin), c.bytes(keep.size()),
+                        keep.empty() ? -1 : partner, d == 1 ? combine_last : combine_partial);
     current = acc;
     if (lower)
       hi = mid;
@@ -63,9 +63,9 @@ inline void hd_doubling(const call& c, void* buffer, const partition& blocks, co
     const range mine = hd_groups(blocks, layout, mine_lo, mine_lo + d);
     const range theirs = hd_groups(blocks, layout, theirs_lo, theirs_lo + d);
     const int partner = layout.real_rank(partner_v);
-    c.comm.sendrecv(c.at(static_cast<const void*>(buffer), mine.begin), c.bytes(mine.size()),
-                    mine.empty() ? -1 : partner, c.at(buffer, theirs.begin), c.bytes(theirs.size()),
-                    theirs.empty() ? -1 : partner);
+    c.t.sendrecv(c.op, c.at(static_cast<const void*>(buffer), mine.begin), c.bytes(mine.size()),
+                 mine.empty() ? -1 : partner, c.at(buffer, theirs.begin), c.bytes(theirs.size()),
+                 theirs.empty() ? -1 : partner);
   }
 }
 
@@ -78,16 +78,17 @@ inline void hd_reduce_scatter_blocks(const call& c, const void* input, void* acc
   const range own = blocks.block(static_cast<std::uint64_t>(r));
   if (r < 2 * layout.rem) {
     if (r % 2 == 0) {  // fold into r+1, then receive the own finished block from it
-      c.comm.sendrecv(input, c.bytes(all), r + 1, nullptr, 0, -1);
-      if (!own.empty()) c.comm.sendrecv(nullptr, 0, -1, c.at(acc, own.begin), c.bytes(own.size()), r + 1);
+      c.t.sendrecv(c.op, input, c.bytes(all), r + 1, nullptr, 0, -1);
+      if (!own.empty()) c.t.sendrecv(c.op, nullptr, 0, -1, c.at(acc, own.begin), c.bytes(own.size()), r + 1);
       return;
     }
     const primitive::reduce_spec partial = c.spec();
-    c.comm.sendrecv_reduce(nullptr, 0, -1, input, acc, c.bytes(all), r - 1, c.ops.combine(&partial));
+    c.t.sendrecv_reduce(c.op, nullptr, 0, -1, input, acc, c.bytes(all), r - 1, c.ops.combine(&partial));
     hd_halving(c, acc, acc, blocks, layout, layout.virtual_rank(r));
     const range theirs = blocks.block(static_cast<std::uint64_t>(r - 1));
     if (!theirs.empty())
-      c.comm.sendrecv(c.at(static_cast<const void*>(acc), theirs.begin), c.bytes(theirs.size()), r - 1, nullptr, 0, -1);
+      c.t.sendrecv(c.op, c.at(static_cast<const void*>(acc), theirs.begin), c.bytes(theirs.size()), r - 1, nullptr, 0,
+                   -1);
     return;
   }
   hd_halving(c, input, acc, blocks, layout, layout.virtual_rank(r));
@@ -102,14 +103,15 @@ inline void hd_all_gather_blocks(const call& c, void* buffer, const partition& b
     if (r % 2 == 0) {  // hand the own block to r+1, then receive everything from it
       const range own = blocks.block(static_cast<std::uint64_t>(r));
       if (!own.empty())
-        c.comm.sendrecv(c.at(static_cast<const void*>(buffer), own.begin), c.bytes(own.size()), r + 1, nullptr, 0, -1);
-      c.comm.sendrecv(nullptr, 0, -1, buffer, c.bytes(all), r + 1);
+        c.t.sendrecv(c.op, c.at(static_cast<const void*>(buffer), own.begin), c.bytes(own.size()), r + 1, nullptr, 0,
+                     -1);
+      c.t.sendrecv(c.op, nullptr, 0, -1, buffer, c.bytes(all), r + 1);
       return;
     }
     const range theirs = blocks.block(static_cast<std::uint64_t>(r - 1));
-    if (!theirs.empty()) c.comm.sendrecv(nullptr, 0, -1, c.at(buffer, theirs.begin), c.bytes(theirs.size()), r - 1);
+    if (!theirs.empty()) c.t.sendrecv(c.op, nullptr, 0, -1, c.at(buffer, theirs.begin), c.bytes(theirs.size()), r - 1);
     hd_doubling(c, buffer, blocks, layout, layout.virtual_rank(r));
-    c.comm.sendrecv(buffer, c.bytes(all), r - 1, nullptr, 0, -1);
+    c.t.sendrecv(c.op, buffer, c.bytes(all), r - 1, nullptr, 0, -1);
     return;
   }
   hd_doubling(c, buffer, blocks, layout, layout.virtual_rank(r));
@@ -176,11 +178,11 @@ inline void rd_all_reduce(const call& c) {
   const void* input = c.scaled_input(c.d.send, c.d.count);
   void* out = c.d.recv;
   if (r < 2 * layout.rem && r % 2 == 0) {  // fold the whole input into r+1; receive the whole result back
-    c.comm.sendrecv(input, bytes, r + 1, nullptr, 0, -1);
-    c.comm.sendrecv(nullptr, 0, -1, out, bytes, r + 1);
+    c.t.sendrecv(c.op, input, bytes, r + 1, nullptr, 0, -1);
+    c.t.sendrecv(c.op, nullptr, 0, -1, out, bytes, r + 1);
     return;
   }
-  void* scratch = c.comm.scratch(scratch_accumulator, static_cast<std::size_t>(bytes));
+  void* scratch = c.t.scratch(scratch_accumulator, static_cast<std::size_t>(bytes));
   const void* current = input;
   // The next buffer to write: never the one being sent (`current`).
   auto next_buffer = [&]() -> void* { return current == out ? scratch : out; };
@@ -191,7 +193,7 @@ inline void rd_all_reduce(const call& c) {
   const detail::swapped_combine partial_swapped{combine_partial}, last_swapped{combine_last};
   if (r < 2 * layout.rem) {  // odd: absorb r-1's input (the lower rank's operand first)
     void* dst = next_buffer();
-    c.comm.sendrecv_reduce(nullptr, 0, -1, current, dst, bytes, r - 1, partial_swapped.fn());
+    c.t.sendrecv_reduce(c.op, nullptr, 0, -1, current, dst, bytes, r - 1, partial_swapped.fn());
     current = dst;
   }
   const int v = layout.virtual_rank(r);
@@ -202,20 +204,20 @@ inline void rd_all_reduce(const call& c) {
                                                  : (final_step ? last_swapped.fn() : partial_swapped.fn());
     void* dst = next_buffer();
     const int partner = layout.real_rank(partner_v);
-    c.comm.sendrecv_reduce(current, bytes, partner, current, dst, bytes, partner, lower_first);
+    c.t.sendrecv_reduce(c.op, current, bytes, partner, current, dst, bytes, partner, lower_first);
     current = dst;
   }
   if (current != out) c.ops.copy(out, current, bytes);
-  if (r < 2 * layout.rem) c.comm.sendrecv(out, bytes, r - 1, nullptr, 0, -1);
+  if (r < 2 * layout.rem) c.t.sendrecv(c.op, out, bytes, r - 1, nullptr, 0, -1);
 }
 
 inline void hd_rabenseifner_all_reduce(const call& c);
 
 /// halving_doubling all_reduce: recursive doubling for short messages, Rabenseifner's algorithm
-/// otherwise, as the communicator's link model says (`hd_prefers_recursive_doubling`).
+/// otherwise, as the transport's link model says (`hd_prefers_recursive_doubling`).
 /// Preconditions: n >= 2, count > 0.
 inline void hd_all_reduce(const call& c) {
-  if (hd_prefers_recursive_doubling(c.n(), static_cast<double>(c.bytes(c.d.count)), c.comm.link()))
+  if (hd_prefers_recursive_doubling(c.n(), static_cast<double>(c.bytes(c.d.count)), c.t.link()))
     return rd_all_reduce(c);
   hd_rabenseifner_all_reduce(c);
 }
@@ -232,18 +234,18 @@ inline void hd_rabenseifner_all_reduce(const call& c) {
   const void* current = input;
   if (r < 2 * layout.rem) {
     if (r % 2 == 0) {  // fold the whole input into r+1; receive the whole result back
-      c.comm.sendrecv(input, c.bytes(count), r + 1, nullptr, 0, -1);
-      c.comm.sendrecv(nullptr, 0, -1, acc, c.bytes(count), r + 1);
+      c.t.sendrecv(c.op, input, c.bytes(count), r + 1, nullptr, 0, -1);
+      c.t.sendrecv(c.op, nullptr, 0, -1, acc, c.bytes(count), r + 1);
       return;
     }
     const primitive::reduce_spec partial = c.spec();
-    c.comm.sendrecv_reduce(nullptr, 0, -1, input, acc, c.bytes(count), r - 1, c.ops.combine(&partial));
+    c.t.sendrecv_reduce(c.op, nullptr, 0, -1, input, acc, c.bytes(count), r - 1, c.ops.combine(&partial));
     current = acc;
   }
   const int v = layout.virtual_rank(r);
   detail::hd_halving(c, current, acc, blocks, layout, v);
   detail::hd_doubling(c, acc, blocks, layout, v);
-  if (r < 2 * layout.rem) c.comm.sendrecv(acc, c.bytes(count), r - 1, nullptr, 0, -1);
+  if (r < 2 * layout.rem) c.t.sendrecv(c.op, acc, c.bytes(count), r - 1, nullptr, 0, -1);
 }
 
 /// halving_doubling reduce_scatter: recursive halving over the n blocks of `count` elements.
@@ -253,7 +255,7 @@ inline void hd_reduce_scatter(const call& c) {
   const std::uint64_t all = count * static_cast<std::uint64_t>(n);
   const partition blocks(all, n, count);
   const void* input = c.scaled_input(c.d.send, all);
-  void* acc = c.comm.scratch(scratch_accumulator, static_cast<std::size_t>(c.bytes(all)));
+  void* acc = c.t.scratch(scratch_accumulator, static_cast<std::size_t>(c.bytes(all)));
   detail::hd_reduce_scatter_blocks(c, input, acc, blocks);
   c.ops.copy(c.d.recv, c.at(static_cast<const void*>(acc), static_cast<std::uint64_t>(r) * count), c.bytes(count));
 }
@@ -273,17 +275,17 @@ inline void hd_reduce(const call& c) {
   const std::uint64_t count = c.d.count;
   const partition blocks = c.blocks_of(count);
   const void* input = c.scaled_input(c.d.send, count);
-  void* acc = r == root ? c.d.recv : c.comm.scratch(scratch_accumulator, static_cast<std::size_t>(c.bytes(count)));
+  void* acc = r == root ? c.d.recv : c.t.scratch(scratch_accumulator, static_cast<std::size_t>(c.bytes(count)));
   detail::hd_reduce_scatter_blocks(c, input, acc, blocks);
   if (r == root) {
     for (int q = 0; q < n; ++q) {
       const range b = blocks.block(static_cast<std::uint64_t>(q));
-      if (q != root && !b.empty()) c.comm.sendrecv(nullptr, 0, -1, c.at(acc, b.begin), c.bytes(b.size()), q);
+      if (q != root && !b.empty()) c.t.sendrecv(c.op, nullptr, 0, -1, c.at(acc, b.begin), c.bytes(b.size()), q);
     }
   } else {
     const range b = blocks.block(static_cast<std::uint64_t>(r));
     if (!b.empty())
-      c.comm.sendrecv(c.at(static_cast<const void*>(acc), b.begin), c.bytes(b.size()), root, nullptr, 0, -1);
+      c.t.sendrecv(c.op, c.at(static_cast<const void*>(acc), b.begin), c.bytes(b.size()), root, nullptr, 0, -1);
   }
 }
 
@@ -298,11 +300,11 @@ inline void hd_broadcast(const call& c) {
     for (int q = 0; q < n; ++q) {
       const range b = blocks.block(static_cast<std::uint64_t>(q));
       if (q != root && !b.empty())
-        c.comm.sendrecv(c.at(static_cast<const void*>(c.d.recv), b.begin), c.bytes(b.size()), q, nullptr, 0, -1);
+        c.t.sendrecv(c.op, c.at(static_cast<const void*>(c.d.recv), b.begin), c.bytes(b.size()), q, nullptr, 0, -1);
     }
   } else {
     const range b = blocks.block(static_cast<std::uint64_t>(r));
-    if (!b.empty()) c.comm.sendrecv(nullptr, 0, -1, c.at(c.d.recv, b.begin), c.bytes(b.size()), root);
+    if (!b.empty()) c.t.sendrecv(c.op, nullptr, 0, -1, c.at(c.d.recv, b.begin), c.bytes(b.size()), root);
   }
   detail::hd_all_gather_blocks(c, c.d.recv, blocks);
 }

@@ -1,9 +1,9 @@
 #pragma once
 /// @file
 /// The `native` algorithm's descriptor: the backend's own collective (MPI_Allreduce,
-/// ncclAllReduce, ...) through communicator::run_native, for every collective but send and recv.
+/// ncclAllReduce, ...) through transport::run_native, for every collective but send and recv.
 /// It has no cost formula: the model picks it only when the backend prefers it
-/// (communicator::prefers_native) or when no other algorithm is available.
+/// (transport::prefers_native) or when no other algorithm is available.
 
 #include "ringzero/algorithms/algorithm_descriptor.hpp"
 
@@ -11,7 +11,7 @@ namespace ringzero::algorithms {
 
 namespace detail {
 /// Hands the call to the backend.
-inline void run_native_collective(const call& c) { c.comm.run_native(c.d); }
+inline void run_native_collective(const call& c) { c.t.run_native(c.op); }
 
 /// native's collectives: all but send and recv; which ones a backend has is its `supports`.
 inline constexpr collective_entry native_collectives[] = {

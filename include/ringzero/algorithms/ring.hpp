@@ -38,8 +38,9 @@ inline void ring_reduce_scatter_blocks(const call& c, const void* input, void* a
     const range sb = blocks.block(static_cast<std::uint64_t>(ring_rs_send_block(r, k, n)));
     const range rb = blocks.block(static_cast<std::uint64_t>(ring_rs_recv_block(r, k, n)));
     const void* send = k == 0 ? c.at(input, sb.begin) : c.at(static_cast<const void*>(acc), sb.begin);
-    c.comm.sendrecv_reduce(send, c.bytes(sb.size()), sb.empty() ? -1 : next, c.at(input, rb.begin), c.at(acc, rb.begin),
-                           c.bytes(rb.size()), rb.empty() ? -1 : prev, k == n - 2 ? combine_last : combine_partial);
+    c.t.sendrecv_reduce(c.op, send, c.bytes(sb.size()), sb.empty() ? -1 : next, c.at(input, rb.begin),
+                        c.at(acc, rb.begin), c.bytes(rb.size()), rb.empty() ? -1 : prev,
+                        k == n - 2 ? combine_last : combine_partial);
   }
 }
 
@@ -50,8 +51,8 @@ inline void ring_all_gather_blocks(const call& c, void* buffer, const partition&
   for (int k = 0; k < n - 1; ++k) {
     const range sb = blocks.block(static_cast<std::uint64_t>(ring_ag_send_block(r, k, n)));
     const range rb = blocks.block(static_cast<std::uint64_t>(ring_ag_recv_block(r, k, n)));
-    c.comm.sendrecv(c.at(static_cast<const void*>(buffer), sb.begin), c.bytes(sb.size()), sb.empty() ? -1 : next,
-                    c.at(buffer, rb.begin), c.bytes(rb.size()), rb.empty() ? -1 : prev);
+    c.t.sendrecv(c.op, c.at(static_cast<const void*>(buffer), sb.begin), c.bytes(sb.size()), sb.empty() ? -1 : next,
+                 c.at(buffer, rb.begin), c.bytes(rb.size()), rb.empty() ? -1 : prev);
   }
 }
 
@@ -73,7 +74,7 @@ inline void ring_reduce_scatter(const call& c) {
   const std::uint64_t count = c.d.count;
   const void* input = c.scaled_input(c.d.send, count * static_cast<std::uint64_t>(n));
   auto* tmp =
-      static_cast<unsigned char*>(c.comm.scratch(scratch_accumulator, static_cast<std::size_t>(2 * c.bytes(count))));
+      static_cast<unsigned char*>(c.t.scratch(scratch_accumulator, static_cast<std::size_t>(2 * c.bytes(count))));
   void* tmp_half[2] = {tmp, tmp + c.bytes(count)};
   const primitive::reduce_spec partial = c.spec();
   const primitive::reduce_spec last = c.final_spec();
@@ -84,8 +85,8 @@ inline void ring_reduce_scatter(const call& c) {
     const std::uint64_t rb = static_cast<std::uint64_t>(ring_rs_recv_block(r, k, n));
     const void* send = k == 0 ? c.at(input, sb * count) : tmp_half[(k - 1) % 2];
     void* dst = k == n - 2 ? c.d.recv : tmp_half[k % 2];
-    c.comm.sendrecv_reduce(send, c.bytes(count), next, c.at(input, rb * count), dst, c.bytes(count), prev,
-                           k == n - 2 ? combine_last : combine_partial);
+    c.t.sendrecv_reduce(c.op, send, c.bytes(count), next, c.at(input, rb * count), dst, c.bytes(count), prev,
+                        k == n - 2 ? combine_last : combine_partial);
   }
 }
 
@@ -105,18 +106,18 @@ inline void ring_reduce(const call& c) {
   const std::uint64_t count = c.d.count;
   const partition blocks = c.blocks_of(count);
   const void* input = c.scaled_input(c.d.send, count);
-  void* acc = r == root ? c.d.recv : c.comm.scratch(scratch_accumulator, static_cast<std::size_t>(c.bytes(count)));
+  void* acc = r == root ? c.d.recv : c.t.scratch(scratch_accumulator, static_cast<std::size_t>(c.bytes(count)));
   detail::ring_reduce_scatter_blocks(c, input, acc, blocks);
   if (r == root) {
     for (int q = 0; q < n; ++q) {
       const range b = blocks.block(static_cast<std::uint64_t>(q));
       if (q == root || b.empty()) continue;
-      c.comm.sendrecv(nullptr, 0, -1, c.at(acc, b.begin), c.bytes(b.size()), q);
+      c.t.sendrecv(c.op, nullptr, 0, -1, c.at(acc, b.begin), c.bytes(b.size()), q);
     }
   } else {
     const range b = blocks.block(static_cast<std::uint64_t>(r));
     if (!b.empty())
-      c.comm.sendrecv(c.at(static_cast<const void*>(acc), b.begin), c.bytes(b.size()), root, nullptr, 0, -1);
+      c.t.sendrecv(c.op, c.at(static_cast<const void*>(acc), b.begin), c.bytes(b.size()), root, nullptr, 0, -1);
   }
 }
 
@@ -132,8 +133,8 @@ inline void ring_broadcast(const call& c) {
   auto* out = static_cast<unsigned char*>(c.d.recv);
   for (std::uint64_t offset = 0; offset < total; offset += slice) {
     const std::uint64_t len = std::min(slice, total - offset);
-    if (position > 0) c.comm.sendrecv(nullptr, 0, -1, out + offset, len, prev);
-    if (position < n - 1) c.comm.sendrecv(out + offset, len, next, nullptr, 0, -1);
+    if (position > 0) c.t.sendrecv(c.op, nullptr, 0, -1, out + offset, len, prev);
+    if (position < n - 1) c.t.sendrecv(c.op, out + offset, len, next, nullptr, 0, -1);
   }
 }
 
@@ -145,8 +146,8 @@ inline void ring_all_to_all(const call& c) {
              c.at(c.d.send, static_cast<std::uint64_t>(r) * count), c.bytes(count));
   for (int k = 1; k < n; ++k) {
     const int to = ring_mod(r + k, n), from = ring_mod(r - k, n);
-    c.comm.sendrecv(c.at(c.d.send, static_cast<std::uint64_t>(to) * count), c.bytes(count), to,
-                    c.at(c.d.recv, static_cast<std::uint64_t>(from) * count), c.bytes(count), from);
+    c.t.sendrecv(c.op, c.at(c.d.send, static_cast<std::uint64_t>(to) * count), c.bytes(count), to,
+                 c.at(c.d.recv, static_cast<std::uint64_t>(from) * count), c.bytes(count), from);
   }
 }
 
@@ -156,7 +157,7 @@ inline void ring_all_to_all(const call& c) {
 inline void dissemination_barrier(const call& c) {
   const int n = c.n(), r = c.rank();
   for (int step = 1; step < n; step *= 2)
-    c.comm.sendrecv(nullptr, 0, ring_mod(r + step, n), nullptr, 0, ring_mod(r - step, n));
+    c.t.sendrecv(c.op, nullptr, 0, ring_mod(r + step, n), nullptr, 0, ring_mod(r - step, n));
 }
 
 }  // namespace ringzero::algorithms

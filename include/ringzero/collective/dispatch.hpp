@@ -22,17 +22,17 @@
 
 namespace ringzero::detail {
 
-/// Holds the communicator's one-thread-at-a-time claim (communicator::enter_exclusive) for a
-/// scope; the constructor throws errc::invalid_argument when another thread holds it.
+/// Holds the transport's one-thread-at-a-time claim (transport::enter_exclusive) for collective
+/// `op`; the constructor throws errc::invalid_argument when another thread holds it.
 class exclusive_use {
  public:
-  explicit exclusive_use(communicator& c) : c_(c) { c_.enter_exclusive(); }
-  ~exclusive_use() { c_.leave_exclusive(); }
+  exclusive_use(transport& t, const collective_descriptor& op) : t_(t) { t_.enter_exclusive(op); }
+  ~exclusive_use() { t_.leave_exclusive(); }
   exclusive_use(const exclusive_use&) = delete;
   exclusive_use& operator=(const exclusive_use&) = delete;
 
  private:
-  communicator& c_;
+  transport& t_;
 };
 
 /// A world of one: the output is the input (bit for bit), or the input times the
@@ -57,17 +57,18 @@ inline void run_algorithm(const algorithms::call& c,
   const collective_descriptor& d = c.d;
   const algorithms::collective_entry* e = algorithms::find_collective(d.algo, d.kind, table);
   if (e == nullptr || e->run == nullptr)
-    c.comm.raise(errc::internal, "no algorithm descriptor runs " + std::string(collective_name(d.kind)) + " with " +
-                                     std::string(algorithm_name(d.algo)) +
-                                     (d.algo == algorithm::automatic ? " (the algorithm was never resolved)" : ""));
+    c.t.raise(&c.op, errc::internal,
+              "no algorithm descriptor runs " + std::string(collective_name(d.kind)) + " with " +
+                  std::string(algorithm_name(d.algo)) +
+                  (d.algo == algorithm::automatic ? " (the algorithm was never resolved)" : ""));
   e->run(c);
 }
 
 /// Runs `d` with the data operations `ops`: the world-of-one copy, the backend's native
 /// collective, or ringzero's schedule; a 16-bit sum that accumulates in float32 runs the
 /// schedule or native collective on a float32 copy (direct widens its own tiles).
-inline void run_with(communicator& c, const collective_descriptor& d, const algorithms::data_ops& ops) {
-  const algorithms::call call{c, d, ops};
+inline void run_with(transport& c, const collective_descriptor& d, const algorithms::data_ops& ops) {
+  const algorithms::call call{c, d, d, ops};
   if (c.world_size() == 1 && (!algorithms::backend_moves_data(d.algo) || c.space() == memory_space::host))
     run_world_of_one(call);
   else if (!algorithms::widens_16bit_sums(d.algo) && algorithms::accumulates_in_float32(d, c.world_size()))
@@ -76,15 +77,14 @@ inline void run_with(communicator& c, const collective_descriptor& d, const algo
     run_algorithm(call);
 }
 
-/// Executes descriptor `d` on `c` on the calling thread. The data operations follow the
-/// communicator's memory space: host memory runs the host primitives; CUDA device memory
+/// Executes descriptor `d` on `c` on the calling thread; every transport call receives `d`.
+/// The data operations follow the transport's memory space: host memory runs the host primitives; CUDA device memory
 /// enqueues the CUDA primitives on the communicator's stream (algorithms/device_data_ops.hpp),
 /// which needs the kernels registered by <ringzero/cuda.cuh> unless the backend's native
 /// collective runs (or the call is a barrier, which moves no data). A 16-bit sum that
 /// accumulates in float32 needs them even for the native collective (to widen and narrow).
-inline void execute(communicator& c, const collective_descriptor& d) {
-  current_collective guard(c, &d);
-  exclusive_use exclusive(c);
+inline void execute(transport& c, const collective_descriptor& d) {
+  exclusive_use exclusive(c, d);
   c.begin(d);
   std::string refusal;
   if (d.kind == collective_kind::barrier ? c.world_size() > 1 : d.count != 0) {
@@ -99,13 +99,14 @@ inline void execute(communicator& c, const collective_descriptor& d) {
       } else {
         const primitive::device_primitives* kernels = primitive::registered_device_primitives();
         if (kernels == nullptr && widened && algorithms::backend_moves_data(d.algo))
-          c.raise(errc::unsupported, std::string(dtype_name(d.type)) + " " + std::string(reduce_kind_name(d.op.kind)) +
-                                         " on 2 or more ranks accumulates in float32 (docs/numerics.md), even with "
-                                         "the native collective: widening the input needs ringzero's CUDA kernels, and "
-                                         "none are registered; compile one .cu file (with nvcc) that includes "
-                                         "<ringzero/cuda.cuh>");
-        if (kernels == nullptr) c.raise(errc::unsupported, primitive::device_primitives_missing_message());
-        const algorithms::device_data_ops ops(*kernels, c);
+          c.raise(&d, errc::unsupported,
+                  std::string(dtype_name(d.type)) + " " + std::string(reduce_kind_name(d.op.kind)) +
+                      " on 2 or more ranks accumulates in float32 (docs/numerics.md), even with "
+                      "the native collective: widening the input needs ringzero's CUDA kernels, and "
+                      "none are registered; compile one .cu file (with nvcc) that includes "
+                      "<ringzero/cuda.cuh>");
+        if (kernels == nullptr) c.raise(&d, errc::unsupported, primitive::device_primitives_missing_message());
+        const algorithms::device_data_ops ops(*kernels, c, d);
         run_with(c, d, ops);
       }
     } catch (const std::exception& e) {
@@ -115,20 +116,20 @@ inline void execute(communicator& c, const collective_descriptor& d) {
     }
   }
   c.end(d);
-  if (!refusal.empty()) c.raise(errc::invalid_argument, refusal + "; no rank wrote its output");
+  if (!refusal.empty()) c.raise(&d, errc::invalid_argument, refusal + "; no rank wrote its output");
 }
 
 /// Issues `d` on `c`: assigns its sequence number, then runs it inline (blocking, nothing
 /// pending), or behind pending work on the progress thread. Returns a handle (empty when it
 /// already ran). Blocking calls rethrow the collective's error.
-inline work issue(communicator& c, collective_descriptor d, bool async) {
+inline work issue(transport& c, collective_descriptor d, bool async) {
   d.sequence = c.next_sequence();
   if (!async && c.progress().idle()) {
     execute(c, d);
     return {};
   }
-  communicator* comm = &c;
-  work w(c.progress().submit([comm, d = std::move(d)] { execute(*comm, d); }));
+  transport* t = &c;
+  work w(c.progress().submit([t, d = std::move(d)] { execute(*t, d); }));
   if (!async) w.wait();
   return w;
 }
@@ -137,7 +138,7 @@ inline work issue(communicator& c, collective_descriptor d, bool async) {
 // The two entry points declared in collective/request.hpp (inline when header-only, compiled
 // once in <ringzero/impl/src.hpp> under RINGZERO_SEPARATE_COMPILATION).
 RINGZERO_DECL work issue(communicator& c, const collective_request& q, bool async) {
-  return issue(c, describe(c, q), async);
+  return issue(transport_of(c), describe(c, q), async);
 }
 
 RINGZERO_DECL void run_blocking(communicator& c, const collective_request& q) { issue(c, q, false).wait(); }

@@ -81,7 +81,7 @@ inline bool direct_reproducible_f32(const algorithms::call& c, std::uint64_t beg
   if (d.type != dtype::float32 || d.op.kind == reduce_kind::premul_sum) return false;
   std::vector<const float*> ins(static_cast<std::size_t>(n));
   for (int q = 0; q < n; ++q) {
-    const collective_descriptor* p = c.comm.peer_descriptor(q);
+    const collective_descriptor* p = c.t.peer_descriptor(q);
     if (p->binned != nullptr) return false;
     ins[static_cast<std::size_t>(q)] = static_cast<const float*>(p->send);
   }
@@ -94,13 +94,13 @@ inline bool direct_reproducible_f32(const algorithms::call& c, std::uint64_t beg
     switch (d.kind) {
       case collective_kind::all_reduce:
         for (int j = 0; j < n; ++j)
-          c.ops.copy(c.at(c.comm.peer_descriptor((r + j) % n)->recv, first), result, len * 4, streaming);
+          c.ops.copy(c.at(c.t.peer_descriptor((r + j) % n)->recv, first), result, len * 4, streaming);
         break;
       case collective_kind::reduce_scatter: c.ops.copy(c.at(d.recv, first - begin), result, len * 4, streaming); break;
       case collective_kind::reduce:
-        c.ops.copy(c.at(c.comm.peer_descriptor(d.root)->recv, first), result, len * 4, streaming);
+        c.ops.copy(c.at(c.t.peer_descriptor(d.root)->recv, first), result, len * 4, streaming);
         break;
-      default: c.comm.raise(errc::internal, "reproducible mode reached a collective that is not a reduction");
+      default: c.t.raise(&c.op, errc::internal, "reproducible mode reached a collective that is not a reduction");
     }
   }
   if (streaming) c.ops.fence();
@@ -116,7 +116,7 @@ inline std::string direct_reproducible(const algorithms::call& c) {
   const std::uint64_t w = static_cast<std::uint64_t>(primitive::reproducible_words(t)), es = dtype_size(t);
   std::uint64_t total = 0;
   for (int q = 0; q < n; ++q) {
-    const collective_descriptor* p = c.comm.peer_descriptor(q);
+    const collective_descriptor* p = c.t.peer_descriptor(q);
     total += p->binned != nullptr ? p->binned->contributions : 1;
   }
   if (std::string refusal = reproducible_headroom(total); !refusal.empty()) return refusal;
@@ -136,7 +136,7 @@ inline std::string direct_reproducible(const algorithms::call& c) {
   if (direct_reproducible_f32(c, begin, end, divisor, streaming)) return {};
   constexpr std::uint64_t tile = 2048;
   auto* base = static_cast<unsigned char*>(
-      c.comm.scratch(algorithms::scratch_tile, static_cast<std::size_t>(tile * (1 + 8 * w + es))));
+      c.t.scratch(algorithms::scratch_tile, static_cast<std::size_t>(tile * (1 + 8 * w + es))));
   auto* tops = base;
   auto* words = reinterpret_cast<std::int64_t*>(base + tile);  // 8-byte aligned: tile is a multiple of 8
   void* scaled = base + tile * (1 + 8 * w);                    // premul_sum: one rank's tile times its scalar
@@ -144,10 +144,9 @@ inline std::string direct_reproducible(const algorithms::call& c) {
     const std::uint64_t len = std::min(tile, end - first);
     std::memset(tops, 0, len);
     std::memset(words, 0, len * w * 8);
+    for (int q = 0; q < n; ++q) reproducible_source{c.t.peer_descriptor(q), &c.ops, scaled}.fold_tops(tops, first, len);
     for (int q = 0; q < n; ++q)
-      reproducible_source{c.comm.peer_descriptor(q), &c.ops, scaled}.fold_tops(tops, first, len);
-    for (int q = 0; q < n; ++q)
-      reproducible_source{c.comm.peer_descriptor(q), &c.ops, scaled}.add_words(words, tops, first, len);
+      reproducible_source{c.t.peer_descriptor(q), &c.ops, scaled}.add_words(words, tops, first, len);
     switch (d.kind) {
       case collective_kind::all_reduce: {
         // Into this rank's output, then copied to the others. In place is safe: only this rank
@@ -155,7 +154,7 @@ inline std::string direct_reproducible(const algorithms::call& c) {
         void* mine = c.at(d.recv, first);
         primitive::convert_to(mine, words, tops, len, t, divisor);
         for (int j = 0; j < n; ++j) {
-          void* dst = c.at(c.comm.peer_descriptor((r + j) % n)->recv, first);
+          void* dst = c.at(c.t.peer_descriptor((r + j) % n)->recv, first);
           if (dst != mine) c.ops.copy(dst, mine, len * es, streaming);
         }
         break;
@@ -164,9 +163,9 @@ inline std::string direct_reproducible(const algorithms::call& c) {
         primitive::convert_to(c.at(d.recv, first - begin), words, tops, len, t, divisor);
         break;
       case collective_kind::reduce:
-        primitive::convert_to(c.at(c.comm.peer_descriptor(d.root)->recv, first), words, tops, len, t, divisor);
+        primitive::convert_to(c.at(c.t.peer_descriptor(d.root)->recv, first), words, tops, len, t, divisor);
         break;
-      default: c.comm.raise(errc::internal, "reproducible mode reached a collective that is not a reduction");
+      default: c.t.raise(&c.op, errc::internal, "reproducible mode reached a collective that is not a reduction");
     }
   }
   if (streaming) c.ops.fence();
@@ -200,10 +199,10 @@ inline collective_descriptor inner_descriptor(const collective_descriptor& d, co
 /// inner schedule of the resolved algorithm. Returns a refusal (identical on every rank, raised
 /// by the caller after `end`) or "".
 template <class RunSchedule>
-std::string run_reproducible(communicator& comm, const collective_descriptor& d, const algorithms::data_ops& ops,
+std::string run_reproducible(transport& comm, const collective_descriptor& d, const algorithms::data_ops& ops,
                              RunSchedule&& run_schedule) {
   const int n = comm.world_size(), r = comm.rank();
-  if (n > 1 && d.algo == algorithm::direct) return direct_reproducible(algorithms::call{comm, d, ops});
+  if (n > 1 && d.algo == algorithm::direct) return direct_reproducible(algorithms::call{comm, d, d, ops});
 
   const dtype t = d.type;
   const std::uint64_t elements = reproducible_elements(d, n);
@@ -220,7 +219,7 @@ std::string run_reproducible(communicator& comm, const collective_descriptor& d,
     if (n > 1) {
       const collective_descriptor inner =
           inner_descriptor(d, collective_kind::all_reduce, &mine, 1, dtype::int64, reduce_kind::sum, r, n);
-      run_schedule(algorithms::call{comm, inner, ops});
+      run_schedule(algorithms::call{comm, d, inner, ops});
     }
     total = static_cast<std::uint64_t>(mine);
   }
@@ -234,7 +233,7 @@ std::string run_reproducible(communicator& comm, const collective_descriptor& d,
   if (n > 1) {
     const collective_descriptor inner =
         inner_descriptor(d, collective_kind::all_reduce, tops, elements, dtype::uint8, reduce_kind::max, r, n);
-    run_schedule(algorithms::call{comm, inner, ops});
+    run_schedule(algorithms::call{comm, d, inner, ops});
   }
 
   // Phase 2: the exact sums of the truncated words.
@@ -245,7 +244,7 @@ std::string run_reproducible(communicator& comm, const collective_descriptor& d,
   if (n > 1) {
     const collective_descriptor inner =
         inner_descriptor(d, d.kind, words, d.count * w, dtype::int64, reduce_kind::sum, r, n);
-    run_schedule(algorithms::call{comm, inner, ops});
+    run_schedule(algorithms::call{comm, d, inner, ops});
   }
 
   // The single rounding into this rank's output.
@@ -260,7 +259,7 @@ std::string run_reproducible(communicator& comm, const collective_descriptor& d,
     case collective_kind::reduce:
       if (r == d.root) primitive::convert_to(d.recv, words, tops, d.count, t, divisor);
       break;
-    default: comm.raise(errc::internal, "reproducible mode reached a collective that is not a reduction");
+    default: comm.raise(&d, errc::internal, "reproducible mode reached a collective that is not a reduction");
   }
   return {};
 }

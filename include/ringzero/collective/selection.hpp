@@ -22,7 +22,7 @@ constexpr bool algorithm_implements(algorithm a, collective_kind k) noexcept {
 
 /// True when `a` can run collective `k` on communicator `c`.
 inline bool algorithm_available(const communicator& c, algorithm a, collective_kind k) noexcept {
-  return a != algorithm::automatic && algorithm_implements(a, k) && c.supports(a, k);
+  return a != algorithm::automatic && algorithm_implements(a, k) && detail::transport_of(c).supports(a, k);
 }
 
 /// The model's estimate in microseconds of collective `k` with algorithm `a` on `n` ranks moving
@@ -37,8 +37,9 @@ inline double estimate_us(collective_kind k, algorithm a, int n, double bytes, c
 /// The algorithm the cost model picks for `k` on `c` with S = `bytes`: native when the backend
 /// prefers it, else the cheapest estimate over the table's available algorithms (the earlier on
 /// a tie), else the first available algorithm without a formula (native).
-inline algorithm model_choice(const communicator& c, collective_kind k, double bytes) noexcept {
-  if (c.prefers_native(k) && algorithm_available(c, algorithm::native, k)) return algorithm::native;
+inline algorithm model_choice(const communicator& comm, collective_kind k, double bytes) noexcept {
+  const transport& c = detail::transport_of(comm);
+  if (c.prefers_native(k) && algorithm_available(comm, algorithm::native, k)) return algorithm::native;
   const link_model m = c.link();
   algorithm best = algorithm::ring;  // what an automatic call names when nothing is available
   double best_cost = INFINITY;

@@ -32,29 +32,31 @@ namespace detail {
 inline std::uint64_t transfer_bytes(const communicator& c, const void* buffer, std::uint64_t count, dtype type,
                                     int peer, const char* what) {
   if (!is_valid(type))
-    c.raise(errc::invalid_argument,
-            std::string(what) + ": unknown dtype value " + std::to_string(static_cast<unsigned>(type)));
+    raise(c, errc::invalid_argument,
+          std::string(what) + ": unknown dtype value " + std::to_string(static_cast<unsigned>(type)));
   if (peer < 0 || peer >= c.world_size())
-    c.raise(errc::invalid_argument, std::string(what) + ": peer " + std::to_string(peer) + " is outside [0, " +
-                                        std::to_string(c.world_size()) + ")");
+    raise(c, errc::invalid_argument,
+          std::string(what) + ": peer " + std::to_string(peer) + " is outside [0, " + std::to_string(c.world_size()) +
+              ")");
   const auto bytes = checked_mul(count, dtype_size(type));
   if (!bytes)
-    c.raise(errc::invalid_argument, std::string(what) + ": count " + std::to_string(count) + " of " +
-                                        std::string(dtype_name(type)) + " overflows the buffer size in bytes");
+    raise(c, errc::invalid_argument,
+          std::string(what) + ": count " + std::to_string(count) + " of " + std::string(dtype_name(type)) +
+              " overflows the buffer size in bytes");
   if (*bytes > 0 && buffer == nullptr)
-    c.raise(errc::invalid_argument, std::string(what) + ": buffer is null with count " + std::to_string(count));
+    raise(c, errc::invalid_argument, std::string(what) + ": buffer is null with count " + std::to_string(count));
   return *bytes;
 }
 
 /// Runs one transfer on `c`, after its pending async work, naming `kind` in errors.
 inline void transfer(communicator& c, collective_kind kind, dtype type, const void* send, std::uint64_t send_bytes,
                      int to, void* recv, std::uint64_t recv_bytes, int from) {
-  c.progress().drain();
+  transport& t = transport_of(c);
+  t.progress().drain();
   collective_descriptor d;
   d.kind = kind;
   d.type = type;  // for the backends' messages (element counts)
-  current_collective guard(c, &d);
-  c.sendrecv(send, send_bytes, to, recv, recv_bytes, from);
+  t.sendrecv(d, send, send_bytes, to, recv, recv_bytes, from);
 }
 
 }  // namespace detail
@@ -68,14 +70,16 @@ inline void transfer(communicator& c, collective_kind kind, dtype type, const vo
 /// post the matching side); timeout; aborted; peer_exited.
 inline void send(communicator& comm, const void* buffer, std::uint64_t count, dtype type, int peer) {
   const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "send");
-  if (peer == comm.rank()) comm.raise(errc::invalid_argument, "send to oneself would never complete; use sendrecv");
+  if (peer == comm.rank())
+    detail::raise(comm, errc::invalid_argument, "send to oneself would never complete; use sendrecv");
   detail::transfer(comm, collective_kind::send, type, buffer, bytes, peer, nullptr, 0, -1);
 }
 
 /// Receives `count` elements of `type` from rank `peer` into `buffer`. Errors as `send`.
 inline void recv(communicator& comm, void* buffer, std::uint64_t count, dtype type, int peer) {
   const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "recv");
-  if (peer == comm.rank()) comm.raise(errc::invalid_argument, "recv from oneself would never complete; use sendrecv");
+  if (peer == comm.rank())
+    detail::raise(comm, errc::invalid_argument, "recv from oneself would never complete; use sendrecv");
   detail::transfer(comm, collective_kind::recv, type, nullptr, 0, -1, buffer, bytes, peer);
 }
 
@@ -89,14 +93,14 @@ inline void sendrecv(communicator& comm, const void* send_buffer, std::uint64_t 
   const std::uint64_t sb = detail::transfer_bytes(comm, send_buffer, send_count, type, to, "sendrecv (send side)");
   const std::uint64_t rb = detail::transfer_bytes(comm, recv_buffer, recv_count, type, from, "sendrecv (recv side)");
   if ((to == comm.rank()) != (from == comm.rank()))
-    comm.raise(
-        errc::invalid_argument,
+    detail::raise(
+        comm, errc::invalid_argument,
         "sendrecv: to " + std::to_string(to) + " and from " + std::to_string(from) + ": " +
             (to == comm.rank() ? std::string("a send to oneself needs the same call's receive from oneself (from == ")
                                : std::string("a receive from oneself needs the same call's send to oneself (to == ")) +
             std::to_string(comm.rank()) + "); nothing else " + (to == comm.rank() ? "receives" : "sends") + " it");
   if (detail::ranges_overlap(send_buffer, sb, recv_buffer, rb))
-    comm.raise(errc::invalid_argument, "sendrecv: send and receive buffers overlap");
+    detail::raise(comm, errc::invalid_argument, "sendrecv: send and receive buffers overlap");
   detail::transfer(comm, collective_kind::send, type, send_buffer, sb, to, recv_buffer, rb, from);
 }
 
@@ -106,28 +110,28 @@ inline void sendrecv(communicator& comm, const void* send_buffer, std::uint64_t 
 /// still queued: exchange data with `sendrecv`. `buffer` must stay valid until the work completes.
 inline work send_async(communicator& comm, const void* buffer, std::uint64_t count, dtype type, int peer) {
   const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "send");
-  if (peer == comm.rank()) comm.raise(errc::invalid_argument, "send to oneself would never complete; use sendrecv");
-  communicator* c = &comm;
-  return work(comm.progress().submit([c, buffer, bytes, peer, type] {
+  if (peer == comm.rank())
+    detail::raise(comm, errc::invalid_argument, "send to oneself would never complete; use sendrecv");
+  transport* c = &detail::transport_of(comm);
+  return work(c->progress().submit([c, buffer, bytes, peer, type] {
     collective_descriptor d;
     d.kind = collective_kind::send;
     d.type = type;
-    detail::current_collective guard(*c, &d);
-    c->sendrecv(buffer, bytes, peer, nullptr, 0, -1);
+    c->sendrecv(d, buffer, bytes, peer, nullptr, 0, -1);
   }));
 }
 
 /// Asynchronous `recv` (see `send_async` for ordering).
 inline work recv_async(communicator& comm, void* buffer, std::uint64_t count, dtype type, int peer) {
   const std::uint64_t bytes = detail::transfer_bytes(comm, buffer, count, type, peer, "recv");
-  if (peer == comm.rank()) comm.raise(errc::invalid_argument, "recv from oneself would never complete; use sendrecv");
-  communicator* c = &comm;
-  return work(comm.progress().submit([c, buffer, bytes, peer, type] {
+  if (peer == comm.rank())
+    detail::raise(comm, errc::invalid_argument, "recv from oneself would never complete; use sendrecv");
+  transport* c = &detail::transport_of(comm);
+  return work(c->progress().submit([c, buffer, bytes, peer, type] {
     collective_descriptor d;
     d.kind = collective_kind::recv;
     d.type = type;
-    detail::current_collective guard(*c, &d);
-    c->sendrecv(nullptr, 0, -1, buffer, bytes, peer);
+    c->sendrecv(d, nullptr, 0, -1, buffer, bytes, peer);
   }));
 }
 

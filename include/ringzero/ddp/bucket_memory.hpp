@@ -77,8 +77,9 @@ class bucket_memory {
     if (comm.space() == memory_space::host) return {};
     const primitive::device_primitives* k = primitive::registered_device_primitives();
     if (k == nullptr || k->allocate == nullptr || k->divide == nullptr)
-      comm.raise(errc::unsupported, "the communicator's buffers are CUDA device memory, but " +
-                                        primitive::device_primitives_missing_message());
+      ringzero::detail::raise(
+          comm, errc::unsupported,
+          "the communicator's buffers are CUDA device memory, but " + primitive::device_primitives_missing_message());
     return on_device(*k, comm.cuda_stream(), comm.cuda_device());
   }
 

@@ -134,7 +134,9 @@ class gradient_reducer {
     bool in_flight = !agreement_.test();
     for (auto& b : buckets_) in_flight = in_flight || !b.pending_work.test();
     const bool unwinding = in_flight && std::uncaught_exceptions() > uncaught_at_construction_;
-    if (unwinding) comm_.abort("gradient_reducer destroyed during exception unwinding with reductions in flight");
+    if (unwinding)
+      ringzero::detail::transport_of(comm_).abort(
+          "gradient_reducer destroyed during exception unwinding with reductions in flight");
     try {
       agreement_.wait();
     } catch (...) {}
@@ -467,9 +469,8 @@ class gradient_reducer {
                                        std::to_string(params_.size()) + " parameters registered)");
   }
 
-  /// Backend, rank and world size for errors. Deliberately not `communicator::context()`: that
-  /// one names the collective running now, which may be on the progress thread (reading its
-  /// descriptor from here would race with the progress thread finishing it).
+  /// Backend, rank and world size for errors (no collective: the reducer's own checks run
+  /// outside any collective, while its reductions may run on the progress thread).
   error_context context() const {
     error_context c;
     c.backend = std::string(backend_name(comm_.backend()));
@@ -485,7 +486,7 @@ class gradient_reducer {
   [[noreturn]] void fail(errc code, const std::string& message) {
     const std::string full = "gradient_reducer: " + message;
     failure_ = full;
-    comm_.abort(full);
+    ringzero::detail::transport_of(comm_).abort(full);
     raise(code, full);
   }
 

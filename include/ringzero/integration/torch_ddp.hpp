@@ -193,7 +193,7 @@ class torch_ddp {
   /// Aborts the communicator (peers waiting on this rank fail promptly) and throws.
   [[noreturn]] void fail(const std::string& message) {
     const std::string full = "torch_ddp: " + message;
-    comm_.abort(full);
+    ringzero::detail::transport_of(comm_).abort(full);
     throw error(errc::invalid_argument, context(), full);
   }
 

@@ -307,13 +307,14 @@ class torch_zero {
     std::vector<std::uint8_t> flags(static_cast<std::size_t>(n));
     const std::uint8_t mine = problem.empty() ? 0 : 1;
     all_gather(comm_, &mine, flags.data(), 1, dtype::uint8);
-    if (!problem.empty()) comm_.raise(errc::invalid_argument, "integration::torch_zero: " + problem);
+    if (!problem.empty()) ringzero::detail::raise(comm_, errc::invalid_argument, "integration::torch_zero: " + problem);
     std::string ranks;
     for (int r = 0; r < n; ++r)
       if (flags[static_cast<std::size_t>(r)] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     if (!ranks.empty())
-      comm_.raise(errc::invalid_argument,
-                  "integration::torch_zero: rank(s) " + ranks + " refused the module (see that rank's error)");
+      ringzero::detail::raise(
+          comm_, errc::invalid_argument,
+          "integration::torch_zero: rank(s) " + ranks + " refused the module (see that rank's error)");
   }
 
   /// Initial values into the runtime (rank 0's, broadcast), then every parameter becomes a view

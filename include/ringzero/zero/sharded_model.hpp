@@ -375,7 +375,7 @@ class sharded_model {
       std::string why = e.message();
       constexpr std::string_view inner = "zero::sharded_optimizer: ";
       if (why.starts_with(inner)) why.erase(0, inner.size());
-      comm_.raise(e.kind(), "zero::sharded_model: set_learning_rate: " + why);
+      ringzero::detail::raise(comm_, e.kind(), "zero::sharded_model: set_learning_rate: " + why);
     }
   }
   /// The sharded optimizer (master weights, states, options).
@@ -537,7 +537,7 @@ class sharded_model {
   void allocate_everywhere();
 
   [[noreturn]] void raise(const std::string& message) const {
-    comm_.raise(errc::invalid_argument, "zero::sharded_model: " + message);
+    ringzero::detail::raise(comm_, errc::invalid_argument, "zero::sharded_model: " + message);
   }
 
   /// What a collective of the runtime is for; with the flat buffer's index it makes the call's
@@ -557,9 +557,10 @@ class sharded_model {
   /// them. Every rank of a job has the same backend, so every rank refuses alike.
   void require_host_memory() const {
     if (comm_.space() != memory_space::host || (replica_ != nullptr && replica_->space() != memory_space::host))
-      comm_.raise(errc::unsupported, "zero::sharded_model keeps its buffers in host memory; the " +
-                                         std::string(backend_name(comm_.backend())) +
-                                         " communicator needs device memory, which this runtime does not allocate yet");
+      ringzero::detail::raise(comm_, errc::unsupported,
+                              "zero::sharded_model keeps its buffers in host memory; the " +
+                                  std::string(backend_name(comm_.backend())) +
+                                  " communicator needs device memory, which this runtime does not allocate yet");
   }
 
   const parameter_placement& placement(std::size_t p) const {
@@ -642,12 +643,14 @@ class sharded_model {
     try {
       return pool.emplace_back(make_buffer(bytes));
     } catch (const std::bad_alloc&) {
-      comm_.raise(errc::internal, "zero::sharded_model: cannot allocate another " + std::string(what) + " of " +
-                                      std::to_string(bytes) +
-                                      " bytes (beyond the plan's count: units visited out of order)");
+      ringzero::detail::raise(comm_, errc::internal,
+                              "zero::sharded_model: cannot allocate another " + std::string(what) + " of " +
+                                  std::to_string(bytes) +
+                                  " bytes (beyond the plan's count: units visited out of order)");
     } catch (const error& e) {
-      comm_.raise(e.kind(), "zero::sharded_model: another " + std::string(what) +
-                                " (beyond the plan's count: units visited out of order): " + e.message());
+      ringzero::detail::raise(comm_, e.kind(),
+                              "zero::sharded_model: another " + std::string(what) +
+                                  " (beyond the plan's count: units visited out of order): " + e.message());
     }
   }
 

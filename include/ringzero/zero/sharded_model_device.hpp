@@ -85,7 +85,8 @@ inline void sharded_model::exchange(communicator& c, const std::uint64_t* mine, 
   unsigned char* base = static_cast<unsigned char*>(staging.data());
   const auto checked = [&](int code, const char* what) {
     if (code != 0)
-      c.raise(errc::backend_failure, std::string("zero::sharded_model: ") + what + ": " + p.error_name(code));
+      ringzero::detail::raise(c, errc::backend_failure,
+                              std::string("zero::sharded_model: ") + what + ": " + p.error_name(code));
   };
   checked(p.copy(base, mine, row, c.cuda_stream()), "staging the agreement row");
   all_gather(c, base, base + row, count, dtype::uint64, options);

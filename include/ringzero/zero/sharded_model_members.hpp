@@ -188,8 +188,8 @@ inline void sharded_model::allocate_everywhere() {
                               : ringzero::detail::describe_ranks(failed) +
                                     " could not allocate the model state (see the error there); no rank starts";
   }
-  if (!problem.empty()) comm_.raise(errc::internal, "zero::sharded_model: " + problem);
-  if (!verdict.empty()) comm_.raise(errc::internal, "zero::sharded_model: " + verdict);
+  if (!problem.empty()) ringzero::detail::raise(comm_, errc::internal, "zero::sharded_model: " + problem);
+  if (!verdict.empty()) ringzero::detail::raise(comm_, errc::internal, "zero::sharded_model: " + verdict);
 }
 
 inline void sharded_model::allocate() {

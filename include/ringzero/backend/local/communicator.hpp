@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/backend_communicator.hpp"
 #include "ringzero/backend/contract.hpp"
 #include "ringzero/backend/local/world.hpp"
 #include "ringzero/backend/protocol/failure_text.hpp"
@@ -29,12 +29,12 @@ namespace ringzero::local {
 /// One rank of a local world. See the file comment.
 /// Buffers are in host memory; `local::cuda_communicator` (backend/local/cuda_communicator.hpp)
 /// derives from it for CUDA device memory through the protected transfer hooks.
-class communicator : public ringzero::communicator {
+class communicator : public ringzero::detail::backend_communicator {
  public:
   /// Rank `rank` of `w`. Throws errc::invalid_argument when rank is outside [0, w.size()).
   /// `w` must outlive the communicator. At most one communicator per rank and world.
   communicator(world& w, int rank)
-      : ringzero::communicator(rank, w.size()),
+      : backend_communicator(rank, w.size()),
         world_(w),
         sent_(static_cast<std::size_t>(w.size()), 0),
         received_(static_cast<std::size_t>(w.size()), 0) {}
@@ -74,20 +74,21 @@ class communicator : public ringzero::communicator {
   /// The world this rank belongs to.
   world& shared_world() noexcept { return world_; }
 
-  void begin(const collective_descriptor& d) override {
-    if (world_.aborted()) raise(world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
+  void begin(const collective_descriptor& op) override {
+    if (world_.aborted()) raise(&op, world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
     detail::rank_slot& me = world_.slot(rank());
-    me.desc = d;
-    const std::uint64_t tag = d.sequence + 1;
+    me.desc = op;
+    const std::uint64_t tag = op.sequence + 1;
     me.arrived.store(tag, std::memory_order_release);
     world_.bell(rank()).ring();
     try {
-      wait_for_all(&detail::rank_slot::arrived, tag, "arrive at");
+      wait_for_all(op, &detail::rank_slot::arrived, tag, "arrive at");
       // Peers that arrived may have failed since (a timeout, an exception) and left, taking
       // their buffers with them: a collective never starts on an aborted world.
       if (world_.aborted())
-        raise(world_.abort_code(), "communicator aborted before " + ringzero::detail::operation_name(current()) +
-                                       " could start; first failure: " + world_.abort_reason());
+        raise(&op, world_.abort_code(),
+              "communicator aborted before " + ringzero::detail::operation_name(&op) +
+                  " could start; first failure: " + world_.abort_reason());
     } catch (...) {
       leave(tag);
       throw;
@@ -95,16 +96,16 @@ class communicator : public ringzero::communicator {
     auto violation = check_contract(
         world_size(), [&](int r) -> const collective_descriptor& { return world_.slot(r).desc; }, true);
     if (violation) {
-      end(d);
-      raise(violation->code, violation->message);
+      end(op);
+      raise(&op, violation->code, violation->message);
     }
   }
 
-  void end(const collective_descriptor& d) override {
-    const std::uint64_t tag = d.sequence + 1;
+  void end(const collective_descriptor& op) override {
+    const std::uint64_t tag = op.sequence + 1;
     depart(tag);
     try {
-      wait_for_all(&detail::rank_slot::departed, tag, "finish");
+      wait_for_all(op, &detail::rank_slot::departed, tag, "finish");
     } catch (...) {
       wait_for_readers(tag);
       throw;
@@ -118,15 +119,15 @@ class communicator : public ringzero::communicator {
 
   const collective_descriptor* peer_descriptor(int r) const noexcept override { return &world_.slot(r).desc; }
 
-  void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
-                int from) override {
-    ringzero::detail::check_peer(*this, to, "send to");
-    ringzero::detail::check_peer(*this, from, "receive from");
-    if (world_.aborted()) raise(world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
-    const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
+  void sendrecv(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                std::uint64_t recv_bytes, int from) override {
+    ringzero::detail::check_peer(*this, op, to, "send to");
+    ringzero::detail::check_peer(*this, op, from, "receive from");
+    if (world_.aborted()) raise(&op, world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
+    const std::uint64_t k = to >= 0 ? post(op, to, send, send_bytes) : 0;
     if (from >= 0) {
       try {
-        const void* data = await_message(from, recv_bytes);
+        const void* data = await_message(op, from, recv_bytes);
         if (recv_bytes != 0 && data != recv) copy_received(recv, data, recv_bytes, from);
         consume(from);
       } catch (...) {
@@ -134,17 +135,17 @@ class communicator : public ringzero::communicator {
         throw;
       }
     }
-    if (to >= 0) await_consumed(to, k, send_bytes);
+    if (to >= 0) await_consumed(op, to, k, send_bytes);
   }
 
-  void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
-                       std::uint64_t bytes, int from, const combine_fn& combine) override {
-    ringzero::detail::check_peer(*this, to, "send to");
-    ringzero::detail::check_peer(*this, from, "receive from");
-    const std::uint64_t k = to >= 0 ? post(to, send, send_bytes) : 0;
+  void sendrecv_reduce(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to,
+                       const void* own, void* acc, std::uint64_t bytes, int from, const combine_fn& combine) override {
+    ringzero::detail::check_peer(*this, op, to, "send to");
+    ringzero::detail::check_peer(*this, op, from, "receive from");
+    const std::uint64_t k = to >= 0 ? post(op, to, send, send_bytes) : 0;
     if (from >= 0) {
       try {
-        const void* data = await_message(from, bytes);
+        const void* data = await_message(op, from, bytes);
         if (bytes != 0) combine(acc, own, readable_received(data, bytes, from), bytes / combine.element_size);
         consume(from);
       } catch (...) {
@@ -152,7 +153,7 @@ class communicator : public ringzero::communicator {
         throw;
       }
     }
-    if (to >= 0) await_consumed(to, k, send_bytes);
+    if (to >= 0) await_consumed(op, to, k, send_bytes);
   }
 
  protected:
@@ -209,29 +210,30 @@ class communicator : public ringzero::communicator {
     return status::ok;
   }
 
-  [[noreturn]] void fail_wait(status st, const std::string& waiting_for, const std::vector<int>& missing) {
+  [[noreturn]] void fail_wait(const collective_descriptor& op, status st, const std::string& waiting_for,
+                              const std::vector<int>& missing) {
     const std::string who = ringzero::detail::describe_ranks(missing);
     if (st == status::timeout) {
       const std::string msg = "timed out after " + ringzero::detail::seconds_text(timeout()) + " s waiting for " + who +
-                              " to " + waiting_for + " " + ringzero::detail::operation_name(current()) +
+                              " to " + waiting_for + " " + ringzero::detail::operation_name(&op) +
                               " (they never arrived)";
       world_.abort("rank " + std::to_string(rank()) + ": " + msg, errc::timeout);
-      raise(errc::timeout, msg);
+      raise(&op, errc::timeout, msg);
     }
     if (st == status::peer_exited) {
       std::string msg;
       for (int r : missing)
         if (world_.exited(r)) {
           msg = "rank " + std::to_string(r) + " left the world (" + world_.exit_description(r) +
-                ") while this rank waited for it to " + waiting_for + " " + ringzero::detail::operation_name(current());
+                ") while this rank waited for it to " + waiting_for + " " + ringzero::detail::operation_name(&op);
           break;
         }
       world_.abort("rank " + std::to_string(rank()) + ": " + msg, errc::peer_exited);
-      raise(errc::peer_exited, msg);
+      raise(&op, errc::peer_exited, msg);
     }
-    raise(world_.abort_code(), "communicator aborted while waiting for " + who + " to " + waiting_for + " " +
-                                   ringzero::detail::operation_name(current()) +
-                                   "; first failure: " + world_.abort_reason());
+    raise(&op, world_.abort_code(),
+          "communicator aborted while waiting for " + who + " to " + waiting_for + " " +
+              ringzero::detail::operation_name(&op) + "; first failure: " + world_.abort_reason());
   }
 
   void depart(std::uint64_t tag) noexcept {
@@ -265,8 +267,9 @@ class communicator : public ringzero::communicator {
     wait_for_readers(tag);
   }
 
-  /// Waits until every peer's `field` reached `tag`; throws on timeout, abort or exit.
-  void wait_for_all(std::atomic<std::uint64_t> detail::rank_slot::*field, std::uint64_t tag, const char* what) {
+  /// Waits until every peer's `field` reached `tag` in `op`; throws on timeout, abort or exit.
+  void wait_for_all(const collective_descriptor& op, std::atomic<std::uint64_t> detail::rank_slot::*field,
+                    std::uint64_t tag, const char* what) {
     const auto until = deadline();
     for (int r = 0; r < world_size(); ++r) {
       if (r == rank()) continue;
@@ -279,25 +282,24 @@ class communicator : public ringzero::communicator {
       for (int q = 0; q < world_size(); ++q)
         if (q != rank() && (world_.slot(q).*field).load(std::memory_order_acquire) < tag) missing.push_back(q);
       if (missing.empty()) continue;  // everyone arrived just as we gave up
-      fail_wait(st, what, missing);
+      fail_wait(op, st, what, missing);
     }
   }
 
-  /// The tag of the current operation: 1 + sequence for a collective's internal transfers, 0 for
+  /// The tag of operation `op`: 1 + sequence for a collective's internal transfers, 0 for
   /// send/recv. A message is only accepted by the same kind of operation on the receiver, so
   /// point-to-point traffic and collectives issued in a different order on two ranks raise an
   /// error instead of delivering one operation's data to another.
-  std::uint64_t current_tag() const noexcept {
-    const collective_descriptor* d = current();
-    if (!d || d->kind == collective_kind::send || d->kind == collective_kind::recv) return 0;
-    return d->sequence + 1;
+  static std::uint64_t tag_of(const collective_descriptor& op) noexcept {
+    if (op.kind == collective_kind::send || op.kind == collective_kind::recv) return 0;
+    return op.sequence + 1;
   }
 
   static std::string tag_name(std::uint64_t tag) {
     return tag == 0 ? std::string("a send/recv") : "collective #" + std::to_string(tag - 1);
   }
 
-  std::uint64_t post(int to, const void* data, std::uint64_t bytes) {
+  std::uint64_t post(const collective_descriptor& op, int to, const void* data, std::uint64_t bytes) {
     detail::mailbox& box = world_.box(rank(), to);
     void* signal = signal_ready(to);
     const std::uint64_t k = ++sent_[static_cast<std::size_t>(to)];
@@ -305,21 +307,21 @@ class communicator : public ringzero::communicator {
     // receiver), so the fields may be overwritten.
     box.data = data;
     box.bytes = bytes;
-    box.tag = current_tag();
+    box.tag = tag_of(op);
     box.ready_signal = signal;
     box.posted.store(k, std::memory_order_release);
     world_.bell(rank()).ring();
     return k;
   }
 
-  const void* await_message(int from, std::uint64_t expected) {
+  const void* await_message(const collective_descriptor& op, int from, std::uint64_t expected) {
     detail::mailbox& box = world_.box(from, rank());
     const std::uint64_t k = ++received_[static_cast<std::size_t>(from)];
     status st = ringzero::detail::wait_until([&] { return box.posted.load(std::memory_order_acquire) >= k; },
                                              [&] { return failure_of(from); }, deadline(), world_.oversubscribed(),
                                              &world_.bell(from));
-    if (st != status::ok) fail_wait(st, "send its data for", {from});
-    const std::uint64_t want_tag = current_tag();
+    if (st != status::ok) fail_wait(op, st, "send its data for", {from});
+    const std::uint64_t want_tag = tag_of(op);
     if (box.tag != want_tag) {
       const std::uint64_t got_tag = box.tag;
       box.tag_mismatch = true;
@@ -327,9 +329,10 @@ class communicator : public ringzero::communicator {
       box.consumed_signal = nullptr;
       box.consumed.store(k, std::memory_order_release);
       world_.bell(rank()).ring();
-      raise(errc::contract_mismatch, "rank " + std::to_string(from) + " sent data for " + tag_name(got_tag) +
-                                         " while rank " + std::to_string(rank()) + " expected data for " +
-                                         tag_name(want_tag) + ": the two ranks issued operations in different orders");
+      raise(&op, errc::contract_mismatch,
+            "rank " + std::to_string(from) + " sent data for " + tag_name(got_tag) + " while rank " +
+                std::to_string(rank()) + " expected data for " + tag_name(want_tag) +
+                ": the two ranks issued operations in different orders");
     }
     if (box.bytes != expected) {
       const std::uint64_t got = box.bytes;
@@ -338,8 +341,9 @@ class communicator : public ringzero::communicator {
       box.consumed_signal = nullptr;
       box.consumed.store(k, std::memory_order_release);
       world_.bell(rank()).ring();
-      raise(errc::size_mismatch, "rank " + std::to_string(from) + " sends " + std::to_string(got) + " bytes but rank " +
-                                     std::to_string(rank()) + " expects " + std::to_string(expected) + " bytes");
+      raise(&op, errc::size_mismatch,
+            "rank " + std::to_string(from) + " sends " + std::to_string(got) + " bytes but rank " +
+                std::to_string(rank()) + " expects " + std::to_string(expected) + " bytes");
     }
     on_arrival(from, box.ready_signal);
     return box.data;
@@ -354,20 +358,20 @@ class communicator : public ringzero::communicator {
     world_.bell(rank()).ring();
   }
 
-  void await_consumed(int to, std::uint64_t k, std::uint64_t bytes) {
+  void await_consumed(const collective_descriptor& op, int to, std::uint64_t k, std::uint64_t bytes) {
     detail::mailbox& box = world_.box(rank(), to);
     status st = ringzero::detail::wait_until([&] { return box.consumed.load(std::memory_order_acquire) >= k; },
                                              [&] { return failure_of(to); }, deadline(), world_.oversubscribed(),
                                              &world_.bell(to));
-    if (st != status::ok) fail_wait(st, "receive the data of", {to});
+    if (st != status::ok) fail_wait(op, st, "receive the data of", {to});
     if (box.tag_mismatch)
-      raise(errc::contract_mismatch, "rank " + std::to_string(to) + " expected data of another operation than " +
-                                         tag_name(current_tag()) +
-                                         ": the two ranks issued operations in different orders");
+      raise(&op, errc::contract_mismatch,
+            "rank " + std::to_string(to) + " expected data of another operation than " + tag_name(tag_of(op)) +
+                ": the two ranks issued operations in different orders");
     if (box.expected != bytes)
-      raise(errc::size_mismatch, "rank " + std::to_string(rank()) + " sends " + std::to_string(bytes) +
-                                     " bytes but rank " + std::to_string(to) + " expects " +
-                                     std::to_string(box.expected) + " bytes");
+      raise(&op, errc::size_mismatch,
+            "rank " + std::to_string(rank()) + " sends " + std::to_string(bytes) + " bytes but rank " +
+                std::to_string(to) + " expects " + std::to_string(box.expected) + " bytes");
     on_consumed(to, box.consumed_signal);
   }
 

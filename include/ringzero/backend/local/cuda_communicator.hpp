@@ -94,16 +94,16 @@ class cuda_communicator final : public communicator {
     communicator::begin(d);
   }
 
-  void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
-                int from) override {
+  void sendrecv(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                std::uint64_t recv_bytes, int from) override {
     primitive::cudart::use_device(device_);
-    communicator::sendrecv(send, send_bytes, to, recv, recv_bytes, from);
+    communicator::sendrecv(op, send, send_bytes, to, recv, recv_bytes, from);
   }
 
-  void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
-                       std::uint64_t bytes, int from, const combine_fn& combine) override {
+  void sendrecv_reduce(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to,
+                       const void* own, void* acc, std::uint64_t bytes, int from, const combine_fn& combine) override {
     primitive::cudart::use_device(device_);
-    communicator::sendrecv_reduce(send, send_bytes, to, own, acc, bytes, from, combine);
+    communicator::sendrecv_reduce(op, send, send_bytes, to, own, acc, bytes, from, combine);
   }
 
  protected:

@@ -33,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/backend_communicator.hpp"
 #include "ringzero/backend/contract.hpp"
 #include "ringzero/backend/protocol/contract_exchange.hpp"
 #include "ringzero/backend/protocol/failure_text.hpp"
@@ -113,7 +113,7 @@ constexpr std::uint64_t slice_count(std::uint64_t bytes, std::uint64_t slice) no
 
 /// One rank of an MPI communicator. See the file comment for transfers, checking, timeouts
 /// and threads.
-class communicator final : public ringzero::communicator {
+class communicator final : public ringzero::detail::backend_communicator {
  public:
   /// Makes a communicator over a duplicate of `comm` (collective over `comm`: every rank of it
   /// must construct one). Throws errc::invalid_argument when MPI is not initialised, `comm` is
@@ -202,11 +202,11 @@ class communicator final : public ringzero::communicator {
   /// timeout, failure policy, slice size, pipeline depth and forced algorithm.
   std::unique_ptr<communicator> split(int color, int key) {
     progress().drain();
-    synchronize("split");
+    synchronize(nullptr, "split");
     detail::comm_holder sub;
     {
       auto lock = mpi_lock();
-      check(MPI_Comm_split(data_.get(), color < 0 ? MPI_UNDEFINED : color, key, sub.out()), "MPI_Comm_split");
+      check(nullptr, MPI_Comm_split(data_.get(), color < 0 ? MPI_UNDEFINED : color, key, sub.out()), "MPI_Comm_split");
     }
     if (sub.get() == MPI_COMM_NULL) return nullptr;
     communicator_options o = options_;
@@ -243,26 +243,28 @@ class communicator final : public ringzero::communicator {
   MPI_Comm handle() const noexcept { return data_.get(); }
 
   std::size_t scratch_bytes() const noexcept override {
-    return ringzero::communicator::scratch_bytes() + (staging_ ? staging_->capacity_bytes() : 0);
+    return transport::scratch_bytes() + (staging_ ? staging_->capacity_bytes() : 0);
   }
 
   // ---- the collective layer's interface --------------------------------------------------
 
   void begin(const collective_descriptor& d) override {
     if (world_size() == 1) {
-      if (!d.invalid.empty()) raise(d.invalid_code, "invalid arguments (rank 0: " + d.invalid + "); no rank ran it");
+      if (!d.invalid.empty())
+        raise(&d, d.invalid_code, "invalid arguments (rank 0: " + d.invalid + "); no rank ran it");
       return;
     }
-    raise_if_unusable();
+    raise_if_unusable(&d);
     poll_notices();  // an abort or departure that already arrived fails here, before anything is sent
-    raise_if_unusable();
+    raise_if_unusable(&d);
     if (check_) {
       exchange_descriptors(d);
       return;
     }
     if (!d.invalid.empty()) {
-      fail(d.invalid_code, "invalid arguments (rank " + std::to_string(rank()) + ": " + d.invalid +
-                               "); the communicator is aborted so that no peer waits for this rank");
+      fail(&d, d.invalid_code,
+           "invalid arguments (rank " + std::to_string(rank()) + ": " + d.invalid +
+               "); the communicator is aborted so that no peer waits for this rank");
     }
   }
 
@@ -271,10 +273,10 @@ class communicator final : public ringzero::communicator {
   /// complete an exchange with data they sent before they failed (eager messages already
   /// delivered) while the abort notice, sent later on the control communicator, was not yet
   /// received when the collective began; its result would then be wrong without an error.
-  void end(const collective_descriptor&) override {
+  void end(const collective_descriptor& d) override {
     if (world_size() == 1) return;
     poll_notices();
-    raise_if_unusable();
+    raise_if_unusable(&d);
   }
 
   /// A collective's step, or a point-to-point send/recv/sendrecv (the current operation's kind
@@ -286,27 +288,27 @@ class communicator final : public ringzero::communicator {
   /// fail, not receive what the peer's abandoned send still points at (MPI may complete a
   /// freed send request later, reading the buffer the caller has since reused) or return from
   /// a send that nobody will take.
-  void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
-                int from) override {
-    const bool p2p = world_size() > 1 && point_to_point();
+  void sendrecv(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                std::uint64_t recv_bytes, int from) override {
+    const bool p2p = world_size() > 1 && point_to_point(d);
     if (p2p) {
-      ringzero::detail::check_peer(*this, to, "send to");
-      ringzero::detail::check_peer(*this, from, "receive from");
-      raise_if_unusable();
+      ringzero::detail::check_peer(*this, d, to, "send to");
+      ringzero::detail::check_peer(*this, d, from, "receive from");
+      raise_if_unusable(&d);
       poll_notices();
-      raise_if_unusable();
-      if (check_) exchange_transfer_records(send_bytes, to, recv_bytes, from);
+      raise_if_unusable(&d);
+      if (check_) exchange_transfer_records(d, send_bytes, to, recv_bytes, from);
     }
-    transfer(send, send_bytes, to, recv, recv_bytes, from, nullptr, nullptr, nullptr);
+    transfer(d, send, send_bytes, to, recv, recv_bytes, from, nullptr, nullptr, nullptr);
     if (p2p) {
       poll_notices();
-      raise_if_unusable();
+      raise_if_unusable(&d);
     }
   }
 
-  void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
-                       std::uint64_t bytes, int from, const combine_fn& combine) override {
-    transfer(send, send_bytes, to, nullptr, bytes, from, own, acc, &combine);
+  void sendrecv_reduce(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to,
+                       const void* own, void* acc, std::uint64_t bytes, int from, const combine_fn& combine) override {
+    transfer(d, send, send_bytes, to, nullptr, bytes, from, own, acc, &combine);
   }
 
   void run_native(const collective_descriptor& d) override;
@@ -329,7 +331,7 @@ class communicator final : public ringzero::communicator {
   static constexpr std::uint64_t transfer_window = 16;
 
   communicator(const detail::comm_shape& shape, MPI_Comm comm, const communicator_options& options)
-      : ringzero::communicator(shape.rank, shape.size),
+      : backend_communicator(shape.rank, shape.size),
         options_(options),
         serialize_(shape.serialize),
         check_(options.check ? *options.check : env_check(check_by_default)),
@@ -344,13 +346,14 @@ class communicator final : public ringzero::communicator {
         uncaught_at_start_(std::uncaught_exceptions()) {
     if (options.timeout) set_timeout(*options.timeout);
     if (options.slice_bytes % 64 != 0 || options.slice_bytes > (std::uint64_t{1} << 30))
-      raise(errc::invalid_argument, "slice_bytes must be 0 (automatic) or a multiple of 64 up to 1 GiB, got " +
-                                        std::to_string(options.slice_bytes));
+      raise(nullptr, errc::invalid_argument,
+            "slice_bytes must be 0 (automatic) or a multiple of 64 up to 1 GiB, got " +
+                std::to_string(options.slice_bytes));
     if (options.pipeline_depth < 0 || options.pipeline_depth > 64)
-      raise(errc::invalid_argument,
+      raise(nullptr, errc::invalid_argument,
             "pipeline_depth must be 0 (automatic) or in [1, 64], got " + std::to_string(options.pipeline_depth));
     if (options.expected_world_size > 0 && options.expected_world_size != shape.size)
-      raise(errc::invalid_argument,
+      raise(nullptr, errc::invalid_argument,
             "the job has " + std::to_string(shape.size) + " processes in this communicator but " +
                 std::to_string(options.expected_world_size) + " were expected (check mpirun -np / srun -n)");
     join(comm);
@@ -358,8 +361,8 @@ class communicator final : public ringzero::communicator {
 
   // ---- construction (control_channel.hpp) -------------------------------------------------------
 
-  void duplicate_within(MPI_Comm from, detail::comm_holder& into, clock::time_point start, clock::time_point deadline,
-                        MPI_Comm job);
+  void duplicate_within(const collective_descriptor* op, MPI_Comm from, detail::comm_holder& into,
+                        clock::time_point start, clock::time_point deadline, MPI_Comm job);
 
   void join(MPI_Comm comm);
 
@@ -374,13 +377,14 @@ class communicator final : public ringzero::communicator {
   }
 
   /// Throws errc::backend_failure naming `what` when `rc` is not MPI_SUCCESS.
-  void check(int rc, const char* what) const {
-    if (rc != MPI_SUCCESS) raise(errc::backend_failure, std::string(what) + " failed: " + detail::error_string(rc));
+  void check(const collective_descriptor* op, int rc, const char* what) const {
+    if (rc != MPI_SUCCESS) raise(op, errc::backend_failure, std::string(what) + " failed: " + detail::error_string(rc));
   }
 
-  bool record_arrived(int p, MPI_Request& request, const char* test_what, const char* irecv_what);
+  bool record_arrived(const collective_descriptor* op, int p, MPI_Request& request, const char* test_what,
+                      const char* irecv_what);
 
-  bool send_completed(MPI_Request& request, const char* what);
+  bool send_completed(const collective_descriptor* op, MPI_Request& request, const char* what);
 
   clock::time_point deadline() const { return clock::now() + std::chrono::duration_cast<clock::duration>(timeout()); }
 
@@ -431,15 +435,15 @@ class communicator final : public ringzero::communicator {
   void notify_abort(errc code, const std::string& text);
 
   /// Aborts the communicator with `code` (telling every peer) and throws it.
-  [[noreturn]] void fail(errc code, const std::string& message) {
-    error e(code, context(), message);
+  [[noreturn]] void fail(const collective_descriptor* op, errc code, const std::string& message) {
+    error e(code, context(op), message);
     notify_abort(code, e.what());
     throw e;
   }
 
   /// A wait timed out: abort the job or throw, per the failure policy.
-  [[noreturn]] void timed_out(const std::string& message) {
-    error e(errc::timeout, context(), message);
+  [[noreturn]] void timed_out(const collective_descriptor* op, const std::string& message) {
+    error e(errc::timeout, context(op), message);
     if (policy_ == failure_policy::abort_job) abort_job(e, data_.get());
     notify_abort(errc::timeout, e.what());
     throw e;
@@ -448,8 +452,8 @@ class communicator final : public ringzero::communicator {
   /// Throws when the communicator was aborted. (A peer that left is not an error by itself: it
   /// may have sent all it had to send, e.g. a non-root rank of a reduce whose sends completed
   /// eagerly. The waits decide from the departure's message counts.)
-  void raise_if_unusable() const {
-    if (aborted_) raise(abort_code_, "the communicator was aborted: " + abort_reason_);
+  void raise_if_unusable(const collective_descriptor* op) const {
+    if (aborted_) raise(op, abort_code_, "the communicator was aborted: " + abort_reason_);
   }
 
   std::string departed_text(int p) const {
@@ -497,46 +501,46 @@ class communicator final : public ringzero::communicator {
   enum class step_result { done, progressed, idle };
 
   template <class Step, class Stalled, class OnTimeout>
-  void poll(Step&& step, Stalled&& stalled, clock::time_point until, OnTimeout&& on_timeout);
+  void poll(const collective_descriptor* op, Step&& step, Stalled&& stalled, clock::time_point until,
+            OnTimeout&& on_timeout);
 
   // ---- transfers (transport.hpp) ----------------------------------------------------------------
 
-  /// Tag class of the current operation: the collective's sequence mod 63, or 63 for send/recv.
-  int current_tag_class() const noexcept {
-    const collective_descriptor* d = current();
-    if (!d || d->kind == collective_kind::send || d->kind == collective_kind::recv) return detail::point_to_point_class;
-    return static_cast<int>(d->sequence % detail::point_to_point_class);
+  /// Tag class of operation `d`: the collective's sequence mod 63, or 63 for send/recv.
+  static int tag_class_of(const collective_descriptor& d) noexcept {
+    if (d.kind == collective_kind::send || d.kind == collective_kind::recv) return detail::point_to_point_class;
+    return static_cast<int>(d.sequence % detail::point_to_point_class);
   }
 
-  void transfer(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes, int from,
-                const void* own, void* acc, const combine_fn* combine);
+  void transfer(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                std::uint64_t recv_bytes, int from, const void* own, void* acc, const combine_fn* combine);
 
-  [[noreturn]] void receive_failed(int rc, const MPI_Status& status, int from, int cls, std::uint64_t expected,
-                                   std::uint64_t slice_index, std::uint64_t slices);
+  [[noreturn]] void receive_failed(const collective_descriptor& d, int rc, const MPI_Status& status, int from, int cls,
+                                   std::uint64_t expected, std::uint64_t slice_index, std::uint64_t slices);
 
-  [[noreturn]] void class_mismatch(int from, int got, int want);
+  [[noreturn]] void class_mismatch(const collective_descriptor& d, int from, int got, int want);
 
   static bool slice_matches(const MPI_Status& status, int cls, std::uint64_t j, std::uint64_t slices,
                             std::uint64_t len);
 
-  void verify_slice(const MPI_Status& status, int from, int cls, std::uint64_t expected_total, std::uint64_t j,
-                    std::uint64_t slices, std::uint64_t len);
+  void verify_slice(const collective_descriptor& d, const MPI_Status& status, int from, int cls,
+                    std::uint64_t expected_total, std::uint64_t j, std::uint64_t slices, std::uint64_t len);
 
   // ---- check mode (control_channel.hpp) ---------------------------------------------------------
 
   void exchange_descriptors(const collective_descriptor& d);
 
-  /// True when the current operation is a point-to-point send/recv (not a collective's step).
-  bool point_to_point() const noexcept {
-    const collective_descriptor* d = current();
-    return d == nullptr || d->kind == collective_kind::send || d->kind == collective_kind::recv;
+  /// True when `d` is a point-to-point send/recv (not a collective's step).
+  static bool point_to_point(const collective_descriptor& d) noexcept {
+    return d.kind == collective_kind::send || d.kind == collective_kind::recv;
   }
 
-  void exchange_transfer_records(std::uint64_t send_bytes, int to, std::uint64_t recv_bytes, int from);
+  void exchange_transfer_records(const collective_descriptor& d, std::uint64_t send_bytes, int to,
+                                 std::uint64_t recv_bytes, int from);
 
   // ---- synchronisation and departure (control_channel.hpp) --------------------------------------
 
-  void synchronize(const char* what);
+  void synchronize(const collective_descriptor* op, const char* what);
 
   bool depart();
 
@@ -563,8 +567,8 @@ class communicator final : public ringzero::communicator {
 
   /// Checks a native MPI call's return code (the collective layer then aborts the
   /// communicator, outside the MPI lock).
-  void native_check(int rc, const char* what) const {
-    if (rc != MPI_SUCCESS) raise(errc::backend_failure, std::string(what) + " failed: " + detail::error_string(rc));
+  void native_check(const collective_descriptor* op, int rc, const char* what) const {
+    if (rc != MPI_SUCCESS) raise(op, errc::backend_failure, std::string(what) + " failed: " + detail::error_string(rc));
   }
 
   template <class Call>
@@ -576,7 +580,7 @@ class communicator final : public ringzero::communicator {
     MPI_Datatype type = MPI_BYTE;
     detail::owned_datatype owned;
   };
-  void describe_block(std::uint64_t bytes, block& b);
+  void describe_block(const collective_descriptor& d, std::uint64_t bytes, block& b);
 
   communicator_options options_;
   bool serialize_ = false;

@@ -27,27 +27,27 @@ namespace ringzero::mpi {
 /// storage is then deliberately leaked (on every failure path) instead of being a member of
 /// this object, which is gone by then. On expiry: abort the job or throw errc::timeout, per
 /// the failure policy (`job` is what MPI_Abort ends).
-inline void communicator::duplicate_within(MPI_Comm from, detail::comm_holder& into, clock::time_point start,
-                                           clock::time_point deadline, MPI_Comm job) {
+inline void communicator::duplicate_within(const collective_descriptor* op, MPI_Comm from, detail::comm_holder& into,
+                                           clock::time_point start, clock::time_point deadline, MPI_Comm job) {
   auto* target = new MPI_Comm(MPI_COMM_NULL);
   MPI_Request req = MPI_REQUEST_NULL;
   {
     auto lock = mpi_lock();
-    check(MPI_Comm_idup(from, target, &req), "MPI_Comm_idup");
+    check(op, MPI_Comm_idup(from, target, &req), "MPI_Comm_idup");
   }
   for (unsigned i = 0;; ++i) {
     int flag = 0;
     {
       auto lock = mpi_lock();
-      check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test (MPI_Comm_idup)");
+      check(op, MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test (MPI_Comm_idup)");
     }
     if (flag) break;
     if ((i & 31u) == 0 && clock::now() >= deadline) {
       const std::string msg = "timed out after " + ringzero::detail::seconds_text(timeout()) +
                               " s making the communicator: not every rank of the MPI communicator constructed an "
                               "mpi::communicator (construction is collective)";
-      if (policy_ == failure_policy::abort_job) abort_job(error(errc::timeout, context(), msg), job);
-      raise(errc::timeout, msg);
+      if (policy_ == failure_policy::abort_job) abort_job(error(errc::timeout, context(op), msg), job);
+      raise(op, errc::timeout, msg);
     }
     backoff(phase_after(clock::now() - start));
   }
@@ -61,11 +61,11 @@ inline void communicator::join(MPI_Comm comm) {
   detail::lingering::collect(serialize_);
   const auto start = clock::now();
   const auto deadline = start + std::chrono::duration_cast<clock::duration>(timeout());
-  duplicate_within(comm, data_, start, deadline, comm);
+  duplicate_within(nullptr, comm, data_, start, deadline, comm);
   // A rank that arrives after its peers gave up completes their pending duplicate above but
   // finds nobody for this one: it times out here instead of blocking in MPI_Comm_dup.
   try {
-    duplicate_within(data_.get(), control_, start, deadline, comm);
+    duplicate_within(nullptr, data_.get(), control_, start, deadline, comm);
   } catch (...) {
     // The abandoned duplicate still refers to the data communicator: freeing it under the
     // pending request corrupted Open MPI's state at MPI_Finalize. It is left to MPI.
@@ -73,11 +73,12 @@ inline void communicator::join(MPI_Comm comm) {
     throw;
   }
   auto lock = mpi_lock();
-  check(MPI_Comm_set_errhandler(data_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  check(MPI_Comm_set_errhandler(control_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check(nullptr, MPI_Comm_set_errhandler(data_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check(nullptr, MPI_Comm_set_errhandler(control_.get(), MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
 
   MPI_Comm node = MPI_COMM_NULL;
-  check(MPI_Comm_split_type(data_.get(), MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  check(nullptr, MPI_Comm_split_type(data_.get(), MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node),
+        "MPI_Comm_split_type");
   int local = 1;
   MPI_Comm_size(node, &local);
   MPI_Comm_free(&node);
@@ -109,14 +110,14 @@ inline void communicator::join(MPI_Comm comm) {
     mine.link[2] = options_.link->gamma_us_per_byte;
   }
   std::vector<detail::hello_record> all(static_cast<std::size_t>(world_size()));
-  check(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, control_.get()),
+  check(nullptr, MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, control_.get()),
         "MPI_Allgather");
   auto agree = [&](const char* what, auto field, auto text) {
     std::vector<std::string> values;
     for (const auto& h : all) values.push_back(text(h.*field));
     for (const auto& v : values)
       if (v != values.front())
-        raise(errc::invalid_argument,
+        raise(nullptr, errc::invalid_argument,
               std::string(what) + " differs between ranks: " + ringzero::detail::describe_values(values));
   };
   auto number = [](auto v) { return std::to_string(v); };
@@ -144,14 +145,16 @@ inline void communicator::join(MPI_Comm comm) {
 /// communicator's record has arrived (counted in `records_received_`). A record of an older
 /// communicator on a reused MPI context is dropped and listened for again. `test_what` and
 /// `irecv_what` name the MPI calls in errors. Called under the MPI lock.
-inline bool communicator::record_arrived(int p, MPI_Request& request, const char* test_what, const char* irecv_what) {
+inline bool communicator::record_arrived(const collective_descriptor* op, int p, MPI_Request& request,
+                                         const char* test_what, const char* irecv_what) {
   if (request == MPI_REQUEST_NULL) return false;
   int flag = 0;
-  check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), test_what);
+  check(op, MPI_Test(&request, &flag, MPI_STATUS_IGNORE), test_what);
   if (!flag) return false;
   ringzero::detail::wire_record& record = records_[static_cast<std::size_t>(p)];
   if (record.instance != instance_) {
-    check(MPI_Irecv(&record, static_cast<int>(sizeof(ringzero::detail::wire_record)), MPI_BYTE, p,
+    check(op,
+          MPI_Irecv(&record, static_cast<int>(sizeof(ringzero::detail::wire_record)), MPI_BYTE, p,
                     detail::tag_descriptor, control_.get(), &request),
           irecv_what);
     return false;
@@ -161,10 +164,10 @@ inline bool communicator::record_arrived(int p, MPI_Request& request, const char
 }
 
 /// Tests the send `request`: true when it completed in this call. Called under the MPI lock.
-inline bool communicator::send_completed(MPI_Request& request, const char* what) {
+inline bool communicator::send_completed(const collective_descriptor* op, MPI_Request& request, const char* what) {
   if (request == MPI_REQUEST_NULL) return false;
   int flag = 0;
-  check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), what);
+  check(op, MPI_Test(&request, &flag, MPI_STATUS_IGNORE), what);
   return flag != 0;
 }
 
@@ -270,14 +273,16 @@ inline void communicator::exchange_descriptors(const collective_descriptor& d) {
       auto lock = mpi_lock();
       for (int p = 0; p < n; ++p) {
         if (p == me) continue;
-        check(MPI_Irecv(&records[static_cast<std::size_t>(p)], static_cast<int>(sizeof(ringzero::detail::wire_record)),
+        check(&d,
+              MPI_Irecv(&records[static_cast<std::size_t>(p)], static_cast<int>(sizeof(ringzero::detail::wire_record)),
                         MPI_BYTE, p, detail::tag_descriptor, control_.get(),
                         &recv_requests_[static_cast<std::size_t>(p)]),
               "MPI_Irecv (descriptor)");
       }
       for (int p = 0; p < n; ++p) {
         if (p == me) continue;
-        check(MPI_Isend(&own, static_cast<int>(own.wire_bytes()), MPI_BYTE, p, detail::tag_descriptor, control_.get(),
+        check(&d,
+              MPI_Isend(&own, static_cast<int>(own.wire_bytes()), MPI_BYTE, p, detail::tag_descriptor, control_.get(),
                         &send_requests_[static_cast<std::size_t>(p)]),
               "MPI_Isend (descriptor)");
         ++records_sent_[static_cast<std::size_t>(p)];
@@ -291,13 +296,13 @@ inline void communicator::exchange_descriptors(const collective_descriptor& d) {
       bool progressed = false;
       auto lock = mpi_lock();
       for (int p = 0; p < n; ++p) {
-        if (record_arrived(p, recv_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)",
+        if (record_arrived(&d, p, recv_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)",
                            "MPI_Irecv (descriptor)")) {
           arrived[static_cast<std::size_t>(p)] = 1;
           --pending;
           progressed = true;
         }
-        if (send_completed(send_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)")) progressed = true;
+        if (send_completed(&d, send_requests_[static_cast<std::size_t>(p)], "MPI_Test (descriptor)")) progressed = true;
       }
       if (pending == 0 && std::all_of(send_requests_.begin(), send_requests_.end(),
                                       [](MPI_Request r) { return r == MPI_REQUEST_NULL; }))
@@ -309,26 +314,26 @@ inline void communicator::exchange_descriptors(const collective_descriptor& d) {
         const auto& peer = peers_[static_cast<std::size_t>(p)];
         if (!arrived[static_cast<std::size_t>(p)] && peer.departed &&
             peer.records_sent_to_me <= records_received_[static_cast<std::size_t>(p)])
-          return departed_text(p) + " and never arrived at " + ringzero::detail::operation_name(current());
+          return departed_text(p) + " and never arrived at " + ringzero::detail::operation_name(&d);
       }
       return {};
     };
     auto on_timeout = [&]() {
       std::vector<int> missing, present;
       for (int p = 0; p < n; ++p) (arrived[static_cast<std::size_t>(p)] ? present : missing).push_back(p);
-      timed_out("timed out after " + ringzero::detail::seconds_text(timeout()) +
-                " s: " + ringzero::detail::describe_ranks(missing) + " never arrived at " +
-                ringzero::detail::operation_name(current()) + " (" + ringzero::detail::describe_ranks(present) +
-                " did)");
+      timed_out(&d, "timed out after " + ringzero::detail::seconds_text(timeout()) +
+                        " s: " + ringzero::detail::describe_ranks(missing) + " never arrived at " +
+                        ringzero::detail::operation_name(&d) + " (" + ringzero::detail::describe_ranks(present) +
+                        " did)");
     };
-    poll(step, stalled, deadline(), on_timeout);
+    poll(&d, step, stalled, deadline(), on_timeout);
     recv_guard.dismiss();
     send_guard.dismiss();
   };
   const auto verdict = ringzero::detail::exchange_contract(n, me, d, instance_, records_, decoded_, all_gather);
   if (!verdict) return;
-  if (verdict->abort) fail(verdict->code, verdict->message);
-  raise(verdict->code, verdict->message);
+  if (verdict->abort) fail(&d, verdict->code, verdict->message);
+  raise(&d, verdict->code, verdict->message);
 }
 
 /// Check mode, point-to-point: sends each peer of this transfer (`to`, `from`; not this rank)
@@ -342,16 +347,15 @@ inline void communicator::exchange_descriptors(const collective_descriptor& d) {
 /// data fails too instead of timing out. Dtypes are not compared: equal byte sizes of
 /// different dtypes pass, as on the local backend. A peer that never posts its side ends in
 /// errc::timeout naming it.
-inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, int to, std::uint64_t recv_bytes,
-                                                    int from) {
+inline void communicator::exchange_transfer_records(const collective_descriptor& d, std::uint64_t send_bytes, int to,
+                                                    std::uint64_t recv_bytes, int from) {
   const int me = rank();
-  const collective_descriptor* d = current();
-  const std::uint8_t type = static_cast<std::uint8_t>(d ? d->type : dtype::uint8);
+  const std::uint8_t type = static_cast<std::uint8_t>(d.type);
   if (to == me && from == me) {
     if (send_bytes != recv_bytes)
-      raise(errc::size_mismatch, "rank " + std::to_string(me) + " sends " +
-                                     ringzero::detail::amount_text(send_bytes, type) + " to itself but expects " +
-                                     ringzero::detail::amount_text(recv_bytes, type));
+      raise(&d, errc::size_mismatch,
+            "rank " + std::to_string(me) + " sends " + ringzero::detail::amount_text(send_bytes, type) +
+                " to itself but expects " + ringzero::detail::amount_text(recv_bytes, type));
   }
   int peers[2] = {-1, -1};
   int count = 0;
@@ -376,10 +380,12 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
       w.receives = p == from ? 1 : 0;
       w.recv_bytes = p == from ? recv_bytes : 0;
       check(
+          &d,
           MPI_Irecv(&records_[static_cast<std::size_t>(p)], static_cast<int>(sizeof(ringzero::detail::wire_record)),
                     MPI_BYTE, p, detail::tag_descriptor, control_.get(), &recv_requests_[static_cast<std::size_t>(i)]),
           "MPI_Irecv (transfer record)");
-      check(MPI_Isend(&w, static_cast<int>(w.wire_bytes()), MPI_BYTE, p, detail::tag_descriptor, control_.get(),
+      check(&d,
+            MPI_Isend(&w, static_cast<int>(w.wire_bytes()), MPI_BYTE, p, detail::tag_descriptor, control_.get(),
                       &send_requests_[static_cast<std::size_t>(i)]),
             "MPI_Isend (transfer record)");
       ++records_sent_[static_cast<std::size_t>(p)];
@@ -391,13 +397,13 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
     auto lock = mpi_lock();
     for (int i = 0; i < count; ++i) {
       const int p = peers[i];
-      if (record_arrived(p, recv_requests_[static_cast<std::size_t>(i)], "MPI_Test (transfer record)",
+      if (record_arrived(&d, p, recv_requests_[static_cast<std::size_t>(i)], "MPI_Test (transfer record)",
                          "MPI_Irecv (transfer record)")) {
         arrived[i] = true;
         progressed = true;
       }
       auto& sr = send_requests_[static_cast<std::size_t>(i)];
-      if (send_completed(sr, "MPI_Test (transfer record)")) progressed = true;
+      if (send_completed(&d, sr, "MPI_Test (transfer record)")) progressed = true;
       done = done && arrived[i] && sr == MPI_REQUEST_NULL;
     }
     if (done) return step_result::done;
@@ -408,7 +414,7 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
       const int p = peers[i];
       const auto& peer = peers_[static_cast<std::size_t>(p)];
       if (!arrived[i] && peer.departed && peer.records_sent_to_me <= records_received_[static_cast<std::size_t>(p)])
-        return departed_text(p) + " and never posted its side of this " + ringzero::detail::operation_name(current());
+        return departed_text(p) + " and never posted its side of this " + ringzero::detail::operation_name(&d);
     }
     return {};
   };
@@ -416,11 +422,11 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
     std::vector<int> missing;
     for (int i = 0; i < count; ++i)
       if (!arrived[i]) missing.push_back(peers[i]);
-    timed_out("timed out after " + ringzero::detail::seconds_text(timeout()) + " s in " +
-              ringzero::detail::operation_name(current()) + ": " + ringzero::detail::describe_ranks(missing) +
-              " never posted the matching side of the transfer (check mode: " + "its record never came)");
+    timed_out(&d, "timed out after " + ringzero::detail::seconds_text(timeout()) + " s in " +
+                      ringzero::detail::operation_name(&d) + ": " + ringzero::detail::describe_ranks(missing) +
+                      " never posted the matching side of the transfer (check mode: " + "its record never came)");
   };
-  poll(step, stalled, deadline(), on_timeout);
+  poll(&d, step, stalled, deadline(), on_timeout);
   recv_guard.dismiss();
   send_guard.dismiss();
 
@@ -432,11 +438,12 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
     const ringzero::detail::wire_record& theirs = records_[static_cast<std::size_t>(p)];
     const auto kind = static_cast<collective_kind>(theirs.kind);
     if (kind != collective_kind::send && kind != collective_kind::recv) {
-      fail(errc::contract_mismatch, "rank " + std::to_string(p) + " runs " + std::string(collective_name(kind)) + " #" +
-                                        std::to_string(theirs.sequence) + " while rank " + std::to_string(me) +
-                                        " runs a point-to-point " + ringzero::detail::operation_name(current()) +
-                                        " with it: the ranks do not run the same operations in "
-                                        "the same order");
+      fail(&d, errc::contract_mismatch,
+           "rank " + std::to_string(p) + " runs " + std::string(collective_name(kind)) + " #" +
+               std::to_string(theirs.sequence) + " while rank " + std::to_string(me) + " runs a point-to-point " +
+               ringzero::detail::operation_name(&d) +
+               " with it: the ranks do not run the same operations in "
+               "the same order");
     }
     // The direction sender -> receiver, in the same words on both ranks.
     auto direction = [&](int sender, bool sends, std::uint64_t sent, std::uint8_t sent_type, int receiver,
@@ -472,15 +479,16 @@ inline void communicator::exchange_transfer_records(std::uint64_t send_bytes, in
   }
   if (problem.empty()) return;
   problem += " (check mode: no data moved)";
-  if (count > 1) fail(code, problem + "; the communicator is aborted so that no other peer waits for this transfer");
-  raise(code, problem);
+  if (count > 1)
+    fail(&d, code, problem + "; the communicator is aborted so that no other peer waits for this transfer");
+  raise(&d, code, problem);
 }
 
 /// A dissemination barrier on the control communicator, polled against the timeout.
-inline void communicator::synchronize(const char* what) {
-  raise_if_unusable();
+inline void communicator::synchronize(const collective_descriptor* op, const char* what) {
+  raise_if_unusable(op);
   for (int p = 0; p < world_size(); ++p)
-    if (peers_[static_cast<std::size_t>(p)].departed) fail(errc::peer_exited, departed_text(p) + " before " + what);
+    if (peers_[static_cast<std::size_t>(p)].departed) fail(op, errc::peer_exited, departed_text(p) + " before " + what);
   const int n = world_size(), me = rank();
   const auto until = deadline();
   for (int step = 1; step < n; step *= 2) {
@@ -491,19 +499,20 @@ inline void communicator::synchronize(const char* what) {
     request_guard send_guard(*this, send_requests_);
     {
       auto lock = mpi_lock();
-      check(MPI_Irecv(sync_buffer_, static_cast<int>(sizeof sync_buffer_), MPI_BYTE, from, detail::tag_sync,
+      check(op,
+            MPI_Irecv(sync_buffer_, static_cast<int>(sizeof sync_buffer_), MPI_BYTE, from, detail::tag_sync,
                       control_.get(), &recv_requests_[0]),
             "MPI_Irecv (sync)");
-      check(MPI_Isend(nullptr, 0, MPI_BYTE, to, detail::tag_sync, control_.get(), &send_requests_[0]),
+      check(op, MPI_Isend(nullptr, 0, MPI_BYTE, to, detail::tag_sync, control_.get(), &send_requests_[0]),
             "MPI_Isend (sync)");
     }
     auto step_fn = [&]() -> step_result {
       auto lock = mpi_lock();
       int a = 1, b = 1;
       if (recv_requests_[0] != MPI_REQUEST_NULL)
-        check(MPI_Test(&recv_requests_[0], &a, MPI_STATUS_IGNORE), "MPI_Test (sync)");
+        check(op, MPI_Test(&recv_requests_[0], &a, MPI_STATUS_IGNORE), "MPI_Test (sync)");
       if (send_requests_[0] != MPI_REQUEST_NULL)
-        check(MPI_Test(&send_requests_[0], &b, MPI_STATUS_IGNORE), "MPI_Test (sync)");
+        check(op, MPI_Test(&send_requests_[0], &b, MPI_STATUS_IGNORE), "MPI_Test (sync)");
       return a && b ? step_result::done : step_result::idle;
     };
     auto stalled = [&]() -> std::string {
@@ -511,10 +520,10 @@ inline void communicator::synchronize(const char* what) {
       return {};
     };
     auto on_timeout = [&]() {
-      timed_out(std::string("timed out after ") + ringzero::detail::seconds_text(timeout()) + " s in " + what +
-                " waiting for rank " + std::to_string(from) + " (every rank must call " + what + ")");
+      timed_out(op, std::string("timed out after ") + ringzero::detail::seconds_text(timeout()) + " s in " + what +
+                        " waiting for rank " + std::to_string(from) + " (every rank must call " + what + ")");
     };
-    poll(step_fn, stalled, until, on_timeout);
+    poll(op, step_fn, stalled, until, on_timeout);
     recv_guard.dismiss();
     send_guard.dismiss();
   }

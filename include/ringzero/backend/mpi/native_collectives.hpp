@@ -67,14 +67,14 @@ void communicator::chunked(const void* send, void* recv, std::uint64_t count, st
   }
 }
 
-inline void communicator::describe_block(std::uint64_t bytes, block& b) {
+inline void communicator::describe_block(const collective_descriptor& d, std::uint64_t bytes, block& b) {
   if (bytes <= static_cast<std::uint64_t>(INT_MAX)) {
     b.count = static_cast<int>(bytes);
     b.type = MPI_BYTE;
     return;
   }
   MPI_Datatype t = MPI_DATATYPE_NULL;
-  native_check(detail::make_block_type(bytes, &t), "MPI_Type_create_struct");
+  native_check(&d, detail::make_block_type(bytes, &t), "MPI_Type_create_struct");
   b.owned.reset(t);
   b.count = 1;
   b.type = t;
@@ -104,7 +104,7 @@ inline void communicator::run_native(const collective_descriptor& d) {
       const void* in = input_of(count);
       const void* sendbuf = in == d.recv ? MPI_IN_PLACE : in;
       chunked(sendbuf, d.recv, count, es, [&](const void* s, void* v, int len) {
-        native_check(MPI_Allreduce(s, v, len, type, op, comm), "MPI_Allreduce");
+        native_check(&d, MPI_Allreduce(s, v, len, type, op, comm), "MPI_Allreduce");
       });
       if (avg) primitive::divide_into(d.recv, d.recv, count, d.type, n);
       return;
@@ -116,13 +116,13 @@ inline void communicator::run_native(const collective_descriptor& d) {
       const bool aliased = in == d.send && d.in_place;
       void* out = aliased ? staging().get(staging_native, static_cast<std::size_t>(count * es)) : d.recv;
       if (count <= static_cast<std::uint64_t>(INT_MAX)) {
-        native_check(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), type, op, comm),
+        native_check(&d, MPI_Reduce_scatter_block(in, out, static_cast<int>(count), type, op, comm),
                      "MPI_Reduce_scatter_block");
       } else {
         for (int q = 0; q < n; ++q)
           chunked(static_cast<const unsigned char*>(in) + static_cast<std::uint64_t>(q) * count * es,
                   q == r ? out : nullptr, count, es, [&](const void* s, void* v, int len) {
-                    native_check(MPI_Reduce(s, v, len, type, op, q, comm), "MPI_Reduce");
+                    native_check(&d, MPI_Reduce(s, v, len, type, op, q, comm), "MPI_Reduce");
                   });
       }
       if (aliased) primitive::copy_bytes(d.recv, out, static_cast<std::size_t>(count * es));
@@ -131,15 +131,16 @@ inline void communicator::run_native(const collective_descriptor& d) {
     }
     case collective_kind::all_gather: {
       block b;
-      describe_block(count * es, b);
-      native_check(MPI_Allgather(d.in_place ? MPI_IN_PLACE : d.send, b.count, b.type, d.recv, b.count, b.type, comm),
+      describe_block(d, count * es, b);
+      native_check(&d,
+                   MPI_Allgather(d.in_place ? MPI_IN_PLACE : d.send, b.count, b.type, d.recv, b.count, b.type, comm),
                    "MPI_Allgather");
       return;
     }
     case collective_kind::broadcast: {
       if (r == d.root && d.send != d.recv) primitive::copy_bytes(d.recv, d.send, static_cast<std::size_t>(count * es));
       chunked(nullptr, d.recv, count * es, 1, [&](const void*, void* v, int len) {
-        native_check(MPI_Bcast(v, len, MPI_BYTE, d.root, comm), "MPI_Bcast");
+        native_check(&d, MPI_Bcast(v, len, MPI_BYTE, d.root, comm), "MPI_Bcast");
       });
       return;
     }
@@ -148,26 +149,26 @@ inline void communicator::run_native(const collective_descriptor& d) {
       if (r == d.root) {
         const void* sendbuf = in == d.recv ? MPI_IN_PLACE : in;
         chunked(sendbuf, d.recv, count, es, [&](const void* s, void* v, int len) {
-          native_check(MPI_Reduce(s, v, len, type, op, d.root, comm), "MPI_Reduce");
+          native_check(&d, MPI_Reduce(s, v, len, type, op, d.root, comm), "MPI_Reduce");
         });
         if (avg) primitive::divide_into(d.recv, d.recv, count, d.type, n);
       } else {
         chunked(in, nullptr, count, es, [&](const void* s, void*, int len) {
-          native_check(MPI_Reduce(s, nullptr, len, type, op, d.root, comm), "MPI_Reduce");
+          native_check(&d, MPI_Reduce(s, nullptr, len, type, op, d.root, comm), "MPI_Reduce");
         });
       }
       return;
     }
     case collective_kind::all_to_all: {
       block b;
-      describe_block(count * es, b);
-      native_check(MPI_Alltoall(d.send, b.count, b.type, d.recv, b.count, b.type, comm), "MPI_Alltoall");
+      describe_block(d, count * es, b);
+      native_check(&d, MPI_Alltoall(d.send, b.count, b.type, d.recv, b.count, b.type, comm), "MPI_Alltoall");
       return;
     }
-    case collective_kind::barrier: native_check(MPI_Barrier(comm), "MPI_Barrier"); return;
+    case collective_kind::barrier: native_check(&d, MPI_Barrier(comm), "MPI_Barrier"); return;
     default: break;
   }
-  raise(errc::unsupported, "no native MPI collective for " + std::string(collective_name(d.kind)));
+  raise(&d, errc::unsupported, "no native MPI collective for " + std::string(collective_name(d.kind)));
 }
 
 }  // namespace ringzero::mpi

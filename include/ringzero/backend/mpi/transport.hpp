@@ -20,7 +20,8 @@ namespace ringzero::mpi {
 /// peer makes completion impossible (a non-empty reason throws errc::peer_exited), and checks
 /// the deadline (`on_timeout` must not return).
 template <class Step, class Stalled, class OnTimeout>
-void communicator::poll(Step&& step, Stalled&& stalled, clock::time_point until, OnTimeout&& on_timeout) {
+void communicator::poll(const collective_descriptor* op, Step&& step, Stalled&& stalled, clock::time_point until,
+                        OnTimeout&& on_timeout) {
   unsigned idle = 0;
   clock::time_point idle_since{};
   idle_phase phase = idle_phase::spin;
@@ -37,9 +38,9 @@ void communicator::poll(Step&& step, Stalled&& stalled, clock::time_point until,
     }
     if ((idle & 31u) == 31u) {  // the clock and the control channel, every 32 idle rounds
       poll_notices();
-      if (aborted_) raise(abort_code_, "the communicator was aborted: " + abort_reason_);
+      if (aborted_) raise(op, abort_code_, "the communicator was aborted: " + abort_reason_);
       std::string why = stalled();
-      if (!why.empty()) fail(errc::peer_exited, why);
+      if (!why.empty()) fail(op, errc::peer_exited, why);
       const auto now = clock::now();
       if (now >= until) on_timeout();
       phase = phase_after(now - idle_since);
@@ -58,15 +59,15 @@ void communicator::poll(Step&& step, Stalled&& stalled, clock::time_point until,
 /// found before the data lands. Combining receives post full-slice staging buffers; plain
 /// receives post full slices into the output, and a shorter final slice is matched with
 /// MPI_Improbe, checked, and only then received (MPI_Imrecv).
-inline void communicator::transfer(const void* send, std::uint64_t send_bytes, int to, void* recv,
-                                   std::uint64_t recv_bytes, int from, const void* own, void* acc,
+inline void communicator::transfer(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to,
+                                   void* recv, std::uint64_t recv_bytes, int from, const void* own, void* acc,
                                    const combine_fn* combine) {
-  ringzero::detail::check_peer(*this, to, "send to");
-  ringzero::detail::check_peer(*this, from, "receive from");
-  if (aborted_) raise(abort_code_, "the communicator was aborted: " + abort_reason_);
+  ringzero::detail::check_peer(*this, d, to, "send to");
+  ringzero::detail::check_peer(*this, d, from, "receive from");
+  if (aborted_) raise(&d, abort_code_, "the communicator was aborted: " + abort_reason_);
   if (to < 0 && from < 0) return;
   const std::uint64_t slice = slice_bytes_;
-  const int cls = current_tag_class();
+  const int cls = tag_class_of(d);
   const bool reducing = combine != nullptr;
   const std::uint64_t S = to >= 0 ? detail::slice_count(send_bytes, slice) : 0;
   const std::uint64_t R = from >= 0 ? detail::slice_count(recv_bytes, slice) : 0;
@@ -98,12 +99,13 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
     // Every posted receive has room for a whole slice: full slices of the output, or staging.
     void* dst = reducing ? static_cast<void*>(stage + slot * slice)
                          : static_cast<void*>(static_cast<unsigned char*>(recv) + j * slice);
-    check(MPI_Irecv(dst, static_cast<int>(slice), MPI_BYTE, from, MPI_ANY_TAG, data_.get(), &recv_requests_[slot]),
+    check(&d, MPI_Irecv(dst, static_cast<int>(slice), MPI_BYTE, from, MPI_ANY_TAG, data_.get(), &recv_requests_[slot]),
           "MPI_Irecv");
   };
   auto post_send = [&](std::uint64_t i) {
     const std::size_t slot = static_cast<std::size_t>(i % send_window);
-    check(MPI_Isend(static_cast<const unsigned char*>(send) + i * slice, static_cast<int>(slice_len(send_bytes, i)),
+    check(&d,
+          MPI_Isend(static_cast<const unsigned char*>(send) + i * slice, static_cast<int>(slice_len(send_bytes, i)),
                     MPI_BYTE, to, detail::data_tag(cls, S - 1 - i), data_.get(), &send_requests_[slot]),
           "MPI_Isend");
     ++data_sent_[static_cast<std::size_t>(to)];
@@ -123,7 +125,7 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
     MPI_Status status;
     {
       auto lock = mpi_lock();
-      check(MPI_Improbe(from, MPI_ANY_TAG, data_.get(), &flag, &message, &status), "MPI_Improbe");
+      check(&d, MPI_Improbe(from, MPI_ANY_TAG, data_.get(), &flag, &message, &status), "MPI_Improbe");
     }
     if (!flag) return false;
     if (!slice_matches(status, cls, j, R, slice_len(recv_bytes, j))) {
@@ -135,10 +137,11 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
         auto lock = mpi_lock();
         MPI_Mrecv(sink.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE);
       }
-      verify_slice(status, from, cls, recv_bytes, j, R, slice_len(recv_bytes, j));
+      verify_slice(d, status, from, cls, recv_bytes, j, R, slice_len(recv_bytes, j));
     }
     auto lock = mpi_lock();
-    check(MPI_Imrecv(static_cast<unsigned char*>(recv) + j * slice, static_cast<int>(slice_len(recv_bytes, j)),
+    check(&d,
+          MPI_Imrecv(static_cast<unsigned char*>(recv) + j * slice, static_cast<int>(slice_len(recv_bytes, j)),
                      MPI_BYTE, &message, &recv_requests_[static_cast<std::size_t>(j % recv_window)]),
           "MPI_Imrecv");
     return true;
@@ -161,10 +164,10 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
         auto lock = mpi_lock();
         rc = MPI_Test(&recv_requests_[slot], &flag, &status);
       }
-      if (rc != MPI_SUCCESS) receive_failed(rc, status, from, cls, recv_bytes, done_recv, R);
+      if (rc != MPI_SUCCESS) receive_failed(d, rc, status, from, cls, recv_bytes, done_recv, R);
       if (!flag) break;
       if (!(probe_tail && done_recv == R - 1))  // the probed tail was checked before it was received
-        verify_slice(status, from, cls, recv_bytes, done_recv, R, slice_len(recv_bytes, done_recv));
+        verify_slice(d, status, from, cls, recv_bytes, done_recv, R, slice_len(recv_bytes, done_recv));
       ++data_received_[static_cast<std::size_t>(from)];
       if (reducing) {
         const std::uint64_t len = slice_len(recv_bytes, done_recv);
@@ -188,7 +191,7 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
         auto lock = mpi_lock();
         rc = MPI_Test(&send_requests_[slot], &flag, MPI_STATUS_IGNORE);
       }
-      if (rc != MPI_SUCCESS) check(rc, "MPI_Test (send)");
+      if (rc != MPI_SUCCESS) check(&d, rc, "MPI_Test (send)");
       if (!flag) break;
       ++done_send;
       if (posted_send < S) {
@@ -205,13 +208,13 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
       const auto& peer = peers_[static_cast<std::size_t>(from)];
       if (peer.departed && peer.data_sent_to_me < recv_base + done_recv + 1)
         return departed_text(from) + " without sending the data this rank waits for in " +
-               ringzero::detail::operation_name(current());
+               ringzero::detail::operation_name(&d);
     }
     if (to >= 0 && done_send < S) {
       const auto& peer = peers_[static_cast<std::size_t>(to)];
       if (peer.departed && peer.data_received_from_me < send_base + done_send + 1)
         return departed_text(to) + " without receiving the data this rank sends it in " +
-               ringzero::detail::operation_name(current());
+               ringzero::detail::operation_name(&d);
     }
     return {};
   };
@@ -232,44 +235,46 @@ inline void communicator::transfer(const void* send, std::uint64_t send_bytes, i
     std::sort(peers.begin(), peers.end());
     // Without the check a rank waits only for its neighbours in the schedule: the rank named
     // may itself be waiting for the one that never arrived.
-    timed_out("timed out after " + ringzero::detail::seconds_text(timeout()) + " s in " +
-              ringzero::detail::operation_name(current()) + " waiting for " + ringzero::detail::describe_ranks(peers) +
-              ": " + what + " did not complete" +
-              (check_ ? std::string()
-                      : std::string(" (that rank may itself wait for another; RINGZERO_CHECK=1 names the ranks that "
-                                    "never started the collective)")));
+    timed_out(
+        &d, "timed out after " + ringzero::detail::seconds_text(timeout()) + " s in " +
+                ringzero::detail::operation_name(&d) + " waiting for " + ringzero::detail::describe_ranks(peers) +
+                ": " + what + " did not complete" +
+                (check_ ? std::string()
+                        : std::string(" (that rank may itself wait for another; RINGZERO_CHECK=1 names the ranks that "
+                                      "never started the collective)")));
   };
-  poll(step, stalled, deadline(), on_timeout);
+  poll(&d, step, stalled, deadline(), on_timeout);
   recv_guard.dismiss();
   send_guard.dismiss();
 }
 
 /// A receive failed inside MPI: a truncation (the sender sent more) is a size mismatch,
 /// unless the message belongs to another collective altogether.
-[[noreturn]] inline void communicator::receive_failed(int rc, const MPI_Status& status, int from, int cls,
-                                                      std::uint64_t expected, std::uint64_t slice_index,
-                                                      std::uint64_t slices) {
+[[noreturn]] inline void communicator::receive_failed(const collective_descriptor& d, int rc, const MPI_Status& status,
+                                                      int from, int cls, std::uint64_t expected,
+                                                      std::uint64_t slice_index, std::uint64_t slices) {
   if (detail::error_class(rc) == MPI_ERR_TRUNCATE) {
     if (status.MPI_TAG >= 0 && detail::tag_class(status.MPI_TAG) != cls)
-      class_mismatch(from, detail::tag_class(status.MPI_TAG), cls);
-    fail(errc::size_mismatch, "rank " + std::to_string(from) + " sends more than the " + std::to_string(expected) +
-                                  " bytes rank " + std::to_string(rank()) + " expects in " +
-                                  ringzero::detail::operation_name(current()) +
-                                  (slices > 1 ? " (at slice " + std::to_string(slice_index) + ")" : ""));
+      class_mismatch(d, from, detail::tag_class(status.MPI_TAG), cls);
+    fail(&d, errc::size_mismatch,
+         "rank " + std::to_string(from) + " sends more than the " + std::to_string(expected) + " bytes rank " +
+             std::to_string(rank()) + " expects in " + ringzero::detail::operation_name(&d) +
+             (slices > 1 ? " (at slice " + std::to_string(slice_index) + ")" : ""));
   }
-  fail(errc::backend_failure, "MPI_Irecv from rank " + std::to_string(from) + " failed: " + detail::error_string(rc));
+  fail(&d, errc::backend_failure,
+       "MPI_Irecv from rank " + std::to_string(from) + " failed: " + detail::error_string(rc));
 }
 
 /// Rank `from` sent a message of tag class `got` while this rank expects class `want`.
-[[noreturn]] inline void communicator::class_mismatch(int from, int got, int want) {
+[[noreturn]] inline void communicator::class_mismatch(const collective_descriptor& d, int from, int got, int want) {
   auto side = [](int c) {
     return c == detail::point_to_point_class ? std::string("a point-to-point send/recv")
                                              : "a collective with sequence number = " + std::to_string(c) + " (mod 63)";
   };
   fail(
-      errc::contract_mismatch,
+      &d, errc::contract_mismatch,
       "rank " + std::to_string(from) + " sent data of " + side(got) + " while rank " + std::to_string(rank()) +
-          " runs " + ringzero::detail::operation_name(current()) + " (" + side(want) +
+          " runs " + ringzero::detail::operation_name(&d) + " (" + side(want) +
           "): the ranks do not run the same collectives in the same order (RINGZERO_CHECK=1 finds where they diverge)");
 }
 
@@ -283,10 +288,11 @@ inline bool communicator::slice_matches(const MPI_Status& status, int cls, std::
 }
 
 /// Checks that slice `j` of `slices` (expected `len` bytes) is what the sender meant.
-inline void communicator::verify_slice(const MPI_Status& status, int from, int cls, std::uint64_t expected_total,
-                                       std::uint64_t j, std::uint64_t slices, std::uint64_t len) {
+inline void communicator::verify_slice(const collective_descriptor& d, const MPI_Status& status, int from, int cls,
+                                       std::uint64_t expected_total, std::uint64_t j, std::uint64_t slices,
+                                       std::uint64_t len) {
   const int got_class = detail::tag_class(status.MPI_TAG);
-  if (got_class != cls) class_mismatch(from, got_class, cls);
+  if (got_class != cls) class_mismatch(d, from, got_class, cls);
   int count = 0;
   MPI_Get_count(&status, MPI_BYTE, &count);
   const std::uint64_t got = static_cast<std::uint64_t>(count);
@@ -301,7 +307,7 @@ inline void communicator::verify_slice(const MPI_Status& status, int from, int c
     sizes = "rank " + std::to_string(from) + " sends " +
             (got_remaining > want_remaining || (got_remaining == want_remaining && got > len) ? "more" : "fewer") +
             " than the " + std::to_string(expected_total) + " bytes rank " + std::to_string(rank()) + " expects";
-  fail(errc::size_mismatch, sizes + " in " + ringzero::detail::operation_name(current()));
+  fail(&d, errc::size_mismatch, sizes + " in " + ringzero::detail::operation_name(&d));
 }
 
 }  // namespace ringzero::mpi

@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "ringzero/backend/communicator.hpp"
+#include "ringzero/backend/backend_communicator.hpp"
 #include "ringzero/backend/nccl/id_file.hpp"
 #include "ringzero/backend/nccl/options.hpp"
 #include "ringzero/backend/nccl/types.hpp"
@@ -54,14 +54,14 @@ inline id_bytes generate_id() {
 }
 
 /// One rank of an NCCL communicator. See the file comment.
-class communicator final : public ringzero::communicator {
+class communicator final : public ringzero::detail::backend_communicator {
  public:
   /// Joins the clique `id` as rank `rank` of `world_size` on CUDA device `device`
   /// (ncclCommInitRankConfig); returns once every rank has joined. Throws errc::no_device (no
   /// CUDA device), errc::invalid_argument (bad rank or device), errc::timeout (the other ranks
   /// did not join within the timeout; the communicator is aborted), errc::backend_failure.
   communicator(const id_bytes& id, int rank, int world_size, int device, const options& opts = {})
-      : ringzero::communicator(rank, world_size),
+      : backend_communicator(rank, world_size),
         device_(checked_device(device)),
         options_(opts),
         stream_(opts.stream ? primitive::cudart::stream::borrow(opts.stream)
@@ -79,7 +79,7 @@ class communicator final : public ringzero::communicator {
         r = ncclCommInitRankConfig(&comm_, world_size, uid, rank, &config);
       }
       owned_ = true;
-      complete(r, "ncclCommInitRankConfig");
+      complete(nullptr, r, "ncclCommInitRankConfig");
     } catch (...) {
       discard();
       throw;
@@ -101,7 +101,7 @@ class communicator final : public ringzero::communicator {
     stop_watchdog();
     if (!aborted_.load(std::memory_order_acquire)) {
       try {
-        wait_stream("destroy");
+        wait_stream(nullptr, "destroy");
       } catch (...) {}
     }
     workspace_.release();
@@ -151,15 +151,15 @@ class communicator final : public ringzero::communicator {
   /// error; after `timeout()` the communicator is aborted and errc::timeout raised.
   void synchronize() override {
     ringzero::communicator::synchronize();
-    wait_stream("synchronize");
+    wait_stream(nullptr, "synchronize");
   }
 
   /// Raises the asynchronous error NCCL reported, if any (aborting the communicator first, as
   /// NCCL requires); nothing otherwise.
   void check_async_error() {
-    ensure_alive();
+    ensure_alive(nullptr);
     const ncclResult_t state = comm_state();
-    if (state != ncclSuccess && state != ncclInProgress) fail(state, "asynchronous NCCL operation");
+    if (state != ncclSuccess && state != ncclInProgress) fail(nullptr, state, "asynchronous NCCL operation");
   }
 
   /// Aborts the communicator (ncclCommAbort): pending NCCL work stops, every later call fails
@@ -173,7 +173,7 @@ class communicator final : public ringzero::communicator {
   /// on ranks that pass NCCL_SPLIT_NOCOLOR (-1). The new communicator gets its own stream (or
   /// `opts.stream`). Throws as the constructor.
   std::unique_ptr<communicator> split(int color, int key, const options& opts = {}) {
-    ensure_alive();
+    ensure_alive(nullptr);
     primitive::cudart::use_device(device_);
     options o = opts;
     ncclConfig_t config = make_config_for(o);
@@ -183,17 +183,17 @@ class communicator final : public ringzero::communicator {
       std::lock_guard<std::mutex> lock(api_mutex_);
       r = ncclCommSplit(comm_, color, key, &child, &config);
     }
-    if (r != ncclSuccess && r != ncclInProgress) fail(r, "ncclCommSplit");
+    if (r != ncclSuccess && r != ncclInProgress) fail(nullptr, r, "ncclCommSplit");
     if (color == NCCL_SPLIT_NOCOLOR) {
-      if (r == ncclInProgress) wait_ready(comm_, "ncclCommSplit");
+      if (r == ncclInProgress) wait_ready(nullptr, comm_, "ncclCommSplit");
       return nullptr;
     }
     // A non-blocking split may store the new handle only when its asynchronous job ends (seen
     // with the NCCL of CUDA 13 on an H200: ncclCommSplit returned with the handle still null).
     // Wait for the parent to finish the job, then for the handle, within the timeout.
-    wait_ready(comm_, "ncclCommSplit");
-    child = wait_for_handle(child, "ncclCommSplit");
-    wait_ready(child, "ncclCommSplit (new communicator)");
+    wait_ready(nullptr, comm_, "ncclCommSplit");
+    child = wait_for_handle(nullptr, child, "ncclCommSplit");
+    wait_ready(nullptr, child, "ncclCommSplit (new communicator)");
     try {
       return adopt(child, true, o);
     } catch (...) {
@@ -203,44 +203,45 @@ class communicator final : public ringzero::communicator {
   }
 
   void begin(const collective_descriptor& d) override {
-    ensure_alive();
+    ensure_alive(&d);
     primitive::cudart::use_device(device_);
     if (check_contract_) {
       exchange_and_check(d);
     } else if (!d.invalid.empty()) {
-      raise(d.invalid_code, "invalid arguments on this rank: " + d.invalid +
-                                " (the NCCL backend does not tell the other ranks unless RINGZERO_CHECK=1)");
+      raise(&d, d.invalid_code,
+            "invalid arguments on this rank: " + d.invalid +
+                " (the NCCL backend does not tell the other ranks unless RINGZERO_CHECK=1)");
     }
   }
 
   void end(const collective_descriptor& d) override { watch(d.kind, d.sequence); }
 
-  void sendrecv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
-                int from) override {
-    ringzero::detail::check_peer(*this, to, "send to");
-    ringzero::detail::check_peer(*this, from, "receive from");
-    ensure_alive();
+  void sendrecv(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                std::uint64_t recv_bytes, int from) override {
+    ringzero::detail::check_peer(*this, d, to, "send to");
+    ringzero::detail::check_peer(*this, d, from, "receive from");
+    ensure_alive(&d);
     primitive::cudart::use_device(device_);
-    group_send_recv(send, send_bytes, to, recv, recv_bytes, from);
-    watch_transfer();
+    group_send_recv(&d, send, send_bytes, to, recv, recv_bytes, from);
+    watch_transfer(d);
   }
 
-  void sendrecv_reduce(const void* send, std::uint64_t send_bytes, int to, const void* own, void* acc,
-                       std::uint64_t bytes, int from, const combine_fn& combine) override {
-    ringzero::detail::check_peer(*this, to, "send to");
-    ringzero::detail::check_peer(*this, from, "receive from");
-    ensure_alive();
+  void sendrecv_reduce(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to,
+                       const void* own, void* acc, std::uint64_t bytes, int from, const combine_fn& combine) override {
+    ringzero::detail::check_peer(*this, d, to, "send to");
+    ringzero::detail::check_peer(*this, d, from, "receive from");
+    ensure_alive(&d);
     primitive::cudart::use_device(device_);
     void* staging = nullptr;
     if (from >= 0 && bytes != 0)
       staging = workspace_.get(primitive::cudart::device_workspace::staging_slot, static_cast<std::size_t>(bytes));
-    group_send_recv(send, send_bytes, to, staging, from >= 0 ? bytes : 0, from);
+    group_send_recv(&d, send, send_bytes, to, staging, from >= 0 ? bytes : 0, from);
     if (staging != nullptr) combine(acc, own, staging, bytes / combine.element_size);
-    watch_transfer();
+    watch_transfer(d);
   }
 
   void run_native(const collective_descriptor& d) override {
-    ensure_alive();
+    ensure_alive(&d);
     primitive::cudart::use_device(device_);
     const ncclDataType_t t = nccl_type(d.type);
     cudaStream_t s = stream_.get();
@@ -258,14 +259,14 @@ class communicator final : public ringzero::communicator {
         return with_op(d, "ncclReduce",
                        [&](ncclRedOp_t op) { return ncclReduce(d.send, d.recv, d.count, t, op, d.root, comm_, s); });
       case collective_kind::all_gather:
-        return call("ncclAllGather", [&] { return ncclAllGather(d.send, d.recv, d.count, t, comm_, s); });
+        return call(&d, "ncclAllGather", [&] { return ncclAllGather(d.send, d.recv, d.count, t, comm_, s); });
       case collective_kind::broadcast:
-        return call("ncclBroadcast", [&] { return ncclBroadcast(d.send, d.recv, d.count, t, d.root, comm_, s); });
+        return call(&d, "ncclBroadcast", [&] { return ncclBroadcast(d.send, d.recv, d.count, t, d.root, comm_, s); });
       case collective_kind::all_to_all: return native_all_to_all(d, t);
-      case collective_kind::barrier: return native_barrier();
+      case collective_kind::barrier: return native_barrier(&d);
       default: break;
     }
-    ringzero::communicator::run_native(d);
+    transport::run_native(d);
   }
 
  private:
@@ -292,13 +293,14 @@ class communicator final : public ringzero::communicator {
     }
     const primitive::device_primitives* k = primitive::registered_device_primitives();
     if (k == nullptr)
-      raise(errc::unsupported, std::string(collective_name(d.kind)) +
-                                   " with premul_sum on a world of one: the loaded NCCL (before 2.29.7) can leave the "
-                                   "end of the buffer unwritten (NCCL issue #1950); use NCCL 2.29.7 or newer, or "
-                                   "compile <ringzero/cuda.cuh> into the program so that ringzero scales it itself");
+      raise(&d, errc::unsupported,
+            std::string(collective_name(d.kind)) +
+                " with premul_sum on a world of one: the loaded NCCL (before 2.29.7) can leave the "
+                "end of the buffer unwritten (NCCL issue #1950); use NCCL 2.29.7 or newer, or "
+                "compile <ringzero/cuda.cuh> into the program so that ringzero scales it itself");
     const int e = k->scale(d.recv, d.send, d.count, d.type, d.op.scalar, static_cast<void*>(stream_.get()));
     if (e != 0)
-      raise(errc::backend_failure,
+      raise(&d, errc::backend_failure,
             "world of one, premul_sum: the scale kernel failed (CUDA error " + std::to_string(e) + ")");
   }
 
@@ -315,7 +317,7 @@ class communicator final : public ringzero::communicator {
   };
 
   communicator(const shape& s, ncclComm_t comm, bool owned, const options& opts)
-      : ringzero::communicator(s.rank, s.size),
+      : backend_communicator(s.rank, s.size),
         device_(s.device),
         options_(opts),
         stream_(opts.stream ? primitive::cudart::stream::borrow(opts.stream)
@@ -357,13 +359,13 @@ class communicator final : public ringzero::communicator {
   // ---- failure state ------------------------------------------------------------------
 
   /// Throws errc::aborted when the communicator was aborted earlier.
-  void ensure_alive() const {
+  void ensure_alive(const collective_descriptor* op) const {
     if (!aborted_.load(std::memory_order_acquire)) return;
-    raise(errc::aborted, "the NCCL communicator was aborted earlier: " + abort_reason());
+    raise(op, errc::aborted, "the NCCL communicator was aborted earlier: " + abort_reason());
   }
 
   /// Raises the code of the abort that ended a wait.
-  [[noreturn]] void raise_abort() const {
+  [[noreturn]] void raise_abort(const collective_descriptor* op) const {
     errc code;
     std::string reason;
     {
@@ -371,7 +373,7 @@ class communicator final : public ringzero::communicator {
       code = abort_code_;
       reason = abort_reason_;
     }
-    raise(code, "the NCCL communicator was aborted: " + reason);
+    raise(op, code, "the NCCL communicator was aborted: " + reason);
   }
 
   /// Aborts with `code` and `reason` unless already aborted (the first reason wins).
@@ -390,14 +392,14 @@ class communicator final : public ringzero::communicator {
   }
 
   /// NCCL failed with `r` in `what`: abort (NCCL requires it after an error) and raise.
-  [[noreturn]] void fail(ncclResult_t r, const std::string& what) {
+  [[noreturn]] void fail(const collective_descriptor* op, ncclResult_t r, const std::string& what) {
     std::string text;
     {
       std::lock_guard<std::mutex> lock(api_mutex_);
       text = result_text(r, aborted_.load() ? nullptr : comm_);
     }
     abort_with(errc_of(r), what + " failed: " + text);
-    raise(errc_of(r), what + " failed: " + text + " (the communicator was aborted)");
+    raise(op, errc_of(r), what + " failed: " + text + " (the communicator was aborted)");
   }
 
   /// NCCL's asynchronous state of `comm_` (ncclSuccess, ncclInProgress or an error).
@@ -413,40 +415,41 @@ class communicator final : public ringzero::communicator {
 
   /// Calls `f()` (one NCCL call or group) under the API lock and completes it.
   template <class F>
-  void call(const char* what, F&& f) {
+  void call(const collective_descriptor* op, const char* what, F&& f) {
     ncclResult_t r;
     {
       std::lock_guard<std::mutex> lock(api_mutex_);
-      if (aborted_.load(std::memory_order_acquire)) raise_abort();
+      if (aborted_.load(std::memory_order_acquire)) raise_abort(op);
       r = f();
     }
-    complete(r, what);
+    complete(op, r, what);
   }
 
   /// Completes a call that returned `r`: polls while NCCL reports it in progress.
-  void complete(ncclResult_t r, const char* what) {
+  void complete(const collective_descriptor* op, ncclResult_t r, const char* what) {
     if (r == ncclSuccess) return;
-    if (r != ncclInProgress) fail(r, what);
-    wait_ready(comm_, what);
+    if (r != ncclInProgress) fail(op, r, what);
+    wait_ready(op, comm_, what);
   }
 
   /// Waits until `handle` (written by NCCL, possibly from its own thread) is non-null and
   /// returns it; errc::backend_failure naming `what` if it is still null at the timeout.
-  ncclComm_t wait_for_handle(ncclComm_t& handle, const char* what) {
+  ncclComm_t wait_for_handle(const collective_descriptor* op, ncclComm_t& handle, const char* what) {
     std::atomic_ref<ncclComm_t> slot(handle);
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
     const status s = ringzero::detail::wait_until([&] { return slot.load(std::memory_order_acquire) != nullptr; },
                                                   [] { return status::ok; }, deadline, false);
     if (s != status::ok)
-      raise(errc::backend_failure, std::string(what) + " completed but gave no communicator within " +
-                                       ringzero::detail::seconds_text(timeout()) + " s");
+      raise(op, errc::backend_failure,
+            std::string(what) + " completed but gave no communicator within " +
+                ringzero::detail::seconds_text(timeout()) + " s");
     return slot.load(std::memory_order_acquire);
   }
 
   /// Polls `comm`'s state until it is no longer in progress; an error fails, the timeout
   /// aborts (errc::timeout).
-  void wait_ready(ncclComm_t comm, const char* what) {
+  void wait_ready(const collective_descriptor* op, ncclComm_t comm, const char* what) {
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
     auto pause = std::chrono::microseconds(1);
@@ -455,18 +458,18 @@ class communicator final : public ringzero::communicator {
       ncclResult_t r;
       {
         std::lock_guard<std::mutex> lock(api_mutex_);
-        if (aborted_.load(std::memory_order_acquire)) raise_abort();
+        if (aborted_.load(std::memory_order_acquire)) raise_abort(op);
         r = ncclCommGetAsyncError(comm, &state);
       }
-      if (r != ncclSuccess) fail(r, std::string(what) + " (ncclCommGetAsyncError)");
+      if (r != ncclSuccess) fail(op, r, std::string(what) + " (ncclCommGetAsyncError)");
       if (state == ncclSuccess) return;
-      if (state != ncclInProgress) fail(state, what);
+      if (state != ncclInProgress) fail(op, state, what);
       if (std::chrono::steady_clock::now() >= deadline) {
         const std::string msg = std::string(what) + " did not complete within " +
                                 ringzero::detail::seconds_text(timeout()) +
                                 " s (NCCL has no timeout of its own; did every rank call it?)";
         abort_with(errc::timeout, msg);
-        raise(errc::timeout, msg + "; the communicator was aborted");
+        raise(op, errc::timeout, msg + "; the communicator was aborted");
       }
       std::this_thread::sleep_for(pause);
       if (pause < std::chrono::microseconds(1000)) pause *= 2;
@@ -474,18 +477,18 @@ class communicator final : public ringzero::communicator {
   }
 
   /// Polls the stream until its work is done (see `synchronize`).
-  void wait_stream(const char* what) {
+  void wait_stream(const collective_descriptor* op, const char* what) {
     primitive::cudart::use_device(device_);
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout());
     auto pause = std::chrono::microseconds(1);
     for (;;) {
-      if (aborted_.load(std::memory_order_acquire)) raise_abort();
+      if (aborted_.load(std::memory_order_acquire)) raise_abort(op);
       const cudaError_t e = cudaStreamQuery(stream_.get());
       if (e == cudaSuccess) {
-        if (aborted_.load(std::memory_order_acquire)) raise_abort();
+        if (aborted_.load(std::memory_order_acquire)) raise_abort(op);
         const ncclResult_t state = comm_state();
-        if (state != ncclSuccess && state != ncclInProgress) fail(state, "asynchronous NCCL operation");
+        if (state != ncclSuccess && state != ncclInProgress) fail(op, state, "asynchronous NCCL operation");
         return;
       }
       if (e != cudaErrorNotReady) {
@@ -493,17 +496,17 @@ class communicator final : public ringzero::communicator {
         const std::string msg =
             std::string(what) + ": device work on the NCCL stream failed: " + primitive::cudart::error_text(e);
         abort_with(errc::backend_failure, msg);
-        raise(errc::backend_failure, msg);
+        raise(op, errc::backend_failure, msg);
       }
       (void)cudaGetLastError();
       const ncclResult_t state = comm_state();
-      if (state != ncclSuccess && state != ncclInProgress) fail(state, "asynchronous NCCL operation");
+      if (state != ncclSuccess && state != ncclInProgress) fail(op, state, "asynchronous NCCL operation");
       if (std::chrono::steady_clock::now() >= deadline) {
         const std::string msg = std::string(what) + ": the NCCL stream did not finish within " +
                                 ringzero::detail::seconds_text(timeout()) +
                                 " s (a rank probably never called a collective, or died)";
         abort_with(errc::timeout, msg);
-        raise(errc::timeout, msg + "; the communicator was aborted");
+        raise(op, errc::timeout, msg + "; the communicator was aborted");
       }
       std::this_thread::sleep_for(pause);
       if (pause < std::chrono::microseconds(1000)) pause *= 2;
@@ -511,11 +514,11 @@ class communicator final : public ringzero::communicator {
   }
 
   /// One NCCL group of a send and a receive (either may be absent).
-  void group_send_recv(const void* send, std::uint64_t send_bytes, int to, void* recv, std::uint64_t recv_bytes,
-                       int from) {
+  void group_send_recv(const collective_descriptor* op, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                       std::uint64_t recv_bytes, int from) {
     if (to < 0 && from < 0) return;
     cudaStream_t s = stream_.get();
-    call("ncclSend/ncclRecv", [&] {
+    call(op, "ncclSend/ncclRecv", [&] {
       ncclResult_t first = ncclGroupStart();
       if (first != ncclSuccess) return first;
       if (to >= 0) first = ncclSend(send, static_cast<std::size_t>(send_bytes), ncclUint8, to, comm_, s);
@@ -534,23 +537,23 @@ class communicator final : public ringzero::communicator {
   void with_op(const collective_descriptor& d, const char* what, F&& f) {
     if (d.op.kind != reduce_kind::premul_sum) {
       const ncclRedOp_t op = nccl_op(d.op.kind);
-      return call(what, [&] { return f(op); });
+      return call(&d, what, [&] { return f(op); });
     }
     std::uint64_t scalar = primitive::element_pattern(d.type, d.op.scalar);
     ncclRedOp_t op{};
-    call("ncclRedOpCreatePreMulSum",
+    call(&d, "ncclRedOpCreatePreMulSum",
          [&] { return ncclRedOpCreatePreMulSum(&op, &scalar, nccl_type(d.type), ncclScalarHostImmediate, comm_); });
-    call(what, [&] { return f(op); });
-    call("ncclRedOpDestroy", [&] { return ncclRedOpDestroy(op, comm_); });
+    call(&d, what, [&] { return f(op); });
+    call(&d, "ncclRedOpDestroy", [&] { return ncclRedOpDestroy(op, comm_); });
   }
 
   void native_all_to_all(const collective_descriptor& d, ncclDataType_t t) {
     cudaStream_t s = stream_.get();
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    call("ncclAlltoAll", [&] { return ncclAlltoAll(d.send, d.recv, d.count, t, comm_, s); });
+    call(&d, "ncclAlltoAll", [&] { return ncclAlltoAll(d.send, d.recv, d.count, t, comm_, s); });
 #else
     const std::uint64_t block = d.count * dtype_size(d.type);
-    call("ncclSend/ncclRecv (all_to_all)", [&] {
+    call(&d, "ncclSend/ncclRecv (all_to_all)", [&] {
       ncclResult_t first = ncclGroupStart();
       for (int q = 0; q < world_size() && first == ncclSuccess; ++q) {
         first = ncclSend(static_cast<const unsigned char*>(d.send) + q * block, d.count, t, q, comm_, s);
@@ -565,11 +568,11 @@ class communicator final : public ringzero::communicator {
 
   /// NCCL has no barrier: a one-element all-reduce, then the host waits for the stream (as
   /// PyTorch's barrier does), so every rank returns only once every rank has entered it.
-  void native_barrier() {
+  void native_barrier(const collective_descriptor* op) {
     void* flag = workspace_.get(primitive::cudart::device_workspace::staging_slot, sizeof(std::int32_t));
     cudaStream_t s = stream_.get();
-    call("ncclAllReduce (barrier)", [&] { return ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm_, s); });
-    wait_stream("barrier");
+    call(op, "ncclAllReduce (barrier)", [&] { return ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, comm_, s); });
+    wait_stream(op, "barrier");
   }
 
   // ---- contract check -----------------------------------------------------------------
@@ -587,17 +590,17 @@ class communicator final : public ringzero::communicator {
       primitive::cudart::check(
           cudaMemcpyAsync(own, &records[static_cast<std::size_t>(rank())], record_bytes, cudaMemcpyHostToDevice, s),
           "cudaMemcpyAsync (contract check)");
-      call("ncclAllGather (contract check)",
+      call(&d, "ncclAllGather (contract check)",
            [&] { return ncclAllGather(own, dev, record_bytes, ncclUint8, comm_, s); });
       primitive::cudart::check(
           cudaMemcpyAsync(records.data(), dev, record_bytes * records.size(), cudaMemcpyDeviceToHost, s),
           "cudaMemcpyAsync (contract check)");
-      wait_stream("contract check");
+      wait_stream(&d, "contract check");
     };
     const auto verdict = ringzero::detail::exchange_contract(n, rank(), d, 0, records_, decoded_, all_gather);
     if (!verdict) return;
     if (verdict->abort) abort_with(verdict->code, "rank " + std::to_string(rank()) + ": " + verdict->message);
-    raise(verdict->code, verdict->message);
+    raise(&d, verdict->code, verdict->message);
   }
 
   // ---- watchdog -----------------------------------------------------------------------
@@ -640,10 +643,8 @@ class communicator final : public ringzero::communicator {
   }
 
   /// Watches a point-to-point transfer issued outside any collective.
-  void watch_transfer() {
-    const collective_descriptor* d = current();
-    if (d == nullptr || d->kind == collective_kind::send || d->kind == collective_kind::recv)
-      watch(d ? d->kind : collective_kind::send, 0);
+  void watch_transfer(const collective_descriptor& d) {
+    if (d.kind == collective_kind::send || d.kind == collective_kind::recv) watch(d.kind, 0);
   }
 
   void watchdog_step() noexcept {
@@ -705,7 +706,7 @@ class communicator final : public ringzero::communicator {
         r = ncclCommFinalize(comm_);
       }
       if (r == ncclInProgress)
-        wait_ready(comm_, "ncclCommFinalize");
+        wait_ready(nullptr, comm_, "ncclCommFinalize");
       else if (r != ncclSuccess)
         throw error(errc_of(r), "ncclCommFinalize failed");
       std::lock_guard<std::mutex> lock(api_mutex_);

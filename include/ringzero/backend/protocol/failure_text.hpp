@@ -87,13 +87,14 @@ inline std::string amount_text(std::uint64_t bytes, std::uint8_t type) {
   return std::to_string(bytes / es) + " " + std::string(dtype_name(t)) + " (" + std::to_string(bytes) + " bytes)";
 }
 
-/// Raises errc::invalid_argument through `comm.raise` (any ringzero communicator) unless `peer`
-/// is -1 (no peer) or a rank of `comm`: "cannot <what> rank 5: outside [0, 4)".
-template <class Communicator>
-void check_peer(const Communicator& comm, int peer, const char* what) {
-  if (peer < -1 || peer >= comm.world_size())
-    comm.raise(errc::invalid_argument, std::string("cannot ") + what + " rank " + std::to_string(peer) +
-                                           ": outside [0, " + std::to_string(comm.world_size()) + ")");
+/// Raises errc::invalid_argument within `op` through `t.raise` (any ringzero transport) unless
+/// `peer` is -1 (no peer) or a rank of `t`: "cannot <what> rank 5: outside [0, 4)".
+template <class Transport>
+void check_peer(const Transport& t, const collective_descriptor& op, int peer, const char* what) {
+  if (peer < -1 || peer >= t.world_size())
+    t.raise(&op, errc::invalid_argument,
+            std::string("cannot ") + what + " rank " + std::to_string(peer) + ": outside [0, " +
+                std::to_string(t.world_size()) + ")");
 }
 
 }  // namespace ringzero::detail

@@ -21,7 +21,7 @@ namespace ringzero::primitive::cudart {
 class device_workspace {
  public:
   /// Number of slots (the algorithms use slots 0..5 of algorithms/call.hpp through
-  /// `communicator::scratch`; backends use the last one for staging received data).
+  /// `transport::scratch`; backends use the last one for staging received data).
   static constexpr int slot_count = 7;
   /// The slot backends use for staging.
   static constexpr int staging_slot = slot_count - 1;
