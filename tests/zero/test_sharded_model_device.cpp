@@ -117,7 +117,7 @@ std::vector<std::vector<float>> train_on_stream(sharded_model& model, primitive:
 
 /// A one-rank communicator that claims CUDA device memory on `device` (no device needed: the
 /// device context is refused before any data moves).
-class claims_device_memory final : public detail::backend_communicator {
+class claims_device_memory final : public ringzero::detail::backend_communicator {
  public:
   explicit claims_device_memory(int device) : backend_communicator(0, 1), device_(device) {}
   ~claims_device_memory() override { stop_progress(); }
