@@ -10,8 +10,9 @@
 namespace ringzero::algorithms {
 
 namespace detail {
-/// Hands the call to the backend.
-inline void run_native_collective(const call& c) { c.t.run_native(c.op); }
+/// Hands the schedule's descriptor to the backend: `c.d`, which is the float32 copy of a 16-bit
+/// sum (float32_accumulation.hpp); it carries `c.op`'s kind and sequence number.
+inline void run_native_collective(const call& c) { c.t.run_native(c.d); }
 
 /// native's collectives: all but send and recv; which ones a backend has is its `supports`.
 inline constexpr collective_entry native_collectives[] = {
