@@ -12,11 +12,12 @@
 #      <ringzero/cuda.cuh> registers at start-up), the 'gpu' and 'device-sim' tests, examples 01
 #      and 02 with --device cuda (examples/common/cuda_mlp_kernels.cu, cuBLAS), ringzero-plan,
 #      ringzero-gpu-bench and ringzero-bench;
-#   2. tests: the no-device test, ZeRO on CUDA against the host runtime (test_gpu_zero); the
-#      'device-sim' suite (host stream, plain C++) on the CPU meanwhile;
+#   2. tests: the no-device test, ZeRO on CUDA against the host runtime, with and without CPU
+#      offload (test_gpu_zero); the 'device-sim' suite (host stream, plain C++) on the CPU meanwhile;
 #   3. example 02 on the GPU, 2 ranks sharing it: --stage 0..3, then DDP (example 01,
-#      --compare-ranks 1,2), then --stage 0..3 --offload optimizer (skipped with a note when
-#      example 02 has no --offload yet); step times and each rank's memory next to ringzero-plan's
+#      --compare-ranks 1,2), then --stage 0..3 --offload optimizer (the CPU update ordered against
+#      the CUDA communication stream; skipped with a note in a tree whose example 02 or
+#      ringzero-plan lacks --offload); step times and each rank's memory next to ringzero-plan's
 #      numbers for the same model, plus the GPU memory nvidia-smi saw (python3 makes the table;
 #      targets: the runtime's allocations equal the plan, stage 3 <= 1.2x DDP, offload <= 2x);
 #   4. the other 'gpu' tests (stream, DDP, local backend, primitives, the examples' MLP, NCCL);

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// Example 02's checkpoint plumbing (include/ringzero/checkpoint/, docs/checkpoint.md): what a
-/// checkpoint records of the training progress, --resume and --init-from, and --save-parameters.
+/// checkpoint records of the training progress, --resume and --init-from, and the final
+/// parameters (their CRC-32, --save-parameters).
 /// Every function here is a collective over the model's communicator.
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include <fmt/core.h>
+#include <zlib.h>
 
 #include "mlp.hpp"
 #include "ringzero/checkpoint.hpp"
@@ -61,19 +63,22 @@ inline int restore(const options& o, zero::sharded_model& model, int global_batc
   return static_cast<int>(std::min<std::uint64_t>(p.epoch, static_cast<std::uint64_t>(o.epochs)));
 }
 
-/// --save-parameters: rank 0 writes the final parameters of `net`'s tensors (float32, in
-/// registration order); at stage 3 reading them is a collective.
-inline void save_parameters(const options& o, zero::sharded_model& model, const mlp& net, bool lead) {
-  if (o.save_path.empty()) return;
+/// The final parameters of `net`'s tensors (float32, in registration order): their CRC-32
+/// (zlib's, returned on every rank) and, with --save-parameters, rank 0 writes them. At stage 3
+/// reading them is a collective.
+inline std::uint32_t final_parameters(const options& o, zero::sharded_model& model, const mlp& net, bool lead) {
   std::vector<float> all(net.parameter_elements());
   for (std::size_t i = 0; i < net.tensor_count(); ++i) {
     const tensor_info& t = net.tensor(i);
     model.read_parameter(i, std::span<float>(all.data() + t.offset, t.count));
   }
-  if (!lead) return;
+  const auto crc = static_cast<std::uint32_t>(
+      crc32_z(crc32_z(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(all.data()), all.size() * sizeof(float)));
+  if (!lead || o.save_path.empty()) return crc;
   std::ofstream f(o.save_path, std::ios::binary);
   f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
   if (!f) throw error(errc::io_error, "cannot write " + o.save_path);
+  return crc;
 }
 
 }  // namespace ringzero::examples::zero_example

@@ -17,7 +17,7 @@
 // every stage ends with bit-identical parameters (tests/examples/check_zero_fashion_mnist.py).
 // Each rank prints its memory as the runtime allocated it next to the plan, and the heap growth
 // (zero_report.hpp); the options are in zero_options.hpp, checkpoints in zero_checkpoint.hpp, the
-// host and CUDA compute in host_compute.hpp and device_compute.hpp.
+// host, simulated-device and CUDA compute in host_compute.hpp, sim_compute.hpp, device_compute.hpp.
 //
 // How to run (from the build directory; Fashion-MNIST from Debian's dataset-fashion-mnist):
 //   examples/zero_fashion_mnist --stage 3 --ranks 2 --epochs 10
@@ -25,6 +25,7 @@
 //   examples/zero_fashion_mnist --stage 2 --accumulate 4 --batch-size 64 --clip-norm 1 --json metrics.json
 //   examples/zero_fashion_mnist --epochs 2 --checkpoint ckpt; then --epochs 4 --resume ckpt --ranks 4
 //   mpirun -np 2 examples/zero_fashion_mnist --backend mpi --stage 3   (the numbers of --ranks 2)
+//   examples/zero_fashion_mnist --device sim --stage 3 --offload optimizer   (the device path on host streams)
 //   examples/zero_fashion_mnist --device cuda --ranks 2 --stage 3      (2 ranks sharing one GPU)
 //   mpirun -np 2 examples/zero_fashion_mnist --device cuda --backend nccl
 // `--help` lists every option; docs/zero.md explains them. bench/zero_fashion_mnist.sh
@@ -50,6 +51,7 @@
 #include "ringzero/ringzero.hpp"
 #include "ringzero/zero/sharded_model.hpp"
 #include "run_ranks.hpp"
+#include "sim_compute.hpp"
 #include "zero_checkpoint.hpp"
 #include "zero_options.hpp"
 #include "zero_report.hpp"
@@ -70,28 +72,49 @@ constexpr bool built_with_cuda = true;
 constexpr bool built_with_cuda = false;
 #endif
 
+/// The stream a host MLP waits for before each layer (--device sim: sim_compute.hpp), or nullptr
+/// (host memory, or CUDA, whose kernels are enqueued behind the runtime's event waits).
+template <class Compute>
+zero::execution_stream* layer_stream_of(Compute& compute) {
+  if constexpr (requires { compute.layer_stream(); })
+    return compute.layer_stream();
+  else
+    return nullptr;
+}
+
 /// The layer hooks of the MLP (`Net`: the host or the CUDA MLP): the runtime's hooks around each
 /// layer, and the layer's tensors bound to the runtime's views (at stage 3 a parameter view is
 /// valid only while its unit is gathered; at stages 2-3 a gradient view lives in a bucket taken
-/// for this micro-batch). Rank 0 also times the runtime's calls.
+/// for this micro-batch). With a `layer_stream` (--device sim) the layer computes once that
+/// stream has run what the runtime enqueued on it, and in evaluation (`evaluating`) the
+/// runtime's communication stream is idle after the last layer's forward (the trainer's own
+/// all_reduce comes next on the same communicator). Rank 0 also times the runtime's calls.
 template <class Net>
 class zero_layer_hooks {
  public:
-  zero_layer_hooks(zero::sharded_model& model, Net& net, zx::epoch_metrics* timing)
-      : model_(model), net_(net), timing_(timing) {}
+  zero_layer_hooks(zero::sharded_model& model, Net& net, zx::epoch_metrics* timing,
+                   zero::execution_stream* layer_stream = nullptr, bool evaluating = false)
+      : model_(model), net_(net), timing_(timing), layer_stream_(layer_stream), evaluating_(evaluating) {}
 
   void before_forward(int l) {
-    timed(&zx::epoch_metrics::gather_seconds, [&] { model_.pre_forward(unit(l)); });
+    timed(&zx::epoch_metrics::gather_seconds, [&] {
+      model_.pre_forward(unit(l));
+      if (layer_stream_ != nullptr) layer_stream_->synchronize();
+    });
     bind_parameters(l);
   }
   void after_forward(int l) {
-    timed(&zx::epoch_metrics::gather_seconds, [&] { model_.post_forward(unit(l)); });
+    timed(&zx::epoch_metrics::gather_seconds, [&] {
+      model_.post_forward(unit(l));
+      if (layer_stream_ != nullptr && evaluating_ && unit(l) + 1 == model_.unit_count()) model_.synchronize();
+    });
   }
   void before_backward(int l) {
     timed(&zx::epoch_metrics::gather_seconds, [&] { model_.pre_backward(unit(l)); });
     bind_parameters(l);
     timed(&zx::epoch_metrics::reduce_seconds, [&] {
       for (std::size_t i : {weight(l), weight(l) + 1}) net_.bind_gradient(i, model_.gradient<float>(i).data());
+      if (layer_stream_ != nullptr) layer_stream_->synchronize();
     });
   }
   void after_backward(int l) {
@@ -120,6 +143,8 @@ class zero_layer_hooks {
   zero::sharded_model& model_;
   Net& net_;
   zx::epoch_metrics* timing_;
+  zero::execution_stream* layer_stream_;
+  bool evaluating_;
 };
 
 /// One optimizer step: `micro_steps` micro-batches of `rows` examples from shard row `first_row`
@@ -192,7 +217,7 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
   ex::progress_bar bar(lead && o.progress);
   const float grad_scale = 1.0f / static_cast<float>(o.batch_size * o.accumulate);
   if (first_epoch == o.epochs) {  // nothing to train (--epochs 0, or --resume at --epochs): evaluate only
-    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr);
+    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr, layer_stream_of(compute), true);
     const ex::evaluation_result ev = compute.evaluate(comm, eval_hooks);
     if (lead) {
       result.evaluation = ev;
@@ -202,11 +227,12 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
   }
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
     zx::epoch_metrics m;
-    zero_layer_hooks<net_type> hooks(model, compute.net(), lead ? &m : nullptr);
+    zero_layer_hooks<net_type> hooks(model, compute.net(), lead ? &m : nullptr, layer_stream_of(compute));
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     compute.begin_epoch(sampler.indices());
     std::vector<double> step_times;
     step_times.reserve(steps);
+    model.synchronize();
     rz::barrier(comm);
     const auto t0 = zx::clock_type::now();
     for (std::uint64_t s = 0; s < steps; ++s) {
@@ -225,12 +251,13 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
       if (bar.enabled())
         bar.update(fmt::format("epoch {:>2}/{}", epoch + 1, o.epochs), s + 1, steps, compute.progress_text());
     }
+    model.synchronize();  // the device path: its work done before the trainer's own collectives
     rz::barrier(comm);
     const auto t1 = zx::clock_type::now();
     bar.clear();
     m.train_loss = compute.epoch_loss(comm);
     const auto e0 = zx::clock_type::now();
-    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr);
+    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr, layer_stream_of(compute), true);
     const ex::evaluation_result ev = compute.evaluate(comm, eval_hooks);
     m.eval_seconds = zx::seconds_since(e0);
     if (saver) saver->save(model, zx::progress_after(o, epoch + 1, result.global_batch));  // a collective
@@ -250,8 +277,10 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
     result.step_seconds.insert(result.step_seconds.end(), step_times.begin(), step_times.end());
   }
   memory.measured = model.memory_in_use();
-  zx::save_parameters(o, model, compute.shape(), lead);  // --save-parameters (at stage 3 a collective)
-  if (Compute::heap_holds_state) {                       // every rank's memory to rank 0, over host memory
+  // The final parameters' CRC-32, and --save-parameters (at stage 3 a collective).
+  const std::uint32_t crc = zx::final_parameters(o, model, compute.shape(), lead);
+  if (lead) result.parameter_crc32 = crc;
+  if (Compute::heap_holds_state) {  // every rank's memory to rank 0, over host memory
     const std::vector<zx::rank_memory> all = zx::gather_memory(comm, memory);
     const zx::heap_growth heap = probe.total();
     if (lead) {
@@ -265,7 +294,8 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
   }
 }
 
-/// Runs every rank of this process on the host or, with --device cuda, on its GPU.
+/// Runs every rank of this process on the host, on the simulated device (--device sim) or, with
+/// --device cuda, on its GPU.
 zx::run_result train(const zx::options& o, const ex::fashion_mnist& data) {
   zx::run_result result;
   result.per_rank_batch = o.batch_size;
@@ -284,6 +314,10 @@ zx::run_result train(const zx::options& o, const ex::fashion_mnist& data) {
         zx::device_compute compute(comm, result.widths, data, max_rows, eval_rows);
         train_rank(comm, o, data.train.count, compute, result);
 #endif
+      } else if (o.where.device == "sim") {
+        Eigen::setNbThreads(1);
+        zx::sim_compute compute(result.widths, data, max_rows, eval_rows);
+        train_rank(comm, o, data.train.count, compute, result);
       } else {
         Eigen::setNbThreads(1);  // one compute thread per rank
         zx::host_compute compute(result.widths, data, max_rows, eval_rows);

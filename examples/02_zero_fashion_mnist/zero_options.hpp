@@ -32,6 +32,7 @@ struct options {
   int accumulate = 1;
   double lr = -1.0;  // <0 (not given): the optimizer's default
   std::string optimizer = "sgd";
+  std::string offload = "none";  // --offload: none or optimizer (--device sim or cuda)
   double momentum = 0.9;
   double weight_decay = -1.0;  // <0 (not given): the optimizer's default
   double clip_norm = 0.0;
@@ -70,10 +71,17 @@ inline void add_options(CLI::App& app, options& o) {
                  "RINGZERO_NCCL_ID_FILE); --ranks is then the number of processes or left out")
       ->check(CLI::IsMember({"local", "mpi", "nccl"}));
   app.add_option("--device", o.where.device,
-                 "cpu (default: host memory) or cuda: the runtime's device path on CUDA memory and streams (the "
-                 "MLP in cuBLAS; --ranks N share the GPUs on the local backend, or --backend nccl). Without a CUDA "
-                 "device, or in a build without CUDA, cuda fails at once with exit status 1 and says why")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+                 "cpu (default: host memory), sim (the runtime's device path on the simulated device of CI: "
+                 "compute, communication and offload streams as host threads, the MLP on the host), or cuda: the "
+                 "runtime's device path on CUDA memory and streams (the MLP in cuBLAS; --ranks N share the GPUs on "
+                 "the local backend, or --backend nccl). Without a CUDA device, or in a build without CUDA, cuda "
+                 "fails at once with exit status 1 and says why")
+      ->check(CLI::IsMember({"cpu", "sim", "cuda"}));
+  app.add_option("--offload", o.offload,
+                 "none (default) or optimizer: master weights and optimizer states in (pinned) host memory, updated "
+                 "on the CPU (ZeRO-Offload); needs --device sim or cuda (the device path: with --device cpu the "
+                 "state is in host memory already, and the option is refused)")
+      ->check(CLI::IsMember({"none", "optimizer"}));
   app.add_option("--ranks", o.where.ranks, "number of ranks (threads of the local backend)")
       ->check(whole_number())
       ->check(CLI::Range(1, 256))
@@ -166,7 +174,9 @@ inline zero::optimizer_options optimizer_options_of(const options& o) {
 
 /// Throws errc::invalid_argument, naming the options and values, when they cannot run together:
 /// an optimizer whose values clash (zero::optimizer_options::problem, e.g. AdamW's lr x weight
-/// decay above 1, or Adam's lr / (1 - beta1) beyond float32), or checkpoints on --device cuda.
+/// decay above 1, or Adam's lr / (1 - beta1) beyond float32), checkpoints off --device cpu, or
+/// --offload optimizer on --device cpu (offload moves state from the device path's memory to the
+/// host's: on the host runtime there is nothing to move).
 inline void check_options(const options& o) {
   const zero::optimizer_options opt = optimizer_options_of(o);
   if (const std::string problem = opt.problem(); !problem.empty()) {
@@ -176,10 +186,15 @@ inline void check_options(const options& o) {
                                                     opt.lr, opt.weight_decay, momentum, problem));
   }
   const bool checkpointing = !o.checkpoint_dir.empty() || !o.resume_dir.empty() || !o.init_from.empty();
-  if (checkpointing && o.where.device == "cuda")
+  if (checkpointing && o.where.device != "cpu")
     throw error(errc::unsupported,
                 "--checkpoint, --resume and --init-from work with --device cpu only (the checkpoint layer does "
                 "not read the device path's memory yet)");
+  if (o.offload != "none" && o.where.device == "cpu")
+    throw error(errc::invalid_argument,
+                "--offload " + o.offload +
+                    " needs --device sim or --device cuda: it moves the optimizer's state from the device path's "
+                    "memory to host memory, and with --device cpu that state is in host memory already");
 }
 
 /// The layer widths: the dataset's features, --hidden, the dataset's classes.
@@ -210,7 +225,7 @@ inline std::vector<zero::parameter_spec> parameter_specs(const mlp& net) {
 }
 
 /// The plan request of the MLP `net` at `stage` with the options' alignment, accumulation,
-/// prefetch, reductions in flight and optimizer states.
+/// prefetch, reductions in flight, optimizer states and offload.
 inline zero::plan_request plan_request_of(const options& o, const mlp& net, int stage) {
   zero::plan_request q;
   q.parameters = parameter_specs(net);
@@ -221,6 +236,7 @@ inline zero::plan_request plan_request_of(const options& o, const mlp& net, int 
   q.max_inflight_reductions = o.max_inflight;
   q.precision = zero::precision::float32_adam();
   q.precision.optimizer_states = optimizer_options_of(o).state_count();
+  q.offload = *zero::parse_offload(o.offload);
   return q;
 }
 

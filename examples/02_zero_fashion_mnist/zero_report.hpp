@@ -77,9 +77,10 @@ struct run_result {
   std::vector<double> step_seconds;  // every step of rank 0, in order
   std::vector<rank_memory> memory;   // by rank
   heap_growth heap;
-  json plan;                     // the plan's summary (units, memory, traffic)
-  int first_epoch = 0;           // epochs done before this run (--resume)
-  evaluation_result evaluation;  // of the final model (also when no epoch was trained)
+  json plan;                          // the plan's summary (units, memory, traffic)
+  int first_epoch = 0;                // epochs done before this run (--resume)
+  evaluation_result evaluation;       // of the final model (also when no epoch was trained)
+  std::uint32_t parameter_crc32 = 0;  // zlib's CRC-32 of the final parameters (float32, registration order)
 };
 
 inline double median(std::vector<double> v) {
@@ -232,6 +233,8 @@ inline void print_header(const options& o, const run_result& r, const zero::shar
       o.stage, o.where.ranks, o.batch_size, o.accumulate, r.global_batch, r.steps_per_epoch, o.optimizer, r.lr,
       r.weight_decay, o.clip_norm > 0 ? fmt::format("; gradient norm clipped to {:g}", o.clip_norm) : "",
       fmt::format("{}", fmt::join(r.widths, "-")), model.plan().parameter_elements(), model.unit_count(), units);
+  if (o.where.device != "cpu")
+    fmt::print("  device {}: the runtime's device path; offload {}\n", o.where.device, o.offload);
   std::fflush(stdout);
 }
 
@@ -317,6 +320,7 @@ inline void print_summary(const options& o, const run_result& r, clock_type::tim
         "(median {:.2f} ms); {:.1f} s of training ({:.1f} s in all)\n",
         o.stage, o.where.ranks, r.global_batch, r.epochs.back().test_accuracy, r.epochs.back().train_loss,
         1e3 * seconds / static_cast<double>(steps), 1e3 * median(r.step_seconds), seconds, seconds_since(t0));
+  fmt::print("final parameters crc32 {:08x}\n", r.parameter_crc32);
 }
 
 inline json to_json(const options& o, const run_result& r, const zero::shard_plan& stage0) {
@@ -326,6 +330,7 @@ inline json to_json(const options& o, const run_result& r, const zero::shard_pla
                  {"ranks", o.where.ranks},
                  {"backend", o.where.backend},
                  {"device", o.where.device},
+                 {"offload", o.offload},
                  {"epochs", o.epochs},
                  {"per_rank_batch", r.per_rank_batch},
                  {"accumulate", o.accumulate},
@@ -384,6 +389,7 @@ inline json to_json(const options& o, const run_result& r, const zero::shard_pla
                            {"runtime_step_seconds", m.update_seconds}});
   }
   j["first_epoch"] = r.first_epoch;
+  j["parameter_crc32"] = fmt::format("{:08x}", r.parameter_crc32);
   j["final_evaluation"] = {{"test_accuracy", r.evaluation.accuracy}, {"test_loss", r.evaluation.loss}};
   if (!r.epochs.empty()) {
     j["final_test_accuracy"] = r.epochs.back().test_accuracy;

@@ -34,7 +34,7 @@ namespace ringzero::examples {
 /// The backend, device and rank count of a run, as the command line gives them.
 struct rank_setup {
   std::string backend = "local";  ///< local (threads), mpi or nccl (one rank per process)
-  std::string device = "cpu";     ///< cpu (host memory) or cuda (device memory)
+  std::string device = "cpu";     ///< cpu (host memory), sim (host streams, example 02) or cuda (device memory)
   int ranks = 2;                  ///< local: threads; mpi, nccl: the process count (process_world sets it)
   bool pin = true;                ///< local backend: pin rank r's thread to core r
 };
@@ -47,9 +47,12 @@ class process_world {
   /// `--ranks`, `ranks_given`, is an error) and threads are not pinned (the launcher binds).
   process_world(int& argc, char**& argv, rank_setup& setup, bool ranks_given, const std::string& program) {
     const bool per_process = setup.backend != "local";
-    if (setup.backend == "mpi" && setup.device != "cpu")
+    if (setup.backend == "mpi" && setup.device == "cuda")
       throw error(errc::invalid_argument,
                   "--device cuda does not run on --backend mpi (its transfers are host memory)");
+    if (setup.backend != "local" && setup.device == "sim")
+      throw error(errc::invalid_argument,
+                  "--device sim (the simulated device: host threads of one process) runs on --backend local only");
     if (setup.backend == "nccl" && setup.device != "cuda")
       throw error(errc::invalid_argument, "--backend nccl needs --device cuda");
     if (!per_process) return;

@@ -8,6 +8,10 @@
 // agrees to float64 rounding (relative 1e-12 here) and a clipped step may see a float32 clip
 // coefficient one ulp apart, which moves a parameter by a few float32 ulps per step: with
 // clipping on, parameters agree to a relative 1e-5 (1e-2 for bfloat16, a few bfloat16 ulps).
+// With CPU offload (offload::optimizer): master weights and optimizer states in pinned host
+// memory, the update on the CPU ordered against the communication stream by events and host
+// functions (zero/sharded_model_offload.hpp); the same tolerances, the device and pinned
+// allocations equal to the plan's device_memory() and host_memory().
 // Skipped without a device (suite 'gpu').
 #include <doctest/doctest.h>
 
@@ -32,7 +36,7 @@ namespace {
 
 constexpr int world = 2, steps = 4, overflow_step = 2;
 
-plan_request request(int stage, bool bf16, const optimizer_options& o) {
+plan_request request(int stage, bool bf16, const optimizer_options& o, offload off) {
   plan_request q;
   parameter_spec a, b, c, frozen;
   a.name = "a";
@@ -51,6 +55,7 @@ plan_request request(int stage, bool bf16, const optimizer_options& o) {
   q.world_size = world;
   if (bf16) q.precision = precision::bfloat16_adam();
   q.precision.optimizer_states = o.state_count();
+  q.offload = off;
   return q;
 }
 
@@ -122,12 +127,15 @@ std::vector<optimizer_options> optimizers() {
 }
 
 template <class T>
-void compare_with_host(int stage, bool clip, const optimizer_options& o) {
+void compare_with_host(int stage, bool clip, const optimizer_options& o, offload off = offload::none) {
   const bool bf16 = std::is_same_v<T, bfloat16>;
   sharded_model_options options;
   options.optimizer = o;
   options.max_grad_norm = clip ? 5.0 : 0.0;
-  const plan_request q = request(stage, bf16, o);
+  plan_request q = request(stage, bf16, o, off);
+  q.offload = offload::none;  // the host runtime keeps everything in host memory already
+  plan_request qd = q;
+  qd.offload = off;
   std::vector<std::vector<std::vector<float>>> host(world), device(world);
   std::vector<std::vector<step_result>> host_steps(world), device_steps(world);
   std::vector<int> memory_matches(world, 0);
@@ -149,9 +157,13 @@ void compare_with_host(int stage, bool clip, const optimizer_options& o) {
         const auto r = static_cast<std::size_t>(comm.rank());
         primitive::cuda_stream compute(comm.cuda_device());
         cuda_execution_stream stream(compute);
-        sharded_model model(comm, q, device_context{&stream}, options);
-        memory_matches[r] =
-            model.memory_in_use(primitive::memory_space::device).total() == model.plan().memory().total() ? 1 : 0;
+        sharded_model model(comm, qd, device_context{&stream}, options);
+        const shard_plan& plan = model.plan();
+        memory_matches[r] = model.memory_in_use(primitive::memory_space::device) == plan.device_memory() &&
+                                    model.memory_in_use(primitive::memory_space::pinned_host) == plan.host_memory() &&
+                                    (off != offload::none || plan.device_memory() == plan.memory())
+                                ? 1
+                                : 0;
         device[r] = train<T>(
             model, comm.rank(),
             [&](std::span<T> to, const std::vector<T>& from) {  // `from` outlives the step
@@ -208,5 +220,18 @@ TEST_CASE("device path on CUDA: stages 0-3, the optimizer step as kernels, again
       CAPTURE(clip);
       compare_with_host<float>(stage, clip, all[k]);
       compare_with_host<bfloat16>(stage, !clip, all[k]);
+    }
+}
+
+TEST_CASE("device path on CUDA with CPU offload: stages 0-3, the update on the CPU, against the host runtime") {
+  const auto all = optimizers();
+  for (int stage = 0; stage <= 3; ++stage)
+    for (std::size_t k = 0; k < all.size(); ++k) {
+      CAPTURE(stage);
+      CAPTURE(optimizer_name(all[k].kind));
+      const bool clip = (stage + static_cast<int>(k)) % 2 == 0;
+      CAPTURE(clip);
+      compare_with_host<float>(stage, clip, all[k], offload::optimizer);
+      compare_with_host<bfloat16>(stage, !clip, all[k], offload::optimizer);
     }
 }

@@ -155,6 +155,7 @@ class claims_cuda_stream final : public execution_stream {
   }
   void record(event&) override { fail<void>(); }
   void wait(const event&) override { fail<void>(); }
+  void wait_host_stream(const event&) override { fail<void>(); }
   void wait_host(const event&) override { fail<void>(); }
   void synchronize() override { fail<void>(); }
   bool runs_host_work() const noexcept override { return false; }

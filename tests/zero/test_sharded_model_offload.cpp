@@ -130,6 +130,7 @@ class pinned_offload_stream final : public execution_stream {
   }
   void record(event& e) override { inner_.record(e); }
   void wait(const event& e) override { inner_.wait(e); }
+  void wait_host_stream(const event& e) override { inner_.wait_host_stream(e); }
   void wait_host(const event& e) override { inner_.wait_host(e); }
   void synchronize() override { inner_.synchronize(); }
   bool runs_host_work() const noexcept override { return true; }

@@ -64,11 +64,28 @@ class host_event {
     return true;
   }
   /// Blocks the calling thread until the point of the last record is reached.
-  void synchronize() const {
-    std::unique_lock<std::mutex> lock(state_->mutex);
-    const std::uint64_t target = state_->recorded;
-    state_->changed.wait(lock, [&] { return state_->completed >= target; });
-    if (state_->error) std::rethrow_exception(state_->error);
+  void synchronize() const { current_point().synchronize(); }
+
+  /// The point of the last record as of this call, which later records do not move: for a wait
+  /// that runs later elsewhere (a CUDA stream's host function, zero/cuda_execution_stream.hpp).
+  class point {
+   public:
+    /// Blocks the calling thread until the point is reached; rethrows the stream's error there.
+    void synchronize() const {
+      std::unique_lock<std::mutex> lock(state_->mutex);
+      state_->changed.wait(lock, [&] { return state_->completed >= target_; });
+      if (state_->error) std::rethrow_exception(state_->error);
+    }
+
+   private:
+    friend class host_event;
+    point(std::shared_ptr<detail::host_event_state> s, std::uint64_t target) : state_(std::move(s)), target_(target) {}
+    std::shared_ptr<detail::host_event_state> state_;
+    std::uint64_t target_;
+  };
+  point current_point() const {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return point(state_, state_->recorded);
   }
 
  private:

@@ -7,14 +7,21 @@
 /// of zero/optimizer_kernels.cuh (registered by <ringzero/cuda.cuh>; errc::unsupported without
 /// them), the sum of squares through 256 float64 partials of device memory this stream owns
 /// (allocated at its first use); `host_work` throws errc::unsupported (host code cannot touch
-/// device memory; docs/zero.md, "The device path"). CUDA errors: errc::backend_failure.
-/// Needs cudart (RINGZERO_HAS_CUDA=1). Thread safety: as CUDA's streams and events.
+/// device memory; docs/zero.md, "The device path"). `wait_host_stream` (CPU offload's copy back
+/// after the CPU update) enqueues a host function (cudaLaunchHostFunc) that blocks until the host
+/// event's point; an error there is kept and rethrown by `synchronize`. CUDA errors:
+/// errc::backend_failure. Needs cudart (RINGZERO_HAS_CUDA=1). Thread safety: as CUDA's streams.
 
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "ringzero/primitive/cuda_stream.hpp"
+#include "ringzero/primitive/cudart/stream.hpp"
+#include "ringzero/primitive/host_stream.hpp"
 #include "ringzero/primitive/memory_space.hpp"
 #include "ringzero/zero/execution_stream.hpp"
 #include "ringzero/zero/optimizer_kernels.hpp"
@@ -43,8 +50,31 @@ class cuda_execution_stream final : public execution_stream {
   }
   void record(event& e) override { stream_->record(dynamic_cast<cuda_event_box&>(e).native); }
   void wait(const event& e) override { stream_->wait_event(dynamic_cast<const cuda_event_box&>(e).native); }
+  /// The host function holds this stream (and, as CUDA may run the host functions of all streams
+  /// on one thread, possibly other streams' host functions) until the host stream's point: the
+  /// alternative, cuStreamWaitValue32 on a pinned flag, needs the driver API and a device
+  /// attribute (CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS) that is not always enabled.
+  void wait_host_stream(const event& e) override {
+    primitive::host_event::point at = host_execution_stream::native_event(e).current_point();
+    primitive::cudart::launch_host_function(stream_->get(), [at, failed = failed_] {
+      try {
+        at.synchronize();
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failed->mutex);
+        if (!failed->error) failed->error = std::current_exception();
+      }
+    });
+  }
   void wait_host(const event& e) override { dynamic_cast<const cuda_event_box&>(e).native.synchronize(); }
-  void synchronize() override { stream_->synchronize(); }
+  void synchronize() override {
+    stream_->synchronize();
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> lock(failed_->mutex);
+      error = std::exchange(failed_->error, nullptr);
+    }
+    if (error) std::rethrow_exception(error);
+  }
   bool runs_host_work() const noexcept override { return false; }
   void copy(void* dst, const void* src, std::uint64_t bytes) override {
     primitive::enqueue_copy(*stream_, dst, src, bytes);
@@ -96,6 +126,12 @@ class cuda_execution_stream final : public execution_stream {
     throw error(errc::backend_failure, std::string("zero::sharded_model on a CUDA stream: launching ") + what +
                                            " failed: " + p.error_name(code) + ": " + p.error_string(code));
   }
+  /// The first error a host function of `wait_host_stream` met (shared with the functions in flight).
+  struct failure {
+    std::mutex mutex;
+    std::exception_ptr error;
+  };
+  std::shared_ptr<failure> failed_ = std::make_shared<failure>();
   std::unique_ptr<primitive::cuda_stream> owned_;
   primitive::memory_buffer partials_;  ///< the sum of squares' scratch (device memory)
   primitive::cuda_stream* stream_;

@@ -63,6 +63,11 @@ class execution_stream {
   virtual void record(event& e) = 0;
   /// Work enqueued later runs after the point of the last record of `e` (never blocks).
   virtual void wait(const event& e) = 0;
+  /// Work enqueued later runs after the point, as of this call, of the last record of `e`, an
+  /// event of a host stream (`host_execution_stream::make_event`; the offload stream's), whatever
+  /// this stream's kind: the host kind waits as `wait` does; CUDA enqueues a host function that
+  /// blocks until that point (zero/cuda_execution_stream.hpp). Never blocks the caller.
+  virtual void wait_host_stream(const event& e) = 0;
   /// Blocks the calling thread until the point of the last record of `e` is reached.
   virtual void wait_host(const event& e) = 0;
   /// Blocks until everything enqueued so far has run; rethrows the stream's error.
@@ -120,6 +125,7 @@ class host_execution_stream final : public execution_stream {
   }
   void record(event& e) override { stream_->record(cast(e).native); }
   void wait(const event& e) override { stream_->wait_event(cast(e).native); }
+  void wait_host_stream(const event& e) override { stream_->wait_event(cast(e).native); }
   void wait_host(const event& e) override { cast(e).native.synchronize(); }
   void synchronize() override { stream_->synchronize(); }
   bool runs_host_work() const noexcept override { return true; }
@@ -146,6 +152,9 @@ class host_execution_stream final : public execution_stream {
   }
   void host_work(std::function<void()> work, const std::string&) override { stream_->enqueue(std::move(work)); }
   void collective(std::function<void()> issue) override { stream_->enqueue(std::move(issue)); }
+
+  /// The host event inside `e`, an event of this kind (for other kinds' `wait_host_stream`).
+  static const primitive::host_event& native_event(const event& e) { return cast(e).native; }
 
  private:
   struct host_event final : event {

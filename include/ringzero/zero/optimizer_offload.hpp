@@ -4,8 +4,9 @@
 /// device path (zero/offload.hpp): per trainable flat buffer, two zeroed transfer buffers in host
 /// memory (the rank's gradient shard, copied in from the device, and its parameter shard, which
 /// the CPU update writes and which is copied back), two events per buffer that pipeline the
-/// copies with the CPU update, and the offload stream on which the CPU update runs (a host
-/// thread of its own). Host memory is the compute stream's `offload_space()`: pinned host memory
+/// copies with the CPU update, the step's decision copied to host memory, and the offload stream
+/// on which the CPU update runs (a host stream: a thread of its own, whatever the compute
+/// stream's kind). Host memory is the compute stream's `offload_space()`: pinned host memory
 /// beside a CUDA stream, plain host memory on the host stream. Errors: as
 /// `primitive::memory_buffer::allocate`. Thread semantics: used by the rank's thread; the buffers
 /// are touched only by stream work. The manual: docs/zero.md, "CPU offload".
@@ -32,18 +33,18 @@ struct optimizer_offload {
     return b;
   }
 
-  /// The offload stream (`options` as the communication stream's) and the events of `plan`;
-  /// host memory is `compute.offload_space()`. Allocates no buffers yet.
-  optimizer_offload(const shard_plan& plan, const execution_stream& compute, communicator& comm,
-                    primitive::host_stream_options options)
-      : space(compute.offload_space()) {
+  /// The offload stream (a host stream with `options`, as the communication stream's) and the
+  /// events of `plan`: those the communication stream records of `compute`'s kind, those the
+  /// offload stream records of the host kind. Host memory is `compute.offload_space()`.
+  /// Allocates no buffers yet.
+  optimizer_offload(const shard_plan& plan, const execution_stream& compute, primitive::host_stream_options options)
+      : space(compute.offload_space()), stream(std::make_unique<host_execution_stream>(options)) {
     for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
       copied_in.push_back(compute.make_event());
-      updated.push_back(compute.make_event());
+      updated.push_back(stream->make_event());
     }
     started = compute.make_event();
-    finished = compute.make_event();
-    stream = compute.make_communication_stream(comm, options);
+    finished = stream->make_event();
   }
 
   /// The transfer buffers of every trainable buffer of `plan`: the range the rank's optimizer
@@ -59,9 +60,10 @@ struct optimizer_offload {
       gradients[b] = allocate(space, own * dtype_size(f.gradient_type));
       parameters[b] = allocate(space, own * dtype_size(f.type));
     }
+    decided = allocate(space, sizeof(step_scalars));
   }
 
-  /// Bytes of the transfer buffers (in `space`).
+  /// Bytes of the transfer buffers (in `space`; `decided`, not model state, is not counted).
   std::uint64_t bytes() const noexcept {
     std::uint64_t n = 0;
     for (const host_buffer& b : gradients) n += b.bytes();
@@ -72,17 +74,17 @@ struct optimizer_offload {
   primitive::memory_space space;        ///< where the offloaded state and the transfer buffers live
   std::vector<host_buffer> gradients;   ///< per buffer: the rank's gradient shard (gradient dtype)
   std::vector<host_buffer> parameters;  ///< per buffer: the rank's parameter shard (parameter dtype)
+  host_buffer decided;                  ///< the step's step_scalars, copied in for the CPU
   std::vector<std::unique_ptr<execution_stream::event>> copied_in;  ///< per buffer, on the communication stream
   std::vector<std::unique_ptr<execution_stream::event>> updated;    ///< per buffer, on the offload stream
-  std::unique_ptr<execution_stream::event> started;                 ///< the norm is known (communication stream)
-  std::unique_ptr<execution_stream::event> finished;                ///< the CPU's step is done (offload stream)
+  std::unique_ptr<execution_stream::event> started;   ///< the decision is in `decided` (communication stream)
+  std::unique_ptr<execution_stream::event> finished;  ///< the CPU's step is done (offload stream)
   /// Declared last: drained and destroyed before the buffers its work uses.
   std::unique_ptr<execution_stream> stream;
 };
 
 /// Why the device path cannot offload beside compute stream `s` ("" when it can): pinned host
-/// memory needs the registered CUDA table with its pinned allocation; the CPU update is ordered
-/// against host streams only so far.
+/// memory needs the registered CUDA table with its pinned allocation.
 inline std::string offload_problem(const execution_stream& s) {
   if (s.offload_space() == primitive::memory_space::pinned_host) {
     const primitive::device_primitives* p = primitive::registered_device_primitives();
@@ -91,11 +93,6 @@ inline std::string offload_problem(const execution_stream& s) {
              ", which needs pinned host memory, but this program has no CUDA table with pinned allocation "
              "registered: expected a program that includes ringzero/cuda.cuh, or offload::none";
   }
-  if (!s.runs_host_work())
-    return std::string(
-               "the plan offloads the optimizer (offload::optimizer), but its CPU update is not ordered "
-               "against a ") +
-           s.kind() + " yet: expected a host_stream compute stream, or offload::none";
   return {};
 }
 

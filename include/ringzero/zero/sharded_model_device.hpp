@@ -42,7 +42,7 @@ inline std::string sharded_model::attach(const device_context& device) {
   comm_stream_ = s.make_communication_stream(comm_, device.communication);
   compute_mark_ = s.make_event();
   comm_mark_ = s.make_event();
-  if (offloaded) offload_ = std::make_unique<detail::optimizer_offload>(plan_, s, comm_, device.communication);
+  if (offloaded) offload_ = std::make_unique<detail::optimizer_offload>(plan_, s, device.communication);
   return {};
 }
 

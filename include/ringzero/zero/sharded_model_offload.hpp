@@ -3,9 +3,12 @@
 /// The optimizer step of `zero::sharded_model` with offload::optimizer (zero/offload.hpp), defined
 /// out of the class: the gradient shards copied to host memory on the communication stream, the
 /// update on the CPU (the offload stream), the updated parameter shards copied back, pipelined
-/// buffer by buffer (ZeRO-Offload, Ren et al. 2021, section 4.2). Included by
-/// zero/sharded_model.hpp at its end; include that header, not this one. The manual: docs/zero.md,
-/// "CPU offload".
+/// buffer by buffer (ZeRO-Offload, Ren et al. 2021, section 4.2). One code path for both kinds of
+/// communication stream: the offload stream waits for its events on its own thread (wait_host:
+/// cudaEventSynchronize there on CUDA, never on the trainer's thread), and the communication
+/// stream waits for the offload stream's events with wait_host_stream (cudaLaunchHostFunc on
+/// CUDA). Included by zero/sharded_model.hpp at its end; include that header, not this one. The
+/// manual: docs/zero.md, "CPU offload".
 
 #include "ringzero/zero/sharded_model.hpp"
 
@@ -21,12 +24,19 @@ inline void sharded_model::enqueue_offloaded_update(const step_scalars* scalars)
   // it over from the communication stream: drop it (the previous step() waited for this stream's
   // last work, so this does not wait), or every later step would fail with it.
   cpu.synchronize_quietly();
-  // The communication stream has decided (skip, clip) in `scalars`: the CPU begins the step.
+  // The offload stream waits for a point of the communication stream on its own thread.
+  const auto cpu_waits_for = [&](const execution_stream::event& e, const char* what) {
+    cpu.host_work([&c, &e] { c.wait_host(e); }, what);
+  };
+  // The communication stream has decided (skip, clip) in `scalars` (its memory: device memory on
+  // CUDA); a copy in host memory tells the CPU, which begins the step.
+  const step_scalars* decided = reinterpret_cast<const step_scalars*>(o.decided.data());
+  c.copy(o.decided.data(), scalars, sizeof(step_scalars));
   c.record(*o.started);
-  cpu.wait(*o.started);
+  cpu_waits_for(*o.started, "waiting for the offloaded step's decision");
   cpu.host_work(
-      [this, scalars] {
-        if (scalars->skipped == 0) optimizer_->begin_step();
+      [this, decided] {
+        if (decided->skipped == 0) optimizer_->begin_step();
       },
       "the offloaded step's decision");
   // In: every gradient shard (and float32 parameters without master weights: the update
@@ -42,13 +52,13 @@ inline void sharded_model::enqueue_offloaded_update(const step_scalars* scalars)
   // without offload (sharded_optimizer::update), so the results are bitwise the same.
   for (std::size_t b = 0; b < buffers.size(); ++b) {
     if (!moved(b)) continue;
-    cpu.wait(*o.copied_in[b]);
+    cpu_waits_for(*o.copied_in[b], "waiting for a gradient shard's copy to host memory");
     cpu.host_work(
-        [this, &o, b, scalars] {
+        [this, &o, b, decided] {
           const flat_buffer& f = plan_.buffers()[b];
-          if (scalars->skipped == 0) {
+          if (decided->skipped == 0) {
             optimizer_->update(b, o.parameters[b].data(), o.gradients[b].data(),
-                               static_cast<float>(scalars->clip_coefficient));
+                               static_cast<float>(decided->clip_coefficient));
             return;
           }
           // Skipped: the copy back must leave the parameters as they are. With master weights
@@ -70,12 +80,12 @@ inline void sharded_model::enqueue_offloaded_update(const step_scalars* scalars)
   // update of b + 1).
   for (std::size_t b = 0; b < buffers.size(); ++b) {
     if (!moved(b)) continue;
-    c.wait(*o.updated[b]);
+    c.wait_host_stream(*o.updated[b]);
     c.copy(owned_parameters(b), o.parameters[b].data(), owned_range(b).size() * dtype_size(buffers[b].type));
   }
   // The rest of the step (the all_gather of stages 1-2, the result) comes after the CPU's work.
   cpu.record(*o.finished);
-  c.wait(*o.finished);
+  c.wait_host_stream(*o.finished);
 }
 
 }  // namespace ringzero::zero

@@ -5,7 +5,10 @@
 ///
 /// Created streams are non-blocking (`cudaStreamNonBlocking`): they do not synchronise with the
 /// legacy default stream, as NCCL's documentation recommends for communication streams.
+/// `launch_host_function` enqueues host code on a stream (cudaLaunchHostFunc).
 
+#include <functional>
+#include <memory>
 #include <utility>
 
 #include "ringzero/primitive/cudart/runtime.hpp"
@@ -66,5 +69,23 @@ class stream {
   cudaStream_t handle_ = nullptr;
   bool owned_ = false;
 };
+
+/// Enqueues `f` on `s` (cudaLaunchHostFunc; CUDA Runtime API, "Stream Management"): CUDA calls
+/// it on a thread of its own once the work enqueued before it has completed, and the stream's
+/// later work starts only after it returns, so `f` may block to hold the stream back. `f` must
+/// not call the CUDA API and must not throw (an exception ends the program); CUDA does not call
+/// host functions after an error in the context (then `f` is never called and never freed).
+/// Throws errc::backend_failure when the launch fails (then `f` is destroyed here).
+inline void launch_host_function(cudaStream_t s, std::function<void()> f) {
+  struct trampoline {
+    static void CUDART_CB run(void* data) noexcept {
+      const std::unique_ptr<std::function<void()>> owned(static_cast<std::function<void()>*>(data));
+      (*owned)();
+    }
+  };
+  auto owned = std::make_unique<std::function<void()>>(std::move(f));
+  check(cudaLaunchHostFunc(s, &trampoline::run, owned.get()), "cudaLaunchHostFunc");
+  (void)owned.release();  // trampoline::run deletes it
+}
 
 }  // namespace ringzero::primitive::cudart

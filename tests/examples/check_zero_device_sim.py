@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Example 02 on the simulated device computes what it computes on the host, with and without offload.
+
+Usage: check_zero_device_sim.py EXAMPLE [EXAMPLE_ARGS...]
+
+For stages 0-3 and two configurations (SGD with momentum; AdamW with 2 micro-batches of
+accumulation and gradient-norm clipping), trains with `--device cpu`, `--device sim` and
+`--device sim --offload optimizer` on 2 ranks with the same seed, data and batch, and requires
+every epoch's training loss, test loss, test accuracy and gradient norm, the printed final
+parameters' CRC-32 and the final parameters themselves (--save-parameters) to be the same bits,
+and each rank's measured memory to be the plan's. Also: `--offload optimizer` with `--device cpu`
+is refused (exit 1, naming --device sim), and so is `--device sim` on `--backend mpi`.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+RUNS = {"cpu": ["--device", "cpu"], "sim": ["--device", "sim"],
+        "sim+offload": ["--device", "sim", "--offload", "optimizer"]}
+CONFIGS = {"sgd": ["--optimizer", "sgd"],
+           "adamw-accumulate": ["--optimizer", "adamw", "--accumulate", "2", "--clip-norm", "0.5"]}
+
+
+def run(cmd, bad, what):
+    print("$", " ".join(cmd), flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        print(done.stdout, done.stderr)
+        bad.append(f"{what}: exit status {done.returncode}")
+        return None
+    return done.stdout
+
+
+def main() -> int:
+    example, example_args = sys.argv[1], sys.argv[2:]
+    bad = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for config, config_args in CONFIGS.items():
+            for stage in range(4):
+                out = {}
+                for name, device_args in RUNS.items():
+                    tag = f"{config}-{stage}-{name}"
+                    js, params = os.path.join(tmp, tag + ".json"), os.path.join(tmp, tag + ".f32")
+                    cmd = [example, "--ranks", "2", "--stage", str(stage), "--json", js, "--save-parameters",
+                           params] + device_args + example_args + config_args
+                    stdout = run(cmd, bad, f"{config} stage {stage} {name}")
+                    if stdout is None:
+                        break
+                    crc = re.findall(r"^final parameters crc32 ([0-9a-f]{8})$", stdout, re.M)
+                    out[name] = (json.load(open(js)), open(params, "rb").read(), crc)
+                if len(out) != len(RUNS):
+                    continue
+                cpu, cpu_params, cpu_crc = out["cpu"]
+                if len(cpu_crc) != 1 or cpu["parameter_crc32"] != cpu_crc[0]:
+                    bad.append(f"{config} stage {stage}: cpu printed crc {cpu_crc}, JSON {cpu['parameter_crc32']}")
+                if not cpu["epochs"] or not cpu_params:
+                    bad.append(f"{config} stage {stage}: the cpu run trained nothing")
+                for name in ("sim", "sim+offload"):
+                    got, params, crc = out[name]
+                    if got["config"]["device"] != "sim":
+                        bad.append(f"{config} stage {stage} {name}: the JSON says device {got['config']['device']}")
+                    if len(got["epochs"]) != len(cpu["epochs"]):
+                        bad.append(f"{config} stage {stage} {name}: {len(got['epochs'])} epochs, cpu {len(cpu['epochs'])}")
+                    for a, b in zip(cpu["epochs"], got["epochs"]):
+                        for key in ("train_loss", "test_loss", "test_accuracy", "gradient_norm", "clipped_steps"):
+                            if a[key] != b[key]:
+                                bad.append(f"{config} stage {stage} epoch {a['epoch']} {key}: cpu {a[key]!r} but "
+                                           f"{name} {b[key]!r}")
+                    if crc != cpu_crc:
+                        bad.append(f"{config} stage {stage}: printed parameter crc {name} {crc}, cpu {cpu_crc}")
+                    if params != cpu_params:
+                        bad.append(f"{config} stage {stage}: {name}'s final parameters differ from cpu's")
+                    planned = got["plan"]["memory"]["total"]
+                    measured = [r["measured"]["total"] for r in got["memory"]]
+                    if measured != [planned, planned]:
+                        bad.append(f"{config} stage {stage} {name}: measured memory {measured}, planned {planned} each")
+                last = cpu["epochs"][-1] if cpu["epochs"] else {}
+                print(f"{config} stage {stage}: train loss {last.get('train_loss')!r}, test accuracy "
+                      f"{last.get('test_accuracy')!r}, parameters crc32 {cpu['parameter_crc32']} on cpu; sim and "
+                      f"sim+offload {'equal' if all(out[n][1] == cpu_params for n in ('sim', 'sim+offload')) else 'DIFFERENT'}",
+                      flush=True)
+    refusals = [
+        (["--device", "cpu", "--offload", "optimizer"], "--offload optimizer needs --device sim or --device cuda"),
+        (["--device", "sim", "--backend", "mpi"], "--device sim"),
+    ]
+    for args, text in refusals:
+        done = subprocess.run([example] + args + example_args, capture_output=True, text=True, timeout=120)
+        if done.returncode != 1 or text not in done.stderr:
+            bad.append(f"{' '.join(args)}: exit {done.returncode}, stderr {done.stderr.strip()!r}")
+    for b in bad:
+        print("FAIL:", b)
+    print("ok" if not bad else "FAILED")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
