@@ -1,11 +1,11 @@
 #pragma once
 /// @file
 /// `checkpoint::training_progress`: the scalars of a training run that a checkpoint keeps next to
-/// the tensors — the optimizer step count, the loss scale and its good-step count, where the sampler is (epoch, step in
-/// the epoch), the RNG seeds, and the user's key-value metadata — and their JSON form in the
-/// index. A trainer that derives its randomness from (seed, epoch, step) resumes exactly; one
-/// with a stateful engine can keep its serialised state (std::mt19937_64's `operator<<`) in
-/// `metadata`. Every rank must pass the same values to a save (checked).
+/// the tensors — the optimizer step count, the loss scale and its good-step count, where the
+/// sampler is (epoch, step in the epoch), the RNG seeds, and the user's key-value metadata — and
+/// their JSON form in the index. A trainer that derives its randomness from (seed, epoch, step)
+/// resumes exactly; one with a stateful engine can keep its serialised state (std::mt19937_64's
+/// `operator<<`) in `metadata`. Every rank must pass the same values to a save (checked).
 /// Needs nlohmann/json (the Meson dependency `ringzero-checkpoint`). Pure values.
 
 #include <nlohmann/json.hpp>
