@@ -848,3 +848,98 @@ TEST_CASE("background_writer: one kept thread runs each task; wait returns after
   }  // no wait(): the destructor lets the task finish before the thread ends
   CHECK(value == 3);
 }
+
+namespace {
+/// The loop above for float16 parameters and gradients with dynamic loss scaling: the gradients
+/// arrive multiplied by the model's loss scale; in step `overflow` rank 1 adds 70000 x scale to
+/// one element (beyond float16's range). Returns the scale after each step.
+std::vector<double> train_f16(sharded_model& m, int rank, int first, int last, int overflow) {
+  std::vector<double> scales;
+  for (int step = first; step < last; ++step) {
+    const float scale = static_cast<float>(m.loss_scale());
+    m.pre_forward(0);
+    m.post_forward(0);
+    m.pre_backward(0);
+    for (std::size_t p = 0; p < m.parameter_count(); ++p) {
+      auto w = m.parameter<float16>(p);
+      auto g = m.gradient<float16>(p);
+      for (std::size_t j = 0; j < g.size(); ++j)
+        g[j] = float16(static_cast<float>(g[j]) +
+                       zero_test::gradient_term(rank, 0, step, p, j, 0, static_cast<float>(w[j]), 0, false) * scale);
+      if (step == overflow && rank == 1 && p == 0) g[0] = float16(static_cast<float>(g[0]) + 70000.0f * scale);
+    }
+    m.post_backward(0);
+    m.step();
+    scales.push_back(m.loss_scale());
+  }
+  return scales;
+}
+plan_request f16_request(int stage) {
+  plan_request q = bf16_request(stage);
+  q.precision = precision::mixed_adam();
+  return q;
+}
+sharded_model_options scaled_options() {
+  sharded_model_options o = model_options(adamw());
+  o.loss_scaling.enabled = true;
+  o.loss_scaling.initial_scale = 1024;
+  o.loss_scaling.growth_interval = 3;
+  return o;
+}
+}  // namespace
+
+TEST_CASE(
+    "dynamic loss scaling: the scale and the good-step count are saved and restored, resume exact at stages 0-3") {
+  // Interval 3, overflow in step 1: after 4 steps the scale is 512 with 2 good steps; the next
+  // (first resumed) step grows it to 1024. An index without the count (older) restores 0.
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    scratch_dir root("loss-scale");
+    std::vector<std::vector<float>> straight, resumed;
+    std::vector<double> straight_scales, resumed_scales;
+    double loaded_scale = 0;
+    std::uint64_t loaded_good = 99;
+    local::launch(2, [&](communicator& comm) {
+      const int r = comm.rank();
+      {
+        sharded_model a(comm, f16_request(stage), scaled_options());
+        initialise(a);
+        auto s = train_f16(a, r, 0, 6, 1);
+        auto p = parameters_of(a);
+        if (r == 0) straight = p, straight_scales = s;
+      }
+      {
+        sharded_model b(comm, f16_request(stage), scaled_options());
+        initialise(b);
+        train_f16(b, r, 0, 4, 1);
+        ck::checkpointer(root.path).save(b);
+      }
+      sharded_model c(comm, f16_request(stage), scaled_options());
+      const ck::training_progress progress = ck::load(c, root.path);
+      if (r == 0) loaded_scale = c.loss_scale(), loaded_good = c.scaler().good_steps();
+      CHECK(progress.loss_scale == 512.0);
+      CHECK(progress.loss_scale_good_steps == 2);
+      auto s = train_f16(c, r, 4, 6, 1);
+      auto p = parameters_of(c);
+      if (r == 0) resumed = p, resumed_scales = s;
+    });
+    CHECK(straight_scales == std::vector<double>{1024, 512, 512, 512, 1024, 1024});
+    CHECK(loaded_scale == 512);
+    CHECK(loaded_good == 2);
+    CHECK(resumed_scales == std::vector<double>{1024, 1024});
+    CHECK(same_bits(straight, resumed));
+    // An index written before the count existed: the scale restored, the count 0.
+    const fs::path index_path = latest_dir(root.path) / "index.json";
+    auto j = nlohmann::json::parse(read_text(index_path));
+    CHECK(j["progress"]["loss_scale_good_steps"] == 2);
+    j["progress"].erase("loss_scale_good_steps");
+    write_text(index_path, j.dump());
+    CHECK(ck::training_progress::from_json(j["progress"], "x").loss_scale_good_steps == 0);
+    local::launch(3, [&](communicator& comm) {  // resharded to 3 ranks, stage 3
+      sharded_model m(comm, f16_request(3), scaled_options());
+      (void)ck::load(m, root.path);
+      CHECK(m.loss_scale() == 512);
+      CHECK(m.scaler().good_steps() == 0);
+    });
+  }
+}

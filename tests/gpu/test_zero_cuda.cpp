@@ -12,6 +12,8 @@
 // memory, the update on the CPU ordered against the communication stream by events and host
 // functions (zero/sharded_model_offload.hpp); the same tolerances, the device and pinned
 // allocations equal to the plan's device_memory() and host_memory().
+// float16 with dynamic loss scaling (zero/loss_scaler.hpp): the scale, read on the host at the
+// step's wait, follows the host runtime's (halved at the overflow), the update the same way.
 // Skipped without a device (suite 'gpu').
 #include <doctest/doctest.h>
 
@@ -36,7 +38,7 @@ namespace {
 
 constexpr int world = 2, steps = 4, overflow_step = 2;
 
-plan_request request(int stage, bool bf16, const optimizer_options& o, offload off) {
+plan_request request(int stage, dtype type, const optimizer_options& o, offload off) {
   plan_request q;
   parameter_spec a, b, c, frozen;
   a.name = "a";
@@ -53,7 +55,8 @@ plan_request request(int stage, bool bf16, const optimizer_options& o, offload o
   q.parameters = {a, b, c, frozen};
   q.stage = stage;
   q.world_size = world;
-  if (bf16) q.precision = precision::bfloat16_adam();
+  if (type == dtype::bfloat16) q.precision = precision::bfloat16_adam();
+  if (type == dtype::float16) q.precision = precision::mixed_adam();
   q.precision.optimizer_states = o.state_count();
   q.offload = off;
   return q;
@@ -70,9 +73,11 @@ float gradient(int rank, int step, std::size_t p, std::size_t j) {
 
 /// A training loop of `steps` steps: `write(view, values)` puts a parameter's gradient into its
 /// view (host memory: assigned; device memory: an enqueued copy); at `overflow_step` rank 1 has
-/// an infinite gradient element, so that step is skipped on every rank.
+/// an infinite gradient element, so that step is skipped on every rank. The gradients are
+/// multiplied by the model's loss scale (1 without loss scaling), which `scales` records per step.
 template <class T, class Write>
-std::vector<std::vector<float>> train(sharded_model& model, int rank, Write write, std::vector<step_result>& results) {
+std::vector<std::vector<float>> train(sharded_model& model, int rank, Write write, std::vector<step_result>& results,
+                                      std::vector<double>& scales) {
   const auto& plan = model.plan();
   const auto& params = plan.parameters();
   for (std::size_t p = 0; p < params.size(); ++p) {
@@ -82,6 +87,8 @@ std::vector<std::vector<float>> train(sharded_model& model, int rank, Write writ
   }
   for (int step = 0; step < steps; ++step) {
     std::vector<std::vector<T>> staged;  // outlives the step's copies
+    const float scale = static_cast<float>(model.loss_scale());
+    scales.push_back(model.loss_scale());
     for (std::size_t u = 0; u < model.unit_count(); ++u) {
       model.pre_forward(u);
       model.post_forward(u);
@@ -91,7 +98,7 @@ std::vector<std::vector<float>> train(sharded_model& model, int rank, Write writ
       for (std::size_t p : plan.units()[u].members) {
         if (!params[p].trainable || plan.placements()[p].numel == 0) continue;
         std::vector<T> g(plan.placements()[p].numel);
-        for (std::size_t j = 0; j < g.size(); ++j) g[j] = static_cast<T>(gradient(rank, step, p, j));
+        for (std::size_t j = 0; j < g.size(); ++j) g[j] = static_cast<T>(gradient(rank, step, p, j) * scale);
         if (step == overflow_step && rank == 1 && p == 0) g[3] = static_cast<T>(std::numeric_limits<float>::infinity());
         staged.push_back(std::move(g));
         write(model.gradient<T>(p), staged.back());
@@ -128,16 +135,20 @@ std::vector<optimizer_options> optimizers() {
 
 template <class T>
 void compare_with_host(int stage, bool clip, const optimizer_options& o, offload off = offload::none) {
-  const bool bf16 = std::is_same_v<T, bfloat16>;
+  const bool bf16 = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
   sharded_model_options options;
   options.optimizer = o;
   options.max_grad_norm = clip ? 5.0 : 0.0;
-  plan_request q = request(stage, bf16, o, off);
+  options.loss_scaling.enabled = std::is_same_v<T, float16>;
+  options.loss_scaling.initial_scale = 1024;
+  options.loss_scaling.growth_interval = 1;
+  plan_request q = request(stage, dtype_of<T>, o, off);
   q.offload = offload::none;  // the host runtime keeps everything in host memory already
   plan_request qd = q;
   qd.offload = off;
   std::vector<std::vector<std::vector<float>>> host(world), device(world);
   std::vector<std::vector<step_result>> host_steps(world), device_steps(world);
+  std::vector<std::vector<double>> host_scales(world), device_scales(world);
   std::vector<int> memory_matches(world, 0);
   local::launch(world, [&](communicator& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
@@ -147,7 +158,7 @@ void compare_with_host(int stage, bool clip, const optimizer_options& o, offload
         [](std::span<T> to, const std::vector<T>& from) {
           for (std::size_t j = 0; j < to.size(); ++j) to[j] = from[j];
         },
-        host_steps[r]);
+        host_steps[r], host_scales[r]);
   });
   local::cuda_launch_options launch;
   launch.devices = {0};
@@ -169,7 +180,7 @@ void compare_with_host(int stage, bool clip, const optimizer_options& o, offload
             [&](std::span<T> to, const std::vector<T>& from) {  // `from` outlives the step
               primitive::enqueue_copy(compute, to.data(), from.data(), to.size_bytes());
             },
-            device_steps[r]);
+            device_steps[r], device_scales[r]);
         compute.synchronize();
       },
       launch);
@@ -177,6 +188,9 @@ void compare_with_host(int stage, bool clip, const optimizer_options& o, offload
   for (std::size_t r = 0; r < static_cast<std::size_t>(world); ++r) {
     CAPTURE(r);
     CHECK(memory_matches[r] == 1);
+    CHECK(device_scales[r] == host_scales[r]);
+    if (options.loss_scaling.enabled)  // grown after every good step (interval 1), halved at the overflow
+      CHECK(host_scales[r] == std::vector<double>{1024, 2048, 4096, 2048});
     REQUIRE(device_steps[r].size() == host_steps[r].size());
     for (std::size_t t = 0; t < host_steps[r].size(); ++t) {
       CAPTURE(t);
@@ -220,6 +234,7 @@ TEST_CASE("device path on CUDA: stages 0-3, the optimizer step as kernels, again
       CAPTURE(clip);
       compare_with_host<float>(stage, clip, all[k]);
       compare_with_host<bfloat16>(stage, !clip, all[k]);
+      compare_with_host<float16>(stage, clip, all[k]);
     }
 }
 
@@ -233,5 +248,6 @@ TEST_CASE("device path on CUDA with CPU offload: stages 0-3, the update on the C
       CAPTURE(clip);
       compare_with_host<float>(stage, clip, all[k], offload::optimizer);
       compare_with_host<bfloat16>(stage, !clip, all[k], offload::optimizer);
+      compare_with_host<float16>(stage, clip, all[k], offload::optimizer);
     }
 }

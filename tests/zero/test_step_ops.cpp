@@ -108,6 +108,33 @@ TEST_CASE("step operations on the host stream: the decision (non-finite check, c
   CHECK(v.skipped == 1);
 }
 
+TEST_CASE("step operations on the host stream: the decision unscales (loss scale 2^10) exactly") {
+  host_execution_stream s(primitive::host_stream_options{});
+  const auto decide = [&](double squares, double inverse_scale, double max_grad_norm) {
+    step_scalars v;
+    v.squares = squares;
+    v.inverse_scale = inverse_scale;
+    v.gradient_multiplier = 7;  // overwritten
+    s.decide_step(&v, max_grad_norm, true);
+    s.synchronize();
+    return v;
+  };
+  // Gradients scaled by 2^10 whose unscaled norm is 4: squares 16 * 2^20.
+  step_scalars v = decide(16.0 * 1048576.0, 1.0 / 1024, 0);
+  CHECK(v.gradient_norm == 4);
+  CHECK(v.clip_coefficient == 1);
+  CHECK(v.gradient_multiplier == 1.0 / 1024);
+  v = decide(16.0 * 1048576.0, 1.0 / 1024, 2);  // clipped on the unscaled norm
+  CHECK(v.gradient_norm == 4);
+  CHECK(v.clip_coefficient == 2 / (4 + 1e-6));
+  CHECK(v.gradient_multiplier == (2 / (4 + 1e-6)) * (1.0 / 1024));
+  v = decide(std::numeric_limits<double>::infinity(), 1.0 / 1024, 2);
+  CHECK(v.skipped == 1);
+  CHECK(v.gradient_multiplier == 1.0 / 1024);
+  v = decide(16, 1, 0);  // without loss scaling the multiplier is the clip coefficient
+  CHECK(v.gradient_multiplier == 1);
+}
+
 TEST_CASE("step operations on the host stream: SGD with momentum by hand; a skipped decision updates nothing") {
   host_execution_stream s(primitive::host_stream_options{});
   optimizer_options o;
@@ -130,8 +157,8 @@ TEST_CASE("step operations on the host stream: SGD with momentum by hand; a skip
   CHECK(w == std::vector<float>{-0.25f, 4.5f});
   CHECK(b == std::vector<float>{1.5f, -3.0f});
 
-  // Clip 0.5 from the decision; then a skipped decision leaves everything as it was.
-  scalars.clip_coefficient = 0.5;
+  // Multiplier 0.5 from the decision (clip x unscale); then a skipped decision leaves everything as it was.
+  scalars.gradient_multiplier = 0.5;
   shard_update u;
   u.rule = zero::detail::make_update_rule(o, 3);
   u.params = w.data();
@@ -161,7 +188,7 @@ TEST_CASE_TEMPLATE("step operations on the host stream: the update is bitwise ap
     std::vector<bfloat16> p(n);  // the 16-bit parameters written back from the master copy
     host_execution_stream s(primitive::host_stream_options{});
     step_scalars scalars;
-    scalars.clip_coefficient = 0.3;
+    scalars.gradient_multiplier = 0.3;
     for (std::uint64_t step = 1; step <= 3; ++step) {
       shard_update u;
       u.rule = zero::detail::make_update_rule(o, step);
@@ -205,7 +232,7 @@ TEST_CASE("step operations: sharded_optimizer::describe on the host stream is bi
     std::vector<float> pd = sample<float>(count, 1.0f, 0.5f), ps = pd;
     host_execution_stream s(primitive::host_stream_options{});
     step_scalars scalars;
-    scalars.clip_coefficient = 0.75;
+    scalars.gradient_multiplier = 0.75;
     for (int step = 0; step < 3; ++step) {
       const std::vector<float> g = sample<float>(count, 1.5f, static_cast<float>(step));
       direct.begin_step();

@@ -211,6 +211,10 @@ class checkpointer {
     const zero::shard_plan& plan = model.plan();
     const zero::optimizer_options& o = model.optimizer().options();
     progress.optimizer_steps = model.optimizer().steps();
+    if (model.scaler().enabled()) {  // the scaler's state, so that a resumed run is exact
+      progress.loss_scale = model.scaler().scale();
+      progress.loss_scale_good_steps = model.scaler().good_steps();
+    }
     if (name.empty()) name = default_checkpoint_name(progress.optimizer_steps);
     const detail::zero_tensors z(plan, o);
     std::vector<std::vector<detail::zero_piece_source>> where;

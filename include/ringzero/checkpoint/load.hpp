@@ -78,6 +78,9 @@ inline training_progress load_zero(zero::sharded_model& model, const std::filesy
                   "a checkpoint can only be loaded between steps (after step(), before the next micro-batch)");
     dir = resolve_checkpoint(path);
     index = read_index(dir);
+    if (index.progress.loss_scale)
+      if (std::string why = zero::loss_scaler::restore_problem(*index.progress.loss_scale); !why.empty())
+        throw error(errc::io_error, "checkpoint '" + dir.string() + "': " + why);
     const auto records = match_tensors(index, z.tensors, options, dir.string());
     staging.emplace(model, z, options.optimizer_state, arena, spare);
     fragment_reader reader(dir, index);
@@ -85,6 +88,10 @@ inline training_progress load_zero(zero::sharded_model& model, const std::filesy
     read_targets(reader, z.tensors, records, staging->targets());
   });
   staging->commit(index.progress.optimizer_steps);
+  // With the optimizer states, the loss scaler continues too (when the model scales and the
+  // checkpoint has a scale; an index without the good-step count restores 0).
+  if (options.optimizer_state && model.scaler().enabled() && index.progress.loss_scale)
+    model.restorable_loss_scaler().restore(*index.progress.loss_scale, index.progress.loss_scale_good_steps);
   return index.progress;
 }
 

@@ -1,11 +1,11 @@
 #pragma once
 /// @file
 /// `checkpoint::training_progress`: the scalars of a training run that a checkpoint keeps next to
-/// the tensors — the optimizer step count, the loss scale, where the sampler is (epoch, step in
-/// the epoch), the RNG seeds, and the user's key-value metadata — and their JSON form in the
-/// index. A trainer that derives its randomness from (seed, epoch, step) resumes exactly; one
-/// with a stateful engine can keep its serialised state (std::mt19937_64's `operator<<`) in
-/// `metadata`. Every rank must pass the same values to a save (checked).
+/// the tensors — the optimizer step count, the loss scale and its good-step count, where the
+/// sampler is (epoch, step in the epoch), the RNG seeds, and the user's key-value metadata — and
+/// their JSON form in the index. A trainer that derives its randomness from (seed, epoch, step)
+/// resumes exactly; one with a stateful engine can keep its serialised state (std::mt19937_64's
+/// `operator<<`) in `metadata`. Every rank must pass the same values to a save (checked).
 /// Needs nlohmann/json (the Meson dependency `ringzero-checkpoint`). Pure values.
 
 #include <nlohmann/json.hpp>
@@ -29,7 +29,12 @@ struct training_progress {
   std::uint64_t epoch = 0;          ///< the sampler's epoch
   std::uint64_t step_in_epoch = 0;  ///< batches of that epoch already consumed
   /// The loss scale of mixed-precision training (finite, > 0), when the trainer has one.
+  /// For a `zero::sharded_model` with loss scaling the save takes it from the model and the
+  /// load restores the model's (zero/loss_scaler.hpp).
   std::optional<double> loss_scale;
+  /// Consecutive good steps of the loss scaler (GradScaler's growth tracker), taken and restored
+  /// with `loss_scale`. Absent from indexes written before it existed: read as 0.
+  std::uint64_t loss_scale_good_steps = 0;
   std::vector<std::uint64_t> rng_seeds;         ///< the trainer's RNG seeds
   std::map<std::string, std::string> metadata;  ///< anything else, as text
 
@@ -49,6 +54,7 @@ struct training_progress {
     j["epoch"] = epoch;
     j["step_in_epoch"] = step_in_epoch;
     j["loss_scale"] = loss_scale ? nlohmann::json(*loss_scale) : nlohmann::json(nullptr);
+    j["loss_scale_good_steps"] = loss_scale_good_steps;
     j["rng_seeds"] = rng_seeds;
     j["metadata"] = metadata;
     return j;
@@ -73,6 +79,7 @@ struct training_progress {
       p.loss_scale = j["loss_scale"].get<double>();
     else if (!j["loss_scale"].is_null())
       throw bad("loss_scale");
+    if (j.contains("loss_scale_good_steps")) p.loss_scale_good_steps = count("loss_scale_good_steps");
     if (!j.contains("rng_seeds") || !j["rng_seeds"].is_array()) throw bad("rng_seeds");
     for (const auto& s : j["rng_seeds"]) {
       if (!s.is_number_unsigned()) throw bad("rng_seeds");

@@ -87,7 +87,7 @@ class execution_stream {
   /// The optimizer step's operations on the stream's memory (zero/shard_update.hpp): `*sum +=`
   /// the float64 sum of squares of `count` gradients of `type` (float32, bfloat16, float16);
   /// `detail::decide_step(*s, ...)`; and `u` applied with the gradients multiplied by
-  /// `float(s->clip_coefficient)`, nothing when `s->skipped` (both read when the work runs).
+  /// `float(s->gradient_multiplier)`, nothing when `s->skipped` (both read when the work runs).
   virtual void add_sum_of_squares(double* sum, const void* values, std::uint64_t count, dtype type) = 0;
   virtual void decide_step(step_scalars* s, double max_grad_norm, bool skip_nonfinite) = 0;
   virtual void update_shard(const shard_update& u, const step_scalars* s) = 0;
@@ -147,7 +147,7 @@ class host_execution_stream final : public execution_stream {
   }
   void update_shard(const shard_update& u, const step_scalars* s) override {
     stream_->enqueue([u, s] {
-      if (s->skipped == 0) detail::update_shard(u, static_cast<float>(s->clip_coefficient));
+      if (s->skipped == 0) detail::update_shard(u, static_cast<float>(s->gradient_multiplier));
     });
   }
   void host_work(std::function<void()> work, const std::string&) override { stream_->enqueue(std::move(work)); }

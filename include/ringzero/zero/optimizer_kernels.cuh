@@ -70,7 +70,7 @@ __global__ void decide_step_kernel(step_scalars* s, double max_grad_norm, bool s
 template <class G, class P>
 __global__ void __launch_bounds__(step_threads) update_kernel(shard_update u, const step_scalars* s) {
   if (s->skipped != 0) return;
-  const float scale = __double2float_rn(s->clip_coefficient);
+  const float scale = __double2float_rn(s->gradient_multiplier);
   const G* g = static_cast<const G*>(u.grads);
   float* w = u.master != nullptr ? u.master : static_cast<float*>(u.params);
   P* p = static_cast<P*>(u.params);

@@ -29,7 +29,7 @@ struct optimizer_kernels {
                             void* stream) noexcept = nullptr;
   /// `detail::decide_step(*s, max_grad_norm, skip_nonfinite)` on the device (one thread).
   int (*decide_step)(step_scalars* s, double max_grad_norm, bool skip_nonfinite, void* stream) noexcept = nullptr;
-  /// `detail::update_shard(u, float(s->clip_coefficient))` as one element-wise kernel, nothing
+  /// `detail::update_shard(u, float(s->gradient_multiplier))` as one element-wise kernel, nothing
   /// when `s->skipped` (read on the device).
   int (*update_shard)(const shard_update& u, const step_scalars* s, void* stream) noexcept = nullptr;
 };

@@ -28,13 +28,18 @@
 namespace ringzero::zero {
 
 /// The step's scalars, in the memory of the stream that runs the step: `squares` (the float64
-/// sum of squared gradients, all_reduced over the shard group) and what `decide_step` made of
-/// it. `skipped` is 1 when the update is skipped (non-finite norm), else 0.
+/// sum of squared gradients as they arrived, all_reduced over the shard group), `inverse_scale`
+/// (1 / the loss scale, zero/loss_scaler.hpp; 1 without loss scaling; set before the decision),
+/// and what `decide_step` made of them. `skipped` is 1 when the update is skipped (non-finite
+/// norm), else 0; `gradient_multiplier` is what the update multiplies the gradients by
+/// (clip_coefficient * inverse_scale, rounded to float32 by the update).
 struct step_scalars {
   double squares = 0;
   double gradient_norm = 0;
   double clip_coefficient = 1;
   std::uint64_t skipped = 0;
+  double inverse_scale = 1;
+  double gradient_multiplier = 1;
 };
 
 /// An optimizer's constants for one step (number `step`, counting from 1), from `make_update_rule`.
@@ -179,24 +184,29 @@ void apply_update(const optimizer_options& o, std::uint64_t step, float* w, cons
     update_element(r, w[j], f_mul(static_cast<float>(g[j]), grad_scale), s0, s1, j);
 }
 
-/// The decision of a step from `s.squares` (all ranks' sum): the norm, skipped when it is not
-/// finite and `skip_nonfinite`, else the clip coefficient max_grad_norm / (norm + 1e-6) where
-/// that is below 1 (`max_grad_norm` > 0; torch.nn.utils.clip_grad_norm_'s formula).
+/// The decision of a step from `s.squares` (all ranks' sum) and `s.inverse_scale`: the norm of
+/// the unscaled gradients (sqrt(squares * inverse_scale^2); exact for a power-of-two scale),
+/// skipped when it is not finite and `skip_nonfinite`, else the clip coefficient
+/// max_grad_norm / (norm + 1e-6) where that is below 1 (`max_grad_norm` > 0;
+/// torch.nn.utils.clip_grad_norm_'s formula); `gradient_multiplier` = clip_coefficient * inverse_scale.
 RINGZERO_HOST_DEVICE inline void decide_step(step_scalars& s, double max_grad_norm, bool skip_nonfinite) {
+  const double unscaled = s.squares * s.inverse_scale * s.inverse_scale;
 #if defined(__CUDA_ARCH__)
-  s.gradient_norm = ::sqrt(s.squares);
+  s.gradient_norm = ::sqrt(unscaled);
   const bool finite = ::isfinite(s.gradient_norm);
 #else
-  s.gradient_norm = std::sqrt(s.squares);
+  s.gradient_norm = std::sqrt(unscaled);
   const bool finite = std::isfinite(s.gradient_norm);
 #endif
   s.clip_coefficient = 1;
+  s.gradient_multiplier = s.inverse_scale;
   s.skipped = !finite && skip_nonfinite ? 1 : 0;
   if (s.skipped != 0) return;
   if (max_grad_norm > 0) {
     const double coefficient = max_grad_norm / (s.gradient_norm + 1e-6);
     if (coefficient < 1) s.clip_coefficient = coefficient;
   }
+  s.gradient_multiplier = s.clip_coefficient * s.inverse_scale;
 }
 
 /// The float64 sum of the squares of `count` gradients of `type` (each converted to float32

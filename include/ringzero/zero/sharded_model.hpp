@@ -39,6 +39,7 @@
 #include "ringzero/zero/gather_schedule.hpp"
 #include "ringzero/zero/gradient_schedule.hpp"
 #include "ringzero/zero/host_buffer.hpp"
+#include "ringzero/zero/loss_scaler.hpp"
 #include "ringzero/zero/optimizer.hpp"
 #include "ringzero/zero/optimizer_offload.hpp"
 #include "ringzero/zero/reproducible_gradients.hpp"
@@ -56,6 +57,9 @@ struct sharded_model_options {
   /// Skip the update (and zero the gradients) when the global gradient norm is not finite, as
   /// mixed-precision trainers do on overflow; false: apply it anyway.
   bool skip_nonfinite_steps = true;
+  /// Dynamic loss scaling (zero/loss_scaler.hpp; meant for float16): the trainer multiplies its
+  /// loss by `loss_scale()`; a non-finite step is then always skipped.
+  loss_scaling_options loss_scaling{};
   /// Reproducible gradient accumulation (see the file comment and docs/zero.md). Refused (on
   /// every rank, errc::invalid_argument) with max_grad_norm > 0, hybrid sharding, or gradients
   /// that are not float16, bfloat16, float32 or float64.
@@ -380,6 +384,11 @@ class sharded_model {
   }
   /// The sharded optimizer (master weights, states, options).
   const sharded_optimizer& optimizer() const noexcept { return *optimizer_; }
+  /// The factor the trainer multiplies its loss by before backward (1 without loss scaling).
+  double loss_scale() const noexcept { return scaler_.scale(); }
+  /// The loss scaler (scale, good-step count, options); `restorable_loss_scaler()` for checkpoints.
+  const loss_scaler& scaler() const noexcept { return scaler_; }
+  loss_scaler& restorable_loss_scaler() noexcept { return scaler_; }
 
   // ---- checkpoint access (checkpoint/: save, load, reshard) ----------------------------------
 
@@ -810,6 +819,8 @@ class sharded_model {
   /// non-finite check (skipped: nothing updated), the clip coefficient, the optimizer on every
   /// trainable owned shard; `steps` set.
   step_result update_owned_shards(double squares);
+  /// Whether a non-finite step is skipped: as asked, and always with loss scaling.
+  bool skips_nonfinite() const noexcept { return options_.skip_nonfinite_steps || scaler_.enabled(); }
   /// offload::optimizer (zero/sharded_model_offload.hpp): the update decided in `scalars` (host
   /// memory) as copies on the communication stream and CPU work on the offload stream, pipelined
   /// buffer by buffer; begins the optimizer's step unless skipped.
@@ -847,6 +858,7 @@ class sharded_model {
   std::vector<detail::host_buffer> params_;  ///< per buffer: full (stages 0-2) or the shard (stage 3)
   std::vector<detail::host_buffer> grads_;   ///< per trainable buffer: full (stages 0-1) or the shard (2-3)
   std::optional<sharded_optimizer> optimizer_;
+  loss_scaler scaler_;                                ///< the same on every rank: updated from the global decision
   std::vector<detail::host_buffer> gathers_buffers_;  ///< gather buffer pool (stage 3)
   std::vector<std::size_t> gather_free_;
   std::vector<std::size_t> unit_gather_;

@@ -194,6 +194,7 @@ inline step_result sharded_model::step_on_streams() {
   // is read on the stream, so the host learns it only at the step's one wait below.
   step_scalars* scalars = reinterpret_cast<step_scalars*>(step_scalars_.data());
   s.fill(scalars, sizeof(step_scalars), dtype::uint8, 0);
+  s.fill(&scalars->inverse_scale, 1, dtype::float64, scaler_.inverse_scale());  // 1 / the loss scale
   for (std::size_t b = 0; b < buffers.size(); ++b)
     if (buffers[b].trainable && owned_range(b).size() > 0)
       s.add_sum_of_squares(&scalars->squares, owned_gradient(b), owned_range(b).size(), buffers[b].gradient_type);
@@ -202,7 +203,7 @@ inline step_result sharded_model::step_on_streams() {
       all_reduce(comm_, &scalars->squares, &scalars->squares, 1, dtype::float64, reduce_kind::sum,
                  tagged(call_purpose::norm, 0));
     });
-  s.decide_step(scalars, options_.max_grad_norm, options_.skip_nonfinite_steps);
+  s.decide_step(scalars, options_.max_grad_norm, skips_nonfinite());
   if (offload_) {
     enqueue_offloaded_update(scalars);  // zero/sharded_model_offload.hpp
   } else {
@@ -230,6 +231,7 @@ inline step_result sharded_model::step_on_streams() {
   r.gradient_norm = decided_.gradient_norm;
   r.clip_coefficient = decided_.clip_coefficient;
   r.skipped = decided_.skipped != 0;
+  scaler_.update(r.skipped);                              // the decision is global: every rank's scale stays the same
   if (!r.skipped && !offload_) optimizer_->begin_step();  // the offloaded update began it on the CPU
   r.steps = optimizer_->steps();
   return r;

@@ -44,6 +44,7 @@ inline std::string sharded_model::check(std::span<const parameter_spec> register
            " ranks but the shard communicator has " + std::to_string(comm_.world_size());
   if (!(options_.max_grad_norm >= 0) || !std::isfinite(options_.max_grad_norm))
     return "max_grad_norm must be finite and >= 0, got " + std::to_string(options_.max_grad_norm);
+  if (std::string why = loss_scaling_problem(options_.loss_scaling); !why.empty()) return why;
   if (options_.reproducible) {
     std::string why =
         detail::reproducible_gradients_problem(plan_, options_.max_grad_norm, replica_ ? replica_->world_size() : 1);
@@ -89,6 +90,12 @@ inline std::vector<ringzero::detail::agreed_value> sharded_model::summary(bool r
       {"max_grad_norm", setting_bits(options_.max_grad_norm), shown::real},
       {"skip_nonfinite_steps", options_.skip_nonfinite_steps ? 1u : 0u, shown::flag},
       {"reproducible", options_.reproducible ? 1u : 0u, shown::flag},
+      {"loss_scaling.enabled", options_.loss_scaling.enabled ? 1u : 0u, shown::flag},
+      {"loss_scaling.initial_scale", setting_bits(options_.loss_scaling.initial_scale), shown::real},
+      {"loss_scaling.growth_factor", setting_bits(options_.loss_scaling.growth_factor), shown::real},
+      {"loss_scaling.backoff_factor", setting_bits(options_.loss_scaling.backoff_factor), shown::real},
+      {"loss_scaling.growth_interval", static_cast<std::uint64_t>(options_.loss_scaling.growth_interval),
+       shown::integer},
       {"plan fingerprint", plan_.fingerprint(), shown::hash},
   };
 }
@@ -212,6 +219,7 @@ inline void sharded_model::allocate() {
                        [this](std::uint64_t bytes) { return make_buffer(bytes); });
   }
   if (options_.reproducible) reproducible_.emplace(plan_);
+  scaler_ = loss_scaler(options_.loss_scaling);
   const std::size_t units = plan_.units().size();
   unit_gather_.assign(units, npos);
   unit_bucket_.assign(units, npos);
@@ -339,10 +347,12 @@ inline step_result sharded_model::update_owned_shards(double squares) {
   const auto& buffers = plan_.buffers();
   step_scalars decided;
   decided.squares = squares;
-  detail::decide_step(decided, options_.max_grad_norm, options_.skip_nonfinite_steps);
+  decided.inverse_scale = scaler_.inverse_scale();
+  detail::decide_step(decided, options_.max_grad_norm, skips_nonfinite());
   step_result r;
   r.gradient_norm = decided.gradient_norm;
   r.clip_coefficient = decided.clip_coefficient;
+  scaler_.update(decided.skipped != 0);  // every rank decided alike (one global norm)
   if (decided.skipped != 0) {
     r.skipped = true;
     r.steps = optimizer_->steps();
@@ -351,7 +361,7 @@ inline step_result sharded_model::update_owned_shards(double squares) {
   optimizer_->begin_step();
   for (std::size_t b = 0; b < buffers.size(); ++b)
     if (buffers[b].trainable)
-      optimizer_->update(b, owned_parameters(b), owned_gradient(b), static_cast<float>(r.clip_coefficient));
+      optimizer_->update(b, owned_parameters(b), owned_gradient(b), static_cast<float>(decided.gradient_multiplier));
   r.steps = optimizer_->steps();
   return r;
 }

@@ -58,7 +58,7 @@ inline void sharded_model::enqueue_offloaded_update(const step_scalars* scalars)
           const flat_buffer& f = plan_.buffers()[b];
           if (decided->skipped == 0) {
             optimizer_->update(b, o.parameters[b].data(), o.gradients[b].data(),
-                               static_cast<float>(decided->clip_coefficient));
+                               static_cast<float>(decided->gradient_multiplier));
             return;
           }
           // Skipped: the copy back must leave the parameters as they are. With master weights
