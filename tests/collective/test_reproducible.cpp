@@ -202,14 +202,20 @@ namespace {
 
 /// Each rank r deposits contributions placement[r] (indices into `in`) into an accumulator and
 /// runs the accumulator all_reduce (async: all_reduce_async, while this thread fills a second
-/// accumulator, then waits); returns rank 0's output (after checking all ranks agree).
+/// accumulator, then waits); returns rank 0's output (after checking all ranks agree). `reused`:
+/// every rank first deposits all of `in` and clears the accumulator, which leaves its storage
+/// as it was (a rank with no contribution then lends storage that must not be read).
 bytes accumulated(const std::vector<bytes>& in, dtype t, reduce_kind op, algorithm a, std::uint64_t count,
-                  const std::vector<std::vector<int>>& placement, bool async = false) {
+                  const std::vector<std::vector<int>>& placement, bool async = false, bool reused = false) {
   const int n = static_cast<int>(placement.size());
   std::vector<bytes> out(static_cast<std::size_t>(n), bytes(count * dtype_size(t)));
   const std::string failure = rzt::launch_world(n, [&](communicator& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
     reproducible_accumulator acc(count, t);
+    if (reused) {
+      for (const auto& x : in) acc.add(x.data());
+      acc.clear();
+    }
     for (int c : placement[r]) acc.add(in[static_cast<std::size_t>(c)].data());
     collective_options o;
     o.algo = a;
@@ -246,6 +252,9 @@ TEST_CASE(
         // all_reduce_async gives the same bits.
         CHECK(accumulated(in, t, op, a, count, {{7, 0}, {1, 6}, {2, 5}, {4, 3}}, true) == expected);
         CHECK(accumulated(in, t, op, a, count, {{5, 2, 7, 0, 1}, {}, {3, 4, 6}}, true) == expected);
+        // Accumulators cleared after earlier contributions give the same bits (clear() leaves the storage).
+        CHECK(accumulated(in, t, op, a, count, {{7, 0}, {1, 6}, {2, 5}, {4, 3}}, false, true) == expected);
+        CHECK(accumulated(in, t, op, a, count, {{5, 2, 7, 0, 1}, {}, {3, 4, 6}}, true, true) == expected);
         // The ordinary reproducible all_reduce with one contribution per rank agrees too.
         if (op == reduce_kind::sum) CHECK(run_all_reduce(in, t, op, a, count)[5] == expected);
       }

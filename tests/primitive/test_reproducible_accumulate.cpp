@@ -164,6 +164,10 @@ TEST_CASE("reproducible packed deposit: the portable loop (not the AVX-512 copy)
     std::vector<std::int64_t> packed_ref(n, 0), packed_fast(n, 0);
     std::vector<std::int64_t> cold_ref(3 * n, 0), cold_fast(3 * n, 0);
     std::vector<float> values(n);
+    for (std::uint64_t i = 0; i < n; ++i) {  // the first deposit overwrites (empty = true): garbage before it
+      tops_fast[i] = static_cast<std::uint8_t>(rng());
+      packed_fast[i] = static_cast<std::int64_t>(rng());
+    }
     for (int k = 0; k < 40; ++k) {
       if (flushed && k % 10 == 5) {  // flushed limbs that later rises move
         flush_packed(tops_ref.data(), packed_ref.data(), cold_ref.data(), n);
@@ -180,7 +184,7 @@ TEST_CASE("reproducible packed deposit: the portable loop (not the AVX-512 copy)
         accumulate_packed(tops_ref[i], packed_ref[i], flushed ? cold_ref.data() + 3 * i : nullptr,
                           decode_bits(std::bit_cast<std::uint32_t>(values[i]), format_of(dtype::float32)));
       ringzero::primitive::detail::accumulate_packed_f32_body(tops_fast.data(), packed_fast.data(), slow.data(),
-                                                              values.data(), n, flushed, k % 2 == 0);
+                                                              values.data(), n, flushed, k % 2 == 0, k == 0);
       for (std::uint64_t i = 0; i < n; ++i)
         if (slow[i] != 0)
           accumulate_packed(tops_fast[i], packed_fast[i], flushed ? cold_fast.data() + 3 * i : nullptr,
@@ -212,6 +216,10 @@ TEST_CASE(
       std::vector<std::uint8_t> tops_ref(n, 0), tops_fast(n, 0), slow(n, 0);
       std::vector<std::int64_t> packed_ref(n, 0), packed_fast(n, 0), cold_ref(3 * n, 0), cold_fast(3 * n, 0);
       std::vector<float> values(n);
+      for (std::uint64_t i = 0; i < n; ++i) {  // the first deposit overwrites (empty = true): garbage before it
+        tops_fast[i] = static_cast<std::uint8_t>(rng());
+        packed_fast[i] = static_cast<std::int64_t>(rng());
+      }
       const std::uint64_t shares[] = {0, 1000, 100, 10, 2};
       for (int k = 0; k < 26; ++k) {
         if (flushed && k % 6 == 3) {
@@ -250,9 +258,9 @@ TEST_CASE(
         if (portable) {
           for (std::uint64_t first = 0; first < n; first += ringzero::primitive::detail::reproducible_block) {
             const std::uint64_t len = std::min(ringzero::primitive::detail::reproducible_block, n - first);
-            ringzero::primitive::detail::accumulate_packed_f32_body(tops_fast.data() + first,
-                                                                    packed_fast.data() + first, slow.data() + first,
-                                                                    values.data() + first, len, flushed, within);
+            ringzero::primitive::detail::accumulate_packed_f32_body(
+                tops_fast.data() + first, packed_fast.data() + first, slow.data() + first, values.data() + first, len,
+                flushed, within, k == 0);
           }
           for (std::uint64_t i = 0; i < n; ++i)
             if (slow[i] != 0)
@@ -260,11 +268,59 @@ TEST_CASE(
                                 decode_bits(std::bit_cast<std::uint32_t>(values[i]), f32));
         } else {
           accumulate_packed_array(tops_fast.data(), packed_fast.data(), flushed ? cold_fast.data() : nullptr,
-                                  values.data(), n, dtype::float32, within);
+                                  values.data(), n, dtype::float32, within, k == 0);
         }
         REQUIRE(tops_fast == tops_ref);
         REQUIRE(packed_fast == packed_ref);
         REQUIRE(cold_fast == cold_ref);
       }
     }
+}
+
+TEST_CASE("reproducible_accumulator: after clear() nothing is read, and the next contribution overwrites") {
+  // clear() leaves the float16/bfloat16/float32 storage as it was: a cleared accumulator must
+  // fold no top and add no word, and contributions after it must give the bits of a fresh
+  // accumulator's (also after a flush of the packed limbs, and for float64, which clears eagerly).
+  for (const dtype t : {dtype::float16, dtype::bfloat16, dtype::float32, dtype::float64}) {
+    CAPTURE(dtype_name(t));
+    std::mt19937_64 rng(41);
+    const std::uint64_t count = 2 * ringzero::primitive::detail::reproducible_block + 77;
+    const std::size_t es = dtype_size(t);
+    const int kept = reproducible_kept_bins(t), w = reproducible_words(t);
+    reproducible_accumulator used(count, t);
+    std::vector<unsigned char> values(count * es);
+    const int before = t == dtype::float64 ? 5 : static_cast<int>(reproducible_packed_contributions) + 3;
+    for (int k = 0; k < before; ++k) {  // beyond a flush for the packed dtypes
+      for (std::uint64_t i = 0; i < count; ++i) store_bits(values.data(), i, t, make_bits(rng, t, 0, k, before, i));
+      used.add(values.data());
+    }
+    used.clear();
+    CHECK(used.contributions() == 0);
+    const binned_view cleared = used.view();
+    std::vector<std::uint8_t> tops(count, 3);
+    cleared.fold_tops(tops.data(), 0, count);
+    CHECK(std::all_of(tops.begin(), tops.end(), [](std::uint8_t x) { return x == 3; }));
+    std::vector<std::int64_t> words(count * static_cast<std::uint64_t>(w), 5);
+    add_accumulator_words(cleared, words.data(), tops.data(), 0, count);
+    CHECK(std::all_of(words.begin(), words.end(), [](std::int64_t x) { return x == 5; }));
+    std::vector<std::int64_t> limbs(static_cast<std::size_t>(kept), 9);
+    cleared.limbs_of(count / 2, limbs.data());
+    CHECK(std::all_of(limbs.begin(), limbs.end(), [](std::int64_t x) { return x == 0; }));
+
+    reproducible_accumulator fresh(count, t);
+    for (int k = 0; k < 6; ++k) {
+      for (std::uint64_t i = 0; i < count; ++i)
+        store_bits(values.data(), i, t, make_bits(rng, t, k % 3 == 0 ? 0 : 2, k, 6, i));
+      used.add(values.data());
+      fresh.add(values.data());
+      const binned_view a = used.view(), b = fresh.view();
+      REQUIRE(std::equal(a.tops, a.tops + count, b.tops));
+      std::vector<std::int64_t> la(static_cast<std::size_t>(kept)), lb(la.size());
+      for (std::uint64_t i = 0; i < count; ++i) {
+        a.limbs_of(i, la.data());
+        b.limbs_of(i, lb.data());
+        REQUIRE(la == lb);
+      }
+    }
+  }
 }

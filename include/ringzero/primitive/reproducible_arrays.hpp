@@ -143,7 +143,9 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
 /// field, subnormals through their fraction's exponent; zero in bin 0, inf/NaN in the
 /// non-finite bin), and scaled[i] = trunc(b[i] * 2^(1104 - 12 * new_top[i])), the scale's
 /// exponent clamped to a normal double's (0 for non-finite values, masked before any
-/// floating-point step). Branch-free loops, so that each vectorises.
+/// floating-point step). Branch-free loops, so that each vectorises. `Empty`: tops[] is not read
+/// (every stored top counts as 0, an empty element).
+template <bool Empty = false>
 [[gnu::always_inline]] inline void deposit_tops_and_scaled_f32(const std::uint8_t* tops, const float* b,
                                                                std::uint64_t n, std::uint32_t* new_top,
                                                                std::int64_t* scaled) noexcept {
@@ -158,7 +160,7 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
     std::uint32_t bin = (position * 43691u) >> 19;
     bin = e == 255 ? reproducible_nonfinite_bin : bin;
     bin = (bits << 1) == 0 ? 0 : bin;
-    new_top[i] = std::max(static_cast<std::uint32_t>(tops[i]), bin);
+    new_top[i] = Empty ? bin : std::max(static_cast<std::uint32_t>(tops[i]), bin);
   }
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint32_t top = new_top[i];
@@ -244,19 +246,21 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
 /// word without its low field, shifted by 21 bits; two: the top field alone; more: nothing
 /// kept). Left alone with slow[i] = 1 (the caller runs the element function): elements whose
 /// top becomes the non-finite bin, and, when `flushed` is true (flushed limbs exist, and they
-/// would have to move too), elements whose top rises from a non-zero bin.
+/// would have to move too), elements whose top rises from a non-zero bin. `Empty`: tops[] and
+/// packed[] are written, not read (every element counts as empty: top 0, packed limbs 0).
+template <bool Empty = false>
 [[gnu::always_inline]] inline void deposit_packed_f32(std::uint8_t* tops, std::int64_t* packed, std::uint8_t* slow,
                                                       const float* b, std::uint64_t n, bool flushed) noexcept {
   alignas(64) std::uint32_t new_top[reproducible_block];
   alignas(64) std::int64_t scaled[reproducible_block];
-  deposit_tops_and_scaled_f32(tops, b, n, new_top, scaled);
+  deposit_tops_and_scaled_f32<Empty>(tops, b, n, new_top, scaled);
   for (std::uint64_t i = 0; i < n; ++i) {
-    const std::uint32_t old = tops[i], top = new_top[i], rise = top - old;
+    const std::uint32_t old = Empty ? 0u : tops[i], top = new_top[i], rise = top - old;
     const bool fast = (rise == 0 || old == 0 || !flushed) && top != reproducible_nonfinite_bin;
     const std::int64_t s = fast ? scaled[i] : 0;                       // slow elements: all digits 0
     const std::int64_t m = s < 0 ? -s : s, negative = s < 0 ? -1 : 0;  // (x ^ -1) - -1 == -x
     const std::int64_t fields = ((m >> 24) << 42) | (((m >> 12) & 0xFFF) << 21) | (m & 0xFFF);
-    const std::int64_t p = packed[i];
+    const std::int64_t p = Empty ? 0 : packed[i];
     const std::int64_t low = static_cast<std::int64_t>(static_cast<std::uint64_t>(p) << 43) >> 43,
                        rest = (p - low) >> 21;
     const std::int64_t middle = static_cast<std::int64_t>(static_cast<std::uint64_t>(rest) << 43) >> 43;
@@ -307,12 +311,13 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
 /// deposit_packed_f32 (same contract, bit for bit), taking deposit_within_tops_f32 first and
 /// deposit_gathered_packed_f32 for the elements outside their tops. Blocks where two of three
 /// sampled values lie outside (as in an empty accumulator), and every block when `within` is
-/// false, go through deposit_packed_f32 at once.
+/// false, go through deposit_packed_f32 at once. `empty`: the block holds no contribution yet;
+/// tops[] and packed[] are overwritten, never read (deposit_packed_f32<true>).
 [[gnu::always_inline]] inline void accumulate_packed_f32_body(std::uint8_t* tops, std::int64_t* packed,
                                                               std::uint8_t* slow, const float* b, std::uint64_t n,
-                                                              bool flushed, bool within) noexcept {
+                                                              bool flushed, bool within, bool empty) noexcept {
   if (n == 0) return;
-  if (within &&
+  if (!empty && within &&
       !within_top_f32(b[0], tops[0]) + !within_top_f32(b[n / 2], tops[n / 2]) + !within_top_f32(b[n - 1], tops[n - 1]) <
           2) {
     if (deposit_within_tops_f32(tops, packed, slow, b, n) != 0)
@@ -325,7 +330,10 @@ inline const float* as_float32(float* staging, const void* values, std::uint64_t
   alignas(64) float rest[reproducible_block];
   for (std::uint64_t i = 0; i < n; ++i)
     rest[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(b[i]) & (0u - static_cast<std::uint32_t>(slow[i])));
-  deposit_packed_f32(tops, packed, slow, rest, n, flushed);
+  if (empty)
+    deposit_packed_f32<true>(tops, packed, slow, rest, n, flushed);
+  else
+    deposit_packed_f32(tops, packed, slow, rest, n, flushed);
 }
 
 /// words[i] += the word of accumulator element i (local top local[i], limbs limbs[3i..]) at
@@ -529,9 +537,9 @@ RINGZERO_AVX512_TARGET inline std::uint32_t sum_f32_avx512(float* r, const float
   return sum_f32_body(r, x, m, f, n, k);
 }
 RINGZERO_AVX512_TARGET inline void accumulate_packed_f32_avx512(std::uint8_t* t, std::int64_t* p, std::uint8_t* s,
-                                                                const float* b, std::uint64_t n, bool f,
-                                                                bool w) noexcept {
-  accumulate_packed_f32_body(t, p, s, b, n, f, w);
+                                                                const float* b, std::uint64_t n, bool f, bool w,
+                                                                bool e) noexcept {
+  accumulate_packed_f32_body(t, p, s, b, n, f, w, e);
 }
 RINGZERO_AVX512_TARGET inline void add_packed_words3_avx512(std::int64_t* w, const std::uint8_t* m,
                                                             const std::int64_t* p, const std::uint8_t* t,
@@ -588,11 +596,11 @@ inline std::uint32_t sum_f32(float* r, const float* const* x, int m, std::uint64
   return sum_f32_body(r, x, m, f, n, k);
 }
 inline void accumulate_packed_f32(std::uint8_t* t, std::int64_t* p, std::uint8_t* s, const float* b, std::uint64_t n,
-                                  bool f, bool w) noexcept {
+                                  bool f, bool w, bool e) noexcept {
 #if RINGZERO_REPRODUCIBLE_AVX512
-  if (reproducible_avx512()) return accumulate_packed_f32_avx512(t, p, s, b, n, f, w);
+  if (reproducible_avx512()) return accumulate_packed_f32_avx512(t, p, s, b, n, f, w, e);
 #endif
-  accumulate_packed_f32_body(t, p, s, b, n, f, w);
+  accumulate_packed_f32_body(t, p, s, b, n, f, w, e);
 }
 inline void add_packed_words3(std::int64_t* w, const std::uint8_t* m, const std::int64_t* p, const std::uint8_t* t,
                               std::uint64_t n) noexcept {
@@ -718,9 +726,12 @@ inline void accumulate_array(std::uint8_t* tops, std::int64_t* limbs, const void
 /// primitive::accumulate_packed per element, bit for bit. Precondition: fewer than
 /// reproducible_packed_contributions contributions in `packed`. `within` = false skips the
 /// within-top pass (a speed hint, same bits): for deposits where many values rise over their
-/// tops, such as an accumulator's first and second contributions.
+/// tops, such as an accumulator's first and second contributions. `empty` = true deposits the
+/// first contribution of a cleared accumulator: tops and packed are overwritten, never read, so
+/// they need no clearing pass (flushed must then be null or all zero); same bits as a deposit
+/// into zeroed storage.
 inline void accumulate_packed_array(std::uint8_t* tops, std::int64_t* packed, std::int64_t* flushed, const void* values,
-                                    std::uint64_t count, dtype t, bool within = true) noexcept {
+                                    std::uint64_t count, dtype t, bool within = true, bool empty = false) noexcept {
   const float_format f = format_of(t);
   const auto* bytes = static_cast<const unsigned char*>(values);
   const std::size_t es = dtype_size(t);
@@ -730,7 +741,7 @@ inline void accumulate_packed_array(std::uint8_t* tops, std::int64_t* packed, st
     const std::uint64_t n = std::min(detail::reproducible_block, count - first);
     const void* block = bytes + first * es;
     detail::accumulate_packed_f32(tops + first, packed + first, slow, detail::as_float32(staged, block, n, t), n,
-                                  flushed != nullptr, within);
+                                  flushed != nullptr, within, empty);
     std::uint8_t any = 0;
     for (std::uint64_t i = 0; i < n; ++i) any |= slow[i];
     if (any == 0) continue;
@@ -765,6 +776,7 @@ inline void flush_packed(const std::uint8_t* tops, std::int64_t* packed, std::in
 /// the limbs, so the packed and the flushed parts are added one after the other).
 inline void add_accumulator_words(const binned_view& view, std::int64_t* words, const std::uint8_t* global_tops,
                                   std::uint64_t first, std::uint64_t len) noexcept {
+  if (view.contributions == 0) return;  // all zero, whatever the storage holds (binned_view)
   if (reproducible_kept_bins(view.type) != 3) return view.add_words(words, global_tops, first, len);
   detail::add_packed_words3(words, view.tops + first, view.packed + first, global_tops, len);
   if (view.limbs != nullptr)

@@ -385,7 +385,9 @@ constexpr void accumulate_packed(std::uint8_t& top, std::int64_t& packed, std::i
 /// its collectives): per element a local top bin and reproducible_kept_bins(type) limbs. For
 /// float64 `limbs` holds the 6 limbs of each element; for the K = 3 dtypes an element's limbs
 /// are packed_element_limbs of `packed` (the contributions since the last flush) plus, where
-/// `limbs` is not null, the 3 flushed limbs there.
+/// `limbs` is not null, the 3 flushed limbs there. With no contribution the accumulator is zero
+/// and its storage is never read (a cleared accumulator leaves its memory as it was until the
+/// next deposit overwrites it).
 struct binned_view {
   const std::uint8_t* tops = nullptr;
   const std::int64_t* limbs = nullptr;
@@ -397,6 +399,10 @@ struct binned_view {
   /// out[0 .. K) = the limbs of element i.
   void limbs_of(std::uint64_t i, std::int64_t* out) const noexcept {
     const int kept = reproducible_kept_bins(type);
+    if (contributions == 0) {
+      std::fill(out, out + kept, std::int64_t{0});
+      return;
+    }
     if (kept != 3) {
       std::copy(limbs + i * 6, limbs + i * 6 + 6, out);
       return;
@@ -407,11 +413,13 @@ struct binned_view {
   }
   /// out[i] = max(out[i], top bin of element first + i), i < len.
   void fold_tops(std::uint8_t* out, std::uint64_t first, std::uint64_t len) const noexcept {
+    if (contributions == 0) return;
     for (std::uint64_t i = 0; i < len; ++i) out[i] = std::max(out[i], tops[first + i]);
   }
   /// words[i*w..] += element first + i's words at global top bin global_tops[i], i < len.
   void add_words(std::int64_t* words, const std::uint8_t* global_tops, std::uint64_t first,
                  std::uint64_t len) const noexcept {
+    if (contributions == 0) return;
     const int kept = reproducible_kept_bins(type), w = reproducible_words(type);
     std::int64_t element[6] = {0, 0, 0, 0, 0, 0};
     for (std::uint64_t i = 0; i < len; ++i) {
