@@ -7,9 +7,9 @@
 /// orders the transfers between ranks with CUDA events (backend/local/cuda_communicator.hpp) or
 /// on the stream itself (NCCL).
 ///
-/// The kernels come from the program-wide table of primitive/device_primitives.hpp (registered
-/// by one .cu file that includes <ringzero/cuda.cuh>), so this header, and every collective,
-/// compiles without nvcc and without CUDA headers.
+/// The work is primitive/device_stream_ref.hpp's: the program-wide kernel table of
+/// primitive/device_primitives.hpp (registered by one .cu file that includes <ringzero/cuda.cuh>),
+/// so this header, and every collective, compiles without nvcc and without CUDA headers.
 /// Thread semantics: one object per collective call, used by the thread that runs it.
 /// Determinism: the same element-wise arithmetic as the host, bit for bit.
 
@@ -20,35 +20,35 @@
 #include "ringzero/algorithms/data_ops.hpp"
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
+#include "ringzero/primitive/device_stream_ref.hpp"
 
 namespace ringzero::algorithms {
 
-/// `data_ops` on CUDA device memory, enqueued on `comm.cuda_stream()` on `comm.cuda_device()`.
-/// Errors: a failed launch raises `ringzero::error(errc::backend_failure)` on `comm`, naming the
-/// operation and the CUDA error.
+/// `data_ops` on CUDA device memory, enqueued on `comm.cuda_stream()` on `comm.cuda_device()`
+/// through primitive::device_stream_ref. Errors: a failed launch raises
+/// `ringzero::error(errc::backend_failure)` on `comm`, naming the operation and the CUDA error.
 class device_data_ops final : public data_ops {
  public:
   /// Operations for `comm` (whose space() is memory_space::cuda) with the kernels of `kernels`.
   /// Makes the communicator's device current on the calling thread.
   device_data_ops(const primitive::device_primitives& kernels, communicator& comm)
-      : kernels_(kernels), comm_(comm), stream_(comm.cuda_stream()) {
-    check(kernels_.set_device(comm.cuda_device()), "cudaSetDevice");
+      : comm_(comm), stream_(kernels, comm.cuda_stream(), comm.cuda_device()) {
+    check(stream_.make_current(), "cudaSetDevice");
   }
 
   void copy(void* dst, const void* src, std::uint64_t bytes, bool streaming = false) const override {
     (void)streaming;
-    if (bytes == 0 || dst == src) return;
-    check(kernels_.copy(dst, src, bytes, stream_), "device copy (cudaMemcpyAsync)");
+    check(stream_.copy(dst, src, bytes), "device copy (cudaMemcpyAsync)");
   }
   void reduce(void* dst, const void* a, const void* b, std::uint64_t count,
               const primitive::reduce_spec& spec) const override {
-    check(kernels_.reduce_into(dst, a, b, count, spec, stream_), "device reduce_into");
+    check(stream_.reduce(dst, a, b, count, spec), "device reduce_into");
   }
   void scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar) const override {
-    check(kernels_.scale(dst, src, count, type, scalar, stream_), "device scale");
+    check(stream_.scale(dst, src, count, type, scalar), "device scale");
   }
   void cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count) const override {
-    check(kernels_.cast(dst, dst_type, src, src_type, count, stream_), "device cast");
+    check(stream_.cast(dst, dst_type, src, src_type, count), "device cast");
   }
   combine_fn combine(const primitive::reduce_spec* spec) const override {
     bound_.push_back(bound_combine{this, spec});
@@ -71,15 +71,11 @@ class device_data_ops final : public data_ops {
   };
 
   void check(int code, const char* what) const {
-    if (code == 0) return;
-    comm_.raise(errc::backend_failure, std::string(what) + " failed on CUDA device " +
-                                           std::to_string(comm_.cuda_device()) + ": " + kernels_.error_name(code) +
-                                           ": " + kernels_.error_string(code));
+    if (code != 0) comm_.raise(errc::backend_failure, stream_.describe(code, what));
   }
 
-  const primitive::device_primitives& kernels_;
   communicator& comm_;
-  void* stream_;
+  primitive::device_stream_ref stream_;
   mutable std::deque<bound_combine> bound_;  ///< stable addresses for the combines handed out
 };
 
