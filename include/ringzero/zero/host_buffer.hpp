@@ -35,8 +35,10 @@ class host_buffer {
     if (bytes > static_cast<std::uint64_t>(static_cast<std::size_t>(-1)))
       throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes");
     const std::size_t align = bytes >= page_bytes ? page_bytes : primitive::host_alignment;
-    memory_ =
-        primitive::memory_buffer::allocate(primitive::memory_space::host, static_cast<std::size_t>(bytes), -1, align);
+    try {
+      memory_ =
+          primitive::memory_buffer::allocate(primitive::memory_space::host, static_cast<std::size_t>(bytes), -1, align);
+    } catch (const error&) { throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes"); }
     primitive::zero_bytes(memory_.data(), static_cast<std::size_t>(bytes));
   }
 
