@@ -157,6 +157,8 @@ class claims_cuda_stream final : public execution_stream {
   void wait(const event&) override { fail<void>(); }
   void wait_host_stream(const event&) override { fail<void>(); }
   void wait_host(const event&) override { fail<void>(); }
+  bool query(const event&) const override { return fail<bool>(); }
+  bool query() override { return fail<bool>(); }
   void synchronize() override { fail<void>(); }
   bool runs_host_work() const noexcept override { return false; }
   void add_sum_of_squares(double*, const void*, std::uint64_t, dtype) override { fail<void>(); }
@@ -164,6 +166,8 @@ class claims_cuda_stream final : public execution_stream {
   void update_shard(const shard_update&, const step_scalars*) override { fail<void>(); }
   void copy(void*, const void*, std::uint64_t) override { fail<void>(); }
   void fill(void*, std::uint64_t, dtype, double) override { fail<void>(); }
+  void cast(void*, dtype, const void*, dtype, std::uint64_t) override { fail<void>(); }
+  void scale(void*, const void*, std::uint64_t, dtype, double) override { fail<void>(); }
   void reduce(void*, const void*, const void*, std::uint64_t, const primitive::reduce_spec&) override { fail<void>(); }
   void host_work(std::function<void()>, const std::string&) override { fail<void>(); }
   void collective(std::function<void()>) override { fail<void>(); }

@@ -132,10 +132,14 @@ class pinned_offload_stream final : public execution_stream {
   void wait(const event& e) override { inner_.wait(e); }
   void wait_host_stream(const event& e) override { inner_.wait_host_stream(e); }
   void wait_host(const event& e) override { inner_.wait_host(e); }
+  bool query(const event& e) const override { return inner_.query(e); }
+  bool query() override { return inner_.query(); }
   void synchronize() override { inner_.synchronize(); }
   bool runs_host_work() const noexcept override { return true; }
   void copy(void* d, const void* s, std::uint64_t n) override { inner_.copy(d, s, n); }
   void fill(void* d, std::uint64_t n, dtype t, double v) override { inner_.fill(d, n, t, v); }
+  void cast(void* d, dtype dt, const void* s, dtype st, std::uint64_t n) override { inner_.cast(d, dt, s, st, n); }
+  void scale(void* d, const void* s, std::uint64_t n, dtype t, double x) override { inner_.scale(d, s, n, t, x); }
   void reduce(void* d, const void* a, const void* b, std::uint64_t n, const primitive::reduce_spec& r) override {
     inner_.reduce(d, a, b, n, r);
   }

@@ -2,8 +2,10 @@
 /// @file
 /// `data_ops`: the work an algorithm does on its own rank's memory (copy, combine, scale, cast), kept
 /// apart from the transfers so that one schedule serves host memory and CUDA device memory.
-/// `host_data_ops` runs the host primitives on the calling thread; a device implementation
-/// enqueues kernels on the communicator's stream.
+/// A thin view of the memory-and-stream layer (docs/streams.md): `host_data_ops` calls the
+/// synchronous host primitives directly on the calling thread (the hot path: no queue, no extra
+/// indirection per element); `device_data_ops` (algorithms/device_data_ops.hpp) enqueues on
+/// the communicator's stream through a primitive::device_stream_ref.
 
 #include <cstdint>
 

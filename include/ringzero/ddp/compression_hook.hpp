@@ -91,7 +91,7 @@ class compression_hook final : public comm_hook {
   /// Casts the reduced 16-bit values back into the bucket.
   void complete(const gradient_bucket& bucket) override {
     if (!compressible(bucket.type)) return fallback_.complete(bucket);
-    const auto* wire = static_cast<const std::uint16_t*>(buffers_[bucket.index].data.get());
+    const auto* wire = static_cast<const std::uint16_t*>(buffers_[bucket.index].data.data());
     const bucket_memory memory = bucket_memory::of(bucket);
     if (memory.is_device()) {
       memory.cast(bucket.data, bucket.type, wire, wire_, bucket.count);
@@ -137,7 +137,7 @@ class compression_hook final : public comm_hook {
       b.space = memory.space();
       b.device = memory.device();
     }
-    return static_cast<std::uint16_t*>(b.data.get());
+    return static_cast<std::uint16_t*>(b.data.data());
   }
 
   dtype wire_;

@@ -115,10 +115,10 @@ class gradient_reducer {
     for (std::size_t i = 0; i < n; ++i) order[i] = n - 1 - i;  // reverse registration order
     install_layout(plan(order), /*carry_gradients=*/false);
     if (options_.broadcast_parameters) broadcast_parameters(0);
-    for (auto& b : buckets_) memory_.zero(b.storage.get(), b.bytes_allocated);
+    for (auto& b : buckets_) memory_.zero(b.storage.data(), b.bytes_allocated);
     if (options_.join || options_.reproducible) {
       flags_storage_ = memory_.allocate(sizeof(std::int32_t) * (static_cast<std::size_t>(comm_.world_size()) + 1));
-      flags_ = static_cast<std::int32_t*>(flags_storage_.get());
+      flags_ = static_cast<std::int32_t*>(flags_storage_.data());
       flags_send_ = flags_ + comm_.world_size();
       if (memory_.is_device()) flags_host_.assign(static_cast<std::size_t>(comm_.world_size()), 0);
     }
@@ -223,7 +223,7 @@ class gradient_reducer {
                                         std::to_string(params_.size()) + " parameters registered)");
     if (!options_.gradient_as_bucket_view) return params_[i].grad;
     const bucket& b = buckets_[bucket_of_[i]];
-    return static_cast<std::byte*>(b.storage.get()) + offset_of_[i] * dtype_size(b.info.type);
+    return static_cast<std::byte*>(b.storage.data()) + offset_of_[i] * dtype_size(b.info.type);
   }
 
   /// Typed `gradient(i)`; throws errc::invalid_argument when `T` is not the parameter's dtype.
@@ -441,7 +441,7 @@ class gradient_reducer {
   void broadcast_parameters(int root) {
     for (auto& b : buckets_) {
       const std::size_t es = dtype_size(b.info.type);
-      auto* base = static_cast<std::byte*>(b.storage.get());
+      auto* base = static_cast<std::byte*>(b.storage.data());
       if (comm_.rank() == root)
         for (std::size_t k = 0; k < b.info.parameters.size(); ++k) {
           const reducer_parameter& p = params_[b.info.parameters[k]];
@@ -606,7 +606,7 @@ class gradient_reducer {
         zero_slot(i);
       else if (!options_.gradient_as_bucket_view && params_[i].count != 0) {
         const std::size_t es = dtype_size(params_[i].type);
-        memory_.copy(static_cast<std::byte*>(b.storage.get()) + offset_of_[i] * es, params_[i].grad,
+        memory_.copy(static_cast<std::byte*>(b.storage.data()) + offset_of_[i] * es, params_[i].grad,
                      static_cast<std::size_t>(params_[i].count) * es);
       }
     } catch (const std::exception& e) {
@@ -617,7 +617,7 @@ class gradient_reducer {
     if (options_.reproducible && b.pending == 0) {
       if (sync) resolve_agreement();  // one micro-batch on every rank: the bucket goes out as it is
       try {
-        if (!sync || !one_contribution_each_) reproducible_.deposit(bucket_of_[i], b.storage.get());
+        if (!sync || !one_contribution_each_) reproducible_.deposit(bucket_of_[i], b.storage.data());
       } catch (const std::exception& e) {
         fail_from(e,
                   "depositing bucket " + std::to_string(bucket_of_[i]) + " into its reproducible accumulator failed");
@@ -651,14 +651,14 @@ class gradient_reducer {
   void zero_slot(std::size_t i) {
     const bucket& b = buckets_[bucket_of_[i]];
     const std::size_t es = dtype_size(params_[i].type);
-    memory_.zero(static_cast<std::byte*>(b.storage.get()) + offset_of_[i] * es,
+    memory_.zero(static_cast<std::byte*>(b.storage.data()) + offset_of_[i] * es,
                  static_cast<std::size_t>(params_[i].count) * es);
   }
 
   /// Zeroes every bucket (join's shadow steps).
   void zero_buckets() {
     try {
-      for (auto& b : buckets_) memory_.zero(b.storage.get(), b.bytes_allocated);
+      for (auto& b : buckets_) memory_.zero(b.storage.data(), b.bytes_allocated);
     } catch (const std::exception& e) { fail_from(e, "join(): zeroing the buckets failed"); }
   }
 
@@ -683,7 +683,7 @@ class gradient_reducer {
       control_storage_ = memory_.allocate(size);
       control_bytes_ = size;
     }
-    auto* gathered = static_cast<std::byte*>(control_storage_.get());
+    auto* gathered = static_cast<std::byte*>(control_storage_.data());
     memory_.from_host(gathered + whole, mine, bytes);
     all_gather(comm_, gathered + whole, gathered, count, type);
     memory_.to_host(all, gathered, whole);
@@ -694,7 +694,7 @@ class gradient_reducer {
     gradient_bucket g;
     g.index = k;
     g.bucket_count = buckets_.size();
-    g.data = b.storage.get();
+    g.data = b.storage.data();
     g.count = b.info.count;
     g.type = b.info.type;
     g.parameters = b.info.parameters;

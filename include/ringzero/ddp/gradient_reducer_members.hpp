@@ -157,8 +157,8 @@ inline void gradient_reducer::install_layout(const std::vector<bucket_plan>& pla
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const std::size_t es = dtype_size(params_[i].type);
       const bucket& ob = buckets_[bucket_of_[i]];
-      const auto* src = static_cast<const std::byte*>(ob.storage.get()) + offset_of_[i] * es;
-      auto* dst = static_cast<std::byte*>(fresh[bucket_of[i]].storage.get()) + offset_of[i] * es;
+      const auto* src = static_cast<const std::byte*>(ob.storage.data()) + offset_of_[i] * es;
+      auto* dst = static_cast<std::byte*>(fresh[bucket_of[i]].storage.data()) + offset_of[i] * es;
       memory_.copy(dst, src, static_cast<std::size_t>(params_[i].count) * es);
     }
   }
@@ -187,7 +187,7 @@ inline void gradient_reducer::launch(std::size_t k) {
     collective_options reproducible;
     reproducible.reproducible = true;
     try {
-      b.pending_work = all_reduce_async(comm_, b.storage.get(), b.storage.get(), b.info.count, b.info.type,
+      b.pending_work = all_reduce_async(comm_, b.storage.data(), b.storage.data(), b.info.count, b.info.type,
                                         reduce_op(reduce_kind::avg), reproducible);
     } catch (const std::exception& e) {
       fail_from(e, "step " + std::to_string(step_) + ": the reproducible all_reduce of bucket " + std::to_string(k) +
@@ -200,7 +200,7 @@ inline void gradient_reducer::launch(std::size_t k) {
     // soon as its last deposit is done, so that it overlaps the rest of backward.
     if (options_.collect_timings) b.launched_at = clock::now();
     try {
-      b.pending_work = reproducible_.reduce_async(comm_, k, b.storage.get());
+      b.pending_work = reproducible_.reduce_async(comm_, k, b.storage.data());
     } catch (const std::exception& e) {
       fail_from(e, "step " + std::to_string(step_) + ": the reproducible average of bucket " + std::to_string(k) +
                        " (parameters " + describe_bucket(k) + ") failed to launch");
@@ -257,7 +257,7 @@ inline void gradient_reducer::wait_and_complete(bool shadow) {
     ++stats_.buckets_reduced;
     if (!shadow && !options_.gradient_as_bucket_view) {
       const std::size_t es = dtype_size(b.info.type);
-      const auto* base = static_cast<const std::byte*>(b.storage.get());
+      const auto* base = static_cast<const std::byte*>(b.storage.data());
       try {
         for (std::size_t j = 0; j < b.info.parameters.size(); ++j) {
           const reducer_parameter& p = params_[b.info.parameters[j]];

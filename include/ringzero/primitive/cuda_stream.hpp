@@ -4,7 +4,7 @@
 /// the interface of `host_stream` / `host_event` (record, wait_event, query, synchronize) and
 /// the memory operations `enqueue_copy`, `enqueue_fill`, `enqueue_cast`, `enqueue_scale`,
 /// `enqueue_reduce` of primitive/memory_ops.hpp, run by the registered CUDA kernels
-/// (primitive/device_primitives.hpp). Wraps primitive/cudart/{stream,event}.hpp.
+/// (primitive/device_stream_ref.hpp). Wraps primitive/cudart/{stream,event}.hpp.
 /// Errors: CUDA's (sticky errors included) as errc::backend_failure; errc::unsupported from the
 /// memory operations when no kernels are registered. Needs cudart (RINGZERO_HAS_CUDA=1), not nvcc.
 /// Thread safety: as CUDA's streams and events. The manual is docs/streams.md.
@@ -18,6 +18,7 @@
 #include "ringzero/primitive/cudart/runtime.hpp"
 #include "ringzero/primitive/cudart/stream.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
+#include "ringzero/primitive/device_stream_ref.hpp"
 #include "ringzero/primitive/reduce.hpp"
 
 namespace ringzero::primitive {
@@ -79,45 +80,40 @@ class cuda_stream {
 };
 
 namespace detail {
-/// Throws errc::backend_failure "<what>: <error>" for `code` != 0.
-inline void check_device_launch(const device_primitives& p, int code, const char* what) {
-  if (code == 0) return;
-  throw error(errc::backend_failure,
-              std::string(what) + " failed: " + p.error_name(code) + ": " + p.error_string(code));
+/// `s` with the registered kernels, its device made current on the calling thread.
+inline device_stream_ref current_device_stream(cuda_stream& s, const char* what) {
+  const device_stream_ref q = device_stream_ref::registered(s.get(), s.device());
+  q.check(q.make_current(), std::string(what) + ": cudaSetDevice");
+  return q;
 }
 }  // namespace detail
 
 /// Copies `bytes` bytes (any direction; cudaMemcpyAsync with cudaMemcpyDefault).
 inline void enqueue_copy(cuda_stream& s, void* dst, const void* src, std::uint64_t bytes) {
-  const device_primitives& p = require_device_primitives();
-  detail::check_device_launch(p, p.set_device(s.device()), "enqueue_copy: cudaSetDevice");
-  detail::check_device_launch(p, p.copy(dst, src, bytes, s.get()), "enqueue_copy");
+  const device_stream_ref q = detail::current_device_stream(s, "enqueue_copy");
+  q.check(q.copy(dst, src, bytes), "enqueue_copy");
 }
 /// Sets `count` elements of `type` to `value` (bitwise primitive::fill's result).
 inline void enqueue_fill(cuda_stream& s, void* dst, std::uint64_t count, dtype type, double value) {
-  const device_primitives& p = require_device_primitives();
-  detail::check_device_launch(p, p.set_device(s.device()), "enqueue_fill: cudaSetDevice");
-  detail::check_device_launch(p, p.fill(dst, count, type, value, s.get()), "enqueue_fill");
+  const device_stream_ref q = detail::current_device_stream(s, "enqueue_fill");
+  q.check(q.fill(dst, count, type, value), "enqueue_fill");
 }
 /// Converts `count` elements (primitive::cast_into's rules).
 inline void enqueue_cast(cuda_stream& s, void* dst, dtype dst_type, const void* src, dtype src_type,
                          std::uint64_t count) {
-  const device_primitives& p = require_device_primitives();
-  detail::check_device_launch(p, p.set_device(s.device()), "enqueue_cast: cudaSetDevice");
-  detail::check_device_launch(p, p.cast(dst, dst_type, src, src_type, count, s.get()), "enqueue_cast");
+  const device_stream_ref q = detail::current_device_stream(s, "enqueue_cast");
+  q.check(q.cast(dst, dst_type, src, src_type, count), "enqueue_cast");
 }
 /// `dst = scalar * src` (primitive::scale_into's arithmetic).
 inline void enqueue_scale(cuda_stream& s, void* dst, const void* src, std::uint64_t count, dtype type, double scalar) {
-  const device_primitives& p = require_device_primitives();
-  detail::check_device_launch(p, p.set_device(s.device()), "enqueue_scale: cudaSetDevice");
-  detail::check_device_launch(p, p.scale(dst, src, count, type, scalar, s.get()), "enqueue_scale");
+  const device_stream_ref q = detail::current_device_stream(s, "enqueue_scale");
+  q.check(q.scale(dst, src, count, type, scalar), "enqueue_scale");
 }
 /// `dst = a (op) b` (primitive::reduce_into's semantics).
 inline void enqueue_reduce(cuda_stream& s, void* dst, const void* a, const void* b, std::uint64_t count,
                            const reduce_spec& spec) {
-  const device_primitives& p = require_device_primitives();
-  detail::check_device_launch(p, p.set_device(s.device()), "enqueue_reduce: cudaSetDevice");
-  detail::check_device_launch(p, p.reduce_into(dst, a, b, count, spec, s.get()), "enqueue_reduce");
+  const device_stream_ref q = detail::current_device_stream(s, "enqueue_reduce");
+  q.check(q.reduce(dst, a, b, count, spec), "enqueue_reduce");
 }
 
 }  // namespace ringzero::primitive

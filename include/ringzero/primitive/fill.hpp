@@ -1,12 +1,14 @@
 #pragma once
 /// @file
-/// Host fill: `fill(dst, count, type, value)` sets `count` elements of `type` to `value`
-/// converted with the rules of primitive/cast.hpp (a float64 converted to the element type), and
+/// Host fill: `zero_bytes(dst, bytes)` (memset); `fill(dst, count, type, value)`, which sets
+/// `count` elements of `type` to `value` converted with the rules of primitive/cast.hpp (a
+/// float64 converted to the element type); and
 /// `element_pattern`, the bit pattern that conversion gives (the CUDA fill of
 /// primitive/fill.cuh writes exactly this pattern).
 ///
 /// Counts are in elements. Thread safety: pure. Determinism: a pure function of its arguments.
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -24,6 +26,11 @@ inline std::uint64_t element_pattern(dtype type, double value) noexcept {
     std::memcpy(&bits, &x, sizeof(T));  // little-endian: the element's bytes first
   });
   return bits;
+}
+
+/// Sets `bytes` bytes at `dst` to zero (memset). Precondition: `dst` non-null when bytes > 0.
+inline void zero_bytes(void* dst, std::size_t bytes) noexcept {
+  if (bytes != 0) std::memset(dst, 0, bytes);
 }
 
 /// Sets `count` elements of `type` at `dst` to `value` converted to `type`.

@@ -1,12 +1,13 @@
 #pragma once
 /// @file
 /// `memory_space` (host, pinned host, CUDA device) and `memory_buffer`, the RAII owner of one
-/// allocation in a space. Host memory is 64-byte aligned (`operator new`); device and pinned
+/// allocation in a space. Host memory is 64-byte aligned (`operator new`; more on request); device and pinned
 /// memory come from the registered CUDA primitives (primitive/device_primitives.hpp:
 /// cudaMalloc, 256-byte aligned, and cudaMallocHost), so this header needs no CUDA header.
 /// Sizes are in bytes; contents after allocation are unspecified.
 /// Errors: errc::unsupported when device or pinned memory is asked for and no CUDA kernels are
-/// registered; errc::backend_failure when the runtime refuses (out of memory included).
+/// registered; errc::backend_failure when the runtime refuses (out of memory included);
+/// errc::internal when host memory is exhausted; errc::invalid_argument for a bad alignment.
 /// Thread safety: a buffer is owned by one thread at a time; allocation may run on any thread.
 
 #include <cstdint>
@@ -47,7 +48,8 @@ class memory_buffer {
       : data_(std::exchange(other.data_, nullptr)),
         bytes_(std::exchange(other.bytes_, 0)),
         space_(other.space_),
-        device_(std::exchange(other.device_, -1)) {}
+        device_(std::exchange(other.device_, -1)),
+        alignment_(std::exchange(other.alignment_, host_alignment)) {}
   memory_buffer& operator=(memory_buffer&& other) noexcept {
     if (this != &other) {
       release();
@@ -55,6 +57,7 @@ class memory_buffer {
       bytes_ = std::exchange(other.bytes_, 0);
       space_ = other.space_;
       device_ = std::exchange(other.device_, -1);
+      alignment_ = std::exchange(other.alignment_, host_alignment);
     }
     return *this;
   }
@@ -63,13 +66,26 @@ class memory_buffer {
   ~memory_buffer() { release(); }
 
   /// Allocates `bytes` bytes in `space` (on CUDA device `device` for memory_space::device; the
-  /// device is then current on the calling thread). Zero bytes give a null buffer.
-  static memory_buffer allocate(memory_space space, std::size_t bytes, int device = -1) {
+  /// device is then current on the calling thread). Zero bytes give a null buffer. Host memory
+  /// is aligned to `host_align` bytes (a power of two, at least `host_alignment`; page-aligned
+  /// memory for O_DIRECT reads asks for 4096); the other spaces ignore it.
+  static memory_buffer allocate(memory_space space, std::size_t bytes, int device = -1,
+                                std::size_t host_align = host_alignment) {
     memory_buffer b;
     b.space_ = space;
     if (bytes == 0) return b;
     switch (space) {
-      case memory_space::host: b.data_ = ::operator new (bytes, std::align_val_t{host_alignment}); break;
+      case memory_space::host: {
+        if (host_align < host_alignment || (host_align & (host_align - 1)) != 0)
+          throw error(errc::invalid_argument, "memory_buffer::allocate: host alignment " + std::to_string(host_align) +
+                                                  " is not a power of two >= " + std::to_string(host_alignment));
+        b.data_ = ::operator new (bytes, std::align_val_t{host_align}, std::nothrow);
+        if (b.data_ == nullptr)
+          throw error(errc::internal, "memory_buffer::allocate: " + std::to_string(bytes) +
+                                          " bytes of host memory failed: out of memory");
+        b.alignment_ = host_align;
+        break;
+      }
       case memory_space::pinned_host: {
         const device_primitives& p = require_device_primitives();
         check(p, p.allocate_pinned != nullptr ? p.allocate_pinned(&b.data_, bytes) : -1, space, bytes);
@@ -90,6 +106,11 @@ class memory_buffer {
   }
 
   void* data() const noexcept { return data_; }
+  /// True when the buffer holds memory.
+  explicit operator bool() const noexcept { return data_ != nullptr; }
+  /// Frees the memory now (device memory: cudaFree, which waits for the device); the buffer is
+  /// then empty.
+  void reset() noexcept { release(); }
   std::size_t size_bytes() const noexcept { return bytes_; }
   memory_space space() const noexcept { return space_; }
   /// The CUDA device of device memory, -1 otherwise.
@@ -107,7 +128,7 @@ class memory_buffer {
   void release() noexcept {
     if (data_ == nullptr) return;
     switch (space_) {
-      case memory_space::host: ::operator delete (data_, std::align_val_t{host_alignment}); break;
+      case memory_space::host: ::operator delete (data_, std::align_val_t{alignment_}); break;
       case memory_space::pinned_host: {
         const device_primitives* p = registered_device_primitives();
         if (p != nullptr && p->deallocate_pinned != nullptr) (void)p->deallocate_pinned(data_);
@@ -130,6 +151,7 @@ class memory_buffer {
   std::size_t bytes_ = 0;
   memory_space space_ = memory_space::host;
   int device_ = -1;
+  std::size_t alignment_ = host_alignment;  ///< host memory's alignment (for its deallocation)
 };
 
 }  // namespace ringzero::primitive

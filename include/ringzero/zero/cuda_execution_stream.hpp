@@ -1,16 +1,16 @@
 #pragma once
 /// @file
-/// `zero::cuda_execution_stream`: the CUDA implementation of `zero::execution_stream` over a
-/// `primitive::cuda_stream` (borrowed). Memory operations run the registered CUDA kernels;
+/// `zero::cuda_execution_stream`: the CUDA implementation of `zero::execution_stream`, a
+/// `primitive::cuda_backed_stream` (events, memory operations; host work refused) plus the step's
+/// operations. Memory operations run the registered CUDA kernels;
 /// collectives are issued on the caller's thread and enqueued by the communicator on its own
 /// stream, which is the runtime's communication stream; the step's operations run the kernels
 /// of zero/optimizer_kernels.cuh (registered by <ringzero/cuda.cuh>; errc::unsupported without
 /// them), the sum of squares through 256 float64 partials of device memory this stream owns
-/// (allocated at its first use); `host_work` throws errc::unsupported (host code cannot touch
-/// device memory; docs/zero.md, "The device path"). `wait_host_stream` (CPU offload's copy back
-/// after the CPU update) enqueues a host function (cudaLaunchHostFunc) that blocks until the host
-/// event's point; an error there is kept and rethrown by `synchronize`. CUDA errors:
-/// errc::backend_failure. Needs cudart (RINGZERO_HAS_CUDA=1). Thread safety: as CUDA's streams.
+/// (allocated at its first use). `wait_host_stream` (CPU offload's copy back after the CPU
+/// update) enqueues a host function (cudaLaunchHostFunc) that blocks until the host event's point;
+/// an error there is kept and rethrown by `synchronize`. CUDA errors: errc::backend_failure.
+/// Needs cudart (RINGZERO_HAS_CUDA=1). Thread safety: as CUDA's streams and events.
 
 #include <exception>
 #include <functional>
@@ -19,6 +19,7 @@
 #include <string>
 #include <utility>
 
+#include "ringzero/primitive/cuda_backed_stream.hpp"
 #include "ringzero/primitive/cuda_stream.hpp"
 #include "ringzero/primitive/cudart/stream.hpp"
 #include "ringzero/primitive/host_stream.hpp"
@@ -29,27 +30,21 @@
 namespace ringzero::zero {
 
 /// See the file comment.
-class cuda_execution_stream final : public execution_stream {
+class cuda_execution_stream final : public execution_stream, public primitive::cuda_backed_stream {
  public:
   /// Borrows `s` (which must outlive this object).
-  explicit cuda_execution_stream(primitive::cuda_stream& s) : stream_(&s) {}
+  explicit cuda_execution_stream(primitive::cuda_stream& s) : primitive::cuda_backed_stream(s), stream_(&s) {}
   /// Owns `s` (the communication stream: the communicator's stream, borrowed from it).
   explicit cuda_execution_stream(std::unique_ptr<primitive::cuda_stream> s)
-      : owned_(std::move(s)), stream_(owned_.get()) {}
+      : primitive::cuda_backed_stream(std::move(s)), stream_(&native()) {}
 
-  const char* kind() const noexcept override { return "cuda_stream"; }
-  primitive::memory_space space() const noexcept override { return primitive::memory_space::device; }
-  int device() const noexcept override { return stream_->device(); }
   ringzero::memory_space communicator_space() const noexcept override { return ringzero::memory_space::cuda; }
-  std::unique_ptr<event> make_event() const override { return std::make_unique<cuda_event_box>(stream_->device()); }
   std::unique_ptr<execution_stream> make_communication_stream(communicator& comm,
                                                               primitive::host_stream_options) const override {
     auto borrowed = std::make_unique<primitive::cuda_stream>(
         primitive::cuda_stream::borrow(static_cast<cudaStream_t>(comm.cuda_stream()), comm.cuda_device()));
     return std::make_unique<cuda_execution_stream>(std::move(borrowed));
   }
-  void record(event& e) override { stream_->record(dynamic_cast<cuda_event_box&>(e).native); }
-  void wait(const event& e) override { stream_->wait_event(dynamic_cast<const cuda_event_box&>(e).native); }
   /// The host function holds this stream (and, as CUDA may run the host functions of all streams
   /// on one thread, possibly other streams' host functions) until the host stream's point: the
   /// alternative, cuStreamWaitValue32 on a pinned flag, needs the driver API and a device
@@ -65,26 +60,14 @@ class cuda_execution_stream final : public execution_stream {
       }
     });
   }
-  void wait_host(const event& e) override { dynamic_cast<const cuda_event_box&>(e).native.synchronize(); }
   void synchronize() override {
-    stream_->synchronize();
+    primitive::cuda_backed_stream::synchronize();
     std::exception_ptr error;
     {
       std::lock_guard<std::mutex> lock(failed_->mutex);
       error = std::exchange(failed_->error, nullptr);
     }
     if (error) std::rethrow_exception(error);
-  }
-  bool runs_host_work() const noexcept override { return false; }
-  void copy(void* dst, const void* src, std::uint64_t bytes) override {
-    primitive::enqueue_copy(*stream_, dst, src, bytes);
-  }
-  void fill(void* dst, std::uint64_t count, dtype type, double value) override {
-    primitive::enqueue_fill(*stream_, dst, count, type, value);
-  }
-  void reduce(void* dst, const void* a, const void* b, std::uint64_t count,
-              const primitive::reduce_spec& spec) override {
-    primitive::enqueue_reduce(*stream_, dst, a, b, count, spec);
   }
   void add_sum_of_squares(double* sum, const void* values, std::uint64_t count, dtype type) override {
     const optimizer_kernels& k = kernels_on_device();
@@ -102,17 +85,9 @@ class cuda_execution_stream final : public execution_stream {
     const optimizer_kernels& k = kernels_on_device();
     launched(k.update_shard(u, s, stream_->get()), "the optimizer update of a shard");
   }
-  void host_work(std::function<void()>, const std::string& what) override {
-    throw error(errc::unsupported, "zero::sharded_model on a CUDA stream: " + what +
-                                       " is host code, which cannot run on device memory (it has no CUDA kernel)");
-  }
   void collective(std::function<void()> issue) override { issue(); }
 
  private:
-  struct cuda_event_box final : event {
-    explicit cuda_event_box(int device) : native(device) {}
-    primitive::cuda_event native;
-  };
   /// The registered kernels, the stream's device made current on the calling thread.
   const optimizer_kernels& kernels_on_device() const {
     const optimizer_kernels& k = require_optimizer_kernels();
@@ -132,9 +107,8 @@ class cuda_execution_stream final : public execution_stream {
     std::exception_ptr error;
   };
   std::shared_ptr<failure> failed_ = std::make_shared<failure>();
-  std::unique_ptr<primitive::cuda_stream> owned_;
   primitive::memory_buffer partials_;  ///< the sum of squares' scratch (device memory)
-  primitive::cuda_stream* stream_;
+  primitive::cuda_stream* stream_;     ///< the wrapped stream (`native()`)
 };
 
 }  // namespace ringzero::zero

@@ -1,0 +1,136 @@
+#pragma once
+/// @file
+/// `primitive::stream`: the type-erased stream with events of the memory-and-stream layer, the
+/// one interface that code serving host and device memory alike is written against (the ZeRO
+/// runtime's device path, zero/execution_stream.hpp, derives from it): events (record, wait on
+/// another stream, wait_host, query), synchronize, the memory operations (copy, fill, cast,
+/// scale, reduce) and host work, with CUDA's stream semantics. Implementations:
+/// `host_backed_stream` here, over the asynchronous `host_stream` (the simulated device of CI:
+/// every operation runs later on the stream's thread, with the host primitives), and
+/// `cuda_backed_stream` (primitive/cuda_backed_stream.hpp, needs cudart).
+/// Counts are in elements, sizes in bytes; buffers must stay alive until the work has run.
+/// Errors: the wrapped stream's (docs/streams.md); `host_work` on a stream whose memory host
+/// code cannot touch throws errc::unsupported. An event must come from `make_event` of a stream
+/// of the same kind. Thread safety: as the wrapped stream. The manual is docs/streams.md.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "ringzero/core/dtype.hpp"
+#include "ringzero/primitive/host_stream.hpp"
+#include "ringzero/primitive/memory_ops.hpp"
+#include "ringzero/primitive/memory_space.hpp"
+#include "ringzero/primitive/reduce.hpp"
+
+namespace ringzero::primitive {
+
+/// An in-order stream of work on memory of one space, ordered against other streams of the
+/// same kind by events only (see the file comment).
+class stream {
+ public:
+  /// A point in a stream of this kind (made by `make_event`; a never-recorded event is complete).
+  class event {
+   public:
+    virtual ~event() = default;
+  };
+
+  virtual ~stream() = default;
+  /// "host_stream" or "cuda_stream".
+  virtual const char* kind() const noexcept = 0;
+  /// Where the memory this stream works on lives: memory_space::host for the host stream (host
+  /// memory touched only by stream work), memory_space::device on CUDA.
+  virtual memory_space space() const noexcept = 0;
+  /// The CUDA device of the stream; -1 for the host stream.
+  virtual int device() const noexcept = 0;
+  /// A new event of this kind.
+  virtual std::unique_ptr<event> make_event() const = 0;
+
+  /// Records `e` at the current end of this stream.
+  virtual void record(event& e) = 0;
+  /// Work enqueued later runs after the point of the last record of `e` (never blocks).
+  virtual void wait(const event& e) = 0;
+  /// Blocks the calling thread until the point of the last record of `e` is reached.
+  virtual void wait_host(const event& e) = 0;
+  /// True when the point of the last record of `e` has been reached; never blocks.
+  virtual bool query(const event& e) const = 0;
+  /// True when everything enqueued so far has run; never blocks. Rethrows the stream's error.
+  virtual bool query() = 0;
+  /// Blocks until everything enqueued so far has run; rethrows the stream's error.
+  virtual void synchronize() = 0;
+  /// As `synchronize`, dropping any error (for destructors).
+  void synchronize_quietly() noexcept {
+    try {
+      synchronize();
+    } catch (...) {}
+  }
+
+  /// The memory operations of primitive/memory_ops.hpp, enqueued; results are bitwise the host
+  /// primitives' (copy_bytes, fill, cast_into, scale_into, reduce_into).
+  virtual void copy(void* dst, const void* src, std::uint64_t bytes) = 0;
+  virtual void fill(void* dst, std::uint64_t count, dtype type, double value) = 0;
+  virtual void cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count) = 0;
+  virtual void scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar) = 0;
+  virtual void reduce(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec) = 0;
+  /// Whether `host_work` runs (true for the host kind).
+  virtual bool runs_host_work() const noexcept = 0;
+  /// Host code reading and writing the stream's memory, run in order (host kind); errc::unsupported
+  /// naming `what` where the memory is not host-addressable (CUDA: a kernel is needed).
+  virtual void host_work(std::function<void()> work, const std::string& what) = 0;
+};
+
+/// `stream` over a `host_stream` (borrowed or owned). Derived classes add operations.
+class host_backed_stream : public virtual stream {
+ public:
+  /// Borrows `s` (which must outlive this object).
+  explicit host_backed_stream(host_stream& s) : stream_(&s) {}
+  /// Owns a new host stream with `options`.
+  explicit host_backed_stream(host_stream_options options)
+      : owned_(std::make_unique<host_stream>(options)), stream_(owned_.get()) {}
+
+  /// The wrapped stream (tests pause and resume it).
+  host_stream& native() noexcept { return *stream_; }
+
+  const char* kind() const noexcept override { return "host_stream"; }
+  memory_space space() const noexcept override { return memory_space::host; }
+  int device() const noexcept override { return -1; }
+  std::unique_ptr<event> make_event() const override { return std::make_unique<host_event_box>(); }
+  void record(event& e) override { stream_->record(box(e).native); }
+  void wait(const event& e) override { stream_->wait_event(box(e).native); }
+  void wait_host(const event& e) override { box(e).native.synchronize(); }
+  bool query(const event& e) const override { return box(e).native.query(); }
+  bool query() override { return stream_->query(); }
+  void synchronize() override { stream_->synchronize(); }
+  void copy(void* dst, const void* src, std::uint64_t bytes) override { enqueue_copy(*stream_, dst, src, bytes); }
+  void fill(void* dst, std::uint64_t count, dtype type, double value) override {
+    enqueue_fill(*stream_, dst, count, type, value);
+  }
+  void cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count) override {
+    enqueue_cast(*stream_, dst, dst_type, src, src_type, count);
+  }
+  void scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar) override {
+    enqueue_scale(*stream_, dst, src, count, type, scalar);
+  }
+  void reduce(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec) override {
+    enqueue_reduce(*stream_, dst, a, b, count, spec);
+  }
+  bool runs_host_work() const noexcept override { return true; }
+  void host_work(std::function<void()> work, const std::string&) override { stream_->enqueue(std::move(work)); }
+
+  /// The host event inside `e`, an event of this kind (for another kind's wait on a host stream).
+  static const host_event& native_event(const event& e) { return box(e).native; }
+
+ private:
+  struct host_event_box final : event {
+    host_event native;
+  };
+  static host_event_box& box(event& e) { return dynamic_cast<host_event_box&>(e); }
+  static const host_event_box& box(const event& e) { return dynamic_cast<const host_event_box&>(e); }
+
+  std::unique_ptr<host_stream> owned_;
+  host_stream* stream_;
+};
+
+}  // namespace ringzero::primitive
