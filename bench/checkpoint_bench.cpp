@@ -17,9 +17,9 @@
 //   memory for the copy it reads into), then checkpointer::load after evicting them again (the
 //   memory it keeps: the model's previous state, exchanged at each load; allocated by the first);
 // - async: the time async_save blocks the training thread (staging allocated by a first call),
-//   next to a plain memcpy of the same bytes per rank, both ranks at once, from the model's kind
-//   of memory into the checkpointer's kind of staging buffer (pre-touched); and the time of an
-//   optimizer step alone and while the background write runs.
+//   next to the same copy done by hand right after a step: memcpy of the model's own pieces into
+//   a staging buffer allocated once as the checkpointer's (pre-touched, pieces page-aligned), both
+//   ranks at once; and the time of an optimizer step alone and while the background write runs.
 // Throughput = total state bytes / wall time of the slowest rank. Prints a table (and --json).
 
 #include <fcntl.h>
@@ -34,6 +34,7 @@
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/core.h>
@@ -43,7 +44,6 @@
 #include "ringzero/checkpoint.hpp"
 #include "ringzero/checkpoint/staging_buffer.hpp"
 #include "ringzero/ringzero.hpp"
-#include "ringzero/zero/host_buffer.hpp"
 
 #include "size_arg.hpp"
 
@@ -88,6 +88,18 @@ void baseline_write(const fs::path& path, const unsigned char* src, std::uint64_
 void baseline_read(const fs::path& path, unsigned char* dst, std::uint64_t bytes) {
   const ck::detail::file f = ck::detail::file::open_read(path);
   for (std::uint64_t at = 0; at < bytes; at += block) f.read_at(dst + at, std::min(block, bytes - at), at);
+}
+
+/// This rank's pieces of `model`'s state as a save copies them: (memory, bytes) in file order.
+std::vector<std::pair<const unsigned char*, std::uint64_t>> model_pieces(rz::zero::sharded_model& model) {
+  const ck::detail::zero_tensors z(model.plan(), model.optimizer().options());
+  std::vector<std::vector<ck::detail::zero_piece_source>> where;
+  const ck::state_layout layout = ck::detail::zero_layout(model.plan(), model.optimizer().options(), z, &where);
+  const auto rank = static_cast<std::size_t>(model.global_rank());
+  std::vector<std::pair<const unsigned char*, std::uint64_t>> out;
+  for (std::size_t k = 0; k < where[rank].size(); ++k)
+    out.emplace_back(ck::detail::zero_source(model, where[rank][k]), layout.bytes(layout.pieces[rank][k]));
+  return out;
 }
 
 struct timings {
@@ -152,8 +164,9 @@ int main(int argc, char** argv) {
       model.step();  // moments become non-zero-sized work; the state is now "trained"
       const std::uint64_t share = total / static_cast<std::uint64_t>(ranks);
       std::vector<unsigned char> source(share, 1), sink(share);
-      ck::checkpointer ckpt(dir / "checkpoints");  // keep_last 0: removals are not timed (done below)
-      auto slowest = [&](double mine) {            // the slowest rank's time, on every rank
+      ck::detail::staging_buffer baseline_staging;  // the memcpy baseline's, allocated once
+      ck::checkpointer ckpt(dir / "checkpoints");   // keep_last 0: removals are not timed (done below)
+      auto slowest = [&](double mine) {             // the slowest rank's time, on every rank
         double all = mine;
         rz::all_reduce(comm, &all, &all, 1, rz::dtype::float64, rz::reduce_kind::max);
         return all;
@@ -215,14 +228,19 @@ int main(int argc, char** argv) {
           for (const std::string& old : {"bench-" + std::to_string(k), "async-" + std::to_string(k)})
             fs::remove_all(dir / "checkpoints" / old);
         }
-        // Like with like: the destination is the checkpointer's kind of staging memory (pre-touched),
-        // the source the kind the model's state lives in (a page-aligned host_buffer), both ranks at once.
-        ck::detail::staging_buffer staging(ckpt.staging_bytes());
-        rz::zero::detail::host_buffer from(ckpt.staging_bytes());
-        std::memset(from.data(), 2, static_cast<std::size_t>(from.bytes()));
+        // Like with like: the save's own copy done by hand, right after a step as the save's is: the
+        // model's own pieces (the sources the save copies) into a staging buffer allocated once as
+        // the checkpointer's (pre-touched, each piece at a page-aligned place), both ranks at once.
+        const std::vector<std::pair<const unsigned char*, std::uint64_t>> pieces = model_pieces(model);
+        if (baseline_staging.empty()) baseline_staging = ck::detail::staging_buffer(ckpt.staging_bytes());
+        model.step();
         rz::barrier(comm);
         t0 = clock_type::now();
-        std::memcpy(staging.data(), from.data(), static_cast<std::size_t>(staging.bytes()));
+        unsigned char* to = baseline_staging.data();
+        for (const auto& [from, bytes] : pieces) {
+          std::memcpy(to, from, static_cast<std::size_t>(bytes));
+          to += (bytes + 4095) / 4096 * 4096;
+        }
         record(t.memcpy_staging, slowest(seconds_since(t0)));
       }
     });

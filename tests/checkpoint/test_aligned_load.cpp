@@ -2,7 +2,8 @@
 // new save starts at a 4096-aligned offset (padding tensors fill the gaps, Python-readable as
 // plain safetensors), checkpoints of the older unaligned layout still load bit for bit, and a
 // load reads with O_DIRECT where it can and buffered where O_DIRECT is refused (at open, as
-// file systems without it do, or at the read), with the same bytes and the same checksum checks.
+// file systems without it do, or at the read), with the same bytes and the same checksum checks;
+// a save writes page-aligned pieces with O_DIRECT and the same file bytes when it is refused.
 #include <fcntl.h>
 #include <unistd.h>
 #include <algorithm>
@@ -341,6 +342,88 @@ TEST_CASE("a cold load into a model with large parameters (direct reads) and wit
         c.load(m, root.path);  // into the kept memory
         CHECK(same_bits(parameters_of(m), saved[0]));
         CHECK(optimizer_bytes(m) == saved_optimizer[static_cast<std::size_t>(comm.rank())]);
+      });
+    }
+}
+
+TEST_CASE(
+    "O_DIRECT writes: page-aligned pieces go straight to the disk; refused at open or at the write, the same file") {
+  // One tensor of 2 ranks' pieces; rank 1's piece is 3 chunks and an odd tail (a partial last block).
+  ck::state_layout L;
+  L.kind = "replicated";
+  L.world_size = 2;
+  constexpr std::uint64_t n = 3 * (std::uint64_t{1} << 20) + 12345, split = 1536 * 1024;
+  ck::tensor_spec t;
+  t.name = "w";
+  t.shape = {n};
+  L.tensors = {t};
+  L.pieces = {{{0, 0, split}}, {{0, split, n}}};
+  ck::detail::staging_buffer aligned((n - split) * sizeof(float), false);  // page-aligned
+  std::vector<float> unaligned(static_cast<std::size_t>(n - split) + 1);   // one element off a page, at least
+  auto* a = reinterpret_cast<float*>(aligned.data());
+  float* u = reinterpret_cast<std::uintptr_t>(unaligned.data()) % 4096 == 0 ? unaligned.data() + 1 : unaligned.data();
+  for (std::uint64_t j = split; j < n; ++j) a[j - split] = u[j - split] = value(j);
+  scratch_dir root("direct-write");
+  const ck::shard_file_layout f = ck::make_shard_file_layout(L, 1);
+  const auto* src_u = reinterpret_cast<const unsigned char*>(u);
+  const auto want_sums = ck::write_shard_file(root.path / "buffered", L, 1, f, {src_u});
+  CHECK(want_sums == ck::chunk_checksums(src_u, (n - split) * sizeof(float)));
+  const std::string want = read_text(root.path / "buffered");
+  CHECK(want.size() == f.offsets[0] + (n - split) * sizeof(float));
+  const fs::path path = root.path / "direct";
+  const bool direct_possible = [&] {
+    ck::detail::write_whole_file(path, "", 0);
+    return ck::detail::file::open_direct_write(path).has_value();
+  }();
+  if (!direct_possible) MESSAGE("this file system refuses O_DIRECT: only the buffered writes are checked");
+  using ck::detail::direct_refusal;
+  for (direct_refusal refusal : {direct_refusal::none, direct_refusal::at_open, direct_refusal::at_write}) {
+    CAPTURE(static_cast<int>(refusal));
+    refusal_scope refuse(refusal);
+    CHECK(ck::write_shard_file(path, L, 1, f, {aligned.data()}) == want_sums);
+    {  // written directly, the middle of the piece never entered the page cache; buffered, it did
+      const ck::detail::file written = ck::detail::file::open_read(path);
+      const bool cached = written.cached(f.offsets[0] + 2 * 1024 * 1024);
+      if (direct_possible && refusal == direct_refusal::none) CHECK(!cached);
+      if (refusal != direct_refusal::none) CHECK(cached);
+    }
+    CHECK(read_text(path) == want);
+  }
+}
+
+TEST_CASE("saves and asynchronous saves written with O_DIRECT or refused it load bit for bit") {
+  using ck::detail::direct_refusal;
+  for (direct_refusal refusal : {direct_refusal::none, direct_refusal::at_open, direct_refusal::at_write})
+    for (bool async : {false, true}) {
+      CAPTURE(static_cast<int>(refusal));
+      CAPTURE(async);
+      scratch_dir root("direct-save");
+      std::vector<std::vector<std::vector<float>>> saved(2);
+      std::vector<std::vector<unsigned char>> saved_optimizer(2);
+      {
+        refusal_scope refuse(refusal);
+        local::launch(2, [&](communicator& comm) {
+          sharded_model m(comm, request(large_parameters(), 3, 4096), model_options(adamw()));
+          initialise(m);
+          train(m, comm.rank(), 0, 2);
+          ck::checkpointer c(root.path);
+          if (async) {
+            c.async_save(m);
+            c.wait();
+          } else {
+            c.save(m);
+          }
+          saved[static_cast<std::size_t>(comm.rank())] = parameters_of(m);
+          saved_optimizer[static_cast<std::size_t>(comm.rank())] = optimizer_bytes(m);
+        });
+      }
+      evict_tree(root.path);
+      local::launch(2, [&](communicator& comm) {
+        sharded_model m(comm, request(large_parameters(), 3, 4096), model_options(adamw()));
+        ck::load(m, root.path);
+        CHECK(same_bits(parameters_of(m), saved[0]));
+        CHECK(optimizer_bytes(m) == saved_optimizer[static_cast<std::size_t>(comm.rank())]);
+        CHECK(m.optimizer().steps() == 2);
       });
     }
 }

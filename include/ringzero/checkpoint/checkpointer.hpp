@@ -251,15 +251,20 @@ class checkpointer {
     set_sources(std::move(sources), staged);
   }
 
-  /// Points the job at the model's memory, or copies it into staging (laid out like the file).
+  /// Points the job at the model's memory, or copies it into staging (laid out like the file,
+  /// every piece page-aligned).
   void set_sources(std::vector<const unsigned char*> sources, bool staged) {
     if (!staged) {
       job_.sources = std::move(sources);
       return;
     }
     const auto& mine = job_.layout.pieces[static_cast<std::size_t>(job_.rank)];
+    // Each piece at a 4096-aligned place, as its fragment in the file: written with O_DIRECT.
+    auto aligned = [](std::uint64_t n) {
+      return (n + detail::direct_block_bytes - 1) / detail::direct_block_bytes * detail::direct_block_bytes;
+    };
     std::uint64_t total = 0;
-    for (const piece& p : mine) total += job_.layout.bytes(p);
+    for (const piece& p : mine) total += aligned(job_.layout.bytes(p));
     try {
       if (staging_.bytes() < total) {
         staging_ = detail::staging_buffer();  // free the old one first
@@ -275,7 +280,7 @@ class checkpointer {
       const std::uint64_t n = job_.layout.bytes(mine[k]);
       std::memcpy(at, sources[k], static_cast<std::size_t>(n));
       job_.sources.push_back(at);
-      at += n;
+      at += aligned(n);
     }
   }
 

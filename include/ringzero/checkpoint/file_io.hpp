@@ -4,8 +4,8 @@
 /// reads and writes of whole ranges (pread / pwrite, retried on short transfers and EINTR),
 /// fsync of files and directories, atomic replacement of a small file (temporary file, fsync,
 /// rename, fsync of the directory) and atomic exchange of two directories (renameat2 with
-/// RENAME_EXCHANGE, Linux 3.15+), and reads that bypass the page cache (O_DIRECT) where the file
-/// system allows them. Every failure throws `ringzero::error(errc::io_error)` naming
+/// RENAME_EXCHANGE, Linux 3.15+), and reads and writes that bypass the page cache (O_DIRECT)
+/// where the file system allows them. Every failure throws `ringzero::error(errc::io_error)` naming
 /// the operation, the file and the system's reason ("No space left on device").
 /// Thread semantics: a `file` is used by one thread at a time.
 
@@ -38,9 +38,14 @@ namespace ringzero::checkpoint::detail {
 }
 
 /// For tests: makes O_DIRECT look refused as by a file system without it (`at_open`: open fails
-/// with EINVAL; `at_read`: the first direct pread does), so the buffered fallback runs anywhere.
-enum class direct_refusal { none, at_open, at_read };
+/// with EINVAL, for reads and writes; `at_read`: the first direct pread does; `at_write`: the
+/// first direct pwrite does), so the buffered fallback runs anywhere.
+enum class direct_refusal { none, at_open, at_read, at_write };
 inline std::atomic<direct_refusal> test_direct_refusal{direct_refusal::none};
+
+/// The alignment this layer gives O_DIRECT transfers (memory, file offsets and lengths): 4 KiB,
+/// a multiple of every logical block size in use (512 or 4096 bytes).
+inline constexpr std::uint64_t direct_block_bytes = 4096;
 
 /// An open file descriptor, closed on destruction. Move-only.
 class file {
@@ -84,6 +89,19 @@ class file {
 #endif
     return std::nullopt;
   }
+  /// Opens the existing file `path` for writing with O_DIRECT (offsets, lengths and memory
+  /// multiples of the logical block size), or std::nullopt when the file system refuses it or
+  /// the file cannot be opened (the caller writes buffered).
+  static std::optional<file> open_direct_write(const std::filesystem::path& path) noexcept {
+#if defined(O_DIRECT)
+    if (test_direct_refusal.load() == direct_refusal::at_open) return std::nullopt;
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);
+    if (fd >= 0) return file(fd, path);
+#else
+    (void)path;
+#endif
+    return std::nullopt;
+  }
   /// Opens a directory (for fsync).
   static file open_directory(const std::filesystem::path& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -110,6 +128,31 @@ class file {
       bytes -= static_cast<std::uint64_t>(w);
       offset += static_cast<std::uint64_t>(w);
     }
+  }
+  /// `write_at` on a file opened by `open_direct_write` (`data`, `bytes` and `offset` multiples
+  /// of the logical block size): returns the bytes written before the system refused the
+  /// request with EINVAL (all of them normally), for the caller to write the rest buffered;
+  /// other errors (ENOSPC, EFBIG past a file size limit) throw as `write_at`'s do.
+  std::uint64_t write_direct_at(const void* data, std::uint64_t bytes, std::uint64_t offset) {
+    if (test_direct_refusal.load() == direct_refusal::at_write) return 0;
+    const auto* p = static_cast<const unsigned char*>(data);
+    const std::uint64_t asked = bytes;
+    while (bytes > 0) {
+      const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
+      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EINVAL) break;
+        io_fail("cannot write " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
+                errno);
+      }
+      if (w == 0) io_fail("cannot write (no progress) at offset " + std::to_string(offset) + " of", path_, ENOSPC);
+      p += w;
+      bytes -= static_cast<std::uint64_t>(w);
+      offset += static_cast<std::uint64_t>(w);
+      if (w % 512 != 0) break;  // the rest is no longer block-aligned: the caller writes it buffered
+    }
+    return asked - bytes;
   }
   /// Reads exactly `bytes` bytes at `offset`; a file that ends first is an error ("truncated").
   void read_at(void* data, std::uint64_t bytes, std::uint64_t offset) const { read_loop(data, bytes, offset, false); }
