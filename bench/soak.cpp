@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   std::vector<long> window_rss_kib;
   std::size_t growths_after_first = 0;
   std::mutex mutex;
-  rz::local::launch(ranks, [&](rz::local::communicator& comm) {
+  rz::local::launch(ranks, [&](rz::communicator& comm) {
     std::vector<float> send(count, 1.0f), recv(count, 0.0f);
     std::vector<double> times(static_cast<std::size_t>(window)), slowest(times.size());
     rz::all_reduce(comm, send.data(), recv.data(), count, rz::dtype::float32, rz::reduce_kind::sum);

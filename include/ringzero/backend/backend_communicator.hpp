@@ -15,6 +15,7 @@ class backend_communicator : public communicator, public transport {
  public:
   using communicator::issued;
   using communicator::rank;
+  using communicator::scratch_bytes;
   using communicator::world_size;
 
   /// Which backend this is (each backend answers for both interfaces).

@@ -11,6 +11,7 @@
 /// order. A second thread entering a collective while another runs one gets errc::invalid_argument.
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -78,6 +79,9 @@ class communicator {
 
   /// Number of collectives issued on this communicator so far (the next one's sequence number).
   std::uint64_t issued() const noexcept { return its_transport().issued(); }
+  /// Bytes of scratch memory the backend holds for this rank's collectives (in its memory space),
+  /// reused across calls and grown on demand: for memory accounting.
+  std::size_t scratch_bytes() const noexcept { return its_transport().scratch_bytes(); }
 
  protected:
   /// Base constructor; throws errc::invalid_argument unless 0 <= rank < world_size, or when
