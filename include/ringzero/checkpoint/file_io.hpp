@@ -113,46 +113,14 @@ class file {
   bool is_open() const noexcept { return fd_ >= 0; }
 
   /// Writes `bytes` bytes at `offset`. A disk that fills up gives ENOSPC here (or at `sync`).
-  void write_at(const void* data, std::uint64_t bytes, std::uint64_t offset) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    while (bytes > 0) {
-      const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
-      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        io_fail("cannot write " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
-                errno);
-      }
-      if (w == 0) io_fail("cannot write (no progress) at offset " + std::to_string(offset) + " of", path_, ENOSPC);
-      p += w;
-      bytes -= static_cast<std::uint64_t>(w);
-      offset += static_cast<std::uint64_t>(w);
-    }
-  }
+  void write_at(const void* data, std::uint64_t bytes, std::uint64_t offset) { write_loop(data, bytes, offset, false); }
   /// `write_at` on a file opened by `open_direct_write` (`data`, `bytes` and `offset` multiples
   /// of the logical block size): returns the bytes written before the system refused the
   /// request with EINVAL (all of them normally), for the caller to write the rest buffered;
   /// other errors (ENOSPC, EFBIG past a file size limit) throw as `write_at`'s do.
   std::uint64_t write_direct_at(const void* data, std::uint64_t bytes, std::uint64_t offset) {
     if (test_direct_refusal.load() == direct_refusal::at_write) return 0;
-    const auto* p = static_cast<const unsigned char*>(data);
-    const std::uint64_t asked = bytes;
-    while (bytes > 0) {
-      const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
-      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EINVAL) break;
-        io_fail("cannot write " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
-                errno);
-      }
-      if (w == 0) io_fail("cannot write (no progress) at offset " + std::to_string(offset) + " of", path_, ENOSPC);
-      p += w;
-      bytes -= static_cast<std::uint64_t>(w);
-      offset += static_cast<std::uint64_t>(w);
-      if (w % 512 != 0) break;  // the rest is no longer block-aligned: the caller writes it buffered
-    }
-    return asked - bytes;
+    return write_loop(data, bytes, offset, true);
   }
   /// Reads exactly `bytes` bytes at `offset`; a file that ends first is an error ("truncated").
   void read_at(void* data, std::uint64_t bytes, std::uint64_t offset) const { read_loop(data, bytes, offset, false); }
@@ -212,6 +180,28 @@ class file {
   }
 
  private:
+  /// The pwrite loop of `write_at` (direct: stop at EINVAL or where a short write leaves the rest
+  /// unaligned, for the caller to write buffered); returns the bytes written.
+  std::uint64_t write_loop(const void* data, std::uint64_t bytes, std::uint64_t offset, bool direct) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    const std::uint64_t asked = bytes;
+    while (bytes > 0) {
+      const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
+      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        if (direct && errno == EINVAL) break;
+        io_fail("cannot write " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
+                errno);
+      }
+      if (w == 0) io_fail("cannot write (no progress) at offset " + std::to_string(offset) + " of", path_, ENOSPC);
+      p += w;
+      bytes -= static_cast<std::uint64_t>(w);
+      offset += static_cast<std::uint64_t>(w);
+      if (direct && w % 512 != 0) break;  // the rest is no longer block-aligned: the caller writes it buffered
+    }
+    return asked - bytes;
+  }
   /// pread until `bytes` are read at `offset`; returns how many were. `direct`: stops early at
   /// EINVAL or after a short read that is not a whole number of 512-byte blocks (the rest cannot
   /// go direct). Other errors and a file that ends first throw errc::io_error naming the file.
