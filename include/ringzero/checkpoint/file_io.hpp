@@ -43,6 +43,13 @@ namespace ringzero::checkpoint::detail {
 enum class direct_refusal { none, at_open, at_read, at_write };
 inline std::atomic<direct_refusal> test_direct_refusal{direct_refusal::none};
 
+/// For tests: what `file::cached` answers. `probe` asks the kernel (the default); `cold` and
+/// `warm` answer false and true, so that the choice between direct and buffered reads is
+/// checked without depending on which pages the kernel keeps (posix_fadvise eviction is advice,
+/// and a file system may serve an O_DIRECT write through the page cache).
+enum class page_cache_view { probe, cold, warm };
+inline std::atomic<page_cache_view> test_page_cache{page_cache_view::probe};
+
 /// The alignment this layer gives O_DIRECT transfers (memory, file offsets and lengths): 4 KiB,
 /// a multiple of every logical block size in use (512 or 4096 bytes).
 inline constexpr std::uint64_t direct_block_bytes = 4096;
@@ -135,6 +142,11 @@ class file {
   /// True when the byte at `offset` is in the page cache (a 1-byte preadv2 with RWF_NOWAIT
   /// succeeds), so a read there is served from memory; false when not or unknown.
   bool cached(std::uint64_t offset) const noexcept {
+    switch (test_page_cache.load()) {
+      case page_cache_view::cold: return false;
+      case page_cache_view::warm: return true;
+      case page_cache_view::probe: break;
+    }
 #if defined(RWF_NOWAIT)
     unsigned char byte = 0;
     iovec v{&byte, 1};

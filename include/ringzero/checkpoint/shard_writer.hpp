@@ -29,10 +29,12 @@ namespace ringzero::checkpoint {
 
 /// Writes rank `rank`'s file of `layout` (`file_layout` = make_shard_file_layout(layout, rank))
 /// to `path`, piece k read from `sources[k]`; returns the chunk checksums of its pieces in file
-/// order, concatenated. Throws errc::io_error naming `path`.
+/// order, concatenated. When `bytes_direct` is given, it receives how many bytes the system
+/// accepted with O_DIRECT (the rest went buffered). Throws errc::io_error naming `path`.
 inline std::vector<std::uint64_t> write_shard_file(const std::filesystem::path& path, const state_layout& layout,
                                                    int rank, const shard_file_layout& file_layout,
-                                                   const std::vector<const unsigned char*>& sources) {
+                                                   const std::vector<const unsigned char*>& sources,
+                                                   std::uint64_t* bytes_direct = nullptr) {
   const auto& mine = layout.pieces[static_cast<std::size_t>(rank)];
   std::vector<std::uint64_t> sums(static_cast<std::size_t>(layout.checksum_count(rank)));
   auto hash_all = [&] {  // every piece's chunks, in file order
@@ -53,7 +55,7 @@ inline std::vector<std::uint64_t> write_shard_file(const std::filesystem::path& 
   f.write_at(file_layout.header.data(), file_layout.header.size(), 0);
   constexpr std::uint64_t block = detail::direct_block_bytes, request = std::uint64_t{64} << 20;
   // Buffered writes: [unsubmitted, end) holds `pending` bytes written and not yet handed to the disk.
-  std::uint64_t unsubmitted = 0, end = file_layout.header.size(), pending = end;
+  std::uint64_t unsubmitted = 0, end = file_layout.header.size(), pending = end, direct_total = 0;
   for (std::size_t k = 0; k < mine.size(); ++k) {
     const unsigned char* src = sources[k];
     const std::uint64_t bytes = layout.bytes(mine[k]);
@@ -65,6 +67,7 @@ inline std::vector<std::uint64_t> write_shard_file(const std::filesystem::path& 
         const std::uint64_t n = std::min(request, body - done);
         const std::uint64_t w = direct->write_direct_at(src + done, n, offset + done);
         done += w;
+        direct_total += w;
         if (w < n) {  // refused (EINVAL): this and every later piece go buffered
           direct.reset();
           break;
@@ -85,6 +88,7 @@ inline std::vector<std::uint64_t> write_shard_file(const std::filesystem::path& 
     }
   }
   f.sync();  // the inode's data (direct and buffered) and metadata
+  if (bytes_direct != nullptr) *bytes_direct = direct_total;
   if (direct) direct->close();
   f.close();
   if (hasher.joinable())
