@@ -54,13 +54,19 @@ for line in open(sys.argv[1]):
     line = line.strip()
     if not line:
         continue
-    r = json.loads(line)["result"]
+    t = json.loads(line)
+    r = t["result"]
     if r in ("OK", "EXPECTEDFAIL"):
         ok += 1
     elif r == "SKIP":
         skip += 1
     else:
         bad += 1
+        # The failing test's own last lines, so that a CI log says what failed, not only where.
+        tail = (t.get("stdout") or "").splitlines()[-40:]
+        print("--- " + t["name"] + " (" + r + "): last lines of its output", file=sys.stderr)
+        for out in tail:
+            print("    " + out, file=sys.stderr)
 print(ok, bad, skip)
 PY
 )
