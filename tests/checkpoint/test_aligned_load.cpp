@@ -260,8 +260,9 @@ TEST_CASE("O_DIRECT reads: straight into page-aligned memory where aligned, buff
     ck::fragment_reader reader(dir, index);
     // Elements from 1: file offset 4 past an aligned one, memory 4 past a page.
     CHECK(reads_right(reader, 1, n - 1, base + 1));
+    // (The partial first chunk goes through the reader's own buffer, direct or not as the
+    // allocator aligned it; the chunks after it go straight into `base`.)
     if (direct_possible) CHECK(reader.bytes_read_direct() > 0);
-    CHECK(reader.bytes_read_direct() <= (n - 1) * sizeof(float) - 4092);  // at least the head buffered
   }
   SUBCASE("not congruent (memory one element off): buffered") {
     page_cache_scope cold(page_cache_view::cold);
