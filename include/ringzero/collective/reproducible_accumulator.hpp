@@ -8,9 +8,12 @@
 /// format is primitive/reproducible_sum.hpp, after Demmel & Nguyen's binned summation).
 /// float16/bfloat16/float32 elements keep their 3 limbs packed in one int64 for up to 256
 /// contributions, then move them to int64 limbs (binned_view): 9 bytes per element per deposit.
+/// An accumulator made with a stage keeps its first contributions as plain copies instead
+/// (no deposit); its collectives read those directly (docs/numerics.md, "Staged contributions").
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,17 +37,23 @@ work all_reduce_async(communicator& comm, reproducible_accumulator& acc, void* r
 /// move or destruction before an all_reduce_async's work on it has completed).
 class reproducible_accumulator {
  public:
-  /// An empty accumulator for `count` elements of floating `type` (host memory). Throws
-  /// errc::invalid_argument for an integer or invalid dtype or a count whose storage overflows.
-  reproducible_accumulator(std::uint64_t count, dtype type) : count_(count), type_(type) {
+  /// An empty accumulator for `count` elements of floating `type` (host memory). `stage`: how
+  /// many contributions after each clear() are kept as copies (stage * count elements of `type`,
+  /// allocated on the first add()) instead of being deposited; later ones are deposited. A
+  /// memory-for-time trade with the same results: a copy costs far less than a deposit, and the
+  /// collectives read the copies once. Throws errc::invalid_argument for an integer or invalid
+  /// dtype or a count (or stage * count) whose storage overflows.
+  reproducible_accumulator(std::uint64_t count, dtype type, std::uint64_t stage = 0)
+      : count_(count), type_(type), stage_(stage) {
     if (!is_valid(type) || !primitive::reproducible_supports(type))
       throw error(errc::invalid_argument,
                   "reproducible_accumulator supports float16, bfloat16, float32 and float64, not " +
                       std::string(dtype_name(type)));
     kept_ = primitive::reproducible_kept_bins(type);
-    if (count > std::uint64_t{1} << 56)
-      throw error(errc::invalid_argument,
-                  "reproducible_accumulator of " + std::to_string(count) + " elements is too large");
+    if (count > std::uint64_t{1} << 56 || (count > 0 && stage > (std::uint64_t{1} << 56) / count))
+      throw error(errc::invalid_argument, "reproducible_accumulator of " + std::to_string(count) + " elements" +
+                                              (stage > 0 ? " with a stage of " + std::to_string(stage) : "") +
+                                              " is too large");
     tops_.assign(static_cast<std::size_t>(count), 0);
     if (kept_ == 3)
       packed_.assign(static_cast<std::size_t>(count), 0);  // flushed limbs: on the first flush
@@ -60,6 +69,15 @@ class reproducible_accumulator {
       throw error(errc::invalid_argument, "reproducible_accumulator::add: values is null");
     if (contributions_ >= primitive::reproducible_max_contributions)
       throw error(errc::invalid_argument, "reproducible_accumulator::add: more than 2^26 contributions");
+    if (staged_ < stage_) {
+      const std::size_t bytes = static_cast<std::size_t>(count_) * dtype_size(type_);
+      if (staging_.empty()) staging_.resize(static_cast<std::size_t>(stage_) * bytes);
+      if (bytes != 0) std::memcpy(staging_.data() + static_cast<std::size_t>(staged_) * bytes, values, bytes);
+      ++staged_;
+      ++contributions_;
+      return;
+    }
+    const std::uint64_t deposited = contributions_ - staged_;
     if (kept_ != 3) {
       primitive::accumulate_array(tops_.data(), limbs_.data(), values, count_, type_);
       ++contributions_;
@@ -67,10 +85,10 @@ class reproducible_accumulator {
     }
     // Into an empty accumulator almost every value rises over its top, in the second contribution
     // still about one in ten (measured on example 01's gradients): both skip the within-top pass.
-    // The first contribution after construction or clear() overwrites tops and packed limbs
+    // The first deposit after construction or clear() overwrites tops and packed limbs
     // (clear() leaves them as they were; no flushed limbs exist then).
     primitive::accumulate_packed_array(tops_.data(), packed_.data(), limbs_.empty() ? nullptr : limbs_.data(), values,
-                                       count_, type_, contributions_ >= 2, contributions_ == 0);
+                                       count_, type_, deposited >= 2, deposited == 0);
     if (++packed_contributions_ == primitive::reproducible_packed_contributions) {
       if (limbs_.empty()) limbs_.assign(static_cast<std::size_t>(count_) * 3, 0);
       primitive::flush_packed(tops_.data(), packed_.data(), limbs_.data(), count_);
@@ -103,10 +121,13 @@ class reproducible_accumulator {
     }
     contributions_ = 0;
     packed_contributions_ = 0;
+    staged_ = 0;  // the copies' memory is kept
   }
 
   /// add() calls since construction / clear().
   std::uint64_t contributions() const noexcept { return contributions_; }
+  /// Contributions kept as copies (at most the stage given to the constructor).
+  std::uint64_t staged() const noexcept { return staged_; }
   /// Elements per contribution.
   std::uint64_t count() const noexcept { return count_; }
   /// The element type.
@@ -114,8 +135,14 @@ class reproducible_accumulator {
 
   /// The storage as the collectives read it (valid until the next add/clear or destruction).
   primitive::binned_view view() const noexcept {
-    return primitive::binned_view{tops_.data(),   limbs_.empty() ? nullptr : limbs_.data(),  count_, type_,
-                                  contributions_, packed_.empty() ? nullptr : packed_.data()};
+    return primitive::binned_view{tops_.data(),
+                                  limbs_.empty() ? nullptr : limbs_.data(),
+                                  count_,
+                                  type_,
+                                  contributions_,
+                                  packed_.empty() ? nullptr : packed_.data(),
+                                  staging_.empty() ? nullptr : staging_.data(),
+                                  staged_};
   }
 
  private:
@@ -124,6 +151,9 @@ class reproducible_accumulator {
   int kept_ = 3;
   std::uint64_t contributions_ = 0;
   std::uint64_t packed_contributions_ = 0;  // K = 3: contributions in packed_ since the last flush
+  std::uint64_t stage_ = 0;                 // contributions after a clear() kept as copies
+  std::uint64_t staged_ = 0;                // of which held now (the first staged_ of contributions_)
+  std::vector<unsigned char> staging_;      // stage_ copies of count_ elements, one after another (on first use)
   std::vector<std::uint8_t> tops_;
   std::vector<std::int64_t> limbs_;   // float64: 6 limbs per element; K = 3: the flushed limbs (3 per element) or empty
   std::vector<std::int64_t> packed_;  // K = 3 dtypes: per element the packed limbs of the latest contributions

@@ -14,6 +14,7 @@
 /// Thread semantics: driven by the reducer's training thread; a bucket's reduction runs on the
 /// communicator's progress thread between reduce_async and finish.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -60,13 +61,21 @@ inline std::string reproducible_reducer_problem(memory_space space, const std::s
 /// One reproducible accumulator per bucket (see the file comment).
 class reproducible_bucket_accumulators {
  public:
+  /// Most micro-batches per step a bucket keeps as copies (reducer_options::reproducible_stage_bytes).
+  static constexpr std::uint64_t max_stage = 16;
+
   /// Replaces the accumulators by empty ones, one per bucket: `counts[k]` elements of `types[k]`
-  /// (padding included: padding is zero in every contribution). Called when the layout is made
-  /// or rebuilt, between steps (no contribution is pending then).
-  void reset_layout(const std::vector<std::uint64_t>& counts, const std::vector<dtype>& types) {
+  /// (padding included: padding is zero in every contribution), each keeping up to
+  /// min(max_stage, stage_bytes / bytes of all buckets) contributions per step as copies.
+  /// Called when the layout is made or rebuilt, between steps (no contribution is pending then).
+  void reset_layout(const std::vector<std::uint64_t>& counts, const std::vector<dtype>& types,
+                    std::uint64_t stage_bytes) {
+    std::uint64_t bytes = 0;
+    for (std::size_t k = 0; k < counts.size(); ++k) bytes += counts[k] * dtype_size(types[k]);
+    const std::uint64_t stage = bytes == 0 ? 0 : std::min(max_stage, stage_bytes / bytes);
     accumulators_.clear();
     accumulators_.reserve(counts.size());
-    for (std::size_t k = 0; k < counts.size(); ++k) accumulators_.emplace_back(counts[k], types[k]);
+    for (std::size_t k = 0; k < counts.size(); ++k) accumulators_.emplace_back(counts[k], types[k], stage);
   }
 
   /// Deposits bucket k's current contents (count() elements of its dtype, host memory) as one
