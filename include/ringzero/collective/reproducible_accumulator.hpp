@@ -39,7 +39,7 @@ class reproducible_accumulator {
  public:
   /// An empty accumulator for `count` elements of floating `type` (host memory). `stage`: how
   /// many contributions after each clear() are kept as copies (stage * count elements of `type`,
-  /// allocated on the first add()) instead of being deposited; later ones are deposited. A
+  /// reserved on the first add(), written as used) instead of being deposited; later ones are deposited. A
   /// memory-for-time trade with the same results: a copy costs far less than a deposit, and the
   /// collectives read the copies once. Throws errc::invalid_argument for an integer or invalid
   /// dtype or a count (or stage * count) whose storage overflows.
@@ -71,7 +71,11 @@ class reproducible_accumulator {
       throw error(errc::invalid_argument, "reproducible_accumulator::add: more than 2^26 contributions");
     if (staged_ < stage_) {
       const std::size_t bytes = static_cast<std::size_t>(count_) * dtype_size(type_);
-      if (staging_.empty()) staging_.resize(static_cast<std::size_t>(stage_) * bytes);
+      const std::size_t need = static_cast<std::size_t>(staged_ + 1) * bytes;
+      if (staging_.size() < need) {  // a slot's first use: reserved once, pages touched as slots are used
+        if (staging_.capacity() == 0) staging_.reserve(static_cast<std::size_t>(stage_) * bytes);
+        staging_.resize(need);
+      }
       if (bytes != 0) std::memcpy(staging_.data() + static_cast<std::size_t>(staged_) * bytes, values, bytes);
       ++staged_;
       ++contributions_;
@@ -153,7 +157,7 @@ class reproducible_accumulator {
   std::uint64_t packed_contributions_ = 0;  // K = 3: contributions in packed_ since the last flush
   std::uint64_t stage_ = 0;                 // contributions after a clear() kept as copies
   std::uint64_t staged_ = 0;                // of which held now (the first staged_ of contributions_)
-  std::vector<unsigned char> staging_;      // stage_ copies of count_ elements, one after another (on first use)
+  std::vector<unsigned char> staging_;      // the copies of count_ elements, one after another (grown as used)
   std::vector<std::uint8_t> tops_;
   std::vector<std::int64_t> limbs_;   // float64: 6 limbs per element; K = 3: the flushed limbs (3 per element) or empty
   std::vector<std::int64_t> packed_;  // K = 3 dtypes: per element the packed limbs of the latest contributions
