@@ -13,6 +13,8 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "harness.hpp"
@@ -286,6 +288,30 @@ TEST_CASE("reproducible accumulator: contributions kept as copies (a stage) give
   }
 }
 
+TEST_CASE("reproducible accumulator: the stage holds the first contributions after each clear; oversized is refused") {
+  std::vector<float> x = {1.0f, -2.0f, 0x1p-20f};
+  reproducible_accumulator acc(3, dtype::float32, 2);
+  for (int k = 0; k < 3; ++k) acc.add(std::span<const float>(x));
+  CHECK(acc.contributions() == 3);
+  CHECK(acc.staged() == 2);
+  const primitive::binned_view v = acc.view();
+  CHECK(v.staged_count == 2);
+  CHECK(v.deposited() == 1);
+  CHECK(std::memcmp(v.staged_array(1), x.data(), 12) == 0);
+  acc.clear();
+  CHECK(acc.staged() == 0);
+  acc.add(std::span<const float>(x));
+  CHECK(acc.staged() == 1);
+  CHECK(acc.view().deposited() == 0);
+  bool refused = false;
+  try {
+    reproducible_accumulator huge(std::uint64_t{1} << 40, dtype::float32, std::uint64_t{1} << 20);
+  } catch (const error& e) {
+    refused = e.kind() == errc::invalid_argument && std::string(e.what()).find("stage") != std::string::npos;
+  }
+  CHECK(refused);
+}
+
 TEST_CASE("reproducible accumulator: staged float32 gradients take the fused direct sum, with the deposits' bits") {
   // Normal values of many magnitudes (no subnormal, no inf): the fused form of direct applies
   // wherever every rank's contributions are staged; 24 contributions over 1..4 ranks.
@@ -321,21 +347,24 @@ TEST_CASE("reproducible accumulator: reduce_scatter gives each rank its block of
       const std::uint64_t c = 129, count = c * static_cast<std::uint64_t>(n);
       const auto in = adversarial(t, 6, count, 99);
       const bytes whole = reference(in, t, reduce_kind::avg, 0, count);
-      for (algorithm a : rzt::every_algorithm) {
-        std::vector<bytes> out(static_cast<std::size_t>(n), bytes(c * dtype_size(t)));
-        const std::string failure = rzt::launch_world(n, [&](communicator& comm) {
-          reproducible_accumulator acc(count, t);
-          for (int i = comm.rank(); i < 6; i += comm.world_size()) acc.add(in[static_cast<std::size_t>(i)].data());
-          collective_options o;
-          o.algo = a;
-          reduce_scatter(comm, acc, out[static_cast<std::size_t>(comm.rank())].data(), reduce_kind::avg, o);
-        });
-        REQUIRE_MESSAGE(failure.empty(), failure);
-        for (int r = 0; r < n; ++r) {
-          const auto b = whole.begin() + static_cast<std::ptrdiff_t>(static_cast<std::uint64_t>(r) * c * dtype_size(t));
-          CHECK(out[static_cast<std::size_t>(r)] == bytes(b, b + static_cast<std::ptrdiff_t>(c * dtype_size(t))));
+      for (algorithm a : rzt::every_algorithm)
+        for (std::uint64_t stage : {0u, 1u, 6u}) {  // deposited, mixed, staged
+          INFO(dtype_name(t) << " world " << n << " " << algorithm_name(a) << " stage " << stage);
+          std::vector<bytes> out(static_cast<std::size_t>(n), bytes(c * dtype_size(t)));
+          const std::string failure = rzt::launch_world(n, [&](communicator& comm) {
+            reproducible_accumulator acc(count, t, stage);
+            for (int i = comm.rank(); i < 6; i += comm.world_size()) acc.add(in[static_cast<std::size_t>(i)].data());
+            collective_options o;
+            o.algo = a;
+            reduce_scatter(comm, acc, out[static_cast<std::size_t>(comm.rank())].data(), reduce_kind::avg, o);
+          });
+          REQUIRE_MESSAGE(failure.empty(), failure);
+          for (int r = 0; r < n; ++r) {
+            const auto b =
+                whole.begin() + static_cast<std::ptrdiff_t>(static_cast<std::uint64_t>(r) * c * dtype_size(t));
+            CHECK(out[static_cast<std::size_t>(r)] == bytes(b, b + static_cast<std::ptrdiff_t>(c * dtype_size(t))));
+          }
         }
-      }
     }
 }
 

@@ -38,11 +38,11 @@ work all_reduce_async(communicator& comm, reproducible_accumulator& acc, void* r
 class reproducible_accumulator {
  public:
   /// An empty accumulator for `count` elements of floating `type` (host memory). `stage`: how
-  /// many contributions after each clear() are kept as copies (stage * count elements of `type`,
-  /// reserved on the first add(), written as used) instead of being deposited; later ones are deposited. A
-  /// memory-for-time trade with the same results: a copy costs far less than a deposit, and the
-  /// collectives read the copies once. Throws errc::invalid_argument for an integer or invalid
-  /// dtype or a count (or stage * count) whose storage overflows.
+  /// many contributions after each clear() are kept as copies (stage * count elements of
+  /// `type`, reserved on the first add(), written as used) instead of being deposited; later
+  /// ones are deposited. A memory-for-time trade with the same results: a copy costs far less
+  /// than a deposit, and the collectives read the copies once. Throws errc::invalid_argument for
+  /// an integer or invalid dtype or a count (or stage * count) whose storage overflows.
   reproducible_accumulator(std::uint64_t count, dtype type, std::uint64_t stage = 0)
       : count_(count), type_(type), stage_(stage) {
     if (!is_valid(type) || !primitive::reproducible_supports(type))
