@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,6 +21,7 @@
 #if !defined(RINGZERO_SEPARATE_COMPILATION)
 #include "ringzero/collective/dispatch.hpp"  // the core's definitions (collective/request.hpp)
 #endif
+#include "ringzero/primitive/copy.hpp"
 #include "ringzero/primitive/reproducible_arrays.hpp"
 #include "ringzero/primitive/reproducible_sum.hpp"
 
@@ -76,7 +76,15 @@ class reproducible_accumulator {
         if (staging_.capacity() == 0) staging_.reserve(static_cast<std::size_t>(stage_) * bytes);
         staging_.resize(need);
       }
-      if (bytes != 0) std::memcpy(staging_.data() + static_cast<std::size_t>(staged_) * bytes, values, bytes);
+      // A stage larger than the per-core caches is read back from memory by the collective
+      // anyway: streaming stores skip the read-for-ownership and leave the caches to the trainer.
+      unsigned char* slot = staging_.data() + static_cast<std::size_t>(staged_) * bytes;
+      if (static_cast<std::size_t>(stage_) * bytes >= primitive::streaming_threshold_bytes) {
+        primitive::copy_bytes_streaming(slot, values, bytes);
+        primitive::store_fence();  // before the copy is handed to another thread
+      } else {
+        primitive::copy_bytes(slot, values, bytes);
+      }
       ++staged_;
       ++contributions_;
       return;
