@@ -2,7 +2,8 @@
 /// @file
 /// `detail::reproducible_bucket_accumulators`: the state of a gradient reducer in reproducible
 /// mode (`reducer_options::reproducible`): one `reproducible_accumulator` per bucket, into which
-/// every micro-batch's gradients are deposited as one contribution, and the reduction of each
+/// every micro-batch's gradients go as one contribution (the first ones of a step staged as
+/// copies, within `reproducible_stage_bytes`; the rest deposited), and the reduction of each
 /// bucket as the reproducible average over every contribution of every rank.
 ///
 /// The average is a function of the multiset of micro-batch gradients only (the binned sum of
@@ -78,8 +79,8 @@ class reproducible_bucket_accumulators {
     for (std::size_t k = 0; k < counts.size(); ++k) accumulators_.emplace_back(counts[k], types[k], stage);
   }
 
-  /// Deposits bucket k's current contents (count() elements of its dtype, host memory) as one
-  /// contribution. Exact; the order of deposits never matters.
+  /// Adds bucket k's current contents (count() elements of its dtype, host memory) as one
+  /// contribution: a copy while the stage has room, else a deposit. Exact; the order never matters.
   void deposit(std::size_t k, const void* bucket) { accumulators_[k].add(bucket); }
 
   /// Contributions deposited into bucket k since the last reduction.
