@@ -13,6 +13,8 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "harness.hpp"
@@ -204,14 +206,16 @@ namespace {
 /// runs the accumulator all_reduce (async: all_reduce_async, while this thread fills a second
 /// accumulator, then waits); returns rank 0's output (after checking all ranks agree). `reused`:
 /// every rank first deposits all of `in` and clears the accumulator, which leaves its storage
-/// as it was (a rank with no contribution then lends storage that must not be read).
+/// as it was (a rank with no contribution then lends storage that must not be read). `stage`:
+/// the accumulators keep that many contributions as copies (the rest are deposited).
 bytes accumulated(const std::vector<bytes>& in, dtype t, reduce_kind op, algorithm a, std::uint64_t count,
-                  const std::vector<std::vector<int>>& placement, bool async = false, bool reused = false) {
+                  const std::vector<std::vector<int>>& placement, bool async = false, bool reused = false,
+                  std::uint64_t stage = 0) {
   const int n = static_cast<int>(placement.size());
   std::vector<bytes> out(static_cast<std::size_t>(n), bytes(count * dtype_size(t)));
   const std::string failure = rzt::launch_world(n, [&](communicator& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
-    reproducible_accumulator acc(count, t);
+    reproducible_accumulator acc(count, t, stage);
     if (reused) {
       for (const auto& x : in) acc.add(x.data());
       acc.clear();
@@ -224,10 +228,11 @@ bytes accumulated(const std::vector<bytes>& in, dtype t, reduce_kind op, algorit
       return;
     }
     work w = all_reduce_async(comm, acc, out[r].data(), op, o);
-    reproducible_accumulator other(count, t);
+    reproducible_accumulator other(count, t, stage);
     for (int c : placement[r]) other.add(in[static_cast<std::size_t>(c)].data());
     w.wait();
     CHECK(acc.contributions() == placement[r].size());
+    CHECK(acc.staged() == std::min<std::uint64_t>(stage, placement[r].size()));
   });
   REQUIRE_MESSAGE(failure.empty(), failure);
   for (const auto& o : out) CHECK(o == out[0]);
@@ -262,27 +267,104 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("reproducible accumulator: contributions kept as copies (a stage) give the deposits' bits") {
+  const std::uint64_t count = 1100;  // more than one block of the fused direct sum
+  for (dtype t : floating_types) {
+    const auto in = adversarial(t, 8, count, 41, true);
+    for (reduce_kind op : {reduce_kind::sum, reduce_kind::avg}) {
+      const bytes expected = reference(in, t, op, 0, count);
+      for (algorithm a : rzt::every_algorithm)
+        for (std::uint64_t stage : {1u, 2u, 3u, 8u, 16u}) {
+          INFO(dtype_name(t) << " " << reduce_kind_name(op) << " " << algorithm_name(a) << " stage " << stage);
+          // Every contribution staged, some staged and some deposited, ranks with none.
+          CHECK(accumulated(in, t, op, a, count, {{0, 1, 2, 3, 4, 5, 6, 7}}, false, false, stage) == expected);
+          CHECK(accumulated(in, t, op, a, count, {{7, 0}, {1, 6}, {2, 5}, {4, 3}}, false, false, stage) == expected);
+          CHECK(accumulated(in, t, op, a, count, {{5, 2, 7, 0, 1}, {}, {3, 4, 6}}, true, false, stage) == expected);
+          CHECK(accumulated(in, t, op, a, count, {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}, false, true, stage) ==
+                expected);
+          CHECK(accumulated(in, t, op, a, count, {{6, 1, 3}, {0, 2, 4, 5, 7}}, true, true, stage) == expected);
+        }
+    }
+  }
+}
+
+TEST_CASE("reproducible accumulator: the stage holds the first contributions after each clear; oversized is refused") {
+  std::vector<float> x = {1.0f, -2.0f, 0x1p-20f};
+  reproducible_accumulator acc(3, dtype::float32, 2);
+  for (int k = 0; k < 3; ++k) acc.add(std::span<const float>(x));
+  CHECK(acc.contributions() == 3);
+  CHECK(acc.staged() == 2);
+  const primitive::binned_view v = acc.view();
+  CHECK(v.staged_count == 2);
+  CHECK(v.deposited() == 1);
+  CHECK(std::memcmp(v.staged_array(1), x.data(), 12) == 0);
+  acc.clear();
+  CHECK(acc.staged() == 0);
+  acc.add(std::span<const float>(x));
+  CHECK(acc.staged() == 1);
+  CHECK(acc.view().deposited() == 0);
+  bool refused = false;
+  try {
+    reproducible_accumulator huge(std::uint64_t{1} << 40, dtype::float32, std::uint64_t{1} << 20);
+  } catch (const error& e) {
+    refused = e.kind() == errc::invalid_argument && std::string(e.what()).find("stage") != std::string::npos;
+  }
+  CHECK(refused);
+}
+
+TEST_CASE("reproducible accumulator: staged float32 gradients take the fused direct sum, with the deposits' bits") {
+  // Normal values of many magnitudes (no subnormal, no inf): the fused form of direct applies
+  // wherever every rank's contributions are staged; 24 contributions over 1..4 ranks.
+  const std::uint64_t count = 3000;
+  std::vector<bytes> in(24, bytes(count * 4));
+  std::uint64_t state = 12345;
+  for (auto& x : in)
+    for (std::uint64_t i = 0; i < count; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      const auto exponent = static_cast<int>((state >> 33) % 40) - 30;
+      const float v = std::ldexp(static_cast<float>((state >> 40) & 0xFFFFFF) / 0x1p24f + 0.5f, exponent) *
+                      ((state >> 20) & 1 ? -1.0f : 1.0f);
+      std::memcpy(x.data() + i * 4, &v, 4);
+    }
+  for (reduce_kind op : {reduce_kind::sum, reduce_kind::avg}) {
+    const bytes expected = reference(in, dtype::float32, op, 0, count);
+    for (int n : {1, 2, 3, 4}) {
+      std::vector<std::vector<int>> placement(static_cast<std::size_t>(n));
+      for (int c = 0; c < 24; ++c) placement[static_cast<std::size_t>((c * 7) % n)].push_back(c);
+      for (algorithm a : rzt::every_algorithm)
+        for (std::uint64_t stage : {0u, 4u, 16u, 24u}) {
+          INFO(reduce_kind_name(op) << " world " << n << " " << algorithm_name(a) << " stage " << stage);
+          CHECK(accumulated(in, dtype::float32, op, a, count, placement, false, false, stage) == expected);
+          CHECK(accumulated(in, dtype::float32, op, a, count, placement, true, true, stage) == expected);
+        }
+    }
+  }
+}
+
 TEST_CASE("reproducible accumulator: reduce_scatter gives each rank its block of the all_reduce") {
   for (dtype t : floating_types)
     for (int n : {1, 2, 3, 4}) {
       const std::uint64_t c = 129, count = c * static_cast<std::uint64_t>(n);
       const auto in = adversarial(t, 6, count, 99);
       const bytes whole = reference(in, t, reduce_kind::avg, 0, count);
-      for (algorithm a : rzt::every_algorithm) {
-        std::vector<bytes> out(static_cast<std::size_t>(n), bytes(c * dtype_size(t)));
-        const std::string failure = rzt::launch_world(n, [&](communicator& comm) {
-          reproducible_accumulator acc(count, t);
-          for (int i = comm.rank(); i < 6; i += comm.world_size()) acc.add(in[static_cast<std::size_t>(i)].data());
-          collective_options o;
-          o.algo = a;
-          reduce_scatter(comm, acc, out[static_cast<std::size_t>(comm.rank())].data(), reduce_kind::avg, o);
-        });
-        REQUIRE_MESSAGE(failure.empty(), failure);
-        for (int r = 0; r < n; ++r) {
-          const auto b = whole.begin() + static_cast<std::ptrdiff_t>(static_cast<std::uint64_t>(r) * c * dtype_size(t));
-          CHECK(out[static_cast<std::size_t>(r)] == bytes(b, b + static_cast<std::ptrdiff_t>(c * dtype_size(t))));
+      for (algorithm a : rzt::every_algorithm)
+        for (std::uint64_t stage : {0u, 1u, 6u}) {  // deposited, mixed, staged
+          INFO(dtype_name(t) << " world " << n << " " << algorithm_name(a) << " stage " << stage);
+          std::vector<bytes> out(static_cast<std::size_t>(n), bytes(c * dtype_size(t)));
+          const std::string failure = rzt::launch_world(n, [&](communicator& comm) {
+            reproducible_accumulator acc(count, t, stage);
+            for (int i = comm.rank(); i < 6; i += comm.world_size()) acc.add(in[static_cast<std::size_t>(i)].data());
+            collective_options o;
+            o.algo = a;
+            reduce_scatter(comm, acc, out[static_cast<std::size_t>(comm.rank())].data(), reduce_kind::avg, o);
+          });
+          REQUIRE_MESSAGE(failure.empty(), failure);
+          for (int r = 0; r < n; ++r) {
+            const auto b =
+                whole.begin() + static_cast<std::ptrdiff_t>(static_cast<std::uint64_t>(r) * c * dtype_size(t));
+            CHECK(out[static_cast<std::size_t>(r)] == bytes(b, b + static_cast<std::ptrdiff_t>(c * dtype_size(t))));
+          }
         }
-      }
     }
 }
 

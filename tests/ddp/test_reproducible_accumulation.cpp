@@ -63,6 +63,9 @@ struct config {
   /// 0: it is used like the others; 1: mark_unused; 2: not marked (find_unused_parameters);
   /// 3: the trainer writes zeros and marks it ready.
   int unused_mode = 0;
+  /// reducer_options::reproducible_stage_bytes of rank r: stage_bytes + r * stage_bytes_step.
+  std::uint64_t stage_bytes = reducer_options{}.reproducible_stage_bytes;
+  std::uint64_t stage_bytes_step = 0;
 };
 
 const std::vector<std::uint64_t> counts = {37, 300, 5, 64};
@@ -85,6 +88,7 @@ std::vector<gradients> run(const std::vector<std::vector<std::vector<int>>>& pla
     opt.bucket_byte_limits = {256};  // several buckets
     opt.join = c.join;
     opt.find_unused_parameters = c.find_unused;
+    opt.reproducible_stage_bytes = c.stage_bytes + static_cast<std::uint64_t>(r) * c.stage_bytes_step;
     gradient_reducer red(comm, m.parameters(), opt);
     for (std::size_t s = 0; s < steps; ++s) {
       const std::vector<int>& mine = plan[s][static_cast<std::size_t>(r)];
@@ -190,6 +194,26 @@ TEST_CASE("reproducible: a global batch of 8 micro-batches gives the same bits o
   config copy, view;
   view.view = true;
   CHECK(same_bits(run(round_robin(4), copy), run(round_robin(4), view)));
+}
+
+TEST_CASE("reproducible: micro-batches staged as copies or deposited give the same bits, whatever each rank stages") {
+  // The buckets hold about 2 KiB in all: 0 deposits every micro-batch, 5000 bytes stage two per
+  // step, the default stages up to 16; ranks may differ (the option is local).
+  config deposit;
+  deposit.stage_bytes = 0;
+  const auto one = run(round_robin(1), deposit);
+  for (std::uint64_t bytes : {std::uint64_t{0}, std::uint64_t{5000}, reducer_options{}.reproducible_stage_bytes})
+    for (std::uint64_t step : {std::uint64_t{0}, std::uint64_t{2500}})
+      for (bool view : {false, true})
+        for (int n : {1, 2, 4}) {
+          INFO("stage bytes " << bytes << " + rank * " << step << ", view " << view << ", " << n << " ranks");
+          config c;
+          c.view = view;
+          c.stage_bytes = bytes;
+          c.stage_bytes_step = step;
+          CHECK(same_bits(run(round_robin(n, 3), c), run(round_robin(1, 3), deposit)));
+          if (n == 1) CHECK(same_bits(run(round_robin(n), c), one));
+        }
 }
 
 TEST_CASE("plain mode gives different bits on different world sizes for the same adversarial micro-batches") {

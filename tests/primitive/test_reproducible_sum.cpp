@@ -486,7 +486,7 @@ float block_value(std::mt19937_64& gen, int kind, int input) {
 TEST_CASE("reproducible format: the fused float32 sum equals the element functions") {
   std::mt19937_64 gen(2024);
   constexpr std::uint64_t block = ringzero::primitive::detail::reproducible_fused_block;
-  for (int n_in : {1, 2, 3, 4, 5, 8}) {
+  for (int n_in : {1, 2, 3, 4, 5, 6, 7, 8, 16}) {
     for (int kind = 0; kind < 5; ++kind) {
       for (std::uint64_t len : {std::uint64_t{1}, std::uint64_t{17}, block}) {
         const std::uint64_t first = gen() % 7;  // blocks that start inside the inputs

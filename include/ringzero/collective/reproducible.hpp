@@ -32,7 +32,7 @@ struct reproducible_source {
 
   /// tops[i] = max(tops[i], top bin of element first + i), i < len.
   void fold_tops(std::uint8_t* tops, std::uint64_t first, std::uint64_t len) const {
-    if (d->binned != nullptr) return d->binned->fold_tops(tops, first, len);
+    if (d->binned != nullptr) return primitive::fold_accumulator_tops(*d->binned, tops, first, len);
     primitive::fold_top_bins(tops, values(first, len), len, d->type);
   }
   /// words[i*w..] += the words of element first + i at global top bin tops[i], i < len.
@@ -71,25 +71,35 @@ inline std::uint64_t reproducible_elements(const collective_descriptor& d, int n
   return d.kind == collective_kind::reduce_scatter ? d.count * static_cast<std::uint64_t>(n) : d.count;
 }
 
-/// direct_reproducible's float32 form for plain inputs (no accumulator, no premul_sum scalar):
-/// primitive::reproducible_sum_f32 block by block over every rank's input, the result copied to
-/// each output. Returns false, having done nothing, where it does not apply.
+/// direct_reproducible's float32 form for plain inputs (no premul_sum scalar) and accumulators
+/// that hold staged contributions only (nothing deposited): primitive::reproducible_sum_f32
+/// block by block over every rank's input or staged copies (the sum is a function of the
+/// multiset, so their order does not matter), the result copied to each output. Returns false,
+/// having done nothing, where it does not apply.
 inline bool direct_reproducible_f32(const algorithms::call& c, std::uint64_t begin, std::uint64_t end,
                                     std::uint64_t divisor, bool streaming) {
   const collective_descriptor& d = c.d;
   const int n = c.n(), r = c.rank();
   if (d.type != dtype::float32 || d.op.kind == reduce_kind::premul_sum) return false;
-  std::vector<const float*> ins(static_cast<std::size_t>(n));
+  std::vector<const float*> ins;
+  ins.reserve(static_cast<std::size_t>(n));
   for (int q = 0; q < n; ++q) {
     const collective_descriptor* p = c.t.peer_descriptor(q);
-    if (p->binned != nullptr) return false;
-    ins[static_cast<std::size_t>(q)] = static_cast<const float*>(p->send);
+    if (p->binned == nullptr) {
+      ins.push_back(static_cast<const float*>(p->send));
+      continue;
+    }
+    if (p->binned->deposited() != 0) return false;
+    for (std::uint64_t j = 0; j < p->binned->staged_count; ++j)
+      ins.push_back(static_cast<const float*>(p->binned->staged_array(j)));
   }
+  if (ins.empty()) return false;  // no contribution anywhere: the general form's NaN average
+  const int inputs = static_cast<int>(ins.size());
   constexpr std::uint64_t block = primitive::detail::reproducible_fused_block;
   alignas(64) float result[block];
   for (std::uint64_t first = begin; first < end; first += block) {
     const std::uint64_t len = std::min(block, end - first);
-    primitive::reproducible_sum_f32(result, ins.data(), n, first, len, divisor);
+    primitive::reproducible_sum_f32(result, ins.data(), inputs, first, len, divisor);
     // In place is safe: only this rank reads these elements of any input, and it has read them.
     switch (d.kind) {
       case collective_kind::all_reduce:

@@ -8,6 +8,8 @@
 /// format is primitive/reproducible_sum.hpp, after Demmel & Nguyen's binned summation).
 /// float16/bfloat16/float32 elements keep their 3 limbs packed in one int64 for up to 256
 /// contributions, then move them to int64 limbs (binned_view): 9 bytes per element per deposit.
+/// An accumulator made with a stage keeps its first contributions as plain copies instead
+/// (no deposit); its collectives read those directly (docs/numerics.md, "Staged contributions").
 
 #include <algorithm>
 #include <cstdint>
@@ -19,6 +21,7 @@
 #if !defined(RINGZERO_SEPARATE_COMPILATION)
 #include "ringzero/collective/dispatch.hpp"  // the core's definitions (collective/request.hpp)
 #endif
+#include "ringzero/primitive/copy.hpp"
 #include "ringzero/primitive/reproducible_arrays.hpp"
 #include "ringzero/primitive/reproducible_sum.hpp"
 
@@ -34,17 +37,23 @@ work all_reduce_async(communicator& comm, reproducible_accumulator& acc, void* r
 /// move or destruction before an all_reduce_async's work on it has completed).
 class reproducible_accumulator {
  public:
-  /// An empty accumulator for `count` elements of floating `type` (host memory). Throws
-  /// errc::invalid_argument for an integer or invalid dtype or a count whose storage overflows.
-  reproducible_accumulator(std::uint64_t count, dtype type) : count_(count), type_(type) {
+  /// An empty accumulator for `count` elements of floating `type` (host memory). `stage`: how
+  /// many contributions after each clear() are kept as copies (stage * count elements of
+  /// `type`, reserved on the first add(), written as used) instead of being deposited; later
+  /// ones are deposited. A memory-for-time trade with the same results: a copy costs far less
+  /// than a deposit, and the collectives read the copies once. Throws errc::invalid_argument for
+  /// an integer or invalid dtype or a count (or stage * count) whose storage overflows.
+  reproducible_accumulator(std::uint64_t count, dtype type, std::uint64_t stage = 0)
+      : count_(count), type_(type), stage_(stage) {
     if (!is_valid(type) || !primitive::reproducible_supports(type))
       throw error(errc::invalid_argument,
                   "reproducible_accumulator supports float16, bfloat16, float32 and float64, not " +
                       std::string(dtype_name(type)));
     kept_ = primitive::reproducible_kept_bins(type);
-    if (count > std::uint64_t{1} << 56)
-      throw error(errc::invalid_argument,
-                  "reproducible_accumulator of " + std::to_string(count) + " elements is too large");
+    if (count > std::uint64_t{1} << 56 || (count > 0 && stage > (std::uint64_t{1} << 56) / count))
+      throw error(errc::invalid_argument, "reproducible_accumulator of " + std::to_string(count) + " elements" +
+                                              (stage > 0 ? " with a stage of " + std::to_string(stage) : "") +
+                                              " is too large");
     tops_.assign(static_cast<std::size_t>(count), 0);
     if (kept_ == 3)
       packed_.assign(static_cast<std::size_t>(count), 0);  // flushed limbs: on the first flush
@@ -60,6 +69,27 @@ class reproducible_accumulator {
       throw error(errc::invalid_argument, "reproducible_accumulator::add: values is null");
     if (contributions_ >= primitive::reproducible_max_contributions)
       throw error(errc::invalid_argument, "reproducible_accumulator::add: more than 2^26 contributions");
+    if (staged_ < stage_) {
+      const std::size_t bytes = static_cast<std::size_t>(count_) * dtype_size(type_);
+      const std::size_t need = static_cast<std::size_t>(staged_ + 1) * bytes;
+      if (staging_.size() < need) {  // a slot's first use: reserved once, pages touched as slots are used
+        if (staging_.capacity() == 0) staging_.reserve(static_cast<std::size_t>(stage_) * bytes);
+        staging_.resize(need);
+      }
+      // A stage larger than the per-core caches is read back from memory by the collective
+      // anyway: streaming stores skip the read-for-ownership and leave the caches to the trainer.
+      unsigned char* slot = staging_.data() + static_cast<std::size_t>(staged_) * bytes;
+      if (static_cast<std::size_t>(stage_) * bytes >= primitive::streaming_threshold_bytes) {
+        primitive::copy_bytes_streaming(slot, values, bytes);
+        primitive::store_fence();  // before the copy is handed to another thread
+      } else {
+        primitive::copy_bytes(slot, values, bytes);
+      }
+      ++staged_;
+      ++contributions_;
+      return;
+    }
+    const std::uint64_t deposited = contributions_ - staged_;
     if (kept_ != 3) {
       primitive::accumulate_array(tops_.data(), limbs_.data(), values, count_, type_);
       ++contributions_;
@@ -67,10 +97,10 @@ class reproducible_accumulator {
     }
     // Into an empty accumulator almost every value rises over its top, in the second contribution
     // still about one in ten (measured on example 01's gradients): both skip the within-top pass.
-    // The first contribution after construction or clear() overwrites tops and packed limbs
+    // The first deposit after construction or clear() overwrites tops and packed limbs
     // (clear() leaves them as they were; no flushed limbs exist then).
     primitive::accumulate_packed_array(tops_.data(), packed_.data(), limbs_.empty() ? nullptr : limbs_.data(), values,
-                                       count_, type_, contributions_ >= 2, contributions_ == 0);
+                                       count_, type_, deposited >= 2, deposited == 0);
     if (++packed_contributions_ == primitive::reproducible_packed_contributions) {
       if (limbs_.empty()) limbs_.assign(static_cast<std::size_t>(count_) * 3, 0);
       primitive::flush_packed(tops_.data(), packed_.data(), limbs_.data(), count_);
@@ -103,10 +133,13 @@ class reproducible_accumulator {
     }
     contributions_ = 0;
     packed_contributions_ = 0;
+    staged_ = 0;  // the copies' memory is kept
   }
 
   /// add() calls since construction / clear().
   std::uint64_t contributions() const noexcept { return contributions_; }
+  /// Contributions kept as copies (at most the stage given to the constructor).
+  std::uint64_t staged() const noexcept { return staged_; }
   /// Elements per contribution.
   std::uint64_t count() const noexcept { return count_; }
   /// The element type.
@@ -114,8 +147,14 @@ class reproducible_accumulator {
 
   /// The storage as the collectives read it (valid until the next add/clear or destruction).
   primitive::binned_view view() const noexcept {
-    return primitive::binned_view{tops_.data(),   limbs_.empty() ? nullptr : limbs_.data(),  count_, type_,
-                                  contributions_, packed_.empty() ? nullptr : packed_.data()};
+    return primitive::binned_view{tops_.data(),
+                                  limbs_.empty() ? nullptr : limbs_.data(),
+                                  count_,
+                                  type_,
+                                  contributions_,
+                                  packed_.empty() ? nullptr : packed_.data(),
+                                  staging_.empty() ? nullptr : staging_.data(),
+                                  staged_};
   }
 
  private:
@@ -124,6 +163,9 @@ class reproducible_accumulator {
   int kept_ = 3;
   std::uint64_t contributions_ = 0;
   std::uint64_t packed_contributions_ = 0;  // K = 3: contributions in packed_ since the last flush
+  std::uint64_t stage_ = 0;                 // contributions after a clear() kept as copies
+  std::uint64_t staged_ = 0;                // of which held now (the first staged_ of contributions_)
+  std::vector<unsigned char> staging_;      // the copies of count_ elements, one after another (grown as used)
   std::vector<std::uint8_t> tops_;
   std::vector<std::int64_t> limbs_;   // float64: 6 limbs per element; K = 3: the flushed limbs (3 per element) or empty
   std::vector<std::int64_t> packed_;  // K = 3 dtypes: per element the packed limbs of the latest contributions

@@ -173,7 +173,7 @@ inline void gradient_reducer::install_layout(const std::vector<bucket_plan>& pla
       counts.push_back(b.info.count);
       types.push_back(b.info.type);
     }
-    reproducible_.reset_layout(counts, types);
+    reproducible_.reset_layout(counts, types, options_.reproducible_stage_bytes);
   }
 }
 

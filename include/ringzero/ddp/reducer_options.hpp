@@ -51,7 +51,7 @@ struct reducer_parameter {
 };
 
 /// Options of a `gradient_reducer`. Every rank must pass the same options (checked), except
-/// `gradient_as_bucket_view` and `collect_timings`, which are local.
+/// `gradient_as_bucket_view`, `collect_timings` and `reproducible_stage_bytes`, which are local.
 struct reducer_options {
   /// Byte limits of the buckets, consumed per dtype, the last one repeating (PyTorch's
   /// `bucket_cap_mb` with its 1 MiB first bucket). Must not be empty.
@@ -84,6 +84,12 @@ struct reducer_options {
   /// for any world size, rank order and algorithm. Host memory, floating gradients and the
   /// default hook only; not with divide_by_initial_world_size (refused on every rank).
   bool reproducible = false;
+  /// Reproducible mode with several micro-batches per rank: host memory (bytes) the reducer may
+  /// spend keeping micro-batch gradients as plain copies instead of depositing each into the
+  /// binned accumulators (reproducible_accumulator's stage; the reduction reads the copies
+  /// once). Each step keeps the first min(16, this / bytes of all buckets) micro-batches so;
+  /// later ones are deposited. 0: every micro-batch is deposited. Same bits whatever the value.
+  std::uint64_t reproducible_stage_bytes = std::uint64_t{64} << 20;
 };
 
 /// Counters and timings of a reducer, accumulated over steps (see `gradient_reducer::stats`).

@@ -2,7 +2,8 @@
 /// @file
 /// `detail::reproducible_bucket_accumulators`: the state of a gradient reducer in reproducible
 /// mode (`reducer_options::reproducible`): one `reproducible_accumulator` per bucket, into which
-/// every micro-batch's gradients are deposited as one contribution, and the reduction of each
+/// every micro-batch's gradients go as one contribution (the first ones of a step staged as
+/// copies, within `reproducible_stage_bytes`; the rest deposited), and the reduction of each
 /// bucket as the reproducible average over every contribution of every rank.
 ///
 /// The average is a function of the multiset of micro-batch gradients only (the binned sum of
@@ -14,6 +15,7 @@
 /// Thread semantics: driven by the reducer's training thread; a bucket's reduction runs on the
 /// communicator's progress thread between reduce_async and finish.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -60,17 +62,25 @@ inline std::string reproducible_reducer_problem(memory_space space, const std::s
 /// One reproducible accumulator per bucket (see the file comment).
 class reproducible_bucket_accumulators {
  public:
+  /// Most micro-batches per step a bucket keeps as copies (reducer_options::reproducible_stage_bytes).
+  static constexpr std::uint64_t max_stage = 16;
+
   /// Replaces the accumulators by empty ones, one per bucket: `counts[k]` elements of `types[k]`
-  /// (padding included: padding is zero in every contribution). Called when the layout is made
-  /// or rebuilt, between steps (no contribution is pending then).
-  void reset_layout(const std::vector<std::uint64_t>& counts, const std::vector<dtype>& types) {
+  /// (padding included: padding is zero in every contribution), each keeping up to
+  /// min(max_stage, stage_bytes / bytes of all buckets) contributions per step as copies.
+  /// Called when the layout is made or rebuilt, between steps (no contribution is pending then).
+  void reset_layout(const std::vector<std::uint64_t>& counts, const std::vector<dtype>& types,
+                    std::uint64_t stage_bytes) {
+    std::uint64_t bytes = 0;
+    for (std::size_t k = 0; k < counts.size(); ++k) bytes += counts[k] * dtype_size(types[k]);
+    const std::uint64_t stage = bytes == 0 ? 0 : std::min(max_stage, stage_bytes / bytes);
     accumulators_.clear();
     accumulators_.reserve(counts.size());
-    for (std::size_t k = 0; k < counts.size(); ++k) accumulators_.emplace_back(counts[k], types[k]);
+    for (std::size_t k = 0; k < counts.size(); ++k) accumulators_.emplace_back(counts[k], types[k], stage);
   }
 
-  /// Deposits bucket k's current contents (count() elements of its dtype, host memory) as one
-  /// contribution. Exact; the order of deposits never matters.
+  /// Adds bucket k's current contents (count() elements of its dtype, host memory) as one
+  /// contribution: a copy while the stage has room, else a deposit. Exact; the order never matters.
   void deposit(std::size_t k, const void* bucket) { accumulators_[k].add(bucket); }
 
   /// Contributions deposited into bucket k since the last reduction.

@@ -397,18 +397,49 @@ template <int N>
   return rare;
 }
 
-/// sum_f32_fused for any number of inputs, in passes over the block (magnitudes, then words
-/// input by input, then the conversion).
+/// magnitude[i] = max(magnitude[i], |bits of ins[q][first + i]|) for the N inputs, i < n (one
+/// loop over i with the inputs unrolled, so that it vectorises).
+template <int N>
+[[gnu::always_inline]] inline void fold_magnitudes_f32(std::uint32_t* magnitude, const float* const* ins,
+                                                       std::uint64_t first, std::uint64_t n) noexcept {
+  const float* x[N];
+  for (int q = 0; q < N; ++q) x[q] = ins[q] + first;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::uint32_t m = magnitude[i];
+    for (int q = 0; q < N; ++q) m = std::max(m, std::bit_cast<std::uint32_t>(x[q][i]) & 0x7FFFFFFF);
+    magnitude[i] = m;
+  }
+}
+
+/// words[i] += trunc(ins[q][first + i] * scale[i]) for the N inputs, i < n (as fold_magnitudes_f32).
+template <int N>
+[[gnu::always_inline]] inline void add_scaled_words_f32(std::int64_t* words, const double* scale,
+                                                        const float* const* ins, std::uint64_t first,
+                                                        std::uint64_t n) noexcept {
+  const float* x[N];
+  for (int q = 0; q < N; ++q) x[q] = ins[q] + first;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::int64_t w = words[i];
+    for (int q = 0; q < N; ++q) w += static_cast<std::int64_t>(static_cast<double>(x[q][i]) * scale[i]);
+    words[i] = w;
+  }
+}
+
+/// sum_f32_fused for any number of inputs, in passes over the block (magnitudes, then words),
+/// each pass taking the inputs four at a time.
 [[gnu::always_inline]] inline std::uint32_t sum_f32_staged(float* result, const float* const* ins, int n_in,
                                                            std::uint64_t first, std::uint64_t n, int shift) noexcept {
   alignas(64) std::uint32_t magnitude[reproducible_fused_block];
   alignas(64) std::int64_t words[reproducible_fused_block];
   alignas(64) double scale[reproducible_fused_block];
   for (std::uint64_t i = 0; i < n; ++i) magnitude[i] = 0;
-  for (int q = 0; q < n_in; ++q) {
-    const float* x = ins[q] + first;
-    for (std::uint64_t i = 0; i < n; ++i)
-      magnitude[i] = std::max(magnitude[i], std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFF);
+  int q = 0;
+  for (; q + 4 <= n_in; q += 4) fold_magnitudes_f32<4>(magnitude, ins + q, first, n);
+  switch (n_in - q) {
+    case 3: fold_magnitudes_f32<3>(magnitude, ins + q, first, n); break;
+    case 2: fold_magnitudes_f32<2>(magnitude, ins + q, first, n); break;
+    case 1: fold_magnitudes_f32<1>(magnitude, ins + q, first, n); break;
+    default: break;  // 0: none left
   }
   std::uint32_t rare = 0;
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -419,9 +450,12 @@ template <int N>
     words[i] = 0;
   }
   if (rare != 0) return rare;
-  for (int q = 0; q < n_in; ++q) {
-    const float* x = ins[q] + first;
-    for (std::uint64_t i = 0; i < n; ++i) words[i] += static_cast<std::int64_t>(static_cast<double>(x[i]) * scale[i]);
+  for (q = 0; q + 4 <= n_in; q += 4) add_scaled_words_f32<4>(words, scale, ins + q, first, n);
+  switch (n_in - q) {
+    case 3: add_scaled_words_f32<3>(words, scale, ins + q, first, n); break;
+    case 2: add_scaled_words_f32<2>(words, scale, ins + q, first, n); break;
+    case 1: add_scaled_words_f32<1>(words, scale, ins + q, first, n); break;
+    default: break;  // 0: none left
   }
   for (std::uint64_t i = 0; i < n; ++i) rare |= convert_word_f32(result[i], words[i], magnitude[i], shift);
   return rare;
@@ -771,12 +805,27 @@ inline void flush_packed(const std::uint8_t* tops, std::int64_t* packed, std::in
   }
 }
 
+/// out[i] = max(out[i], top bin of accumulator element first+i), i < len: the binned storage's
+/// local tops and the top bins of the staged contributions.
+inline void fold_accumulator_tops(const binned_view& view, std::uint8_t* out, std::uint64_t first,
+                                  std::uint64_t len) noexcept {
+  view.fold_tops(out, first, len);
+  const std::size_t es = dtype_size(view.type);
+  for (std::uint64_t j = 0; j < view.staged_count; ++j)
+    fold_top_bins(out, static_cast<const unsigned char*>(view.staged_array(j)) + first * es, len, view.type);
+}
+
 /// words[i*w ..] += accumulator element first+i's words at global top bin global_tops[i]
-/// (binned_view::add_words, bit for bit; K = 3 takes branch-free loops: the words are linear in
-/// the limbs, so the packed and the flushed parts are added one after the other).
+/// (binned_view::add_words plus add_truncated_words of each staged contribution, bit for bit;
+/// K = 3 takes branch-free loops: the words are linear in the limbs, so the packed and the
+/// flushed parts are added one after the other).
 inline void add_accumulator_words(const binned_view& view, std::int64_t* words, const std::uint8_t* global_tops,
                                   std::uint64_t first, std::uint64_t len) noexcept {
-  if (view.contributions == 0) return;  // all zero, whatever the storage holds (binned_view)
+  const std::size_t es = dtype_size(view.type);
+  for (std::uint64_t j = 0; j < view.staged_count; ++j)
+    add_truncated_words(words, static_cast<const unsigned char*>(view.staged_array(j)) + first * es, global_tops, len,
+                        view.type);
+  if (view.deposited() == 0) return;  // all zero, whatever the storage holds (binned_view)
   if (reproducible_kept_bins(view.type) != 3) return view.add_words(words, global_tops, first, len);
   detail::add_packed_words3(words, view.tops + first, view.packed + first, global_tops, len);
   if (view.limbs != nullptr)

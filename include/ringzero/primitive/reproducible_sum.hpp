@@ -385,21 +385,34 @@ constexpr void accumulate_packed(std::uint8_t& top, std::int64_t& packed, std::i
 /// its collectives): per element a local top bin and reproducible_kept_bins(type) limbs. For
 /// float64 `limbs` holds the 6 limbs of each element; for the K = 3 dtypes an element's limbs
 /// are packed_element_limbs of `packed` (the contributions since the last flush) plus, where
-/// `limbs` is not null, the 3 flushed limbs there. With no contribution the accumulator is zero
-/// and its storage is never read (a cleared accumulator leaves its memory as it was until the
-/// next deposit overwrites it).
+/// `limbs` is not null, the 3 flushed limbs there. Besides, `staged_count` contributions may be
+/// kept as copies, not deposited (`staged`: that many arrays of `count` elements of `type`, one
+/// after another).
+/// With no deposited contribution the binned storage is zero and never read (a cleared
+/// accumulator leaves its memory as it was until the next deposit overwrites it). The methods
+/// below read the binned storage only; primitive::fold_accumulator_tops and
+/// add_accumulator_words (reproducible_arrays.hpp) add the staged copies.
 struct binned_view {
   const std::uint8_t* tops = nullptr;
   const std::int64_t* limbs = nullptr;
   std::uint64_t count = 0;  ///< elements
   dtype type = dtype::float32;
-  std::uint64_t contributions = 0;       ///< add() calls deposited
+  std::uint64_t contributions = 0;       ///< add() calls: deposited and staged
   const std::int64_t* packed = nullptr;  ///< K = 3 dtypes: one packed word per element
+  const void* staged = nullptr;          ///< staged_count arrays of `count` elements, contiguous (not deposited)
+  std::uint64_t staged_count = 0;        ///< contributions kept in `staged` (counted in `contributions` too)
 
-  /// out[0 .. K) = the limbs of element i.
+  /// Contributions held in the binned storage (not staged).
+  std::uint64_t deposited() const noexcept { return contributions - staged_count; }
+  /// Staged contribution j (< staged_count): `count` elements of `type`.
+  const void* staged_array(std::uint64_t j) const noexcept {
+    return static_cast<const unsigned char*>(staged) + j * count * dtype_size(type);
+  }
+
+  /// out[0 .. K) = the limbs of element i (the binned storage's).
   void limbs_of(std::uint64_t i, std::int64_t* out) const noexcept {
     const int kept = reproducible_kept_bins(type);
-    if (contributions == 0) {
+    if (deposited() == 0) {
       std::fill(out, out + kept, std::int64_t{0});
       return;
     }
@@ -411,15 +424,15 @@ struct binned_view {
     if (limbs != nullptr)
       for (int j = 0; j < 3; ++j) out[j] += limbs[i * 3 + static_cast<std::uint64_t>(j)];
   }
-  /// out[i] = max(out[i], top bin of element first + i), i < len.
+  /// out[i] = max(out[i], top bin of element first + i in the binned storage), i < len.
   void fold_tops(std::uint8_t* out, std::uint64_t first, std::uint64_t len) const noexcept {
-    if (contributions == 0) return;
+    if (deposited() == 0) return;
     for (std::uint64_t i = 0; i < len; ++i) out[i] = std::max(out[i], tops[first + i]);
   }
-  /// words[i*w..] += element first + i's words at global top bin global_tops[i], i < len.
+  /// words[i*w..] += element first + i's words (binned storage) at global top bin global_tops[i], i < len.
   void add_words(std::int64_t* words, const std::uint8_t* global_tops, std::uint64_t first,
                  std::uint64_t len) const noexcept {
-    if (contributions == 0) return;
+    if (deposited() == 0) return;
     const int kept = reproducible_kept_bins(type), w = reproducible_words(type);
     std::int64_t element[6] = {0, 0, 0, 0, 0, 0};
     for (std::uint64_t i = 0; i < len; ++i) {
