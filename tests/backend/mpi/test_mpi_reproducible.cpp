@@ -63,7 +63,9 @@ TEST_CASE("MPI reproducible all_reduce, reduce_scatter and reduce equal the one-
   }
 }
 
-TEST_CASE("MPI reproducible accumulators: 8 contributions spread over the ranks equal the one-rank reference") {
+TEST_CASE(
+    "MPI reproducible accumulators: 8 contributions spread over the ranks, deposited or staged as copies, equal the "
+    "one-rank reference") {
   mpi::communicator comm(MPI_COMM_WORLD, throwing(std::nullopt));
   const int n = comm.world_size(), r = comm.rank();
   const std::uint64_t total = 516;  // divisible by 2, 3 and 4 (reduce_scatter)
@@ -72,22 +74,26 @@ TEST_CASE("MPI reproducible accumulators: 8 contributions spread over the ranks 
     for (reduce_kind op : {reduce_kind::sum, reduce_kind::avg}) {
       const rzt::bytes expected = rzt::reference(in, t, op, 0, total);
       const std::uint64_t block = total / static_cast<std::uint64_t>(n), es = dtype_size(t);
-      for (algorithm a : mpi_algorithms) {
-        INFO(dtype_name(t) << " " << reduce_kind_name(op) << " " << algorithm_name(a));
-        reproducible_accumulator acc(total, t);
-        for (int c = r; c < 8; c += n) acc.add(in[static_cast<std::size_t>(c)].data());
-        rzt::bytes out(total * es), part(block * es);
-        collective_options o;
-        o.algo = a;
-        const auto e = error_of([&] {
-          all_reduce(comm, acc, out.data(), op, o);
-          reduce_scatter(comm, acc, part.data(), op, o);
-        });
-        CHECK_FALSE(e.has_value());
-        CHECK(out == expected);
-        const auto b = expected.begin() + static_cast<std::ptrdiff_t>(static_cast<std::uint64_t>(r) * block * es);
-        CHECK(part == rzt::bytes(b, b + static_cast<std::ptrdiff_t>(block * es)));
-      }
+      // Stage 0: every contribution deposited; 1: each rank's first one a copy, the rest
+      // deposited; rank-dependent: ranks keep different numbers of copies; 8: all copies.
+      for (std::uint64_t stage :
+           {std::uint64_t{0}, std::uint64_t{1}, static_cast<std::uint64_t>(r % 3), std::uint64_t{8}})
+        for (algorithm a : mpi_algorithms) {
+          INFO(dtype_name(t) << " " << reduce_kind_name(op) << " " << algorithm_name(a) << " stage " << stage);
+          reproducible_accumulator acc(total, t, stage);
+          for (int c = r; c < 8; c += n) acc.add(in[static_cast<std::size_t>(c)].data());
+          rzt::bytes out(total * es), part(block * es);
+          collective_options o;
+          o.algo = a;
+          const auto e = error_of([&] {
+            all_reduce(comm, acc, out.data(), op, o);
+            reduce_scatter(comm, acc, part.data(), op, o);
+          });
+          CHECK_FALSE(e.has_value());
+          CHECK(out == expected);
+          const auto b = expected.begin() + static_cast<std::ptrdiff_t>(static_cast<std::uint64_t>(r) * block * es);
+          CHECK(part == rzt::bytes(b, b + static_cast<std::ptrdiff_t>(block * es)));
+        }
     }
   }
 }
