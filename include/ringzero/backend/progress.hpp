@@ -193,7 +193,10 @@ class progress_engine {
         next.task();
       } catch (...) { failure = std::current_exception(); }
       next.task = nullptr;
-      next.state->finish(failure);
+      // Moved, not copied: this thread keeps no reference to the exception once the waiter can
+      // rethrow it, so the waiter's thread alone reads and frees it (no release here racing the
+      // waiter's reads; ThreadSanitizer sees no ordering inside the uninstrumented libstdc++).
+      next.state->finish(std::move(failure));
       {
         std::lock_guard<std::mutex> lock(mutex_);
         pending_.fetch_sub(1, std::memory_order_acq_rel);
