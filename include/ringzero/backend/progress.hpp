@@ -25,6 +25,7 @@
 #include <unistd.h>
 #endif
 
+#include "ringzero/core/error.hpp"
 #include "ringzero/core/wait.hpp"
 
 namespace ringzero {
@@ -85,7 +86,7 @@ class [[nodiscard("wait() on it before the buffers it reads or writes go away")]
   void wait() const {
     if (!state_) return;
     state_->wait();
-    if (state_->failure) std::rethrow_exception(state_->failure);
+    if (state_->failure) rethrow_on_this_thread(state_->failure);
   }
 
   /// True when the operation finished (successfully or not); never blocks, never throws.
@@ -193,9 +194,8 @@ class progress_engine {
         next.task();
       } catch (...) { failure = std::current_exception(); }
       next.task = nullptr;
-      // Moved, not copied: this thread keeps no reference to the exception once the waiter can
-      // rethrow it, so the waiter's thread alone reads and frees it (no release here racing the
-      // waiter's reads; ThreadSanitizer sees no ordering inside the uninstrumented libstdc++).
+      // Moved: this thread keeps no reference of its own once the waiter can rethrow it (the
+      // waiter throws a copy: rethrow_on_this_thread).
       next.state->finish(std::move(failure));
       {
         std::lock_guard<std::mutex> lock(mutex_);

@@ -122,6 +122,18 @@ class error : public std::system_error {
   error_context context_;
 };
 
+/// Rethrows `failure` (not null), caught on another thread, on the calling thread: a
+/// `ringzero::error` as a copy that this thread owns, any other exception as it is. The copy
+/// keeps the object that other threads still reference out of this thread's catch handlers, so
+/// the thread that drops the last reference frees an object only it and earlier owners read
+/// (std::rethrow_exception throws the shared object itself, whose reference count lives in the
+/// C++ runtime, where ThreadSanitizer sees no ordering). May throw std::bad_alloc.
+[[noreturn]] inline void rethrow_on_this_thread(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const error& e) { throw error(e); }
+}
+
 /// The text a program prints after its own name ("<program>: <text>") for `e`: a ringzero
 /// error raised outside any communicator without its "ringzero: " prefix, so that a
 /// command-line program names itself once; one that says where it happened (backend, rank,

@@ -25,6 +25,8 @@
 #include <thread>
 #include <utility>
 
+#include "ringzero/core/error.hpp"
+
 namespace ringzero::primitive {
 
 namespace detail {
@@ -60,7 +62,7 @@ class host_event {
   bool query() const {
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (state_->completed < state_->recorded) return false;
-    if (state_->error) std::rethrow_exception(state_->error);
+    if (state_->error) rethrow_on_this_thread(state_->error);
     return true;
   }
   /// Blocks the calling thread until the point of the last record is reached.
@@ -74,7 +76,7 @@ class host_event {
     void synchronize() const {
       std::unique_lock<std::mutex> lock(state_->mutex);
       state_->changed.wait(lock, [&] { return state_->completed >= target_; });
-      if (state_->error) std::rethrow_exception(state_->error);
+      if (state_->error) rethrow_on_this_thread(state_->error);
     }
 
    private:
@@ -167,7 +169,7 @@ class host_stream {
         [s, target] {
           std::unique_lock<std::mutex> lock(s->mutex);
           s->changed.wait(lock, [&] { return s->completed >= target; });
-          if (s->error) std::rethrow_exception(s->error);
+          if (s->error) rethrow_on_this_thread(s->error);
         },
         true);
   }
