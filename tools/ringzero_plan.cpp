@@ -28,7 +28,6 @@
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -172,33 +171,118 @@ std::string read_regular_file(const std::string& path) {
   return text;
 }
 
+/// The deepest nesting of arrays and objects a model file may use. A model needs 4 (an object,
+/// its "parameters" list, a parameter, its shape); the bound refuses a file nested thousands of
+/// levels deep before anything recursive (nlohmann's dump, its destructor) sees it.
+constexpr int max_model_file_depth = 64;
+
+/// The most characters of a value from the model file that a message quotes.
+constexpr std::size_t max_quoted_chars = 80;
+
+/// `text` cut to at most `limit` bytes (at a UTF-8 character boundary) and "..." when longer: a
+/// message quotes a value from the file without growing with it.
+std::string shortened(const std::string& text, std::size_t limit = max_quoted_chars) {
+  if (text.size() <= limit) return text;
+  std::size_t cut = limit;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // a continuation byte
+  return text.substr(0, cut) + "...";
+}
+
+/// Builds the document of a model file from nlohmann's SAX events in one linear pass, refusing
+/// a key given twice in one object (JSON leaves it undefined which one counts) and nesting
+/// deeper than max_model_file_depth. (nlohmann::json::parse with a callback ran in time
+/// quadratic in the parameters: its end_object searched the whole enclosing list each time.)
+class model_document_builder : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  nlohmann::json document;
+  /// Why the parse stopped (refused or invalid JSON), empty while it goes on.
+  std::string problem;
+
+  explicit model_document_builder(const std::string& path) : path_(path) {}
+
+  bool null() override { return add(nullptr); }
+  bool boolean(bool v) override { return add(v); }
+  bool number_integer(number_integer_t v) override { return add(v); }
+  bool number_unsigned(number_unsigned_t v) override { return add(v); }
+  bool number_float(number_float_t v, const string_t&) override { return add(v); }
+  bool string(string_t& v) override { return add(std::move(v)); }
+  bool binary(binary_t& v) override { return add(nlohmann::json::binary(std::move(v))); }
+  bool start_object(std::size_t) override { return open(nlohmann::json::object()); }
+  bool start_array(std::size_t) override { return open(nlohmann::json::array()); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+
+  bool key(string_t& k) override {
+    if (open_.back()->contains(k)) {
+      problem = "model file '" + path_ + "' gives the key '" + shortened(k) + "' twice in one object";
+      return false;
+    }
+    key_ = std::move(k);
+    return true;
+  }
+
+  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& e) override {
+    // nlohmann's message quotes the last token read, which may be a whole string of the file.
+    problem = "model file '" + path_ + "' is not valid JSON: " + shortened(e.what(), 2 * max_quoted_chars);
+    return false;
+  }
+
+ private:
+  std::string path_;
+  std::vector<nlohmann::json*> open_;  // the arrays and objects being filled, innermost last
+  std::string key_;                    // the key of the next value of the innermost object
+
+  /// Places `v` in the innermost open array or object (or as the document) and returns it.
+  nlohmann::json* place(nlohmann::json&& v) {
+    if (open_.empty()) {
+      document = std::move(v);
+      return &document;
+    }
+    nlohmann::json& parent = *open_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(v));
+      return &parent.back();
+    }
+    nlohmann::json& slot = parent[key_];
+    slot = std::move(v);
+    return &slot;
+  }
+
+  bool add(nlohmann::json&& v) {
+    place(std::move(v));
+    return true;
+  }
+
+  // A pointer into the parent stays valid: only the innermost array or object grows.
+  bool open(nlohmann::json&& empty) {
+    if (open_.size() >= static_cast<std::size_t>(max_model_file_depth)) {
+      problem = "model file '" + path_ + "' nests arrays and objects more than " +
+                std::to_string(max_model_file_depth) + " levels deep (a model file needs at most 4)";
+      return false;
+    }
+    open_.push_back(place(std::move(empty)));
+    return true;
+  }
+
+  bool close() {
+    open_.pop_back();
+    return true;
+  }
+};
+
 /// Reads a model file (see the file comment). A key given twice in one object is refused (JSON
-/// leaves it undefined which one counts).
+/// leaves it undefined which one counts), and so is nesting deeper than max_model_file_depth.
 std::vector<parameter_spec> read_model_file(const std::string& path) {
   const std::string text = read_regular_file(path);
-  nlohmann::json doc;
-  std::vector<std::set<std::string>> keys;  // the keys seen in each object being parsed, innermost last
-  auto no_duplicate_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    using event_t = nlohmann::json::parse_event_t;
-    if (event == event_t::object_start)
-      keys.emplace_back();
-    else if (event == event_t::object_end)
-      keys.pop_back();
-    else if (event == event_t::key && !keys.back().insert(parsed.get<std::string>()).second)
-      throw usage_error("model file '" + path + "' gives the key '" + parsed.get<std::string>() +
-                        "' twice in one object");
-    return true;
-  };
-  try {
-    doc = nlohmann::json::parse(text, no_duplicate_keys);
-  } catch (const nlohmann::json::exception& e) {
-    throw usage_error("model file '" + path + "' is not valid JSON: " + e.what());
-  }
+  model_document_builder builder(path);
+  if (!nlohmann::json::sax_parse(text, &builder))
+    throw usage_error(builder.problem.empty() ? "model file '" + path + "' is not valid JSON" : builder.problem);
+  const nlohmann::json& doc = builder.document;
   const nlohmann::json* list = &doc;
   if (doc.is_object()) {
     if (!doc.contains("parameters"))
       throw usage_error("model file '" + path + "': an object needs a \"parameters\" list");
-    list = &doc["parameters"];
+    list = &doc.at("parameters");
   }
   if (!list->is_array()) throw usage_error("model file '" + path + "': expected a list of parameters");
   if (list->empty()) throw usage_error("model file '" + path + "' lists no parameters: there is nothing to plan");
@@ -208,7 +292,7 @@ std::vector<parameter_spec> read_model_file(const std::string& path) {
     std::string where = "model file '" + path + "', parameter " + std::to_string(i);
     if (!p.is_object()) throw usage_error(where + ": expected an object");
     if (const auto name = p.find("name"); name != p.end() && name->is_string())
-      where += " ('" + name->get<std::string>() + "')";
+      where += " ('" + shortened(name->get<std::string>()) + "')";
     parameter_spec s;
     for (const auto& [key, value] : p.items()) {
       if (key == "name" && value.is_string())
@@ -222,7 +306,8 @@ std::vector<parameter_spec> read_model_file(const std::string& path) {
       } else if (key == "dtype" && value.is_string()) {
         s.type = ringzero::parse_dtype(value.get<std::string>());
         if (!s.type)
-          throw usage_error(where + ": unknown dtype '" + value.get<std::string>() + "' (" + dtype_examples + ")");
+          throw usage_error(where + ": unknown dtype '" + shortened(value.get<std::string>()) + "' (" + dtype_examples +
+                            ")");
       } else if (key == "trainable" && value.is_boolean())
         s.trainable = value.get<bool>();
       else if ((key == "tie" || key == "tie_group") && value.is_string())
@@ -230,7 +315,7 @@ std::vector<parameter_spec> read_model_file(const std::string& path) {
       else if (key == "unit" && value.is_string())
         s.unit = value.get<std::string>();
       else
-        throw usage_error(where + ": unexpected key '" + key + "' or value " + value.dump());
+        throw usage_error(where + ": unexpected key '" + shortened(key) + "' or value " + shortened(value.dump()));
     }
     if (!p.contains("name") || !p.contains("shape")) throw usage_error(where + ": \"name\" and \"shape\" are required");
     params.push_back(std::move(s));

@@ -16,8 +16,8 @@ def run(*args, timeout=120):
     return run_program(tool, *args, timeout=timeout)
 
 
-def plans(*args):
-    r = run(*args, "--json")
+def plans(*args, timeout=120):
+    r = run(*args, "--json", timeout=timeout)
     check(r.returncode == 0, f"{args}: exit {r.returncode}: {r.stderr}")
     return json.loads(r.stdout)
 
@@ -159,6 +159,58 @@ with tempfile.TemporaryDirectory() as d:
     refused(["--model-file", nested, "-n", "4"], "gives the key 'parameters' twice in one object", "a top-level key twice")
     same_keys = model_file("same_keys.json", [{"name": "a", "shape": [3]}, {"name": "b", "shape": [3]}])
     check(run("--model-file", same_keys, "-n", "4").returncode == 0, "the same key in different objects accepted")
+    inner_dupkey = model_file("inner_dupkey.json", '[{"name": "a", "shape": [3], "x": [{"k": 1, "k": 2}]}]')
+    refused(["--model-file", inner_dupkey, "-n", "4"],
+            f"model file '{inner_dupkey}' gives the key 'k' twice in one object", "a key twice in a nested object")
+    refused(["--model-file", model_file("invalid.json", '[{"name": "a", "shape": [3]},]'), "-n", "4"],
+            "is not valid JSON: [json.exception.parse_error.101]", "invalid JSON")
+
+    # Nesting: 100,000 brackets under an unknown key crashed it (SIGSEGV: the message dumped the
+    # value recursively, 140 KB of it at depth 70,000). Beyond 64 levels the file is refused before
+    # anything recursive runs; a message quotes at most 80 characters of any value from the file.
+    def bounded(args, message, what, limit=600):
+        r = run(*args)
+        check(r.returncode == 1 and r.stderr.startswith("ringzero-plan: error: model file '") and message in r.stderr
+              and len(r.stderr) < limit, f"{what}: exit {r.returncode}, {len(r.stderr)} bytes of stderr {r.stderr[:300]!r}")
+
+    def nested(name, depth):
+        """A parameter with the unknown key "x" holding `depth` nested lists (the file nests depth + 2 levels)."""
+        return model_file(name, '[{"name": "a", "shape": [2], "x": ' + "[" * depth + "]" * depth + "}]")
+
+    deep = nested("deep.json", 100000)
+    bounded(["--model-file", deep, "-n", "4"], f"model file '{deep}' nests arrays and objects more than 64 levels deep",
+            "100,000 nested lists")
+    bounded(["--model-file", nested("depth65.json", 63), "-n", "4"], "more than 64 levels deep", "65 levels")
+    bounded(["--model-file", nested("depth64.json", 62), "-n", "4"],
+            "unexpected key 'x' or value " + "[" * 62 + "]" * 18 + "...",
+            "64 levels: read, the unknown key's value quoted up to 80 characters")
+    long = "y" * 1000000
+    bounded(["--model-file", model_file("long_value.json", [{"name": "a", "shape": [2], "x": long}]), "-n", "4"],
+            "unexpected key 'x' or value \"" + "y" * 79 + "...", "a long value under an unknown key")
+    bounded(["--model-file", model_file("long_key.json", [{"name": "a", "shape": [2], long: 1}]), "-n", "4"],
+            "unexpected key '" + "y" * 80 + "...' or value 1", "a long unknown key")
+    bounded(["--model-file", model_file("long_name.json", [{"name": long, "shape": [2], "dtype": long}]), "-n", "4"],
+            "parameter 0 ('" + "y" * 80 + "...'): unknown dtype '" + "y" * 80 + "...'", "a long name and dtype")
+    bounded(["--model-file", model_file("long_dupkey.json", '[{"name": "a", "shape": [2], "%s": 1, "%s": 2}]'
+                                        % (long, long)), "-n", "4"],
+            "gives the key '" + "y" * 80 + "...' twice in one object", "a long key given twice")
+    bounded(["--model-file", model_file("unterminated.json", '[{"name": "' + long), "-n", "4"],
+            "is not valid JSON: [json.exception.parse_error.101]", "invalid JSON with a long last token")
+
+    # A million parameters: the parse was quadratic (4.7 s for 100,000, 526 s for 1,000,000; now
+    # about 2 s in a release build, docs/zero.md). The bound is generous for a loaded machine; the
+    # parameter count is exact. Shapes of ~1 Mi elements keep the gather units small.
+    count = 1000000
+    million = os.path.join(d, "million.json")
+    with open(million, "w") as f:
+        f.write("[" + ",".join(f'{{"name":"p{i}","shape":[1024,{1024 + i % 3}]}}' for i in range(count)) + "]")
+    try:
+        out = plans("--model-file", million, "-n", "8", "--stage", "3", timeout=60)
+        elements = sum(1024 * (1024 + i % 3) for i in range(count))
+        check(out["model"]["tensors"] == count and out["model"]["parameters"] == elements,
+              f"a million parameters: {out['model']}, expected {elements} elements")
+    except subprocess.TimeoutExpired:
+        check(False, "a model file of a million parameters takes more than 60 s")
 
 # Sizes: exact up to 2^64 - 1, refused above, naming the option and the value as given.
 for value, expected in [("1e19", 10**19), ("18446744073709551615", 2**64 - 1), ("16777215TiB", (2**24 - 1) * 2**40),
