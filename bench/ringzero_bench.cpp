@@ -13,6 +13,8 @@
 // bench/harness/. Before the table it measures the machine's memory bandwidth with a STREAM-style
 // copy on the same rank threads; docs/performance.md explains how the bound's bytes are counted.
 // --json FILE and --csv FILE keep every row. The exit status is non-zero when any #wrong is non-zero.
+// The footer's average busbw leaves out, and names, placements whose busbw measures no bandwidth
+// (docs/performance.md); --ranks is at most 64 rank threads per CPU (max_ranks_per_cpu).
 //
 // Sizes: like nccl-tests, `size` is the larger of a rank's send and receive buffers; for
 // reduce_scatter, all_gather and all_to_all the per-rank count is size / (elements * world size),
@@ -37,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -102,11 +105,42 @@ struct options {
   }
 };
 
+/// The most rank threads per CPU this process may use (`--ranks`, local and NCCL backends). Far
+/// beyond one thread per CPU each step of a collective waits for threads the scheduler runs in
+/// turn, and a local world holds N^2 mailboxes: on 2 CPUs one row of a 1 KiB all_reduce took 0.4 s
+/// on 128 ranks, 6 s on 512, 48 s on 1024 and over 300 s, silent, on 4096 (time ~N^3). 64 per
+/// CPU keeps such a run to seconds while leaving room to oversubscribe a machine on purpose.
+constexpr int max_ranks_per_cpu = 64;
+
+/// A placement that ran more than this many times faster than the memory-bandwidth bound (%peak
+/// above 10000%) stays out of the footer's average: no memory copy moves bytes that fast. Caches
+/// let small rows beat the copy bandwidth measured in DRAM (up to ~9x seen), never by this much.
+constexpr double max_plausible_peak_fraction = 100;
+
+/// The smallest time step of steady_clock this process sees (us): the least non-zero difference
+/// between consecutive readings. A mean below it is no measurement.
+double clock_resolution_us() {
+  double least = 1e9;
+  for (int i = 0; i < 200; ++i) {
+    const auto t0 = clock_type::now();
+    auto t1 = clock_type::now();
+    while (t1 == t0) t1 = clock_type::now();
+    least = std::min(least, std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  return least;
+}
+
+/// Why a placement's busbw stays out of the footer's average (none: it counts).
+enum class busbw_doubt { none, below_clock, moves_nothing, beyond_memory };
+
 struct shared_state {
   std::mutex mutex;
   std::vector<rz::bench::result_row> rows;
   double busbw_sum = 0;
   int busbw_rows = 0;
+  /// Placements left out of the average, by busbw_doubt (below_clock, moves_nothing, beyond_memory).
+  int below_clock = 0, moves_nothing = 0, beyond_memory = 0;
+  double clock_resolution_us = 0;
   std::int64_t wrong_total = 0;
   double copy_bandwidth = 0;
 };
@@ -390,13 +424,33 @@ class rank_bench {
     std::fputs(rz::bench::table_row(row).c_str(), stdout);
     std::fflush(stdout);
     std::lock_guard<std::mutex> lock(shared_.mutex);
-    for (const rz::bench::placement_result* x : {&row.out_of_place, &row.in_place}) {
-      if (!x->applicable) continue;
-      shared_.busbw_sum += x->busbw;
-      ++shared_.busbw_rows;
-      shared_.wrong_total += x->wrong;
+    for (const bool in_place : {false, true}) {
+      const rz::bench::placement_result& x = in_place ? row.in_place : row.out_of_place;
+      if (!x.applicable) continue;
+      shared_.wrong_total += x.wrong;
+      switch (doubt(s, in_place, x)) {
+        case busbw_doubt::none:
+          shared_.busbw_sum += x.busbw;
+          ++shared_.busbw_rows;
+          break;
+        case busbw_doubt::below_clock: ++shared_.below_clock; break;
+        case busbw_doubt::moves_nothing: ++shared_.moves_nothing; break;
+        case busbw_doubt::beyond_memory: ++shared_.beyond_memory; break;
+      }
     }
     shared_.rows.push_back(std::move(row));
+  }
+
+  /// Whether a placement's busbw means anything: its mean time is one the clock resolves, it
+  /// moves bytes when its bus factor says so (a world of one in place moves none: broadcast and
+  /// reduce still have a factor of 1), and it is within max_plausible_peak_fraction of the
+  /// memory-bandwidth bound.
+  busbw_doubt doubt(const rz::bench::row_shape& s, bool in_place, const rz::bench::placement_result& x) const {
+    if (desc_.moves_data && x.time_us < shared_.clock_resolution_us) return busbw_doubt::below_clock;
+    const double least = n_ == 1 && in_place ? 0.0 : desc_.least_bytes(n_, static_cast<double>(s.size_bytes));
+    if (x.busbw > 0 && least <= 0) return busbw_doubt::moves_nothing;
+    if (x.peak_fraction > max_plausible_peak_fraction) return busbw_doubt::beyond_memory;
+    return busbw_doubt::none;
   }
 
   rz::communicator& comm_;
@@ -470,7 +524,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-r,--root", roots, "root rank(s) for broadcast/reduce: comma-separated, or all")
       ->capture_default_str();
-  app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend; default: number of CPUs)")
+  app.add_option("--ranks", o.ranks,
+                 "number of ranks (threads of the local backend; default: number of CPUs; at most 64 per CPU)")
       ->check(digits)
       ->check(CLI::Range(1, 4096));
   app.add_option("--algo", algo, "auto, ring, direct, halving_doubling, native (RINGZERO_ALGO also works)")
@@ -561,6 +616,16 @@ int main(int argc, char** argv) {
 #endif
     if (o.ranks == 0)
       o.ranks = o.device_memory ? (o.backend == "nccl" ? 1 : 2) : std::max(1, rz::local::detail::available_cpus());
+    if (o.backend != "mpi") {  // every rank a thread of this process (an MPI rank is a process)
+      const int cpus = std::max(1, rz::local::detail::available_cpus());
+      const int limit = std::min(4096, max_ranks_per_cpu * cpus);
+      if (o.ranks > limit)
+        throw CLI::ValidationError(
+            "--ranks", fmt::format("{} rank threads are more than the {} this process allows: at most {} per CPU on "
+                                   "the {} CPU(s) it may run on (and 4096 in all); each collective step would wait "
+                                   "for threads scheduled in turn",
+                                   o.ranks, limit, max_ranks_per_cpu, cpus));
+    }
     std::vector<int> all_roots;
     for (int r = 0; r < o.ranks; ++r) all_roots.push_back(r);
     o.roots = parse_list<int>(
@@ -621,6 +686,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::Error& e) { return mpi_rank == 0 ? app.exit(e) : 1; }
 
   shared_state shared;
+  shared.clock_resolution_us = clock_resolution_us();
   try {
     rz::local::launch_options lo;
     lo.pin_threads = o.pin;
@@ -673,9 +739,30 @@ int main(int argc, char** argv) {
     return 2;
   }
   fmt::print("# Errors: {} wrong element(s) {}\n", shared.wrong_total, shared.wrong_total == 0 ? "OK" : "FAILED");
-  fmt::print("# Avg bus bandwidth    : {:.4f}\n", shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0);
+  // nccl-tests' footer, averaged over the placements whose busbw means something; a note names
+  // those left out, and with none left the average reads N/A (null in the JSON).
+  const int left_out = shared.below_clock + shared.moves_nothing + shared.beyond_memory;
+  const double avg_busbw = shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows
+                           : left_out > 0    ? std::numeric_limits<double>::quiet_NaN()
+                                             : 0.0;
+  if (std::isnan(avg_busbw))
+    fmt::print("# Avg bus bandwidth    : N/A\n");
+  else
+    fmt::print("# Avg bus bandwidth    : {:.4f}\n", avg_busbw);
+  if (left_out > 0) {
+    std::string why;
+    auto add = [&](int count, const std::string& text) {
+      if (count > 0) why += fmt::format("{}{} {}", why.empty() ? "" : "; ", count, text);
+    };
+    add(shared.below_clock,
+        fmt::format("took less time than the clock resolves ({:.3f} us)", shared.clock_resolution_us));
+    add(shared.moves_nothing, "moved no bytes (in place on one rank)");
+    add(shared.beyond_memory, fmt::format("ran over {:.0f}x faster than memory copies allow ({:.2f} GB/s measured)",
+                                          max_plausible_peak_fraction, shared.copy_bandwidth));
+    fmt::print("#   (averaged over {} of {} placement(s); left out, as their busbw measures no bandwidth: {})\n",
+               shared.busbw_rows, left_out + shared.busbw_rows, why);
+  }
   try {
-    const double avg_busbw = shared.busbw_rows ? shared.busbw_sum / shared.busbw_rows : 0.0;
     if (!o.json_path.empty()) {
       using rz::bench::json_number;
       using rz::bench::json_string;
@@ -688,6 +775,7 @@ int main(int argc, char** argv) {
                              {"reproducible", o.reproducible ? "true" : "false"},
                              {"copy_bandwidth_gbps", json_number(shared.copy_bandwidth)},
                              {"avg_busbw_gbps", json_number(avg_busbw)},
+                             {"avg_busbw_left_out", json_number(left_out)},
                              {"wrong", json_number(static_cast<double>(shared.wrong_total))}},
                             shared.rows);
     }

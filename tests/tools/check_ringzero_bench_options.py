@@ -8,7 +8,11 @@
 - --json is checked before measuring without creating the file: a run that fails leaves no file
   behind and never truncates one the user already had; a run that succeeds writes it;
 - --reproducible checks every dtype and op bitwise, says so in the header and the JSON, and is
-  refused with --memory cuda.
+  refused with --memory cuda;
+- --ranks is refused beyond 64 rank threads per CPU this process may use (--ranks 4096 ran over
+  300 s without a line of output on 2 CPUs), naming the option, the value and the limit;
+- the footer's "Avg bus bandwidth" leaves out placements whose busbw measures no bandwidth (a
+  broadcast in place on one rank moves nothing: it averaged in 4-10 TB/s) and says so.
 
 usage: check_ringzero_bench_options.py RINGZERO_BENCH
 
@@ -17,6 +21,8 @@ that fails, 0 for one that measured every row right.
 """
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -66,8 +72,46 @@ def main() -> int:
         check(p.returncode == VALIDATION_ERROR and "not a whole number" in p.stderr and "# Errors" not in p.stdout,
               f"{option} '{bad}': exit status {p.returncode}, expected {VALIDATION_ERROR} before measuring")
 
+    # --ranks: at most 64 rank threads per CPU of this process's affinity (and 4096), refused at once.
+    limit = min(4096, 64 * len(os.sched_getaffinity(0)))
+    for ranks in sorted({limit + 1, 4096}):
+        if ranks > limit:
+            try:
+                p = run(bench, *SMALL, "--ranks", str(ranks), timeout=30)
+            except subprocess.TimeoutExpired:
+                check(False, f"--ranks {ranks}: still running after 30 s, expected a refusal at once")
+                continue
+            check(p.returncode == VALIDATION_ERROR and "--ranks" in p.stderr and f"{ranks} rank threads" in p.stderr
+                  and f"more than the {limit} " in p.stderr and "# Errors" not in p.stdout,
+                  f"--ranks {ranks}: exit status {p.returncode}, expected {VALIDATION_ERROR} naming the limit {limit}")
+    taskset = shutil.which("taskset")
+    if taskset:  # on one CPU the limit is 64: 64 ranks run, 65 are refused
+        cpu = str(min(os.sched_getaffinity(0)))
+        p = run(taskset, "-c", cpu, bench, *SMALL, "--ranks", "64")
+        check(p.returncode == 0 and "# Errors: 0 wrong" in p.stdout, f"64 ranks on one CPU: exit status {p.returncode}")
+        p = run(taskset, "-c", cpu, bench, *SMALL, "--ranks", "65")
+        check(p.returncode == VALIDATION_ERROR and "65 rank threads are more than the 64 this process allows" in p.stderr,
+              f"65 ranks on one CPU: exit status {p.returncode}, expected {VALIDATION_ERROR}")
+
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "bench.json")
+        # The footer averages only the busbw that measures a bandwidth: a broadcast in place on one
+        # rank moves nothing in ~0.3 us, and its 1 MiB "busbw" of ~4000 GB/s was averaged in.
+        p = run(bench, "broadcast", "-b", "1M", "-e", "1M", "-n", "3", "-w", "1", "--ranks", "1",
+                "--bandwidth-bytes", "64K", "--json", path)
+        if check(p.returncode == 0, f"broadcast on one rank: exit status {p.returncode}"):
+            with open(path) as f:
+                doc = json.load(f)
+            oop = doc["rows"][0]["out_of_place"]["busbw_gbps"]
+            footer = [line for line in p.stdout.splitlines() if line.startswith("# Avg bus bandwidth    : ")]
+            check(len(footer) == 1 and footer[0].split()[-1] == f"{oop:.4f}",
+                  f"broadcast on one rank: footer {footer}, expected the out-of-place busbw {oop:.4f} alone")
+            check("#   (averaged over 1 of 2 placement(s); left out, as their busbw measures no bandwidth: 1 moved no "
+                  "bytes (in place on one rank))" in p.stdout, "broadcast on one rank: the footer does not say what it left out")
+            check(doc.get("avg_busbw_gbps") == oop and doc.get("avg_busbw_left_out") == 1,
+                  f"broadcast on one rank: JSON avg_busbw_gbps {doc.get('avg_busbw_gbps')}, left out "
+                  f"{doc.get('avg_busbw_left_out')}, expected {oop} and 1")
+            os.unlink(path)
         # Runs that fail after the --json check: no file left behind.
         failing = [
             # no size from -b to -e holds an element: exit 2 after measuring nothing
