@@ -10,7 +10,12 @@
 /// `dataset-fashion-mnist` package installs them in /usr/share/datasets/fashion-mnist/.
 /// Errors: `ringzero::error` with errc::io_error naming the file and what was wrong.
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
+
+#include <cerrno>
 
 #include <cmath>
 #include <cstddef>
@@ -34,8 +39,20 @@ struct idx_array {
 /// entries along the first dimension (all when 0). Throws errc::io_error when the file cannot be
 /// opened or read, has a bad magic number or another element type, or is shorter than its header says.
 inline idx_array read_idx(const std::string& path, std::size_t max_items = 0) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) throw error(errc::io_error, "cannot open IDX file " + path);
+  // Opened without blocking and checked to be a regular file: a FIFO or device given as --data
+  // is refused at once instead of blocking the run.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw error(errc::io_error, "cannot open IDX file " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || ::fcntl(fd, F_SETFL, O_RDONLY) != 0) {
+    ::close(fd);
+    throw error(errc::io_error, "IDX file " + path + " is not a regular file");
+  }
+  gzFile f = gzdopen(fd, "rb");  // owns fd from here
+  if (f == nullptr) {
+    ::close(fd);
+    throw error(errc::io_error, "cannot open IDX file " + path);
+  }
   struct closer {
     gzFile f;
     ~closer() { gzclose(f); }

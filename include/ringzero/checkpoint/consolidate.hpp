@@ -39,6 +39,9 @@ struct consolidate_options {
   std::uint64_t max_shard_bytes = 0;
   /// Bytes of the streaming buffer (rounded to whole 4 MiB checksum chunks, at least one).
   std::uint64_t buffer_bytes = std::uint64_t{16} << 20;
+  /// An output that is a symbolic link: false refuses it; true writes the file it points to
+  /// (`ringzero-ckpt consolidate --force`). Directories, FIFOs, devices and sockets are refused either way.
+  bool follow_symlink = false;
 };
 
 /// What `consolidate` wrote.
@@ -107,8 +110,12 @@ inline void write_consolidated_file(fragment_reader& reader, const std::vector<c
     std::filesystem::remove(tmp, ec);
     throw;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    detail::io_fail("cannot rename '" + tmp.string() + "' to", path, errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    detail::io_fail("cannot rename '" + tmp.string() + "' to", path, err);
+  }
 }
 
 }  // namespace detail
@@ -117,13 +124,18 @@ inline void write_consolidated_file(fragment_reader& reader, const std::vector<c
 /// `latest` names one) to `output` (see the file comment). With `max_shard_bytes` and more
 /// than one resulting file, the files are named after `output` in its directory
 /// ("model-00001-of-00002.safetensors") and "<output>.index.json" lists them.
-inline consolidate_result consolidate(const std::filesystem::path& path, const std::filesystem::path& output,
+inline consolidate_result consolidate(const std::filesystem::path& path, const std::filesystem::path& output_path,
                                       const consolidate_options& options = {}) {
   if (options.type && !is_floating_point(*options.type))
     throw error(errc::invalid_argument, "consolidate: the output dtype must be a floating-point type, not " +
                                             std::string(dtype_name(*options.type)));
+  const std::filesystem::path output =
+      detail::resolve_output(output_path, options.follow_symlink, "consolidate output");
   const std::filesystem::path dir = resolve_checkpoint(path);
   const checkpoint_index index = read_index(dir);
+  if (index.computed_model_fingerprint() != index.model_fingerprint)
+    throw error(errc::io_error, "checkpoint index '" + (dir / index_file_name).string() +
+                                    "': its tensors do not give its model fingerprint: the index was edited");
   fragment_reader reader(dir, index);
   reader.check_files();
 
@@ -161,6 +173,13 @@ inline consolidate_result consolidate(const std::filesystem::path& path, const s
   const std::filesystem::path out_dir =
       output.parent_path().empty() ? std::filesystem::path(".") : output.parent_path();
   std::map<std::string, std::string> weight_map;
+  std::filesystem::path index_path = output;
+  index_path += ".index.json";
+  // Every file this call would write is checked before the first is: a refusal leaves nothing behind.
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    if (groups.size() > 1)
+      detail::require_replaceable(out_dir / detail::hf_shard_name(output, g, groups.size()), "write");
+  if (groups.size() > 1) detail::require_replaceable(index_path, "write");
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const std::filesystem::path file =
         groups.size() == 1 ? output : out_dir / detail::hf_shard_name(output, g, groups.size());
@@ -179,8 +198,6 @@ inline consolidate_result consolidate(const std::filesystem::path& path, const s
     j["metadata"] = {{"total_size", result.total_bytes}};
     j["weight_map"] = nlohmann::ordered_json::object();
     for (const tensor_record* t : params) j["weight_map"][t->name] = weight_map[t->name];
-    std::filesystem::path index_path = output;
-    index_path += ".index.json";
     detail::replace_file_atomically(index_path, j.dump(2) + "\n");
     result.index_file = index_path;
   } else {

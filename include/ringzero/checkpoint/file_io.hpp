@@ -37,6 +37,69 @@ namespace ringzero::checkpoint::detail {
   throw error(errc::io_error, what + " '" + path.string() + "': " + std::strerror(err));
 }
 
+/// "a directory", "a FIFO", ... for the S_IFMT bits `kind`, for messages.
+inline const char* file_kind_name(unsigned kind) noexcept {
+  switch (kind) {
+    case S_IFREG: return "a regular file";
+    case S_IFDIR: return "a directory";
+    case S_IFIFO: return "a FIFO";
+    case S_IFCHR: return "a character device";
+    case S_IFBLK: return "a block device";
+    case S_IFSOCK: return "a socket";
+    case S_IFLNK: return "a symbolic link";
+    default: return "not a file";
+  }
+}
+
+/// Throws errc::io_error unless `path` is absent or a regular file (not followed when it is a
+/// symbolic link): what a writer may create or replace. `use` says what was to be done ("write").
+/// Output paths given by users go through `resolve_output` first.
+inline void require_replaceable(const std::filesystem::path& path, const char* use) {
+  if (path.empty()) throw error(errc::io_error, std::string("cannot ") + use + " an empty path");
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    io_fail(std::string("cannot ") + use, path, errno);
+  }
+  const auto k = static_cast<unsigned>(st.st_mode & S_IFMT);
+  if (k != S_IFREG)
+    throw error(errc::io_error, std::string("cannot ") + use + " '" + path.string() + "': it is " + file_kind_name(k) +
+                                    ", and only a regular file is ever replaced");
+}
+
+/// The file an output given by a user names, checked before anything is written: an absent
+/// path (whose parent is an existing directory) or a regular file is taken as it is; a
+/// symbolic link is refused unless `follow_symlink`, then its target (which must be absent or
+/// a regular file) is written instead; a directory, FIFO, device or socket is refused by name.
+/// Errors: errc::io_error naming `option` and the path.
+inline std::filesystem::path resolve_output(const std::filesystem::path& path, bool follow_symlink,
+                                            const std::string& option) {
+  if (path.empty()) throw error(errc::io_error, option + ": the output path is empty");
+  std::filesystem::path target = path;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    if (!follow_symlink)
+      throw error(errc::io_error, option + " '" + path.string() +
+                                      "' is a symbolic link: refused (give --force to write the file it points to)");
+    // Follow the chain of links (each target relative to its link's directory), as open(2) would.
+    for (int hops = 0; ::lstat(target.c_str(), &st) == 0 && S_ISLNK(st.st_mode); ++hops) {
+      std::error_code ec;
+      const std::filesystem::path next = std::filesystem::read_symlink(target, ec);
+      if (ec || hops == 40) io_fail(option + ": cannot resolve the symbolic link", path, ec ? ec.value() : ELOOP);
+      target = next.is_absolute() ? next : target.parent_path() / next;
+    }
+  }
+  try {
+    require_replaceable(target, "write");
+  } catch (const error& e) { throw error(errc::io_error, option + ": " + e.message()); }
+  const std::filesystem::path parent = target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
+  struct stat pst {};
+  if (::stat(parent.c_str(), &pst) != 0) io_fail(option + ": cannot use the output's directory", parent, errno);
+  if (!S_ISDIR(pst.st_mode))
+    throw error(errc::io_error, option + ": '" + parent.string() + "' (the output's directory) is not a directory");
+  return target;
+}
+
 /// For tests: makes O_DIRECT look refused as by a file system without it (`at_open`: open fails
 /// with EINVAL, for reads and writes; `at_read`: the first direct pread does; `at_write`: the
 /// first direct pwrite does), so the buffered fallback runs anywhere.
@@ -71,17 +134,27 @@ class file {
   }
   ~file() { reset(); }
 
-  /// Creates (or truncates) `path` for writing, mode 0644.
+  /// Creates (or truncates) the regular file `path` for writing, mode 0644. Anything else at
+  /// `path` (a directory, FIFO, device, socket or symbolic link) is refused before it is
+  /// opened (`require_replaceable`), so nothing but a regular file is ever truncated.
   static file create(const std::filesystem::path& path) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    require_replaceable(path, "write");
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd < 0) io_fail("cannot create", path, errno);
-    return file(fd, path);
+    file f(fd, path);
+    f.require_regular("write");
+    f.set_blocking();
+    return f;
   }
-  /// Opens `path` for reading.
+  /// Opens the regular file `path` for reading. The open never blocks (O_NONBLOCK, cleared
+  /// after it): a FIFO, device, socket or directory at `path` is refused at once, naming it.
   static file open_read(const std::filesystem::path& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) io_fail("cannot open", path, errno);
-    return file(fd, path);
+    file f(fd, path);
+    f.require_regular("read");
+    f.set_blocking();
+    return f;
   }
   /// Opens `path` for reading with O_DIRECT (Linux: reads bypass the page cache; offsets,
   /// lengths and memory must be multiples of the logical block size), or std::nullopt when
@@ -89,8 +162,11 @@ class file {
   static std::optional<file> open_direct(const std::filesystem::path& path) noexcept {
 #if defined(O_DIRECT)
     if (test_direct_refusal.load() == direct_refusal::at_open) return std::nullopt;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-    if (fd >= 0) return file(fd, path);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK);
+    if (fd >= 0) {
+      file f(fd, path);
+      if (f.kind() == S_IFREG && f.set_blocking_noexcept()) return f;
+    }
 #else
     (void)path;
 #endif
@@ -102,8 +178,11 @@ class file {
   static std::optional<file> open_direct_write(const std::filesystem::path& path) noexcept {
 #if defined(O_DIRECT)
     if (test_direct_refusal.load() == direct_refusal::at_open) return std::nullopt;
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);
-    if (fd >= 0) return file(fd, path);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK | O_NOFOLLOW);
+    if (fd >= 0) {
+      file f(fd, path);
+      if (f.kind() == S_IFREG && f.set_blocking_noexcept()) return f;
+    }
 #else
     (void)path;
 #endif
@@ -118,6 +197,8 @@ class file {
 
   const std::filesystem::path& path() const noexcept { return path_; }
   bool is_open() const noexcept { return fd_ >= 0; }
+  /// The file descriptor (owned by this object; -1 when closed).
+  int descriptor() const noexcept { return fd_; }
 
   /// Writes `bytes` bytes at `offset`. A disk that fills up gives ENOSPC here (or at `sync`).
   void write_at(const void* data, std::uint64_t bytes, std::uint64_t offset) { write_loop(data, bytes, offset, false); }
@@ -240,6 +321,26 @@ class file {
     return asked - bytes;
   }
   file(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
+  /// The S_IFMT bits of the open file's mode (0 when fstat fails).
+  unsigned kind() const noexcept {
+    struct stat st {};
+    return ::fstat(fd_, &st) == 0 ? static_cast<unsigned>(st.st_mode & S_IFMT) : 0u;
+  }
+  /// Throws errc::io_error unless the open file is a regular file ("cannot <use> ... it is a FIFO").
+  void require_regular(const char* use) const {
+    const unsigned k = kind();
+    if (k != S_IFREG)
+      throw error(errc::io_error, std::string("cannot ") + use + " '" + path_.string() + "': it is " +
+                                      file_kind_name(k) + ", not a regular file");
+  }
+  /// Clears O_NONBLOCK (set only so that the open could not block); false when fcntl fails.
+  bool set_blocking_noexcept() noexcept {
+    const int flags = ::fcntl(fd_, F_GETFL);
+    return flags >= 0 && ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK) == 0;
+  }
+  void set_blocking() {
+    if (!set_blocking_noexcept()) io_fail("cannot clear O_NONBLOCK on", path_, errno);
+  }
   void reset() noexcept {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -296,10 +397,20 @@ inline void write_whole_file(const std::filesystem::path& path, const void* data
 /// Replaces `path` atomically with `contents`: writes "<path>.tmp", fsyncs it, renames it over
 /// `path` and fsyncs the directory. A crash at any point leaves the old or the new file whole.
 inline void replace_file_atomically(const std::filesystem::path& path, const std::string& contents) {
+  require_replaceable(path, "replace");
   std::filesystem::path tmp = path;
   tmp += ".tmp";
-  write_whole_file(tmp, contents.data(), contents.size());
-  if (::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename '" + tmp.string() + "' to", path, errno);
+  file f = file::create(tmp);  // refuses anything but a regular file there, removing nothing
+  try {
+    f.write_at(contents.data(), contents.size(), 0);
+    f.sync();
+    f.close();
+    if (::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename '" + tmp.string() + "' to", path, errno);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);  // the regular file this call created
+    throw;
+  }
   sync_directory(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
 }
 
