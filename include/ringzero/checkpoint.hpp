@@ -24,4 +24,5 @@
 #include "ringzero/checkpoint/offline_reshard.hpp"
 #include "ringzero/checkpoint/pretrained.hpp"
 #include "ringzero/checkpoint/replicated_state.hpp"
+#include "ringzero/checkpoint/root_lock.hpp"
 #include "ringzero/checkpoint/safetensors.hpp"

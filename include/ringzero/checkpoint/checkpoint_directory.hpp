@@ -14,7 +14,8 @@
 /// a checkpoint directory whose name does not start with '.' is complete by construction, and
 /// `latest` only ever names one. Directories starting with '.' are never taken as checkpoints.
 /// Errors: errc::io_error naming the file; errc::invalid_argument for a bad name. Rank 0, one
-/// thread; two jobs must not save into one root at once. Needs `ringzero-checkpoint`.
+/// thread; two jobs must not save into one root at once: a `checkpointer` holds the root's lock
+/// (checkpoint/root_lock.hpp) from its first save on. Needs `ringzero-checkpoint`.
 
 #include <algorithm>
 #include <cstdint>
@@ -67,24 +68,83 @@ inline std::optional<std::string> read_latest(const std::filesystem::path& root)
   return s;
 }
 
+/// The complete checkpoints in `root`, oldest first (by optimizer steps, epoch, step in epoch, name).
+inline std::vector<std::string> complete_checkpoints(const std::filesystem::path& root);
+
+/// Where `find_checkpoint` found a checkpoint.
+struct found_checkpoint {
+  std::filesystem::path directory;  ///< the checkpoint directory (it holds index.json)
+  /// Empty when `path` was the checkpoint or its root's `latest` named it; otherwise why another
+  /// was taken ("'R' has no 'latest' pointer (a run stopped before its first one): took the
+  /// newest complete checkpoint 'step-00000010'"), for the caller to print.
+  std::string note;
+};
+
 /// The checkpoint directory `path` stands for: `path` itself when it holds an index.json, else
-/// the checkpoint its `latest` file names. Throws errc::io_error when neither exists.
-inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
+/// the checkpoint its `latest` file names, else (no `latest`: a run killed between its first
+/// checkpoint's rename and its first `latest`) the newest complete checkpoint in `path` whose
+/// index reads and whose files are all present at their indexed sizes, with a note saying so.
+/// Throws errc::io_error when there is none, or when `latest` names a checkpoint without an
+/// index, or is not a regular file (a FIFO is refused at once, never opened for a blocking read).
+inline found_checkpoint find_checkpoint(const std::filesystem::path& path) {
   std::error_code ec;
-  if (std::filesystem::exists(path / index_file_name, ec)) return path;
+  if (std::filesystem::exists(path / index_file_name, ec)) return {path, {}};
   const std::optional<std::string> latest = read_latest(path);
-  if (!latest)
+  if (!latest) {
+    std::vector<std::string> all;
+    if (std::filesystem::is_directory(path, ec)) all = complete_checkpoints(path);
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      const std::filesystem::path dir = path / *it;
+      try {
+        const checkpoint_index x = read_index(dir);
+        for (const file_record& f : x.files) {
+          std::error_code fe;
+          const std::filesystem::path file = dir / f.name;
+          if (!std::filesystem::is_regular_file(std::filesystem::symlink_status(file, fe)) ||
+              std::filesystem::file_size(file, fe) != f.bytes || fe)
+            throw error(errc::io_error, "file '" + f.name + "' is missing or of another size");
+        }
+      } catch (const error&) {
+        continue;  // incomplete or damaged: an older one may still be whole
+      }
+      return {dir, "'" + path.string() + "' has no '" + std::string(latest_file_name) +
+                       "' pointer (a run stopped before writing its first one): took the newest complete "
+                       "checkpoint '" +
+                       *it + "'"};
+    }
     throw error(errc::io_error, "'" + path.string() + "' holds no complete checkpoint: neither " +
                                     std::string(index_file_name) + " nor a '" + std::string(latest_file_name) +
-                                    "' pointer");
+                                    "' pointer, nor a checkpoint directory with a readable index and all its files");
+  }
   const std::filesystem::path dir = path / *latest;
   if (!std::filesystem::exists(dir / index_file_name, ec))
     throw error(errc::io_error, "'" + (path / latest_file_name).string() + "' names checkpoint '" + *latest +
                                     "', which has no " + std::string(index_file_name));
-  return dir;
+  return {dir, {}};
 }
 
-/// The complete checkpoints in `root`, oldest first (by optimizer steps, epoch, step in epoch, name).
+/// `find_checkpoint(path).directory`.
+inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
+  return find_checkpoint(path).directory;
+}
+
+/// Removes what interrupted saves left in `root`: ".tmp.*" (unfinished checkpoints and
+/// `latest` pointers) and ".trash.*" (old checkpoints being removed). Only for the holder of the
+/// root's lock (checkpoint/root_lock.hpp), before its first save: no other saver can be writing
+/// them. Returns the names removed. Errors: errc::io_error naming the entry.
+inline std::vector<std::string> remove_leftovers(const std::filesystem::path& root) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(".tmp.") && !name.starts_with(".trash.")) continue;
+    detail::remove_tree(entry.path());
+    removed.push_back(name);
+  }
+  if (ec) detail::io_fail("cannot list", root, ec.value());
+  return removed;
+}
+
 inline std::vector<std::string> complete_checkpoints(const std::filesystem::path& root) {
   std::vector<std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::string>> found;
   std::error_code ec;

@@ -16,6 +16,8 @@
 /// shares it). A failed save never marks a checkpoint complete. The destructor finishes a pending
 /// save (see there). Thread semantics: each rank's training thread. Needs nlohmann/json and
 /// libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
+/// One saver per root: global rank 0 holds the root's lock (checkpoint/root_lock.hpp) from
+/// `open` or the first save until the checkpointer is destroyed; a second job is refused.
 
 #include <cstdint>
 #include <cstdio>
@@ -31,6 +33,7 @@
 #include "ringzero/checkpoint/checkpoint_directory.hpp"
 #include "ringzero/checkpoint/load.hpp"
 #include "ringzero/checkpoint/replicated_state.hpp"
+#include "ringzero/checkpoint/root_lock.hpp"
 #include "ringzero/checkpoint/shard_writer.hpp"
 #include "ringzero/checkpoint/staging_buffer.hpp"
 #include "ringzero/checkpoint/state_layout.hpp"
@@ -83,6 +86,58 @@ class checkpointer {
                    dir.c_str(), e.what());
     }
   }
+
+  /// Prepares the root for this job's saves (collective over `comm`, and `replica` for hybrid
+  /// sharding: every rank calls it at the same point; the first save does it when it was not
+  /// called): global rank 0 creates the root, takes its lock (checkpoint/root_lock.hpp: a second
+  /// job saving into the same root is refused here, the holder named), removes what interrupted
+  /// saves left (".tmp.*", ".trash.*"), and, with `bytes_per_checkpoint` > 0, checks that the
+  /// file system has that much free space for one more checkpoint. Call it before the first
+  /// training step, so that a bad --checkpoint directory is reported before any work is done.
+  /// Idempotent once it succeeded. Errors, on every rank naming rank 0's reason: errc::io_error.
+  void open(communicator& comm, communicator* replica = nullptr, std::uint64_t bytes_per_checkpoint = 0) {
+    if (opened_) return;
+    const bool lead = comm.rank() == 0 && (replica == nullptr || replica->rank() == 0);
+    std::string problem;
+    if (lead) {
+      try {
+        lock_ = root_lock::acquire(root_);
+        (void)remove_leftovers(root_);
+        if (bytes_per_checkpoint > 0) {
+          std::error_code ec;
+          const std::filesystem::space_info space = std::filesystem::space(root_, ec);
+          if (ec) detail::io_fail("cannot read the free space of", root_, ec.value());
+          if (space.available < bytes_per_checkpoint)
+            throw error(errc::io_error, "checkpoint root '" + root_.string() + "' has " +
+                                            std::to_string(space.available) + " bytes free, and one checkpoint needs " +
+                                            std::to_string(bytes_per_checkpoint));
+        }
+      } catch (const error& e) {
+        problem = e.message();
+        lock_.release();
+      } catch (const std::exception& e) {
+        problem = e.what();
+        lock_.release();
+      }
+    }
+    const detail::verdict v = detail::agree(comm, replica, problem, errc::io_error);
+    if (!v.text.empty()) throw error(v.code, "checkpointer: cannot save into '" + root_.string() + "': " + v.text);
+    opened_ = true;
+  }
+  /// `open` for saves of `model`, checking room for one checkpoint of it (its files' bytes).
+  void open(zero::sharded_model& model) {
+    if (opened_) return;
+    const zero::optimizer_options& o = model.optimizer().options();
+    const detail::zero_tensors z(model.plan(), o);
+    open(model.comm(), model.replica_comm(), checkpoint_bytes(detail::zero_layout(model.plan(), o, z, nullptr)));
+  }
+  /// `open` for saves of a DDP trainer's `state`, checking room for one checkpoint of it.
+  void open(ddp::gradient_reducer& reducer, const replicated_state& state) {
+    if (opened_) return;
+    open(reducer.comm(), nullptr, checkpoint_bytes(detail::replicated_layout(state, reducer.comm().world_size())));
+  }
+  /// True once `open` (or a first save) succeeded; rank 0 then holds the root's lock.
+  bool is_open() const noexcept { return opened_; }
 
   /// The root directory.
   const std::filesystem::path& root() const noexcept { return root_; }
@@ -187,6 +242,15 @@ class checkpointer {
     pending_ = true;  // from here on, the agreement must run on every rank
   }
 
+  /// The bytes of every rank's file of a checkpoint of `L` (headers of at most one alignment block).
+  static std::uint64_t checkpoint_bytes(const state_layout& L) {
+    std::uint64_t bytes = static_cast<std::uint64_t>(L.world_size) * shard_data_alignment;
+    for (const auto& mine : L.pieces)
+      for (const piece& p : mine)
+        bytes += (L.bytes(p) + shard_data_alignment - 1) / shard_data_alignment * shard_data_alignment;
+    return bytes;
+  }
+
   void refuse(errc code, const std::string& why) {
     if (job_.problem.empty()) {
       job_.problem = why;
@@ -219,6 +283,7 @@ class checkpointer {
     const detail::zero_tensors z(plan, o);
     std::vector<std::vector<detail::zero_piece_source>> where;
     const int rank = model.global_rank();
+    open(model.comm(), model.replica_comm());
     state_layout layout = detail::zero_layout(plan, o, z, &where);
     start_job(model.comm(), model.replica_comm(), rank, std::move(layout), std::move(progress), std::move(name));
     check_common(model.comm());
@@ -234,6 +299,7 @@ class checkpointer {
   void prepare_replicated(ddp::gradient_reducer& reducer, const replicated_state& state, training_progress progress,
                           std::string name, bool staged) {
     communicator& comm = reducer.comm();
+    open(comm);
     if (name.empty()) name = default_checkpoint_name(progress.optimizer_steps);
     state_layout layout = detail::replicated_layout(state, comm.world_size());
     const std::vector<std::size_t> order = reducer.layout_order();
@@ -388,6 +454,8 @@ class checkpointer {
   job job_;
   bool pending_ = false;
   detail::staging_buffer staging_;
+  root_lock lock_;                    ///< held by global rank 0 from `open` on
+  bool opened_ = false;               ///< `open` succeeded (on every rank)
   detail::zero_spare spare_;          ///< `load`'s second copy of a model's state
   detail::background_writer writer_;  ///< last: its thread ends before the members its task uses
 };
