@@ -12,7 +12,9 @@
 /// recoverable from the shard file alone. The format is described in docs/checkpoint.md.
 /// `from_json` refuses an index that is not one (naming the file and what is wrong): a newer
 /// format version, unknown dtypes or roles, fragments outside their file or tensor, and
-/// fragments that do not tile their tensor exactly once.
+/// fragments that do not tile their tensor exactly once. The index carries its own checksum
+/// ("index_xxh3", `seal_index`), which `read_index` checks: an index edited after the save, even
+/// consistently (tensors removed, a dtype changed, chunk checksums recomputed), is refused.
 /// Needs nlohmann/json and libxxhash (the Meson dependency `ringzero-checkpoint`). Pure values.
 
 #include <nlohmann/json.hpp>
@@ -120,6 +122,35 @@ inline std::string fragment_key(const std::string& name, tensor_role role, int s
   return name + "#" + role_token(role, state) + "[" + std::to_string(begin) + ":" + std::to_string(end) + "]";
 }
 
+/// XXH3 of every tensor's name, role, state, dtype, tie and shape, in order: the model
+/// fingerprint of an index (`tensors`: tensor_record or state_layout's tensor_spec). Equal for
+/// the same model and optimizer whatever the world size, stage or alignment.
+template <class Tensors>
+std::uint64_t model_fingerprint_of(const Tensors& tensors) {
+  std::string s;
+  for (const auto& t : tensors) {
+    s += t.name + '\n' + role_token(t.role, t.state) + '\n' + std::string(safetensors_dtype(t.type)) + '\n' +
+         t.tied_to + '\n';
+    for (std::uint64_t d : t.shape) s += std::to_string(d) + ',';
+    s += '\n';
+  }
+  return checksum(s.data(), s.size());
+}
+
+/// The field of index.json that holds the index's own checksum.
+inline constexpr const char* index_checksum_field = "index_xxh3";
+
+/// XXH3 of `j` without `index_checksum_field`, in nlohmann::json's compact dump (keys sorted):
+/// the checksum an index carries of itself.
+inline std::uint64_t index_checksum(nlohmann::json j) {
+  j.erase(index_checksum_field);
+  const std::string text = j.dump();
+  return checksum(text.data(), text.size());
+}
+
+/// Sets the checksum field of the index document `j` (after an edit a test or tool made on purpose).
+inline void seal_index(nlohmann::json& j) { j[index_checksum_field] = hex64(index_checksum(j)); }
+
 /// The whole index. See the file comment.
 struct checkpoint_index {
   int version = format_version;
@@ -190,8 +221,12 @@ struct checkpoint_index {
       ts.push_back(std::move(e));
     }
     j["tensors"] = std::move(ts);
+    seal_index(j);
     return j;
   }
+  /// The model fingerprint recomputed from `tensors` (`model_fingerprint_of`): equal to
+  /// `model_fingerprint` unless the index was edited.
+  std::uint64_t computed_model_fingerprint() const { return model_fingerprint_of(tensors); }
 
   /// Parses and checks an index (see the file comment); `where` names the file in errors.
   /// Throws errc::unsupported for a newer format version, errc::io_error for anything else.
@@ -353,7 +388,30 @@ struct checkpoint_index {
   }
 };
 
-/// Reads and checks `<dir>/index.json` (errc::io_error naming it when it is missing or broken).
+/// How the optimizer description `now` differs from `saved` (an index's "optimizer"), key by key
+/// in `saved`'s order then `now`'s new keys: "kind adamw -> adam, weight_decay 0.01 -> 0"; ""
+/// when they are equal. For a resume's note: a state that still fits (Adam and AdamW keep the
+/// same moments) loads, and the user should know the run continues under other settings.
+inline std::string optimizer_difference(const nlohmann::json& saved, const nlohmann::json& now) {
+  if (!saved.is_object() || !now.is_object()) return saved == now ? "" : saved.dump() + " -> " + now.dump();
+  std::string out;
+  auto text = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+  auto add = [&](const std::string& key, const std::string& a, const std::string& b) {
+    out += (out.empty() ? "" : ", ") + key + " " + a + " -> " + b;
+  };
+  for (const auto& [key, value] : saved.items()) {
+    if (!now.contains(key))
+      add(key, text(value), "(none)");
+    else if (now[key] != value)
+      add(key, text(value), text(now[key]));
+  }
+  for (const auto& [key, value] : now.items())
+    if (!saved.contains(key)) add(key, "(none)", text(value));
+  return out;
+}
+
+/// Reads and checks `<dir>/index.json` (errc::io_error naming it when it is missing, broken, or
+/// its own checksum does not match: edited after the save).
 inline checkpoint_index read_index(const std::filesystem::path& dir) {
   const std::filesystem::path path = dir / index_file_name;
   std::string text;
@@ -368,7 +426,17 @@ inline checkpoint_index read_index(const std::filesystem::path& dir) {
   } catch (const nlohmann::json::exception& e) {
     throw error(errc::io_error, "checkpoint index '" + path.string() + "' is not valid JSON: " + e.what());
   }
-  return checkpoint_index::from_json(j, path.string());
+  checkpoint_index x = checkpoint_index::from_json(j, path.string());
+  // The index's own checksum (written since it existed; an older index has none and is read as before).
+  if (j.is_object() && j.contains(index_checksum_field)) {
+    const auto& v = j[index_checksum_field];
+    const auto sealed = v.is_string() ? parse_hex64(v.get<std::string>()) : std::nullopt;
+    if (!sealed || *sealed != index_checksum(j))
+      throw error(errc::io_error, "checkpoint index '" + path.string() + "': its own checksum (" +
+                                      index_checksum_field +
+                                      ") does not match its contents: the index was edited or damaged after the save");
+  }
+  return x;
 }
 
 }  // namespace ringzero::checkpoint

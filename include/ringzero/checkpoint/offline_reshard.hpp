@@ -11,8 +11,10 @@
 /// checkpoints are (checkpoint/checkpoint_directory.hpp): ROOT/.tmp.NAME, index, rename,
 /// ROOT/latest; NAME is the source checkpoint's directory name.
 /// Errors: errc::invalid_argument for a bad world size, stage or replica group size (naming
-/// it), errc::io_error naming the file for damaged input or a failed write.
-/// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
+/// it) or one whose files would not fit the output's file system, errc::io_error naming the file for damaged input or a
+/// failed write. Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
+
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -29,6 +31,10 @@
 #include "ringzero/zero/shard_plan.hpp"
 
 namespace ringzero::checkpoint {
+
+/// The most rank files `reshard_offline` writes (a world size above it is refused before any
+/// planning): 2^20, beyond any data-parallel job run today, and a bound on one directory's entries.
+inline constexpr int max_reshard_files = 1 << 20;
 
 /// Options of `reshard_offline`.
 struct reshard_options {
@@ -186,6 +192,36 @@ inline state_layout reshard_layout(const checkpoint_index& x, const reshard_opti
   return L;
 }
 
+/// Refuses (errc::invalid_argument, saying what it would write) a reshard whose files would not
+/// fit the file system of `output_root` (its nearest existing ancestor): fewer free bytes than
+/// the data plus one alignment block per file and per fragment (each starts at a multiple of
+/// `shard_data_alignment`), or fewer free inodes than files. A world size of 16,777,216 on a
+/// small model is refused here instead of writing millions of files.
+inline void check_room_for(const state_layout& L, const std::filesystem::path& output_root) {
+  std::uint64_t bytes = 0, fragments = 0;
+  for (const auto& mine : L.pieces)
+    for (const piece& p : mine) {
+      bytes += L.bytes(p);
+      ++fragments;
+    }
+  const auto files = static_cast<std::uint64_t>(L.world_size);
+  bytes += (files + fragments) * shard_data_alignment;
+  std::filesystem::path at = output_root.empty() ? std::filesystem::path(".") : output_root;
+  std::error_code ec;
+  while (!std::filesystem::exists(at, ec) && at.has_parent_path() && at.parent_path() != at) at = at.parent_path();
+  struct statvfs v {};
+  if (::statvfs(at.c_str(), &v) != 0) return;  // unknown: the writes report a full disk themselves
+  const std::uint64_t free_bytes = static_cast<std::uint64_t>(v.f_bavail) * v.f_frsize;
+  const std::uint64_t free_files = static_cast<std::uint64_t>(v.f_favail);
+  const bool inodes_counted = v.f_files > 0;  // some file systems report no inode counts at all
+  if (bytes > free_bytes || (inodes_counted && files + 2 > free_files))
+    throw error(errc::invalid_argument, "reshard: " + std::to_string(files) + " rank file(s) of about " +
+                                            std::to_string(bytes) + " bytes in all would not fit the file system of '" +
+                                            at.string() + "' (" + std::to_string(free_bytes) + " bytes and " +
+                                            (inodes_counted ? std::to_string(free_files) : std::string("uncounted")) +
+                                            " inodes free); choose a smaller --world-size or another output");
+}
+
 }  // namespace detail
 
 /// Reshards the checkpoint at `path` (a checkpoint directory, or a root whose `latest` names
@@ -200,10 +236,16 @@ inline reshard_result reshard_offline(const std::filesystem::path& path, const s
   if (std::filesystem::exists(output_root, ec) && std::filesystem::equivalent(output_root, dir.parent_path(), ec))
     throw error(errc::invalid_argument, "reshard: the output root '" + output_root.string() +
                                             "' is the source's own root; choose another directory");
+  if (o.world_size > max_reshard_files)
+    throw error(errc::invalid_argument,
+                "reshard: a world size of " + std::to_string(o.world_size) + " would write " +
+                    std::to_string(o.world_size) + " rank file(s) into one directory; at most " +
+                    std::to_string(max_reshard_files) + " are written (choose a smaller world size)");
   reshard_result result;
   state_layout L = detail::reshard_layout(x, o, where, result.exact_plan);
   fragment_reader reader(dir, x);
   reader.check_files();
+  detail::check_room_for(L, output_root);
 
   std::string name = dir.filename().string();
   if (name.empty() || name.front() == '.') name = default_checkpoint_name(x.progress.optimizer_steps);

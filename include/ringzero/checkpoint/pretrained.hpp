@@ -10,15 +10,24 @@
 /// Optimizer states and the step count are left as they are. Like `load`, all or nothing: a
 /// collective agreement, then the commit; errors name the file, the tensor and what was
 /// expected, on every rank (a missing tensor, another shape, a non-floating dtype, with
-/// `strict` a tensor the model does not have, a damaged file).
+/// `strict` a tensor the model does not have, a damaged file, unless `allow_nonfinite` a NaN or
+/// infinity among the values: a run initialised from one trains to `loss nan`). The file is
+/// opened without blocking and must be a regular file (a FIFO or directory is refused by name).
+/// The file's header is parsed once per process, however many local ranks load it at once.
 /// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Thread semantics: a collective.
+
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ringzero/checkpoint/load.hpp"
@@ -29,6 +38,61 @@
 namespace ringzero::checkpoint {
 
 namespace detail {
+
+/// The index of the first NaN or infinity among the `n` floating-point elements of `type` at
+/// `data`, or std::nullopt when all are finite (or `type` is not floating). IEEE 754 formats:
+/// a value is non-finite when its exponent bits are all ones.
+inline std::optional<std::uint64_t> first_nonfinite(dtype type, const unsigned char* data, std::uint64_t n) {
+  auto scan = [&](auto word, auto exponent) -> std::optional<std::uint64_t> {
+    using word_t = decltype(word);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      word_t w;
+      std::memcpy(&w, data + i * sizeof(word_t), sizeof(word_t));
+      if ((w & exponent) == exponent) return i;
+    }
+    return std::nullopt;
+  };
+  switch (type) {
+    case dtype::float16: return scan(std::uint16_t{}, std::uint16_t{0x7C00});
+    case dtype::bfloat16: return scan(std::uint16_t{}, std::uint16_t{0x7F80});
+    case dtype::float32: return scan(std::uint32_t{}, std::uint32_t{0x7F800000u});
+    case dtype::float64: return scan(std::uint64_t{}, std::uint64_t{0x7FF0000000000000ull});
+    default: return std::nullopt;
+  }
+}
+
+/// The header of the open safetensors file `f`, parsed once per process for all the ranks
+/// (threads) that load the same file at once: keyed by device, inode, size and modification
+/// time, held while a caller holds it (a 1M-tensor header costs ~850 MB parsed; eight local ranks
+/// parsing it each would cost eight times that). Thread-safe; a parse error is thrown to every
+/// caller that parses (the entry is not kept).
+inline std::shared_ptr<const safetensors_header> shared_safetensors_header(const file& f) {
+  struct stat st {};
+  if (::fstat(f.descriptor(), &st) != 0) io_fail("cannot stat", f.path(), errno);
+  const std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::int64_t, std::int64_t> key{
+      st.st_dev, st.st_ino, static_cast<std::uint64_t>(st.st_size), st.st_mtim.tv_sec, st.st_mtim.tv_nsec};
+  struct entry {
+    std::mutex parsing;  ///< held by the one thread that parses
+    std::weak_ptr<const safetensors_header> header;
+  };
+  static std::mutex table_mutex;
+  static std::map<decltype(key), std::shared_ptr<entry>> table;
+  std::shared_ptr<entry> e;
+  {
+    const std::lock_guard<std::mutex> lock(table_mutex);
+    for (auto it = table.begin(); it != table.end();)  // forget headers nobody holds
+      it = it->second->header.expired() && it->first != key && it->second.use_count() == 1 ? table.erase(it)
+                                                                                           : std::next(it);
+    std::shared_ptr<entry>& slot = table[key];
+    if (!slot) slot = std::make_shared<entry>();
+    e = slot;
+  }
+  const std::lock_guard<std::mutex> parse(e->parsing);
+  if (auto held = e->header.lock()) return held;
+  auto parsed = std::make_shared<const safetensors_header>(read_safetensors_header(f));
+  e->header = parsed;
+  return parsed;
+}
 
 /// `n` elements of `from` at `src` as `to` at `dst` (a copy when equal; both floating otherwise).
 inline void convert_elements(dtype from, const unsigned char* src, dtype to, unsigned char* dst, std::uint64_t n) {
@@ -48,7 +112,8 @@ inline void convert_elements(dtype from, const unsigned char* src, dtype to, uns
 }  // namespace detail
 
 /// See the file comment. `strict`: refuse a file holding tensors the model does not have.
-inline void load_pretrained(zero::sharded_model& model, const std::filesystem::path& file, bool strict = true) {
+inline void load_pretrained(zero::sharded_model& model, const std::filesystem::path& file, bool strict = true,
+                            bool allow_nonfinite = false) {
   const zero::shard_plan& plan = model.plan();
   const auto& ps = plan.parameters();
   const auto& pl = plan.placements();
@@ -62,7 +127,8 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
     if (!model.between_steps())
       throw error(errc::invalid_argument, "pretrained weights can only be loaded between steps");
     const detail::file f = detail::file::open_read(file);
-    const safetensors_header header = read_safetensors_header(f);
+    const std::shared_ptr<const safetensors_header> shared = detail::shared_safetensors_header(f);
+    const safetensors_header& header = *shared;
     auto fail = [&](const std::string& why) -> error {
       return error(errc::invalid_argument, "safetensors file '" + file.string() + "': " + why);
     };
@@ -106,6 +172,11 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
           if (lo >= hi) return;
           raw.resize(static_cast<std::size_t>((hi - lo) * es));
           f.read_at(raw.data(), raw.size(), t.begin + (lo - pl[p].offset) * es);
+          if (!allow_nonfinite)
+            if (const auto bad = detail::first_nonfinite(*t.type, raw.data(), hi - lo))
+              throw fail("tensor '" + t.name + "' holds a non-finite value (NaN or infinity) at element " +
+                         std::to_string(lo - pl[p].offset + *bad) +
+                         "; pass allow_nonfinite = true (--allow-nonfinite) to load it anyway");
           detail::convert_elements(*t.type, raw.data(), to, base + (lo - r.begin) * dtype_size(to), hi - lo);
         };
         read(held, fb.type, s.params.data());

@@ -70,16 +70,7 @@ struct state_layout {
   }
   /// XXH3 of every tensor's name, role, state, dtype, shape and tie: equal for the same model
   /// and optimizer whatever the world size, stage or alignment.
-  std::uint64_t model_fingerprint() const {
-    std::string s;
-    for (const tensor_spec& t : tensors) {
-      s += t.name + '\n' + role_token(t.role, t.state) + '\n' + std::string(safetensors_dtype(t.type)) + '\n' +
-           t.tied_to + '\n';
-      for (std::uint64_t d : t.shape) s += std::to_string(d) + ',';
-      s += '\n';
-    }
-    return checksum(s.data(), s.size());
-  }
+  std::uint64_t model_fingerprint() const { return model_fingerprint_of(tensors); }
 };
 
 /// The name of rank `rank`'s shard file: "rank-00003-of-00008.safetensors".

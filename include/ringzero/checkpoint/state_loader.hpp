@@ -95,6 +95,23 @@ inline std::vector<const tensor_record*> match_tensors(const checkpoint_index& i
                  " in the checkpoint, the model expects " + std::string(safetensors_dtype(s.type)));
     out[i] = r;
   }
+  // An optimizer state the checkpoint holds for a trainable parameter whose optimizer keeps no
+  // such state (SGD saved with momentum 0.9, resumed with momentum 0): resuming would silently
+  // drop it.
+  if (options.optimizer_state) {
+    std::set<std::pair<std::string, int>> kept;
+    std::set<std::string> trainable;
+    for (const tensor_spec& s : specs) {
+      if (s.role == tensor_role::optimizer_state) kept.emplace(s.name, s.state);
+      if (s.role == tensor_role::parameter && s.trainable && s.tied_to.empty()) trainable.insert(s.name);
+    }
+    for (const tensor_record& t : index.tensors)
+      if (t.role == tensor_role::optimizer_state && t.tied_to.empty() && trainable.contains(t.name) &&
+          !kept.contains({t.name, t.state}))
+        throw fail("the checkpoint holds optimizer state " + t.label() +
+                   ", which the model's optimizer does not keep (saved with another optimizer or other settings, "
+                   "such as a momentum; load with optimizer_state = false to take the parameters only)");
+  }
   if (options.strict)
     for (const tensor_record& t : index.tensors)
       if (t.role == tensor_role::parameter && !model_names.contains(t.name))
