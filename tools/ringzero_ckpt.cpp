@@ -3,11 +3,15 @@
 //
 //   ringzero-ckpt inspect run/ckpt                 tensors, shapes, dtypes, roles, ranks, sizes
 //   ringzero-ckpt inspect run/ckpt --json          the same as JSON
-//   ringzero-ckpt verify run/ckpt                  every checksum; exit 1 naming each damaged fragment
-//   ringzero-ckpt consolidate run/ckpt -o model.safetensors [--dtype bfloat16] [--max-shard-size 5GB]
+//   ringzero-ckpt verify run/ckpt                  the index's own checksum and model fingerprint, every
+//                                                  fragment's checksums; exit 1 naming each damaged one
+//   ringzero-ckpt consolidate run/ckpt -o model.safetensors [--dtype bfloat16] [--max-shard-size 5GB] [--force]
 //   ringzero-ckpt reshard run/ckpt --world-size 8 [--stage 3] -o run/ckpt-8
 //
-// DIR is a checkpoint directory (it holds index.json) or a root whose `latest` names one.
+// DIR is a checkpoint directory (it holds index.json) or a root whose `latest` names one (without
+// `latest`, the newest complete checkpoint in it, which the tool names on stderr). Inputs are
+// opened without blocking and must be regular files; consolidate's output must be absent or a
+// regular file (a symbolic link only with --force), and a failure leaves no file behind.
 // Exit status: 0 on success; 1 for a damaged or unreadable checkpoint, a failed write or a bad
 // option value; CLI11's status (106, 109, ...) for an unknown or missing option.
 
@@ -188,6 +192,13 @@ void print_inspect(const fs::path& dir, const ck::checkpoint_index& x) {
 /// the number of problems.
 std::size_t verify(const fs::path& dir, const ck::checkpoint_index& x, std::uint64_t& bytes_checked) {
   std::size_t problems = 0;
+  // The index itself: its own checksum was checked by read_index; its tensors must give its model fingerprint.
+  if (x.computed_model_fingerprint() != x.model_fingerprint) {
+    ++problems;
+    fmt::print("DAMAGED index '{}': its tensors give the model fingerprint {}, it records {} (edited after the save)\n",
+               (dir / ck::index_file_name).string(), ck::hex64(x.computed_model_fingerprint()),
+               ck::hex64(x.model_fingerprint));
+  }
   std::vector<bool> file_ok(x.files.size(), true);
   for (std::size_t i = 0; i < x.files.size(); ++i) {
     const ck::file_record& r = x.files[i];
@@ -265,6 +276,9 @@ int main(int argc, char** argv) {
   consolidate->add_option(
       "--max-shard-size", max_shard,
       "split into files of at most this much tensor data (e.g. 5GB, 500MiB) with a Hugging Face index");
+  bool force = false;
+  consolidate->add_flag("--force", force,
+                        "an output that is a symbolic link: write the file it points to (refused otherwise)");
   int world_size = 0, stage = -1, replica_group = -1;
   auto* reshard =
       app.add_subcommand("reshard", "rewrite the checkpoint as saved by another number of ranks (and stage)");
@@ -287,8 +301,11 @@ int main(int argc, char** argv) {
   }
 
   try {
+    // Without `latest`, the newest complete checkpoint in DIR: say which, on stderr.
+    const ck::found_checkpoint found = ck::find_checkpoint(dir);
+    if (!found.note.empty()) fmt::print(stderr, "ringzero-ckpt: note: {}\n", found.note);
     if (inspect->parsed()) {
-      const fs::path d = ck::resolve_checkpoint(dir);
+      const fs::path& d = found.directory;
       const ck::checkpoint_index x = ck::read_index(d);
       if (json)
         fmt::print("{}\n", inspect_json(d, x).dump(2));
@@ -297,7 +314,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (verify_cmd->parsed()) {
-      const fs::path d = ck::resolve_checkpoint(dir);
+      const fs::path& d = found.directory;
       const ck::checkpoint_index x = ck::read_index(d);
       std::uint64_t bytes = 0;
       return verify(d, x, bytes) == 0 ? 0 : 1;
@@ -306,7 +323,8 @@ int main(int argc, char** argv) {
       ck::consolidate_options o;
       if (!dtype_text.empty()) o.type = ringzero::parse_dtype(dtype_text);
       if (!max_shard.empty()) o.max_shard_bytes = parse_size(max_shard, "--max-shard-size");
-      const ck::consolidate_result r = ck::consolidate(dir, output, o);
+      o.follow_symlink = force;
+      const ck::consolidate_result r = ck::consolidate(found.directory, output, o);
       for (const auto& f : r.files) fmt::print("wrote {}\n", f.string());
       if (r.index_file) fmt::print("wrote {}\n", r.index_file->string());
       fmt::print("{} parameter(s), {} of tensor data in {} file(s){}; {} of the checkpoint read and verified\n",
@@ -319,7 +337,7 @@ int main(int argc, char** argv) {
       o.world_size = world_size;
       if (stage >= 0) o.stage = stage;
       if (replica_group >= 0) o.replica_group_size = replica_group;
-      const ck::reshard_result r = ck::reshard_offline(dir, output, o);
+      const ck::reshard_result r = ck::reshard_offline(found.directory, output, o);
       fmt::print("wrote {}: {} rank file(s){}{}\n", r.directory.string(), r.index.world_size,
                  r.index.kind == "zero" ? fmt::format(", stage {}", r.index.stage) : "",
                  r.exact_plan ? "" : " (the index records no plan request: automatic gather units)");

@@ -45,7 +45,7 @@ inline ck::replicated_state checkpoint_state(ex::mlp& model, ex::optimizer& opt)
 
 /// Copies the parameters of the safetensors file `path` (every tensor of the model, by name, of
 /// its shape, any floating dtype) into `model`; refuses a missing, misshapen or extra tensor.
-inline void initialise_from(ex::mlp& model, const std::string& path) {
+inline void initialise_from(ex::mlp& model, const std::string& path, bool allow_nonfinite) {
   const ringzero::checkpoint::detail::file f = ringzero::checkpoint::detail::file::open_read(path);
   const ck::safetensors_header h = ck::read_safetensors_header(f);
   std::vector<unsigned char> raw;
@@ -64,6 +64,12 @@ inline void initialise_from(ex::mlp& model, const std::string& path) {
                       fmt::join(s->shape, ", "), t.rows > 1 ? fmt::format("{}, ", t.rows) : "", t.cols));
     raw.resize(static_cast<std::size_t>(s->end - s->begin));
     f.read_at(raw.data(), raw.size(), s->begin);
+    if (!allow_nonfinite)
+      if (const auto bad = ck::detail::first_nonfinite(*s->type, raw.data(), n))
+        throw rz::error(rz::errc::invalid_argument,
+                        fmt::format("--init-from {}: '{}' holds a non-finite value (NaN or infinity) at element {} "
+                                    "(--allow-nonfinite loads it anyway)",
+                                    path, t.name, *bad));
     ck::detail::convert_elements(*s->type, raw.data(), rz::dtype::float32,
                                  reinterpret_cast<unsigned char*>(model.parameter(i).data()), n);
   }
@@ -77,7 +83,7 @@ inline void initialise_from(ex::mlp& model, const std::string& path) {
 inline int restore(const options& o, rz::ddp::gradient_reducer& reducer, ck::replicated_state& state, ex::mlp& model,
                    ex::optimizer& opt, bool lead) {
   if (!o.init_from.empty()) {
-    initialise_from(model, o.init_from);
+    initialise_from(model, o.init_from, o.allow_nonfinite);
     if (lead) fmt::print("  initialised from {}\n", o.init_from);
     return 0;
   }
@@ -90,8 +96,12 @@ inline int restore(const options& o, rz::ddp::gradient_reducer& reducer, ck::rep
                                 o.resume_dir, p.epoch + 1));
   opt.set_steps(p.optimizer_steps);
   if (lead) {
-    fmt::print("  resumed from {} after epoch {} ({} optimizer steps)\n", ck::resolve_checkpoint(o.resume_dir).string(),
-               p.epoch, p.optimizer_steps);
+    const ck::found_checkpoint found = ck::find_checkpoint(o.resume_dir);
+    if (!found.note.empty()) fmt::print("  note: {}\n", found.note);
+    const std::string changed = ck::optimizer_difference(ck::read_index(found.directory).optimizer, state.optimizer());
+    if (!changed.empty()) fmt::print("  note: the checkpoint's optimizer differs from this run's: {}\n", changed);
+    fmt::print("  resumed from {} after epoch {} ({} optimizer steps)\n", found.directory.string(), p.epoch,
+               p.optimizer_steps);
     if (p.rng_seeds != std::vector<std::uint64_t>{o.seed})
       fmt::print("  note: the checkpoint was trained with --seed {}; the data order continues with --seed {}\n",
                  p.rng_seeds.empty() ? std::string("?") : std::to_string(p.rng_seeds.front()), o.seed);

@@ -170,7 +170,10 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
     const int first_epoch = restore(o, reducer, state, model, *opt, lead);
     bind_views();  // a restored bucket layout moves the views
     std::optional<ck::checkpointer> saver;
-    if (!o.checkpoint_dir.empty()) saver.emplace(o.checkpoint_dir);
+    if (!o.checkpoint_dir.empty()) {
+      saver.emplace(o.checkpoint_dir);
+      saver->open(reducer, state);  // the root's lock, leftovers removed, room checked: before any training
+    }
     // --micro-batch: every rank reads the one permutation of a world of one (the same for
     // every rank count); global batch s is its rows [s*G, (s+1)*G), and micro-batch j of it
     // (rows s*G + j*N ...) goes to rank j mod n. Otherwise each rank reads its own shard.

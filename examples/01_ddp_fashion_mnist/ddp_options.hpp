@@ -59,6 +59,7 @@ struct options {
   std::string checkpoint_dir;  // --checkpoint: save there at the end of every epoch
   std::string resume_dir;      // --resume: continue from the newest complete checkpoint there
   std::string init_from;       // --init-from: initial parameters from a safetensors file
+  bool allow_nonfinite = false;  // --allow-nonfinite: --init-from accepts NaN and infinity
 };
 
 /// The global batch of --micro-batch runs when --global-batch is not given (the same for every
@@ -211,6 +212,8 @@ inline option_handles add_options(CLI::App& app, options& o) {
   app.add_option("--init-from", o.init_from,
                  "initial parameters from a safetensors file (e.g. from ringzero-ckpt consolidate)")
       ->excludes(resume);
+  app.add_flag("--allow-nonfinite", o.allow_nonfinite,
+               "--init-from: load NaN and infinite values (refused by default: such a run trains to loss nan)");
   return {ranks_opt, batch_opt, accumulate_opt};
 }
 

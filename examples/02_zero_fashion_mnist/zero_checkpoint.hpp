@@ -39,7 +39,7 @@ inline ck::training_progress progress_after(const options& o, int epochs, int gl
 /// --init-from (parameters only) into `model`; returns the epochs already done.
 inline int restore(const options& o, zero::sharded_model& model, int global_batch, bool lead) {
   if (!o.init_from.empty()) {
-    ck::load_pretrained(model, o.init_from);
+    ck::load_pretrained(model, o.init_from, true, o.allow_nonfinite);
     if (lead) fmt::print("  initialised from {}\n", o.init_from);
     return 0;
   }
@@ -50,8 +50,13 @@ inline int restore(const options& o, zero::sharded_model& model, int global_batc
                                                     "(this example resumes at epoch boundaries)",
                                                     o.resume_dir, p.epoch + 1));
   if (lead) {
-    fmt::print("  resumed from {} after epoch {} ({} optimizer steps)\n", ck::resolve_checkpoint(o.resume_dir).string(),
-               p.epoch, p.optimizer_steps);
+    const ck::found_checkpoint found = ck::find_checkpoint(o.resume_dir);
+    if (!found.note.empty()) fmt::print("  note: {}\n", found.note);
+    const std::string changed = ck::optimizer_difference(ck::read_index(found.directory).optimizer,
+                                                         ck::detail::optimizer_json(model.optimizer().options()));
+    if (!changed.empty()) fmt::print("  note: the checkpoint's optimizer differs from this run's: {}\n", changed);
+    fmt::print("  resumed from {} after epoch {} ({} optimizer steps)\n", found.directory.string(), p.epoch,
+               p.optimizer_steps);
     if (p.rng_seeds != std::vector<std::uint64_t>{o.seed})
       fmt::print("  note: the checkpoint was trained with --seed {}; the data order continues with --seed {}\n",
                  p.rng_seeds.empty() ? std::string("?") : std::to_string(p.rng_seeds.front()), o.seed);

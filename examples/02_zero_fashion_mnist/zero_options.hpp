@@ -49,11 +49,12 @@ struct options {
   std::string json_path;
   std::string save_path;
   bool progress = true;
-  double min_accuracy = 0.0;   // exit with status 3 when the run ends below it (for tests)
-  std::string checkpoint_dir;  // --checkpoint: save there at the end of every epoch
-  std::string resume_dir;      // --resume: continue from the newest complete checkpoint there
-  std::string init_from;       // --init-from: initial parameters from a safetensors file
-  bool ranks_given = false;    // --ranks was on the command line
+  double min_accuracy = 0.0;     // exit with status 3 when the run ends below it (for tests)
+  std::string checkpoint_dir;    // --checkpoint: save there at the end of every epoch
+  std::string resume_dir;        // --resume: continue from the newest complete checkpoint there
+  std::string init_from;         // --init-from: initial parameters from a safetensors file
+  bool allow_nonfinite = false;  // --allow-nonfinite: --init-from accepts NaN and infinity
+  bool ranks_given = false;      // --ranks was on the command line
 };
 
 /// The six-layer MLP of `--deep`.
@@ -150,6 +151,8 @@ inline void add_options(CLI::App& app, options& o) {
   app.add_option("--init-from", o.init_from,
                  "initial parameters from a safetensors file (e.g. from ringzero-ckpt consolidate)")
       ->excludes(resume);
+  app.add_flag("--allow-nonfinite", o.allow_nonfinite,
+               "--init-from: load NaN and infinite values (refused by default: such a run trains to loss nan)");
 }
 
 /// The hidden widths of --hidden and --deep (after parsing).
