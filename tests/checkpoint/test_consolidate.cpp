@@ -245,6 +245,7 @@ TEST_CASE("reshard_offline without a recorded plan request: automatic units, the
   const fs::path index_path = root.path / "src" / "c18" / "index.json";
   auto j = nlohmann::json::parse(read_text(index_path));
   j["extra"] = nlohmann::json::object();
+  ck::seal_index(j);
   write_text(index_path, j.dump(1));
   const auto r = ck::reshard_offline(root.path / "src", root.path / "dst", to(4));
   CHECK(!r.exact_plan);

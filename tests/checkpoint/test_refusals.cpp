@@ -3,9 +3,20 @@
 // file, a checkpoint of another model, a newer format version, fragments that do not tile a
 // tensor (C17), another optimizer, a load or save in the middle of a step, ranks disagreeing on
 // the progress, and a disk that fills up during a save (never a checkpoint marked complete).
+// And what no one may break (issue 33): one saver per root, special files at every input and
+// output role, resume without `latest`, an index bound to its contents.
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -68,6 +79,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 void edit_index(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
   nlohmann::json j = nlohmann::json::parse(read_text(dir / "index.json"));
   edit(j);
+  ck::seal_index(j);  // an edit made on purpose: the refusals below are the load's, not the seal's
   write_text(dir / "index.json", j.dump());
 }
 
@@ -250,8 +262,9 @@ TEST_CASE("a disk that fills up during a save: an error naming the file on every
 }
 
 TEST_CASE("a failure of rank 0's commit is raised on every rank with the same text, naming the file and rank 0") {
-  // A directory where rank 0 must create a file makes that create fail (EISDIR, also as root):
-  // index.json in the temporary directory, then the new `latest` before its rename.
+  // A directory where rank 0 must create a file makes that create fail (refused by name, also as
+  // root): index.json in the temporary directory, then the new `latest` before its rename. Rank 0
+  // puts it there after `open` (which removes what interrupted saves left in the root).
   scratch_dir root("commit");
   save_good(root.path);
   for (const std::string blocked : {"index", "latest"}) {
@@ -259,14 +272,16 @@ TEST_CASE("a failure of rank 0's commit is raised on every rank with the same te
     const std::string name = "commit-" + blocked;
     const fs::path in_the_way = blocked == "index" ? ck::temporary_directory(root.path, name) / "index.json"
                                                    : ck::latest_temporary_file(root.path, name);
-    fs::create_directories(in_the_way);
     for (int world : {2, 3}) {
       CAPTURE(world);
       const auto errors = errors_on_every_rank(world, [&](communicator& comm) {
         sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
         initialise(m);
         train(m, comm.rank(), 0, 1);
-        ck::checkpointer(root.path).save(m, {}, name);
+        ck::checkpointer saver(root.path);
+        saver.open(m);
+        if (comm.rank() == 0) fs::create_directories(in_the_way);
+        saver.save(m, {}, name);
       });
       for (int r = 0; r < world; ++r) {
         CAPTURE(r);
@@ -275,14 +290,12 @@ TEST_CASE("a failure of rank 0's commit is raised on every rank with the same te
       CHECK(contains(errors[0], "commit"));
       CHECK(contains(errors[0], "rank 0: "));
       CHECK(contains(errors[0], in_the_way.string()));
-      CHECK(contains(errors[0], "Is a directory"));
+      CHECK(contains(errors[0], "it is a directory"));
       CHECK(ck::read_latest(root.path) == std::optional<std::string>("good"));
       CHECK(!fs::exists(root.path / name));  // nothing of the new checkpoint is complete or left
       CHECK(!fs::exists(ck::temporary_directory(root.path, name)));
       CHECK(!fs::exists(ck::latest_temporary_file(root.path, name)));
-      fs::create_directories(in_the_way);  // the cleanup removed it
     }
-    fs::remove_all(in_the_way);
   }
   // The same roots save normally once nothing is in the way.
   local::launch(2, [&](communicator& comm) {
@@ -291,4 +304,263 @@ TEST_CASE("a failure of rank 0's commit is raised on every rank with the same te
     ck::checkpointer(root.path).save(m, {}, "after");
   });
   CHECK(ck::read_latest(root.path) == std::optional<std::string>("after"));
+}
+
+// ---------------------------------------------------------------- issue 33: nobody can break them
+
+TEST_CASE("one saver per root: a second job is refused at once naming the holder; the first's checkpoints stay whole") {
+  scratch_dir root("two-savers");
+  const std::string pid = "pid " + std::to_string(::getpid());
+  for (int trial = 0; trial < 20; ++trial) {
+    CAPTURE(trial);
+    const std::string mine = "a-" + std::to_string(trial), theirs = "b-" + std::to_string(trial);
+    std::atomic<int> opened{0};
+    std::atomic<bool> refused{false};
+    std::vector<std::vector<float>> saved;
+    std::thread first([&] {
+      local::launch(2, [&](communicator& comm) {
+        sharded_model m(comm, request(zero_test::test_parameters(), 1 + trial % 3), model_options(adamw()));
+        initialise(m);
+        train(m, comm.rank(), 0, 1 + trial % 2);
+        ck::checkpointer ckpt(root.path);
+        ckpt.open(m);
+        ++opened;
+        while (!refused.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ckpt.save(m, {}, mine);
+        auto values = parameters_of(m);  // a collective at stage 3
+        if (comm.rank() == 0) saved = std::move(values);
+      });
+    });
+    while (opened.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::set<std::string> before;
+    for (const auto& e : fs::directory_iterator(root.path)) before.insert(e.path().filename().string());
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto errors = errors_on_every_rank(2, [&](communicator& comm) {
+      sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+      initialise(m);
+      ck::checkpointer(root.path).save(m, {}, theirs);
+    });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::set<std::string> after;
+    for (const auto& e : fs::directory_iterator(root.path)) after.insert(e.path().filename().string());
+    refused = true;
+    first.join();
+    CHECK(seconds < 5.0);
+    for (const std::string& e : errors) {
+      CAPTURE(e);
+      CHECK(contains(e, "'" + root.path.string() + "' is in use by another saver"));
+      CHECK(contains(e, pid));
+      CHECK(contains(e, "rank 0: "));
+    }
+    CHECK(before == after);  // the refused job wrote nothing, removed nothing
+    CHECK(ck::read_latest(root.path) == std::optional<std::string>(mine));
+    CHECK(!fs::exists(root.path / theirs));
+    CHECK_NOTHROW((void)full_tensors(root.path));  // every chunk verified
+    // The saved values load back bit for bit.
+    local::launch(2, [&](communicator& comm) {
+      sharded_model m(comm, request(zero_test::test_parameters(), 2), model_options(adamw()));
+      (void)ck::load(m, root.path);
+      const auto loaded = parameters_of(m);
+      if (comm.rank() == 0) CHECK(same_bits(saved, loaded));
+    });
+  }
+}
+
+TEST_CASE("a lock dies with its holder: a killed saver's lock is taken over, and the record names the new holder") {
+  scratch_dir root("lock-killed");
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    int code = 0;
+    try {
+      ck::root_lock held = ck::root_lock::acquire(root.path);
+      char go = 'L';
+      if (::write(fds[1], &go, 1) != 1) code = 3;
+      ::pause();  // killed here, holding the lock
+    } catch (...) { code = 2; }
+    ::_exit(code);
+  }
+  ::close(fds[1]);
+  char go = 0;
+  REQUIRE(::read(fds[0], &go, 1) == 1);
+  ::close(fds[0]);
+  std::string refusal;
+  try {
+    (void)ck::root_lock::acquire(root.path);
+  } catch (const error& e) { refusal = e.what(); }
+  CHECK(contains(refusal, "in use by another saver (host "));
+  CHECK(contains(refusal, "pid " + std::to_string(child) + " since "));
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(WIFSIGNALED(status));
+  ck::root_lock taken = ck::root_lock::acquire(root.path);
+  CHECK(taken.held());
+  CHECK(contains(read_text(root.path / ".lock"), "pid " + std::to_string(::getpid()) + " since "));
+  // Two locks in one process exclude each other too; released, the lock is free again.
+  CHECK_THROWS_AS((void)ck::root_lock::acquire(root.path), error);
+  taken.release();
+  CHECK(ck::root_lock::acquire(root.path).held());
+  // The lock file is never taken as a checkpoint, and a root that is not a directory is refused by name.
+  CHECK(ck::complete_checkpoints(root.path).empty());
+  write_text(root.path / "file", "x");
+  const auto errors = errors_on_every_rank(2, [&](communicator& comm) {
+    sharded_model m(comm, request(zero_test::test_parameters(), 2), model_options(adamw()));
+    ck::checkpointer(root.path / "file").open(m);  // before any training step
+  });
+  for (const std::string& e : errors) {
+    CHECK(contains(e, "cannot save into '" + (root.path / "file").string() + "'"));
+    CHECK(contains(e, "rank 0: "));
+  }
+}
+
+TEST_CASE("a FIFO or directory at every input role is refused within a second, naming it; never a blocking open") {
+  scratch_dir root("fifo");
+  save_good(root.path);
+  auto fast = [](const std::function<void()>& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+      fn();
+    } catch (const error& e) { message = e.what(); }
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 1.0);
+    return message;
+  };
+  // `latest`.
+  const fs::path r1 = root.path / "r1";
+  fs::create_directories(r1);
+  fs::copy(root.path / "good", r1 / "good", fs::copy_options::recursive);
+  REQUIRE(::mkfifo((r1 / "latest").c_str(), 0644) == 0);
+  CHECK(contains(fast([&] { (void)ck::find_checkpoint(r1); }), "'" + (r1 / "latest").string() + "': it is a FIFO"));
+  // index.json.
+  const fs::path r2 = copy_of(root.path, "r2");
+  fs::remove(r2 / "index.json");
+  REQUIRE(::mkfifo((r2 / "index.json").c_str(), 0644) == 0);
+  CHECK(contains(fast([&] { (void)ck::read_index(r2); }), "it is a FIFO"));
+  // A rank's shard file, at a load.
+  const fs::path r3 = copy_of(root.path, "r3");
+  const std::string shard = ck::shard_file_name(1, 2);
+  fs::remove(r3 / shard);
+  REQUIRE(::mkfifo((r3 / shard).c_str(), 0644) == 0);
+  CHECK(contains(refused_load(r3, 2), "'" + (r3 / shard).string() + "': it is a FIFO"));
+  fs::remove(r3 / shard);
+  fs::create_directories(r3 / shard);
+  CHECK(contains(refused_load(r3, 2), "it is a directory"));
+  // --init-from (a safetensors file of parameters).
+  const fs::path fifo = root.path / "init.safetensors";
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  const auto errors = errors_on_every_rank(2, [&](communicator& comm) {
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    (void)fast([&] { ck::load_pretrained(m, fifo); });
+    ck::load_pretrained(m, fifo);
+  });
+  for (const std::string& e : errors) CHECK(contains(e, "it is a FIFO"));
+}
+
+TEST_CASE("consolidate refuses outputs that are not regular files and leaves nothing behind") {
+  scratch_dir root("outputs");
+  save_good(root.path);
+  const fs::path out = root.path / "out";
+  fs::create_directories(out / "dir");
+  REQUIRE(::mkfifo((out / "fifo").c_str(), 0644) == 0);
+  fs::create_symlink(out / "target.safetensors", out / "link");
+  // A character device of our own (the numbers of /dev/null), where the system lets us make one.
+  const bool device = ::mknod((out / "null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0;
+  auto listing = [&] {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(out)) names.insert(e.path().filename().string());
+    return names;
+  };
+  const std::set<std::string> before = listing();
+  auto refused = [&](const fs::path& output, ck::consolidate_options o = {}) {
+    try {
+      (void)ck::consolidate(root.path, output, o);
+    } catch (const error& e) { return std::string(e.what()); }
+    return std::string();
+  };
+  CHECK(contains(refused(out / "fifo"), "it is a FIFO"));
+  CHECK(contains(refused(out / "dir"), "it is a directory"));
+  CHECK(contains(refused(out / "link"), "is a symbolic link: refused"));
+  CHECK(contains(refused(""), "the output path is empty"));
+  ck::consolidate_options split;
+  split.max_shard_bytes = 100;
+  fs::create_directories(out / "model.safetensors.index.json");  // checked before any file is written
+  CHECK(contains(refused(out / "model.safetensors", split), "it is a directory"));
+  fs::remove(out / "model.safetensors.index.json");
+  if (device) {
+    CHECK(contains(refused(out / "null"), "it is a character device"));
+    struct stat st {};
+    REQUIRE(::lstat((out / "null").c_str(), &st) == 0);
+    CHECK(S_ISCHR(st.st_mode));
+  }
+  CHECK(listing() == before);  // nothing replaced, nothing left behind (no "*.tmp")
+  CHECK(fs::is_fifo(fs::symlink_status(out / "fifo")));
+  CHECK(!fs::exists(fs::current_path() / ".tmp"));
+  // --force: a symbolic link's target is written, the link stays.
+  ck::consolidate_options force;
+  force.follow_symlink = true;
+  CHECK(refused(out / "link", force) == "");
+  CHECK(fs::is_symlink(fs::symlink_status(out / "link")));
+  CHECK(fs::is_regular_file(fs::symlink_status(out / "target.safetensors")));
+}
+
+TEST_CASE("resume without `latest` takes the newest complete checkpoint; open removes leftovers") {
+  // The state a job killed between its first checkpoint's rename and its first `latest` leaves.
+  scratch_dir root("no-latest");
+  save_good(root.path);
+  const fs::path newer = copy_of(root.path, "newer-but-damaged");
+  edit_index(newer, [](nlohmann::json& j) { j["progress"]["optimizer_steps"] = 99; });
+  fs::remove(newer / ck::shard_file_name(1, 2));
+  fs::remove(root.path / "latest");
+  fs::create_directories(root.path / ".tmp.step-00000099");
+  write_text(root.path / ".tmp.step-00000099" / "index.json", "{}");
+  write_text(root.path / ".trash.old", "x");
+  const ck::found_checkpoint found = ck::find_checkpoint(root.path);
+  CHECK(found.directory == root.path / "good");
+  CHECK(contains(found.note, "has no 'latest' pointer"));
+  CHECK(contains(found.note, "took the newest complete checkpoint 'good'"));
+  local::launch(2, [&](communicator& comm) {
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    CHECK(ck::load(m, root.path).optimizer_steps == 2);
+    ck::checkpointer saver(root.path);
+    saver.open(m);
+    if (comm.rank() == 0) {
+      CHECK(!fs::exists(root.path / ".tmp.step-00000099"));
+      CHECK(!fs::exists(root.path / ".trash.old"));
+      CHECK(fs::exists(root.path / "newer-but-damaged"));  // damaged checkpoints are never removed automatically
+    }
+    saver.save(m, {}, "resumed");
+  });
+  CHECK(ck::read_latest(root.path) == std::optional<std::string>("resumed"));
+  fs::remove_all(root.path / "good");
+  fs::remove_all(root.path / "resumed");
+  fs::remove(root.path / "latest");
+  CHECK_THROWS_WITH_AS((void)ck::find_checkpoint(root.path), doctest::Contains("holds no complete checkpoint"), error);
+}
+
+TEST_CASE("the index is bound: an edit after the save is refused by read_index, verify and consolidate") {
+  scratch_dir root("bound");
+  save_good(root.path);
+  const fs::path dir = root.path / "good";
+  const std::string original = read_text(dir / "index.json");
+  // A consistent edit (a tensor removed, the file otherwise valid) without the index's own checksum.
+  auto j = nlohmann::json::parse(original);
+  j["tensors"].erase(j["tensors"].size() - 1);
+  write_text(dir / "index.json", j.dump());
+  CHECK_THROWS_WITH_AS((void)ck::read_index(dir), doctest::Contains("its own checksum (index_xxh3) does not match"),
+                       error);
+  CHECK_THROWS_AS((void)ck::consolidate(root.path, root.path / "m.safetensors"), error);
+  CHECK(!fs::exists(root.path / "m.safetensors"));
+  // An editor who also resealed it: the tensors no longer give the model fingerprint.
+  ck::seal_index(j);
+  write_text(dir / "index.json", j.dump());
+  CHECK_NOTHROW((void)ck::read_index(dir));
+  CHECK_THROWS_WITH_AS((void)ck::consolidate(root.path, root.path / "m.safetensors"),
+                       doctest::Contains("do not give its model fingerprint"), error);
+  CHECK(!fs::exists(root.path / "m.safetensors"));
+  write_text(dir / "index.json", original);
+  CHECK(ck::read_index(dir).computed_model_fingerprint() == ck::read_index(dir).model_fingerprint);
 }

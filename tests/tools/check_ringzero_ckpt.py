@@ -11,7 +11,11 @@
 - reshard offline to 2 ranks at stage 3 and to 5 ranks at stage 1: the new checkpoint verifies
   and loads on those ranks with every tensor (parameters and Adam moments) bitwise equal to
   loading the original;
-- bad option values exit 1 naming them.
+- bad option values exit 1 naming them; a reshard too large for the disk is refused up front;
+- special files: a FIFO as `latest` is refused at once by every subcommand; consolidate refuses
+  a FIFO, a directory, a symbolic link (unless --force) and an empty path as its output, leaving
+  nothing behind; without `latest` the newest complete checkpoint is taken and named; an index
+  edited after the save fails verify and consolidate.
 
 usage: check_ringzero_ckpt.py RINGZERO_CKPT CHECKPOINT_FIXTURE
 Exit status: 0, 1 on a failed check, 77 (skipped) when the safetensors environment cannot be made.
@@ -192,6 +196,53 @@ def main() -> int:
         check(p.returncode == 1 and "--world-size" in p.stderr, "--world-size 0")
         p = run(tool, "reshard", root, "--world-size", "2", "-o", root)
         check(p.returncode == 1 and "own root" in p.stderr, "reshard into the source's root")
+        p = run(tool, "reshard", root, "--world-size", "16777216", "-o", os.path.join(tmp, "huge"))
+        check(p.returncode == 1 and "16777216 rank file(s)" in p.stderr and "at most 1048576" in p.stderr,
+              "reshard to 16777216 ranks is not refused up front")
+        check(not os.path.exists(os.path.join(tmp, "huge", ".tmp.c18")), "a refused reshard left files")
+
+        # Special files (issue 33): a FIFO as `latest` is refused at once by every subcommand;
+        # consolidate never replaces anything but a regular file and leaves nothing behind.
+        fifo_root = os.path.join(tmp, "fifo-root")
+        shutil.copytree(root, fifo_root)
+        os.remove(os.path.join(fifo_root, "latest"))
+        os.mkfifo(os.path.join(fifo_root, "latest"))
+        for args in (["inspect"], ["verify"], ["consolidate", "-o", os.path.join(tmp, "f.safetensors")],
+                     ["reshard", "--world-size", "2", "-o", os.path.join(tmp, "f")]):
+            p = run(tool, args[0], fifo_root, *args[1:], timeout=10)
+            check(p.returncode == 1 and "it is a FIFO" in p.stderr, f"{args[0]} with a FIFO as latest")
+        out = os.path.join(tmp, "outputs")
+        os.makedirs(os.path.join(out, "dir"))
+        os.mkfifo(os.path.join(out, "fifo"))
+        os.symlink(os.path.join(out, "target.safetensors"), os.path.join(out, "link"))
+        before = sorted(os.listdir(out))
+        for name, why in (("fifo", "it is a FIFO"), ("dir", "it is a directory"), ("link", "is a symbolic link")):
+            p = run(tool, "consolidate", root, "-o", os.path.join(out, name), timeout=10)
+            check(p.returncode == 1 and why in p.stderr, f"consolidate -o {name} is not refused naming it")
+        p = run(tool, "consolidate", root, "-o", "")
+        check(p.returncode == 1 and "empty" in p.stderr, "consolidate -o '' is not refused")
+        check(sorted(os.listdir(out)) == before, f"a refused consolidate left {sorted(os.listdir(out))}")
+        check(not os.path.exists(".tmp"), "consolidate -o '' left ./.tmp")
+        p = run(tool, "consolidate", root, "-o", os.path.join(out, "link"), "--force")
+        check(p.returncode == 0 and os.path.islink(os.path.join(out, "link"))
+              and os.path.isfile(os.path.join(out, "target.safetensors")), "consolidate --force through a symlink")
+
+        # Without `latest`: the newest complete checkpoint, named on stderr.
+        os.remove(os.path.join(fifo_root, "latest"))
+        p = run(tool, "inspect", fifo_root)
+        check(p.returncode == 0 and "took the newest complete checkpoint 'c18'" in p.stderr,
+              "inspect of a root without latest does not take (and name) the complete checkpoint")
+
+        # The index is bound: an edit after the save (a tensor removed) fails verify and consolidate.
+        index_path = os.path.join(fifo_root, "c18", "index.json")
+        j = json.load(open(index_path))
+        j["tensors"].pop()
+        json.dump(j, open(index_path, "w"))
+        p = run(tool, "verify", os.path.join(fifo_root, "c18"))
+        check(p.returncode == 1 and "own checksum" in p.stderr, "verify of an edited index")
+        p = run(tool, "consolidate", os.path.join(fifo_root, "c18"), "-o", os.path.join(tmp, "edited.safetensors"))
+        check(p.returncode == 1 and not os.path.exists(os.path.join(tmp, "edited.safetensors")),
+              "consolidate of an edited index")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return finish()
