@@ -155,3 +155,32 @@ TEST_CASE(
     CHECK(static_cast<int>(progress.epoch) == previous);
   });
 }
+
+TEST_CASE("a job killed during its first save: --resume finds the complete checkpoint or says there is none") {
+  // No previous checkpoint and no `latest` yet: a kill between the new directory's rename and the
+  // first `latest` leaves a complete checkpoint without a pointer, which find_checkpoint takes;
+  // a kill before the rename leaves only a .tmp.* directory, never taken.
+  std::mt19937_64 rng(777);
+  scratch_dir timing("first-save-timing");
+  const double duration = run_child(timing.path, 0, -1);
+  std::uniform_real_distribution<double> when(0.0, 1.2 * duration);
+  for (int trial = 0; trial < kills / 2; ++trial) {
+    CAPTURE(trial);
+    scratch_dir root("first-save");
+    run_child(root.path, 1, trial == 0 ? 0.0 : when(rng));
+    std::string refusal;
+    try {
+      const ck::found_checkpoint found = ck::find_checkpoint(root.path);
+      CHECK(check_complete(found.directory) == 1);
+      CHECK((found.note.empty() == fs::exists(root.path / "latest")));
+    } catch (const error& e) { refusal = e.what(); }
+    if (!refusal.empty()) {
+      CHECK(refusal.find("holds no complete checkpoint") != std::string::npos);
+      CHECK(ck::complete_checkpoints(root.path).empty());
+    }
+    // The next job takes the root over: the dead job's lock is free, its leftovers removed.
+    run_child(root.path, 2, -1);
+    CHECK(check_complete(ck::resolve_checkpoint(root.path)) == 2);
+    for (const auto& e : fs::directory_iterator(root.path)) CHECK(!e.path().filename().string().starts_with(".tmp."));
+  }
+}

@@ -9,15 +9,20 @@
 - --epochs 0 evaluates: with --init-from a consolidated checkpoint (ringzero-ckpt consolidate)
   the accuracy is the trained model's, in both examples (one file initialises either);
 - refusals: a --resume directory without a checkpoint, a checkpoint of another model (other
-  --hidden widths) or another optimizer, a missing --init-from file, --resume with --init-from.
+  --hidden widths) or another optimizer, a missing --init-from file, --resume with --init-from;
+  a --checkpoint root whose lock another job holds, a file as --checkpoint, a FIFO or a NaN as
+  --init-from (all before any training step); a root without `latest` resumes from its complete
+  checkpoint, named, and Adam resuming AdamW's moments says so.
 
 usage: check_example_resume.py ZERO_TRAINER DDP_TRAINER RINGZERO_CKPT
 Runs on 2000 training images (skipped, status 77, without Debian's dataset-fashion-mnist).
 """
+import fcntl
 import json
 import os
 import re
 import shutil
+import struct
 import sys
 import tempfile
 
@@ -117,6 +122,48 @@ def main() -> int:
         check(p.returncode == 1 and "another optimizer" in p.stderr, "02: --resume with another optimizer")
         p = run(ddp, *SMALL, "--compare-ranks", "1,2", "--epochs", "1", "--checkpoint", os.path.join(tmp, "x"))
         check(p.returncode == 1 and "--compare-ranks" in p.stderr, "01: --checkpoint with --compare-ranks")
+
+        # Issue 33: a root another job saves into (its lock held here), a file as --checkpoint, a
+        # FIFO or a NaN as --init-from: refused before any training, naming what was wrong.
+        locked = os.path.join(tmp, "locked")
+        os.makedirs(locked)
+        holder = os.open(os.path.join(locked, ".lock"), os.O_RDWR | os.O_CREAT)
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(holder, b"host elsewhere pid 4242 since 2026-12-03T12:00:00Z\n")
+        not_a_dir = os.path.join(tmp, "a-file")
+        open(not_a_dir, "w").write("x")
+        fifo = os.path.join(tmp, "fifo.safetensors")
+        os.mkfifo(fifo)
+        nan_model = os.path.join(tmp, "nan.safetensors")
+        data = bytearray(open(model, "rb").read())
+        header = json.loads(data[8:8 + struct.unpack("<Q", data[:8])[0]])
+        at = 8 + struct.unpack("<Q", data[:8])[0] + header["fc2.weight"]["data_offsets"][0] + 4 * 5
+        data[at:at + 4] = struct.pack("<f", float("nan"))
+        open(nan_model, "wb").write(data)
+        for trainer in [zero, ddp]:
+            name = os.path.basename(trainer)
+            p = run(trainer, *SMALL, "--epochs", "1", "--checkpoint", locked)
+            check(p.returncode == 1 and "in use by another saver (host elsewhere pid 4242" in p.stderr
+                  and not epochs_of(p.stdout), f"{name}: a --checkpoint root another job holds")
+            p = run(trainer, *SMALL, "--epochs", "1", "--checkpoint", not_a_dir)
+            check(p.returncode == 1 and not_a_dir in p.stderr and not epochs_of(p.stdout), f"{name}: a file as --checkpoint")
+            p = run(trainer, *SMALL, "--epochs", "0", "--init-from", fifo, timeout=20)
+            check(p.returncode == 1 and "it is a FIFO" in p.stderr, f"{name}: a FIFO as --init-from")
+            p = run(trainer, *SMALL, "--epochs", "0", "--init-from", nan_model)
+            check(p.returncode == 1 and "'fc2.weight'" in p.stderr and "non-finite" in p.stderr and "element 5" in p.stderr,
+                  f"{name}: a NaN in --init-from")
+            p = run(trainer, *SMALL, "--epochs", "0", "--init-from", nan_model, "--allow-nonfinite")
+            check(p.returncode == 0, f"{name}: --allow-nonfinite")
+        os.close(holder)
+
+        # A root without `latest` (a job killed before its first one): the complete checkpoint,
+        # named; AdamW's moments resumed by Adam, with a note.
+        no_latest = os.path.join(tmp, "no-latest")
+        shutil.copytree(trained, no_latest)
+        os.remove(os.path.join(no_latest, "latest"))
+        p = run(zero, *SMALL, "--optimizer", "adam", "--epochs", "1", "--resume", no_latest)
+        check(p.returncode == 0 and "took the newest complete checkpoint" in p.stdout
+              and "kind adamw -> adam" in p.stdout, "02: --resume of a root without latest, with another Adam")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return finish()

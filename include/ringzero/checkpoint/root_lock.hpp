@@ -62,6 +62,8 @@ class root_lock {
     struct stat st {};
     if (::stat(root.c_str(), &st) != 0) detail::io_fail("cannot use checkpoint root", root, errno);
     if (!S_ISDIR(st.st_mode)) throw error(errc::io_error, "checkpoint root '" + root.string() + "' is not a directory");
+    if (::access(root.c_str(), W_OK | X_OK) != 0)
+      detail::io_fail("cannot save into checkpoint root (not writable)", root, errno);
     const std::filesystem::path path = root / lock_file_name;
     detail::require_replaceable(path, "lock with");
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
