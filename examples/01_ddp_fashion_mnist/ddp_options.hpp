@@ -188,7 +188,7 @@ inline option_handles add_options(CLI::App& app, options& o) {
   app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)")
       ->check(ex::whole_number());
   app.add_option("--data", o.data_dir, "directory with the Fashion-MNIST .gz files");
-  app.add_option("--json", o.json_path, "write the metrics to this JSON file");
+  app.add_option("--json", o.json_path, "write the metrics to this JSON file")->check(output_file());
   app.add_flag("--progress,!--no-progress", o.progress, "progress bar when stdout is a terminal (default on)");
   app.add_option(
          "--hidden", o.hidden_lists,

@@ -134,10 +134,12 @@ inline void add_options(CLI::App& app, options& o) {
   app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)")
       ->check(whole_number());
   app.add_option("--data", o.data_dir, "directory with the Fashion-MNIST .gz files");
-  app.add_option("--json", o.json_path, "write the metrics, the plan and the measured memory to this JSON file");
+  app.add_option("--json", o.json_path, "write the metrics, the plan and the measured memory to this JSON file")
+      ->check(output_file());
   app.add_option("--save-parameters", o.save_path,
                  "write the final parameters to this file: float32, native byte order, in registration order "
-                 "(fc1.weight [784, h1] row-major, fc1.bias, fc2.weight, ...)");
+                 "(fc1.weight [784, h1] row-major, fc1.bias, fc2.weight, ...)")
+      ->check(output_file());
   app.add_flag("--progress,!--no-progress", o.progress, "progress bar when stdout is a terminal (default on)");
   app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if the final test accuracy (0 to 1) is lower")
       ->check(number_check({.low = 0, .high = 1}, "an accuracy from 0 to 1", "ACCURACY"));

@@ -8,10 +8,14 @@
 /// be wrapped, rounded or ignored instead of refused. A value refused by a check ends the program
 /// with CLI11's validation error (exit status 105) and a message naming the option and the value.
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -24,6 +28,26 @@
 #include "ringzero/zero/optimizer.hpp"
 
 namespace ringzero::examples {
+
+/// A check for an output file option (--json, --save-parameters): the path must be absent or a
+/// regular file (not followed when it is a symbolic link), so that a FIFO, device, directory or
+/// link given by mistake is refused before training instead of blocking or being replaced after it.
+inline CLI::Validator output_file() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        struct stat st {};
+        if (path.empty()) return "the output path is empty";
+        if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT ? std::string() : std::string(std::strerror(errno));
+        if (S_ISREG(st.st_mode)) return {};
+        return "'" + path + "' exists and is not a regular file (a " +
+               (S_ISDIR(st.st_mode)    ? "directory"
+                : S_ISFIFO(st.st_mode) ? "FIFO"
+                : S_ISLNK(st.st_mode)  ? "symbolic link"
+                                       : "device or socket") +
+               "): only a regular file is replaced";
+      },
+      "FILE");
+}
 
 /// `text` as a whole number written in decimal digits (no sign, space, base prefix or leading
 /// zero), or nullopt, also when it does not fit in 64 bits.

@@ -564,3 +564,70 @@ TEST_CASE("the index is bound: an edit after the save is refused by read_index, 
   write_text(dir / "index.json", original);
   CHECK(ck::read_index(dir).computed_model_fingerprint() == ck::read_index(dir).model_fingerprint);
 }
+
+TEST_CASE("what a second look found: nothing replaced that another writer or the user owns") {
+  scratch_dir root("second-look");
+  save_good(root.path);
+  // consolidate: a user's file at the temporary path is never replaced; a split whose later
+  // temporary is in the way replaces none of the earlier outputs.
+  const fs::path out = root.path / "out";
+  fs::create_directories(out);
+  write_text(out / "m.safetensors.tmp", "the user's");
+  CHECK_THROWS_WITH_AS((void)ck::consolidate(root.path, out / "m.safetensors"),
+                       doctest::Contains("m.safetensors.tmp' exists"), error);
+  CHECK(read_text(out / "m.safetensors.tmp") == "the user's");
+  CHECK(!fs::exists(out / "m.safetensors"));
+  ck::consolidate_options split;
+  split.max_shard_bytes = 100;
+  const ck::consolidate_result first = ck::consolidate(root.path, out / "s.safetensors", split);
+  REQUIRE(first.files.size() >= 2);
+  std::vector<std::string> before;
+  for (const fs::path& f : first.files) before.push_back(read_text(f));
+  const std::string index_before = read_text(*first.index_file);
+  fs::path in_the_way = first.files.back();
+  in_the_way += ".tmp";
+  fs::create_directories(in_the_way);
+  CHECK_THROWS_AS((void)ck::consolidate(root.path, out / "s.safetensors", split), error);
+  for (std::size_t k = 0; k < first.files.size(); ++k) CHECK(read_text(first.files[k]) == before[k]);
+  CHECK(read_text(*first.index_file) == index_before);
+  fs::remove(in_the_way);
+  for (const auto& e : fs::directory_iterator(out))  // no temporary left but the user's
+    CHECK((!e.path().string().ends_with(".tmp") || e.path().filename() == "m.safetensors.tmp"));
+  // reshard: never into a root another saver holds, never over an existing checkpoint.
+  ck::reshard_options three;
+  three.world_size = 3;
+  const fs::path held = root.path / "held";
+  {
+    const ck::root_lock lock = ck::root_lock::acquire(held);
+    CHECK_THROWS_WITH_AS((void)ck::reshard_offline(root.path, held, three),
+                         doctest::Contains("in use by another saver"), error);
+  }
+  CHECK(!fs::exists(held / "good"));
+  (void)ck::reshard_offline(root.path, held, three);
+  const std::string index_three = read_text(held / "good" / "index.json");
+  three.world_size = 5;
+  CHECK_THROWS_WITH_AS((void)ck::reshard_offline(root.path, held, three),
+                       doctest::Contains("exists and is never replaced"), error);
+  CHECK(read_text(held / "good" / "index.json") == index_three);
+  // open: a checkpoint directory given as the root, a special `latest`, a hard-linked lock file
+  // and an oversized `latest` are refused by name.
+  auto open_error = [&](const fs::path& where) {
+    return errors_on_every_rank(2, [&](communicator& comm) {
+      sharded_model m(comm, request(zero_test::test_parameters(), 2), model_options(adamw()));
+      ck::checkpointer(where).open(m);
+    })[1];
+  };
+  CHECK(contains(open_error(root.path / "good"), "is a checkpoint directory (it holds index.json)"));
+  const fs::path fifo_root = root.path / "fifo-latest";
+  fs::create_directories(fifo_root);
+  REQUIRE(::mkfifo((fifo_root / "latest").c_str(), 0644) == 0);
+  CHECK(contains(open_error(fifo_root), "it is a FIFO"));
+  const fs::path linked = root.path / "linked";
+  fs::create_directories(linked);
+  write_text(root.path / "user.txt", "keep me");
+  fs::create_hard_link(root.path / "user.txt", linked / ".lock");
+  CHECK(contains(open_error(linked), "has 2 links"));
+  CHECK(read_text(root.path / "user.txt") == "keep me");
+  write_text(held / "latest", std::string(5000, 'a'));
+  CHECK_THROWS_WITH_AS((void)ck::find_checkpoint(held), doctest::Contains("more than the 256 it may have"), error);
+}

@@ -149,6 +149,8 @@ def main() -> int:
             check(p.returncode == 1 and not_a_dir in p.stderr and not epochs_of(p.stdout), f"{name}: a file as --checkpoint")
             p = run(trainer, *SMALL, "--epochs", "0", "--init-from", fifo, timeout=20)
             check(p.returncode == 1 and "it is a FIFO" in p.stderr, f"{name}: a FIFO as --init-from")
+            p = run(trainer, *SMALL, "--epochs", "1", "--json", fifo, timeout=20)
+            check(p.returncode != 0 and "FIFO" in p.stderr and not epochs_of(p.stdout), f"{name}: a FIFO as --json")
             p = run(trainer, *SMALL, "--epochs", "0", "--init-from", nan_model)
             check(p.returncode == 1 and "'fc2.weight'" in p.stderr and "non-finite" in p.stderr and "element 5" in p.stderr,
                   f"{name}: a NaN in --init-from")

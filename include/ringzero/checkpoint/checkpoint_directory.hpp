@@ -48,7 +48,7 @@ inline void check_checkpoint_name(const std::string& name) {
   if (name.empty() || name.size() > 200 || name.find('/') != std::string::npos || name.front() == '.' ||
       name == latest_file_name || name.find('\0') != std::string::npos)
     throw error(errc::invalid_argument,
-                "checkpoint name '" + name +
+                "checkpoint name '" + (name.size() > 80 ? name.substr(0, 80) + "..." : name) +
                     "' is not usable: it must be a plain directory name (no '/', not starting with '.', not 'latest')");
 }
 
@@ -62,7 +62,7 @@ inline std::optional<std::string> read_latest(const std::filesystem::path& root)
   const std::filesystem::path p = root / latest_file_name;
   std::error_code ec;
   if (!std::filesystem::exists(p, ec)) return std::nullopt;
-  std::string s = detail::read_whole_file(p);
+  std::string s = detail::read_whole_file(p, 256);  // a name of at most 200 characters and a newline
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   check_checkpoint_name(s);
   return s;

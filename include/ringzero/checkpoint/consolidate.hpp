@@ -12,6 +12,8 @@
 /// fsynced, renamed). Errors: errc::io_error / invalid_argument naming the file or tensor.
 /// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -64,9 +66,10 @@ inline std::string hf_shard_name(const std::filesystem::path& output, std::size_
   return stem + buf;
 }
 
-/// Writes the parameters `records` (as `out_types`) into `path` atomically, streaming through `buffer`.
+/// Writes the parameters `records` (as `out_types`) into the new file `tmp` (created: it must not
+/// exist) and fsyncs it, streaming through `buffer`. The caller renames it into place.
 inline void write_consolidated_file(fragment_reader& reader, const std::vector<const tensor_record*>& records,
-                                    const std::vector<dtype>& out_types, const std::filesystem::path& path,
+                                    const std::vector<dtype>& out_types, const std::filesystem::path& tmp,
                                     std::vector<unsigned char>& buffer, std::vector<unsigned char>& converted) {
   const checkpoint_index& index = reader.index();
   std::vector<safetensors_entry> entries;
@@ -74,10 +77,8 @@ inline void write_consolidated_file(fragment_reader& reader, const std::vector<c
     entries.push_back(
         {records[i]->name, out_types[i], records[i]->shape, records[i]->numel() * dtype_size(out_types[i])});
   const std::string header = encode_safetensors_header(entries, {{"format", "pt"}});
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  detail::file f = detail::file::create(tmp);
-  try {
+  detail::file f = detail::file::create_new(tmp);
+  {
     f.write_at(header.data(), header.size(), 0);
     std::uint64_t at = header.size();
     for (std::size_t i = 0; i < records.size(); ++i) {
@@ -105,16 +106,6 @@ inline void write_consolidated_file(fragment_reader& reader, const std::vector<c
     }
     f.sync();
     f.close();
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    throw;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    detail::io_fail("cannot rename '" + tmp.string() + "' to", path, err);
   }
 }
 
@@ -175,34 +166,59 @@ inline consolidate_result consolidate(const std::filesystem::path& path, const s
   std::map<std::string, std::string> weight_map;
   std::filesystem::path index_path = output;
   index_path += ".index.json";
-  // Every file this call would write is checked before the first is: a refusal leaves nothing behind.
+  // Every file this call writes, and its temporary "<file>.tmp", is checked before the first is
+  // written; all are written as temporaries and renamed into place only when every one is
+  // complete (the index last). A refusal or failure leaves nothing new behind and replaces nothing.
+  std::vector<std::filesystem::path> finals;
   for (std::size_t g = 0; g < groups.size(); ++g)
-    if (groups.size() > 1)
-      detail::require_replaceable(out_dir / detail::hf_shard_name(output, g, groups.size()), "write");
-  if (groups.size() > 1) detail::require_replaceable(index_path, "write");
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    const std::filesystem::path file =
-        groups.size() == 1 ? output : out_dir / detail::hf_shard_name(output, g, groups.size());
-    std::vector<const tensor_record*> records;
-    std::vector<dtype> out_types;
-    for (std::size_t i : groups[g]) {
-      records.push_back(params[i]);
-      out_types.push_back(types[i]);
-      weight_map[params[i]->name] = file.filename().string();
+    finals.push_back(groups.size() == 1 ? output : out_dir / detail::hf_shard_name(output, g, groups.size()));
+  if (groups.size() > 1) finals.push_back(index_path);
+  auto temporary = [](std::filesystem::path p) { return p += ".tmp"; };
+  for (const std::filesystem::path& f : finals) {
+    detail::require_replaceable(f, "write");
+    struct stat st {};
+    if (::lstat(temporary(f).c_str(), &st) == 0)
+      throw error(errc::io_error, "consolidate: '" + temporary(f).string() +
+                                      "' exists (left by an interrupted consolidate? remove it); it is never replaced");
+  }
+  std::vector<std::filesystem::path> made;  // temporaries this call created
+  try {
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      std::vector<const tensor_record*> records;
+      std::vector<dtype> out_types;
+      for (std::size_t i : groups[g]) {
+        records.push_back(params[i]);
+        out_types.push_back(types[i]);
+        weight_map[params[i]->name] = finals[g].filename().string();
+      }
+      made.push_back(temporary(finals[g]));
+      detail::write_consolidated_file(reader, records, out_types, made.back(), buffer, converted);
+      result.files.push_back(finals[g]);
     }
-    detail::write_consolidated_file(reader, records, out_types, file, buffer, converted);
-    result.files.push_back(file);
+    if (groups.size() > 1) {
+      nlohmann::ordered_json j;
+      j["metadata"] = {{"total_size", result.total_bytes}};
+      j["weight_map"] = nlohmann::ordered_json::object();
+      for (const tensor_record* t : params) j["weight_map"][t->name] = weight_map[t->name];
+      const std::string text = j.dump(2) + "\n";
+      made.push_back(temporary(index_path));
+      detail::file f = detail::file::create_new(made.back());
+      f.write_at(text.data(), text.size(), 0);
+      f.sync();
+      f.close();
+      result.index_file = index_path;
+    }
+    for (std::size_t k = 0; k < finals.size(); ++k)
+      if (::rename(made[k].c_str(), finals[k].c_str()) != 0)
+        detail::io_fail("cannot rename '" + made[k].string() + "' to", finals[k], errno);
+  } catch (...) {
+    for (const std::filesystem::path& t : made) {
+      std::error_code ec;
+      std::filesystem::remove(t, ec);  // regular files this call created (already renamed: gone)
+    }
+    throw;
   }
-  if (groups.size() > 1) {
-    nlohmann::ordered_json j;
-    j["metadata"] = {{"total_size", result.total_bytes}};
-    j["weight_map"] = nlohmann::ordered_json::object();
-    for (const tensor_record* t : params) j["weight_map"][t->name] = weight_map[t->name];
-    detail::replace_file_atomically(index_path, j.dump(2) + "\n");
-    result.index_file = index_path;
-  } else {
-    detail::sync_directory(out_dir);
-  }
+  detail::sync_directory(out_dir);
   result.bytes_read = reader.bytes_read();
   return result;
 }

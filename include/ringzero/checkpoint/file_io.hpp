@@ -146,6 +146,13 @@ class file {
     f.set_blocking();
     return f;
   }
+  /// Creates the new file `path` for writing, mode 0644; an existing file, link or anything else
+  /// there is an error (O_EXCL: nothing is ever truncated or followed).
+  static file create_new(const std::filesystem::path& path) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) io_fail("cannot create", path, errno);
+    return file(fd, path);
+  }
   /// Opens the regular file `path` for reading. The open never blocks (O_NONBLOCK, cleared
   /// after it): a FIFO, device, socket or directory at `path` is refused at once, naming it.
   static file open_read(const std::filesystem::path& path) {
@@ -414,9 +421,14 @@ inline void replace_file_atomically(const std::filesystem::path& path, const std
   sync_directory(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
 }
 
-/// The whole contents of a (small) file.
-inline std::string read_whole_file(const std::filesystem::path& path) {
+/// The whole contents of a (small) file. A file larger than `max_bytes` is refused by name and
+/// size before anything is read (errc::io_error).
+inline std::string read_whole_file(const std::filesystem::path& path,
+                                   std::uint64_t max_bytes = std::uint64_t{1} << 31) {
   file f = file::open_read(path);
+  if (f.size() > max_bytes)
+    throw error(errc::io_error, "file '" + path.string() + "' has " + std::to_string(f.size()) +
+                                    " bytes, more than the " + std::to_string(max_bytes) + " it may have");
   std::string s(static_cast<std::size_t>(f.size()), '\0');
   f.read_at(s.data(), s.size(), 0);
   return s;

@@ -9,7 +9,8 @@
 /// user metadata are kept. Data streams through one buffer of whole 4 MiB checksum chunks,
 /// every source chunk verified, every new chunk checksummed. The output is committed as
 /// checkpoints are (checkpoint/checkpoint_directory.hpp): ROOT/.tmp.NAME, index, rename,
-/// ROOT/latest; NAME is the source checkpoint's directory name.
+/// ROOT/latest; NAME is the source checkpoint's directory name. The output root's lock
+/// (checkpoint/root_lock.hpp) is held while writing, and an existing ROOT/NAME is never replaced.
 /// Errors: errc::invalid_argument for a bad world size, stage or replica group size (naming
 /// it) or one whose files would not fit the output's file system, errc::io_error naming the file for damaged input or a
 /// failed write. Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
@@ -26,6 +27,7 @@
 #include "ringzero/checkpoint/checkpoint_directory.hpp"
 #include "ringzero/checkpoint/checkpoint_index.hpp"
 #include "ringzero/checkpoint/fragment_reader.hpp"
+#include "ringzero/checkpoint/root_lock.hpp"
 #include "ringzero/checkpoint/state_layout.hpp"
 #include "ringzero/checkpoint/zero_state.hpp"
 #include "ringzero/zero/shard_plan.hpp"
@@ -249,7 +251,12 @@ inline reshard_result reshard_offline(const std::filesystem::path& path, const s
 
   std::string name = dir.filename().string();
   if (name.empty() || name.front() == '.') name = default_checkpoint_name(x.progress.optimizer_steps);
-  detail::make_directories(output_root);
+  // The output root's lock for the whole write (a job saving there is refused, and refuses this
+  // while it holds the root), and no complete checkpoint of that name is ever replaced.
+  const root_lock lock = root_lock::acquire(output_root);
+  if (std::filesystem::exists(std::filesystem::symlink_status(output_root / name, ec)))
+    throw error(errc::invalid_argument, "reshard: '" + (output_root / name).string() +
+                                            "' exists and is never replaced: choose another output root");
   const std::filesystem::path tmp = temporary_directory(output_root, name);
   detail::make_directories(tmp);
   const std::uint64_t chunks = std::max<std::uint64_t>(1, o.buffer_bytes / checksum_chunk_bytes);

@@ -71,6 +71,16 @@ class root_lock {
     root_lock lock;
     lock.fd_ = fd;
     lock.root_ = root;
+    struct stat lst {};
+    if (::fstat(fd, &lst) != 0) detail::io_fail("cannot stat the lock file", path, errno);
+    if (lst.st_nlink != 1)  // a hard link to some other file: writing the record would change it
+      throw error(errc::io_error, "lock file '" + path.string() + "' has " + std::to_string(lst.st_nlink) +
+                                      " links (another name of some file): refused, never written");
+    if (std::filesystem::exists(root / "index.json"))
+      throw error(errc::io_error, "'" + root.string() +
+                                      "' is a checkpoint directory (it holds index.json), not a checkpoint root: "
+                                      "give the directory that holds it");
+    detail::require_replaceable(root / "latest", "use as the 'latest' pointer");
     int rc;
     do { rc = ::flock(fd, LOCK_EX | LOCK_NB); } while (rc != 0 && errno == EINTR);
     if (rc != 0) {
