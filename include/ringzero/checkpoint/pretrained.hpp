@@ -64,33 +64,22 @@ inline std::optional<std::uint64_t> first_nonfinite(dtype type, const unsigned c
 /// The header of the open safetensors file `f`, parsed once per process for all the ranks
 /// (threads) that load the same file at once: keyed by device, inode, size and modification
 /// time, held while a caller holds it (a 1M-tensor header costs ~850 MB parsed; eight local ranks
-/// parsing it each would cost eight times that). Thread-safe; a parse error is thrown to every
-/// caller that parses (the entry is not kept).
+/// parsing it each would cost eight times that). Thread-safe (one mutex over lookups and parses);
+/// a parse error is thrown to every caller (nothing is kept, so each parses and fails).
 inline std::shared_ptr<const safetensors_header> shared_safetensors_header(const file& f) {
   struct stat st {};
   if (::fstat(f.descriptor(), &st) != 0) io_fail("cannot stat", f.path(), errno);
-  const std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::int64_t, std::int64_t> key{
-      st.st_dev, st.st_ino, static_cast<std::uint64_t>(st.st_size), st.st_mtim.tv_sec, st.st_mtim.tv_nsec};
-  struct entry {
-    std::mutex parsing;  ///< held by the one thread that parses
-    std::weak_ptr<const safetensors_header> header;
-  };
-  static std::mutex table_mutex;
-  static std::map<decltype(key), std::shared_ptr<entry>> table;
-  std::shared_ptr<entry> e;
-  {
-    const std::lock_guard<std::mutex> lock(table_mutex);
-    for (auto it = table.begin(); it != table.end();)  // forget headers nobody holds
-      it = it->second->header.expired() && it->first != key && it->second.use_count() == 1 ? table.erase(it)
-                                                                                           : std::next(it);
-    std::shared_ptr<entry>& slot = table[key];
-    if (!slot) slot = std::make_shared<entry>();
-    e = slot;
-  }
-  const std::lock_guard<std::mutex> parse(e->parsing);
-  if (auto held = e->header.lock()) return held;
+  using key_t = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::int64_t, std::int64_t>;
+  const key_t key{st.st_dev, st.st_ino, static_cast<std::uint64_t>(st.st_size), st.st_mtim.tv_sec, st.st_mtim.tv_nsec};
+  // One mutex guards the table and every parse: the ranks that load one file at once wait for
+  // the first to parse it, then share its result.
+  static std::mutex mutex;
+  static std::map<key_t, std::weak_ptr<const safetensors_header>> table;
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::erase_if(table, [](const auto& entry) { return entry.second.expired(); });  // headers nobody holds
+  if (auto held = table[key].lock()) return held;
   auto parsed = std::make_shared<const safetensors_header>(read_safetensors_header(f));
-  e->header = parsed;
+  table[key] = parsed;
   return parsed;
 }
 
