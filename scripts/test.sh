@@ -33,13 +33,16 @@ run_config() {
     meson configure "$dir" "$@" >/dev/null 2>&1
   fi
   echo "=== build $dir"
+  local t0
+  t0=$(date +%s)
   if ! ninja -C "$dir" -j "$jobs" >"$dir.build.log" 2>&1; then
     tail -n 60 "$dir.build.log"
     echo "build of $dir FAILED"
     failed=$((failed + 1))
     return
   fi
-  echo "=== test $dir"
+  echo "=== test $dir (built in $(($(date +%s) - t0)) s)"
+  t0=$(date +%s)
   # Sanitized code runs several times slower: their tests get three times the timeouts.
   local multiplier=1
   case "$dir" in build-tsan | build-asan) multiplier=3 ;; esac
@@ -67,10 +70,14 @@ for line in open(sys.argv[1]):
         print("--- " + t["name"] + " (" + r + "): last lines of its output", file=sys.stderr)
         for out in tail:
             print("    " + out, file=sys.stderr)
+# The slowest tests, so that a CI log says where the time went.
+durations = sorted(((t.get("duration") or 0, t["name"]) for t in map(json.loads, filter(str.strip, open(sys.argv[1])))), reverse=True)
+print("slowest: " + ", ".join("%s %.0f s" % (name, d) for d, name in durations[:6]), file=sys.stderr)
 print(ok, bad, skip)
 PY
 )
     read -r o b s <<<"$counts"
+    echo "=== $dir: $o passed, $b failed, $s skipped in $(($(date +%s) - t0)) s"
     passed=$((passed + o)); failed=$((failed + b)); skipped=$((skipped + s))
   else
     failed=$((failed + 1))

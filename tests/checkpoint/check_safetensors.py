@@ -66,7 +66,7 @@ def main():
         print("SKIP: Python's safetensors package is not available")
         return 77
     with tempfile.TemporaryDirectory(prefix="ringzero-ckpt-python-") as root:
-        subprocess.run([fixture, root], check=True)
+        subprocess.run([fixture, "python", root], check=True)
         return subprocess.run([python, "-c", CHECK, root]).returncode
 
 

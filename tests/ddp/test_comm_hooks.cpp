@@ -54,8 +54,8 @@ std::vector<std::vector<double>> one_step(int n, std::shared_ptr<comm_hook> (*ma
   return result;
 }
 
-const std::vector<std::uint64_t> kCounts = {24, 5, 40};
-const std::vector<dtype> kTypes = {dtype::float32, dtype::float64, dtype::float32};
+const std::vector<std::uint64_t> kHookCounts = {24, 5, 40};
+const std::vector<dtype> kHookTypes = {dtype::float32, dtype::float64, dtype::float32};
 
 }  // namespace
 
@@ -65,7 +65,7 @@ TEST_CASE("fp16 and bf16 compression give the exact average when it is represent
       for (bool view : {false, true}) {
         CAPTURE(n);
         auto r = one_step(
-            n, make, kCounts, kTypes,
+            n, make, kHookCounts, kHookTypes,
             [](int rank, std::size_t k) { return (rank + 1) * 0.25 * static_cast<double>(k % 5); }, view);
         for (const auto& v : r)
           for (std::size_t k = 0; k < v.size(); ++k) CHECK(v[k] == 0.25 * static_cast<double>(k % 5) * (n + 1) / 2.0);
@@ -98,7 +98,7 @@ TEST_CASE("dividing before the reduction keeps float16 from overflowing") {
 }
 
 TEST_CASE("compression on a world of three stays within 16-bit rounding of the average") {
-  const auto r = one_step(3, &fp16_compress_hook, kCounts, kTypes,
+  const auto r = one_step(3, &fp16_compress_hook, kHookCounts, kHookTypes,
                           [](int rank, std::size_t k) { return 0.1 * (rank + 1) + 0.013 * static_cast<double>(k); });
   for (const auto& v : r)
     for (std::size_t k = 0; k < v.size(); ++k) {

@@ -174,9 +174,9 @@ std::vector<std::string> run_on(bool device, int n, const std::function<void(com
 }
 
 // Parameters of mixed sizes and dtypes; with 256-byte limits they form several buckets.
-const std::vector<std::uint64_t> kCounts = {40, 7, 0, 33, 64, 5, 19, 100};
-const std::vector<dtype> kTypes = {dtype::float32, dtype::float32, dtype::float32, dtype::float64,
-                                   dtype::float32, dtype::float64, dtype::float32, dtype::float32};
+const std::vector<std::uint64_t> kDeviceCounts = {40, 7, 0, 33, 64, 5, 19, 100};
+const std::vector<dtype> kDeviceTypes = {dtype::float32, dtype::float32, dtype::float32, dtype::float64,
+                                         dtype::float32, dtype::float64, dtype::float32, dtype::float32};
 
 /// Gradient values that round (so that the order and kind of every operation shows in the bits).
 double rough_value(int rank, std::size_t i, std::size_t k, int step, int micro) {
@@ -184,7 +184,7 @@ double rough_value(int rank, std::size_t i, std::size_t k, int step, int micro) 
          0.011 * micro + (k % 3 == 0 ? 1e3 : 0.0);
 }
 
-struct config {
+struct device_config {
   int ranks = 2;
   bool view = false;
   std::string hook = "none";  // none, fp16, bf16
@@ -197,11 +197,11 @@ struct config {
 /// Every rank's gradient bytes after every finish(), then its parameter bytes at the end.
 using trace = std::vector<std::vector<unsigned char>>;
 
-std::vector<trace> train(bool device, const config& cfg) {
+std::vector<trace> train(bool device, const device_config& cfg) {
   std::vector<trace> traces(static_cast<std::size_t>(cfg.ranks));
   auto errors = run_on(device, cfg.ranks, [&](communicator& comm) {
     const int r = comm.rank();
-    toy_model m(kCounts, kTypes);
+    toy_model m(kDeviceCounts, kDeviceTypes);
     for (std::size_t i = 0; i < m.size(); ++i)
       for (std::size_t k = 0; k < m.count(i); ++k) {
         if (m.types[i] == dtype::float64)
@@ -263,18 +263,18 @@ std::vector<trace> train(bool device, const config& cfg) {
 
 TEST_CASE("the device path gives the host reducer's bits: views, hooks, accumulation, unused, rebuild, join") {
   registered table(&fake_table);
-  std::vector<config> configs;
+  std::vector<device_config> configs;
   for (int n : {1, 2, 3, 4})
     for (bool view : {false, true})
       for (const char* hook : {"none", "fp16", "bf16"}) {
-        config c;
+        device_config c;
         c.ranks = n;
         c.view = view;
         c.hook = hook;
         configs.push_back(c);
       }
   {
-    config c;
+    device_config c;
     c.ranks = 3;
     c.accumulate = 3;
     configs.push_back(c);
@@ -283,13 +283,13 @@ TEST_CASE("the device path gives the host reducer's bits: views, hooks, accumula
     configs.push_back(c);
   }
   {
-    config c;
+    device_config c;
     c.ranks = 3;
     c.find_unused = true;
     configs.push_back(c);
   }
   {
-    config c;
+    device_config c;
     c.ranks = 4;
     c.shuffled = true;
     configs.push_back(c);
@@ -298,14 +298,14 @@ TEST_CASE("the device path gives the host reducer's bits: views, hooks, accumula
   }
   for (const char* hook : {"none", "fp16"})
     for (bool view : {false, true}) {
-      config c;
+      device_config c;
       c.ranks = 3;
       c.join = true;
       c.hook = hook;
       c.view = view;
       configs.push_back(c);
     }
-  for (const config& c : configs) {
+  for (const device_config& c : configs) {
     CAPTURE(c.ranks);
     CAPTURE(c.view);
     CAPTURE(c.hook);
@@ -343,7 +343,7 @@ TEST_CASE("device memory: buckets allocated once, steps allocate nothing and nev
   std::atomic<int> allocs_at_end{-1}, syncs_at_end{-1};
   std::atomic<int> zero_mismatch{0};
   auto errors = run_on(true, 2, [&](communicator& comm) {
-    toy_model m(kCounts, kTypes);
+    toy_model m(kDeviceCounts, kDeviceTypes);
     reducer_options opt;
     opt.bucket_byte_limits = {256};
     gradient_reducer red(comm, m.parameters(), opt);

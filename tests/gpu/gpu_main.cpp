@@ -3,10 +3,14 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "../doctest_runner.hpp"
+
 #include <cstdio>
 #include <string>
 
 #include "ringzero/primitive/cudart/runtime.hpp"
+
+DOCTEST_REGISTER_LISTENER("ringzero_test_case_counter", 1, ringzero_test::test_case_counter);
 
 int main(int argc, char** argv) {
   std::string why;
@@ -15,5 +19,5 @@ int main(int argc, char** argv) {
     return 77;
   }
   doctest::Context context(argc, argv);
-  return context.run();
+  return ringzero_test::run_doctest(context);
 }

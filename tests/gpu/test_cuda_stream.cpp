@@ -16,7 +16,7 @@
 
 using namespace ringzero;
 using primitive::memory_buffer;
-using primitive::memory_space;
+using buffer_space = primitive::memory_space;
 
 namespace {
 constexpr std::uint64_t count = 4099;
@@ -30,12 +30,12 @@ TEST_CASE("cuda_stream: fill, scale, cast, reduce, copy equal the host stream bi
     const std::size_t bytes = count * dtype_size(t);
     const auto a = gpu_test::random_bytes(bytes, 3 + static_cast<std::uint64_t>(t));
     const auto b = gpu_test::random_bytes(bytes, 33 + static_cast<std::uint64_t>(t));
-    memory_buffer pa = memory_buffer::allocate(memory_space::pinned_host, bytes);
-    memory_buffer pb = memory_buffer::allocate(memory_space::pinned_host, bytes);
-    memory_buffer da = memory_buffer::allocate(memory_space::device, bytes, 0);
-    memory_buffer db = memory_buffer::allocate(memory_space::device, bytes, 0);
-    memory_buffer dout = memory_buffer::allocate(memory_space::device, bytes, 0);
-    memory_buffer pout = memory_buffer::allocate(memory_space::pinned_host, bytes);
+    memory_buffer pa = memory_buffer::allocate(buffer_space::pinned_host, bytes);
+    memory_buffer pb = memory_buffer::allocate(buffer_space::pinned_host, bytes);
+    memory_buffer da = memory_buffer::allocate(buffer_space::device, bytes, 0);
+    memory_buffer db = memory_buffer::allocate(buffer_space::device, bytes, 0);
+    memory_buffer dout = memory_buffer::allocate(buffer_space::device, bytes, 0);
+    memory_buffer pout = memory_buffer::allocate(buffer_space::pinned_host, bytes);
     std::memcpy(pa.data(), a.data(), bytes);
     std::memcpy(pb.data(), b.data(), bytes);
     primitive::enqueue_copy(ds, da.data(), pa.data(), bytes);
@@ -65,8 +65,8 @@ TEST_CASE("cuda_stream: fill, scale, cast, reduce, copy equal the host stream bi
     primitive::enqueue_reduce(hs, expected.data(), a.data(), b.data(), count, spec);
     CHECK(compare());
     const dtype to = dtype::int64;
-    memory_buffer dcast = memory_buffer::allocate(memory_space::device, count * 8, 0);
-    memory_buffer pcast = memory_buffer::allocate(memory_space::pinned_host, count * 8);
+    memory_buffer dcast = memory_buffer::allocate(buffer_space::device, count * 8, 0);
+    memory_buffer pcast = memory_buffer::allocate(buffer_space::pinned_host, count * 8);
     std::vector<unsigned char> expected_cast(count * 8);
     primitive::enqueue_cast(ds, dcast.data(), to, da.data(), t, count);
     primitive::enqueue_copy(ds, pcast.data(), dcast.data(), count * 8);
@@ -82,9 +82,9 @@ TEST_CASE("cuda_stream: a consumer ordered by an event reads the producer's data
   primitive::cuda_event never(0), written(0);
   CHECK(never.query());
   const std::size_t bytes = (std::size_t{1} << 24) * 4;
-  memory_buffer d = memory_buffer::allocate(memory_space::device, bytes, 0);
-  memory_buffer out = memory_buffer::allocate(memory_space::pinned_host, bytes);
-  CHECK(d.space() == memory_space::device);
+  memory_buffer d = memory_buffer::allocate(buffer_space::device, bytes, 0);
+  memory_buffer out = memory_buffer::allocate(buffer_space::pinned_host, bytes);
+  CHECK(d.space() == buffer_space::device);
   CHECK(d.device() == 0);
   primitive::enqueue_fill(producer, d.data(), bytes / 4, dtype::float32, 42.0);
   producer.record(written);

@@ -89,7 +89,7 @@ void check_forms(U small) {
   }
 }
 
-bool exhaustive() {
+bool exhaustive_divisors() {
   const char* flag = std::getenv("RINGZERO_TEST_EXHAUSTIVE");
   return flag && std::string(flag) == "1";
 }
@@ -199,7 +199,7 @@ TEST_CASE("divide(a, prepare_divisor(n)) equals divide(a, n) for every integer d
 }
 
 TEST_CASE("divide_invariant: every 32-bit dividend for 12 divisors (RINGZERO_TEST_EXHAUSTIVE=1)") {
-  if (!exhaustive()) return;
+  if (!exhaustive_divisors()) return;
   for (std::uint32_t d :
        {3u, 5u, 6u, 7u, 641u, 1000u, 65535u, 65537u, 0x7fffffffu, 0x80000001u, 0xfffffffeu, 0xffffffffu}) {
     const auto p = h::prepare_invariant_divisor<std::uint32_t>(d);

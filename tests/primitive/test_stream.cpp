@@ -31,7 +31,7 @@ std::vector<float> iota_floats(std::size_t n, float start) {
   return v;
 }
 
-primitive::host_stream_options paused() {
+primitive::host_stream_options paused_options() {
   primitive::host_stream_options o;
   o.paused = true;
   return o;
@@ -75,7 +75,7 @@ TEST_CASE("primitive::stream on the host: copy, fill, cast, scale, reduce equal 
 TEST_CASE("primitive::stream events order two host streams; a missing wait reads stale data") {
   for (bool with_wait : {false, true}) {
     CAPTURE(with_wait);
-    primitive::host_backed_stream producer(paused());
+    primitive::host_backed_stream producer(paused_options());
     primitive::host_backed_stream consumer(primitive::host_stream_options{});
     primitive::stream& p = producer;
     primitive::stream& c = consumer;

@@ -6,7 +6,13 @@
 //   checkpoint_fixture load DIR WORLD STAGE STATE.safetensors
 //     loads DIR into the same model on WORLD ranks at STAGE and writes every tensor of its state
 //     (parameters, Adam moments; "name#role") read back through a fresh save, to STATE.safetensors.
-// Exit status 0, or 1 with the error on stderr.
+//   checkpoint_fixture python DIR
+//     for tests/checkpoint/check_safetensors.py: the ZeRO test model (float32, AdamW, stage 3 on 3
+//     ranks, 2 steps; tied, frozen, empty and scalar parameters) saved into DIR, and
+//     DIR/expected.json holding every parameter's values as read back from the model
+//     (read_parameter, independent of the checkpoint code) as 32-bit patterns.
+// One program for both scripts: each program including the checkpoint layer costs about a minute
+// of compiler time. Exit status 0, or 1 with the error on stderr.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +21,11 @@
 #include <string>
 #include <vector>
 
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "../checkpoint/checkpoint_test_util.hpp"
 #include "../zero/zero_test_model.hpp"
 #include "ringzero/checkpoint.hpp"
 
@@ -123,11 +134,40 @@ void load(const fs::path& dir, int world, int stage, const fs::path& out) {
   write_safetensors(out, tensors);
 }
 
+void python(const fs::path& root) {
+  nlohmann::json expected = nlohmann::json::object();
+  local::launch(3, [&](communicator& comm) {
+    zero::sharded_model m(comm, ckpt_test::request(zero_test::test_parameters(), 3),
+                          ckpt_test::model_options(ckpt_test::adamw()));
+    ckpt_test::initialise(m);
+    ckpt_test::train(m, comm.rank(), 0, 2);
+    const auto params = ckpt_test::parameters_of(m);
+    if (comm.rank() == 0)
+      for (std::size_t p = 0; p < params.size(); ++p) {
+        std::vector<std::uint32_t> bits(params[p].size());
+        if (!bits.empty()) std::memcpy(bits.data(), params[p].data(), bits.size() * 4);
+        expected[m.plan().parameters()[p].name] = bits;
+      }
+    ck::checkpointer(root).save(m, {}, "python");
+  });
+  std::ofstream(root / "expected.json") << expected.dump();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "python") {
+    try {
+      python(argv[2]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "checkpoint_fixture: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
   if (argc != 6 || (std::string(argv[1]) != "save" && std::string(argv[1]) != "load")) {
-    std::fprintf(stderr, "usage: checkpoint_fixture save ROOT WORLD STAGE EXPECTED | load DIR WORLD STAGE STATE\n");
+    std::fprintf(
+        stderr, "usage: checkpoint_fixture save ROOT WORLD STAGE EXPECTED | load DIR WORLD STAGE STATE | python DIR\n");
     return 2;
   }
   try {

@@ -4,7 +4,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "../../doctest_runner.hpp"
 #include "ringzero/backend/mpi.hpp"
+
+DOCTEST_REGISTER_LISTENER("ringzero_test_case_counter", 1, ringzero_test::test_case_counter);
 
 int main(int argc, char** argv) {
   ringzero::mpi::environment env(argc, argv);
@@ -16,5 +19,5 @@ int main(int argc, char** argv) {
     context.setOption("no-intro", true);
     context.setOption("no-version", true);
   }
-  return context.run();
+  return ringzero_test::run_doctest(context);
 }

@@ -18,7 +18,7 @@ using ringzero_test::throwing;
 
 namespace {
 
-constexpr algorithm mpi_algorithms[] = {algorithm::ring, algorithm::halving_doubling, algorithm::native};
+constexpr algorithm mpi_reproducible_algorithms[] = {algorithm::ring, algorithm::halving_doubling, algorithm::native};
 
 collective_options reproducible_with(algorithm a) {
   collective_options o;
@@ -42,7 +42,7 @@ TEST_CASE("MPI reproducible all_reduce, reduce_scatter and reduce equal the one-
           const auto in = rzt::adversarial(t, n, count * static_cast<std::uint64_t>(n), 31 * count + 7, true);
           const rzt::bytes whole = rzt::reference(in, t, op, 0, count);
           const rzt::bytes mine = rzt::reference(in, t, op, static_cast<std::uint64_t>(r) * count, count);
-          for (algorithm a : mpi_algorithms) {
+          for (algorithm a : mpi_reproducible_algorithms) {
             INFO("check " << check << " " << dtype_name(t) << " " << reduce_kind_name(op) << " count " << count << " "
                           << algorithm_name(a));
             rzt::bytes out(count * es), scattered(count * es), root_out(count * es, 0x5A);
@@ -78,7 +78,7 @@ TEST_CASE(
       // deposited; rank-dependent: ranks keep different numbers of copies; 8: all copies.
       for (std::uint64_t stage :
            {std::uint64_t{0}, std::uint64_t{1}, static_cast<std::uint64_t>(r % 3), std::uint64_t{8}})
-        for (algorithm a : mpi_algorithms) {
+        for (algorithm a : mpi_reproducible_algorithms) {
           INFO(dtype_name(t) << " " << reduce_kind_name(op) << " " << algorithm_name(a) << " stage " << stage);
           reproducible_accumulator acc(total, t, stage);
           for (int c = r; c < 8; c += n) acc.add(in[static_cast<std::size_t>(c)].data());
