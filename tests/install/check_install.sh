@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs ringzero into a scratch directory and builds a small consumer five ways, as a user
 # would: pkg-config, CMake find_package, a Meson subproject, a plain -I, and a plain -I in the
-# separate-compilation mode (docs/compile_time.md). Each consumer runs. The consumers compile at
-# -O0: what is checked is that they build and run, and -O0 halves the compiler's time.
+# separate-compilation mode (docs/compile_time.md). Each consumer runs; a C++17 compile must fail
+# with the message naming -std=c++20. The consumers compile at -O0: what is checked is that they
+# build and run.
 # Arguments: <meson build dir> <source dir>.
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -45,3 +46,11 @@ g++ -std=c++20 -O0 -DRINGZERO_SEPARATE_COMPILATION -I"$inc" -c "$work/ringzero_c
 g++ -std=c++20 -O0 -DRINGZERO_SEPARATE_COMPILATION -I"$inc" "$source/tests/install/consumer/main.cpp" \
   "$work/ringzero_core.o" -pthread -o "$work/consumer_separate"
 "$work/consumer_separate"
+
+echo "--- C++17 refused at once, saying what to pass"
+if g++ -std=c++17 -fsyntax-only -I"$inc" "$source/tests/install/consumer/main.cpp" 2>"$work/cxx17.err"; then
+  echo "a C++17 compile of the consumer succeeded" >&2
+  exit 1
+fi
+grep -q 'ringzero needs C++20: compile with -std=c++20' "$work/cxx17.err" || { cat "$work/cxx17.err" >&2; exit 1; }
+echo ok
