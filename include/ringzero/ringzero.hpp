@@ -2,7 +2,8 @@
 /// @file
 /// The umbrella header: core types, the local (threads) backend, every collective, DDP (bucket
 /// assignment, the gradient reducer and its communication hooks) and ZeRO (shard planner,
-/// memory and traffic model, sharded runtime).
+/// memory and traffic model, sharded runtime). Not included: zero/model_presets.hpp and
+/// zero/paper_comparison.hpp (for planning tools), the checkpoint layer and the backends below.
 /// The MPI and NCCL backends are opt-in (backend/mpi.hpp, backend/nccl.hpp) so that including
 /// this header needs no external library. Under RINGZERO_SEPARATE_COMPILATION
 /// (docs/compile_time.md) it does not pull in the algorithms/ and primitive/ headers: include
@@ -48,7 +49,5 @@
 #include "ringzero/ddp/gradient_bucket.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
 
-#include "ringzero/zero/model_presets.hpp"
-#include "ringzero/zero/paper_comparison.hpp"
 #include "ringzero/zero/shard_plan.hpp"
 #include "ringzero/zero/sharded_model.hpp"
