@@ -53,6 +53,7 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
+#include "background_load.hpp"
 #include "command_line.hpp"
 #include "harness/collective.hpp"
 #include "harness/table.hpp"
@@ -89,6 +90,7 @@ struct options {
   std::vector<int> roots{0};
   rz::algorithm algo = rz::algorithm::automatic;
   bool pin = false;
+  int background_load = 0;    // --background-load: niced busy threads while measuring
   bool reproducible = false;  // --reproducible: floating sum/avg/premulsum reductions in reproducible mode
   std::string json_path;
   std::string csv_path;
@@ -335,8 +337,11 @@ class rank_bench {
     if (o_.algo == rz::algorithm::automatic && comm_.forced_algorithm() != rz::algorithm::automatic)
       algo += std::string(" (RINGZERO_ALGO=") + std::string(rz::algorithm_name(comm_.forced_algorithm())) +
               " where available)";
-    fmt::print("# ringzero-bench {} : {} rank(s) on {}, algorithm {}{}\n", rz::collective_name(o_.kind), n_,
-               backend_text(), algo, o_.reproducible ? ", reproducible mode (floating sum/avg/premulsum rows)" : "");
+    fmt::print("# ringzero-bench {} : {} rank(s) on {}, algorithm {}{}{}\n", rz::collective_name(o_.kind), n_,
+               backend_text(), algo, o_.reproducible ? ", reproducible mode (floating sum/avg/premulsum rows)" : "",
+               o_.background_load > 0 ? fmt::format(", background load {} busy thread(s) at nice {}",
+                                                    o_.background_load, rz::bench::background_load::nice_value)
+                                      : std::string());
     std::fputs(rz::bench::table_header().c_str(), stdout);
     std::fflush(stdout);
   }
@@ -531,6 +536,12 @@ int main(int argc, char** argv) {
   app.add_option("--algo", algo, "auto, ring, direct, halving_doubling, native (RINGZERO_ALGO also works)")
       ->capture_default_str();
   app.add_flag("--pin", o.pin, "pin rank threads to cores");
+  app.add_option("--background-load", o.background_load,
+                 "N busy threads at nice 10 while measuring (a controlled stand-in for a data loader or a "
+                 "neighbour's job on the same cores; 0 to 256)")
+      ->check(digits)
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
   app.add_flag("--reproducible", o.reproducible,
                "reproducible mode (docs/numerics.md) for floating sum, avg and premulsum rows of all_reduce, "
                "reduce_scatter and reduce; host memory only");
@@ -688,6 +699,8 @@ int main(int argc, char** argv) {
   shared_state shared;
   shared.clock_resolution_us = clock_resolution_us();
   try {
+    // Started after the options are checked and before any rank: every row runs under it.
+    const rz::bench::background_load load(o.background_load);
     rz::local::launch_options lo;
     lo.pin_threads = o.pin;
     if (o.backend == "mpi") {
@@ -773,6 +786,7 @@ int main(int argc, char** argv) {
                              {"backend", json_string(o.backend)},
                              {"memory", json_string(o.device_memory ? "cuda" : "host")},
                              {"reproducible", o.reproducible ? "true" : "false"},
+                             {"background_load_threads", json_number(o.background_load)},
                              {"copy_bandwidth_gbps", json_number(shared.copy_bandwidth)},
                              {"avg_busbw_gbps", json_number(avg_busbw)},
                              {"avg_busbw_left_out", json_number(left_out)},

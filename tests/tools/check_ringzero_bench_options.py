@@ -11,6 +11,8 @@
   refused with --memory cuda;
 - --ranks is refused beyond 64 rank threads per CPU this process may use (--ranks 4096 ran over
   300 s without a line of output on 2 CPUs), naming the option, the value and the limit;
+- --background-load N runs N busy threads at nice 10 while measuring, says so in the header and
+  the JSON, and takes 0 to 256 in decimal digits;
 - the footer's "Avg bus bandwidth" leaves out placements whose busbw measures no bandwidth (a
   broadcast in place on one rank moves nothing: it averaged in 4-10 TB/s) and says so.
 
@@ -165,6 +167,27 @@ def main() -> int:
         if not without_cuda(p):
             check(p.returncode == VALIDATION_ERROR and "--reproducible" in p.stderr,
                   f"--reproducible --memory cuda: exit status {p.returncode}, expected {VALIDATION_ERROR} naming --reproducible")
+
+    # --background-load: 0-256 busy threads at nice 10; the header and the JSON say how many.
+    for bad in ["-1", "257", "x", "1.5", ""]:
+        p = run(bench, *SMALL, "--ranks", "2", "--background-load", bad)
+        check(p.returncode == VALIDATION_ERROR and "--background-load" in p.stderr and "# Errors" not in p.stdout,
+              f"--background-load '{bad}': exit status {p.returncode}, expected {VALIDATION_ERROR} naming the option")
+    with tempfile.TemporaryDirectory(prefix="ringzero-bench-load-") as tmp:
+        path = os.path.join(tmp, "load.json")
+        p = run(bench, *SMALL, "--ranks", "2", "--background-load", "2", "--json", path)
+        if check(p.returncode == 0 and "# Errors: 0 wrong" in p.stdout, f"--background-load 2: exit status {p.returncode}"):
+            check("background load 2 busy thread(s) at nice 10" in p.stdout,
+                  "--background-load 2: the header does not name the load")
+            with open(path) as f:
+                doc = json.load(f)
+            check(doc.get("background_load_threads") == 2,
+                  f"--background-load 2: JSON background_load_threads={doc.get('background_load_threads')}")
+        p = run(bench, *SMALL, "--ranks", "2", "--json", path)
+        if check(p.returncode == 0, f"no --background-load: exit status {p.returncode}"):
+            check("background load" not in p.stdout, "no --background-load: the header names a load")
+            with open(path) as f:
+                check(json.load(f).get("background_load_threads") == 0, "no --background-load: JSON not 0")
 
     return finish()
 
