@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
-echo "main.sh: building the trainer in build-release (about a minute the first time)"
+echo "main.sh: building the trainer in build-release (about two minutes the first time)"
 if [ ! -f build-release/build.ninja ]; then
   meson setup build-release -Dbuildtype=release >/dev/null
 fi
