@@ -13,7 +13,8 @@
 // ringzero is C++20 (concepts, std::span, <bit>). g++ 12 and nvcc 12-13 default to C++17, where
 // the first error would otherwise be an unknown `concept` somewhere in core/dtype.hpp.
 #if !defined(__cplusplus) || __cplusplus < 202002L
-#error "ringzero needs C++20: compile with -std=c++20 (g++, clang++ and nvcc alike; CMake: CMAKE_CXX_STANDARD 20 and CMAKE_CUDA_STANDARD 20; Meson: cpp_std=c++20 and cuda_std=c++20)"
+#error \
+    "ringzero needs C++20: compile with -std=c++20 (g++, clang++ and nvcc alike; CMake: CMAKE_CXX_STANDARD 20 and CMAKE_CUDA_STANDARD 20; Meson: cpp_std=c++20 and cuda_std=c++20)"
 #endif
 
 #define RINGZERO_VERSION_MAJOR 0
