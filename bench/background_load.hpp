@@ -31,8 +31,13 @@ class background_load {
   /// Starts `threads` busy threads (0: none) and returns once each runs at nice 10.
   explicit background_load(int threads) {
     workers_.reserve(static_cast<std::size_t>(threads));
-    for (int t = 0; t < threads; ++t) workers_.emplace_back([this] { run(); });
-    while (started_.load(std::memory_order_acquire) < threads) std::this_thread::yield();
+    try {
+      for (int t = 0; t < threads; ++t) workers_.emplace_back([this] { run(); });
+    } catch (...) {  // a thread that cannot start: stop and join those that did, then report
+      stop();
+      throw;
+    }
+    while (started_.load(std::memory_order_acquire) < static_cast<int>(workers_.size())) std::this_thread::yield();
     if (const int e = failure_.load(); e != 0) {
       stop();
       throw std::system_error(
