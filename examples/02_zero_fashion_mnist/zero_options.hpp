@@ -66,10 +66,11 @@ inline void add_options(CLI::App& app, options& o) {
                  "ZeRO stage: 0 (data parallel), 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)")
       ->check(whole_number())
       ->check(CLI::Range(0, 3));
-  app.add_option("--backend", o.where.backend,
-                 "local (ranks are threads of this process), mpi (one rank per process: run under mpirun -np N) or "
-                 "nccl (one rank per process and GPU, with --device cuda: under mpirun, or torchrun/srun with "
-                 "RINGZERO_NCCL_ID_FILE); --ranks is then the number of processes or left out")
+  app.add_option(
+         "--backend", o.where.backend,
+         "local (ranks are threads of this process), mpi (one rank per process: run under mpirun -np N) or "
+         "nccl (one rank per process and GPU, with --device cuda: under mpirun, or torchrun/srun with "
+         "MASTER_ADDR/MASTER_PORT or RINGZERO_NCCL_ID_FILE); --ranks is then the number of processes or left out")
       ->check(CLI::IsMember({"local", "mpi", "nccl"}));
   app.add_option("--device", o.where.device,
                  "cpu (default: host memory), sim (the runtime's device path on the simulated device of CI: "

@@ -4,7 +4,8 @@
 /// `--backend local` (threads of this process; with `--device cuda` on CUDA device memory via
 /// local::launch_cuda, several ranks per GPU), `--backend mpi` (one rank per process, started by
 /// mpirun) or `--backend nccl` (one rank per process and GPU: under mpirun the NCCL id is
-/// broadcast over MPI, under torchrun or srun it goes through RINGZERO_NCCL_ID_FILE; docs/gpu.md).
+/// broadcast over MPI, under torchrun or srun rank 0 serves it over TCP at MASTER_ADDR:MASTER_PORT
+/// or it goes through RINGZERO_NCCL_ID_FILE; docs/gpu.md).
 /// `process_world` checks the choice, starts MPI where it is needed and refuses a launcher that
 /// started several processes of a `--backend local` run (launcher.hpp). Errors: ringzero::error
 /// (invalid_argument for a choice that cannot run, unsupported for a backend not built in,

@@ -113,9 +113,27 @@ constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
   return std::nullopt;
 }
 
+}  // namespace ringzero
+
+// CUDA's own 16-bit types (cuda_fp16.h, cuda_bf16.h), declared here so that spans of them are
+// accepted wherever a float16 / bfloat16 span is, whether or not the CUDA headers come first.
+// Same layout as ringzero's float16 / bfloat16 (IEEE binary16, bfloat16 bits; 2 bytes).
+struct __half;
+struct __nv_bfloat16;
+
+namespace ringzero {
+
 namespace detail {
 template <class T>
 struct dtype_of_impl;
+template <>
+struct dtype_of_impl<::__half> {  // CUDA's half: the same bits as float16
+  static constexpr dtype value = dtype::float16;
+};
+template <>
+struct dtype_of_impl<::__nv_bfloat16> {  // CUDA's bfloat16: the same bits as bfloat16
+  static constexpr dtype value = dtype::bfloat16;
+};
 template <>
 struct dtype_of_impl<float> {
   static constexpr dtype value = dtype::float32;
@@ -201,7 +219,8 @@ struct dtype_type_impl<dtype::uint64> {
 };
 }  // namespace detail
 
-/// True when `T` (cv-qualifiers ignored) is one of the ten element types.
+/// True when `T` (cv-qualifiers ignored) is one of the ten element types, or CUDA's `__half` /
+/// `__nv_bfloat16` (taken as float16 / bfloat16).
 template <class T>
 concept element_type = requires {
   detail::dtype_of_impl<std::remove_cv_t<T>>::value;

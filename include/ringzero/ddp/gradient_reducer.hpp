@@ -512,7 +512,9 @@ class gradient_reducer {
         fail_from(e, "step " + std::to_string(step_) + ": preparing the join agreement failed");
       }
       if (options_.collect_timings) agreement_launched_at_ = clock::now();
-      agreement_ = all_gather_async(comm_, flags_send_, flags_, 1, dtype::int32);
+      // (void) here and at every assignment of a work in ddp/: nvcc's front end (CUDA 13) takes
+      // the assignment's result for an ignored [[nodiscard]] work (warning #3001-D).
+      (void)(agreement_ = all_gather_async(comm_, flags_send_, flags_, 1, dtype::int32));
       agreement_pending_ = true;
     }
   }

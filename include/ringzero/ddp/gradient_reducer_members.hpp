@@ -187,8 +187,8 @@ inline void gradient_reducer::launch(std::size_t k) {
     collective_options reproducible;
     reproducible.reproducible = true;
     try {
-      b.pending_work = all_reduce_async(comm_, b.storage.data(), b.storage.data(), b.info.count, b.info.type,
-                                        reduce_op(reduce_kind::avg), reproducible);
+      (void)(b.pending_work = all_reduce_async(comm_, b.storage.data(), b.storage.data(), b.info.count, b.info.type,
+                                               reduce_op(reduce_kind::avg), reproducible));
     } catch (const std::exception& e) {
       fail_from(e, "step " + std::to_string(step_) + ": the reproducible all_reduce of bucket " + std::to_string(k) +
                        " failed to launch");
@@ -200,7 +200,7 @@ inline void gradient_reducer::launch(std::size_t k) {
     // soon as its last deposit is done, so that it overlaps the rest of backward.
     if (options_.collect_timings) b.launched_at = clock::now();
     try {
-      b.pending_work = reproducible_.reduce_async(comm_, k, b.storage.data());
+      (void)(b.pending_work = reproducible_.reduce_async(comm_, k, b.storage.data()));
     } catch (const std::exception& e) {
       fail_from(e, "step " + std::to_string(step_) + ": the reproducible average of bucket " + std::to_string(k) +
                        " (parameters " + describe_bucket(k) + ") failed to launch");
@@ -209,7 +209,7 @@ inline void gradient_reducer::launch(std::size_t k) {
   }
   if (options_.collect_timings) b.launched_at = clock::now();
   try {
-    b.pending_work = options_.hook->launch(comm_, view_of(k));
+    (void)(b.pending_work = options_.hook->launch(comm_, view_of(k)));
   } catch (const std::exception& e) {
     fail_from(e, "step " + std::to_string(step_) + ": the '" + options_.hook->name() +
                      "' hook failed to launch bucket " + std::to_string(k));
@@ -243,7 +243,7 @@ inline void gradient_reducer::wait_and_complete(bool shadow) {
       const auto done = b.pending_work.valid() ? b.pending_work.completion_time() : b.launched_at;
       add_interval(b.launched_at, done);
     }
-    b.pending_work = work{};
+    (void)(b.pending_work = work{});
     if (options_.reproducible) {
       reproducible_.finish(k);  // the collective averaged the bucket itself; its accumulator is free again
     } else {

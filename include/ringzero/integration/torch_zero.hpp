@@ -251,8 +251,11 @@ class torch_zero {
       zero::parameter_spec s;
       s.name = n;
       for (auto d : t.sizes()) s.shape.push_back(static_cast<std::uint64_t>(d));
-      auto type = dtype_of_torch(t.scalar_type());
-      if (type && !is_floating_point(*type)) type.reset();  // only floating parameters are trained
+      // only floating parameters are trained; a plain value and flag (an optional here drew
+      // g++ 12's -Wmaybe-uninitialized at -O3)
+      const auto found = dtype_of_torch(t.scalar_type());
+      const bool trainable_type = found.has_value() && is_floating_point(*found);
+      const dtype type = trainable_type ? *found : dtype::float32;
       if (problem.empty()) {
         if (!t.requires_grad())
           problem = "parameter '" + n + "' does not require grad (the bridge trains every parameter it registers)";
@@ -260,11 +263,11 @@ class torch_zero {
           problem = "parameter '" + n + "' is not contiguous";
         else if (!t.device().is_cpu())
           problem = "parameter '" + n + "' is on " + t.device().str() + ", the runtime's memory is the CPU's";
-        else if (!type)
+        else if (!trainable_type)
           problem = "parameter '" + n + "' has dtype " + std::string(c10::toString(t.scalar_type())) +
                     ", which cannot be trained (float32, float64, bfloat16, float16)";
       }
-      s.type = type.value_or(dtype::float32);
+      s.type = type;
       const bool in_block = n.starts_with(options_.blocks + ".");
       if (options_.wrap == wrap_policy::block) {
         if (in_block && !first_head.empty() && problem.empty())

@@ -3,9 +3,9 @@
 /// Creating NCCL communicators: every rank needs the same unique id, made by rank 0
 /// (ncclGetUniqueId) and handed to the others: `init_all(devices)` / `launch` (one process, several
 /// GPUs), `init_with_file` (a shared file, backend/nccl/id_file.hpp), `init_with_mpi` (broadcast
-/// over MPI) and `init_from_env` (torchrun's, Open MPI's or Slurm's variables;
-/// backend/launch_env.hpp). Rank r uses GPU `local_rank % (visible devices)`.
-/// Errors: invalid_argument, no_device, timeout, io_error, backend_failure. Manual: docs/gpu.md.
+/// over MPI), `init_with_tcp` (rank 0 serves it over TCP, backend/tcp_rendezvous.hpp) and
+/// `init_from_env` (torchrun's, Open MPI's or Slurm's variables; backend/launch_env.hpp). Rank r uses GPU `local_rank %
+/// (visible devices)`. Errors: invalid_argument, no_device, timeout, io_error, backend_failure. Manual: docs/gpu.md.
 
 #include <chrono>
 #include <exception>
@@ -18,6 +18,7 @@
 #include "ringzero/backend/launch_env.hpp"
 #include "ringzero/backend/nccl/communicator.hpp"
 #include "ringzero/backend/nccl/id_file.hpp"
+#include "ringzero/backend/tcp_rendezvous.hpp"
 #include "ringzero/primitive/cudart/runtime.hpp"
 
 #if RINGZERO_HAS_MPI
@@ -251,10 +252,48 @@ inline std::unique_ptr<communicator> init_with_mpi(MPI_Comm mpi, const options& 
 }
 #endif
 
+/// Rank `env.rank` of `env.world_size` on device `env.local_rank % devices`, with the id made by
+/// rank 0 and handed to the others over TCP: rank 0 listens on `where.port`, the others connect
+/// to `where.host` (backend/tcp_rendezvous.hpp, torchrun's MASTER_ADDR / MASTER_PORT). `job`
+/// (empty: none) must be the same on every rank; connections of another job are turned away.
+/// Errors name the rank; errc::invalid_argument for a bad rank, world size or timeout, a port in
+/// use or ranks that disagree on the world size; errc::timeout when rank 0 or some rank never
+/// comes (the message names the address or the missing ranks).
+inline std::unique_ptr<communicator> init_with_tcp(const rendezvous_address& where, const launch_env& env,
+                                                   const options& opts = {}, const std::string& job = {}) {
+  return detail::naming_rank(env.rank, env.world_size, [&] {
+    const std::string who = "nccl::init_with_tcp: ";
+    if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
+      throw error(errc::invalid_argument,
+                  who + "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")");
+    if (env.local_rank < 0)
+      throw error(errc::invalid_argument, who + "local rank " + std::to_string(env.local_rank) + " is negative");
+    const auto wait = opts.timeout ? *opts.timeout : env_timeout();
+    if (!(wait.count() > 0.0))
+      throw error(errc::invalid_argument, who + "timeout must be positive, got " + std::to_string(wait.count()) + " s");
+    const int device = device_for_local_rank(env.local_rank, "nccl::init_with_tcp");
+    const std::string bytes = tcp_rendezvous(
+        where, env.rank, env.world_size, job,
+        [] {
+          const id_bytes made = generate_id();
+          return std::string(reinterpret_cast<const char*>(made.data()), made.size());
+        },
+        wait);
+    if (bytes.size() != id_size)
+      throw error(errc::backend_failure, who + "rank 0 sent " + std::to_string(bytes.size()) +
+                                             " bytes where NCCL's unique id has " + std::to_string(id_size));
+    id_bytes id{};
+    std::memcpy(id.data(), bytes.data(), id_size);
+    return std::make_unique<communicator>(id, env.rank, env.world_size, device, opts);
+  });
+}
+
 /// A communicator for this process from its environment (see the file comment): a world of one
-/// without launcher variables; otherwise the id exchanged through RINGZERO_NCCL_ID_FILE.
-/// Throws errc::invalid_argument when several ranks are launched and RINGZERO_NCCL_ID_FILE is
-/// unset (with MPI, call `init_with_mpi` instead).
+/// without launcher variables; otherwise the id exchanged through RINGZERO_NCCL_ID_FILE when it
+/// is set, else over TCP at MASTER_ADDR:MASTER_PORT (torchrun's `env://`; set them yourself
+/// under srun or mpirun), with the job identity of `job_token_from_env()`.
+/// Throws errc::invalid_argument when several ranks are launched and neither is set (with MPI,
+/// call `init_with_mpi` instead).
 inline std::unique_ptr<communicator> init_from_env(const options& opts = {}) {
   const launch_env env = read_launch_env();
   if (env.world_size == 1) {
@@ -262,10 +301,12 @@ inline std::unique_ptr<communicator> init_from_env(const options& opts = {}) {
     return std::make_unique<communicator>(generate_id(), 0, 1, device, opts);
   }
   if (auto path = ringzero::detail::env_string("RINGZERO_NCCL_ID_FILE")) return init_with_file(*path, env, opts);
+  if (auto where = rendezvous_address_from_env()) return init_with_tcp(*where, env, opts, job_token_from_env());
   throw error(errc::invalid_argument,
               "nccl::init_from_env: " + std::to_string(env.world_size) + " ranks (from " + env.source +
-                  " variables) need a way to share NCCL's unique id: set RINGZERO_NCCL_ID_FILE to a "
-                  "path every rank can read, or use nccl::init_with_mpi");
+                  " variables) need a way to share NCCL's unique id: set MASTER_ADDR and MASTER_PORT (rank 0's "
+                  "host and a free port; torchrun sets them), or RINGZERO_NCCL_ID_FILE to a path every rank can "
+                  "read, or use nccl::init_with_mpi");
 }
 
 }  // namespace ringzero::nccl
