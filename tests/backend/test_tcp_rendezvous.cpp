@@ -169,6 +169,35 @@ TEST_CASE("nobody listening: a timeout naming the address, on the rank that wait
   CHECK(waited < 10.0);
 }
 
+TEST_CASE("within the timeout and its margin: a listener that never answers, a world size far too large") {
+  const int port = rdv_free_port();
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(listener, 4) == 0);  // accepted by the kernel, answered by nobody
+  auto t0 = std::chrono::steady_clock::now();
+  const auto silent = rdv_call({"127.0.0.1", port}, 1, 2, "", "", 0.3s);
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(listener);
+  REQUIRE(silent.failed);
+  CHECK(silent.kind == errc::timeout);
+  CHECK(rdv_contains(silent.what, "connected to 127.0.0.1:" + std::to_string(port) + " but got no answer within "));
+  CHECK(waited < 2.0);  // 0.3 s and its margin of 0.3 s (5.3 s before the margin was bounded)
+
+  t0 = std::chrono::steady_clock::now();
+  const auto huge = rdv_call({"127.0.0.1", rdv_free_port()}, 0, 2147483647, "", "x", 0.3s);
+  waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(huge.failed);
+  CHECK(huge.kind == errc::timeout);
+  CHECK(rdv_contains(huge.what,
+                     "missing rank(s): 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, ... "
+                     "(2147483646 in all)"));
+  CHECK(waited < 2.0);  // 4.5 s before the missing ranks were listed in linear time
+}
+
 TEST_CASE("a rank that never comes: every rank that came names it") {
   const rendezvous_address where{"127.0.0.1", rdv_free_port()};
   const auto out = rdv_run(where, {0, 1, 2}, 4, rdv_payload(3), 1s);  // rank 3 never starts

@@ -263,7 +263,18 @@ struct member {
   std::string received;  // hello bytes so far
   int rank = -1;         // set once the hello is complete and accepted
   bool answer = false;   // gets the exchange's answer (joined, or the cause of its failure)
+  clock::time_point accepted_at = clock::now();
 };
+
+/// How long rank 0 keeps a connection that has not completed its hello (a rank sends it at
+/// once): idle connections must not fill the accept queue that real ranks need.
+inline constexpr std::chrono::seconds hello_limit{2};
+
+/// The margin past the timeout a side allows for the other's last message: rank 0 tells
+/// everyone at its deadline, which a joining rank that started earlier has already reached.
+inline clock::duration margin(std::chrono::duration<double> timeout) {
+  return std::chrono::duration_cast<clock::duration>(std::min(timeout, std::chrono::duration<double>(1.0)));
+}
 
 /// Why rank 0 ends the exchange with an error for everyone.
 struct failure {
@@ -280,7 +291,7 @@ inline std::string serve(const rendezvous_address& where, int world_size, const 
   std::optional<failure> fatal;  // ends the exchange early; a payload failure waits for everyone to tell them
   std::vector<member> members;
   socket_fd listener;
-  if (world_size > 1) listener = listen_on(where.port, std::min(world_size + 16, 4096));
+  if (world_size > 1) listener = listen_on(where.port, std::min(world_size, 4096 - 16) + 16);
   auto joined = [&] {
     return static_cast<int>(std::count_if(members.begin(), members.end(), [](const member& m) { return m.rank > 0; }));
   };
@@ -324,20 +335,34 @@ inline std::string serve(const rendezvous_address& where, int world_size, const 
   };
   while (!fatal && joined() < world_size - 1) {
     if (clock::now() >= deadline) {
+      // the first 16 missing ranks, in time linear in the members (world_size may be huge)
+      std::vector<int> present;
+      for (const member& m : members)
+        if (m.rank > 0) present.push_back(m.rank);
+      std::sort(present.begin(), present.end());
+      const long long count = static_cast<long long>(world_size) - 1 - static_cast<long long>(present.size());
       std::string missing;
-      int count = 0;
-      for (int r = 1; r < world_size; ++r)
-        if (std::none_of(members.begin(), members.end(), [&](const member& m) { return m.rank == r; })) {
-          if (count < 16) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-          ++count;
+      int listed = 0;
+      std::size_t next = 0;
+      for (int r = 1; r < world_size && listed < 16; ++r) {
+        if (next < present.size() && present[next] == r) {
+          ++next;
+          continue;
         }
-      if (count > 16) missing += ", ... (" + std::to_string(count) + " in all)";
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        ++listed;
+      }
+      if (count > listed) missing += ", ... (" + std::to_string(count) + " in all)";
       fatal = failure{errc::timeout, "only " + std::to_string(joined() + 1) + " of " + std::to_string(world_size) +
                                          " ranks reached rank 0 at " + at + " within " +
                                          std::to_string(timeout.count()) + " s; missing rank(s): " + missing +
                                          " (not started, crashed, or given another MASTER_ADDR/MASTER_PORT?)"};
       break;
     }
+    for (member& m : members)
+      if (m.rank < 0 && !m.answer && clock::now() - m.accepted_at > hello_limit) m.fd.reset();
+    members.erase(std::remove_if(members.begin(), members.end(), [](const member& m) { return m.fd.fd < 0; }),
+                  members.end());
     std::vector<pollfd> polls{{listener.fd, POLLIN, 0}};
     for (const member& m : members) polls.push_back({m.fd.fd, POLLIN, 0});
     const int ready = ::poll(polls.data(), polls.size(), ms_until(deadline, 200));
@@ -384,7 +409,10 @@ inline std::string serve(const rendezvous_address& where, int world_size, const 
         sockaddr_storage peer{};
         socklen_t length = sizeof peer;
         const int fd = ::accept4(listener.fd, reinterpret_cast<sockaddr*>(&peer), &length, SOCK_CLOEXEC);
-        if (fd < 0) break;
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          break;
+        }
         member m;
         m.fd = socket_fd(fd);
         set_nonblocking(fd);
@@ -395,7 +423,7 @@ inline std::string serve(const rendezvous_address& where, int world_size, const 
   }
   listener.reset();  // later connections are refused
   if (!fatal) fatal = payload_failure;
-  const auto send_deadline = clock::now() + std::chrono::seconds(5);
+  const auto send_deadline = clock::now() + margin(timeout);
   const std::string answer = fatal ? reply(static_cast<int>(fatal->kind), fatal->text) : reply(0, payload);
   for (member& m : members)
     if (m.answer) (void)send_all(m.fd.fd, answer, send_deadline);
@@ -426,8 +454,9 @@ inline std::string join(const rendezvous_address& where, int rank, int world_siz
   }
   const int one = 1;
   (void)::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  // Rank 0 answers by its own deadline; a rank that joined late waits that long plus a margin.
-  const auto answer_deadline = std::max(deadline, clock::now()) + std::chrono::seconds(5);
+  // Rank 0 answers by its own deadline, which may be a little later than this rank's.
+  const auto started = deadline - std::chrono::duration_cast<clock::duration>(timeout);
+  const auto answer_deadline = deadline + margin(timeout);
   if (!send_all(s.fd, hello(rank, world_size, job), answer_deadline))
     throw error(errc::backend_failure, ctx, "rank 0 at " + at + " closed the connection before this rank said hello");
   std::string in;
@@ -435,7 +464,8 @@ inline std::string join(const rendezvous_address& where, int rank, int world_siz
   while (in.size() < expected) {
     if (clock::now() >= answer_deadline)
       throw error(errc::timeout, ctx,
-                  "connected to " + at + " but got no answer within " + std::to_string(timeout.count()) +
+                  "connected to " + at + " but got no answer within " +
+                      std::to_string(std::chrono::duration<double>(clock::now() - started).count()) +
                       " s: is the program listening there rank 0 of this job (a ringzero program)?");
     pollfd p{s.fd, POLLIN, 0};
     if (::poll(&p, 1, ms_until(answer_deadline, 200)) <= 0) continue;
@@ -473,7 +503,8 @@ inline std::string join(const rendezvous_address& where, int rank, int world_siz
 /// TCP at `where` (see the file comment). Collective over the job: every rank in [0,
 /// world_size) calls it with the same `where`, `world_size` and `job` (empty: none); returns
 /// once every rank has joined (rank 0) or received the bytes (the others). `timeout` (seconds,
-/// positive; at most `max_timeout_seconds`) bounds the wait for the others. A failure of
+/// positive; at most `max_timeout_seconds`) bounds the wait for the others: every call returns
+/// or throws within `timeout` plus min(`timeout`, 1 s) (the margin for rank 0's last answer). A failure of
 /// `make_payload` reaches every rank as errc::backend_failure with its text. Errors name this
 /// rank (`ringzero [rank 2/4]: ...`); see the file comment for the kinds.
 template <class MakePayload>
