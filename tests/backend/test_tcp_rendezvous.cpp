@@ -42,6 +42,19 @@ int rdv_free_port() {
   return ntohs(a.sin_port);
 }
 
+/// A plain listening socket on loopback port `port` (a program other than ringzero).
+int rdv_listen(int port) {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(s >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(s, 4) == 0);
+  return s;
+}
+
 std::string rdv_payload(unsigned seed, std::size_t size = 128) {
   std::mt19937 gen(seed);
   std::string p(size, '\0');
@@ -171,13 +184,7 @@ TEST_CASE("nobody listening: a timeout naming the address, on the rank that wait
 
 TEST_CASE("within the timeout and its margin: a listener that never answers, a world size far too large") {
   const int port = rdv_free_port();
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(listener, 4) == 0);  // accepted by the kernel, answered by nobody
+  const int listener = rdv_listen(port);  // accepted by the kernel, answered by nobody
   auto t0 = std::chrono::steady_clock::now();
   const auto silent = rdv_call({"127.0.0.1", port}, 1, 2, "", "", 0.3s);
   double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -318,13 +325,7 @@ TEST_CASE("a foreign program on either side: turned away by rank 0, named by a j
   }
   SUBCASE("a server that answers something else") {
     const int port = rdv_free_port();
-    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(listener, 4) == 0);
+    const int listener = rdv_listen(port);
     std::thread server([&] {
       const int c = ::accept(listener, nullptr, nullptr);
       if (c < 0) return;

@@ -447,7 +447,8 @@ inline std::string join(const rendezvous_address& where, int rank, int world_siz
       throw error(errc::timeout, ctx,
                   "nobody accepted a connection at MASTER_ADDR:MASTER_PORT = " + at + " within " +
                       std::to_string(timeout.count()) +
-                      " s: is rank 0 running, and are MASTER_ADDR and MASTER_PORT the same on every rank?");
+                      " s: is rank 0 running, are MASTER_ADDR and MASTER_PORT the same on every rank, or did "
+                      "rank 0 already end the exchange with an error (see its output)?");
     std::this_thread::sleep_for(
         std::min<std::chrono::milliseconds>(pause, std::chrono::milliseconds(ms_until(deadline))));
     pause = std::min(pause * 2, std::chrono::milliseconds(200));

@@ -166,6 +166,24 @@ auto naming_rank(int rank, int world_size, F&& f) -> decltype(f()) {
   }
 }
 
+/// The timeout of a launched rank's start-up (`opts.timeout`, else RINGZERO_TIMEOUT), after
+/// checking `env`: errc::invalid_argument, message starting with `who`, for a world size below
+/// 1, a rank outside [0, world size), a negative local rank or a timeout that is not positive.
+inline std::chrono::duration<double> checked_launch(const launch_env& env, const options& opts, const char* who) {
+  const std::string w = who;
+  if (env.world_size < 1)
+    throw error(errc::invalid_argument, w + "world size " + std::to_string(env.world_size) + " is below 1");
+  if (env.rank < 0 || env.rank >= env.world_size)
+    throw error(errc::invalid_argument,
+                w + "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")");
+  if (env.local_rank < 0)
+    throw error(errc::invalid_argument, w + "local rank " + std::to_string(env.local_rank) + " is negative");
+  const auto wait = opts.timeout ? *opts.timeout : env_timeout();
+  if (!(wait.count() > 0.0))
+    throw error(errc::invalid_argument, w + "timeout must be positive, got " + std::to_string(wait.count()) + " s");
+  return wait;
+}
+
 }  // namespace detail
 
 /// Rank `env.rank` of `env.world_size`, with the id exchanged through the file `path` on a
@@ -178,17 +196,7 @@ auto naming_rank(int rank, int world_size, F&& f) -> decltype(f()) {
 inline std::unique_ptr<communicator> init_with_file(const std::string& path, const launch_env& env,
                                                     const options& opts = {}) {
   return detail::naming_rank(env.rank, env.world_size, [&] {
-    const std::string who = "nccl::init_with_file: ";
-    if (env.world_size < 1)
-      throw error(errc::invalid_argument, who + "world size " + std::to_string(env.world_size) + " is below 1");
-    if (env.rank < 0 || env.rank >= env.world_size)
-      throw error(errc::invalid_argument,
-                  who + "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")");
-    if (env.local_rank < 0)
-      throw error(errc::invalid_argument, who + "local rank " + std::to_string(env.local_rank) + " is negative");
-    const auto wait = opts.timeout ? *opts.timeout : env_timeout();
-    if (!(wait.count() > 0.0))
-      throw error(errc::invalid_argument, who + "timeout must be positive, got " + std::to_string(wait.count()) + " s");
+    const auto wait = detail::checked_launch(env, opts, "nccl::init_with_file: ");
     const int device = device_for_local_rank(env.local_rank, "nccl::init_with_file");
     const id_bytes id = exchange_id_through_file(
         path, env.rank, env.world_size, [] { return generate_id(); }, bounded_timeout(wait));
@@ -263,14 +271,7 @@ inline std::unique_ptr<communicator> init_with_tcp(const rendezvous_address& whe
                                                    const options& opts = {}, const std::string& job = {}) {
   return detail::naming_rank(env.rank, env.world_size, [&] {
     const std::string who = "nccl::init_with_tcp: ";
-    if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
-      throw error(errc::invalid_argument,
-                  who + "rank " + std::to_string(env.rank) + " is outside [0, " + std::to_string(env.world_size) + ")");
-    if (env.local_rank < 0)
-      throw error(errc::invalid_argument, who + "local rank " + std::to_string(env.local_rank) + " is negative");
-    const auto wait = opts.timeout ? *opts.timeout : env_timeout();
-    if (!(wait.count() > 0.0))
-      throw error(errc::invalid_argument, who + "timeout must be positive, got " + std::to_string(wait.count()) + " s");
+    const auto wait = detail::checked_launch(env, opts, who.c_str());
     const int device = device_for_local_rank(env.local_rank, "nccl::init_with_tcp");
     const std::string bytes = tcp_rendezvous(
         where, env.rank, env.world_size, job,
