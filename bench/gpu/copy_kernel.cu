@@ -1,7 +1,7 @@
 // The reference kernels of ringzero-gpu-bench:
 // - a copy kernel over 32-bit words with the same element-wise machinery as the CUDA
 //   primitives (16-byte vectors, scalar head and tail, resident-block grid;
-//   primitive/elementwise.cuh), so its bandwidth is the ceiling the primitives are held to;
+//   primitive/kernels/elementwise.hpp), so its bandwidth is the ceiling the primitives are held to;
 // - the same copy and a float32 sum through CUB's cub::DeviceTransform (CCCL's tuned
 //   element-wise transform, which on Hopper may stage through the bulk-copy engine), to show
 //   whether the primitives' own kernels leave bandwidth on the table.
@@ -12,12 +12,13 @@
 #include <cstdint>
 
 #include "copy_kernel.hpp"
-#include "ringzero/primitive/elementwise.cuh"
+#include "ringzero/primitive/cuda_launch.cuh"
+#include "ringzero/primitive/kernels/elementwise.hpp"
 
 namespace {
 
 struct identity {
-  __device__ std::uint32_t operator()(std::uint32_t x) const { return x; }
+  __host__ __device__ std::uint32_t operator()(std::uint32_t x) const { return x; }
 };
 
 struct add_float {
@@ -27,9 +28,9 @@ struct add_float {
 }  // namespace
 
 int ringzero_bench_copy_kernel(void* dst, const void* src, std::uint64_t bytes, void* stream) {
-  return static_cast<int>(ringzero::primitive::device::detail::launch_unary(
-      static_cast<std::uint32_t*>(dst), static_cast<const std::uint32_t*>(src), bytes / 4, identity{},
-      static_cast<cudaStream_t>(stream)));
+  namespace k = ringzero::primitive::kernels;
+  return k::launch_unary(k::cuda_launcher{static_cast<cudaStream_t>(stream)}, static_cast<std::uint32_t*>(dst),
+                         static_cast<const std::uint32_t*>(src), bytes / 4, identity{});
 }
 
 int ringzero_bench_cub_copy(void* dst, const void* src, std::uint64_t bytes, void* stream) {

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// The CUDA umbrella header, for .cu files compiled by nvcc: every CUDA primitive
-/// (`ringzero::primitive::device::reduce_into`, `cast`, `scale`, `fill`, on a `cudaStream_t`)
+/// (`ringzero::primitive::device::reduce_into`, `cast`, `scale`, `divide`, `fill`, on a
+/// `cudaStream_t`; their kernels are primitive/kernels/*.hpp, which CI runs on the host)
 /// and their registration for the rest of the program (see primitive/device_primitives.hpp), and
 /// the ZeRO step's kernels (zero/optimizer_kernels.cuh).
 ///
@@ -19,10 +20,5 @@
 #error "ringzero/cuda.cuh contains CUDA kernels: include it only from a .cu file compiled by nvcc"
 #endif
 
-#include "ringzero/primitive/cast.cuh"
 #include "ringzero/primitive/device_primitives.cuh"
-#include "ringzero/primitive/elementwise.cuh"
-#include "ringzero/primitive/fill.cuh"
-#include "ringzero/primitive/reduce_into.cuh"
-#include "ringzero/primitive/scale.cuh"
 #include "ringzero/zero/optimizer_kernels.cuh"

@@ -1,4 +1,4 @@
-// The CUDA primitives (primitive/*.cuh, through the registered table) against the host
+// The CUDA primitives (primitive/kernels/*.hpp, through the registered table) against the host
 // primitives, exactly: every dtype, every reduce kind with its pre-scaling and final division,
 // every dtype pair of cast, scale and fill, over counts around the 16-byte vector width and its
 // multiples, aligned and misaligned pointers (vector path with a scalar head and tail, and the
@@ -530,7 +530,7 @@ struct pinned_buffer {
 // functions, on the device itself, against the host primitive (NaN payloads free only for
 // arithmetic): float16 sum and prod in binary16 instructions, float16 and bfloat16 min and max
 // by 16-bit comparisons and masks (primitive/lanes.hpp), bfloat16 sum and prod through the
-// hardware's float32 -> bfloat16 rounding (primitive/arithmetic.cuh), int8 and uint8 sums by
+// hardware's float32 -> bfloat16 rounding (primitive/kernels/arithmetic.hpp), int8 and uint8 sums by
 // byte additions and their min and max by SIMD intrinsics: 2^32 pairs per 16-bit type and
 // kind, in chunks of 1024 second operands x all 65536 first operands (every other chunk one
 // element in). The host tests check the lane functions with a model of the comparison

@@ -2,7 +2,7 @@
 // independent reference: IEEE 754 binary16 addition and multiplication rounded once to nearest
 // even, computed in double (a sum or product of two binary16 values is exact in double).
 // Equality is what lets the CUDA reduce_into add and multiply float16 pairs with the GPU's own
-// binary16 instructions (`add.rn.f16x2`, `mul.rn.f16x2`; primitive/reduce_into.cuh) and still
+// binary16 instructions (`add.rn.f16x2`, `mul.rn.f16x2`; primitive/kernels/reduce_into.hpp) and still
 // give the host's bits. Every binary16 value is combined with a sample of 271 second operands
 // here: every 257th pattern and 15 edges (RINGZERO_TEST_EXHAUSTIVE=1: all 65536, 2^32 pairs per
 // op; 5-7 minutes on a 2-core VM).

@@ -2,7 +2,7 @@
 /// @file
 /// Host element-type conversion: `cast_into(dst, dst_type, src, src_type, count)` converts
 /// `count` elements between any two dtypes, with one definition of every conversion shared by
-/// the host loop and the CUDA kernel (primitive/cast.cuh calls the same `detail::convert`).
+/// the host loop and the CUDA kernel (primitive/kernels/cast.hpp calls the same `detail::convert`).
 ///
 /// Rules (every case is defined; nothing is undefined behaviour):
 /// - To float32 / float64: integers and wider floats round to nearest, ties to even.

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
-/// The table of CUDA primitives (primitive/device_primitives.hpp) filled with the kernels of
-/// primitive/*.cuh, and its registration: the program-wide table is registered when the
+/// The CUDA primitives on a `cudaStream_t` (`primitive::device::reduce_into`, `cast`, `scale`,
+/// `divide`, `fill`: the kernels of primitive/kernels/*.hpp launched by `cuda_launcher`), the
+/// table of them (primitive/device_primitives.hpp), and its registration: the program-wide table is registered when the
 /// program starts (by the initialiser of an inline variable) and again by every call of
 /// `register_cuda_primitives()`, for linkers that drop an object file nothing refers to.
 /// Include it (normally through <ringzero/cuda.cuh>) in one .cu file of a program; including it
@@ -14,13 +15,46 @@
 
 #include <cuda_runtime.h>
 
-#include "ringzero/primitive/cast.cuh"
+#include "ringzero/primitive/cuda_launch.cuh"
 #include "ringzero/primitive/device_primitives.hpp"
-#include "ringzero/primitive/fill.cuh"
-#include "ringzero/primitive/reduce_into.cuh"
-#include "ringzero/primitive/scale.cuh"
+#include "ringzero/primitive/kernels/cast.hpp"
+#include "ringzero/primitive/kernels/fill.hpp"
+#include "ringzero/primitive/kernels/reduce_into.hpp"
+#include "ringzero/primitive/kernels/scale.hpp"
 
 namespace ringzero {
+
+namespace primitive::device {
+
+/// `dst[i] = post(pre_a(a[i]) op pre_b(b[i]))` for `i < count` elements of `spec.type`
+/// (primitive/kernels/reduce_into.hpp), enqueued on `stream`; cudaErrorInvalidValue for an
+/// invalid dtype or kind or a negative divisor.
+inline cudaError_t reduce_into(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec,
+                               cudaStream_t stream) noexcept {
+  return static_cast<cudaError_t>(kernels::reduce_into(kernels::cuda_launcher{stream}, dst, a, b, count, spec));
+}
+/// `count` elements of `src_type` converted into `dst_type` (primitive/kernels/cast.hpp),
+/// enqueued on `stream`.
+inline cudaError_t cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::uint64_t count,
+                        cudaStream_t stream) noexcept {
+  return static_cast<cudaError_t>(kernels::cast(kernels::cuda_launcher{stream}, dst, dst_type, src, src_type, count));
+}
+/// `dst[i] = scalar * src[i]` (primitive/kernels/scale.hpp), enqueued on `stream`.
+inline cudaError_t scale(void* dst, const void* src, std::uint64_t count, dtype type, double scalar,
+                         cudaStream_t stream) noexcept {
+  return static_cast<cudaError_t>(kernels::scale(kernels::cuda_launcher{stream}, dst, src, count, type, scalar));
+}
+/// `dst[i] = src[i] / divisor` (primitive/kernels/scale.hpp), enqueued on `stream`.
+inline cudaError_t divide(void* dst, const void* src, std::uint64_t count, dtype type, std::int64_t divisor,
+                          cudaStream_t stream) noexcept {
+  return static_cast<cudaError_t>(kernels::divide(kernels::cuda_launcher{stream}, dst, src, count, type, divisor));
+}
+/// `count` elements of `type` set to `value` (primitive/kernels/fill.hpp), enqueued on `stream`.
+inline cudaError_t fill(void* dst, std::uint64_t count, dtype type, double value, cudaStream_t stream) noexcept {
+  return static_cast<cudaError_t>(kernels::fill(kernels::cuda_launcher{stream}, dst, count, type, value));
+}
+
+}  // namespace primitive::device
 
 namespace primitive::device::detail {
 

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// `device_primitives`: the CUDA primitives (primitive/*.cuh) behind a table of plain function
+/// `device_primitives`: the CUDA primitives (primitive/kernels/*.hpp) behind a table of plain function
 /// pointers, so that code compiled without nvcc (the collectives, the backends, the gradient
 /// reducer, a trainer's .cpp files) can run them on device memory, and allocate, free and wait
 /// for it.

@@ -4,7 +4,7 @@
 /// `count` elements of `type` to `value` converted with the rules of primitive/cast.hpp (a
 /// float64 converted to the element type); and
 /// `element_pattern`, the bit pattern that conversion gives (the CUDA fill of
-/// primitive/fill.cuh writes exactly this pattern).
+/// primitive/kernels/fill.hpp writes exactly this pattern).
 ///
 /// Counts are in elements. Thread safety: pure. Determinism: a pure function of its arguments.
 

@@ -2,7 +2,7 @@
 /// @file
 /// Element-wise combines of small elements packed in one 32-bit word ("SIMD within a
 /// register"), for host and CUDA device code. The CUDA `reduce_into` combines whole vectors a
-/// word at a time with them (primitive/reduce_into.cuh) instead of unpacking every 8- or 16-bit
+/// word at a time with them (primitive/kernels/reduce_into.hpp) instead of unpacking every 8- or 16-bit
 /// element into a register of its own; the host tests run the same functions against the host
 /// primitive (primitive/reduce.hpp): every pair of byte values, and every float16 and bfloat16
 /// value against a sample of second operands (all 2^32 pairs with RINGZERO_TEST_EXHAUSTIVE=1;

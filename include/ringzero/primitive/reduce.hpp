@@ -12,7 +12,7 @@
 /// Counts are in elements; `dst` may be `a` or `b` (in-place accumulation) but must not
 /// otherwise overlap them. The loops are written so that the compiler vectorises them.
 /// The element functions in `detail` are host-device: the CUDA primitives
-/// (primitive/reduce_into.cuh) call the very same code, so both give the same bits.
+/// (primitive/kernels/reduce_into.hpp) call the very same code, so both give the same bits.
 /// Thread safety: pure functions of their arguments. Determinism: element-wise, order-free.
 
 #include <cstdint>

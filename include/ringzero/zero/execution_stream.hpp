@@ -6,7 +6,7 @@
 /// `host_execution_stream` over a `primitive::host_stream` (the simulated device of CI); and
 /// `device_context`, what a trainer hands `sharded_model` to run its device path.
 /// The step's operations (sum of squares, decision, shard update) run zero/shard_update.hpp's
-/// host code on the host stream and zero/optimizer_kernels.cuh's kernels on CUDA.
+/// host code on the host stream and zero/step_kernels.hpp's kernels on CUDA.
 /// The CUDA implementation is zero/cuda_execution_stream.hpp (needs cudart).
 /// Errors: the host stream's (docs/streams.md); `host_work` on a stream that cannot run host
 /// code on its memory throws errc::unsupported. Thread safety: as the wrapped stream.

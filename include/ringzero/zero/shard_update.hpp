@@ -7,7 +7,7 @@
 /// under nvcc; the device uses round-to-nearest intrinsics, so nothing is contracted into an
 /// FMA and the device gives the host's bits), and `shard_update` (one buffer's shard).
 /// The host loops (`sum_of_squares`, `update_shard`) are what the host runtime and the host
-/// stream run; zero/optimizer_kernels.cuh runs the same rules as CUDA kernels.
+/// stream run; zero/step_kernels.hpp runs the same rules as CUDA kernels.
 /// Sources: SGD, Adam and AdamW as torch.optim documents them (zero/optimizer.hpp).
 /// Thread semantics: plain functions of their arguments.
 

@@ -1,6 +1,7 @@
 #pragma once
 /// @file
-/// CUDA `reduce_into`: `dst[i] = post(pre_a(a[i]) (op) pre_b(b[i]))` on a stream, for every
+/// The CUDA `reduce_into` kernels: `dst[i] = post(pre_a(a[i]) (op) pre_b(b[i]))` by a launcher
+/// (primitive/kernels/grid.hpp: a CUDA stream, or the host in CI), for every
 /// dtype and reduce kind, with exactly the semantics of the host primitive (primitive/reduce.hpp),
 /// whose element functions it calls: integer sums and products wrap, avg divides once (`post`),
 /// premul_sum scales each raw input once (`pre`), min/max propagate NaN and compare unsigned
@@ -15,29 +16,24 @@
 /// operand's payload where NVIDIA GPUs return the canonical NaN. min and max pass a NaN
 /// operand through with the host's bits (quieted, payload kept).
 ///
-/// Memory access: 16-byte vectors with a scalar head and tail (primitive/elementwise.cuh).
-/// `dst` may equal `a` or `b`; otherwise no overlap. Asynchronous on `stream`; returns the
-/// launch's cudaError_t (cudaErrorInvalidValue for an invalid dtype or kind, or a negative
-/// divisor). Requires nvcc.
-
-#if !defined(__CUDACC__)
-#error "ringzero/primitive/reduce_into.cuh contains CUDA kernels: include it only from a .cu file compiled by nvcc"
-#endif
-
-#include <cuda_runtime.h>
+/// Run on the host, the binary16 instructions and SIMD intrinsics are the host's versions of
+/// the same lane functions (float32 arithmetic rounded once, primitive/lanes.hpp).
+///
+/// Memory access: 16-byte vectors with a scalar head and tail (primitive/kernels/elementwise.hpp).
+/// `dst` may equal `a` or `b`; otherwise no overlap. Returns the launcher's result
+/// (`launch_invalid_value` for an invalid dtype or kind, or a negative divisor).
 
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
-#include "ringzero/primitive/arithmetic.cuh"
-#include "ringzero/primitive/elementwise.cuh"
+#include "ringzero/core/config.hpp"
+#include "ringzero/primitive/kernels/arithmetic.hpp"
+#include "ringzero/primitive/kernels/elementwise.hpp"
 #include "ringzero/primitive/lanes.hpp"
 #include "ringzero/primitive/reduce.hpp"
 
-namespace ringzero::primitive::device {
-
-namespace detail {
+namespace ringzero::primitive::kernels {
 
 /// One combine of the host's `reduce_typed` for kind B: the sum family (sum, avg, premul_sum)
 /// applies, when `Pre`, the optional pre-scaling `pre_a` / `pre_b` says, and, when `Post`, the
@@ -54,7 +50,7 @@ struct reduce_element {
   bool pre_a;
   bool pre_b;
 
-  __device__ T operator()(T a, T b) const {
+  RINGZERO_HOST_DEVICE T operator()(T a, T b) const {
     namespace h = primitive::detail;
     if constexpr (B == h::binary::sum) {
       compute x = arithmetic_value(a);
@@ -85,27 +81,27 @@ template <class T, class Op>
 struct lane_element {
   static_assert(sizeof(T) == 1 || sizeof(T) == 2, "lanes of 8 or 16 bits");
 
-  __device__ T operator()(T a, T b) const {
+  RINGZERO_HOST_DEVICE T operator()(T a, T b) const {
     std::uint32_t x = 0, y = 0;
     std::memcpy(&x, &a, sizeof a);
     std::memcpy(&y, &b, sizeof b);
     const std::uint32_t r = Op{}(x, y);
     T out;
-    std::memcpy(&out, &r, sizeof out);
+    std::memcpy(static_cast<void*>(&out), &r, sizeof out);
     return out;
   }
 
   template <int V>
-  __device__ pack<T, V> vector(const pack<T, V>& x, const pack<T, V>& y) const {
+  RINGZERO_HOST_DEVICE pack<T, V> vector(const pack<T, V>& x, const pack<T, V>& y) const {
     static_assert(sizeof(T) * V % 4 == 0, "whole words");
     constexpr int W = static_cast<int>(sizeof(T) * V / 4);
     std::uint32_t xw[W], yw[W], rw[W];
     std::memcpy(xw, x.v, sizeof xw);
     std::memcpy(yw, y.v, sizeof yw);
-#pragma unroll
+    RINGZERO_UNROLL
     for (int k = 0; k < W; ++k) rw[k] = Op{}(xw[k], yw[k]);
     pack<T, V> r;
-    std::memcpy(r.v, rw, sizeof rw);
+    std::memcpy(static_cast<void*>(r.v), rw, sizeof rw);
     return r;
   }
 };
@@ -122,18 +118,41 @@ struct lane_element {
 /// (tests/primitive/test_half_arithmetic.cpp). One instruction per pair of elements replaces
 /// 4 conversions in, 2 float32 operations and 2 conversions out, the work that held the float16
 /// sum below the other dtypes on an H200 (84.7% of the copy bandwidth).
+/// The host's version of the binary16 lane instructions: each lane combined in float32 and
+/// rounded once to binary16 (what the instructions compute, as argued above).
+template <primitive::detail::binary B>
+inline std::uint32_t half_lanes(std::uint32_t x, std::uint32_t y) noexcept {
+  namespace h = primitive::detail;
+  std::uint32_t r = 0;
+  for (int lane = 0; lane < 2; ++lane) {
+    const float16 a = float16::from_bits(static_cast<std::uint16_t>(x >> (16 * lane)));
+    const float16 b = float16::from_bits(static_cast<std::uint16_t>(y >> (16 * lane)));
+    const float16 c = h::store<float16>(h::apply<B>(h::load(a), h::load(b)));
+    r |= static_cast<std::uint32_t>(c.bits) << (16 * lane);
+  }
+  return r;
+}
+
 struct half_add_lanes {
-  __device__ std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
+  RINGZERO_HOST_DEVICE std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
+#if defined(__CUDA_ARCH__)
     std::uint32_t r;
     asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(y));
     return r;
+#else
+    return half_lanes<primitive::detail::binary::sum>(x, y);
+#endif
   }
 };
 struct half_mul_lanes {
-  __device__ std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
+  RINGZERO_HOST_DEVICE std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
+#if defined(__CUDA_ARCH__)
     std::uint32_t r;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(y));
     return r;
+#else
+    return half_lanes<primitive::detail::binary::prod>(x, y);
+#endif
   }
 };
 
@@ -143,7 +162,7 @@ struct half_mul_lanes {
 /// float16 max took 1448 instructions and 79 registers per thread before, 488 and 57 after).
 template <class T, bool Max>
 struct min_max_lanes_op {
-  __device__ std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
+  RINGZERO_HOST_DEVICE std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
     return lanes::min_max_lanes<T, Max>(x, y);
   }
 };
@@ -153,22 +172,25 @@ struct min_max_lanes_op {
 /// and 64 after).
 template <bool Signed, bool Max>
 struct min_max_bytes_op {
-  __device__ std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
+  RINGZERO_HOST_DEVICE std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
     return lanes::min_max_bytes<Signed, Max>(x, y);
   }
 };
 
 /// int8 and uint8 sum: four wrapping byte additions per word (`lanes::add_bytes`).
 struct byte_add_lanes {
-  __device__ std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const { return lanes::add_bytes(x, y); }
+  RINGZERO_HOST_DEVICE std::uint32_t operator()(std::uint32_t x, std::uint32_t y) const {
+    return lanes::add_bytes(x, y);
+  }
 };
 
-template <class T, primitive::detail::binary B, bool Post = false>
-cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec,
-                          cudaStream_t stream) noexcept {
+/// The kernel for dtype T and combine B (see the file comment for which), launched.
+template <class T, primitive::detail::binary B, bool Post = false, class Launcher>
+int reduce_launch(const Launcher& launcher, void* dst, const void* a, const void* b, std::uint64_t count,
+                  const reduce_spec& spec) noexcept {
   using compute = primitive::detail::compute_t<T>;
   auto launch = [&](auto f) {
-    return launch_binary(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, f, stream);
+    return launch_binary(launcher, static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), count, f);
   };
   using primitive::detail::binary;
   constexpr bool half = std::is_same_v<T, float16>;
@@ -202,26 +224,25 @@ cudaError_t reduce_launch(void* dst, const void* a, const void* b, std::uint64_t
   }
 }
 
-}  // namespace detail
-
-/// `dst[i] = post(pre_a(a[i]) op pre_b(b[i]))` for `i < count` elements of `spec.type`, enqueued
-/// on `stream` (see the file comment). Preconditions: pointers to device memory the current
-/// device can access (non-null when count > 0); `dst` equal to or disjoint from each input.
-inline cudaError_t reduce_into(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec,
-                               cudaStream_t stream) noexcept {
-  if (!is_valid(spec.type) || !is_valid(spec.kind) || spec.divisor < 0) return cudaErrorInvalidValue;
-  if (count == 0) return cudaSuccess;
+/// `dst[i] = post(pre_a(a[i]) op pre_b(b[i]))` for `i < count` elements of `spec.type`, by
+/// `launcher` (see the file comment). Preconditions: pointers to memory the launcher's side can
+/// access (non-null when count > 0); `dst` equal to or disjoint from each input.
+template <class Launcher>
+int reduce_into(const Launcher& launcher, void* dst, const void* a, const void* b, std::uint64_t count,
+                const reduce_spec& spec) noexcept {
+  if (!is_valid(spec.type) || !is_valid(spec.kind) || spec.divisor < 0) return launch_invalid_value;
+  if (count == 0) return launch_success;
   using primitive::detail::binary;
-  return visit_dtype(spec.type, [&]<class T>() -> cudaError_t {
+  return visit_dtype(spec.type, [&]<class T>() -> int {
     switch (spec.kind) {
-      case reduce_kind::prod: return detail::reduce_launch<T, binary::prod>(dst, a, b, count, spec, stream);
-      case reduce_kind::min: return detail::reduce_launch<T, binary::min>(dst, a, b, count, spec, stream);
-      case reduce_kind::max: return detail::reduce_launch<T, binary::max>(dst, a, b, count, spec, stream);
+      case reduce_kind::prod: return reduce_launch<T, binary::prod>(launcher, dst, a, b, count, spec);
+      case reduce_kind::min: return reduce_launch<T, binary::min>(launcher, dst, a, b, count, spec);
+      case reduce_kind::max: return reduce_launch<T, binary::max>(launcher, dst, a, b, count, spec);
       default:
-        if (spec.divisor != 0) return detail::reduce_launch<T, binary::sum, true>(dst, a, b, count, spec, stream);
-        return detail::reduce_launch<T, binary::sum>(dst, a, b, count, spec, stream);
+        if (spec.divisor != 0) return reduce_launch<T, binary::sum, true>(launcher, dst, a, b, count, spec);
+        return reduce_launch<T, binary::sum>(launcher, dst, a, b, count, spec);
     }
   });
 }
 
-}  // namespace ringzero::primitive::device
+}  // namespace ringzero::primitive::kernels

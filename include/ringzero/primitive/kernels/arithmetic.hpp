@@ -10,28 +10,27 @@
 /// sum family, prod, scale and divide, whose NaN results carry the hardware's payload anyway
 /// (an NVIDIA GPU's float32 arithmetic returns the canonical NaN). min, max and cast, which
 /// pass a NaN through unchanged, keep the payload-preserving conversions of core/half.hpp.
-/// Requires nvcc. Before sm_80 (no bfloat16 conversion instruction) bfloat16 is stored by the
-/// host's software rounding.
+/// Before sm_80 (no bfloat16 conversion instruction) bfloat16 is stored by the host's software
+/// rounding. Compiled for the host (primitive/kernels/grid.hpp), they are the host's `load`
+/// and `store`: the instructions are device-only lines (docs/gpu.md).
 ///
 /// What the select that keeps a NaN's payload had cost on sm_90 (nvcc 13.0, instructions and
 /// registers per thread): float16 premul_sum 2200 and 80 with it, 928 and 59 without; bfloat16
 /// scale 496 and 38, 256 and 39.
 
-#if !defined(__CUDACC__)
-#error "ringzero/primitive/arithmetic.cuh contains CUDA device code: include it only from a .cu file compiled by nvcc"
-#endif
-
 #include <type_traits>
 
+#include "ringzero/core/config.hpp"
 #include "ringzero/core/half.hpp"
 #include "ringzero/primitive/reduce.hpp"
 
-namespace ringzero::primitive::device::detail {
+namespace ringzero::primitive::kernels {
 
 /// `x` in its compute type (primitive::detail::compute_t) for arithmetic: exact, except that a
 /// float16 NaN's payload may change (`cvt.f32.f16`).
 template <class T>
-__device__ inline primitive::detail::compute_t<T> arithmetic_value(T x) {
+RINGZERO_HOST_DEVICE inline primitive::detail::compute_t<T> arithmetic_value(T x) {
+#if defined(__CUDA_ARCH__)
   if constexpr (std::is_same_v<T, float16>) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
@@ -39,13 +38,17 @@ __device__ inline primitive::detail::compute_t<T> arithmetic_value(T x) {
   } else {
     return primitive::detail::load(x);  // bfloat16: a shift; other types: themselves
   }
+#else
+  return primitive::detail::load(x);
+#endif
 }
 
 /// An arithmetic result `r` stored as T: float16 by `cvt.rn.f16.f32`, bfloat16 by
 /// `cvt.rn.bf16.f32` from sm_80 (round to nearest even; the host's bits for every value but a
 /// NaN, which is the hardware's); other types as the host stores them.
 template <class T>
-__device__ inline T arithmetic_result(primitive::detail::compute_t<T> r) {
+RINGZERO_HOST_DEVICE inline T arithmetic_result(primitive::detail::compute_t<T> r) {
+#if defined(__CUDA_ARCH__)
   if constexpr (std::is_same_v<T, float16>) {
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(r));
@@ -61,6 +64,9 @@ __device__ inline T arithmetic_result(primitive::detail::compute_t<T> r) {
   } else {
     return primitive::detail::store<T>(r);
   }
+#else
+  return primitive::detail::store<T>(r);
+#endif
 }
 
-}  // namespace ringzero::primitive::device::detail
+}  // namespace ringzero::primitive::kernels
