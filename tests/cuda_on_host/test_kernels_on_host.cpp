@@ -6,26 +6,21 @@
 // every gradient and parameter type and optimizer. Counts around the vector widths, misaligned
 // and in-place pointers (vector path with a scalar head and tail, and the all-scalar path),
 // grids capped at 1 and 3 resident blocks (the grid-stride loops go round) and blocks and
-// threads run last to first. The words after each output stay untouched. A last case fails when
-// a kernel in include/ has no host run here.
+// threads run last to first. The words after each output stay untouched.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
-#include <mutex>
 #include <random>
-#include <regex>
-#include <set>
-#include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "recording_launcher.hpp"
 #include "ringzero/primitive/cast.hpp"
 #include "ringzero/primitive/fill.hpp"
 #include "ringzero/primitive/kernels/cast.hpp"
@@ -37,40 +32,12 @@
 #include "ringzero/zero/shard_update.hpp"
 #include "ringzero/zero/step_kernels.hpp"
 
-#ifndef RINGZERO_SOURCE_ROOT
-#error "the build passes RINGZERO_SOURCE_ROOT (the checkout, whose include/ is scanned for kernels)"
-#endif
-
 using namespace ringzero;
 namespace pk = primitive::kernels;
+using ringzero_test::launchers;
+using ringzero_test::recording_launcher;
 
 namespace {
-
-/// The names of the kernels run so far.
-std::set<std::string>& kernels_run() {
-  static std::set<std::string> names;
-  return names;
-}
-
-/// A host launcher that records the kernels it runs.
-struct recording_launcher : pk::host_launcher {
-  template <class Body>
-  int launch(const Body& body, std::uint64_t blocks, unsigned threads) const {
-    kernels_run().insert(Body::kernel_name);
-    return pk::host_launcher::launch(body, blocks, threads);
-  }
-};
-
-/// The launchers every case runs with: the grid capped at 1 resident block (one block strides
-/// over everything), at 3 with blocks and threads last to first, and uncapped.
-std::vector<recording_launcher> launchers() {
-  recording_launcher one, three, wide;
-  one.resident = 1;
-  three.resident = 3;
-  three.reverse = true;
-  wide.resident = 1u << 20;
-  return {one, three, wide};
-}
 
 const std::uint64_t counts[] = {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65, 255, 1000, 4099};
 constexpr std::size_t guard_bytes = 64;  // checked after each output
@@ -410,7 +377,6 @@ TEST_CASE("the step's update kernel on the host gives the host update's bits: ev
               INFO(dtype_name(gt) << " gradients, " << dtype_name(pt) << " parameters, optimizer " << oi << ", step "
                                   << step << ", count " << count << (skipped ? ", skipped" : ""));
               const bool master = pt != dtype::float32 || oi % 2 == 1;
-              const auto grads = random_bytes(count * dtype_size(gt), count + oi);
               auto gradient_values = float_values<float>(count, step + count, false);
               std::vector<unsigned char> g(count * dtype_size(gt));
               primitive::cast_into(g.data(), gt, gradient_values.data(), dtype::float32, count);
@@ -444,7 +410,7 @@ TEST_CASE("the step's update kernel on the host gives the host update's bits: ev
               zero::step_scalars s;
               s.gradient_multiplier = 0.75;
               s.skipped = skipped ? 1 : 0;
-              const auto& launcher = launchers()[(count + oi) % 3];
+              const recording_launcher launcher = launchers()[(count + oi) % 3];
               REQUIRE(zero::kernels::update_shard(launcher, ku, &s) == pk::launch_success);
               if (!skipped) zero::detail::update_shard(hu, static_cast<float>(s.gradient_multiplier));
               CHECK(std::memcmp(kw.data(), hw.data(), count * 4) == 0);
@@ -466,51 +432,4 @@ TEST_CASE("the step's update kernel on the host gives the host update's bits: ev
   bad.param_type = dtype::float32;
   bad.gradient_type = dtype::int8;
   CHECK(zero::kernels::update_shard(recording_launcher{}, bad, &s) == pk::launch_invalid_value);
-}
-
-TEST_CASE("every kernel in include/ has run on the host, and every CUDA kernel is a body") {
-  // Run each entry point once, so that this case stands on its own under a filter.
-  const recording_launcher l;
-  float f[8] = {};
-  double partials[zero::sum_of_squares_partials] = {}, sum = 0;
-  CHECK(pk::reduce_into(l, f, f, f, 8, spec_of(dtype::float32, reduce_kind::sum)) == 0);
-  CHECK(pk::cast(l, f, dtype::float16, f, dtype::float32, 8) == 0);
-  CHECK(pk::fill(l, f, 8, dtype::float32, 1.0) == 0);
-  CHECK(zero::kernels::add_sum_of_squares(l, &sum, f, 8, dtype::float32, partials) == 0);
-  zero::step_scalars s;
-  CHECK(zero::kernels::decide_step(l, &s, 0.0, true) == 0);
-  zero::shard_update u;
-  u.params = f;
-  u.grads = f;
-  u.count = 8;
-  CHECK(zero::kernels::update_shard(l, u, &s) == 0);
-
-  const std::string root = RINGZERO_SOURCE_ROOT;
-  std::set<std::string> declared;
-  int global_kernels = 0;
-  const std::regex name_re(R"re(kernel_name\s*=\s*"(\w+)")re");
-  const std::regex global_re(R"(__global__)");
-  std::vector<std::string> files;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(root + "/include"))
-    if (entry.is_regular_file()) files.push_back(entry.path().string());
-  REQUIRE(files.size() > 100);
-  for (const auto& path : files) {
-    std::ifstream in(path);
-    REQUIRE_MESSAGE(in.good(), path);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    for (std::sregex_iterator it(text.begin(), text.end(), name_re), end; it != end; ++it) declared.insert((*it)[1]);
-    std::istringstream lines(text);
-    for (std::string line; std::getline(lines, line);) {
-      const auto code = line.substr(0, line.find("//"));
-      if (std::regex_search(code, global_re)) {
-        ++global_kernels;
-        CHECK_MESSAGE(path.find("primitive/cuda_launch.cuh") != std::string::npos,
-                      "a __global__ function outside primitive/cuda_launch.cuh (a kernel CI cannot run): "
-                          << path << ": " << line);
-      }
-    }
-  }
-  CHECK(global_kernels == 1);  // block_kernel, which runs the bodies
-  CHECK(declared.size() >= 7);
-  for (const auto& name : declared) CHECK_MESSAGE(kernels_run().count(name) == 1, "kernel with no host run: " << name);
 }
