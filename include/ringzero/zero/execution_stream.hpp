@@ -5,8 +5,12 @@
 /// only the optimizer step's operations and the collectives; the host implementation
 /// `host_execution_stream` over a `primitive::host_stream` (the simulated device of CI); and
 /// `device_context`, what a trainer hands `sharded_model` to run its device path.
-/// The step's operations (sum of squares, decision, shard update) run zero/shard_update.hpp's
-/// host code on the host stream and zero/step_kernels.hpp's kernels on CUDA.
+/// The step's operations: the decision and the shard update run zero/step_kernels.hpp's kernels
+/// on both, by `host_launcher` on the host stream (the very source a GPU runs, bitwise the host
+/// runtime's update: tests/cuda_on_host) and by `cuda_launcher` on CUDA; the sum of squares
+/// runs zero/shard_update.hpp's index-order loop on the host stream, so that the simulated
+/// device's gradient norm is the host runtime's bit for bit (the GPU's kernel adds in a block
+/// tree, float64 rounding apart).
 /// The CUDA implementation is zero/cuda_execution_stream.hpp (needs cudart).
 /// Errors: the host stream's (docs/streams.md); `host_work` on a stream that cannot run host
 /// code on its memory throws errc::unsupported. Thread safety: as the wrapped stream.
@@ -20,11 +24,13 @@
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/primitive/host_stream.hpp"
+#include "ringzero/primitive/kernels/grid.hpp"
 #include "ringzero/primitive/memory_ops.hpp"
 #include "ringzero/primitive/memory_space.hpp"
 #include "ringzero/primitive/reduce.hpp"
 #include "ringzero/primitive/stream.hpp"
 #include "ringzero/zero/shard_update.hpp"
+#include "ringzero/zero/step_kernels.hpp"
 
 namespace ringzero::zero {
 
@@ -83,14 +89,25 @@ class host_execution_stream final : public execution_stream, public primitive::h
     native().enqueue([=] { *sum += detail::sum_of_squares(values, count, type); });
   }
   void decide_step(step_scalars* s, double max_grad_norm, bool skip_nonfinite) override {
-    native().enqueue([=] { detail::decide_step(*s, max_grad_norm, skip_nonfinite); });
+    native().enqueue([=] {
+      launched(kernels::decide_step(primitive::kernels::host_launcher{}, s, max_grad_norm, skip_nonfinite),
+               "the step's decision");
+    });
   }
   void update_shard(const shard_update& u, const step_scalars* s) override {
     native().enqueue([u, s] {
-      if (s->skipped == 0) detail::update_shard(u, static_cast<float>(s->gradient_multiplier));
+      launched(kernels::update_shard(primitive::kernels::host_launcher{}, u, s), "the optimizer update of a shard");
     });
   }
   void collective(std::function<void()> issue) override { native().enqueue(std::move(issue)); }
+
+ private:
+  static void launched(int code, const char* what) {
+    if (code != primitive::kernels::launch_success)
+      throw error(errc::invalid_argument, std::string("zero: ") + what +
+                                              " on the host stream: the kernel refused its arguments (code " +
+                                              std::to_string(code) + ")");
+  }
 };
 
 /// What a trainer hands `sharded_model` to run its device path: the compute stream on which it

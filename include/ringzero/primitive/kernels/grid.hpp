@@ -62,31 +62,37 @@ inline constexpr int launch_success = 0;
 inline constexpr int launch_invalid_value = 1;
 inline constexpr int launch_misaligned_address = 716;
 
-/// One block of a `host_launcher` grid (the interface described in the file comment).
+/// One block of a `host_launcher` grid (the interface described in the file comment). Its
+/// members are `__host__ __device__` only so that nvcc accepts bodies instantiated with it in a
+/// .cu file; it runs on the host.
 class host_block {
  public:
-  host_block(std::uint64_t block, std::uint64_t blocks, unsigned threads, bool reverse) noexcept
-      : block_(block), blocks_(blocks), threads_(threads), reverse_(reverse) {}
+  /// Block `block` of `blocks`, with `threads` threads and `shared` (`max_shared_bytes`,
+  /// 16-byte aligned) as its shared memory.
+  RINGZERO_HOST_DEVICE host_block(std::uint64_t block, std::uint64_t blocks, unsigned threads, bool reverse,
+                                  unsigned char* shared) noexcept
+      : block_(block), blocks_(blocks), threads_(threads), reverse_(reverse), shared_(shared) {}
 
-  std::uint64_t block_index() const noexcept { return block_; }
-  std::uint64_t grid_blocks() const noexcept { return blocks_; }
-  std::uint64_t block_threads() const noexcept { return threads_; }
+  RINGZERO_HOST_DEVICE std::uint64_t block_index() const noexcept { return block_; }
+  RINGZERO_HOST_DEVICE std::uint64_t grid_blocks() const noexcept { return blocks_; }
+  RINGZERO_HOST_DEVICE std::uint64_t block_threads() const noexcept { return threads_; }
 
   /// `f(t)` for every thread `t` in turn (last to first when the launcher says `reverse`).
   template <class F>
-  void for_each_thread(F&& f) const {
+  RINGZERO_HOST_DEVICE void for_each_thread(F&& f) const {
     for (unsigned i = 0; i < threads_; ++i) f(reverse_ ? threads_ - 1 - i : i);
   }
 
   /// Nothing: `for_each_thread` has already run every thread.
-  void sync() const noexcept {}
+  RINGZERO_HOST_DEVICE void sync() const noexcept {}
 
-  /// The block's shared array (zeroed, as the host has no uninitialised shared memory to
-  /// imitate).
+  /// The block's shared array, zeroed when the block asks for it (a GPU leaves it
+  /// uninitialised; a body must write before it reads either way).
   template <class T, unsigned N>
-  T* shared() noexcept {
+  RINGZERO_HOST_DEVICE T* shared() noexcept {
     static_assert(N * sizeof(T) <= max_shared_bytes, "a body's shared array is at most max_shared_bytes");
     static_assert(alignof(T) <= 16);
+    std::memset(shared_, 0, N * sizeof(T));
     return reinterpret_cast<T*>(shared_);
   }
 
@@ -95,7 +101,7 @@ class host_block {
   std::uint64_t blocks_;
   unsigned threads_;
   bool reverse_;
-  alignas(16) unsigned char shared_[max_shared_bytes] = {};
+  unsigned char* shared_;
 };
 
 /// Runs bodies on the host, block after block and thread after thread, on host memory: the
@@ -113,8 +119,9 @@ struct host_launcher {
   template <class Body>
   int launch(const Body& body, std::uint64_t blocks, unsigned threads) const {
     if (blocks == 0 || threads == 0 || threads > max_block_threads) return launch_invalid_value;
+    alignas(16) unsigned char shared[max_shared_bytes];
     for (std::uint64_t i = 0; i < blocks; ++i) {
-      host_block b(reverse ? blocks - 1 - i : i, blocks, threads, reverse);
+      host_block b(reverse ? blocks - 1 - i : i, blocks, threads, reverse, shared);
       body(b);
     }
     return launch_success;
