@@ -280,6 +280,7 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
     result.step_seconds.insert(result.step_seconds.end(), step_times.begin(), step_times.end());
   }
   memory.measured = model.memory_in_use();
+  zx::measure_allocations(model, memory);
   // The final parameters' CRC-32, and --save-parameters (at stage 3 a collective).
   const std::uint32_t crc = zx::final_parameters(o, model, compute.shape(), lead);
   if (lead) result.parameter_crc32 = crc;

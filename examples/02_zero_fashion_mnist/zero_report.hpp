@@ -56,7 +56,21 @@ struct rank_memory {
   zero::memory_breakdown measured;                // memory_in_use() after training (pools at their peak)
   std::uint64_t scratch_growth_construction = 0;  // the communicator's scratch grown meanwhile
   std::uint64_t scratch_growth_first_step = 0;
+  std::uint64_t allocated_peak = 0;  // memory_allocated(): the sum over memory spaces of the peaks
+  std::uint64_t allocated_now = 0;   // memory_allocated(): what the runtime holds after training
 };
+
+/// `model`'s measured allocations (zero::sharded_model::memory_allocated) into `m`: the peaks of
+/// the three memory spaces added (at least the peak of their sum) and what is held now.
+inline void measure_allocations(const zero::sharded_model& model, rank_memory& m) {
+  m.allocated_peak = m.allocated_now = 0;
+  for (auto space :
+       {primitive::memory_space::host, primitive::memory_space::pinned_host, primitive::memory_space::device}) {
+    const primitive::memory_usage u = model.memory_allocated(space);
+    m.allocated_peak += u.peak;
+    m.allocated_now += u.current;
+  }
+}
 
 /// Heap growth over all ranks (malloc statistics), when the C library reports it.
 struct heap_growth {
@@ -149,6 +163,8 @@ inline std::vector<rank_memory> gather_memory(communicator& comm, const rank_mem
   for (std::uint64_t v : fields(mine.measured)) send.push_back(v);
   send.push_back(mine.scratch_growth_construction);
   send.push_back(mine.scratch_growth_first_step);
+  send.push_back(mine.allocated_peak);
+  send.push_back(mine.allocated_now);
   std::vector<std::uint64_t> all(send.size() * static_cast<std::size_t>(comm.world_size()));
   all_gather(comm, send.data(), all.data(), send.size(), dtype::uint64);
   std::vector<rank_memory> out(static_cast<std::size_t>(comm.world_size()));
@@ -158,6 +174,8 @@ inline std::vector<rank_memory> gather_memory(communicator& comm, const rank_mem
     out[r].measured = {v[5], v[6], v[7], v[8], v[9]};
     out[r].scratch_growth_construction = v[10];
     out[r].scratch_growth_first_step = v[11];
+    out[r].allocated_peak = v[12];
+    out[r].allocated_now = v[13];
   }
   return out;
 }
@@ -254,8 +272,9 @@ inline void print_memory(const options& o, const run_result& r, const zero::shar
   const int ranks = o.where.ranks;
   const zero::memory_breakdown& p = plan.memory();
   fmt::print(
-      "\nModel-state memory per rank: measured = what the runtime allocated (sharded_model::memory_in_use(), after "
-      "training,\npools at their peak), planned = shard_plan::memory()\n");
+      "\nModel-state memory per rank: measured = the runtime's buffers by category (sharded_model::memory_in_use(), "
+      "after\ntraining, pools at their peak), planned = shard_plan::memory(); allocated = every allocation of the "
+      "runtime,\ncounted where it is made (sharded_model::memory_allocated())\n");
   fmt::print("  {:<10} {:>12} {:>12} {:>14} {:>16} {:>13} {:>15}\n", "rank", "parameters", "gradients",
              "master weights", "optimizer states", "model states", "comm. buffers");
   auto row = [](const std::string& label, const zero::memory_breakdown& m) {
@@ -273,6 +292,9 @@ inline void print_memory(const options& o, const run_result& r, const zero::shar
         "  {:<10} model states {}, communication buffers {}\n", "",
         relative_text(static_cast<double>(m.model_states()), static_cast<double>(p.model_states())),
         relative_text(static_cast<double>(m.communication_buffers), static_cast<double>(p.communication_buffers)));
+    fmt::print("  {:<10} allocated (counted where allocated): {} at the peak, {} now; the plan {}\n", "",
+               bytes_text(static_cast<double>(r.memory[k].allocated_peak)),
+               bytes_text(static_cast<double>(r.memory[k].allocated_now)), bytes_text(static_cast<double>(p.total())));
   }
   const auto& c = plan.communication();
   if (c.bytes() > 0)
@@ -360,7 +382,9 @@ inline json to_json(const options& o, const run_result& r, const zero::shard_pla
                      {"measured", to_json(r.memory[k].measured)},
                      {"after_construction", to_json(r.memory[k].after_construction)},
                      {"scratch_growth_construction", r.memory[k].scratch_growth_construction},
-                     {"scratch_growth_first_step", r.memory[k].scratch_growth_first_step}});
+                     {"scratch_growth_first_step", r.memory[k].scratch_growth_first_step},
+                     {"allocated_peak", r.memory[k].allocated_peak},
+                     {"allocated_now", r.memory[k].allocated_now}});
   j["memory"] = ranks;
   if (r.heap.available)
     j["heap_growth_per_rank"] = {{"construction", static_cast<double>(r.heap.construction) / o.where.ranks},

@@ -124,6 +124,7 @@ struct result {
   std::vector<double> losses;
   std::vector<double> step_seconds;
   rz::zero::memory_breakdown measured, planned;
+  std::uint64_t allocated_peak = 0, allocated_now = 0;  // sharded_model::memory_allocated, all spaces
   std::vector<rz::zero::parameter_spec> parameters;
   std::string sample;
   double tokens_per_second = 0;
@@ -219,6 +220,11 @@ result train(const options& o, const corpus& c) {
       res.step_seconds = seconds;
       res.measured = z.model().memory_in_use();
       res.planned = z.model().plan().memory();
+      for (auto space : {rz::primitive::memory_space::host, rz::primitive::memory_space::pinned_host,
+                         rz::primitive::memory_space::device}) {
+        res.allocated_peak += z.model().memory_allocated(space).peak;
+        res.allocated_now += z.model().memory_allocated(space).current;
+      }
       res.parameters = z.parameters();
       res.sample = sample;
       res.tokens_per_second = static_cast<double>(o.batch * T) * o.steps / total;
@@ -300,6 +306,9 @@ int main(int argc, char** argv) {
                m.communication_buffers);
     fmt::print("  plan     {:>12} B  (parameters {}, communication buffers {})  {}\n", planned_peak, p.parameters,
                p.communication_buffers, measured_peak <= planned_peak ? "within the plan" : "ABOVE THE PLAN");
+    fmt::print("  runtime allocations, counted where they are made: peak {} B, now {} B; the plan {} B  {}\n",
+               r.allocated_peak, r.allocated_now, p.total(),
+               r.allocated_peak <= p.total() ? "within the plan" : "ABOVE THE PLAN");
     if (!r.losses.empty()) {
       double tail = 0;
       const std::size_t k = std::min<std::size_t>(20, r.losses.size());
@@ -321,6 +330,7 @@ int main(int argc, char** argv) {
                        {"unigram_entropy", c.unigram_entropy},
                        {"memory_measured", memory_json(m)},
                        {"memory_planned", memory_json(p)},
+                       {"memory_allocated", {{"peak", r.allocated_peak}, {"now", r.allocated_now}}},
                        {"parameters", parameters_json(r.parameters)},
                        {"sample", r.sample}};
       std::ofstream f(o.json_path);

@@ -184,6 +184,16 @@ TEST_CASE("cast's kernels on the host give the host cast's bits for all 100 dtyp
       const std::size_t bytes = (counts[std::size(counts) - 1] + slack) * 8 + guard_bytes;
       const auto src0 = random_bytes(bytes, 1000 + 10 * to + from);
       std::size_t round = 0;
+      if (dtype_size(dt) == dtype_size(st) && dt != st) {  // in place: the contract allows equal sizes
+        for (const std::uint64_t count : {std::uint64_t{17}, std::uint64_t{4099}}) {
+          std::vector<unsigned char> buf = src0, hbuf = src0;
+          REQUIRE(pk::cast(ls[count % ls.size()], buf.data() + dtype_size(st), dt, buf.data() + dtype_size(st), st,
+                           count) == pk::launch_success);
+          primitive::cast_into(hbuf.data() + dtype_size(st), dt, hbuf.data() + dtype_size(st), st, count);
+          expect_same(dt, buf.data() + dtype_size(st), hbuf.data() + dtype_size(st), count, false,
+                      std::string(dtype_name(st)) + " -> " + std::string(dtype_name(dt)) + " in place");
+        }
+      }
       for (const std::uint64_t count : counts) {
         for (const auto& [doff, soff] : offsets) {
           const recording_launcher& launcher = ls[round++ % ls.size()];
@@ -240,6 +250,53 @@ TEST_CASE("scale, divide and fill kernels on the host give the host primitives' 
         }
       }
     }
+  }
+}
+
+TEST_CASE("the element-wise kernels' vector loops go round the grid: counts beyond one resident block's round") {
+  // One block of 256 threads covers 256 x U vectors per round (8192 elements for 1- and 2-byte
+  // types, 4096 for 4-byte); with 1 or 2 resident blocks these counts take several rounds.
+  recording_launcher one, two;
+  one.resident = 1;
+  two.resident = 2;
+  two.reverse = true;
+  const std::uint64_t count = 3 * 8192 + 13;
+  for (int ti = 0; ti < dtype_count; ++ti) {
+    const dtype t = static_cast<dtype>(ti);
+    const std::size_t size = dtype_size(t);
+    const std::size_t bytes = (count + slack) * 8 + guard_bytes;
+    const auto a0 = random_bytes(bytes, 3000 + ti), b0 = random_bytes(bytes, 4000 + ti);
+    std::size_t round = 0;
+    for (const auto& spec : reduce_variants(t)) {
+      const recording_launcher& launcher = round++ % 2 == 0 ? one : two;
+      const std::size_t off = round % 3 == 0 ? 1 : 0;
+      std::vector<unsigned char> dst(bytes, 0x5a), hdst(bytes, 0x5a);
+      REQUIRE(pk::reduce_into(launcher, dst.data() + off * size, a0.data() + off * size, b0.data() + off * size, count,
+                              spec) == pk::launch_success);
+      primitive::reduce_into(hdst.data() + off * size, a0.data() + off * size, b0.data() + off * size, count, spec);
+      expect_same(t, dst.data() + off * size, hdst.data() + off * size, count,
+                  spec.kind != reduce_kind::min && spec.kind != reduce_kind::max,
+                  std::string(dtype_name(t)) + " " + std::string(reduce_kind_name(spec.kind)) + " over rounds");
+    }
+    for (int from = 0; from < dtype_count; ++from) {
+      const dtype st = static_cast<dtype>(from);
+      std::vector<unsigned char> dst(bytes, 0x5a), hdst(bytes, 0x5a);
+      REQUIRE(pk::cast(from % 2 == 0 ? one : two, dst.data(), t, a0.data(), st, count) == pk::launch_success);
+      primitive::cast_into(hdst.data(), t, a0.data(), st, count);
+      expect_same(t, dst.data(), hdst.data(), count, false,
+                  std::string(dtype_name(st)) + " -> " + std::string(dtype_name(t)) + " over rounds");
+    }
+    std::vector<unsigned char> dst(bytes, 0x5a), hdst(bytes, 0x5a);
+    REQUIRE(pk::scale(one, dst.data(), a0.data(), count, t, is_floating_point(t) ? 0.3 : 3.0) == pk::launch_success);
+    primitive::scale_into(hdst.data(), a0.data(), count, t, is_floating_point(t) ? 0.3 : 3.0);
+    expect_same(t, dst.data(), hdst.data(), count, true, std::string(dtype_name(t)) + " scale over rounds");
+    REQUIRE(pk::divide(two, dst.data(), a0.data(), count, t, 7) == pk::launch_success);
+    primitive::divide_into(hdst.data(), a0.data(), count, t, 7);
+    expect_same(t, dst.data(), hdst.data(), count, true, std::string(dtype_name(t)) + " divide over rounds");
+    REQUIRE(pk::fill(one, dst.data() + size, count, t, -3.0) == pk::launch_success);
+    primitive::fill(hdst.data() + size, count, t, -3.0);
+    expect_same(t, dst.data() + size, hdst.data() + size, count, false,
+                std::string(dtype_name(t)) + " fill over rounds");
   }
 }
 
@@ -423,6 +480,30 @@ TEST_CASE("the step's update kernel on the host gives the host update's bits: ev
         }
       }
     }
+  }
+  {
+    // Above 8192 blocks x 256 threads the update's grid strides.
+    const std::uint64_t count = 8192ull * 256 + 1001;
+    const auto g = float_values<float>(count, 77, false);
+    const auto w0 = float_values<float>(count, 78, false);
+    std::vector<float> kw = w0, hw = w0, km(count, 0.0f), hm(count, 0.0f), kv(count, 0.0f), hv(count, 0.0f);
+    zero::shard_update ku;
+    ku.rule = zero::detail::make_update_rule(optimizers[3], 1);
+    ku.grads = g.data();
+    ku.count = count;
+    ku.params = kw.data();
+    ku.s0 = km.data();
+    ku.s1 = kv.data();
+    zero::shard_update hu = ku;
+    hu.params = hw.data();
+    hu.s0 = hm.data();
+    hu.s1 = hv.data();
+    zero::step_scalars s;
+    REQUIRE(zero::kernels::update_shard(recording_launcher{}, ku, &s) == pk::launch_success);
+    zero::detail::update_shard(hu, 1.0f);
+    CHECK(std::memcmp(kw.data(), hw.data(), count * 4) == 0);
+    CHECK(std::memcmp(km.data(), hm.data(), count * 4) == 0);
+    CHECK(std::memcmp(kv.data(), hv.data(), count * 4) == 0);
   }
   zero::shard_update bad;
   bad.count = 4;

@@ -275,6 +275,11 @@ TEST_CASE("the buckets are rebuilt once from rank 0's ready order, identically o
       gradient_reducer red(comm, m.parameters(), opt);
       CHECK(bucket_indices_of(red) == std::vector<std::vector<std::size_t>>{{5, 4}, {3, 2}, {1, 0}});
       CHECK(red.layout_generation() == 0);
+      // Measured where allocated: 3 buckets of 128 bytes, each rounded up to 64 bytes plus 64.
+      const std::uint64_t held = 3 * (128 + 64);
+      CHECK(red.memory_allocated(primitive::memory_space::host).current == held);
+      CHECK(red.memory_allocated(primitive::memory_space::host).peak == held);
+      CHECK(red.memory_allocated(primitive::memory_space::device).peak == 0);
       // Rank 0 marks 0, 2, 4, 1, 3, 5; other ranks mark forward. Rank 0's order wins.
       const std::vector<std::size_t> rank0 = {0, 2, 4, 1, 3, 5};
       const auto order = comm.rank() == 0 ? rank0 : order_for(mark_order::forward, 6, comm.rank());
@@ -296,6 +301,10 @@ TEST_CASE("the buckets are rebuilt once from rank 0's ready order, identically o
         check_average(red, m, 3, step);
       }
       CHECK(red.layout_generation() == 1);  // only once
+      // The rebuilt buckets hold as much; at most the old and new sets were held at once.
+      CHECK(red.memory_allocated(primitive::memory_space::host).current == held);
+      CHECK(red.memory_allocated(primitive::memory_space::host).peak <= 2 * held);
+      CHECK(red.memory_allocated(primitive::memory_space::host).allocations == 6);
     });
     for (auto& o : out) CHECK_MESSAGE(!o.failed, o.what);
   }

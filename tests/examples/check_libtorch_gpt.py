@@ -8,7 +8,8 @@
   for the first 50 steps (tolerance below);
 - at zero3 the memory per rank (parameter shard, gather buffers, gradient buckets, gradients,
   optimizer states) equals the plan that ringzero-plan makes for the same model (the example
-  writes its parameter list), so peak parameter memory stays within the plan;
+  writes its parameter list), so peak parameter memory stays within the plan, and the runtime's
+  allocations counted where they are made (memory_allocated) are the plan, at the peak too;
 - the launcher refusal of examples 01 and 02, and a bad --batch.
 Skipped (77) when Debian's fortunes package is not installed.
 
@@ -71,6 +72,14 @@ def memory_matches_plan(run_json, label):
     peak = measured["parameters"] + measured["communication_buffers"]
     if peak > planned["parameters"] + planned["communication_buffers"]:
         failures.append(f"{label}: parameter memory {peak} B above the plan")
+    # Counted where the runtime allocates (sharded_model::memory_allocated): on the host path the
+    # plan exactly, now and at the peak of the whole run.
+    total = sum(planned[k] for k in ("parameters", "gradients", "master_weights", "optimizer_states",
+                                     "communication_buffers"))
+    allocated = run_json["memory_allocated"]
+    if allocated["now"] != total or allocated["peak"] != total:
+        failures.append(f"{label}: the runtime allocated {allocated['peak']} B at the peak and holds "
+                        f"{allocated['now']} B, ringzero-plan says {total} B")
 
 
 one = run(["--ranks", "1", "--strategy", "ddp", *SMALL])

@@ -14,7 +14,9 @@ when the Fashion-MNIST files are missing):
   square for elements smaller than that), and the final train loss within 1e-5 relative;
 - example 01 (DDP with the gradient reducer) on the same arguments ends with the same train
   and test loss as stage 0, within 1e-5 relative;
-- memory: on every rank, the memory the runtime allocated (memory_in_use) equals the plan in
+- memory: on every rank, the memory the runtime allocated, counted where it allocates
+  (memory_allocated: the peak over the run), is the plan plus at most the step's scalars; and
+  the memory it says it holds (memory_in_use) equals the plan in
   every category; the process heap grew by the planned model states (within 5%) while the
   runtime was built, and by the planned communication buffers (within 5%) during the first step;
   at stage 3 a rank's model states are at most 1/N of stage 0's plus the largest gather unit.
@@ -87,6 +89,13 @@ def check_memory(m, tag):
         for k in keys:
             check(r["measured"][k] == plan[k],
                   f"{tag}: rank {r['rank']} holds {r['measured'][k]} bytes of {k}, the plan says {plan[k]}")
+        # Counted where the runtime allocates (sharded_model::memory_allocated), the peaks of
+        # every memory space added: the plan, plus at most the step's scalars (48 bytes each:
+        # the device path's, and offload's copy), never more at any moment of the run.
+        total = plan["total"]
+        check(total <= r["allocated_now"] <= r["allocated_peak"] <= total + 2 * 48,
+              f"{tag}: rank {r['rank']} allocated {r['allocated_peak']} bytes at the peak and holds "
+              f"{r['allocated_now']}, the plan says {total} (plus at most 96 bytes of step scalars)")
         check(r["after_construction"]["model_states"] == plan["model_states"],
               f"{tag}: rank {r['rank']} built {r['after_construction']['model_states']} bytes of model states, "
               f"the plan says {plan['model_states']}")

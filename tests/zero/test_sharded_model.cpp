@@ -180,6 +180,14 @@ TEST_CASE("memory in use equals the plan's prediction at every stage") {
         CHECK(used.master_weights == planned.master_weights);
         CHECK(used.optimizer_states == planned.optimizer_states);
         CHECK(used.communication_buffers == planned.communication_buffers);
+        // Measured where it is allocated: the host path holds exactly the plan, and never more
+        // at any moment of construction and training; nothing outside host memory.
+        const primitive::memory_usage measured = model.memory_allocated(primitive::memory_space::host);
+        CHECK(measured.current == planned.total());
+        CHECK(measured.peak == planned.total());
+        CHECK(measured.allocations > 0);
+        CHECK(model.memory_allocated(primitive::memory_space::device).peak == 0);
+        CHECK(model.memory_allocated(primitive::memory_space::pinned_host).peak == 0);
       });
     }
   }

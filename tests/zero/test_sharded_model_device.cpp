@@ -207,6 +207,7 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
             device_steps(static_cast<std::size_t>(world));
         std::vector<memory_breakdown> used(static_cast<std::size_t>(world));
         std::vector<memory_breakdown> planned(static_cast<std::size_t>(world));
+        std::vector<primitive::memory_usage> measured(static_cast<std::size_t>(world));
         local::launch(world, [&](communicator& comm) {
           const auto r = static_cast<std::size_t>(comm.rank());
           sharded_model_options options;
@@ -223,6 +224,7 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
           device[r] = train_on_stream(model, compute, comm.rank(), cfg, &device_steps[r]);
           compute.synchronize();
           used[r] = model.memory_in_use(primitive::memory_space::host);
+          measured[r] = model.memory_allocated(primitive::memory_space::host);
           const memory_breakdown elsewhere = model.memory_in_use(primitive::memory_space::device);
           CHECK(elsewhere.total() == 0);
           CHECK(model.memory_in_use(primitive::memory_space::pinned_host).total() == 0);
@@ -240,6 +242,9 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
           CHECK(used[r].master_weights == planned[r].master_weights);
           CHECK(used[r].optimizer_states == planned[r].optimizer_states);
           CHECK(used[r].communication_buffers == planned[r].communication_buffers);
+          // Measured where allocated: the plan plus the step's scalars, at every moment.
+          CHECK(measured[r].current == planned[r].total() + sizeof(step_scalars));
+          CHECK(measured[r].peak == planned[r].total() + sizeof(step_scalars));
         }
         ++runs;
       }

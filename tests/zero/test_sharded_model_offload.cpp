@@ -94,6 +94,7 @@ struct device_run {
   std::vector<std::vector<float>> values;
   std::vector<step_result> steps;
   memory_breakdown host_space, device_space, pinned_space, offloaded;
+  primitive::memory_usage measured;  // memory_allocated(host)
 };
 
 template <class T>
@@ -110,6 +111,7 @@ device_run run_on_stream(communicator& comm, const plan_request& q, const sharde
   r.device_space = model.memory_in_use(primitive::memory_space::device);
   r.pinned_space = model.memory_in_use(primitive::memory_space::pinned_host);
   r.offloaded = model.offloaded_memory_in_use();
+  r.measured = model.memory_allocated(primitive::memory_space::host);
   return r;
 }
 
@@ -216,6 +218,12 @@ TEST_CASE("offload on the host stream: stages 0-3 x {float32, bfloat16} x world 
           }
           CHECK(offloaded[r].host_space == plan.memory());
           CHECK(offloaded[r].offloaded == plan.host_memory());
+          // Measured where allocated: the plan, the step's scalars and offload's copy of them,
+          // never more at any moment.
+          const std::uint64_t scalars = 2 * sizeof(step_scalars);
+          CHECK(offloaded[r].measured.current == plan.memory().total() + scalars);
+          CHECK(offloaded[r].measured.peak == plan.memory().total() + scalars);
+          CHECK(plain[r].measured.peak == plain[r].host_space.total() + sizeof(step_scalars));
           CHECK(offloaded[r].device_space.total() == 0);
           CHECK(offloaded[r].pinned_space.total() == 0);
           CHECK(plain[r].offloaded.total() == 0);

@@ -88,17 +88,20 @@ class bucket_memory {
 
   /// `bytes` bytes (rounded up to a multiple of 64, at least 64), 64-byte aligned (256 on the
   /// device), zeroed: host memory is touched once here; device memory is zeroed on the stream.
-  detail::bucket_storage allocate(std::size_t bytes) const {
+  /// Counted in `counter` when given (primitive/memory_counter.hpp; the rounded size).
+  detail::bucket_storage allocate(std::size_t bytes, primitive::memory_counter* counter = nullptr) const {
     const std::size_t rounded = (bytes + 63) / 64 * 64 + 64;
     if (rounded < bytes)
       throw error(errc::invalid_argument, "bucket_memory: " + std::to_string(bytes) + " bytes overflow");
     if (!device_) {
-      detail::bucket_storage b = primitive::memory_buffer::allocate(primitive::memory_space::host, rounded);
+      detail::bucket_storage b = primitive::memory_buffer::allocate(primitive::memory_space::host, rounded, -1,
+                                                                    primitive::host_alignment, counter);
       primitive::zero_bytes(b.data(), rounded);
       return b;
     }
     use_device();
-    detail::bucket_storage b = primitive::memory_buffer::allocate(primitive::memory_space::device, rounded, device());
+    detail::bucket_storage b = primitive::memory_buffer::allocate(primitive::memory_space::device, rounded, device(),
+                                                                  primitive::host_alignment, counter);
     device_->check(device_->fill(b.data(), rounded, dtype::uint8, 0.0), "zeroing new device memory");
     return b;
   }

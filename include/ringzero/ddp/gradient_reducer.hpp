@@ -117,7 +117,8 @@ class gradient_reducer {
     if (options_.broadcast_parameters) broadcast_parameters(0);
     for (auto& b : buckets_) memory_.zero(b.storage.data(), b.bytes_allocated);
     if (options_.join || options_.reproducible) {
-      flags_storage_ = memory_.allocate(sizeof(std::int32_t) * (static_cast<std::size_t>(comm_.world_size()) + 1));
+      flags_storage_ =
+          memory_.allocate(sizeof(std::int32_t) * (static_cast<std::size_t>(comm_.world_size()) + 1), &memory_counter_);
       flags_ = static_cast<std::int32_t*>(flags_storage_.data());
       flags_send_ = flags_ + comm_.world_size();
       if (memory_.is_device()) flags_host_.assign(static_cast<std::size_t>(comm_.world_size()), 0);
@@ -382,6 +383,14 @@ class gradient_reducer {
   }
 
   // ---- measurements -----------------------------------------------------------------------
+
+  /// What this reducer has allocated in `space`, measured where it allocates
+  /// (primitive/memory_counter.hpp): bytes held now (its buckets, rounded up to 64 bytes plus
+  /// 64, and join mode's flags), the most held at once (a rebuild holds the old buckets while it
+  /// makes the new ones), allocations. Not the trainer's parameters and gradients. Local.
+  primitive::memory_usage memory_allocated(primitive::memory_space space) const noexcept {
+    return memory_counter_.usage(space);
+  }
 
   /// Counters and timings since construction or the last `reset_stats()`.
   const reducer_stats& stats() const noexcept { return stats_; }
@@ -682,7 +691,7 @@ class gradient_reducer {
       const std::size_t size = std::max(whole + bytes, rebuild_bytes);
       if (control_storage_) memory_.synchronize();
       control_storage_.reset();
-      control_storage_ = memory_.allocate(size);
+      control_storage_ = memory_.allocate(size, &memory_counter_);
       control_bytes_ = size;
     }
     auto* gathered = static_cast<std::byte*>(control_storage_.data());
@@ -769,7 +778,8 @@ class gradient_reducer {
   void rebuild(bool have_order);
 
   communicator& comm_;
-  bucket_memory memory_;  // host memory, or the communicator's device and stream
+  bucket_memory memory_;                      // host memory, or the communicator's device and stream
+  primitive::memory_counter memory_counter_;  // every allocation of the reducer (declared before them)
   std::vector<reducer_parameter> params_;
   reducer_options options_;
   int uncaught_at_construction_ = 0;

@@ -146,7 +146,7 @@ inline void gradient_reducer::install_layout(const std::vector<bucket_plan>& pla
     b.info.limit_bytes = p.limit_bytes;
     b.bytes_allocated = static_cast<std::size_t>((at * es + 63) / 64 * 64);
     try {
-      b.storage = memory_.allocate(b.bytes_allocated);  // zeroed: every page touched once, here
+      b.storage = memory_.allocate(b.bytes_allocated, &memory_counter_);  // zeroed: every page touched once, here
     } catch (const error& e) {
       raise(e.kind(), "gradient_reducer: cannot allocate " + std::to_string(b.bytes_allocated) + " bytes for bucket " +
                           std::to_string(k) + ": " + e.what());

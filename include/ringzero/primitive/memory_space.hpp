@@ -17,6 +17,7 @@
 
 #include "ringzero/core/error.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
+#include "ringzero/primitive/memory_counter.hpp"
 
 namespace ringzero::primitive {
 
@@ -49,7 +50,8 @@ class memory_buffer {
         bytes_(std::exchange(other.bytes_, 0)),
         space_(other.space_),
         device_(std::exchange(other.device_, -1)),
-        alignment_(std::exchange(other.alignment_, host_alignment)) {}
+        alignment_(std::exchange(other.alignment_, host_alignment)),
+        counter_(std::exchange(other.counter_, nullptr)) {}
   memory_buffer& operator=(memory_buffer&& other) noexcept {
     if (this != &other) {
       release();
@@ -58,6 +60,7 @@ class memory_buffer {
       space_ = other.space_;
       device_ = std::exchange(other.device_, -1);
       alignment_ = std::exchange(other.alignment_, host_alignment);
+      counter_ = std::exchange(other.counter_, nullptr);
     }
     return *this;
   }
@@ -68,9 +71,10 @@ class memory_buffer {
   /// Allocates `bytes` bytes in `space` (on CUDA device `device` for memory_space::device; the
   /// device is then current on the calling thread). Zero bytes give a null buffer. Host memory
   /// is aligned to `host_align` bytes (a power of two, at least `host_alignment`; page-aligned
-  /// memory for O_DIRECT reads asks for 4096); the other spaces ignore it.
+  /// memory for O_DIRECT reads asks for 4096); the other spaces ignore it. With a `counter`,
+  /// the allocation is added to it and taken off when the buffer frees it (primitive/memory_counter.hpp).
   static memory_buffer allocate(memory_space space, std::size_t bytes, int device = -1,
-                                std::size_t host_align = host_alignment) {
+                                std::size_t host_align = host_alignment, memory_counter* counter = nullptr) {
     memory_buffer b;
     b.space_ = space;
     if (bytes == 0) return b;
@@ -102,6 +106,10 @@ class memory_buffer {
       }
     }
     b.bytes_ = bytes;
+    if (counter != nullptr) {
+      counter->add(space, bytes);
+      b.counter_ = counter;
+    }
     return b;
   }
 
@@ -127,6 +135,7 @@ class memory_buffer {
 
   void release() noexcept {
     if (data_ == nullptr) return;
+    if (counter_ != nullptr) std::exchange(counter_, nullptr)->remove(space_, bytes_);
     switch (space_) {
       case memory_space::host: ::operator delete (data_, std::align_val_t{alignment_}); break;
       case memory_space::pinned_host: {
@@ -152,6 +161,7 @@ class memory_buffer {
   memory_space space_ = memory_space::host;
   int device_ = -1;
   std::size_t alignment_ = host_alignment;  ///< host memory's alignment (for its deallocation)
+  memory_counter* counter_ = nullptr;       ///< where the allocation is counted (none: not counted)
 };
 
 }  // namespace ringzero::primitive

@@ -28,16 +28,16 @@ class host_buffer {
   /// The alignment of blocks of at least this many bytes.
   static constexpr std::uint64_t page_bytes = 4096;
   host_buffer() = default;
-  /// `bytes` zeroed bytes of host memory (none for 0). Throws errc::internal when memory is
-  /// exhausted.
-  explicit host_buffer(std::uint64_t bytes) : bytes_(bytes) {
+  /// `bytes` zeroed bytes of host memory (none for 0), counted in `counter` when given. Throws
+  /// errc::internal when memory is exhausted.
+  explicit host_buffer(std::uint64_t bytes, primitive::memory_counter* counter = nullptr) : bytes_(bytes) {
     if (bytes == 0) return;
     if (bytes > static_cast<std::uint64_t>(static_cast<std::size_t>(-1)))
       throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes");
     const std::size_t align = bytes >= page_bytes ? page_bytes : primitive::host_alignment;
     try {
-      memory_ =
-          primitive::memory_buffer::allocate(primitive::memory_space::host, static_cast<std::size_t>(bytes), -1, align);
+      memory_ = primitive::memory_buffer::allocate(primitive::memory_space::host, static_cast<std::size_t>(bytes), -1,
+                                                   align, counter);
     } catch (const error&) { throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes"); }
     primitive::zero_bytes(memory_.data(), static_cast<std::size_t>(bytes));
   }

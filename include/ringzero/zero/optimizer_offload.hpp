@@ -26,9 +26,12 @@ namespace ringzero::zero::detail {
 
 /// See the file comment.
 struct optimizer_offload {
-  /// A zeroed host buffer of `bytes` in `space` (host or pinned_host: both host-addressable).
-  static host_buffer allocate(primitive::memory_space space, std::uint64_t bytes) {
-    host_buffer b(primitive::memory_buffer::allocate(space, static_cast<std::size_t>(bytes)));
+  /// A zeroed host buffer of `bytes` in `space` (host or pinned_host: both host-addressable),
+  /// counted in `counter` when given.
+  static host_buffer allocate(primitive::memory_space space, std::uint64_t bytes,
+                              primitive::memory_counter* counter = nullptr) {
+    host_buffer b(primitive::memory_buffer::allocate(space, static_cast<std::size_t>(bytes), -1,
+                                                     primitive::host_alignment, counter));
     if (bytes != 0) std::memset(b.data(), 0, static_cast<std::size_t>(bytes));
     return b;
   }
@@ -48,8 +51,8 @@ struct optimizer_offload {
   }
 
   /// The transfer buffers of every trainable buffer of `plan`: the range the rank's optimizer
-  /// updates (its shard; the whole buffer at stage 0), zeroed.
-  void allocate_buffers(const shard_plan& plan) {
+  /// updates (its shard; the whole buffer at stage 0), zeroed, counted in `counter` when given.
+  void allocate_buffers(const shard_plan& plan, primitive::memory_counter* counter = nullptr) {
     const auto& buffers = plan.buffers();
     gradients.resize(buffers.size());
     parameters.resize(buffers.size());
@@ -57,10 +60,10 @@ struct optimizer_offload {
       const flat_buffer& f = buffers[b];
       if (!f.trainable) continue;
       const std::uint64_t own = plan.stage() == 0 ? f.numel : f.shard_numel;
-      gradients[b] = allocate(space, own * dtype_size(f.gradient_type));
-      parameters[b] = allocate(space, own * dtype_size(f.type));
+      gradients[b] = allocate(space, own * dtype_size(f.gradient_type), counter);
+      parameters[b] = allocate(space, own * dtype_size(f.type), counter);
     }
-    decided = allocate(space, sizeof(step_scalars));
+    decided = allocate(space, sizeof(step_scalars), counter);
   }
 
   /// Bytes of the transfer buffers (in `space`; `decided`, not model state, is not counted).

@@ -35,6 +35,7 @@
 #include "ringzero/collective/all_gather.hpp"
 #include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/reduce_scatter.hpp"
+#include "ringzero/primitive/memory_counter.hpp"
 #include "ringzero/zero/execution_stream.hpp"
 #include "ringzero/zero/gather_schedule.hpp"
 #include "ringzero/zero/gradient_schedule.hpp"
@@ -457,6 +458,19 @@ class sharded_model {
     m.communication_buffers += offload_ ? offload_->bytes() : 0;
     return m;
   }
+  /// What this rank's runtime has allocated in `space`, measured where it allocates
+  /// (primitive/memory_counter.hpp): the bytes held now, the most held at once since
+  /// construction or `reset_memory_peak()`, and the allocations. It counts every buffer:
+  /// the model states and communication buffers `memory_in_use()` sums, the pools as they grow,
+  /// the step's scalars, offload's transfer buffers and the construction's temporaries; not the
+  /// trainer's memory (activations, its own tensors), a communicator's, nor reproducible mode's
+  /// accumulators (ordinary heap memory, docs/zero.md). Local; any thread.
+  primitive::memory_usage memory_allocated(primitive::memory_space space) const noexcept {
+    return memory_counter_.usage(space);
+  }
+  /// Starts `memory_allocated`'s peaks again from what is held now.
+  void reset_memory_peak() noexcept { memory_counter_.reset_peak(); }
+
   /// The part of `memory_in_use()` that offload::optimizer keeps in host memory (master weights,
   /// optimizer states, transfer buffers); zero without offload. Equals `plan().host_memory()`.
   memory_breakdown offloaded_memory_in_use() const {
@@ -855,8 +869,9 @@ class sharded_model {
   shard_plan plan_;
   sharded_model_options options_;
   int shard_index_;
-  std::vector<detail::host_buffer> params_;  ///< per buffer: full (stages 0-2) or the shard (stage 3)
-  std::vector<detail::host_buffer> grads_;   ///< per trainable buffer: full (stages 0-1) or the shard (2-3)
+  primitive::memory_counter memory_counter_;  ///< every allocation of the runtime (declared before them all)
+  std::vector<detail::host_buffer> params_;   ///< per buffer: full (stages 0-2) or the shard (stage 3)
+  std::vector<detail::host_buffer> grads_;    ///< per trainable buffer: full (stages 0-1) or the shard (2-3)
   std::optional<sharded_optimizer> optimizer_;
   loss_scaler scaler_;                                ///< the same on every rank: updated from the global decision
   std::vector<detail::host_buffer> gathers_buffers_;  ///< gather buffer pool (stage 3)

@@ -64,8 +64,9 @@ inline void sharded_model::start(const device_context* device, std::string probl
 }
 
 inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes) {
-  if (!comm_stream_) return detail::host_buffer(bytes);
-  detail::host_buffer b(primitive::memory_buffer::allocate(comm_stream_->space(), bytes, comm_stream_->device()));
+  if (!comm_stream_) return detail::host_buffer(bytes, &memory_counter_);
+  detail::host_buffer b(primitive::memory_buffer::allocate(comm_stream_->space(), bytes, comm_stream_->device(),
+                                                           primitive::host_alignment, &memory_counter_));
   if (bytes != 0) comm_stream_->fill(b.data(), bytes, dtype::uint8, 0);
   return b;
 }
@@ -80,8 +81,8 @@ inline void sharded_model::exchange(communicator& c, const std::uint64_t* mine, 
   // Device memory: stage through one device buffer on the communicator's stream.
   const primitive::device_primitives& p = primitive::require_device_primitives();
   const std::uint64_t row = count * sizeof(std::uint64_t);
-  primitive::memory_buffer staging =
-      primitive::memory_buffer::allocate(primitive::memory_space::device, row * (n + 1), c.cuda_device());
+  primitive::memory_buffer staging = primitive::memory_buffer::allocate(
+      primitive::memory_space::device, row * (n + 1), c.cuda_device(), primitive::host_alignment, &memory_counter_);
   unsigned char* base = static_cast<unsigned char*>(staging.data());
   const auto checked = [&](int code, const char* what) {
     if (code != 0)

@@ -211,9 +211,10 @@ inline void sharded_model::allocate() {
   }
   if (offload_) {  // master weights and states in host memory, with transfer buffers (attach made it)
     const primitive::memory_space space = offload_->space;
-    optimizer_.emplace(plan_, shard_index_, options_.optimizer,
-                       [space](std::uint64_t bytes) { return detail::optimizer_offload::allocate(space, bytes); });
-    offload_->allocate_buffers(plan_);
+    optimizer_.emplace(plan_, shard_index_, options_.optimizer, [this, space](std::uint64_t bytes) {
+      return detail::optimizer_offload::allocate(space, bytes, &memory_counter_);
+    });
+    offload_->allocate_buffers(plan_, &memory_counter_);
   } else {
     optimizer_.emplace(plan_, shard_index_, options_.optimizer,
                        [this](std::uint64_t bytes) { return make_buffer(bytes); });

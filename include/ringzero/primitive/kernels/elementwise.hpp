@@ -54,9 +54,9 @@ inline constexpr int vector_unroll = [] {
   return by_bytes < by_elements ? by_bytes : by_elements;
 }();
 
-#if defined(__GNUC__) && !defined(__CUDACC__)
-// Compiled for the host, a vector reads memory written as elements of another type: g++ is told
-// that a pack may alias anything (nvcc's device code has no type-based alias analysis to tell).
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__)
+// Compiled for the host (by g++, or by nvcc's host pass), a vector reads memory written as
+// elements of another type: the compiler is told that a pack may alias anything.
 #define RINGZERO_PACK_MAY_ALIAS [[gnu::may_alias]]
 #else
 #define RINGZERO_PACK_MAY_ALIAS

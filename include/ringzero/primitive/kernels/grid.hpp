@@ -86,13 +86,14 @@ class host_block {
   /// Nothing: `for_each_thread` has already run every thread.
   RINGZERO_HOST_DEVICE void sync() const noexcept {}
 
-  /// The block's shared array, zeroed when the block asks for it (a GPU leaves it
-  /// uninitialised; a body must write before it reads either way).
+  /// The block's shared array, filled with 0xff bytes when the block asks for it (a GPU leaves
+  /// it uninitialised: a body that reads before it writes then reads NaNs and all-ones
+  /// integers on the host, which the host tests see).
   template <class T, unsigned N>
   RINGZERO_HOST_DEVICE T* shared() noexcept {
     static_assert(N * sizeof(T) <= max_shared_bytes, "a body's shared array is at most max_shared_bytes");
     static_assert(alignof(T) <= 16);
-    std::memset(shared_, 0, N * sizeof(T));
+    std::memset(shared_, 0xff, N * sizeof(T));
     return reinterpret_cast<T*>(shared_);
   }
 
