@@ -119,7 +119,8 @@ inline std::vector<unsigned char> optimizer_bytes(sharded_model& model) {
   std::vector<unsigned char> out;
   const zero::sharded_optimizer& o = model.optimizer();
   for (std::size_t b = 0; b < model.plan().buffers().size(); ++b) {
-    const std::size_t n = static_cast<std::size_t>(model.optimizer_range(b).size()) * sizeof(float);
+    const std::size_t n =
+        static_cast<std::size_t>(zero::checkpoint_access(model).optimizer_range(b).size()) * sizeof(float);
     auto add = [&](const float* x) {
       if (x != nullptr)
         out.insert(out.end(), reinterpret_cast<const unsigned char*>(x), reinterpret_cast<const unsigned char*>(x) + n);

@@ -5,8 +5,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -262,4 +266,108 @@ TEST_CASE("destroying a busy or paused stream drains it") {
     host_stream s;
     s.enqueue([] { throw std::runtime_error("never reported"); });
   }  // an unreported error is dropped, not thrown from the destructor
+}
+
+TEST_CASE("a host stream on the caller's thread runs each task before enqueue returns; errors reach the caller") {
+  host_stream s(primitive::on_caller_thread);
+  std::vector<int> seen;
+  for (int i = 0; i < 5; ++i) {
+    s.enqueue([&seen, i] { seen.push_back(i * 10); });
+    REQUIRE(seen.size() == static_cast<std::size_t>(i + 1));  // ran at once, on this thread
+  }
+  CHECK(seen == std::vector<int>{0, 10, 20, 30, 40});
+  CHECK(s.query());
+  // A task's exception is thrown by its enqueue and not kept: the next task runs.
+  CHECK_THROWS_WITH_AS(s.enqueue([] { throw error(errc::invalid_argument, "bad view"); }),
+                       doctest::Contains("bad view"), error);
+  s.enqueue([&seen] { seen.push_back(99); });
+  CHECK(seen.back() == 99);
+  s.synchronize();  // nothing kept to rethrow
+  // A wait blocks the caller until the other stream passes the point, and throws its error.
+  host_stream producer(paused());
+  host_event ready;
+  int value = 0;
+  producer.enqueue([&value] { value = 3; });
+  producer.record(ready);
+  std::thread resumer([&producer] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    producer.resume();
+  });
+  s.wait_event(ready);
+  CHECK(value == 3);  // the wait returned only after the producer's task
+  resumer.join();
+  host_event failed;
+  producer.enqueue([] { throw error(errc::timeout, "the gather timed out"); });
+  producer.record(failed);
+  CHECK_THROWS_WITH_AS(s.wait_event(failed), doctest::Contains("the gather timed out"), error);
+  CHECK_THROWS_WITH_AS(producer.synchronize(), doctest::Contains("the gather timed out"), error);
+  CHECK_THROWS_AS(s.pause(), error);
+  // Its records complete at once; another stream's wait on them does not block.
+  host_event mark;
+  s.record(mark);
+  CHECK(mark.query());
+}
+
+TEST_CASE("a host stream driven by an executor runs each task once, in order, on the executor's thread") {
+  // The executor: a queue served by one thread (as a communicator's progress engine is).
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> turns;
+  bool stop = false;
+  std::thread::id executor_thread;
+  std::thread executor([&] {
+    executor_thread = std::this_thread::get_id();
+    for (;;) {
+      std::function<void()> f;
+      {
+        std::unique_lock<std::mutex> lock(m);
+        cv.wait(lock, [&] { return stop || !turns.empty(); });
+        if (turns.empty()) return;
+        f = std::move(turns.front());
+        turns.pop_front();
+      }
+      f();
+    }
+  });
+  std::vector<int> seen;
+  std::atomic<int> elsewhere{0};
+  {
+    host_stream s(
+        [&](std::function<void()> turn) {
+          {
+            std::lock_guard<std::mutex> lock(m);
+            turns.push_back(std::move(turn));
+          }
+          cv.notify_one();
+        },
+        paused());
+    for (int i = 0; i < 200; ++i)
+      s.enqueue([&seen, &elsewhere, &executor_thread, i] {
+        seen.push_back(i);
+        if (std::this_thread::get_id() != executor_thread) elsewhere.fetch_add(1);
+      });
+    host_event done;
+    s.record(done);
+    CHECK_FALSE(done.query());  // paused: the executor's first turn waits for resume
+    s.resume();
+    done.synchronize();
+    REQUIRE(seen.size() == 200);
+    for (int i = 0; i < 200; ++i) CHECK(seen[static_cast<std::size_t>(i)] == i);
+    CHECK(elsewhere.load() == 0);
+    // Errors are kept as on a stream with its own thread.
+    s.enqueue([] { throw error(errc::invalid_argument, "refused"); });
+    bool skipped = true;
+    s.enqueue([&skipped] { skipped = false; });
+    CHECK_THROWS_WITH_AS(s.synchronize(), doctest::Contains("refused"), error);
+    CHECK(skipped);
+    for (int i = 0; i < 50; ++i) s.enqueue([&seen] { seen.push_back(-1); });
+  }  // the destructor waits for the executor to run every task
+  CHECK(seen.size() == 250);
+  {
+    std::lock_guard<std::mutex> lock(m);
+    stop = true;
+  }
+  cv.notify_one();
+  executor.join();
+  CHECK_THROWS_AS(host_stream(primitive::host_executor{}, host_stream_options{}), error);
 }

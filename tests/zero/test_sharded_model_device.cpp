@@ -371,15 +371,52 @@ TEST_CASE("device path: a device context that does not fit is refused with inval
             std::string::npos);
     }
   }
-  SUBCASE("reproducible mode") {
-    local::launch(1, [&](communicator& comm) {
-      primitive::host_stream compute;
-      host_execution_stream host(compute);
-      sharded_model_options o = options;
-      o.reproducible = true;
-      CHECK_THROWS_WITH_AS(sharded_model(comm, device_request(1, 1, o.optimizer), device_context{&host}, o),
-                           doctest::Contains("reproducible mode is not available on the device path yet"), error);
-    });
+  SUBCASE("reproducible mode on a stream whose memory host code cannot touch") {
+    claims_device_memory comm(0);
+    claims_cuda_stream stream(0);
+    sharded_model_options o = options;
+    o.reproducible = true;
+    CHECK_THROWS_WITH_AS(sharded_model(comm, device_request(1, 1, o.optimizer), device_context{&stream}, o),
+                         doctest::Contains("reproducible mode deposits and sums on the host, and the compute stream "
+                                           "is a cuda_stream, whose memory host code cannot touch"),
+                         error);
+  }
+}
+
+TEST_CASE("device path: reproducible mode at stages 0-3, bitwise the host runtime") {
+  // Reproducible mode's deposits and sums run on the communication stream; the result must not
+  // depend on the compute stream (the trainer's thread, or a host stream of its own).
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    for (int world : {2, 3}) {
+      run_config cfg;
+      cfg.steps = 2;
+      cfg.accumulation = 6 / world;
+      cfg.optimizer = test_optimizers()[static_cast<std::size_t>(stage) % test_optimizers().size()];
+      std::vector<std::vector<std::vector<float>>> host(static_cast<std::size_t>(world)),
+          device(static_cast<std::size_t>(world));
+      local::launch(world, [&](communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        sharded_model_options o;
+        o.optimizer = cfg.optimizer;
+        o.reproducible = true;
+        {
+          sharded_model model(comm, device_request(stage, cfg.accumulation, cfg.optimizer), o);
+          host[r] = train_sharded(model, comm.rank(), cfg);
+        }
+        primitive::host_stream compute;
+        host_execution_stream stream(compute);
+        sharded_model model(comm, device_request(stage, cfg.accumulation, cfg.optimizer), device_context{&stream}, o);
+        device[r] = train_on_stream(model, compute, comm.rank(), cfg);
+        compute.synchronize();
+      });
+      for (std::size_t r = 0; r < host.size(); ++r) {
+        CAPTURE(world);
+        CAPTURE(r);
+        CHECK(bitwise_equal(device[r], host[r]));
+        CHECK(bitwise_equal(host[r], host[0]));
+      }
+    }
   }
 }
 

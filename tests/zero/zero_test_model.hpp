@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,8 @@ struct run_config {
   ringzero::zero::optimizer_options optimizer;
   bool mark_ready = false;         ///< also call mark_ready for untied parameters
   bool implicit_last_end = false;  ///< let step() end the last micro-batch
+  /// Called by train_sharded after each pre_forward, pre_backward and post_backward (empty: none).
+  std::function<void()> between_hooks;
 };
 
 /// The optimizers the tests sweep: SGD with momentum (Nesterov), Adam with L2, AdamW.
@@ -139,11 +142,13 @@ inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_mod
     for (int micro = 0; micro < cfg.accumulation; ++micro) {
       for (std::size_t u = 0; u < units; ++u) {
         model.pre_forward(u);
+        if (cfg.between_hooks) cfg.between_hooks();
         for (std::size_t p : plan.units()[u].members) (void)model.parameter<float>(p);  // a forward reads its weights
         model.post_forward(u);
       }
       for (std::size_t u = units; u-- > 0;) {
         model.pre_backward(u);
+        if (cfg.between_hooks) cfg.between_hooks();
         const bool in_u1 = plan.units()[u].name == "u1";
         float frozen_sum = 0;
         if (in_u1)
@@ -160,6 +165,7 @@ inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_mod
           for (std::size_t p : plan.units()[u].members)
             if (params[p].trainable && params[p].tie_group.empty()) model.mark_ready(p);
         model.post_backward(u);
+        if (cfg.between_hooks) cfg.between_hooks();
       }
       if (!(cfg.implicit_last_end && micro == cfg.accumulation - 1)) model.end_backward();
     }

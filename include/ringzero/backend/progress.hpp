@@ -130,7 +130,8 @@ inline void unpin_to_process_affinity() noexcept {
 /// One background thread per communicator running tasks in FIFO order. The thread starts on
 /// the first submission and may run on any CPU of the process, even when its owning thread is
 /// pinned (see unpin_to_process_affinity). The destructor waits for every submitted task, then joins.
-/// Thread safety: `submit`, `idle` and `drain` are called by the communicator's owning thread.
+/// Thread safety: `submit`, `idle` and `drain` are called by the communicator's owning thread
+/// (`submit` also by a stream it drives, zero/execution_stream.hpp, from the thread that enqueues).
 class progress_engine {
  public:
   progress_engine() = default;
@@ -153,6 +154,10 @@ class progress_engine {
 
   /// True when no submitted task is queued or running.
   bool idle() const noexcept { return pending_.load(std::memory_order_acquire) == 0; }
+
+  /// True on this engine's thread, inside one of its tasks (there a collective runs at once:
+  /// queueing it behind the running task would wait for itself).
+  bool running_here() const noexcept { return current() == this; }
 
   /// Waits until every submitted task has finished (their errors stay in their `work`).
   void drain() {
@@ -178,8 +183,14 @@ class progress_engine {
     std::shared_ptr<work_state> state;
   };
 
+  static const progress_engine*& current() noexcept {
+    thread_local const progress_engine* engine = nullptr;
+    return engine;
+  }
+
   void run() {
     unpin_to_process_affinity();  // not the owning rank thread's pinned core; see the function
+    current() = this;
     for (;;) {
       item next;
       {

@@ -85,9 +85,14 @@ class transport {
   virtual int cuda_device() const noexcept = 0;
 
   /// Reserves the next collective sequence number (the tag of its transfers).
+  /// Taken when the collective starts running (inline, or on the progress thread in queue
+  /// order), so that the numbers follow the order in which a rank's calls run, which is the
+  /// order of issue on the owning thread whichever thread runs them.
   std::uint64_t next_sequence() noexcept { return sequence_.fetch_add(1, std::memory_order_relaxed); }
+  /// Counts a collective as issued (`issued()`), when the caller issues it.
+  void count_issue() noexcept { issued_.fetch_add(1, std::memory_order_relaxed); }
   /// Number of collectives issued so far (the next one's sequence number).
-  std::uint64_t issued() const noexcept { return sequence_.load(std::memory_order_relaxed); }
+  std::uint64_t issued() const noexcept { return issued_.load(std::memory_order_relaxed); }
 
   /// Marks the calling thread as the one running `op` here. A communicator is used by one thread
   /// at a time (NCCL's and MPI's rule): when another thread is inside a collective, raises
@@ -206,6 +211,7 @@ class transport {
   int rank_;
   int world_size_;
   std::atomic<std::uint64_t> sequence_{0};
+  std::atomic<std::uint64_t> issued_{0};
   std::atomic<bool> busy_{false};  ///< a thread is inside a collective (enter_exclusive)
   workspace_pool pool_;
   detail::progress_engine progress_;

@@ -91,7 +91,7 @@ inline training_progress load_zero(zero::sharded_model& model, const std::filesy
   // With the optimizer states, the loss scaler continues too (when the model scales and the
   // checkpoint has a scale; an index without the good-step count restores 0).
   if (options.optimizer_state && model.scaler().enabled() && index.progress.loss_scale)
-    model.restorable_loss_scaler().restore(*index.progress.loss_scale, index.progress.loss_scale_good_steps);
+    zero::checkpoint_access(model).scaler().restore(*index.progress.loss_scale, index.progress.loss_scale_good_steps);
   return index.progress;
 }
 

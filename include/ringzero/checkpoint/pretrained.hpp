@@ -149,7 +149,8 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
     std::vector<unsigned char> raw;
     for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
       const zero::flat_buffer& fb = plan.buffers()[b];
-      const algorithms::range held = model.held_range(b), own = model.optimizer_range(b);
+      const algorithms::range held = zero::checkpoint_access(model).held_range(b),
+                              own = zero::checkpoint_access(model).optimizer_range(b);
       staged& s = staging[b];
       s.params = detail::staging_buffer(held.size() * dtype_size(fb.type), false);
       if (fb.trainable && fb.has_master) s.master = detail::staging_buffer(own.size() * 4, false);
@@ -173,12 +174,12 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
       }
     }
   });
-  model.begin_restore();
+  zero::checkpoint_access(model).begin_restore();
   for (std::size_t b = 0; b < staging.size(); ++b) {
     if (!staging[b].params.empty())
-      std::memcpy(model.held_parameters(b), staging[b].params.data(),
+      std::memcpy(zero::checkpoint_access(model).held_parameters(b), staging[b].params.data(),
                   static_cast<std::size_t>(staging[b].params.bytes()));
-    float* m = model.restorable_optimizer().master(b);
+    float* m = zero::checkpoint_access(model).optimizer().master(b);
     if (m != nullptr && !staging[b].master.empty())
       std::memcpy(m, staging[b].master.data(), static_cast<std::size_t>(staging[b].master.bytes()));
   }

@@ -199,16 +199,18 @@ inline const unsigned char* zero_source(zero::sharded_model& model, const zero_p
   const zero::shard_plan& plan = model.plan();
   if (s.role == tensor_role::parameter) {
     const std::uint64_t es = dtype_size(plan.buffers()[s.buffer].type);
-    return model.held_parameters(s.buffer) + (s.element - model.held_range(s.buffer).begin) * es;
+    return zero::checkpoint_access(model).held_parameters(s.buffer) +
+           (s.element - zero::checkpoint_access(model).held_range(s.buffer).begin) * es;
   }
-  const zero::sharded_optimizer& opt = model.restorable_optimizer();
+  const zero::sharded_optimizer& opt = zero::checkpoint_access(model).optimizer();
   const float* base = s.role == tensor_role::master ? opt.master(s.buffer) : opt.state(s.buffer, s.state);
-  return reinterpret_cast<const unsigned char*>(base + (s.element - model.optimizer_range(s.buffer).begin));
+  return reinterpret_cast<const unsigned char*>(
+      base + (s.element - zero::checkpoint_access(model).optimizer_range(s.buffer).begin));
 }
 
 /// A second copy of one rank's restorable state (held parameters, optimizer) of the layout of
 /// one model: a load that restores the optimizer states reads into it and exchanges it with the
-/// model's (`sharded_model::exchange_restorable_state`), so nothing is copied after the reads;
+/// model's (`zero::checkpoint_access::exchange_state`), so nothing is copied after the reads;
 /// the previous state is then here, ready for the next load into the same model.
 class zero_spare {
  public:
@@ -220,8 +222,10 @@ class zero_spare {
         held_.size() != model.plan().buffers().size())
       return false;
     for (std::size_t b = 0; b < held_.size(); ++b) {
-      const algorithms::range own = model.optimizer_range(b), mine = optimizer_->owned_range(b);
-      if (held_[b].bytes() != model.held_range(b).size() * dtype_size(model.plan().buffers()[b].type) ||
+      const algorithms::range own = zero::checkpoint_access(model).optimizer_range(b),
+                              mine = optimizer_->owned_range(b);
+      if (held_[b].bytes() !=
+              zero::checkpoint_access(model).held_range(b).size() * dtype_size(model.plan().buffers()[b].type) ||
           own.begin != mine.begin || own.end != mine.end)
         return false;
     }
@@ -237,7 +241,7 @@ class zero_spare {
     owner_ = nullptr;
     const zero::shard_plan& plan = model.plan();
     for (std::size_t b = 0; b < plan.buffers().size(); ++b)
-      held_.emplace_back(model.held_range(b).size() * dtype_size(plan.buffers()[b].type));
+      held_.emplace_back(zero::checkpoint_access(model).held_range(b).size() * dtype_size(plan.buffers()[b].type));
     optimizer_ = std::make_unique<zero::sharded_optimizer>(plan, plan.stage() == 0 ? 0 : model.comm().rank(),
                                                            model.optimizer().options());
     owner_ = &model;
@@ -250,7 +254,7 @@ class zero_spare {
     return reinterpret_cast<unsigned char*>(optimizer_->state(b, which));
   }
   /// Exchanges this copy with `model`'s state (after `begin_restore`).
-  void exchange(zero::sharded_model& model) { model.exchange_restorable_state(held_, *optimizer_); }
+  void exchange(zero::sharded_model& model) { zero::checkpoint_access(model).exchange_state(held_, *optimizer_); }
   /// Bytes held (0 before `build`).
   std::uint64_t bytes() const noexcept {
     std::uint64_t n = optimizer_ ? optimizer_->master_bytes() + optimizer_->state_bytes() : 0;
@@ -317,10 +321,11 @@ class zero_staging {
         offset += round(bytes);
       });
     }
-    const int states = model.restorable_optimizer().options().state_count();
+    const int states = zero::checkpoint_access(model).optimizer().options().state_count();
     for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
       const zero::flat_buffer& f = plan.buffers()[b];
-      const algorithms::range held = model.held_range(b), own = model.optimizer_range(b);
+      const algorithms::range held = zero::checkpoint_access(model).held_range(b),
+                              own = zero::checkpoint_access(model).optimizer_range(b);
       for (std::size_t p : f.parameters) {
         const std::uint64_t off = pl[p].offset, end = pl[p].offset + pl[p].numel;
         auto add = [&](std::size_t spec, algorithms::range r, int which, std::uint64_t es) {
@@ -347,20 +352,20 @@ class zero_staging {
   /// a spare, copies the model's padding into it and exchanges the two. Cannot fail once
   /// `begin_restore` succeeded.
   void commit(std::uint64_t steps) {
-    model_.begin_restore();
+    zero::checkpoint_access(model_).begin_restore();
     if (spare_ != nullptr) {
       for (const place& g : gaps_)
         std::memcpy(spare_->part(g.buffer, g.which) + g.offset, model_part(g.buffer, g.which) + g.offset,
                     static_cast<std::size_t>(g.bytes));
       spare_->exchange(model_);
-      model_.restorable_optimizer().set_steps(steps);
+      zero::checkpoint_access(model_).optimizer().set_steps(steps);
       return;
     }
     for (std::size_t i = 0; i < targets_.size(); ++i) {
       const place& p = places_[i];
       std::memcpy(model_part(p.buffer, p.which) + p.offset, targets_[i].dst, static_cast<std::size_t>(p.bytes));
     }
-    if (with_states_) model_.restorable_optimizer().set_steps(steps);
+    if (with_states_) zero::checkpoint_access(model_).optimizer().set_steps(steps);
   }
 
  private:
@@ -372,8 +377,8 @@ class zero_staging {
   };
   static std::uint64_t round(std::uint64_t bytes) { return (bytes + 63) / 64 * 64; }
   unsigned char* model_part(std::size_t b, int which) {
-    zero::sharded_optimizer& opt = model_.restorable_optimizer();
-    return which == -2   ? model_.held_parameters(b)
+    zero::sharded_optimizer& opt = zero::checkpoint_access(model_).optimizer();
+    return which == -2   ? zero::checkpoint_access(model_).held_parameters(b)
            : which == -1 ? reinterpret_cast<unsigned char*>(opt.master(b))
                          : reinterpret_cast<unsigned char*>(opt.state(b, which));
   }
@@ -398,10 +403,11 @@ class zero_staging {
   template <class F>
   static void for_each_part(zero::sharded_model& model, bool with_states, F&& f) {
     const zero::shard_plan& plan = model.plan();
-    const int states = model.restorable_optimizer().options().state_count();
+    const int states = zero::checkpoint_access(model).optimizer().options().state_count();
     for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
       const zero::flat_buffer& fb = plan.buffers()[b];
-      const algorithms::range held = model.held_range(b), own = model.optimizer_range(b);
+      const algorithms::range held = zero::checkpoint_access(model).held_range(b),
+                              own = zero::checkpoint_access(model).optimizer_range(b);
       f(b, -2, held.size() * dtype_size(fb.type));
       if (fb.trainable && fb.has_master) f(b, -1, own.size() * 4);
       if (fb.trainable && with_states)

@@ -9,6 +9,7 @@
 /// that peers fail promptly instead of waiting for a rank that has given up.
 
 #include <exception>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -119,17 +120,35 @@ inline void execute(transport& c, const collective_descriptor& d) {
   if (!refusal.empty()) c.raise(&d, errc::invalid_argument, refusal + "; no rank wrote its output");
 }
 
-/// Issues `d` on `c`: assigns its sequence number, then runs it inline (blocking, nothing
-/// pending), or behind pending work on the progress thread. Returns a handle (empty when it
-/// already ran). Blocking calls rethrow the collective's error.
+/// Issues `d` on `c`: counts it (`issued()`), then runs it inline (blocking, nothing pending; or
+/// any call made by a task on the progress thread itself, such as a communication stream's
+/// collective), or behind pending work on the progress thread; its sequence number is taken when
+/// it starts. Returns a handle (empty when a blocking call already ran). Blocking calls rethrow
+/// the collective's error.
 inline work issue(transport& c, collective_descriptor d, bool async) {
-  d.sequence = c.next_sequence();
-  if (!async && c.progress().idle()) {
+  c.count_issue();
+  if (async && c.progress().running_here()) {
+    d.sequence = c.next_sequence();  // a handle that has finished, its error inside
+    auto state = std::make_shared<work_state>();
+    std::exception_ptr failure;
+    try {
+      execute(c, d);
+    } catch (...) { failure = std::current_exception(); }
+    state->finish(std::move(failure));
+    return work(std::move(state));
+  }
+  if (c.progress().running_here() || (!async && c.progress().idle())) {
+    d.sequence = c.next_sequence();
     execute(c, d);
     return {};
   }
+  // The sequence number is taken when the task runs: a communication stream's turns on this
+  // thread (zero/execution_stream.hpp) take theirs there too, and queue order is issue order.
   transport* t = &c;
-  work w(c.progress().submit([t, d = std::move(d)] { execute(*t, d); }));
+  work w(c.progress().submit([t, d = std::move(d)]() mutable {
+    d.sequence = t->next_sequence();
+    execute(*t, d);
+  }));
   if (!async) w.wait();
   return w;
 }

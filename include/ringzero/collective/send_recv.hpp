@@ -52,7 +52,7 @@ inline std::uint64_t transfer_bytes(const communicator& c, const void* buffer, s
 inline void transfer(communicator& c, collective_kind kind, dtype type, const void* send, std::uint64_t send_bytes,
                      int to, void* recv, std::uint64_t recv_bytes, int from) {
   transport& t = transport_of(c);
-  t.progress().drain();
+  if (!t.progress().running_here()) t.progress().drain();
   collective_descriptor d;
   d.kind = kind;
   d.type = type;  // for the backends' messages (element counts)

@@ -104,17 +104,43 @@ struct host_stream_options {
   bool paused = false;
 };
 
-/// An in-order queue of host work run by one thread of its own (see the file comment).
+/// Hands a host stream's tasks to an in-order executor (for `host_stream(host_executor, ...)`):
+/// it must run every function it is given exactly once, in the order given, one at a time, and
+/// outlive the stream (a communicator's progress engine: zero/execution_stream.hpp).
+using host_executor = std::function<void(std::function<void()>)>;
+
+/// Makes a host stream whose tasks run on the calling thread (`host_stream(on_caller_thread)`).
+struct on_caller_thread_t {
+  explicit on_caller_thread_t() = default;
+};
+/// See `on_caller_thread_t`.
+inline constexpr on_caller_thread_t on_caller_thread{};
+
+/// An in-order queue of host work (see the file comment), run by one of three drivers: a thread
+/// of its own (the default), an executor it hands its tasks to, or the calling thread.
 class host_stream {
  public:
   using task = std::function<void()>;
 
+  /// Tasks run on a thread of the stream's own.
   explicit host_stream(host_stream_options options = {}) : options_(options), paused_(options.paused) {
     worker_ = std::thread([this] { run(); });
   }
+  /// Tasks run on `executor`'s thread: each enqueue hands it one turn of the stream, which runs
+  /// the oldest task (a paused stream's turn blocks the executor until `resume()`).
+  host_stream(host_executor executor, host_stream_options options)
+      : options_(options), executor_(std::move(executor)), paused_(options.paused) {
+    if (!executor_) throw error(errc::invalid_argument, "host_stream: the executor is empty");
+  }
+  /// Tasks run on the thread that enqueues them, before the enqueue returns (the host path's
+  /// compute stream: the trainer's thread is the stream). A task's exception is thrown by the
+  /// call that enqueued it (a wait: the error of the stream waited on) and is not kept; waits
+  /// block the caller; `pause` is refused (errc::invalid_argument).
+  explicit host_stream(on_caller_thread_t) : on_caller_(true) { options_.delay = std::chrono::microseconds{0}; }
   host_stream(const host_stream&) = delete;
   host_stream& operator=(const host_stream&) = delete;
-  /// Resumes, runs every queued task, then joins the thread.
+  /// Resumes, runs every queued task, then joins the thread (with an executor: waits until the
+  /// executor has run every task).
   ~host_stream() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -122,7 +148,12 @@ class host_stream {
       paused_ = false;
     }
     changed_.notify_all();
-    worker_.join();
+    if (worker_.joinable()) {
+      worker_.join();
+      return;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return completed_ == submitted_; });
   }
 
   /// Enqueues `work`; it runs after everything enqueued before it on this stream.
@@ -148,8 +179,10 @@ class host_stream {
               s->error = error_;
             }
             ++completed_;
+            // Under the lock: once the count is seen, a stream driven by an executor may be
+            // destroyed (its destructor waits for the count), so nothing of it is touched after.
+            changed_.notify_all();
           }
-          changed_.notify_all();
           s->changed.notify_all();
         },
         true, true);
@@ -194,6 +227,8 @@ class host_stream {
   /// Holds back every task not yet started until `resume()` (a test knob that makes ordering
   /// mistakes deterministic).
   void pause() {
+    if (on_caller_)
+      throw error(errc::invalid_argument, "host_stream: a stream run on the caller's thread cannot pause");
     std::lock_guard<std::mutex> lock(mutex_);
     paused_ = true;
   }
@@ -220,6 +255,40 @@ class host_stream {
       ++submitted_;
     }
     changed_.notify_all();
+    if (on_caller_) {
+      run_one(true);
+    } else if (executor_) {
+      executor_([this] { run_one(false); });
+    }
+  }
+
+  /// One turn of a stream without a thread of its own: runs the oldest queued task (after a
+  /// pause, on the executor's thread). `throw_at_once`: the caller-thread driver, whose task's
+  /// exception goes to the caller instead of being kept.
+  void run_one(bool throw_at_once) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return !paused_ || stopping_; });
+    item next = std::move(queue_.front());
+    queue_.pop_front();
+    const bool skip = error_ && !next.always;
+    lock.unlock();
+    std::exception_ptr failure;
+    if (!skip) {
+      if (options_.delay.count() > 0) std::this_thread::sleep_for(options_.delay);
+      try {
+        next.work();
+      } catch (...) { failure = std::current_exception(); }
+    }
+    // A task that counts itself (an event record) has completed; the destructor may already
+    // have returned, so this stream is not touched again.
+    if (next.counts_itself) return;
+    next.work = nullptr;
+    lock.lock();
+    if (failure && !throw_at_once && !error_) error_ = failure;
+    ++completed_;
+    changed_.notify_all();  // under the lock, for the same reason
+    lock.unlock();
+    if (failure && throw_at_once) std::rethrow_exception(failure);
   }
 
   void take_error(std::unique_lock<std::mutex>& lock) {
@@ -258,6 +327,8 @@ class host_stream {
   }
 
   host_stream_options options_;
+  host_executor executor_;  ///< drives the stream when set
+  bool on_caller_ = false;  ///< the caller-thread driver
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<item> queue_;

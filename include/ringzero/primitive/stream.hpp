@@ -89,6 +89,8 @@ class host_backed_stream : public virtual stream {
   /// Owns a new host stream with `options`.
   explicit host_backed_stream(host_stream_options options)
       : owned_(std::make_unique<host_stream>(options)), stream_(owned_.get()) {}
+  /// Owns `s` (not null): a host stream driven by an executor or by the calling thread.
+  explicit host_backed_stream(std::unique_ptr<host_stream> s) : owned_(std::move(s)), stream_(owned_.get()) {}
 
   /// The wrapped stream (tests pause and resume it).
   host_stream& native() noexcept { return *stream_; }

@@ -14,7 +14,7 @@
 /// The CUDA implementation is zero/cuda_execution_stream.hpp (needs cudart).
 /// Errors: the host stream's (docs/streams.md); `host_work` on a stream that cannot run host
 /// code on its memory throws errc::unsupported. Thread safety: as the wrapped stream.
-/// The manual: docs/zero.md, "The device path", and docs/streams.md.
+/// The manual: docs/zero.md, "One path: streams", and docs/streams.md.
 
 #include <functional>
 #include <memory>
@@ -47,7 +47,8 @@ class execution_stream : public virtual primitive::stream {
   /// The communicator memory this stream's memory is (host for the host stream).
   virtual ringzero::memory_space communicator_space() const noexcept = 0;
   /// The stream on which a runtime driven by this compute stream runs the collectives of `comm`:
-  /// a new host stream with `options` (host kind), the communicator's own stream (CUDA).
+  /// a new host stream with `options` on the communicator's progress thread (host kind), the
+  /// communicator's own stream (CUDA).
   virtual std::unique_ptr<execution_stream> make_communication_stream(communicator& comm,
                                                                       primitive::host_stream_options options) const = 0;
 
@@ -65,8 +66,9 @@ class execution_stream : public virtual primitive::stream {
   virtual void decide_step(step_scalars* s, double max_grad_norm, bool skip_nonfinite) = 0;
   virtual void update_shard(const shard_update& u, const step_scalars* s) = 0;
   /// A collective of a communicator of this stream's memory, issued in order: the host kind runs
-  /// `issue` (which calls the blocking collective) on the stream's thread; the CUDA kind calls it
-  /// at once on the caller's thread, the communicator enqueueing its work on this stream.
+  /// `issue` (which calls the blocking collective) as a task, on the thread that drives the
+  /// stream (the communicator's progress thread for a communication stream); the CUDA kind calls
+  /// it at once on the caller's thread, the communicator enqueueing its work on this stream.
   virtual void collective(std::function<void()> issue) = 0;
 };
 
@@ -76,13 +78,25 @@ class host_execution_stream final : public execution_stream, public primitive::h
  public:
   /// Borrows `s` (which must outlive this object).
   explicit host_execution_stream(primitive::host_stream& s) : primitive::host_backed_stream(s) {}
-  /// Owns a new host stream with `options`.
+  /// Owns a new host stream with `options` (a thread of its own).
   explicit host_execution_stream(primitive::host_stream_options options) : primitive::host_backed_stream(options) {}
+  /// Owns a new host stream run by the thread that enqueues (primitive::on_caller_thread): the
+  /// host path's compute stream, whose work is the trainer's own code.
+  explicit host_execution_stream(primitive::on_caller_thread_t)
+      : primitive::host_backed_stream(std::make_unique<primitive::host_stream>(primitive::on_caller_thread)) {}
+  /// Owns `s` (not null).
+  explicit host_execution_stream(std::unique_ptr<primitive::host_stream> s)
+      : primitive::host_backed_stream(std::move(s)) {}
 
   ringzero::memory_space communicator_space() const noexcept override { return ringzero::memory_space::host; }
-  std::unique_ptr<execution_stream> make_communication_stream(communicator&,
+  /// A host stream that runs on `comm`'s progress thread: its collectives and the communicator's
+  /// asynchronous operations (and the trainer's own calls on `comm`, queued behind) keep one
+  /// issue order on one thread, as NCCL's work on one CUDA stream does.
+  std::unique_ptr<execution_stream> make_communication_stream(communicator& comm,
                                                               primitive::host_stream_options options) const override {
-    return std::make_unique<host_execution_stream>(options);
+    ringzero::detail::progress_engine* engine = &ringzero::detail::transport_of(comm).progress();
+    return std::make_unique<host_execution_stream>(std::make_unique<primitive::host_stream>(
+        [engine](std::function<void()> turn) { (void)engine->submit(std::move(turn)); }, options));
   }
   void wait_host_stream(const event& e) override { native().wait_event(native_event(e)); }
   void add_sum_of_squares(double* sum, const void* values, std::uint64_t count, dtype type) override {

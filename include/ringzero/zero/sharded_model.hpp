@@ -8,10 +8,13 @@
 /// `post_backward`/`end_backward`/`step`, the same loop at every stage (no-ops where a stage
 /// needs none). Errors: the constructor agrees across ranks and throws on every rank before any
 /// step when plans, parameters or options differ. Thread semantics: one thread per rank; the
-/// collective calls in the same order on every rank. The device path (a `device_context`: the
-/// state in the compute stream's memory space, collectives on a communication stream, ordered
-/// by events) runs on the host stream (the simulated device of CI) and on CUDA streams, the step
-/// as CUDA kernels there (zero/execution_stream.hpp, zero/optimizer_kernels.cuh).
+/// collective calls in the same order on every rank. One path for host and device memory: the
+/// state lives in a compute stream's memory space and every operation on it is stream work (a
+/// communication stream for collectives and the step, ordered against the compute stream by
+/// events; zero/execution_stream.hpp). On the host path the compute stream is the calling
+/// thread and the communication stream runs on the communicator's progress thread; a
+/// `device_context` brings the trainer's own stream (the simulated device of CI, or CUDA, where
+/// the step runs as CUDA kernels: zero/optimizer_kernels.cuh).
 /// The manual (what each stage does, the loop, views, clipping, hybrid sharding, reproducible
 /// mode, memory): docs/zero.md, "The runtime in detail".
 
@@ -41,39 +44,17 @@
 #include "ringzero/zero/gradient_schedule.hpp"
 #include "ringzero/zero/host_buffer.hpp"
 #include "ringzero/zero/loss_scaler.hpp"
+#include "ringzero/zero/model_agreement.hpp"
 #include "ringzero/zero/optimizer.hpp"
 #include "ringzero/zero/optimizer_offload.hpp"
 #include "ringzero/zero/reproducible_gradients.hpp"
 #include "ringzero/zero/shard_plan.hpp"
+#include "ringzero/zero/sharded_model_options.hpp"
 #include "ringzero/zero/sharded_optimizer.hpp"
 
 namespace ringzero::zero {
 
-/// Options of a `sharded_model`.
-struct sharded_model_options {
-  /// The optimizer; its state count must match the plan's `precision::optimizer_states`.
-  optimizer_options optimizer{};
-  /// Clip the global gradient norm to this value (> 0); 0: no clipping.
-  double max_grad_norm = 0;
-  /// Skip the update (and zero the gradients) when the global gradient norm is not finite, as
-  /// mixed-precision trainers do on overflow; false: apply it anyway.
-  bool skip_nonfinite_steps = true;
-  /// Dynamic loss scaling (zero/loss_scaler.hpp; meant for float16): the trainer multiplies its
-  /// loss by `loss_scale()`; a non-finite step is then always skipped.
-  loss_scaling_options loss_scaling{};
-  /// Reproducible gradient accumulation (see the file comment and docs/zero.md). Refused (on
-  /// every rank, errc::invalid_argument) with max_grad_norm > 0, hybrid sharding, or gradients
-  /// that are not float16, bfloat16, float32 or float64.
-  bool reproducible = false;
-};
-
-/// What `sharded_model::step()` did.
-struct step_result {
-  double gradient_norm = 0;     ///< global L2 norm of the averaged gradients, before clipping
-  double clip_coefficient = 1;  ///< factor the gradients were multiplied by (1: not clipped)
-  bool skipped = false;         ///< the norm was not finite and the update was skipped
-  std::uint64_t steps = 0;      ///< optimizer updates applied so far
-};
+class checkpoint_access;
 
 /// See the file comment.
 class sharded_model {
@@ -118,27 +99,26 @@ class sharded_model {
   /// device path first waits for the compute stream's work enqueued so far and drains the
   /// communication stream.
   ~sharded_model() {
-    for (auto& list : gather_work_) wait_quietly(list);
-    for (auto& list : reduce_work_) wait_quietly(list);
-    if (comm_stream_) {
-      try {
-        compute_->record(*compute_mark_);
-        compute_->wait_host(*compute_mark_);
-      } catch (...) {}
-      comm_stream_->synchronize_quietly();
-    }
+    if (comm_stream_ == nullptr) return;  // refused before the streams existed
+    try {
+      compute_->record(*compute_mark_);
+      compute_->wait_host(*compute_mark_);
+    } catch (...) {}
+    comm_stream_->synchronize_quietly();
   }
 
-  /// The device path's communication stream (nullptr on the host path): the runtime's
-  /// collectives, optimizer step and copies run there. For tests, which pause it.
+  /// The communication stream: the runtime's collectives, optimizer step and copies run there
+  /// (on the host path a host stream driven by the shard communicator's progress thread; on
+  /// the device path the compute stream's kind). For tests, which pause it.
   execution_stream* communication_stream() noexcept { return comm_stream_.get(); }
+  /// The compute stream: the device_context's, or on the host path one run by the calling
+  /// thread (the trainer's own code is its work).
+  execution_stream* compute_stream() noexcept { return compute_; }
   /// The offload stream (offload::optimizer on the device path; else nullptr): the CPU update runs there. For tests.
   execution_stream* offload_stream() noexcept { return offload_ ? offload_->stream.get() : nullptr; }
   /// Blocks until the runtime's work enqueued so far (communication stream) has run; rethrows
-  /// its error. No-op on the host path.
-  void synchronize() {
-    if (comm_stream_) comm_stream_->synchronize();
-  }
+  /// its error.
+  void synchronize() { comm_stream_->synchronize(); }
 
   /// The plan.
   const shard_plan& plan() const noexcept { return plan_; }
@@ -202,20 +182,7 @@ class sharded_model {
     if (values.size() != pl.numel)
       raise("set_parameter('" + name(p) + "'): got " + std::to_string(values.size()) + " values for " +
             std::to_string(pl.numel) + " elements");
-    if (comm_stream_) return set_parameter_on_streams(p, values);
-    const flat_buffer& f = plan_.buffers()[pl.buffer];
-    const algorithms::range own = owned_range(pl.buffer);
-    const std::uint64_t lo = std::max(own.begin, pl.offset), hi = std::min(own.end, pl.offset + pl.numel);
-    visit_dtype(f.type, [&]<class T>() {
-      T* dst = reinterpret_cast<T*>(params_[pl.buffer].data());
-      if (plan_.stage() <= 2) {
-        for (std::uint64_t k = 0; k < pl.numel; ++k) dst[pl.offset + k] = static_cast<T>(values[k]);
-      } else {
-        for (std::uint64_t e = lo; e < hi; ++e) dst[e - own.begin] = static_cast<T>(values[e - pl.offset]);
-      }
-    });
-    if (float* m = f.trainable ? optimizer_->master(pl.buffer) : nullptr)
-      for (std::uint64_t e = lo; e < hi; ++e) m[e - own.begin] = values[e - pl.offset];
+    write_parameter(p, values);
   }
 
   /// Copies parameter p's current values into `out` (`numel` floats). At stage 3 this is a
@@ -226,31 +193,7 @@ class sharded_model {
     if (out.size() != pl.numel)
       raise("read_parameter('" + name(p) + "'): output has " + std::to_string(out.size()) +
             " elements, the parameter " + std::to_string(pl.numel));
-    if (comm_stream_) return read_parameter_on_streams(p, out);
-    const flat_buffer& f = plan_.buffers()[pl.buffer];
-    const unsigned char* src = nullptr;
-    std::size_t borrowed_slot = npos;
-    if (plan_.stage() <= 2) {
-      src = params_[pl.buffer].data();
-    } else {
-      const std::size_t w = storage_unit(p);
-      if (gathers_.held(w)) {
-        wait_gather(w);
-        src = gathers_buffers_[unit_gather_[w]].data() + f.gather_offset;
-      } else {
-        borrowed_slot = take_gather_slot();
-        unsigned char* dst = gathers_buffers_[borrowed_slot].data() + f.gather_offset;
-        if (f.shard_numel > 0)
-          all_gather(comm_, params_[pl.buffer].data(), dst, f.shard_numel, f.type,
-                     tagged(call_purpose::read, pl.buffer));
-        src = dst;
-      }
-    }
-    visit_dtype(f.type, [&]<class T>() {
-      const T* s = reinterpret_cast<const T*>(src) + pl.offset;
-      for (std::uint64_t k = 0; k < pl.numel; ++k) out[k] = static_cast<float>(s[k]);
-    });
-    if (borrowed_slot != npos) gather_free_.push_back(borrowed_slot);
+    copy_parameter_out(p, out);
   }
 
   /// Before the forward of unit u: at stage 3, gathers u (and the units whose tied storage it
@@ -306,6 +249,10 @@ class sharded_model {
       gather_hooks h{*this};
       gathers_.release_all(h);
     }
+    // The compute stream's later work (the next micro-batch's gradients, a trainer reading the
+    // reduced ones) runs after the reductions; on the host path this waits for them.
+    comm_stream_->record(*comm_mark_);
+    compute_->wait(*comm_mark_);
     std::fill(marked_.begin(), marked_.end(), false);
     ++micro_;
   }
@@ -339,34 +286,7 @@ class sharded_model {
       gathers_.release_all(h);
     }
     micro_ = 0;
-    if (comm_stream_) return step_on_streams();
-    check_learning_rates();
-    const auto& buffers = plan_.buffers();
-    if (replica_ != nullptr && replica_->world_size() > 1)
-      for (std::size_t b = 0; b < buffers.size(); ++b)
-        if (buffers[b].trainable && buffers[b].numel > 0) {
-          unsigned char* g = owned_gradient(b);
-          all_reduce(*replica_, g, g, owned_range(b).size(), buffers[b].gradient_type, reduce_kind::avg,
-                     tagged(call_purpose::replica_average, b));
-        }
-
-    double squares = 0;
-    for (std::size_t b = 0; b < buffers.size(); ++b)
-      if (buffers[b].trainable) squares += sum_of_squares(b);
-    if (plan_.stage() >= 1 && comm_.world_size() > 1)
-      all_reduce(comm_, &squares, &squares, 1, dtype::float64, reduce_kind::sum, tagged(call_purpose::norm, 0));
-    const step_result result = update_owned_shards(squares);
-    if (result.skipped) {
-      zero_gradients();
-      return result;
-    }
-    if (plan_.stage() == 1 || plan_.stage() == 2)
-      for (std::size_t b = 0; b < buffers.size(); ++b)
-        if (buffers[b].trainable && buffers[b].numel > 0)
-          all_gather(comm_, owned_parameters(b), params_[b].data(), buffers[b].shard_numel, buffers[b].type,
-                     tagged(call_purpose::regather, b));
-    zero_gradients();
-    return result;
+    return run_step();
   }
 
   /// Sets the learning rate of the next steps; every rank must set the same value (each `step()`
@@ -387,11 +307,11 @@ class sharded_model {
   const sharded_optimizer& optimizer() const noexcept { return *optimizer_; }
   /// The factor the trainer multiplies its loss by before backward (1 without loss scaling).
   double loss_scale() const noexcept { return scaler_.scale(); }
-  /// The loss scaler (scale, good-step count, options); `restorable_loss_scaler()` for checkpoints.
+  /// The loss scaler (scale, good-step count, options); checkpoints restore it through
+  /// `checkpoint_access` (zero/checkpoint_access.hpp).
   const loss_scaler& scaler() const noexcept { return scaler_; }
-  loss_scaler& restorable_loss_scaler() noexcept { return scaler_; }
 
-  // ---- checkpoint access (checkpoint/: save, load, reshard) ----------------------------------
+  // ---- the job (checkpoint/ and reports) ------------------------------------------------------
 
   /// The shard communicator.
   communicator& comm() noexcept { return comm_; }
@@ -402,20 +322,6 @@ class sharded_model {
   int global_rank() const noexcept {
     return (replica_ != nullptr ? replica_->rank() * comm_.world_size() : 0) + comm_.rank();
   }
-  /// The range of buffer b whose master weights and optimizer states this rank holds (and
-  /// whose parameters its optimizer updates): the whole buffer at stage 0, its shard otherwise.
-  algorithms::range optimizer_range(std::size_t b) const { return owned_range(b); }
-  /// The range of buffer b whose parameters this rank stores: the whole buffer at stages 0-2,
-  /// its shard at stage 3.
-  algorithms::range held_range(std::size_t b) const {
-    return plan_.stage() == 3 ? owned_range(b) : algorithms::range{0, plan_.buffers().at(b).numel};
-  }
-  /// The bytes of `held_range(b)` (the buffer's dtype).
-  unsigned char* held_parameters(std::size_t b) { return params_.at(b).data(); }
-  const unsigned char* held_parameters(std::size_t b) const { return params_.at(b).data(); }
-  /// The optimizer, writable: master weights, states and the step count, for restoring a
-  /// checkpoint after `begin_restore()`.
-  sharded_optimizer& restorable_optimizer() noexcept { return *optimizer_; }
   /// True between steps: no micro-batch begun (no end_backward since the last step, no gradient
   /// bucket taken) and no unit gathered by a pre_forward / pre_backward without its post_*.
   bool between_steps() const noexcept {
@@ -424,27 +330,6 @@ class sharded_model {
       if (gathers_.in_use(u) || gradients_.state(u) != detail::gradient_schedule::phase::idle) return false;
     return true;
   }
-  /// Before a checkpoint overwrites the state: releases every stage-3 gather (they would show
-  /// the old parameters) and zeroes the gradients. Throws errc::invalid_argument (naming this
-  /// rank) unless `between_steps()`. Local.
-  void begin_restore() {
-    if (!between_steps())
-      raise("a checkpoint can only be restored between steps (after step(), before the next micro-batch)");
-    if (plan_.stage() == 3) {
-      gather_hooks h{*this};
-      gathers_.release_all(h);
-    }
-    zero_gradients();
-    synchronize();
-  }
-  /// For a checkpoint load that fills a second copy of the state and then makes it live without
-  /// copying (checkpoint/zero_state.hpp): exchanges the held parameters (one block per buffer, of
-  /// `held_parameters`' size) and the optimizer (master weights, states, step count) with `held`
-  /// and `spare`, which then hold the previous ones. `spare` must be built from this `plan()`, this
-  /// rank's shard and `optimizer().options()`; the live optimizer keeps its learning rate. Call
-  /// after `begin_restore()`. Throws errc::invalid_argument (naming this rank, nothing exchanged)
-  /// when a size or the optimizer's kind differs. O(buffers). Local.
-  void exchange_restorable_state(std::vector<detail::host_buffer>& held, sharded_optimizer& spare);
 
   /// Bytes this rank holds now, by category (pools at their current size).
   memory_breakdown memory_in_use() const {
@@ -493,6 +378,7 @@ class sharded_model {
   }
 
  private:
+  friend class checkpoint_access;  // zero/checkpoint_access.hpp: what checkpoint/ needs
   struct construct_tag {};
   // Both public constructors: `device` null on the host path.
   sharded_model(construct_tag, communicator& comm, shard_plan plan, std::span<const parameter_spec> registered,
@@ -504,7 +390,7 @@ class sharded_model {
         shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
         gathers_(plan_.make_gather_schedule()),
         gradients_(plan_.make_gradient_schedule()) {
-    start(device, check(registered));
+    start(device, agreement().problem(registered));
   }
 
   struct gather_hooks {
@@ -536,7 +422,7 @@ class sharded_model {
         shard_index_(plan_.stage() == 0 ? 0 : comm.rank()),
         gathers_(plan_.make_gather_schedule()),
         gradients_(plan_.make_gradient_schedule()) {
-    start(device, p.problem.empty() ? check(plan_.parameters()) : p.problem);
+    start(device, p.problem.empty() ? agreement().problem(plan_.parameters()) : p.problem);
   }
 
   /// Plans `request` for the communicators. A refusal is kept (not thrown) so that the other
@@ -563,15 +449,12 @@ class sharded_model {
     ringzero::detail::raise(comm_, errc::invalid_argument, "zero::sharded_model: " + message);
   }
 
-  /// What a collective of the runtime is for; with the flat buffer's index it makes the call's
-  /// tag (collective_options::tag), so ranks that issue the same-shaped calls for different
-  /// purposes or buffers (two equal units gathered in different orders) fail with a tag
-  /// mismatch where the backend checks the contract, instead of mixing their data.
-  enum class call_purpose : std::uint64_t { agree = 1, gather, read, reduce, replica_average, norm, regather };
+  /// The cross-rank checks of this model (zero/model_agreement.hpp).
+  detail::model_agreement agreement() { return {comm_, replica_, plan_, options_, &memory_counter_}; }
+  /// The tags of the runtime's collectives (zero/model_agreement.hpp).
+  using call_purpose = detail::call_purpose;
   static collective_options tagged(call_purpose purpose, std::size_t buffer) noexcept {
-    collective_options o;
-    o.tag = (static_cast<std::uint64_t>(purpose) << 48) | static_cast<std::uint64_t>(buffer);
-    return o;
+    return detail::tagged(purpose, buffer);
   }
 
   const std::string& name(std::size_t p) const { return plan_.parameters()[p].name; }
@@ -612,70 +495,7 @@ class sharded_model {
     return options_.reproducible || plan_.stage() >= 2 || micro_ == plan_.request().accumulation_steps - 1;
   }
 
-  /// The first reason why this rank cannot run the plan ("" when it can).
-  std::string check(std::span<const parameter_spec> registered) const;
-
-  /// This rank's values of everything the ranks must share: its refusal, the plan request
-  /// field by field (the parameter list as one hash), the optimizer options that its kind
-  /// uses, the clipping settings, and the plan fingerprint last (anything not listed).
-  std::vector<ringzero::detail::agreed_value> summary(bool refused) const;
-
-  /// FNV-1a of parameters [first, last) of the plan request (as the fingerprint hashes them).
-  std::uint64_t parameters_hash(std::size_t first, std::size_t last) const {
-    detail::fnv1a h;
-    const auto& ps = plan_.request().parameters;
-    for (std::size_t i = first; i < last; ++i) detail::hash_parameter(h, ps[i]);
-    return h.value();
-  }
-
-  /// Every rank learns every rank's `summary` (an all_gather over `comm_`, then over
-  /// `replica_`) and throws alike on all of them: its own problem on a rank that refused, which
-  /// ranks refused on the others, else the first value the ranks disagree on with each rank's
-  /// value ("learning rate: rank 0: 0.5; rank 1: 0.25"), and for parameter lists of equal length
-  /// the first parameter that differs.
-  void agree(const std::string& problem) {
-    std::string verdict = agree_over(comm_, !problem.empty(), false);
-    if (replica_ != nullptr) {
-      // "refused" now means "my shard group cannot start", so that the refusal reaches every
-      // rank of every replica group.
-      std::string across = agree_over(*replica_, !problem.empty() || !verdict.empty(), true);
-      if (verdict.empty()) verdict = across;
-    }
-    if (!problem.empty()) raise(problem);
-    if (!verdict.empty()) raise(verdict);
-  }
-
-  /// The exchange of `agree` over `c`: the message every rank of `c` raises, or "".
-  /// `across_groups`: `c` is the replica communicator, whose rank r stands for shard group r,
-  /// and `refused` says that this rank's shard group cannot start.
-  std::string agree_over(communicator& c, bool refused, bool across_groups);
-
-  /// Where the ranks' parameter lists (of equal length, hashes differing) first differ: a second
-  /// all_gather of one hash per parameter; names this rank's version of that parameter.
-  std::string first_parameter_difference(communicator& c);
-
   void allocate();
-
-  /// Every rank of both communicators learns every rank's learning rate (a scheduler that set
-  /// different rates on different ranks would update the shards inconsistently) and throws alike
-  /// when they differ.
-  void check_learning_rates();
-
-  /// One more pool buffer of `bytes` (beyond the plan's count), or an error naming this rank.
-  detail::host_buffer& grow(std::vector<detail::host_buffer>& pool, std::uint64_t bytes, const char* what) {
-    try {
-      return pool.emplace_back(make_buffer(bytes));
-    } catch (const std::bad_alloc&) {
-      ringzero::detail::raise(comm_, errc::internal,
-                              "zero::sharded_model: cannot allocate another " + std::string(what) + " of " +
-                                  std::to_string(bytes) +
-                                  " bytes (beyond the plan's count: units visited out of order)");
-    } catch (const error& e) {
-      ringzero::detail::raise(comm_, e.kind(),
-                              "zero::sharded_model: another " + std::string(what) +
-                                  " (beyond the plan's count: units visited out of order): " + e.message());
-    }
-  }
 
   algorithms::range owned_range(std::size_t b) const {
     const flat_buffer& f = plan_.buffers()[b];
@@ -696,17 +516,10 @@ class sharded_model {
     return grads_[b].data() + owned_range(b).begin * dtype_size(f.gradient_type);
   }
 
-  double sum_of_squares(std::size_t b) {
-    return detail::sum_of_squares(owned_gradient(b), owned_range(b).size(), plan_.buffers()[b].gradient_type);
-  }
-
+  /// On the communication stream, after everything before it there.
   void zero_gradients() {
-    if (comm_stream_) {  // on the communication stream, after everything before it there
-      for (auto& g : grads_)
-        if (g.bytes() != 0) comm_stream_->fill(g.data(), g.bytes(), dtype::uint8, 0);
-      return;
-    }
-    for (auto& g : grads_) g.zero();
+    for (auto& g : grads_)
+      if (g.bytes() != 0) comm_stream_->fill(g.data(), g.bytes(), dtype::uint8, 0);
   }
 
   unsigned char* parameter_storage(std::size_t p) {
@@ -743,125 +556,74 @@ class sharded_model {
             ")");
   }
 
-  std::size_t take_gather_slot() {
-    if (!gather_free_.empty()) {
-      const std::size_t s = gather_free_.back();
-      gather_free_.pop_back();
-      return s;
-    }
-    grow(gathers_buffers_, plan_.communication().gather_buffer_bytes, "gather buffer");
-    if (comm_stream_) gather_slot_free_.push_back(compute_->make_event());
-    return gathers_buffers_.size() - 1;
-  }
+  /// One more pool buffer of `bytes` (beyond the plan's count), or an error naming this rank.
+  detail::host_buffer& grow(std::vector<detail::host_buffer>& pool, std::uint64_t bytes, const char* what);
+  /// A free gather slot (the pool grows beyond the plan's count for units visited out of order).
+  std::size_t take_gather_slot();
+  /// Unit u's all_gathers into a free slot, on the communication stream after the slot's last
+  /// readers; `gathered_[u]` marks their end.
+  void start_gather(std::size_t u);
 
-  void start_gather(std::size_t u) {
-    const std::size_t slot = take_gather_slot();
-    unit_gather_[u] = slot;
-    unsigned char* base = gathers_buffers_[slot].data();
-    if (comm_stream_) return start_gather_on_streams(u, slot);
-    for (std::size_t b : plan_.units()[u].buffers) {
-      const flat_buffer& f = plan_.buffers()[b];
-      if (f.shard_numel == 0) continue;
-      gather_work_[u].push_back(all_gather_async(comm_, params_[b].data(), base + f.gather_offset, f.shard_numel,
-                                                 f.type, tagged(call_purpose::gather, b)));
-    }
-  }
+  /// The compute stream's later work (the trainer's) runs after unit u's gather (on the host
+  /// path: the caller waits for it, and a failed gather throws here).
+  void wait_gather(std::size_t u) { compute_->wait(*gathered_[u]); }
 
-  void wait_gather(std::size_t u) {
-    if (comm_stream_) {  // the compute stream's later work (the trainer's) runs after the gather
-      compute_->wait(*gathered_[u]);
-      return;
-    }
-    auto& list = gather_work_[u];
-    for (const work& w : list) w.wait();
-    list.clear();
-  }
-
+  /// The next gather into u's slot waits for the compute work enqueued before now.
   void free_gather(std::size_t u) {
-    if (comm_stream_)  // the next gather into the slot waits for the compute work before now
-      compute_->record(*gather_slot_free_[unit_gather_[u]]);
-    else
-      wait_gather(u);
+    compute_->record(*gather_slot_free_[unit_gather_[u]]);
     gather_free_.push_back(unit_gather_[u]);
     unit_gather_[u] = npos;
   }
 
-  void fill_bucket(std::size_t u) {
-    if (plan_.stage() < 2) return;
-    std::size_t slot;
-    if (!bucket_free_.empty()) {
-      slot = bucket_free_.back();
-      bucket_free_.pop_back();
-    } else {
-      grow(buckets_, plan_.communication().gradient_bucket_bytes, "gradient bucket");
-      if (comm_stream_) bucket_free_event_.push_back(compute_->make_event());
-      slot = buckets_.size() - 1;
-    }
-    unit_bucket_[u] = slot;
-    if (comm_stream_) {  // after the reduction that used the slot last, on the compute stream
-      compute_->wait(*bucket_free_event_[slot]);
-      compute_->fill(buckets_[slot].data(), plan_.units()[u].gradient_bytes, dtype::uint8, 0);
-      return;
-    }
-    std::memset(buckets_[slot].data(), 0, static_cast<std::size_t>(plan_.units()[u].gradient_bytes));
-  }
+  /// Stages 2-3: a zeroed bucket for unit u's gradients, on the compute stream after the
+  /// reduction that used it last.
+  void fill_bucket(std::size_t u);
 
   void launch_reduction(std::size_t u);
 
   void complete_reduction(std::size_t u);
 
-  // ---- the device path (zero/sharded_model_device.hpp) ----
+  // ---- the streams (zero/sharded_model_streams.hpp) ----
   /// Checks `device` against the communicators (this rank's problem, "" when none) and, when
   /// it fits, creates the communication stream and the events.
   std::string attach(const device_context& device);
-  /// The constructors' common end: attach (device path) or refuse device memory (host path),
-  /// agree across ranks, allocate.
+  /// The constructors' common end: attach `device`, or on the host path (null) a compute stream
+  /// run by the calling thread; agree across ranks; allocate.
   void start(const device_context* device, std::string problem);
-  /// A zeroed buffer of `bytes`: host memory, or (device path) the context's memory space,
-  /// zeroed on the communication stream.
+  /// A buffer of `bytes` in the compute stream's memory space, zeroed on the communication stream.
   detail::host_buffer make_buffer(std::uint64_t bytes);
   /// The communication stream's later work runs after the compute stream's work enqueued so far.
   void comm_waits_for_compute() {
     compute_->record(*compute_mark_);
     comm_stream_->wait(*compute_mark_);
   }
-  void start_gather_on_streams(std::size_t u, std::size_t slot);
-  void set_parameter_on_streams(std::size_t p, std::span<const float> values);
-  void read_parameter_on_streams(std::size_t p, std::span<float> out);
-  step_result step_on_streams();
-  /// The update both paths share once the squared gradient norm (all ranks' sum) is known: the
-  /// non-finite check (skipped: nothing updated), the clip coefficient, the optimizer on every
-  /// trainable owned shard; `steps` set.
-  step_result update_owned_shards(double squares);
+  /// `set_parameter` after its checks: the values in the parameter's dtype copied in on the
+  /// communication stream after the compute stream's work so far; waits for the copies.
+  void write_parameter(std::size_t p, std::span<const float> values);
+  /// `read_parameter` after its checks: copied out on the communication stream (gathered there
+  /// first at stage 3 when no unit holds p); waits for the copy.
+  void copy_parameter_out(std::size_t p, std::span<float> out);
+  /// `step` after its checks, as work on the communication stream, with one wait at the end.
+  step_result run_step();
   /// Whether a non-finite step is skipped: as asked, and always with loss scaling.
   bool skips_nonfinite() const noexcept { return options_.skip_nonfinite_steps || scaler_.enabled(); }
   /// offload::optimizer (zero/sharded_model_offload.hpp): the update decided in `scalars` (host
   /// memory) as copies on the communication stream and CPU work on the offload stream, pipelined
   /// buffer by buffer; begins the optimizer's step unless skipped.
   void enqueue_offloaded_update(const step_scalars* scalars);
-  /// all_gather of `count` uint64 values per rank over `c`, through device memory when `c`'s
-  /// buffers are device memory (the agreement exchanges of the constructor and step).
-  void exchange(communicator& c, const std::uint64_t* mine, std::uint64_t* all, std::size_t count,
-                collective_options options);
 
   /// Reproducible mode, end of the accumulation window: every trainable buffer's average over
   /// all micro-batches of all ranks into its gradient (the whole buffer at stage 0, the rank's
   /// shard at stages 1-3), in buffer order on every rank.
+  /// On the communication stream (host memory only: attach refuses reproducible mode elsewhere).
   void reduce_reproducibly() {
-    for (std::size_t b = 0; b < plan_.buffers().size(); ++b) {
-      const flat_buffer& f = plan_.buffers()[b];
-      if (!f.trainable || f.numel == 0) continue;
-      reproducible_->reduce(comm_, b, plan_.stage() >= 1, owned_gradient(b), tagged(call_purpose::reduce, b));
-    }
-  }
-
-  static void wait_quietly(std::vector<work>& list) noexcept {
-    for (const work& w : list) {
-      try {
-        w.wait();
-      } catch (...) {}
-    }
-    list.clear();
+    comm_stream_->collective([this] {
+      for (std::size_t b = 0; b < plan_.buffers().size(); ++b) {
+        const flat_buffer& f = plan_.buffers()[b];
+        if (!f.trainable || f.numel == 0) continue;
+        reproducible_->reduce(comm_, b, plan_.stage() >= 1, owned_gradient(b), tagged(call_purpose::reduce, b));
+      }
+    });
   }
 
   communicator& comm_;
@@ -877,19 +639,18 @@ class sharded_model {
   std::vector<detail::host_buffer> gathers_buffers_;  ///< gather buffer pool (stage 3)
   std::vector<std::size_t> gather_free_;
   std::vector<std::size_t> unit_gather_;
-  std::vector<std::vector<work>> gather_work_;
   std::vector<detail::host_buffer> buckets_;  ///< gradient bucket pool (stages 2-3)
   std::vector<std::size_t> bucket_free_;
   std::vector<std::size_t> unit_bucket_;
-  std::vector<std::vector<work>> reduce_work_;
   detail::gather_schedule gathers_;
   detail::gradient_schedule gradients_;
   std::vector<bool> marked_;
   int micro_ = 0;
   std::optional<detail::reproducible_gradients> reproducible_;  ///< reproducible mode only
-  // The device path (all empty on the host path). Declared last: the communication stream is
-  // drained in the destructor and destroyed before the buffers its work used.
-  execution_stream* compute_ = nullptr;                                      ///< the trainer's
+  // The streams and their events. Declared last: the communication stream is drained in the
+  // destructor and destroyed before the buffers its work used.
+  std::unique_ptr<execution_stream> own_compute_;  ///< the host path's compute stream (caller's thread)
+  execution_stream* compute_ = nullptr;            ///< the trainer's
   std::vector<std::unique_ptr<execution_stream::event>> gathered_;           ///< per unit, on comm
   std::vector<std::unique_ptr<execution_stream::event>> gather_slot_free_;   ///< per slot, on compute
   std::vector<std::unique_ptr<execution_stream::event>> bucket_free_event_;  ///< per bucket, on comm
@@ -903,7 +664,10 @@ class sharded_model {
 
 }  // namespace ringzero::zero
 
-// The members defined out of the class (kept apart so that each header stays short).
-#include "ringzero/zero/sharded_model_device.hpp"
-#include "ringzero/zero/sharded_model_members.hpp"
+// The members defined out of the class, by what they do: the buffers (allocation, pools,
+// reductions) and the streams (attaching, parameters in and out, the step).
+#include "ringzero/zero/sharded_model_buffers.hpp"
 #include "ringzero/zero/sharded_model_offload.hpp"
+#include "ringzero/zero/sharded_model_streams.hpp"
+// What checkpoint/ uses of the model.
+#include "ringzero/zero/checkpoint_access.hpp"

@@ -1,14 +1,129 @@
 #pragma once
 /// @file
-/// The longer private members of `zero::sharded_model` (checking the registered parameters,
-/// the cross-rank agreement, allocation, launching and completing reductions), defined out of
-/// the class. Included by zero/sharded_model.hpp at its end; include that header, not this one.
+/// `zero::detail::model_agreement`: what the ranks of a `sharded_model` must agree on, and the
+/// exchanges that make every rank throw alike when they do not: the registered parameters
+/// against the plan, the plan request, options and fingerprint at construction (`agree`), the
+/// allocation of the model state (`agree_on_allocation`), and the learning rate at every step
+/// (`check_learning_rates`). Each exchange is one small all_gather over the shard communicator,
+/// then over the replica communicator of hybrid sharding, staged through device memory when
+/// the communicator's buffers are device memory. Errors: errc::invalid_argument (refusals and
+/// differences, naming the ranks and each rank's value) or errc::internal (allocation), on
+/// every rank. Thread semantics: the model's (the rank's thread, or the communication stream
+/// for the step's check). Also `call_purpose` and `tagged`, the tags of every collective of the
+/// runtime. The manual: docs/zero.md, "The runtime in detail".
 
-#include "ringzero/zero/sharded_model.hpp"
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
 
-namespace ringzero::zero {
+#include "ringzero/backend/communicator.hpp"
+#include "ringzero/collective/agreement.hpp"
+#include "ringzero/collective/all_gather.hpp"
+#include "ringzero/primitive/device_primitives.hpp"
+#include "ringzero/primitive/memory_counter.hpp"
+#include "ringzero/primitive/memory_space.hpp"
+#include "ringzero/zero/reproducible_gradients.hpp"
+#include "ringzero/zero/shard_plan.hpp"
+#include "ringzero/zero/sharded_model_options.hpp"
+#include "ringzero/zero/sharded_optimizer.hpp"
 
-inline std::string sharded_model::check(std::span<const parameter_spec> registered) const {
+namespace ringzero::zero::detail {
+
+/// What a collective of the runtime is for; with the flat buffer's index it makes the call's
+/// tag (collective_options::tag), so ranks that issue the same-shaped calls for different
+/// purposes or buffers (two equal units gathered in different orders) fail with a tag
+/// mismatch where the backend checks the contract, instead of mixing their data.
+enum class call_purpose : std::uint64_t { agree = 1, gather, read, reduce, replica_average, norm, regather };
+/// The tag of a runtime collective for `purpose` and flat buffer (or exchange) `index`.
+inline collective_options tagged(call_purpose purpose, std::size_t index) noexcept {
+  collective_options o;
+  o.tag = (static_cast<std::uint64_t>(purpose) << 48) | static_cast<std::uint64_t>(index);
+  return o;
+}
+
+/// See the file comment. Holds references: the communicators, plan and options must outlive it.
+class model_agreement {
+ public:
+  /// The agreement of a model running `plan` with `options` on `comm` (and `replica`, or
+  /// nullptr); staging buffers for device-memory communicators are counted in `counter`.
+  model_agreement(communicator& comm, communicator* replica, const shard_plan& plan,
+                  const sharded_model_options& options, primitive::memory_counter* counter) noexcept
+      : comm_(comm), replica_(replica), plan_(plan), options_(options), counter_(counter) {}
+
+  /// The first reason why this rank cannot run the plan with `registered` parameters ("" when
+  /// it can): parameters, world and group sizes, clipping, loss scaling, reproducible mode, the
+  /// optimizer. Local.
+  std::string problem(std::span<const parameter_spec> registered) const;
+
+  /// Every rank learns every rank's `summary` (an all_gather over the shard communicator, then
+  /// over the replica communicator) and throws alike on all of them: its own `problem` on a
+  /// rank that refused, which ranks refused on the others, else the first value the ranks
+  /// disagree on with each rank's value ("learning rate: rank 0: 0.5; rank 1: 0.25"), and for
+  /// parameter lists of equal length the first parameter that differs.
+  void agree(const std::string& problem) {
+    std::string verdict = agree_over(comm_, !problem.empty(), false);
+    if (replica_ != nullptr) {
+      // "refused" now means "my shard group cannot start", so that the refusal reaches every
+      // rank of every replica group.
+      std::string across = agree_over(*replica_, !problem.empty() || !verdict.empty(), true);
+      if (verdict.empty()) verdict = across;
+    }
+    if (!problem.empty()) raise(problem);
+    if (!verdict.empty()) raise(verdict);
+  }
+
+  /// After each rank tried to allocate its state (`problem`: why it could not, or ""): one
+  /// exchange so that a rank that could not makes every rank throw errc::internal (naming it)
+  /// instead of leaving the others to time out in the first collective.
+  void agree_on_allocation(const std::string& problem);
+
+  /// Every rank of both communicators learns every rank's learning rate `lr` (a scheduler that
+  /// set different rates on different ranks would update the shards inconsistently) and throws
+  /// alike when they differ, naming step `next_step`.
+  void check_learning_rates(double lr, std::uint64_t next_step);
+
+ private:
+  [[noreturn]] void raise(const std::string& message) const {
+    ringzero::detail::raise(comm_, errc::invalid_argument, "zero::sharded_model: " + message);
+  }
+
+  /// This rank's values of everything the ranks must share: its refusal, the plan request
+  /// field by field (the parameter list as one hash), the optimizer options that its kind
+  /// uses, the clipping settings, and the plan fingerprint last (anything not listed).
+  std::vector<ringzero::detail::agreed_value> summary(bool refused) const;
+
+  /// FNV-1a of parameters [first, last) of the plan request (as the fingerprint hashes them).
+  std::uint64_t parameters_hash(std::size_t first, std::size_t last) const {
+    detail::fnv1a h;
+    const auto& ps = plan_.request().parameters;
+    for (std::size_t i = first; i < last; ++i) detail::hash_parameter(h, ps[i]);
+    return h.value();
+  }
+
+  /// The exchange of `agree` over `c`: the message every rank of `c` raises, or "".
+  /// `across_groups`: `c` is the replica communicator, whose rank r stands for shard group r,
+  /// and `refused` says that this rank's shard group cannot start.
+  std::string agree_over(communicator& c, bool refused, bool across_groups);
+
+  /// Where the ranks' parameter lists (of equal length, hashes differing) first differ: a second
+  /// all_gather of one hash per parameter; names this rank's version of that parameter.
+  std::string first_parameter_difference(communicator& c);
+
+  /// all_gather of `count` uint64 values per rank over `c`, through device memory when `c`'s
+  /// buffers are device memory.
+  void exchange(communicator& c, const std::uint64_t* mine, std::uint64_t* all, std::size_t count,
+                collective_options options);
+
+  communicator& comm_;
+  communicator* replica_;
+  const shard_plan& plan_;
+  const sharded_model_options& options_;
+  primitive::memory_counter* counter_;
+};
+
+inline std::string model_agreement::problem(std::span<const parameter_spec> registered) const {
   const auto& planned = plan_.parameters();
   const zero::precision& pr = plan_.request().precision;
   if (registered.size() != planned.size())
@@ -53,7 +168,7 @@ inline std::string sharded_model::check(std::span<const parameter_spec> register
   return sharded_optimizer::problem(plan_, options_.optimizer);
 }
 
-inline std::vector<ringzero::detail::agreed_value> sharded_model::summary(bool refused) const {
+inline std::vector<ringzero::detail::agreed_value> model_agreement::summary(bool refused) const {
   using ringzero::detail::setting_bits;
   using shown = ringzero::detail::agreed_value::shown;
   const auto optimizer_text = [](std::uint64_t bits) {
@@ -100,7 +215,7 @@ inline std::vector<ringzero::detail::agreed_value> sharded_model::summary(bool r
   };
 }
 
-inline std::string sharded_model::agree_over(communicator& c, bool refused, bool across_groups) {
+inline std::string model_agreement::agree_over(communicator& c, bool refused, bool across_groups) {
   const int n = c.world_size();
   if (n == 1) return {};
   const std::vector<ringzero::detail::agreed_value> mine = summary(refused);
@@ -128,7 +243,7 @@ inline std::string sharded_model::agree_over(communicator& c, bool refused, bool
   return {};
 }
 
-inline std::string sharded_model::first_parameter_difference(communicator& c) {
+inline std::string model_agreement::first_parameter_difference(communicator& c) {
   const int n = c.world_size();
   const auto& ps = plan_.request().parameters;
   const std::size_t count = ps.size();
@@ -147,8 +262,8 @@ inline std::string sharded_model::first_parameter_difference(communicator& c) {
   return {};
 }
 
-inline void sharded_model::check_learning_rates() {
-  std::uint64_t mine = ringzero::detail::setting_bits(optimizer_->options().lr);
+inline void model_agreement::check_learning_rates(double lr, std::uint64_t next_step) {
+  std::uint64_t mine = ringzero::detail::setting_bits(lr);
   const ringzero::detail::agreed_value rate{"learning rate", mine, ringzero::detail::agreed_value::shown::real};
   std::string verdict;
   for (communicator* c : {&comm_, replica_}) {
@@ -163,19 +278,13 @@ inline void sharded_model::check_learning_rates() {
     for (std::uint64_t b : all) values.push_back(ringzero::detail::show(rate, b));
     verdict =
         std::string(c == replica_ ? "across replica groups, the ranks of the replica communicator" : "the ranks") +
-        " hold different learning rates at step " + std::to_string(optimizer_->steps() + 1) + ": " +
+        " hold different learning rates at step " + std::to_string(next_step) + ": " +
         ringzero::detail::describe_values(values) + " (set_learning_rate must set the same value on every rank)";
   }
   if (!verdict.empty()) raise(verdict);
 }
 
-inline void sharded_model::allocate_everywhere() {
-  std::string problem;
-  try {
-    allocate();
-  } catch (const std::bad_alloc&) {
-    problem = "cannot allocate the model state of this rank (std::bad_alloc)";
-  } catch (const error& e) { problem = e.message(); }
+inline void model_agreement::agree_on_allocation(const std::string& problem) {
   // Over the shard group, then across replica groups with "my group failed": every rank joins
   // both exchanges and learns of a failure anywhere.
   std::string verdict;
@@ -199,172 +308,28 @@ inline void sharded_model::allocate_everywhere() {
   if (!verdict.empty()) ringzero::detail::raise(comm_, errc::internal, "zero::sharded_model: " + verdict);
 }
 
-inline void sharded_model::allocate() {
-  const auto& buffers = plan_.buffers();
-  const bool stage3 = plan_.stage() == 3, shard_grads = plan_.stage() >= 2;
-  params_.reserve(buffers.size());
-  grads_.reserve(buffers.size());
-  for (const flat_buffer& f : buffers) {
-    params_.emplace_back(make_buffer((stage3 ? f.shard_numel : f.numel) * dtype_size(f.type)));
-    grads_.emplace_back(
-        make_buffer(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0));
-  }
-  if (offload_) {  // master weights and states in host memory, with transfer buffers (attach made it)
-    const primitive::memory_space space = offload_->space;
-    optimizer_.emplace(plan_, shard_index_, options_.optimizer, [this, space](std::uint64_t bytes) {
-      return detail::optimizer_offload::allocate(space, bytes, &memory_counter_);
-    });
-    offload_->allocate_buffers(plan_, &memory_counter_);
-  } else {
-    optimizer_.emplace(plan_, shard_index_, options_.optimizer,
-                       [this](std::uint64_t bytes) { return make_buffer(bytes); });
-  }
-  if (options_.reproducible) reproducible_.emplace(plan_);
-  scaler_ = loss_scaler(options_.loss_scaling);
-  const std::size_t units = plan_.units().size();
-  unit_gather_.assign(units, npos);
-  unit_bucket_.assign(units, npos);
-  gather_work_.resize(units);
-  reduce_work_.resize(units);
-  marked_.assign(plan_.trainable_storages().size(), false);
-  // The pools at the size the plan predicts for the canonical order, so that a rank short of
-  // memory fails here (where allocate_everywhere tells every rank) rather than at its first
-  // pre_forward or gradient; they grow only for a trainer that visits units in another order.
-  const communication_buffers& cb = plan_.communication();
-  for (std::uint64_t i = 0; i < cb.gather_buffers; ++i) {
-    gathers_buffers_.emplace_back(make_buffer(cb.gather_buffer_bytes));
-    gather_free_.push_back(gathers_buffers_.size() - 1);
-  }
-  for (std::uint64_t i = 0; i < cb.gradient_buckets; ++i) {
-    buckets_.emplace_back(make_buffer(cb.gradient_bucket_bytes));
-    bucket_free_.push_back(buckets_.size() - 1);
-  }
-  if (comm_stream_) {
-    step_scalars_ = make_buffer(sizeof(step_scalars));  // not model state: outside memory_in_use
-    for (std::size_t u = 0; u < units; ++u) gathered_.push_back(compute_->make_event());
-    for (std::size_t i = 0; i < gathers_buffers_.size(); ++i) gather_slot_free_.push_back(compute_->make_event());
-    for (std::size_t i = 0; i < buckets_.size(); ++i) bucket_free_event_.push_back(compute_->make_event());
-    // The trainer's first writes (gradients at stages 0-1) come after the zeroing.
-    comm_stream_->record(*comm_mark_);
-    compute_->wait(*comm_mark_);
-  }
-}
-
-inline void sharded_model::launch_reduction(std::size_t u) {
-  const int stage = plan_.stage();
-  if (reproducible_) {  // deposit this micro-batch; the view of the next one starts at zero
-    for (std::size_t b : plan_.units()[u].buffers) {
-      const flat_buffer& f = plan_.buffers()[b];
-      if (!f.trainable || f.numel == 0) continue;
-      unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
-      reproducible_->deposit(b, full);
-      if (stage <= 1) std::memset(full, 0, static_cast<std::size_t>(f.numel * dtype_size(f.gradient_type)));
-    }
+inline void model_agreement::exchange(communicator& c, const std::uint64_t* mine, std::uint64_t* all, std::size_t count,
+                                      collective_options options) {
+  const std::size_t n = static_cast<std::size_t>(c.world_size());
+  if (c.space() == ringzero::memory_space::host) {
+    all_gather(c, mine, all, count, dtype::uint64, options);
     return;
   }
-  if (comm_stream_) comm_waits_for_compute();  // the trainer's gradients are complete
-  for (std::size_t b : plan_.units()[u].buffers) {
-    const flat_buffer& f = plan_.buffers()[b];
-    if (!f.trainable || f.numel == 0) continue;
-    const std::uint64_t gs = dtype_size(f.gradient_type);
-    const std::uint64_t own = static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
-    unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
-    if (comm_stream_) {  // the blocking collective, in order on the communication stream
-      const collective_options tag = tagged(call_purpose::reduce, b);
-      if (stage == 0)
-        comm_stream_->collective(
-            [this, full, &f, tag] { all_reduce(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg, tag); });
-      else
-        comm_stream_->collective([this, full, own, &f, tag] {
-          reduce_scatter(comm_, full, full + own, f.shard_numel, f.gradient_type, reduce_kind::avg, tag);
-        });
-      continue;
-    }
-    if (stage == 0)
-      reduce_work_[u].push_back(all_reduce_async(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg,
-                                                 tagged(call_purpose::reduce, b)));
-    else
-      reduce_work_[u].push_back(reduce_scatter_async(comm_, full, full + own, f.shard_numel, f.gradient_type,
-                                                     reduce_kind::avg, tagged(call_purpose::reduce, b)));
-  }
+  // Device memory: stage through one device buffer on the communicator's stream.
+  const primitive::device_primitives& p = primitive::require_device_primitives();
+  const std::uint64_t row = count * sizeof(std::uint64_t);
+  primitive::memory_buffer staging = primitive::memory_buffer::allocate(
+      primitive::memory_space::device, row * (n + 1), c.cuda_device(), primitive::host_alignment, counter_);
+  unsigned char* base = static_cast<unsigned char*>(staging.data());
+  const auto checked = [&](int code, const char* what) {
+    if (code != 0)
+      ringzero::detail::raise(c, errc::backend_failure,
+                              std::string("zero::sharded_model: ") + what + ": " + p.error_name(code));
+  };
+  checked(p.copy(base, mine, row, c.cuda_stream()), "staging the agreement row");
+  all_gather(c, base, base + row, count, dtype::uint64, options);
+  checked(p.copy(all, base + row, row * n, c.cuda_stream()), "reading the agreement rows");
+  checked(p.synchronize(c.cuda_stream()), "synchronizing the agreement exchange");
 }
 
-inline void sharded_model::complete_reduction(std::size_t u) {
-  auto& list = reduce_work_[u];
-  for (const work& w : list) w.wait();
-  list.clear();
-  if (plan_.stage() < 2) return;
-  if (reproducible_) {  // deposited in launch_reduction: only the bucket is released
-    bucket_free_.push_back(unit_bucket_[u]);
-    unit_bucket_[u] = npos;
-    return;
-  }
-  unsigned char* bucket = buckets_[unit_bucket_[u]].data();
-  for (std::size_t b : plan_.units()[u].buffers) {
-    const flat_buffer& f = plan_.buffers()[b];
-    if (!f.trainable || f.numel == 0) continue;
-    const std::uint64_t gs = dtype_size(f.gradient_type);
-    const unsigned char* src =
-        bucket + f.gradient_offset + static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
-    unsigned char* dst = grads_[b].data();
-    if (comm_stream_) {  // the same sum (in float for 16-bit types), as stream work
-      primitive::reduce_spec sum;
-      sum.type = f.gradient_type;
-      sum.kind = reduce_kind::sum;
-      comm_stream_->reduce(dst, dst, src, f.shard_numel, sum);
-      continue;
-    }
-    visit_dtype(f.gradient_type, [&]<class T>() {
-      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
-        T* d = reinterpret_cast<T*>(dst);
-        const T* s = reinterpret_cast<const T*>(src);
-        for (std::uint64_t j = 0; j < f.shard_numel; ++j)
-          d[j] = static_cast<T>(static_cast<float>(d[j]) + static_cast<float>(s[j]));
-      }
-    });
-  }
-  if (comm_stream_) comm_stream_->record(*bucket_free_event_[unit_bucket_[u]]);
-  bucket_free_.push_back(unit_bucket_[u]);
-  unit_bucket_[u] = npos;
-}
-
-inline void sharded_model::exchange_restorable_state(std::vector<detail::host_buffer>& held, sharded_optimizer& spare) {
-  bool fits = held.size() == params_.size() && spare.options().kind == optimizer_->options().kind;
-  for (std::size_t b = 0; fits && b < params_.size(); ++b) {
-    fits = held[b].bytes() == params_[b].bytes() && spare.owned_range(b).begin == owned_range(b).begin &&
-           spare.owned_range(b).end == owned_range(b).end &&
-           (spare.master(b) == nullptr) == (optimizer_->master(b) == nullptr);
-    for (int k = 0; fits && k < optimizer_->options().state_count(); ++k)
-      fits = (spare.state(b, k) == nullptr) == (optimizer_->state(b, k) == nullptr);
-  }
-  if (!fits) raise("exchange_restorable_state: the spare state does not have this rank's layout");
-  const double lr = optimizer_->options().lr;
-  params_.swap(held);
-  std::swap(*optimizer_, spare);
-  optimizer_->set_learning_rate(lr);  // valid: it was this optimizer's rate
-}
-
-inline step_result sharded_model::update_owned_shards(double squares) {
-  const auto& buffers = plan_.buffers();
-  step_scalars decided;
-  decided.squares = squares;
-  decided.inverse_scale = scaler_.inverse_scale();
-  detail::decide_step(decided, options_.max_grad_norm, skips_nonfinite());
-  step_result r;
-  r.gradient_norm = decided.gradient_norm;
-  r.clip_coefficient = decided.clip_coefficient;
-  scaler_.update(decided.skipped != 0);  // every rank decided alike (one global norm)
-  if (decided.skipped != 0) {
-    r.skipped = true;
-    r.steps = optimizer_->steps();
-    return r;
-  }
-  optimizer_->begin_step();
-  for (std::size_t b = 0; b < buffers.size(); ++b)
-    if (buffers[b].trainable)
-      optimizer_->update(b, owned_parameters(b), owned_gradient(b), static_cast<float>(decided.gradient_multiplier));
-  r.steps = optimizer_->steps();
-  return r;
-}
-
-}  // namespace ringzero::zero
+}  // namespace ringzero::zero::detail

@@ -1,11 +1,11 @@
 #pragma once
 /// @file
-/// The device path of `zero::sharded_model`, defined out of the class: attaching a
-/// `device_context`, allocating in its memory space, stage 3 gathers, setting and reading
+/// The streams of `zero::sharded_model`, defined out of the class: attaching a compute stream
+/// (the `device_context`'s, or the host path's caller-thread stream) and making the
+/// communication stream, allocating in the compute stream's memory space, setting and reading
 /// parameters and the optimizer step as work on the communication stream (its operations:
-/// zero/execution_stream.hpp). Included by
-/// zero/sharded_model.hpp at its end; include that header, not this one. The manual:
-/// docs/zero.md, "The device path".
+/// zero/execution_stream.hpp). Included by zero/sharded_model.hpp at its end; include that
+/// header, not this one. The manual: docs/zero.md, "One path: streams".
 
 #include "ringzero/zero/sharded_model.hpp"
 
@@ -32,7 +32,9 @@ inline std::string sharded_model::attach(const device_context& device) {
              " communicator's rank uses CUDA device " + std::to_string(c->cuda_device()) +
              ": expected a compute stream on device " + std::to_string(c->cuda_device());
   }
-  if (options_.reproducible) return "reproducible mode is not available on the device path yet";
+  if (options_.reproducible && !s.runs_host_work())
+    return std::string("reproducible mode deposits and sums on the host, and the compute stream is a ") + s.kind() +
+           ", whose memory host code cannot touch: expected a host-memory compute stream (or reproducible = false)";
   const bool offloaded = plan_.request().offload == offload::optimizer;
   if (offloaded) {
     std::string why = detail::offload_problem(s);
@@ -53,64 +55,39 @@ inline void sharded_model::start(const device_context* device, std::string probl
       problem =
           "the plan offloads the optimizer (offload::optimizer), which runs on the device path only: expected a "
           "device_context (the host path keeps the whole model state in host memory already) or offload::none";
+    // The host path: the trainer's thread is the compute stream, the communicator's progress
+    // thread drives the communication stream; from here on the one sequence of stream work.
+    own_compute_ = std::make_unique<host_execution_stream>(primitive::on_caller_thread);
+    std::string why = attach(device_context{own_compute_.get(), {}});
+    if (problem.empty()) problem = std::move(why);
   } else {
     // A device context that does not fit makes this rank refuse; `agree` tells every rank.
     // The exchange runs in the communicator's memory, whatever the context is.
     std::string why = attach(*device);
     if (problem.empty()) problem = std::move(why);
   }
-  agree(problem);
+  agreement().agree(problem);
   allocate_everywhere();
 }
 
 inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes) {
-  if (!comm_stream_) return detail::host_buffer(bytes, &memory_counter_);
-  detail::host_buffer b(primitive::memory_buffer::allocate(comm_stream_->space(), bytes, comm_stream_->device(),
-                                                           primitive::host_alignment, &memory_counter_));
+  const primitive::memory_space space = comm_stream_->space();
+  // Host memory: page-aligned blocks from a page up (as detail::host_buffer's own).
+  const std::uint64_t align = space == primitive::memory_space::host && bytes >= detail::host_buffer::page_bytes
+                                  ? detail::host_buffer::page_bytes
+                                  : primitive::host_alignment;
+  detail::host_buffer b;
+  try {
+    b = detail::host_buffer(
+        primitive::memory_buffer::allocate(space, bytes, comm_stream_->device(), align, &memory_counter_));
+  } catch (const error& e) {
+    throw error(e.kind(), "zero: cannot allocate " + std::to_string(bytes) + " bytes (" + e.message() + ")");
+  }
   if (bytes != 0) comm_stream_->fill(b.data(), bytes, dtype::uint8, 0);
   return b;
 }
 
-inline void sharded_model::exchange(communicator& c, const std::uint64_t* mine, std::uint64_t* all, std::size_t count,
-                                    collective_options options) {
-  const std::size_t n = static_cast<std::size_t>(c.world_size());
-  if (c.space() == ringzero::memory_space::host) {
-    all_gather(c, mine, all, count, dtype::uint64, options);
-    return;
-  }
-  // Device memory: stage through one device buffer on the communicator's stream.
-  const primitive::device_primitives& p = primitive::require_device_primitives();
-  const std::uint64_t row = count * sizeof(std::uint64_t);
-  primitive::memory_buffer staging = primitive::memory_buffer::allocate(
-      primitive::memory_space::device, row * (n + 1), c.cuda_device(), primitive::host_alignment, &memory_counter_);
-  unsigned char* base = static_cast<unsigned char*>(staging.data());
-  const auto checked = [&](int code, const char* what) {
-    if (code != 0)
-      ringzero::detail::raise(c, errc::backend_failure,
-                              std::string("zero::sharded_model: ") + what + ": " + p.error_name(code));
-  };
-  checked(p.copy(base, mine, row, c.cuda_stream()), "staging the agreement row");
-  all_gather(c, base, base + row, count, dtype::uint64, options);
-  checked(p.copy(all, base + row, row * n, c.cuda_stream()), "reading the agreement rows");
-  checked(p.synchronize(c.cuda_stream()), "synchronizing the agreement exchange");
-}
-
-inline void sharded_model::start_gather_on_streams(std::size_t u, std::size_t slot) {
-  execution_stream& s = *comm_stream_;
-  s.wait(*gather_slot_free_[slot]);  // the slot's last readers (compute work) are done
-  unsigned char* base = gathers_buffers_[slot].data();
-  for (std::size_t b : plan_.units()[u].buffers) {
-    const flat_buffer& f = plan_.buffers()[b];
-    if (f.shard_numel == 0) continue;
-    const collective_options tag = tagged(call_purpose::gather, b);
-    unsigned char* src = params_[b].data();
-    unsigned char* dst = base + f.gather_offset;
-    s.collective([this, src, dst, &f, tag] { all_gather(comm_, src, dst, f.shard_numel, f.type, tag); });
-  }
-  s.record(*gathered_[u]);
-}
-
-inline void sharded_model::set_parameter_on_streams(std::size_t p, std::span<const float> values) {
+inline void sharded_model::write_parameter(std::size_t p, std::span<const float> values) {
   const parameter_placement& pl = plan_.placements()[p];
   const flat_buffer& f = plan_.buffers()[pl.buffer];
   const algorithms::range own = owned_range(pl.buffer);
@@ -133,7 +110,7 @@ inline void sharded_model::set_parameter_on_streams(std::size_t p, std::span<con
   comm_stream_->synchronize();  // `staged` and `values` must outlive the copies
 }
 
-inline void sharded_model::read_parameter_on_streams(std::size_t p, std::span<float> out) {
+inline void sharded_model::copy_parameter_out(std::size_t p, std::span<float> out) {
   const parameter_placement& pl = plan_.placements()[p];
   const flat_buffer& f = plan_.buffers()[pl.buffer];
   const std::uint64_t es = dtype_size(f.type);
@@ -173,14 +150,13 @@ inline void sharded_model::read_parameter_on_streams(std::size_t p, std::span<fl
   if (borrowed_slot != npos) gather_free_.push_back(borrowed_slot);
 }
 
-inline step_result sharded_model::step_on_streams() {
+inline step_result sharded_model::run_step() {
   execution_stream& s = *comm_stream_;
   const auto& buffers = plan_.buffers();
   comm_waits_for_compute();  // the last micro-batch's gradients and reads of the parameters
-  // As the host path, in the same order, but as work on the communication stream: a refusal
-  // (learning rates differ) makes the stream skip the rest, so nothing is half-updated, and the
-  // synchronize at the end rethrows it.
-  s.collective([this] { check_learning_rates(); });
+  // Work on the communication stream: a refusal (learning rates differ) makes the stream skip
+  // the rest, so nothing is half-updated, and the synchronize at the end rethrows it.
+  s.collective([this] { agreement().check_learning_rates(optimizer_->options().lr, optimizer_->steps() + 1); });
   if (replica_ != nullptr && replica_->world_size() > 1)
     for (std::size_t b = 0; b < buffers.size(); ++b)
       if (buffers[b].trainable && buffers[b].numel > 0) {

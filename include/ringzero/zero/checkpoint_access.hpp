@@ -1,0 +1,83 @@
+#pragma once
+/// @file
+/// `zero::checkpoint_access`: what checkpoint/ needs of a `sharded_model` beyond its training
+/// interface: where this rank's part of each flat buffer lies, the bytes of its held
+/// parameters, the writable optimizer and loss scaler, and the restore protocol
+/// (`begin_restore`, then writes or `exchange_state`). Checkpoint code uses this adapter; the
+/// model's public interface stays the trainer's. The pointers are host memory on the host path
+/// (checkpoint/ refuses device memory for now: docs/checkpoints.md). Thread semantics: the
+/// model's (its rank's thread, between steps). Included by zero/sharded_model.hpp at its end.
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "ringzero/zero/sharded_model.hpp"
+
+namespace ringzero::zero {
+
+/// See the file comment. Holds a reference: the model must outlive it.
+class checkpoint_access {
+ public:
+  explicit checkpoint_access(sharded_model& model) noexcept : m_(model) {}
+
+  /// The range of buffer b whose master weights and optimizer states this rank holds (and
+  /// whose parameters its optimizer updates): the whole buffer at stage 0, its shard otherwise.
+  algorithms::range optimizer_range(std::size_t b) const { return m_.owned_range(b); }
+  /// The range of buffer b whose parameters this rank stores: the whole buffer at stages 0-2,
+  /// its shard at stage 3.
+  algorithms::range held_range(std::size_t b) const {
+    return m_.plan_.stage() == 3 ? m_.owned_range(b) : algorithms::range{0, m_.plan_.buffers().at(b).numel};
+  }
+  /// The bytes of `held_range(b)` (the buffer's dtype).
+  unsigned char* held_parameters(std::size_t b) { return m_.params_.at(b).data(); }
+  /// The optimizer, writable: master weights, states and the step count, for restoring a
+  /// checkpoint after `begin_restore()`.
+  sharded_optimizer& optimizer() noexcept { return *m_.optimizer_; }
+  /// The loss scaler, writable (a checkpoint restores its scale and good-step count).
+  loss_scaler& scaler() noexcept { return m_.scaler_; }
+
+  /// Before a checkpoint overwrites the state: releases every stage-3 gather (they would show
+  /// the old parameters), zeroes the gradients and waits for the runtime's streams. Throws
+  /// errc::invalid_argument (naming this rank) unless `between_steps()`. Local.
+  void begin_restore() {
+    if (!m_.between_steps())
+      m_.raise("a checkpoint can only be restored between steps (after step(), before the next micro-batch)");
+    if (m_.plan_.stage() == 3) {
+      sharded_model::gather_hooks h{m_};
+      m_.gathers_.release_all(h);
+    }
+    m_.zero_gradients();
+    m_.synchronize();
+  }
+
+  /// For a load that fills a second copy of the state and then makes it live without copying
+  /// (checkpoint/zero_state.hpp): exchanges the held parameters (one block per buffer, of
+  /// `held_parameters`' size) and the optimizer (master weights, states, step count) with `held`
+  /// and `spare`, which then hold the previous ones. `spare` must be built from the model's
+  /// plan, this rank's shard and `optimizer().options()`; the live optimizer keeps its learning
+  /// rate. Call after `begin_restore()`. Throws errc::invalid_argument (naming this rank,
+  /// nothing exchanged) when a size or the optimizer's kind differs. O(buffers). Local.
+  void exchange_state(std::vector<detail::host_buffer>& held, sharded_optimizer& spare) {
+    sharded_optimizer& live = *m_.optimizer_;
+    auto& params = m_.params_;
+    bool fits = held.size() == params.size() && spare.options().kind == live.options().kind;
+    for (std::size_t b = 0; fits && b < params.size(); ++b) {
+      fits = held[b].bytes() == params[b].bytes() && spare.owned_range(b).begin == optimizer_range(b).begin &&
+             spare.owned_range(b).end == optimizer_range(b).end &&
+             (spare.master(b) == nullptr) == (live.master(b) == nullptr);
+      for (int k = 0; fits && k < live.options().state_count(); ++k)
+        fits = (spare.state(b, k) == nullptr) == (live.state(b, k) == nullptr);
+    }
+    if (!fits) m_.raise("exchange_state: the spare state does not have this rank's layout");
+    const double lr = live.options().lr;
+    params.swap(held);
+    std::swap(live, spare);
+    live.set_learning_rate(lr);  // valid: it was this optimizer's rate
+  }
+
+ private:
+  sharded_model& m_;
+};
+
+}  // namespace ringzero::zero

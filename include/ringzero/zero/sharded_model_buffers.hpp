@@ -1,0 +1,190 @@
+#pragma once
+/// @file
+/// The buffers of `zero::sharded_model`, defined out of the class: allocating the state a plan
+/// lays out (agreed across ranks), the gather-slot and gradient-bucket pools with their events,
+/// and launching and completing a unit's reduction on the communication stream. Included by
+/// zero/sharded_model.hpp at its end; include that header, not this one.
+
+#include "ringzero/zero/sharded_model.hpp"
+
+namespace ringzero::zero {
+
+inline void sharded_model::allocate_everywhere() {
+  std::string problem;
+  try {
+    allocate();
+  } catch (const std::bad_alloc&) {
+    problem = "cannot allocate the model state of this rank (std::bad_alloc)";
+  } catch (const error& e) { problem = e.message(); }
+  agreement().agree_on_allocation(problem);
+}
+
+inline void sharded_model::allocate() {
+  const auto& buffers = plan_.buffers();
+  const bool stage3 = plan_.stage() == 3, shard_grads = plan_.stage() >= 2;
+  params_.reserve(buffers.size());
+  grads_.reserve(buffers.size());
+  for (const flat_buffer& f : buffers) {
+    params_.emplace_back(make_buffer((stage3 ? f.shard_numel : f.numel) * dtype_size(f.type)));
+    grads_.emplace_back(
+        make_buffer(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0));
+  }
+  if (offload_) {  // master weights and states in host memory, with transfer buffers (attach made it)
+    const primitive::memory_space space = offload_->space;
+    optimizer_.emplace(plan_, shard_index_, options_.optimizer, [this, space](std::uint64_t bytes) {
+      return detail::optimizer_offload::allocate(space, bytes, &memory_counter_);
+    });
+    offload_->allocate_buffers(plan_, &memory_counter_);
+  } else {
+    optimizer_.emplace(plan_, shard_index_, options_.optimizer,
+                       [this](std::uint64_t bytes) { return make_buffer(bytes); });
+  }
+  if (options_.reproducible) reproducible_.emplace(plan_);
+  scaler_ = loss_scaler(options_.loss_scaling);
+  const std::size_t units = plan_.units().size();
+  unit_gather_.assign(units, npos);
+  unit_bucket_.assign(units, npos);
+  marked_.assign(plan_.trainable_storages().size(), false);
+  // The pools at the size the plan predicts for the canonical order, so that a rank short of
+  // memory fails here (where allocate_everywhere tells every rank) rather than at its first
+  // pre_forward or gradient; they grow only for a trainer that visits units in another order.
+  const communication_buffers& cb = plan_.communication();
+  for (std::uint64_t i = 0; i < cb.gather_buffers; ++i) {
+    gathers_buffers_.emplace_back(make_buffer(cb.gather_buffer_bytes));
+    gather_free_.push_back(gathers_buffers_.size() - 1);
+  }
+  for (std::uint64_t i = 0; i < cb.gradient_buckets; ++i) {
+    buckets_.emplace_back(make_buffer(cb.gradient_bucket_bytes));
+    bucket_free_.push_back(buckets_.size() - 1);
+  }
+  step_scalars_ = make_buffer(sizeof(step_scalars));  // not model state: outside memory_in_use
+  for (std::size_t u = 0; u < units; ++u) gathered_.push_back(compute_->make_event());
+  for (std::size_t i = 0; i < gathers_buffers_.size(); ++i) gather_slot_free_.push_back(compute_->make_event());
+  for (std::size_t i = 0; i < buckets_.size(); ++i) bucket_free_event_.push_back(compute_->make_event());
+  // The trainer's first writes (gradients at stages 0-1) come after the zeroing.
+  comm_stream_->record(*comm_mark_);
+  compute_->wait(*comm_mark_);
+}
+
+inline detail::host_buffer& sharded_model::grow(std::vector<detail::host_buffer>& pool, std::uint64_t bytes,
+                                                const char* what) {
+  try {
+    return pool.emplace_back(make_buffer(bytes));
+  } catch (const std::bad_alloc&) {
+    ringzero::detail::raise(comm_, errc::internal,
+                            "zero::sharded_model: cannot allocate another " + std::string(what) + " of " +
+                                std::to_string(bytes) + " bytes (beyond the plan's count: units visited out of order)");
+  } catch (const error& e) {
+    ringzero::detail::raise(comm_, e.kind(),
+                            "zero::sharded_model: another " + std::string(what) +
+                                " (beyond the plan's count: units visited out of order): " + e.message());
+  }
+}
+
+inline std::size_t sharded_model::take_gather_slot() {
+  if (!gather_free_.empty()) {
+    const std::size_t s = gather_free_.back();
+    gather_free_.pop_back();
+    return s;
+  }
+  grow(gathers_buffers_, plan_.communication().gather_buffer_bytes, "gather buffer");
+  gather_slot_free_.push_back(compute_->make_event());
+  return gathers_buffers_.size() - 1;
+}
+
+inline void sharded_model::start_gather(std::size_t u) {
+  const std::size_t slot = take_gather_slot();
+  unit_gather_[u] = slot;
+  execution_stream& s = *comm_stream_;
+  s.wait(*gather_slot_free_[slot]);
+  unsigned char* base = gathers_buffers_[slot].data();
+  for (std::size_t b : plan_.units()[u].buffers) {
+    const flat_buffer& f = plan_.buffers()[b];
+    if (f.shard_numel == 0) continue;
+    const collective_options tag = tagged(call_purpose::gather, b);
+    unsigned char* src = params_[b].data();
+    unsigned char* dst = base + f.gather_offset;
+    s.collective([this, src, dst, &f, tag] { all_gather(comm_, src, dst, f.shard_numel, f.type, tag); });
+  }
+  s.record(*gathered_[u]);
+}
+
+inline void sharded_model::fill_bucket(std::size_t u) {
+  if (plan_.stage() < 2) return;
+  std::size_t slot;
+  if (!bucket_free_.empty()) {
+    slot = bucket_free_.back();
+    bucket_free_.pop_back();
+  } else {
+    grow(buckets_, plan_.communication().gradient_bucket_bytes, "gradient bucket");
+    bucket_free_event_.push_back(compute_->make_event());
+    slot = buckets_.size() - 1;
+  }
+  unit_bucket_[u] = slot;
+  // Zeroed on the compute stream, after the reduction that used the slot last.
+  compute_->wait(*bucket_free_event_[slot]);
+  compute_->fill(buckets_[slot].data(), plan_.units()[u].gradient_bytes, dtype::uint8, 0);
+}
+
+inline void sharded_model::launch_reduction(std::size_t u) {
+  const int stage = plan_.stage();
+  execution_stream& s = *comm_stream_;
+  comm_waits_for_compute();  // the trainer's gradients are complete
+  if (reproducible_) {       // deposit this micro-batch; the view of the next one starts at zero
+    unsigned char* bucket = stage <= 1 ? nullptr : buckets_[unit_bucket_[u]].data();  // released before this runs
+    s.host_work(
+        [this, u, stage, bucket] {
+          for (std::size_t b : plan_.units()[u].buffers) {
+            const flat_buffer& f = plan_.buffers()[b];
+            if (!f.trainable || f.numel == 0) continue;
+            unsigned char* full = stage <= 1 ? grads_[b].data() : bucket + f.gradient_offset;
+            reproducible_->deposit(b, full);
+            if (stage <= 1) std::memset(full, 0, static_cast<std::size_t>(f.numel * dtype_size(f.gradient_type)));
+          }
+        },
+        "reproducible mode's deposit of a micro-batch's gradients");
+    return;
+  }
+  for (std::size_t b : plan_.units()[u].buffers) {
+    const flat_buffer& f = plan_.buffers()[b];
+    if (!f.trainable || f.numel == 0) continue;
+    const std::uint64_t gs = dtype_size(f.gradient_type);
+    const std::uint64_t own = static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
+    unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
+    const collective_options tag = tagged(call_purpose::reduce, b);
+    if (stage == 0)
+      s.collective(
+          [this, full, &f, tag] { all_reduce(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg, tag); });
+    else
+      s.collective([this, full, own, &f, tag] {
+        reduce_scatter(comm_, full, full + own, f.shard_numel, f.gradient_type, reduce_kind::avg, tag);
+      });
+  }
+}
+
+inline void sharded_model::complete_reduction(std::size_t u) {
+  if (plan_.stage() < 2) return;
+  // Stages 2-3: the rank's reduced shard of the bucket is added to its gradient shard (in
+  // float for 16-bit types; reproducible mode deposited the bucket instead), then the bucket
+  // is free again for the compute stream once this work has run.
+  if (!reproducible_) {
+    unsigned char* bucket = buckets_[unit_bucket_[u]].data();
+    for (std::size_t b : plan_.units()[u].buffers) {
+      const flat_buffer& f = plan_.buffers()[b];
+      if (!f.trainable || f.numel == 0) continue;
+      const std::uint64_t gs = dtype_size(f.gradient_type);
+      const unsigned char* src =
+          bucket + f.gradient_offset + static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
+      unsigned char* dst = grads_[b].data();
+      primitive::reduce_spec sum;
+      sum.type = f.gradient_type;
+      sum.kind = reduce_kind::sum;
+      comm_stream_->reduce(dst, dst, src, f.shard_numel, sum);
+    }
+  }
+  comm_stream_->record(*bucket_free_event_[unit_bucket_[u]]);
+  bucket_free_.push_back(unit_bucket_[u]);
+  unit_bucket_[u] = npos;
+}
+
+}  // namespace ringzero::zero

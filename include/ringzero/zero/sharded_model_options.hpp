@@ -1,0 +1,40 @@
+#pragma once
+/// @file
+/// `zero::sharded_model_options` (what a `sharded_model` is asked to do beyond its plan) and
+/// `zero::step_result` (what one `step()` did). Plain values; the model checks the options
+/// across ranks at construction (zero/model_agreement.hpp). The manual: docs/zero.md.
+
+#include <cstdint>
+
+#include "ringzero/zero/loss_scaler.hpp"
+#include "ringzero/zero/optimizer.hpp"
+
+namespace ringzero::zero {
+
+/// Options of a `sharded_model`.
+struct sharded_model_options {
+  /// The optimizer; its state count must match the plan's `precision::optimizer_states`.
+  optimizer_options optimizer{};
+  /// Clip the global gradient norm to this value (> 0); 0: no clipping.
+  double max_grad_norm = 0;
+  /// Skip the update (and zero the gradients) when the global gradient norm is not finite, as
+  /// mixed-precision trainers do on overflow; false: apply it anyway.
+  bool skip_nonfinite_steps = true;
+  /// Dynamic loss scaling (zero/loss_scaler.hpp; meant for float16): the trainer multiplies its
+  /// loss by `loss_scale()`; a non-finite step is then always skipped.
+  loss_scaling_options loss_scaling{};
+  /// Reproducible gradient accumulation (see the file comment and docs/zero.md). Refused (on
+  /// every rank, errc::invalid_argument) with max_grad_norm > 0, hybrid sharding, or gradients
+  /// that are not float16, bfloat16, float32 or float64.
+  bool reproducible = false;
+};
+
+/// What `sharded_model::step()` did.
+struct step_result {
+  double gradient_norm = 0;     ///< global L2 norm of the averaged gradients, before clipping
+  double clip_coefficient = 1;  ///< factor the gradients were multiplied by (1: not clipped)
+  bool skipped = false;         ///< the norm was not finite and the update was skipped
+  std::uint64_t steps = 0;      ///< optimizer updates applied so far
+};
+
+}  // namespace ringzero::zero
