@@ -5,7 +5,8 @@
   checksums: parameters, optimizer states and step count, bit for bit), for example 02 at stages
   0-3 with SGD and AdamW and for example 01's DDP with SGD and AdamW;
 - example 02 resumes at another --ranks and --stage: the restored parameters are bitwise those
-  that were saved, and training goes on;
+  that were saved, and training goes on; --device sim (the device path on host streams) resumes
+  exactly too (stages 1 and 3), and its checkpoints resume on --device cpu and the reverse;
 - --epochs 0 evaluates: with --init-from a consolidated checkpoint (ringzero-ckpt consolidate)
   the accuracy is the trained model's, in both examples (one file initialises either);
 - refusals: a --resume directory without a checkpoint, a checkpoint of another model (other
@@ -75,6 +76,9 @@ def main() -> int:
                 straight_vs_resumed(zero, tmp, f"02-stage{stage}-{optimizer}", ["--stage", str(stage), "--optimizer", optimizer])
         for optimizer in ["sgd", "adamw"]:
             straight_vs_resumed(ddp, tmp, f"01-{optimizer}", ["--optimizer", optimizer])
+        # The simulated device (the device path on host streams) checkpoints and resumes exactly too.
+        for stage in [1, 3]:
+            straight_vs_resumed(zero, tmp, f"02-sim-stage{stage}-adamw", ["--device", "sim", "--stage", str(stage), "--optimizer", "adamw"])
 
         # Example 02 at another --ranks and --stage: the saved parameters come back bit for bit.
         root = os.path.join(tmp, "02-reshard")
@@ -90,6 +94,21 @@ def main() -> int:
                   f"02 at {ranks} ranks, stage {stage}: the restored parameters differ from the saved ones")
         p = run(zero, *SMALL, "--optimizer", "adamw", "--ranks", "3", "--stage", "1", "--epochs", "2", "--resume", root)
         check(p.returncode == 0 and sorted(epochs_of(p.stdout)) == [2], "02: training on at 3 ranks, stage 1")
+        # A checkpoint of the simulated device resumes on the host runtime at another world size and
+        # stage, and the reverse: the parameters come back bit for bit.
+        root_sim, saved_sim = os.path.join(tmp, "02-reshard-sim"), os.path.join(tmp, "saved-sim.f32")
+        p = run(zero, *SMALL, "--optimizer", "adamw", "--device", "sim", "--ranks", "2", "--stage", "3", "--epochs", "1",
+                "--checkpoint", root_sim, "--save-parameters", saved_sim)
+        check(p.returncode == 0, "02 --device sim: the 2-rank stage-3 run failed")
+        for device, ranks, stage, source, expected in [("cpu", "3", "1", root_sim, saved_sim), ("sim", "1", "2", root, saved)]:
+            if os.path.exists(restored):
+                os.remove(restored)
+            p = run(zero, *SMALL, "--optimizer", "adamw", "--device", device, "--ranks", ranks, "--stage", stage, "--epochs",
+                    "1", "--resume", source, "--save-parameters", restored)
+            what = f"02 --device {device} at {ranks} ranks, stage {stage}, from {os.path.basename(source)}"
+            check(p.returncode == 0 and "no epoch to train (1 of 1 done)" in p.stdout, f"{what}: resume to evaluate")
+            check(os.path.exists(restored) and open(expected, "rb").read() == open(restored, "rb").read(),
+                  f"{what}: the restored parameters differ from the saved ones")
 
         # --epochs 0 with --init-from a consolidated checkpoint: the trained model's accuracy, in both examples.
         trained = os.path.join(tmp, "02-stage0-adamw-a")
