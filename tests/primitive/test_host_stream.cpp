@@ -348,8 +348,18 @@ TEST_CASE("a host stream driven by an executor runs each task once, in order, on
       });
     host_event done;
     s.record(done);
-    CHECK_FALSE(done.query());  // paused: the executor's first turn waits for resume
-    s.resume();
+    CHECK_FALSE(done.query());  // paused: nothing ran
+    // A paused stream does not hold the executor: its turns return, owed, and other work runs.
+    std::atomic<bool> other_ran{false};
+    {
+      std::lock_guard<std::mutex> lock(m);
+      turns.push_back([&other_ran] { other_ran = true; });
+    }
+    cv.notify_one();
+    for (int i = 0; i < 2000 && !other_ran.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(other_ran.load());
+    CHECK(seen.empty());
+    s.resume();  // hands the owed turns back
     done.synchronize();
     REQUIRE(seen.size() == 200);
     for (int i = 0; i < 200; ++i) CHECK(seen[static_cast<std::size_t>(i)] == i);

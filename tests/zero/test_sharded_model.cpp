@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -741,4 +743,49 @@ TEST_CASE("the trainer's own collectives on the shard communicator run in issue 
       CHECK(bitwise_equal(interleaved[r], plain[r]));
     }
   }
+}
+
+TEST_CASE("gradient buckets grown beyond the plan keep what the trainer wrote (stages 2-3)") {
+  // A trainer that holds the gradient views of every unit at once needs more buckets than the
+  // plan's pool; a new bucket is zeroed on the communication stream, and the trainer's writes
+  // must come after that zeroing. Every stream task is delayed 2 ms so that a missing wait loses
+  // the gradients every time.
+  ::setenv("RINGZERO_HOST_STREAM_DELAY_US", "2000", 1);
+  for (int stage : {2, 3}) {
+    CAPTURE(stage);
+    std::vector<double> norms(2, 0.0);
+    std::vector<std::uint64_t> buckets(2, 0), planned(2, 0);
+    local::launch(2, [&](communicator& comm) {
+      plan_request q;
+      for (const char* u : {"u0", "u1", "u2"}) q.parameters.push_back(make_spec(std::string("w.") + u, {64}, u));
+      q.stage = stage;
+      q.alignment_bytes = 16;
+      sharded_model_options o;
+      o.optimizer.kind = optimizer_kind::sgd;
+      o.optimizer.lr = 0.01;
+      q.precision.optimizer_states = o.optimizer.state_count();
+      sharded_model model(comm, q, o);
+      const auto r = static_cast<std::size_t>(comm.rank());
+      std::vector<std::span<float>> views;
+      for (std::size_t p = 0; p < 3; ++p) views.push_back(model.gradient<float>(p));  // all at once: the pool grows
+      planned[r] = model.plan().communication().gradient_buckets;
+      buckets[r] = (model.memory_in_use().communication_buffers -
+                    model.plan().communication().gather_buffers * model.plan().communication().gather_buffer_bytes) /
+                   model.plan().communication().gradient_bucket_bytes;
+      for (auto v : views)
+        for (float& x : v) x = comm.rank() == 0 ? 1.0f : 3.0f;  // averaged: 2 everywhere
+      for (std::size_t u = 3; u-- > 0;) {
+        model.pre_backward(u);
+        model.post_backward(u);
+      }
+      model.end_backward();
+      norms[r] = model.step().gradient_norm;
+    });
+    for (std::size_t r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      CHECK(buckets[r] > planned[r]);             // the pool did grow
+      CHECK(norms[r] == std::sqrt(192.0 * 4.0));  // 192 elements of 2: nothing lost
+    }
+  }
+  ::unsetenv("RINGZERO_HOST_STREAM_DELAY_US");
 }

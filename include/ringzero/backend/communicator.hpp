@@ -77,7 +77,8 @@ class communicator {
   /// Turns the communicator-wide reproducible mode on or off (every rank must do the same).
   void set_reproducible(bool on) noexcept { reproducible_ = on; }
 
-  /// Number of collectives issued on this communicator so far (the next one's sequence number).
+  /// Number of collectives issued on this communicator so far (including asynchronous ones not
+  /// yet run, and those a ZeRO communication stream issues when its task runs).
   std::uint64_t issued() const noexcept { return its_transport().issued(); }
   /// Bytes of scratch memory the backend holds for this rank's collectives (in its memory space),
   /// reused across calls and grown on demand: for memory accounting.

@@ -91,7 +91,7 @@ class transport {
   std::uint64_t next_sequence() noexcept { return sequence_.fetch_add(1, std::memory_order_relaxed); }
   /// Counts a collective as issued (`issued()`), when the caller issues it.
   void count_issue() noexcept { issued_.fetch_add(1, std::memory_order_relaxed); }
-  /// Number of collectives issued so far (the next one's sequence number).
+  /// Number of collectives issued so far (counted at issue; sequence numbers are taken at start).
   std::uint64_t issued() const noexcept { return issued_.load(std::memory_order_relaxed); }
 
   /// Marks the calling thread as the one running `op` here. A communicator is used by one thread

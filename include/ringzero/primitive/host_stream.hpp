@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
@@ -127,7 +128,10 @@ class host_stream {
     worker_ = std::thread([this] { run(); });
   }
   /// Tasks run on `executor`'s thread: each enqueue hands it one turn of the stream, which runs
-  /// the oldest task (a paused stream's turn blocks the executor until `resume()`).
+  /// the oldest task. A turn that comes while the stream is paused returns at once, owed:
+  /// `resume()` hands the owed turns to the executor again, so a pause never blocks it. An
+  /// executor that throws from its call leaves the stream as before the enqueue (the task is
+  /// taken back) and the enqueue rethrows. Enqueue from one thread at a time.
   host_stream(host_executor executor, host_stream_options options)
       : options_(options), executor_(std::move(executor)), paused_(options.paused) {
     if (!executor_) throw error(errc::invalid_argument, "host_stream: the executor is empty");
@@ -135,19 +139,23 @@ class host_stream {
   /// Tasks run on the thread that enqueues them, before the enqueue returns (the host path's
   /// compute stream: the trainer's thread is the stream). A task's exception is thrown by the
   /// call that enqueued it (a wait: the error of the stream waited on) and is not kept; waits
-  /// block the caller; `pause` is refused (errc::invalid_argument).
+  /// block the caller; `pause` is refused (errc::invalid_argument). Enqueue from one thread at a
+  /// time (the tasks run on it).
   explicit host_stream(on_caller_thread_t) : on_caller_(true) { options_.delay = std::chrono::microseconds{0}; }
   host_stream(const host_stream&) = delete;
   host_stream& operator=(const host_stream&) = delete;
   /// Resumes, runs every queued task, then joins the thread (with an executor: waits until the
   /// executor has run every task).
   ~host_stream() {
+    std::size_t owed = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
       paused_ = false;
+      owed = std::exchange(owed_turns_, 0);
     }
     changed_.notify_all();
+    hand_over(owed);
     if (worker_.joinable()) {
       worker_.join();
       return;
@@ -234,11 +242,14 @@ class host_stream {
   }
   /// Lets held-back tasks run.
   void resume() {
+    std::size_t owed = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       paused_ = false;
+      owed = std::exchange(owed_turns_, 0);
     }
     changed_.notify_all();
+    hand_over(owed);
   }
 
  private:
@@ -258,8 +269,23 @@ class host_stream {
     if (on_caller_) {
       run_one(true);
     } else if (executor_) {
-      executor_([this] { run_one(false); });
+      try {
+        executor_([this] { run_one(false); });
+      } catch (...) {  // no turn for the task: take it back (one enqueuing thread: it is the last)
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          queue_.pop_back();
+          --submitted_;
+        }
+        changed_.notify_all();
+        throw;
+      }
     }
+  }
+
+  /// Hands `turns` owed turns to the executor again (after a pause).
+  void hand_over(std::size_t turns) {
+    for (std::size_t i = 0; i < turns; ++i) executor_([this] { run_one(false); });
   }
 
   /// One turn of a stream without a thread of its own: runs the oldest queued task (after a
@@ -267,7 +293,10 @@ class host_stream {
   /// exception goes to the caller instead of being kept.
   void run_one(bool throw_at_once) {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return !paused_ || stopping_; });
+    if (paused_) {  // owed until resume(): the executor goes on with its other work
+      ++owed_turns_;
+      return;
+    }
     item next = std::move(queue_.front());
     queue_.pop_front();
     const bool skip = error_ && !next.always;
@@ -327,8 +356,9 @@ class host_stream {
   }
 
   host_stream_options options_;
-  host_executor executor_;  ///< drives the stream when set
-  bool on_caller_ = false;  ///< the caller-thread driver
+  host_executor executor_;      ///< drives the stream when set
+  bool on_caller_ = false;      ///< the caller-thread driver
+  std::size_t owed_turns_ = 0;  ///< executor turns that came while paused
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<item> queue_;

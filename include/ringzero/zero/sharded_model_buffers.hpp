@@ -119,6 +119,9 @@ inline void sharded_model::fill_bucket(std::size_t u) {
     grow(buckets_, plan_.communication().gradient_bucket_bytes, "gradient bucket");
     bucket_free_event_.push_back(compute_->make_event());
     slot = buckets_.size() - 1;
+    // The new bucket is zeroed on the communication stream (make_buffer): the compute stream's
+    // fill and the trainer's writes below come after that.
+    comm_stream_->record(*bucket_free_event_[slot]);
   }
   unit_bucket_[u] = slot;
   // Zeroed on the compute stream, after the reduction that used the slot last.
