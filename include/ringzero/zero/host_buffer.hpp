@@ -27,6 +27,10 @@ class host_buffer {
  public:
   /// The alignment of blocks of at least this many bytes.
   static constexpr std::uint64_t page_bytes = 4096;
+  /// The host alignment of a block of `bytes`: a page from a page up, else primitive::host_alignment.
+  static constexpr std::size_t host_alignment_for(std::uint64_t bytes) noexcept {
+    return bytes >= page_bytes ? page_bytes : primitive::host_alignment;
+  }
   host_buffer() = default;
   /// `bytes` zeroed bytes of host memory (none for 0), counted in `counter` when given. Throws
   /// errc::internal when memory is exhausted.
@@ -34,16 +38,15 @@ class host_buffer {
     if (bytes == 0) return;
     if (bytes > static_cast<std::uint64_t>(static_cast<std::size_t>(-1)))
       throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes");
-    const std::size_t align = bytes >= page_bytes ? page_bytes : primitive::host_alignment;
     try {
       memory_ = primitive::memory_buffer::allocate(primitive::memory_space::host, static_cast<std::size_t>(bytes), -1,
-                                                   align, counter);
+                                                   host_alignment_for(bytes), counter);
     } catch (const error&) { throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes"); }
     primitive::zero_bytes(memory_.data(), static_cast<std::size_t>(bytes));
   }
 
   /// Adopts `b` (device path): its contents are left as they are, for stream work to set.
-  explicit host_buffer(primitive::memory_buffer b) : bytes_(b.size_bytes()), memory_(std::move(b)), adopted_(true) {}
+  explicit host_buffer(primitive::memory_buffer b) : bytes_(b.size_bytes()), memory_(std::move(b)) {}
 
   /// The memory (nullptr when empty).
   unsigned char* data() noexcept { return static_cast<unsigned char*>(memory_.data()); }
@@ -52,15 +55,10 @@ class host_buffer {
   primitive::memory_space space() const noexcept { return memory_.space(); }
   /// Bytes asked for.
   std::uint64_t bytes() const noexcept { return bytes_; }
-  /// Sets every byte to zero (host memory only; an adopted buffer is zeroed by stream work).
-  void zero() noexcept {
-    if (!adopted_ && memory_.data() != nullptr) primitive::zero_bytes(memory_.data(), static_cast<std::size_t>(bytes_));
-  }
 
  private:
   std::uint64_t bytes_ = 0;
   primitive::memory_buffer memory_;
-  bool adopted_ = false;
 };
 
 }  // namespace ringzero::zero::detail

@@ -58,28 +58,21 @@ inline void sharded_model::start(const device_context* device, std::string probl
     // The host path: the trainer's thread is the compute stream, the communicator's progress
     // thread drives the communication stream; from here on the one sequence of stream work.
     own_compute_ = std::make_unique<host_execution_stream>(primitive::on_caller_thread);
-    std::string why = attach(device_context{own_compute_.get(), {}});
-    if (problem.empty()) problem = std::move(why);
-  } else {
-    // A device context that does not fit makes this rank refuse; `agree` tells every rank.
-    // The exchange runs in the communicator's memory, whatever the context is.
-    std::string why = attach(*device);
-    if (problem.empty()) problem = std::move(why);
   }
+  // A context that does not fit makes this rank refuse; `agree` tells every rank (the
+  // exchange runs in the communicator's memory, whatever the context is).
+  std::string why = attach(device != nullptr ? *device : device_context{own_compute_.get(), {}});
+  if (problem.empty()) problem = std::move(why);
   agreement().agree(problem);
   allocate_everywhere();
 }
 
 inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes) {
   const primitive::memory_space space = comm_stream_->space();
-  // Host memory: page-aligned blocks from a page up (as detail::host_buffer's own).
-  const std::uint64_t align = space == primitive::memory_space::host && bytes >= detail::host_buffer::page_bytes
-                                  ? detail::host_buffer::page_bytes
-                                  : primitive::host_alignment;
   detail::host_buffer b;
-  try {
-    b = detail::host_buffer(
-        primitive::memory_buffer::allocate(space, bytes, comm_stream_->device(), align, &memory_counter_));
+  try {  // (the alignment matters for host memory only: page-aligned from a page up)
+    b = detail::host_buffer(primitive::memory_buffer::allocate(
+        space, bytes, comm_stream_->device(), detail::host_buffer::host_alignment_for(bytes), &memory_counter_));
   } catch (const error& e) {
     throw error(e.kind(), "zero: cannot allocate " + std::to_string(bytes) + " bytes (" + e.message() + ")");
   }
