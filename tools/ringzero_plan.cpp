@@ -337,6 +337,7 @@ struct options {
   std::string unit_bytes = "25MiB";
   int accumulation_steps = 1;
   bool no_prefetch = false;
+  std::string reshard_after_forward = "all";
   int max_inflight_reductions = 2;
   int show_rank = -1;
   bool json = false;
@@ -384,6 +385,11 @@ ringzero::zero::plan_request make_request(const options& o, std::vector<paramete
   q.unit_bytes = parse_bytes(o.unit_bytes, "--unit-bytes");
   q.accumulation_steps = o.accumulation_steps;
   q.prefetch = !o.no_prefetch;
+  const auto reshard = ringzero::zero::parse_reshard_policy(o.reshard_after_forward);
+  if (!reshard)
+    throw usage_error("--reshard-after-forward must be all, except_last or none, got '" + o.reshard_after_forward +
+                      "'");
+  q.reshard_after_forward = *reshard;
   q.max_inflight_reductions = o.max_inflight_reductions;
   const auto offload = ringzero::zero::parse_offload(o.offload);
   if (!offload) throw usage_error("--offload must be none or optimizer, got '" + o.offload + "'");
@@ -420,6 +426,7 @@ nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gp
   j["replica_groups"] = plan.replica_groups();
   j["memory_per_rank"] = memory_json(plan.memory());
   j["offload"] = std::string(ringzero::zero::offload_name(plan.request().offload));
+  j["reshard_after_forward"] = std::string(ringzero::zero::reshard_policy_name(plan.request().reshard_after_forward));
   j["device_memory_per_rank"] = memory_json(plan.device_memory());
   j["host_memory_per_rank"] = memory_json(plan.host_memory());
   j["communication_buffers"] = {{"gather_buffers", comm.gather_buffers},
@@ -629,6 +636,9 @@ int main(int argc, char** argv) {
   app.add_option("--accumulation-steps", o.accumulation_steps, "Micro-batches per optimizer step")
       ->capture_default_str();
   app.add_flag("--no-prefetch", o.no_prefetch, "Stage 3: do not gather the next unit ahead");
+  app.add_option("--reshard-after-forward", o.reshard_after_forward,
+                 "Stage 3: the units released after their forward: all, except_last (FSDP2's default) or none")
+      ->capture_default_str();
   app.add_option("--max-inflight-reductions", o.max_inflight_reductions,
                  "Stages 2-3: gradient reductions in flight before a new bucket waits")
       ->capture_default_str();

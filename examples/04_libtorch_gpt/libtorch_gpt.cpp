@@ -58,7 +58,7 @@ struct options {
   double clip = 1.0;
   std::uint64_t seed = 1234;
   bool bf16 = false;
-  bool reshard_after_forward = true;
+  std::string reshard = "all";  // --reshard-after-forward: all, except_last or none
   int generate = 240;
   int print_every = 10;
   std::string data = "/usr/share/games/fortunes";
@@ -154,7 +154,9 @@ result train(const options& o, const corpus& c) {
     rz::integration::torch_zero_options zo;
     zo.stage = stage_of(o.strategy);
     zo.wrap = wrap_of(o.wrap);
-    zo.reshard_after_forward = o.reshard_after_forward;
+    zo.reshard_after_forward = o.reshard == "none"          ? rz::zero::reshard_policy::none
+                               : o.reshard == "except_last" ? rz::zero::reshard_policy::except_last
+                                                            : rz::zero::reshard_policy::all;
     if (o.bf16) zo.precision = rz::zero::precision::bfloat16_adam();
     zo.model.optimizer.kind = rz::zero::optimizer_kind::adamw;
     zo.model.optimizer.lr = o.lr;
@@ -272,8 +274,12 @@ int main(int argc, char** argv) {
   app.add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)")->check(CLI::Range(0.0, 1e6));
   app.add_option("--seed", o.seed, "seed of the initial values, the batches and the sampling");
   app.add_flag("--bf16", o.bf16, "bfloat16 parameters, compute and gradients; float32 master weights and states");
-  app.add_flag("--reshard-after-forward,!--no-reshard-after-forward", o.reshard_after_forward,
-               "stage 3: release each unit after its forward (default) or keep it until its backward");
+  app.add_option("--reshard-after-forward", o.reshard,
+                 "stage 3: the units released after their forward (all, except_last as FSDP2, none)")
+      ->check(CLI::IsMember({"all", "except_last", "none"}));
+  app.add_flag_callback(
+      "--no-reshard-after-forward", [&o] { o.reshard = "none"; },
+      "stage 3: keep every unit gathered until its backward (--reshard-after-forward none)");
   app.add_option("--generate", o.generate, "characters to generate at the end")->check(CLI::Range(0, 100000));
   app.add_option("--print-every", o.print_every, "print the loss every N steps")->check(CLI::Range(1, 1000000));
   app.add_option("--data", o.data, "directory of the fortune files");
@@ -323,6 +329,7 @@ int main(int argc, char** argv) {
       nlohmann::json j{{"strategy", o.strategy},
                        {"ranks", o.ranks},
                        {"wrap", o.wrap},
+                       {"reshard_after_forward", o.reshard},
                        {"losses", r.losses},
                        {"step_seconds", r.step_seconds},
                        {"median_step_seconds", median(r.step_seconds)},

@@ -1,6 +1,7 @@
 """Example 04 (libtorch GPT through integration/torch_zero.hpp), short runs of a small model:
 
-- --strategy ddp, zero1, zero2, zero3 (and zero3 with --wrap layer and model) on 2 ranks give
+- --strategy ddp, zero1, zero2, zero3 (and zero3 with --wrap layer and model, and with
+  --reshard-after-forward none and except_last) on 2 ranks give
   the same loss curve bit for bit (for 2 ranks every strategy averages the same two gradients,
   (a + b) / 2, and the optimizer is element-wise, so the parameters stay identical; stage 3 only
   holds if autograd's saved tensors see the regathered parameters);
@@ -56,12 +57,12 @@ def run(args, env=None):
         return json.load(f)
 
 
-def memory_matches_plan(run_json, label):
+def memory_matches_plan(run_json, label, reshard):
     model_file = os.path.join(tmp, "model.json")
     with open(model_file, "w") as f:
         json.dump({"parameters": run_json["parameters"]}, f)
     r = subprocess.run([plan_exe, "--model-file", model_file, "--world-size", "2", "--stage", "3",
-                        "--precision", "fp32", "--optimizer", "adamw", "--json"],
+                        "--precision", "fp32", "--optimizer", "adamw", "--reshard-after-forward", reshard, "--json"],
                        capture_output=True, text=True, errors="replace", timeout=60)
     if r.returncode != 0:
         failures.append(f"ringzero-plan for {label}: exit {r.returncode}: {r.stderr.strip()}")
@@ -87,17 +88,20 @@ def memory_matches_plan(run_json, label):
 
 one = run(["--ranks", "1", "--strategy", "ddp", *SMALL])
 curves = {}
-for strategy, wrap in (("ddp", "block"), ("zero1", "block"), ("zero2", "block"), ("zero3", "block"),
-                       ("zero3", "layer"), ("zero3", "model")):
-    label = f"--strategy {strategy} --wrap {wrap}"
-    j = run(["--ranks", "2", "--strategy", strategy, "--wrap", wrap, *SMALL])
+# --reshard-after-forward changes when units are gathered, never the numbers: the same curve, and
+# the memory of the plan made with the same policy (none holds every unit at the forward's end).
+for strategy, wrap, reshard in (("ddp", "block", "all"), ("zero1", "block", "all"), ("zero2", "block", "all"),
+                                ("zero3", "block", "all"), ("zero3", "layer", "all"), ("zero3", "model", "all"),
+                                ("zero3", "block", "none"), ("zero3", "layer", "except_last")):
+    label = f"--strategy {strategy} --wrap {wrap}" + (f" --reshard-after-forward {reshard}" if reshard != "all" else "")
+    j = run(["--ranks", "2", "--strategy", strategy, "--wrap", wrap, "--reshard-after-forward", reshard, *SMALL])
     if j is None:
         continue
     curves[label] = j["losses"]
     if len(j["losses"]) != STEPS:
         failures.append(f"{label}: {len(j['losses'])} losses, expected {STEPS}")
     if strategy == "zero3":
-        memory_matches_plan(j, label)
+        memory_matches_plan(j, label, reshard)
     if not j["sample"]:
         failures.append(f"{label}: no generated text")
 

@@ -60,7 +60,8 @@ torch_zero_options options(int stage, wrap_policy wrap) {
 
 /// `steps` steps on a fixed batch of 2 sequences per rank (rank r's own data); the final
 /// parameters of rank 0 in registration order.
-std::vector<float> train(int ranks, int stage, wrap_policy wrap, int steps, bool reshard = true, int accumulate = 1) {
+std::vector<float> train(int ranks, int stage, wrap_policy wrap, int steps,
+                         rz::zero::reshard_policy reshard = rz::zero::reshard_policy::all, int accumulate = 1) {
   std::vector<float> out;
   rz::local::launch(ranks, [&](rz::communicator& comm) {
     torch::set_num_threads(1);
@@ -156,7 +157,8 @@ TEST_CASE("torch_zero: every stage and wrap ends with stage 0's parameters bit f
       CAPTURE(std::string(rz::integration::wrap_name(w)));
       CHECK(train(2, stage, w, 3) == reference);
     }
-  CHECK(train(2, 3, wrap_policy::layer, 3, /*reshard=*/false) == reference);
+  CHECK(train(2, 3, wrap_policy::layer, 3, rz::zero::reshard_policy::none) == reference);
+  CHECK(train(2, 3, wrap_policy::block, 3, rz::zero::reshard_policy::except_last) == reference);
   // and the parameters moved
   rz::local::launch(1, [&](rz::communicator& comm) {
     auto net = make_model();
@@ -176,18 +178,19 @@ TEST_CASE("torch_zero: gradient accumulation over 2 micro-batches at stages 1-3 
   // average every micro-batch and add the averages: the same sum, reassociated, so float32
   // rounding (a few ulps per step) separates them, never more than 1e-5 of a weight's size
   // after 3 AdamW steps of lr 1e-2 (an unbound gradient view would lose a whole micro-batch).
-  const std::vector<float> reference = train(2, 0, wrap_policy::block, 3, true, 2);
+  const std::vector<float> reference = train(2, 0, wrap_policy::block, 3, rz::zero::reshard_policy::all, 2);
   REQUIRE(!reference.empty());
-  CHECK(train(2, 1, wrap_policy::block, 3, true, 2) == reference);  // the same sums as stage 0
+  CHECK(train(2, 1, wrap_policy::block, 3, rz::zero::reshard_policy::all, 2) == reference);  // the same sums as stage 0
   for (int stage = 2; stage <= 3; ++stage) {
     CAPTURE(stage);
-    const std::vector<float> got = train(2, stage, wrap_policy::layer, 3, true, 2);
+    const std::vector<float> got = train(2, stage, wrap_policy::layer, 3, rz::zero::reshard_policy::all, 2);
     REQUIRE(got.size() == reference.size());
     float worst = 0;
     for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - reference[i]));
     CHECK(worst <= 1e-5f);
   }
-  CHECK(train(2, 3, wrap_policy::block, 3, true, 1) != reference);  // accumulation changes the result
+  CHECK(train(2, 3, wrap_policy::block, 3, rz::zero::reshard_policy::all, 1) !=
+        reference);  // accumulation changes the result
 }
 
 TEST_CASE("torch_zero: memory per rank at stage 3 equals the plan after training") {

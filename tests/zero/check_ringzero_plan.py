@@ -69,6 +69,33 @@ try:
 finally:
     os.unlink(path)
 
+# --reshard-after-forward (stage 3): except_last saves the last unit's second gather at no memory;
+# none gathers each unit once per micro-batch and holds every unit at the end of the forward.
+def stage3(policy):
+    p = plans("--model", "gpt2", "--world-size", "4", "--stage", "3", "--accumulation-steps", "2",
+              "--reshard-after-forward", policy)["plans"][0]
+    check(p["reshard_after_forward"] == policy, f"{policy}: reported")
+    calls = {t["purpose"]: t["calls"] for t in p["traffic_per_step"] if t["collective"] == "all_gather"}
+    return p, calls.get("parameters before forward", 0), calls.get("parameters before backward", 0)
+
+
+every, every_fwd, every_bwd = stage3("all")
+last, last_fwd, last_bwd = stage3("except_last")
+never, never_fwd, never_bwd = stage3("none")
+check(every_fwd == last_fwd and every_bwd > 0, "all and except_last gather the same before forward")
+# gpt2 ties the head to the embeddings: the last unit's backward gathers both units (2 buffers),
+# once per micro-batch (2), and except_last keeps them from its forward.
+check(every_bwd - last_bwd == 2 * 2, f"except_last skips the last unit's second gather: {every_bwd} vs {last_bwd}")
+check(never_fwd == every_fwd - 2, "none: the embeddings stay gathered for the tied head")
+check(never_bwd == 0, "none: no gather before backward")
+eb, lb, nb = (x["communication_buffers"]["gather_buffers"] for x in (every, last, never))
+check(lb == eb, f"except_last holds no more gather buffers than all ({lb} vs {eb})")
+check(nb > eb, f"none holds every unit at the end of the forward ({nb} vs {eb})")
+check(never["memory_per_rank"]["total"] > every["memory_per_rank"]["total"], "none costs memory")
+r = run("--model", "gpt2", "--world-size", "4", "--reshard-after-forward", "sometimes")
+check(r.returncode == 1 and "--reshard-after-forward must be all, except_last or none, got 'sometimes'" in r.stderr,
+      f"bad policy refused: {r.stderr!r}")
+
 # Bad requests: clear errors, exit status 1 (2 for command-line usage).
 r = run("--model", "gpt2", "--world-size", "4", "--alignment", "24")
 check(r.returncode == 1 and "alignment must be a power of two" in r.stderr, "bad alignment refused")

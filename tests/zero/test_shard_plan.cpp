@@ -453,6 +453,24 @@ TEST_CASE("the canonical schedule's buffers follow prefetch and max_inflight_red
   CHECK(stage2.communication().gradient_buckets == 1);
   q.stage = 1;
   CHECK(shard_plan(q).memory().communication_buffers == 0);
+  // reshard_after_forward: except_last keeps the last layer (the first of the backward) at no
+  // extra buffer; none holds all six at the end of the forward and gathers nothing for backward.
+  q.stage = 3;
+  q.prefetch = true;
+  q.reshard_after_forward = reshard_policy::except_last;
+  const shard_plan keep_last(q);
+  CHECK(keep_last.communication().gather_buffers == 2);
+  CHECK(keep_last.traffic()[0].calls == 6);  // before forward
+  CHECK(keep_last.traffic()[1].calls == 5);  // before backward: not the last layer
+  CHECK(keep_last.fingerprint() != prefetching.fingerprint());
+  q.reshard_after_forward = reshard_policy::none;
+  const shard_plan keep_all(q);
+  CHECK(keep_all.communication().gather_buffers == 6);
+  CHECK(keep_all.traffic()[0].calls == 6);
+  CHECK(keep_all.traffic()[1].purpose == "gradients");  // no gathers before backward
+  q.stage = 2;                                          // no effect at stages 0-2: the same plan, the same fingerprint
+  q.prefetch = false;
+  CHECK(shard_plan(q).fingerprint() == stage2.fingerprint());
 }
 
 TEST_CASE("accumulation scales the per-micro-batch collectives only") {
@@ -679,6 +697,13 @@ TEST_CASE("bad requests are refused with a message naming the problem") {
         shard_plan p(q);
       },
       "stage must be 0, 1, 2 or 3, got 4");
+  check_invalid(
+      [&] {
+        auto q = base();
+        q.reshard_after_forward = static_cast<reshard_policy>(7);
+        shard_plan p(q);
+      },
+      "reshard_after_forward must be all, except_last or none, got value 7");
   check_invalid(
       [&] {
         auto q = base();

@@ -520,6 +520,67 @@ TEST_CASE("stage 3: no view shows parameters from before step(), whatever was ga
   }
 }
 
+TEST_CASE("stage 3: units kept after their forward serve the next forward and backward; step() releases them") {
+  for (reshard_policy policy : {reshard_policy::except_last, reshard_policy::none}) {
+    CAPTURE(reshard_policy_name(policy));
+    local::launch(2, [&](communicator& comm) {
+      plan_request q = test_request(3, 1);
+      q.reshard_after_forward = policy;
+      sharded_model_options options;
+      options.optimizer.kind = optimizer_kind::sgd;
+      options.optimizer.lr = 0.5;
+      q.precision.optimizer_states = 0;
+      sharded_model model(comm, q, options);
+      const std::size_t l3 = model.index("l3.w"), l2 = model.index("l2.w");  // units u3 (the last), u2
+      auto expect = [&](auto&& f, const std::string& text) {
+        try {
+          f();
+          FAIL("expected an error mentioning: " << text);
+        } catch (const error& e) {
+          INFO(e.what());
+          CHECK(has(e.what(), text));
+        }
+      };
+      // An evaluation pass (forwards only): the last unit stays gathered (and, under none, u2).
+      for (std::size_t u = 0; u < model.unit_count(); ++u) {
+        model.pre_forward(u);
+        model.post_forward(u);
+      }
+      CHECK(model.parameter<float>(l3).size() == 13);
+      if (policy == reshard_policy::none)
+        CHECK(model.parameter<float>(l2).size() == 36);
+      else
+        expect([&] { (void)model.parameter<float>(l2); }, "parameter 'l2.w' is not gathered");
+      // set_parameter reaches the kept copy too: no view serves the old values.
+      model.set_parameter(l3, std::vector<float>(13, 2.0f));
+      const auto kept = model.parameter<float>(l3);
+      CHECK(std::vector<float>(kept.begin(), kept.end()) == std::vector<float>(13, 2.0f));
+      // A kept unit has no open pre_* hook: its post_* hooks are misuse, named as such.
+      expect([&] { model.post_forward(3); }, "post_forward(3) without a matching pre_forward(3)");
+      expect([&] { model.post_backward(3); }, "post_backward(3) without a matching pre_backward(3)");
+      // The training pass: the kept units are used again without a second gather.
+      for (std::size_t u = 0; u < model.unit_count(); ++u) {
+        model.pre_forward(u);
+        model.post_forward(u);
+      }
+      for (std::size_t u = model.unit_count(); u-- > 0;) {
+        model.pre_backward(u);
+        if (u == model.unit_of(l3))
+          for (float& g : model.gradient<float>(l3)) g += 1.0f;  // every rank: the average is 1
+        model.post_backward(u);
+      }
+      model.end_backward();
+      model.pre_forward(3);  // an evaluation after end_backward keeps u3, gathered before the update
+      model.post_forward(3);
+      model.step();  // l3.w = 2 - 0.5 * 1 = 1.5
+      model.pre_forward(3);
+      const auto view = model.parameter<float>(l3);
+      CHECK(std::vector<float>(view.begin(), view.end()) == std::vector<float>(13, 1.5f));
+      model.post_forward(3);
+    });
+  }
+}
+
 TEST_CASE("stage 3: ranks gathering same-sized units in different orders fail on every rank instead of mixing them") {
   // Two units of equal shape: the all_gathers look alike but for their tags.
   std::vector<parameter_spec> ps = {make_spec("a", {6}, "ua"), make_spec("b", {6}, "ub")};
@@ -570,6 +631,10 @@ TEST_CASE("ranks whose options differ are refused on every rank, naming the opti
                   "the ranks differ in skip_nonfinite_steps: rank 0: true; rank 1: false");
   every_rank_says(with([](int r, plan_request& q, sharded_model_options&) { q.stage = r == 0 ? 1 : 2; }),
                   "the ranks differ in stage: rank 0: 1; rank 1: 2");
+  every_rank_says(with([](int r, plan_request& q, sharded_model_options&) {
+                    q.reshard_after_forward = r == 0 ? reshard_policy::except_last : reshard_policy::none;
+                  }),
+                  "the ranks differ in reshard_after_forward: rank 0: except_last; rank 1: none");
   // A parameter list of the same length that differs in one parameter: the first one named.
   every_rank_says(with([](int r, plan_request& q, sharded_model_options&) {
                     if (r == 1) q.parameters[2].shape = {3, 3};

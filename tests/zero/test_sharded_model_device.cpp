@@ -681,3 +681,88 @@ TEST_CASE("device path: hybrid sharding (2 replica groups of 2 ranks), bitwise t
     }
   }
 }
+
+namespace {
+
+/// All_gathers per optimizer step in `plan`'s traffic (stage 3's parameter gathers).
+std::uint64_t planned_gathers(const shard_plan& plan) {
+  std::uint64_t calls = 0;
+  for (const traffic_entry& e : plan.traffic())
+    if (e.collective == collective_kind::all_gather && e.purpose.starts_with("parameters before")) calls += e.calls;
+  return calls;
+}
+
+}  // namespace
+
+TEST_CASE("stage 3 reshard_after_forward: every policy, host and device path, the same bits; gathers as planned") {
+  // The policy changes when units are gathered, never what is computed: every policy and path
+  // gives the bits of `all` on the host path. The collectives each rank issues differ from
+  // `all`'s by exactly the plan's difference in gathers, and the memory held at the peak is the
+  // plan's (whose gather buffer count comes from the same bookkeeping).
+  const std::vector<reshard_policy> policies = {reshard_policy::all, reshard_policy::except_last, reshard_policy::none};
+  int runs = 0;
+  for (int world : {1, 3})
+    for (bool prefetch : {true, false}) {
+      run_config cfg;
+      cfg.steps = 2;
+      cfg.accumulation = 2;
+      cfg.optimizer = test_optimizers()[static_cast<std::size_t>(world) % test_optimizers().size()];
+      cfg.mark_ready = prefetch;
+      const auto ranks = static_cast<std::size_t>(world);
+      std::vector<std::vector<std::vector<float>>> reference(ranks);
+      std::vector<std::uint64_t> reference_issued(ranks);
+      std::uint64_t reference_gathers = 0;
+      for (reshard_policy policy : policies) {
+        CAPTURE(world);
+        CAPTURE(prefetch);
+        CAPTURE(reshard_policy_name(policy));
+        std::vector<std::vector<std::vector<float>>> host(ranks), device(ranks);
+        std::vector<std::uint64_t> issued(ranks), gathers(ranks);
+        std::vector<std::uint64_t> gather_buffers(ranks);
+        std::vector<int> memory_as_planned(ranks, 0);
+        local::launch(world, [&](communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          plan_request q = device_request(3, cfg.accumulation, cfg.optimizer);
+          q.prefetch = prefetch;
+          q.reshard_after_forward = policy;
+          sharded_model_options options;
+          options.optimizer = cfg.optimizer;
+          {
+            sharded_model model(comm, q, options);
+            const std::uint64_t before = comm.issued();
+            host[r] = train_sharded(model, comm.rank(), cfg);
+            issued[r] = comm.issued() - before;
+            gathers[r] = planned_gathers(model.plan());
+            gather_buffers[r] = model.plan().communication().gather_buffers;
+            const auto measured = model.memory_allocated(primitive::memory_space::host);
+            memory_as_planned[r] += measured.peak == model.plan().memory().total() + sizeof(step_scalars);
+          }
+          primitive::host_stream compute;
+          host_execution_stream stream(compute);
+          sharded_model model(comm, q, device_context{&stream}, options);
+          device[r] = train_on_stream(model, compute, comm.rank(), cfg);
+          compute.synchronize();
+          const auto measured = model.memory_allocated(primitive::memory_space::host);
+          memory_as_planned[r] += measured.peak == model.plan().memory().total() + sizeof(step_scalars);
+        });
+        if (policy == reshard_policy::all) {
+          reference = host;
+          reference_issued = issued;
+          reference_gathers = gathers[0];
+        }
+        for (std::size_t r = 0; r < ranks; ++r) {
+          CAPTURE(r);
+          CHECK(bitwise_equal(host[r], reference[r]));
+          CHECK(bitwise_equal(device[r], reference[r]));
+          const auto steps = static_cast<std::uint64_t>(cfg.steps);
+          CHECK(issued[r] + steps * reference_gathers == reference_issued[r] + steps * gathers[r]);
+          CHECK(memory_as_planned[r] == 2);
+        }
+        // The test model: u0 holds the embeddings the last unit (u3) ties to, u1-u3 one buffer each.
+        if (policy == reshard_policy::except_last) CHECK(reference_gathers - gathers[0] == 2u * 2u);
+        if (policy == reshard_policy::none) CHECK(gather_buffers[0] == 4u);
+        ++runs;
+      }
+    }
+  CHECK(runs == 2 * 2 * 3);
+}

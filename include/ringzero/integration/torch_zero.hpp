@@ -55,8 +55,10 @@ struct torch_zero_options {
   int accumulation_steps = 1;  ///< micro-batches per step (one `backward` each)
   bool prefetch = true;        ///< stage 3: gather the next unit while this one computes
   int max_inflight_reductions = 2;
-  /// Stage 3: release a unit after its forward (true) or keep it gathered until its backward.
-  bool reshard_after_forward = true;
+  /// Stage 3: which units are released after their forward and gathered again for their
+  /// backward (`zero::reshard_policy`: all, except_last as FSDP2 does by default, none); the
+  /// plan counts the gather buffers the policy keeps.
+  zero::reshard_policy reshard_after_forward = zero::reshard_policy::all;
   /// Start every rank from rank 0's values (a broadcast, as DDP does); false: each rank's own,
   /// which must then be equal.
   bool broadcast_from_rank0 = true;
@@ -126,7 +128,6 @@ class torch_zero {
     }
     initialise();
     open_.assign(plan.units().size(), false);
-    deferred_.assign(plan.units().size(), false);
   }
 
   torch_zero(const torch_zero&) = delete;
@@ -165,10 +166,7 @@ class torch_zero {
       model_.post_forward(*u);
       throw;
     }
-    if (model_.plan().stage() == 3 && graph && !options_.reshard_after_forward && y.requires_grad())
-      deferred_[*u] = true;  // released in its backward, after the second gather
-    else
-      model_.post_forward(*u);
+    model_.post_forward(*u);  // releases u, or keeps it for its backward (reshard_after_forward)
     return y;
   }
 
@@ -189,10 +187,6 @@ class torch_zero {
     }
     agree(late);
     for (std::size_t u = plan.units().size(); u-- > 0;) {
-      if (deferred_[u]) {
-        model_.post_forward(u);
-        deferred_[u] = false;
-      }
       if (open_[u]) close(u);
     }
     for (auto& t : tensors_) t.mutable_grad() = torch::Tensor();
@@ -299,6 +293,7 @@ class torch_zero {
     if (!specs_.empty() && specs_[0].type) q.precision.parameter = *specs_[0].type;
     q.accumulation_steps = options_.accumulation_steps;
     q.prefetch = options_.prefetch;
+    q.reshard_after_forward = options_.reshard_after_forward;
     q.max_inflight_reductions = options_.max_inflight_reductions;
     return q;
   }
@@ -387,10 +382,6 @@ class torch_zero {
   void open(std::size_t u) {
     model_.pre_backward(u);
     bind(u);
-    if (deferred_[u]) {
-      model_.post_forward(u);
-      deferred_[u] = false;
-    }
     const auto& plan = model_.plan();
     for (std::size_t p : plan.units()[u].members) {
       const auto& pl = plan.placements()[p];
@@ -433,7 +424,6 @@ class torch_zero {
   std::vector<std::size_t> representative_;  ///< per buffer: a parameter owning storage in it
   std::vector<c10::Storage> storages_;       ///< per buffer: the storage the parameters view
   std::vector<bool> open_;                   ///< unit's backward begun, not ended
-  std::vector<bool> deferred_;               ///< stage 3: post_forward deferred to backward
 };
 
 inline torch::autograd::variable_list detail::torch_zero_boundary::backward(torch::autograd::AutogradContext* ctx,

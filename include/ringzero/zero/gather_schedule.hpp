@@ -26,8 +26,10 @@ class gather_schedule {
   bool held(std::size_t u) const noexcept { return state_[u].held; }
   /// References on unit u.
   int references(std::size_t u) const noexcept { return state_[u].refs; }
-  /// True when a `use(u)` has not yet been matched by `done(u)`.
+  /// True when a `use(u)` has not yet been matched by `done(u)` (a kept unit is in use).
   bool in_use(std::size_t u) const noexcept { return state_[u].uses > 0; }
+  /// True when `done(u, hooks, true)` kept u's references for the next `use(u)`.
+  bool kept(std::size_t u) const noexcept { return state_[u].kept; }
   /// Units holding a gathered copy now.
   std::size_t held_count() const noexcept { return held_; }
   /// Largest `held_count()` seen so far.
@@ -35,8 +37,13 @@ class gather_schedule {
 
   /// Starts the gathers of u and its borrowed units that are not held and takes one reference
   /// on each. Call `wait_for(u)` before reading them.
+  /// A unit kept by `done(u, hooks, true)` takes back the references it kept (nothing starts).
   template <class Hooks>
   void use(std::size_t u, Hooks& hooks) {
+    if (state_[u].kept) {
+      state_[u].kept = false;
+      return;
+    }
     state_[u].uses += 1;
     for_each_needed(u, [&](std::size_t w) {
       start_if_needed(w, hooks);
@@ -62,10 +69,16 @@ class gather_schedule {
   }
 
   /// Drops the references `use(u)` took; frees units left without references or prefetch.
-  /// Returns false (and changes nothing) when u holds no reference.
+  /// `keep`: keeps them instead, for the next `use(u)` (a unit not resharded after its forward;
+  /// `release_all` drops them). Returns false (and changes nothing) when u holds no reference
+  /// or holds only kept ones.
   template <class Hooks>
-  bool done(std::size_t u, Hooks& hooks) {
-    if (!in_use(u)) return false;
+  bool done(std::size_t u, Hooks& hooks, bool keep = false) {
+    if (!in_use(u) || state_[u].kept) return false;
+    if (keep) {
+      state_[u].kept = true;
+      return true;
+    }
     state_[u].uses -= 1;
     for_each_needed(u, [&](std::size_t w) {
       state_[w].refs -= 1;
@@ -81,6 +94,7 @@ class gather_schedule {
       state_[w].refs = 0;
       state_[w].uses = 0;
       state_[w].prefetched = false;
+      state_[w].kept = false;
       if (state_[w].held) free(w, hooks);
     }
   }
@@ -89,8 +103,9 @@ class gather_schedule {
   struct unit_state {
     bool held = false;
     bool prefetched = false;
-    int refs = 0;  ///< uses of this unit's own gather (its own use and borrowers' uses)
-    int uses = 0;  ///< use(u) calls not yet matched by done(u)
+    bool kept = false;  ///< done(u, hooks, true) left this unit's use for the next use(u)
+    int refs = 0;       ///< uses of this unit's own gather (its own use and borrowers' uses)
+    int uses = 0;       ///< use(u) calls not yet matched by done(u)
   };
 
   template <class F>

@@ -188,6 +188,8 @@ inline std::vector<ringzero::detail::agreed_value> model_agreement::summary(bool
       {"unit_bytes", q.unit_bytes, shown::integer},
       {"accumulation_steps", static_cast<std::uint64_t>(q.accumulation_steps), shown::integer},
       {"prefetch", q.prefetch ? 1u : 0u, shown::flag},
+      {"reshard_after_forward", static_cast<std::uint64_t>(q.reshard_after_forward), shown::named,
+       +[](std::uint64_t bits) { return reshard_policy_name(static_cast<reshard_policy>(bits)).data(); }},
       {"max_inflight_reductions", static_cast<std::uint64_t>(q.max_inflight_reductions), shown::integer},
       {"precision (hash)", precision_hash.value(), shown::hash},
       {"parameter count", q.parameters.size(), shown::integer},

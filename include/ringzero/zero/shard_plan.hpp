@@ -28,177 +28,11 @@
 #include "ringzero/zero/memory_model.hpp"
 #include "ringzero/zero/offload.hpp"
 #include "ringzero/zero/parameter_spec.hpp"
+#include "ringzero/zero/plan_request.hpp"
 #include "ringzero/zero/precision.hpp"
 #include "ringzero/zero/traffic_model.hpp"
 
 namespace ringzero::zero {
-
-/// "No index".
-inline constexpr std::size_t npos = static_cast<std::size_t>(-1);
-
-/// Everything a shard plan depends on.
-struct plan_request {
-  /// The model's parameters in registration order (names unique).
-  std::vector<parameter_spec> parameters;
-  /// Total number of ranks (>= 1).
-  int world_size = 1;
-  /// Ranks per replica group: the ranks that together hold one copy of the model state (shard
-  /// within a group, replicate across groups). 0: the whole world (plain ZeRO). Must divide
-  /// `world_size` (checked at every stage); stage 0 shards nothing, so it has no other effect there.
-  int replica_group_size = 0;
-  /// ZeRO stage: 0 (plain data parallelism), 1 (optimizer states), 2 (+ gradients),
-  /// 3 (+ parameters).
-  int stage = 0;
-  /// Alignment of every parameter's start and of every shard boundary, in BYTES (a power of
-  /// two; for an element type of s bytes the unit is max(1, alignment_bytes / s) elements).
-  std::uint64_t alignment_bytes = 16;
-  /// Element types of the model state.
-  zero::precision precision{};
-  /// Largest automatic gather unit in bytes (parameters without a `unit` are grouped, in order,
-  /// into units of at most this size; a larger parameter gets a unit of its own).
-  std::uint64_t unit_bytes = std::uint64_t{25} << 20;
-  /// Micro-batches per optimizer step (gradient accumulation), >= 1; scales the traffic of the
-  /// collectives that run per micro-batch (stage 2's reduce_scatter, stage 3's all of them).
-  int accumulation_steps = 1;
-  /// Stage 3: gather the next unit while the current one computes (one more gather buffer).
-  bool prefetch = true;
-  /// Stages 2-3: reductions allowed in flight before a new gradient bucket waits for the oldest
-  /// (>= 1; 2 lets one reduction overlap the backward of the next unit).
-  int max_inflight_reductions = 2;
-  /// What the rank keeps in host memory (zero/offload.hpp): offload::optimizer moves master
-  /// weights and optimizer states there, with one transfer buffer per trainable buffer for the
-  /// gradient shard and one for the updated parameter shard.
-  zero::offload offload = zero::offload::none;
-};
-
-/// Where one parameter lives in the plan.
-struct parameter_placement {
-  dtype type = dtype::float32;  ///< resolved element type
-  std::uint64_t numel = 0;      ///< elements
-  std::size_t storage = 0;      ///< index of the parameter owning the storage (itself unless an alias)
-  bool alias = false;           ///< true for a tied parameter that is not its group's first member
-  std::size_t unit = 0;         ///< the gather unit that uses this parameter
-  std::size_t buffer = 0;       ///< the flat buffer holding the storage
-  std::uint64_t offset = 0;     ///< element offset of the storage in that buffer
-};
-
-/// One flat buffer: the storage-owning parameters of one unit with one element type and one
-/// trainable flag, aligned and padded, split into equal shards.
-struct flat_buffer {
-  std::size_t unit = 0;                  ///< owning gather unit
-  dtype type = dtype::float32;           ///< element type of the parameters
-  dtype gradient_type = dtype::float32;  ///< element type of the gradients (trainable only)
-  bool trainable = true;                 ///< false: frozen, no gradient or optimizer state
-  bool has_master = false;               ///< the optimizer keeps a master copy (trainable only)
-  std::vector<std::size_t> parameters;   ///< storage-owning parameters, in layout order
-  std::uint64_t payload = 0;             ///< elements of those parameters
-  std::uint64_t numel = 0;               ///< elements including padding (shards * shard_numel)
-  std::uint64_t shard_numel = 0;         ///< elements of one shard
-  std::uint64_t gather_offset = 0;       ///< byte offset in its unit's gather buffer (stage 3)
-  std::uint64_t gradient_offset = 0;     ///< byte offset in its unit's gradient bucket (stages 2-3)
-
-  /// Elements of shard `index` (0 <= index < shards): [index*shard_numel, (index+1)*shard_numel).
-  constexpr algorithms::range shard(int index) const noexcept {
-    const auto i = static_cast<std::uint64_t>(index);
-    return {i * shard_numel, (i + 1) * shard_numel};
-  }
-  /// Padding elements (alignment gaps and tail).
-  constexpr std::uint64_t padding() const noexcept { return numel - payload; }
-};
-
-/// A gather unit: the parameters that are gathered, used and released together at stage 3 (and
-/// whose gradients are reduced together at every stage). FSDP's wrapping unit.
-struct gather_unit {
-  std::string name;                   ///< the `parameter_spec::unit` (or "auto:<k>")
-  std::vector<std::size_t> buffers;   ///< its flat buffers
-  std::vector<std::size_t> members;   ///< every parameter used in it, aliases included, in order
-  std::vector<std::size_t> borrowed;  ///< other units whose storage its aliases use
-  std::uint64_t gather_bytes = 0;     ///< bytes of its gathered parameters (gather buffer layout)
-  std::uint64_t gradient_bytes = 0;   ///< bytes of its full gradients (gradient bucket layout)
-  bool has_gradients = false;         ///< it owns trainable storage of at least one element
-};
-
-/// A piece of one parameter owned by one rank: `count` elements from `parameter_offset` (in the
-/// parameter, flattened) that sit at `shard_offset` in the rank's shard of `buffer`.
-struct fragment {
-  std::size_t parameter = 0;
-  std::size_t buffer = 0;
-  std::uint64_t parameter_offset = 0;
-  std::uint64_t shard_offset = 0;
-  std::uint64_t count = 0;
-  friend constexpr bool operator==(const fragment&, const fragment&) = default;
-};
-
-/// The communication buffers of the canonical schedule (all ranks alike).
-struct communication_buffers {
-  std::uint64_t gather_buffer_bytes = 0;    ///< one gather buffer: the largest unit's gather_bytes
-  std::uint64_t gather_buffers = 0;         ///< gather buffers live at once (stage 3)
-  std::uint64_t gradient_bucket_bytes = 0;  ///< one bucket: the largest unit's gradient_bytes
-  std::uint64_t gradient_buckets = 0;       ///< buckets live at once (stages 2-3)
-  /// Bytes of all of them (unchecked; a `shard_plan` refuses a request for which this overflows).
-  constexpr std::uint64_t bytes() const noexcept {
-    return gather_buffer_bytes * gather_buffers + gradient_bucket_bytes * gradient_buckets;
-  }
-};
-
-namespace detail {
-
-using ringzero::detail::fnv1a;  // the plan fingerprint's hash (core/fnv1a.hpp)
-
-/// Adds parameter `s` as the plan fingerprint sees it (name, shape, dtype, trainable flag, tie
-/// group, unit) to `h`.
-inline void hash_parameter(fnv1a& h, const parameter_spec& s) noexcept {
-  h.text(s.name);
-  h.u64(s.shape.size());
-  for (std::uint64_t d : s.shape) h.u64(d);
-  h.u64(s.type ? 1 + static_cast<std::uint64_t>(*s.type) : 0);
-  h.u64(s.trainable ? 1 : 0);
-  h.text(s.tie_group);
-  h.text(s.unit);
-}
-
-/// Adds a precision setup (every dtype and the optimizer state count) to `h`.
-inline void hash_precision(fnv1a& h, const zero::precision& pr) noexcept {
-  h.u64(static_cast<std::uint64_t>(pr.parameter));
-  h.u64(pr.gradient ? 1 + static_cast<std::uint64_t>(*pr.gradient) : 0);
-  h.u64(pr.master ? 1 + static_cast<std::uint64_t>(*pr.master) : 0);
-  h.u64(static_cast<std::uint64_t>(pr.optimizer_state));
-  h.u64(static_cast<std::uint64_t>(pr.optimizer_states));
-}
-
-using ringzero::detail::checked_add;  // the checked arithmetic of core/checked_arithmetic.hpp
-using ringzero::detail::checked_mul;
-using ringzero::detail::checked_round_up;
-
-[[noreturn]] inline void plan_error(const std::string& message) {
-  throw error(errc::invalid_argument, "zero::shard_plan: " + message);
-}
-
-/// `a + b`; a sum that does not fit in 64 bits refuses the request with errc::invalid_argument
-/// "<what> overflows 64 bits".
-inline std::uint64_t add_or_refuse(std::uint64_t a, std::uint64_t b, std::string_view what) {
-  const auto sum = checked_add(a, b);
-  if (!sum) plan_error(std::string(what) + " overflows 64 bits");
-  return *sum;
-}
-
-/// `a * b`; a product that does not fit in 64 bits refuses the request with errc::invalid_argument
-/// "<what> overflows 64 bits".
-inline std::uint64_t multiply_or_refuse(std::uint64_t a, std::uint64_t b, std::string_view what) {
-  const auto product = checked_mul(a, b);
-  if (!product) plan_error(std::string(what) + " overflows 64 bits");
-  return *product;
-}
-
-/// `x` rounded up to a multiple of `m` (m >= 1); a result that does not fit in 64 bits refuses
-/// the request with errc::invalid_argument "<what> overflows 64 bits".
-inline std::uint64_t round_up_or_refuse(std::uint64_t x, std::uint64_t m, std::string_view what) {
-  const auto rounded = checked_round_up(x, m);
-  if (!rounded) plan_error(std::string(what) + " overflows 64 bits");
-  return *rounded;
-}
-
-}  // namespace detail
 
 /// A ZeRO shard plan. See the file comment.
 class shard_plan {
@@ -328,6 +162,19 @@ class shard_plan {
   /// trainable storage, and the owners of its aliases' storage).
   const std::vector<std::size_t>& gradient_units(std::size_t u) const { return gradient_units_.at(u); }
 
+  /// True when unit u is released after its forward (at stage 3; the request's
+  /// `reshard_after_forward` policy); false at stages 0-2 and for a unit kept gathered until its
+  /// backward. Precondition: u < units().size().
+  bool reshards_after_forward(std::size_t u) const noexcept {
+    if (request_.stage != 3) return false;
+    switch (request_.reshard_after_forward) {
+      case reshard_policy::all: return true;
+      case reshard_policy::except_last: return u + 1 != units_.size();
+      case reshard_policy::none: return false;
+    }
+    return true;
+  }
+
   /// The bookkeeping of stage-3 gathers for this plan (zero/gather_schedule.hpp).
   detail::gather_schedule make_gather_schedule() const {
     std::vector<std::vector<std::size_t>> borrowed(units_.size());
@@ -376,6 +223,10 @@ class shard_plan {
     if (q.offload != offload::none && q.offload != offload::optimizer)
       detail::plan_error("offload must be none or optimizer, got value " +
                          std::to_string(static_cast<unsigned>(q.offload)));
+    if (q.reshard_after_forward != reshard_policy::all && q.reshard_after_forward != reshard_policy::except_last &&
+        q.reshard_after_forward != reshard_policy::none)
+      detail::plan_error("reshard_after_forward must be all, except_last or none, got value " +
+                         std::to_string(static_cast<unsigned>(q.reshard_after_forward)));
     if (q.alignment_bytes == 0 || !std::has_single_bit(q.alignment_bytes))
       detail::plan_error("alignment must be a power of two (in bytes), got " + std::to_string(q.alignment_bytes));
     if (q.accumulation_steps < 1)
@@ -591,7 +442,7 @@ class shard_plan {
         gathers.use(u, forward);
         if (request_.prefetch && u + 1 < n) gathers.prefetch(u + 1, forward);
         gathers.wait_for(u, forward);
-        gathers.done(u, forward);
+        gathers.done(u, forward, !reshards_after_forward(u));
       }
     }
     for (std::size_t u = n; u-- > 0;) {
@@ -768,6 +619,10 @@ class shard_plan {
     h.u64(q.prefetch ? 1 : 0);
     h.u64(static_cast<std::uint64_t>(q.max_inflight_reductions));
     detail::hash_precision(h, q.precision);
+    if (q.stage == 3 && q.reshard_after_forward != reshard_policy::all) {  // as offload below
+      h.text("reshard_after_forward");
+      h.u64(static_cast<std::uint64_t>(q.reshard_after_forward));
+    }
     if (q.offload != offload::none) {  // plans without offload keep their fingerprints
       h.text("offload");
       h.u64(static_cast<std::uint64_t>(q.offload));

@@ -199,9 +199,13 @@ class sharded_model {
   /// Before the forward of unit u: at stage 3, gathers u (and the units whose tied storage it
   /// uses), starts gathering u+1, and waits for u. No-op at stages 0-2.
   void pre_forward(std::size_t u) { pre(u, true); }
-  /// After the forward of unit u: at stage 3, releases what `pre_forward(u)` gathered.
-  void post_forward(std::size_t u) { post(u, "post_forward", "pre_forward"); }
-  /// Before the backward of unit u: at stage 3, gathers u again, starts gathering u-1, waits for u.
+  /// After the forward of unit u: at stage 3, releases what `pre_forward(u)` gathered, or keeps
+  /// it gathered for u's backward (or next forward) when the plan's `reshard_after_forward`
+  /// policy keeps u (`shard_plan::reshards_after_forward`); `end_backward()` and `step()` release
+  /// what is kept.
+  void post_forward(std::size_t u) { post(u, "post_forward", "pre_forward", !plan_.reshards_after_forward(u)); }
+  /// Before the backward of unit u: at stage 3, gathers u again (unless its forward kept it),
+  /// starts gathering u-1, waits for u.
   void pre_backward(std::size_t u) { pre(u, false); }
   /// After the backward of unit u: releases its gather (stage 3) and, once every unit using a
   /// storage has finished, marks that storage's gradient final, which may start reductions.
@@ -271,7 +275,7 @@ class sharded_model {
       // A unit gathered by a pre_* hook without its post_* would serve parameters from before
       // this update (and the implicit end_backward below would forget the use).
       for (std::size_t u = 0; u < plan_.units().size(); ++u)
-        if (gathers_.in_use(u))
+        if (gathers_.in_use(u) && !gathers_.kept(u))
           raise("step() while unit '" + plan_.units()[u].name + "' (" + std::to_string(u) +
                 ") is gathered by a pre_forward / pre_backward without its post_forward / post_backward");
     if (micro_ == steps - 1) end_backward();
@@ -547,11 +551,11 @@ class sharded_model {
     gathers_.wait_for(u, h);
   }
 
-  void post(std::size_t u, const char* what, const char* needs) {
+  void post(std::size_t u, const char* what, const char* needs, bool keep = false) {
     check_unit(u);
     if (plan_.stage() != 3) return;
     gather_hooks h{*this};
-    if (!gathers_.done(u, h))
+    if (!gathers_.done(u, h, keep))
       raise(std::string(what) + "(" + std::to_string(u) + ") without a matching " + needs + "(" + std::to_string(u) +
             ")");
   }

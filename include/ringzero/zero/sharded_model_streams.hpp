@@ -86,18 +86,25 @@ inline void sharded_model::write_parameter(std::size_t p, std::span<const float>
   const algorithms::range own = owned_range(pl.buffer);
   const std::uint64_t lo = std::max(own.begin, pl.offset), hi = std::min(own.end, pl.offset + pl.numel);
   const std::uint64_t es = dtype_size(f.type);
-  // The host values in the parameter's dtype (the whole parameter, or the owned part at stage 3),
-  // copied in on the communication stream after the trainer's work so far.
+  // The host values in the parameter's dtype, copied in on the communication stream after the
+  // trainer's work so far: the whole parameter at stages 0-2, the owned part at stage 3.
   const bool whole = plan_.stage() <= 2;
-  const std::uint64_t first = whole ? pl.offset : lo, count = whole ? pl.numel : (hi > lo ? hi - lo : 0);
-  std::vector<unsigned char> staged(static_cast<std::size_t>(count * es));
+  std::vector<unsigned char> staged(static_cast<std::size_t>(pl.numel * es));
   visit_dtype(f.type, [&]<class T>() {
     T* d = reinterpret_cast<T*>(staged.data());
-    for (std::uint64_t k = 0; k < count; ++k) d[k] = static_cast<T>(values[first + k - pl.offset]);
+    for (std::uint64_t k = 0; k < pl.numel; ++k) d[k] = static_cast<T>(values[k]);
   });
   comm_waits_for_compute();
-  if (count != 0)
-    comm_stream_->copy(params_[pl.buffer].data() + (whole ? first : first - own.begin) * es, staged.data(), count * es);
+  if (whole && pl.numel != 0)
+    comm_stream_->copy(params_[pl.buffer].data() + pl.offset * es, staged.data(), pl.numel * es);
+  if (!whole && hi > lo)
+    comm_stream_->copy(params_[pl.buffer].data() + (lo - own.begin) * es, staged.data() + (lo - pl.offset) * es,
+                       (hi - lo) * es);
+  // A gathered copy of the unit (kept after its forward, prefetched, or held by a pre_* hook)
+  // shows the new values too, so no view serves the old ones: every rank passes the same values.
+  if (const std::size_t w = storage_unit(p); !whole && pl.numel != 0 && gathers_.held(w))
+    comm_stream_->copy(gathers_buffers_[unit_gather_[w]].data() + f.gather_offset + pl.offset * es, staged.data(),
+                       pl.numel * es);
   if (float* m = f.trainable ? optimizer_->master(pl.buffer) : nullptr; m != nullptr && hi > lo)
     comm_stream_->copy(m + (lo - own.begin), values.data() + (lo - pl.offset), (hi - lo) * sizeof(float));
   comm_stream_->synchronize();  // `staged` and `values` must outlive the copies
