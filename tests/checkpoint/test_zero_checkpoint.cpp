@@ -947,3 +947,38 @@ TEST_CASE(
     });
   }
 }
+
+TEST_CASE("stage 3 reshard_after_forward: saved after an evaluation pass, loaded over kept units, no stale view") {
+  for (reshard_policy policy : {reshard_policy::except_last, reshard_policy::none}) {
+    CAPTURE(reshard_policy_name(policy));
+    scratch_dir root("kept");
+    local::launch(2, [&](communicator& comm) {
+      plan_request q = request(zero_test::test_parameters(), 3, 16, adamw().state_count());
+      q.reshard_after_forward = policy;
+      sharded_model m(comm, q, model_options(adamw()));
+      initialise(m);
+      train(m, comm.rank(), 0, 2);
+      auto evaluate = [&] {  // forwards only: the policy keeps units gathered afterwards
+        for (std::size_t u = 0; u < m.unit_count(); ++u) {
+          m.pre_forward(u);
+          m.post_forward(u);
+        }
+      };
+      evaluate();
+      REQUIRE(m.between_steps());
+      const auto saved = parameters_of(m);
+      ck::checkpointer(root.path).save(m, {});
+      train(m, comm.rank(), 2, 3);
+      evaluate();  // kept units now hold the parameters of step 3
+      CHECK_FALSE(same_bits(parameters_of(m), saved));
+      (void)ck::load(m, root.path);
+      CHECK(same_bits(parameters_of(m), saved));
+      const std::size_t last = m.unit_count() - 1;  // kept under either policy, if not released
+      m.pre_forward(last);
+      const std::size_t l3 = m.index("l3.w");
+      const auto view = m.parameter<float>(l3);
+      CHECK(std::vector<float>(view.begin(), view.end()) == saved[l3]);
+      m.post_forward(last);
+    });
+  }
+}

@@ -61,7 +61,8 @@ torch_zero_options options(int stage, wrap_policy wrap) {
 /// `steps` steps on a fixed batch of 2 sequences per rank (rank r's own data); the final
 /// parameters of rank 0 in registration order.
 std::vector<float> train(int ranks, int stage, wrap_policy wrap, int steps,
-                         rz::zero::reshard_policy reshard = rz::zero::reshard_policy::all, int accumulate = 1) {
+                         rz::zero::reshard_policy reshard = rz::zero::reshard_policy::all, int accumulate = 1,
+                         bool evaluate = false) {
   std::vector<float> out;
   rz::local::launch(ranks, [&](rz::communicator& comm) {
     torch::set_num_threads(1);
@@ -78,6 +79,11 @@ std::vector<float> train(int ranks, int stage, wrap_policy wrap, int steps,
         z.backward(torch::nn::functional::cross_entropy(logits.view({-1, 11}), ((y + micro) % 11).view({-1})));
       }
       z.step();
+      if (evaluate) {  // a forward without backward (kept units are released by the next pass)
+        torch::NoGradGuard no_grad;
+        (void)net->forward(x, z);
+        (void)net->forward(x, z);
+      }
     }
     std::vector<float> mine;
     for (std::size_t p = 0; p < z.model().parameter_count(); ++p) {
@@ -159,6 +165,7 @@ TEST_CASE("torch_zero: every stage and wrap ends with stage 0's parameters bit f
     }
   CHECK(train(2, 3, wrap_policy::layer, 3, rz::zero::reshard_policy::none) == reference);
   CHECK(train(2, 3, wrap_policy::block, 3, rz::zero::reshard_policy::except_last) == reference);
+  CHECK(train(2, 3, wrap_policy::layer, 3, rz::zero::reshard_policy::except_last, 1, /*evaluate=*/true) == reference);
   // and the parameters moved
   rz::local::launch(1, [&](rz::communicator& comm) {
     auto net = make_model();

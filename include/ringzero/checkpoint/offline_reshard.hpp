@@ -105,6 +105,14 @@ inline zero::plan_request zero_request_of(const checkpoint_index& x, int world_s
       q.unit_bytes = p.at("unit_bytes").get<std::uint64_t>();
       q.accumulation_steps = p.at("accumulation_steps").get<int>();
       q.prefetch = p.at("prefetch").get<bool>();
+      if (p.contains("reshard_after_forward")) {  // absent before it existed: all
+        const std::string policy = p.at("reshard_after_forward").get<std::string>();
+        const auto parsed = zero::parse_reshard_policy(policy);
+        if (!parsed)
+          throw error(errc::io_error, where + ": the recorded plan has reshard_after_forward '" + policy +
+                                          "' (expected all, except_last or none)");
+        q.reshard_after_forward = *parsed;
+      }
       q.max_inflight_reductions = p.at("max_inflight_reductions").get<int>();
       const nlohmann::json& pr = p.at("precision");
       q.precision.parameter = json_dtype(pr.at("parameter"), where).value_or(dtype::float32);

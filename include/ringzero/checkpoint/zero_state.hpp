@@ -75,6 +75,7 @@ inline nlohmann::json plan_request_json(const zero::plan_request& q) {
           {"unit_bytes", q.unit_bytes},
           {"accumulation_steps", q.accumulation_steps},
           {"prefetch", q.prefetch},
+          {"reshard_after_forward", std::string(zero::reshard_policy_name(q.reshard_after_forward))},
           {"max_inflight_reductions", q.max_inflight_reductions},
           {"precision",
            {{"parameter", std::string(dtype_name(pr.parameter))},

@@ -69,22 +69,30 @@ class gather_schedule {
   }
 
   /// Drops the references `use(u)` took; frees units left without references or prefetch.
-  /// `keep`: keeps them instead, for the next `use(u)` (a unit not resharded after its forward;
-  /// `release_all` drops them). Returns false (and changes nothing) when u holds no reference
-  /// or holds only kept ones.
+  /// `keep`: when this is u's only open use, keeps its references instead, for the next
+  /// `use(u)` (a unit not resharded after its forward; `release_kept` and `release_all` drop
+  /// them); a nested use (a recomputation inside u's backward) is dropped as without `keep`.
+  /// Returns false (and changes nothing) when u holds no reference or holds only kept ones.
   template <class Hooks>
   bool done(std::size_t u, Hooks& hooks, bool keep = false) {
     if (!in_use(u) || state_[u].kept) return false;
-    if (keep) {
+    if (keep && state_[u].uses == 1) {
       state_[u].kept = true;
       return true;
     }
-    state_[u].uses -= 1;
-    for_each_needed(u, [&](std::size_t w) {
-      state_[w].refs -= 1;
-      if (state_[w].refs == 0 && !state_[w].prefetched) free(w, hooks);
-    });
+    drop(u, hooks);
     return true;
+  }
+
+  /// Drops the references of every kept unit (a forward that no backward followed), freeing
+  /// units left without references or prefetch.
+  template <class Hooks>
+  void release_kept(Hooks& hooks) {
+    for (std::size_t u = 0; u < state_.size(); ++u)
+      if (state_[u].kept) {
+        state_[u].kept = false;
+        drop(u, hooks);
+      }
   }
 
   /// Frees every held unit and clears every reference (end of a micro-batch).
@@ -107,6 +115,15 @@ class gather_schedule {
     int refs = 0;       ///< uses of this unit's own gather (its own use and borrowers' uses)
     int uses = 0;       ///< use(u) calls not yet matched by done(u)
   };
+
+  template <class Hooks>
+  void drop(std::size_t u, Hooks& hooks) {
+    state_[u].uses -= 1;
+    for_each_needed(u, [&](std::size_t w) {
+      state_[w].refs -= 1;
+      if (state_[w].refs == 0 && !state_[w].prefetched) free(w, hooks);
+    });
+  }
 
   template <class F>
   void for_each_needed(std::size_t u, F&& f) {

@@ -200,9 +200,10 @@ class sharded_model {
   /// uses), starts gathering u+1, and waits for u. No-op at stages 0-2.
   void pre_forward(std::size_t u) { pre(u, true); }
   /// After the forward of unit u: at stage 3, releases what `pre_forward(u)` gathered, or keeps
-  /// it gathered for u's backward (or next forward) when the plan's `reshard_after_forward`
-  /// policy keeps u (`shard_plan::reshards_after_forward`); `end_backward()` and `step()` release
-  /// what is kept.
+  /// it gathered for u's backward when the plan's `reshard_after_forward` policy keeps u
+  /// (`shard_plan::reshards_after_forward`). What is kept is released by `end_backward()`,
+  /// `step()`, a checkpoint restore, or the next forward pass (a `pre_forward` at or before the
+  /// unit the last one reached: the backward did not come, as after an evaluation pass).
   void post_forward(std::size_t u) { post(u, "post_forward", "pre_forward", !plan_.reshards_after_forward(u)); }
   /// Before the backward of unit u: at stage 3, gathers u again (unless its forward kept it),
   /// starts gathering u-1, waits for u.
@@ -327,11 +328,13 @@ class sharded_model {
     return (replica_ != nullptr ? replica_->rank() * comm_.world_size() : 0) + comm_.rank();
   }
   /// True between steps: no micro-batch begun (no end_backward since the last step, no gradient
-  /// bucket taken) and no unit gathered by a pre_forward / pre_backward without its post_*.
+  /// bucket taken) and no unit gathered by a pre_forward / pre_backward without its post_* (a
+  /// unit kept by `reshard_after_forward` after an evaluation pass does not count).
   bool between_steps() const noexcept {
     if (micro_ != 0) return false;
     for (std::size_t u = 0; u < plan_.units().size(); ++u)
-      if (gathers_.in_use(u) || gradients_.state(u) != detail::gradient_schedule::phase::idle) return false;
+      if ((gathers_.in_use(u) && !gathers_.kept(u)) || gradients_.state(u) != detail::gradient_schedule::phase::idle)
+        return false;
     return true;
   }
 
@@ -543,6 +546,15 @@ class sharded_model {
     check_unit(u);
     if (plan_.stage() != 3) return;
     gather_hooks h{*this};
+    if (forward) {
+      // A forward back at or before the unit the last one reached starts a new pass: what the
+      // previous pass kept for a backward that did not come (an evaluation, a generation step)
+      // is released first, so a pass never holds more gather buffers than the plan counts.
+      if (forward_at_ != npos && u <= forward_at_) gathers_.release_kept(h);
+      forward_at_ = u;
+    } else {
+      forward_at_ = npos;
+    }
     gathers_.use(u, h);
     if (plan_.request().prefetch) {
       if (forward && u + 1 < plan_.units().size()) gathers_.prefetch(u + 1, h);
@@ -650,6 +662,7 @@ class sharded_model {
   detail::gradient_schedule gradients_;
   std::vector<bool> marked_;
   int micro_ = 0;
+  std::size_t forward_at_ = npos;  ///< stage 3: the last unit of the forward pass in progress (npos: none)
   std::optional<detail::reproducible_gradients> reproducible_;  ///< reproducible mode only
   // The streams and their events. Declared last: the communication stream is drained in the
   // destructor and destroyed before the buffers its work used.
