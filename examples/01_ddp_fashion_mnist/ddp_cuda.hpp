@@ -54,9 +54,7 @@ inline run_result train_cuda(const options& o, const ex::fashion_mnist& data, in
       [&](rz::local::cuda_communicator& comm) {
         const bool lead = comm.rank() == 0;
         const auto stream = static_cast<cudaStream_t>(comm.cuda_stream());
-        std::vector<int> widths = {static_cast<int>(data.train.features)};
-        widths.insert(widths.end(), o.hidden.begin(), o.hidden.end());
-        widths.push_back(data.train.classes);
+        const std::vector<int> widths = ex::layer_widths(o.hidden, data);
         // Initialised on the host exactly as the CPU path (differently per rank: the reducer
         // broadcasts rank 0's values), then uploaded.
         ex::mlp host_model(widths, o.seed + static_cast<std::uint64_t>(comm.rank()) * 7919u);
@@ -75,11 +73,7 @@ inline run_result train_cuda(const options& o, const ex::fashion_mnist& data, in
           p.name = model.tensor(i).name;
           params.push_back(p);
         }
-        rz::ddp::reducer_options ropt;
-        ropt.bucket_byte_limits = bucket_limits(o);
-        ropt.gradient_as_bucket_view = o.bucket_view;
-        ropt.hook = make_hook(o.compress);
-        rz::ddp::gradient_reducer reducer(comm, std::move(params), ropt);
+        rz::ddp::gradient_reducer reducer(comm, std::move(params), reducer_options_of(o));
         std::uint64_t bound_generation = ~std::uint64_t{0};
         auto bind_views = [&] {
           if (!o.bucket_view || bound_generation == reducer.layout_generation()) return;
@@ -180,26 +174,13 @@ inline run_result train_cuda(const options& o, const ex::fashion_mnist& data, in
           comm.synchronize();
           const auto e1 = clock_type::now();
           if (!lead) continue;
-          epoch_metrics m;
-          m.epoch = epoch + 1;
-          m.train_seconds = std::chrono::duration<double>(t1 - t0).count();
-          m.samples = steps * static_cast<std::uint64_t>(result.global_batch);
-          m.samples_per_second = static_cast<double>(m.samples) / m.train_seconds;
-          m.train_loss = host_sums[0] / static_cast<double>(m.samples);
-          m.test_accuracy = n ? host_sums[3] / static_cast<double>(n) : 0.0;
-          m.test_loss = n ? host_sums[2] / static_cast<double>(n) : 0.0;
-          m.eval_seconds = std::chrono::duration<double>(e1 - t1).count();
-          // On device memory the reducer's timings measure enqueueing, not the GPU's work.
-          m.reduction_seconds = st.reduction_seconds;
-          m.exposed_seconds = st.exposed_seconds;
-          m.hidden_fraction = st.hidden_fraction();
-          if (print)
-            fmt::print(
-                "  epoch {:>2}/{}  {:6.2f} s  {:8.0f} samples/s  train loss {:.4f}  test acc {:.4f}  "
-                "(GPU; reducer enqueue time {:5.3f} s)\n",
-                m.epoch, o.epochs, m.train_seconds, m.samples_per_second, m.train_loss, m.test_accuracy,
-                m.reduction_seconds);
-          std::fflush(stdout);
+          const std::uint64_t samples = steps * static_cast<std::uint64_t>(result.global_batch);
+          const ex::evaluation_result ev{n ? host_sums[3] / static_cast<double>(n) : 0.0,
+                                         n ? host_sums[2] / static_cast<double>(n) : 0.0, n};
+          const epoch_metrics m = epoch_record(epoch + 1, std::chrono::duration<double>(t1 - t0).count(), samples,
+                                               host_sums[0] / static_cast<double>(samples), ev,
+                                               std::chrono::duration<double>(e1 - t1).count(), st);
+          if (print) print_epoch(m, o.epochs, true);
           std::lock_guard<std::mutex> lock(result_mutex);
           result.epochs.push_back(m);
         }

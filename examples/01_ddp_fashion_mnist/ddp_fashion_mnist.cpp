@@ -1,55 +1,23 @@
 // 01_ddp_fashion_mnist: data-parallel training (DDP) of a small MLP on Fashion-MNIST.
 //
-// What it demonstrates:
-// - N ranks as N threads (ringzero's local backend), each with one compute thread and a full
-//   replica of an MLP 784-256-128-10 (ReLU, softmax cross-entropy), trained with SGD + momentum
-//   or AdamW;
-// - a distributed sampler: every epoch all ranks draw the same permutation (seeded by the epoch)
-//   and each takes a disjoint shard, so N ranks see the same global batches as one rank would;
-// - `ringzero::ddp::gradient_reducer`: parameters broadcast from rank 0 at the start; backward runs
-//   layer by layer and calls `mark_ready` as each layer's gradients exist, so buckets of
-//   gradients are all-reduced on the communicator's progress thread while the earlier layers
-//   are still being differentiated; `finish()` leaves the averaged gradients in place (here
-//   directly in bucket memory: no copies); gradient accumulation with `no_sync`; fp16 / bf16
-//   compression hooks;
-// - the measurements that matter: per-epoch wall time, samples/s, train loss, test accuracy,
-//   and how much of the gradient reduction was hidden behind backward.
+// N ranks (threads of ringzero's local backend, or MPI processes) each hold a replica of an MLP
+// 784-256-128-10 and train it with SGD + momentum or AdamW. `ringzero::ddp::gradient_reducer`
+// broadcasts rank 0's parameters at the start; backward calls `mark_ready` as each layer's
+// gradients exist, so buckets are all-reduced on the communicator's progress thread while the
+// earlier layers are still being differentiated; `finish()` leaves the averaged gradients in
+// place (in bucket memory: no copies). Also: accumulation with no_sync, fp16 / bf16 compression
+// hooks, reproducible sums over any rank count, checkpoints, and the measurements that matter
+// (epoch time, samples/s, test accuracy, how much of the reduction was hidden behind backward).
 //
-// How to run (from the build directory; Fashion-MNIST comes from Debian's
-// dataset-fashion-mnist package in /usr/share/datasets/fashion-mnist):
 //   examples/ddp_fashion_mnist --ranks 2 --epochs 10
-//   examples/ddp_fashion_mnist --ranks 2 --optimizer adamw --lr 1e-3 --compress bf16
-//   examples/ddp_fashion_mnist --ranks 2 --accumulate 4 --batch-size 64 --json metrics.json
 //   examples/ddp_fashion_mnist --compare-ranks 1,2 --epochs 3
-//   examples/ddp_fashion_mnist --compare-ranks 1,2,4 --reproducible --micro-batch 32 --epochs 2
-//   examples/ddp_fashion_mnist --device cuda --compare-ranks 1,2 --epochs 2
 //   mpirun -np 2 examples/ddp_fashion_mnist --backend mpi --epochs 10
-//   examples/ddp_fashion_mnist --epochs 2 --checkpoint ckpt && examples/ddp_fashion_mnist --epochs 4 --resume ckpt
-// Checkpoints (CPU only; include/ringzero/checkpoint/, docs/checkpoint.md): --checkpoint saves the
-// parameters, the optimizer's state and step count and the reducer's bucket layout after every
-// epoch; --resume continues after the newest one (the sampler's order is a function of --seed and
-// the epoch), so 2 + 2 epochs equal 4 bit for bit; --init-from takes a safetensors file
-// (ringzero-ckpt consolidate); --epochs 0 evaluates the initial (or restored) model.
-// The --compare-ranks runs train on 1 rank and then on 2 ranks with the same global batch and
-// print the per-epoch speedup and both test accuracies side by side. `--device cuda` trains on
-// the GPU instead (docs/gpu.md): the MLP's products in cuBLAS, its other steps in the small
-// kernels of examples/common/cuda_mlp_kernels.cu, the gradient reducer's buckets in device memory
-// and reduced on each rank's CUDA stream by the local backend on device memory (several ranks may
-// share one GPU); without a GPU it exits at once with status 1 and "no CUDA device".
-// `--backend mpi` runs one rank per MPI process (built with MPI; several machines work the same
-// way, see docs/mpi.md): with the same seed and global batch it computes the same numbers as
-// `--ranks 2` on the local backend.
-// `--micro-batch N` splits every global batch (--global-batch, default 512) into micro-batches of N
-// examples, micro-batch j to rank j mod n, from one shuffle that is the same for every rank
-// count; `--reproducible` makes the reducer average the micro-batch gradients reproducibly
-// (reducer_options::reproducible), so the final parameters are the same bits on any number of
-// ranks: compare mode then prints a CRC-32 of each run's final parameters and whether they agree.
-// `--help` lists every option.
-
+// Every option and mode (--device cuda, --reproducible, --checkpoint / --resume, ...) is
+// explained in docs/ddp.md, "Example 01"; `--help` lists them.
 //
-// Read from the top: `train_step` is one optimizer step (the reducer's calls), `train` one run on
-// the host (`rank_main`: one rank), `main` the command line's runs. Beside it: the options
-// (ddp_options.hpp), the report and --compare-ranks table (ddp_report.hpp), checkpoints
+// Read from the top: `train_step` is one optimizer step (the reducer's calls), `train` one run
+// (`rank_main`: one rank), `main` the command line's runs. Beside it: the options
+// (ddp_options.hpp), what is printed and recorded (ddp_report.hpp), checkpoints
 // (ddp_checkpoint.hpp), the CUDA trainer (ddp_cuda.hpp); the backends start in
 // examples/common/run_ranks.hpp.
 
@@ -59,7 +27,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -68,7 +35,6 @@
 
 #include <fmt/core.h>
 #include <fmt/format.h>
-#include <zlib.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -94,12 +60,6 @@ namespace ex = ringzero::examples;
 using namespace ringzero::examples::ddp_example;
 
 namespace {
-
-#if RINGZERO_EXAMPLES_HAVE_CUDA
-constexpr bool built_with_cuda = true;
-#else
-constexpr bool built_with_cuda = false;
-#endif
 
 /// One optimizer step of DDP: `micro_steps` micro-batches of `rows` examples (`load(micro)` puts
 /// micro-batch `micro` into `x`, `y`), each a forward and a backward that marks every gradient
@@ -139,9 +99,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
   auto rank_main = [&](rz::communicator& comm) {
     Eigen::setNbThreads(1);  // one compute thread per rank (Eigen is built without OpenMP here anyway)
     const bool lead = comm.rank() == 0;
-    std::vector<int> widths = {static_cast<int>(data.train.features)};
-    widths.insert(widths.end(), o.hidden.begin(), o.hidden.end());
-    widths.push_back(data.train.classes);
+    const std::vector<int> widths = ex::layer_widths(o.hidden, data);
     // Every rank initialises differently on purpose: the reducer broadcasts rank 0's values.
     ex::mlp model(widths, o.seed + static_cast<std::uint64_t>(comm.rank()) * 7919u);
     const int eval_chunk = 1000;
@@ -150,12 +108,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
     std::vector<rz::ddp::reducer_parameter> params;
     for (std::size_t i = 0; i < model.tensor_count(); ++i)
       params.push_back(rz::ddp::reducer_parameter::of(model.parameter(i), model.gradient(i), model.tensor(i).name));
-    rz::ddp::reducer_options ropt;
-    ropt.bucket_byte_limits = bucket_limits(o);
-    ropt.gradient_as_bucket_view = o.bucket_view;
-    ropt.hook = make_hook(o.compress);
-    ropt.reproducible = o.reproducible;
-    rz::ddp::gradient_reducer reducer(comm, std::move(params), ropt);
+    rz::ddp::gradient_reducer reducer(comm, std::move(params), reducer_options_of(o));
     std::uint64_t bound_generation = ~std::uint64_t{0};
     auto bind_views = [&] {
       if (!o.bucket_view || bound_generation == reducer.layout_generation()) return;
@@ -205,20 +158,9 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
       std::lock_guard<std::mutex> lock(result_mutex);
       result.buckets = reducer.bucket_count();
       result.steps_per_epoch = steps;
-      if (print) {
-        const std::string layout = bucket_layout(reducer, model);
-        fmt::print(
-            "  {} rank(s) x {} per rank x {} micro-step(s) = global batch {}{}; {} steps/epoch; {} lr {:g}{}; "
-            "compress {}; gradients {}{}\n  buckets in reduction order: {}\n",
-            ranks, per_rank, o.accumulate, result.global_batch,
-            split ? " (micro-batch j on rank j mod " + std::to_string(ranks) + ")" : std::string(), steps, o.optimizer,
-            result.lr, o.scale_lr ? " (scaled by the rank count)" : "", o.compress,
-            o.bucket_view ? "written into bucket memory" : "copied through the buckets",
-            o.reproducible ? "; reproducible reduction" : "", layout);
-        std::fflush(stdout);
-      }
+      result.first_epoch = first_epoch;
+      if (print) print_header(o, result, bucket_layout(reducer, model));
     }
-    if (lead) result.first_epoch = first_epoch;
     if (first_epoch == o.epochs) {  // nothing to train (--epochs 0, or --resume at --epochs): evaluate only
       const ex::evaluation_result ev = ex::evaluate(comm, model, data.test, x.data(), y.data(), eval_chunk);
       if (lead) {
@@ -260,36 +202,17 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
         saver->save(reducer, state, progress_after(o, epoch + 1, optimizer_steps, result.global_batch));
       if (!lead) continue;
       result.evaluation = ev;
-      epoch_metrics m;
-      m.epoch = epoch + 1;
-      m.train_seconds = std::chrono::duration<double>(t1 - t0).count();
-      m.samples = steps * static_cast<std::uint64_t>(result.global_batch);
-      m.samples_per_second = static_cast<double>(m.samples) / m.train_seconds;
-      m.train_loss = sums[0] / sums[1];
-      m.test_accuracy = ev.accuracy;
-      m.test_loss = ev.loss;
-      m.eval_seconds = std::chrono::duration<double>(e1 - e0).count();
-      m.reduction_seconds = st.reduction_seconds;
-      m.exposed_seconds = st.exposed_seconds;
-      m.hidden_fraction = st.hidden_fraction();
-      if (print)
-        fmt::print(
-            "  epoch {:>2}/{}  {:6.2f} s  {:8.0f} samples/s  train loss {:.4f}  test acc {:.4f}  "
-            "reduce {:5.3f} s, {:3.0f}% hidden\n",
-            m.epoch, o.epochs, m.train_seconds, m.samples_per_second, m.train_loss, m.test_accuracy,
-            m.reduction_seconds, 100.0 * m.hidden_fraction);
-      std::fflush(stdout);
+      const epoch_metrics m =
+          epoch_record(epoch + 1, std::chrono::duration<double>(t1 - t0).count(),
+                       steps * static_cast<std::uint64_t>(result.global_batch), sums[0] / sums[1], ev,
+                       std::chrono::duration<double>(e1 - e0).count(), st);
+      if (print) print_epoch(m, o.epochs, false);
       std::lock_guard<std::mutex> lock(result_mutex);
       result.epochs.push_back(m);
     }
-    if (lead) {  // the final parameters' CRC-32 (zlib), in tensor order
-      uLong crc = crc32_z(0L, Z_NULL, 0);
-      for (std::size_t i = 0; i < model.tensor_count(); ++i) {
-        const auto p = model.parameter(i);
-        crc = crc32_z(crc, reinterpret_cast<const Bytef*>(p.data()), p.size_bytes());
-      }
+    if (lead) {
       std::lock_guard<std::mutex> lock(result_mutex);
-      result.parameter_crc32 = static_cast<std::uint32_t>(crc);
+      result.parameter_crc32 = parameters_crc32(model);
     }
   };
   // Threads of the local backend, or this process's rank under --backend mpi (run_ranks.hpp).
@@ -334,7 +257,7 @@ int main(int argc, char** argv) {
     o.pin = where.pin;
     if (!world.lead()) o.progress = false;
     const std::vector<int> compare_counts = check_options(o, given);  // before the device and the data
-    ex::require_device(where, "ddp_fashion_mnist", built_with_cuda);  // without a GPU: fails at once
+    ex::require_device(where, "ddp_fashion_mnist");  // without a GPU: fails at once
     const ex::fashion_mnist data = ex::load_fashion_mnist(o.data_dir, o.train_subset, o.test_subset);
     json out;
     out["example"] = "01_ddp_fashion_mnist";
@@ -342,69 +265,35 @@ int main(int argc, char** argv) {
     out["runs"] = json::array();
 
     if (o.compare_ranks.empty()) {
-      int per_rank = o.batch_size;
       options run_options = o;
-      if (o.micro_batch > 0) {
-        per_rank = o.micro_batch;
-        run_options.accumulate = o.global_batch / (o.micro_batch * o.ranks);
-      } else if (o.global_batch > 0) {
-        if (o.global_batch % (o.ranks * o.accumulate) != 0)
-          throw rz::error(rz::errc::invalid_argument,
-                          fmt::format("--global-batch {} is not divisible by {} ranks x {} micro-steps", o.global_batch,
-                                      o.ranks, o.accumulate));
-        per_rank = o.global_batch / (o.ranks * o.accumulate);
-      }
+      const batch_split b = split_batch(o, o.ranks, o.global_batch);
+      run_options.accumulate = b.accumulate;
       const auto t0 = clock_type::now();
-      run_result r = train_on_device(run_options, data, o.ranks, per_rank, process_rank == 0);
+      run_result r = train_on_device(run_options, data, o.ranks, b.per_rank, process_rank == 0);
       if (process_rank != 0) return 0;  // rank 0 holds the metrics (identical on every rank)
       print_run(r, t0);
       out["runs"].push_back(to_json(r));
-    } else {
-      const std::vector<int>& counts = compare_counts;
-      const int largest = *std::max_element(counts.begin(), counts.end());
+    } else {  // the same global batch on every rank count, without --scale-lr
+      const int largest = *std::max_element(compare_counts.begin(), compare_counts.end());
       const int global = o.global_batch > 0 ? o.global_batch : o.batch_size * largest * o.accumulate;
       if (o.scale_lr)
         fmt::print("note: --scale-lr is ignored in compare mode (the global batch is the same for every run)\n");
       options same = o;
       same.scale_lr = false;
       std::vector<run_result> runs;
-      for (int n : counts) {
-        int per_rank = 0;
-        if (o.micro_batch > 0) {  // checked above: n divides the number of micro-batches
-          per_rank = o.micro_batch;
-          same.accumulate = global / (o.micro_batch * n);
-        } else {
-          if (global % (n * o.accumulate) != 0)
-            throw rz::error(
-                rz::errc::invalid_argument,
-                fmt::format("global batch {} is not divisible by {} ranks x {} micro-steps", global, n, o.accumulate));
-          per_rank = global / (n * o.accumulate);
-        }
+      for (int n : compare_counts) {
+        const batch_split b = split_batch(o, n, global);
+        same.accumulate = b.accumulate;
         fmt::print("== {} rank(s)\n", n);
         std::fflush(stdout);
-        runs.push_back(train_on_device(same, data, n, per_rank, true));
+        runs.push_back(train_on_device(same, data, n, b.per_rank, true));
         out["runs"].push_back(to_json(runs.back()));
       }
       print_comparison(o, runs, out);
     }
-    if (!o.json_path.empty()) {
-      std::ofstream f(o.json_path);
-      f << out.dump(2) << "\n";
-      if (!f) throw rz::error(rz::errc::io_error, "cannot write " + o.json_path);
-    }
-    for (const auto& run : out["runs"])
-      if (run["final_test_accuracy"].get<double>() < o.min_accuracy) {
-        std::fprintf(stderr, "ddp_fashion_mnist: %d rank(s) ended at test accuracy %.4f, below --min-accuracy %.4f\n",
-                     run["ranks"].get<int>(), run["final_test_accuracy"].get<double>(), o.min_accuracy);
-        return 3;
-      }
+    return finish(o, out);
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    if (o.backend == "mpi")
-      std::fprintf(stderr, "ddp_fashion_mnist (process %d): %s\n", process_rank, rz::error_text(e).c_str());
-    else
-      std::fprintf(stderr, "ddp_fashion_mnist: %s\n", rz::error_text(e).c_str());
-    return 1;
+    return ex::report_failure("ddp_fashion_mnist", where, process_rank, e);
   }
   return 0;
 }

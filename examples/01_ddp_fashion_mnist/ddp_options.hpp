@@ -16,6 +16,7 @@
 #include "command_line.hpp"
 #include "idx_dataset.hpp"
 #include "ringzero/ddp/compression_hook.hpp"
+#include "ringzero/ddp/gradient_reducer.hpp"
 #include "ringzero/ringzero.hpp"
 
 namespace ringzero::examples::ddp_example {
@@ -274,6 +275,37 @@ inline std::vector<int> check_options(options& o, const option_handles& given) {
     throw rz::error(rz::errc::invalid_argument,
                     fmt::format("--device cuda runs its ranks on the local backend (not --backend {})", o.backend));
   return compare_counts;
+}
+
+/// The reducer's options from the command line: bucket limits, gradients as bucket views, the
+/// compression hook, reproducible averaging (refused on CUDA by check_options).
+inline rz::ddp::reducer_options reducer_options_of(const options& o) {
+  rz::ddp::reducer_options r;
+  r.bucket_byte_limits = bucket_limits(o);
+  r.gradient_as_bucket_view = o.bucket_view;
+  r.hook = make_hook(o.compress);
+  r.reproducible = o.reproducible;
+  return r;
+}
+
+/// How one run splits its global batch: examples per rank per micro-step, and micro-steps per
+/// optimizer step.
+struct batch_split {
+  int per_rank = 0;
+  int accumulate = 1;
+};
+
+/// The split for `ranks` ranks and a global batch of `global` examples (0: --batch-size per rank
+/// and --accumulate micro-steps). --micro-batch fixes the examples per rank and the micro-steps
+/// follow (check_options made them divide); otherwise the global batch is split over ranks x
+/// --accumulate, or refused (errc::invalid_argument) when it does not divide.
+inline batch_split split_batch(const options& o, int ranks, int global) {
+  if (o.micro_batch > 0) return {o.micro_batch, global / (o.micro_batch * ranks)};
+  if (global == 0) return {o.batch_size, o.accumulate};
+  if (global % (ranks * o.accumulate) != 0)
+    throw rz::error(rz::errc::invalid_argument, fmt::format("global batch {} is not divisible by {} ranks x {} micro-steps",
+                                                            global, ranks, o.accumulate));
+  return {global / (ranks * o.accumulate), o.accumulate};
 }
 
 }  // namespace ringzero::examples::ddp_example

@@ -7,17 +7,21 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/core.h>
 #include <fmt/format.h>
+#include <zlib.h>
 #include <nlohmann/json.hpp>
 
 #include "ddp_options.hpp"
 #include "evaluation.hpp"
 #include "idx_dataset.hpp"
+#include "ringzero/ddp/gradient_reducer.hpp"
 
 namespace ringzero::examples::ddp_example {
 
@@ -207,6 +211,79 @@ inline void print_comparison(const options& o, const std::vector<run_result>& ru
                  o.reproducible ? "" : "; --reproducible --micro-batch N makes them identical");
     out["parameters_bitwise_identical"] = identical;
   }
+}
+
+/// One epoch's record: `train_seconds` of training over `samples` examples with mean loss
+/// `train_loss`, the evaluation `ev` that took `eval_seconds`, and the reducer's statistics (on
+/// device memory they measure enqueueing, not the GPU's work).
+inline epoch_metrics epoch_record(int epoch, double train_seconds, std::uint64_t samples, double train_loss,
+                                  const ex::evaluation_result& ev, double eval_seconds,
+                                  const rz::ddp::reducer_stats& st) {
+  epoch_metrics m;
+  m.epoch = epoch;
+  m.train_seconds = train_seconds;
+  m.samples = samples;
+  m.samples_per_second = static_cast<double>(samples) / train_seconds;
+  m.train_loss = train_loss;
+  m.test_accuracy = ev.accuracy;
+  m.test_loss = ev.loss;
+  m.eval_seconds = eval_seconds;
+  m.reduction_seconds = st.reduction_seconds;
+  m.exposed_seconds = st.exposed_seconds;
+  m.hidden_fraction = st.hidden_fraction();
+  return m;
+}
+
+/// The line of one epoch (`gpu`: the reducer's time is enqueueing time, the hidden share is not shown).
+inline void print_epoch(const epoch_metrics& m, int epochs, bool gpu) {
+  fmt::print("  epoch {:>2}/{}  {:6.2f} s  {:8.0f} samples/s  train loss {:.4f}  test acc {:.4f}  ", m.epoch, epochs,
+             m.train_seconds, m.samples_per_second, m.train_loss, m.test_accuracy);
+  if (gpu)
+    fmt::print("(GPU; reducer enqueue time {:5.3f} s)\n", m.reduction_seconds);
+  else
+    fmt::print("reduce {:5.3f} s, {:3.0f}% hidden\n", m.reduction_seconds, 100.0 * m.hidden_fraction);
+  std::fflush(stdout);
+}
+
+/// The run's header: the batch split, the optimizer, compression and the bucket layout.
+inline void print_header(const options& o, const run_result& r, const std::string& layout) {
+  const bool split = o.micro_batch > 0;
+  fmt::print(
+      "  {} rank(s) x {} per rank x {} micro-step(s) = global batch {}{}; {} steps/epoch; {} lr {:g}{}; "
+      "compress {}; gradients {}{}\n  buckets in reduction order: {}\n",
+      r.ranks, r.per_rank_batch, r.accumulate, r.global_batch,
+      split ? " (micro-batch j on rank j mod " + std::to_string(r.ranks) + ")" : std::string(), r.steps_per_epoch,
+      o.optimizer, r.lr, o.scale_lr ? " (scaled by the rank count)" : "", o.compress,
+      o.bucket_view ? "written into bucket memory" : "copied through the buckets",
+      o.reproducible ? "; reproducible reduction" : "", layout);
+  std::fflush(stdout);
+}
+
+/// zlib's CRC-32 of `model`'s parameters, in tensor order (non-const: `mlp::parameter` hands out spans it may write).
+template <class Model>
+std::uint32_t parameters_crc32(Model& model) {
+  uLong crc = crc32_z(0L, Z_NULL, 0);
+  for (std::size_t i = 0; i < model.tensor_count(); ++i) {
+    const auto p = model.parameter(i);
+    crc = crc32_z(crc, reinterpret_cast<const Bytef*>(p.data()), p.size_bytes());
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+/// Writes `out` to --json (if given) and returns 3 when a run ended below --min-accuracy (0 otherwise).
+inline int finish(const options& o, const json& out) {
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    f << out.dump(2) << "\n";
+    if (!f) throw rz::error(rz::errc::io_error, "cannot write " + o.json_path);
+  }
+  for (const auto& run : out["runs"])
+    if (run["final_test_accuracy"].get<double>() < o.min_accuracy) {
+      std::fprintf(stderr, "ddp_fashion_mnist: %d rank(s) ended at test accuracy %.4f, below --min-accuracy %.4f\n",
+                   run["ranks"].get<int>(), run["final_test_accuracy"].get<double>(), o.min_accuracy);
+      return 3;
+    }
+  return 0;
 }
 
 }  // namespace ringzero::examples::ddp_example

@@ -59,6 +59,8 @@ class device_compute {
   const mlp& shape() const noexcept { return shape_; }
   /// The compute stream the runtime keeps its state and orders its work against.
   zero::device_context* device_context() noexcept { return &context_; }
+  /// No stream to wait for before a layer: the kernels are enqueued behind the runtime's event waits.
+  zero::execution_stream* layer_stream() noexcept { return nullptr; }
   static constexpr bool heap_holds_state = false;
 
   void begin_epoch(std::span<const std::uint32_t> shard) {

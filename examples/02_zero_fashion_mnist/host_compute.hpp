@@ -37,6 +37,8 @@ class host_compute {
   const mlp& shape() const noexcept { return net_; }
   /// None: the runtime keeps its state in host memory.
   zero::device_context* device_context() noexcept { return nullptr; }
+  /// No stream to wait for before a layer: the runtime's host path has run its work already.
+  zero::execution_stream* layer_stream() noexcept { return nullptr; }
   /// Whether the process heap measures the runtime's memory (it does on the host).
   static constexpr bool heap_holds_state = true;
 

@@ -5,31 +5,19 @@
 // `train_step` is one optimizer step, `train_rank` is one rank's run, `main` starts the ranks.
 // The MLP computes on memory it does not own: its layers read the runtime's parameter views and
 // add their gradients into the runtime's gradient views, rebound around every layer. One loop
-// serves every stage; only what the hooks do changes:
-//   stage 0  plain data parallelism: gradients all_reduced per layer, every rank updates all;
-//   stage 1  optimizer states sharded: gradients reduce_scattered, each rank updates its shard,
-//            then all_gathers the parameters;
-//   stage 2  gradients sharded too: each layer's gradients live in a pooled bucket only until its
-//            reduce_scatter, which starts as soon as the layer's backward is done;
-//   stage 3  parameters sharded too: every layer is one gather unit, all_gathered before its
-//            forward and again before its backward (the next unit prefetched), released after.
-// Stages 1-3 compute exactly what stage 0 computes: on 2 ranks without accumulation or clipping
-// every stage ends with bit-identical parameters (tests/examples/check_zero_fashion_mnist.py).
-// Each rank prints its memory as the runtime allocated it next to the plan, and the heap growth
-// (zero_report.hpp); the options are in zero_options.hpp, checkpoints in zero_checkpoint.hpp, the
-// host, simulated-device and CUDA compute in host_compute.hpp, sim_compute.hpp, device_compute.hpp.
+// serves every stage; only what the hooks do changes: stage 0 all_reduces the gradients, stage 1
+// reduce_scatters them and all_gathers the parameters after each rank's update of its shard,
+// stage 2 keeps each layer's gradients in a pooled bucket only until its reduce_scatter, stage 3
+// all_gathers every layer before its forward and again before its backward. Every stage ends
+// with the bits of stage 0 (tests/examples/check_zero_fashion_mnist.py).
 //
-// How to run (from the build directory; Fashion-MNIST from Debian's dataset-fashion-mnist):
 //   examples/zero_fashion_mnist --stage 3 --ranks 2 --epochs 10
-//   examples/zero_fashion_mnist --stage 3 --ranks 4 --deep --optimizer adamw --lr 1e-3
-//   examples/zero_fashion_mnist --stage 2 --accumulate 4 --batch-size 64 --clip-norm 1 --json metrics.json
-//   examples/zero_fashion_mnist --epochs 2 --checkpoint ckpt; then --epochs 4 --resume ckpt --ranks 4
-//   mpirun -np 2 examples/zero_fashion_mnist --backend mpi --stage 3   (the numbers of --ranks 2)
 //   examples/zero_fashion_mnist --device sim --stage 3 --offload optimizer   (the device path on host streams)
-//   examples/zero_fashion_mnist --device cuda --ranks 2 --stage 3      (2 ranks sharing one GPU)
-//   mpirun -np 2 examples/zero_fashion_mnist --device cuda --backend nccl
-// `--help` lists every option; docs/zero.md explains them. bench/zero_fashion_mnist.sh
-// compares the stages with DDP.
+//   mpirun -np 2 examples/zero_fashion_mnist --backend mpi --stage 3   (the numbers of --ranks 2)
+// docs/zero.md ("The example and its benchmark") explains every option; `--help` lists them.
+// Beside it: the options (zero_options.hpp), what is printed and measured (zero_report.hpp),
+// checkpoints (zero_checkpoint.hpp), the host, simulated-device and CUDA compute
+// (host_compute.hpp, sim_compute.hpp, device_compute.hpp).
 
 #include <algorithm>
 #include <chrono>
@@ -65,22 +53,6 @@ namespace zx = ringzero::examples::zero_example;
 namespace zero = ringzero::zero;
 
 namespace {
-
-#if RINGZERO_EXAMPLES_HAVE_CUDA
-constexpr bool built_with_cuda = true;
-#else
-constexpr bool built_with_cuda = false;
-#endif
-
-/// The stream a host MLP waits for before each layer (--device sim: sim_compute.hpp), or nullptr
-/// (host memory, or CUDA, whose kernels are enqueued behind the runtime's event waits).
-template <class Compute>
-zero::execution_stream* layer_stream_of(Compute& compute) {
-  if constexpr (requires { compute.layer_stream(); })
-    return compute.layer_stream();
-  else
-    return nullptr;
-}
 
 /// The layer hooks of the MLP (`Net`: the host or the CUDA MLP): the runtime's hooks around each
 /// layer, and the layer's tensors bound to the runtime's views (at stage 3 a parameter view is
@@ -121,16 +93,10 @@ class zero_layer_hooks {
     timed(&zx::epoch_metrics::reduce_seconds, [&] { model_.post_backward(unit(l)); });
   }
 
-  /// Runs `f` and adds its duration to `field` of the timing record (rank 0 only).
+  /// Runs `f`, timed into `field` of the record (rank 0 only).
   template <class F>
   decltype(auto) timed(double zx::epoch_metrics::*field, F&& f) {
-    if (timing_ == nullptr) return f();
-    struct add_on_exit {
-      double* target;
-      zx::clock_type::time_point start = zx::clock_type::now();
-      ~add_on_exit() { *target += zx::seconds_since(start); }
-    } guard{&(timing_->*field)};
-    return f();
+    return zx::timed(timing_, field, std::forward<F>(f));
   }
 
  private:
@@ -171,19 +137,10 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
   const bool lead = comm.rank() == 0;
   ex::distributed_sampler sampler(train_count, comm.world_size(), comm.rank(), o.seed);
   const std::size_t step_rows = static_cast<std::size_t>(o.batch_size) * static_cast<std::size_t>(o.accumulate);
-  const std::uint64_t steps = sampler.shard_size() / step_rows;
-  if (steps == 0)
-    throw rz::error(
-        rz::errc::invalid_argument,
-        fmt::format("{} training examples per rank are fewer than one step of {}", sampler.shard_size(), step_rows));
+  const std::uint64_t steps = zx::steps_per_epoch(sampler.shard_size(), step_rows);
 
-  // The heap readings around the constructor and the first step (zero_report.hpp). A warm-up
-  // collective first, so that nothing the communicator allocates once lands in a window.
+  // The heap readings around the constructor and the first step (zero_report.hpp).
   zx::memory_probe probe(comm, o.where.backend != "local", Compute::heap_holds_state);
-  if (Compute::heap_holds_state) {
-    double warm = 0;
-    rz::all_reduce(comm, &warm, &warm, 1, rz::dtype::float64, rz::reduce_kind::sum);
-  }
   zx::rank_memory memory;
   probe.mark(0);
   // The runtime, a collective: its state in host memory, or on the device path in the memory of
@@ -220,17 +177,14 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
   ex::progress_bar bar(lead && o.progress);
   const float grad_scale = 1.0f / static_cast<float>(o.batch_size * o.accumulate);
   if (first_epoch == o.epochs) {  // nothing to train (--epochs 0, or --resume at --epochs): evaluate only
-    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr, layer_stream_of(compute), true);
+    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr, compute.layer_stream(), true);
     const ex::evaluation_result ev = compute.evaluate(comm, eval_hooks);
-    if (lead) {
-      result.evaluation = ev;
-      fmt::print("  no epoch to train ({} of {} done): test loss {:.4f}  test acc {:.4f}\n", first_epoch, o.epochs,
-                 ev.loss, ev.accuracy);
-    }
+    if (lead) result.evaluation = ev;
+    if (lead) zx::print_evaluation_only(first_epoch, o.epochs, ev);
   }
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
     zx::epoch_metrics m;
-    zero_layer_hooks<net_type> hooks(model, compute.net(), lead ? &m : nullptr, layer_stream_of(compute));
+    zero_layer_hooks<net_type> hooks(model, compute.net(), lead ? &m : nullptr, compute.layer_stream());
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     compute.begin_epoch(sampler.indices());
     std::vector<double> step_times;
@@ -260,21 +214,14 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
     bar.clear();
     m.train_loss = compute.epoch_loss(comm);
     const auto e0 = zx::clock_type::now();
-    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr, layer_stream_of(compute), true);
+    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr, compute.layer_stream(), true);
     const ex::evaluation_result ev = compute.evaluate(comm, eval_hooks);
     m.eval_seconds = zx::seconds_since(e0);
     if (saver) saver->save(model, zx::progress_after(o, epoch + 1, result.global_batch));  // a collective
     if (!lead) continue;
     result.evaluation = ev;
-    m.epoch = epoch + 1;
-    m.train_seconds = std::chrono::duration<double>(t1 - t0).count();
-    m.steps = steps;
-    m.samples = steps * static_cast<std::uint64_t>(result.global_batch);
-    m.samples_per_second = static_cast<double>(m.samples) / m.train_seconds;
-    m.mean_step_seconds = m.train_seconds / static_cast<double>(steps);
-    m.median_step_seconds = zx::median(step_times);
-    m.test_accuracy = ev.accuracy;
-    m.test_loss = ev.loss;
+    zx::finish_epoch(m, epoch + 1, std::chrono::duration<double>(t1 - t0).count(), steps, result.global_batch,
+                     step_times, ev);
     zx::print_epoch(o, m);
     result.epochs.push_back(m);
     result.step_seconds.insert(result.step_seconds.end(), step_times.begin(), step_times.end());
@@ -284,31 +231,13 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
   // The final parameters' CRC-32, and --save-parameters (at stage 3 a collective).
   const std::uint32_t crc = zx::final_parameters(o, model, compute.shape(), lead);
   if (lead) result.parameter_crc32 = crc;
-  if (Compute::heap_holds_state) {  // every rank's memory to rank 0, over host memory
-    const std::vector<zx::rank_memory> all = zx::gather_memory(comm, memory);
-    const zx::heap_growth heap = probe.total();
-    if (lead) {
-      result.memory = all;
-      result.heap = heap;
-    }
-  } else if (o.where.backend == "local") {
-    result.memory[static_cast<std::size_t>(comm.rank())] = memory;  // the ranks share this process
-  } else if (lead) {
-    result.memory = {memory};  // one process per rank: rank 0 reports its own
-  }
+  zx::collect_memory(comm, o, probe, Compute::heap_holds_state, memory, result);
 }
 
 /// Runs every rank of this process on the host, on the simulated device (--device sim) or, with
 /// --device cuda, on its GPU.
 zx::run_result train(const zx::options& o, const ex::fashion_mnist& data) {
-  zx::run_result result;
-  result.per_rank_batch = o.batch_size;
-  result.global_batch = o.batch_size * o.where.ranks * o.accumulate;
-  const zero::optimizer_options optimizer = zx::optimizer_options_of(o);
-  result.lr = optimizer.lr;
-  result.weight_decay = optimizer.weight_decay;
-  result.widths = zx::layer_widths(o, data);
-  result.memory.resize(static_cast<std::size_t>(o.where.ranks));
+  zx::run_result result = zx::run_result_of(o, data);
   const int eval_rows = 1000;  // test examples per forward pass
   const int max_rows = std::max(o.batch_size, eval_rows);
   ex::run_ranks(o.where, [&](rz::communicator& comm) {
@@ -350,7 +279,7 @@ int main(int argc, char** argv) {
     process_rank = world.rank();
     if (!world.lead()) o.progress = false;
     zx::check_options(o);  // before the device and the data: options that clash fail at once
-    ex::require_device(o.where, "zero_fashion_mnist", built_with_cuda);
+    ex::require_device(o.where, "zero_fashion_mnist");
     const ex::fashion_mnist data = ex::load_fashion_mnist(o.data_dir, o.train_subset, o.test_subset);
     const auto t0 = zx::clock_type::now();
     const zx::run_result r = train(o, data);
@@ -362,12 +291,7 @@ int main(int argc, char** argv) {
       return 3;
     }
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    if (o.where.backend != "local")
-      std::fprintf(stderr, "zero_fashion_mnist (process %d): %s\n", process_rank, rz::error_text(e).c_str());
-    else
-      std::fprintf(stderr, "zero_fashion_mnist: %s\n", rz::error_text(e).c_str());
-    return 1;
+    return ex::report_failure("zero_fashion_mnist", o.where, process_rank, e);
   }
   return 0;
 }

@@ -203,12 +203,13 @@ inline void check_options(const options& o) {
                     "memory to host memory, and with --device cpu that state is in host memory already");
 }
 
-/// The layer widths: the dataset's features, --hidden, the dataset's classes.
-inline std::vector<int> layer_widths(const options& o, const fashion_mnist& data) {
-  std::vector<int> widths = {static_cast<int>(data.train.features)};
-  widths.insert(widths.end(), o.hidden.begin(), o.hidden.end());
-  widths.push_back(data.train.classes);
-  return widths;
+/// Optimizer steps per epoch for a shard of `shard_rows` examples and `step_rows` per step;
+/// throws errc::invalid_argument when not even one step fits.
+inline std::uint64_t steps_per_epoch(std::size_t shard_rows, std::size_t step_rows) {
+  if (shard_rows < step_rows)
+    throw error(errc::invalid_argument,
+                fmt::format("{} training examples per rank are fewer than one step of {}", shard_rows, step_rows));
+  return shard_rows / step_rows;
 }
 
 /// The MLP's tensors as the planner sees them: one gather unit per layer ("fc1", "fc2", ...).

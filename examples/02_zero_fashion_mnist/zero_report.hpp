@@ -97,6 +97,20 @@ struct run_result {
   std::uint32_t parameter_crc32 = 0;  // zlib's CRC-32 of the final parameters (float32, registration order)
 };
 
+/// A run's result before training: its batch, optimizer settings, layer widths and a memory
+/// record per rank of this process.
+inline run_result run_result_of(const options& o, const fashion_mnist& data) {
+  run_result r;
+  r.per_rank_batch = o.batch_size;
+  r.global_batch = o.batch_size * o.where.ranks * o.accumulate;
+  const zero::optimizer_options optimizer = optimizer_options_of(o);
+  r.lr = optimizer.lr;
+  r.weight_decay = optimizer.weight_decay;
+  r.widths = layer_widths(o.hidden, data);
+  r.memory.resize(static_cast<std::size_t>(o.where.ranks));
+  return r;
+}
+
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0;
   const std::size_t mid = v.size() / 2;
@@ -115,9 +129,14 @@ inline double seconds_since(clock_type::time_point t0) {
 /// reads while the other ranks wait. `total` adds the readings of all ranks.
 class memory_probe {
  public:
-  /// `enabled`: read at all (not on the device path, whose state is not on the heap).
+  /// `enabled`: read at all (not on the device path, whose state is not on the heap). A collective:
+  /// a warm-up all_reduce first, so that nothing the communicator allocates once lands in a window.
   memory_probe(communicator& comm, bool one_rank_per_process, bool enabled)
-      : comm_(comm), reads_heap_(enabled && (one_rank_per_process || comm.rank() == 0)), enabled_(enabled) {}
+      : comm_(comm), reads_heap_(enabled && (one_rank_per_process || comm.rank() == 0)), enabled_(enabled) {
+    if (!enabled_) return;
+    double warm = 0;
+    all_reduce(comm, &warm, &warm, 1, dtype::float64, reduce_kind::sum);
+  }
 
   /// Mark k (0: before construction, 1: after it, 2: before the first step, 3: after it).
   void mark(int k) {
@@ -254,6 +273,59 @@ inline void print_header(const options& o, const run_result& r, const zero::shar
   if (o.where.device != "cpu")
     fmt::print("  device {}: the runtime's device path; offload {}\n", o.where.device, o.offload);
   std::fflush(stdout);
+}
+
+/// Runs `f` and adds its duration to `field` of `*timing` (no record: just runs it).
+template <class F>
+decltype(auto) timed(epoch_metrics* timing, double epoch_metrics::*field, F&& f) {
+  if (timing == nullptr) return f();
+  struct add_on_exit {
+    double* target;
+    clock_type::time_point start = clock_type::now();
+    ~add_on_exit() { *target += seconds_since(start); }
+  } guard{&(timing->*field)};
+  return f();
+}
+
+/// Completes `m` for epoch `epoch` (1-based): `train_seconds` of `steps` optimizer steps (their
+/// durations `step_times`) of `global_batch` examples, and the evaluation `ev`.
+inline void finish_epoch(epoch_metrics& m, int epoch, double train_seconds, std::uint64_t steps, int global_batch,
+                         const std::vector<double>& step_times, const evaluation_result& ev) {
+  m.epoch = epoch;
+  m.train_seconds = train_seconds;
+  m.steps = steps;
+  m.samples = steps * static_cast<std::uint64_t>(global_batch);
+  m.samples_per_second = static_cast<double>(m.samples) / train_seconds;
+  m.mean_step_seconds = train_seconds / static_cast<double>(steps);
+  m.median_step_seconds = median(step_times);
+  m.test_accuracy = ev.accuracy;
+  m.test_loss = ev.loss;
+}
+
+/// Puts this rank's `memory` where rank 0 reports it: gathered over the communicator when the
+/// process heap holds the state (host memory; with the heap growth `probe` saw), written into
+/// the shared result on the local backend, rank 0's own with one process per rank.
+inline void collect_memory(communicator& comm, const options& o, memory_probe& probe, bool heap_holds_state,
+                           const rank_memory& memory, run_result& result) {
+  const bool lead = comm.rank() == 0;
+  if (heap_holds_state) {  // every rank's memory to rank 0, over host memory
+    const std::vector<rank_memory> all = gather_memory(comm, memory);
+    const heap_growth heap = probe.total();
+    if (lead) {
+      result.memory = all;
+      result.heap = heap;
+    }
+  } else if (o.where.backend == "local") {
+    result.memory[static_cast<std::size_t>(comm.rank())] = memory;  // the ranks share this process
+  } else if (lead) {
+    result.memory = {memory};  // one process per rank: rank 0 reports its own
+  }
+}
+
+/// The line of a run with no epoch to train (--epochs 0, or --resume at --epochs).
+inline void print_evaluation_only(int first_epoch, int epochs, const evaluation_result& ev) {
+  fmt::print("  no epoch to train ({} of {} done): test loss {:.4f}  test acc {:.4f}\n", first_epoch, epochs, ev.loss,
+             ev.accuracy);
 }
 
 /// One epoch's line (rank 0).

@@ -192,4 +192,12 @@ inline fashion_mnist load_fashion_mnist(const std::string& dir, std::size_t trai
   return f;
 }
 
+/// The widths of an MLP for `data`: its features, the `hidden` widths, its classes.
+inline std::vector<int> layer_widths(const std::vector<int>& hidden, const fashion_mnist& data) {
+  std::vector<int> widths = {static_cast<int>(data.train.features)};
+  widths.insert(widths.end(), hidden.begin(), hidden.end());
+  widths.push_back(data.train.classes);
+  return widths;
+}
+
 }  // namespace ringzero::examples

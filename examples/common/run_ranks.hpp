@@ -12,6 +12,7 @@
 /// no_device without a GPU). Threads: one `process_world` per process, made by main.
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <string>
 
@@ -39,6 +40,18 @@ struct rank_setup {
   int ranks = 2;                  ///< local: threads; mpi, nccl: the process count (process_world sets it)
   bool pin = true;                ///< local backend: pin rank r's thread to core r
 };
+
+/// Prints why `program` failed on stderr, after what stdout holds: "<program>: <message>", or
+/// "<program> (process R): <message>" when each process is one rank (`where.backend` mpi or
+/// nccl). Returns 1, the examples' exit status for a failed run.
+inline int report_failure(const char* program, const rank_setup& where, int process_rank, const std::exception& e) {
+  std::fflush(stdout);
+  if (where.backend != "local")
+    std::fprintf(stderr, "%s (process %d): %s\n", program, process_rank, ringzero::error_text(e).c_str());
+  else
+    std::fprintf(stderr, "%s: %s\n", program, ringzero::error_text(e).c_str());
+  return 1;
+}
 
 /// This process's place in the run (see the file comment).
 class process_world {
@@ -114,9 +127,17 @@ inline bool refuse_launcher(const rank_setup& setup, const std::string& program)
   return true;
 }
 
+/// True when the example was built with its CUDA trainer (nvcc, the CUDA runtime and cuBLAS
+/// were found when it was configured: examples/meson.build defines RINGZERO_EXAMPLES_HAVE_CUDA).
+#if RINGZERO_EXAMPLES_HAVE_CUDA
+inline constexpr bool built_with_cuda = true;
+#else
+inline constexpr bool built_with_cuda = false;
+#endif
+
 /// Fails at once, before any data is read, when `--device cuda` cannot run: no CUDA device
 /// (errc::no_device, "no CUDA device"), or `program` built without CUDA (`built_with_cuda`).
-inline void require_device(const rank_setup& setup, const std::string& program, bool built_with_cuda) {
+inline void require_device(const rank_setup& setup, const std::string& program) {
   if (setup.device != "cuda") return;
 #if RINGZERO_HAS_CUDA
   if (built_with_cuda) {
@@ -124,7 +145,6 @@ inline void require_device(const rank_setup& setup, const std::string& program, 
     return;
   }
 #endif
-  (void)built_with_cuda;
   throw error(errc::unsupported, "--device cuda: this build of " + program +
                                      " has no CUDA support (it needs nvcc, the CUDA runtime and cuBLAS when it is "
                                      "configured)");
