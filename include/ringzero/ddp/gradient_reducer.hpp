@@ -43,6 +43,8 @@
 #include "ringzero/ddp/bucket_memory.hpp"
 #include "ringzero/ddp/comm_hook.hpp"
 #include "ringzero/ddp/gradient_bucket.hpp"
+#include "ringzero/ddp/interval_union.hpp"
+#include "ringzero/ddp/rank_flags.hpp"
 #include "ringzero/ddp/reducer_options.hpp"
 #include "ringzero/ddp/reproducible_accumulation.hpp"
 
@@ -116,13 +118,7 @@ class gradient_reducer {
     install_layout(plan(order), /*carry_gradients=*/false);
     if (options_.broadcast_parameters) broadcast_parameters(0);
     for (auto& b : buckets_) memory_.zero(b.storage.data(), b.bytes_allocated);
-    if (options_.join || options_.reproducible) {
-      flags_storage_ =
-          memory_.allocate(sizeof(std::int32_t) * (static_cast<std::size_t>(comm_.world_size()) + 1), &memory_counter_);
-      flags_ = static_cast<std::int32_t*>(flags_storage_.data());
-      flags_send_ = flags_ + comm_.world_size();
-      if (memory_.is_device()) flags_host_.assign(static_cast<std::size_t>(comm_.world_size()), 0);
-    }
+    if (options_.join || options_.reproducible) flags_.allocate(memory_, comm_.world_size(), &memory_counter_);
   }
 
   gradient_reducer(const gradient_reducer&) = delete;
@@ -149,7 +145,7 @@ class gradient_reducer {
     if (unwinding || !failure_.empty()) {
       // Peers of an aborted collective may still read this rank's buffers (zero-copy backends).
       for (auto& b : buckets_) detail::retire_after_abort(std::move(b.storage));
-      detail::retire_after_abort(std::move(flags_storage_));
+      detail::retire_after_abort(flags_.release());
       detail::retire_after_abort(std::move(control_storage_));
     } else if (memory_.is_device()) {
       try {
@@ -291,46 +287,7 @@ class gradient_reducer {
   /// Reproducible mode: under no_sync, ends one micro-batch (every parameter must have been
   /// marked, or find_unused_parameters marks the rest unused); synchronised, leaves the average
   /// over every micro-batch of every rank since the last synchronised step.
-  void finish() {
-    check_usable();
-    if (!require_sync_) {
-      if (options_.reproducible) end_reproducible_micro_step();
-      ++stats_.local_steps;
-      unsynced_marks_ = 0;
-      return;
-    }
-    if (!step_open_) open_step();
-    // Parameters never marked ready.
-    std::vector<std::size_t> missing;
-    for (std::size_t k = params_.size(); k-- > 0;)
-      if (!ready_[k]) missing.push_back(k);
-    if (!missing.empty()) {
-      if (!options_.find_unused_parameters) {
-        if (missing.size() == params_.size() && unsynced_marks_ > 0)
-          fail(errc::invalid_argument, "finish() in step " + std::to_string(step_) +
-                                           ": no gradient was marked ready since gradient sync was "
-                                           "turned back on, but " +
-                                           std::to_string(unsynced_marks_) +
-                                           " were marked under no_sync: call finish() "
-                                           "inside the no_sync scope (or not at all) for accumulation micro-steps");
-        std::string names;
-        for (std::size_t k = 0; k < missing.size() && k < 8; ++k) names += (k ? ", " : "") + describe(missing[k]);
-        if (missing.size() > 8) names += ", ... (" + std::to_string(missing.size()) + " in all)";
-        fail(errc::invalid_argument,
-             "finish() in step " + std::to_string(step_) + ": parameter(s) " + names +
-                 " were never marked ready, so bucket " + std::to_string(bucket_of_[missing.front()]) +
-                 " can never be reduced; mark every gradient ready, or set find_unused_parameters");
-      }
-      for (std::size_t k : missing) mark(k, /*zero=*/true);
-    }
-    if (next_launch_ != buckets_.size())
-      fail(errc::internal, "finish(): " + std::to_string(buckets_.size() - next_launch_) + " bucket(s) not launched");
-    resolve_agreement();
-    wait_and_complete(/*shadow=*/false);
-    if (rebuild_pending()) rebuild(/*have_order=*/true);
-    close_step();
-    unsynced_marks_ = 0;
-  }
+  void finish();
 
   /// Uneven inputs: this rank has no more data. Shadows the other ranks' synchronised steps
   /// (matching each bucket's reduction with zeros, and the rebuild if it is still due) until
@@ -340,39 +297,7 @@ class gradient_reducer {
   /// (as in PyTorch): a rank that joined early keeps its older optimizer state.
   /// Errors (communicator aborted first): `reducer_options::join` is off; called in the middle
   /// of a step; any error of the collectives.
-  void join() {
-    check_usable();
-    if (!options_.join)
-      fail(errc::invalid_argument,
-           "join() needs reducer_options::join = true on every rank (ranks ran out of data at different steps)");
-    if (step_open_ || (options_.reproducible && unsynced_marks_ > 0))
-      fail(errc::invalid_argument, "join() called in the middle of a step (call finish() first)");
-    // Reproducible mode: micro-batches of an unfinished accumulation window are dropped (a
-    // joined rank contributes nothing), as plain mode never reduces such a window either.
-    if (options_.reproducible) {
-      reproducible_.clear();
-      reproducible_micro_steps_ = 0;
-    }
-    for (;;) {
-      const int active = agree(/*active=*/false);
-      if (active == 0) break;
-      // Shadow one synchronised step with zero gradients.
-      ++step_;
-      zero_buckets();
-      step_contributors_ = active;
-      next_launch_ = 0;
-      while (next_launch_ < buckets_.size()) launch(next_launch_++);
-      wait_and_complete(/*shadow=*/true);
-      if (rebuild_pending()) rebuild(/*have_order=*/false);
-      zero_buckets();
-      ++stats_.synchronized_steps;
-    }
-    // Every rank has joined. Make the models equal again: broadcast from a rank that took part
-    // in the last synchronised step (every rank saw the same agreements, so all pick the same).
-    if (last_trained_rank_ >= 0 && params_have_data()) broadcast_parameters(last_trained_rank_);
-    if (options_.gradient_as_bucket_view) zero_buckets();
-    last_trained_rank_ = -1;
-  }
+  void join();
 
   /// True when bucket `k` (reduction order) was launched in the current step and its
   /// communication has completed; `finish()` still has to complete it (hooks, copies). Never
@@ -514,16 +439,16 @@ class gradient_reducer {
       try {
         // Reproducible mode: 1 + this rank's micro-batches deposited under no_sync, so that every
         // rank learns whether each rank contributes exactly one micro-batch (all flags 1).
-        set_flag(options_.reproducible
-                     ? 1 + static_cast<int>(std::min<std::uint64_t>(reproducible_micro_steps_, 1u << 30))
-                     : 1);
+        flags_.set(options_.reproducible
+                       ? 1 + static_cast<int>(std::min<std::uint64_t>(reproducible_micro_steps_, 1u << 30))
+                       : 1);
       } catch (const std::exception& e) {
         fail_from(e, "step " + std::to_string(step_) + ": preparing the join agreement failed");
       }
       if (options_.collect_timings) agreement_launched_at_ = clock::now();
       // (void) here and at every assignment of a work in ddp/: nvcc's front end (CUDA 13) takes
       // the assignment's result for an ignored [[nodiscard]] work (warning #3001-D).
-      (void)(agreement_ = all_gather_async(comm_, flags_send_, flags_, 1, dtype::int32));
+      (void)(agreement_ = flags_.gather_async(comm_));
       agreement_pending_ = true;
     }
   }
@@ -548,7 +473,7 @@ class gradient_reducer {
     }
     agreement_pending_ = false;
     try {
-      fetch_flags();
+      flags_.read();
     } catch (const std::exception& e) {
       fail_from(e, "the agreement of step " + std::to_string(step_) + agreement_mode() + " could not be read");
     }
@@ -559,29 +484,9 @@ class gradient_reducer {
     }
   }
 
-  /// This rank's join flag (in the reducer's memory: the all_gather reads it there).
-  void set_flag(int value) {
-    if (memory_.is_device())
-      memory_.fill(flags_send_, 1, dtype::int32, value);
-    else
-      *flags_send_ = value;
-  }
-
-  /// Device memory: copies the gathered flags to the host (waits for the stream).
-  void fetch_flags() {
-    if (memory_.is_device())
-      memory_.to_host(flags_host_.data(), flags_, sizeof(std::int32_t) * static_cast<std::size_t>(comm_.world_size()));
-  }
-
+  /// The number of ranks whose flag is set; remembers the lowest (join's broadcast root).
   int count_flags() {
-    const std::int32_t* flags = memory_.is_device() ? flags_host_.data() : flags_;
-    int active = 0;
-    int first = -1;
-    for (int r = 0; r < comm_.world_size(); ++r)
-      if (flags[r] != 0) {
-        ++active;
-        if (first < 0) first = r;
-      }
+    const auto [active, first] = flags_.count();
     if (active > 0) last_trained_rank_ = first;
     return active;
   }
@@ -589,9 +494,8 @@ class gradient_reducer {
   /// Join mode, blocking: contributes `active` to an agreement and returns how many ranks are active.
   int agree(bool active) {
     try {
-      set_flag(active ? 1 : 0);
-      all_gather(comm_, flags_send_, flags_, 1, dtype::int32);
-      fetch_flags();
+      flags_.set(active ? 1 : 0);
+      flags_.gather(comm_);
     } catch (const std::exception& e) { fail_from(e, "join(): the agreement with the other ranks failed"); }
     return count_flags();
   }
@@ -700,24 +604,8 @@ class gradient_reducer {
     memory_.to_host(all, gathered, whole);
   }
 
-  gradient_bucket view_of(std::size_t k) {
-    bucket& b = buckets_[k];
-    gradient_bucket g;
-    g.index = k;
-    g.bucket_count = buckets_.size();
-    g.data = b.storage.data();
-    g.count = b.info.count;
-    g.type = b.info.type;
-    g.parameters = b.info.parameters;
-    g.offsets = b.info.offsets;
-    g.world_size = comm_.world_size();
-    g.contributors = step_contributors_;
-    g.divisor = options_.divide_by_initial_world_size ? comm_.world_size() : std::max(1, step_contributors_);
-    g.space = memory_.space();
-    g.cuda_stream = memory_.stream();
-    g.cuda_device = memory_.device();
-    return g;
-  }
+  /// Bucket k as the communication hook sees it.
+  gradient_bucket view_of(std::size_t k);
 
   void launch(std::size_t k);
 
@@ -725,28 +613,10 @@ class gradient_reducer {
   /// accounts the timings.
   void wait_and_complete(bool shadow);
 
-  /// Adds [a, b] to the step's set of in-flight intervals (launch order; FIFO completion makes
-  /// them sorted by start, so merging consecutive ones computes the union).
-  void add_interval(clock::time_point a, clock::time_point b) {
-    if (b < a) b = a;
-    if (step_end_ == clock::time_point::min()) {
-      step_start_ = a;
-      step_end_ = b;
-      return;
-    }
-    if (a > step_end_) {
-      stats_.reduction_seconds += std::chrono::duration<double>(step_end_ - step_start_).count();
-      step_start_ = a;
-    }
-    if (b > step_end_) step_end_ = b;
-  }
-
-  void flush_intervals() {
-    if (step_end_ != clock::time_point::min())
-      stats_.reduction_seconds += std::chrono::duration<double>(step_end_ - step_start_).count();
-    step_start_ = clock::time_point::max();
-    step_end_ = clock::time_point::min();
-  }
+  /// Adds [a, b] to the step's in-flight time (detail::interval_union).
+  void add_interval(clock::time_point a, clock::time_point b) { stats_.reduction_seconds += busy_.add(a, b); }
+  /// Ends the step's in-flight time.
+  void flush_intervals() { stats_.reduction_seconds += busy_.take(); }
 
   std::string describe_bucket(std::size_t k) const {
     std::string s;
@@ -803,10 +673,7 @@ class gradient_reducer {
   bool one_contribution_each_ = false;          // this step: every rank holds exactly one micro-batch
 
   // join mode
-  detail::bucket_storage flags_storage_;  // world_size received flags, then the one sent
-  std::int32_t* flags_ = nullptr;
-  std::int32_t* flags_send_ = nullptr;
-  std::vector<std::int32_t> flags_host_;  // device memory: the received flags, read back
+  detail::rank_flags flags_;  // every rank's flag of the step, then this rank's own
 
   // device memory: staging of the host values exchanged at construction and at the rebuild
   detail::bucket_storage control_storage_;
@@ -817,8 +684,7 @@ class gradient_reducer {
   int last_trained_rank_ = -1;
 
   reducer_stats stats_;
-  clock::time_point step_start_ = clock::time_point::max();
-  clock::time_point step_end_ = clock::time_point::min();
+  detail::interval_union busy_;  // the step's reductions in flight, overlaps counted once
   std::string failure_;
 };
 

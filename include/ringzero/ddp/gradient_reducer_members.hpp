@@ -1,8 +1,8 @@
 #pragma once
 /// @file
-/// The longer private members of `gradient_reducer` (the cross-rank agreement at construction,
-/// the bucket layout, launching and completing buckets, the one rebuild), defined out of the
-/// class. Included by ddp/gradient_reducer.hpp at its end; include that header, not this one.
+/// The longer members of `gradient_reducer` (the cross-rank agreement at construction, the end
+/// of a step and `join`, the bucket layout, launching and completing buckets, the one rebuild),
+/// defined out of the class. Included by ddp/gradient_reducer.hpp at its end; include that header, not this one.
 
 #include "ringzero/ddp/gradient_reducer.hpp"
 
@@ -122,6 +122,81 @@ inline void gradient_reducer::check_agreement(const std::string& problem) {
               hook + "'");
 }
 
+inline void gradient_reducer::finish() {
+  check_usable();
+  if (!require_sync_) {
+    if (options_.reproducible) end_reproducible_micro_step();
+    ++stats_.local_steps;
+    unsynced_marks_ = 0;
+    return;
+  }
+  if (!step_open_) open_step();
+  // Parameters never marked ready.
+  std::vector<std::size_t> missing;
+  for (std::size_t k = params_.size(); k-- > 0;)
+    if (!ready_[k]) missing.push_back(k);
+  if (!missing.empty()) {
+    if (!options_.find_unused_parameters) {
+      if (missing.size() == params_.size() && unsynced_marks_ > 0)
+        fail(errc::invalid_argument, "finish() in step " + std::to_string(step_) +
+                                         ": no gradient was marked ready since gradient sync was "
+                                         "turned back on, but " +
+                                         std::to_string(unsynced_marks_) +
+                                         " were marked under no_sync: call finish() "
+                                         "inside the no_sync scope (or not at all) for accumulation micro-steps");
+      std::string names;
+      for (std::size_t k = 0; k < missing.size() && k < 8; ++k) names += (k ? ", " : "") + describe(missing[k]);
+      if (missing.size() > 8) names += ", ... (" + std::to_string(missing.size()) + " in all)";
+      fail(errc::invalid_argument,
+           "finish() in step " + std::to_string(step_) + ": parameter(s) " + names +
+               " were never marked ready, so bucket " + std::to_string(bucket_of_[missing.front()]) +
+               " can never be reduced; mark every gradient ready, or set find_unused_parameters");
+    }
+    for (std::size_t k : missing) mark(k, /*zero=*/true);
+  }
+  if (next_launch_ != buckets_.size())
+    fail(errc::internal, "finish(): " + std::to_string(buckets_.size() - next_launch_) + " bucket(s) not launched");
+  resolve_agreement();
+  wait_and_complete(/*shadow=*/false);
+  if (rebuild_pending()) rebuild(/*have_order=*/true);
+  close_step();
+  unsynced_marks_ = 0;
+}
+
+inline void gradient_reducer::join() {
+  check_usable();
+  if (!options_.join)
+    fail(errc::invalid_argument,
+         "join() needs reducer_options::join = true on every rank (ranks ran out of data at different steps)");
+  if (step_open_ || (options_.reproducible && unsynced_marks_ > 0))
+    fail(errc::invalid_argument, "join() called in the middle of a step (call finish() first)");
+  // Reproducible mode: micro-batches of an unfinished accumulation window are dropped (a
+  // joined rank contributes nothing), as plain mode never reduces such a window either.
+  if (options_.reproducible) {
+    reproducible_.clear();
+    reproducible_micro_steps_ = 0;
+  }
+  for (;;) {
+    const int active = agree(/*active=*/false);
+    if (active == 0) break;
+    // Shadow one synchronised step with zero gradients.
+    ++step_;
+    zero_buckets();
+    step_contributors_ = active;
+    next_launch_ = 0;
+    while (next_launch_ < buckets_.size()) launch(next_launch_++);
+    wait_and_complete(/*shadow=*/true);
+    if (rebuild_pending()) rebuild(/*have_order=*/false);
+    zero_buckets();
+    ++stats_.synchronized_steps;
+  }
+  // Every rank has joined. Make the models equal again: broadcast from a rank that took part
+  // in the last synchronised step (every rank saw the same agreements, so all pick the same).
+  if (last_trained_rank_ >= 0 && params_have_data()) broadcast_parameters(last_trained_rank_);
+  if (options_.gradient_as_bucket_view) zero_buckets();
+  last_trained_rank_ = -1;
+}
+
 inline void gradient_reducer::install_layout(const std::vector<bucket_plan>& plans, bool carry_gradients) {
   std::vector<bucket> fresh(plans.size());
   std::vector<std::size_t> bucket_of(params_.size());
@@ -175,6 +250,25 @@ inline void gradient_reducer::install_layout(const std::vector<bucket_plan>& pla
     }
     reproducible_.reset_layout(counts, types, options_.reproducible_stage_bytes);
   }
+}
+
+inline gradient_bucket gradient_reducer::view_of(std::size_t k) {
+  bucket& b = buckets_[k];
+  gradient_bucket g;
+  g.index = k;
+  g.bucket_count = buckets_.size();
+  g.data = b.storage.data();
+  g.count = b.info.count;
+  g.type = b.info.type;
+  g.parameters = b.info.parameters;
+  g.offsets = b.info.offsets;
+  g.world_size = comm_.world_size();
+  g.contributors = step_contributors_;
+  g.divisor = options_.divide_by_initial_world_size ? comm_.world_size() : std::max(1, step_contributors_);
+  g.space = memory_.space();
+  g.cuda_stream = memory_.stream();
+  g.cuda_device = memory_.device();
+  return g;
 }
 
 inline void gradient_reducer::launch(std::size_t k) {

@@ -30,6 +30,7 @@
 #include "ringzero/backend/nccl/id_file.hpp"
 #include "ringzero/backend/nccl/options.hpp"
 #include "ringzero/backend/nccl/types.hpp"
+#include "ringzero/backend/nccl/work_events.hpp"
 #include "ringzero/backend/protocol/contract_exchange.hpp"
 #include "ringzero/backend/protocol/failure_text.hpp"
 #include "ringzero/backend/protocol/watchdog.hpp"
@@ -105,7 +106,7 @@ class communicator final : public ringzero::detail::backend_communicator {
       } catch (...) {}
     }
     workspace_.release();
-    release_events();
+    events_.release();
     if (owned_) destroy_comm();
   }
 
@@ -308,12 +309,6 @@ class communicator final : public ringzero::detail::backend_communicator {
     int rank = 0;
     int size = 1;
     int device = 0;
-  };
-  struct pending_work {
-    cudaEvent_t event;
-    collective_kind kind;
-    std::uint64_t sequence;
-    std::chrono::steady_clock::time_point issued;
   };
 
   communicator(const shape& s, ncclComm_t comm, bool owned, const options& opts)
@@ -623,23 +618,7 @@ class communicator final : public ringzero::detail::backend_communicator {
   /// Records an event after collective #`sequence` for the watchdog.
   void watch(collective_kind kind, std::uint64_t sequence) {
     if (!options_.watchdog || aborted_.load(std::memory_order_acquire)) return;
-    cudaEvent_t e = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(pending_mutex_);
-      if (!free_events_.empty()) {
-        e = free_events_.back();
-        free_events_.pop_back();
-      }
-    }
-    if (e == nullptr)
-      primitive::cudart::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    const cudaError_t r = cudaEventRecord(e, stream_.get());
-    if (r != cudaSuccess) {
-      (void)cudaEventDestroy(e);
-      primitive::cudart::check(r, "cudaEventRecord");
-    }
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    pending_.push_back(pending_work{e, kind, sequence, std::chrono::steady_clock::now()});
+    events_.record(kind, sequence, stream_.get());
   }
 
   /// Watches a point-to-point transfer issued outside any collective.
@@ -655,46 +634,12 @@ class communicator final : public ringzero::detail::backend_communicator {
         abort_with(errc_of(state), "NCCL reported an asynchronous error: " + result_text(state));
         return;
       }
-      std::string late;
-      errc late_code = errc::timeout;  // or the errc of the CUDA error that the device work reported
-      {
-        std::lock_guard<std::mutex> lock(pending_mutex_);
-        while (!pending_.empty()) {
-          pending_work& w = pending_.front();
-          const cudaError_t e = cudaEventQuery(w.event);
-          if (e == cudaSuccess) {
-            free_events_.push_back(w.event);
-            pending_.pop_front();
-            continue;
-          }
-          if (e != cudaErrorNotReady) {
-            (void)cudaGetLastError();
-            late = "device work of " + describe(w) + " failed: " + primitive::cudart::error_text(e);
-            late_code = primitive::cudart::errc_of(e);
-            break;
-          }
-          (void)cudaGetLastError();
-          if (std::chrono::steady_clock::now() - w.issued > timeout())
-            late = describe(w) + " did not complete within " + ringzero::detail::seconds_text(timeout()) +
-                   " s (NCCL has no timeout of its own: a rank probably never called it, or died)";
-          break;
-        }
-      }
-      if (!late.empty()) abort_with(late_code, "rank " + std::to_string(rank()) + ": " + late);
+      if (const auto late = events_.overdue(timeout()))
+        abort_with(late->first, "rank " + std::to_string(rank()) + ": " + late->second);
     } catch (...) {}
   }
 
-  static std::string describe(const pending_work& w) { return ringzero::detail::operation_name(w.kind, w.sequence); }
-
   // ---- teardown -----------------------------------------------------------------------
-
-  void release_events() noexcept {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    for (auto& w : pending_) (void)cudaEventDestroy(w.event);
-    for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
-    pending_.clear();
-    free_events_.clear();
-  }
 
   /// Finalises (non-blocking: polled with the timeout) and destroys the communicator.
   void destroy_comm() noexcept {
@@ -739,9 +684,7 @@ class communicator final : public ringzero::detail::backend_communicator {
   errc abort_code_ = errc::aborted;
   std::string abort_reason_;
 
-  std::mutex pending_mutex_;
-  std::deque<pending_work> pending_;
-  std::vector<cudaEvent_t> free_events_;
+  detail::work_events events_;  ///< what the watchdog watches
   ringzero::detail::watchdog watchdog_;
 };
 
