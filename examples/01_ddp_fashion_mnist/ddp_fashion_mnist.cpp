@@ -202,10 +202,9 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
         saver->save(reducer, state, progress_after(o, epoch + 1, optimizer_steps, result.global_batch));
       if (!lead) continue;
       result.evaluation = ev;
-      const epoch_metrics m =
-          epoch_record(epoch + 1, std::chrono::duration<double>(t1 - t0).count(),
-                       steps * static_cast<std::uint64_t>(result.global_batch), sums[0] / sums[1], ev,
-                       std::chrono::duration<double>(e1 - e0).count(), st);
+      const epoch_metrics m = epoch_record(epoch + 1, std::chrono::duration<double>(t1 - t0).count(),
+                                           steps * static_cast<std::uint64_t>(result.global_batch), sums[0] / sums[1],
+                                           ev, std::chrono::duration<double>(e1 - e0).count(), st);
       if (print) print_epoch(m, o.epochs, false);
       std::lock_guard<std::mutex> lock(result_mutex);
       result.epochs.push_back(m);
@@ -257,7 +256,7 @@ int main(int argc, char** argv) {
     o.pin = where.pin;
     if (!world.lead()) o.progress = false;
     const std::vector<int> compare_counts = check_options(o, given);  // before the device and the data
-    ex::require_device(where, "ddp_fashion_mnist");  // without a GPU: fails at once
+    ex::require_device(where, "ddp_fashion_mnist");                   // without a GPU: fails at once
     const ex::fashion_mnist data = ex::load_fashion_mnist(o.data_dir, o.train_subset, o.test_subset);
     json out;
     out["example"] = "01_ddp_fashion_mnist";
@@ -292,8 +291,6 @@ int main(int argc, char** argv) {
       print_comparison(o, runs, out);
     }
     return finish(o, out);
-  } catch (const std::exception& e) {
-    return ex::report_failure("ddp_fashion_mnist", where, process_rank, e);
-  }
+  } catch (const std::exception& e) { return ex::report_failure("ddp_fashion_mnist", where, process_rank, e); }
   return 0;
 }

@@ -303,8 +303,9 @@ inline batch_split split_batch(const options& o, int ranks, int global) {
   if (o.micro_batch > 0) return {o.micro_batch, global / (o.micro_batch * ranks)};
   if (global == 0) return {o.batch_size, o.accumulate};
   if (global % (ranks * o.accumulate) != 0)
-    throw rz::error(rz::errc::invalid_argument, fmt::format("global batch {} is not divisible by {} ranks x {} micro-steps",
-                                                            global, ranks, o.accumulate));
+    throw rz::error(
+        rz::errc::invalid_argument,
+        fmt::format("global batch {} is not divisible by {} ranks x {} micro-steps", global, ranks, o.accumulate));
   return {global / (ranks * o.accumulate), o.accumulate};
 }
 

@@ -290,8 +290,6 @@ int main(int argc, char** argv) {
                    r.evaluation.accuracy, o.min_accuracy);
       return 3;
     }
-  } catch (const std::exception& e) {
-    return ex::report_failure("zero_fashion_mnist", o.where, process_rank, e);
-  }
+  } catch (const std::exception& e) { return ex::report_failure("zero_fashion_mnist", o.where, process_rank, e); }
   return 0;
 }
