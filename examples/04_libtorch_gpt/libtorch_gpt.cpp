@@ -12,12 +12,16 @@
 //   before its backward, so the tensors autograd saved see valid data (docs/libtorch_gpt.md);
 // - it prints the loss per step (against the corpus' unigram entropy), tokens/s, parameter
 //   memory per rank against the plan, and a few lines of generated text.
-// Not used: checkpoints, the MPI backend (ranks are threads of one process, --ranks N).
+// - --checkpoint DIR saves the sharded state (parameters, AdamW's states, the step) every
+//   --checkpoint-every steps and at the end; --resume DIR continues from the newest checkpoint
+//   with the batches a straight run would draw, so 10 + 10 steps give the losses of 20.
+// Not used: the MPI backend (ranks are threads of one process, --ranks N).
 //
 // How to run (from the build directory; `apt-get install fortunes`):
 //   examples/libtorch_gpt                                  (2 ranks, zero3, block wrap, ~2 minutes)
 //   examples/libtorch_gpt --strategy ddp --ranks 2 --steps 100
 //   examples/libtorch_gpt --strategy zero3 --wrap layer --bf16 --steps 50
+//   examples/libtorch_gpt --steps 100 --checkpoint ckpt && examples/libtorch_gpt --steps 200 --resume ckpt
 // `--help` lists every option.
 
 #include <algorithm>
@@ -29,6 +33,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,7 +43,9 @@
 #include <nlohmann/json.hpp>
 
 #include "gpt_model.hpp"
+#include "heap_usage.hpp"
 #include "launcher.hpp"
+#include "ringzero/checkpoint.hpp"
 #include "ringzero/ringzero.hpp"
 
 namespace rz = ringzero;
@@ -63,6 +70,9 @@ struct options {
   int print_every = 10;
   std::string data = "/usr/share/games/fortunes";
   std::string json_path;
+  std::string checkpoint_dir;  // --checkpoint: save here every --checkpoint-every steps and at the end
+  int checkpoint_every = 0;
+  std::string resume_dir;  // --resume: continue from the newest checkpoint here
 };
 
 /// The corpus: every plain fortune file (names without a dot: not the .dat indexes or the .u8
@@ -128,6 +138,7 @@ struct result {
   std::vector<rz::zero::parameter_spec> parameters;
   std::string sample;
   double tokens_per_second = 0;
+  int first_step = 0;  // steps done before this run (--resume)
 };
 
 double median(std::vector<double> v) {
@@ -163,15 +174,43 @@ result train(const options& o, const corpus& c) {
     zo.model.optimizer.weight_decay = 0;
     zo.model.max_grad_norm = o.clip;
     rz::integration::torch_zero z(comm, *net, zo);
+    int first_step = 0;
+    if (!o.resume_dir.empty()) {  // a collective: the state resharded to this run's --ranks and --strategy
+      const rz::checkpoint::training_progress p = rz::checkpoint::load(z.model(), o.resume_dir);
+      z.refresh();                    // the module's parameters onto the loaded memory
+      z.model().reset_memory_peak();  // the load's second copy of the state is not training's
+      if (p.rng_seeds != std::vector<std::uint64_t>{o.seed})
+        throw rz::error(rz::errc::invalid_argument,
+                        fmt::format("--resume {}: the checkpoint was trained with another --seed", o.resume_dir));
+      if (p.optimizer_steps > static_cast<std::uint64_t>(o.steps))
+        throw rz::error(rz::errc::invalid_argument, fmt::format("--resume {}: the checkpoint is after step {}, past "
+                                                                "--steps {}",
+                                                                o.resume_dir, p.optimizer_steps, o.steps));
+      first_step = static_cast<int>(p.optimizer_steps);
+      if (rank == 0) fmt::print("resumed from {} after step {}\n", o.resume_dir, first_step);
+    }
+    std::optional<rz::checkpoint::checkpointer> saver;
+    if (!o.checkpoint_dir.empty()) {
+      saver.emplace(o.checkpoint_dir);
+      saver->open(z.model());  // the lock, leftovers removed, room checked: before any training
+    }
+    auto save = [&](int steps_done) {
+      rz::checkpoint::training_progress p;
+      p.rng_seeds = {o.seed};
+      p.metadata = {{"example", "04_libtorch_gpt"}, {"strategy", o.strategy}, {"wrap", o.wrap}};
+      saver->save(z.model(), p);  // the step count comes from the model
+      if (rank == 0) fmt::print("saved {} after step {}\n", o.checkpoint_dir, steps_done);
+    };
 
     const std::int64_t T = o.model.context, local_batch = o.batch / o.ranks;
     const auto V = static_cast<std::int64_t>(c.vocab.size());
     std::mt19937_64 rng(o.seed + 1);  // the same global batch on every rank and at every --ranks
     std::uniform_int_distribution<std::size_t> start(0, c.ids.size() - static_cast<std::size_t>(T) - 2);
+    for (std::int64_t k = 0; k < first_step * o.batch; ++k) (void)start(rng);  // the batches already trained
     auto x = torch::empty({local_batch, T}, torch::kLong), y = torch::empty({local_batch, T}, torch::kLong);
     std::vector<double> losses, seconds;
     const auto t_all = clock_type::now();
-    for (int step = 0; step < o.steps; ++step) {
+    for (int step = first_step; step < o.steps; ++step) {
       for (std::int64_t s = 0; s < o.batch; ++s) {
         const std::size_t at = start(rng);
         if (s / local_batch != rank) continue;
@@ -196,7 +235,10 @@ result train(const options& o, const corpus& c) {
         fmt::print("step {:5d}  loss {:.6f}  ({:.3f} bits/char)  {:8.0f} tokens/s\n", step, l, l / std::log(2.0), tps);
         std::fflush(stdout);
       }
+      if (saver && (step + 1 == o.steps || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0)))
+        save(step + 1);
     }
+    if (saver && first_step == o.steps) save(o.steps);
     const double total = std::chrono::duration<double>(clock_type::now() - t_all).count();
 
     // Generated text: every rank runs the same forwards (stage 3 gathers are collectives).
@@ -229,7 +271,8 @@ result train(const options& o, const corpus& c) {
       }
       res.parameters = z.parameters();
       res.sample = sample;
-      res.tokens_per_second = static_cast<double>(o.batch * T) * o.steps / total;
+      res.tokens_per_second = static_cast<double>(o.batch * T) * (o.steps - first_step) / total;
+      res.first_step = first_step;
     }
   });
   return res;
@@ -284,6 +327,13 @@ int main(int argc, char** argv) {
   app.add_option("--print-every", o.print_every, "print the loss every N steps")->check(CLI::Range(1, 1000000));
   app.add_option("--data", o.data, "directory of the fortune files");
   app.add_option("--json", o.json_path, "write losses, memory, plan and parameters to this JSON file");
+  app.add_option("--checkpoint", o.checkpoint_dir,
+                 "save checkpoints into this directory (at the end, and see "
+                 "--checkpoint-every)");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "also save every N steps (0: only at the end)")
+      ->check(CLI::Range(0, 10000000));
+  app.add_option("--resume", o.resume_dir,
+                 "continue from the newest checkpoint in this directory (resharded to this --ranks and --strategy)");
   CLI11_PARSE(app, argc, argv);
   if (const std::string refusal = ex::launcher_refusal(ex::detect_launcher(), "libtorch_gpt", ""); !refusal.empty()) {
     std::fprintf(stderr, "%s\n", refusal.c_str());
@@ -301,7 +351,9 @@ int main(int argc, char** argv) {
     fmt::print("{} on {} rank(s), wrap {}, {} blocks of width {}, context {}, global batch {}{}\n", o.strategy, o.ranks,
                o.wrap, o.model.layers, o.model.embd, o.model.context, o.batch, o.bf16 ? ", bfloat16" : "");
     std::fflush(stdout);
+    const auto resident_before = ex::resident_set();
     const result r = train(o, c);
+    const auto resident_after = ex::resident_set();
 
     const auto& m = r.measured;
     const auto& p = r.planned;
@@ -315,6 +367,12 @@ int main(int argc, char** argv) {
     fmt::print("  runtime allocations, counted where they are made: peak {} B, now {} B; the plan {} B  {}\n",
                r.allocated_peak, r.allocated_now, p.total(),
                r.allocated_peak <= p.total() ? "within the plan" : "ABOVE THE PLAN");
+    if (resident_before && resident_after)
+      fmt::print(
+          "  process resident memory: peak {} B, {} B above the start; the runtimes of {} rank(s) allocated {} B "
+          "at the peak (the rest: libtorch's activations, gradients and workspace)\n",
+          resident_after->peak, resident_after->peak - resident_before->now, o.ranks,
+          r.allocated_peak * static_cast<std::uint64_t>(o.ranks));
     if (!r.losses.empty()) {
       double tail = 0;
       const std::size_t k = std::min<std::size_t>(20, r.losses.size());
@@ -330,6 +388,7 @@ int main(int argc, char** argv) {
                        {"ranks", o.ranks},
                        {"wrap", o.wrap},
                        {"reshard_after_forward", o.reshard},
+                       {"first_step", r.first_step},
                        {"losses", r.losses},
                        {"step_seconds", r.step_seconds},
                        {"median_step_seconds", median(r.step_seconds)},
@@ -338,6 +397,9 @@ int main(int argc, char** argv) {
                        {"memory_measured", memory_json(m)},
                        {"memory_planned", memory_json(p)},
                        {"memory_allocated", {{"peak", r.allocated_peak}, {"now", r.allocated_now}}},
+                       {"resident_memory",
+                        {{"start", resident_before ? resident_before->now : 0},
+                         {"peak", resident_after ? resident_after->peak : 0}}},
                        {"parameters", parameters_json(r.parameters)},
                        {"sample", r.sample}};
       std::ofstream f(o.json_path);

@@ -12,6 +12,8 @@
   writes its parameter list), so peak parameter memory stays within the plan, and the runtime's
   allocations counted where they are made (memory_allocated) are the plan plus the step's 48
   bytes of scalars, at the peak too;
+- --checkpoint (zero3, half the steps) then --resume (as zero3, and resharded as zero1) continues
+  the straight run's losses and text bit for bit; a --resume past --steps is refused;
 - the launcher refusal of examples 01 and 02, and a bad --batch.
 Skipped (77) when Debian's fortunes package is not installed.
 
@@ -38,6 +40,7 @@ SMALL = ["--steps", str(STEPS), "--layers", "2", "--embd", "32", "--heads", "2",
 RELATIVE_TOLERANCE = 1e-5
 STEP_SCALARS = 48  # sizeof(ringzero::zero::step_scalars): the step's norm, decision and multiplier
 failures = []
+curves_sample = None
 
 if not os.path.isdir(DATA):
     print(f"skip: {DATA} is missing (Debian: apt-get install fortunes)")
@@ -79,6 +82,12 @@ def memory_matches_plan(run_json, label, reshard):
     # step's scalars (48 bytes, written by stream work), now and at the peak of the whole run.
     total = sum(planned[k] for k in ("parameters", "gradients", "master_weights", "optimizer_states",
                                      "communication_buffers")) + STEP_SCALARS
+    # The process's resident memory (both ranks are threads of it) grew by at least what the two
+    # runtimes allocated: the plan's bytes are memory the process touched, not only counted.
+    resident = run_json["resident_memory"]
+    if resident["peak"] and resident["peak"] - resident["start"] < 2 * total:
+        failures.append(f"{label}: resident memory grew by {resident['peak'] - resident['start']} B, less than "
+                        f"the two runtimes' {2 * total} B")
     allocated = run_json["memory_allocated"]
     if allocated["now"] != total or allocated["peak"] != total:
         failures.append(f"{label}: the runtime allocated {allocated['peak']} B at the peak and holds "
@@ -98,6 +107,8 @@ for strategy, wrap, reshard in (("ddp", "block", "all"), ("zero1", "block", "all
     if j is None:
         continue
     curves[label] = j["losses"]
+    if label == "--strategy ddp --wrap block":
+        curves_sample = j["sample"]
     if len(j["losses"]) != STEPS:
         failures.append(f"{label}: {len(j['losses'])} losses, expected {STEPS}")
     if strategy == "zero3":
@@ -119,6 +130,28 @@ if one is not None and reference is not None:
         if abs(a - b) > RELATIVE_TOLERANCE * abs(a):
             failures.append(f"step {step}: 1 rank {a!r}, 2 ranks {b!r} (relative difference {abs(a - b) / abs(a):.2e})")
             break
+
+# --checkpoint then --resume: half the steps saved at zero3, the rest resumed at zero3 and, resharded,
+# at zero1 (on 2 ranks every strategy computes the same bits), give the straight run's losses and
+# text. The zero1 resume loads into parameter memory the module's tensors view (refreshed after it).
+HALF = STEPS // 2
+for resumed_as in ("zero3", "zero1"):
+    ckpt = os.path.join(tmp, f"ckpt_{resumed_as}")
+    first = run(["--ranks", "2", "--strategy", "zero3", "--checkpoint", ckpt, "--checkpoint-every", "10", "--steps",
+                 str(HALF), *SMALL[2:]])
+    second = run(["--ranks", "2", "--strategy", resumed_as, "--resume", ckpt, *SMALL])
+    label = f"--checkpoint at zero3, --resume as {resumed_as}"
+    if first is None or second is None or reference is None:
+        continue
+    if second["first_step"] != HALF or second["losses"] != reference[HALF:]:
+        failures.append(f"{label}: from step {second['first_step']} losses {second['losses'][:3]}..., "
+                        f"the straight run's {reference[HALF:HALF + 3]}... (expected bit-identical)")
+    if second["sample"] != curves_sample:
+        failures.append(f"{label}: another generated text than the straight run's")
+r = subprocess.run([exe, "--steps", "5", "--resume", os.path.join(tmp, "ckpt_zero3"), *SMALL[2:]],
+                   capture_output=True, text=True, errors="replace", timeout=120)
+if r.returncode != 1 or "past --steps 5" not in r.stderr:
+    failures.append(f"--resume past --steps: exit {r.returncode}, stderr {r.stderr.strip()[-300:]!r}")
 
 # The launcher refusal (as examples 01 and 02) and a global batch that does not split.
 env = {k: v for k, v in os.environ.items() if k not in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")}

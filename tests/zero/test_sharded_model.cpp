@@ -594,17 +594,46 @@ TEST_CASE("stage 3: units kept after their forward serve their backward; other p
       const auto view = model.parameter<float>(l3);
       CHECK(std::vector<float>(view.begin(), view.end()) == std::vector<float>(13, 1.5f));
       model.post_forward(3);
-      // Evaluations, nested uses and training in order never held more than the plan.
+      // A pass stopped early (its prefetch of u2 never used), then training with a forward
+      // recomputed inside u2's backward (it prefetches nothing).
+      for (std::size_t u = 0; u < 2; ++u) {
+        model.pre_forward(u);
+        model.post_forward(u);
+      }
+      forward();
+      backward(2);
+      model.step();
+      // Evaluations whole and stopped early, nested uses, recomputation and training in any
+      // order: the runtime never held more than the plan.
       const primitive::memory_usage measured = model.memory_allocated(primitive::memory_space::host);
       CHECK(measured.peak == model.plan().memory().total() + sizeof(step_scalars));
-      forward();
-      backward(2);  // the recomputation's own gathers are beyond the canonical schedule, not an error
-      model.step();
       // A use left open is still refused by step(), kept or not.
       model.pre_forward(1);
       model.pre_forward(1);
       model.post_forward(1);
       expect([&] { model.step(); }, "step() while unit 'u1' (1) is gathered by a pre_forward / pre_backward");
+    });
+  }
+}
+
+TEST_CASE("stage 3: a forward pass stopped early leaves nothing the next pass pays for (every policy)") {
+  for (reshard_policy policy : {reshard_policy::all, reshard_policy::except_last, reshard_policy::none}) {
+    CAPTURE(reshard_policy_name(policy));
+    local::launch(2, [&](communicator& comm) {
+      plan_request q;  // six untied units of 8 floats: the plan holds 2 gather buffers (6 under none)
+      for (int u = 0; u < 6; ++u)
+        q.parameters.push_back(make_spec("w" + std::to_string(u), {8}, "u" + std::to_string(u)));
+      q.stage = 3;
+      q.reshard_after_forward = policy;
+      sharded_model model(comm, q);
+      for (std::size_t stop : {3u, 1u, 5u, 2u, 6u, 4u, 1u}) {  // passes over units [0, stop): prefetches left unused
+        for (std::size_t u = 0; u < stop; ++u) {
+          model.pre_forward(u);
+          model.post_forward(u);
+        }
+      }
+      const primitive::memory_usage measured = model.memory_allocated(primitive::memory_space::host);
+      CHECK(measured.peak == model.plan().memory().total() + sizeof(step_scalars));
     });
   }
 }

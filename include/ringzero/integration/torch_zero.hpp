@@ -201,6 +201,16 @@ class torch_zero {
     return model_.step();
   }
 
+  /// Points the module's parameters at the runtime's parameter memory again (stages 0-2; at
+  /// stage 3 they exist only inside `run`, which binds the gathered copies). Needed after
+  /// anything that replaces that memory: a checkpoint load (`checkpoint::load(z.model(), dir)`)
+  /// may make a second copy of the state live without copying, and the module's parameters then
+  /// point at freed memory until this call, `run` or `backward` rebinds them. Local; O(buffers).
+  void refresh() {
+    if (model_.plan().stage() == 3) return;
+    for (std::size_t u = 0; u < model_.plan().units().size(); ++u) bind(u);
+  }
+
   /// The first registered parameter that changed ("" when none): replaced, a new storage,
   /// another shape, no longer requiring grad, or the module's parameter list differs. Local.
   std::string changed() const {
@@ -363,10 +373,11 @@ class torch_zero {
     return first - pl.offset * dtype_size(pl.type);
   }
 
-  /// Stage 3: points the storages of unit u (and of the units it borrows) at their gather buffers.
+  /// Points the storages of unit u (and of the units it borrows) at the runtime's memory now:
+  /// the gather buffers at stage 3, the parameter buffers at stages 0-2 (which a checkpoint load
+  /// may have replaced).
   void bind(std::size_t u) {
     const auto& plan = model_.plan();
-    if (plan.stage() != 3) return;
     auto point = [&](std::size_t w) {
       for (std::size_t b : plan.units()[w].buffers)
         if (representative_[b] != npos)

@@ -70,7 +70,7 @@ class gather_schedule {
 
   /// Drops the references `use(u)` took; frees units left without references or prefetch.
   /// `keep`: when this is u's only open use, keeps its references instead, for the next
-  /// `use(u)` (a unit not resharded after its forward; `release_kept` and `release_all` drop
+  /// `use(u)` (a unit not resharded after its forward; `release_stale` and `release_all` drop
   /// them); a nested use (a recomputation inside u's backward) is dropped as without `keep`.
   /// Returns false (and changes nothing) when u holds no reference or holds only kept ones.
   template <class Hooks>
@@ -84,14 +84,20 @@ class gather_schedule {
     return true;
   }
 
-  /// Drops the references of every kept unit (a forward that no backward followed), freeing
-  /// units left without references or prefetch.
+  /// What a pass that no backward followed left (an evaluation, a pass stopped early): drops
+  /// the references of every kept unit and the prefetches no use took, freeing units left
+  /// without references. Units in use keep what they hold.
   template <class Hooks>
-  void release_kept(Hooks& hooks) {
+  void release_stale(Hooks& hooks) {
     for (std::size_t u = 0; u < state_.size(); ++u)
       if (state_[u].kept) {
         state_[u].kept = false;
         drop(u, hooks);
+      }
+    for (std::size_t w = 0; w < state_.size(); ++w)
+      if (state_[w].prefetched && state_[w].refs == 0) {
+        state_[w].prefetched = false;
+        free(w, hooks);
       }
   }
 

@@ -254,6 +254,8 @@ class sharded_model {
       gather_hooks h{*this};
       gathers_.release_all(h);
     }
+    forward_at_ = npos;
+    in_backward_ = false;
     // The compute stream's later work (the next micro-batch's gradients, a trainer reading the
     // reduced ones) runs after the reductions; on the host path this waits for them.
     comm_stream_->record(*comm_mark_);
@@ -290,6 +292,8 @@ class sharded_model {
       gather_hooks h{*this};
       gathers_.release_all(h);
     }
+    forward_at_ = npos;
+    in_backward_ = false;
     micro_ = 0;
     return run_step();
   }
@@ -546,18 +550,19 @@ class sharded_model {
     check_unit(u);
     if (plan_.stage() != 3) return;
     gather_hooks h{*this};
-    if (forward) {
-      // A forward back at or before the unit the last one reached starts a new pass: what the
-      // previous pass kept for a backward that did not come (an evaluation, a generation step)
-      // is released first, so a pass never holds more gather buffers than the plan counts.
-      if (forward_at_ != npos && u <= forward_at_) gathers_.release_kept(h);
-      forward_at_ = u;
-    } else {
-      forward_at_ = npos;
-    }
     gathers_.use(u, h);
+    if (forward && !in_backward_) {
+      // A forward back at or before the unit the last one reached starts a new pass: what the
+      // previous pass left for a backward that did not come (units kept by the policy, a
+      // prefetch no use took: an evaluation, a generation step, a pass stopped early) is
+      // released, after u took what it needs of it, so a pass holds no more than the plan.
+      if (forward_at_ != npos && u <= forward_at_) gathers_.release_stale(h);
+      forward_at_ = u;
+    }
+    if (!forward) in_backward_ = true;
+    // A forward recomputed inside a backward prefetches nothing: the units after it are done.
     if (plan_.request().prefetch) {
-      if (forward && u + 1 < plan_.units().size()) gathers_.prefetch(u + 1, h);
+      if (forward && !in_backward_ && u + 1 < plan_.units().size()) gathers_.prefetch(u + 1, h);
       if (!forward && u > 0) gathers_.prefetch(u - 1, h);
     }
     gathers_.wait_for(u, h);
@@ -663,6 +668,7 @@ class sharded_model {
   std::vector<bool> marked_;
   int micro_ = 0;
   std::size_t forward_at_ = npos;  ///< stage 3: the last unit of the forward pass in progress (npos: none)
+  bool in_backward_ = false;       ///< stage 3: a pre_backward ran in this micro-batch
   std::optional<detail::reproducible_gradients> reproducible_;  ///< reproducible mode only
   // The streams and their events. Declared last: the communication stream is drained in the
   // destructor and destroyed before the buffers its work used.
