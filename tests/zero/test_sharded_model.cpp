@@ -35,6 +35,20 @@ plan_request test_request(int stage, int accumulation) {
   return q;
 }
 
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// Runs `f`, which must throw a ringzero::error whose text contains `text`.
+template <class F>
+void expect(F&& f, const std::string& text) {
+  try {
+    f();
+    FAIL("expected an error mentioning: " << text);
+  } catch (const error& e) {
+    INFO(e.what());
+    CHECK(has(e.what(), text));
+  }
+}
+
 /// Runs the sharded trainer and the reference on `world` local ranks; returns the worst relative
 /// difference over ranks and parameters, and checks every rank holds the same parameters.
 double compare_with_reference(int world, int stage, const run_config& cfg) {
@@ -396,15 +410,6 @@ TEST_CASE("misuse of the runtime gets clear errors") {
     plan_request q = test_request(3, 2);
     sharded_model model(comm, q);
     const std::size_t l1 = model.index("l1.w"), frozen = model.index("frozen.w");
-    auto expect = [&](auto&& f, const std::string& text) {
-      try {
-        f();
-        FAIL("expected an error mentioning: " << text);
-      } catch (const error& e) {
-        INFO(e.what());
-        CHECK(std::string(e.what()).find(text) != std::string::npos);
-      }
-    };
     expect([&] { (void)model.index("nope"); }, "no parameter is named 'nope'");
     expect([&] { (void)model.parameter<float>(l1); }, "parameter 'l1.w' is not gathered");
     expect([&] { (void)model.parameter<double>(l1); }, "parameter of 'l1.w' is float32, requested as float64");
@@ -458,8 +463,6 @@ std::vector<std::pair<std::optional<errc>, std::string>> outcomes(int world,
   });
   return out;
 }
-
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -533,15 +536,6 @@ TEST_CASE("stage 3: units kept after their forward serve their backward; other p
       sharded_model model(comm, q, options);
       const std::size_t l3 = model.index("l3.w"), l2 = model.index("l2.w");  // units u3 (the last), u2
       const std::size_t units = model.unit_count();
-      auto expect = [&](auto&& f, const std::string& text) {
-        try {
-          f();
-          FAIL("expected an error mentioning: " << text);
-        } catch (const error& e) {
-          INFO(e.what());
-          CHECK(has(e.what(), text));
-        }
-      };
       auto forward = [&] {
         for (std::size_t u = 0; u < units; ++u) {
           model.pre_forward(u);
