@@ -165,9 +165,7 @@ result train(const options& o, const corpus& c) {
     rz::integration::torch_zero_options zo;
     zo.stage = stage_of(o.strategy);
     zo.wrap = wrap_of(o.wrap);
-    zo.reshard_after_forward = o.reshard == "none"          ? rz::zero::reshard_policy::none
-                               : o.reshard == "except_last" ? rz::zero::reshard_policy::except_last
-                                                            : rz::zero::reshard_policy::all;
+    zo.reshard_after_forward = *rz::zero::parse_reshard_policy(o.reshard);  // checked by the option
     if (o.bf16) zo.precision = rz::zero::precision::bfloat16_adam();
     zo.model.optimizer.kind = rz::zero::optimizer_kind::adamw;
     zo.model.optimizer.lr = o.lr;
