@@ -362,10 +362,17 @@ void check_uneven_counts(int world, std::uint64_t count, algorithm a, bool in_pl
 }  // namespace
 
 TEST_CASE("C10: counts that do not divide the world give exact results (trailing ranks may own nothing)") {
+  // A large odd count too (pipelined in many slices): 1 MB of int32 in the sanitizer builds' quick
+  // sweep, 4 MB in the release build.
+#if defined(RINGZERO_TEST_SWEEP_QUICK)
+  const std::uint64_t large = 250007;
+#else
+  const std::uint64_t large = 1000003;
+#endif
   for (algorithm a : every_algorithm)
     for (bool in_place : {false, true}) {
       for (std::uint64_t count : {1u, 3u, 7u}) check_uneven_counts(4, count, a, in_place);
-      check_uneven_counts(3, 1000003, a, in_place);
+      check_uneven_counts(3, large, a, in_place);
     }
 }
 
@@ -561,7 +568,13 @@ TEST_CASE("C22: 16-bit sums, averages and premul_sums accumulate in float32 and 
   // inputs with exact float32 sums: all_reduce, reduce_scatter and reduce return the same bits
   // on ring, direct and halving_doubling (tests/backend/float32_accumulation_checks.hpp).
   std::uint64_t checked = 0, rounding_differs = 0;
-  for (int n : {2, 3, 4, 5, 8}) {
+  // The sanitizer builds' quick sweep keeps worlds 3, 4 and 8 (not a power of two; C22's own two).
+#if defined(RINGZERO_TEST_SWEEP_QUICK)
+  const std::vector<int> worlds = {3, 4, 8};
+#else
+  const std::vector<int> worlds = {2, 3, 4, 5, 8};
+#endif
+  for (int n : worlds) {
     INFO("world " << n);
     std::mutex m;
     std::vector<std::string> failures;

@@ -442,15 +442,15 @@ TEST_CASE("check mode: a timeout names the ranks that never arrived, on every ra
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   {
-    mpi::communicator comm(MPI_COMM_WORLD, throwing(true, world_rank == 0 ? 2.0 : 4.0));
+    mpi::communicator comm(MPI_COMM_WORLD, throwing(true, world_rank == 0 ? 1.0 : 2.0));
     const int n = comm.world_size(), r = comm.rank();
     std::vector<float> v(100, 1.0f);
-    if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(7000));
+    if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(3500));
     const auto e = error_of([&] { all_reduce(comm, std::span<float>(v)); });
     CHECK(e.has_value());
     if (e) {
       CHECK(e->kind() == errc::timeout);
-      CHECK(contains(e->what(), "timed out after 2 s: rank " + std::to_string(n - 1) +
+      CHECK(contains(e->what(), "timed out after 1 s: rank " + std::to_string(n - 1) +
                                     " never arrived at all_reduce #0 (" + ranks_text(0, n - 2) + " did)"));
     }
     CHECK(comm.aborted());
@@ -462,18 +462,18 @@ TEST_CASE("check off: a timeout names the peers whose transfers did not complete
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   {
-    mpi::communicator comm(MPI_COMM_WORLD, throwing(false, world_rank == 0 ? 2.0 : 4.0));
+    mpi::communicator comm(MPI_COMM_WORLD, throwing(false, world_rank == 0 ? 1.0 : 2.0));
     const int n = comm.world_size(), r = comm.rank();
     std::vector<float> v(100, 1.0f);
     ringzero::collective_options ring;
     ring.algo = algorithm::ring;
-    if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(7000));
+    if (r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(3500));
     const auto e = error_of([&] { all_reduce(comm, v.data(), v.data(), 100, dtype::float32, reduce_kind::sum, ring); });
     CHECK(e.has_value());
     if (e) {
       CHECK(e->kind() == errc::timeout);
       // Rank 0 receives from its ring predecessor, the sleeping rank.
-      CHECK(contains(e->what(), "timed out after 2 s in all_reduce #0 waiting for rank " + std::to_string(n - 1) +
+      CHECK(contains(e->what(), "timed out after 1 s in all_reduce #0 waiting for rank " + std::to_string(n - 1) +
                                     ": the receive of "));
       CHECK(contains(e->what(),
                      " bytes from rank " + std::to_string(n - 1) + " (0 of 1 slices arrived) did not complete"));
@@ -497,14 +497,14 @@ TEST_CASE("after a timeout under throw_error, destroying the communicator is pro
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     // The late rank arrives after the others timed out and after a whole timeout more (the
     // destructor's old wait), so that only a prompt destruction passes.
-    const double timeout_s = 1.5;
+    const double timeout_s = 1.0;
     const bool late = world_rank == world - 1;
     double destroy_s = 0;
     {
       std::optional<mpi::communicator> comm;
       comm.emplace(MPI_COMM_WORLD, throwing(check, timeout_s));
       std::vector<float> v(100, 1.0f);
-      if (late) std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+      if (late) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
       const auto e = error_of([&] { all_reduce(*comm, std::span<float>(v)); });
       CHECK(e.has_value());
       if (e && !late) CHECK(e->kind() == errc::timeout);
