@@ -41,6 +41,7 @@ struct call_args {
   int root = 0;
   algorithm algo = algorithm::automatic;
   std::uint64_t tag = 0;
+  tag_namer tag_name;
   const void* send = nullptr;  ///< overrides the default buffer when `use_pointers`
   void* recv = nullptr;
   bool use_pointers = false;
@@ -58,6 +59,7 @@ void issue(communicator& comm, const call_args& a, rank_buffers& b) {
   void* v = a.use_pointers ? a.recv : b.recv.data();
   collective_options o = with_algo(a.algo);
   o.tag = a.tag;
+  o.tag_name = a.tag_name;
   switch (a.kind) {
     case collective_kind::all_reduce: return all_reduce(comm, s, v, a.count, a.type, a.op, o);
     case collective_kind::reduce_scatter: return reduce_scatter(comm, s, v, a.count, a.type, a.op, o);
@@ -245,6 +247,60 @@ TEST_CASE("tag mismatch (collective_options::tag) is raised on every rank, for e
       return a;
     });
     for (const auto& x : o) CHECK_MESSAGE(!x.threw, x.message);
+  }
+}
+
+namespace {
+
+/// A tag_namer's function for the test below: "step <tag>" for tags under 100, else nothing.
+std::string step_name(const void* prefix, std::uint64_t tag) noexcept {
+  if (tag >= 100) return {};
+  return static_cast<const char*>(prefix) + std::to_string(tag);
+}
+
+}  // namespace
+
+TEST_CASE("collective_options::tag_name names every rank's call in mismatch errors, with this rank's namer") {
+  static const char prefix[] = "step ";
+  const tag_namer namer{&step_name, prefix};
+  // A tag mismatch names each rank's tag; a tag the namer does not know prints as a number.
+  auto o = run_call(4, [&](int r) {
+    call_args a;
+    a.tag = r == 3 ? 0x1234 : 7;
+    a.tag_name = namer;
+    return a;
+  });
+  check_every_rank(o, errc::contract_mismatch, {"all_reduce #2", "tag mismatch", "ranks 0-2: step 7; rank 3: 0x1234"});
+  // Another mismatch gains the calls' names: each rank's when they differ, one when alike.
+  o = run_call(3, [&](int r) {
+    call_args a;
+    a.count = r == 0 ? 4 : 6;
+    a.tag = r == 0 ? 1 : 2;
+    a.tag_name = namer;
+    return a;
+  });
+  check_every_rank(o, errc::contract_mismatch,
+                   {"count mismatch: rank 0: 4; ranks 1-2: 6 (the calls: rank 0: step 1; ranks 1-2: step 2)"});
+  o = run_call(2, [&](int r) {
+    call_args a;
+    a.type = r == 0 ? dtype::float32 : dtype::int32;
+    a.tag = 5;
+    a.tag_name = namer;
+    return a;
+  });
+  check_every_rank(o, errc::contract_mismatch, {"dtype mismatch: rank 0: float32; rank 1: int32 (in step 5)"});
+  // Invalid arguments are not a mismatch: no names added.
+  o = run_call(2, [&](int r) {
+    call_args a;
+    a.root = r == 0 ? 9 : 0;
+    a.kind = collective_kind::broadcast;
+    a.tag = 5;
+    a.tag_name = namer;
+    return a;
+  });
+  for (const auto& x : o) {
+    CHECK(x.threw);
+    CHECK_FALSE(contains(x.message, "step 5"));
   }
 }
 

@@ -210,6 +210,37 @@ TEST_CASE("ranks with different hooks are refused; a hook that throws fails ever
   CHECK_MESSAGE(contains(out[1].what, "this hook refuses bucket 1"), out[1].what);
 }
 
+TEST_CASE("a hook whose calls differ between ranks gets an error naming the bucket and its parameters") {
+  // The bucket's options (gradient_bucket::options) carry a tag the contract check names.
+  class short_hook final : public comm_hook {
+   public:
+    explicit short_hook(bool shorten) : shorten_(shorten) {}
+    std::string name() const override { return "short"; }
+    work launch(communicator& comm, const gradient_bucket& b) override {
+      const std::uint64_t count = shorten_ && b.index == 1 ? b.count - 1 : b.count;
+      return all_reduce_async(comm, b.data, b.data, count, b.type, reduce_kind::avg, b.options);
+    }
+
+   private:
+    bool shorten_;
+  };
+  const auto out = run_ranks(2, [&](communicator& comm) {
+    toy_model m({16, 16, 16}, {});
+    reducer_options opt;
+    opt.hook = std::make_shared<short_hook>(comm.rank() == 1);
+    opt.bucket_byte_limits = {64};
+    gradient_reducer red(comm, m.parameters(), opt);
+    for (std::size_t i = 3; i-- > 0;) red.mark_ready(i);
+    red.finish();
+  });
+  for (const auto& o : out) {
+    CHECK(o.kind == errc::contract_mismatch);
+    CHECK_MESSAGE(
+        contains(o.what, "count mismatch: rank 0: 16; rank 1: 15 (in all_reduce of bucket 1 (parameters 1 'p1'))"),
+        o.what);
+  }
+}
+
 TEST_CASE("compression scratch follows the rebuild of the buckets") {
   auto out = run_ranks(2, [&](communicator& comm) {
     toy_model m({16, 16, 16, 16}, {});

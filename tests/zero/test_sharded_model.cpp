@@ -650,7 +650,39 @@ TEST_CASE("stage 3: ranks gathering same-sized units in different orders fail on
   for (const auto& [kind, what] : out) {
     INFO(what);
     CHECK(kind == errc::contract_mismatch);
-    CHECK(has(what, "tag mismatch"));
+    CHECK(has(what,
+              "tag mismatch (the ranks issued different calls of the same shape): rank 0: all_gather of unit "
+              "'ua' (buffer 0: a); rank 1: all_gather of unit 'ub' (buffer 1: b)"));
+  }
+}
+
+TEST_CASE("stage 3: a rank that runs a unit's forward twice (H23) gets an error naming the units, on every rank") {
+  // Units of different sizes: the calls differ in count, and the error names each rank's unit.
+  std::vector<parameter_spec> ps = {make_spec("h.0.w", {6}, "h.0"),  make_spec("h.0.b", {2}, "h.0"),
+                                    make_spec("h.1.w", {10}, "h.1"), make_spec("h.1.b", {2}, "h.1"),
+                                    make_spec("h.1.g", {2}, "h.1"),  make_spec("h.1.s", {2}, "h.1")};
+  const auto out = outcomes(2, [&](communicator& comm) {
+    plan_request q;
+    q.parameters = ps;
+    q.stage = 3;
+    q.prefetch = false;
+    sharded_model model(comm, q);
+    model.pre_forward(0);
+    model.post_forward(0);
+    if (comm.rank() == 1) {  // the forward of h.0 again
+      model.pre_forward(0);
+      model.post_forward(0);
+    }
+    model.pre_forward(1);
+    model.post_forward(1);
+  });
+  for (const auto& [kind, what] : out) {
+    INFO(what);
+    CHECK(kind == errc::contract_mismatch);
+    CHECK(has(what, "count mismatch"));
+    CHECK(has(what,
+              "(the calls: rank 0: all_gather of unit 'h.1' (buffer 1: h.1.w, h.1.b, h.1.g, ... (4 "
+              "parameters)); rank 1: all_gather of unit 'h.0' (buffer 0: h.0.w, h.0.b))"));
   }
 }
 

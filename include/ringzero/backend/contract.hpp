@@ -37,14 +37,19 @@ inline bool ranges_overlap(const void* a, std::uint64_t an, const void* b, std::
   return pa < pb + bn && pb < pa + an;
 }
 
-}  // namespace detail
+/// A tag as the errors print it: `namer`'s name for it, or hexadecimal ("0x7") without a namer
+/// (or when the namer returns nothing).
+inline std::string tag_text(const tag_namer& namer, std::uint64_t tag) {
+  std::string named = namer ? namer.name(namer.context, tag) : std::string();
+  if (!named.empty()) return named;
+  char text[24];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(tag));
+  return text;
+}
 
-/// Checks the descriptors of one collective from all `n` ranks (`get(r)` returns rank r's).
-/// With `cross_rank_buffers` (ranks share an address space) it also refuses a rank writing
-/// memory that another rank reads or writes in the same collective.
-/// Returns std::nullopt when the call may run. Pure and deterministic.
+/// The checks of `check_contract` (below) before it names the calls.
 template <class Get>
-std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_rank_buffers) {
+std::optional<contract_violation> check_descriptors(int n, Get&& get, bool cross_rank_buffers, const tag_namer& namer) {
   auto values = [&](auto&& f) {
     std::vector<std::string> v(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) v[static_cast<std::size_t>(r)] = f(get(r));
@@ -130,13 +135,10 @@ std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_ra
   // 4. The caller's tag (collective_options::tag): calls alike in everything else but not the
   //    same call.
   if (!all_equal([](const collective_descriptor& d) { return d.tag; }))
-    return contract_violation{errc::contract_mismatch,
-                              "tag mismatch (the ranks issued different calls of the same shape): " +
-                                  detail::describe_values(values([](const collective_descriptor& d) {
-                                    char text[24];
-                                    std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(d.tag));
-                                    return std::string(text);
-                                  }))};
+    return contract_violation{
+        errc::contract_mismatch,
+        "tag mismatch (the ranks issued different calls of the same shape): " +
+            detail::describe_values(values([&](const collective_descriptor& d) { return tag_text(namer, d.tag); }))};
   // 5. No rank writes what another rank reads or writes.
   if (cross_rank_buffers) {
     for (int w = 0; w < n; ++w) {
@@ -159,6 +161,31 @@ std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_ra
     }
   }
   return std::nullopt;
+}
+
+}  // namespace detail
+
+/// Checks the descriptors of one collective from all `n` ranks (`get(r)` returns rank r's).
+/// With `cross_rank_buffers` (ranks share an address space) it also refuses a rank writing
+/// memory that another rank reads or writes in the same collective. `namer` (the calling rank's
+/// collective_options::tag_name) names every rank's tag in a tag mismatch, and a mismatch of
+/// another field gains the calls' names: " (in all_gather of unit 'h.0' ...)" when every rank
+/// names the same call, else " (the calls: rank 0: ...; rank 1: ...)".
+/// Returns std::nullopt when the call may run. Pure and deterministic.
+template <class Get>
+std::optional<contract_violation> check_contract(int n, Get&& get, bool cross_rank_buffers,
+                                                 const tag_namer& namer = {}) {
+  std::optional<contract_violation> violation = detail::check_descriptors(n, get, cross_rank_buffers, namer);
+  if (!violation || !namer || violation->code != errc::contract_mismatch ||
+      violation->message.starts_with("tag mismatch"))
+    return violation;
+  std::vector<std::string> names(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) names[static_cast<std::size_t>(r)] = detail::tag_text(namer, get(r).tag);
+  if (std::all_of(names.begin(), names.end(), [&](const std::string& x) { return x == names[0]; }))
+    violation->message += " (in " + names[0] + ")";
+  else
+    violation->message += " (the calls: " + detail::describe_values(names) + ")";
+  return violation;
 }
 
 }  // namespace ringzero

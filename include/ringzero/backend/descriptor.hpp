@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ringzero/collective/options.hpp"
 #include "ringzero/core/algorithm.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
@@ -45,6 +46,7 @@ struct collective_descriptor {
   std::uint64_t sequence = 0;  ///< n-th collective issued on this communicator (from 0)
   std::uint64_t count = 0;     ///< the count argument as passed (per rank, NCCL's meaning)
   std::uint64_t tag = 0;       ///< the caller's label (collective_options::tag); must match
+  tag_namer tag_name;          ///< this rank's namer of tags in errors (local, never on the wire)
   dtype type = dtype::float32;
   reduce_op op{};                         ///< reductions only; scalar may differ between ranks
   int root = -1;                          ///< broadcast and reduce only

@@ -72,6 +72,7 @@ inline collective_descriptor describe(const communicator& c, const collective_re
   d.kind = q.kind;
   d.count = q.count;
   d.tag = q.options.tag;
+  d.tag_name = q.options.tag_name;
   d.type = q.type;
   d.op = q.op;
   d.root = has_root(q.kind) ? q.root : -1;

@@ -3,10 +3,23 @@
 /// `collective_options`: per-call settings of a collective.
 
 #include <cstdint>
+#include <string>
 
 #include "ringzero/core/algorithm.hpp"
 
 namespace ringzero {
+
+/// How the errors of the contract check name a call's tag (collective_options::tag_name):
+/// `name(context, tag)` returns a description of the call that `tag` labels (e.g. "all_gather of
+/// unit 'h.3'"). It must be a pure function of the tag, the same on every rank, because each rank
+/// names every rank's tag with its own namer; it runs on the calling rank's thread, only when a
+/// check fails, and must not throw. `context` must outlive the call. Empty (`name` null): tags
+/// print as hexadecimal numbers.
+struct tag_namer {
+  std::string (*name)(const void* context, std::uint64_t tag) noexcept = nullptr;
+  const void* context = nullptr;
+  explicit operator bool() const noexcept { return name != nullptr; }
+};
 
 /// Per-call settings of a collective (the defaults suit almost every call).
 struct collective_options {
@@ -23,6 +36,11 @@ struct collective_options {
   /// same-sized units issued in different orders on different ranks. 0 (the default) is a tag
   /// like any other. It does not change which data is exchanged.
   std::uint64_t tag = 0;
+  /// Names the tags in errors (see tag_namer): where the contract check finds a mismatch, the
+  /// message names each rank's call through this rank's namer ("tag mismatch: rank 0: all_gather
+  /// of unit 'h.1' ...; rank 1: all_gather of unit 'h.0' ..."), and other mismatches (count,
+  /// dtype, ...) add the calls' names. Local: not compared between ranks, never sent.
+  tag_namer tag_name;
   /// Reproducible mode (docs/numerics.md): all_reduce, reduce_scatter and reduce of float16,
   /// bfloat16, float32 or float64 with sum, avg or premul_sum return a result that depends only
   /// on the ranks' inputs, not on world size, rank order, algorithm or backend. Other dtypes and

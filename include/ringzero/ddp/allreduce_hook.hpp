@@ -31,7 +31,7 @@ class allreduce_hook final : public comm_hook {
   work launch(communicator& comm, const gradient_bucket& bucket) override {
     const bool plain_average = bucket.divisor == comm.world_size();
     return all_reduce_async(comm, bucket.data, bucket.data, bucket.count, bucket.type,
-                            plain_average ? reduce_op(reduce_kind::avg) : reduce_op(reduce_kind::sum));
+                            plain_average ? reduce_op(reduce_kind::avg) : reduce_op(reduce_kind::sum), bucket.options);
   }
 
   /// Divides by `bucket.divisor` when `launch` summed.

@@ -72,7 +72,7 @@ class compression_hook final : public comm_hook {
     if (memory.is_device()) {
       if (bucket.divisor > 1) memory.divide(bucket.data, bucket.data, bucket.count, bucket.type, bucket.divisor);
       memory.cast(wire, wire_, bucket.data, bucket.type, bucket.count);
-      return all_reduce_async(comm, wire, wire, bucket.count, wire_, reduce_kind::sum);
+      return all_reduce_async(comm, wire, wire, bucket.count, wire_, reduce_kind::sum, bucket.options);
     }
     visit_source(bucket.type, [&]<class S>() {
       if (wire_ == dtype::float16)
@@ -82,7 +82,7 @@ class compression_hook final : public comm_hook {
         detail::compress_divided(reinterpret_cast<bfloat16*>(wire), static_cast<const S*>(bucket.data), bucket.count,
                                  bucket.divisor);
     });
-    return all_reduce_async(comm, wire, wire, bucket.count, wire_, reduce_kind::sum);
+    return all_reduce_async(comm, wire, wire, bucket.count, wire_, reduce_kind::sum, bucket.options);
   }
 
   /// Host and CUDA device memory.

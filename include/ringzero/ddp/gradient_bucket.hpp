@@ -10,6 +10,7 @@
 #include <span>
 
 #include "ringzero/backend/communicator.hpp"
+#include "ringzero/collective/options.hpp"
 #include "ringzero/core/dtype.hpp"
 
 namespace ringzero::ddp {
@@ -25,8 +26,12 @@ namespace ringzero::ddp {
 /// a hook enqueues its own work on that stream (ddp/bucket_memory.hpp does) and must not read
 /// `data` on the host.
 struct gradient_bucket {
-  std::size_t index = 0;                    ///< position in the step's reduction order (0 = reduced first)
-  std::size_t bucket_count = 0;             ///< number of buckets reduced per step
+  std::size_t index = 0;         ///< position in the step's reduction order (0 = reduced first)
+  std::size_t bucket_count = 0;  ///< number of buckets reduced per step
+  /// Options for the bucket's collectives (hooks pass them on): a tag naming the bucket, so that
+  /// the contract check's errors name it and its parameters ("all_reduce of bucket 2
+  /// (parameters fc1.weight [float32, 100352 elements], ...)") on every rank.
+  collective_options options;
   void* data = nullptr;                     ///< the flat buffer, reduced in place
   std::uint64_t count = 0;                  ///< elements in `data`, padding included (same on every rank)
   dtype type = dtype::float32;              ///< element type of `data`

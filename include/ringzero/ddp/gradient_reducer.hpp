@@ -618,6 +618,12 @@ class gradient_reducer {
   /// Ends the step's in-flight time.
   void flush_intervals() { stats_.reduction_seconds += busy_.take(); }
 
+  /// Bucket k's collectives have the tag bucket_tag_base | k (gradient_bucket::options), named by
+  /// name_bucket_tag: "all_reduce of bucket k (parameters ...)"; "" for other tags. It runs where
+  /// the contract check fails, while the buckets are not being rebuilt.
+  static constexpr std::uint64_t bucket_tag_base = std::uint64_t{0xDD} << 48;
+  static std::string name_bucket_tag(const void* self, std::uint64_t tag) noexcept;
+
   std::string describe_bucket(std::size_t k) const {
     std::string s;
     const auto& ps = buckets_[k].info.parameters;

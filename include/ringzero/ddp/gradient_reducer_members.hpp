@@ -252,11 +252,23 @@ inline void gradient_reducer::install_layout(const std::vector<bucket_plan>& pla
   }
 }
 
+inline std::string gradient_reducer::name_bucket_tag(const void* self, std::uint64_t tag) noexcept {
+  try {
+    const auto& r = *static_cast<const gradient_reducer*>(self);
+    const std::uint64_t k = tag ^ bucket_tag_base;
+    if ((tag >> 48) != (bucket_tag_base >> 48) || k >= r.buckets_.size()) return {};
+    return "all_reduce of bucket " + std::to_string(k) + " (parameters " +
+           r.describe_bucket(static_cast<std::size_t>(k)) + ")";
+  } catch (...) { return {}; }
+}
+
 inline gradient_bucket gradient_reducer::view_of(std::size_t k) {
   bucket& b = buckets_[k];
   gradient_bucket g;
   g.index = k;
   g.bucket_count = buckets_.size();
+  g.options.tag = bucket_tag_base | k;
+  g.options.tag_name = tag_namer{&name_bucket_tag, this};
   g.data = b.storage.data();
   g.count = b.info.count;
   g.type = b.info.type;
@@ -278,7 +290,7 @@ inline void gradient_reducer::launch(std::size_t k) {
     // Every rank holds one micro-batch: the reproducible all_reduce of the bucket itself, the
     // same function of the same contributions as the accumulator's, asynchronous.
     if (options_.collect_timings) b.launched_at = clock::now();
-    collective_options reproducible;
+    collective_options reproducible = view_of(k).options;
     reproducible.reproducible = true;
     try {
       (void)(b.pending_work = all_reduce_async(comm_, b.storage.data(), b.storage.data(), b.info.count, b.info.type,

@@ -36,10 +36,44 @@ namespace ringzero::zero::detail {
 /// purposes or buffers (two equal units gathered in different orders) fail with a tag
 /// mismatch where the backend checks the contract, instead of mixing their data.
 enum class call_purpose : std::uint64_t { agree = 1, gather, read, reduce, replica_average, norm, regather };
-/// The tag of a runtime collective for `purpose` and flat buffer (or exchange) `index`.
-inline collective_options tagged(call_purpose purpose, std::size_t index) noexcept {
+/// The runtime's collective that `tag` (made by `tagged` below) labels, named for the contract
+/// check's errors (a tag_namer's function; `plan` is the model's shard_plan): e.g. "all_gather
+/// of unit 'h.1' (buffer 3: h.1.w, h.1.b)". "" for a tag that is not the runtime's, which then
+/// prints as a number. Pure: every rank with the same plan names a tag alike.
+inline std::string name_model_tag(const void* plan, std::uint64_t tag) noexcept {
+  try {
+    const auto& p = *static_cast<const shard_plan*>(plan);
+    const std::uint64_t purpose = tag >> 48;
+    const std::uint64_t index = tag & ((std::uint64_t{1} << 48) - 1);
+    if (purpose == static_cast<std::uint64_t>(call_purpose::agree))
+      return "the model agreement check (exchange " + std::to_string(index) + ")";
+    if (purpose == static_cast<std::uint64_t>(call_purpose::norm)) return "the gradient norm's all_reduce";
+    if (index >= p.buffers().size()) return {};
+    const flat_buffer& f = p.buffers()[static_cast<std::size_t>(index)];
+    std::string what;
+    switch (static_cast<call_purpose>(purpose)) {
+      case call_purpose::gather: what = "all_gather of unit"; break;
+      case call_purpose::read: what = "all_gather (read_parameter) of unit"; break;
+      case call_purpose::reduce: what = "gradient reduction of unit"; break;
+      case call_purpose::replica_average: what = "replica average of the gradients of unit"; break;
+      case call_purpose::regather: what = "all_gather after the step of unit"; break;
+      default: return {};
+    }
+    std::string members;
+    const std::size_t shown = 3;
+    for (std::size_t k = 0; k < f.parameters.size() && k < shown; ++k)
+      members += (k == 0 ? "" : ", ") + p.parameters()[f.parameters[k]].name;
+    if (f.parameters.size() > shown) members += ", ... (" + std::to_string(f.parameters.size()) + " parameters)";
+    return what + " '" + p.units()[f.unit].name + "' (buffer " + std::to_string(index) + ": " + members + ")";
+  } catch (...) { return {}; }
+}
+
+/// The tag of a runtime collective for `purpose` and flat buffer (or exchange) `index`; with
+/// `plan`, the tag's name for the contract check's errors (name_model_tag).
+inline collective_options tagged(call_purpose purpose, std::size_t index, const shard_plan* plan = nullptr) noexcept {
   collective_options o;
   o.tag = (static_cast<std::uint64_t>(purpose) << 48) | static_cast<std::uint64_t>(index);
+  if (plan != nullptr) o.tag_name = tag_namer{&name_model_tag, plan};
   return o;
 }
 
@@ -224,7 +258,7 @@ inline std::string model_agreement::agree_over(communicator& c, bool refused, bo
   const std::size_t fields = mine.size();
   const std::vector<std::uint64_t> row = ringzero::detail::agreement_row(mine);
   std::vector<std::uint64_t> gathered(fields * static_cast<std::size_t>(n));
-  exchange(c, row.data(), gathered.data(), fields, tagged(call_purpose::agree, 0));
+  exchange(c, row.data(), gathered.data(), fields, tagged(call_purpose::agree, 0, &plan_));
   const ringzero::detail::agreement_table table(std::move(gathered), fields);
   const std::vector<int> refusing = table.ranks_where_not(0, 0);
   if (!refusing.empty() && across_groups)
@@ -251,7 +285,7 @@ inline std::string model_agreement::first_parameter_difference(communicator& c) 
   const std::size_t count = ps.size();
   std::vector<std::uint64_t> row(count), gathered(count * static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < count; ++i) row[i] = parameters_hash(i, i + 1);
-  exchange(c, row.data(), gathered.data(), count, tagged(call_purpose::agree, 1));
+  exchange(c, row.data(), gathered.data(), count, tagged(call_purpose::agree, 1, &plan_));
   const ringzero::detail::agreement_table table(std::move(gathered), count);
   if (const std::size_t i = table.first_difference(); i < count) {
     const parameter_spec& p = ps[i];
@@ -272,7 +306,7 @@ inline void model_agreement::check_learning_rates(double lr, std::uint64_t next_
     if (c == nullptr || c->world_size() == 1) continue;
     const int n = c->world_size();
     std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
-    exchange(*c, &mine, all.data(), 1, tagged(call_purpose::agree, 3));
+    exchange(*c, &mine, all.data(), 1, tagged(call_purpose::agree, 3, &plan_));
     bool same = true;
     for (std::uint64_t b : all) same = same && b == all[0];
     if (same || !verdict.empty()) continue;
@@ -295,7 +329,7 @@ inline void model_agreement::agree_on_allocation(const std::string& problem) {
     const int n = c->world_size();
     std::uint64_t mine = problem.empty() && verdict.empty() ? 0 : 1;
     std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
-    exchange(*c, &mine, all.data(), 1, tagged(call_purpose::agree, 2));
+    exchange(*c, &mine, all.data(), 1, tagged(call_purpose::agree, 2, &plan_));
     std::vector<int> failed;
     for (int r = 0; r < n; ++r)
       if (all[static_cast<std::size_t>(r)] != 0) failed.push_back(r);

@@ -462,10 +462,11 @@ class sharded_model {
 
   /// The cross-rank checks of this model (zero/model_agreement.hpp).
   detail::model_agreement agreement() { return {comm_, replica_, plan_, options_, &memory_counter_}; }
-  /// The tags of the runtime's collectives (zero/model_agreement.hpp).
+  /// The tags of the runtime's collectives, named in the contract check's errors
+  /// (zero/model_agreement.hpp).
   using call_purpose = detail::call_purpose;
-  static collective_options tagged(call_purpose purpose, std::size_t buffer) noexcept {
-    return detail::tagged(purpose, buffer);
+  collective_options tagged(call_purpose purpose, std::size_t buffer) const noexcept {
+    return detail::tagged(purpose, buffer, &plan_);
   }
 
   const std::string& name(std::size_t p) const { return plan_.parameters()[p].name; }

@@ -63,6 +63,13 @@ TEST_CASE("check mode: a tag mismatch (collective_options::tag) raises on every 
     CHECK(contains(e->what(), "rank 0: 0x102030405060708; " + ranks_text(1, n - 1) + ": 0x9"));
   }
   CHECK(v[0] == 1.0f);
+  // With a namer, each rank names every rank's tag (the wire carries the tag, not the name).
+  o.tag_name =
+      tag_namer{[](const void*, std::uint64_t tag) noexcept { return "call " + std::to_string(tag & 0xff); }, nullptr};
+  const auto named = error_of([&] { all_gather(comm, send.data(), v.data(), 4, dtype::float32, o); });
+  CHECK(named.has_value());
+  if (named) CHECK(contains(named->what(), "rank 0: call 8; " + ranks_text(1, n - 1) + ": call 9"));
+  o.tag_name = {};
   o.tag = 9;  // the same tag everywhere runs
   std::vector<std::int32_t> x(4, 1);
   CHECK_FALSE(

@@ -94,7 +94,7 @@ class communicator : public ringzero::detail::backend_communicator {
       throw;
     }
     auto violation = check_contract(
-        world_size(), [&](int r) -> const collective_descriptor& { return world_.slot(r).desc; }, true);
+        world_size(), [&](int r) -> const collective_descriptor& { return world_.slot(r).desc; }, true, op.tag_name);
     if (violation) {
       end(op);
       raise(&op, violation->code, violation->message);

@@ -71,7 +71,7 @@ inline std::optional<contract_verdict> judge_records(int me, const collective_de
         errc::contract_mismatch,
         "sequence number mismatch (a rank issued collectives that others did not): " + describe_values(values), false};
   }
-  if (auto violation = check_contract(n, get, false))
+  if (auto violation = check_contract(n, get, false, d.tag_name))
     return contract_verdict{violation->code, std::move(violation->message), false};
   return std::nullopt;
 }
