@@ -31,6 +31,7 @@ enum class errc {
   backend_failure,       ///< the underlying library (MPI, NCCL, CUDA) reported an error
   io_error,              ///< reading or writing a file failed
   internal,              ///< an invariant of ringzero itself failed (a bug: please report it)
+  replica_mismatch,      ///< replicas that must hold equal state do not (verify_replicas)
 };
 
 namespace detail {
@@ -50,6 +51,7 @@ class error_category_impl final : public std::error_category {
       case errc::backend_failure: return "backend failure";
       case errc::io_error: return "I/O error";
       case errc::internal: return "internal error";
+      case errc::replica_mismatch: return "replicas differ";
     }
     return "unknown ringzero error";
   }

@@ -158,6 +158,12 @@ class gradient_reducer {
 
   /// Number of registered parameters.
   std::size_t parameter_count() const noexcept { return params_.size(); }
+  /// Parameter i's name (reducer_parameter::name, may be empty). Throws std::out_of_range.
+  const std::string& parameter_name(std::size_t i) const { return params_.at(i).name; }
+  /// A host copy of parameter i's `count` values (device memory: copied on the communicator's
+  /// stream, then synchronised). Between steps; errc::invalid_argument (aborting, as every
+  /// failure here does) for i out of range or null values (`reducer_parameter::data`).
+  std::vector<unsigned char> read_values(std::size_t i);
   /// Number of buckets in the current layout.
   std::size_t bucket_count() const noexcept { return buckets_.size(); }
   /// The current layout, bucket by bucket in reduction order.
@@ -624,13 +630,7 @@ class gradient_reducer {
   static constexpr std::uint64_t bucket_tag_base = std::uint64_t{0xDD} << 48;
   static std::string name_bucket_tag(const void* self, std::uint64_t tag) noexcept;
 
-  std::string describe_bucket(std::size_t k) const {
-    std::string s;
-    const auto& ps = buckets_[k].info.parameters;
-    for (std::size_t j = 0; j < ps.size() && j < 6; ++j) s += (j ? ", " : "") + describe(ps[j]);
-    if (ps.size() > 6) s += ", ...";
-    return s;
-  }
+  std::string describe_bucket(std::size_t k) const;
 
   /// Wraps an error from a collective or hook with the reducer's context, aborts, and throws.
   [[noreturn]] void fail_from(const std::exception& e, const std::string& what) {

@@ -252,6 +252,30 @@ inline void gradient_reducer::install_layout(const std::vector<bucket_plan>& pla
   }
 }
 
+inline std::string gradient_reducer::describe_bucket(std::size_t k) const {
+  std::string s;
+  const auto& ps = buckets_[k].info.parameters;
+  for (std::size_t j = 0; j < ps.size() && j < 6; ++j) s += (j ? ", " : "") + describe(ps[j]);
+  if (ps.size() > 6) s += ", ...";
+  return s;
+}
+
+inline std::vector<unsigned char> gradient_reducer::read_values(std::size_t i) {
+  check_usable();
+  if (step_open_) fail(errc::invalid_argument, "read_values called in the middle of a step (call finish() first)");
+  if (i >= params_.size())
+    fail(errc::invalid_argument,
+         "read_values: parameter " + std::to_string(i) + " of " + std::to_string(params_.size()));
+  const reducer_parameter& p = params_[i];
+  const std::size_t bytes = static_cast<std::size_t>(p.count) * dtype_size(p.type);
+  if (p.data == nullptr && bytes != 0)
+    fail(errc::invalid_argument, "read_values: parameter " + describe(i) + " was registered without values");
+  std::vector<unsigned char> out(bytes);
+  if (bytes == 0) return out;
+  memory_.to_host(out.data(), p.data, bytes);
+  return out;
+}
+
 inline std::string gradient_reducer::name_bucket_tag(const void* self, std::uint64_t tag) noexcept {
   try {
     const auto& r = *static_cast<const gradient_reducer*>(self);

@@ -37,6 +37,18 @@ class checkpoint_access {
   /// The loss scaler, writable (a checkpoint restores its scale and good-step count).
   loss_scaler& scaler() noexcept { return m_.scaler_; }
 
+  /// Copies `bytes` bytes of the model's memory at `src` (from `held_parameters`, the
+  /// optimizer's master weights or states) into host memory `dst`, on the runtime's stream after
+  /// the compute stream's work enqueued so far; done when `synchronize()` returns. Throws
+  /// errc::invalid_argument (naming this rank) unless `between_steps()`. Local.
+  void copy_to_host(void* dst, const void* src, std::uint64_t bytes) {
+    if (!m_.between_steps()) m_.raise("the model's state can only be read between steps");
+    m_.comm_waits_for_compute();
+    m_.comm_stream_->copy(dst, src, bytes);
+  }
+  /// Waits for the copies of `copy_to_host` (the runtime's stream); rethrows its error.
+  void synchronize() { m_.synchronize(); }
+
   /// Before a checkpoint overwrites the state: releases every stage-3 gather (they would show
   /// the old parameters), zeroes the gradients and waits for the runtime's streams. Throws
   /// errc::invalid_argument (naming this rank) unless `between_steps()`. Local.

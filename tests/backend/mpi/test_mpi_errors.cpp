@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "mpi_test.hpp"
+#if defined(RZT_HAVE_XXHASH)
+#include "ringzero/verify_replicas.hpp"
+#endif
 
 using namespace ringzero;
 using ringzero_test::contains;
@@ -658,3 +661,21 @@ TEST_CASE("a construction that times out leaves MPI usable, and the late rank ti
   mpi::communicator comm(MPI_COMM_WORLD, throwing(false));
   expect_usable(comm);
 }
+
+#if defined(RZT_HAVE_XXHASH)
+TEST_CASE("verify_replicas over MPI: one flipped bit on the last rank is named on every rank") {
+  mpi::communicator comm(MPI_COMM_WORLD, throwing(true));
+  const int n = comm.world_size(), r = comm.rank();
+  std::vector<float> a(1000, 0.5f), b(33, -2.0f);
+  std::vector<replica_tensor> tensors = {{"a", a.data(), a.size() * 4}, {"b", b.data(), b.size() * 4}};
+  CHECK(verify_replicas(comm, tensors).tensors == 2);
+  if (r == n - 1) reinterpret_cast<unsigned char*>(b.data())[17] ^= 0x02;
+  const auto e = error_of([&] { verify_replicas(comm, tensors, "parameters"); });
+  REQUIRE(e.has_value());
+  CHECK(e->kind() == errc::replica_mismatch);
+  CHECK(contains(e->what(), "the replicas' parameters differ: tensor 1 'b' (132 bytes) differs: "));
+  CHECK(contains(e->what(), "rank " + std::to_string(n - 1) + " hold "));
+  CHECK(contains(e->what(), "1 of 2 tensors differ"));
+  expect_usable(comm);
+}
+#endif
