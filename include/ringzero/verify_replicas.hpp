@@ -97,31 +97,40 @@ inline std::string majority_first(const std::vector<std::string>& value_of_rank)
 
 }  // namespace detail
 
-/// Checks that every rank of `comm` holds the same `tensors` (same count, sizes and bytes, in
-/// the same order); `what` names them in errors ("parameters"). Returns what was compared.
-/// Throws errc::replica_mismatch on every rank when they differ: naming the number of tensors
-/// or bytes per rank when those differ, else the first tensor whose bytes differ, the ranks
-/// holding each version and how many tensors differ in all. Collective (two all_gathers when
-/// they differ, one otherwise); the communicator's errors (a timeout naming the ranks that
-/// never called) as any collective's. Host memory only. Cost: one XXH3 pass over the bytes.
-inline replica_check verify_replicas(communicator& comm, std::span<const replica_tensor> tensors,
-                                     const std::string& what = "tensors") {
+namespace detail {
+
+/// verify_replicas' body. `failure`: this rank could not read its state (it still takes part in
+/// the exchange, with a row that says so; then every rank raises: this one its own error, the
+/// others errc::aborted naming it).
+inline replica_check verify_replicas_or_fail(communicator& comm, std::span<const replica_tensor> tensors,
+                                             const std::string& what, const std::exception_ptr& failure) {
+  constexpr std::uint64_t failed = ~std::uint64_t{0};
   const int n = comm.world_size();
-  std::vector<std::uint64_t> hashes(tensors.size());
-  std::uint64_t bytes = 0;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
+  std::vector<std::uint64_t> hashes(failure ? 0 : tensors.size());
+  replica_check mine;
+  mine.replicas = n;
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
     hashes[i] = tensors[i].bytes == 0 ? XXH3_64bits(nullptr, 0)
                                       : XXH3_64bits(tensors[i].data, static_cast<std::size_t>(tensors[i].bytes));
-    bytes += tensors[i].bytes;
+    mine.bytes += tensors[i].bytes;
   }
-  replica_check mine;
-  mine.tensors = tensors.size();
-  mine.bytes = bytes;
+  mine.tensors = hashes.size();
   mine.hash = XXH3_64bits(hashes.data(), hashes.size() * sizeof(std::uint64_t));
-  mine.replicas = n;
-  const std::uint64_t row[3] = {mine.tensors, mine.bytes, mine.hash};
+  const std::uint64_t row[3] = {failure ? failed : mine.tensors, mine.bytes, mine.hash};
   std::vector<std::uint64_t> rows(3 * static_cast<std::size_t>(n));
-  all_gather(comm, row, rows.data(), 3, dtype::uint64, detail::replica_options(0));
+  try {
+    zero::detail::gather_values(comm, row, rows.data(), 3, replica_options(0), nullptr, "verify_replicas");
+  } catch (...) {
+    if (failure) std::rethrow_exception(failure);
+    throw;
+  }
+  if (failure) std::rethrow_exception(failure);
+  const std::string me = "verify_replicas: rank " + std::to_string(comm.rank()) + ": ";
+  std::vector<int> unread;
+  for (int r = 0; r < n; ++r)
+    if (rows[3 * static_cast<std::size_t>(r)] == failed) unread.push_back(r);
+  if (!unread.empty())
+    throw error(errc::aborted, me + describe_ranks(unread) + " could not read the " + what + " (their errors say why)");
   auto column = [&](std::size_t c) {
     std::vector<std::string> v(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r)
@@ -129,8 +138,7 @@ inline replica_check verify_replicas(communicator& comm, std::span<const replica
     return v;
   };
   auto fail = [&](const std::string& message) {
-    throw error(errc::replica_mismatch, "verify_replicas: rank " + std::to_string(comm.rank()) + ": the replicas' " +
-                                            what + " differ: " + message);
+    throw error(errc::replica_mismatch, me + "the replicas' " + what + " differ: " + message);
   };
   bool same = true, same_shape = true;
   for (int r = 0; r < n; ++r) {
@@ -142,12 +150,13 @@ inline replica_check verify_replicas(communicator& comm, std::span<const replica
   if (!same_shape) {
     const std::vector<std::string> counts = column(0);
     if (std::any_of(counts.begin(), counts.end(), [&](const std::string& c) { return c != counts[0]; }))
-      fail("the number of tensors: " + ringzero::detail::describe_values(counts));
-    fail("the number of bytes: " + ringzero::detail::describe_values(column(1)));
+      fail("the number of tensors: " + describe_values(counts));
+    fail("the number of bytes: " + describe_values(column(1)));
   }
-  // Same shape, different bytes: which tensors?
+  // Same shape, different bytes: which tensors? (Every rank saw the same rows: all take this.)
   std::vector<std::uint64_t> all(hashes.size() * static_cast<std::size_t>(n));
-  all_gather(comm, hashes.data(), all.data(), hashes.size(), dtype::uint64, detail::replica_options(1));
+  zero::detail::gather_values(comm, hashes.data(), all.data(), hashes.size(), replica_options(1), nullptr,
+                              "verify_replicas");
   std::size_t first = hashes.size(), differing = 0;
   for (std::size_t i = 0; i < hashes.size(); ++i) {
     bool alike = true;
@@ -159,11 +168,26 @@ inline replica_check verify_replicas(communicator& comm, std::span<const replica
   if (first == hashes.size()) fail("the state's hash, but no tensor's (a hash collision: report it)");
   std::vector<std::string> versions(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r)
-    versions[static_cast<std::size_t>(r)] = detail::hash_text(all[static_cast<std::size_t>(r) * hashes.size() + first]);
+    versions[static_cast<std::size_t>(r)] = hash_text(all[static_cast<std::size_t>(r) * hashes.size() + first]);
   fail("tensor " + std::to_string(first) + " '" + tensors[first].name + "' (" + std::to_string(tensors[first].bytes) +
-       " bytes) differs: " + detail::majority_first(versions) + " (XXH3-64 of its bytes); " +
-       std::to_string(differing) + " of " + std::to_string(hashes.size()) + " tensors differ");
+       " bytes) differs: " + majority_first(versions) + " (XXH3-64 of its bytes); " + std::to_string(differing) +
+       " of " + std::to_string(hashes.size()) + " tensors differ");
   return mine;  // not reached
+}
+
+}  // namespace detail
+
+/// Checks that every rank of `comm` holds the same `tensors` (same count, sizes and bytes, in
+/// the same order); `what` names them in errors ("parameters"). Returns what was compared.
+/// Throws errc::replica_mismatch on every rank when they differ: naming the number of tensors
+/// or bytes per rank when those differ, else the first tensor whose bytes differ, the ranks
+/// holding each version (the largest group first) and how many tensors differ in all.
+/// Collective (two all_gathers when they differ, one otherwise; staged through device memory on
+/// a device-memory communicator); the communicator's errors (a timeout naming the ranks that
+/// never called) as any collective's. `tensors` are host memory. Cost: one XXH3 pass.
+inline replica_check verify_replicas(communicator& comm, std::span<const replica_tensor> tensors,
+                                     const std::string& what = "tensors") {
+  return detail::verify_replicas_or_fail(comm, tensors, what, nullptr);
 }
 
 namespace ddp {
@@ -176,11 +200,14 @@ namespace ddp {
 inline replica_check verify_replicas(gradient_reducer& reducer) {
   std::vector<std::vector<unsigned char>> values(reducer.parameter_count());
   std::vector<replica_tensor> tensors(reducer.parameter_count());
-  for (std::size_t i = 0; i < reducer.parameter_count(); ++i) {
-    values[i] = reducer.read_values(i);
-    tensors[i] = {reducer.parameter_name(i), values[i].data(), values[i].size()};
-  }
-  return ringzero::verify_replicas(reducer.comm(), tensors, "parameters");
+  std::exception_ptr failure;
+  try {
+    for (std::size_t i = 0; i < reducer.parameter_count(); ++i) {
+      values[i] = reducer.read_values(i);
+      tensors[i] = {reducer.parameter_name(i), values[i].data(), values[i].size()};
+    }
+  } catch (...) { failure = std::current_exception(); }
+  return ringzero::detail::verify_replicas_or_fail(reducer.comm(), tensors, "parameters", failure);
 }
 
 }  // namespace ddp
@@ -199,68 +226,85 @@ inline replica_check verify_replicas(sharded_model& model) {
   checkpoint_access access(model);
   const shard_plan& plan = model.plan();
   // This rank's held parameters (and optimizer state), parameter by parameter, copied to host
-  // memory: the inner vectors' buffers stay put while the outer one grows.
-  auto copy_held = [&](bool with_optimizer, std::vector<std::vector<unsigned char>>& bytes) {
-    std::vector<replica_tensor> tensors;
+  // memory (the inner vectors' buffers stay put while the outer one grows). A failure on this
+  // rank is handed to the exchange, which every rank then leaves with an error.
+  auto copy_held = [&](bool with_optimizer, std::vector<std::vector<unsigned char>>& bytes,
+                       std::vector<replica_tensor>& tensors) -> std::exception_ptr {
     auto add = [&](std::string name, const void* base, algorithms::range have, std::uint64_t lo, std::uint64_t hi,
                    std::uint64_t es) {
       lo = std::max(lo, have.begin);
       hi = std::min(hi, have.end);
       const std::uint64_t n = hi > lo ? (hi - lo) * es : 0;
       bytes.emplace_back(static_cast<std::size_t>(n));
+      tensors.push_back({std::move(name), nullptr, n});
       if (n != 0)
         access.copy_to_host(bytes.back().data(), static_cast<const unsigned char*>(base) + (lo - have.begin) * es, n);
-      tensors.push_back({std::move(name), nullptr, n});
     };
-    for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
-      const flat_buffer& f = plan.buffers()[b];
-      for (std::size_t p : f.parameters) {
-        const parameter_placement& pl = plan.placements()[p];
-        const std::string& name = plan.parameters()[p].name;
-        add(name, access.held_parameters(b), access.held_range(b), pl.offset, pl.offset + pl.numel, dtype_size(f.type));
-        if (!with_optimizer || !f.trainable) continue;
-        const sharded_optimizer& opt = access.optimizer();
-        if (f.has_master)
-          add(name + "#master", opt.master(b), access.optimizer_range(b), pl.offset, pl.offset + pl.numel, 4);
-        for (int k = 0; k < opt.options().state_count(); ++k)
-          add(name + "#state" + std::to_string(k), opt.state(b, k), access.optimizer_range(b), pl.offset,
-              pl.offset + pl.numel, 4);
+    try {
+      for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
+        const flat_buffer& f = plan.buffers()[b];
+        for (std::size_t p : f.parameters) {
+          const parameter_placement& pl = plan.placements()[p];
+          const std::string& name = plan.parameters()[p].name;
+          const std::uint64_t end = pl.offset + pl.numel;
+          add(name, access.held_parameters(b), access.held_range(b), pl.offset, end, dtype_size(f.type));
+          if (!with_optimizer || !f.trainable) continue;
+          const sharded_optimizer& opt = access.optimizer();
+          if (f.has_master) add(name + "#master", opt.master(b), access.optimizer_range(b), pl.offset, end, 4);
+          for (int k = 0; k < opt.options().state_count(); ++k)
+            add(name + "#state" + std::to_string(k), opt.state(b, k), access.optimizer_range(b), pl.offset, end, 4);
+        }
       }
+      access.synchronize();
+    } catch (...) {
+      access.synchronize_quietly();  // no copy may still write into `bytes`
+      return std::current_exception();
     }
-    access.synchronize();
     for (std::size_t i = 0; i < tensors.size(); ++i) tensors[i].data = bytes[i].data();
-    return tensors;
+    return nullptr;
   };
   replica_check result;
   if (model.replica_comm() != nullptr) {
-    // Across replica groups, then every rank of the shard group learns whether any of its
-    // ranks found a difference there, so that every rank of the job raises.
-    std::exception_ptr found;
+    // Across replica groups; then every rank of the shard group learns how its ranks fared there
+    // (0 equal, 1 a difference, 2 another error), so that every rank of the job raises.
+    std::exception_ptr caught;
+    std::uint64_t verdict = 0;
     try {
       std::vector<std::vector<unsigned char>> bytes;
-      const std::vector<replica_tensor> tensors = copy_held(true, bytes);
-      result = ringzero::verify_replicas(*model.replica_comm(), tensors, "shards (across replica groups)");
+      std::vector<replica_tensor> tensors;
+      const std::exception_ptr failure = copy_held(true, bytes, tensors);
+      result = ringzero::detail::verify_replicas_or_fail(*model.replica_comm(), tensors,
+                                                         "shards (across replica groups)", failure);
     } catch (const error& e) {
-      if (e.kind() != errc::replica_mismatch) throw;
-      found = std::current_exception();
+      caught = std::current_exception();
+      verdict = e.kind() == errc::replica_mismatch ? 1 : 2;
+    } catch (...) {
+      caught = std::current_exception();
+      verdict = 2;
     }
-    const std::uint64_t mine = found ? 1 : 0;
-    std::vector<std::uint64_t> flags(static_cast<std::size_t>(model.comm().world_size()));
-    all_gather(model.comm(), &mine, flags.data(), 1, dtype::uint64, ringzero::detail::replica_options(2));
-    std::vector<int> finders;
-    for (std::size_t r = 0; r < flags.size(); ++r)
-      if (flags[r] != 0) finders.push_back(static_cast<int>(r));
-    if (found) std::rethrow_exception(found);
-    if (!finders.empty())
+    std::vector<std::uint64_t> verdicts(static_cast<std::size_t>(model.comm().world_size()));
+    detail::gather_values(model.comm(), &verdict, verdicts.data(), 1, ringzero::detail::replica_options(2), nullptr,
+                          "verify_replicas");
+    if (caught) std::rethrow_exception(caught);
+    std::vector<int> differing, failing;
+    for (std::size_t r = 0; r < verdicts.size(); ++r) {
+      if (verdicts[r] == 1) differing.push_back(static_cast<int>(r));
+      if (verdicts[r] == 2) failing.push_back(static_cast<int>(r));
+    }
+    const std::string me = "verify_replicas: rank " + std::to_string(model.comm().rank()) + ": ";
+    if (!differing.empty())
       throw error(errc::replica_mismatch,
-                  "verify_replicas: rank " + std::to_string(model.comm().rank()) +
-                      ": the replicas' shards differ across replica groups: found by shard-group " +
-                      ringzero::detail::describe_ranks(finders) + " (their errors name the tensor)");
+                  me + "the replicas' shards differ across replica groups: found by shard-group " +
+                      ringzero::detail::describe_ranks(differing) + " (their errors name the tensor)");
+    if (!failing.empty())
+      throw error(errc::aborted, me + "shard-group " + ringzero::detail::describe_ranks(failing) +
+                                     " failed to check the replica groups (their errors say why)");
   }
   if (plan.stage() <= 2) {
     std::vector<std::vector<unsigned char>> bytes;
-    const std::vector<replica_tensor> tensors = copy_held(false, bytes);
-    result = ringzero::verify_replicas(model.comm(), tensors, "parameters");
+    std::vector<replica_tensor> tensors;
+    const std::exception_ptr failure = copy_held(false, bytes, tensors);
+    result = ringzero::detail::verify_replicas_or_fail(model.comm(), tensors, "parameters", failure);
   }
   return result;
 }

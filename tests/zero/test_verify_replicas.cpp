@@ -278,3 +278,21 @@ TEST_CASE("zero::verify_replicas with hybrid sharding: a shard differing across 
     CHECK(checks[0].replicas == 2);
   }
 }
+
+TEST_CASE("verify_replicas: a rank that cannot read its state fails with its own error, the others name it") {
+  const auto out = run(3, [&](communicator& comm) {
+    const auto data = four_tensors();
+    std::exception_ptr failure;
+    if (comm.rank() == 1) failure = std::make_exception_ptr(error(errc::backend_failure, "copy failed on rank 1"));
+    ringzero::detail::verify_replicas_or_fail(comm, views(data), "parameters", failure);
+  });
+  CHECK(out[1].kind == errc::backend_failure);
+  CHECK(has(out[1].what, "copy failed on rank 1"));
+  for (int r : {0, 2}) {
+    INFO(out[static_cast<std::size_t>(r)].what);
+    CHECK(out[static_cast<std::size_t>(r)].kind == errc::aborted);
+    CHECK(has(out[static_cast<std::size_t>(r)].what,
+              "verify_replicas: rank " + std::to_string(r) +
+                  ": rank 1 could not read the parameters (their errors say why)"));
+  }
+}

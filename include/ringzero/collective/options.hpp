@@ -12,9 +12,10 @@ namespace ringzero {
 /// How the errors of the contract check name a call's tag (collective_options::tag_name):
 /// `name(context, tag)` returns a description of the call that `tag` labels (e.g. "all_gather of
 /// unit 'h.3'"). It must be a pure function of the tag, the same on every rank, because each rank
-/// names every rank's tag with its own namer; it runs on the calling rank's thread, only when a
-/// check fails, and must not throw. `context` must outlive the call. Empty (`name` null): tags
-/// print as hexadecimal numbers.
+/// names every rank's tag with its own namer; it runs where the check runs (the calling rank's
+/// thread, or its communicator's progress thread for an asynchronous call), while the call is in
+/// flight, only when a check fails, and must not throw. `context` must outlive the call. Empty
+/// (`name` null): tags print as hexadecimal numbers.
 struct tag_namer {
   std::string (*name)(const void* context, std::uint64_t tag) noexcept = nullptr;
   const void* context = nullptr;

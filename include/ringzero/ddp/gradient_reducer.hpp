@@ -160,9 +160,9 @@ class gradient_reducer {
   std::size_t parameter_count() const noexcept { return params_.size(); }
   /// Parameter i's name (reducer_parameter::name, may be empty). Throws std::out_of_range.
   const std::string& parameter_name(std::size_t i) const { return params_.at(i).name; }
-  /// A host copy of parameter i's `count` values (device memory: copied on the communicator's
-  /// stream, then synchronised). Between steps; errc::invalid_argument (aborting, as every
-  /// failure here does) for i out of range or null values (`reducer_parameter::data`).
+  /// A host copy of parameter i's values (device memory: copied on the communicator's stream,
+  /// which the trainer's own stream must have reached). Between steps; errc::invalid_argument
+  /// (aborting, as every failure here does) for i out of range or null `reducer_parameter::data`.
   std::vector<unsigned char> read_values(std::size_t i);
   /// Number of buckets in the current layout.
   std::size_t bucket_count() const noexcept { return buckets_.size(); }

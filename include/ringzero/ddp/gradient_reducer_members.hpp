@@ -272,7 +272,9 @@ inline std::vector<unsigned char> gradient_reducer::read_values(std::size_t i) {
     fail(errc::invalid_argument, "read_values: parameter " + describe(i) + " was registered without values");
   std::vector<unsigned char> out(bytes);
   if (bytes == 0) return out;
-  memory_.to_host(out.data(), p.data, bytes);
+  try {
+    memory_.to_host(out.data(), p.data, bytes);
+  } catch (const std::exception& e) { fail_from(e, "read_values: copying parameter " + describe(i) + " to the host"); }
   return out;
 }
 

@@ -48,6 +48,8 @@ class checkpoint_access {
   }
   /// Waits for the copies of `copy_to_host` (the runtime's stream); rethrows its error.
   void synchronize() { m_.synchronize(); }
+  /// As `synchronize`, dropping any error (before the copies' destination is freed on an error).
+  void synchronize_quietly() noexcept { m_.comm_stream_->synchronize_quietly(); }
 
   /// Before a checkpoint overwrites the state: releases every stage-3 gather (they would show
   /// the old parameters), zeroes the gradients and waits for the runtime's streams. Throws

@@ -77,6 +77,33 @@ inline collective_options tagged(call_purpose purpose, std::size_t index, const 
   return o;
 }
 
+/// all_gather of `count` uint64 values per rank from host memory `mine` into host memory `all`
+/// over `c`; through one device buffer (counted in `counter`) on the communicator's stream when
+/// `c`'s buffers are device memory. Collective; errors as the collective's, a CUDA failure
+/// errc::backend_failure naming `who`.
+inline void gather_values(communicator& c, const std::uint64_t* mine, std::uint64_t* all, std::size_t count,
+                          const collective_options& options, primitive::memory_counter* counter,
+                          const std::string& who) {
+  const std::size_t n = static_cast<std::size_t>(c.world_size());
+  if (c.space() == ringzero::memory_space::host) {
+    all_gather(c, mine, all, count, dtype::uint64, options);
+    return;
+  }
+  // Device memory: stage through one device buffer on the communicator's stream.
+  const primitive::device_primitives& p = primitive::require_device_primitives();
+  const std::uint64_t row = count * sizeof(std::uint64_t);
+  primitive::memory_buffer staging = primitive::memory_buffer::allocate(
+      primitive::memory_space::device, row * (n + 1), c.cuda_device(), primitive::host_alignment, counter);
+  unsigned char* base = static_cast<unsigned char*>(staging.data());
+  const auto checked = [&](int code, const char* what) {
+    if (code != 0) ringzero::detail::raise(c, errc::backend_failure, who + ": " + what + ": " + p.error_name(code));
+  };
+  checked(p.copy(base, mine, row, c.cuda_stream()), "staging the exchanged values");
+  all_gather(c, base, base + row, count, dtype::uint64, options);
+  checked(p.copy(all, base + row, row * n, c.cuda_stream()), "reading the exchanged values");
+  checked(p.synchronize(c.cuda_stream()), "synchronizing the exchange");
+}
+
 /// See the file comment. Holds references: the communicators, plan and options must outlive it.
 class model_agreement {
  public:
@@ -346,26 +373,7 @@ inline void model_agreement::agree_on_allocation(const std::string& problem) {
 
 inline void model_agreement::exchange(communicator& c, const std::uint64_t* mine, std::uint64_t* all, std::size_t count,
                                       collective_options options) {
-  const std::size_t n = static_cast<std::size_t>(c.world_size());
-  if (c.space() == ringzero::memory_space::host) {
-    all_gather(c, mine, all, count, dtype::uint64, options);
-    return;
-  }
-  // Device memory: stage through one device buffer on the communicator's stream.
-  const primitive::device_primitives& p = primitive::require_device_primitives();
-  const std::uint64_t row = count * sizeof(std::uint64_t);
-  primitive::memory_buffer staging = primitive::memory_buffer::allocate(
-      primitive::memory_space::device, row * (n + 1), c.cuda_device(), primitive::host_alignment, counter_);
-  unsigned char* base = static_cast<unsigned char*>(staging.data());
-  const auto checked = [&](int code, const char* what) {
-    if (code != 0)
-      ringzero::detail::raise(c, errc::backend_failure,
-                              std::string("zero::sharded_model: ") + what + ": " + p.error_name(code));
-  };
-  checked(p.copy(base, mine, row, c.cuda_stream()), "staging the agreement row");
-  all_gather(c, base, base + row, count, dtype::uint64, options);
-  checked(p.copy(all, base + row, row * n, c.cuda_stream()), "reading the agreement rows");
-  checked(p.synchronize(c.cuda_stream()), "synchronizing the agreement exchange");
+  gather_values(c, mine, all, count, options, counter_, "zero::sharded_model");
 }
 
 }  // namespace ringzero::zero::detail
