@@ -632,15 +632,24 @@ TEST_CASE("stage 3: a forward pass stopped early leaves nothing the next pass pa
   }
 }
 
+namespace {
+
+/// A stage-3 plan of `ps` without prefetching: each pre_forward gathers its own unit at once.
+plan_request stage3_without_prefetch(const std::vector<parameter_spec>& ps) {
+  plan_request q;
+  q.parameters = ps;
+  q.stage = 3;
+  q.prefetch = false;
+  return q;
+}
+
+}  // namespace
+
 TEST_CASE("stage 3: ranks gathering same-sized units in different orders fail on every rank instead of mixing them") {
   // Two units of equal shape: the all_gathers look alike but for their tags.
   std::vector<parameter_spec> ps = {make_spec("a", {6}, "ua"), make_spec("b", {6}, "ub")};
   const auto out = outcomes(2, [&](communicator& comm) {
-    plan_request q;
-    q.parameters = ps;
-    q.stage = 3;
-    q.prefetch = false;
-    sharded_model model(comm, q);
+    sharded_model model(comm, stage3_without_prefetch(ps));
     const std::size_t first = comm.rank() == 0 ? 0 : 1;
     model.pre_forward(first);
     model.post_forward(first);
@@ -662,11 +671,7 @@ TEST_CASE("stage 3: a rank that runs a unit's forward twice (H23) gets an error 
                                     make_spec("h.1.w", {10}, "h.1"), make_spec("h.1.b", {2}, "h.1"),
                                     make_spec("h.1.g", {2}, "h.1"),  make_spec("h.1.s", {2}, "h.1")};
   const auto out = outcomes(2, [&](communicator& comm) {
-    plan_request q;
-    q.parameters = ps;
-    q.stage = 3;
-    q.prefetch = false;
-    sharded_model model(comm, q);
+    sharded_model model(comm, stage3_without_prefetch(ps));
     model.pre_forward(0);
     model.post_forward(0);
     if (comm.rank() == 1) {  // the forward of h.0 again

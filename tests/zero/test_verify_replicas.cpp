@@ -22,23 +22,23 @@ using namespace zero_test;
 
 namespace {
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool vr_has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-std::string hex(std::uint64_t h) {
+std::string vr_hex(std::uint64_t h) {
   char text[24];
   std::snprintf(text, sizeof text, "0x%016llx", static_cast<unsigned long long>(h));
   return text;
 }
 
-/// Each rank's outcome: the error's kind and message, or nothing.
-struct outcome {
+/// Each rank's vr_outcome: the error's kind and message, or nothing.
+struct vr_outcome {
   std::optional<errc> kind;
   std::string what;
 };
 
 template <class Body>
-std::vector<outcome> run(int world, Body&& body) {
-  std::vector<outcome> out(static_cast<std::size_t>(world));
+std::vector<vr_outcome> vr_run(int world, Body&& body) {
+  std::vector<vr_outcome> out(static_cast<std::size_t>(world));
   local::launch(world, [&](communicator& comm) {
     auto& o = out[static_cast<std::size_t>(comm.rank())];
     try {
@@ -52,7 +52,7 @@ std::vector<outcome> run(int world, Body&& body) {
 }
 
 /// Four tensors of 1, 12, 0 and 4099 bytes, alike on every rank.
-std::vector<std::vector<unsigned char>> four_tensors() {
+std::vector<std::vector<unsigned char>> vr_tensors() {
   std::vector<std::vector<unsigned char>> v = {std::vector<unsigned char>(1, 7), std::vector<unsigned char>(12),
                                                std::vector<unsigned char>(), std::vector<unsigned char>(4099)};
   for (std::size_t i = 0; i < v[1].size(); ++i) v[1][i] = static_cast<unsigned char>(3 * i + 1);
@@ -60,7 +60,7 @@ std::vector<std::vector<unsigned char>> four_tensors() {
   return v;
 }
 
-std::vector<replica_tensor> views(const std::vector<std::vector<unsigned char>>& v) {
+std::vector<replica_tensor> vr_views(const std::vector<std::vector<unsigned char>>& v) {
   std::vector<replica_tensor> t;
   for (std::size_t i = 0; i < v.size(); ++i) t.push_back({"t" + std::to_string(i), v[i].data(), v[i].size()});
   return t;
@@ -71,9 +71,9 @@ std::vector<replica_tensor> views(const std::vector<std::vector<unsigned char>>&
 TEST_CASE("verify_replicas: equal tensors pass on worlds 1-4 with the same hash everywhere") {
   for (int n = 1; n <= 4; ++n) {
     std::vector<replica_check> checks(static_cast<std::size_t>(n));
-    const auto out = run(n, [&](communicator& comm) {
-      const auto data = four_tensors();
-      checks[static_cast<std::size_t>(comm.rank())] = verify_replicas(comm, views(data));
+    const auto out = vr_run(n, [&](communicator& comm) {
+      const auto data = vr_tensors();
+      checks[static_cast<std::size_t>(comm.rank())] = verify_replicas(comm, vr_views(data));
     });
     for (const auto& o : out) CHECK_MESSAGE(!o.kind, o.what);
     for (const auto& c : checks) {
@@ -83,7 +83,7 @@ TEST_CASE("verify_replicas: equal tensors pass on worlds 1-4 with the same hash 
       CHECK(c.hash == checks[0].hash);
     }
     // The hash is XXH3-64 of the tensors' XXH3-64s, in order.
-    const auto data = four_tensors();
+    const auto data = vr_tensors();
     std::vector<std::uint64_t> h;
     for (const auto& t : data) h.push_back(XXH3_64bits(t.data(), t.size()));
     CHECK(checks[0].hash == XXH3_64bits(h.data(), h.size() * 8));
@@ -95,15 +95,15 @@ TEST_CASE("verify_replicas: one flipped bit on one rank is reported on every ran
     for (int bad : {0, n - 1}) {
       CAPTURE(n);
       CAPTURE(bad);
-      const auto good = four_tensors();
+      const auto good = vr_tensors();
       auto flipped = good;
       flipped[3][4000] ^= 0x10;
       flipped[1][0] ^= 0x01;
-      const auto out = run(n, [&](communicator& comm) {
-        verify_replicas(comm, views(comm.rank() == bad ? flipped : good), "parameters");
+      const auto out = vr_run(n, [&](communicator& comm) {
+        verify_replicas(comm, vr_views(comm.rank() == bad ? flipped : good), "parameters");
       });
-      const std::string good_hash = hex(XXH3_64bits(good[1].data(), good[1].size()));
-      const std::string bad_hash = hex(XXH3_64bits(flipped[1].data(), flipped[1].size()));
+      const std::string good_hash = vr_hex(XXH3_64bits(good[1].data(), good[1].size()));
+      const std::string bad_hash = vr_hex(XXH3_64bits(flipped[1].data(), flipped[1].size()));
       std::vector<int> others;
       for (int r = 0; r < n; ++r)
         if (r != bad) others.push_back(r);
@@ -117,39 +117,39 @@ TEST_CASE("verify_replicas: one flipped bit on one rank is reported on every ran
         INFO(o.what);
         REQUIRE(o.kind);
         CHECK(*o.kind == errc::replica_mismatch);
-        CHECK(has(o.what, "verify_replicas: rank " + std::to_string(r) +
-                              ": the replicas' parameters differ: tensor 1 't1' (12 bytes) differs: " + versions +
-                              " (XXH3-64 of its bytes); 2 of 4 tensors differ"));
+        CHECK(vr_has(o.what, "verify_replicas: rank " + std::to_string(r) +
+                                 ": the replicas' parameters differ: tensor 1 't1' (12 bytes) differs: " + versions +
+                                 " (XXH3-64 of its bytes); 2 of 4 tensors differ"));
       }
     }
   }
 }
 
 TEST_CASE("verify_replicas: different numbers of tensors or bytes are named on every rank") {
-  auto out = run(3, [&](communicator& comm) {
-    auto data = four_tensors();
+  auto out = vr_run(3, [&](communicator& comm) {
+    auto data = vr_tensors();
     if (comm.rank() == 1) data.emplace_back(5);
-    verify_replicas(comm, views(data));
+    verify_replicas(comm, vr_views(data));
   });
   for (const auto& o : out) {
     INFO(o.what);
     CHECK(o.kind == errc::replica_mismatch);
-    CHECK(has(o.what, "the replicas' tensors differ: the number of tensors: ranks 0, 2: 4; rank 1: 5"));
+    CHECK(vr_has(o.what, "the replicas' tensors differ: the number of tensors: ranks 0, 2: 4; rank 1: 5"));
   }
-  out = run(2, [&](communicator& comm) {
-    auto data = four_tensors();
+  out = vr_run(2, [&](communicator& comm) {
+    auto data = vr_tensors();
     if (comm.rank() == 0) data[2].push_back(1);
-    verify_replicas(comm, views(data));
+    verify_replicas(comm, vr_views(data));
   });
   for (const auto& o : out) {
     INFO(o.what);
     CHECK(o.kind == errc::replica_mismatch);
-    CHECK(has(o.what, "the number of bytes: rank 0: 4113; rank 1: 4112"));
+    CHECK(vr_has(o.what, "the number of bytes: rank 0: 4113; rank 1: 4112"));
   }
 }
 
 TEST_CASE("ddp::verify_replicas: the reducer's parameters, broadcast alike, then one rank's bit flipped") {
-  const auto out = run(3, [&](communicator& comm) {
+  const auto out = vr_run(3, [&](communicator& comm) {
     std::vector<float> w(100, static_cast<float>(comm.rank())), b(7, 1.5f), gw(100), gb(7);
     std::vector<ddp::reducer_parameter> ps = {
         ddp::reducer_parameter::of(std::span<float>(w), std::span<float>(gw), "w"),
@@ -164,8 +164,8 @@ TEST_CASE("ddp::verify_replicas: the reducer's parameters, broadcast alike, then
   for (const auto& o : out) {
     INFO(o.what);
     CHECK(o.kind == errc::replica_mismatch);
-    CHECK(has(o.what, "the replicas' parameters differ: tensor 1 'b' (28 bytes) differs: ranks 0-1 hold "));
-    CHECK(has(o.what, "; rank 2 hold "));
+    CHECK(vr_has(o.what, "the replicas' parameters differ: tensor 1 'b' (28 bytes) differs: ranks 0-1 hold "));
+    CHECK(vr_has(o.what, "; rank 2 hold "));
   }
 }
 
@@ -174,7 +174,7 @@ TEST_CASE("zero::verify_replicas: every stage, host path and device path; a flip
     for (bool device : {false, true}) {
       CAPTURE(stage);
       CAPTURE(device);
-      const auto out = run(2, [&](communicator& comm) {
+      const auto out = vr_run(2, [&](communicator& comm) {
         plan_request q;
         q.parameters = test_parameters();
         q.stage = stage;
@@ -214,9 +214,9 @@ TEST_CASE("zero::verify_replicas: every stage, host path and device path; a flip
           continue;
         }
         CHECK(o.kind == errc::replica_mismatch);
-        CHECK(has(o.what, "the replicas' parameters differ: tensor "));
-        CHECK(has(o.what, " 'l2.b' (16 bytes) differs: rank 0 hold "));
-        CHECK(has(o.what, "1 of 9 tensors differ"));
+        CHECK(vr_has(o.what, "the replicas' parameters differ: tensor "));
+        CHECK(vr_has(o.what, " 'l2.b' (16 bytes) differs: rank 0 hold "));
+        CHECK(vr_has(o.what, "1 of 9 tensors differ"));
       }
     }
 }
@@ -226,7 +226,7 @@ TEST_CASE("zero::verify_replicas with hybrid sharding: a shard differing across 
     CAPTURE(stage);
     // Rank r: shard group r / 2 ({0,1}, {2,3}), replica group r % 2 ({0,2}, {1,3}).
     local::world shard0(2), shard1(2), replica0(2), replica1(2);
-    std::vector<outcome> out(4);
+    std::vector<vr_outcome> out(4);
     std::vector<replica_check> checks(4);
     std::vector<std::thread> threads;
     for (int r = 0; r < 4; ++r)
@@ -270,9 +270,9 @@ TEST_CASE("zero::verify_replicas with hybrid sharding: a shard differing across 
       REQUIRE(o.kind);
       CHECK(*o.kind == errc::replica_mismatch);
       if (r % 2 == 1)
-        CHECK(has(o.what, "the replicas' shards (across replica groups) differ: tensor "));
+        CHECK(vr_has(o.what, "the replicas' shards (across replica groups) differ: tensor "));
       else
-        CHECK(has(o.what, "the replicas' shards differ across replica groups: found by shard-group rank 1"));
+        CHECK(vr_has(o.what, "the replicas' shards differ across replica groups: found by shard-group rank 1"));
     }
     // The first check compared parameters, master weights and optimizer states alike.
     CHECK(checks[0].replicas == 2);
@@ -280,19 +280,19 @@ TEST_CASE("zero::verify_replicas with hybrid sharding: a shard differing across 
 }
 
 TEST_CASE("verify_replicas: a rank that cannot read its state fails with its own error, the others name it") {
-  const auto out = run(3, [&](communicator& comm) {
-    const auto data = four_tensors();
+  const auto out = vr_run(3, [&](communicator& comm) {
+    const auto data = vr_tensors();
     std::exception_ptr failure;
     if (comm.rank() == 1) failure = std::make_exception_ptr(error(errc::backend_failure, "copy failed on rank 1"));
-    ringzero::detail::verify_replicas_or_fail(comm, views(data), "parameters", failure);
+    ringzero::detail::verify_replicas_or_fail(comm, vr_views(data), "parameters", failure);
   });
   CHECK(out[1].kind == errc::backend_failure);
-  CHECK(has(out[1].what, "copy failed on rank 1"));
+  CHECK(vr_has(out[1].what, "copy failed on rank 1"));
   for (int r : {0, 2}) {
     INFO(out[static_cast<std::size_t>(r)].what);
     CHECK(out[static_cast<std::size_t>(r)].kind == errc::aborted);
-    CHECK(has(out[static_cast<std::size_t>(r)].what,
-              "verify_replicas: rank " + std::to_string(r) +
-                  ": rank 1 could not read the parameters (their errors say why)"));
+    CHECK(vr_has(out[static_cast<std::size_t>(r)].what,
+                 "verify_replicas: rank " + std::to_string(r) +
+                     ": rank 1 could not read the parameters (their errors say why)"));
   }
 }
