@@ -91,7 +91,8 @@ inline std::string majority_first(const std::vector<std::string>& value_of_rank)
   std::stable_sort(groups.begin(), groups.end(),
                    [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
   std::string s;
-  for (const auto& g : groups) s += (s.empty() ? "" : "; ") + describe_ranks(g.second) + " hold " + g.first;
+  for (const auto& g : groups)
+    s += (s.empty() ? "" : "; ") + describe_ranks(g.second) + (g.second.size() == 1 ? " holds " : " hold ") + g.first;
   return s;
 }
 

@@ -108,10 +108,10 @@ TEST_CASE("verify_replicas: one flipped bit on one rank is reported on every ran
       for (int r = 0; r < n; ++r)
         if (r != bad) others.push_back(r);
       // The majority first; on 2 ranks (1 against 1) the lower rank first.
-      const std::string versions = n == 2 ? (bad == 0 ? "rank 0 hold " + bad_hash + "; rank 1 hold " + good_hash
-                                                      : "rank 0 hold " + good_hash + "; rank 1 hold " + bad_hash)
+      const std::string versions = n == 2 ? (bad == 0 ? "rank 0 holds " + bad_hash + "; rank 1 holds " + good_hash
+                                                      : "rank 0 holds " + good_hash + "; rank 1 holds " + bad_hash)
                                           : ringzero::detail::describe_ranks(others) + " hold " + good_hash +
-                                                "; rank " + std::to_string(bad) + " hold " + bad_hash;
+                                                "; rank " + std::to_string(bad) + " holds " + bad_hash;
       for (int r = 0; r < n; ++r) {
         const auto& o = out[static_cast<std::size_t>(r)];
         INFO(o.what);
@@ -165,7 +165,7 @@ TEST_CASE("ddp::verify_replicas: the reducer's parameters, broadcast alike, then
     INFO(o.what);
     CHECK(o.kind == errc::replica_mismatch);
     CHECK(vr_has(o.what, "the replicas' parameters differ: tensor 1 'b' (28 bytes) differs: ranks 0-1 hold "));
-    CHECK(vr_has(o.what, "; rank 2 hold "));
+    CHECK(vr_has(o.what, "; rank 2 holds "));
   }
 }
 
@@ -215,7 +215,7 @@ TEST_CASE("zero::verify_replicas: every stage, host path and device path; a flip
         }
         CHECK(o.kind == errc::replica_mismatch);
         CHECK(vr_has(o.what, "the replicas' parameters differ: tensor "));
-        CHECK(vr_has(o.what, " 'l2.b' (16 bytes) differs: rank 0 hold "));
+        CHECK(vr_has(o.what, " 'l2.b' (16 bytes) differs: rank 0 holds "));
         CHECK(vr_has(o.what, "1 of 9 tensors differ"));
       }
     }

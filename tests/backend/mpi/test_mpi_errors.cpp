@@ -674,7 +674,7 @@ TEST_CASE("verify_replicas over MPI: one flipped bit on the last rank is named o
   REQUIRE(e.has_value());
   CHECK(e->kind() == errc::replica_mismatch);
   CHECK(contains(e->what(), "the replicas' parameters differ: tensor 1 'b' (132 bytes) differs: "));
-  CHECK(contains(e->what(), "rank " + std::to_string(n - 1) + " hold "));
+  CHECK(contains(e->what(), "rank " + std::to_string(n - 1) + " holds "));
   CHECK(contains(e->what(), "1 of 2 tensors differ"));
   expect_usable(comm);
 }
