@@ -77,17 +77,9 @@ inline std::string hash_text(std::uint64_t h) {
 }
 
 /// Groups the ranks by `value_of_rank`, the largest group first (ties: lowest rank first):
-/// "ranks 0-2: 0x..; rank 3: 0x..".
+/// "ranks 0-2 hold 0x..; rank 3 holds 0x..".
 inline std::string majority_first(const std::vector<std::string>& value_of_rank) {
-  std::vector<std::pair<std::string, std::vector<int>>> groups;
-  for (int r = 0; r < static_cast<int>(value_of_rank.size()); ++r) {
-    const std::string& v = value_of_rank[static_cast<std::size_t>(r)];
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
-    if (it == groups.end())
-      groups.push_back({v, {r}});
-    else
-      it->second.push_back(r);
-  }
+  std::vector<std::pair<std::string, std::vector<int>>> groups = group_ranks(value_of_rank);
   std::stable_sort(groups.begin(), groups.end(),
                    [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
   std::string s;
@@ -95,10 +87,6 @@ inline std::string majority_first(const std::vector<std::string>& value_of_rank)
     s += (s.empty() ? "" : "; ") + describe_ranks(g.second) + (g.second.size() == 1 ? " holds " : " hold ") + g.first;
   return s;
 }
-
-}  // namespace detail
-
-namespace detail {
 
 /// verify_replicas' body. `failure`: this rank could not read its state (it still takes part in
 /// the exchange, with a row that says so; then every rank raises: this one its own error, the

@@ -624,11 +624,11 @@ class gradient_reducer {
   /// Ends the step's in-flight time.
   void flush_intervals() { stats_.reduction_seconds += busy_.take(); }
 
-  /// Bucket k's collectives have the tag bucket_tag_base | k (gradient_bucket::options), named by
-  /// name_bucket_tag: "all_reduce of bucket k (parameters ...)"; "" for other tags. It runs where
-  /// the contract check fails, while the buckets are not being rebuilt.
+  /// Bucket k's collectives carry tag bucket_tag_base | k, named by name_bucket_tag ("all_reduce of
+  /// bucket k (parameters ...)", "" for other tags) where a check fails, never during a rebuild.
   static constexpr std::uint64_t bucket_tag_base = std::uint64_t{0xDD} << 48;
   static std::string name_bucket_tag(const void* self, std::uint64_t tag) noexcept;
+  collective_options bucket_options(std::size_t k) const noexcept;  ///< that tag and namer
 
   std::string describe_bucket(std::size_t k) const;
 

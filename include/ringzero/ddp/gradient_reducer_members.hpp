@@ -288,13 +288,19 @@ inline std::string gradient_reducer::name_bucket_tag(const void* self, std::uint
   } catch (...) { return {}; }
 }
 
+inline collective_options gradient_reducer::bucket_options(std::size_t k) const noexcept {
+  collective_options o;
+  o.tag = bucket_tag_base | k;
+  o.tag_name = tag_namer{&name_bucket_tag, this};
+  return o;
+}
+
 inline gradient_bucket gradient_reducer::view_of(std::size_t k) {
   bucket& b = buckets_[k];
   gradient_bucket g;
   g.index = k;
   g.bucket_count = buckets_.size();
-  g.options.tag = bucket_tag_base | k;
-  g.options.tag_name = tag_namer{&name_bucket_tag, this};
+  g.options = bucket_options(k);
   g.data = b.storage.data();
   g.count = b.info.count;
   g.type = b.info.type;
@@ -316,7 +322,7 @@ inline void gradient_reducer::launch(std::size_t k) {
     // Every rank holds one micro-batch: the reproducible all_reduce of the bucket itself, the
     // same function of the same contributions as the accumulator's, asynchronous.
     if (options_.collect_timings) b.launched_at = clock::now();
-    collective_options reproducible = view_of(k).options;
+    collective_options reproducible = bucket_options(k);
     reproducible.reproducible = true;
     try {
       (void)(b.pending_work = all_reduce_async(comm_, b.storage.data(), b.storage.data(), b.info.count, b.info.type,

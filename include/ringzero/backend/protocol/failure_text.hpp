@@ -33,8 +33,10 @@ inline std::string describe_ranks(const std::vector<int>& ranks) {
   return s;
 }
 
-/// Groups ranks by value: "rank 0: 2560; ranks 1-3: 5120", groups ordered by their first rank.
-inline std::string describe_values(const std::vector<std::string>& value_of_rank) {
+/// The ranks grouped by value (`value_of_rank[r]` is rank r's), each group's ranks ascending,
+/// groups ordered by their first rank.
+inline std::vector<std::pair<std::string, std::vector<int>>> group_ranks(
+    const std::vector<std::string>& value_of_rank) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (int r = 0; r < static_cast<int>(value_of_rank.size()); ++r) {
     auto it = std::find_if(groups.begin(), groups.end(),
@@ -44,8 +46,13 @@ inline std::string describe_values(const std::vector<std::string>& value_of_rank
     else
       it->second.push_back(r);
   }
+  return groups;
+}
+
+/// Groups ranks by value: "rank 0: 2560; ranks 1-3: 5120", groups ordered by their first rank.
+inline std::string describe_values(const std::vector<std::string>& value_of_rank) {
   std::string s;
-  for (const auto& g : groups) {
+  for (const auto& g : group_ranks(value_of_rank)) {
     if (!s.empty()) s += "; ";
     s += describe_ranks(g.second) + ": " + g.first;
   }
