@@ -23,6 +23,7 @@
 #include "ringzero/backend/local/cuda.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
 #include "ringzero/ringzero.hpp"
+#include "ringzero/verify_replicas.hpp"
 
 namespace ringzero::examples::ddp_example {
 
@@ -124,6 +125,8 @@ inline run_result train_cuda(const options& o, const ex::fashion_mnist& data, in
             std::fflush(stdout);
           }
         }
+        ex::replica_checks checks{o.check_replicas};
+        std::uint64_t steps_done = 0;
         for (int epoch = 0; epoch < o.epochs; ++epoch) {
           sampler.set_epoch(static_cast<std::uint64_t>(epoch));
           const auto shard = sampler.indices();
@@ -150,6 +153,8 @@ inline run_result train_cuda(const options& o, const ex::fashion_mnist& data, in
             opt.begin_step();
             for (std::size_t i = 0; i < model.tensor_count(); ++i)
               opt.update(model.parameter(i), model.gradient(i), model.tensor(i).count, model.tensor(i).offset);
+            // The update is on `stream`, the communicator's: the check's copies come after it.
+            checks.after_step(++steps_done, [&] { return rz::ddp::verify_replicas(reducer); });
             if (bar.enabled()) bar.update(fmt::format("epoch {:>2}/{}", epoch + 1, o.epochs), s + 1, steps, "enqueued");
           }
           comm.synchronize();
@@ -183,6 +188,7 @@ inline run_result train_cuda(const options& o, const ex::fashion_mnist& data, in
           if (print) print_epoch(m, o.epochs, true);
           std::lock_guard<std::mutex> lock(result_mutex);
           result.epochs.push_back(m);
+          result.replica_checks = checks.summary();
         }
       },
       launch_opt);

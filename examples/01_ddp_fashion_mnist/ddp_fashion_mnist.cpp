@@ -5,8 +5,8 @@
 // broadcasts rank 0's parameters at the start; backward calls `mark_ready` as each layer's
 // gradients exist, so buckets are all-reduced on the communicator's progress thread while the
 // earlier layers are still being differentiated; `finish()` leaves the averaged gradients in
-// place (in bucket memory: no copies). Also: accumulation with no_sync, fp16 / bf16 compression
-// hooks, reproducible sums over any rank count, checkpoints, and the measurements that matter
+// place (in bucket memory: no copies). Also: accumulation with no_sync, fp16 / bf16 / PowerSGD
+// compression hooks, reproducible sums over any rank count, checkpoints, and the measurements that matter
 // (epoch time, samples/s, test accuracy, how much of the reduction was hidden behind backward).
 //
 //   examples/ddp_fashion_mnist --ranks 2 --epochs 10
@@ -50,6 +50,7 @@
 #include "ringzero/checkpoint.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
 #include "ringzero/ringzero.hpp"
+#include "ringzero/verify_replicas.hpp"
 #include "run_ranks.hpp"
 #if RINGZERO_EXAMPLES_HAVE_CUDA
 #include "ddp_cuda.hpp"
@@ -105,10 +106,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
     const int eval_chunk = 1000;
     model.reserve(std::max(per_rank, eval_chunk));
 
-    std::vector<rz::ddp::reducer_parameter> params;
-    for (std::size_t i = 0; i < model.tensor_count(); ++i)
-      params.push_back(rz::ddp::reducer_parameter::of(model.parameter(i), model.gradient(i), model.tensor(i).name));
-    rz::ddp::gradient_reducer reducer(comm, std::move(params), reducer_options_of(o));
+    rz::ddp::gradient_reducer reducer(comm, reducer_parameters(model), reducer_options_of(o));
     std::uint64_t bound_generation = ~std::uint64_t{0};
     auto bind_views = [&] {
       if (!o.bucket_view || bound_generation == reducer.layout_generation()) return;
@@ -153,6 +151,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
     // Reproducible: each micro-batch's gradient is its mean, written (not added); the reducer
     // averages the micro-batches. Otherwise the micro-steps add gradient / accumulate.
     const float grad_scale = 1.0f / static_cast<float>(o.reproducible ? per_rank : per_rank * o.accumulate);
+    ex::replica_checks checks{o.check_replicas};
 
     if (lead) {
       std::lock_guard<std::mutex> lock(result_mutex);
@@ -184,6 +183,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
         train_step(reducer, model, *opt, x.data(), y.data(), per_rank, o.accumulate, grad_scale, !o.reproducible, load,
                    bind_views, loss_sum);
         ++optimizer_steps;
+        checks.after_step(optimizer_steps, [&] { return rz::ddp::verify_replicas(reducer); });
         if (bar.enabled())
           bar.update(fmt::format("epoch {:>2}/{}", epoch + 1, o.epochs), s + 1, steps,
                      fmt::format("loss {:.4f}",
@@ -212,6 +212,8 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
     if (lead) {
       std::lock_guard<std::mutex> lock(result_mutex);
       result.parameter_crc32 = parameters_crc32(model);
+      result.compression = compression_traffic(reducer, model);
+      result.replica_checks = checks.summary();
     }
   };
   // Threads of the local backend, or this process's rank under --backend mpi (run_ranks.hpp).

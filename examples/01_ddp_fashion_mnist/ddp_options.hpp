@@ -14,8 +14,9 @@
 #include <CLI/CLI.hpp>
 
 #include "command_line.hpp"
+#include "ddp_compression.hpp"
 #include "idx_dataset.hpp"
-#include "ringzero/ddp/compression_hook.hpp"
+#include "replica_checks.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
 #include "ringzero/ringzero.hpp"
 
@@ -43,6 +44,8 @@ struct options {
   double bucket_mb = 0.1;
   double first_bucket_mb = -1.0;
   std::string compress = "none";
+  std::uint64_t powersgd_start = 100;  // --compress powersgd:R: plain steps first
+  std::uint64_t check_replicas = 0;    // --check-replicas N: verify_replicas every N optimizer steps
   bool bucket_view = true;
   bool pin = true;
   std::size_t train_subset = 0;
@@ -103,11 +106,8 @@ inline void check_global_batch(std::int64_t ranks, const options& o) {
                     o.batch_size, ranks, o.accumulate, global, max_global_batch));
 }
 
-inline std::shared_ptr<rz::ddp::comm_hook> make_hook(const std::string& compress) {
-  if (compress == "fp16") return rz::ddp::fp16_compress_hook();
-  if (compress == "bf16") return rz::ddp::bf16_compress_hook();
-  return nullptr;  // the default average
-}
+using ex::compress_check;
+using ex::powersgd_rank;
 
 /// --compare-ranks as rank counts (two or more, each from 1 to 256).
 inline std::vector<int> parse_rank_list(const std::string& text) {
@@ -179,8 +179,15 @@ inline option_handles add_options(CLI::App& app, options& o) {
   app.add_option("--first-bucket-mb", o.first_bucket_mb,
                  "limit of the first bucket in MiB, as --bucket-mb (default: as the others)")
       ->check(bucket_mb_range);
-  app.add_option("--compress", o.compress, "gradient compression hook: none, fp16, bf16")
-      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  app.add_option("--compress", o.compress,
+                 "gradient compression hook: none, fp16, bf16, or powersgd:R (low-rank PowerSGD of rank R, 1 to "
+                 "1024, with error feedback; weights compressed, biases all-reduced as they are)")
+      ->check(compress_check());
+  app.add_option("--powersgd-start", o.powersgd_start,
+                 "--compress powersgd:R: optimizer steps all-reduced plainly before compression starts (default 100, "
+                 "about a tenth of the default run on 2 ranks)")
+      ->check(ex::whole_number());
+  ex::add_check_replicas_option(app, o.check_replicas);
   app.add_flag("--bucket-view,!--no-bucket-view", o.bucket_view,
                "backward writes gradients straight into bucket memory (default) instead of copying");
   app.add_flag("--pin,!--no-pin", o.pin, "pin rank r's thread to core r (default on)");
@@ -253,11 +260,16 @@ inline std::vector<int> check_options(options& o, const option_handles& given) {
                         o.micro_batch, o.global_batch, micro_batches, n, o.global_batch, n));
   }
   if (o.reproducible && o.compress != "none")
-    throw rz::error(
-        rz::errc::invalid_argument,
-        fmt::format("--reproducible cannot be combined with --compress {}: 16-bit compression rounds the partial "
-                    "sums, which is not reproducible across rank counts",
-                    o.compress));
+    throw rz::error(rz::errc::invalid_argument,
+                    fmt::format("--reproducible cannot be combined with --compress {}: {}, which is not reproducible "
+                                "across rank counts",
+                                o.compress,
+                                powersgd_rank(o.compress) > 0 ? "PowerSGD's low-rank approximation depends on how the "
+                                                                "batch is split"
+                                                              : "16-bit compression rounds the partial sums"));
+  if (powersgd_rank(o.compress) > 0 && o.device == "cuda")
+    throw rz::error(rz::errc::unsupported,
+                    "--compress " + o.compress + " needs --device cpu (the PowerSGD hook works on host memory)");
   if ((o.reproducible || o.micro_batch > 0) && o.device == "cuda")
     throw rz::error(rz::errc::invalid_argument,
                     fmt::format("{} needs --device cpu (the reproducible accumulators and the "
@@ -277,13 +289,27 @@ inline std::vector<int> check_options(options& o, const option_handles& given) {
   return compare_counts;
 }
 
+/// The MLP's tensors as the reducer's parameters: the weights with their shapes (in x out
+/// matrices, which --compress powersgd:R compresses), the biases as vectors.
+template <class Model>
+std::vector<rz::ddp::reducer_parameter> reducer_parameters(Model& model) {
+  std::vector<rz::ddp::reducer_parameter> params;
+  for (std::size_t i = 0; i < model.tensor_count(); ++i) {
+    const auto& t = model.tensor(i);
+    std::vector<std::uint64_t> shape;
+    if (t.rows > 1) shape = {static_cast<std::uint64_t>(t.rows), static_cast<std::uint64_t>(t.cols)};
+    params.push_back(rz::ddp::reducer_parameter::of(model.parameter(i), model.gradient(i), t.name, shape));
+  }
+  return params;
+}
+
 /// The reducer's options from the command line: bucket limits, gradients as bucket views, the
 /// compression hook, reproducible averaging (refused on CUDA by check_options).
 inline rz::ddp::reducer_options reducer_options_of(const options& o) {
   rz::ddp::reducer_options r;
   r.bucket_byte_limits = bucket_limits(o);
   r.gradient_as_bucket_view = o.bucket_view;
-  r.hook = make_hook(o.compress);
+  r.hook = ex::make_ddp_hook(o.compress, o.powersgd_start);
   r.reproducible = o.reproducible;
   return r;
 }

@@ -57,7 +57,27 @@ struct run_result {
   std::optional<std::uint32_t> parameter_crc32;  // zlib's CRC-32 of the final parameters (CPU runs)
   int first_epoch = 0;                           // epochs done before this run (--resume)
   ex::evaluation_result evaluation;              // of the final model (also when no epoch was trained)
+  json compression;                              // --compress powersgd:R: elements per step, sent and in full
+  std::string replica_checks;                    // --check-replicas: what the checks found and cost
 };
+
+/// --compress powersgd:R: what each parameter and the whole model send per compressed step
+/// against plain all_reduce (null for the other hooks).
+template <class Reducer, class Model>
+json compression_traffic(const Reducer& reducer, const Model& model) {
+  const auto hook = std::dynamic_pointer_cast<rz::ddp::powersgd_hook>(reducer.options().hook);
+  if (!hook) return nullptr;
+  json j;
+  const auto [sent, full] = hook->step_traffic();
+  j["sent_elements_per_step"] = sent;
+  j["uncompressed_elements_per_step"] = full;
+  j["compressed_steps"] = hook->iterations() - std::min(hook->iterations(), hook->options().start_iteration);
+  for (std::size_t i = 0; i < reducer.parameter_count(); ++i) {
+    const rz::ddp::powersgd_traffic t = hook->traffic(i);
+    j["parameters"][model.tensor(i).name] = {{"sent", t.sent}, {"uncompressed", t.uncompressed}};
+  }
+  return j;
+}
 
 /// The reducer's buckets in reduction order, each with its parameters' names and size, as the
 /// run's header prints them (the host and the CUDA model both name their tensors).
@@ -98,6 +118,8 @@ inline json to_json(const run_result& r) {
   j["final_test_accuracy"] = r.evaluation.accuracy;
   j["final_test_loss"] = r.evaluation.loss;
   if (r.parameter_crc32) j["parameter_crc32"] = fmt::format("{:08x}", *r.parameter_crc32);
+  if (!r.compression.is_null()) j["powersgd"] = r.compression;
+  if (!r.replica_checks.empty()) j["replica_checks"] = r.replica_checks;
   return j;
 }
 
@@ -133,6 +155,18 @@ inline void print_run(const run_result& r, clock_type::time_point t0) {
       r.ranks, r.global_batch, r.per_rank_batch, r.accumulate, r.buckets, r.evaluation.accuracy, total_train_seconds(r),
       std::chrono::duration<double>(clock_type::now() - t0).count(),
       r.parameter_crc32 ? fmt::format("; final parameters crc32 {:08x}", *r.parameter_crc32) : std::string());
+  if (!r.replica_checks.empty()) fmt::print("  {}\n", r.replica_checks);
+  if (r.compression.is_null()) return;
+  std::string per;
+  for (const auto& [name, t] : r.compression["parameters"].items()) {
+    const auto sent = t["sent"].get<std::uint64_t>(), full = t["uncompressed"].get<std::uint64_t>();
+    if (sent < full) per += fmt::format("; {} {} -> {} ({:.1f}x)", name, full, sent, static_cast<double>(full) / sent);
+  }
+  const auto sent = r.compression["sent_elements_per_step"].get<std::uint64_t>();
+  const auto full = r.compression["uncompressed_elements_per_step"].get<std::uint64_t>();
+  fmt::print("  powersgd: {} compressed step(s); elements per step {} -> {} ({:.1f}x){}\n",
+             r.compression["compressed_steps"].get<std::uint64_t>(), full, sent,
+             static_cast<double>(full) / static_cast<double>(std::max<std::uint64_t>(sent, 1)), per);
 }
 
 /// --compare-ranks: the runs side by side against the first one; adds "comparison" and

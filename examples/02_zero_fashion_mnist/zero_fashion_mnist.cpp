@@ -37,7 +37,7 @@
 #include "idx_dataset.hpp"
 #include "progress_bar.hpp"
 #include "ringzero/ringzero.hpp"
-#include "ringzero/zero/sharded_model.hpp"
+#include "ringzero/verify_replicas.hpp"
 #include "run_ranks.hpp"
 #include "sim_compute.hpp"
 #include "zero_checkpoint.hpp"
@@ -182,6 +182,7 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
     if (lead) result.evaluation = ev;
     if (lead) zx::print_evaluation_only(first_epoch, o.epochs, ev);
   }
+  ex::replica_checks checks{o.check_replicas};
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
     zx::epoch_metrics m;
     zero_layer_hooks<net_type> hooks(model, compute.net(), lead ? &m : nullptr, compute.layer_stream());
@@ -199,6 +200,8 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
       const zero::step_result r =
           train_step(model, compute, hooks, s * step_rows, o.accumulate, o.batch_size, grad_scale);
       step_times.push_back(zx::seconds_since(s0));
+      checks.after_step(steps * static_cast<std::uint64_t>(epoch) + s + 1,
+                        [&] { return zero::verify_replicas(model); });
       if (r.clip_coefficient < 1) ++m.clipped_steps;
       m.gradient_norm = r.gradient_norm;
       if (first_step) {
@@ -231,6 +234,7 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
   // The final parameters' CRC-32, and --save-parameters (at stage 3 a collective).
   const std::uint32_t crc = zx::final_parameters(o, model, compute.shape(), lead);
   if (lead) result.parameter_crc32 = crc;
+  if (lead) result.replica_checks = checks.summary();
   zx::collect_memory(comm, o, probe, Compute::heap_holds_state, memory, result);
 }
 

@@ -17,6 +17,7 @@
 #include "command_line.hpp"
 #include "idx_dataset.hpp"
 #include "mlp.hpp"
+#include "replica_checks.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/zero/sharded_model.hpp"
 #include "run_ranks.hpp"
@@ -49,12 +50,13 @@ struct options {
   std::string json_path;
   std::string save_path;
   bool progress = true;
-  double min_accuracy = 0.0;     // exit with status 3 when the run ends below it (for tests)
-  std::string checkpoint_dir;    // --checkpoint: save there at the end of every epoch
-  std::string resume_dir;        // --resume: continue from the newest complete checkpoint there
-  std::string init_from;         // --init-from: initial parameters from a safetensors file
-  bool allow_nonfinite = false;  // --allow-nonfinite: --init-from accepts NaN and infinity
-  bool ranks_given = false;      // --ranks was on the command line
+  double min_accuracy = 0.0;         // exit with status 3 when the run ends below it (for tests)
+  std::string checkpoint_dir;        // --checkpoint: save there at the end of every epoch
+  std::string resume_dir;            // --resume: continue from the newest complete checkpoint there
+  std::string init_from;             // --init-from: initial parameters from a safetensors file
+  bool allow_nonfinite = false;      // --allow-nonfinite: --init-from accepts NaN and infinity
+  bool ranks_given = false;          // --ranks was on the command line
+  std::uint64_t check_replicas = 0;  // --check-replicas N: verify_replicas every N optimizer steps
 };
 
 /// The six-layer MLP of `--deep`.
@@ -112,6 +114,7 @@ inline void add_options(CLI::App& app, options& o) {
   app.add_option("--clip-norm", o.clip_norm, "clip the global gradient norm to this value (0: no clipping)")
       ->check(number_check({.low = 0, .high = std::numeric_limits<double>::max()},
                            "a gradient norm: a finite number >= 0", "NORM"));
+  add_check_replicas_option(app, o.check_replicas);
   app.add_option("--seed", o.seed, "seed of the initialisation and of the per-epoch permutations (0 to 2^64 - 1)")
       ->check(whole_number());
   app.add_option(

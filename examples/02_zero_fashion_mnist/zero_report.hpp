@@ -95,6 +95,7 @@ struct run_result {
   int first_epoch = 0;                // epochs done before this run (--resume)
   evaluation_result evaluation;       // of the final model (also when no epoch was trained)
   std::uint32_t parameter_crc32 = 0;  // zlib's CRC-32 of the final parameters (float32, registration order)
+  std::string replica_checks;         // --check-replicas: what the checks found and cost
 };
 
 /// A run's result before training: its batch, optimizer settings, layer widths and a memory
@@ -415,6 +416,7 @@ inline void print_summary(const options& o, const run_result& r, clock_type::tim
         o.stage, o.where.ranks, r.global_batch, r.epochs.back().test_accuracy, r.epochs.back().train_loss,
         1e3 * seconds / static_cast<double>(steps), 1e3 * median(r.step_seconds), seconds, seconds_since(t0));
   fmt::print("final parameters crc32 {:08x}\n", r.parameter_crc32);
+  if (!r.replica_checks.empty()) fmt::print("{}\n", r.replica_checks);
 }
 
 inline json to_json(const options& o, const run_result& r, const zero::shard_plan& stage0) {
@@ -486,6 +488,7 @@ inline json to_json(const options& o, const run_result& r, const zero::shard_pla
   }
   j["first_epoch"] = r.first_epoch;
   j["parameter_crc32"] = fmt::format("{:08x}", r.parameter_crc32);
+  if (!r.replica_checks.empty()) j["replica_checks"] = r.replica_checks;
   j["final_evaluation"] = {{"test_accuracy", r.evaluation.accuracy}, {"test_loss", r.evaluation.loss}};
   if (!r.epochs.empty()) {
     j["final_test_accuracy"] = r.epochs.back().test_accuracy;

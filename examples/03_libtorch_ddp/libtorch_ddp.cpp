@@ -11,6 +11,8 @@
 // - SyncBatchNorm: the batch-norm statistics of the global batch (one all_reduce of sum, sum of
 //   squares and count per layer), so N ranks compute what 1 rank computes on the whole batch;
 // - gradient accumulation with `ddp.no_sync()` (--accumulate K);
+// - compression hooks (--compress fp16, bf16, powersgd:R): the bridge registers each tensor's
+//   shape, so PowerSGD compresses the convolution and linear weights as matrices;
 // - N ranks as N threads of ringzero's local backend, each with one libtorch compute thread
 //   (torch::set_num_threads(1)), and the sampler of examples 01 and 02 (examples/common/).
 // What it does not use: MPI, GPUs, checkpoints (examples 01 and 02 show those).
@@ -44,13 +46,16 @@
 #include <nlohmann/json.hpp>
 
 #include "command_line.hpp"
+#include "ddp_compression.hpp"
 #include "distributed_sampler.hpp"
 #include "idx_dataset.hpp"
 #include "launcher.hpp"
+#include "replica_checks.hpp"
 #include "ringzero/backend/local/launch.hpp"
 #include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/barrier.hpp"
 #include "ringzero/integration/torch_ddp.hpp"
+#include "ringzero/verify_replicas.hpp"
 
 namespace rz = ringzero;
 namespace ex = ringzero::examples;
@@ -70,6 +75,9 @@ struct options {
   double lr = 0;  // initial; 0: 1e-3 for adam, 0.05 for sgd
   std::uint64_t seed = 1;
   double bucket_mb = 0.05;
+  std::string compress = "none";       // --compress: none, fp16, bf16, powersgd:R
+  std::uint64_t powersgd_start = 100;  // powersgd:R: plain steps first
+  std::uint64_t check_replicas = 0;    // --check-replicas N: verify_replicas every N optimizer steps
   std::size_t train_subset = 0;
   std::size_t test_subset = 0;
   std::string data_dir = ex::default_fashion_mnist_dir();
@@ -173,6 +181,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, boo
         rz::integration::torch_ddp_options ddp_options;
         const auto limit = static_cast<std::uint64_t>(o.bucket_mb * 1024 * 1024);
         ddp_options.reducer.bucket_byte_limits = {std::max<std::uint64_t>(limit, 1)};
+        ddp_options.reducer.hook = ex::make_ddp_hook(o.compress, o.powersgd_start);  // null: the plain average
         rz::integration::torch_ddp ddp(comm, *model, ddp_options);
         const double base_lr = o.lr > 0 ? o.lr : (o.optimizer == "adam" ? 1e-3 : 0.05);
         std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -188,6 +197,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, boo
         std::vector<float> x;
         std::vector<std::uint8_t> y;
         torch::Tensor images, labels;
+        ex::replica_checks checks{o.check_replicas};
         for (int epoch = 0; epoch < o.epochs; ++epoch) {
           sampler.set_epoch(static_cast<std::uint64_t>(epoch));
           rz::barrier(comm);
@@ -218,6 +228,8 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, boo
               group.options().set_lr(base_lr * (1.0 - done_steps / total_steps));
             done_steps += 1;
             optimizer->step();
+            checks.after_step(static_cast<std::uint64_t>(done_steps),
+                              [&] { return rz::ddp::verify_replicas(ddp.reducer()); });
           }
           rz::barrier(comm);
           epoch_metrics m;
@@ -239,6 +251,15 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, boo
                   m.train_loss, m.test_accuracy, m.reduction_seconds, 100.0 * ddp.reducer().stats().hidden_fraction());
             std::fflush(stdout);
           }
+        }
+        if (comm.rank() == 0 && print && checks.every > 0) fmt::print("{}\n", checks.summary());
+        const auto powersgd = std::dynamic_pointer_cast<rz::ddp::powersgd_hook>(ddp.reducer().options().hook);
+        if (powersgd && comm.rank() == 0 && print) {
+          const auto [sent, full] = powersgd->step_traffic();
+          fmt::print("powersgd: elements per compressed step {} -> {} ({:.1f}x fewer), {} of {} steps compressed\n",
+                     full, sent, static_cast<double>(full) / static_cast<double>(std::max<std::uint64_t>(sent, 1)),
+                     powersgd->iterations() - std::min(powersgd->iterations(), o.powersgd_start),
+                     powersgd->iterations());
         }
       },
       lo);
@@ -297,6 +318,14 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-mb", o.bucket_mb,
                  "bucket size limit in MiB (default 0.05: the linear layers in one bucket, the rest in another)")
       ->check(ex::number_check({.low = 0, .high = 1 << 20}, "a size from 0 to 2^20 MiB", "MIB"));
+  app.add_option("--compress", o.compress,
+                 "gradient compression hook: none, fp16, bf16, or powersgd:R (low-rank PowerSGD of rank R, 1 to "
+                 "1024, with error feedback: convolution and linear weights compressed, the rest all-reduced)")
+      ->check(ex::compress_check());
+  app.add_option("--powersgd-start", o.powersgd_start,
+                 "--compress powersgd:R: optimizer steps all-reduced plainly before compression starts (default 100)")
+      ->check(ex::whole_number());
+  ex::add_check_replicas_option(app, o.check_replicas);
   app.add_option("--train-subset", o.train_subset, "use only the first N training images (0: all 60000)")
       ->check(ex::whole_number());
   app.add_option("--test-subset", o.test_subset, "use only the first N test images (0: all 10000)")

@@ -45,8 +45,10 @@
 #include "gpt_model.hpp"
 #include "heap_usage.hpp"
 #include "launcher.hpp"
+#include "replica_checks.hpp"
 #include "ringzero/checkpoint.hpp"
 #include "ringzero/ringzero.hpp"
+#include "ringzero/verify_replicas.hpp"
 
 namespace rz = ringzero;
 namespace ex = ringzero::examples;
@@ -72,7 +74,8 @@ struct options {
   std::string json_path;
   std::string checkpoint_dir;  // --checkpoint: save here every --checkpoint-every steps and at the end
   int checkpoint_every = 0;
-  std::string resume_dir;  // --resume: continue from the newest checkpoint here
+  std::string resume_dir;            // --resume: continue from the newest checkpoint here
+  std::uint64_t check_replicas = 0;  // --check-replicas N: verify_replicas every N steps
 };
 
 /// The corpus: every plain fortune file (names without a dot: not the .dat indexes or the .u8
@@ -138,7 +141,8 @@ struct result {
   std::vector<rz::zero::parameter_spec> parameters;
   std::string sample;
   double tokens_per_second = 0;
-  int first_step = 0;  // steps done before this run (--resume)
+  int first_step = 0;          // steps done before this run (--resume)
+  std::string replica_checks;  // --check-replicas: what the checks found and cost
 };
 
 double median(std::vector<double> v) {
@@ -207,6 +211,7 @@ result train(const options& o, const corpus& c) {
     for (std::int64_t k = 0; k < first_step * o.batch; ++k) (void)start(rng);  // the batches already trained
     auto x = torch::empty({local_batch, T}, torch::kLong), y = torch::empty({local_batch, T}, torch::kLong);
     std::vector<double> losses, seconds;
+    ex::replica_checks checks{o.check_replicas};  // DDP and stages 1-2: the replicated parameters
     const auto t_all = clock_type::now();
     for (int step = first_step; step < o.steps; ++step) {
       for (std::int64_t s = 0; s < o.batch; ++s) {
@@ -224,6 +229,7 @@ result train(const options& o, const corpus& c) {
       auto loss = torch::nn::functional::cross_entropy(logits.view({-1, V}).to(torch::kFloat32), y.view({-1}));
       z.backward(loss);
       z.step();
+      checks.after_step(static_cast<std::uint64_t>(step) + 1, [&] { return rz::zero::verify_replicas(z.model()); });
       seconds.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
       double l = loss.item<double>();
       rz::all_reduce(comm, &l, &l, 1, rz::dtype::float64, rz::reduce_kind::avg);
@@ -271,6 +277,7 @@ result train(const options& o, const corpus& c) {
       res.sample = sample;
       res.tokens_per_second = static_cast<double>(o.batch * T) * (o.steps - first_step) / total;
       res.first_step = first_step;
+      res.replica_checks = checks.summary();
     }
   });
   return res;
@@ -314,6 +321,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::Range(0.0, 1.0));
   app.add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)")->check(CLI::Range(0.0, 1e6));
   app.add_option("--seed", o.seed, "seed of the initial values, the batches and the sampling");
+  ex::add_check_replicas_option(app, o.check_replicas);
   app.add_flag("--bf16", o.bf16, "bfloat16 parameters, compute and gradients; float32 master weights and states");
   app.add_option("--reshard-after-forward", o.reshard,
                  "stage 3: the units released after their forward (all, except_last as FSDP2, none)")
@@ -380,6 +388,7 @@ int main(int argc, char** argv) {
                  c.unigram_entropy, tail < c.unigram_entropy ? "below" : "NOT below");
       fmt::print("{:.0f} tokens/s, median step {:.2f} ms\n", r.tokens_per_second, 1e3 * median(r.step_seconds));
     }
+    if (!r.replica_checks.empty()) fmt::print("{}\n", r.replica_checks);
     fmt::print("\ngenerated:\n{}\n", r.sample);
     if (!o.json_path.empty()) {
       nlohmann::json j{{"strategy", o.strategy},
@@ -399,6 +408,7 @@ int main(int argc, char** argv) {
                         {{"start", resident_before ? resident_before->now : 0},
                          {"peak", resident_after ? resident_after->peak : 0}}},
                        {"parameters", parameters_json(r.parameters)},
+                       {"replica_checks", r.replica_checks},
                        {"sample", r.sample}};
       std::ofstream f(o.json_path);
       // The vocabulary is bytes: a sample may cut a UTF-8 sequence, which JSON cannot hold as is.

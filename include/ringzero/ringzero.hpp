@@ -48,6 +48,7 @@
 #include "ringzero/ddp/compression_hook.hpp"
 #include "ringzero/ddp/gradient_bucket.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
+#include "ringzero/ddp/powersgd_hook.hpp"
 
 #include "ringzero/zero/shard_plan.hpp"
 #include "ringzero/zero/sharded_model.hpp"

@@ -151,13 +151,21 @@ def main():
         print(f"skip: Fashion-MNIST is not installed in {DATA}")
         return 77
     with tempfile.TemporaryDirectory() as tmp:
-        sgd = ["--ranks", "2", "--batch-size", "100", "--optimizer", "sgd"] + COMMON
+        # --check-replicas 2: verify_replicas every 2 steps (examples 01 and 02) changes no number.
+        sgd = ["--ranks", "2", "--batch-size", "100", "--optimizer", "sgd", "--check-replicas", "2"] + COMMON
         res = stages(exe, tmp, "2 ranks, sgd", sgd, [0, 1, 2, 3], exact=True)
+        for s in [0, 1, 2, 3]:
+            # Stages 0-2 compare the 6 replicated parameters; stage 3 replicates nothing between steps.
+            want = f"every 2 step(s) ({6 if s < 3 else 0} tensors each): equal"
+            got = res[s][0].get("replica_checks", "")
+            check(want in got, f"2 ranks, sgd, stage {s}: replica checks {got!r}, expected {want!r}")
         check(res[0][0]["final_test_accuracy"] > 0.5,
               f"2 ranks, sgd: test accuracy {res[0][0]['final_test_accuracy']} after 10 steps (it should learn)")
         if ddp:
             m, _ = run(ddp, sgd, tmp, "ddp")
             r = m["runs"][0]
+            check("(6 tensors each): equal" in r.get("replica_checks", ""),
+                  f"example 01 (DDP): replica checks {r.get('replica_checks')!r}")
             ref = res[0][0]
             check(relative(r["epochs"][-1]["train_loss"], ref["final_train_loss"]) <= 1e-5 and
                   relative(r["epochs"][-1]["test_loss"], ref["epochs"][-1]["test_loss"]) <= 1e-5,

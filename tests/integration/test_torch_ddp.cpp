@@ -16,6 +16,7 @@
 
 #include "ringzero/backend/local/launch.hpp"
 #include "ringzero/ddp/allreduce_hook.hpp"
+#include "ringzero/ddp/powersgd_hook.hpp"
 #include "ringzero/integration/torch_ddp.hpp"
 
 namespace rz = ringzero;
@@ -137,6 +138,42 @@ TEST_CASE(
     DOCTEST_CHECK(copies[r] == 0);
     DOCTEST_CHECK(views_ok[r] == 1);
   }
+}
+
+TEST_CASE("torch_ddp: hooks see every tensor's sizes, so PowerSGD compresses the weights as matrices") {
+  // first.weight [4, 6]: (4 + 6) * 1 * 2 < 24, compressed; second.weight [3, 4]: (3 + 4) * 2 > 12, not.
+  torch::set_num_threads(1);
+  std::vector<rz::ddp::powersgd_traffic> traffic(4);
+  std::vector<std::vector<torch::Tensor>> grads(2);
+  rz::local::launch(2, [&](rz::communicator& comm) {
+    torch::set_num_threads(1);
+    const int r = comm.rank();
+    two_layers model(r);
+    rz::integration::torch_ddp_options opt;
+    rz::ddp::powersgd_options p;
+    p.start_iteration = 0;
+    auto hook = std::make_shared<rz::ddp::powersgd_hook>(p);
+    opt.reducer.hook = hook;
+    rz::integration::torch_ddp ddp(comm, model, opt);
+    for (int step = 0; step < 2; ++step) {
+      ddp.zero_grad();
+      loss_of(model.forward(batch(r, step))).backward();
+      ddp.finish();
+    }
+    for (auto& t : model.parameters()) grads[static_cast<std::size_t>(r)].push_back(t.grad().clone());
+    if (r == 0)
+      for (std::size_t i = 0; i < 4; ++i) traffic[i] = hook->traffic(i);
+  });
+  DOCTEST_CHECK(traffic[0].compressed);
+  DOCTEST_CHECK(traffic[0].rows == 4);
+  DOCTEST_CHECK(traffic[0].columns == 6);
+  DOCTEST_CHECK(traffic[0].sent == 10);
+  DOCTEST_CHECK(!traffic[1].compressed);  // a bias: no shape beyond one dimension
+  DOCTEST_CHECK(traffic[1].rows == 0);
+  DOCTEST_CHECK(!traffic[2].compressed);
+  DOCTEST_CHECK(traffic[2].rows == 3);
+  DOCTEST_CHECK(traffic[2].sent == 12);
+  for (std::size_t i = 0; i < 4; ++i) DOCTEST_CHECK(torch::equal(grads[0][i], grads[1][i]));  // same bits
 }
 
 TEST_CASE("torch_ddp: parameters and buffers are broadcast from rank 0; a .grad() reset to none is copied in") {

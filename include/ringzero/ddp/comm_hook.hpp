@@ -6,8 +6,9 @@
 /// and returns a handle to the asynchronous communication; a second phase turns the
 /// communicated data back into averaged gradients (PyTorch's `Future.then`).
 ///
-/// Built-in hooks: `allreduce_hook` (ddp/allreduce_hook.hpp, the default average) and
-/// `compression_hook` (ddp/compression_hook.hpp, fp16 / bf16 compression).
+/// Built-in hooks: `allreduce_hook` (ddp/allreduce_hook.hpp, the default average),
+/// `compression_hook` (ddp/compression_hook.hpp, fp16 / bf16 compression) and `powersgd_hook`
+/// (ddp/powersgd_hook.hpp, low-rank compression).
 
 #include <string>
 
@@ -25,7 +26,9 @@ namespace ringzero::ddp {
 ///   rank, must not block waiting for peers, and returns the `work` that completes when the
 ///   bucket's communication has finished (a default `work` when it communicated synchronously).
 /// - `complete` is called in `finish()` after that work completed successfully, in bucket
-///   order; it leaves the averaged gradients in `bucket.data` (e.g. decompresses).
+///   order, on every rank (ranks that joined included); it leaves the averaged gradients in
+///   `bucket.data` (e.g. decompresses). It may issue further collectives on the communicator
+///   given to `launch`, the same on every rank (`powersgd_hook`'s second round does).
 /// - Between `launch` and `complete` the hook may keep using `bucket.data` and its own scratch.
 /// Thread semantics: both are called on the thread that drives the reducer (the training
 /// thread); the collectives they issue run on the communicator's progress thread. A hook

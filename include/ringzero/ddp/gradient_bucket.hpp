@@ -8,12 +8,27 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "ringzero/backend/communicator.hpp"
 #include "ringzero/collective/options.hpp"
 #include "ringzero/core/dtype.hpp"
 
 namespace ringzero::ddp {
+
+/// One gradient inside a `gradient_bucket` (PyTorch's `GradBucket.gradients()` gives the same:
+/// each gradient with its shape).
+struct bucket_gradient {
+  std::size_t parameter = 0;             ///< registered index of the parameter
+  std::uint64_t offset = 0;              ///< element offset of the gradient in the bucket's `data`
+  std::uint64_t count = 0;               ///< elements of the gradient
+  std::span<const std::uint64_t> shape;  ///< as registered (`reducer_parameter::shape`); empty: one dimension
+  std::string_view name;                 ///< as registered; may be empty
+
+  /// Rows of the gradient seen as a matrix (PyTorch's `view(shape[0], -1)`): shape[0] for two
+  /// or more dimensions, else 0 (a vector).
+  std::uint64_t matrix_rows() const noexcept { return shape.size() >= 2 ? shape[0] : 0; }
+};
 
 /// One bucket of gradients handed to a `comm_hook`.
 /// The buffer holds `count` elements of `type`: the gradients of `parameters`, gradient k
@@ -32,12 +47,13 @@ struct gradient_bucket {
   /// the contract check's errors name it and its parameters ("all_reduce of bucket 2
   /// (parameters fc1.weight [float32, 100352 elements], ...)") on every rank.
   collective_options options;
-  void* data = nullptr;                     ///< the flat buffer, reduced in place
-  std::uint64_t count = 0;                  ///< elements in `data`, padding included (same on every rank)
-  dtype type = dtype::float32;              ///< element type of `data`
-  std::span<const std::size_t> parameters;  ///< registered indices of the parameters in the bucket
-  std::span<const std::uint64_t> offsets;   ///< element offset of each parameter's gradient in `data`
-  int world_size = 1;                       ///< ranks in the communicator
+  void* data = nullptr;                        ///< the flat buffer, reduced in place
+  std::uint64_t count = 0;                     ///< elements in `data`, padding included (same on every rank)
+  dtype type = dtype::float32;                 ///< element type of `data`
+  std::span<const std::size_t> parameters;     ///< registered indices of the parameters in the bucket
+  std::span<const std::uint64_t> offsets;      ///< element offset of each parameter's gradient in `data`
+  std::span<const bucket_gradient> gradients;  ///< each gradient: parameter, offset, count, shape, name
+  int world_size = 1;                          ///< ranks in the communicator
   /// Ranks whose real gradients are in this reduction: `world_size`, unless some ranks have
   /// joined (ran out of inputs) and contribute zeros.
   int contributors = 1;

@@ -209,8 +209,7 @@ class gradient_reducer {
       ready_order_.shrink_to_fit();
     }
   }
-  /// Increases each time the layout changes (the rebuild); gradient views from `gradient` of an
-  /// older generation are invalid.
+  /// Increases each time the layout changes (the rebuild): older `gradient` views are invalid.
   std::uint64_t layout_generation() const noexcept { return generation_; }
   /// The communicator.
   communicator& comm() noexcept { return comm_; }
@@ -339,6 +338,7 @@ class gradient_reducer {
 
   struct bucket {
     reducer_bucket_info info;
+    std::vector<bucket_gradient> gradients;  // what hooks see of each gradient (shapes and names point into params_)
     detail::bucket_storage storage;
     std::size_t bytes_allocated = 0;
     std::size_t pending = 0;  // gradients not yet ready this step

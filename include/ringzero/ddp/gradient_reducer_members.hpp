@@ -4,9 +4,37 @@
 /// of a step and `join`, the bucket layout, launching and completing buckets, the one rebuild),
 /// defined out of the class. Included by ddp/gradient_reducer.hpp at its end; include that header, not this one.
 
+#include <cstdio>
+
 #include "ringzero/ddp/gradient_reducer.hpp"
 
 namespace ringzero::ddp {
+
+namespace detail {
+
+/// "[256, 784]" (empty shape: "[]").
+inline std::string shape_text(std::span<const std::uint64_t> shape) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  return s + "]";
+}
+
+/// FNV-1a of the dimensions (cross-rank comparison of registered shapes).
+inline std::uint64_t shape_hash(std::span<const std::uint64_t> shape) noexcept {
+  ringzero::detail::fnv1a h;
+  h.u64(shape.size());
+  for (std::uint64_t d : shape) h.u64(d);
+  return h.value();
+}
+
+/// 16 hex digits.
+inline std::string hash_text(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace detail
 
 inline std::string gradient_reducer::validate_locally() const {
   if (options_.bucket_byte_limits.empty()) return "reducer_options::bucket_byte_limits is empty";
@@ -35,6 +63,18 @@ inline std::string gradient_reducer::validate_locally() const {
       return "parameter " + describe(i) + " has unknown dtype value " + std::to_string(static_cast<unsigned>(p.type));
     if (p.count > (std::uint64_t{1} << 60) / dtype_size(p.type))
       return "parameter " + describe(i) + " has " + std::to_string(p.count) + " elements: its size overflows";
+    if (!p.shape.empty()) {
+      std::uint64_t product = 1;
+      bool overflow = false;
+      for (std::uint64_t d : p.shape) {
+        if (d != 0 && product > ~std::uint64_t{0} / d) overflow = true;
+        product *= d;
+      }
+      if (overflow || product != p.count)
+        return "parameter " + describe(i) + " has shape " + detail::shape_text(p.shape) + " (" +
+               (overflow ? std::string("overflowing") : std::to_string(product)) + " elements) but count " +
+               std::to_string(p.count);
+    }
     if (p.count == 0) continue;
     if (!options_.gradient_as_bucket_view && p.grad == nullptr)
       return "parameter " + describe(i) + " has a null gradient pointer (and gradient_as_bucket_view is off)";
@@ -54,11 +94,13 @@ inline void gradient_reducer::check_agreement(const std::string& problem) {
     total += p.count;
     shapes.u64(p.count);
     shapes.u64(static_cast<std::uint64_t>(p.type));
+    shapes.u64(detail::shape_hash(p.shape));
   }
   for (std::uint64_t l : options_.bucket_byte_limits) limits.u64(l);
   limits.u64(options_.alignment_bytes);
   const std::string hook = options_.hook->name();
-  flags.text(hook);
+  ringzero::detail::fnv1a hook_hash;
+  hook_hash.text(hook);
   flags.u64((options_.find_unused_parameters ? 1u : 0u) | (options_.rebuild_buckets ? 2u : 0u) |
             (options_.broadcast_parameters ? 4u : 0u) | (options_.join ? 8u : 0u) |
             (options_.divide_by_initial_world_size ? 16u : 0u) | (options_.reproducible ? 32u : 0u));
@@ -69,6 +111,7 @@ inline void gradient_reducer::check_agreement(const std::string& problem) {
       {"parameter shapes (hash)", shapes.value(), shown::hash},
       {"bucket_byte_limits and alignment_bytes (hash)", limits.value(), shown::hash},
       {"options (hash)", flags.value(), shown::hash},
+      {"communication hook (hash)", hook_hash.value(), shown::hash},
   };
   const std::size_t fields = mine.size();
   const std::vector<std::uint64_t> row = ringzero::detail::agreement_row(mine);
@@ -90,36 +133,48 @@ inline void gradient_reducer::check_agreement(const std::string& problem) {
   const int n = comm_.world_size();
   if (!table.same(2) || !table.same(3)) {
     // Same count: find the first parameter that differs (a second, equally sized collective).
-    std::vector<std::uint64_t> shape(2 * params_.size());
+    constexpr std::size_t per = 3;  // count, dtype, shape hash
+    std::vector<std::uint64_t> shape(per * params_.size());
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      shape[2 * i] = params_[i].count;
-      shape[2 * i + 1] = static_cast<std::uint64_t>(params_[i].type);
+      shape[per * i] = params_[i].count;
+      shape[per * i + 1] = static_cast<std::uint64_t>(params_[i].type);
+      shape[per * i + 2] = detail::shape_hash(params_[i].shape);
     }
     std::vector<std::uint64_t> every(shape.size() * static_cast<std::size_t>(n));
     gather_to_host(shape.data(), every.data(), shape.size(), dtype::uint64);
     for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto field = [&](int r, std::size_t f) {
+        return every[static_cast<std::size_t>(r) * shape.size() + per * i + f];
+      };
+      bool shapes_differ = false;
+      for (int r = 1; r < n; ++r) shapes_differ = shapes_differ || field(r, 2) != field(0, 2);
       std::vector<std::string> v(static_cast<std::size_t>(n));
-      bool same = true;
+      bool same = !shapes_differ;
       for (int r = 0; r < n; ++r) {
-        const std::uint64_t c = every[static_cast<std::size_t>(r) * shape.size() + 2 * i];
-        const auto t = static_cast<dtype>(every[static_cast<std::size_t>(r) * shape.size() + 2 * i + 1]);
-        v[static_cast<std::size_t>(r)] = std::to_string(c) + " x " + std::string(dtype_name(t));
-        if (r > 0 && v[static_cast<std::size_t>(r)] != v[0]) same = false;
+        std::string& t = v[static_cast<std::size_t>(r)];
+        t = std::to_string(field(r, 0)) + " x " + std::string(dtype_name(static_cast<dtype>(field(r, 1))));
+        if (shapes_differ) t += ", shape hash " + detail::hash_text(field(r, 2));
+        if (r > 0 && t != v[0]) same = false;
       }
       if (!same)
-        raise(errc::contract_mismatch, "gradient_reducer: ranks registered different parameter sets: parameter " +
-                                           describe(i) + ": " + ringzero::detail::describe_values(v));
+        raise(errc::contract_mismatch,
+              "gradient_reducer: ranks registered different parameter sets: parameter " + describe(i) + ": " +
+                  ringzero::detail::describe_values(v) +
+                  (shapes_differ ? " (this rank: shape " + detail::shape_text(params_[i].shape) + ")" : std::string()));
     }
   }
   if (!table.same(4))
     raise(errc::contract_mismatch,
           "gradient_reducer: ranks passed different bucket_byte_limits or alignment_bytes (hashes differ: " +
               table.by_rank(4, mine[4]) + ")");
+  if (!table.same(6))
+    raise(errc::contract_mismatch,
+          "gradient_reducer: ranks use different communication hooks or hook settings (name hashes: " +
+              table.by_rank(6, mine[6]) + "); this rank uses '" + hook + "'");
   if (!table.same(5))
     raise(errc::contract_mismatch,
-          "gradient_reducer: ranks passed different options (hook name, find_unused_parameters, rebuild_buckets, "
-          "broadcast_parameters, join, divide_by_initial_world_size or reproducible); this rank uses hook '" +
-              hook + "'");
+          "gradient_reducer: ranks passed different options (find_unused_parameters, rebuild_buckets, "
+          "broadcast_parameters, join, divide_by_initial_world_size or reproducible)");
 }
 
 inline void gradient_reducer::finish() {
@@ -211,6 +266,7 @@ inline void gradient_reducer::install_layout(const std::vector<bucket_plan>& pla
       at = (at + align - 1) / align * align;
       b.info.parameters.push_back(i);
       b.info.offsets.push_back(at);
+      b.gradients.push_back({i, at, params_[i].count, params_[i].shape, params_[i].name});
       bucket_of[i] = k;
       offset_of[i] = at;
       at += params_[i].count;
@@ -306,6 +362,7 @@ inline gradient_bucket gradient_reducer::view_of(std::size_t k) {
   g.type = b.info.type;
   g.parameters = b.info.parameters;
   g.offsets = b.info.offsets;
+  g.gradients = b.gradients;
   g.world_size = comm_.world_size();
   g.contributors = step_contributors_;
   g.divisor = options_.divide_by_initial_world_size ? comm_.world_size() : std::max(1, step_contributors_);

@@ -32,11 +32,19 @@ struct reducer_parameter {
   std::uint64_t count = 0;      ///< number of elements
   dtype type = dtype::float32;  ///< element type of values and gradient
   std::string name;             ///< optional, used in error messages
+  /// Optional shape, outermost dimension first (a `torch::Linear` weight: {out, in}); its
+  /// product must equal `count`. Empty: one dimension of `count`. The reducer only checks it
+  /// and hands it to the communication hook (`bucket_gradient::shape`): `powersgd_hook`
+  /// compresses gradients with two or more dimensions as matrices of shape[0] rows.
+  std::vector<std::uint64_t> shape;
 
-  /// A parameter from typed spans (`grad` may be empty in view mode; else sizes must match).
+  /// A parameter from typed spans (`grad` may be empty in view mode; else sizes must match),
+  /// with an optional name and shape.
   template <element_type T>
-  static reducer_parameter of(std::span<T> data, std::span<T> grad, std::string name = {}) {
+  static reducer_parameter of(std::span<T> data, std::span<T> grad, std::string name = {},
+                              std::vector<std::uint64_t> shape = {}) {
     reducer_parameter p;
+    p.shape = std::move(shape);
     p.data = data.data();
     p.grad = grad.data();
     p.count = data.size();

@@ -80,6 +80,7 @@ class torch_ddp {
       r.count = static_cast<std::uint64_t>(p.tensor.numel());
       r.type = p.type;
       r.name = p.name;
+      for (std::int64_t d : p.tensor.sizes()) r.shape.push_back(static_cast<std::uint64_t>(d));
       params.push_back(std::move(r));
     }
     reducer_ = std::make_unique<ddp::gradient_reducer>(comm_, std::move(params), options.reducer);
