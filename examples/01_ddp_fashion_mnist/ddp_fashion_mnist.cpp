@@ -288,6 +288,7 @@ int main(int argc, char** argv) {
         fmt::print("== {} rank(s)\n", n);
         std::fflush(stdout);
         runs.push_back(train_on_device(same, data, n, b.per_rank, true));
+        print_checks_and_compression(runs.back());
         out["runs"].push_back(to_json(runs.back()));
       }
       print_comparison(o, runs, out);

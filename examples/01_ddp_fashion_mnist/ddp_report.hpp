@@ -147,6 +147,26 @@ inline json config_json(const options& o, const ex::fashion_mnist& data) {
           {"pinned", o.pin}};
 }
 
+/// --check-replicas and --compress powersgd:R: what the checks found, what each weight sent.
+inline void print_checks_and_compression(const run_result& r) {
+  if (!r.replica_checks.empty()) fmt::print("  {}\n", r.replica_checks);
+  if (r.compression.is_null()) return;
+  const auto steps = r.compression["compressed_steps"].get<std::uint64_t>();
+  if (steps == 0) {
+    fmt::print("  powersgd: no step was compressed (compression starts after --powersgd-start steps)\n");
+    return;
+  }
+  std::string per;
+  for (const auto& [name, t] : r.compression["parameters"].items()) {
+    const auto sent = t["sent"].get<std::uint64_t>(), full = t["uncompressed"].get<std::uint64_t>();
+    if (sent < full) per += fmt::format("; {} {} -> {} ({:.1f}x)", name, full, sent, static_cast<double>(full) / sent);
+  }
+  const auto sent = r.compression["sent_elements_per_step"].get<std::uint64_t>();
+  const auto full = r.compression["uncompressed_elements_per_step"].get<std::uint64_t>();
+  fmt::print("  powersgd: {} compressed step(s); elements per step {} -> {} ({:.1f}x){}\n", steps, full, sent,
+             static_cast<double>(full) / static_cast<double>(std::max<std::uint64_t>(sent, 1)), per);
+}
+
 /// The closing line of one run (`t0`: when it began).
 inline void print_run(const run_result& r, clock_type::time_point t0) {
   fmt::print(
@@ -155,18 +175,7 @@ inline void print_run(const run_result& r, clock_type::time_point t0) {
       r.ranks, r.global_batch, r.per_rank_batch, r.accumulate, r.buckets, r.evaluation.accuracy, total_train_seconds(r),
       std::chrono::duration<double>(clock_type::now() - t0).count(),
       r.parameter_crc32 ? fmt::format("; final parameters crc32 {:08x}", *r.parameter_crc32) : std::string());
-  if (!r.replica_checks.empty()) fmt::print("  {}\n", r.replica_checks);
-  if (r.compression.is_null()) return;
-  std::string per;
-  for (const auto& [name, t] : r.compression["parameters"].items()) {
-    const auto sent = t["sent"].get<std::uint64_t>(), full = t["uncompressed"].get<std::uint64_t>();
-    if (sent < full) per += fmt::format("; {} {} -> {} ({:.1f}x)", name, full, sent, static_cast<double>(full) / sent);
-  }
-  const auto sent = r.compression["sent_elements_per_step"].get<std::uint64_t>();
-  const auto full = r.compression["uncompressed_elements_per_step"].get<std::uint64_t>();
-  fmt::print("  powersgd: {} compressed step(s); elements per step {} -> {} ({:.1f}x){}\n",
-             r.compression["compressed_steps"].get<std::uint64_t>(), full, sent,
-             static_cast<double>(full) / static_cast<double>(std::max<std::uint64_t>(sent, 1)), per);
+  print_checks_and_compression(r);
 }
 
 /// --compare-ranks: the runs side by side against the first one; adds "comparison" and

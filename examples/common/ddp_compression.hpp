@@ -30,7 +30,7 @@ inline CLI::Validator compress_check() {
   return CLI::Validator(
       [](std::string& v) -> std::string {
         if (v == "none" || v == "fp16" || v == "bf16" || powersgd_rank(v) > 0) return {};
-        return "--compress " + v + ": expected none, fp16, bf16 or powersgd:R with R a rank from 1 to 1024";
+        return "'" + v + "' is not none, fp16, bf16 or powersgd:R with R a rank from 1 to 1024";
       },
       "none|fp16|bf16|powersgd:R");
 }

@@ -34,9 +34,16 @@ struct replica_checks {
     ++checks;
   }
 
-  /// "replicas checked 12 times (6 tensors each): equal; 0.21 ms per check", or "" when off.
+  /// "replicas checked 12 time(s) every 1 step(s) (6 tensors each): equal; 0.21 ms per check",
+  /// what was not checked, or "" when off.
   std::string summary() const {
     if (every == 0) return {};
+    if (checks == 0) return fmt::format("replicas never checked: the run had fewer than {} step(s)", every);
+    if (tensors == 0)
+      return fmt::format(
+          "replicas checked {} time(s) every {} step(s): nothing to compare (no state is replicated "
+          "between steps here, as at ZeRO stage 3 without replica groups)",
+          checks, every);
     return fmt::format("replicas checked {} time(s) every {} step(s) ({} tensors each): equal; {:.3f} ms per check",
                        checks, every, tensors, checks ? 1e3 * seconds / static_cast<double>(checks) : 0.0);
   }

@@ -257,6 +257,15 @@ TEST_CASE("PowerSGD bad settings and models: clear errors, on every rank") {
     CHECK(out[r].kind == errc::contract_mismatch);
     CHECK_MESSAGE(contains(out[r].what, r == 1 ? "'powersgd(rank=2," : "'powersgd(rank=1,"), out[r].what);
   }
+  // A dimension of 0 makes the product 0 whatever the other dimensions (no overflow).
+  out = run_ranks(2, [&](communicator& comm) {
+    toy_model m({0, 12}, {});
+    auto regs = m.parameters();
+    regs[0].shape = {std::uint64_t{1} << 40, std::uint64_t{1} << 40, 0};
+    regs[1].shape = {3, 4};
+    gradient_reducer red(comm, regs);
+  });
+  for (auto& o : out) CHECK_MESSAGE(!o.failed, o.what);
   // A shape whose product is not the count; a shape that differs between ranks.
   out = run_ranks(2, [&](communicator& comm) {
     toy_model m({12}, {});
@@ -280,4 +289,55 @@ TEST_CASE("PowerSGD bad settings and models: clear errors, on every rank") {
     CHECK_MESSAGE(contains(out[r].what, "parameter 0 'p0'"), out[r].what);
     CHECK_MESSAGE(contains(out[r].what, r == 1 ? "this rank: shape [2, 6]" : "this rank: shape [3, 4]"), out[r].what);
   }
+}
+
+TEST_CASE("PowerSGD with join: a rank that joined sends zeros and keeps its residual out of the average") {
+  // Rank r's gradient is (r + 1) B, B of rank 1, every step. Step 0 (both ranks): 1.5 B; rank 0's
+  // residual is then B - 1.5 B = -0.5 B. Rank 1 joins: step 1 averages rank 0 alone, B - 0.5 B =
+  // 0.5 B, and from step 2 on B. (Adding the joined rank's residual to its zeros made the
+  // average swing between B and 0.)
+  std::vector<std::vector<double>> got;
+  auto out = run_ranks(2, [&](communicator& comm) {
+    toy_model m({48}, {dtype::float64});
+    auto regs = m.parameters();
+    regs[0].shape = {8, 6};
+    powersgd_options o;
+    o.start_iteration = 0;
+    reducer_options opt;
+    opt.hook = make_powersgd_hook(o);
+    opt.join = true;
+    gradient_reducer red(comm, regs, opt);
+    for (int s = 0; s < (comm.rank() == 0 ? 8 : 1); ++s) {
+      for (std::size_t k = 0; k < 48; ++k)
+        toy_model::write(red.gradient(0), dtype::float64, k, psgd_low_rank(comm.rank(), 0, k, 0, 6));
+      red.mark_ready(0);
+      red.finish();
+      if (comm.rank() == 0) {
+        std::vector<double> v;
+        for (std::size_t k = 0; k < 48; ++k) v.push_back(toy_model::read(red.gradient(0), dtype::float64, k));
+        got.push_back(v);
+      }
+    }
+    red.join();
+  });
+  for (auto& o : out) REQUIRE_MESSAGE(!o.failed, o.what);
+  REQUIRE(got.size() == 8);
+  for (std::size_t s = 0; s < 8; ++s)
+    for (std::size_t k = 0; k < 48; ++k) {
+      const double b = psgd_low_rank(0, 0, k, 0, 6), want = s == 0 ? 1.5 * b : s == 1 ? 0.5 * b : b;
+      CAPTURE(s);
+      CAPTURE(k);
+      CHECK(std::fabs(got[s][k] - want) <= 1e-9 * (1.0 + std::fabs(want)));
+    }
+}
+
+TEST_CASE("PowerSGD settings that differ in any bit have different names") {
+  powersgd_options a, b;
+  b.min_compression_rate = 1.9999999;
+  CHECK(powersgd_hook(a).name() != powersgd_hook(b).name());
+  b = a;
+  b.orthogonalization_epsilon = 1e-300;
+  CHECK(powersgd_hook(a).name() != powersgd_hook(b).name());
+  CHECK(powersgd_hook(a).name() ==
+        "powersgd(rank=1,start=1000,min_rate=2,error_feedback=1,warm_start=1,epsilon=0,seed=0)");
 }

@@ -60,6 +60,10 @@ struct gradient_bucket {
   /// What the hook divides the sum by to average: `contributors`, or `world_size` when the
   /// reducer was told to `divide_by_initial_world_size` (PyTorch's join option).
   int divisor = 1;
+  /// False in the steps a rank that has joined (`gradient_reducer::join`) shadows: its buckets
+  /// hold zeros for the others' reduction, not gradients of its own, so a hook must not add
+  /// local state to them (PowerSGD's residual).
+  bool local_contributes = true;
   /// Where `data` lives: host memory, or CUDA device memory.
   memory_space space = memory_space::host;
   /// For device memory: the cudaStream_t (as `void*`) the bucket's work is ordered on; else null.

@@ -615,8 +615,7 @@ class gradient_reducer {
 
   void launch(std::size_t k);
 
-  /// Waits for every bucket in order, completes it, copies back (not in shadow steps), and
-  /// accounts the timings.
+  /// Waits for every bucket in order, completes it, copies back (not in shadow steps), times it.
   void wait_and_complete(bool shadow);
 
   /// Adds [a, b] to the step's in-flight time (detail::interval_union).
@@ -688,6 +687,7 @@ class gradient_reducer {
   bool agreement_pending_ = false;
   clock::time_point agreement_launched_at_{};
   int last_trained_rank_ = -1;
+  bool shadowing_ = false;  // in join()'s shadow steps: this rank's buckets hold zeros, not gradients
 
   reducer_stats stats_;
   detail::interval_union busy_;  // the step's reductions in flight, overlaps counted once

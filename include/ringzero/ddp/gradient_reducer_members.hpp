@@ -64,10 +64,12 @@ inline std::string gradient_reducer::validate_locally() const {
     if (p.count > (std::uint64_t{1} << 60) / dtype_size(p.type))
       return "parameter " + describe(i) + " has " + std::to_string(p.count) + " elements: its size overflows";
     if (!p.shape.empty()) {
-      std::uint64_t product = 1;
+      const bool has_zero = std::find(p.shape.begin(), p.shape.end(), 0u) != p.shape.end();
+      std::uint64_t product = has_zero ? 0 : 1;
       bool overflow = false;
       for (std::uint64_t d : p.shape) {
-        if (d != 0 && product > ~std::uint64_t{0} / d) overflow = true;
+        if (has_zero) break;
+        if (product > ~std::uint64_t{0} / d) overflow = true;
         product *= d;
       }
       if (overflow || product != p.count)
@@ -239,8 +241,10 @@ inline void gradient_reducer::join() {
     zero_buckets();
     step_contributors_ = active;
     next_launch_ = 0;
+    shadowing_ = true;
     while (next_launch_ < buckets_.size()) launch(next_launch_++);
     wait_and_complete(/*shadow=*/true);
+    shadowing_ = false;
     if (rebuild_pending()) rebuild(/*have_order=*/false);
     zero_buckets();
     ++stats_.synchronized_steps;
@@ -366,6 +370,7 @@ inline gradient_bucket gradient_reducer::view_of(std::size_t k) {
   g.world_size = comm_.world_size();
   g.contributors = step_contributors_;
   g.divisor = options_.divide_by_initial_world_size ? comm_.world_size() : std::max(1, step_contributors_);
+  g.local_contributes = !shadowing_;
   g.space = memory_.space();
   g.cuda_stream = memory_.stream();
   g.cuda_device = memory_.device();
@@ -433,8 +438,6 @@ inline void gradient_reducer::wait_and_complete(bool shadow) {
                                      : std::string()));
     }
     if (options_.collect_timings) {
-      const auto t1 = clock::now();
-      stats_.exposed_seconds += std::chrono::duration<double>(t1 - t0).count();
       const auto done = b.pending_work.valid() ? b.pending_work.completion_time() : b.launched_at;
       add_interval(b.launched_at, done);
     }
@@ -449,6 +452,9 @@ inline void gradient_reducer::wait_and_complete(bool shadow) {
                          "' hook failed to complete bucket " + std::to_string(k));
       }
     }
+    // Exposed: the wait, and what the hook's completion did after it (a second round of
+    // communication, as PowerSGD's, included).
+    if (options_.collect_timings) stats_.exposed_seconds += std::chrono::duration<double>(clock::now() - t0).count();
     ++stats_.buckets_reduced;
     if (!shadow && !options_.gradient_as_bucket_view) {
       const std::size_t es = dtype_size(b.info.type);

@@ -17,25 +17,30 @@
 ///      Q of the bucket, Q /= divisor, M = P Q^T; E -= M (the residual); uncompressed gradients
 ///      divided by the divisor.
 /// Every rank ends with the same bits: P and Q are sums every rank receives identically, and
-/// what is computed from them is the same arithmetic on the same values.
+/// what is computed from them is the same arithmetic on the same values (ranks running builds
+/// that contract multiply-adds differently, -ffp-contract or -march, may round differently).
+/// A rank that has joined (`gradient_bucket::local_contributes` false) sends zeros and keeps its
+/// residual as it was.
 ///
-/// Differences from PyTorch's hook, each deliberate: state (residual, Q) is kept per parameter,
-/// not per bucket, so the reducer's bucket rebuild after step 1 loses nothing and
-/// `start_iteration` may be 0 or 1; Gram-Schmidt runs its projections twice (see
-/// `detail::orthogonalize`), so that a gradient of rank below r is still recovered; the residual covers the compressed
-/// matrices only (PyTorch's also holds the uncompressed gradients' local-minus-average difference, which averages to
-/// zero across ranks); a column of norm zero stays zero instead of becoming NaN when `orthogonalization_epsilon` is 0;
-/// the random Q is an approximately normal draw (a centred sum of four uniforms) made with exact IEEE operations, so
-/// that ranks on machines with different math libraries draw the same bits; products accumulate in float64. The manual:
-/// docs/ddp.md, "Compressing with PowerSGD".
+/// Differences from PyTorch's hook, each deliberate: Q is orthogonalized every step, not only when
+/// drawn (the same in exact arithmetic); state (residual, Q) is kept per parameter, not per bucket,
+/// so the reducer's bucket rebuild after step 1 loses nothing and `start_iteration` may be 0 or 1;
+/// Gram-Schmidt runs its projections twice (see `detail::orthogonalize`), so that a gradient of
+/// rank below r is still recovered; the residual covers the compressed matrices only (PyTorch's
+/// also holds the uncompressed gradients' local-minus-average difference, which averages to zero
+/// across ranks); a column of norm zero stays zero instead of becoming NaN when
+/// `orthogonalization_epsilon` is 0; the random Q is an approximately normal draw (a centred sum of
+/// four uniforms) made with exact IEEE operations, so that ranks on machines with different math
+/// libraries draw the same bits; products accumulate in float64.
+/// The manual: docs/ddp.md, "Compressing with PowerSGD".
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -159,7 +164,8 @@ void multiply_transposed(S* out, const S* m, const S* p, std::uint64_t n, std::u
 /// Float32 and float64 buckets are compressed; buckets of other dtypes are all-reduced plainly.
 /// Memory: per compressed parameter its residual (n * m) and Q (m * r); per bucket a wire buffer
 /// (the P's and the uncompressed gradients) and the Q's.
-/// Communication: two all_reduce per bucket and step, the second issued by `complete` (in the
+/// Communication: two all_reduce per bucket and step (one for a bucket without a compressed
+/// matrix), the second issued by `complete` (in the
 /// reducer's `finish()`, so it is not overlapped with backward; PyTorch chains it the same way,
 /// on its future's callback).
 /// Errors (errc::invalid_argument): bad settings, at construction; at the first synchronised
@@ -263,10 +269,12 @@ class powersgd_hook final : public comm_hook {
 
   static bool compressible_type(dtype t) noexcept { return t == dtype::float32 || t == dtype::float64; }
 
+  /// The shortest text that reads back as `v` (std::to_chars: no locale, no rounding), so that
+  /// settings that differ in any bit have different names.
   static std::string number(double v) {
-    std::ostringstream s;
-    s << v;
-    return s.str();
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    return std::string(buf, r.ptr);
   }
 
   per_bucket& bucket_state(std::size_t index) {
@@ -300,6 +308,8 @@ class powersgd_hook final : public comm_hook {
         const double gain = static_cast<double>(n) * static_cast<double>(m) / compressed;
         if (gain > best_gain_) {
           best_gain_ = gain;
+          best_at_rank1_ = static_cast<double>(n + m) * options_.min_compression_rate <
+                           static_cast<double>(n) * static_cast<double>(m);
           best_ = std::string(g.name.empty() ? "parameter " + std::to_string(g.parameter)
                                              : "'" + std::string(g.name) + "'") +
                   " [" + std::to_string(n) + " x " + std::to_string(m) + "] would send (" + std::to_string(n) + " + " +
@@ -315,11 +325,15 @@ class powersgd_hook final : public comm_hook {
   void check_something_compresses() {
     checked_ = true;
     if (any_compressed_) return;
-    std::string why = best_.empty()
-                          ? "no float32 or float64 gradient has a shape of two or more dimensions (register shapes: "
-                            "reducer_parameter::shape)"
-                          : "no matrix gains enough: the best, " + best_ + " (min_compression_rate " +
-                                number(options_.min_compression_rate) + "); lower matrix_approximation_rank";
+    std::string why =
+        best_.empty()
+            ? "no float32 or float64 gradient has a shape of two or more dimensions (register shapes: "
+              "reducer_parameter::shape; gradients of other dtypes are all-reduced as they are)"
+            : "no matrix gains enough: the best, " + best_ + " (min_compression_rate " +
+                  number(options_.min_compression_rate) + "); " +
+                  (best_at_rank1_ ? std::string("lower matrix_approximation_rank")
+                                  : std::string("it would not gain even at rank 1 (a matrix with a side this short is "
+                                                "cheaper sent as it is)"));
     throw error(errc::invalid_argument, "powersgd_hook: nothing to compress at matrix_approximation_rank " +
                                             std::to_string(options_.matrix_approximation_rank) + ": " + why);
   }
@@ -358,7 +372,7 @@ class powersgd_hook final : public comm_hook {
       }
       const std::uint64_t r = rank_for(t.rows, t.columns);
       parameter_state<S>& s = st[g.parameter];
-      if (options_.use_error_feedback) {
+      if (options_.use_error_feedback && bucket.local_contributes) {  // a joined rank's zeros stay zeros
         if (s.residual.size() != g.count) s.residual.assign(g.count, S(0));
         for (std::uint64_t k = 0; k < g.count; ++k) {
           m[k] += s.residual[k];
@@ -422,7 +436,7 @@ class powersgd_hook final : public comm_hook {
         for (std::uint64_t k = 0; k < r; ++k) qt[k * t.columns + j] = qs[at_q + j * r + k];
       detail::multiply(m, wire + at_p, qt.data(), t.rows, r, t.columns);
       if (options_.warm_start) std::copy(qs + at_q, qs + at_q + t.columns * r, s.q.begin());
-      if (options_.use_error_feedback)
+      if (options_.use_error_feedback && bucket.local_contributes)
         for (std::uint64_t k = 0; k < g.count; ++k) s.residual[k] -= m[k];
       at_p += t.rows * r;
       at_q += t.columns * r;
@@ -440,11 +454,14 @@ class powersgd_hook final : public comm_hook {
   bool any_compressed_ = false;
   bool checked_ = false;
   double best_gain_ = 0.0;
+  bool best_at_rank1_ = false;  // the best candidate would compress at rank 1
   std::string best_;
 };
 
 /// PyTorch's `powerSGD_hook` with `PowerSGDState(matrix_approximation_rank, start_powerSGD_iter)`.
-inline std::shared_ptr<comm_hook> make_powersgd_hook(powersgd_options options = {}) {
+/// The shared pointer converts to `reducer_options::hook` and keeps `traffic()` and
+/// `iterations()` within reach.
+inline std::shared_ptr<powersgd_hook> make_powersgd_hook(powersgd_options options = {}) {
   return std::make_shared<powersgd_hook>(options);
 }
 

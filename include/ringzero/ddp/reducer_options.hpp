@@ -112,7 +112,8 @@ struct reducer_stats {
   /// of a bucket to its completion, overlapping intervals counted once), summed over steps.
   double reduction_seconds = 0.0;
   /// Time `finish()` (and a join-mode launch waiting for the step's agreement) blocked on
-  /// communication: the part of the reduction not hidden behind backward.
+  /// communication, plus the hook's `complete` after it (decompression; PowerSGD's second
+  /// round): the part of the reduction not hidden behind backward.
   double exposed_seconds = 0.0;
 
   /// Fraction of the reduction time hidden behind computation: 1 - exposed / reduction
