@@ -5,7 +5,7 @@
 /// parameters, the writable optimizer and loss scaler, and the restore protocol
 /// (`begin_restore`, then writes or `exchange_state`). Checkpoint code uses this adapter; the
 /// model's public interface stays the trainer's. The pointers are host memory on the host path
-/// (checkpoint/ refuses device memory for now: docs/checkpoints.md). Thread semantics: the
+/// (checkpoint/ refuses device memory for now: docs/checkpoint.md). Thread semantics: the
 /// model's (its rank's thread, between steps). Included by zero/sharded_model.hpp at its end.
 
 #include <cstddef>

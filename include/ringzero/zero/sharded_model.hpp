@@ -471,14 +471,17 @@ class sharded_model {
 
   const std::string& name(std::size_t p) const { return plan_.parameters()[p].name; }
 
-  /// The runtime's buffers are host memory; a communicator of device memory (NCCL) cannot use
-  /// them. Every rank of a job has the same backend, so every rank refuses alike.
+  /// The host path's buffers are host memory; a communicator of device memory (NCCL) needs the
+  /// device path. Every rank of a job has the same backend, so every rank refuses alike.
   void require_host_memory() const {
     if (comm_.space() != memory_space::host || (replica_ != nullptr && replica_->space() != memory_space::host))
       ringzero::detail::raise(comm_, errc::unsupported,
-                              "zero::sharded_model keeps its buffers in host memory; the " +
+                              "zero::sharded_model without a device_context keeps its buffers in host memory; "
+                              "the " +
                                   std::string(backend_name(comm_.backend())) +
-                                  " communicator needs device memory, which this runtime does not allocate yet");
+                                  " communicator needs device memory: construct the model with a "
+                                  "zero::device_context whose compute stream is a CUDA stream (the device path, "
+                                  "docs/zero.md)");
   }
 
   const parameter_placement& placement(std::size_t p) const {
