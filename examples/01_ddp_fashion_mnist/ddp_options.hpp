@@ -179,14 +179,9 @@ inline option_handles add_options(CLI::App& app, options& o) {
   app.add_option("--first-bucket-mb", o.first_bucket_mb,
                  "limit of the first bucket in MiB, as --bucket-mb (default: as the others)")
       ->check(bucket_mb_range);
-  app.add_option("--compress", o.compress,
-                 "gradient compression hook: none, fp16, bf16, or powersgd:R (low-rank PowerSGD of rank R, 1 to "
-                 "1024, with error feedback; weights compressed, biases all-reduced as they are)")
-      ->check(compress_check());
-  app.add_option("--powersgd-start", o.powersgd_start,
-                 "--compress powersgd:R: optimizer steps all-reduced plainly before compression starts (default 100, "
-                 "about a tenth of the default run on 2 ranks)")
-      ->check(ex::whole_number());
+  ex::add_compress_options(app, o.compress, o.powersgd_start,
+                           "gradient compression hook: none, fp16, bf16, or powersgd:R (low-rank PowerSGD of rank R, "
+                           "1 to 1024, with error feedback; weights compressed, biases all-reduced as they are)");
   ex::add_check_replicas_option(app, o.check_replicas);
   app.add_flag("--bucket-view,!--no-bucket-view", o.bucket_view,
                "backward writes gradients straight into bucket memory (default) instead of copying");

@@ -318,13 +318,10 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-mb", o.bucket_mb,
                  "bucket size limit in MiB (default 0.05: the linear layers in one bucket, the rest in another)")
       ->check(ex::number_check({.low = 0, .high = 1 << 20}, "a size from 0 to 2^20 MiB", "MIB"));
-  app.add_option("--compress", o.compress,
-                 "gradient compression hook: none, fp16, bf16, or powersgd:R (low-rank PowerSGD of rank R, 1 to "
-                 "1024, with error feedback: convolution and linear weights compressed, the rest all-reduced)")
-      ->check(ex::compress_check());
-  app.add_option("--powersgd-start", o.powersgd_start,
-                 "--compress powersgd:R: optimizer steps all-reduced plainly before compression starts (default 100)")
-      ->check(ex::whole_number());
+  ex::add_compress_options(app, o.compress, o.powersgd_start,
+                           "gradient compression hook: none, fp16, bf16, or powersgd:R (low-rank PowerSGD of rank R, "
+                           "1 to 1024, with error feedback: convolution and linear weights compressed, the rest "
+                           "all-reduced)");
   ex::add_check_replicas_option(app, o.check_replicas);
   app.add_option("--train-subset", o.train_subset, "use only the first N training images (0: all 60000)")
       ->check(ex::whole_number());

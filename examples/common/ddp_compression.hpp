@@ -10,6 +10,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "command_line.hpp"
+
 #include "ringzero/ddp/compression_hook.hpp"
 #include "ringzero/ddp/powersgd_hook.hpp"
 
@@ -33,6 +35,23 @@ inline CLI::Validator compress_check() {
         return "'" + v + "' is not none, fp16, bf16 or powersgd:R with R a rank from 1 to 1024";
       },
       "none|fp16|bf16|powersgd:R");
+}
+
+/// Adds --compress (`compress_help` describes it) and --powersgd-start to `app`; after parsing,
+/// --powersgd-start without --compress powersgd:R is refused (CLI11's validation error, exit
+/// status 105) rather than silently ignored. Uses `app`'s final callback.
+inline void add_compress_options(CLI::App& app, std::string& compress, std::uint64_t& powersgd_start,
+                                 const std::string& compress_help) {
+  app.add_option("--compress", compress, compress_help)->check(compress_check());
+  CLI::Option* start =
+      app.add_option("--powersgd-start", powersgd_start,
+                     "--compress powersgd:R: optimizer steps all-reduced plainly before compression starts (default "
+                     "100, about a tenth of example 01's default run on 2 ranks)")
+          ->check(whole_number());
+  app.callback([&compress, start] {
+    if (start->count() > 0 && powersgd_rank(compress) == 0)
+      throw CLI::ValidationError("--powersgd-start", "needs --compress powersgd:R (--compress is " + compress + ")");
+  });
 }
 
 /// The hook --compress names (null: the reducer's default average); powersgd:R compresses after

@@ -43,6 +43,9 @@ def main() -> int:
         ("--accumulate", "-1"), ("--global-batch", "1e30"),
         ("--micro-batch", "0"), ("--micro-batch", "-4"), ("--micro-batch", "1048577"), ("--micro-batch", "nan"),
         ("--micro-batch", "+8"),
+        ("--compress", "powersgd:0"), ("--compress", "powersgd:"), ("--compress", "powersgd:abc"),
+        ("--compress", "powersgd:1025"), ("--compress", "powersgd:-1"), ("--compress", "zstd"),
+        ("--powersgd-start", "-1"), ("--check-replicas", "-1"), ("--check-replicas", "x"),
     ]
     check_refused_options(trainer, refused, missing, VALIDATION_ERROR)
 
@@ -68,11 +71,18 @@ def main() -> int:
         (["--reproducible", "--compress", "fp16"], ["--reproducible", "--compress fp16"]),
         (["--reproducible", "--device", "cuda"], ["--reproducible", "--device cpu"]),
         (["--micro-batch", "32", "--device", "cuda"], ["--micro-batch", "--device cpu"]),
+        (["--reproducible", "--compress", "powersgd:2"], ["--reproducible", "--compress powersgd:2"]),
+        (["--compress", "powersgd:2", "--device", "cuda"], ["--compress powersgd:2", "--device cpu"]),
     ]:
         p = run(trainer, *args, "--data", missing, "--epochs", "1", "--no-progress")
         check(p.returncode == 1, f"{args}: exit status {p.returncode}, expected 1")
         check(all(w in p.stderr for w in words), f"{args}: the error does not name {words}")
         check(missing not in p.stderr, f"{args}: accepted (the trainer went on to load the data)")
+
+    # --powersgd-start without --compress powersgd:R is refused, not ignored.
+    p = run(trainer, "--powersgd-start", "5", "--compress", "fp16", "--data", missing, "--epochs", "1", "--no-progress")
+    check(p.returncode == VALIDATION_ERROR and "--powersgd-start" in p.stderr and "powersgd:R" in p.stderr,
+          f"--powersgd-start without powersgd: exit status {p.returncode}, {p.stderr.strip()!r}")
 
     # Accepted: 0 (documented: one bucket per tensor) and large limits up to 2^40 MiB.
     for option, value in [("--bucket-mb", "0"), ("--bucket-mb", "1e6"), ("--bucket-mb", "1099511627776"),
