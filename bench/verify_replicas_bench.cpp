@@ -111,17 +111,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Per iteration the slowest rank, then the median over iterations.
-  std::vector<double> reduce_max(static_cast<std::size_t>(iterations)), verify_max(reduce_max);
-  for (int it = 0; it < iterations; ++it)
-    for (int r = 0; r < ranks; ++r) {
-      reduce_max[static_cast<std::size_t>(it)] =
-          std::max(reduce_max[static_cast<std::size_t>(it)],
-                   reduce_s[static_cast<std::size_t>(r)][static_cast<std::size_t>(it)]);
-      verify_max[static_cast<std::size_t>(it)] =
-          std::max(verify_max[static_cast<std::size_t>(it)],
-                   verify_s[static_cast<std::size_t>(r)][static_cast<std::size_t>(it)]);
-    }
-  const double a = median(reduce_max), v = median(verify_max);
+  const auto slowest = [](const std::vector<std::vector<double>>& per_rank) {
+    std::vector<double> out(per_rank.front().size(), 0.0);
+    for (const auto& times : per_rank)
+      for (std::size_t it = 0; it < out.size(); ++it) out[it] = std::max(out[it], times[it]);
+    return out;
+  };
+  const double a = median(slowest(reduce_s)), v = median(slowest(verify_s));
   fmt::print(
       "| ranks | parameters per rank | tensors | all_reduce (ms) | verify_replicas (ms) | check / all_reduce |\n");
   fmt::print("|---|---|---|---|---|---|\n");

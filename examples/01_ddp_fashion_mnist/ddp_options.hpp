@@ -106,7 +106,6 @@ inline void check_global_batch(std::int64_t ranks, const options& o) {
                     o.batch_size, ranks, o.accumulate, global, max_global_batch));
 }
 
-using ex::compress_check;
 using ex::powersgd_rank;
 
 /// --compare-ranks as rank counts (two or more, each from 1 to 256).

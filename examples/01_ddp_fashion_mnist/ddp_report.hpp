@@ -71,7 +71,7 @@ json compression_traffic(const Reducer& reducer, const Model& model) {
   const auto [sent, full] = hook->step_traffic();
   j["sent_elements_per_step"] = sent;
   j["uncompressed_elements_per_step"] = full;
-  j["compressed_steps"] = hook->iterations() - std::min(hook->iterations(), hook->options().start_iteration);
+  j["compressed_steps"] = hook->compressed_steps();
   for (std::size_t i = 0; i < reducer.parameter_count(); ++i) {
     const rz::ddp::powersgd_traffic t = hook->traffic(i);
     j["parameters"][model.tensor(i).name] = {{"sent", t.sent}, {"uncompressed", t.uncompressed}};

@@ -258,8 +258,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, boo
           const auto [sent, full] = powersgd->step_traffic();
           fmt::print("powersgd: elements per compressed step {} -> {} ({:.1f}x fewer), {} of {} steps compressed\n",
                      full, sent, static_cast<double>(full) / static_cast<double>(std::max<std::uint64_t>(sent, 1)),
-                     powersgd->iterations() - std::min(powersgd->iterations(), o.powersgd_start),
-                     powersgd->iterations());
+                     powersgd->compressed_steps(), powersgd->iterations());
         }
       },
       lo);

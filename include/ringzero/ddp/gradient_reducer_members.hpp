@@ -4,8 +4,6 @@
 /// of a step and `join`, the bucket layout, launching and completing buckets, the one rebuild),
 /// defined out of the class. Included by ddp/gradient_reducer.hpp at its end; include that header, not this one.
 
-#include <cstdio>
-
 #include "ringzero/ddp/gradient_reducer.hpp"
 
 namespace ringzero::ddp {
@@ -25,13 +23,6 @@ inline std::uint64_t shape_hash(std::span<const std::uint64_t> shape) noexcept {
   h.u64(shape.size());
   for (std::uint64_t d : shape) h.u64(d);
   return h.value();
-}
-
-/// 16 hex digits.
-inline std::string hash_text(std::uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 }  // namespace detail
@@ -64,12 +55,15 @@ inline std::string gradient_reducer::validate_locally() const {
     if (p.count > (std::uint64_t{1} << 60) / dtype_size(p.type))
       return "parameter " + describe(i) + " has " + std::to_string(p.count) + " elements: its size overflows";
     if (!p.shape.empty()) {
-      const bool has_zero = std::find(p.shape.begin(), p.shape.end(), 0u) != p.shape.end();
-      std::uint64_t product = has_zero ? 0 : 1;
+      std::uint64_t product = 1;
       bool overflow = false;
       for (std::uint64_t d : p.shape) {
-        if (has_zero) break;
-        if (product > ~std::uint64_t{0} / d) overflow = true;
+        if (d == 0) {  // any dimension of 0: no elements, whatever the others
+          product = 0;
+          overflow = false;
+          break;
+        }
+        overflow = overflow || product > ~std::uint64_t{0} / d;
         product *= d;
       }
       if (overflow || product != p.count)
@@ -155,7 +149,7 @@ inline void gradient_reducer::check_agreement(const std::string& problem) {
       for (int r = 0; r < n; ++r) {
         std::string& t = v[static_cast<std::size_t>(r)];
         t = std::to_string(field(r, 0)) + " x " + std::string(dtype_name(static_cast<dtype>(field(r, 1))));
-        if (shapes_differ) t += ", shape hash " + detail::hash_text(field(r, 2));
+        if (shapes_differ) t += ", shape hash " + ringzero::detail::show({"", 0, shown::hash}, field(r, 2));
         if (r > 0 && t != v[0]) same = false;
       }
       if (!same)

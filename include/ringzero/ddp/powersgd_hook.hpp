@@ -145,6 +145,17 @@ void multiply(S* out, const S* m, const S* q, std::uint64_t n, std::uint64_t c, 
   }
 }
 
+/// out (n x c) = p (n x r) * q^T (r x c), q being c x r row-major; sums in float64.
+template <class S>
+void multiply_by_transpose(S* out, const S* p, const S* q, std::uint64_t n, std::uint64_t r, std::uint64_t c) noexcept {
+  for (std::uint64_t i = 0; i < n; ++i)
+    for (std::uint64_t j = 0; j < c; ++j) {
+      double acc = 0.0;
+      for (std::uint64_t k = 0; k < r; ++k) acc += static_cast<double>(p[i * r + k]) * q[j * r + k];
+      out[i * c + j] = static_cast<S>(acc);
+    }
+}
+
 /// out (c x r) = m^T (c x n) * p (n x r), m being n x c row-major; sums in float64.
 template <class S>
 void multiply_transposed(S* out, const S* m, const S* p, std::uint64_t n, std::uint64_t c, std::uint64_t r) {
@@ -205,6 +216,11 @@ class powersgd_hook final : public comm_hook {
   /// Synchronised steps completed (plain ones included).
   std::uint64_t iterations() const noexcept { return iterations_; }
 
+  /// Synchronised steps compressed so far (those after `start_iteration`).
+  std::uint64_t compressed_steps() const noexcept {
+    return iterations_ - std::min(iterations_, options_.start_iteration);
+  }
+
   /// True once steps are compressed (`iterations() >= start_iteration`).
   bool compressing() const noexcept { return iterations_ >= options_.start_iteration; }
 
@@ -263,6 +279,7 @@ class powersgd_hook final : public comm_hook {
 
   struct per_bucket {
     bool compressed = false;
+    std::uint64_t plain = 0;      // uncompressed elements at the front of `wire`
     std::vector<std::byte> wire;  // uncompressed gradients, then every P (bucket dtype)
     std::vector<std::byte> qs;    // every Q (bucket dtype)
   };
@@ -359,6 +376,7 @@ class powersgd_hook final : public comm_hook {
       p_total += t.rows * r;
       q_total += t.columns * r;
     }
+    b.plain = plain;
     S* wire = as<S>(b.wire, plain + p_total);
     (void)as<S>(b.qs, q_total);
     std::uint64_t at_plain = 0, at_p = plain;
@@ -398,9 +416,7 @@ class powersgd_hook final : public comm_hook {
     S* data = static_cast<S*>(bucket.data);
     S* wire = reinterpret_cast<S*>(b.wire.data());
     S* qs = reinterpret_cast<S*>(b.qs.data());
-    std::uint64_t plain = 0;
-    for (const bucket_gradient& g : bucket.gradients)
-      if (!traffic_.at(g.parameter).compressed) plain += g.count;
+    const std::uint64_t plain = b.plain;
     // Q = M^T P for every compressed gradient, then one all_reduce of them all.
     std::uint64_t at_p = plain, at_q = 0;
     for (const bucket_gradient& g : bucket.gradients) {
@@ -430,11 +446,7 @@ class powersgd_hook final : public comm_hook {
       }
       const std::uint64_t r = rank_for(t.rows, t.columns);
       parameter_state<S>& s = st[g.parameter];
-      // M = P Q^T: multiply by Q^T, i.e. out (n x m) = P (n x r) * Q^T (r x m).
-      std::vector<S> qt(r * t.columns);
-      for (std::uint64_t j = 0; j < t.columns; ++j)
-        for (std::uint64_t k = 0; k < r; ++k) qt[k * t.columns + j] = qs[at_q + j * r + k];
-      detail::multiply(m, wire + at_p, qt.data(), t.rows, r, t.columns);
+      detail::multiply_by_transpose(m, wire + at_p, qs + at_q, t.rows, r, t.columns);  // M = P Q^T
       if (options_.warm_start) std::copy(qs + at_q, qs + at_q + t.columns * r, s.q.begin());
       if (options_.use_error_feedback && bucket.local_contributes)
         for (std::uint64_t k = 0; k < g.count; ++k) s.residual[k] -= m[k];
