@@ -35,12 +35,12 @@ class selection_probe final : public ringzero::detail::backend_communicator {
   ringzero::link_model link() const noexcept override { return link_; }
   void begin(const ringzero::collective_descriptor& op) override { no_data(op); }
   void end(const ringzero::collective_descriptor& op) override { no_data(op); }
-  void sendrecv(const ringzero::collective_descriptor& op, const void*, std::uint64_t, int, void*, std::uint64_t,
-                int) override {
+  void backend_sendrecv(const ringzero::collective_descriptor& op, const void*, std::uint64_t, int, void*,
+                        std::uint64_t, int) override {
     no_data(op);
   }
-  void sendrecv_reduce(const ringzero::collective_descriptor& op, const void*, std::uint64_t, int, const void*, void*,
-                       std::uint64_t, int, const ringzero::combine_fn&) override {
+  void backend_sendrecv_reduce(const ringzero::collective_descriptor& op, const void*, std::uint64_t, int, const void*,
+                               void*, std::uint64_t, int, const ringzero::combine_fn&) override {
     no_data(op);
   }
 

@@ -508,11 +508,12 @@ class device_memory_communicator final : public detail::backend_communicator {
       raise(&d, v->code, v->message);
   }
   void end(const collective_descriptor&) override {}
-  void sendrecv(const collective_descriptor& d, const void*, std::uint64_t, int, void*, std::uint64_t, int) override {
+  void backend_sendrecv(const collective_descriptor& d, const void*, std::uint64_t, int, void*, std::uint64_t,
+                        int) override {
     raise(&d, errc::internal, "no transfers in this test");
   }
-  void sendrecv_reduce(const collective_descriptor& d, const void*, std::uint64_t, int, const void*, void*,
-                       std::uint64_t, int, const combine_fn&) override {
+  void backend_sendrecv_reduce(const collective_descriptor& d, const void*, std::uint64_t, int, const void*, void*,
+                               std::uint64_t, int, const combine_fn&) override {
     raise(&d, errc::internal, "no transfers in this test");
   }
   link_model link() const noexcept override { return {}; }

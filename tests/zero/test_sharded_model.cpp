@@ -1,6 +1,6 @@
 // The ZeRO runtime: stages 1, 2 and 3 (and 0) train to the same parameters as plain data
 // parallelism, across world sizes, optimizers, accumulation and clipping; hybrid sharding;
-// memory equal to the plan; mixed precision; and the refusals.
+// memory equal to the plan; traffic equal to the plan; mixed precision; and the refusals.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -941,4 +941,74 @@ TEST_CASE("gradient buckets grown beyond the plan keep what the trainer wrote (s
     }
   }
   ::unsetenv("RINGZERO_HOST_STREAM_DELAY_US");
+}
+
+TEST_CASE("the bytes a step sends equal the plan's traffic (ring), plus the step's two scalar collectives") {
+  // Measured with communicator::traffic() around one step (after a first one), summed over the
+  // ranks: every all_reduce, reduce_scatter and all_gather the plan lists (ring: volume (n-1)/n
+  // per rank), plus per rank the step's agreement record (an all_gather of one uint64) and, at
+  // stages 1-3, the global norm's all_reduce of one float64.
+  for (int stage = 0; stage <= 3; ++stage)
+    for (int world : {2, 3, 4})
+      for (int accumulation : {1, 2}) {
+        CAPTURE(stage);
+        CAPTURE(world);
+        CAPTURE(accumulation);
+        std::vector<traffic_counts> seen(static_cast<std::size_t>(world));
+        std::vector<traffic_entry> planned;
+        local::launch(world, [&](communicator& comm) {
+          comm.set_forced_algorithm(algorithm::ring);
+          sharded_model model(comm, test_request(stage, accumulation), sharded_model_options{});
+          const shard_plan& plan = model.plan();
+          if (comm.rank() == 0) planned = plan.traffic();
+          traffic_counts before{};
+          for (int step = 0; step < 2; ++step) {
+            if (step == 1) before = comm.traffic();
+            for (int micro = 0; micro < accumulation; ++micro) {
+              for (std::size_t u = 0; u < model.unit_count(); ++u) {
+                model.pre_forward(u);
+                model.post_forward(u);
+              }
+              for (std::size_t u = model.unit_count(); u-- > 0;) {
+                model.pre_backward(u);
+                for (std::size_t p : plan.units()[u].members)
+                  if (plan.parameters()[p].trainable)
+                    for (float& g : model.gradient<float>(p)) g += 0.25f;
+                model.post_backward(u);
+              }
+              model.end_backward();
+            }
+            model.step();
+          }
+          seen[static_cast<std::size_t>(comm.rank())] = comm.traffic() - before;
+        });
+        const auto n = static_cast<std::uint64_t>(world);
+        for (collective_kind k :
+             {collective_kind::all_reduce, collective_kind::reduce_scatter, collective_kind::all_gather}) {
+          CAPTURE(collective_name(k));
+          std::uint64_t sent = 0, received = 0, calls = 0;
+          for (const traffic_counts& t : seen) {
+            sent += t.of(k).sent;
+            received += t.of(k).received;
+            calls += t.of(k).calls;
+          }
+          std::uint64_t plan_sent = 0, plan_calls = 0;
+          for (const traffic_entry& e : planned)
+            if (e.collective == k) {
+              plan_sent += e.volume_bytes() * (n - 1);  // ring_bytes_sent() on every rank
+              plan_calls += e.calls * n;
+            }
+          if (k == collective_kind::all_gather) {
+            plan_sent += n * (n - 1) * sizeof(std::uint64_t);
+            plan_calls += n;
+          }
+          if (k == collective_kind::all_reduce && stage >= 1) {
+            plan_sent += 2 * (n - 1) * sizeof(double);
+            plan_calls += n;
+          }
+          CHECK(sent == plan_sent);
+          CHECK(received == sent);
+          CHECK(calls == plan_calls);
+        }
+      }
 }

@@ -126,11 +126,12 @@ class claims_device_memory final : public ringzero::detail::backend_communicator
   int cuda_device() const noexcept override { return device_; }
   void begin(const collective_descriptor&) override {}
   void end(const collective_descriptor&) override {}
-  void sendrecv(const collective_descriptor& d, const void*, std::uint64_t, int, void*, std::uint64_t, int) override {
+  void backend_sendrecv(const collective_descriptor& d, const void*, std::uint64_t, int, void*, std::uint64_t,
+                        int) override {
     raise(&d, errc::internal, "no transfers in this test");
   }
-  void sendrecv_reduce(const collective_descriptor& d, const void*, std::uint64_t, int, const void*, void*,
-                       std::uint64_t, int, const combine_fn&) override {
+  void backend_sendrecv_reduce(const collective_descriptor& d, const void*, std::uint64_t, int, const void*, void*,
+                               std::uint64_t, int, const combine_fn&) override {
     raise(&d, errc::internal, "no transfers in this test");
   }
   link_model link() const noexcept override { return {}; }

@@ -98,6 +98,13 @@ void direct_fold(const call& c, const direct_tile& t, std::uint64_t first, std::
   }
 }
 
+/// Counts what a direct collective moves between ranks (transport::count_peer_traffic): a byte
+/// that leaves rank a's buffer for rank b's counts as sent by a and received by b, whichever of
+/// them copies it, as a network transfer would.
+inline void count_direct(const call& c, std::uint64_t sent_elements, std::uint64_t received_elements) noexcept {
+  c.t.count_peer_traffic(c.op, c.bytes(sent_elements), c.bytes(received_elements));
+}
+
 }  // namespace detail
 
 /// direct all_reduce. Precondition: n >= 2, count > 0, shared memory (peer_descriptor non-null).
@@ -107,6 +114,10 @@ inline void direct_all_reduce(const call& c) {
   const range mine = c.blocks_of(count).block(static_cast<std::uint64_t>(r));
   const bool streaming = c.bytes(count) >= primitive::streaming_threshold_bytes;
   auto input_of = [&](int q) { return c.t.peer_descriptor(q)->send; };
+  // Every peer's part of my block comes in and my result goes out to each; the peers do the
+  // same with theirs (count - |mine| elements of my input out, of my output in).
+  const std::uint64_t peers = static_cast<std::uint64_t>(n - 1), own = mine.end - mine.begin;
+  detail::count_direct(c, peers * own + (count - own), peers * own + (count - own));
   // Large plain sums: one fused pass from the inputs straight to every output (no tile).
   constexpr int fused_max_ranks = 16;
   if (streaming && c.d.op.kind == reduce_kind::sum && n <= fused_max_ranks && mine.end > mine.begin &&
@@ -143,6 +154,8 @@ inline void direct_reduce_scatter(const call& c) {
   const bool streaming = c.bytes(count) >= primitive::streaming_threshold_bytes;
   const detail::direct_tile tile = detail::make_direct_tile(c);
   auto input_of = [&](int q) { return c.t.peer_descriptor(q)->send; };
+  const std::uint64_t peers = static_cast<std::uint64_t>(c.n() - 1);
+  detail::count_direct(c, peers * count, peers * count);  // my block of each peer in, theirs of mine out
   for (std::uint64_t first = 0; first < count; first += tile.elements) {
     const std::uint64_t len = std::min(tile.elements, count - first);
     detail::direct_fold(c, tile, base + first, len, input_of);
@@ -161,6 +174,11 @@ inline void direct_reduce(const call& c) {
   const detail::direct_tile tile = detail::make_direct_tile(c);
   void* root_out = c.t.peer_descriptor(c.d.root)->recv;
   auto input_of = [&](int q) { return c.t.peer_descriptor(q)->send; };
+  // My block of every peer's input in, theirs of mine out; my result to the root, the others'
+  // into mine at the root.
+  const std::uint64_t peers = static_cast<std::uint64_t>(c.n() - 1), own = mine.end - mine.begin;
+  const bool root = r == c.d.root;
+  detail::count_direct(c, (count - own) + (root ? 0 : own), peers * own + (root ? count - own : 0));
   for (std::uint64_t first = mine.begin; first < mine.end; first += tile.elements) {
     const std::uint64_t len = std::min(tile.elements, mine.end - first);
     detail::direct_fold(c, tile, first, len, input_of);
@@ -174,6 +192,7 @@ inline void direct_all_gather(const call& c) {
   const int n = c.n(), r = c.rank();
   const std::uint64_t count = c.d.count;
   const bool streaming = c.bytes(count) * static_cast<std::uint64_t>(n) >= primitive::streaming_threshold_bytes;
+  detail::count_direct(c, static_cast<std::uint64_t>(n - 1) * count, static_cast<std::uint64_t>(n - 1) * count);
   for (int j = 0; j < n; ++j) {
     const int q = (r + j) % n;
     c.ops.copy(c.at(c.d.recv, static_cast<std::uint64_t>(q) * count), c.t.peer_descriptor(q)->send, c.bytes(count),
@@ -185,6 +204,8 @@ inline void direct_all_gather(const call& c) {
 /// direct broadcast: every rank copies the root's send buffer into its own output.
 inline void direct_broadcast(const call& c) {
   const bool streaming = c.bytes(c.d.count) >= primitive::streaming_threshold_bytes;
+  const bool root = c.rank() == c.d.root;
+  detail::count_direct(c, root ? static_cast<std::uint64_t>(c.n() - 1) * c.d.count : 0, root ? 0 : c.d.count);
   c.ops.copy(c.d.recv, c.t.peer_descriptor(c.d.root)->send, c.bytes(c.d.count), streaming);
   if (streaming) c.ops.fence();
 }
@@ -194,6 +215,7 @@ inline void direct_all_to_all(const call& c) {
   const int n = c.n(), r = c.rank();
   const std::uint64_t count = c.d.count;
   const bool streaming = c.bytes(count) * static_cast<std::uint64_t>(n) >= primitive::streaming_threshold_bytes;
+  detail::count_direct(c, static_cast<std::uint64_t>(n - 1) * count, static_cast<std::uint64_t>(n - 1) * count);
   for (int j = 0; j < n; ++j) {
     const int q = (r + j) % n;
     c.ops.copy(c.at(c.d.recv, static_cast<std::uint64_t>(q) * count),

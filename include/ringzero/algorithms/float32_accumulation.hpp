@@ -10,12 +10,16 @@
 /// derived float32 descriptor whose buffers are that scratch, and the result is narrowed once
 /// into the caller's output. The contract check has already seen the caller's descriptor.
 /// `direct` reads its peers' inputs and accumulates its tile in float32 itself (direct.hpp).
-/// Cost: the partial results move twice the bytes, plus one widening and one narrowing pass
-/// (measured in docs/performance.md). Casts go through `data_ops`, so device memory works too.
+/// Cost: the partial results move twice the bytes of the 16-bit type, plus one widening and one
+/// narrowing pass (measured in docs/performance.md). A ring all_reduce moves only its partial results in
+/// float32: each rank narrows its finished block once and the all-gather moves 16-bit values
+/// (`ring_all_reduce_in_float32`: 3/4 of the widened ring's bytes, the same bits). Casts go through `data_ops`, so
+/// device memory works too.
 
 #include <cstdint>
 
 #include "ringzero/algorithms/call.hpp"
+#include "ringzero/algorithms/ring.hpp"
 
 namespace ringzero::algorithms {
 
@@ -63,6 +67,31 @@ void run_in_float32(const call& c, Run&& run) {
   w.in_place = writes;
   run(call{c.t, c.op, w, c.ops});
   if (writes) c.ops.cast(d.recv, d.type, w.recv, dtype::float32, d.count);
+}
+
+/// The ring all_reduce of `c` (for which accumulates_in_float32 holds): the reduce-scatter runs
+/// on a float32 copy of the input (scratch slot scratch_widened), each rank rounds its finished
+/// block once into `c.d.recv`, and the all-gather moves those 16-bit values. The result is the
+/// bits of `run_in_float32` with the whole ring (every element is the float32 sum rounded once,
+/// by its block's owner); the all-gather sends half the bytes. Blocks are the float32
+/// partition's, so both phases cover the same elements. Preconditions: n >= 2, count > 0.
+inline void ring_all_reduce_in_float32(const call& c) {
+  const collective_descriptor& d = c.d;
+  constexpr std::uint64_t wide_size = 4;  // bytes of a float32
+  auto* wide = static_cast<unsigned char*>(c.t.scratch(scratch_widened, static_cast<std::size_t>(d.count * wide_size)));
+  c.ops.cast(wide, dtype::float32, d.send, d.type, d.count);
+  collective_descriptor w = d;
+  w.type = dtype::float32;
+  w.send = wide;
+  w.recv = wide;
+  w.send_bytes = w.recv_bytes = d.count * wide_size;
+  w.in_place = true;
+  const call wc{c.t, c.op, w, c.ops};
+  const partition blocks(d.count, c.n(), cache_line_granule(wide_size));
+  detail::ring_reduce_scatter_blocks(wc, wc.scaled_input(wide, d.count), wide, blocks);
+  const range mine = blocks.block(static_cast<std::uint64_t>(c.rank()));
+  if (!mine.empty()) c.ops.cast(c.at(d.recv, mine.begin), d.type, wc.at(wide, mine.begin), dtype::float32, mine.size());
+  detail::ring_all_gather_blocks(c, d.recv, blocks);
 }
 
 }  // namespace ringzero::algorithms

@@ -11,8 +11,13 @@ namespace ringzero::algorithms {
 
 namespace detail {
 /// Hands the schedule's descriptor to the backend: `c.d`, which is the float32 copy of a 16-bit
-/// sum (float32_accumulation.hpp); it carries `c.op`'s kind and sequence number.
-inline void run_native_collective(const call& c) { c.t.run_native(c.d); }
+/// sum (float32_accumulation.hpp); it carries `c.op`'s kind and sequence number. The backend's
+/// transfers are not visible: the traffic counters get a ring's bytes as an estimate
+/// (traffic_figures::estimated_sent).
+inline void run_native_collective(const call& c) {
+  c.t.run_native(c.d);
+  c.t.count_estimated_traffic(c.op, ringzero::detail::ring_bytes_per_rank(c.d.kind, c.n(), c.bytes(c.d.count)));
+}
 
 /// native's collectives: all but send and recv; which ones a backend has is its `supports`.
 inline constexpr collective_entry native_collectives[] = {

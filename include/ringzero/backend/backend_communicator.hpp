@@ -16,6 +16,7 @@ class backend_communicator : public communicator, public transport {
   using communicator::issued;
   using communicator::rank;
   using communicator::scratch_bytes;
+  using communicator::traffic;
   using communicator::world_size;
 
   /// Which backend this is (each backend answers for both interfaces).

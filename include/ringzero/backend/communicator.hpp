@@ -83,6 +83,11 @@ class communicator {
   /// Bytes of scratch memory the backend holds for this rank's collectives (in its memory space),
   /// reused across calls and grown on demand: for memory accounting.
   std::size_t scratch_bytes() const noexcept { return its_transport().scratch_bytes(); }
+  /// The bytes this rank's collectives and transfers moved so far, per collective kind
+  /// (backend/traffic.hpp): measured for ringzero's schedules, estimated for the backend's own
+  /// collectives. Subtract two readings for a step's traffic. Any thread; a reading taken while
+  /// a collective runs may include part of it.
+  traffic_counts traffic() const noexcept { return its_transport().traffic(); }
 
  protected:
   /// Base constructor; throws errc::invalid_argument unless 0 <= rank < world_size, or when

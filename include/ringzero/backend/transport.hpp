@@ -19,6 +19,7 @@
 
 #include "ringzero/backend/descriptor.hpp"
 #include "ringzero/backend/progress.hpp"
+#include "ringzero/backend/traffic.hpp"
 #include "ringzero/core/error.hpp"
 #include "ringzero/core/workspace_pool.hpp"
 
@@ -115,16 +116,37 @@ class transport {
 
   /// Within `op`: sends `send_bytes` bytes from `send` to rank `to` and receives `recv_bytes`
   /// bytes from rank `from` into `recv`, concurrently; `to` or `from` may be -1 for none. Returns
-  /// when both are complete. Throws errc::size_mismatch when a peer's matching transfer has
-  /// another size, errc::timeout / aborted / peer_exited when it cannot complete.
-  virtual void sendrecv(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to, void* recv,
-                        std::uint64_t recv_bytes, int from) = 0;
+  /// when both are complete, and counts both in `traffic()` under `op`'s kind (a copy to oneself
+  /// is not traffic). Throws errc::size_mismatch when a peer's matching transfer has another
+  /// size, errc::timeout / aborted / peer_exited when it cannot complete (nothing counted then).
+  void sendrecv(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                std::uint64_t recv_bytes, int from) {
+    backend_sendrecv(op, send, send_bytes, to, recv, recv_bytes, from);
+    traffic_.add(op.kind, counted(to, send_bytes), counted(from, recv_bytes));
+  }
 
   /// Like `sendrecv`, but the received `bytes` are combined on arrival: `acc = own (op) received`
   /// via `combine` (`own` may equal `acc`). Zero-copy backends combine straight from the sender.
-  virtual void sendrecv_reduce(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to,
-                               const void* own, void* acc, std::uint64_t bytes, int from,
-                               const combine_fn& combine) = 0;
+  void sendrecv_reduce(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to,
+                       const void* own, void* acc, std::uint64_t bytes, int from, const combine_fn& combine) {
+    backend_sendrecv_reduce(op, send, send_bytes, to, own, acc, bytes, from, combine);
+    traffic_.add(op.kind, counted(to, send_bytes), counted(from, bytes));
+  }
+
+  /// Counts bytes moved within `op` without `sendrecv`: under `direct`, the bytes that leave this
+  /// rank's buffers for peers' (`sent`) and that come from peers' buffers into this rank's
+  /// (`received`), whichever rank copies them.
+  void count_peer_traffic(const collective_descriptor& op, std::uint64_t sent, std::uint64_t received) noexcept {
+    traffic_.add(op.kind, sent, received);
+  }
+  /// Counts a native collective's estimated bytes sent (detail::ring_bytes_per_rank).
+  void count_estimated_traffic(const collective_descriptor& op, std::uint64_t sent) noexcept {
+    traffic_.add_estimate(op.kind, sent);
+  }
+  /// Counts collective `op` as run (collective/dispatch.hpp, once per collective).
+  void count_run(const collective_descriptor& op) noexcept { traffic_.count_call(op.kind); }
+  /// This rank's traffic so far (backend/traffic.hpp). Any thread.
+  traffic_counts traffic() const noexcept { return traffic_.read(); }
 
   /// Called after a failure inside `op` (after `abort`): returns once peers can no longer touch
   /// this rank's buffers for `op`. Default: nothing (backends that copy through their own buffers).
@@ -199,6 +221,14 @@ class transport {
   /// Rank `rank` of `world_size` (the communicator checks both).
   transport(int rank, int world_size) noexcept : rank_(rank), world_size_(world_size) {}
 
+  /// The backend's transfer behind `sendrecv` (same contract; the wrapper counts the bytes).
+  virtual void backend_sendrecv(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to,
+                                void* recv, std::uint64_t recv_bytes, int from) = 0;
+  /// The backend's combining transfer behind `sendrecv_reduce` (same contract).
+  virtual void backend_sendrecv_reduce(const collective_descriptor& op, const void* send, std::uint64_t send_bytes,
+                                       int to, const void* own, void* acc, std::uint64_t bytes, int from,
+                                       const combine_fn& combine) = 0;
+
   /// Stops the progress thread after its queued work; backend destructors call this first so
   /// that no queued operation runs against a half-destroyed backend.
   void stop_progress() noexcept {
@@ -208,12 +238,16 @@ class transport {
   }
 
  private:
+  /// The bytes of a transfer with `peer` that count as traffic: none for no peer or oneself.
+  std::uint64_t counted(int peer, std::uint64_t bytes) const noexcept { return peer >= 0 && peer != rank_ ? bytes : 0; }
+
   int rank_;
   int world_size_;
   std::atomic<std::uint64_t> sequence_{0};
   std::atomic<std::uint64_t> issued_{0};
   std::atomic<bool> busy_{false};  ///< a thread is inside a collective (enter_exclusive)
   workspace_pool pool_;
+  detail::traffic_counter traffic_;
   detail::progress_engine progress_;
 };
 

@@ -67,18 +67,24 @@ inline void run_algorithm(const algorithms::call& c,
 
 /// Runs `d` with the data operations `ops`: the world-of-one copy, the backend's native
 /// collective, or ringzero's schedule; a 16-bit sum that accumulates in float32 runs the
-/// schedule or native collective on a float32 copy (direct widens its own tiles).
+/// schedule or native collective on a float32 copy (direct widens its own tiles; the ring
+/// all_reduce gathers 16-bit results).
 inline void run_with(transport& c, const collective_descriptor& d, const algorithms::data_ops& ops) {
   const algorithms::call call{c, d, d, ops};
-  if (c.world_size() == 1 && (!algorithms::backend_moves_data(d.algo) || c.space() == memory_space::host))
+  if (c.world_size() == 1 && (!algorithms::backend_moves_data(d.algo) || c.space() == memory_space::host)) {
     run_world_of_one(call);
-  else if (!algorithms::widens_16bit_sums(d.algo) && algorithms::accumulates_in_float32(d, c.world_size()))
-    algorithms::run_in_float32(call, [](const algorithms::call& inner) { run_algorithm(inner); });
-  else
+  } else if (!algorithms::widens_16bit_sums(d.algo) && algorithms::accumulates_in_float32(d, c.world_size())) {
+    if (d.kind == collective_kind::all_reduce && d.algo == algorithm::ring)
+      algorithms::ring_all_reduce_in_float32(call);
+    else
+      algorithms::run_in_float32(call, [](const algorithms::call& inner) { run_algorithm(inner); });
+  } else {
     run_algorithm(call);
+  }
 }
 
-/// Executes descriptor `d` on `c` on the calling thread; every transport call receives `d`.
+/// Executes descriptor `d` on `c` on the calling thread; every transport call receives `d`;
+/// counts it in the transport's traffic once it ends.
 /// The data operations follow the transport's memory space: host memory runs the host primitives; CUDA device memory
 /// enqueues the CUDA primitives on the communicator's stream (algorithms/device_data_ops.hpp),
 /// which needs the kernels registered by <ringzero/cuda.cuh> unless the backend's native
@@ -117,6 +123,7 @@ inline void execute(transport& c, const collective_descriptor& d) {
     }
   }
   c.end(d);
+  c.count_run(d);
   if (!refusal.empty()) c.raise(&d, errc::invalid_argument, refusal + "; no rank wrote its output");
 }
 

@@ -57,6 +57,7 @@ inline void transfer(communicator& c, collective_kind kind, dtype type, const vo
   d.kind = kind;
   d.type = type;  // for the backends' messages (element counts)
   t.sendrecv(d, send, send_bytes, to, recv, recv_bytes, from);
+  t.count_run(d);
 }
 
 }  // namespace detail
@@ -118,6 +119,7 @@ inline work send_async(communicator& comm, const void* buffer, std::uint64_t cou
     d.kind = collective_kind::send;
     d.type = type;
     c->sendrecv(d, buffer, bytes, peer, nullptr, 0, -1);
+    c->count_run(d);
   }));
 }
 
@@ -132,6 +134,7 @@ inline work recv_async(communicator& comm, void* buffer, std::uint64_t count, dt
     d.kind = collective_kind::recv;
     d.type = type;
     c->sendrecv(d, nullptr, 0, -1, buffer, bytes, peer);
+    c->count_run(d);
   }));
 }
 

@@ -1,8 +1,9 @@
 // The MPI communicator itself: split (like ncclCommSplit), a user communicator, asynchronous
 // collectives on the progress thread, pipelined transfers in many small slices, and the cases
 // of shared/cases/README.md that apply to collectives (C1-C5, C9, C10), each on the world size
-// it names (made with split where the job is larger).
+// it names (made with split where the job is larger); the traffic counters and the paced link.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -298,5 +299,84 @@ TEST_CASE("every algorithm gives bitwise identical results on every rank (inexac
                                              count * sizeof(float)) == 0;
       CHECK(identical);
     }
+  }
+}
+
+TEST_CASE("traffic: ring and halving-doubling count what they send, native collectives a ring's estimate") {
+  mpi::communicator comm(MPI_COMM_WORLD);
+  const int n = comm.world_size();
+  const std::uint64_t count = 4096, bytes = count * sizeof(float);
+  std::vector<float> v(count, 1.0f);
+  for (algorithm a : mpi_algorithms) {
+    CAPTURE(algorithm_name(a));
+    const traffic_counts before = comm.traffic();
+    all_reduce(comm, v.data(), v.data(), count, dtype::float32, reduce_kind::sum, with(a));
+    const traffic_figures t = (comm.traffic() - before).of(collective_kind::all_reduce);
+    CHECK(t.calls == 1);
+    if (a == algorithm::native) {
+      CHECK(t.sent == 0);
+      CHECK(t.received == 0);
+      CHECK(t.estimated_sent == ringzero::detail::ring_bytes_per_rank(collective_kind::all_reduce, n, bytes));
+    } else {
+      CHECK(t.estimated_sent == 0);
+      // Summed over the ranks: every byte sent is received; the ring sends 2(n-1) buffers.
+      std::uint64_t sums[2] = {t.sent, t.received};
+      all_reduce(comm, sums, sums, 2, dtype::uint64, reduce_kind::sum);
+      CHECK(sums[0] == sums[1]);
+      if (a == algorithm::ring) CHECK(sums[0] == 2 * static_cast<std::uint64_t>(n - 1) * bytes);
+    }
+  }
+}
+
+TEST_CASE("a paced link holds every send back by its bytes at the chosen rate, and refuses native collectives") {
+  mpi::communicator_options o = ringzero_test::throwing(false);
+  o.link_gbps = 0.05;  // 50 Mb/s: 6.25 bytes per microsecond
+  mpi::communicator comm(MPI_COMM_WORLD, o);
+  CHECK(comm.link_gbps() == 0.05);
+  const std::uint64_t count = 16384;  // 64 KiB of floats
+  std::vector<float> v(count, 1.0f);
+  const traffic_counts before = comm.traffic();
+  const auto start = std::chrono::steady_clock::now();
+  all_reduce(comm, v.data(), v.data(), count, dtype::float32, reduce_kind::sum, with(algorithm::ring));
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::uint64_t sent = (comm.traffic() - before).total().sent;
+  CHECK(v[0] == static_cast<float>(comm.world_size()));
+  // The link was charged exactly the bytes sent, and the call lasted at least that long.
+  CHECK(comm.paced_seconds() == doctest::Approx(static_cast<double>(sent) * 8.0 / 0.05e9).epsilon(1e-12));
+  CHECK(elapsed >= comm.paced_seconds());
+  // Automatic choices never pick native on a paced link.
+  all_reduce(comm, v.data(), v.data(), count, dtype::float32, reduce_kind::sum);
+  CHECK((comm.traffic() - before).total().estimated_sent == 0);
+  // An explicit native collective is refused on every rank (and the communicator aborted): as
+  // the first call of a communicator of its own, so no rank is still inside an earlier one.
+  mpi::communicator refusing(MPI_COMM_WORLD, o);
+  const auto e = error_of([&] {
+    all_reduce(refusing, v.data(), v.data(), count, dtype::float32, reduce_kind::sum, with(algorithm::native));
+  });
+  REQUIRE(e);
+  CHECK(e->kind() == errc::invalid_argument);
+  CHECK(ringzero_test::contains(e->what(), "native"));
+}
+
+TEST_CASE("a paced link that differs between ranks, or is not a positive number, is refused on every rank") {
+  const int r = world_rank(), n = world_size();
+  mpi::communicator_options o = ringzero_test::throwing(false);
+  o.link_gbps = r == 0 ? 1.0 : 2.5;
+  auto e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, o); });
+  REQUIRE(e);
+  CHECK(e->kind() == errc::invalid_argument);
+  CHECK(ringzero_test::contains(e->what(),
+                                "the paced link (communicator_options::link_gbps / RINGZERO_LINK_GBPS) "
+                                "differs between ranks: rank 0: 1 Gb/s; " +
+                                    ringzero_test::ranks_text(1, n - 1) + ": 2.5 Gb/s"));
+  for (double bad :
+       {0.0, -1.0, 1e-4, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    o.link_gbps = bad;
+    e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, o); });
+    REQUIRE(e);
+    CHECK(e->kind() == errc::invalid_argument);
+    CHECK(ringzero_test::contains(e->what(),
+                                  "link_gbps must be a finite number of gigabits per second of at least 0.001"));
+    CHECK(ringzero_test::contains(e->what(), "rank " + std::to_string(r) + "/"));
   }
 }

@@ -119,8 +119,9 @@ class communicator : public ringzero::detail::backend_communicator {
 
   const collective_descriptor* peer_descriptor(int r) const noexcept override { return &world_.slot(r).desc; }
 
-  void sendrecv(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to, void* recv,
-                std::uint64_t recv_bytes, int from) override {
+ protected:
+  void backend_sendrecv(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                        std::uint64_t recv_bytes, int from) override {
     ringzero::detail::check_peer(*this, op, to, "send to");
     ringzero::detail::check_peer(*this, op, from, "receive from");
     if (world_.aborted()) raise(&op, world_.abort_code(), "communicator was aborted earlier: " + world_.abort_reason());
@@ -138,8 +139,9 @@ class communicator : public ringzero::detail::backend_communicator {
     if (to >= 0) await_consumed(op, to, k, send_bytes);
   }
 
-  void sendrecv_reduce(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to,
-                       const void* own, void* acc, std::uint64_t bytes, int from, const combine_fn& combine) override {
+  void backend_sendrecv_reduce(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to,
+                               const void* own, void* acc, std::uint64_t bytes, int from,
+                               const combine_fn& combine) override {
     ringzero::detail::check_peer(*this, op, to, "send to");
     ringzero::detail::check_peer(*this, op, from, "receive from");
     const std::uint64_t k = to >= 0 ? post(op, to, send, send_bytes) : 0;
@@ -156,7 +158,6 @@ class communicator : public ringzero::detail::backend_communicator {
     if (to >= 0) await_consumed(op, to, k, send_bytes);
   }
 
- protected:
   // ---- transfer hooks: how a message's data is ordered and moved -----------------------
   // The host protocol (post, await_message, consume, await_consumed) stays the same for every
   // memory space; a rank whose buffers are in device memory orders the device work around it.

@@ -94,19 +94,20 @@ class cuda_communicator final : public communicator {
     communicator::begin(d);
   }
 
-  void sendrecv(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to, void* recv,
-                std::uint64_t recv_bytes, int from) override {
-    primitive::cudart::use_device(device_);
-    communicator::sendrecv(op, send, send_bytes, to, recv, recv_bytes, from);
-  }
-
-  void sendrecv_reduce(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to,
-                       const void* own, void* acc, std::uint64_t bytes, int from, const combine_fn& combine) override {
-    primitive::cudart::use_device(device_);
-    communicator::sendrecv_reduce(op, send, send_bytes, to, own, acc, bytes, from, combine);
-  }
-
  protected:
+  void backend_sendrecv(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                        std::uint64_t recv_bytes, int from) override {
+    primitive::cudart::use_device(device_);
+    communicator::backend_sendrecv(op, send, send_bytes, to, recv, recv_bytes, from);
+  }
+
+  void backend_sendrecv_reduce(const collective_descriptor& op, const void* send, std::uint64_t send_bytes, int to,
+                               const void* own, void* acc, std::uint64_t bytes, int from,
+                               const combine_fn& combine) override {
+    primitive::cudart::use_device(device_);
+    communicator::backend_sendrecv_reduce(op, send, send_bytes, to, own, acc, bytes, from, combine);
+  }
+
   void* signal_ready(int to) override {
     const primitive::cudart::event& e = ready_[static_cast<std::size_t>(to)];
     e.record(stream_.get());

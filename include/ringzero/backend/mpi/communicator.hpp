@@ -16,11 +16,13 @@
 #include "ringzero/backend/mpi/datatype.hpp"
 #include "ringzero/backend/mpi/environment.hpp"
 #include "ringzero/backend/mpi/lingering.hpp"
+#include "ringzero/backend/mpi/link_pacer.hpp"
 #include "ringzero/backend/mpi/options.hpp"
 #include "ringzero/backend/mpi/wire.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -165,10 +167,11 @@ class communicator final : public ringzero::detail::backend_communicator {
 
   backend_kind backend() const noexcept override { return backend_kind::mpi; }
 
-  /// ring, halving_doubling and native (every collective); not direct (no shared memory).
+  /// ring, halving_doubling and native (every collective); not direct (no shared memory), and
+  /// not native while sends are paced (communicator_options::link_gbps).
   bool supports(algorithm a, collective_kind k) const noexcept override {
     if (k == collective_kind::send || k == collective_kind::recv) return false;
-    return a == algorithm::ring || a == algorithm::halving_doubling || a == algorithm::native;
+    return a == algorithm::ring || a == algorithm::halving_doubling || (a == algorithm::native && !pacer_.active());
   }
 
   /// Cost parameters over MPI point-to-point: `communicator_options::link` when given, else
@@ -279,6 +282,7 @@ class communicator final : public ringzero::detail::backend_communicator {
     raise_if_unusable(&d);
   }
 
+ protected:
   /// A collective's step, or a point-to-point send/recv/sendrecv (the current operation's kind
   /// is send or recv). In check mode a point-to-point transfer first exchanges records with
   /// its peers (`exchange_transfer_records`), so that a size mismatch raises
@@ -288,8 +292,8 @@ class communicator final : public ringzero::detail::backend_communicator {
   /// fail, not receive what the peer's abandoned send still points at (MPI may complete a
   /// freed send request later, reading the buffer the caller has since reused) or return from
   /// a send that nobody will take.
-  void sendrecv(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to, void* recv,
-                std::uint64_t recv_bytes, int from) override {
+  void backend_sendrecv(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                        std::uint64_t recv_bytes, int from) override {
     const bool p2p = world_size() > 1 && point_to_point(d);
     if (p2p) {
       ringzero::detail::check_peer(*this, d, to, "send to");
@@ -299,6 +303,7 @@ class communicator final : public ringzero::detail::backend_communicator {
       raise_if_unusable(&d);
       if (check_) exchange_transfer_records(d, send_bytes, to, recv_bytes, from);
     }
+    pace(to, send_bytes);
     transfer(d, send, send_bytes, to, recv, recv_bytes, from, nullptr, nullptr, nullptr);
     if (p2p) {
       poll_notices();
@@ -306,12 +311,21 @@ class communicator final : public ringzero::detail::backend_communicator {
     }
   }
 
-  void sendrecv_reduce(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to,
-                       const void* own, void* acc, std::uint64_t bytes, int from, const combine_fn& combine) override {
+  void backend_sendrecv_reduce(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to,
+                               const void* own, void* acc, std::uint64_t bytes, int from,
+                               const combine_fn& combine) override {
+    pace(to, send_bytes);
     transfer(d, send, send_bytes, to, nullptr, bytes, from, own, acc, &combine);
   }
 
+ public:
   void run_native(const collective_descriptor& d) override;
+
+  /// The paced link's Gb/s (communicator_options::link_gbps, RINGZERO_LINK_GBPS), 0 when sends
+  /// are not paced.
+  double link_gbps() const noexcept { return pacer_.gbps(); }
+  /// Seconds of paced link time this rank's sends were charged so far (0 when not paced).
+  double paced_seconds() const noexcept { return pacer_.busy_seconds(); }
 
   /// Aborts this communicator on every rank: sends an abort notice with `reason` to every peer
   /// (each fails with errc::aborted at its next wait) and makes every later call here fail.
@@ -323,6 +337,12 @@ class communicator final : public ringzero::detail::backend_communicator {
 
  private:
   using clock = std::chrono::steady_clock;
+
+  /// Holds a send of `bytes` to `to` back as the paced link would (nothing when not paced, for
+  /// no peer or oneself).
+  void pace(int to, std::uint64_t bytes) {
+    if (to >= 0 && to != rank()) pacer_.carry(bytes);
+  }
 
   /// Scratch slots of the backend's own pool.
   enum staging_slot : int { staging_receive = 0, staging_native = 1 };
@@ -352,6 +372,12 @@ class communicator final : public ringzero::detail::backend_communicator {
     if (options.pipeline_depth < 0 || options.pipeline_depth > 64)
       raise(nullptr, errc::invalid_argument,
             "pipeline_depth must be 0 (automatic) or in [1, 64], got " + std::to_string(options.pipeline_depth));
+    if (options.link_gbps && !detail::link_pacer::valid(*options.link_gbps))
+      raise(nullptr, errc::invalid_argument,
+            "link_gbps must be a finite number of gigabits per second of at least 0.001, got " +
+                std::to_string(*options.link_gbps));
+    if (const std::optional<double> gbps = options.link_gbps ? options.link_gbps : detail::env_link_gbps())
+      pacer_ = detail::link_pacer(*gbps);
     if (options.expected_world_size > 0 && options.expected_world_size != shape.size)
       raise(nullptr, errc::invalid_argument,
             "the job has " + std::to_string(shape.size) + " processes in this communicator but " +
@@ -587,6 +613,7 @@ class communicator final : public ringzero::detail::backend_communicator {
   bool check_ = false;
   failure_policy policy_ = failure_policy::abort_job;
   link_model link_;
+  detail::link_pacer pacer_;
   bool oversubscribed_ = false;
   bool mpi_yields_ = false;  ///< the MPI library yields inside idle polls (detail::mpi_yields_when_idle)
   bool single_node_ = false;

@@ -8,6 +8,7 @@
 /// header after the class; it includes that header back only so that it compiles on its own.
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -109,6 +110,7 @@ inline void communicator::join(MPI_Comm comm) {
     mine.link[1] = options_.link->beta_us_per_byte;
     mine.link[2] = options_.link->gamma_us_per_byte;
   }
+  mine.link_gbps = pacer_.gbps();
   std::vector<detail::hello_record> all(static_cast<std::size_t>(world_size()));
   check(nullptr, MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, control_.get()),
         "MPI_Allgather");
@@ -137,6 +139,14 @@ inline void communicator::join(MPI_Comm comm) {
     return "alpha " + std::to_string(m[0]) + " us, beta " + std::to_string(m[1]) + " us/B, gamma " +
            std::to_string(m[2]) + " us/B";
   });
+  agree("the paced link (communicator_options::link_gbps / RINGZERO_LINK_GBPS)", &detail::hello_record::link_gbps,
+        [](double g) {
+          if (!(g > 0)) return std::string("none");
+          char text[32];  // the shortest decimal that reads back as g: values one bit apart differ
+          return std::string(text, std::to_chars(text, text + sizeof text, g).ptr) + " Gb/s";
+        });
+  // A paced link is slower than shared memory: the cost model sees at least its throughput.
+  if (pacer_.active()) link_.beta_us_per_byte = std::max(link_.beta_us_per_byte, 8.0 / (1e3 * pacer_.gbps()));
   agree("RINGZERO_ALGO", &detail::hello_record::forced_algorithm,
         [](std::int32_t a) { return std::string(algorithm_name(static_cast<algorithm>(a))); });
 }

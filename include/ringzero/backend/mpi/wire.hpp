@@ -92,6 +92,7 @@ struct hello_record {
   std::int32_t oversubscribed = 0;  ///< this rank's node runs more processes than processors
   std::int32_t wire_format = 0;     ///< ringzero::detail::wire_format_version of the rank's build
   double link[3] = {0, 0, 0};       ///< alpha, beta, gamma of the link model (as given; 0: default)
+  double link_gbps = 0;             ///< the paced link's Gb/s (communicator_options::link_gbps; 0: none)
 };
 
 }  // namespace ringzero::mpi::detail

@@ -217,8 +217,9 @@ class communicator final : public ringzero::detail::backend_communicator {
 
   void end(const collective_descriptor& d) override { watch(d.kind, d.sequence); }
 
-  void sendrecv(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to, void* recv,
-                std::uint64_t recv_bytes, int from) override {
+ protected:
+  void backend_sendrecv(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to, void* recv,
+                        std::uint64_t recv_bytes, int from) override {
     ringzero::detail::check_peer(*this, d, to, "send to");
     ringzero::detail::check_peer(*this, d, from, "receive from");
     ensure_alive(&d);
@@ -227,8 +228,9 @@ class communicator final : public ringzero::detail::backend_communicator {
     watch_transfer(d);
   }
 
-  void sendrecv_reduce(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to,
-                       const void* own, void* acc, std::uint64_t bytes, int from, const combine_fn& combine) override {
+  void backend_sendrecv_reduce(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to,
+                               const void* own, void* acc, std::uint64_t bytes, int from,
+                               const combine_fn& combine) override {
     ringzero::detail::check_peer(*this, d, to, "send to");
     ringzero::detail::check_peer(*this, d, from, "receive from");
     ensure_alive(&d);
@@ -241,6 +243,7 @@ class communicator final : public ringzero::detail::backend_communicator {
     watch_transfer(d);
   }
 
+ public:
   void run_native(const collective_descriptor& d) override {
     ensure_alive(&d);
     primitive::cudart::use_device(device_);
