@@ -138,6 +138,7 @@ inline run_result train_cuda(const options& o, const ex::fashion_mnist& data, in
           comm.synchronize();
           rz::barrier(comm);
           const auto t0 = clock_type::now();
+          const rz::traffic_counts traffic0 = comm.traffic();
           for (std::uint64_t s = 0; s < steps; ++s) {
             for (int micro = 0; micro < o.accumulate; ++micro) {
               const std::size_t first = static_cast<std::size_t>(s) * step_rows +
@@ -158,6 +159,7 @@ inline run_result train_cuda(const options& o, const ex::fashion_mnist& data, in
             if (bar.enabled()) bar.update(fmt::format("epoch {:>2}/{}", epoch + 1, o.epochs), s + 1, steps, "enqueued");
           }
           comm.synchronize();
+          const std::uint64_t sent = (comm.traffic() - traffic0).total().total_sent();
           rz::barrier(comm);
           const auto t1 = clock_type::now();
           bar.clear();
@@ -184,7 +186,7 @@ inline run_result train_cuda(const options& o, const ex::fashion_mnist& data, in
                                          n ? host_sums[2] / static_cast<double>(n) : 0.0, n};
           const epoch_metrics m = epoch_record(epoch + 1, std::chrono::duration<double>(t1 - t0).count(), samples,
                                                host_sums[0] / static_cast<double>(samples), ev,
-                                               std::chrono::duration<double>(e1 - t1).count(), st);
+                                               std::chrono::duration<double>(e1 - t1).count(), st, steps, sent);
           if (print) print_epoch(m, o.epochs, true);
           std::lock_guard<std::mutex> lock(result_mutex);
           result.epochs.push_back(m);

@@ -12,8 +12,7 @@
 //   examples/ddp_fashion_mnist --ranks 2 --epochs 10
 //   examples/ddp_fashion_mnist --compare-ranks 1,2 --epochs 3
 //   mpirun -np 2 examples/ddp_fashion_mnist --backend mpi --epochs 10
-// Every option and mode (--device cuda, --reproducible, --checkpoint / --resume, ...) is
-// explained in docs/ddp.md, "Example 01"; `--help` lists them.
+// Every option (--device cuda, --reproducible, --checkpoint, --link-gbps, ...): docs/ddp.md, "Example 01".
 //
 // Read from the top: `train_step` is one optimizer step (the reducer's calls), `train` one run
 // (`rank_main`: one rank), `main` the command line's runs. Beside it: the options
@@ -176,6 +175,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
       double loss_sum = 0;
       rz::barrier(comm);
       const auto t0 = clock_type::now();
+      const rz::traffic_counts traffic0 = comm.traffic();  // the bytes this rank sends per step
       for (std::uint64_t s = 0; s < steps; ++s) {
         auto load = [&](int micro) {
           data.train.gather(shard.subspan(first_row(s, micro), static_cast<std::size_t>(per_rank)), x.data(), y.data());
@@ -189,6 +189,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
                      fmt::format("loss {:.4f}",
                                  loss_sum / static_cast<double>((s + 1) * static_cast<std::uint64_t>(o.accumulate))));
       }
+      const std::uint64_t sent = (comm.traffic() - traffic0).total().total_sent();
       rz::barrier(comm);
       const auto t1 = clock_type::now();
       bar.clear();
@@ -204,7 +205,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
       result.evaluation = ev;
       const epoch_metrics m = epoch_record(epoch + 1, std::chrono::duration<double>(t1 - t0).count(),
                                            steps * static_cast<std::uint64_t>(result.global_batch), sums[0] / sums[1],
-                                           ev, std::chrono::duration<double>(e1 - e0).count(), st);
+                                           ev, std::chrono::duration<double>(e1 - e0).count(), st, steps, sent);
       if (print) print_epoch(m, o.epochs, false);
       std::lock_guard<std::mutex> lock(result_mutex);
       result.epochs.push_back(m);
@@ -217,7 +218,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
     }
   };
   // Threads of the local backend, or this process's rank under --backend mpi (run_ranks.hpp).
-  ex::run_ranks(ex::rank_setup{o.backend, "cpu", ranks, o.pin}, rank_main);
+  ex::run_ranks(ex::rank_setup{o.backend, "cpu", ranks, o.pin, o.link_gbps}, rank_main);
   return result;
 }
 
@@ -244,8 +245,7 @@ int main(int argc, char** argv) {
   const option_handles given = add_options(app, o);
   CLI11_PARSE(app, argc, argv);
   if (!o.hidden_lists.empty()) o.hidden = ex::hidden_widths(o.hidden_lists);
-  // Started by mpirun/srun/torchrun as one of several processes without --backend mpi: refuse
-  // rather than run one complete job per process.
+  // Under mpirun/srun/torchrun without --backend mpi: refuse rather than run one job per process.
   ex::rank_setup where{o.backend, o.device, o.ranks, o.pin};
   if (ex::refuse_launcher(where, "ddp_fashion_mnist")) return 2;
 

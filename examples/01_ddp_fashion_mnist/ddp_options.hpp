@@ -28,6 +28,7 @@ namespace ex = ringzero::examples;
 struct options {
   std::string backend = "local";  // local (threads) or mpi (one rank per process)
   int ranks = 2;
+  double link_gbps = 0;       // --backend mpi: pace each rank's sends as a link of this many Gb/s (0: none)
   std::string compare_ranks;  // "1,2": compare mode
   int epochs = 10;
   int batch_size = 256;  // per rank, per micro-step
@@ -132,6 +133,10 @@ inline option_handles add_options(CLI::App& app, options& o) {
                  "local (ranks are threads of this process) or mpi (one rank per process: run under mpirun -np N; "
                  "--ranks is then the number of processes or left out)")
       ->check(CLI::IsMember({"local", "mpi"}));
+  app.add_option("--link-gbps", o.link_gbps,
+                 "with --backend mpi: hold each rank's sends back to a link of this many gigabits per second, to see "
+                 "on one machine what a slower network does to a step (RINGZERO_LINK_GBPS; docs/mpi.md)")
+      ->check(ex::number_check({.low = 0.001, .high = 1e6}, "a link speed in Gb/s from 0.001 to 1000000", "GBPS"));
   CLI::Option* ranks_opt = app.add_option("--ranks", o.ranks, "number of ranks (threads of the local backend)")
                                ->check(ex::whole_number())
                                ->check(CLI::Range(1, 256));
@@ -223,6 +228,9 @@ inline option_handles add_options(CLI::App& app, options& o) {
 /// errc::unsupported naming the options); returns the rank counts of --compare-ranks (empty
 /// without it). `o.ranks` is the process count under --backend mpi.
 inline std::vector<int> check_options(options& o, const option_handles& given) {
+  if (o.link_gbps > 0 && o.backend != "mpi")
+    throw rz::error(rz::errc::invalid_argument,
+                    "--link-gbps needs --backend mpi (the local backend's ranks share memory: nothing to pace)");
   if (o.backend == "mpi" && !o.compare_ranks.empty())
     throw rz::error(rz::errc::invalid_argument,
                     "--compare-ranks needs the local backend (an MPI job has one fixed number of processes)");

@@ -43,6 +43,7 @@ struct epoch_metrics {
   double exposed_seconds = 0;
   double hidden_fraction = 0;
   std::uint64_t samples = 0;
+  double sent_bytes_per_step = 0;  // what rank 0's collectives sent per optimizer step (communicator::traffic)
 };
 
 struct run_result {
@@ -113,7 +114,8 @@ inline json to_json(const run_result& r) {
                            {"eval_seconds", m.eval_seconds},
                            {"reduction_seconds", m.reduction_seconds},
                            {"exposed_reduction_seconds", m.exposed_seconds},
-                           {"hidden_fraction", m.hidden_fraction}});
+                           {"hidden_fraction", m.hidden_fraction},
+                           {"sent_bytes_per_step", m.sent_bytes_per_step}});
   j["first_epoch"] = r.first_epoch;
   j["final_test_accuracy"] = r.evaluation.accuracy;
   j["final_test_loss"] = r.evaluation.loss;
@@ -261,7 +263,7 @@ inline void print_comparison(const options& o, const std::vector<run_result>& ru
 /// device memory they measure enqueueing, not the GPU's work).
 inline epoch_metrics epoch_record(int epoch, double train_seconds, std::uint64_t samples, double train_loss,
                                   const ex::evaluation_result& ev, double eval_seconds,
-                                  const rz::ddp::reducer_stats& st) {
+                                  const rz::ddp::reducer_stats& st, std::uint64_t steps, std::uint64_t sent_bytes) {
   epoch_metrics m;
   m.epoch = epoch;
   m.train_seconds = train_seconds;
@@ -274,6 +276,7 @@ inline epoch_metrics epoch_record(int epoch, double train_seconds, std::uint64_t
   m.reduction_seconds = st.reduction_seconds;
   m.exposed_seconds = st.exposed_seconds;
   m.hidden_fraction = st.hidden_fraction();
+  m.sent_bytes_per_step = static_cast<double>(sent_bytes) / static_cast<double>(steps);
   return m;
 }
 
@@ -282,9 +285,11 @@ inline void print_epoch(const epoch_metrics& m, int epochs, bool gpu) {
   fmt::print("  epoch {:>2}/{}  {:6.2f} s  {:8.0f} samples/s  train loss {:.4f}  test acc {:.4f}  ", m.epoch, epochs,
              m.train_seconds, m.samples_per_second, m.train_loss, m.test_accuracy);
   if (gpu)
-    fmt::print("(GPU; reducer enqueue time {:5.3f} s)\n", m.reduction_seconds);
+    fmt::print("(GPU; reducer enqueue time {:5.3f} s), sent {:.1f} KiB/step\n", m.reduction_seconds,
+               m.sent_bytes_per_step / 1024.0);
   else
-    fmt::print("reduce {:5.3f} s, {:3.0f}% hidden\n", m.reduction_seconds, 100.0 * m.hidden_fraction);
+    fmt::print("reduce {:5.3f} s, {:3.0f}% hidden, sent {:.1f} KiB/step\n", m.reduction_seconds,
+               100.0 * m.hidden_fraction, m.sent_bytes_per_step / 1024.0);
   std::fflush(stdout);
 }
 

@@ -39,6 +39,7 @@ struct rank_setup {
   std::string device = "cpu";     ///< cpu (host memory), sim (host streams, example 02) or cuda (device memory)
   int ranks = 2;                  ///< local: threads; mpi, nccl: the process count (process_world sets it)
   bool pin = true;                ///< local backend: pin rank r's thread to core r
+  double link_gbps = 0;           ///< mpi: mpi::communicator_options::link_gbps when > 0 (else RINGZERO_LINK_GBPS)
 };
 
 /// Prints why `program` failed on stderr, after what stdout holds: "<program>: <message>", or
@@ -156,7 +157,9 @@ template <class F>
 void run_ranks(const rank_setup& setup, F&& rank_main) {
   if (setup.backend == "mpi") {
 #if RINGZERO_HAS_MPI
-    mpi::communicator comm;  // over MPI_COMM_WORLD
+    mpi::communicator_options options;
+    if (setup.link_gbps > 0) options.link_gbps = setup.link_gbps;
+    mpi::communicator comm(MPI_COMM_WORLD, options);
     rank_main(comm);
     return;
 #endif

@@ -9,7 +9,7 @@ usage: check_ddp_fashion_mnist_options.py TRAINER
 Exit status: CLI11's validation error (105) for a value an option's check refuses, 1 for options
 that are checked together (the global batch of --batch-size, the ranks and --accumulate;
 --compare-ranks; --micro-batch against the global batch and the ranks, and against --batch-size and
---accumulate; --reproducible with --compress or --device cuda). The refusals need no dataset; the accepted values are trained for one short
+--accumulate; --reproducible with --compress or --device cuda; --link-gbps without --backend mpi). The refusals need no dataset; the accepted values are trained for one short
 epoch on 1000 Fashion-MNIST images when the dataset is installed (else that part is skipped).
 """
 import json
@@ -46,6 +46,8 @@ def main() -> int:
         ("--compress", "powersgd:0"), ("--compress", "powersgd:"), ("--compress", "powersgd:abc"),
         ("--compress", "powersgd:1025"), ("--compress", "powersgd:-1"), ("--compress", "zstd"),
         ("--powersgd-start", "-1"), ("--check-replicas", "-1"), ("--check-replicas", "x"),
+        ("--link-gbps", "0"), ("--link-gbps", "nan"), ("--link-gbps", "inf"), ("--link-gbps", "-1"),
+        ("--link-gbps", "0.0001"),
     ]
     check_refused_options(trainer, refused, missing, VALIDATION_ERROR)
 
@@ -73,6 +75,8 @@ def main() -> int:
         (["--micro-batch", "32", "--device", "cuda"], ["--micro-batch", "--device cpu"]),
         (["--reproducible", "--compress", "powersgd:2"], ["--reproducible", "--compress powersgd:2"]),
         (["--compress", "powersgd:2", "--device", "cuda"], ["--compress powersgd:2", "--device cpu"]),
+        # a paced link needs MPI processes
+        (["--link-gbps", "1"], ["--link-gbps", "--backend mpi"]),
     ]:
         p = run(trainer, *args, "--data", missing, "--epochs", "1", "--no-progress")
         check(p.returncode == 1, f"{args}: exit status {p.returncode}, expected 1")
