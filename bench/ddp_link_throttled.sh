@@ -7,9 +7,10 @@
 #
 # Usage: bench/ddp_link_throttled.sh [-B BUILD_DIR (default build-release)] [-g GBPS (1)]
 #          [-n "PROCESS COUNTS" ("2 4")] [-c "COMPRESSIONS" ("none bf16 powersgd:2 powersgd:8")]
-#          [-r RUNS (3)] [-- EXTRA EXAMPLE OPTIONS (default --train-subset 12000)]
-#   e.g. bench/ddp_link_throttled.sh -n 2 -r 1 -- --train-subset 3000   (a quick check)
-# PowerSGD starts at step 1 here (--powersgd-start 1): the epoch measures compressed steps.
+#          [-r RUNS (3)] [-- EXTRA EXAMPLE OPTIONS]
+#   e.g. bench/ddp_link_throttled.sh -n 2 -r 1 -- --train-subset 6000   (a quick check)
+# One epoch of the whole training set (117 steps of the global batch 512). PowerSGD compresses
+# from the first step here (--powersgd-start 0): the epoch measures compressed steps only.
 # Needs mpirun and jq. Exit status 0, or 1 on errors.
 set -euo pipefail
 
@@ -32,7 +33,6 @@ done
 shift $((OPTIND - 1))
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
-[ ${#extra[@]} -eq 0 ] && extra=(--train-subset 12000)
 
 exe="$build/examples/ddp_fashion_mnist"
 [ -x "$exe" ] || { echo "error: $exe not found (build it first: ./scripts/main.sh)" >&2; exit 1; }
@@ -54,11 +54,11 @@ for np in $counts; do
     times=""
     sent=""
     start=()
-    [[ $compress == powersgd:* ]] && start=(--powersgd-start 1)
+    [[ $compress == powersgd:* ]] && start=(--powersgd-start 0)
     for run in $(seq 1 "$runs"); do
       json="$tmp/$np-$compress-$run.json"
       "${launch[@]}" -np "$np" "$exe" --backend mpi --link-gbps "$gbps" --epochs 1 --compress "$compress" \
-        "${start[@]}" --no-progress --json "$json" "${extra[@]}" > "$tmp/log" 2>&1 ||
+        ${start[@]+"${start[@]}"} --no-progress --json "$json" ${extra[@]+"${extra[@]}"} > "$tmp/log" 2>&1 ||
         { cat "$tmp/log"; echo "error: $np processes, $compress failed" >&2; exit 1; }
       times+=" $(jq -r '.runs[0] | (.epochs[0].train_seconds / .steps_per_epoch * 1000)' "$json")"
       sent=$(jq -r '.runs[0].epochs[0].sent_bytes_per_step / 1024' "$json")
