@@ -72,6 +72,27 @@ double compare_with_reference(int world, int stage, const run_config& cfg) {
   return worst;
 }
 
+/// One optimizer step of `accumulation` micro-batches through every unit in order (forward) and
+/// in reverse (backward), adding 0.25 to every trainable float gradient.
+void constant_gradient_step(sharded_model& model, int accumulation) {
+  const shard_plan& plan = model.plan();
+  for (int micro = 0; micro < accumulation; ++micro) {
+    for (std::size_t u = 0; u < model.unit_count(); ++u) {
+      model.pre_forward(u);
+      model.post_forward(u);
+    }
+    for (std::size_t u = model.unit_count(); u-- > 0;) {
+      model.pre_backward(u);
+      for (std::size_t p : plan.units()[u].members)
+        if (plan.parameters()[p].trainable)
+          for (float& g : model.gradient<float>(p)) g += 0.25f;
+      model.post_backward(u);
+    }
+    model.end_backward();
+  }
+  model.step();
+}
+
 }  // namespace
 
 TEST_CASE("stages 0-3 match plain data parallelism after 5 steps (float32, 1e-5 relative)") {
@@ -170,23 +191,7 @@ TEST_CASE("memory in use equals the plan's prediction at every stage") {
         const memory_breakdown before = model.memory_in_use();
         CHECK(before.communication_buffers == plan.memory().communication_buffers);
         CHECK(before.total() == plan.memory().total());
-        for (int step = 0; step < cfg.steps; ++step) {
-          for (int micro = 0; micro < cfg.accumulation; ++micro) {
-            for (std::size_t u = 0; u < model.unit_count(); ++u) {
-              model.pre_forward(u);
-              model.post_forward(u);
-            }
-            for (std::size_t u = model.unit_count(); u-- > 0;) {
-              model.pre_backward(u);
-              for (std::size_t p : plan.units()[u].members)
-                if (plan.parameters()[p].trainable)
-                  for (float& g : model.gradient<float>(p)) g += 0.25f;
-              model.post_backward(u);
-            }
-            model.end_backward();
-          }
-          model.step();
-        }
+        for (int step = 0; step < cfg.steps; ++step) constant_gradient_step(model, cfg.accumulation);
         CAPTURE(stage);
         CAPTURE(world);
         const memory_breakdown used = model.memory_in_use();
@@ -959,27 +964,10 @@ TEST_CASE("the bytes a step sends equal the plan's traffic (ring), plus the step
         local::launch(world, [&](communicator& comm) {
           comm.set_forced_algorithm(algorithm::ring);
           sharded_model model(comm, test_request(stage, accumulation), sharded_model_options{});
-          const shard_plan& plan = model.plan();
-          if (comm.rank() == 0) planned = plan.traffic();
-          traffic_counts before{};
-          for (int step = 0; step < 2; ++step) {
-            if (step == 1) before = comm.traffic();
-            for (int micro = 0; micro < accumulation; ++micro) {
-              for (std::size_t u = 0; u < model.unit_count(); ++u) {
-                model.pre_forward(u);
-                model.post_forward(u);
-              }
-              for (std::size_t u = model.unit_count(); u-- > 0;) {
-                model.pre_backward(u);
-                for (std::size_t p : plan.units()[u].members)
-                  if (plan.parameters()[p].trainable)
-                    for (float& g : model.gradient<float>(p)) g += 0.25f;
-                model.post_backward(u);
-              }
-              model.end_backward();
-            }
-            model.step();
-          }
+          if (comm.rank() == 0) planned = model.plan().traffic();
+          constant_gradient_step(model, accumulation);  // the first step (buffers, first gathers)
+          const traffic_counts before = comm.traffic();
+          constant_gradient_step(model, accumulation);
           seen[static_cast<std::size_t>(comm.rank())] = comm.traffic() - before;
         });
         const auto n = static_cast<std::uint64_t>(world);
