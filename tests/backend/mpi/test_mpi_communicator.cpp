@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -358,6 +359,17 @@ TEST_CASE("a paced link holds every send back by its bytes at the chosen rate, a
   CHECK(ringzero_test::contains(e->what(), "native"));
 }
 
+TEST_CASE("a malformed RINGZERO_LINK_GBPS on one rank is refused on every rank, naming it") {
+  const int r = world_rank(), n = world_size();
+  if (r == n - 1) ::setenv("RINGZERO_LINK_GBPS", "junk", 1);
+  const auto e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, ringzero_test::throwing(false)); });
+  ::unsetenv("RINGZERO_LINK_GBPS");
+  REQUIRE(e);
+  CHECK(e->kind() == errc::invalid_argument);
+  CHECK(ringzero_test::contains(e->what(), "malformed on rank(s) " + std::to_string(n - 1)));
+  if (r == n - 1) CHECK(ringzero_test::contains(e->what(), "RINGZERO_LINK_GBPS=\"junk\" is not a number"));
+}
+
 TEST_CASE("a paced link that differs between ranks, or is not a positive number, is refused on every rank") {
   const int r = world_rank(), n = world_size();
   mpi::communicator_options o = ringzero_test::throwing(false);
@@ -370,13 +382,13 @@ TEST_CASE("a paced link that differs between ranks, or is not a positive number,
                                 "differs between ranks: rank 0: 1 Gb/s; " +
                                     ringzero_test::ranks_text(1, n - 1) + ": 2.5 Gb/s"));
   for (double bad :
-       {0.0, -1.0, 1e-4, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+       {0.0, -1.0, 1e-4, 2e6, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
     o.link_gbps = bad;
     e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, o); });
     REQUIRE(e);
     CHECK(e->kind() == errc::invalid_argument);
-    CHECK(ringzero_test::contains(e->what(),
-                                  "link_gbps must be a finite number of gigabits per second of at least 0.001"));
+    CHECK(
+        ringzero_test::contains(e->what(), "link_gbps must be a number of gigabits per second from 0.001 to 1000000"));
     CHECK(ringzero_test::contains(e->what(), "rank " + std::to_string(r) + "/"));
   }
 }

@@ -374,10 +374,17 @@ class communicator final : public ringzero::detail::backend_communicator {
             "pipeline_depth must be 0 (automatic) or in [1, 64], got " + std::to_string(options.pipeline_depth));
     if (options.link_gbps && !detail::link_pacer::valid(*options.link_gbps))
       raise(nullptr, errc::invalid_argument,
-            "link_gbps must be a finite number of gigabits per second of at least 0.001, got " +
+            "link_gbps must be a number of gigabits per second from 0.001 to 1000000, got " +
                 std::to_string(*options.link_gbps));
-    if (const std::optional<double> gbps = options.link_gbps ? options.link_gbps : detail::env_link_gbps())
-      pacer_ = detail::link_pacer(*gbps);
+    // A malformed RINGZERO_LINK_GBPS is reported in the handshake (join), on every rank: a rank
+    // that threw here would leave its peers waiting in theirs until the timeout.
+    std::optional<double> gbps = options.link_gbps;
+    if (!gbps) {
+      try {
+        gbps = detail::env_link_gbps();
+      } catch (const error& e) { malformed_link_gbps_ = e.message(); }
+    }
+    if (gbps) pacer_ = detail::link_pacer(*gbps);
     if (options.expected_world_size > 0 && options.expected_world_size != shape.size)
       raise(nullptr, errc::invalid_argument,
             "the job has " + std::to_string(shape.size) + " processes in this communicator but " +
@@ -614,6 +621,7 @@ class communicator final : public ringzero::detail::backend_communicator {
   failure_policy policy_ = failure_policy::abort_job;
   link_model link_;
   detail::link_pacer pacer_;
+  std::string malformed_link_gbps_;  ///< why RINGZERO_LINK_GBPS was refused here (raised in join)
   bool oversubscribed_ = false;
   bool mpi_yields_ = false;  ///< the MPI library yields inside idle polls (detail::mpi_yields_when_idle)
   bool single_node_ = false;

@@ -110,7 +110,7 @@ inline void communicator::join(MPI_Comm comm) {
     mine.link[1] = options_.link->beta_us_per_byte;
     mine.link[2] = options_.link->gamma_us_per_byte;
   }
-  mine.link_gbps = pacer_.gbps();
+  mine.link_gbps = malformed_link_gbps_.empty() ? pacer_.gbps() : -1.0;  // -1: malformed here
   std::vector<detail::hello_record> all(static_cast<std::size_t>(world_size()));
   check(nullptr, MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, control_.get()),
         "MPI_Allgather");
@@ -139,6 +139,15 @@ inline void communicator::join(MPI_Comm comm) {
     return "alpha " + std::to_string(m[0]) + " us, beta " + std::to_string(m[1]) + " us/B, gamma " +
            std::to_string(m[2]) + " us/B";
   });
+  std::string malformed;
+  for (int r = 0; r < world_size(); ++r)
+    if (all[static_cast<std::size_t>(r)].link_gbps < 0)
+      malformed += (malformed.empty() ? "" : ", ") + std::to_string(r);
+  if (!malformed.empty())
+    raise(nullptr, errc::invalid_argument,
+          (malformed_link_gbps_.empty() ? "RINGZERO_LINK_GBPS is malformed on rank(s) " + malformed
+                                        : malformed_link_gbps_ + " (malformed on rank(s) " + malformed + ")") +
+              "; no rank made the communicator");
   agree("the paced link (communicator_options::link_gbps / RINGZERO_LINK_GBPS)", &detail::hello_record::link_gbps,
         [](double g) {
           if (!(g > 0)) return std::string("none");

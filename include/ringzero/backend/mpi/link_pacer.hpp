@@ -37,12 +37,15 @@ class link_pacer {
   link_pacer() = default;
   /// The slowest link it paces: 1 Mb/s (a send's time must fit the clock's 64-bit ticks).
   static constexpr double min_gbps = 1e-3;
+  /// The fastest: 1 Pb/s.
+  static constexpr double max_gbps = 1e6;
 
-  /// A link of `gbps` Gb/s; throws errc::invalid_argument unless min_gbps <= gbps < infinity.
+  /// A link of `gbps` Gb/s; throws errc::invalid_argument unless min_gbps <= gbps <= max_gbps.
   explicit link_pacer(double gbps) : gbps_(gbps) {
     if (!valid(gbps))
-      throw error(errc::invalid_argument, "link_gbps must be a finite number of gigabits per second of at least " +
-                                              std::to_string(min_gbps) + ", got " + std::to_string(gbps));
+      throw error(
+          errc::invalid_argument,
+          "link_gbps must be a number of gigabits per second from 0.001 to 1000000, got " + std::to_string(gbps));
   }
   link_pacer(const link_pacer& o) noexcept : gbps_(o.gbps_), free_at_(o.free_at_), busy_seconds_(o.busy_seconds()) {}
   link_pacer& operator=(const link_pacer& o) noexcept {
@@ -53,7 +56,7 @@ class link_pacer {
   }
 
   /// True when `gbps` is a rate the pacer accepts.
-  static bool valid(double gbps) noexcept { return std::isfinite(gbps) && gbps >= min_gbps; }
+  static bool valid(double gbps) noexcept { return std::isfinite(gbps) && gbps >= min_gbps && gbps <= max_gbps; }
 
   /// True when sends are paced.
   bool active() const noexcept { return gbps_ > 0.0; }
@@ -92,7 +95,7 @@ inline std::optional<double> env_link_gbps() {
   const double v = std::strtod(text->c_str(), &end);
   if (end == text->c_str() || *end != '\0' || errno == ERANGE || !link_pacer::valid(v))
     throw error(errc::invalid_argument,
-                "RINGZERO_LINK_GBPS=\"" + *text + "\" is not a number of gigabits per second of at least 0.001");
+                "RINGZERO_LINK_GBPS=\"" + *text + "\" is not a number of gigabits per second from 0.001 to 1000000");
   return v;
 }
 

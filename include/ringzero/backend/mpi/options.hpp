@@ -76,9 +76,11 @@ struct communicator_options {
   /// Paces this rank's sends as a link of this many gigabits (1e9 bits) per second would carry
   /// them (mpi::detail::link_pacer), to see on one machine what a slower network does to a
   /// training step (docs/mpi.md, "A slower link on one machine"). Unset: RINGZERO_LINK_GBPS, else
-  /// no pacing. Must be finite and at least 0.001 (1 Mb/s), and the same on every rank (checked when the
-  /// communicator is made). While pacing, MPI's own collectives are not offered (their transfers
-  /// cannot be held back; RINGZERO_ALGO=native is then refused) and the link model's beta is at
+  /// no pacing. From 0.001 (1 Mb/s) to 1e6, and the same on every rank (checked when the
+  /// communicator is made; a malformed RINGZERO_LINK_GBPS on any rank is refused on every rank).
+  /// While pacing, MPI's own collectives are not offered (their transfers cannot be held back:
+  /// an explicit collective_options::algo = native is refused, and RINGZERO_ALGO=native gives way
+  /// to the cost model's choice, as a forced algorithm does where it is unavailable) and the link model's beta is at
   /// least the paced link's, 8 / (1e3 gbps) microseconds per byte.
   std::optional<double> link_gbps;
 };
