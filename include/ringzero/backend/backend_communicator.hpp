@@ -30,7 +30,8 @@ class backend_communicator : public communicator, public transport {
 
  protected:
   /// Rank `rank` of `world_size`; throws errc::invalid_argument as communicator's constructor.
-  backend_communicator(int rank, int world_size) : communicator(rank, world_size), transport(rank, world_size) {}
+  backend_communicator(int rank, int world_size, bool defer_environment_errors = false)
+      : communicator(rank, world_size, defer_environment_errors), transport(rank, world_size) {}
 
  private:
   transport& its_transport() const noexcept override { return const_cast<backend_communicator&>(*this); }

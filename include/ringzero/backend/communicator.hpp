@@ -91,14 +91,20 @@ class communicator {
 
  protected:
   /// Base constructor; throws errc::invalid_argument unless 0 <= rank < world_size, or when
-  /// RINGZERO_TIMEOUT, RINGZERO_ALGO or RINGZERO_REPRODUCIBLE is malformed. The timeout starts from RINGZERO_TIMEOUT
-  /// (default 300 s), the forced algorithm from RINGZERO_ALGO.
-  communicator(int rank, int world_size)
-      : rank_(rank),
-        world_size_(world_size),
-        timeout_(env_timeout()),
-        forced_algorithm_(env_algorithm()),
-        reproducible_(env_reproducible()) {
+  /// RINGZERO_TIMEOUT, RINGZERO_ALGO or RINGZERO_REPRODUCIBLE is malformed. The timeout starts
+  /// from RINGZERO_TIMEOUT (default 300 s), the forced algorithm from RINGZERO_ALGO. With
+  /// `defer_environment_errors` a malformed variable is kept in `environment_error()` instead
+  /// (the defaults apply), for a backend whose handshake reports it on every rank (MPI: a rank
+  /// that threw alone would leave its peers waiting in theirs).
+  communicator(int rank, int world_size, bool defer_environment_errors = false) : rank_(rank), world_size_(world_size) {
+    try {
+      timeout_ = env_timeout();
+      forced_algorithm_ = env_algorithm();
+      reproducible_ = env_reproducible();
+    } catch (const error& e) {
+      if (!defer_environment_errors) throw;
+      environment_error_ = e.message();
+    }
     if (world_size < 1)
       throw error(errc::invalid_argument, "world size must be at least 1, got " + std::to_string(world_size));
     if (rank < 0 || rank >= world_size)
@@ -113,9 +119,14 @@ class communicator {
 
   int rank_;
   int world_size_;
-  std::chrono::duration<double> timeout_;
+  std::chrono::duration<double> timeout_{default_timeout_seconds};
   algorithm forced_algorithm_ = algorithm::automatic;
   bool reproducible_ = false;
+  std::string environment_error_;
+
+ protected:
+  /// Why a RINGZERO_* variable was refused when deferred (see the constructor); empty when none.
+  const std::string& environment_error() const noexcept { return environment_error_; }
 };
 
 namespace detail {

@@ -359,15 +359,27 @@ TEST_CASE("a paced link holds every send back by its bytes at the chosen rate, a
   CHECK(ringzero_test::contains(e->what(), "native"));
 }
 
-TEST_CASE("a malformed RINGZERO_LINK_GBPS on one rank is refused on every rank, naming it") {
+TEST_CASE("a malformed RINGZERO_* variable on one rank is refused on every rank, naming the rank") {
+  // Each used to throw on that rank alone, before the handshake: its peers waited in theirs
+  // until the timeout (300 s by default).
   const int r = world_rank(), n = world_size();
-  if (r == n - 1) ::setenv("RINGZERO_LINK_GBPS", "junk", 1);
-  const auto e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, ringzero_test::throwing(false)); });
-  ::unsetenv("RINGZERO_LINK_GBPS");
-  REQUIRE(e);
-  CHECK(e->kind() == errc::invalid_argument);
-  CHECK(ringzero_test::contains(e->what(), "malformed on rank(s) " + std::to_string(n - 1)));
-  if (r == n - 1) CHECK(ringzero_test::contains(e->what(), "RINGZERO_LINK_GBPS=\"junk\" is not a number"));
+  for (const char* variable : {"RINGZERO_LINK_GBPS", "RINGZERO_CHECK", "RINGZERO_TIMEOUT", "RINGZERO_ALGO"}) {
+    CAPTURE(variable);
+    const char* set = std::getenv(variable);
+    const std::optional<std::string> before = set ? std::optional<std::string>(set) : std::nullopt;
+    if (r == n - 1) ::setenv(variable, "junk", 1);
+    mpi::communicator_options o = ringzero_test::throwing(std::nullopt);
+    o.timeout.reset();  // RINGZERO_TIMEOUT decides
+    const auto e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, o); });
+    if (before)
+      ::setenv(variable, before->c_str(), 1);
+    else
+      ::unsetenv(variable);
+    REQUIRE(e);
+    CHECK(e->kind() == errc::invalid_argument);
+    CHECK(ringzero_test::contains(e->what(), "malformed on rank(s) " + std::to_string(n - 1)));
+    if (r == n - 1) CHECK(ringzero_test::contains(e->what(), std::string(variable) + "=\"junk\""));
+  }
 }
 
 TEST_CASE("a paced link that differs between ranks, or is not a positive number, is refused on every rank") {

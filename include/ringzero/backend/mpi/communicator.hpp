@@ -351,10 +351,10 @@ class communicator final : public ringzero::detail::backend_communicator {
   static constexpr std::uint64_t transfer_window = 16;
 
   communicator(const detail::comm_shape& shape, MPI_Comm comm, const communicator_options& options)
-      : backend_communicator(shape.rank, shape.size),
+      : backend_communicator(shape.rank, shape.size, true),
         options_(options),
         serialize_(shape.serialize),
-        check_(options.check ? *options.check : env_check(check_by_default)),
+        check_(options.check.value_or(check_by_default)),
         policy_(options.on_timeout),
         link_(options.link ? *options.link : default_link(false)),
         data_sent_(static_cast<std::size_t>(shape.size), 0),
@@ -376,13 +376,15 @@ class communicator final : public ringzero::detail::backend_communicator {
       raise(nullptr, errc::invalid_argument,
             "link_gbps must be a number of gigabits per second from 0.001 to 1000000, got " +
                 std::to_string(*options.link_gbps));
-    // A malformed RINGZERO_LINK_GBPS is reported in the handshake (join), on every rank: a rank
+    // A malformed RINGZERO_* variable is reported in the handshake (join), on every rank: a rank
     // that threw here would leave its peers waiting in theirs until the timeout.
+    malformed_environment_ = environment_error();
     std::optional<double> gbps = options.link_gbps;
-    if (!gbps) {
-      try {
-        gbps = detail::env_link_gbps();
-      } catch (const error& e) { malformed_link_gbps_ = e.message(); }
+    try {
+      if (!options.check) check_ = env_check(check_by_default);
+      if (!gbps) gbps = detail::env_link_gbps();
+    } catch (const error& e) {
+      if (malformed_environment_.empty()) malformed_environment_ = e.message();
     }
     if (gbps) pacer_ = detail::link_pacer(*gbps);
     if (options.expected_world_size > 0 && options.expected_world_size != shape.size)
@@ -621,7 +623,7 @@ class communicator final : public ringzero::detail::backend_communicator {
   failure_policy policy_ = failure_policy::abort_job;
   link_model link_;
   detail::link_pacer pacer_;
-  std::string malformed_link_gbps_;  ///< why RINGZERO_LINK_GBPS was refused here (raised in join)
+  std::string malformed_environment_;  ///< why a RINGZERO_* variable was refused here (raised in join)
   bool oversubscribed_ = false;
   bool mpi_yields_ = false;  ///< the MPI library yields inside idle polls (detail::mpi_yields_when_idle)
   bool single_node_ = false;

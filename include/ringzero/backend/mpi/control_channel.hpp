@@ -110,10 +110,22 @@ inline void communicator::join(MPI_Comm comm) {
     mine.link[1] = options_.link->beta_us_per_byte;
     mine.link[2] = options_.link->gamma_us_per_byte;
   }
-  mine.link_gbps = malformed_link_gbps_.empty() ? pacer_.gbps() : -1.0;  // -1: malformed here
+  mine.link_gbps = pacer_.gbps();
+  mine.malformed_environment = malformed_environment_.empty() ? 0 : 1;
   std::vector<detail::hello_record> all(static_cast<std::size_t>(world_size()));
   check(nullptr, MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, control_.get()),
         "MPI_Allgather");
+  // Before comparing settings: a rank with a malformed variable runs on defaults.
+  std::string malformed;
+  for (int r = 0; r < world_size(); ++r)
+    if (all[static_cast<std::size_t>(r)].malformed_environment != 0)
+      malformed += (malformed.empty() ? "" : ", ") + std::to_string(r);
+  if (!malformed.empty())
+    raise(nullptr, errc::invalid_argument,
+          (malformed_environment_.empty()
+               ? "a RINGZERO_* environment variable is malformed on rank(s) " + malformed + " (see that rank's error)"
+               : malformed_environment_ + " (malformed on rank(s) " + malformed + ")") +
+              "; no rank made the communicator");
   auto agree = [&](const char* what, auto field, auto text) {
     std::vector<std::string> values;
     for (const auto& h : all) values.push_back(text(h.*field));
@@ -139,15 +151,6 @@ inline void communicator::join(MPI_Comm comm) {
     return "alpha " + std::to_string(m[0]) + " us, beta " + std::to_string(m[1]) + " us/B, gamma " +
            std::to_string(m[2]) + " us/B";
   });
-  std::string malformed;
-  for (int r = 0; r < world_size(); ++r)
-    if (all[static_cast<std::size_t>(r)].link_gbps < 0)
-      malformed += (malformed.empty() ? "" : ", ") + std::to_string(r);
-  if (!malformed.empty())
-    raise(nullptr, errc::invalid_argument,
-          (malformed_link_gbps_.empty() ? "RINGZERO_LINK_GBPS is malformed on rank(s) " + malformed
-                                        : malformed_link_gbps_ + " (malformed on rank(s) " + malformed + ")") +
-              "; no rank made the communicator");
   agree("the paced link (communicator_options::link_gbps / RINGZERO_LINK_GBPS)", &detail::hello_record::link_gbps,
         [](double g) {
           if (!(g > 0)) return std::string("none");
