@@ -9,7 +9,8 @@
 #          [-n "PROCESS COUNTS" ("2 4")] [-c "COMPRESSIONS" ("none bf16 powersgd:2 powersgd:8")]
 #          [-r RUNS (3)] [-- EXTRA EXAMPLE OPTIONS]
 #   e.g. bench/ddp_link_throttled.sh -n 2 -r 1 -- --train-subset 6000   (a quick check)
-# One epoch of the whole training set (117 steps of the global batch 512). PowerSGD compresses
+# One epoch of the whole training set (256 examples per rank and step: 117 steps on 2 processes, 58
+# on 4). PowerSGD compresses
 # from the first step here (--powersgd-start 0): the epoch measures compressed steps only.
 # Needs mpirun and jq. Exit status 0, or 1 on errors.
 set -euo pipefail

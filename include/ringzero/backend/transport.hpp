@@ -42,7 +42,7 @@ constexpr std::string_view backend_name(backend_kind b) noexcept {
 enum class memory_space : std::uint8_t { host = 0, cuda = 1 };
 
 /// A type-erased element-wise combine `dst[i] = a[i] (op) b[i]` over `count` elements, built by
-/// the algorithm layer and called by a backend's `sendrecv_reduce` (Gloo's type-erased reduce
+/// the algorithm layer and called by a backend's `backend_sendrecv_reduce` (Gloo's type-erased reduce
 /// function). `a` is the receiver's own operand, `b` the received data.
 struct combine_fn {
   void (*fn)(const void* context, void* dst, const void* a, const void* b, std::uint64_t count) = nullptr;

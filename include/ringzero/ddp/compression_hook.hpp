@@ -1,8 +1,8 @@
 #pragma once
 /// @file
 /// `compression_hook`: reduces float32 / float64 buckets in float16 or bfloat16: half (or a
-/// quarter) of the bytes on `direct`, 3/4 (3/8) on the ring, the same on halving-doubling and the
-/// backends' own collectives, since 16-bit sums accumulate in float32 (docs/ddp.md, header
+/// quarter) of the bytes on `direct`, 3/4 (3/8) on the ring, all (half) on halving-doubling and
+/// the backends' own collectives, since 16-bit sums accumulate in float32 (docs/ddp.md, header
 /// notes: what crosses the wire per algorithm). Follows PyTorch's `fp16_compress_hook` and
 /// `bf16_compress_hook` (torch.distributed.algorithms.ddp_comm_hooks.default_hooks): the
 /// bucket is cast to the 16-bit type with each value already divided by the number of

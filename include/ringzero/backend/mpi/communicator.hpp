@@ -119,8 +119,9 @@ class communicator final : public ringzero::detail::backend_communicator {
  public:
   /// Makes a communicator over a duplicate of `comm` (collective over `comm`: every rank of it
   /// must construct one). Throws errc::invalid_argument when MPI is not initialised, `comm` is
-  /// null or an intercommunicator, the options are invalid, the ranks disagree on the check
-  /// mode, slice size, pipeline depth or RINGZERO_ALGO, or the size differs from
+  /// null or an intercommunicator, the options are invalid, a RINGZERO_* variable is malformed
+  /// on any rank, the ranks disagree on the check mode, slice size, pipeline depth, link model,
+  /// paced link or RINGZERO_ALGO, or the size differs from
   /// `expected_world_size`; errc::unsupported below MPI_THREAD_SERIALIZED; errc::timeout when
   /// not every rank joins within the timeout (under failure_policy::throw_error).
   explicit communicator(MPI_Comm comm = MPI_COMM_WORLD, const communicator_options& options = {})
