@@ -11,10 +11,10 @@
 /// into the caller's output. The contract check has already seen the caller's descriptor.
 /// `direct` reads its peers' inputs and accumulates its tile in float32 itself (direct.hpp).
 /// Cost: the partial results move twice the bytes of the 16-bit type, plus one widening and one
-/// narrowing pass (measured in docs/performance.md). A ring all_reduce moves only its partial results in
-/// float32: each rank narrows its finished block once and the all-gather moves 16-bit values
-/// (`ring_all_reduce_in_float32`: 3/4 of the widened ring's bytes, the same bits). Casts go through `data_ops`, so
-/// device memory works too.
+/// narrowing pass (measured in docs/performance.md). A ring all_reduce moves only its partial
+/// results in float32: each rank narrows its finished block once and the all-gather moves 16-bit
+/// values (`ring_all_reduce_in_float32`: 3/4 of the widened ring's bytes, the same bits). Casts
+/// go through `data_ops`, so device memory works too.
 
 #include <cstdint>
 
@@ -41,19 +41,16 @@ inline bool accumulates_in_float32(const collective_descriptor& d, int world_siz
   return false;
 }
 
-/// Runs `c` (for which accumulates_in_float32 holds) as `run(call)` on a float32 copy of its
-/// input in the scratch slot scratch_widened, then narrows the result into `c.d.recv` (on the
-/// root only for reduce; other outputs stay untouched). `run` is the schedule or the
-/// backend's native collective; it sees an in-place float32 descriptor (reduce_scatter: NCCL's
-/// in-place layout, output at rank * count). Errors: those of `run` and of the scratch pool.
-template <class Run>
-void run_in_float32(const call& c, Run&& run) {
+namespace detail {
+
+/// `c.d`'s input widened into float32 scratch (slot scratch_widened), and the in-place float32
+/// descriptor over it: the output is the scratch itself (reduce_scatter: NCCL's in-place layout,
+/// at rank * count; reduce: none off the root).
+inline collective_descriptor widen_input(const call& c) {
   const collective_descriptor& d = c.d;
   constexpr std::uint64_t wide_size = 4;  // bytes of a float32
-  const std::uint64_t n = static_cast<std::uint64_t>(c.n());
-  const std::uint64_t rank = static_cast<std::uint64_t>(c.rank());
   const bool scatter = d.kind == collective_kind::reduce_scatter;
-  const std::uint64_t in_count = scatter ? d.count * n : d.count;
+  const std::uint64_t in_count = scatter ? d.count * static_cast<std::uint64_t>(c.n()) : d.count;
   const bool writes = d.kind != collective_kind::reduce || c.rank() == d.root;
   auto* wide =
       static_cast<unsigned char*>(c.t.scratch(scratch_widened, static_cast<std::size_t>(in_count * wide_size)));
@@ -61,12 +58,25 @@ void run_in_float32(const call& c, Run&& run) {
   collective_descriptor w = d;
   w.type = dtype::float32;
   w.send = wide;
-  w.recv = writes ? wide + (scatter ? rank * d.count * wide_size : 0) : nullptr;
+  w.recv = writes ? wide + (scatter ? static_cast<std::uint64_t>(c.rank()) * d.count * wide_size : 0) : nullptr;
   w.send_bytes = in_count * wide_size;
   w.recv_bytes = writes ? d.count * wide_size : 0;
   w.in_place = writes;
+  return w;
+}
+
+}  // namespace detail
+
+/// Runs `c` (for which accumulates_in_float32 holds) as `run(call)` on a float32 copy of its
+/// input (detail::widen_input), then narrows the result into `c.d.recv` (on the root only for
+/// reduce; other outputs stay untouched). `run` is the schedule or the backend's native
+/// collective; it sees an in-place float32 descriptor. Errors: those of `run` and of the scratch
+/// pool.
+template <class Run>
+void run_in_float32(const call& c, Run&& run) {
+  const collective_descriptor w = detail::widen_input(c);
   run(call{c.t, c.op, w, c.ops});
-  if (writes) c.ops.cast(d.recv, d.type, w.recv, dtype::float32, d.count);
+  if (w.recv != nullptr) c.ops.cast(c.d.recv, c.d.type, w.recv, dtype::float32, c.d.count);
 }
 
 /// The ring all_reduce of `c` (for which accumulates_in_float32 holds): the reduce-scatter runs
@@ -77,20 +87,13 @@ void run_in_float32(const call& c, Run&& run) {
 /// partition's, so both phases cover the same elements. Preconditions: n >= 2, count > 0.
 inline void ring_all_reduce_in_float32(const call& c) {
   const collective_descriptor& d = c.d;
-  constexpr std::uint64_t wide_size = 4;  // bytes of a float32
-  auto* wide = static_cast<unsigned char*>(c.t.scratch(scratch_widened, static_cast<std::size_t>(d.count * wide_size)));
-  c.ops.cast(wide, dtype::float32, d.send, d.type, d.count);
-  collective_descriptor w = d;
-  w.type = dtype::float32;
-  w.send = wide;
-  w.recv = wide;
-  w.send_bytes = w.recv_bytes = d.count * wide_size;
-  w.in_place = true;
+  const collective_descriptor w = detail::widen_input(c);
   const call wc{c.t, c.op, w, c.ops};
-  const partition blocks(d.count, c.n(), cache_line_granule(wide_size));
-  detail::ring_reduce_scatter_blocks(wc, wc.scaled_input(wide, d.count), wide, blocks);
+  const partition blocks = wc.blocks_of(d.count);  // float32 blocks: the 16-bit all-gather uses them too
+  detail::ring_reduce_scatter_blocks(wc, wc.scaled_input(w.send, d.count), w.recv, blocks);
   const range mine = blocks.block(static_cast<std::uint64_t>(c.rank()));
-  if (!mine.empty()) c.ops.cast(c.at(d.recv, mine.begin), d.type, wc.at(wide, mine.begin), dtype::float32, mine.size());
+  if (!mine.empty())
+    c.ops.cast(c.at(d.recv, mine.begin), d.type, wc.at(w.recv, mine.begin), dtype::float32, mine.size());
   detail::ring_all_gather_blocks(c, d.recv, blocks);
 }
 

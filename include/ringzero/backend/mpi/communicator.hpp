@@ -387,7 +387,7 @@ class communicator final : public ringzero::detail::backend_communicator {
     } catch (const error& e) {
       if (malformed_environment_.empty()) malformed_environment_ = e.message();
     }
-    if (gbps) pacer_ = detail::link_pacer(*gbps);
+    if (gbps) pacer_.set_gbps(*gbps);
     if (options.expected_world_size > 0 && options.expected_world_size != shape.size)
       raise(nullptr, errc::invalid_argument,
             "the job has " + std::to_string(shape.size) + " processes in this communicator but " +

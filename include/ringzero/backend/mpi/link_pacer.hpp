@@ -33,26 +33,21 @@ class link_pacer {
  public:
   using clock = std::chrono::steady_clock;
 
-  /// No pacing.
+  /// No pacing (until `set_gbps`).
   link_pacer() = default;
   /// The slowest link it paces: 1 Mb/s (a send's time must fit the clock's 64-bit ticks).
   static constexpr double min_gbps = 1e-3;
   /// The fastest: 1 Pb/s.
   static constexpr double max_gbps = 1e6;
 
-  /// A link of `gbps` Gb/s; throws errc::invalid_argument unless min_gbps <= gbps <= max_gbps.
-  explicit link_pacer(double gbps) : gbps_(gbps) {
+  /// Paces sends as a link of `gbps` Gb/s from now on; throws errc::invalid_argument unless
+  /// `valid(gbps)`. Called before the first send.
+  void set_gbps(double gbps) {
     if (!valid(gbps))
       throw error(
           errc::invalid_argument,
           "link_gbps must be a number of gigabits per second from 0.001 to 1000000, got " + std::to_string(gbps));
-  }
-  link_pacer(const link_pacer& o) noexcept : gbps_(o.gbps_), free_at_(o.free_at_), busy_seconds_(o.busy_seconds()) {}
-  link_pacer& operator=(const link_pacer& o) noexcept {
-    gbps_ = o.gbps_;
-    free_at_ = o.free_at_;
-    busy_seconds_.store(o.busy_seconds(), std::memory_order_relaxed);
-    return *this;
+    gbps_ = gbps;
   }
 
   /// True when `gbps` is a rate the pacer accepts.
