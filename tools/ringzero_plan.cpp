@@ -342,6 +342,8 @@ struct options {
   int show_rank = -1;
   bool json = false;
   std::string offload = "none";
+  std::string quantize_weights = "none", quantize_gradients = "none";
+  std::uint32_t quantization_block = 256;
 };
 
 /// --alignment: a whole number of bytes as digits, so "-16" is refused as given instead of
@@ -394,6 +396,18 @@ ringzero::zero::plan_request make_request(const options& o, std::vector<paramete
   const auto offload = ringzero::zero::parse_offload(o.offload);
   if (!offload) throw usage_error("--offload must be none or optimizer, got '" + o.offload + "'");
   q.offload = *offload;
+  // Quantized communication: weights apply to stage 3's gathers, gradients to stages 1-3; the
+  // comparison of every stage (--stage all) keeps each where it applies, an explicit stage is
+  // refused by the planner when it does not.
+  const auto weights = ringzero::zero::parse_quantized_bits(o.quantize_weights);
+  const auto gradients = ringzero::zero::parse_quantized_bits(o.quantize_gradients);
+  if (!weights) throw usage_error("--quantize-weights must be none, int8 or int4, got '" + o.quantize_weights + "'");
+  if (!gradients)
+    throw usage_error("--quantize-gradients must be none, int8 or int4, got '" + o.quantize_gradients + "'");
+  const bool every_stage = o.stage == "all";
+  q.quantization.weights = every_stage && stage != 3 ? ringzero::zero::quantized_bits::none : *weights;
+  q.quantization.gradients = every_stage && stage == 0 ? ringzero::zero::quantized_bits::none : *gradients;
+  q.quantization.block_size = o.quantization_block;
   return q;
 }
 
@@ -456,6 +470,8 @@ nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gp
                        {"calls", e.calls},
                        {"elements", e.elements},
                        {"bytes", e.bytes},
+                       {"unquantized_bytes", e.unquantized_bytes},
+                       {"quantized", std::string(ringzero::zero::quantized_bits_name(e.quantized))},
                        {"volume_bytes", e.volume_bytes()},
                        {"ring_bytes_sent", e.ring_bytes_sent()}});
   j["traffic_per_step"] = traffic;
@@ -544,10 +560,21 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
   // running into its neighbour (same layout as before for values that fit).
   fmt::print("  {:<15}{:<15}{:<38}{:>7} {:>17} {:>13} {:>13}\n", "collective", "group", "purpose", "calls", "elements",
              "bytes", "ring sent");
-  for (const auto& e : plan.traffic())
+  std::uint64_t sent = 0, unquantized = 0;
+  for (const auto& e : plan.traffic()) {
+    const std::string purpose =
+        e.quantized == ringzero::zero::quantized_bits::none
+            ? e.purpose
+            : fmt::format("{} ({})", e.purpose, ringzero::zero::quantized_bits_name(e.quantized));
     fmt::print("  {:<15}{:<15}{:<38}{:>7} {:>17} {:>13} {:>13}\n", ringzero::collective_name(e.collective),
-               fmt::format("{} ({})", short_group(e.group), e.ranks), e.purpose, e.calls, grouped(e.elements),
+               fmt::format("{} ({})", short_group(e.group), e.ranks), purpose, e.calls, grouped(e.elements),
                human(static_cast<double>(e.bytes)), human(e.ring_bytes_sent()));
+    sent += e.bytes;
+    unquantized += e.unquantized_bytes;
+  }
+  if (sent != unquantized)
+    fmt::print("  quantized: {} per step instead of {} ({:.2f}x fewer bytes)\n", human(static_cast<double>(sent)),
+               human(static_cast<double>(unquantized)), static_cast<double>(unquantized) / static_cast<double>(sent));
 
   fmt::print("\nAgainst the ZeRO paper (Psi = {} parameters, N = {}, K = 12)\n", grouped(plan.parameter_elements()),
              c.devices);
@@ -644,6 +671,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--show-rank", o.show_rank, "List the parameter fragments this rank owns");
   app.add_flag("--json", o.json, "Print JSON instead of tables");
+  app.add_option("--quantize-weights", o.quantize_weights,
+                 "Stage 3: all_gather parameters as none, int8 or int4 blocks (ZeRO++'s qwZ)")
+      ->capture_default_str();
+  app.add_option("--quantize-gradients", o.quantize_gradients,
+                 "Stages 1-3: reduce gradients as none, int8 or int4 blocks (ZeRO++'s qgZ)")
+      ->capture_default_str();
+  app.add_option("--quantization-block", o.quantization_block,
+                 "Elements per quantization scale (a power of two from 8 to 65536)")
+      ->capture_default_str();
   app.add_option("--offload", o.offload,
                  "none, or optimizer: master weights and optimizer states in pinned host memory, updated on the CPU")
       ->capture_default_str();

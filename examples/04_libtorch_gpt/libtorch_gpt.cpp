@@ -15,13 +15,19 @@
 // - --checkpoint DIR saves the sharded state (parameters, AdamW's states, the step) every
 //   --checkpoint-every steps and at the end; --resume DIR continues from the newest checkpoint
 //   with the batches a straight run would draw, so 10 + 10 steps give the losses of 20.
-// Not used: the MPI backend (ranks are threads of one process, --ranks N).
+// - --quantize-weights / --quantize-gradients int8|int4 send stage 3's parameter all_gathers and
+//   the gradient reduction as blocks of integers with a scale each (ZeRO++'s qwZ and qgZ,
+//   zero/quantization.hpp); the run prints the bytes each rank sent per step, measured by the
+//   communicator, beside the plan's figure with and without quantization.
+// - --backend mpi runs one rank per process under mpirun; --link-gbps paces the MPI sends as a
+//   slower network would (docs/mpi.md).
 //
 // How to run (from the build directory; `apt-get install fortunes`):
 //   examples/libtorch_gpt                                  (2 ranks, zero3, block wrap, ~2 minutes)
 //   examples/libtorch_gpt --strategy ddp --ranks 2 --steps 100
 //   examples/libtorch_gpt --strategy zero3 --wrap layer --bf16 --steps 50
 //   examples/libtorch_gpt --steps 100 --checkpoint ckpt && examples/libtorch_gpt --steps 200 --resume ckpt
+//   mpirun -np 4 examples/libtorch_gpt --backend mpi --link-gbps 1 --quantize-weights int8 --quantize-gradients int8
 // `--help` lists every option.
 
 #include <algorithm>
@@ -49,6 +55,7 @@
 #include "ringzero/checkpoint.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/verify_replicas.hpp"
+#include "run_ranks.hpp"
 
 namespace rz = ringzero;
 namespace ex = ringzero::examples;
@@ -76,6 +83,10 @@ struct options {
   int checkpoint_every = 0;
   std::string resume_dir;            // --resume: continue from the newest checkpoint here
   std::uint64_t check_replicas = 0;  // --check-replicas N: verify_replicas every N steps
+  std::string backend = "local";     // --backend local (threads) or mpi (one rank per process)
+  bool pin = true;                   // local backend: pin rank r's thread to core r
+  double link_gbps = 0;              // --link-gbps (mpi): pace the sends
+  std::string quantize_weights = "none", quantize_gradients = "none";
 };
 
 /// The corpus: every plain fortune file (names without a dot: not the .dat indexes or the .u8
@@ -143,6 +154,8 @@ struct result {
   double tokens_per_second = 0;
   int first_step = 0;          // steps done before this run (--resume)
   std::string replica_checks;  // --check-replicas: what the checks found and cost
+  double sent_per_step = 0;    // bytes rank 0 sent per step, measured (communicator::traffic)
+  double planned_per_step = 0, unquantized_per_step = 0;  // the plan's (ring), with and without quantization
 };
 
 double median(std::vector<double> v) {
@@ -154,7 +167,7 @@ double median(std::vector<double> v) {
 result train(const options& o, const corpus& c) {
   result res;
   std::mutex construct;
-  rz::local::launch(o.ranks, [&](rz::communicator& comm) {
+  ex::run_ranks(ex::rank_setup{o.backend, "cpu", o.ranks, o.pin, o.link_gbps}, [&](rz::communicator& comm) {
     const int rank = comm.rank();
     std::shared_ptr<gpt::model> net;
     {
@@ -175,6 +188,8 @@ result train(const options& o, const corpus& c) {
     zo.model.optimizer.lr = o.lr;
     zo.model.optimizer.weight_decay = 0;
     zo.model.max_grad_norm = o.clip;
+    zo.quantization.weights = *rz::zero::parse_quantized_bits(o.quantize_weights);  // checked by the option
+    zo.quantization.gradients = *rz::zero::parse_quantized_bits(o.quantize_gradients);
     rz::integration::torch_zero z(comm, *net, zo);
     int first_step = 0;
     if (!o.resume_dir.empty()) {  // a collective: the state resharded to this run's --ranks and --strategy
@@ -213,6 +228,7 @@ result train(const options& o, const corpus& c) {
     std::vector<double> losses, seconds;
     ex::replica_checks checks{o.check_replicas};  // DDP and stages 1-2: the replicated parameters
     const auto t_all = clock_type::now();
+    const rz::traffic_counts traffic_before = comm.traffic();
     for (int step = first_step; step < o.steps; ++step) {
       for (std::int64_t s = 0; s < o.batch; ++s) {
         const std::size_t at = start(rng);
@@ -244,6 +260,9 @@ result train(const options& o, const corpus& c) {
     }
     if (saver && first_step == o.steps) save(o.steps);
     const double total = std::chrono::duration<double>(clock_type::now() - t_all).count();
+    const double trained = std::max(1, o.steps - first_step);
+    // The loss's all_reduce (8 bytes a step) and any checkpoint's or check's traffic included.
+    const double sent_per_step = static_cast<double>((comm.traffic() - traffic_before).total().total_sent()) / trained;
 
     // Generated text: every rank runs the same forwards (stage 3 gathers are collectives).
     std::string sample;
@@ -278,6 +297,14 @@ result train(const options& o, const corpus& c) {
       res.tokens_per_second = static_cast<double>(o.batch * T) * (o.steps - first_step) / total;
       res.first_step = first_step;
       res.replica_checks = checks.summary();
+      res.sent_per_step = sent_per_step;
+      for (const rz::zero::traffic_entry& e : z.model().plan().traffic()) {
+        res.planned_per_step += e.ring_bytes_sent();
+        res.unquantized_per_step += e.ranks <= 1 ? 0.0
+                                                 : static_cast<double>(e.unquantized_bytes) *
+                                                       (e.collective == rz::collective_kind::all_reduce ? 2 : 1) *
+                                                       (e.ranks - 1) / e.ranks;
+      }
     }
   });
   return res;
@@ -307,7 +334,21 @@ nlohmann::json memory_json(const rz::zero::memory_breakdown& m) {
 int main(int argc, char** argv) {
   options o;
   CLI::App app{"A small character-level GPT (libtorch) trained on Debian's fortunes with DDP or ZeRO 1-3"};
-  app.add_option("--ranks", o.ranks, "ranks (threads of this process)")->check(CLI::Range(1, 64));
+  CLI::Option* ranks_given =
+      app.add_option("--ranks", o.ranks, "ranks (threads of this process; --backend mpi: the process count)")
+          ->check(CLI::Range(1, 64));
+  app.add_option("--backend", o.backend, "local (threads of this process) or mpi (one rank per process, mpirun)")
+      ->check(CLI::IsMember({"local", "mpi"}));
+  app.add_option("--link-gbps", o.link_gbps,
+                 "with --backend mpi: hold each rank's sends back to a link of this many gigabits per second "
+                 "(RINGZERO_LINK_GBPS; docs/mpi.md)")
+      ->check(ex::number_check({.low = 0.001, .high = 1e6}, "a link speed in Gb/s from 0.001 to 1000000", "GBPS"));
+  app.add_option("--quantize-weights", o.quantize_weights,
+                 "zero3: all_gather parameters as int8 or int4 blocks of 256 with a scale each (ZeRO++'s qwZ)")
+      ->check(CLI::IsMember({"none", "int8", "int4"}));
+  app.add_option("--quantize-gradients", o.quantize_gradients,
+                 "zero1-3: reduce gradients as int8 or int4 blocks, added up in float32 (ZeRO++'s qgZ)")
+      ->check(CLI::IsMember({"none", "int8", "int4"}));
   app.add_option("--strategy", o.strategy, "distribution strategy")
       ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
   app.add_option("--wrap", o.wrap, "gather units: per transformer block, per torch submodule, or one")
@@ -341,17 +382,28 @@ int main(int argc, char** argv) {
   app.add_option("--resume", o.resume_dir,
                  "continue from the newest checkpoint in this directory (resharded to this --ranks and --strategy)");
   CLI11_PARSE(app, argc, argv);
-  if (const std::string refusal = ex::launcher_refusal(ex::detect_launcher(), "libtorch_gpt", ""); !refusal.empty()) {
-    std::fprintf(stderr, "%s\n", refusal.c_str());
-    return 2;
-  }
-  if (o.batch % o.ranks != 0 || o.model.embd % o.model.heads != 0) {
-    std::fprintf(stderr, "libtorch_gpt: --batch must be a multiple of --ranks and --heads must divide --embd\n");
+  ex::rank_setup where{o.backend, "cpu", o.ranks, o.pin, o.link_gbps};
+  if (ex::refuse_launcher(where, "libtorch_gpt")) return 2;
+  if (o.link_gbps > 0 && o.backend != "mpi") {
+    std::fprintf(stderr, "libtorch_gpt: --link-gbps needs --backend mpi (the local backend's ranks share memory)\n");
     return 1;
   }
   torch::set_num_threads(1);  // one compute thread per rank
+  int process_rank = 0;       // under --backend mpi only rank 0 prints and writes the JSON file
   try {
+    // --backend mpi: MPI_Init_thread ... MPI_Finalize; --ranks becomes the process count.
+    ex::process_world world(argc, argv, where, ranks_given->count() > 0, "libtorch_gpt");
+    process_rank = world.rank();
+    o.ranks = where.ranks;
+    o.pin = where.pin;
+    if (o.batch % o.ranks != 0 || o.model.embd % o.model.heads != 0)
+      throw rz::error(rz::errc::invalid_argument,
+                      "--batch must be a multiple of --ranks and --heads must divide --embd");
     const corpus c = make_corpus(o.data);
+    if (!world.lead()) {  // the other processes train their rank and print nothing
+      (void)train(o, c);
+      return 0;
+    }
     fmt::print("corpus: {} characters, vocabulary {}, unigram entropy {:.4f} nats ({:.4f} bits) per character\n",
                c.text.size(), c.vocab.size(), c.unigram_entropy, c.unigram_entropy / std::log(2.0));
     fmt::print("{} on {} rank(s), wrap {}, {} blocks of width {}, context {}, global batch {}{}\n", o.strategy, o.ranks,
@@ -392,6 +444,12 @@ int main(int argc, char** argv) {
       fmt::print("training loss (mean of the last {} steps) {:.4f} nats vs unigram entropy {:.4f}: {}\n", k, tail,
                  c.unigram_entropy, tail < c.unigram_entropy ? "below" : "NOT below");
       fmt::print("{:.0f} tokens/s, median step {:.2f} ms\n", r.tokens_per_second, 1e3 * median(r.step_seconds));
+      fmt::print("sent per step and rank: {:.1f} KiB measured; the plan's collectives {:.1f} KiB",
+                 r.sent_per_step / 1024, r.planned_per_step / 1024);
+      if (r.unquantized_per_step != r.planned_per_step)
+        fmt::print(" ({:.1f} KiB without quantization, {:.2f}x)", r.unquantized_per_step / 1024,
+                   r.unquantized_per_step / r.planned_per_step);
+      fmt::print("\n");
     }
     if (!r.replica_checks.empty()) fmt::print("{}\n", r.replica_checks);
     fmt::print("\ngenerated:\n{}\n", r.sample);
@@ -404,6 +462,13 @@ int main(int argc, char** argv) {
                        {"losses", r.losses},
                        {"step_seconds", r.step_seconds},
                        {"median_step_seconds", median(r.step_seconds)},
+                       {"backend", o.backend},
+                       {"link_gbps", o.link_gbps},
+                       {"quantize_weights", o.quantize_weights},
+                       {"quantize_gradients", o.quantize_gradients},
+                       {"sent_bytes_per_step", r.sent_per_step},
+                       {"planned_bytes_per_step", r.planned_per_step},
+                       {"unquantized_bytes_per_step", r.unquantized_per_step},
                        {"tokens_per_second", r.tokens_per_second},
                        {"unigram_entropy", c.unigram_entropy},
                        {"memory_measured", memory_json(m)},
@@ -420,10 +485,6 @@ int main(int argc, char** argv) {
       f << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       if (!f) throw rz::error(rz::errc::io_error, "cannot write " + o.json_path);
     }
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "libtorch_gpt: %s\n", rz::error_text(e).c_str());
-    return 1;
-  }
+  } catch (const std::exception& e) { return ex::report_failure("libtorch_gpt", where, process_rank, e); }
   return 0;
 }

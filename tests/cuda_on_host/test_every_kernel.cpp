@@ -21,6 +21,7 @@
 #include "ringzero/primitive/kernels/fill.hpp"
 #include "ringzero/primitive/kernels/reduce_into.hpp"
 #include "ringzero/primitive/kernels/scale.hpp"
+#include "ringzero/zero/quantize_kernels.hpp"
 #include "ringzero/zero/step_kernels.hpp"
 
 #ifndef RINGZERO_SOURCE_ROOT
@@ -52,6 +53,10 @@ TEST_CASE("every kernel in the tree has run on the host, and every CUDA kernel i
   u.grads = f;
   u.count = 8;
   CHECK(zero::kernels::update_shard(l, u, &s) == 0);
+  const zero::quantized_layout q{zero::quantized_bits::int8, 8, 8, 1};
+  unsigned char wire[16] = {};
+  CHECK(zero::kernels::quantize_segments(l, q, f, dtype::float32, wire) == 0);
+  CHECK(zero::kernels::dequantize_segments(l, q, wire, f, dtype::float32) == 0);
   float x[8] = {}, w[8] = {}, m[8] = {}, v[8] = {}, loss[2] = {};
   std::uint8_t y[2] = {}, labels[2] = {};
   std::uint32_t indices[2] = {};

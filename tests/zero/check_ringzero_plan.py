@@ -292,4 +292,28 @@ check(r.returncode == 0 and "in pinned host memory (offload optimizer) 128.48 Gi
 r = run("--model", "gpt2", "--world-size", "4", "--offload", "gpu")
 check(r.returncode == 1 and "--offload must be none or optimizer, got 'gpu'" in r.stderr, "bad --offload refused")
 
+# Quantized communication: int8 blocks of 256 (1 + 4/256 bytes per element) against float16 (2 bytes).
+q = plans("--model", "gpt2", "--world-size", "4", "--stage", "3", "--quantize-weights", "int8",
+          "--quantize-gradients", "int8")["plans"][0]["traffic_per_step"]
+check(len(q) == 3 and all(t["quantized"] == "int8" for t in q), f"every stage-3 collective quantized: {q}")
+check([t["collective"] for t in q] == ["all_gather", "all_gather", "all_to_all"], "quantized gradients: all_to_all")
+for t in q:
+    ratio = t["unquantized_bytes"] / t["bytes"]
+    check(abs(ratio - 2 / (1 + 4 / 256)) < 0.01, f"{t['purpose']}: {ratio:.4f}x fewer bytes")
+every = plans("--model", "gpt2", "--world-size", "4", "--quantize-weights", "int4", "--quantize-gradients", "int8")
+kinds = [[t["quantized"] for t in p["traffic_per_step"]] for p in every["plans"]]
+check(kinds[0] == ["none"] and "int4" not in kinds[2] and kinds[3][:2] == ["int4", "int4"],
+      f"--stage all keeps each quantization where it applies: {kinds}")
+r = run("--model", "gpt2", "--world-size", "4", "--stage", "3", "--quantize-weights", "int8", "--quantization-block",
+        "100")
+check(r.returncode == 1 and "quantization block size must be a power of two from 8 to 65536, got 100" in r.stderr,
+      f"bad block refused: {r.stderr!r}")
+r = run("--model", "gpt2", "--world-size", "4", "--stage", "2", "--quantize-weights", "int8")
+check(r.returncode == 1 and "quantized weights (int8) need stage 3" in r.stderr, f"weights below stage 3: {r.stderr!r}")
+r = run("--model", "gpt2", "--world-size", "4", "--quantize-gradients", "int2")
+check(r.returncode == 1 and "--quantize-gradients must be none, int8 or int4, got 'int2'" in r.stderr,
+      f"bad width refused: {r.stderr!r}")
+r = run("--model", "gpt2", "--world-size", "4", "--stage", "3", "--quantize-weights", "int8")
+check(r.returncode == 0 and "(int8)" in r.stdout and "fewer bytes" in r.stdout, "the table marks quantized traffic")
+
 sys.exit(finish())

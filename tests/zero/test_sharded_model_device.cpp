@@ -165,6 +165,11 @@ class claims_cuda_stream final : public execution_stream {
   void add_sum_of_squares(double*, const void*, std::uint64_t, dtype) override { fail<void>(); }
   void decide_step(step_scalars*, double, bool) override { fail<void>(); }
   void update_shard(const shard_update&, const step_scalars*) override { fail<void>(); }
+  void quantize_segments(const quantized_layout&, const void*, dtype, void*) override { fail<void>(); }
+  void dequantize_segments(const quantized_layout&, const void*, void*, dtype, bool, std::uint32_t,
+                           const void*) override {
+    fail<void>();
+  }
   void copy(void*, const void*, std::uint64_t) override { fail<void>(); }
   void fill(void*, std::uint64_t, dtype, double) override { fail<void>(); }
   void cast(void*, dtype, const void*, dtype, std::uint64_t) override { fail<void>(); }

@@ -152,6 +152,13 @@ class pinned_offload_stream final : public execution_stream {
     inner_.decide_step(s, max_grad_norm, skip);
   }
   void update_shard(const shard_update& u, const step_scalars* s) override { inner_.update_shard(u, s); }
+  void quantize_segments(const quantized_layout& l, const void* v, dtype t, void* out) override {
+    inner_.quantize_segments(l, v, t, out);
+  }
+  void dequantize_segments(const quantized_layout& l, const void* in, void* v, dtype t, bool average, std::uint32_t own,
+                           const void* own_values) override {
+    inner_.dequantize_segments(l, in, v, t, average, own, own_values);
+  }
   void host_work(std::function<void()> w, const std::string& what) override { inner_.host_work(std::move(w), what); }
   void collective(std::function<void()> i) override { inner_.collective(std::move(i)); }
 

@@ -62,6 +62,10 @@ struct torch_zero_options {
   /// Start every rank from rank 0's values (a broadcast, as DDP does); false: each rank's own,
   /// which must then be equal.
   bool broadcast_from_rank0 = true;
+  /// Quantized communication (zero/quantization.hpp, ZeRO++'s qwZ and qgZ): stage 3's
+  /// parameter all_gathers (the module then computes with the dequantized values) and the
+  /// gradient reduction at stages 1-3; none by default.
+  zero::communication_quantization quantization{};
   zero::sharded_model_options model{};  ///< optimizer, clipping
 };
 
@@ -305,6 +309,7 @@ class torch_zero {
     q.prefetch = options_.prefetch;
     q.reshard_after_forward = options_.reshard_after_forward;
     q.max_inflight_reductions = options_.max_inflight_reductions;
+    q.quantization = options_.quantization;
     return q;
   }
 

@@ -85,6 +85,16 @@ class cuda_execution_stream final : public execution_stream, public primitive::c
     const optimizer_kernels& k = kernels_on_device();
     launched(k.update_shard(u, s, stream_->get()), "the optimizer update of a shard");
   }
+  void quantize_segments(const quantized_layout& l, const void* values, dtype type, void* out) override {
+    const optimizer_kernels& k = kernels_on_device();
+    launched(k.quantize_segments(l, values, type, out, stream_->get()), "the quantization of a collective's input");
+  }
+  void dequantize_segments(const quantized_layout& l, const void* in, void* values, dtype type, bool average,
+                           std::uint32_t own, const void* own_values) override {
+    const optimizer_kernels& k = kernels_on_device();
+    launched(k.dequantize_segments(l, in, values, type, average, own, own_values, stream_->get()),
+             "the dequantization of a collective's result");
+  }
   void collective(std::function<void()> issue) override { issue(); }
 
  private:

@@ -29,6 +29,8 @@
 #include "ringzero/primitive/memory_space.hpp"
 #include "ringzero/primitive/reduce.hpp"
 #include "ringzero/primitive/stream.hpp"
+#include "ringzero/zero/quantization.hpp"
+#include "ringzero/zero/quantize_kernels.hpp"
 #include "ringzero/zero/shard_update.hpp"
 #include "ringzero/zero/step_kernels.hpp"
 
@@ -65,6 +67,12 @@ class execution_stream : public virtual primitive::stream {
   virtual void add_sum_of_squares(double* sum, const void* values, std::uint64_t count, dtype type) = 0;
   virtual void decide_step(step_scalars* s, double max_grad_norm, bool skip_nonfinite) = 0;
   virtual void update_shard(const shard_update& u, const step_scalars* s) = 0;
+  /// Quantized communication's operations on the stream's memory (zero/quantize_kernels.hpp):
+  /// `kernels::quantize_segments` and `kernels::dequantize_segments` with the same arguments, the
+  /// kernels on CUDA, their plain-loop twins (the same bytes) on the host stream.
+  virtual void quantize_segments(const quantized_layout& l, const void* values, dtype type, void* out) = 0;
+  virtual void dequantize_segments(const quantized_layout& l, const void* in, void* values, dtype type, bool average,
+                                   std::uint32_t own, const void* own_values) = 0;
   /// A collective of a communicator of this stream's memory, issued in order: the host kind runs
   /// `issue` (which calls the blocking collective) as a task, on the thread that drives the
   /// stream (the communicator's progress thread for a communication stream); the CUDA kind calls
@@ -111,6 +119,18 @@ class host_execution_stream final : public execution_stream, public primitive::h
   void update_shard(const shard_update& u, const step_scalars* s) override {
     native().enqueue([u, s] {
       launched(kernels::update_shard(primitive::kernels::host_launcher{}, u, s), "the optimizer update of a shard");
+    });
+  }
+  void quantize_segments(const quantized_layout& l, const void* values, dtype type, void* out) override {
+    native().enqueue([=] {
+      launched(kernels::host_quantize_segments(l, values, type, out), "the quantization of a collective's input");
+    });
+  }
+  void dequantize_segments(const quantized_layout& l, const void* in, void* values, dtype type, bool average,
+                           std::uint32_t own, const void* own_values) override {
+    native().enqueue([=] {
+      launched(kernels::host_dequantize_segments(l, in, values, type, average, own, own_values),
+               "the dequantization of a collective's result");
     });
   }
   void collective(std::function<void()> issue) override { native().enqueue(std::move(issue)); }

@@ -235,6 +235,9 @@ inline std::vector<ringzero::detail::agreed_value> model_agreement::summary(bool
   const auto optimizer_text = [](std::uint64_t bits) {
     return optimizer_name(static_cast<optimizer_kind>(bits)).data();
   };
+  const auto quantized_text = [](std::uint64_t bits) {
+    return quantized_bits_name(static_cast<quantized_bits>(bits)).data();
+  };
   const plan_request& q = plan_.request();
   detail::fnv1a precision_hash;
   detail::hash_precision(precision_hash, q.precision);
@@ -252,6 +255,9 @@ inline std::vector<ringzero::detail::agreed_value> model_agreement::summary(bool
       {"reshard_after_forward", static_cast<std::uint64_t>(q.reshard_after_forward), shown::named,
        +[](std::uint64_t bits) { return reshard_policy_name(static_cast<reshard_policy>(bits)).data(); }},
       {"max_inflight_reductions", static_cast<std::uint64_t>(q.max_inflight_reductions), shown::integer},
+      {"quantization.weights", static_cast<std::uint64_t>(q.quantization.weights), shown::named, +quantized_text},
+      {"quantization.gradients", static_cast<std::uint64_t>(q.quantization.gradients), shown::named, +quantized_text},
+      {"quantization.block_size", q.quantization.block_size, shown::integer},
       {"precision (hash)", precision_hash.value(), shown::hash},
       {"parameter count", q.parameters.size(), shown::integer},
       {"parameters (hash of names, shapes, dtypes, flags, tie groups, units)", parameters_hash(0, q.parameters.size()),

@@ -1,6 +1,7 @@
 #pragma once
 /// @file
-/// `zero::optimizer_kernels`: the CUDA kernels of the ZeRO step (zero/optimizer_kernels.cuh)
+/// `zero::optimizer_kernels`: the CUDA kernels of the ZeRO step and of quantized communication
+/// (zero/optimizer_kernels.cuh)
 /// behind a table of plain function pointers, so that `cuda_execution_stream` (compiled by the
 /// host compiler) can enqueue them. Registered, like primitive/device_primitives.hpp's table,
 /// by the one .cu file of a program that includes <ringzero/cuda.cuh>.
@@ -13,6 +14,7 @@
 
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
+#include "ringzero/zero/quantization.hpp"
 #include "ringzero/zero/shard_update.hpp"
 
 namespace ringzero::zero {
@@ -32,6 +34,12 @@ struct optimizer_kernels {
   /// `detail::update_shard(u, float(s->gradient_multiplier))` as one element-wise kernel, nothing
   /// when `s->skipped` (read on the device).
   int (*update_shard)(const shard_update& u, const step_scalars* s, void* stream) noexcept = nullptr;
+  /// `kernels::quantize_segments` (zero/quantize_kernels.hpp) on the device.
+  int (*quantize_segments)(const quantized_layout& l, const void* values, dtype type, void* out,
+                           void* stream) noexcept = nullptr;
+  /// `kernels::dequantize_segments` (zero/quantize_kernels.hpp) on the device.
+  int (*dequantize_segments)(const quantized_layout& l, const void* in, void* values, dtype type, bool average,
+                             std::uint32_t own, const void* own_values, void* stream) noexcept = nullptr;
 };
 
 namespace detail {

@@ -5,6 +5,7 @@
 /// `communication_buffers`, and the checked arithmetic and fingerprint helpers the planner uses.
 /// Plain values. The manual: docs/zero.md, "Header notes", `ringzero/zero/shard_plan.hpp`.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "ringzero/zero/offload.hpp"
 #include "ringzero/zero/parameter_spec.hpp"
 #include "ringzero/zero/precision.hpp"
+#include "ringzero/zero/quantization.hpp"
 
 namespace ringzero::zero {
 
@@ -98,6 +100,11 @@ struct plan_request {
   /// weights and optimizer states there, with one transfer buffer per trainable buffer for the
   /// gradient shard and one for the updated parameter shard.
   zero::offload offload = zero::offload::none;
+  /// What the collectives send quantized (zero/quantization.hpp): stage 3's all_gathers of
+  /// parameters, the reduction of gradients over the shard group. Changes the plan's traffic
+  /// (`traffic_entry::bytes`; `unquantized_bytes` keeps the full-precision figure) and adds one
+  /// staging buffer to the communication buffers.
+  communication_quantization quantization{};
 };
 
 /// Where one parameter lives in the plan.
@@ -164,9 +171,13 @@ struct communication_buffers {
   std::uint64_t gather_buffers = 0;         ///< gather buffers live at once (stage 3)
   std::uint64_t gradient_bucket_bytes = 0;  ///< one bucket: the largest unit's gradient_bytes
   std::uint64_t gradient_buckets = 0;       ///< buckets live at once (stages 2-3)
+  /// Quantized communication's staging buffer (one; the collectives run one after another on the
+  /// communication stream): the largest of a quantized all_gather's segments and a quantized
+  /// gradient reduction's send and receive segments. 0 without quantization.
+  std::uint64_t quantization_bytes = 0;
   /// Bytes of all of them (unchecked; a `shard_plan` refuses a request for which this overflows).
   constexpr std::uint64_t bytes() const noexcept {
-    return gather_buffer_bytes * gather_buffers + gradient_bucket_bytes * gradient_buckets;
+    return gather_buffer_bytes * gather_buffers + gradient_bucket_bytes * gradient_buckets + quantization_bytes;
   }
 };
 
@@ -225,6 +236,59 @@ inline std::uint64_t round_up_or_refuse(std::uint64_t x, std::uint64_t m, std::s
   const auto rounded = checked_round_up(x, m);
   if (!rounded) plan_error(std::string(what) + " overflows 64 bits");
   return *rounded;
+}
+
+/// Refuses (errc::invalid_argument) a request's quantization settings that no plan can meet
+/// (zero/quantization.hpp's `communication_quantization`).
+inline void validate_quantization(const plan_request& q) {
+  const communication_quantization& qz = q.quantization;
+  if (!is_valid(qz.weights) || !is_valid(qz.gradients))
+    plan_error("quantization widths must be none, int8 or int4, got values " +
+               std::to_string(static_cast<unsigned>(qz.weights)) + " (weights) and " +
+               std::to_string(static_cast<unsigned>(qz.gradients)) + " (gradients)");
+  if (qz.any() && !valid_quantization_block(qz.block_size))
+    plan_error("the quantization block size must be a power of two from " + std::to_string(min_quantization_block) +
+               " to " + std::to_string(max_quantization_block) + ", got " + std::to_string(qz.block_size));
+  if (qz.weights != quantized_bits::none && q.stage != 3)
+    plan_error("quantized weights (" + std::string(quantized_bits_name(qz.weights)) +
+               ") need stage 3, whose all_gathers they apply to; the stage is " + std::to_string(q.stage));
+  if (qz.gradients != quantized_bits::none && q.stage == 0)
+    plan_error("quantized gradients (" + std::string(quantized_bits_name(qz.gradients)) +
+               ") need stage 1, 2 or 3, whose reduce_scatter they apply to; stage 0 all_reduces");
+}
+
+/// The staging buffer quantized communication needs (`communication_buffers::quantization_bytes`)
+/// for `buffers` split into `shards`: the largest quantized all_gather (weights) and twice the
+/// largest quantized gradient reduction (send and receive). Refuses (errc::invalid_argument) a
+/// buffer to quantize whose type is not float32, bfloat16 or float16, naming its first parameter.
+inline std::uint64_t quantization_staging_bytes(const plan_request& q, const std::vector<flat_buffer>& buffers,
+                                                int shards) {
+  const communication_quantization& qz = q.quantization;
+  auto quantizable = [](dtype t) { return t == dtype::float32 || t == dtype::bfloat16 || t == dtype::float16; };
+  std::uint64_t most = 0;
+  auto need = [&](quantized_bits bits, std::uint64_t shard_numel, std::uint64_t copies) {
+    const std::uint64_t segment = quantized_layout{bits, qz.block_size, shard_numel, 1}.bytes();
+    most = std::max(most, multiply_or_refuse(multiply_or_refuse(segment, static_cast<std::uint64_t>(shards),
+                                                                "the quantization staging buffer"),
+                                             copies, "the quantization staging buffer"));
+  };
+  for (const flat_buffer& f : buffers) {
+    if (f.numel == 0) continue;
+    const std::string& first = q.parameters[f.parameters.front()].name;
+    if (qz.weights != quantized_bits::none) {
+      if (!quantizable(f.type))
+        plan_error("quantized weights need float32, bfloat16 or float16 parameters; parameter '" + first + "' is " +
+                   std::string(dtype_name(f.type)));
+      need(qz.weights, f.shard_numel, 1);
+    }
+    if (qz.gradients != quantized_bits::none && f.trainable) {
+      if (!quantizable(f.gradient_type))
+        plan_error("quantized gradients need float32, bfloat16 or float16 gradients; those of parameter '" + first +
+                   "' are " + std::string(dtype_name(f.gradient_type)));
+      need(qz.gradients, f.shard_numel, 2);
+    }
+  }
+  return most;
 }
 
 }  // namespace detail

@@ -40,6 +40,9 @@ inline std::string reproducible_gradients_problem(const shard_plan& plan, double
   if (replica_world_size > 1)
     return "reproducible mode does not support hybrid sharding (a replica communicator of " +
            std::to_string(replica_world_size) + " ranks): averaging across replica groups is not reproducible";
+  if (const quantized_bits q = plan.request().quantization.gradients; q != quantized_bits::none)
+    return "reproducible mode reduces gradients in full precision: quantized gradients (" +
+           std::string(quantized_bits_name(q)) + ") are refused with it";
   for (const flat_buffer& f : plan.buffers()) {
     if (!f.trainable) continue;
     const dtype t = f.gradient_type;

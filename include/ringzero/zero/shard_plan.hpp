@@ -58,6 +58,7 @@ class shard_plan {
     build_buffers();
     index_storages();
     simulate_schedule();
+    size_quantization();
     compute_memory();
     compute_traffic();
     compute_fingerprint();
@@ -235,6 +236,7 @@ class shard_plan {
       detail::plan_error("max_inflight_reductions must be at least 1, got " +
                          std::to_string(q.max_inflight_reductions));
     shards_ = q.stage == 0 ? 1 : group;
+    detail::validate_quantization(q);
 
     const zero::precision& pr = q.precision;
     auto check_type = [](dtype t, const char* what, bool floating) {
@@ -504,6 +506,11 @@ class shard_plan {
     }
   }
 
+  /// The staging buffer of quantized communication (refuses a buffer that cannot be quantized).
+  void size_quantization() {
+    communication_.quantization_bytes = detail::quantization_staging_bytes(request_, buffers_, shards_);
+  }
+
   /// Memory per rank by category. Every product and sum is checked, so each category, the model
   /// states and the total (memory_breakdown's sums) fit in 64 bits, or the request is refused.
   void compute_memory() {
@@ -532,8 +539,10 @@ class shard_plan {
     const communication_buffers& c = communication_;
     constexpr std::string_view buffers = "the communication buffer memory per rank";
     device_memory_.communication_buffers = detail::add_or_refuse(
-        detail::multiply_or_refuse(c.gather_buffer_bytes, c.gather_buffers, buffers),
-        detail::multiply_or_refuse(c.gradient_bucket_bytes, c.gradient_buckets, buffers), buffers);
+        detail::add_or_refuse(detail::multiply_or_refuse(c.gather_buffer_bytes, c.gather_buffers, buffers),
+                              detail::multiply_or_refuse(c.gradient_bucket_bytes, c.gradient_buckets, buffers),
+                              buffers),
+        c.quantization_bytes, buffers);
     constexpr std::string_view states =
         "the model-state memory per rank (parameters, gradients, master weights, optimizer states)";
     // Device plus host, category by category: each sum, the model states and the total fit.
@@ -558,10 +567,14 @@ class shard_plan {
     const auto accumulation = static_cast<std::uint64_t>(q.accumulation_steps);
     const int groups = replica_groups();
     std::uint64_t step_volume = 0;
+    const communication_quantization& qz = q.quantization;
     auto add = [&](collective_kind k, rank_group g, int ranks, std::string purpose, std::uint64_t repeat,
-                   bool trainable_only, bool gradient, bool shard_only, const std::vector<std::uint64_t>* per_unit) {
+                   bool trainable_only, bool gradient, bool shard_only, const std::vector<std::uint64_t>* per_unit,
+                   quantized_bits quantized = quantized_bits::none) {
       traffic_entry e;
-      e.collective = k;
+      e.collective =
+          quantized != quantized_bits::none && k == collective_kind::reduce_scatter ? collective_kind::all_to_all : k;
+      e.quantized = quantized;
       e.group = g;
       e.ranks = ranks;
       e.purpose = std::move(purpose);
@@ -576,7 +589,14 @@ class shard_plan {
         const std::uint64_t n = detail::multiply_or_refuse(times, count, elements);
         e.elements = detail::add_or_refuse(e.elements, n, elements);
         const std::uint64_t size = dtype_size(gradient ? f.gradient_type : f.type);
-        e.bytes = detail::add_or_refuse(e.bytes, detail::multiply_or_refuse(n, size, bytes), bytes);
+        const std::uint64_t full = detail::multiply_or_refuse(n, size, bytes);
+        e.unquantized_bytes = detail::add_or_refuse(e.unquantized_bytes, full, bytes);
+        const std::uint64_t sent =
+            quantized == quantized_bits::none
+                ? full
+                : detail::multiply_or_refuse(
+                      times, quantized_layout{quantized, qz.block_size, f.shard_numel, 1}.bytes() * shards_, bytes);
+        e.bytes = detail::add_or_refuse(e.bytes, sent, bytes);
       }
       if (e.calls == 0) return;
       const std::uint64_t volume = e.collective == collective_kind::all_reduce ? 2 : 1;
@@ -592,12 +612,12 @@ class shard_plan {
     }
     if (stage == 3) {
       add(collective_kind::all_gather, rank_group::shard, shards_, "parameters before forward", accumulation, false,
-          false, false, &gathers_forward_);
+          false, false, &gathers_forward_, qz.weights);
       add(collective_kind::all_gather, rank_group::shard, shards_, "parameters before backward", accumulation, false,
-          false, false, &gathers_backward_);
+          false, false, &gathers_backward_, qz.weights);
     }
     add(collective_kind::reduce_scatter, rank_group::shard, shards_, "gradients", stage >= 2 ? accumulation : 1, true,
-        true, false, nullptr);
+        true, false, nullptr, qz.gradients);
     if (groups > 1)
       add(collective_kind::all_reduce, rank_group::replica, groups, "gradient shards across replica groups", 1, true,
           true, true, nullptr);
@@ -626,6 +646,12 @@ class shard_plan {
     if (q.offload != offload::none) {  // plans without offload keep their fingerprints
       h.text("offload");
       h.u64(static_cast<std::uint64_t>(q.offload));
+    }
+    if (q.quantization.any()) {  // as offload
+      h.text("quantization");
+      h.u64(static_cast<std::uint64_t>(q.quantization.weights));
+      h.u64(static_cast<std::uint64_t>(q.quantization.gradients));
+      h.u64(q.quantization.block_size);
     }
     h.u64(q.parameters.size());
     for (const parameter_spec& s : q.parameters) detail::hash_parameter(h, s);

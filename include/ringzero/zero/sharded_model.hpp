@@ -351,7 +351,7 @@ class sharded_model {
     m.optimizer_states = optimizer_->state_bytes();
     for (const auto& b : gathers_buffers_) m.communication_buffers += b.bytes();
     for (const auto& b : buckets_) m.communication_buffers += b.bytes();
-    m.communication_buffers += offload_ ? offload_->bytes() : 0;
+    m.communication_buffers += (offload_ ? offload_->bytes() : 0) + quantization_staging_.bytes();
     return m;
   }
   /// What this rank's runtime has allocated in `space`, measured where it allocates
@@ -662,11 +662,10 @@ class sharded_model {
   std::optional<sharded_optimizer> optimizer_;
   loss_scaler scaler_;                                ///< the same on every rank: updated from the global decision
   std::vector<detail::host_buffer> gathers_buffers_;  ///< gather buffer pool (stage 3)
-  std::vector<std::size_t> gather_free_;
-  std::vector<std::size_t> unit_gather_;
+  std::vector<std::size_t> gather_free_, unit_gather_;
   std::vector<detail::host_buffer> buckets_;  ///< gradient bucket pool (stages 2-3)
-  std::vector<std::size_t> bucket_free_;
-  std::vector<std::size_t> unit_bucket_;
+  std::vector<std::size_t> bucket_free_, unit_bucket_;
+  detail::host_buffer quantization_staging_;  ///< quantized communication's segments (plan_request::quantization)
   detail::gather_schedule gathers_;
   detail::gradient_schedule gradients_;
   std::vector<bool> marked_;

@@ -5,6 +5,7 @@
 /// and launching and completing a unit's reduction on the communication stream. Included by
 /// zero/sharded_model.hpp at its end; include that header, not this one.
 
+#include "ringzero/collective/all_to_all.hpp"
 #include "ringzero/zero/sharded_model.hpp"
 
 namespace ringzero::zero {
@@ -57,6 +58,7 @@ inline void sharded_model::allocate() {
     buckets_.emplace_back(make_buffer(cb.gradient_bucket_bytes));
     bucket_free_.push_back(buckets_.size() - 1);
   }
+  if (cb.quantization_bytes > 0) quantization_staging_ = make_buffer(cb.quantization_bytes);
   step_scalars_ = make_buffer(sizeof(step_scalars));  // not model state: outside memory_in_use
   for (std::size_t u = 0; u < units; ++u) gathered_.push_back(compute_->make_event());
   for (std::size_t i = 0; i < gathers_buffers_.size(); ++i) gather_slot_free_.push_back(compute_->make_event());
@@ -98,13 +100,26 @@ inline void sharded_model::start_gather(std::size_t u) {
   execution_stream& s = *comm_stream_;
   s.wait(*gather_slot_free_[slot]);
   unsigned char* base = gathers_buffers_[slot].data();
+  const communication_quantization& qz = plan_.request().quantization;
   for (std::size_t b : plan_.units()[u].buffers) {
     const flat_buffer& f = plan_.buffers()[b];
     if (f.shard_numel == 0) continue;
     const collective_options tag = tagged(call_purpose::gather, b);
     unsigned char* src = params_[b].data();
     unsigned char* dst = base + f.gather_offset;
-    s.collective([this, src, dst, &f, tag] { all_gather(comm_, src, dst, f.shard_numel, f.type, tag); });
+    if (qz.weights == quantized_bits::none) {
+      s.collective([this, src, dst, &f, tag] { all_gather(comm_, src, dst, f.shard_numel, f.type, tag); });
+      continue;
+    }
+    // Quantized (zero/quantization.hpp): the rank's segment in place in the staging buffer,
+    // all_gathered as bytes, every segment (its own too) dequantized into the gather buffer.
+    const quantized_layout l{qz.weights, qz.block_size, f.shard_numel, static_cast<std::uint32_t>(plan_.shards())};
+    const std::uint64_t segment = l.segment_bytes();
+    unsigned char* staged = quantization_staging_.data();
+    unsigned char* mine = staged + static_cast<std::uint64_t>(shard_index_) * segment;
+    s.quantize_segments(quantized_layout{l.bits, l.block_size, l.count, 1}, src, f.type, mine);
+    s.collective([this, mine, staged, segment, tag] { all_gather(comm_, mine, staged, segment, dtype::uint8, tag); });
+    s.dequantize_segments(l, staged, dst, f.type, false, 0, nullptr);
   }
   s.record(*gathered_[u]);
 }
@@ -155,6 +170,20 @@ inline void sharded_model::launch_reduction(std::size_t u) {
     const std::uint64_t own = static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
     unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
     const collective_options tag = tagged(call_purpose::reduce, b);
+    if (const quantized_bits q = plan_.request().quantization.gradients; q != quantized_bits::none) {
+      // Quantized (zero/quantization.hpp): every rank's segment quantized, an all_to_all, and
+      // this rank's segment replaced by the float32 average of what it received and its own.
+      const quantized_layout l{q, plan_.request().quantization.block_size, f.shard_numel,
+                               static_cast<std::uint32_t>(plan_.shards())};
+      unsigned char* send = quantization_staging_.data();
+      unsigned char* recv = send + l.bytes();
+      const std::uint64_t segment = l.segment_bytes();
+      s.quantize_segments(l, full, f.gradient_type, send);
+      s.collective([this, send, recv, segment, tag] { all_to_all(comm_, send, recv, segment, dtype::uint8, tag); });
+      s.dequantize_segments(l, recv, full + own, f.gradient_type, true, static_cast<std::uint32_t>(shard_index_),
+                            full + own);
+      continue;
+    }
     if (stage == 0)
       s.collective(
           [this, full, &f, tag] { all_reduce(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg, tag); });

@@ -121,7 +121,9 @@ inline void sharded_model::copy_parameter_out(std::size_t p, std::span<float> ou
     src = params_[pl.buffer].data();
   } else {
     const std::size_t w = storage_unit(p);
-    if (gathers_.held(w)) {  // gathered on the communication stream: ordered before the copy
+    // Gathered on the communication stream: ordered before the copy; quantized gathers hold
+    // dequantized values, so then the shards are gathered again in full precision.
+    if (gathers_.held(w) && plan_.request().quantization.weights == quantized_bits::none) {
       src = gathers_buffers_[unit_gather_[w]].data() + f.gather_offset;
     } else {
       borrowed_slot = take_gather_slot();

@@ -21,6 +21,7 @@
 #include <string_view>
 
 #include "ringzero/core/algorithm.hpp"
+#include "ringzero/zero/quantization.hpp"
 
 namespace ringzero::zero {
 
@@ -49,13 +50,19 @@ constexpr std::string_view rank_group_name(rank_group g) noexcept {
 /// below are unchecked; a `shard_plan` refuses any request for which its entries' calls,
 /// elements, bytes or volumes would overflow 64 bits, so for a plan's entries they are exact.
 struct traffic_entry {
-  collective_kind collective = collective_kind::all_reduce;  ///< all_reduce, reduce_scatter or all_gather
-  rank_group group = rank_group::shard;                      ///< which ranks take part
-  int ranks = 1;                                             ///< ranks in that group
-  std::string purpose;                                       ///< e.g. "gradients", "parameters before forward"
-  std::uint64_t calls = 0;                                   ///< collectives per step (per buffer and micro-batch)
-  std::uint64_t elements = 0;  ///< sum of their sizes S in elements (see the file comment)
-  std::uint64_t bytes = 0;     ///< the same in bytes
+  /// all_reduce, reduce_scatter or all_gather; all_to_all for quantized gradients (each rank
+  /// sends every other rank its quantized segment, the owner adds them up).
+  collective_kind collective = collective_kind::all_reduce;
+  rank_group group = rank_group::shard;  ///< which ranks take part
+  int ranks = 1;                         ///< ranks in that group
+  std::string purpose;                   ///< e.g. "gradients", "parameters before forward"
+  std::uint64_t calls = 0;               ///< collectives per step (per buffer and micro-batch)
+  std::uint64_t elements = 0;            ///< sum of their sizes S in elements (see the file comment)
+  std::uint64_t bytes = 0;               ///< the same in bytes, as sent (quantized: the segments' bytes)
+  /// The bytes without quantization (equal to `bytes` when `quantized` is none).
+  std::uint64_t unquantized_bytes = 0;
+  /// The width the entry's collectives send (zero/quantization.hpp; none: the element type).
+  quantized_bits quantized = quantized_bits::none;
 
   /// The paper's volume in elements: 2S for all_reduce, S otherwise.
   constexpr std::uint64_t volume_elements() const noexcept {
