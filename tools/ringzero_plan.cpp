@@ -446,7 +446,8 @@ nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gp
   j["communication_buffers"] = {{"gather_buffers", comm.gather_buffers},
                                 {"gather_buffer_bytes", comm.gather_buffer_bytes},
                                 {"gradient_buckets", comm.gradient_buckets},
-                                {"gradient_bucket_bytes", comm.gradient_bucket_bytes}};
+                                {"gradient_bucket_bytes", comm.gradient_bucket_bytes},
+                                {"quantization_bytes", comm.quantization_bytes}};
   j["padding_elements"] = plan.padding_elements();
   j["paper"] = {{"psi", c.psi},
                 {"devices", c.devices},
@@ -546,6 +547,8 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
   if (stage >= 2)
     fmt::print("{} gradient bucket{} of {} (each sized for the largest unit)\n", comm.gradient_buckets,
                comm.gradient_buckets == 1 ? "" : "s", human(static_cast<double>(comm.gradient_bucket_bytes)));
+  if (comm.quantization_bytes > 0)
+    fmt::print("  quantized communication's staging buffer: {}\n", human(static_cast<double>(comm.quantization_bytes)));
   if (gpu) {
     const double left = static_cast<double>(*gpu) - static_cast<double>(dm.total());
     if (left >= 0)
@@ -560,7 +563,7 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
   // running into its neighbour (same layout as before for values that fit).
   fmt::print("  {:<15}{:<15}{:<38}{:>7} {:>17} {:>13} {:>13}\n", "collective", "group", "purpose", "calls", "elements",
              "bytes", "ring sent");
-  std::uint64_t sent = 0, unquantized = 0;
+  double sent = 0, unquantized = 0;  // summed as doubles: the entries are exact, their sum may not fit
   for (const auto& e : plan.traffic()) {
     const std::string purpose =
         e.quantized == ringzero::zero::quantized_bits::none
@@ -569,12 +572,12 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
     fmt::print("  {:<15}{:<15}{:<38}{:>7} {:>17} {:>13} {:>13}\n", ringzero::collective_name(e.collective),
                fmt::format("{} ({})", short_group(e.group), e.ranks), purpose, e.calls, grouped(e.elements),
                human(static_cast<double>(e.bytes)), human(e.ring_bytes_sent()));
-    sent += e.bytes;
-    unquantized += e.unquantized_bytes;
+    sent += static_cast<double>(e.bytes);
+    unquantized += static_cast<double>(e.unquantized_bytes);
   }
   if (sent != unquantized)
-    fmt::print("  quantized: {} per step instead of {} ({:.2f}x fewer bytes)\n", human(static_cast<double>(sent)),
-               human(static_cast<double>(unquantized)), static_cast<double>(unquantized) / static_cast<double>(sent));
+    fmt::print("  quantized: {} per step instead of {} ({:.2f}x fewer bytes)\n", human(sent), human(unquantized),
+               unquantized / sent);
 
   fmt::print("\nAgainst the ZeRO paper (Psi = {} parameters, N = {}, K = 12)\n", grouped(plan.parameter_elements()),
              c.devices);

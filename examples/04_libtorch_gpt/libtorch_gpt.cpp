@@ -430,12 +430,13 @@ int main(int argc, char** argv) {
         "step's scalars  {}\n",
         r.allocated_peak, r.allocated_now, p.total(), scalars,
         r.allocated_peak <= p.total() + scalars ? "within the plan" : "ABOVE THE PLAN");
+    const int here = o.backend == "mpi" ? 1 : o.ranks;  // ranks in this process
     if (resident_before && resident_after)
       fmt::print(
           "  process resident memory: peak {} B, {} B above the start; the runtimes of {} rank(s) allocated {} B "
           "at the peak (the rest: libtorch's activations, gradients and workspace)\n",
-          resident_after->peak, resident_after->peak - resident_before->now, o.ranks,
-          r.allocated_peak * static_cast<std::uint64_t>(o.ranks));
+          resident_after->peak, resident_after->peak - resident_before->now, here,
+          r.allocated_peak * static_cast<std::uint64_t>(here));
     if (!r.losses.empty()) {
       double tail = 0;
       const std::size_t k = std::min<std::size_t>(20, r.losses.size());

@@ -219,6 +219,7 @@ struct q_outcome {
   std::vector<std::vector<float>> gathered;  // per parameter, the stage-3 view in forward
   std::vector<std::vector<float>> after;     // per parameter, read_parameter after one step
   bool memory_as_planned = false;            // communication buffers (staging included) = the plan's
+  bool held_read_full = true;                // read_parameter during forward gave the full-precision values
 };
 
 /// One SGD step (lr 1) of the test model with q_gradient, reading stage 3's gathered views.
@@ -229,11 +230,20 @@ q_outcome q_run(sharded_model& model, int rank) {
   out.gathered.resize(plan.parameters().size());
   for (std::size_t u = 0; u < model.unit_count(); ++u) {
     model.pre_forward(u);
-    if (plan.stage() == 3)
+    if (plan.stage() == 3) {
       for (std::size_t p : plan.units()[u].members) {
         auto v = model.parameter<float>(p);
         out.gathered[p].assign(v.begin(), v.end());
       }
+      // read_parameter of a held unit: full precision, and no gather slot more in the pool.
+      const std::size_t p = plan.units()[u].members.front();
+      const std::uint64_t before = model.memory_in_use().communication_buffers;
+      std::vector<float> v(plan.placements()[p].numel);
+      model.read_parameter(p, v);
+      for (std::size_t j = 0; j < v.size(); ++j)
+        if (v[j] != initial_value(plan.placements()[p].storage, j)) out.held_read_full = false;
+      if (model.memory_in_use().communication_buffers != before) out.held_read_full = false;
+    }
     model.post_forward(u);
   }
   for (std::size_t u = model.unit_count(); u-- > 0;) {
@@ -253,7 +263,9 @@ q_outcome q_run(sharded_model& model, int rank) {
     model.read_parameter(p, v);
     out.after.push_back(std::move(v));
   }
-  out.memory_as_planned = model.memory_in_use().communication_buffers == plan.memory().communication_buffers;
+  out.memory_as_planned = model.memory_in_use().communication_buffers == plan.memory().communication_buffers &&
+                          model.memory_in_use(primitive::memory_space::host).communication_buffers ==
+                              plan.device_memory().communication_buffers;
   return out;
 }
 
@@ -323,6 +335,7 @@ TEST_CASE("quantized runtime: stage 3's gathers and the gradient reduction are t
                 CAPTURE(j);
                 for (const q_outcome& o : outcomes) {
                   CHECK(o.memory_as_planned);
+                  CHECK(o.held_read_full);
                   if (stage == 3) CHECK(q_same_bits(o.gathered[p][j], gathered[plan.placements()[p].offset + j]));
                   if (gradients != quantized_bits::none || !f.trainable)
                     CHECK(q_same_bits(o.after[p][j], updated[plan.placements()[p].offset + j]));
@@ -339,9 +352,15 @@ TEST_CASE("quantized runtime: stage 3's gathers and the gradient reduction are t
           }
           for (const traffic_entry& e : plan.traffic()) planned += e.volume_bytes() * (n - 1);
           // read_parameter after the step (stage 3): a full-precision all_gather of each parameter's buffer
-          if (stage == 3)
+          if (stage == 3) {
             for (const parameter_placement& pl : plan.placements())
               planned += plan.buffers()[pl.buffer].numel * 4 * (n - 1);
+            // and during forward the first member of each unit: gathered again (held units are
+            // read from their slot unless quantized)
+            if (weights != quantized_bits::none)
+              for (const gather_unit& u : plan.units())
+                planned += plan.buffers()[plan.placements()[u.members.front()].buffer].numel * 4 * (n - 1);
+          }
           CHECK(sent == planned);
           CHECK(received == sent);
         }
@@ -385,6 +404,10 @@ TEST_CASE("quantized plan: bytes per step with and without, the staging buffer, 
     CHECK(quantized.fingerprint() != full.fingerprint());
     CHECK(full.communication().quantization_bytes == 0);
   }
+  // A shard group of one rank sends nothing: nothing is quantized, no staging buffer.
+  const shard_plan alone(q_request(3, 1, {quantized_bits::int8, quantized_bits::int8, 8}));
+  CHECK(alone.request().quantization.weights == quantized_bits::none);
+  CHECK(alone.communication().quantization_bytes == 0);
   // At 256 elements per block the int8 wire is 1 + 4/256 bytes per element: 3.94x below float32.
   plan_request big = q_request(3, 4, {quantized_bits::int8, quantized_bits::int8, 256});
   big.parameters = {make_spec("w", {4096, 1024}, "a"), make_spec("v", {4096, 1024}, "b")};
@@ -433,6 +456,17 @@ TEST_CASE("quantization refusals: the plan, reproducible mode, ranks that differ
   });
   for (const std::string& e : errors)
     CHECK(e.find("quantized gradients (int8) are refused with it") != std::string::npos);
+  local::launch(2, [&](communicator& comm) {
+    sharded_model_options o = q_sgd();
+    o.reproducible = true;
+    try {
+      sharded_model model(comm, q_request(3, 2, {quantized_bits::int4, quantized_bits::none, 256}), o);
+      errors[static_cast<std::size_t>(comm.rank())].clear();
+    } catch (const error& e) { errors[static_cast<std::size_t>(comm.rank())] = e.what(); }
+  });
+  for (const std::string& e : errors)
+    CHECK(e.find("quantized weights (int4), whose blocks start at each shard, are refused with it") !=
+          std::string::npos);
   local::launch(2, [&](communicator& comm) {
     const quantized_bits w = comm.rank() == 0 ? quantized_bits::int8 : quantized_bits::int4;
     try {

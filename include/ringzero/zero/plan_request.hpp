@@ -267,6 +267,10 @@ inline std::uint64_t quantization_staging_bytes(const plan_request& q, const std
   auto quantizable = [](dtype t) { return t == dtype::float32 || t == dtype::bfloat16 || t == dtype::float16; };
   std::uint64_t most = 0;
   auto need = [&](quantized_bits bits, std::uint64_t shard_numel, std::uint64_t copies) {
+    const quantized_layout l{bits, qz.block_size, shard_numel, static_cast<std::uint32_t>(shards)};
+    if (l.blocks() * l.segments > std::uint64_t{0x7fffffff})  // the CUDA grid of a dequantization
+      plan_error("a flat buffer of " + std::to_string(shard_numel * l.segments) + " elements has more than 2^31 - 1 " +
+                 "quantization blocks of " + std::to_string(qz.block_size) + " elements: raise the block size");
     const std::uint64_t segment = quantized_layout{bits, qz.block_size, shard_numel, 1}.bytes();
     most = std::max(most, multiply_or_refuse(multiply_or_refuse(segment, static_cast<std::uint64_t>(shards),
                                                                 "the quantization staging buffer"),

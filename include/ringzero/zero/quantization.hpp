@@ -61,9 +61,10 @@ inline constexpr std::uint32_t max_quantization_block = 65536;
 /// What a plan's collectives send quantized (see the file comment). A `shard_plan` refuses
 /// (errc::invalid_argument) weights other than none below stage 3, gradients other than none at
 /// stage 0, a width that is not a `quantized_bits` value, a block size that is not a power of
-/// two in [min_quantization_block, max_quantization_block], and quantized weights of a model
-/// with a parameter of an integer dtype; the runtime refuses quantized gradients with
-/// reproducible accumulation.
+/// two in [min_quantization_block, max_quantization_block] when anything is quantized, and a
+/// parameter (weights) or gradient (gradients) that is not float32, bfloat16 or float16; with a
+/// shard group of one rank it quantizes nothing (nothing is sent). The runtime refuses
+/// quantization with reproducible accumulation.
 struct communication_quantization {
   /// Stage 3's all_gathers of parameters (before forward and before backward). The all_gather
   /// of `read_parameter` and the checkpoint's reads stay in full precision.

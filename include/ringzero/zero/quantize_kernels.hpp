@@ -9,8 +9,8 @@
 /// float32 operations on both launchers (division, round to nearest even, multiplication, sums in
 /// rank order, never fused), so the host's bits are the GPU's. Each function returns the
 /// launcher's result (0, or a cudaError_t value; `launch_invalid_value` for another dtype).
-/// The host stream runs `host_quantize_segments` / `host_dequantize_segments` instead: the same
-/// element functions in plain loops, the same bytes (tests/zero/test_quantization.cpp compares
+/// The host stream runs `host_quantize_segments` / `host_dequantize_segments` instead: plain
+/// loops, the same bytes for every finite result (tests/zero/test_quantization.cpp compares
 /// them with the kernels run by the host launcher), without walking a block's threads one by one.
 
 #include <algorithm>
@@ -195,7 +195,7 @@ struct dequantize_kernel {
 /// `quantize_kernel`'s result by plain loops on the host (what the host stream runs): the same
 /// bytes, with the scale's checks hoisted out of the element loop and round-to-nearest-even by
 /// adding and subtracting 1.5 * 2^23 (exact for |v| < 2^22 under the default rounding mode; the
-/// value is clamped to 128 first), which the compiler can vectorize.
+/// value is clamped to 128 first).
 template <class T>
 void host_quantize(const T* x, const quantized_layout& l, unsigned char* out) {
   const float most = quantized_max(l.bits);

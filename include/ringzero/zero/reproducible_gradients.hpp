@@ -43,6 +43,9 @@ inline std::string reproducible_gradients_problem(const shard_plan& plan, double
   if (const quantized_bits q = plan.request().quantization.gradients; q != quantized_bits::none)
     return "reproducible mode reduces gradients in full precision: quantized gradients (" +
            std::string(quantized_bits_name(q)) + ") are refused with it";
+  if (const quantized_bits q = plan.request().quantization.weights; q != quantized_bits::none)
+    return "reproducible mode promises the same bits at every world size: quantized weights (" +
+           std::string(quantized_bits_name(q)) + "), whose blocks start at each shard, are refused with it";
   for (const flat_buffer& f : plan.buffers()) {
     if (!f.trainable) continue;
     const dtype t = f.gradient_type;

@@ -237,6 +237,7 @@ class shard_plan {
                          std::to_string(q.max_inflight_reductions));
     shards_ = q.stage == 0 ? 1 : group;
     detail::validate_quantization(q);
+    if (shards_ == 1) request_.quantization = {};  // nothing is sent, so nothing is quantized
 
     const zero::precision& pr = q.precision;
     auto check_type = [](dtype t, const char* what, bool floating) {

@@ -135,7 +135,8 @@ class sharded_model {
   std::size_t unit_of(std::size_t p) const { return placement(p).unit; }
 
   /// Parameter p's values (its tie group's storage for an alias): `numel` elements of its dtype,
-  /// laid out as the trainer's shape, row-major or not as the trainer decides. Throws
+  /// laid out as the trainer's shape, row-major or not as the trainer decides (at stage 3 with
+  /// quantized weights, the dequantized values every rank computes with). Throws
   /// errc::invalid_argument when T is not the parameter's dtype or, at stage 3, when no unit using
   /// it is gathered. See the file comment for how long the view stays valid.
   template <element_type T>
@@ -373,8 +374,7 @@ class sharded_model {
     if (!offload_) return {};
     return {0, 0, optimizer_->master_bytes(), optimizer_->state_bytes(), offload_->bytes()};
   }
-  /// The part of `memory_in_use()` that lives in memory space `space` (each allocation counted
-  /// where it was made: host memory on the host path, the compute stream's space on the device path).
+  /// The part of `memory_in_use()` in `space` (host path: host; device path: the compute stream's).
   memory_breakdown memory_in_use(primitive::memory_space space) const {
     memory_breakdown m;
     const auto in = [space](const detail::host_buffer& b) { return b.space() == space ? b.bytes() : 0; };
@@ -382,9 +382,10 @@ class sharded_model {
     for (const auto& b : grads_) m.gradients += in(b);
     m.master_weights = optimizer_->master_bytes(space);
     m.optimizer_states = optimizer_->state_bytes(space);
-    for (const auto& b : gathers_buffers_) m.communication_buffers += in(b);
-    for (const auto& b : buckets_) m.communication_buffers += in(b);
-    m.communication_buffers += offload_ && offload_->space == space ? offload_->bytes() : 0;
+    for (const auto* pool : {&gathers_buffers_, &buckets_})
+      for (const auto& b : *pool) m.communication_buffers += in(b);
+    m.communication_buffers +=
+        (offload_ && offload_->space == space ? offload_->bytes() : 0) + in(quantization_staging_);
     return m;
   }
 

@@ -117,18 +117,27 @@ inline void sharded_model::copy_parameter_out(std::size_t p, std::span<float> ou
   comm_waits_for_compute();
   const unsigned char* src = nullptr;
   std::size_t borrowed_slot = npos;
+  detail::host_buffer temporary;  // released after the synchronize below
   if (plan_.stage() <= 2) {
     src = params_[pl.buffer].data();
   } else {
     const std::size_t w = storage_unit(p);
-    // Gathered on the communication stream: ordered before the copy; quantized gathers hold
-    // dequantized values, so then the shards are gathered again in full precision.
-    if (gathers_.held(w) && plan_.request().quantization.weights == quantized_bits::none) {
+    const bool quantized = plan_.request().quantization.weights != quantized_bits::none;
+    // Gathered on the communication stream: ordered before the copy. Quantized gathers hold
+    // dequantized values: the shards are gathered again in full precision, into a temporary
+    // buffer of this flat buffer's size when the unit holds its slot (not a slot more in the pool).
+    if (gathers_.held(w) && !quantized) {
       src = gathers_buffers_[unit_gather_[w]].data() + f.gather_offset;
     } else {
-      borrowed_slot = take_gather_slot();
-      comm_stream_->wait(*gather_slot_free_[borrowed_slot]);
-      unsigned char* dst = gathers_buffers_[borrowed_slot].data() + f.gather_offset;
+      unsigned char* dst = nullptr;
+      if (gathers_.held(w)) {
+        temporary = make_buffer(f.numel * es);
+        dst = temporary.data();
+      } else {
+        borrowed_slot = take_gather_slot();
+        comm_stream_->wait(*gather_slot_free_[borrowed_slot]);
+        dst = gathers_buffers_[borrowed_slot].data() + f.gather_offset;
+      }
       unsigned char* shard = params_[pl.buffer].data();
       const collective_options tag = tagged(call_purpose::read, pl.buffer);
       if (f.shard_numel > 0)
