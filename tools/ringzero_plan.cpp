@@ -343,6 +343,7 @@ struct options {
   bool json = false;
   std::string offload = "none";
   std::string quantize_weights = "none", quantize_gradients = "none";
+  bool accumulate_unsharded = false;
   std::uint32_t quantization_block = 256;
 };
 
@@ -386,6 +387,7 @@ ringzero::zero::plan_request make_request(const options& o, std::vector<paramete
     throw usage_error("unknown optimizer '" + o.optimizer + "' (adam, adamw, sgd-momentum or sgd)");
   q.unit_bytes = parse_bytes(o.unit_bytes, "--unit-bytes");
   q.accumulation_steps = o.accumulation_steps;
+  q.accumulate_unsharded = o.accumulate_unsharded;
   q.prefetch = !o.no_prefetch;
   const auto reshard = ringzero::zero::parse_reshard_policy(o.reshard_after_forward);
   if (!reshard)
@@ -674,6 +676,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--show-rank", o.show_rank, "List the parameter fragments this rank owns");
   app.add_flag("--json", o.json, "Print JSON instead of tables");
+  app.add_flag("--accumulate-unsharded", o.accumulate_unsharded,
+               "Stages 2-3: accumulate micro-batches in full gradients, one reduce_scatter per step");
   app.add_option("--quantize-weights", o.quantize_weights,
                  "Stage 3: all_gather parameters as none, int8 or int4 blocks (ZeRO++'s qwZ)")
       ->capture_default_str();

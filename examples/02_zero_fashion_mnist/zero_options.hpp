@@ -31,7 +31,8 @@ struct options {
   int epochs = 10;
   int batch_size = 256;  // per rank, per micro-step
   int accumulate = 1;
-  double lr = -1.0;  // <0 (not given): the optimizer's default
+  bool accumulate_unsharded = false;  // --accumulate-unsharded: stages 2-3 reduce once per step
+  double lr = -1.0;                   // <0 (not given): the optimizer's default
   std::string optimizer = "sgd";
   std::string offload = "none";  // --offload: none or optimizer (--device sim or cuda)
   double momentum = 0.9;
@@ -99,6 +100,9 @@ inline void add_options(CLI::App& app, options& o) {
   app.add_option("--accumulate", o.accumulate, "micro-steps per optimizer step (gradient accumulation)")
       ->check(whole_number())
       ->check(CLI::Range(1, 1 << 16));
+  app.add_flag("--accumulate-unsharded", o.accumulate_unsharded,
+               "stages 2-3: accumulate the micro-steps' gradients unsharded and reduce_scatter them once per step "
+               "(full gradients in memory, as FSDP2's set_requires_gradient_sync(False))");
   app.add_option("--optimizer", o.optimizer, "sgd (momentum 0.9), adam, or adamw (weight decay 0.01)")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   app.add_option("--lr", o.lr, "learning rate (default: 0.1 for sgd, 1e-3 for adam and adamw)")
@@ -242,6 +246,7 @@ inline zero::plan_request plan_request_of(const options& o, const mlp& net, int 
   q.stage = stage;
   q.alignment_bytes = o.alignment;
   q.accumulation_steps = o.accumulate;
+  q.accumulate_unsharded = o.accumulate_unsharded;
   q.prefetch = o.prefetch;
   q.max_inflight_reductions = o.max_inflight;
   q.precision = zero::precision::float32_adam();

@@ -99,6 +99,23 @@ def main() -> int:
             for key, value in expected.items():
                 check(config[key] == value, f"{args}: config {key} {config[key]}, expected {value}")
 
+    # --accumulate-unsharded at stage 2: the plan the run reports reduce_scatters once per step
+    # (the calls of one micro-step) and holds the full gradients (stage 1's), no gradient bucket.
+    with tempfile.TemporaryDirectory() as d:
+        plans = []
+        for args in (["--stage", "2", "--accumulate", "4"], ["--stage", "2", "--accumulate", "4", "--accumulate-unsharded"],
+                     ["--stage", "1", "--accumulate", "4"]):
+            path = os.path.join(d, "plan.json")
+            p = run(trainer, *args, *SHORT, "--data", DATA, "--json", path)
+            if check(p.returncode == 0, f"{args}: exit status {p.returncode}: {p.stderr.strip()[-300:]}"):
+                with open(path) as f:
+                    plans.append(json.load(f)["plan"])
+        if len(plans) == 3:
+            calls = [next(t["calls"] for t in pl["traffic"] if t["purpose"] == "gradients") for pl in plans]
+            check(calls[0] == 4 * calls[1] and calls[1] == calls[2], f"--accumulate-unsharded: reduce_scatter calls {calls}")
+            check(plans[1]["memory"]["gradients"] == plans[2]["memory"]["gradients"] and plans[1]["gradient_buckets"] == 0,
+                  "--accumulate-unsharded: stage 1's gradient memory, no bucket")
+
     # --min-accuracy 1 cannot be reached on 1000 images: exit status 3.
     p = run(trainer, "--min-accuracy", "1", *SHORT, "--data", DATA)
     check(p.returncode == 3 and "below --min-accuracy 1.0000" in p.stderr, f"--min-accuracy 1: exit status {p.returncode}")

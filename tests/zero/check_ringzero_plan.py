@@ -316,4 +316,13 @@ check(r.returncode == 1 and "--quantize-gradients must be none, int8 or int4, go
 r = run("--model", "gpt2", "--world-size", "4", "--stage", "3", "--quantize-weights", "int8")
 check(r.returncode == 0 and "(int8)" in r.stdout and "fewer bytes" in r.stdout, "the table marks quantized traffic")
 
+# --accumulate-unsharded: stage 2 with 4 micro-batches reduces like 1 micro-batch, holds stage 1's gradients.
+acc = plans("--model", "gpt2", "--world-size", "4", "--stage", "2", "--accumulation-steps", "4")["plans"][0]
+uns = plans("--model", "gpt2", "--world-size", "4", "--stage", "2", "--accumulation-steps", "4",
+            "--accumulate-unsharded")["plans"][0]
+one = plans("--model", "gpt2", "--world-size", "4", "--stage", "1", "--accumulation-steps", "4")["plans"][0]
+grad = lambda p: next(t for t in p["traffic_per_step"] if t["purpose"] == "gradients")
+check(grad(acc)["bytes"] == 4 * grad(uns)["bytes"], "--accumulate-unsharded: one reduce_scatter per step")
+check(uns["memory_per_rank"]["gradients"] == one["memory_per_rank"]["gradients"], "--accumulate-unsharded: full gradients")
+
 sys.exit(finish())

@@ -51,11 +51,12 @@ void expect(F&& f, const std::string& text) {
 
 /// Runs the sharded trainer and the reference on `world` local ranks; returns the worst relative
 /// difference over ranks and parameters, and checks every rank holds the same parameters.
-double compare_with_reference(int world, int stage, const run_config& cfg) {
+double compare_with_reference(int world, int stage, const run_config& cfg, bool accumulate_unsharded = false) {
   std::vector<double> errors(static_cast<std::size_t>(world), 0.0);
   std::vector<std::vector<std::vector<float>>> results(static_cast<std::size_t>(world));
   local::launch(world, [&](communicator& comm) {
     plan_request q = test_request(stage, cfg.accumulation);
+    q.accumulate_unsharded = accumulate_unsharded;
     q.precision.optimizer_states = cfg.optimizer.state_count();
     sharded_model_options options;
     options.optimizer = cfg.optimizer;
@@ -171,15 +172,32 @@ TEST_CASE("clipping is active in the clipped runs and the norm is global") {
   }
 }
 
+TEST_CASE("stages 2-3 accumulating unsharded (one reduce_scatter per step) match plain data parallelism") {
+  // World sizes 1-4, 3 micro-batches per step, the optimizers in rotation, clipping at stage 3.
+  const auto optimizers = test_optimizers();
+  for (int world = 1; world <= 4; ++world)
+    for (int stage : {2, 3}) {
+      run_config cfg;
+      cfg.optimizer = optimizers[static_cast<std::size_t>(world + stage) % optimizers.size()];
+      cfg.accumulation = 3;
+      cfg.max_grad_norm = stage == 3 ? 0.5 : 0.0;
+      cfg.mark_ready = world % 2 == 0;
+      CAPTURE(world);
+      CAPTURE(stage);
+      CHECK(compare_with_reference(world, stage, cfg, true) <= 1e-5);
+    }
+}
+
 TEST_CASE("memory in use equals the plan's prediction at every stage") {
-  for (int stage = 0; stage <= 3; ++stage) {
+  for (int stage = 0; stage <= 5; ++stage) {  // 4, 5: stages 2, 3 accumulating unsharded
     for (int world : {1, 2, 3}) {
       local::launch(world, [&](communicator& comm) {
         run_config cfg;
         cfg.steps = 2;
         cfg.accumulation = 2;
         cfg.optimizer = test_optimizers()[1];
-        plan_request q = test_request(stage, cfg.accumulation);
+        plan_request q = test_request(stage > 3 ? stage - 2 : stage, cfg.accumulation);
+        q.accumulate_unsharded = stage > 3;
         q.precision = precision::bfloat16_adam();
         q.precision.gradient = dtype::float32;
         sharded_model_options options;
@@ -953,17 +971,30 @@ TEST_CASE("the bytes a step sends equal the plan's traffic (ring), plus the step
   // ranks: every all_reduce, reduce_scatter and all_gather the plan lists (ring: volume (n-1)/n
   // per rank), plus per rank the step's agreement record (an all_gather of one uint64) and, at
   // stages 1-3, the global norm's all_reduce of one float64.
+  // accumulate_unsharded (stages 2-3): one reduce_scatter per step, as with one micro-batch.
   for (int stage = 0; stage <= 3; ++stage)
     for (int world : {2, 3, 4})
-      for (int accumulation : {1, 2}) {
+      for (int accumulation : {1, 2, 4}) {
+        const bool unsharded = accumulation == 4;
+        if (unsharded && (stage < 2 || world == 3)) continue;
         CAPTURE(stage);
         CAPTURE(world);
         CAPTURE(accumulation);
         std::vector<traffic_counts> seen(static_cast<std::size_t>(world));
         std::vector<traffic_entry> planned;
+        plan_request q = test_request(stage, accumulation);
+        q.accumulate_unsharded = unsharded;
+        if (unsharded) {  // the gradient reduction's traffic: one micro-batch's
+          const shard_plan once(test_request(stage, 1)), accumulated(q);
+          for (std::size_t i = 0; i < once.traffic().size(); ++i)
+            if (once.traffic()[i].purpose == "gradients")
+              CHECK(accumulated.traffic()[i].bytes == once.traffic()[i].bytes);
+          CHECK(accumulated.memory().gradients == shard_plan(test_request(1, 4)).memory().gradients);
+          CHECK(accumulated.communication().gradient_buckets == 0);
+        }
         local::launch(world, [&](communicator& comm) {
           comm.set_forced_algorithm(algorithm::ring);
-          sharded_model model(comm, test_request(stage, accumulation), sharded_model_options{});
+          sharded_model model(comm, q, sharded_model_options{});
           if (comm.rank() == 0) planned = model.plan().traffic();
           constant_gradient_step(model, accumulation);  // the first step (buffers, first gathers)
           const traffic_counts before = comm.traffic();

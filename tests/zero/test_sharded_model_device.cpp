@@ -27,8 +27,9 @@ using namespace zero_test;
 
 namespace {
 
-plan_request device_request(int stage, int accumulation, const optimizer_options& o) {
+plan_request device_request(int stage, int accumulation, const optimizer_options& o, bool unsharded = false) {
   plan_request q;
+  q.accumulate_unsharded = unsharded;
   q.parameters = test_parameters();
   q.stage = stage;
   q.accumulation_steps = accumulation;
@@ -203,6 +204,8 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
         cfg.max_grad_norm = stage % 2 == 1 ? 0.5 : 0.0;
         cfg.mark_ready = (world + stage) % 2 == 0;
         cfg.implicit_last_end = accumulation == 3 && stage >= 2;
+        const bool unsharded = accumulation == 3 && stage >= 2 && world % 2 == 1;  // one reduction per step
+        CAPTURE(unsharded);
         CAPTURE(world);
         CAPTURE(stage);
         CAPTURE(accumulation);
@@ -220,13 +223,13 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
           options.optimizer = cfg.optimizer;
           options.max_grad_norm = cfg.max_grad_norm;
           {
-            sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer), options);
+            sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer, unsharded), options);
             host[r] = train_sharded(model, comm.rank(), cfg, &host_steps[r]);
           }
           primitive::host_stream compute;
           host_execution_stream stream(compute);
-          sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer), device_context{&stream},
-                              options);
+          sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer, unsharded),
+                              device_context{&stream}, options);
           device[r] = train_on_stream(model, compute, comm.rank(), cfg, &device_steps[r]);
           compute.synchronize();
           used[r] = model.memory_in_use(primitive::memory_space::host);

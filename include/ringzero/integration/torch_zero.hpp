@@ -66,6 +66,9 @@ struct torch_zero_options {
   /// parameter all_gathers (the module then computes with the dequantized values) and the
   /// gradient reduction at stages 1-3; none by default.
   zero::communication_quantization quantization{};
+  /// Stages 2-3: accumulate the micro-batches' gradients unsharded and reduce them once per step
+  /// (`zero::plan_request::accumulate_unsharded`, FSDP2's `set_requires_gradient_sync(False)`).
+  bool accumulate_unsharded = false;
   zero::sharded_model_options model{};  ///< optimizer, clipping
 };
 
@@ -310,6 +313,7 @@ class torch_zero {
     q.reshard_after_forward = options_.reshard_after_forward;
     q.max_inflight_reductions = options_.max_inflight_reductions;
     q.quantization = options_.quantization;
+    q.accumulate_unsharded = options_.accumulate_unsharded;
     return q;
   }
 

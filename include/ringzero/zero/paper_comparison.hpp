@@ -54,7 +54,8 @@ inline paper_comparison compare_with_paper(const shard_plan& plan) {
     const double payload = static_cast<double>(f.payload);
     c.unpadded.parameters += payload * static_cast<double>(dtype_size(f.type)) / (c.stage >= 3 ? n : 1.0);
     if (!f.trainable) continue;
-    c.unpadded.gradients += payload * static_cast<double>(dtype_size(f.gradient_type)) / (c.stage >= 2 ? n : 1.0);
+    c.unpadded.gradients +=
+        payload * static_cast<double>(dtype_size(f.gradient_type)) / (plan.sharded_gradients() ? n : 1.0);
     const double k = static_cast<double>(pr.optimizer_bytes_per_element(f.type));
     c.unpadded.optimizer_states += payload * k / (c.stage >= 1 ? n : 1.0);
   }

@@ -105,6 +105,12 @@ struct plan_request {
   /// (`traffic_entry::bytes`; `unquantized_bytes` keeps the full-precision figure) and adds one
   /// staging buffer to the communication buffers.
   communication_quantization quantization{};
+  /// Stages 2-3: accumulate each micro-batch's gradients locally in a full, unsharded gradient
+  /// buffer and reduce_scatter them once per step, in the last micro-batch (FSDP2's
+  /// `set_requires_gradient_sync(False)` for all but the last micro-batch; what stages 0-1 always
+  /// do): one reduction per step instead of one per micro-batch, for the full gradients' memory
+  /// (stage 1's) instead of a shard and the gradient buckets. No effect at stages 0-1.
+  bool accumulate_unsharded = false;
 };
 
 /// Where one parameter lives in the plan.

@@ -70,6 +70,9 @@ class shard_plan {
   int stage() const noexcept { return request_.stage; }
   /// Total ranks.
   int world_size() const noexcept { return request_.world_size; }
+  /// Whether each rank keeps only its shard of the gradients, reduced every micro-batch (stages
+  /// 2-3 without `plan_request::accumulate_unsharded`); else the full gradients, reduced once per step.
+  bool sharded_gradients() const noexcept { return request_.stage >= 2 && !request_.accumulate_unsharded; }
   /// Shards per buffer: the replica group size at stages 1-3, 1 at stage 0.
   int shards() const noexcept { return shards_; }
   /// Number of replica groups (world_size / replica group size; world_size at stage 0).
@@ -470,6 +473,7 @@ class shard_plan {
       communication_.gather_buffers = gathers.peak();
     else
       communication_.gather_buffer_bytes = 0;
+    if (!sharded_gradients()) communication_.gradient_buckets = 0;  // the full gradients hold them
     if (communication_.gradient_buckets == 0) communication_.gradient_bucket_bytes = 0;
   }
 
@@ -527,7 +531,7 @@ class shard_plan {
       const std::uint64_t full = f.numel, shard = f.shard_numel;
       add(device_memory_.parameters, stage >= 3 ? shard : full, dtype_size(f.type), "the parameter memory per rank");
       if (!f.trainable) continue;
-      add(device_memory_.gradients, stage >= 2 ? shard : full, dtype_size(f.gradient_type),
+      add(device_memory_.gradients, sharded_gradients() ? shard : full, dtype_size(f.gradient_type),
           "the gradient memory per rank");
       const std::uint64_t own = stage >= 1 ? shard : full;
       if (f.has_master)
@@ -617,8 +621,8 @@ class shard_plan {
       add(collective_kind::all_gather, rank_group::shard, shards_, "parameters before backward", accumulation, false,
           false, false, &gathers_backward_, qz.weights);
     }
-    add(collective_kind::reduce_scatter, rank_group::shard, shards_, "gradients", stage >= 2 ? accumulation : 1, true,
-        true, false, nullptr, qz.gradients);
+    add(collective_kind::reduce_scatter, rank_group::shard, shards_, "gradients",
+        sharded_gradients() ? accumulation : 1, true, true, false, nullptr, qz.gradients);
     if (groups > 1)
       add(collective_kind::all_reduce, rank_group::replica, groups, "gradient shards across replica groups", 1, true,
           true, true, nullptr);
@@ -648,7 +652,8 @@ class shard_plan {
       h.text("offload");
       h.u64(static_cast<std::uint64_t>(q.offload));
     }
-    if (q.quantization.any()) {  // as offload
+    if (q.stage >= 2 && q.accumulate_unsharded) h.text("accumulate_unsharded");  // as offload
+    if (q.quantization.any()) {                                                  // as offload
       h.text("quantization");
       h.u64(static_cast<std::uint64_t>(q.quantization.weights));
       h.u64(static_cast<std::uint64_t>(q.quantization.gradients));

@@ -167,7 +167,7 @@ class sharded_model {
         raise("the gradient of '" + name(p) + "' was requested after the reduction of unit '" + plan_.units()[w].name +
               "' started in this micro-batch (request gradients before mark_ready / post_backward)");
     }
-    if (plan_.stage() <= 1)
+    if (!plan_.sharded_gradients())
       return {reinterpret_cast<T*>(grads_[pl.buffer].data() + pl.offset * gs), static_cast<std::size_t>(pl.numel)};
     gradient_hooks h{*this};
     gradients_.acquire(w, h);
@@ -505,10 +505,10 @@ class sharded_model {
       raise("unit " + std::to_string(u) + " is outside [0, " + std::to_string(plan_.units().size()) + ")");
   }
 
-  /// Stages 2-3 reduce every micro-batch; stages 0-1 only in the last one.
+  /// Sharded gradients (stages 2-3) reduce every micro-batch; full ones only in the last.
   /// Reproducible mode deposits every micro-batch (and reduces once, in end_backward).
   bool syncing() const noexcept {
-    return options_.reproducible || plan_.stage() >= 2 || micro_ == plan_.request().accumulation_steps - 1;
+    return options_.reproducible || plan_.sharded_gradients() || micro_ == plan_.request().accumulation_steps - 1;
   }
 
   void allocate();
@@ -528,7 +528,7 @@ class sharded_model {
   /// The rank's own reduced gradient of buffer b.
   unsigned char* owned_gradient(std::size_t b) {
     const flat_buffer& f = plan_.buffers()[b];
-    if (plan_.stage() >= 2) return grads_[b].data();
+    if (plan_.sharded_gradients()) return grads_[b].data();
     return grads_[b].data() + owned_range(b).begin * dtype_size(f.gradient_type);
   }
 

@@ -22,7 +22,7 @@ inline void sharded_model::allocate_everywhere() {
 
 inline void sharded_model::allocate() {
   const auto& buffers = plan_.buffers();
-  const bool stage3 = plan_.stage() == 3, shard_grads = plan_.stage() >= 2;
+  const bool stage3 = plan_.stage() == 3, shard_grads = plan_.sharded_gradients();
   params_.reserve(buffers.size());
   grads_.reserve(buffers.size());
   for (const flat_buffer& f : buffers) {
@@ -125,7 +125,7 @@ inline void sharded_model::start_gather(std::size_t u) {
 }
 
 inline void sharded_model::fill_bucket(std::size_t u) {
-  if (plan_.stage() < 2) return;
+  if (!plan_.sharded_gradients()) return;
   std::size_t slot;
   if (!bucket_free_.empty()) {
     slot = bucket_free_.back();
@@ -146,18 +146,19 @@ inline void sharded_model::fill_bucket(std::size_t u) {
 
 inline void sharded_model::launch_reduction(std::size_t u) {
   const int stage = plan_.stage();
+  const bool full_gradients = !plan_.sharded_gradients();  // in grads_, else in the unit's bucket
   execution_stream& s = *comm_stream_;
   comm_waits_for_compute();  // the trainer's gradients are complete
   if (reproducible_) {       // deposit this micro-batch; the view of the next one starts at zero
-    unsigned char* bucket = stage <= 1 ? nullptr : buckets_[unit_bucket_[u]].data();  // released before this runs
+    unsigned char* bucket = full_gradients ? nullptr : buckets_[unit_bucket_[u]].data();  // released before this runs
     s.host_work(
-        [this, u, stage, bucket] {
+        [this, u, full_gradients, bucket] {
           for (std::size_t b : plan_.units()[u].buffers) {
             const flat_buffer& f = plan_.buffers()[b];
             if (!f.trainable || f.numel == 0) continue;
-            unsigned char* full = stage <= 1 ? grads_[b].data() : bucket + f.gradient_offset;
+            unsigned char* full = full_gradients ? grads_[b].data() : bucket + f.gradient_offset;
             reproducible_->deposit(b, full);
-            if (stage <= 1) std::memset(full, 0, static_cast<std::size_t>(f.numel * dtype_size(f.gradient_type)));
+            if (full_gradients) std::memset(full, 0, static_cast<std::size_t>(f.numel * dtype_size(f.gradient_type)));
           }
         },
         "reproducible mode's deposit of a micro-batch's gradients");
@@ -168,7 +169,7 @@ inline void sharded_model::launch_reduction(std::size_t u) {
     if (!f.trainable || f.numel == 0) continue;
     const std::uint64_t gs = dtype_size(f.gradient_type);
     const std::uint64_t own = static_cast<std::uint64_t>(shard_index_) * f.shard_numel * gs;
-    unsigned char* full = stage <= 1 ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
+    unsigned char* full = full_gradients ? grads_[b].data() : buckets_[unit_bucket_[u]].data() + f.gradient_offset;
     const collective_options tag = tagged(call_purpose::reduce, b);
     if (const quantized_bits q = plan_.request().quantization.gradients; q != quantized_bits::none) {
       // Quantized (zero/quantization.hpp): every rank's segment quantized, an all_to_all, and
@@ -195,7 +196,7 @@ inline void sharded_model::launch_reduction(std::size_t u) {
 }
 
 inline void sharded_model::complete_reduction(std::size_t u) {
-  if (plan_.stage() < 2) return;
+  if (!plan_.sharded_gradients()) return;
   // Stages 2-3: the rank's reduced shard of the bucket is added to its gradient shard (in
   // float for 16-bit types; reproducible mode deposited the bucket instead), then the bucket
   // is free again for the compute stream once this work has run.
