@@ -443,6 +443,7 @@ nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gp
   j["memory_per_rank"] = memory_json(plan.memory());
   j["offload"] = std::string(ringzero::zero::offload_name(plan.request().offload));
   j["reshard_after_forward"] = std::string(ringzero::zero::reshard_policy_name(plan.request().reshard_after_forward));
+  j["sharded_gradients"] = plan.sharded_gradients();
   j["device_memory_per_rank"] = memory_json(plan.device_memory());
   j["host_memory_per_rank"] = memory_json(plan.host_memory());
   j["communication_buffers"] = {{"gather_buffers", comm.gather_buffers},
@@ -546,7 +547,9 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
                human(static_cast<double>(comm.gather_buffer_bytes)));
   else if (stage == 2)
     fmt::print("  buffers: ");
-  if (stage >= 2)
+  if (stage >= 2 && !plan.sharded_gradients())
+    fmt::print("no gradient buckets (gradients accumulated unsharded, reduced once per step)\n");
+  else if (stage >= 2)
     fmt::print("{} gradient bucket{} of {} (each sized for the largest unit)\n", comm.gradient_buckets,
                comm.gradient_buckets == 1 ? "" : "s", human(static_cast<double>(comm.gradient_bucket_bytes)));
   if (comm.quantization_bytes > 0)

@@ -440,6 +440,7 @@ inline json to_json(const options& o, const run_result& r, const zero::shard_pla
                  {"widths", r.widths},
                  {"prefetch", o.prefetch},
                  {"max_inflight_reductions", o.max_inflight},
+                 {"accumulate_unsharded", o.accumulate_unsharded},
                  {"alignment_bytes", o.alignment},
                  {"pinned", o.where.pin},
                  {"steps_per_epoch", r.steps_per_epoch}};

@@ -746,13 +746,20 @@ TEST_CASE("ranks whose options differ are refused on every rank, naming the opti
                     q.reshard_after_forward = r == 0 ? reshard_policy::except_last : reshard_policy::none;
                   }),
                   "the ranks differ in reshard_after_forward: rank 0: except_last; rank 1: none");
+  every_rank_says(with([](int r, plan_request& q, sharded_model_options&) {
+                    q.stage = 2;
+                    q.accumulate_unsharded = r == 1;
+                  }),
+                  "the ranks differ in accumulate_unsharded: rank 0: false; rank 1: true");
   // A parameter list of the same length that differs in one parameter: the first one named.
   every_rank_says(with([](int r, plan_request& q, sharded_model_options&) {
                     if (r == 1) q.parameters[2].shape = {3, 3};
                   }),
                   "first at parameter 2, here 'l1.b'");
-  // Options a kind does not use may differ (Adam ignores SGD's momentum), and -0 is 0.
-  const auto fine = with([](int r, plan_request&, sharded_model_options& o) {
+  // Options a kind does not use may differ (Adam ignores SGD's momentum; accumulate_unsharded
+  // has no effect at stage 1), and -0 is 0.
+  const auto fine = with([](int r, plan_request& q, sharded_model_options& o) {
+    q.accumulate_unsharded = r == 1;
     o.optimizer.momentum = r;
     o.optimizer.weight_decay = r == 0 ? 0.0 : -0.0;
   });

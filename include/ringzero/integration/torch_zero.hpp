@@ -178,7 +178,8 @@ class torch_zero {
   }
 
   /// The backward of one micro-batch: `loss.backward()`, gradients accumulated straight into
-  /// the runtime's memory unit by unit (reductions start as units finish), then
+  /// the runtime's memory unit by unit (reductions start as units finish; with
+  /// accumulate_unsharded, in the last micro-batch only), then
   /// `end_backward()`. A collective.
   void backward(const torch::Tensor& loss) {
     loss.backward();

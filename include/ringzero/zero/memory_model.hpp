@@ -13,7 +13,7 @@ namespace ringzero::zero {
 /// overflow 64 bits, so for a plan's memory they are exact.
 struct memory_breakdown {
   std::uint64_t parameters = 0;             ///< training parameters (full, or the shard at stage 3)
-  std::uint64_t gradients = 0;              ///< gradients (full at stages 0-1, the shard at 2-3)
+  std::uint64_t gradients = 0;              ///< gradients (the shard at 2-3 unless accumulated unsharded, else full)
   std::uint64_t master_weights = 0;         ///< master copy of the parameters the optimizer updates
   std::uint64_t optimizer_states = 0;       ///< optimizer state tensors (momentum, variance, ...)
   std::uint64_t communication_buffers = 0;  ///< gather buffers and gradient buckets (stages 2-3)

@@ -21,7 +21,8 @@ struct paper_comparison {
   /// The paper's formula with K = 12: 16 Psi, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N, 16 Psi/N.
   model_memory paper;
   /// The same formula with the plan's element sizes, frozen parameters excluded from gradients
-  /// and optimizer state, and no padding: what the plan would hold if sizes divided evenly.
+  /// and optimizer state, full gradients when the plan accumulates unsharded, and no padding:
+  /// what the plan would hold if sizes divided evenly.
   /// `optimizer_states` includes the master weights, as the paper's K does.
   model_memory unpadded;
   /// The plan's model states, in the paper's three categories (master weights counted in

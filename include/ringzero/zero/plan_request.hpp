@@ -137,7 +137,7 @@ struct flat_buffer {
   std::uint64_t numel = 0;               ///< elements including padding (shards * shard_numel)
   std::uint64_t shard_numel = 0;         ///< elements of one shard
   std::uint64_t gather_offset = 0;       ///< byte offset in its unit's gather buffer (stage 3)
-  std::uint64_t gradient_offset = 0;     ///< byte offset in its unit's gradient bucket (stages 2-3)
+  std::uint64_t gradient_offset = 0;     ///< byte offset in its unit's gradient bucket (sharded gradients)
 
   /// Elements of shard `index` (0 <= index < shards): [index*shard_numel, (index+1)*shard_numel).
   constexpr algorithms::range shard(int index) const noexcept {
@@ -176,7 +176,7 @@ struct communication_buffers {
   std::uint64_t gather_buffer_bytes = 0;    ///< one gather buffer: the largest unit's gather_bytes
   std::uint64_t gather_buffers = 0;         ///< gather buffers live at once (stage 3)
   std::uint64_t gradient_bucket_bytes = 0;  ///< one bucket: the largest unit's gradient_bytes
-  std::uint64_t gradient_buckets = 0;       ///< buckets live at once (stages 2-3)
+  std::uint64_t gradient_buckets = 0;       ///< buckets live at once (stages 2-3; 0 with accumulate_unsharded)
   /// Quantized communication's staging buffer (one; the collectives run one after another on the
   /// communication stream): the largest of a quantized all_gather's segments and a quantized
   /// gradient reduction's send and receive segments. 0 without quantization.

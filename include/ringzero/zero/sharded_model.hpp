@@ -150,7 +150,7 @@ class sharded_model {
   /// Parameter p's gradient, to ADD this micro-batch's gradient into (its tie group's one
   /// gradient for an alias). Throws errc::invalid_argument for a frozen parameter, when T is not
   /// the gradient dtype, or when the owning unit's reduction has already started in this
-  /// micro-batch. Stages 2-3 take a bucket from the pool on the first request of a unit.
+  /// micro-batch. Sharded gradients (shard_plan::sharded_gradients) take a bucket on a unit's first request.
   /// Reproducible mode: the view holds zeros at the start of every micro-batch (at every stage).
   template <element_type T>
   std::span<T> gradient(std::size_t p) {
@@ -237,8 +237,8 @@ class sharded_model {
     }
   }
 
-  /// Ends the backward of one micro-batch: starts every reduction not yet started (stages 2-3,
-  /// and stages 0-1 in the last micro-batch), waits for them, and releases every gather buffer.
+  /// Ends the backward of one micro-batch: starts every reduction not yet started (sharded
+  /// gradients every micro-batch, full ones in the last), waits for them, releases every gather buffer.
   /// Throws errc::invalid_argument when called more often than the plan's accumulation_steps
   /// before `step()`.
   void end_backward() {
@@ -659,12 +659,12 @@ class sharded_model {
   int shard_index_;
   primitive::memory_counter memory_counter_;  ///< every allocation of the runtime (declared before them all)
   std::vector<detail::host_buffer> params_;   ///< per buffer: full (stages 0-2) or the shard (stage 3)
-  std::vector<detail::host_buffer> grads_;    ///< per trainable buffer: full (stages 0-1) or the shard (2-3)
+  std::vector<detail::host_buffer> grads_;    ///< per trainable buffer: the shard if sharded_gradients(), else full
   std::optional<sharded_optimizer> optimizer_;
   loss_scaler scaler_;                                ///< the same on every rank: updated from the global decision
   std::vector<detail::host_buffer> gathers_buffers_;  ///< gather buffer pool (stage 3)
   std::vector<std::size_t> gather_free_, unit_gather_;
-  std::vector<detail::host_buffer> buckets_;  ///< gradient bucket pool (stages 2-3)
+  std::vector<detail::host_buffer> buckets_;  ///< gradient bucket pool (sharded gradients)
   std::vector<std::size_t> bucket_free_, unit_bucket_;
   detail::host_buffer quantization_staging_;  ///< quantized communication's segments (plan_request::quantization)
   detail::gather_schedule gathers_;

@@ -63,7 +63,7 @@ inline void sharded_model::allocate() {
   for (std::size_t u = 0; u < units; ++u) gathered_.push_back(compute_->make_event());
   for (std::size_t i = 0; i < gathers_buffers_.size(); ++i) gather_slot_free_.push_back(compute_->make_event());
   for (std::size_t i = 0; i < buckets_.size(); ++i) bucket_free_event_.push_back(compute_->make_event());
-  // The trainer's first writes (gradients at stages 0-1) come after the zeroing.
+  // The trainer's first writes (full gradients) come after the zeroing.
   comm_stream_->record(*comm_mark_);
   compute_->wait(*comm_mark_);
 }
@@ -197,7 +197,7 @@ inline void sharded_model::launch_reduction(std::size_t u) {
 
 inline void sharded_model::complete_reduction(std::size_t u) {
   if (!plan_.sharded_gradients()) return;
-  // Stages 2-3: the rank's reduced shard of the bucket is added to its gradient shard (in
+  // Sharded gradients: the rank's reduced shard of the bucket is added to its gradient shard (in
   // float for 16-bit types; reproducible mode deposited the bucket instead), then the bucket
   // is free again for the compute stream once this work has run.
   if (!reproducible_) {
