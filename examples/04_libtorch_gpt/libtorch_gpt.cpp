@@ -298,12 +298,10 @@ result train(const options& o, const corpus& c) {
       res.first_step = first_step;
       res.replica_checks = checks.summary();
       res.sent_per_step = sent_per_step;
-      for (const rz::zero::traffic_entry& e : z.model().plan().traffic()) {
+      for (rz::zero::traffic_entry e : z.model().plan().traffic()) {
         res.planned_per_step += e.ring_bytes_sent();
-        res.unquantized_per_step += e.ranks <= 1 ? 0.0
-                                                 : static_cast<double>(e.unquantized_bytes) *
-                                                       (e.collective == rz::collective_kind::all_reduce ? 2 : 1) *
-                                                       (e.ranks - 1) / e.ranks;
+        e.bytes = e.unquantized_bytes;  // the same entry in full precision
+        res.unquantized_per_step += e.ring_bytes_sent();
       }
     }
   });

@@ -89,6 +89,10 @@ struct quantized_layout {
 
   /// Blocks, hence scales, per segment.
   RINGZERO_HOST_DEVICE constexpr std::uint64_t blocks() const noexcept { return (count + block_size - 1) / block_size; }
+  /// Elements of block `j` of a segment (`block_size`, the last one shorter).
+  RINGZERO_HOST_DEVICE constexpr std::uint64_t block_length(std::uint64_t j) const noexcept {
+    return count - j * block_size < block_size ? count - j * block_size : block_size;
+  }
   /// Bytes of the integers of one segment.
   RINGZERO_HOST_DEVICE constexpr std::uint64_t value_bytes() const noexcept {
     return bits == quantized_bits::int4 ? (count + 1) / 2 : count;

@@ -77,6 +77,16 @@ RINGZERO_HOST_DEVICE inline const float* segment_scales(const unsigned char* bas
   return reinterpret_cast<const float*>(base + s * l.segment_bytes());
 }
 
+/// Where segment `s`'s integers start in `base` (after its scales).
+RINGZERO_HOST_DEVICE inline unsigned char* segment_values(unsigned char* base, const quantized_layout& l,
+                                                          std::uint64_t s) {
+  return base + s * l.segment_bytes() + l.blocks() * 4;
+}
+RINGZERO_HOST_DEVICE inline const unsigned char* segment_values(const unsigned char* base, const quantized_layout& l,
+                                                                std::uint64_t s) {
+  return base + s * l.segment_bytes() + l.blocks() * 4;
+}
+
 /// Integer `i` (element index in its segment) of a segment whose integers start at `v`.
 RINGZERO_HOST_DEVICE inline int quantized_value(const unsigned char* v, quantized_bits bits, std::uint64_t i) {
   if (bits == quantized_bits::int8) return static_cast<signed char>(v[i]);
@@ -106,7 +116,7 @@ struct quantize_kernel {
     float* part = b.template shared<float, quantize_threads>();
     const std::uint64_t s = b.block_index() / l.blocks(), j = b.block_index() % l.blocks();
     const std::uint64_t first = j * l.block_size;
-    const std::uint64_t len = l.count - first < l.block_size ? l.count - first : l.block_size;
+    const std::uint64_t len = l.block_length(j);
     const T* in = x + s * l.count + first;
     b.for_each_thread([&](std::uint64_t t) {
       float m = 0;
@@ -122,7 +132,7 @@ struct quantize_kernel {
     }
     const float most = quantized_max(l.bits);
     float* scales = segment_scales(out, l, s);
-    unsigned char* values = out + s * l.segment_bytes() + l.blocks() * 4;
+    unsigned char* values = segment_values(out, l, s);
     b.for_each_thread([&](std::uint64_t t) {
       const float scale = block_scale(part[0], most);
       if (t == 0) scales[j] = scale;
@@ -165,13 +175,13 @@ struct dequantize_kernel {
     const std::uint64_t s = average ? 0 : b.block_index() / l.blocks();
     const std::uint64_t j = average ? b.block_index() : b.block_index() % l.blocks();
     const std::uint64_t first = j * l.block_size;
-    const std::uint64_t len = l.count - first < l.block_size ? l.count - first : l.block_size;
+    const std::uint64_t len = l.block_length(j);
     b.for_each_thread([&](std::uint64_t t) {
       for (std::uint64_t i = t; i < len; i += quantize_threads) {
         const std::uint64_t e = first + i;
         if (!average) {
           const float scale = segment_scales(in, l, s)[j];
-          const unsigned char* v = in + s * l.segment_bytes() + l.blocks() * 4;
+          const unsigned char* v = segment_values(in, l, s);
           y[s * l.count + e] =
               pk::arithmetic_result<T>(zero::detail::f_mul(static_cast<float>(quantized_value(v, l.bits, e)), scale));
           continue;
@@ -183,7 +193,7 @@ struct dequantize_kernel {
             continue;
           }
           const float scale = segment_scales(in, l, r)[j];
-          const unsigned char* v = in + r * l.segment_bytes() + l.blocks() * 4;
+          const unsigned char* v = segment_values(in, l, r);
           acc = zero::detail::f_add(acc, zero::detail::f_mul(static_cast<float>(quantized_value(v, l.bits, e)), scale));
         }
         y[e] = pk::arithmetic_result<T>(zero::detail::f_div(acc, static_cast<float>(l.segments)));
@@ -203,11 +213,11 @@ void host_quantize(const T* x, const quantized_layout& l, unsigned char* out) {
   std::vector<signed char> q(l.block_size);
   for (std::uint64_t s = 0; s < l.segments; ++s) {
     float* scales = segment_scales(out, l, s);
-    unsigned char* values = out + s * l.segment_bytes() + l.blocks() * 4;
+    unsigned char* values = segment_values(out, l, s);
     const T* in = x + s * l.count;
     for (std::uint64_t j = 0; j < l.blocks(); ++j) {
       const std::uint64_t first = j * l.block_size;
-      const std::uint64_t len = l.count - first < l.block_size ? l.count - first : l.block_size;
+      const std::uint64_t len = l.block_length(j);
       float amax = 0;
       bool nan = false;
       for (std::uint64_t i = 0; i < len; ++i) {
@@ -246,7 +256,7 @@ void host_quantize(const T* x, const quantized_layout& l, unsigned char* out) {
 inline void host_dequantize_block(const unsigned char* segment, const quantized_layout& l, std::uint64_t j,
                                   std::uint64_t first, std::uint64_t len, float* acc, bool add) {
   const float scale = reinterpret_cast<const float*>(segment)[j];
-  const unsigned char* v = segment + l.blocks() * 4;
+  const unsigned char* v = segment_values(segment, l, 0);
   if (l.bits == quantized_bits::int8) {
     const auto* q = reinterpret_cast<const signed char*>(v + first);
     for (std::uint64_t i = 0; i < len; ++i) {
@@ -269,7 +279,7 @@ void host_dequantize(const unsigned char* in, const quantized_layout& l, T* y, b
   for (std::uint64_t s = 0; s < (average ? 1 : l.segments); ++s)
     for (std::uint64_t j = 0; j < l.blocks(); ++j) {
       const std::uint64_t first = j * l.block_size;
-      const std::uint64_t len = l.count - first < l.block_size ? l.count - first : l.block_size;
+      const std::uint64_t len = l.block_length(j);
       if (!average) {
         host_dequantize_block(in + s * l.segment_bytes(), l, j, first, len, acc.data(), false);
         for (std::uint64_t i = 0; i < len; ++i) y[s * l.count + first + i] = pk::arithmetic_result<T>(acc[i]);
