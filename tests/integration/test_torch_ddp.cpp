@@ -1,7 +1,8 @@
 // The libtorch bridge (integration/torch_ddp.hpp, integration/torch_sync_batch_norm.hpp): bucket
 // views and hooks give the 1-rank average bitwise, accumulation, buckets launched during
 // backward, SyncBatchNorm (case C23 exactly, forward and backward against libtorch's batch_norm
-// on the whole batch), and the bad inputs of issue 20 (errors naming the parameter, no hang).
+// on the whole batch), the bad inputs of issue 20 (errors naming the parameter, no hang), and
+// frozen parameters (broadcast, never reduced; ranks that freeze differently are named).
 // libtorch's headers bring glog's CHECK macro, so doctest's is spelled DOCTEST_CHECK here.
 #include <doctest/doctest.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,32 @@ std::string error_of(const std::function<void()>& f) {
   } catch (const std::exception& e) { return e.what(); }
   return "";
 }
+
+// The kind of the ringzero::error `f` raised (none when it raised none, or something else).
+std::optional<rz::errc> kind_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const rz::error& e) { return e.kind(); } catch (...) {
+  }
+  return std::nullopt;
+}
+
+// two_layers with a frozen layer between them: first (6 -> 4), middle (4 -> 4, frozen), last
+// (4 -> 3). Backward goes through the frozen weights to `first`. Small integer weights from `seed`.
+struct frozen_middle : torch::nn::Module {
+  explicit frozen_middle(int seed) {
+    first = register_module("first", torch::nn::Linear(6, 4));
+    middle = register_module("middle", torch::nn::Linear(4, 4));
+    last = register_module("last", torch::nn::Linear(4, 3));
+    torch::NoGradGuard no_grad;
+    int k = seed;
+    for (auto& p : parameters())
+      for (std::int64_t i = 0; i < p.numel(); ++i) p.view(-1)[i] = static_cast<float>((k++ * 7) % 5 - 2);
+    for (auto& p : middle->parameters()) p.requires_grad_(false);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return last->forward(middle->forward(first->forward(x))); }
+  torch::nn::Linear first{nullptr}, middle{nullptr}, last{nullptr};
+};
 
 }  // namespace
 
@@ -313,13 +341,16 @@ TEST_CASE("sync_batch_norm: [N, C, H, W] over 2 ranks matches batch_norm over th
 
 TEST_CASE("torch_ddp: bad modules are refused on every rank, naming the parameter") {
   std::vector<std::string> errors(2);
-  SUBCASE("a parameter that does not require grad (rank 1 only)") {
+  SUBCASE("a frozen parameter that is not contiguous (rank 1 only)") {
     rz::local::launch(2, [&](rz::communicator& comm) {
-      two_layers m(0);
-      if (comm.rank() == 1) m.second->bias.requires_grad_(false);
+      torch::nn::Module m;
+      m.register_parameter("trained", torch::zeros({3}));
+      m.register_parameter("transposed", comm.rank() == 1 ? torch::zeros({4, 3}).t() : torch::zeros({3, 4}),
+                           /*requires_grad=*/false);
       errors[comm.rank()] = error_of([&] { rz::integration::torch_ddp ddp(comm, m); });
     });
-    DOCTEST_CHECK(errors[1].find("parameter 'second.bias' does not require grad") != std::string::npos);
+    DOCTEST_CHECK(errors[1].find("parameter 'transposed' is not contiguous (a frozen parameter is broadcast") !=
+                  std::string::npos);
     DOCTEST_CHECK(errors[0].find("rank(s) 1 refused") != std::string::npos);
   }
   SUBCASE("a parameter that is not contiguous") {
@@ -389,5 +420,212 @@ TEST_CASE("torch_ddp: a parameter replaced after registration, or never reached 
       DOCTEST_CHECK(unused_sum[r] == 0.0f);
       DOCTEST_CHECK(used_sum[r] > 0.0f);
     }
+  }
+}
+
+TEST_CASE(
+    "torch_ddp: frozen parameters are broadcast from rank 0 but not reduced; the trainable ones train as one "
+    "process on the whole batch") {
+  torch::set_num_threads(1);
+  constexpr int steps = 3;
+  constexpr double learning_rate = 0.01;
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    std::vector<std::vector<torch::Tensor>> trained(static_cast<std::size_t>(world)), frozen(trained.size());
+    std::vector<int> frozen_grad_defined(trained.size(), -1), counts(trained.size(), -1),
+        frozen_counts(trained.size(), -1);
+    rz::local::launch(world, [&](rz::communicator& comm) {
+      torch::set_num_threads(1);
+      const int r = comm.rank();
+      const auto me = static_cast<std::size_t>(r);
+      frozen_middle model(r);  // every rank starts elsewhere, frozen layer included: the broadcast makes them rank 0's
+      rz::integration::torch_ddp ddp(comm, model);
+      counts[me] = static_cast<int>(ddp.parameter_count());
+      frozen_counts[me] = static_cast<int>(ddp.frozen_parameter_count());
+      torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(learning_rate));  // frozen ones too
+      for (int step = 0; step < steps; ++step) {
+        optimizer.zero_grad();
+        loss_of(model.forward(batch(r, step))).backward();
+        ddp.finish();
+        optimizer.step();
+      }
+      for (auto& p : {model.first->weight, model.first->bias, model.last->weight, model.last->bias})
+        trained[me].push_back(p.detach().clone());
+      int defined = 0;
+      for (auto& p : model.middle->parameters()) {
+        frozen[me].push_back(p.detach().clone());
+        defined += p.grad().defined() ? 1 : 0;
+      }
+      frozen_grad_defined[me] = defined;
+    });
+    // One process on every rank's batch: the loss is the average of the ranks' losses (DDP
+    // averages the gradients), from rank 0's initial values.
+    frozen_middle reference(0);
+    const frozen_middle initial(0);
+    torch::optim::SGD optimizer(reference.parameters(), torch::optim::SGDOptions(learning_rate));
+    for (int step = 0; step < steps; ++step) {
+      std::vector<torch::Tensor> batches;
+      for (int r = 0; r < world; ++r) batches.push_back(batch(r, step));
+      optimizer.zero_grad();
+      (loss_of(reference.forward(torch::cat(batches))) / world).backward();
+      optimizer.step();
+    }
+    const std::vector<torch::Tensor> expected = {reference.first->weight, reference.first->bias, reference.last->weight,
+                                                 reference.last->bias};
+    for (std::size_t r = 0; r < trained.size(); ++r) {
+      CAPTURE(r);
+      DOCTEST_CHECK(counts[r] == 4);
+      DOCTEST_CHECK(frozen_counts[r] == 2);
+      DOCTEST_CHECK(frozen_grad_defined[r] == 0);
+      for (std::size_t i = 0; i < expected.size(); ++i) {
+        CAPTURE(i);
+        DOCTEST_CHECK(torch::allclose(trained[r][i], expected[i].detach(), 1e-5, 1e-5));
+        DOCTEST_CHECK(!torch::equal(trained[r][i], initial.parameters()[i < 2 ? i : i + 2]));  // it trained
+      }
+      DOCTEST_CHECK(torch::equal(frozen[r][0], initial.middle->weight));  // rank 0's, bitwise
+      DOCTEST_CHECK(torch::equal(frozen[r][1], initial.middle->bias));
+    }
+  }
+}
+
+TEST_CASE("torch_ddp: ranks that freeze different parameters are refused on every rank, naming the parameter") {
+  SUBCASE("2 ranks: rank 1 froze second.bias") {
+    std::vector<std::string> errors(2);
+    std::vector<std::optional<rz::errc>> kinds(2);
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      two_layers m(0);
+      if (comm.rank() == 1) m.second->bias.requires_grad_(false);
+      const auto construct = [&] { rz::integration::torch_ddp ddp(comm, m); };
+      errors[comm.rank()] = error_of(construct);
+      kinds[comm.rank()] = kind_of(construct);  // the same on a second try: nothing is left half agreed
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(errors[r]);
+      DOCTEST_CHECK(kinds[r] == rz::errc::contract_mismatch);
+      DOCTEST_CHECK(errors[r].find("rank(s) 1 differ from rank 0 in which parameters are frozen") != std::string::npos);
+      DOCTEST_CHECK(errors[r].find("parameter 'second.bias' (rank 0: trainable; rank 1: frozen)") != std::string::npos);
+    }
+  }
+  SUBCASE("3 ranks: rank 1 froze second.bias, rank 2 first.bias and second.bias: first.bias is named") {
+    std::vector<std::string> errors(3);
+    rz::local::launch(3, [&](rz::communicator& comm) {
+      two_layers m(0);
+      if (comm.rank() >= 1) m.second->bias.requires_grad_(false);
+      if (comm.rank() == 2) m.first->bias.requires_grad_(false);
+      errors[comm.rank()] = error_of([&] { rz::integration::torch_ddp ddp(comm, m); });
+    });
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(errors[r]);
+      DOCTEST_CHECK(errors[r].find("rank(s) 1, 2 differ from rank 0") != std::string::npos);
+      DOCTEST_CHECK(errors[r].find("parameter 'first.bias' (ranks 0-1: trainable; rank 2: frozen)") !=
+                    std::string::npos);
+    }
+  }
+  SUBCASE("a frozen parameter of another shape on rank 1") {
+    std::vector<std::string> errors(2);
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      torch::nn::Module m;
+      m.register_parameter("trained", torch::zeros({3}));
+      m.register_parameter("table", torch::zeros({comm.rank() == 0 ? 4 : 5, 2}), /*requires_grad=*/false);
+      errors[comm.rank()] = error_of([&] { rz::integration::torch_ddp ddp(comm, m); });
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(errors[r]);
+      DOCTEST_CHECK(errors[r].find("the first is parameter 'table' (rank 0: float32, 8 element(s); rank 1: float32, "
+                                   "10 element(s)") != std::string::npos);
+    }
+  }
+  SUBCASE("a frozen parameter of the same size but another shape on rank 1") {
+    std::vector<std::string> errors(2);
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      torch::nn::Module m;
+      m.register_parameter("trained", torch::zeros({3}));
+      m.register_parameter("table", comm.rank() == 0 ? torch::zeros({2, 3}) : torch::zeros({3, 2}), false);
+      errors[comm.rank()] = error_of([&] { rz::integration::torch_ddp ddp(comm, m); });
+    });
+    DOCTEST_CHECK(errors[0].find("parameter 'table' (float32, 6 element(s) on every rank, but other shapes; shape on "
+                                 "this rank [2, 3])") != std::string::npos);
+    DOCTEST_CHECK(errors[1].find("shape on this rank [3, 2]") != std::string::npos);
+  }
+}
+
+TEST_CASE("torch_ddp: a module whose every parameter is frozen (or that has none) is refused on every rank") {
+  std::vector<std::string> errors(2);
+  std::vector<std::optional<rz::errc>> kinds(2);
+  rz::local::launch(2, [&](rz::communicator& comm) {
+    two_layers m(0);
+    for (auto& p : m.parameters()) p.requires_grad_(false);
+    const auto construct = [&] { rz::integration::torch_ddp ddp(comm, m); };
+    errors[comm.rank()] = error_of(construct);
+    kinds[comm.rank()] = kind_of(construct);
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(errors[r]);
+    DOCTEST_CHECK(kinds[r] == rz::errc::invalid_argument);
+    DOCTEST_CHECK(errors[r].find("none of the module's 4 parameter(s) requires grad (all are frozen)") !=
+                  std::string::npos);
+  }
+  rz::local::launch(2, [&](rz::communicator& comm) {  // no parameters at all: the same refusal
+    torch::nn::Module empty;
+    errors[comm.rank()] = error_of([&] { rz::integration::torch_ddp ddp(comm, empty); });
+  });
+  for (const auto& e : errors) DOCTEST_CHECK(e.find("the module has no parameters") != std::string::npos);
+}
+
+TEST_CASE("torch_ddp: a parameter frozen, unfrozen or replaced after registration is an error naming it (no hang)") {
+  std::vector<std::string> errors(2);
+  SUBCASE("a frozen parameter made trainable on every rank") {
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      torch::set_num_threads(1);
+      frozen_middle m(0);
+      errors[comm.rank()] = error_of([&] {
+        rz::integration::torch_ddp ddp(comm, m);
+        m.middle->weight.requires_grad_(true);
+        ddp.zero_grad();
+        loss_of(m.forward(batch(comm.rank(), 0))).backward();
+        ddp.finish();
+      });
+    });
+    for (const auto& e : errors) {
+      CAPTURE(e);
+      DOCTEST_CHECK(e.find("parameter 'middle.weight' was made trainable (requires_grad set to true) after "
+                           "registration") != std::string::npos);
+      DOCTEST_CHECK(e.find("register the module again") != std::string::npos);
+    }
+  }
+  SUBCASE("a trainable parameter frozen on rank 0 only: rank 0 names it, rank 1 fails promptly") {
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      torch::set_num_threads(1);
+      frozen_middle m(0);
+      errors[comm.rank()] = error_of([&] {
+        rz::integration::torch_ddp ddp(comm, m);
+        if (comm.rank() == 0) m.last->bias.requires_grad_(false);
+        for (int step = 0; step < 2; ++step) {  // rank 1's second step needs rank 0, which has failed
+          ddp.zero_grad();
+          loss_of(m.forward(batch(comm.rank(), step))).backward();
+          ddp.finish();
+        }
+      });
+    });
+    CAPTURE(errors[0]);
+    DOCTEST_CHECK(errors[0].find("parameter 'last.bias' was frozen (requires_grad set to false) after registration") !=
+                  std::string::npos);
+    DOCTEST_CHECK(errors[0].find("register the module again") != std::string::npos);
+    DOCTEST_CHECK(!errors[1].empty());
+  }
+  SUBCASE("a frozen parameter given new data on every rank") {
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      torch::set_num_threads(1);
+      frozen_middle m(0);
+      errors[comm.rank()] = error_of([&] {
+        rz::integration::torch_ddp ddp(comm, m);
+        m.middle->bias.set_data(torch::zeros({4}));
+        ddp.zero_grad();
+        loss_of(m.forward(batch(comm.rank(), 0))).backward();
+        ddp.finish();
+      });
+    });
+    for (const auto& e : errors)
+      DOCTEST_CHECK(e.find("parameter 'middle.bias' changed its storage or shape") != std::string::npos);
   }
 }
