@@ -345,6 +345,7 @@ struct options {
   std::string quantize_weights = "none", quantize_gradients = "none";
   bool accumulate_unsharded = false;
   std::uint32_t quantization_block = 256;
+  std::string keep_frozen = "0";
 };
 
 /// --alignment: a whole number of bytes as digits, so "-16" is refused as given instead of
@@ -388,6 +389,8 @@ ringzero::zero::plan_request make_request(const options& o, std::vector<paramete
   q.unit_bytes = parse_bytes(o.unit_bytes, "--unit-bytes");
   q.accumulation_steps = o.accumulation_steps;
   q.accumulate_unsharded = o.accumulate_unsharded;
+  q.keep_frozen_bytes =
+      o.keep_frozen == "all" ? ringzero::zero::keep_all_frozen : parse_bytes(o.keep_frozen, "--keep-frozen");
   q.prefetch = !o.no_prefetch;
   const auto reshard = ringzero::zero::parse_reshard_policy(o.reshard_after_forward);
   if (!reshard)
@@ -430,6 +433,26 @@ nlohmann::json memory_json(const ringzero::zero::memory_breakdown& m) {
           {"model_states", m.model_states()},
           {"communication_buffers", m.communication_buffers},
           {"total", m.total()}};
+}
+
+/// Stage 3's frozen flat buffers by policy: kept gathered (replicated) or gathered on demand.
+struct frozen_split {
+  std::uint64_t kept_bytes = 0, on_demand_bytes = 0;  ///< whole sizes
+  nlohmann::json units = nlohmann::json::array();     ///< per frozen buffer: unit, policy, bytes
+};
+
+frozen_split split_frozen(const shard_plan& plan) {
+  frozen_split out;
+  if (plan.stage() != 3) return out;
+  for (const auto& f : plan.buffers()) {
+    if (f.trainable || f.numel == 0) continue;
+    const std::uint64_t bytes = f.numel * ringzero::dtype_size(f.type);
+    (f.replicated ? out.kept_bytes : out.on_demand_bytes) += bytes;
+    out.units.push_back({{"unit", plan.units()[f.unit].name},
+                         {"policy", f.replicated ? "kept_gathered" : "on_demand"},
+                         {"bytes", bytes}});
+  }
+  return out;
 }
 
 nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gpu, int show_rank) {
@@ -479,6 +502,10 @@ nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gp
                        {"volume_bytes", e.volume_bytes()},
                        {"ring_bytes_sent", e.ring_bytes_sent()}});
   j["traffic_per_step"] = traffic;
+  const frozen_split frozen = split_frozen(plan);
+  j["frozen"] = {{"kept_gathered_bytes", frozen.kept_bytes},
+                 {"gathered_on_demand_bytes", frozen.on_demand_bytes},
+                 {"buffers", frozen.units}};
   if (gpu) {
     j["gpu_memory"] = *gpu;
     j["fits"] = plan.device_memory().total() <= *gpu;  // what stays on the GPU
@@ -554,6 +581,11 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
                comm.gradient_buckets == 1 ? "" : "s", human(static_cast<double>(comm.gradient_bucket_bytes)));
   if (comm.quantization_bytes > 0)
     fmt::print("  quantized communication's staging buffer: {}\n", human(static_cast<double>(comm.quantization_bytes)));
+  if (const frozen_split frozen = split_frozen(plan); !frozen.units.empty())
+    fmt::print(
+        "  frozen parameters: {} kept gathered (whole on every rank, no traffic per step), {} gathered on "
+        "demand with their units (--keep-frozen)\n",
+        human(static_cast<double>(frozen.kept_bytes)), human(static_cast<double>(frozen.on_demand_bytes)));
   if (gpu) {
     const double left = static_cast<double>(*gpu) - static_cast<double>(dm.total());
     if (left >= 0)
@@ -689,6 +721,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--quantization-block", o.quantization_block,
                  "Elements per quantization scale (a power of two from 8 to 65536)")
+      ->capture_default_str();
+  app.add_option("--keep-frozen", o.keep_frozen,
+                 "Stage 3: bytes per rank of frozen parameters kept gathered (e.g. 2GiB, 0, or all), in unit order")
       ->capture_default_str();
   app.add_option("--offload", o.offload,
                  "none, or optimizer: master weights and optimizer states in pinned host memory, updated on the CPU")

@@ -206,7 +206,8 @@ namespace zero {
 /// Checks what the model's replicas must hold alike: with a replica communicator (hybrid
 /// sharding), this rank's held parameters, master weights and optimizer states against the
 /// ranks holding the same shard in the other replica groups; and at stages 0-2 the whole
-/// parameters across the shard communicator (stage 3 holds nothing alike there between steps).
+/// parameters across the shard communicator (at stage 3 only its replicated frozen buffers,
+/// `flat_buffer::replicated`: it holds nothing else alike there between steps).
 /// Device memory is copied to host memory on the runtime's stream first. Between steps, on
 /// every rank of both communicators. Returns the check over the shard communicator (or the
 /// replica one at stage 3; an empty check without replicas at stage 3). Throws as
@@ -217,7 +218,8 @@ inline replica_check verify_replicas(sharded_model& model) {
   // This rank's held parameters (and optimizer state), parameter by parameter, copied to host
   // memory (the inner vectors' buffers stay put while the outer one grows). A failure on this
   // rank is handed to the exchange, which every rank then leaves with an error.
-  auto copy_held = [&](bool with_optimizer, std::vector<std::vector<unsigned char>>& bytes,
+  // `whole_only`: the buffers every rank of the shard group holds whole (shard_plan::holds_whole).
+  auto copy_held = [&](bool with_optimizer, bool whole_only, std::vector<std::vector<unsigned char>>& bytes,
                        std::vector<replica_tensor>& tensors) -> std::exception_ptr {
     auto add = [&](std::string name, const void* base, algorithms::range have, std::uint64_t lo, std::uint64_t hi,
                    std::uint64_t es) {
@@ -232,6 +234,7 @@ inline replica_check verify_replicas(sharded_model& model) {
     try {
       for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
         const flat_buffer& f = plan.buffers()[b];
+        if (whole_only && !plan.holds_whole(b)) continue;
         for (std::size_t p : f.parameters) {
           const parameter_placement& pl = plan.placements()[p];
           const std::string& name = plan.parameters()[p].name;
@@ -261,7 +264,7 @@ inline replica_check verify_replicas(sharded_model& model) {
     try {
       std::vector<std::vector<unsigned char>> bytes;
       std::vector<replica_tensor> tensors;
-      const std::exception_ptr failure = copy_held(true, bytes, tensors);
+      const std::exception_ptr failure = copy_held(true, false, bytes, tensors);
       result = ringzero::detail::verify_replicas_or_fail(*model.replica_comm(), tensors,
                                                          "shards (across replica groups)", failure);
     } catch (const error& e) {
@@ -289,10 +292,12 @@ inline replica_check verify_replicas(sharded_model& model) {
       throw error(errc::aborted, me + "shard-group " + ringzero::detail::describe_ranks(failing) +
                                      " failed to check the replica groups (their errors say why)");
   }
-  if (plan.stage() <= 2) {
+  bool whole = plan.stage() <= 2;  // stage 3: its replicated frozen buffers, if it has any
+  for (std::size_t b = 0; b < plan.buffers().size(); ++b) whole = whole || plan.holds_whole(b);
+  if (whole) {
     std::vector<std::vector<unsigned char>> bytes;
     std::vector<replica_tensor> tensors;
-    const std::exception_ptr failure = copy_held(false, bytes, tensors);
+    const std::exception_ptr failure = copy_held(false, true, bytes, tensors);
     result = ringzero::detail::verify_replicas_or_fail(model.comm(), tensors, "parameters", failure);
   }
   return result;

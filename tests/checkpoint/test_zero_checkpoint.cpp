@@ -636,9 +636,19 @@ TEST_CASE(
 }
 
 TEST_CASE("C19: a frozen [6, 3] layer next to trainable ones, saved at stages 1, 2 and 3, restored whole") {
+  // Stage 3 also with the frozen layer kept gathered (held whole: keep_frozen_bytes), saved
+  // from and loaded into either layout.
   using zero_test::make_spec;
-  for (int stage = 1; stage <= 3; ++stage) {
+  for (int variant = 1; variant <= 4; ++variant) {
+    const int stage = std::min(variant, 3);
+    const bool kept = variant == 4;
+    auto request_of = [&](std::vector<parameter_spec> p, bool keep) {
+      plan_request q = request(std::move(p), stage, 16, 1);
+      q.keep_frozen_bytes = keep ? zero::keep_all_frozen : 0;
+      return q;
+    };
     CAPTURE(stage);
+    CAPTURE(kept);
     scratch_dir root("c19");
     std::vector<float> frozen(18);
     for (std::size_t j = 0; j < 18; ++j) frozen[j] = 1.5f - static_cast<float>(j) / 8.0f;
@@ -647,7 +657,7 @@ TEST_CASE("C19: a frozen [6, 3] layer next to trainable ones, saved at stages 1,
                                          make_spec("w2", {3}, "b")};
     };
     local::launch(3, [&](communicator& comm) {
-      sharded_model m(comm, request(params(), stage, 16, 1), model_options(sgd_momentum()));
+      sharded_model m(comm, request_of(params(), kept), model_options(sgd_momentum()));
       initialise(m);
       m.set_parameter(1, frozen);
       ck::checkpointer(root.path).save(m, {}, "c19");
@@ -661,7 +671,7 @@ TEST_CASE("C19: a frozen [6, 3] layer next to trainable ones, saved at stages 1,
     CHECK(index.find("frozen", ck::tensor_role::optimizer_state, 0) == nullptr);
     for (int world : {1, 2})
       local::launch(world, [&](communicator& comm) {
-        sharded_model m(comm, request(params(), stage, 16, 1), model_options(sgd_momentum()));
+        sharded_model m(comm, request_of(params(), stage == 3 && world == 2 && !kept), model_options(sgd_momentum()));
         ck::load(m, root.path / "c19");
         std::vector<float> out(18);
         m.read_parameter(1, out);

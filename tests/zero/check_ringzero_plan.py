@@ -66,6 +66,25 @@ try:
     check(sum(f["count"] for f in frags) > 0 and all(f["parameter"] != "out" for f in frags), "fragments of rank 1")
     bad = run("--model-file", path, "--world-size", "3", "--replica-group-size", "2")
     check(bad.returncode == 1 and "does not divide world size 3" in bad.stderr, "bad group size refused")
+    # --keep-frozen: the frozen [7] (float16 by the mixed precision: 7 elements padded to 16 on 2
+    # ranks of 16-byte alignment, 32 B) held whole; the gathers lose its 32 B per gather, the
+    # parameter memory gains the other half (16 B). A budget under 32 B keeps nothing.
+    plain = plans("--model-file", path, "--world-size", "2", "--stage", "3")["plans"][0]
+    kept = plans("--model-file", path, "--world-size", "2", "--stage", "3", "--keep-frozen", "all")["plans"][0]
+    small = plans("--model-file", path, "--world-size", "2", "--stage", "3", "--keep-frozen", "31")["plans"][0]
+    check(plain["frozen"]["gathered_on_demand_bytes"] == 32 and plain["frozen"]["kept_gathered_bytes"] == 0,
+          f"frozen on demand by default: {plain['frozen']}")
+    check(kept["frozen"]["kept_gathered_bytes"] == 32 and kept["frozen"]["buffers"][0]["unit"] == "block",
+          f"--keep-frozen all: {kept['frozen']}")
+    check(small["frozen"] == plain["frozen"], "--keep-frozen 31 keeps nothing")
+    gathers = lambda p: sum(t["bytes"] for t in p["traffic_per_step"] if t["collective"] == "all_gather")
+    check(gathers(plain) - gathers(kept) == 2 * 32, "--keep-frozen: the frozen buffer's two gathers gone")
+    check(kept["memory_per_rank"]["parameters"] - plain["memory_per_rank"]["parameters"] == 16,
+          "--keep-frozen: the frozen buffer held whole")
+    text = run("--model-file", path, "--world-size", "2", "--stage", "3", "--keep-frozen", "all")
+    check("frozen parameters: 32 B kept gathered" in text.stdout, f"text names the kept bytes: {text.stdout}")
+    bad = run("--model-file", path, "--world-size", "2", "--keep-frozen", "lots")
+    check(bad.returncode == 1 and "--keep-frozen" in bad.stderr, f"bad --keep-frozen refused: {bad.stderr}")
 finally:
     os.unlink(path)
 

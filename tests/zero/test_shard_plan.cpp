@@ -289,6 +289,60 @@ TEST_CASE("frozen parameters: stored (and sharded at stage 3) but no gradients, 
   }
 }
 
+TEST_CASE("stage 3 keeps frozen buffers gathered in unit order while they fit keep_frozen_bytes") {
+  // Units a, b, c: a frozen float32 buffer of 100 elements (400 B), a trainable one of 12; b a
+  // frozen bfloat16 buffer of 60 elements (120 B, padded to 64: 128 B); c a frozen one of 8
+  // float32 (32 B). 4 ranks, alignment 4 bytes.
+  plan_request q;
+  q.parameters = {spec("a.f", {100}, dtype::float32, false, {}, "a"), spec("a.w", {12}, dtype::float32, true, {}, "a"),
+                  spec("b.f", {60}, dtype::bfloat16, false, {}, "b"), spec("c.f", {8}, dtype::float32, false, {}, "c")};
+  q.world_size = 4;
+  q.alignment_bytes = 4;
+  q.stage = 3;
+  const shard_plan none(q);
+  auto kept = [&](std::uint64_t budget) {
+    plan_request k = q;
+    k.keep_frozen_bytes = budget;
+    const shard_plan plan(k);
+    std::string which;
+    for (const flat_buffer& f : plan.buffers())
+      if (f.replicated) which += plan.units()[f.unit].name;
+    return std::pair{which, plan};
+  };
+  CHECK(kept(0).first.empty());
+  CHECK(kept(399).first == "bc");   // a's 400 B do not fit; b and c do, in unit order
+  CHECK(kept(400).first == "a");    // a takes the budget, b no longer fits
+  CHECK(kept(528).first == "ab");   // 400 + 128
+  CHECK(kept(560).first == "abc");  // 400 + 128 + 32
+  CHECK(kept(keep_all_frozen).first == "abc");
+  const shard_plan all = kept(keep_all_frozen).second;
+  // Held whole: parameters grow by 3/4 of each kept buffer; unit b and c gather nothing; a only
+  // its trainable buffer (12 floats, 48 B), and only that is in the gathers' traffic.
+  CHECK(all.memory().parameters == none.memory().parameters + (400 + 128 + 32) * 3 / 4);
+  CHECK(all.units()[0].gather_bytes == 48);
+  CHECK(all.units()[1].gather_bytes == 0);
+  CHECK(all.units()[2].gather_bytes == 0);
+  CHECK(all.communication().gather_buffer_bytes == 48);
+  for (std::size_t b = 0; b < all.buffers().size(); ++b) CHECK(all.holds_whole(b) == all.buffers()[b].replicated);
+  for (const traffic_entry& e : all.traffic())
+    if (e.collective == collective_kind::all_gather) CHECK(e.bytes == 48);
+  CHECK(all.fingerprint() != none.fingerprint());
+  CHECK(kept(400).second.fingerprint() != all.fingerprint());
+  // Stages 0-2 hold every buffer whole already: the budget changes nothing, fingerprint included.
+  for (int stage = 0; stage <= 2; ++stage) {
+    plan_request k = q;
+    k.stage = stage;
+    const shard_plan plain(k);
+    k.keep_frozen_bytes = keep_all_frozen;
+    const shard_plan with(k);
+    CHECK(with.fingerprint() == plain.fingerprint());
+    for (std::size_t b = 0; b < with.buffers().size(); ++b) {
+      CHECK_FALSE(with.buffers()[b].replicated);
+      CHECK(with.holds_whole(b));
+    }
+  }
+}
+
 TEST_CASE("tied parameters share one storage; the borrowing unit gathers the owner's unit") {
   plan_request q;
   q.parameters = {spec("embed", {10, 4}, {}, true, "wte", "embeddings"), spec("mid", {4, 4}, {}, true, {}, "block"),

@@ -188,16 +188,64 @@ TEST_CASE("stages 2-3 accumulating unsharded (one reduce_scatter per step) match
     }
 }
 
+TEST_CASE(
+    "stage 3 keeping frozen parameters gathered: plain data parallelism's results, bitwise those gathering them") {
+  // The test model's frozen matrix (unit u1) held whole on every rank: the trainable results
+  // equal the run that gathers it with u1, bit for bit, on every rank; read_parameter of it is
+  // local (rank 0 alone reads it), and its values are the initial ones.
+  const auto optimizers = test_optimizers();
+  for (int world = 1; world <= 4; ++world) {
+    run_config cfg;
+    cfg.optimizer = optimizers[static_cast<std::size_t>(world) % optimizers.size()];
+    cfg.accumulation = world % 2 + 1;
+    cfg.max_grad_norm = world == 3 ? 0.5 : 0.0;
+    cfg.mark_ready = world % 2 == 0;
+    CAPTURE(world);
+    std::vector<std::vector<std::vector<float>>> kept(static_cast<std::size_t>(world)),
+        gathered(static_cast<std::size_t>(world));
+    std::vector<double> errors(static_cast<std::size_t>(world), 0.0);
+    std::vector<float> frozen_read;
+    local::launch(world, [&](communicator& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      sharded_model_options options;
+      options.optimizer = cfg.optimizer;
+      options.max_grad_norm = cfg.max_grad_norm;
+      for (bool keep : {false, true}) {
+        plan_request q = test_request(3, cfg.accumulation);
+        q.precision.optimizer_states = cfg.optimizer.state_count();
+        q.keep_frozen_bytes = keep ? keep_all_frozen : 0;
+        sharded_model model(comm, q, options);
+        const std::size_t f = model.index("frozen.w");
+        CHECK(model.plan().buffers()[model.plan().placements()[f].buffer].replicated == keep);
+        (keep ? kept : gathered)[r] = train_sharded(model, comm.rank(), cfg);
+        if (keep && r == 0) {  // local: the other ranks are not in it
+          frozen_read.resize(9);
+          model.read_parameter(f, frozen_read);
+        }
+      }
+      errors[r] = max_relative_error(kept[r], train_reference(comm, test_parameters(), cfg));
+    });
+    for (std::size_t r = 0; r < kept.size(); ++r) {
+      CHECK(bitwise_equal(kept[r], gathered[r]));
+      CHECK(bitwise_equal(kept[r], kept[0]));
+      CHECK(errors[r] <= 1e-5);
+    }
+    const std::size_t fp = shard_plan(test_request(3, 1)).find("frozen.w").value();
+    for (std::uint64_t j = 0; j < 9; ++j) CHECK(frozen_read[j] == initial_value(fp, j));
+  }
+}
+
 TEST_CASE("memory in use equals the plan's prediction at every stage") {
-  for (int stage = 0; stage <= 5; ++stage) {  // 4, 5: stages 2, 3 accumulating unsharded
+  for (int stage = 0; stage <= 6; ++stage) {  // 4, 5: stages 2, 3 accumulating unsharded; 6: 3 keeping frozen
     for (int world : {1, 2, 3}) {
       local::launch(world, [&](communicator& comm) {
         run_config cfg;
         cfg.steps = 2;
         cfg.accumulation = 2;
         cfg.optimizer = test_optimizers()[1];
-        plan_request q = test_request(stage > 3 ? stage - 2 : stage, cfg.accumulation);
-        q.accumulate_unsharded = stage > 3;
+        plan_request q = test_request(stage > 3 ? std::min(stage - 2, 3) : stage, cfg.accumulation);
+        q.accumulate_unsharded = stage == 4 || stage == 5;
+        q.keep_frozen_bytes = stage == 6 ? keep_all_frozen : 0;
         q.precision = precision::bfloat16_adam();
         q.precision.gradient = dtype::float32;
         sharded_model_options options;
@@ -979,11 +1027,15 @@ TEST_CASE("the bytes a step sends equal the plan's traffic (ring), plus the step
   // per rank), plus per rank the step's agreement record (an all_gather of one uint64) and, at
   // stages 1-3, the global norm's all_reduce of one float64.
   // accumulate_unsharded (stages 2-3): one reduce_scatter per step, as with one micro-batch.
+  // Stage 3 with 2 micro-batches keeps the frozen parameters gathered on 2 and 4 ranks: nothing
+  // of them is sent, and the plan's gathers are smaller by exactly their bytes.
   for (int stage = 0; stage <= 3; ++stage)
     for (int world : {2, 3, 4})
       for (int accumulation : {1, 2, 4}) {
         const bool unsharded = accumulation == 4;
         if (unsharded && (stage < 2 || world == 3)) continue;
+        const bool keep = stage == 3 && accumulation == 2 && world != 3;
+        CAPTURE(keep);
         CAPTURE(stage);
         CAPTURE(world);
         CAPTURE(accumulation);
@@ -991,6 +1043,25 @@ TEST_CASE("the bytes a step sends equal the plan's traffic (ring), plus the step
         std::vector<traffic_entry> planned;
         plan_request q = test_request(stage, accumulation);
         q.accumulate_unsharded = unsharded;
+        q.keep_frozen_bytes = keep ? keep_all_frozen : 0;
+        if (keep) {  // every gather without the frozen matrix
+          plan_request plain_request = test_request(3, accumulation), kept_request = q;
+          plain_request.world_size = kept_request.world_size = world;
+          const shard_plan plain(plain_request), kept(kept_request);
+          std::uint64_t frozen_bytes = 0;
+          for (const flat_buffer& f : kept.buffers())
+            if (f.replicated) frozen_bytes += f.numel * 4;
+          CHECK(frozen_bytes == 64);  // 9 floats padded to 16
+          for (std::size_t i = 0; i < plain.traffic().size(); ++i) {
+            const traffic_entry &a = plain.traffic()[i], &b = kept.traffic()[i];
+            if (a.collective != collective_kind::all_gather) {
+              CHECK(a.bytes == b.bytes);
+              continue;
+            }
+            CHECK(a.bytes > b.bytes);  // u1 is gathered before forward and before backward
+            CHECK((a.bytes - b.bytes) % (frozen_bytes * accumulation) == 0);
+          }
+        }
         if (unsharded) {  // the gradient reduction's traffic: one micro-batch's
           const shard_plan once(test_request(stage, 1)), accumulated(q);
           for (std::size_t i = 0; i < once.traffic().size(); ++i)

@@ -27,9 +27,11 @@ using namespace zero_test;
 
 namespace {
 
-plan_request device_request(int stage, int accumulation, const optimizer_options& o, bool unsharded = false) {
+plan_request device_request(int stage, int accumulation, const optimizer_options& o, bool unsharded = false,
+                            bool keep_frozen = false) {
   plan_request q;
   q.accumulate_unsharded = unsharded;
+  q.keep_frozen_bytes = keep_frozen ? keep_all_frozen : 0;
   q.parameters = test_parameters();
   q.stage = stage;
   q.accumulation_steps = accumulation;
@@ -191,7 +193,8 @@ class claims_cuda_stream final : public execution_stream {
 
 TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise the host runtime") {
   // Uneven, frozen, tied and zero-size parameters (the test model); per world size and stage,
-  // accumulation 1 and 3, the optimizers in rotation, clipping on at odd stages.
+  // accumulation 1 and 3, the optimizers in rotation, clipping on at odd stages; stage 3 on 2
+  // and 4 ranks with one micro-batch keeps the frozen matrix gathered (keep_frozen_bytes).
   const auto optimizers = test_optimizers();
   int runs = 0;
   for (int world = 1; world <= 4; ++world)
@@ -205,7 +208,9 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
         cfg.mark_ready = (world + stage) % 2 == 0;
         cfg.implicit_last_end = accumulation == 3 && stage >= 2;
         const bool unsharded = accumulation == 3 && stage >= 2 && world % 2 == 1;  // one reduction per step
+        const bool keep = stage == 3 && accumulation == 1 && world % 2 == 0;       // the frozen matrix held whole
         CAPTURE(unsharded);
+        CAPTURE(keep);
         CAPTURE(world);
         CAPTURE(stage);
         CAPTURE(accumulation);
@@ -223,12 +228,12 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
           options.optimizer = cfg.optimizer;
           options.max_grad_norm = cfg.max_grad_norm;
           {
-            sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer, unsharded), options);
+            sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer, unsharded, keep), options);
             host[r] = train_sharded(model, comm.rank(), cfg, &host_steps[r]);
           }
           primitive::host_stream compute;
           host_execution_stream stream(compute);
-          sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer, unsharded),
+          sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer, unsharded, keep),
                               device_context{&stream}, options);
           device[r] = train_on_stream(model, compute, comm.rank(), cfg, &device_steps[r]);
           compute.synchronize();

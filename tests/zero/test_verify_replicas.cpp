@@ -170,15 +170,20 @@ TEST_CASE("ddp::verify_replicas: the reducer's parameters, broadcast alike, then
 }
 
 TEST_CASE("zero::verify_replicas: every stage, host path and device path; a flipped bit is named at stages 0-2") {
-  for (int stage = 0; stage <= 3; ++stage)
+  // Variant 4: stage 3 with the frozen matrix kept gathered (held whole, so compared).
+  for (int variant = 0; variant <= 4; ++variant)
     for (bool device : {false, true}) {
+      const int stage = std::min(variant, 3);
+      const bool kept = variant == 4;
       CAPTURE(stage);
+      CAPTURE(kept);
       CAPTURE(device);
       const auto out = vr_run(2, [&](communicator& comm) {
         plan_request q;
         q.parameters = test_parameters();
         q.stage = stage;
         q.alignment_bytes = 16;
+        q.keep_frozen_bytes = kept ? keep_all_frozen : 0;
         primitive::host_stream compute;
         host_execution_stream stream(compute);
         std::optional<sharded_model> model;
@@ -195,11 +200,11 @@ TEST_CASE("zero::verify_replicas: every stage, host path and device path; a flip
         }
         const replica_check c = zero::verify_replicas(*model);
         // Stages 0-2 compare every parameter (frozen and empty ones too; ties once); stage 3 holds
-        // nothing alike between steps without replica groups.
-        CHECK(c.tensors == (stage <= 2 ? 9u : 0u));
-        if (stage == 3) return;
+        // nothing alike between steps without replica groups, but the frozen matrix kept whole.
+        CHECK(c.tensors == (stage <= 2 ? 9u : kept ? 1u : 0u));
+        if (stage == 3 && !kept) return;
         // Flip a bit of "l2.b" on rank 1 (through the held parameters: the model's own memory).
-        const std::size_t p = model->index("l2.b");
+        const std::size_t p = model->index(kept ? "frozen.w" : "l2.b");
         const parameter_placement& pl = model->plan().placements()[p];
         if (comm.rank() == 1) {
           model->synchronize();
@@ -209,14 +214,15 @@ TEST_CASE("zero::verify_replicas: every stage, host path and device path; a flip
       });
       for (const auto& o : out) {
         INFO(o.what);
-        if (stage == 3) {
+        if (stage == 3 && !kept) {
           CHECK(!o.kind);
           continue;
         }
         CHECK(o.kind == errc::replica_mismatch);
         CHECK(vr_has(o.what, "the replicas' parameters differ: tensor "));
-        CHECK(vr_has(o.what, " 'l2.b' (16 bytes) differs: rank 0 holds "));
-        CHECK(vr_has(o.what, "1 of 9 tensors differ"));
+        CHECK(vr_has(o.what, kept ? " 'frozen.w' (36 bytes) differs: rank 0 holds "
+                                  : " 'l2.b' (16 bytes) differs: rank 0 holds "));
+        CHECK(vr_has(o.what, kept ? "1 of 1 tensors differ" : "1 of 9 tensors differ"));
       }
     }
 }

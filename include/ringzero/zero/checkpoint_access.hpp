@@ -24,10 +24,10 @@ class checkpoint_access {
   /// The range of buffer b whose master weights and optimizer states this rank holds (and
   /// whose parameters its optimizer updates): the whole buffer at stage 0, its shard otherwise.
   algorithms::range optimizer_range(std::size_t b) const { return m_.owned_range(b); }
-  /// The range of buffer b whose parameters this rank stores: the whole buffer at stages 0-2,
-  /// its shard at stage 3.
+  /// The range of buffer b whose parameters this rank stores: the whole buffer at stages 0-2
+  /// and for a replicated frozen buffer at stage 3 (`shard_plan::holds_whole`), else its shard.
   algorithms::range held_range(std::size_t b) const {
-    return m_.plan_.stage() == 3 ? m_.owned_range(b) : algorithms::range{0, m_.plan_.buffers().at(b).numel};
+    return m_.plan_.holds_whole(b) ? algorithms::range{0, m_.plan_.buffers().at(b).numel} : m_.owned_range(b);
   }
   /// The bytes of `held_range(b)` (the buffer's dtype).
   unsigned char* held_parameters(std::size_t b) { return m_.params_.at(b).data(); }

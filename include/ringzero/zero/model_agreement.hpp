@@ -259,6 +259,7 @@ inline std::vector<ringzero::detail::agreed_value> model_agreement::summary(bool
       {"quantization.weights", static_cast<std::uint64_t>(q.quantization.weights), shown::named, +quantized_text},
       {"quantization.gradients", static_cast<std::uint64_t>(q.quantization.gradients), shown::named, +quantized_text},
       {"quantization.block_size", q.quantization.any() ? q.quantization.block_size : 0u, shown::integer},
+      {"keep_frozen_bytes", q.stage == 3 ? q.keep_frozen_bytes : 0u, shown::integer},
       {"precision (hash)", precision_hash.value(), shown::hash},
       {"parameter count", q.parameters.size(), shown::integer},
       {"parameters (hash of names, shapes, dtypes, flags, tie groups, units)", parameters_hash(0, q.parameters.size()),

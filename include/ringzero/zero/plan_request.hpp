@@ -111,7 +111,17 @@ struct plan_request {
   /// do): one reduction per step instead of one per micro-batch, for the full gradients' memory
   /// (stage 1's) instead of a shard and the gradient buckets. No effect at stages 0-1.
   bool accumulate_unsharded = false;
+  /// Stage 3: a budget per rank, in bytes, for frozen parameters kept gathered (replicated, as
+  /// stage 0 keeps every parameter): frozen flat buffers, taken in unit order while their whole
+  /// sizes fit, are held whole by every rank for the whole run, never gathered, released or sent
+  /// (`flat_buffer::replicated`), for their whole size in memory instead of a shard; the other
+  /// frozen buffers are gathered on demand with their unit, as trainable ones. 0 (the default):
+  /// none; `keep_all_frozen`: all. No effect at stages 0-2 (every rank holds every parameter).
+  std::uint64_t keep_frozen_bytes = 0;
 };
+
+/// `plan_request::keep_frozen_bytes` that keeps every frozen buffer gathered.
+inline constexpr std::uint64_t keep_all_frozen = ~std::uint64_t{0};
 
 /// Where one parameter lives in the plan.
 struct parameter_placement {
@@ -138,6 +148,9 @@ struct flat_buffer {
   std::uint64_t shard_numel = 0;         ///< elements of one shard
   std::uint64_t gather_offset = 0;       ///< byte offset in its unit's gather buffer (stage 3)
   std::uint64_t gradient_offset = 0;     ///< byte offset in its unit's gradient bucket (sharded gradients)
+  /// Stage 3, frozen: every rank holds the buffer whole for the whole run (kept gathered within
+  /// `plan_request::keep_frozen_bytes`); it has no region in its unit's gather buffer.
+  bool replicated = false;
 
   /// Elements of shard `index` (0 <= index < shards): [index*shard_numel, (index+1)*shard_numel).
   constexpr algorithms::range shard(int index) const noexcept {
@@ -210,6 +223,45 @@ inline void hash_precision(fnv1a& h, const zero::precision& pr) noexcept {
   h.u64(pr.master ? 1 + static_cast<std::uint64_t>(*pr.master) : 0);
   h.u64(static_cast<std::uint64_t>(pr.optimizer_state));
   h.u64(static_cast<std::uint64_t>(pr.optimizer_states));
+}
+
+/// The plan fingerprint of `q` (FNV-1a over every setting that changes the plan): equal
+/// requests give equal fingerprints; a setting left at its default adds nothing, so plans made
+/// before it existed keep their fingerprints.
+inline std::uint64_t request_fingerprint(const plan_request& q) noexcept {
+  fnv1a h;
+  h.text("ringzero.zero.shard_plan.v1");
+  h.u64(static_cast<std::uint64_t>(q.world_size));
+  h.u64(static_cast<std::uint64_t>(q.replica_group_size == 0 ? q.world_size : q.replica_group_size));
+  h.u64(static_cast<std::uint64_t>(q.stage));
+  h.u64(q.alignment_bytes);
+  h.u64(q.unit_bytes);
+  h.u64(static_cast<std::uint64_t>(q.accumulation_steps));
+  h.u64(q.prefetch ? 1 : 0);
+  h.u64(static_cast<std::uint64_t>(q.max_inflight_reductions));
+  hash_precision(h, q.precision);
+  if (q.stage == 3 && q.reshard_after_forward != reshard_policy::all) {  // as offload below
+    h.text("reshard_after_forward");
+    h.u64(static_cast<std::uint64_t>(q.reshard_after_forward));
+  }
+  if (q.offload != offload::none) {  // plans without offload keep their fingerprints
+    h.text("offload");
+    h.u64(static_cast<std::uint64_t>(q.offload));
+  }
+  if (q.stage >= 2 && q.accumulate_unsharded) h.text("accumulate_unsharded");  // as offload
+  if (q.quantization.any()) {                                                  // as offload
+    h.text("quantization");
+    h.u64(static_cast<std::uint64_t>(q.quantization.weights));
+    h.u64(static_cast<std::uint64_t>(q.quantization.gradients));
+    h.u64(q.quantization.block_size);
+  }
+  if (q.stage == 3 && q.keep_frozen_bytes != 0) {  // as offload
+    h.text("keep_frozen_bytes");
+    h.u64(q.keep_frozen_bytes);
+  }
+  h.u64(q.parameters.size());
+  for (const parameter_spec& s : q.parameters) hash_parameter(h, s);
+  return h.value();
 }
 
 using ringzero::detail::checked_add;  // the checked arithmetic of core/checked_arithmetic.hpp
@@ -285,7 +337,7 @@ inline std::uint64_t quantization_staging_bytes(const plan_request& q, const std
   for (const flat_buffer& f : buffers) {
     if (f.numel == 0) continue;
     const std::string& first = q.parameters[f.parameters.front()].name;
-    if (qz.weights != quantized_bits::none) {
+    if (qz.weights != quantized_bits::none && !f.replicated) {  // a replicated buffer is never gathered
       if (!quantizable(f.type))
         plan_error("quantized weights need float32, bfloat16 or float16 parameters; parameter '" + first + "' is " +
                    std::string(dtype_name(f.type)));

@@ -179,6 +179,10 @@ class shard_plan {
     return true;
   }
 
+  /// True when every rank holds buffer b whole (at stages 0-2, and a `flat_buffer::replicated`
+  /// frozen buffer at stage 3), false when it holds its shard. Precondition: b < buffers().size().
+  bool holds_whole(std::size_t b) const noexcept { return request_.stage <= 2 || buffers_[b].replicated; }
+
   /// The bookkeeping of stage-3 gathers for this plan (zero/gather_schedule.hpp).
   detail::gather_schedule make_gather_schedule() const {
     std::vector<std::vector<std::size_t>> borrowed(units_.size());
@@ -356,6 +360,7 @@ class shard_plan {
     const plan_request& q = request_;
     const auto shards = static_cast<std::uint64_t>(shards_);
     const std::uint64_t region_alignment = std::max<std::uint64_t>(q.alignment_bytes, 16);
+    std::uint64_t keep_left = q.stage == 3 ? q.keep_frozen_bytes : 0;  // frozen buffers kept gathered, in unit order
     for (std::size_t u = 0; u < units_.size(); ++u) {
       gather_unit& unit = units_[u];
       const std::string layout = "the layout of unit '" + unit.name + "'";
@@ -402,6 +407,12 @@ class shard_plan {
             detail::add_or_refuse(parameter_elements_, f.payload, "the model's parameter element count");
         if (f.trainable) trainable_elements_ += f.payload;  // at most parameter_elements_
         padding_elements_ = detail::add_or_refuse(padding_elements_, f.padding(), "the model's padding element count");
+        const std::uint64_t whole_bytes = f.numel * dtype_size(f.type);  // fits: checked above
+        if (!f.trainable && f.numel > 0 && whole_bytes <= keep_left) {
+          f.replicated = true;  // held whole by every rank: no region in the gather buffer
+          keep_left -= whole_bytes;
+          continue;
+        }
         // Regions in the unit's gather buffer and gradient bucket.
         const std::string gather_size = "the gather buffer size of unit '" + unit.name + "'";
         gather_at = detail::round_up_or_refuse(gather_at, region_alignment, gather_size);
@@ -529,7 +540,8 @@ class shard_plan {
     };
     for (const flat_buffer& f : buffers_) {
       const std::uint64_t full = f.numel, shard = f.shard_numel;
-      add(device_memory_.parameters, stage >= 3 ? shard : full, dtype_size(f.type), "the parameter memory per rank");
+      add(device_memory_.parameters, stage >= 3 && !f.replicated ? shard : full, dtype_size(f.type),
+          "the parameter memory per rank");
       if (!f.trainable) continue;
       add(device_memory_.gradients, sharded_gradients() ? shard : full, dtype_size(f.gradient_type),
           "the gradient memory per rank");
@@ -587,6 +599,7 @@ class shard_plan {
       const std::string calls = what + " in calls", elements = what + " in elements", bytes = what + " in bytes";
       for (const flat_buffer& f : buffers_) {
         if (trainable_only && !f.trainable) continue;
+        if (per_unit != nullptr && f.replicated) continue;  // stage 3's gathers: never gathered
         const std::uint64_t count = shard_only ? f.shard_numel : f.numel;
         if (count == 0) continue;
         const std::uint64_t times = detail::multiply_or_refuse(repeat, per_unit ? (*per_unit)[f.unit] : 1, calls);
@@ -631,38 +644,7 @@ class shard_plan {
           false, false, nullptr);
   }
 
-  void compute_fingerprint() {
-    detail::fnv1a h;
-    const plan_request& q = request_;
-    h.text("ringzero.zero.shard_plan.v1");
-    h.u64(static_cast<std::uint64_t>(q.world_size));
-    h.u64(static_cast<std::uint64_t>(q.replica_group_size == 0 ? q.world_size : q.replica_group_size));
-    h.u64(static_cast<std::uint64_t>(q.stage));
-    h.u64(q.alignment_bytes);
-    h.u64(q.unit_bytes);
-    h.u64(static_cast<std::uint64_t>(q.accumulation_steps));
-    h.u64(q.prefetch ? 1 : 0);
-    h.u64(static_cast<std::uint64_t>(q.max_inflight_reductions));
-    detail::hash_precision(h, q.precision);
-    if (q.stage == 3 && q.reshard_after_forward != reshard_policy::all) {  // as offload below
-      h.text("reshard_after_forward");
-      h.u64(static_cast<std::uint64_t>(q.reshard_after_forward));
-    }
-    if (q.offload != offload::none) {  // plans without offload keep their fingerprints
-      h.text("offload");
-      h.u64(static_cast<std::uint64_t>(q.offload));
-    }
-    if (q.stage >= 2 && q.accumulate_unsharded) h.text("accumulate_unsharded");  // as offload
-    if (q.quantization.any()) {                                                  // as offload
-      h.text("quantization");
-      h.u64(static_cast<std::uint64_t>(q.quantization.weights));
-      h.u64(static_cast<std::uint64_t>(q.quantization.gradients));
-      h.u64(q.quantization.block_size);
-    }
-    h.u64(q.parameters.size());
-    for (const parameter_spec& s : q.parameters) detail::hash_parameter(h, s);
-    fingerprint_ = h.value();
-  }
+  void compute_fingerprint() { fingerprint_ = detail::request_fingerprint(request_); }
 
   plan_request request_;
   int shards_ = 1;

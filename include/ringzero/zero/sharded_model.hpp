@@ -521,7 +521,7 @@ class sharded_model {
   /// The rank's own parameters of buffer b (the range the optimizer updates).
   unsigned char* owned_parameters(std::size_t b) {
     const flat_buffer& f = plan_.buffers()[b];
-    if (plan_.stage() == 3) return params_[b].data();
+    if (!plan_.holds_whole(b)) return params_[b].data();
     return params_[b].data() + owned_range(b).begin * dtype_size(f.type);
   }
 
@@ -542,7 +542,7 @@ class sharded_model {
     const parameter_placement& pl = plan_.placements()[p];
     const flat_buffer& f = plan_.buffers()[pl.buffer];
     const std::uint64_t es = dtype_size(f.type);
-    if (plan_.stage() <= 2) return params_[pl.buffer].data() + pl.offset * es;
+    if (plan_.holds_whole(pl.buffer)) return params_[pl.buffer].data() + pl.offset * es;
     const std::size_t w = storage_unit(p);
     if (!gathers_.held(w))
       raise("parameter '" + name(p) + "' is not gathered: its storage belongs to unit '" + plan_.units()[w].name +
@@ -658,7 +658,7 @@ class sharded_model {
   sharded_model_options options_;
   int shard_index_;
   primitive::memory_counter memory_counter_;  ///< every allocation of the runtime (declared before them all)
-  std::vector<detail::host_buffer> params_;   ///< per buffer: full (stages 0-2) or the shard (stage 3)
+  std::vector<detail::host_buffer> params_;   ///< per buffer: whole (shard_plan::holds_whole) or the shard
   std::vector<detail::host_buffer> grads_;    ///< per trainable buffer: the shard if sharded_gradients(), else full
   std::optional<sharded_optimizer> optimizer_;
   loss_scaler scaler_;                                ///< the same on every rank: updated from the global decision

@@ -26,7 +26,7 @@ inline void sharded_model::allocate() {
   params_.reserve(buffers.size());
   grads_.reserve(buffers.size());
   for (const flat_buffer& f : buffers) {
-    params_.emplace_back(make_buffer((stage3 ? f.shard_numel : f.numel) * dtype_size(f.type)));
+    params_.emplace_back(make_buffer((stage3 && !f.replicated ? f.shard_numel : f.numel) * dtype_size(f.type)));
     grads_.emplace_back(
         make_buffer(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0));
   }
@@ -103,7 +103,7 @@ inline void sharded_model::start_gather(std::size_t u) {
   const communication_quantization& qz = plan_.request().quantization;
   for (std::size_t b : plan_.units()[u].buffers) {
     const flat_buffer& f = plan_.buffers()[b];
-    if (f.shard_numel == 0) continue;
+    if (f.shard_numel == 0 || f.replicated) continue;  // a replicated buffer is held whole
     const collective_options tag = tagged(call_purpose::gather, b);
     unsigned char* src = params_[b].data();
     unsigned char* dst = base + f.gather_offset;

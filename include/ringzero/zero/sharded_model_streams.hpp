@@ -87,8 +87,8 @@ inline void sharded_model::write_parameter(std::size_t p, std::span<const float>
   const std::uint64_t lo = std::max(own.begin, pl.offset), hi = std::min(own.end, pl.offset + pl.numel);
   const std::uint64_t es = dtype_size(f.type);
   // The host values in the parameter's dtype, copied in on the communication stream after the
-  // trainer's work so far: the whole parameter at stages 0-2, the owned part at stage 3.
-  const bool whole = plan_.stage() <= 2;
+  // trainer's work so far: the whole parameter where the rank holds its buffer whole, else the owned part.
+  const bool whole = plan_.holds_whole(pl.buffer);
   std::vector<unsigned char> staged(static_cast<std::size_t>(pl.numel * es));
   visit_dtype(f.type, [&]<class T>() {
     T* d = reinterpret_cast<T*>(staged.data());
@@ -118,7 +118,7 @@ inline void sharded_model::copy_parameter_out(std::size_t p, std::span<float> ou
   const unsigned char* src = nullptr;
   std::size_t borrowed_slot = npos;
   detail::host_buffer temporary;  // released after the synchronize below
-  if (plan_.stage() <= 2) {
+  if (plan_.holds_whole(pl.buffer)) {
     src = params_[pl.buffer].data();
   } else {
     const std::size_t w = storage_unit(p);
