@@ -4,15 +4,20 @@
 // embedding) whose forward runs every part that may be a gather unit through
 // `integration::torch_zero::run`, so one model serves every wrap policy:
 //   block: "embeddings", "blocks.<i>", "head"; layer: "wte", "wpe", "blocks.<i>.ln1", ...,
-//   "ln_f", "lm_head"; model: "model".
+//   "ln_f", "lm_head" (and "blocks.<i>" for its low-rank adapters); model: "model".
+// With `config::lora` = r > 0 every projection of every block gains a low-rank adapter (Hu et
+// al. 2021, "LoRA": W x + B A x, A of r x in, B of out x r, B starting at zero) and every other
+// parameter is frozen (requires_grad false): fine-tuning with a frozen backbone.
 // Shared by example 04 and its test (tests/examples/test_libtorch_gpt.cpp).
 
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "ringzero/integration/torch_zero.hpp"
 
@@ -25,11 +30,21 @@ struct config {
   std::int64_t layers = 2;    ///< transformer blocks
   std::int64_t embd = 64;     ///< embedding width (heads * head width)
   std::int64_t heads = 4;     ///< attention heads
+  std::int64_t lora = 0;      ///< rank of the low-rank adapters (0: none, every parameter trains)
 };
 
 /// One pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
 struct block_impl : torch::nn::Module {
   explicit block_impl(const config& c) : heads(c.heads) {
+    // The adapters first: the block's own parameters come before its children's in
+    // named_parameters, so the unit "blocks.<i>" of the layer wrap precedes its layers' units.
+    if (c.lora > 0)
+      for (auto [name, in, out] :
+           {std::tuple{"attn_qkv", c.embd, 3 * c.embd}, std::tuple{"attn_proj", c.embd, c.embd},
+            std::tuple{"mlp_fc", c.embd, 4 * c.embd}, std::tuple{"mlp_proj", 4 * c.embd, c.embd}}) {
+        lora_a[name] = register_parameter(std::string(name) + "_lora_a", torch::zeros({c.lora, in}));
+        lora_b[name] = register_parameter(std::string(name) + "_lora_b", torch::zeros({out, c.lora}));
+      }
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embd})));
     attn_qkv = register_module("attn_qkv", torch::nn::Linear(c.embd, 3 * c.embd));
     attn_proj = register_module("attn_proj", torch::nn::Linear(c.embd, c.embd));
@@ -41,7 +56,7 @@ struct block_impl : torch::nn::Module {
   torch::Tensor forward(const std::string& path, const torch::Tensor& x, ringzero::integration::torch_zero& z) {
     const std::int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads;
     auto h = z.run(path + ".ln1", x, [&](const torch::Tensor& t) { return ln1->forward(t); });
-    auto qkv = z.run(path + ".attn_qkv", h, [&](const torch::Tensor& t) { return attn_qkv->forward(t); });
+    auto qkv = z.run(path + ".attn_qkv", h, [&](const torch::Tensor& t) { return adapted("attn_qkv", attn_qkv, t); });
     auto parts = qkv.chunk(3, -1);
     auto q = parts[0].view({B, T, heads, D}).transpose(1, 2);
     auto k = parts[1].view({B, T, heads, D}).transpose(1, 2);
@@ -50,17 +65,26 @@ struct block_impl : torch::nn::Module {
     auto mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
     att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
     auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
-    auto a = z.run(path + ".attn_proj", y, [&](const torch::Tensor& t) { return attn_proj->forward(t); });
+    auto a = z.run(path + ".attn_proj", y, [&](const torch::Tensor& t) { return adapted("attn_proj", attn_proj, t); });
     auto x2 = x + a;
     auto h2 = z.run(path + ".ln2", x2, [&](const torch::Tensor& t) { return ln2->forward(t); });
-    auto f = z.run(path + ".mlp_fc", h2, [&](const torch::Tensor& t) { return torch::gelu(mlp_fc->forward(t)); });
-    auto m = z.run(path + ".mlp_proj", f, [&](const torch::Tensor& t) { return mlp_proj->forward(t); });
+    auto f =
+        z.run(path + ".mlp_fc", h2, [&](const torch::Tensor& t) { return torch::gelu(adapted("mlp_fc", mlp_fc, t)); });
+    auto m = z.run(path + ".mlp_proj", f, [&](const torch::Tensor& t) { return adapted("mlp_proj", mlp_proj, t); });
     return x2 + m;
+  }
+
+  /// `linear(t)`, plus its adapter's B A t when the block has adapters.
+  torch::Tensor adapted(const std::string& name, torch::nn::Linear& linear, const torch::Tensor& t) {
+    auto y = linear->forward(t);
+    if (lora_a.empty()) return y;
+    return y + torch::matmul(torch::matmul(t, lora_a.at(name).t()), lora_b.at(name).t());
   }
 
   std::int64_t heads;
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   torch::nn::Linear attn_qkv{nullptr}, attn_proj{nullptr}, mlp_fc{nullptr}, mlp_proj{nullptr};
+  std::map<std::string, torch::Tensor> lora_a, lora_b;  ///< per projection (config::lora > 0)
 };
 
 /// The output layer: the token embedding's weight registered again under its own name (tied).
@@ -78,16 +102,28 @@ struct model : torch::nn::Module {
     for (std::int64_t i = 0; i < c.layers; ++i) blocks->push_back(std::make_shared<block_impl>(c));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embd})));
     lm_head = register_module("lm_head", std::make_shared<head_impl>(wte->weight));
-    // GPT-2's initialisation: normal(0, 0.02) weights, zero biases, LayerNorm at (1, 0).
+    // GPT-2's initialisation: normal(0, 0.02) weights, zero biases, LayerNorm at (1, 0); the
+    // backbone's values do not depend on the adapters, which are drawn after it: A normal with
+    // standard deviation 1/sqrt(in), B zero (the adapted model starts as the backbone).
     torch::NoGradGuard no_grad;
+    const auto adapter = [](const std::string& n) { return n.find("_lora_") != std::string::npos; };
     for (auto& p : named_parameters(true)) {
       const std::string& n = p.key();
-      if (n.ends_with(".bias"))
+      if (adapter(n))
+        continue;
+      else if (n.ends_with(".bias"))
         p.value().zero_();
       else if (n.find(".ln") != std::string::npos || n.starts_with("ln_f"))
         p.value().fill_(1);
       else if (n != "lm_head.weight")
         p.value().normal_(0, 0.02);
+    }
+    for (auto& p : named_parameters(true)) {
+      if (c.lora == 0) break;
+      if (!adapter(p.key()))
+        p.value().set_requires_grad(false);  // frozen backbone
+      else if (p.key().ends_with("_lora_a"))
+        p.value().normal_(0, 1.0 / std::sqrt(static_cast<double>(p.value().size(1))));
     }
   }
 

@@ -21,6 +21,9 @@
 //   communicator, beside the plan's figure with and without quantization.
 // - --backend mpi runs one rank per process under mpirun; --link-gbps paces the MPI sends as a
 //   slower network would (docs/mpi.md).
+// - --lora R fine-tunes low-rank adapters of rank R with the backbone frozen (requires_grad
+//   false); at stage 3 the frozen parameters are kept gathered (--keep-frozen, all by default),
+//   so a step sends only the adapters' parameters and gradients.
 //
 // How to run (from the build directory; `apt-get install fortunes`):
 //   examples/libtorch_gpt                                  (2 ranks, zero3, block wrap, ~2 minutes)
@@ -28,6 +31,7 @@
 //   examples/libtorch_gpt --strategy zero3 --wrap layer --bf16 --steps 50
 //   examples/libtorch_gpt --steps 100 --checkpoint ckpt && examples/libtorch_gpt --steps 200 --resume ckpt
 //   mpirun -np 4 examples/libtorch_gpt --backend mpi --link-gbps 1 --quantize-weights int8 --quantize-gradients int8
+//   examples/libtorch_gpt --lora 8 --steps 100
 // `--help` lists every option.
 
 #include <algorithm>
@@ -87,6 +91,7 @@ struct options {
   bool pin = true;                   // local backend: pin rank r's thread to core r
   double link_gbps = 0;              // --link-gbps (mpi): pace the sends
   std::string quantize_weights = "none", quantize_gradients = "none";
+  std::string keep_frozen = "all";  // --keep-frozen: stage 3's frozen parameters kept gathered (bytes or all)
 };
 
 /// The corpus: every plain fortune file (names without a dot: not the .dat indexes or the .u8
@@ -156,6 +161,8 @@ struct result {
   std::string replica_checks;  // --check-replicas: what the checks found and cost
   double sent_per_step = 0;    // bytes rank 0 sent per step, measured (communicator::traffic)
   double planned_per_step = 0, unquantized_per_step = 0;  // the plan's (ring), with and without quantization
+  std::uint64_t trainable = 0, total = 0;                 // parameter elements (unique storage)
+  std::uint64_t frozen_kept_bytes = 0;                    // stage 3: frozen buffers held whole (--keep-frozen)
 };
 
 double median(std::vector<double> v) {
@@ -190,6 +197,7 @@ result train(const options& o, const corpus& c) {
     zo.model.max_grad_norm = o.clip;
     zo.quantization.weights = *rz::zero::parse_quantized_bits(o.quantize_weights);  // checked by the option
     zo.quantization.gradients = *rz::zero::parse_quantized_bits(o.quantize_gradients);
+    zo.keep_frozen_bytes = o.keep_frozen == "all" ? rz::zero::keep_all_frozen : std::stoull(o.keep_frozen);
     rz::integration::torch_zero z(comm, *net, zo);
     int first_step = 0;
     if (!o.resume_dir.empty()) {  // a collective: the state resharded to this run's --ranks and --strategy
@@ -298,6 +306,10 @@ result train(const options& o, const corpus& c) {
       res.first_step = first_step;
       res.replica_checks = checks.summary();
       res.sent_per_step = sent_per_step;
+      res.trainable = z.model().plan().trainable_elements();
+      res.total = z.model().plan().parameter_elements();
+      for (const auto& f : z.model().plan().buffers())
+        if (f.replicated) res.frozen_kept_bytes += f.numel * rz::dtype_size(f.type);
       for (rz::zero::traffic_entry e : z.model().plan().traffic()) {
         res.planned_per_step += e.ring_bytes_sent();
         e.bytes = e.unquantized_bytes;  // the same entry in full precision
@@ -314,6 +326,7 @@ nlohmann::json parameters_json(const std::vector<rz::zero::parameter_spec>& ps) 
     nlohmann::json j{{"name", p.name}, {"shape", p.shape}, {"unit", p.unit}};
     if (p.type) j["dtype"] = std::string(rz::dtype_name(*p.type));
     if (!p.tie_group.empty()) j["tie"] = p.tie_group;
+    if (!p.trainable) j["trainable"] = false;
     list.push_back(j);
   }
   return list;
@@ -347,6 +360,16 @@ int main(int argc, char** argv) {
   app.add_option("--quantize-gradients", o.quantize_gradients,
                  "zero1-3: reduce gradients as int8 or int4 blocks, added up in float32 (ZeRO++'s qgZ)")
       ->check(CLI::IsMember({"none", "int8", "int4"}));
+  app.add_option("--lora", o.model.lora,
+                 "fine-tune low-rank adapters of this rank on every projection, the backbone frozen (0: train all)")
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--keep-frozen", o.keep_frozen,
+                 "zero3: bytes per rank of frozen parameters kept gathered, never re-gathered (a number, or all)")
+      ->check([](const std::string& v) {
+        return v == "all" || (!v.empty() && v.size() <= 19 && v.find_first_not_of("0123456789") == std::string::npos)
+                   ? std::string()
+                   : "must be a number of bytes or all";
+      });
   app.add_option("--strategy", o.strategy, "distribution strategy")
       ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
   app.add_option("--wrap", o.wrap, "gather units: per transformer block, per torch submodule, or one")
@@ -404,8 +427,9 @@ int main(int argc, char** argv) {
     }
     fmt::print("corpus: {} characters, vocabulary {}, unigram entropy {:.4f} nats ({:.4f} bits) per character\n",
                c.text.size(), c.vocab.size(), c.unigram_entropy, c.unigram_entropy / std::log(2.0));
-    fmt::print("{} on {} rank(s), wrap {}, {} blocks of width {}, context {}, global batch {}{}\n", o.strategy, o.ranks,
-               o.wrap, o.model.layers, o.model.embd, o.model.context, o.batch, o.bf16 ? ", bfloat16" : "");
+    fmt::print("{} on {} rank(s), wrap {}, {} blocks of width {}, context {}, global batch {}{}{}\n", o.strategy,
+               o.ranks, o.wrap, o.model.layers, o.model.embd, o.model.context, o.batch, o.bf16 ? ", bfloat16" : "",
+               o.model.lora > 0 ? fmt::format(", LoRA rank {} (backbone frozen)", o.model.lora) : "");
     std::fflush(stdout);
     const auto resident_before = ex::resident_set();
     const result r = train(o, c);
@@ -413,9 +437,12 @@ int main(int argc, char** argv) {
 
     const auto& m = r.measured;
     const auto& p = r.planned;
+    fmt::print("\ntrainable parameters: {} of {}", r.trainable, r.total);
+    if (r.frozen_kept_bytes > 0) fmt::print("; frozen ones kept gathered: {} B per rank", r.frozen_kept_bytes);
+    fmt::print("\n");
     const std::uint64_t measured_peak = m.parameters + m.communication_buffers;
     const std::uint64_t planned_peak = p.parameters + p.communication_buffers;
-    fmt::print("\nparameter memory per rank (parameters + gather buffers and gradient buckets):\n");
+    fmt::print("parameter memory per rank (parameters + gather buffers and gradient buckets):\n");
     fmt::print("  measured {:>12} B  (parameters {}, communication buffers {})\n", measured_peak, m.parameters,
                m.communication_buffers);
     fmt::print("  plan     {:>12} B  (parameters {}, communication buffers {})  {}\n", planned_peak, p.parameters,
@@ -468,6 +495,10 @@ int main(int argc, char** argv) {
                        {"sent_bytes_per_step", r.sent_per_step},
                        {"planned_bytes_per_step", r.planned_per_step},
                        {"unquantized_bytes_per_step", r.unquantized_per_step},
+                       {"lora", o.model.lora},
+                       {"trainable_parameters", r.trainable},
+                       {"parameters_total", r.total},
+                       {"frozen_kept_bytes", r.frozen_kept_bytes},
                        {"tokens_per_second", r.tokens_per_second},
                        {"unigram_entropy", c.unigram_entropy},
                        {"memory_measured", memory_json(m)},

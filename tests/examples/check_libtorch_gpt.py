@@ -18,6 +18,9 @@
   full-precision run after 50 steps, the bytes each rank sent per step (measured) those of the
   plan's collectives (quantized) plus the step's few scalars, 3.9x fewer than without; under
   mpirun -np 2 --backend mpi (where mpirun exists) the same losses bit for bit;
+- zero3 --lora 4 (frozen backbone kept gathered): the loss falls, bytes sent per step are the
+  plan's and under half of full fine-tuning's, memory equals ringzero-plan's with --keep-frozen
+  all, zero1 gives the same losses bit for bit;
 - the launcher refusal of examples 01 and 02, and a bad --batch.
 Skipped (77) when Debian's fortunes package is not installed.
 
@@ -65,12 +68,13 @@ def run(args, env=None):
         return json.load(f)
 
 
-def memory_matches_plan(run_json, label, reshard):
+def memory_matches_plan(run_json, label, reshard, extra=()):
     model_file = os.path.join(tmp, "model.json")
     with open(model_file, "w") as f:
         json.dump({"parameters": run_json["parameters"]}, f)
     r = subprocess.run([plan_exe, "--model-file", model_file, "--world-size", "2", "--stage", "3",
-                        "--precision", "fp32", "--optimizer", "adamw", "--reshard-after-forward", reshard, "--json"],
+                        "--precision", "fp32", "--optimizer", "adamw", "--reshard-after-forward", reshard, *extra,
+                        "--json"],
                        capture_output=True, text=True, errors="replace", timeout=60)
     if r.returncode != 0:
         failures.append(f"ringzero-plan for {label}: exit {r.returncode}: {r.stderr.strip()}")
@@ -188,6 +192,30 @@ if full and quantized:
                 mpi = json.load(f)
             if mpi["losses"] != quantized["losses"]:
                 failures.append("quantized zero3: the losses under --backend mpi differ from the local backend's")
+
+# --lora 4 at zero3: the backbone frozen (requires_grad false) and kept gathered, only the
+# adapters train. The loss falls; each rank sends per step the plan's collectives plus the step's
+# scalars, under half of what full fine-tuning sends (`full` above); the memory is ringzero-plan's
+# for the written model (frozen parameters marked) with --keep-frozen all; zero1 gives the same
+# losses bit for bit.
+lora = run(["--strategy", "zero3", "--lora", "4", *SMALL])
+lora_zero1 = run(["--strategy", "zero1", "--lora", "4", *SMALL])
+if lora and full and lora_zero1:
+    if lora["losses"][-1] >= lora["losses"][0]:
+        failures.append(f"--lora 4: the loss did not fall: {lora['losses'][0]} -> {lora['losses'][-1]}")
+    sent, planned = lora["sent_bytes_per_step"], lora["planned_bytes_per_step"]
+    if not planned <= sent <= planned + 100:
+        failures.append(f"--lora 4: {sent} bytes sent per step, the plan's collectives {planned}")
+    if sent >= 0.5 * full["sent_bytes_per_step"]:
+        failures.append(f"--lora 4: {sent} bytes sent per step, full fine-tuning {full['sent_bytes_per_step']}")
+    if not 0 < lora["trainable_parameters"] < lora["parameters_total"] / 4 or lora["frozen_kept_bytes"] == 0:
+        failures.append(f"--lora 4: {lora['trainable_parameters']} of {lora['parameters_total']} parameters "
+                        f"trainable, {lora['frozen_kept_bytes']} frozen bytes kept gathered")
+    if sum(1 for p in lora["parameters"] if p.get("trainable", True)) != 16:  # 2 blocks x 4 projections x A, B
+        failures.append("--lora 4: the written parameter list does not mark 16 adapters trainable")
+    memory_matches_plan(lora, "--lora 4", "all", ["--keep-frozen", "all"])
+    if lora_zero1["losses"] != lora["losses"]:
+        failures.append("--lora 4: zero1's losses differ from zero3's (expected bit-identical on 2 ranks)")
 
 # The launcher refusal (as examples 01 and 02) and a global batch that does not split.
 env = {k: v for k, v in os.environ.items() if k not in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")}

@@ -69,6 +69,10 @@ struct torch_zero_options {
   /// Stages 2-3: accumulate the micro-batches' gradients unsharded and reduce them once per step
   /// (`zero::plan_request::accumulate_unsharded`, FSDP2's `set_requires_gradient_sync(False)`).
   bool accumulate_unsharded = false;
+  /// Stage 3: bytes per rank of frozen parameters (requires_grad false) kept gathered for the
+  /// whole run instead of gathered with their unit (`zero::plan_request::keep_frozen_bytes`;
+  /// `zero::keep_all_frozen` keeps them all): a frozen backbone then costs no traffic per step.
+  std::uint64_t keep_frozen_bytes = 0;
   zero::sharded_model_options model{};  ///< optimizer, clipping
 };
 
@@ -121,9 +125,12 @@ class torch_zero {
  public:
   /// Registers every parameter of `module` (named_parameters order, which must be the order the
   /// forward uses the units) with a `zero::sharded_model` on `comm`. Tied parameters (one tensor
-  /// under two names) share one storage. Throws errc::invalid_argument on every rank when a
-  /// rank's module has a parameter that does not require grad, is not contiguous, not on the
-  /// CPU or of an unsupported dtype (naming it), or when the plans differ.
+  /// under two names) share one storage. A parameter that does not require grad is frozen: held
+  /// without gradient or optimizer state, never updated (kept gathered at stage 3 within
+  /// `keep_frozen_bytes`). Throws errc::invalid_argument on every rank when a rank's module has
+  /// a parameter that is not contiguous, not on the CPU or of an unsupported dtype (naming it),
+  /// or when the plans differ (ranks whose modules freeze different parameters: the agreement
+  /// names the first parameter that differs).
   torch_zero(communicator& comm, torch::nn::Module& module, const torch_zero_options& options = {})
       : comm_(comm), module_(module), options_(options), model_(comm, request(), options.model) {
     const auto& plan = model_.plan();
@@ -203,7 +210,7 @@ class torch_zero {
 
   /// Checks that the module still has the registered parameters (on every rank: one all_gather
   /// of a flag), then the runtime's step (clip, update, gather). Throws errc::invalid_argument on
-  /// every rank when a parameter was replaced, resized or made not to require grad, naming it.
+  /// every rank when a parameter was replaced, resized, or frozen or unfrozen, naming it.
   zero::step_result step() {
     agree(changed());
     return model_.step();
@@ -220,7 +227,7 @@ class torch_zero {
   }
 
   /// The first registered parameter that changed ("" when none): replaced, a new storage,
-  /// another shape, no longer requiring grad, or the module's parameter list differs. Local.
+  /// another shape, requires_grad flipped, or the module's parameter list differs. Local.
   std::string changed() const {
     const auto now = module_.named_parameters(true);
     if (now.size() != names_.size())
@@ -237,7 +244,10 @@ class torch_zero {
         return "parameter '" + n + "' was replaced by another tensor after registration";
       if (!t.has_storage() || t.storage().unsafeGetStorageImpl() != storage_of(i))
         return "parameter '" + n + "' has new data (set_data or an in-place resize) after registration";
-      if (!t.requires_grad()) return "parameter '" + n + "' no longer requires grad";
+      if (t.requires_grad() != specs_[i].trainable)
+        return "parameter '" + n + "' " + (specs_[i].trainable ? "no longer requires grad" : "requires grad now") +
+               " (it was registered " + (specs_[i].trainable ? "trainable" : "frozen") +
+               "; register the module again to change which parameters train)";
       if (t.sizes().vec() != sizes_[i]) return "parameter '" + n + "' changed its shape after registration";
     }
     return {};
@@ -268,16 +278,15 @@ class torch_zero {
       const auto found = dtype_of_torch(t.scalar_type());
       const bool trainable_type = found.has_value() && is_floating_point(*found);
       const dtype type = trainable_type ? *found : dtype::float32;
+      s.trainable = t.requires_grad();  // frozen otherwise: no gradient, no optimizer state
       if (problem.empty()) {
-        if (!t.requires_grad())
-          problem = "parameter '" + n + "' does not require grad (the bridge trains every parameter it registers)";
-        else if (!t.is_contiguous())
+        if (!t.is_contiguous())
           problem = "parameter '" + n + "' is not contiguous";
         else if (!t.device().is_cpu())
           problem = "parameter '" + n + "' is on " + t.device().str() + ", the runtime's memory is the CPU's";
         else if (!trainable_type)
           problem = "parameter '" + n + "' has dtype " + std::string(c10::toString(t.scalar_type())) +
-                    ", which cannot be trained (float32, float64, bfloat16, float16)";
+                    ", which the bridge cannot hold (float32, float64, bfloat16, float16)";
       }
       s.type = type;
       const bool in_block = n.starts_with(options_.blocks + ".");
@@ -315,6 +324,7 @@ class torch_zero {
     q.max_inflight_reductions = options_.max_inflight_reductions;
     q.quantization = options_.quantization;
     q.accumulate_unsharded = options_.accumulate_unsharded;
+    q.keep_frozen_bytes = options_.keep_frozen_bytes;
     return q;
   }
 
@@ -399,14 +409,14 @@ class torch_zero {
   }
 
   /// Before the backward of unit u (its output's boundary): gathers it again into the same
-  /// storages, and points its parameters' .grad at the runtime's gradient memory.
+  /// storages, and points its trainable parameters' .grad at the runtime's gradient memory.
   void open(std::size_t u) {
     model_.pre_backward(u);
     bind(u);
     const auto& plan = model_.plan();
     for (std::size_t p : plan.units()[u].members) {
       const auto& pl = plan.placements()[p];
-      if (pl.numel == 0) continue;
+      if (pl.numel == 0 || !plan.parameters()[p].trainable) continue;  // frozen: no gradient
       torch::Tensor& t = tensors_[alias_of_[p]];
       const auto& f = plan.buffers()[pl.buffer];
       void* g = nullptr;
