@@ -4,10 +4,11 @@
 // embedding) whose forward runs every part that may be a gather unit through
 // `integration::torch_zero::run`, so one model serves every wrap policy:
 //   block: "embeddings", "blocks.<i>", "head"; layer: "wte", "wpe", "blocks.<i>.ln1", ...,
-//   "ln_f", "lm_head" (and "blocks.<i>" for its low-rank adapters); model: "model".
+//   "ln_f", "lm_head"; model: "model".
 // With `config::lora` = r > 0 every projection of every block gains a low-rank adapter (Hu et
-// al. 2021, "LoRA": W x + B A x, A of r x in, B of out x r, B starting at zero) and every other
-// parameter is frozen (requires_grad false): fine-tuning with a frozen backbone.
+// al. 2021, "LoRA": W x + B A x, A of r x in, B of out x r, B starting at zero), registered as
+// the projection's own parameters "lora_a" and "lora_b" (so in its unit under every wrap), and
+// every other parameter is frozen (requires_grad false): fine-tuning with a frozen backbone.
 // Shared by example 04 and its test (tests/examples/test_libtorch_gpt.cpp).
 
 #include <torch/torch.h>
@@ -17,7 +18,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <tuple>
 
 #include "ringzero/integration/torch_zero.hpp"
 
@@ -36,21 +36,20 @@ struct config {
 /// One pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
 struct block_impl : torch::nn::Module {
   explicit block_impl(const config& c) : heads(c.heads) {
-    // The adapters first: the block's own parameters come before its children's in
-    // named_parameters, so the unit "blocks.<i>" of the layer wrap precedes its layers' units.
-    if (c.lora > 0)
-      for (auto [name, in, out] :
-           {std::tuple{"attn_qkv", c.embd, 3 * c.embd}, std::tuple{"attn_proj", c.embd, c.embd},
-            std::tuple{"mlp_fc", c.embd, 4 * c.embd}, std::tuple{"mlp_proj", 4 * c.embd, c.embd}}) {
-        lora_a[name] = register_parameter(std::string(name) + "_lora_a", torch::zeros({c.lora, in}));
-        lora_b[name] = register_parameter(std::string(name) + "_lora_b", torch::zeros({out, c.lora}));
-      }
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embd})));
     attn_qkv = register_module("attn_qkv", torch::nn::Linear(c.embd, 3 * c.embd));
     attn_proj = register_module("attn_proj", torch::nn::Linear(c.embd, c.embd));
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embd})));
     mlp_fc = register_module("mlp_fc", torch::nn::Linear(c.embd, 4 * c.embd));
     mlp_proj = register_module("mlp_proj", torch::nn::Linear(4 * c.embd, c.embd));
+    // The adapters after each projection's weight and bias, as its own parameters: gathered
+    // with it (the projection's unit), so no unit runs inside another.
+    if (c.lora > 0)
+      for (auto [name, linear] : {std::pair{"attn_qkv", attn_qkv}, std::pair{"attn_proj", attn_proj},
+                                  std::pair{"mlp_fc", mlp_fc}, std::pair{"mlp_proj", mlp_proj}}) {
+        lora_a[name] = linear->register_parameter("lora_a", torch::zeros({c.lora, linear->options.in_features()}));
+        lora_b[name] = linear->register_parameter("lora_b", torch::zeros({linear->options.out_features(), c.lora}));
+      }
   }
 
   torch::Tensor forward(const std::string& path, const torch::Tensor& x, ringzero::integration::torch_zero& z) {
@@ -106,7 +105,7 @@ struct model : torch::nn::Module {
     // backbone's values do not depend on the adapters, which are drawn after it: A normal with
     // standard deviation 1/sqrt(in), B zero (the adapted model starts as the backbone).
     torch::NoGradGuard no_grad;
-    const auto adapter = [](const std::string& n) { return n.find("_lora_") != std::string::npos; };
+    const auto adapter = [](const std::string& n) { return n.find(".lora_") != std::string::npos; };
     for (auto& p : named_parameters(true)) {
       const std::string& n = p.key();
       if (adapter(n))
@@ -122,7 +121,7 @@ struct model : torch::nn::Module {
       if (c.lora == 0) break;
       if (!adapter(p.key()))
         p.value().set_requires_grad(false);  // frozen backbone
-      else if (p.key().ends_with("_lora_a"))
+      else if (p.key().ends_with(".lora_a"))
         p.value().normal_(0, 1.0 / std::sqrt(static_cast<double>(p.value().size(1))));
     }
   }

@@ -78,7 +78,9 @@ struct options {
   double clip = 1.0;
   std::uint64_t seed = 1234;
   bool bf16 = false;
-  std::string reshard = "all";  // --reshard-after-forward: all, except_last or none
+  int accumulation = 1;               // --accumulation-steps: micro-batches per step
+  bool accumulate_unsharded = false;  // --accumulate-unsharded: zero2-3 reduce once per step
+  std::string reshard = "all";        // --reshard-after-forward: all, except_last or none
   int generate = 240;
   int print_every = 10;
   std::string data = "/usr/share/games/fortunes";
@@ -198,6 +200,8 @@ result train(const options& o, const corpus& c) {
     zo.quantization.weights = *rz::zero::parse_quantized_bits(o.quantize_weights);  // checked by the option
     zo.quantization.gradients = *rz::zero::parse_quantized_bits(o.quantize_gradients);
     zo.keep_frozen_bytes = o.keep_frozen == "all" ? rz::zero::keep_all_frozen : std::stoull(o.keep_frozen);
+    zo.accumulation_steps = o.accumulation;
+    zo.accumulate_unsharded = o.accumulate_unsharded;
     rz::integration::torch_zero z(comm, *net, zo);
     int first_step = 0;
     if (!o.resume_dir.empty()) {  // a collective: the state resharded to this run's --ranks and --strategy
@@ -249,13 +253,21 @@ result train(const options& o, const corpus& c) {
         }
       }
       const auto t0 = clock_type::now();
-      auto logits = net->forward(x, z);
-      auto loss = torch::nn::functional::cross_entropy(logits.view({-1, V}).to(torch::kFloat32), y.view({-1}));
-      z.backward(loss);
+      // The rank's batch in --accumulation-steps micro-batches; each loss divided by their number,
+      // so the accumulated gradient is the whole batch's.
+      const std::int64_t micro = local_batch / o.accumulation;
+      double l = 0;
+      for (int m = 0; m < o.accumulation; ++m) {
+        auto logits = net->forward(x.narrow(0, m * micro, micro), z);
+        auto loss = torch::nn::functional::cross_entropy(logits.view({-1, V}).to(torch::kFloat32),
+                                                         y.narrow(0, m * micro, micro).reshape({-1})) /
+                    o.accumulation;
+        z.backward(loss);
+        l += loss.item<double>();
+      }
       z.step();
       checks.after_step(static_cast<std::uint64_t>(step) + 1, [&] { return rz::zero::verify_replicas(z.model()); });
       seconds.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
-      double l = loss.item<double>();
       rz::all_reduce(comm, &l, &l, 1, rz::dtype::float64, rz::reduce_kind::avg);
       losses.push_back(l);
       if (rank == 0 && (step % o.print_every == 0 || step + 1 == o.steps)) {
@@ -308,8 +320,7 @@ result train(const options& o, const corpus& c) {
       res.sent_per_step = sent_per_step;
       res.trainable = z.model().plan().trainable_elements();
       res.total = z.model().plan().parameter_elements();
-      for (const auto& f : z.model().plan().buffers())
-        if (f.replicated) res.frozen_kept_bytes += f.numel * rz::dtype_size(f.type);
+      res.frozen_kept_bytes = z.model().plan().kept_frozen_bytes();
       for (rz::zero::traffic_entry e : z.model().plan().traffic()) {
         res.planned_per_step += e.ring_bytes_sent();
         e.bytes = e.unquantized_bytes;  // the same entry in full precision
@@ -370,6 +381,11 @@ int main(int argc, char** argv) {
                    ? std::string()
                    : "must be a number of bytes or all";
       });
+  app.add_option("--accumulation-steps", o.accumulation,
+                 "micro-batches per step (each rank's share of --batch split evenly; one reduction each at zero2-3)")
+      ->check(CLI::Range(1, 65536));
+  app.add_flag("--accumulate-unsharded", o.accumulate_unsharded,
+               "zero2-3: accumulate the micro-batches' full gradients and reduce_scatter once per step");
   app.add_option("--strategy", o.strategy, "distribution strategy")
       ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
   app.add_option("--wrap", o.wrap, "gather units: per transformer block, per torch submodule, or one")
@@ -417,9 +433,10 @@ int main(int argc, char** argv) {
     process_rank = world.rank();
     o.ranks = where.ranks;
     o.pin = where.pin;
-    if (o.batch % o.ranks != 0 || o.model.embd % o.model.heads != 0)
-      throw rz::error(rz::errc::invalid_argument,
-                      "--batch must be a multiple of --ranks and --heads must divide --embd");
+    if (o.batch % o.ranks != 0 || o.model.embd % o.model.heads != 0 || (o.batch / o.ranks) % o.accumulation != 0)
+      throw rz::error(
+          rz::errc::invalid_argument,
+          "--batch must be a multiple of --ranks times --accumulation-steps and --heads must divide --embd");
     const corpus c = make_corpus(o.data);
     if (!world.lead()) {  // the other processes train their rank and print nothing
       (void)train(o, c);
@@ -496,6 +513,8 @@ int main(int argc, char** argv) {
                        {"planned_bytes_per_step", r.planned_per_step},
                        {"unquantized_bytes_per_step", r.unquantized_per_step},
                        {"lora", o.model.lora},
+                       {"accumulation_steps", o.accumulation},
+                       {"accumulate_unsharded", o.accumulate_unsharded},
                        {"trainable_parameters", r.trainable},
                        {"parameters_total", r.total},
                        {"frozen_kept_bytes", r.frozen_kept_bytes},

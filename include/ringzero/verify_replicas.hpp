@@ -298,7 +298,9 @@ inline replica_check verify_replicas(sharded_model& model) {
     std::vector<std::vector<unsigned char>> bytes;
     std::vector<replica_tensor> tensors;
     const std::exception_ptr failure = copy_held(false, true, bytes, tensors);
-    result = ringzero::detail::verify_replicas_or_fail(model.comm(), tensors, "parameters", failure);
+    const replica_check whole_check =
+        ringzero::detail::verify_replicas_or_fail(model.comm(), tensors, "parameters", failure);
+    if (plan.stage() <= 2 || model.replica_comm() == nullptr) result = whole_check;  // else the replica check
   }
   return result;
 }

@@ -20,7 +20,10 @@
   mpirun -np 2 --backend mpi (where mpirun exists) the same losses bit for bit;
 - zero3 --lora 4 (frozen backbone kept gathered): the loss falls, bytes sent per step are the
   plan's and under half of full fine-tuning's, memory equals ringzero-plan's with --keep-frozen
-  all, zero1 gives the same losses bit for bit;
+  all (and under the layer wrap gathering the backbone, without), zero1 and the layer wrap give
+  the same losses bit for bit;
+- zero3 --accumulation-steps 2, with and without --accumulate-unsharded: the one-micro-batch loss
+  curve within float32 rounding, the plan's bytes sent, fewer with --accumulate-unsharded;
 - the launcher refusal of examples 01 and 02, and a bad --batch.
 Skipped (77) when Debian's fortunes package is not installed.
 
@@ -216,6 +219,34 @@ if lora and full and lora_zero1:
     memory_matches_plan(lora, "--lora 4", "all", ["--keep-frozen", "all"])
     if lora_zero1["losses"] != lora["losses"]:
         failures.append("--lora 4: zero1's losses differ from zero3's (expected bit-identical on 2 ranks)")
+    # The adapters are the projections' own parameters: under the layer wrap they are gathered
+    # with them (no unit inside another), so the memory is the plan's there too.
+    lora_layer = run(["--strategy", "zero3", "--wrap", "layer", "--lora", "4", "--keep-frozen", "0", *SMALL])
+    if lora_layer:
+        memory_matches_plan(lora_layer, "--lora 4 --wrap layer --keep-frozen 0", "all")
+        if lora_layer["losses"] != lora["losses"]:
+            failures.append("--lora 4 --wrap layer: losses differ from the block wrap's (expected bit-identical)")
+
+# --accumulation-steps 2 at zero3: the loss curve of one micro-batch per step within float32
+# rounding; every micro-batch gathers and reduce_scatters, and with --accumulate-unsharded the
+# gradients are reduced once per step: each rank sends the plan's bytes (plus the step's scalars)
+# and the unsharded run sends exactly one gradient reduction less per step.
+accumulated = run(["--strategy", "zero3", "--accumulation-steps", "2", *SMALL])
+unsharded = run(["--strategy", "zero3", "--accumulation-steps", "2", "--accumulate-unsharded", *SMALL])
+if full and accumulated and unsharded:
+    for label, j in (("--accumulation-steps 2", accumulated), ("--accumulate-unsharded", unsharded)):
+        for step, (a, b) in enumerate(zip(j["losses"], full["losses"])):
+            if abs(a - b) > RELATIVE_TOLERANCE * abs(b):
+                failures.append(f"{label}: step {step} loss {a!r}, one micro-batch {b!r}")
+                break
+        if not j["planned_bytes_per_step"] <= j["sent_bytes_per_step"] <= j["planned_bytes_per_step"] + 100:
+            failures.append(f"{label}: {j['sent_bytes_per_step']} bytes sent per step, the plan's collectives "
+                            f"{j['planned_bytes_per_step']}")
+    # per step: one micro-batch's gathers G and reduction R; 2G + 2R; 2G + R
+    one, two, once = (j["planned_bytes_per_step"] for j in (full, accumulated, unsharded))
+    if two != 2 * one or not one < once < two:
+        failures.append(f"planned bytes per step: {one} with one micro-batch, {two} with two, {once} with two "
+                        "accumulated unsharded")
 
 # The launcher refusal (as examples 01 and 02) and a global batch that does not split.
 env = {k: v for k, v in os.environ.items() if k not in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")}

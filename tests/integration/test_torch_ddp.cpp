@@ -481,6 +481,7 @@ TEST_CASE(
         CAPTURE(i);
         DOCTEST_CHECK(torch::allclose(trained[r][i], expected[i].detach(), 1e-5, 1e-5));
         DOCTEST_CHECK(!torch::equal(trained[r][i], initial.parameters()[i < 2 ? i : i + 2]));  // it trained
+        DOCTEST_CHECK(torch::equal(trained[r][i], trained[0][i]));  // the replicas alike, bit for bit
       }
       DOCTEST_CHECK(torch::equal(frozen[r][0], initial.middle->weight));  // rank 0's, bitwise
       DOCTEST_CHECK(torch::equal(frozen[r][1], initial.middle->bias));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ringzero/zero/model_presets.hpp"
+#include "ringzero/zero/paper_comparison.hpp"
 #include "ringzero/zero/shard_plan.hpp"
 
 using namespace ringzero;
@@ -323,6 +324,20 @@ TEST_CASE("stage 3 keeps frozen buffers gathered in unit order while they fit ke
   CHECK(all.units()[1].gather_bytes == 0);
   CHECK(all.units()[2].gather_bytes == 0);
   CHECK(all.communication().gather_buffer_bytes == 48);
+  CHECK(all.communication().gather_buffers == 1);  // b and c gather nothing: only a holds a buffer
+  CHECK(all.kept_frozen_bytes() == 400 + 128 + 32);
+  CHECK(none.kept_frozen_bytes() == 0);
+  // The paper comparison's padding: b's 4 padding elements (8 B), a quarter per rank when
+  // sharded, whole when kept (not the kept buffers' whole size counted as padding).
+  CHECK(compare_with_paper(none).padding_bytes == 2);
+  CHECK(compare_with_paper(all).padding_bytes == 8);
+  // Quantized weights apply to what is gathered: a kept int8 frozen buffer is no refusal.
+  plan_request quantized = q;
+  quantized.parameters[2].type = dtype::int8;
+  quantized.quantization.weights = quantized_bits::int8;
+  CHECK_THROWS_WITH_AS(shard_plan{quantized}, doctest::Contains("parameter 'b.f' is int8"), error);
+  quantized.keep_frozen_bytes = keep_all_frozen;
+  CHECK(shard_plan(quantized).buffers()[2].replicated);
   for (std::size_t b = 0; b < all.buffers().size(); ++b) CHECK(all.holds_whole(b) == all.buffers()[b].replicated);
   for (const traffic_entry& e : all.traffic())
     if (e.collective == collective_kind::all_gather) CHECK(e.bytes == 48);
@@ -525,6 +540,66 @@ TEST_CASE("the canonical schedule's buffers follow prefetch and max_inflight_red
   q.stage = 2;                                          // no effect at stages 0-2: the same plan, the same fingerprint
   q.prefetch = false;
   CHECK(shard_plan(q).fingerprint() == stage2.fingerprint());
+}
+
+TEST_CASE("explicit prefetch lists replace the default per unit and size the gather buffers") {
+  // Units a, b, c, d of one 16x16 float32 parameter each (1 KiB), 2 ranks, stage 3.
+  plan_request q;
+  for (const char* u : {"a", "b", "c", "d"})
+    q.parameters.push_back(spec(std::string(u) + ".w", {16, 16}, {}, true, {}, u));
+  q.world_size = 2;
+  q.stage = 3;
+  const shard_plan plain(q);
+  CHECK(plain.prefetch_after(0, true) == std::vector<std::size_t>{1});
+  CHECK(plain.prefetch_after(3, false) == std::vector<std::size_t>{2});
+  CHECK(plain.communication().gather_buffers == 2);
+  auto with = [&](std::vector<prefetch_list> lists, bool prefetch = true) {
+    plan_request k = q;
+    k.prefetch_lists = std::move(lists);
+    k.prefetch = prefetch;
+    return shard_plan(k);
+  };
+  // a's forward gathers b and c ahead: a, b and c held at once; d's backward prefetches nothing
+  // (so the backward holds one unit at a time until c's default prefetch of b).
+  const shard_plan deep =
+      with({{"a", std::vector<std::string>{"b", "c"}, std::nullopt}, {"d", std::nullopt, std::vector<std::string>{}}});
+  CHECK(deep.prefetch_after(0, true) == std::vector<std::size_t>{1, 2});
+  CHECK(deep.prefetch_after(0, false).empty());
+  CHECK(deep.prefetch_after(1, true) == std::vector<std::size_t>{2});
+  CHECK(deep.prefetch_after(3, false).empty());
+  CHECK(deep.prefetch_after(2, false) == std::vector<std::size_t>{1});
+  CHECK(deep.communication().gather_buffers == 3);
+  CHECK(deep.memory().communication_buffers == plain.memory().communication_buffers + 1024);
+  CHECK(deep.fingerprint() != plain.fingerprint());
+  for (std::size_t i = 0; i < plain.traffic().size(); ++i) CHECK(deep.traffic()[i].bytes == plain.traffic()[i].bytes);
+  // Without the default, only the lists prefetch: one gather buffer, two where a list says so.
+  const shard_plan none = with({}, false);
+  CHECK(none.prefetch_after(0, true).empty());
+  CHECK(none.communication().gather_buffers == 1);
+  CHECK(with({{"b", std::vector<std::string>{"c"}, std::nullopt}}, false).communication().gather_buffers == 2);
+  // Stages 0-2 gather nothing: the lists are checked, and change nothing else.
+  plan_request two = q;
+  two.stage = 2;
+  const shard_plan stage2(two);
+  two.prefetch_lists = {{"a", std::vector<std::string>{"b"}, std::nullopt}};
+  CHECK(shard_plan(two).prefetch_after(0, true).empty());
+  CHECK(shard_plan(two).fingerprint() == stage2.fingerprint());
+  auto refused = [&](std::vector<prefetch_list> lists, const std::string& text) {
+    try {
+      (void)with(std::move(lists));
+      FAIL("expected: " << text);
+    } catch (const error& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(text) != std::string::npos);
+    }
+  };
+  refused({{"e", std::vector<std::string>{"a"}, std::nullopt}},
+          "a prefetch list is given for unit 'e', which no parameter names");
+  refused({{"a", std::vector<std::string>{"b", "x"}, std::nullopt}},
+          "the forward prefetch list of unit 'a' names unit 'x', which no parameter names");
+  refused({{"c", std::nullopt, std::vector<std::string>{"c"}}},
+          "the backward prefetch list of unit 'c' names the unit itself");
+  refused({{"a", std::nullopt, std::nullopt}, {"a", std::nullopt, std::nullopt}}, "unit 'a' has two prefetch lists");
 }
 
 TEST_CASE("accumulation scales the per-micro-batch collectives only") {

@@ -114,6 +114,8 @@ inline zero::plan_request zero_request_of(const checkpoint_index& x, int world_s
         q.reshard_after_forward = *parsed;
       }
       q.max_inflight_reductions = p.at("max_inflight_reductions").get<int>();
+      if (p.contains("keep_frozen_bytes"))  // absent before it existed: 0
+        q.keep_frozen_bytes = p.at("keep_frozen_bytes").get<std::uint64_t>();
       const nlohmann::json& pr = p.at("precision");
       q.precision.parameter = json_dtype(pr.at("parameter"), where).value_or(dtype::float32);
       q.precision.gradient = json_dtype(pr.at("gradient"), where);

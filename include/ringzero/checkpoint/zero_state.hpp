@@ -77,6 +77,7 @@ inline nlohmann::json plan_request_json(const zero::plan_request& q) {
           {"prefetch", q.prefetch},
           {"reshard_after_forward", std::string(zero::reshard_policy_name(q.reshard_after_forward))},
           {"max_inflight_reductions", q.max_inflight_reductions},
+          {"keep_frozen_bytes", q.keep_frozen_bytes},
           {"precision",
            {{"parameter", std::string(dtype_name(pr.parameter))},
             {"gradient", type(pr.gradient)},

@@ -54,6 +54,9 @@ struct torch_zero_options {
   zero::precision precision{};
   int accumulation_steps = 1;  ///< micro-batches per step (one `backward` each)
   bool prefetch = true;        ///< stage 3: gather the next unit while this one computes
+  /// Stage 3: explicit prefetch lists by unit name (`zero::prefetch_list`, FSDP2's
+  /// `set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`) over `prefetch`.
+  std::vector<zero::prefetch_list> prefetch_lists;
   int max_inflight_reductions = 2;
   /// Stage 3: which units are released after their forward and gathered again for their
   /// backward (`zero::reshard_policy`: all, except_last as FSDP2 does by default, none); the
@@ -216,14 +219,17 @@ class torch_zero {
     return model_.step();
   }
 
-  /// Points the module's parameters at the runtime's parameter memory again (stages 0-2; at
-  /// stage 3 they exist only inside `run`, which binds the gathered copies). Needed after
-  /// anything that replaces that memory: a checkpoint load (`checkpoint::load(z.model(), dir)`)
-  /// may make a second copy of the state live without copying, and the module's parameters then
-  /// point at freed memory until this call, `run` or `backward` rebinds them. Local; O(buffers).
+  /// Points the module's parameters at the runtime's parameter memory again: every parameter at
+  /// stages 0-2, the frozen ones kept gathered at stage 3 (the others exist only inside `run`,
+  /// which binds the gathered copies). Needed after anything that replaces that memory: a
+  /// checkpoint load (`checkpoint::load(z.model(), dir)`) may make a second copy of the state
+  /// live without copying, and the module's parameters then point at freed memory until this
+  /// call, `run` or `backward` rebinds them. Local; O(buffers).
   void refresh() {
-    if (model_.plan().stage() == 3) return;
-    for (std::size_t u = 0; u < model_.plan().units().size(); ++u) bind(u);
+    const auto& plan = model_.plan();
+    for (std::size_t b = 0; b < plan.buffers().size(); ++b)
+      if (plan.holds_whole(b) && representative_[b] != npos)
+        storages_[b].unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(buffer_start(b), c10::Device(c10::kCPU)));
   }
 
   /// The first registered parameter that changed ("" when none): replaced, a new storage,
@@ -320,6 +326,7 @@ class torch_zero {
     if (!specs_.empty() && specs_[0].type) q.precision.parameter = *specs_[0].type;
     q.accumulation_steps = options_.accumulation_steps;
     q.prefetch = options_.prefetch;
+    q.prefetch_lists = options_.prefetch_lists;
     q.reshard_after_forward = options_.reshard_after_forward;
     q.max_inflight_reductions = options_.max_inflight_reductions;
     q.quantization = options_.quantization;
@@ -362,7 +369,7 @@ class torch_zero {
     for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
       const auto& f = plan.buffers()[b];
       const std::size_t bytes = static_cast<std::size_t>(f.numel * dtype_size(f.type));
-      unsigned char* data = plan.stage() <= 2 && representative_[b] != npos ? buffer_start(b) : nullptr;
+      unsigned char* data = plan.holds_whole(b) && representative_[b] != npos ? buffer_start(b) : nullptr;
       storages_[b] = c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(data, c10::Device(c10::kCPU)),
                                   nullptr, false);
     }

@@ -12,7 +12,7 @@ namespace ringzero::zero {
 /// `shard_plan` refuses any request for which its `memory()` categories or these sums would
 /// overflow 64 bits, so for a plan's memory they are exact.
 struct memory_breakdown {
-  std::uint64_t parameters = 0;             ///< training parameters (full, or the shard at stage 3)
+  std::uint64_t parameters = 0;             ///< parameters (full, or the shard at stage 3 unless kept whole)
   std::uint64_t gradients = 0;              ///< gradients (the shard at 2-3 unless accumulated unsharded, else full)
   std::uint64_t master_weights = 0;         ///< master copy of the parameters the optimizer updates
   std::uint64_t optimizer_states = 0;       ///< optimizer state tensors (momentum, variance, ...)

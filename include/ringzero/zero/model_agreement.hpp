@@ -260,6 +260,7 @@ inline std::vector<ringzero::detail::agreed_value> model_agreement::summary(bool
       {"quantization.gradients", static_cast<std::uint64_t>(q.quantization.gradients), shown::named, +quantized_text},
       {"quantization.block_size", q.quantization.any() ? q.quantization.block_size : 0u, shown::integer},
       {"keep_frozen_bytes", q.stage == 3 ? q.keep_frozen_bytes : 0u, shown::integer},
+      {"prefetch_lists (hash)", q.stage == 3 ? detail::hash_prefetch_lists(q.prefetch_lists) : 0u, shown::hash},
       {"precision (hash)", precision_hash.value(), shown::hash},
       {"parameter count", q.parameters.size(), shown::integer},
       {"parameters (hash of names, shapes, dtypes, flags, tie groups, units)", parameters_hash(0, q.parameters.size()),

@@ -53,7 +53,8 @@ inline paper_comparison compare_with_paper(const shard_plan& plan) {
   const zero::precision& pr = plan.request().precision;
   for (const flat_buffer& f : plan.buffers()) {
     const double payload = static_cast<double>(f.payload);
-    c.unpadded.parameters += payload * static_cast<double>(dtype_size(f.type)) / (c.stage >= 3 ? n : 1.0);
+    c.unpadded.parameters +=  // a frozen buffer kept gathered is whole at stage 3 too
+        payload * static_cast<double>(dtype_size(f.type)) / (c.stage >= 3 && !f.replicated ? n : 1.0);
     if (!f.trainable) continue;
     c.unpadded.gradients +=
         payload * static_cast<double>(dtype_size(f.gradient_type)) / (plan.sharded_gradients() ? n : 1.0);

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -64,6 +66,15 @@ constexpr std::optional<reshard_policy> parse_reshard_policy(std::string_view na
   return std::nullopt;
 }
 
+/// Stage 3: the units gathered ahead when one unit's forward or backward starts, instead of the
+/// next (forward) or previous (backward) unit: FSDP2's `set_modules_to_forward_prefetch` and
+/// `set_modules_to_backward_prefetch`. An absent list keeps the default for that direction.
+struct prefetch_list {
+  std::string unit;                                  ///< the unit whose pre_forward / pre_backward prefetches
+  std::optional<std::vector<std::string>> forward;   ///< gathered ahead, in order, when its forward starts
+  std::optional<std::vector<std::string>> backward;  ///< gathered ahead, in order, when its backward starts
+};
+
 /// Everything a shard plan depends on.
 struct plan_request {
   /// The model's parameters in registration order (names unique).
@@ -88,8 +99,14 @@ struct plan_request {
   /// Micro-batches per optimizer step (gradient accumulation), >= 1; scales the traffic of the
   /// collectives that run per micro-batch (stage 2's reduce_scatter, stage 3's all of them).
   int accumulation_steps = 1;
-  /// Stage 3: gather the next unit while the current one computes (one more gather buffer).
+  /// Stage 3: gather the next unit while the current one computes (one more gather buffer); the
+  /// default that `prefetch_lists` replaces unit by unit.
   bool prefetch = true;
+  /// Stage 3: explicit prefetch lists (`prefetch_list`), at most one per unit; the plan sizes the
+  /// gather buffers for them (`communication().gather_buffers`). Refused: a list of an unknown
+  /// unit, naming an unknown unit or its own unit, or a second list of one unit. No effect at
+  /// stages 0-2.
+  std::vector<prefetch_list> prefetch_lists;
   /// Stage 3: which units are released after their forward (`reshard_policy`); no effect at
   /// stages 0-2, whose parameters are never released.
   reshard_policy reshard_after_forward = reshard_policy::all;
@@ -225,6 +242,21 @@ inline void hash_precision(fnv1a& h, const zero::precision& pr) noexcept {
   h.u64(static_cast<std::uint64_t>(pr.optimizer_states));
 }
 
+/// A hash of prefetch lists (units, directions given, names in order); 0 for none.
+inline std::uint64_t hash_prefetch_lists(const std::vector<prefetch_list>& lists) noexcept {
+  if (lists.empty()) return 0;
+  fnv1a h;
+  for (const prefetch_list& l : lists) {
+    h.text(l.unit);
+    for (const auto* names : {&l.forward, &l.backward}) {
+      h.u64(names->has_value() ? 1 + (*names)->size() : 0);
+      if (names->has_value())
+        for (const std::string& n : **names) h.text(n);
+    }
+  }
+  return h.value();
+}
+
 /// The plan fingerprint of `q` (FNV-1a over every setting that changes the plan): equal
 /// requests give equal fingerprints; a setting left at its default adds nothing, so plans made
 /// before it existed keep their fingerprints.
@@ -258,6 +290,10 @@ inline std::uint64_t request_fingerprint(const plan_request& q) noexcept {
   if (q.stage == 3 && q.keep_frozen_bytes != 0) {  // as offload
     h.text("keep_frozen_bytes");
     h.u64(q.keep_frozen_bytes);
+  }
+  if (q.stage == 3 && !q.prefetch_lists.empty()) {  // as offload
+    h.text("prefetch_lists");
+    h.u64(hash_prefetch_lists(q.prefetch_lists));
   }
   h.u64(q.parameters.size());
   for (const parameter_spec& s : q.parameters) hash_parameter(h, s);
@@ -294,6 +330,46 @@ inline std::uint64_t round_up_or_refuse(std::uint64_t x, std::uint64_t m, std::s
   const auto rounded = checked_round_up(x, m);
   if (!rounded) plan_error(std::string(what) + " overflows 64 bits");
   return *rounded;
+}
+
+/// The units each of `units`' forward and backward gather ahead at stage 3 (the request's
+/// `prefetch_lists` resolved to unit numbers over the default of `prefetch`), into `forward` and
+/// `backward` (one list per unit; all empty at stages 0-2). Refuses (errc::invalid_argument) a
+/// list of an unknown unit, a second list of one unit, and a list naming an unknown unit or its own.
+inline void resolve_prefetch(const plan_request& q, const std::vector<gather_unit>& units,
+                             std::vector<std::vector<std::size_t>>& forward,
+                             std::vector<std::vector<std::size_t>>& backward) {
+  const std::size_t n = units.size();
+  const bool stage3 = q.stage == 3;
+  forward.assign(n, {});
+  backward.assign(n, {});
+  for (std::size_t u = 0; stage3 && q.prefetch && u < n; ++u) {
+    if (u + 1 < n) forward[u] = {u + 1};
+    if (u > 0) backward[u] = {u - 1};
+  }
+  std::map<std::string, std::size_t, std::less<>> index;
+  for (std::size_t u = 0; u < n; ++u) index.emplace(units[u].name, u);
+  std::vector<bool> listed(n, false);
+  for (const prefetch_list& l : q.prefetch_lists) {
+    const auto it = index.find(l.unit);
+    if (it == index.end()) plan_error("a prefetch list is given for unit '" + l.unit + "', which no parameter names");
+    if (listed[it->second]) plan_error("unit '" + l.unit + "' has two prefetch lists");
+    listed[it->second] = true;
+    for (bool ahead : {true, false}) {
+      const auto& names = ahead ? l.forward : l.backward;
+      if (!names || !stage3) continue;
+      std::vector<std::size_t>& out = (ahead ? forward : backward)[it->second];
+      out.clear();
+      const std::string where =
+          std::string("the ") + (ahead ? "forward" : "backward") + " prefetch list of unit '" + l.unit + "'";
+      for (const std::string& name : *names) {
+        const auto v = index.find(name);
+        if (v == index.end()) plan_error(where + " names unit '" + name + "', which no parameter names");
+        if (v->second == it->second) plan_error(where + " names the unit itself");
+        out.push_back(v->second);
+      }
+    }
+  }
 }
 
 /// Refuses (errc::invalid_argument) a request's quantization settings that no plan can meet
@@ -340,7 +416,8 @@ inline std::uint64_t quantization_staging_bytes(const plan_request& q, const std
     if (qz.weights != quantized_bits::none && !f.replicated) {  // a replicated buffer is never gathered
       if (!quantizable(f.type))
         plan_error("quantized weights need float32, bfloat16 or float16 parameters; parameter '" + first + "' is " +
-                   std::string(dtype_name(f.type)));
+                   std::string(dtype_name(f.type)) +
+                   (f.trainable ? "" : " (a frozen buffer kept gathered is not quantized: keep_frozen_bytes)"));
       need(qz.weights, f.shard_numel, 1);
     }
     if (qz.gradients != quantized_bits::none && f.trainable) {

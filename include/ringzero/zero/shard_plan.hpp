@@ -46,6 +46,8 @@ class shard_plan {
   /// of an integer type; a parameter whose size in bytes overflows 64 bits; tie-group members that
   /// differ in shape, dtype or trainable flag; a parameter whose unit name collides with an
   /// automatic unit name ("auto:<k>"); accumulation_steps < 1 or max_inflight_reductions < 1;
+  /// a prefetch list of an unknown unit, a second list of one unit, or one naming an unknown
+  /// unit or its own;
   /// a plan with a figure that does not fit in 64 bits: a unit's layout, padded size, gather
   /// buffer or gradient bucket, the parameter or padding element count, a memory category per
   /// rank, the model states or the total per rank, a traffic entry's calls, elements, bytes or
@@ -55,6 +57,7 @@ class shard_plan {
   explicit shard_plan(plan_request request) : request_(std::move(request)) {
     validate_request();
     place_parameters();
+    resolve_prefetch();
     build_buffers();
     index_storages();
     simulate_schedule();
@@ -182,6 +185,20 @@ class shard_plan {
   /// True when every rank holds buffer b whole (at stages 0-2, and a `flat_buffer::replicated`
   /// frozen buffer at stage 3), false when it holds its shard. Precondition: b < buffers().size().
   bool holds_whole(std::size_t b) const noexcept { return request_.stage <= 2 || buffers_[b].replicated; }
+  /// Bytes per rank of the frozen buffers kept gathered (`flat_buffer::replicated`), held whole.
+  std::uint64_t kept_frozen_bytes() const noexcept {
+    std::uint64_t sum = 0;  // at most the parameter memory per rank, which fits
+    for (const flat_buffer& f : buffers_)
+      if (f.replicated) sum += f.numel * dtype_size(f.type);
+    return sum;
+  }
+
+  /// The units gathered ahead when unit u's forward (`forward`) or backward starts: its
+  /// `prefetch_list` where the request gives one, else u+1 (u-1) with `prefetch`, else none.
+  /// Empty at stages 0-2. Precondition: u < units().size().
+  const std::vector<std::size_t>& prefetch_after(std::size_t u, bool forward) const noexcept {
+    return (forward ? forward_prefetch_ : backward_prefetch_)[u];
+  }
 
   /// The bookkeeping of stage-3 gathers for this plan (zero/gather_schedule.hpp).
   detail::gather_schedule make_gather_schedule() const {
@@ -356,6 +373,9 @@ class shard_plan {
     }
   }
 
+  /// The units each unit's forward and backward gather ahead (`prefetch_after`).
+  void resolve_prefetch() { detail::resolve_prefetch(request_, units_, forward_prefetch_, backward_prefetch_); }
+
   void build_buffers() {
     const plan_request& q = request_;
     const auto shards = static_cast<std::uint64_t>(shards_);
@@ -457,7 +477,7 @@ class shard_plan {
     if (stage3) {
       for (std::size_t u = 0; u < n; ++u) {
         gathers.use(u, forward);
-        if (request_.prefetch && u + 1 < n) gathers.prefetch(u + 1, forward);
+        for (std::size_t v : forward_prefetch_[u]) gathers.prefetch(v, forward);
         gathers.wait_for(u, forward);
         gathers.done(u, forward, !reshards_after_forward(u));
       }
@@ -465,7 +485,7 @@ class shard_plan {
     for (std::size_t u = n; u-- > 0;) {
       if (stage3) {
         gathers.use(u, backward);
-        if (request_.prefetch && u > 0) gathers.prefetch(u - 1, backward);
+        for (std::size_t v : backward_prefetch_[u]) gathers.prefetch(v, backward);
         gathers.wait_for(u, backward);
       }
       for (std::size_t w : gradient_units_[u]) grads.acquire(w, gh);
@@ -656,6 +676,7 @@ class shard_plan {
   std::vector<std::size_t> trainable_storages_;
   std::vector<std::vector<std::size_t>> storage_uses_;
   std::vector<std::vector<std::size_t>> gradient_units_;
+  std::vector<std::vector<std::size_t>> forward_prefetch_, backward_prefetch_;  ///< per unit (stage 3)
   std::vector<std::uint64_t> gathers_forward_;
   std::vector<std::uint64_t> gathers_backward_;
   communication_buffers communication_;

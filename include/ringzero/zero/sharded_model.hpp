@@ -138,7 +138,7 @@ class sharded_model {
   /// laid out as the trainer's shape, row-major or not as the trainer decides (at stage 3 with
   /// quantized weights, the dequantized values every rank computes with). Throws
   /// errc::invalid_argument when T is not the parameter's dtype or, at stage 3, when no unit using
-  /// it is gathered. See the file comment for how long the view stays valid.
+  /// it is gathered (unless kept whole: `shard_plan::holds_whole`). The file comment: how long views last.
   template <element_type T>
   std::span<T> parameter(std::size_t p) {
     const parameter_placement& pl = placement(p);
@@ -177,7 +177,7 @@ class sharded_model {
 
   /// Sets parameter p (and its master weights) from `values` (`numel` float values, rounded to
   /// the parameter's dtype). Every rank must pass the same values; at stage 3 each rank keeps
-  /// only what it owns. Local (not a collective). Throws errc::invalid_argument on a size mismatch.
+  /// only what it owns (unless kept whole). Local. Throws errc::invalid_argument on a size mismatch.
   void set_parameter(std::size_t p, std::span<const float> values) {
     const parameter_placement& pl = placement(p);
     if (values.size() != pl.numel)
@@ -188,7 +188,7 @@ class sharded_model {
 
   /// Copies parameter p's current values into `out` (`numel` floats). At stage 3 this is a
   /// collective (every rank calls it for the same p, in the same order) unless a unit holding
-  /// p is gathered. Throws errc::invalid_argument on a size mismatch.
+  /// p is gathered or p is kept whole. Throws errc::invalid_argument on a size mismatch.
   void read_parameter(std::size_t p, std::span<float> out) {
     const parameter_placement& pl = placement(p);
     if (out.size() != pl.numel)
@@ -566,10 +566,8 @@ class sharded_model {
     }
     if (!forward) in_backward_ = true;
     // A forward recomputed inside a backward prefetches nothing: the units after it are done.
-    if (plan_.request().prefetch) {
-      if (forward && !in_backward_ && u + 1 < plan_.units().size()) gathers_.prefetch(u + 1, h);
-      if (!forward && u > 0) gathers_.prefetch(u - 1, h);
-    }
+    if (!forward || !in_backward_)
+      for (std::size_t v : plan_.prefetch_after(u, forward)) gathers_.prefetch(v, h);
     gathers_.wait_for(u, h);
   }
 
@@ -627,7 +625,7 @@ class sharded_model {
   /// communication stream after the compute stream's work so far; waits for the copies.
   void write_parameter(std::size_t p, std::span<const float> values);
   /// `read_parameter` after its checks: copied out on the communication stream (gathered there
-  /// first at stage 3 when no unit holds p); waits for the copy.
+  /// first when p's buffer is a shard and no unit holds p); waits for the copy.
   void copy_parameter_out(std::size_t p, std::span<float> out);
   /// `step` after its checks, as work on the communication stream, with one wait at the end.
   step_result run_step();
