@@ -187,7 +187,7 @@ inline zero::optimizer_options optimizer_options_of(const options& o) {
 
 /// Throws errc::invalid_argument, naming the options and values, when they cannot run together:
 /// an optimizer whose values clash (zero::optimizer_options::problem, e.g. AdamW's lr x weight
-/// decay above 1, or Adam's lr / (1 - beta1) beyond float32), checkpoints on --device cuda, or
+/// decay above 1, or Adam's lr / (1 - beta1) beyond float32), or
 /// --offload optimizer on --device cpu (offload moves state from the device path's memory to the
 /// host's: on the host runtime there is nothing to move).
 inline void check_options(const options& o) {
@@ -198,11 +198,6 @@ inline void check_options(const options& o) {
     throw error(errc::invalid_argument, fmt::format("--optimizer {} --lr {} --weight-decay {}{}: {}", o.optimizer,
                                                     opt.lr, opt.weight_decay, momentum, problem));
   }
-  const bool checkpointing = !o.checkpoint_dir.empty() || !o.resume_dir.empty() || !o.init_from.empty();
-  if (checkpointing && o.where.device == "cuda")
-    throw error(errc::unsupported,
-                "--checkpoint, --resume and --init-from work with --device cpu and --device sim (host memory); "
-                "the checkpoint layer does not read CUDA device memory yet");
   if (o.offload != "none" && o.where.device == "cpu")
     throw error(errc::invalid_argument,
                 "--offload " + o.offload +

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -991,4 +992,69 @@ TEST_CASE("stage 3 reshard_after_forward: saved after an evaluation pass, loaded
       m.post_forward(last);
     });
   }
+}
+
+TEST_CASE("the device path (simulated device) saves and loads through its stream, exactly, to and from the host path") {
+  // A host-path model trained 3 steps and saved. Device-path models (a host execution stream over
+  // the asynchronous host stream, each operation delayed) at another stage load it with the
+  // optimizer's states: copied in, never exchanged (the model keeps its buffers); they save it
+  // again, with save and async_save. Host-path models load those and 3 more steps give the bits
+  // of 6 straight steps.
+  ::setenv("RINGZERO_HOST_STREAM_DELAY_US", "50", 1);
+  for (int stage : {1, 3}) {
+    CAPTURE(stage);
+    scratch_dir root("device_path");
+    const optimizer_options o = adamw();
+    std::vector<std::vector<std::vector<float>>> straight(2), at_three(2), loaded(2);
+    std::vector<std::vector<std::vector<std::vector<float>>>> resumed(2);
+    local::launch(2, [&](communicator& comm) {
+      const int r = comm.rank();
+      const auto ri = static_cast<std::size_t>(r);
+      auto host_model = [&](int s) {
+        return std::make_unique<sharded_model>(comm, request(zero_test::test_parameters(), s, 16, o.state_count()),
+                                               model_options(o));
+      };
+      {
+        auto a = host_model(stage);
+        initialise(*a);
+        train(*a, r, 0, 6);
+        straight[ri] = parameters_of(*a);
+      }
+      {
+        auto b = host_model(stage);
+        initialise(*b);
+        train(*b, r, 0, 3);
+        at_three[ri] = parameters_of(*b);
+        ck::checkpointer(root.path).save(*b, {}, "host");
+      }
+      {
+        primitive::host_stream compute;
+        host_execution_stream stream(compute);
+        sharded_model d(comm, request(zero_test::test_parameters(), stage == 1 ? 3 : 2, 16, o.state_count()),
+                        device_context{&stream}, model_options(o));
+        CHECK(zero::checkpoint_access(d).through_stream());
+        const unsigned char* before = zero::checkpoint_access(d).held_parameters(0);
+        (void)ck::load(d, root.path / "host");
+        CHECK(zero::checkpoint_access(d).held_parameters(0) == before);  // copied in, not exchanged
+        CHECK(d.optimizer().steps() == 3);
+        loaded[ri] = parameters_of(d);
+        ck::checkpointer(root.path).save(d, {}, "device");
+        ck::checkpointer saver(root.path);
+        saver.async_save(d, {}, "device-async");
+        saver.wait();
+      }
+      for (const char* name : {"device", "device-async"}) {
+        auto c = host_model(stage);
+        (void)ck::load(*c, root.path / name);
+        CHECK(c->optimizer().steps() == 3);
+        train(*c, r, 3, 6);
+        resumed[ri].push_back(parameters_of(*c));
+      }
+    });
+    for (std::size_t r = 0; r < 2; ++r) {
+      CHECK(same_bits(loaded[r], at_three[r]));
+      for (const auto& run : resumed[r]) CHECK(same_bits(run, straight[r]));
+    }
+  }
+  ::unsetenv("RINGZERO_HOST_STREAM_DELAY_US");
 }

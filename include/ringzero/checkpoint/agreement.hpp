@@ -5,7 +5,8 @@
 /// checksums of its file, a problem text); an all_gather over the shard communicator, then over
 /// the replica communicator of hybrid sharding, gives every rank every rank's record, ordered
 /// by global rank (replica rank * shard group size + shard rank). So a failure anywhere is
-/// raised on every rank, naming the rank that failed and its reason.
+/// raised on every rank, naming the rank that failed and its reason. A communicator of device
+/// memory (NCCL) exchanges the records through one device buffer on its stream.
 /// Thread semantics: a collective; the training thread of every rank, in the same order.
 
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "ringzero/collective/all_gather.hpp"
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
+#include "ringzero/zero/model_agreement.hpp"
 
 namespace ringzero::checkpoint::detail {
 
@@ -37,10 +39,10 @@ inline std::vector<std::uint64_t> gather_records(communicator& comm, communicato
   if (comm.world_size() == 1)
     group = mine;
   else
-    all_gather(comm, mine.data(), group.data(), n, dtype::uint64, o);
+    zero::detail::gather_values(comm, mine.data(), group.data(), n, o, nullptr, "checkpoint agreement");
   if (replica == nullptr || replica->world_size() == 1) return group;
   std::vector<std::uint64_t> all(group.size() * static_cast<std::size_t>(replica->world_size()));
-  all_gather(*replica, group.data(), all.data(), group.size(), dtype::uint64, o);
+  zero::detail::gather_values(*replica, group.data(), all.data(), group.size(), o, nullptr, "checkpoint agreement");
   return all;
 }
 

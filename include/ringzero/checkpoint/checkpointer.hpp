@@ -10,7 +10,9 @@
 /// started once and kept) hashes and writes it; the collective and the commit run at the next
 /// `save`, `async_save` or `wait()`, where its errors surface naming the file. `load` keeps its
 /// memory from load to load (see there).
-/// Errors, on every rank (naming rank, file, reason): device memory (errc::unsupported), a save
+/// A sharded model on the device path is copied into staging on its runtime stream first.
+/// Errors, on every rank (naming rank, file, reason): a DDP trainer's device memory
+/// (errc::unsupported), a failed copy out of the device path's memory, a save
 /// mid-step or ranks passing different progress or names (errc::invalid_argument), any write
 /// failure such as a full disk, or of rank 0's commit (errc::io_error; a second small collective
 /// shares it). A failed save never marks a checkpoint complete. The destructor finishes a pending
@@ -259,11 +261,7 @@ class checkpointer {
   }
 
   /// Checks shared by both kinds, recorded as this rank's problem (the agreement raises it everywhere).
-  void check_common(communicator& comm) {
-    if (comm.space() != memory_space::host)
-      refuse(errc::unsupported, "checkpoints of state in device memory are not supported yet (the " +
-                                    std::string(backend_name(comm.backend())) +
-                                    " communicator's buffers are device memory)");
+  void check_common() {
     const std::string p = job_.progress.problem();
     if (!p.empty()) refuse(errc::invalid_argument, "training_progress: " + p);
     try {
@@ -286,14 +284,16 @@ class checkpointer {
     open(model.comm(), model.replica_comm());
     state_layout layout = detail::zero_layout(plan, o, z, &where);
     start_job(model.comm(), model.replica_comm(), rank, std::move(layout), std::move(progress), std::move(name));
-    check_common(model.comm());
+    check_common();
     if (!model.between_steps())
       refuse(errc::invalid_argument,
              "a checkpoint can only be saved between steps (after step(), before the next micro-batch)");
     if (!job_.problem.empty()) return;
     std::vector<const unsigned char*> sources;
     for (const auto& s : where[static_cast<std::size_t>(rank)]) sources.push_back(detail::zero_source(model, s));
-    set_sources(std::move(sources), staged);
+    // The device path's state is read only through its stream, into staging.
+    const bool through = zero::checkpoint_access(model).through_stream();
+    set_sources(std::move(sources), staged || through, through ? &model : nullptr);
   }
 
   void prepare_replicated(ddp::gradient_reducer& reducer, const replicated_state& state, training_progress progress,
@@ -307,7 +307,11 @@ class checkpointer {
         {"reducer",
          {{"bucket_order", order}, {"rebuilt", reducer.layout_rebuilt()}, {"parameters", reducer.parameter_count()}}}};
     start_job(comm, nullptr, comm.rank(), std::move(layout), std::move(progress), std::move(name));
-    check_common(comm);
+    if (comm.space() != memory_space::host)
+      refuse(errc::unsupported, "checkpoints of a DDP trainer's state in device memory are not supported yet (the " +
+                                    std::string(backend_name(comm.backend())) +
+                                    " communicator's buffers are device memory)");
+    check_common();
     if (!job_.problem.empty()) return;
     std::vector<const unsigned char*> sources;
     for (const piece& p : job_.layout.pieces[static_cast<std::size_t>(comm.rank())]) {
@@ -318,8 +322,8 @@ class checkpointer {
   }
 
   /// Points the job at the model's memory, or copies it into staging (laid out like the file,
-  /// every piece page-aligned).
-  void set_sources(std::vector<const unsigned char*> sources, bool staged) {
+  /// every piece page-aligned): with `through`, on that model's stream (the device path).
+  void set_sources(std::vector<const unsigned char*> sources, bool staged, zero::sharded_model* through = nullptr) {
     if (!staged) {
       job_.sources = std::move(sources);
       return;
@@ -344,10 +348,17 @@ class checkpointer {
     job_.sources.clear();
     for (std::size_t k = 0; k < mine.size(); ++k) {
       const std::uint64_t n = job_.layout.bytes(mine[k]);
-      std::memcpy(at, sources[k], static_cast<std::size_t>(n));
+      if (through != nullptr)
+        zero::checkpoint_access(*through).copy_to_host(at, sources[k], n);
+      else
+        std::memcpy(at, sources[k], static_cast<std::size_t>(n));
       job_.sources.push_back(at);
       at += aligned(n);
     }
+    if (through == nullptr) return;
+    try {
+      zero::checkpoint_access(*through).synchronize();
+    } catch (const error& e) { refuse(e.kind(), "copying the model's state out of its memory: " + e.message()); }
   }
 
   /// Writes this rank's file (on any thread); failures become the job's problem.

@@ -9,7 +9,8 @@
 /// leaves the state exactly as it was and raises the same error on every rank, naming the rank,
 /// file, tensor and what was expected (missing or truncated files, checksum mismatches, another
 /// model or optimizer, a newer format version (errc::unsupported), fragments that do not tile a
-/// tensor, a call mid-step, device memory (errc::unsupported)). Returns the saved progress; with
+/// tensor, a call mid-step, a DDP trainer's device memory (errc::unsupported); a sharded model
+/// on the device path is read into host staging and copied in on its stream). Returns the saved progress; with
 /// `load_options::optimizer_state` the states and step count are restored too.
 /// Thread semantics: a collective on every rank's training thread. Needs nlohmann/json and
 /// libxxhash (`ringzero-checkpoint`). Manual: docs/checkpoint.md.
@@ -71,8 +72,6 @@ inline training_progress load_zero(zero::sharded_model& model, const std::filesy
   const zero_tensors z(model.plan(), model.optimizer().options());
   std::optional<zero_staging> staging;
   load_phase(model.comm(), model.replica_comm(), path, [&] {
-    if (model.comm().space() != memory_space::host)
-      throw error(errc::unsupported, "checkpoints of state in device memory are not supported yet");
     if (!model.between_steps())
       throw error(errc::invalid_argument,
                   "a checkpoint can only be loaded between steps (after step(), before the next micro-batch)");
@@ -116,7 +115,7 @@ inline training_progress load(ddp::gradient_reducer& reducer, replicated_state& 
   bool restore_layout = false, rebuilt = false;
   detail::load_phase(reducer.comm(), nullptr, path, [&] {
     if (reducer.comm().space() != memory_space::host)
-      throw error(errc::unsupported, "checkpoints of state in device memory are not supported yet");
+      throw error(errc::unsupported, "checkpoints of a DDP trainer's state in device memory are not supported yet");
     const std::filesystem::path dir = resolve_checkpoint(path);
     index = read_index(dir);
     const auto records = detail::match_tensors(index, specs, options, dir.string());

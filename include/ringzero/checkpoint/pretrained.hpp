@@ -111,8 +111,6 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
   };
   std::vector<staged> staging(plan.buffers().size());
   detail::load_phase(model.comm(), model.replica_comm(), file, [&] {
-    if (model.comm().space() != memory_space::host)
-      throw error(errc::unsupported, "checkpoints of state in device memory are not supported yet");
     if (!model.between_steps())
       throw error(errc::invalid_argument, "pretrained weights can only be loaded between steps");
     const detail::file f = detail::file::open_read(file);
@@ -174,15 +172,21 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
       }
     }
   });
-  zero::checkpoint_access(model).begin_restore();
+  zero::checkpoint_access access(model);
+  access.begin_restore();
+  // The device path's memory through its stream (docs/checkpoint.md), the host path's directly.
+  const auto put = [&](void* dst, const detail::staging_buffer& from) {
+    if (from.empty()) return;
+    if (access.through_stream())
+      access.copy_from_host(dst, from.data(), from.bytes());
+    else
+      std::memcpy(dst, from.data(), static_cast<std::size_t>(from.bytes()));
+  };
   for (std::size_t b = 0; b < staging.size(); ++b) {
-    if (!staging[b].params.empty())
-      std::memcpy(zero::checkpoint_access(model).held_parameters(b), staging[b].params.data(),
-                  static_cast<std::size_t>(staging[b].params.bytes()));
-    float* m = zero::checkpoint_access(model).optimizer().master(b);
-    if (m != nullptr && !staging[b].master.empty())
-      std::memcpy(m, staging[b].master.data(), static_cast<std::size_t>(staging[b].master.bytes()));
+    put(access.held_parameters(b), staging[b].params);
+    if (float* m = access.optimizer().master(b)) put(m, staging[b].master);
   }
+  if (access.through_stream()) access.synchronize();  // the staging is freed after this
 }
 
 }  // namespace ringzero::checkpoint

@@ -278,8 +278,9 @@ class zero_spare {
 };
 
 /// A load's staging memory for one rank of a model, and how to commit it. With the optimizer
-/// states (a resume): a `zero_spare` (`spare` when given, reused if it fits the model; else one
-/// allocated here), exchanged with the model's state at commit. Parameters only: one block
+/// states (a resume) on the host path: a `zero_spare` (`spare` when given, reused if it fits the
+/// model; else one allocated here), exchanged with the model's state at commit; on the device
+/// path (`checkpoint_access::through_stream`) the copied staging below, states included. Parameters only: one block
 /// holding the rank's held parameters and master weights, either `arena` (when given and large
 /// enough: memory reused from load to load) or allocated here (fresh zero pages), copied at commit.
 class zero_staging {
@@ -299,7 +300,8 @@ class zero_staging {
     const auto& pl = plan.placements();
     // Part k of buffer b: which = -2 parameters, -1 master, k >= 0 optimizer state k.
     std::vector<std::array<unsigned char*, 4>> at(plan.buffers().size(), {nullptr, nullptr, nullptr, nullptr});
-    if (with_states) {
+    // The device path's state is written through its stream: staged and copied, never exchanged.
+    if (with_states && !zero::checkpoint_access(model).through_stream()) {
       spare_ = spare != nullptr ? spare : &own_spare_;
       if (!spare_->fits(model)) {
         spare_->clear();  // the old copy's memory goes before the new one's comes
@@ -363,11 +365,17 @@ class zero_staging {
       zero::checkpoint_access(model_).optimizer().set_steps(steps);
       return;
     }
+    zero::checkpoint_access access(model_);
+    const bool through = access.through_stream();
     for (std::size_t i = 0; i < targets_.size(); ++i) {
       const place& p = places_[i];
-      std::memcpy(model_part(p.buffer, p.which) + p.offset, targets_[i].dst, static_cast<std::size_t>(p.bytes));
+      if (through)
+        access.copy_from_host(model_part(p.buffer, p.which) + p.offset, targets_[i].dst, p.bytes);
+      else
+        std::memcpy(model_part(p.buffer, p.which) + p.offset, targets_[i].dst, static_cast<std::size_t>(p.bytes));
     }
-    if (with_states_) zero::checkpoint_access(model_).optimizer().set_steps(steps);
+    if (through) access.synchronize();  // the staging is freed after this
+    if (with_states_) access.optimizer().set_steps(steps);
   }
 
  private:

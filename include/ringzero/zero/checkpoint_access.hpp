@@ -4,9 +4,11 @@
 /// interface: where this rank's part of each flat buffer lies, the bytes of its held
 /// parameters, the writable optimizer and loss scaler, and the restore protocol
 /// (`begin_restore`, then writes or `exchange_state`). Checkpoint code uses this adapter; the
-/// model's public interface stays the trainer's. The pointers are host memory on the host path
-/// (checkpoint/ refuses device memory for now: docs/checkpoint.md). Thread semantics: the
-/// model's (its rank's thread, between steps). Included by zero/sharded_model.hpp at its end.
+/// model's public interface stays the trainer's. The pointers are host memory on the host path;
+/// on the device path (`through_stream()`) they are the compute stream's memory (a GPU's, or the
+/// simulated device's), which checkpoint/ reaches only with `copy_to_host` / `copy_from_host`.
+/// Thread semantics: the model's (its rank's thread, between steps). Included by
+/// zero/sharded_model.hpp at its end.
 
 #include <cstddef>
 #include <utility>
@@ -46,13 +48,22 @@ class checkpoint_access {
     m_.comm_waits_for_compute();
     m_.comm_stream_->copy(dst, src, bytes);
   }
+  /// Copies `bytes` bytes of host memory `src` into the model's memory at `dst` (within
+  /// `held_parameters` or the optimizer's master weights or states), on the runtime's stream;
+  /// done when `synchronize()` returns. Call after `begin_restore()`. Local.
+  void copy_from_host(void* dst, const void* src, std::uint64_t bytes) { m_.comm_stream_->copy(dst, src, bytes); }
+  /// True on the device path (a `device_context`: CUDA memory, or host memory behind the
+  /// simulated device's stream): checkpoint/ then reads and writes the model's state only through
+  /// `copy_to_host` / `copy_from_host`, never directly and never by exchanging buffers, so the
+  /// simulated device runs the code a GPU runs.
+  bool through_stream() const noexcept { return m_.own_compute_ == nullptr; }
   /// Waits for the copies of `copy_to_host` (the runtime's stream); rethrows its error.
   void synchronize() { m_.synchronize(); }
   /// As `synchronize`, dropping any error (before the copies' destination is freed on an error).
   void synchronize_quietly() noexcept { m_.comm_stream_->synchronize_quietly(); }
 
   /// Before a checkpoint overwrites the state: releases every stage-3 gather (they would show
-  /// the old parameters), zeroes the gradients and waits for the runtime's streams. Throws
+  /// the old parameters), zeroes the gradients after the compute stream's work so far, and waits. Throws
   /// errc::invalid_argument (naming this rank) unless `between_steps()`. Local.
   void begin_restore() {
     if (!m_.between_steps())
@@ -61,6 +72,7 @@ class checkpoint_access {
       sharded_model::gather_hooks h{m_};
       m_.gathers_.release_all(h);
     }
+    m_.comm_waits_for_compute();  // the trainer's reads of the old state come first
     m_.zero_gradients();
     m_.synchronize();
   }
@@ -75,7 +87,7 @@ class checkpoint_access {
   void exchange_state(std::vector<detail::host_buffer>& held, sharded_optimizer& spare) {
     sharded_optimizer& live = *m_.optimizer_;
     auto& params = m_.params_;
-    bool fits = held.size() == params.size() && spare.options().kind == live.options().kind;
+    bool fits = !through_stream() && held.size() == params.size() && spare.options().kind == live.options().kind;
     for (std::size_t b = 0; fits && b < params.size(); ++b) {
       fits = held[b].bytes() == params[b].bytes() && spare.owned_range(b).begin == optimizer_range(b).begin &&
              spare.owned_range(b).end == optimizer_range(b).end &&
@@ -83,7 +95,9 @@ class checkpoint_access {
       for (int k = 0; fits && k < live.options().state_count(); ++k)
         fits = (spare.state(b, k) == nullptr) == (live.state(b, k) == nullptr);
     }
-    if (!fits) m_.raise("exchange_state: the spare state does not have this rank's layout");
+    if (!fits)
+      m_.raise(through_stream() ? "exchange_state: the device path's state is written with copy_from_host"
+                                : "exchange_state: the spare state does not have this rank's layout");
     const double lr = live.options().lr;
     params.swap(held);
     std::swap(live, spare);
