@@ -1000,7 +1000,10 @@ TEST_CASE("the device path (simulated device) saves and loads through its stream
   // optimizer's states: copied in, never exchanged (the model keeps its buffers); they save it
   // again, with save and async_save. Host-path models load those and 3 more steps give the bits
   // of 6 straight steps.
-  ::setenv("RINGZERO_HOST_STREAM_DELAY_US", "50", 1);
+  struct delayed {  // every host stream operation 50 us late, for this test only
+    delayed() { ::setenv("RINGZERO_HOST_STREAM_DELAY_US", "50", 1); }
+    ~delayed() { ::unsetenv("RINGZERO_HOST_STREAM_DELAY_US"); }
+  } delay;
   for (int stage : {1, 3}) {
     CAPTURE(stage);
     scratch_dir root("device_path");
@@ -1056,5 +1059,4 @@ TEST_CASE("the device path (simulated device) saves and loads through its stream
       for (const auto& run : resumed[r]) CHECK(same_bits(run, straight[r]));
     }
   }
-  ::unsetenv("RINGZERO_HOST_STREAM_DELAY_US");
 }

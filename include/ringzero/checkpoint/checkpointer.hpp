@@ -145,7 +145,8 @@ class checkpointer {
   const std::filesystem::path& root() const noexcept { return root_; }
   /// True while an asynchronous save waits to be finished by the next call.
   bool pending() const noexcept { return pending_; }
-  /// Bytes of the staging buffer (0 before the first asynchronous save or parameters-only load).
+  /// Bytes of the staging buffer (0 before the first asynchronous save, parameters-only load, or
+  /// save of a device-path model, which stages every save).
   std::uint64_t staging_bytes() const noexcept { return staging_.bytes(); }
 
   /// Saves `model` (collective) as checkpoint `name` (default "step-<optimizer steps>"); the
@@ -185,7 +186,9 @@ class checkpointer {
   /// model's at the end: the checkpointer then keeps the model's previous state, and the next
   /// load into the same model reads into that memory (no fresh pages, no copy). Parameters only:
   /// it reads into the staging buffer shared with `async_save` (allocated once, pages touched,
-  /// grown when needed), then copies. `release_load_memory()` frees the kept copy.
+  /// grown when needed), then copies. A device-path model is never exchanged: with the states
+  /// it reads into fresh host staging and copies in on the model's stream (nothing kept).
+  /// `release_load_memory()` frees the kept copy.
   /// Errors as `checkpoint::load`'s.
   training_progress load(zero::sharded_model& model, const std::filesystem::path& path,
                          const load_options& options = {}) {
@@ -346,19 +349,27 @@ class checkpointer {
     }
     unsigned char* at = staging_.data();
     job_.sources.clear();
-    for (std::size_t k = 0; k < mine.size(); ++k) {
-      const std::uint64_t n = job_.layout.bytes(mine[k]);
-      if (through != nullptr)
-        zero::checkpoint_access(*through).copy_to_host(at, sources[k], n);
-      else
-        std::memcpy(at, sources[k], static_cast<std::size_t>(n));
-      job_.sources.push_back(at);
-      at += aligned(n);
-    }
-    if (through == nullptr) return;
+    // A failed copy out of the device path's memory is this rank's problem (raised on every rank
+    // by the save's agreement); no copy still writes into the staging afterwards.
     try {
-      zero::checkpoint_access(*through).synchronize();
-    } catch (const error& e) { refuse(e.kind(), "copying the model's state out of its memory: " + e.message()); }
+      for (std::size_t k = 0; k < mine.size(); ++k) {
+        const std::uint64_t n = job_.layout.bytes(mine[k]);
+        if (through != nullptr)
+          zero::checkpoint_access(*through).copy_to_host(at, sources[k], n);
+        else
+          std::memcpy(at, sources[k], static_cast<std::size_t>(n));
+        job_.sources.push_back(at);
+        at += aligned(n);
+      }
+      if (through != nullptr) zero::checkpoint_access(*through).synchronize();
+    } catch (const std::exception& e) {
+      if (through != nullptr) zero::checkpoint_access(*through).synchronize_quietly();
+      job_.sources.clear();
+      const auto* failure = dynamic_cast<const error*>(&e);
+      refuse(failure != nullptr ? failure->kind() : errc::internal,
+             std::string("copying the model's state out of its memory: ") +
+                 (failure != nullptr ? failure->message() : std::string(e.what())));
+    }
   }
 
   /// Writes this rank's file (on any thread); failures become the job's problem.

@@ -20,6 +20,7 @@
 #include <exception>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ringzero/checkpoint/agreement.hpp"
@@ -37,25 +38,50 @@ namespace ringzero::checkpoint {
 
 namespace detail {
 
+/// What `body` threw, as this rank's problem for the agreement ("" when it returned).
+template <class Body>
+std::pair<std::string, errc> problem_of(Body&& body) {
+  try {
+    body();
+  } catch (const error& e) { return {e.message(), e.kind()}; } catch (const std::exception& e) {
+    return {e.what(), errc::internal};
+  }
+  return {std::string(), errc::io_error};
+}
+
 /// Runs `body` (the reading phase), agrees with every rank, and throws the shared verdict.
 template <class Body>
 void load_phase(communicator& comm, communicator* replica, const std::filesystem::path& path, Body&& body) {
-  std::string problem;
-  errc code = errc::io_error;
-  try {
-    body();
-  } catch (const error& e) {
-    problem = e.message();
-    code = e.kind();
-  } catch (const std::exception& e) {
-    problem = e.what();
-    code = errc::internal;
-  }
+  const auto [problem, code] = problem_of(body);
   const verdict v = agree(comm, replica, problem, code);
   if (!v.text.empty())
     throw error(v.code,
                 error_context{std::string(backend_name(comm.backend())), comm.rank(), comm.world_size(), {}, -1},
                 "loading checkpoint '" + path.string() + "' failed, the state is unchanged: " + v.text);
+}
+
+/// Runs `body`, a load's commit into `model`. On the host path it cannot fail and runs alone; on
+/// the device path (copies on the runtime's stream, which may fail) every rank then learns
+/// whether every rank's copies succeeded, and a failure is raised on every rank: the failing
+/// ranks' state is then undefined (partly copied), so the caller loads again.
+template <class Body>
+void commit_phase(zero::sharded_model& model, const std::filesystem::path& path, Body&& body) {
+  zero::checkpoint_access access(model);
+  if (!access.through_stream()) {
+    body();
+    return;
+  }
+  const auto [problem, code] = problem_of(body);
+  if (!problem.empty()) access.synchronize_quietly();  // no copy still reads the staging
+  communicator& comm = model.comm();
+  const verdict v = agree(comm, model.replica_comm(), problem, code);
+  if (!v.text.empty())
+    throw error(v.code,
+                error_context{std::string(backend_name(comm.backend())), comm.rank(), comm.world_size(), {}, -1},
+                "loading checkpoint '" + path.string() +
+                    "' failed while copying it into the model's memory (the failing ranks' state is partly "
+                    "copied: load again): " +
+                    v.text);
 }
 
 }  // namespace detail
@@ -86,7 +112,7 @@ inline training_progress load_zero(zero::sharded_model& model, const std::filesy
     reader.check_files();
     read_targets(reader, z.tensors, records, staging->targets());
   });
-  staging->commit(index.progress.optimizer_steps);
+  commit_phase(model, path, [&] { staging->commit(index.progress.optimizer_steps); });
   // With the optimizer states, the loss scaler continues too (when the model scales and the
   // checkpoint has a scale; an index without the good-step count restores 0).
   if (options.optimizer_state && model.scaler().enabled() && index.progress.loss_scale)
