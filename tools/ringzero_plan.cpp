@@ -444,10 +444,11 @@ struct frozen_split {
 frozen_split split_frozen(const shard_plan& plan) {
   frozen_split out;
   if (plan.stage() != 3) return out;
+  out.kept_bytes = plan.kept_frozen_bytes();
   for (const auto& f : plan.buffers()) {
     if (f.trainable || f.numel == 0) continue;
     const std::uint64_t bytes = f.numel * ringzero::dtype_size(f.type);
-    (f.replicated ? out.kept_bytes : out.on_demand_bytes) += bytes;
+    if (!f.replicated) out.on_demand_bytes += bytes;
     out.units.push_back({{"unit", plan.units()[f.unit].name},
                          {"policy", f.replicated ? "kept_gathered" : "on_demand"},
                          {"bytes", bytes}});

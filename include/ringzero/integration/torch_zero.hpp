@@ -228,8 +228,7 @@ class torch_zero {
   void refresh() {
     const auto& plan = model_.plan();
     for (std::size_t b = 0; b < plan.buffers().size(); ++b)
-      if (plan.holds_whole(b) && representative_[b] != npos)
-        storages_[b].unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(buffer_start(b), c10::Device(c10::kCPU)));
+      if (plan.holds_whole(b)) point(b);
   }
 
   /// The first registered parameter that changed ("" when none): replaced, a new storage,
@@ -405,14 +404,16 @@ class torch_zero {
   /// may have replaced).
   void bind(std::size_t u) {
     const auto& plan = model_.plan();
-    auto point = [&](std::size_t w) {
-      for (std::size_t b : plan.units()[w].buffers)
-        if (representative_[b] != npos)
-          storages_[b].unsafeGetStorageImpl()->set_data_ptr_noswap(
-              c10::DataPtr(buffer_start(b), c10::Device(c10::kCPU)));
-    };
-    point(u);
-    for (std::size_t w : plan.units()[u].borrowed) point(w);
+    for (std::size_t b : plan.units()[u].buffers) point(b);
+    for (std::size_t w : plan.units()[u].borrowed)
+      for (std::size_t b : plan.units()[w].buffers) point(b);
+  }
+
+  /// Points buffer b's storage at the runtime's memory now (nothing for a buffer without a
+  /// parameter owning storage in it).
+  void point(std::size_t b) {
+    if (representative_[b] != npos)
+      storages_[b].unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(buffer_start(b), c10::Device(c10::kCPU)));
   }
 
   /// Before the backward of unit u (its output's boundary): gathers it again into the same
