@@ -175,19 +175,14 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
   zero::checkpoint_access access(model);
   detail::commit_phase(model, file, [&] {
     access.begin_restore();
-    // The device path's memory through its stream (docs/checkpoint.md), the host path's directly.
     const auto put = [&](void* dst, const detail::staging_buffer& from) {
-      if (from.empty()) return;
-      if (access.through_stream())
-        access.copy_from_host(dst, from.data(), from.bytes());
-      else
-        std::memcpy(dst, from.data(), static_cast<std::size_t>(from.bytes()));
+      if (!from.empty()) detail::copy_in(access, dst, from.data(), from.bytes());
     };
     for (std::size_t b = 0; b < staging.size(); ++b) {
       put(access.held_parameters(b), staging[b].params);
       if (float* m = access.optimizer().master(b)) put(m, staging[b].master);
     }
-    if (access.through_stream()) access.synchronize();  // the staging is freed after this
+    detail::finish_copies_in(access);  // the staging is freed after this
   });
 }
 

@@ -210,6 +210,21 @@ inline const unsigned char* zero_source(zero::sharded_model& model, const zero_p
       base + (s.element - zero::checkpoint_access(model).optimizer_range(s.buffer).begin));
 }
 
+/// Copies `bytes` bytes of host staging `src` into the model's memory at `dst`, after
+/// `begin_restore`: directly on the host path, on the runtime's stream on the device path
+/// (`through_stream`; `finish_copies_in` waits for them before the staging goes).
+inline void copy_in(zero::checkpoint_access& access, void* dst, const void* src, std::uint64_t bytes) {
+  if (access.through_stream())
+    access.copy_from_host(dst, src, bytes);
+  else
+    std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+}
+
+/// Waits for the stream copies of `copy_in` (the device path; nothing on the host path).
+inline void finish_copies_in(zero::checkpoint_access& access) {
+  if (access.through_stream()) access.synchronize();
+}
+
 /// A second copy of one rank's restorable state (held parameters, optimizer) of the layout of
 /// one model: a load that restores the optimizer states reads into it and exchanges it with the
 /// model's (`zero::checkpoint_access::exchange_state`), so nothing is copied after the reads;
@@ -366,15 +381,11 @@ class zero_staging {
       return;
     }
     zero::checkpoint_access access(model_);
-    const bool through = access.through_stream();
     for (std::size_t i = 0; i < targets_.size(); ++i) {
       const place& p = places_[i];
-      if (through)
-        access.copy_from_host(model_part(p.buffer, p.which) + p.offset, targets_[i].dst, p.bytes);
-      else
-        std::memcpy(model_part(p.buffer, p.which) + p.offset, targets_[i].dst, static_cast<std::size_t>(p.bytes));
+      copy_in(access, model_part(p.buffer, p.which) + p.offset, targets_[i].dst, p.bytes);
     }
-    if (through) access.synchronize();  // the staging is freed after this
+    finish_copies_in(access);  // the staging is freed after this
     if (with_states_) access.optimizer().set_steps(steps);
   }
 
