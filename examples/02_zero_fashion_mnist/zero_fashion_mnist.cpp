@@ -120,6 +120,10 @@ template <class Compute, class Hooks>
 zero::step_result train_step(zero::sharded_model& model, Compute& compute, Hooks& hooks, std::size_t first_row,
                              int micro_steps, int rows, float grad_scale) {
   for (int micro = 0; micro < micro_steps; ++micro) {
+    // Full gradients (stages 0-1, --accumulate-unsharded): the micro-steps before the last run
+    // under no_sync, accumulating locally; the last reduces them all.
+    std::optional<rz::no_sync_guard> no_sync;
+    if (micro + 1 < micro_steps && !model.plan().sharded_gradients()) no_sync.emplace(model);
     compute.load(first_row + static_cast<std::size_t>(micro) * static_cast<std::size_t>(rows), rows);
     compute.forward(rows, hooks);               // pre_forward / post_forward around each layer
     compute.backward(rows, grad_scale, hooks);  // pre_backward / post_backward: gradients added

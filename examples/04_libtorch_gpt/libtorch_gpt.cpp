@@ -258,6 +258,10 @@ result train(const options& o, const corpus& c) {
       const std::int64_t micro = local_batch / o.accumulation;
       double l = 0;
       for (int m = 0; m < o.accumulation; ++m) {
+        // Where the gradients are full (ddp, zero1, --accumulate-unsharded), the micro-batches
+        // before the last run under no_sync: nothing is reduced until the last.
+        std::optional<rz::no_sync_guard> no_sync;
+        if (m + 1 < o.accumulation && !z.model().plan().sharded_gradients()) no_sync.emplace(z.model());
         auto logits = net->forward(x.narrow(0, m * micro, micro), z);
         auto loss = torch::nn::functional::cross_entropy(logits.view({-1, V}).to(torch::kFloat32),
                                                          y.narrow(0, m * micro, micro).reshape({-1})) /

@@ -15,9 +15,11 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "ringzero/ddp/gradient_reducer.hpp"
 #include "zero_test_model.hpp"
 
 using namespace ringzero;
@@ -73,24 +75,27 @@ double compare_with_reference(int world, int stage, const run_config& cfg, bool 
   return worst;
 }
 
-/// One optimizer step of `accumulation` micro-batches through every unit in order (forward) and
-/// in reverse (backward), adding 0.25 to every trainable float gradient.
-void constant_gradient_step(sharded_model& model, int accumulation) {
+/// One micro-batch through every unit in order (forward) and in reverse (backward), adding 0.25
+/// to every trainable float gradient, then end_backward.
+void constant_gradient_backward(sharded_model& model) {
   const shard_plan& plan = model.plan();
-  for (int micro = 0; micro < accumulation; ++micro) {
-    for (std::size_t u = 0; u < model.unit_count(); ++u) {
-      model.pre_forward(u);
-      model.post_forward(u);
-    }
-    for (std::size_t u = model.unit_count(); u-- > 0;) {
-      model.pre_backward(u);
-      for (std::size_t p : plan.units()[u].members)
-        if (plan.parameters()[p].trainable)
-          for (float& g : model.gradient<float>(p)) g += 0.25f;
-      model.post_backward(u);
-    }
-    model.end_backward();
+  for (std::size_t u = 0; u < model.unit_count(); ++u) {
+    model.pre_forward(u);
+    model.post_forward(u);
   }
+  for (std::size_t u = model.unit_count(); u-- > 0;) {
+    model.pre_backward(u);
+    for (std::size_t p : plan.units()[u].members)
+      if (plan.parameters()[p].trainable)
+        for (float& g : model.gradient<float>(p)) g += 0.25f;
+    model.post_backward(u);
+  }
+  model.end_backward();
+}
+
+/// One optimizer step of `accumulation` constant micro-batches.
+void constant_gradient_step(sharded_model& model, int accumulation) {
+  for (int micro = 0; micro < accumulation; ++micro) constant_gradient_backward(model);
   model.step();
 }
 
@@ -271,8 +276,8 @@ TEST_CASE(
         std::uint64_t planned = 0;
         for (const traffic_entry& e : model.plan().traffic())
           if (e.collective == collective_kind::all_gather) planned += e.ring_bytes_sent();
-        // plus the step's agreement record, an all_gather of one uint64
-        CHECK(used.of(collective_kind::all_gather).sent == planned + (world - 1) * sizeof(std::uint64_t));
+        // plus the step's agreement record, an all_gather of three uint64
+        CHECK(used.of(collective_kind::all_gather).sent == planned + (world - 1) * 3 * sizeof(std::uint64_t));
       }
     });
     for (std::size_t r = 0; r < listed.size(); ++r) CHECK(bitwise_equal(listed[r], plain[r]));
@@ -1089,7 +1094,7 @@ TEST_CASE("gradient buckets grown beyond the plan keep what the trainer wrote (s
 TEST_CASE("the bytes a step sends equal the plan's traffic (ring), plus the step's two scalar collectives") {
   // Measured with communicator::traffic() around one step (after a first one), summed over the
   // ranks: every all_reduce, reduce_scatter and all_gather the plan lists (ring: volume (n-1)/n
-  // per rank), plus per rank the step's agreement record (an all_gather of one uint64) and, at
+  // per rank), plus per rank the step's agreement record (an all_gather of three uint64) and, at
   // stages 1-3, the global norm's all_reduce of one float64.
   // accumulate_unsharded (stages 2-3): one reduce_scatter per step, as with one micro-batch.
   // Stage 3 with 2 micro-batches keeps the frozen parameters gathered on 2 and 4 ranks: nothing
@@ -1161,7 +1166,7 @@ TEST_CASE("the bytes a step sends equal the plan's traffic (ring), plus the step
               plan_calls += e.calls * n;
             }
           if (k == collective_kind::all_gather) {
-            plan_sent += n * (n - 1) * sizeof(std::uint64_t);
+            plan_sent += n * (n - 1) * 3 * sizeof(std::uint64_t);
             plan_calls += n;
           }
           if (k == collective_kind::all_reduce && stage >= 1) {
@@ -1173,4 +1178,205 @@ TEST_CASE("the bytes a step sends equal the plan's traffic (ring), plus the step
           CHECK(calls == plan_calls);
         }
       }
+}
+
+TEST_CASE("no_sync: the trainer's micro-batches, one reduction per step, equal to the plan's accumulation") {
+  static_assert(std::is_same_v<decltype(std::declval<sharded_model&>().no_sync()),
+                               decltype(std::declval<ddp::gradient_reducer&>().no_sync())>);
+  const auto optimizers = test_optimizers();
+  // Plan of 1 micro-batch, 3 run with no_sync on the first 2: bitwise the plan of 3 (the same
+  // operations), within 1e-5 of plain data parallelism. Stages 2-3 plan accumulate_unsharded;
+  // reproducible mode needs no plan setting at any stage (and averages over the micro-batches).
+  for (int stage = 0; stage <= 3; ++stage)
+    for (int world : {2, 3})
+      for (bool reproducible : {false, true}) {
+        if (reproducible && world == 3) continue;
+        CAPTURE(stage);
+        CAPTURE(world);
+        CAPTURE(reproducible);
+        run_config cfg;
+        cfg.optimizer = optimizers[static_cast<std::size_t>(stage + world) % optimizers.size()];
+        cfg.accumulation = 3;
+        cfg.steps = 3;
+        cfg.max_grad_norm = stage % 2 == 1 && !reproducible ? 0.5 : 0.0;
+        cfg.implicit_last_end = stage == 1;
+        std::vector<std::vector<std::vector<float>>> by_plan(static_cast<std::size_t>(world)),
+            by_guard(static_cast<std::size_t>(world));
+        std::vector<double> errors(static_cast<std::size_t>(world));
+        local::launch(world, [&](communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          sharded_model_options options;
+          options.optimizer = cfg.optimizer;
+          options.max_grad_norm = cfg.max_grad_norm;
+          options.reproducible = reproducible;
+          for (bool guarded : {false, true}) {
+            plan_request q = test_request(stage, guarded ? 1 : 3);
+            q.accumulate_unsharded = !reproducible && stage >= 2;
+            q.precision.optimizer_states = cfg.optimizer.state_count();
+            sharded_model model(comm, q, options);
+            run_config c = cfg;
+            c.no_sync = guarded;
+            (guarded ? by_guard : by_plan)[r] = train_sharded(model, comm.rank(), c);
+            CHECK(model.require_gradient_sync());
+          }
+          if (!reproducible) errors[r] = max_relative_error(by_guard[r], train_reference(comm, test_parameters(), cfg));
+        });
+        for (std::size_t r = 0; r < by_plan.size(); ++r) {
+          CHECK(bitwise_equal(by_guard[r], by_plan[r]));
+          CHECK(bitwise_equal(by_guard[r], by_guard[0]));
+          if (!reproducible) CHECK(errors[r] <= 1e-5);  // reproducible mode averages the micro-batches too
+        }
+      }
+}
+
+TEST_CASE("no_sync: a step of 4 micro-batches sends one micro-batch's gradient traffic") {
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    local::launch(3, [&](communicator& comm) {
+      comm.set_forced_algorithm(algorithm::ring);
+      plan_request q = test_request(stage, 1);
+      q.accumulate_unsharded = stage >= 2;
+      sharded_model model(comm, q, sharded_model_options{});
+      constant_gradient_step(model, 1);  // the first step (buffers, first gathers)
+      traffic_counts before = comm.traffic();
+      constant_gradient_step(model, 1);
+      const traffic_counts one = comm.traffic() - before;
+      before = comm.traffic();
+      for (int micro = 0; micro < 3; ++micro) {
+        auto guard = model.no_sync();
+        CHECK_FALSE(model.require_gradient_sync());
+        constant_gradient_backward(model);
+      }
+      CHECK(model.require_gradient_sync());
+      constant_gradient_step(model, 1);  // the 4th micro-batch reduces all 4
+      const traffic_counts four = comm.traffic() - before;
+      const collective_kind reduction = collective_kind::reduce_scatter;  // stage 1's too
+      CHECK(four.of(reduction).sent == one.of(reduction).sent);
+      CHECK(four.of(reduction).calls == one.of(reduction).calls);
+      CHECK(four.of(collective_kind::all_reduce).sent == one.of(collective_kind::all_reduce).sent);
+      // Stage 3 gathers the parameters for every micro-batch (as FSDP2 does).
+      CHECK(four.of(collective_kind::all_gather).sent ==
+            (stage == 3 ? 4 * (one.of(collective_kind::all_gather).sent - 2 * 3 * 8) + 2 * 3 * 8
+                        : one.of(collective_kind::all_gather).sent));
+    });
+  }
+}
+
+TEST_CASE("no_sync: refusals name what was wrong, on every rank") {
+  // Sharded gradients have nothing to accumulate into.
+  local::launch(2, [&](communicator& comm) {
+    sharded_model model(comm, test_request(2, 1), sharded_model_options{});
+    expect([&] { (void)model.no_sync(); }, "plan_request::accumulate_unsharded");
+    CHECK(model.require_gradient_sync());
+    constant_gradient_step(model, 1);  // still usable
+  });
+  // A step taken inside no_sync (every rank), and on one rank only: refused on every rank.
+  for (int only : {-1, 1}) {
+    CAPTURE(only);
+    std::vector<std::string> errors(2);
+    local::launch(2, [&](communicator& comm) {
+      sharded_model model(comm, test_request(0, 1), sharded_model_options{});
+      try {
+        if (only < 0 || comm.rank() == only) {
+          auto guard = model.no_sync();
+          constant_gradient_step(model, 1);
+        } else {
+          constant_gradient_step(model, 1);
+        }
+      } catch (const error& e) { errors[static_cast<std::size_t>(comm.rank())] = e.what(); }
+    });
+    for (const std::string& e : errors) {
+      INFO(e);
+      // One rank off: the others' reductions meet its step's check (the contract check names both).
+      CHECK(has(e, only < 0 ? "step() with gradient sync off" : "the step's check (learning rate"));
+    }
+  }
+  // Ranks whose no_sync covered different micro-batches: the step names each rank's count.
+  std::vector<std::string> errors(2);
+  local::launch(2, [&](communicator& comm) {
+    sharded_model model(comm, test_request(1, 1), sharded_model_options{});
+    try {
+      if (comm.rank() == 0) {
+        auto guard = model.no_sync();
+        constant_gradient_backward(model);
+      }
+      constant_gradient_step(model, 1);
+    } catch (const error& e) { errors[static_cast<std::size_t>(comm.rank())] = e.what(); }
+  });
+  for (const std::string& e : errors) {
+    INFO(e);
+    CHECK(has(e, "ended different numbers of micro-batches at step 1: rank 0: 2; rank 1: 1"));
+  }
+  // A change in the middle of a micro-batch; end_backward after the step's last micro-batch;
+  // a guard closed in the middle of a micro-batch takes effect when it ends.
+  local::launch(1, [&](communicator& comm) {
+    plan_request q = test_request(3, 1);
+    q.accumulate_unsharded = true;
+    sharded_model model(comm, q, sharded_model_options{});
+    model.pre_forward(0);
+    model.post_forward(0);
+    model.pre_backward(0);
+    expect([&] { model.set_require_gradient_sync(false); }, "in the middle of a micro-batch");
+    model.post_backward(0);
+    model.end_backward();
+    expect([&] { model.end_backward(); }, "but the plan accumulates 1 micro-batch(es)");
+    model.step();
+    {
+      auto guard = model.no_sync();
+      model.pre_backward(1);
+    }
+    CHECK_FALSE(model.require_gradient_sync());  // until the micro-batch ends
+    model.post_backward(1);
+    model.end_backward();
+    CHECK(model.require_gradient_sync());
+    model.end_backward();  // sync on after a no_sync micro-batch: the step's last
+    expect([&] { model.end_backward(); }, "after the micro-batch that reduced this step's gradients");
+    model.step();
+  });
+}
+
+TEST_CASE("set_reshard_after_backward(false) with no_sync: the micro-batches after the first gather nothing") {
+  // Stage 3 with reshard_after_forward none and accumulate_unsharded: a step of 4 micro-batches
+  // sends one micro-batch's all_gathers and reduce_scatters, and ends with the parameters of the
+  // same step taken with every gather (bitwise).
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    std::vector<std::vector<std::vector<float>>> kept(static_cast<std::size_t>(world)),
+        plain(static_cast<std::size_t>(world));
+    local::launch(world, [&](communicator& comm) {
+      comm.set_forced_algorithm(algorithm::ring);
+      const auto r = static_cast<std::size_t>(comm.rank());
+      for (bool keep : {false, true}) {
+        plan_request q = test_request(3, 1);
+        q.accumulate_unsharded = true;
+        q.reshard_after_forward = reshard_policy::none;
+        sharded_model model(comm, q, sharded_model_options{});
+        set_initial_parameters(model);
+        constant_gradient_step(model, 1);  // buffers and first gathers
+        const traffic_counts before = comm.traffic();
+        model.set_reshard_after_backward(!keep);
+        CHECK(model.reshard_after_backward() == !keep);
+        for (int micro = 0; micro < 3; ++micro) {
+          auto guard = model.no_sync();
+          constant_gradient_backward(model);
+        }
+        model.set_reshard_after_backward(true);
+        constant_gradient_step(model, 1);
+        const traffic_counts step = comm.traffic() - before;
+        const std::uint64_t agreement = (static_cast<std::uint64_t>(world) - 1) * 3 * 8;
+        std::uint64_t gathers = 0, reductions = 0;
+        for (const traffic_entry& e : model.plan().traffic())
+          (e.collective == collective_kind::all_gather ? gathers : reductions) += e.ring_bytes_sent();
+        CHECK(step.of(collective_kind::reduce_scatter).sent == reductions);
+        CHECK(step.of(collective_kind::all_gather).sent == (keep ? 1 : 4) * gathers + agreement);
+        if (keep) CHECK(model.memory_allocated(primitive::memory_space::host).peak > model.plan().memory().total());
+        (keep ? kept : plain)[r].resize(model.parameter_count());
+        for (std::size_t p = 0; p < model.parameter_count(); ++p) {
+          (keep ? kept : plain)[r][p].resize(model.plan().placements()[p].numel);
+          model.read_parameter(p, (keep ? kept : plain)[r][p]);
+        }
+      }
+    });
+    for (std::size_t r = 0; r < kept.size(); ++r) CHECK(bitwise_equal(kept[r], plain[r]));
+  }
 }

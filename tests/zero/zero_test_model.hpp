@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,8 @@ struct run_config {
   ringzero::zero::optimizer_options optimizer;
   bool mark_ready = false;         ///< also call mark_ready for untied parameters
   bool implicit_last_end = false;  ///< let step() end the last micro-batch
+  /// Every micro-batch but the last inside model.no_sync() (the plan may then accumulate fewer).
+  bool no_sync = false;
   /// Called by train_sharded after each pre_forward, pre_backward and post_backward (empty: none).
   std::function<void()> between_hooks;
 };
@@ -140,6 +143,8 @@ inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_mod
   const std::size_t units = model.unit_count();
   for (int step = 0; step < cfg.steps; ++step) {
     for (int micro = 0; micro < cfg.accumulation; ++micro) {
+      std::optional<ringzero::no_sync_guard> no_sync;
+      if (cfg.no_sync && micro + 1 < cfg.accumulation) no_sync.emplace(model);
       for (std::size_t u = 0; u < units; ++u) {
         model.pre_forward(u);
         if (cfg.between_hooks) cfg.between_hooks();

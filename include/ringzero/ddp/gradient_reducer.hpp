@@ -47,6 +47,7 @@
 #include "ringzero/ddp/rank_flags.hpp"
 #include "ringzero/ddp/reducer_options.hpp"
 #include "ringzero/ddp/reproducible_accumulation.hpp"
+#include "ringzero/no_sync.hpp"
 
 namespace ringzero::ddp {
 
@@ -83,21 +84,9 @@ inline void await_work(const work& w, std::chrono::microseconds yield_for = std:
 /// The bucketed gradient reducer. The whole contract: docs/ddp.md, "The reducer in detail".
 class gradient_reducer {
  public:
-  /// Restores the previous synchronisation mode when it goes out of scope (see `no_sync`).
-  class no_sync_guard {
-   public:
-    no_sync_guard(const no_sync_guard&) = delete;
-    no_sync_guard& operator=(const no_sync_guard&) = delete;
-    ~no_sync_guard() {
-      if (reducer_ != nullptr) reducer_->require_sync_ = previous_;
-    }
-
-   private:
-    friend class gradient_reducer;
-    no_sync_guard(gradient_reducer& r, bool previous) noexcept : reducer_(&r), previous_(previous) {}
-    gradient_reducer* reducer_;
-    bool previous_;
-  };
+  /// What `no_sync()` returns: ringzero::no_sync_guard (ringzero/no_sync.hpp), the one guard type
+  /// of the reducer and the sharded runtime.
+  using no_sync_guard = ringzero::no_sync_guard;
 
   /// Registers `parameters` on `comm` (collective; see the file comment).
   /// Errors, raised on every rank (errc::invalid_argument for bad local arguments, naming the
@@ -257,11 +246,7 @@ class gradient_reducer {
 
   /// Scope of accumulation steps: until the guard is destroyed, steps do not communicate
   /// (PyTorch's `DistributedDataParallel.no_sync()`). Only between steps.
-  [[nodiscard]] no_sync_guard no_sync() {
-    const bool previous = require_sync_;
-    set_require_gradient_sync(false);
-    return no_sync_guard(*this, previous);
-  }
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
 
   // ---- one step ---------------------------------------------------------------------------
 
@@ -334,6 +319,9 @@ class gradient_reducer {
   int last_contributors() const noexcept { return step_contributors_; }
 
  private:
+  friend class ringzero::no_sync_guard;
+  /// The guard's restore: the mode it found, set without the checks (never throws).
+  void restore_gradient_sync(bool on) noexcept { require_sync_ = on; }
   using clock = std::chrono::steady_clock;
 
   struct bucket {

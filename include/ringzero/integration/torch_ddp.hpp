@@ -182,8 +182,9 @@ class torch_ddp {
     }
   }
 
-  /// Accumulation steps until the guard is destroyed (`gradient_reducer::no_sync`).
-  [[nodiscard]] ddp::gradient_reducer::no_sync_guard no_sync() { return reducer_->no_sync(); }
+  /// Accumulation steps until the guard is destroyed (`gradient_reducer::no_sync`; the same
+  /// guard type as `torch_zero::no_sync()`, ringzero/no_sync.hpp).
+  [[nodiscard]] no_sync_guard no_sync() { return reducer_->no_sync(); }
 
  private:
   struct registered {

@@ -70,7 +70,7 @@ struct torch_zero_options {
   /// gradient reduction at stages 1-3; none by default.
   zero::communication_quantization quantization{};
   /// Stages 2-3: accumulate the micro-batches' gradients unsharded and reduce them once per step
-  /// (`zero::plan_request::accumulate_unsharded`, FSDP2's `set_requires_gradient_sync(False)`).
+  /// (`zero::plan_request::accumulate_unsharded`; FSDP2's `set_requires_gradient_sync(False)` is `no_sync()`).
   bool accumulate_unsharded = false;
   /// Stage 3: bytes per rank of frozen parameters (requires_grad false) kept gathered for the
   /// whole run instead of gathered with their unit (`zero::plan_request::keep_frozen_bytes`;
@@ -210,6 +210,12 @@ class torch_zero {
     for (auto& t : tensors_) t.mutable_grad() = torch::Tensor();
     model_.end_backward();
   }
+
+  /// Gradient sync off until the guard is destroyed: the micro-batches' `backward` calls
+  /// accumulate locally and the first one after the scope reduces them all
+  /// (`zero::sharded_model::no_sync`; stages 2-3 need `accumulate_unsharded`). The same guard type
+  /// as `torch_ddp::no_sync()`. Throws as `sharded_model::set_require_gradient_sync(false)`.
+  [[nodiscard]] no_sync_guard no_sync() { return model_.no_sync(); }
 
   /// Checks that the module still has the registered parameters (on every rank: one all_gather
   /// of a flag), then the runtime's step (clip, update, gather). Throws errc::invalid_argument on

@@ -4,13 +4,12 @@
 /// exchanges that make every rank throw alike when they do not: the registered parameters
 /// against the plan, the plan request, options and fingerprint at construction (`agree`), the
 /// allocation of the model state (`agree_on_allocation`), and the learning rate at every step
-/// (`check_learning_rates`). Each exchange is one small all_gather over the shard communicator,
-/// then over the replica communicator of hybrid sharding, staged through device memory when
-/// the communicator's buffers are device memory. Errors: errc::invalid_argument (refusals and
-/// differences, naming the ranks and each rank's value) or errc::internal (allocation), on
-/// every rank. Thread semantics: the model's (the rank's thread, or the communication stream
-/// for the step's check). Also `call_purpose` and `tagged`, the tags of every collective of the
-/// runtime. The manual: docs/zero.md, "The runtime in detail".
+/// (`check_step`, with the micro-batch count and gradient sync). Each exchange is one small all_gather over the shard
+/// communicator, then over the replica communicator of hybrid sharding, staged through device memory when the
+/// communicator's buffers are device memory. Errors: errc::invalid_argument (refusals and differences, naming the ranks
+/// and each rank's value) or errc::internal (allocation), on every rank. Thread semantics: the model's (the rank's
+/// thread, or the communication stream for the step's check). Also `call_purpose` and `tagged`, the tags of every
+/// collective of the runtime. The manual: docs/zero.md, "The runtime in detail".
 
 #include <cmath>
 #include <cstdint>
@@ -46,7 +45,8 @@ inline std::string name_model_tag(const void* plan, std::uint64_t tag) noexcept 
     const std::uint64_t purpose = tag >> 48;
     const std::uint64_t index = tag & ((std::uint64_t{1} << 48) - 1);
     if (purpose == static_cast<std::uint64_t>(call_purpose::agree))
-      return "the model agreement check (exchange " + std::to_string(index) + ")";
+      return index == 3 ? "the step's check (learning rate, micro-batch count, gradient sync)"
+                        : "the model agreement check (exchange " + std::to_string(index) + ")";
     if (purpose == static_cast<std::uint64_t>(call_purpose::norm)) return "the gradient norm's all_reduce";
     if (index >= p.buffers().size()) return {};
     const flat_buffer& f = p.buffers()[static_cast<std::size_t>(index)];
@@ -141,9 +141,11 @@ class model_agreement {
   void agree_on_allocation(const std::string& problem);
 
   /// Every rank of both communicators learns every rank's learning rate `lr` (a scheduler that
-  /// set different rates on different ranks would update the shards inconsistently) and throws
-  /// alike when they differ, naming step `next_step`.
-  void check_learning_rates(double lr, std::uint64_t next_step);
+  /// set different rates on different ranks would update the shards inconsistently), the number
+  /// of micro-batches it ended in this step and whether it takes the step with gradient sync off
+  /// (nothing reduced), and throws alike when a rank has sync off or the others differ, naming
+  /// step `next_step` and each rank's value. Alone (world size 1) only sync off throws.
+  void check_step(double lr, std::uint64_t next_step, std::uint64_t micro_batches, bool sync_off);
 
  private:
   [[noreturn]] void raise(const std::string& message) const {
@@ -334,25 +336,46 @@ inline std::string model_agreement::first_parameter_difference(communicator& c) 
   return {};
 }
 
-inline void model_agreement::check_learning_rates(double lr, std::uint64_t next_step) {
-  std::uint64_t mine = ringzero::detail::setting_bits(lr);
-  const ringzero::detail::agreed_value rate{"learning rate", mine, ringzero::detail::agreed_value::shown::real};
+inline void model_agreement::check_step(double lr, std::uint64_t next_step, std::uint64_t micro_batches,
+                                        bool sync_off) {
+  using ringzero::detail::agreed_value;
+  const std::uint64_t mine[3] = {ringzero::detail::setting_bits(lr), micro_batches, sync_off ? 1u : 0u};
+  const std::string at = " at step " + std::to_string(next_step);
+  const std::string off = "step() with gradient sync off (inside no_sync(), or after set_require_gradient_sync(false))";
+  const std::string off_why =
+      ": the gradients accumulated since the last step were never reduced; end the step's "
+      "last micro-batch with sync on (close the no_sync scope before it)";
   std::string verdict;
+  bool compared = false;
   for (communicator* c : {&comm_, replica_}) {
     if (c == nullptr || c->world_size() == 1) continue;
-    const int n = c->world_size();
-    std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
-    exchange(*c, &mine, all.data(), 1, tagged(call_purpose::agree, 3, &plan_));
-    bool same = true;
-    for (std::uint64_t b : all) same = same && b == all[0];
-    if (same || !verdict.empty()) continue;
-    std::vector<std::string> values;
-    for (std::uint64_t b : all) values.push_back(ringzero::detail::show(rate, b));
-    verdict =
-        std::string(c == replica_ ? "across replica groups, the ranks of the replica communicator" : "the ranks") +
-        " hold different learning rates at step " + std::to_string(next_step) + ": " +
-        ringzero::detail::describe_values(values) + " (set_learning_rate must set the same value on every rank)";
+    compared = true;
+    const auto n = static_cast<std::size_t>(c->world_size());
+    std::vector<std::uint64_t> all(3 * n);
+    exchange(*c, mine, all.data(), 3, tagged(call_purpose::agree, 3, &plan_));
+    if (!verdict.empty()) continue;
+    const std::string who =
+        c == replica_ ? "across replica groups, the ranks of the replica communicator" : "the ranks";
+    // One field at a time, most telling first: sync off, then the micro-batch count, then the rate.
+    for (const std::size_t k : {std::size_t{2}, std::size_t{1}, std::size_t{0}}) {
+      bool same = true;
+      for (std::size_t r = 0; r < n; ++r) same = same && all[3 * r + k] == all[k];
+      if (same && !(k == 2 && all[k] != 0)) continue;
+      std::vector<std::string> values;
+      const agreed_value shown{"", 0, k == 0 ? agreed_value::shown::real : agreed_value::shown::integer};
+      for (std::size_t r = 0; r < n; ++r)
+        values.push_back(k == 2 ? (all[3 * r + k] != 0 ? "sync off" : "sync on")
+                                : ringzero::detail::show(shown, all[3 * r + k]));
+      const std::string each = ringzero::detail::describe_values(values);
+      verdict = k == 2   ? off + at + " (" + each + ")" + off_why
+                : k == 1 ? who + " ended different numbers of micro-batches" + at + ": " + each +
+                               " (no_sync / set_require_gradient_sync must cover the same micro-batches on every rank)"
+                         : who + " hold different learning rates" + at + ": " + each +
+                               " (set_learning_rate must set the same value on every rank)";
+      break;
+    }
   }
+  if (verdict.empty() && sync_off && !compared) verdict = off + at + off_why;
   if (!verdict.empty()) raise(verdict);
 }
 

@@ -38,6 +38,7 @@
 #include "ringzero/collective/all_gather.hpp"
 #include "ringzero/collective/all_reduce.hpp"
 #include "ringzero/collective/reduce_scatter.hpp"
+#include "ringzero/no_sync.hpp"
 #include "ringzero/primitive/memory_counter.hpp"
 #include "ringzero/zero/execution_stream.hpp"
 #include "ringzero/zero/gather_schedule.hpp"
@@ -158,6 +159,7 @@ class sharded_model {
     if (!plan_.parameters()[p].trainable) raise("parameter '" + name(p) + "' is frozen: it has no gradient");
     const flat_buffer& f = plan_.buffers()[pl.buffer];
     check_type(dtype_of<T>, f.gradient_type, p, "gradient");
+    micro_begun_ = true;
     if (pl.numel == 0) return {};
     const std::size_t w = storage_unit(p);
     const std::uint64_t gs = dtype_size(f.gradient_type);
@@ -208,11 +210,16 @@ class sharded_model {
   void post_forward(std::size_t u) { post(u, "post_forward", "pre_forward", !plan_.reshards_after_forward(u)); }
   /// Before the backward of unit u: at stage 3, gathers u again (unless its forward kept it),
   /// starts gathering u-1, waits for u.
-  void pre_backward(std::size_t u) { pre(u, false); }
-  /// After the backward of unit u: releases its gather (stage 3) and, once every unit using a
+  void pre_backward(std::size_t u) {
+    micro_begun_ = true;
+    pre(u, false);
+  }
+  /// After the backward of unit u: releases its gather (stage 3; kept instead while
+  /// `reshard_after_backward()` is false) and, once every unit using a
   /// storage has finished, marks that storage's gradient final, which may start reductions.
   void post_backward(std::size_t u) {
-    post(u, "post_backward", "pre_backward");
+    post(u, "post_backward", "pre_backward", !reshard_after_backward_);
+    micro_begun_ = true;
     if (syncing()) {
       gradient_hooks h{*this};
       gradients_.unit_done(u, h);
@@ -231,6 +238,7 @@ class sharded_model {
       raise("mark_ready('" + name(p) + "'): the gradient of its storage ('" + name(pl.storage) +
             "') was already marked ready in this micro-batch");
     marked_[s] = true;
+    micro_begun_ = true;
     if (syncing()) {
       gradient_hooks h{*this};
       (void)gradients_.storage_ready(s, h);
@@ -238,32 +246,46 @@ class sharded_model {
   }
 
   /// Ends the backward of one micro-batch: starts every reduction not yet started (sharded
-  /// gradients every micro-batch, full ones in the last), waits for them, releases every gather buffer.
-  /// Throws errc::invalid_argument when called more often than the plan's accumulation_steps
-  /// before `step()`.
-  void end_backward() {
-    const int steps = plan_.request().accumulation_steps;
-    if (micro_ >= steps)
-      raise("end_backward() called " + std::to_string(micro_ + 1) + " times before step(), but the plan accumulates " +
-            std::to_string(steps) + " micro-batch(es) per step");
-    if (syncing()) {
-      gradient_hooks h{*this};
-      gradients_.finish(h);
-    }
-    if (reproducible_ && micro_ == steps - 1) reduce_reproducibly();
-    if (plan_.stage() == 3) {
-      gather_hooks h{*this};
-      gathers_.release_all(h);
-    }
-    forward_at_ = npos;
-    in_backward_ = false;
-    // The compute stream's later work (the next micro-batch's gradients, a trainer reading the
-    // reduced ones) runs after the reductions; on the host path this waits for them.
-    comm_stream_->record(*comm_mark_);
-    compute_->wait(*comm_mark_);
-    std::fill(marked_.begin(), marked_.end(), false);
-    ++micro_;
-  }
+  /// gradients every micro-batch, full ones in the step's last), waits for them, releases every
+  /// gather buffer. Under no_sync nothing is reduced (see `set_require_gradient_sync`). Throws
+  /// errc::invalid_argument after the step's last micro-batch (the plan's accumulation_steps-th,
+  /// or the first ended with sync on after a no_sync one) until `step()`.
+  void end_backward();
+
+  /// Turns gradient synchronisation off (`false`: micro-batches accumulate their gradients
+  /// locally and reduce nothing) or back on (PyTorch FSDP2's `set_requires_gradient_sync`; the
+  /// DDP reducer's method of the same name). Once a micro-batch of a step has ended with sync
+  /// off, the trainer decides how many micro-batches the step has: the next one that ends with
+  /// sync on reduces everything accumulated (one reduction per buffer, the plan's traffic for one
+  /// micro-batch) and is the step's last; `step()` follows (it ends that micro-batch itself if
+  /// `end_backward()` was not called). Without it the plan's accumulation_steps decides, as
+  /// before. Sync off needs gradients to accumulate into: stages 0-1, stages 2-3 planned with
+  /// `plan_request::accumulate_unsharded` (the full gradients' memory), or reproducible mode.
+  /// Every rank must turn it off for the same micro-batches: `step()` compares the ranks'
+  /// micro-batch counts (and refuses, on every rank, a step taken with sync off). Local. Throws
+  /// errc::invalid_argument when sync off is asked of sharded gradients, or when the mode would
+  /// change in the middle of a micro-batch (after its first `gradient`, `mark_ready`,
+  /// `pre_backward` or `post_backward`; change it between `end_backward()` and the next backward).
+  void set_require_gradient_sync(bool on);
+  /// True when micro-batches reduce their gradients (the default).
+  bool require_gradient_sync() const noexcept { return require_sync_; }
+  /// Gradient sync off until the guard is destroyed (ringzero/no_sync.hpp: the same guard type as
+  /// `ddp::gradient_reducer::no_sync()`). Throws as `set_require_gradient_sync(false)`.
+  [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
+
+  /// Stage 3: whether `post_backward` releases a unit's gathered parameters (true, the default)
+  /// or keeps them for the next micro-batch (FSDP2's `set_reshard_after_backward`): with
+  /// accumulation the next forward then gathers nothing (and its backward nothing either where
+  /// the plan's reshard_after_forward keeps the unit). Costs a gathered copy of every unit the
+  /// backward reached beyond the plan's gather buffers (the pool grows; `memory_allocated`
+  /// counts it). What is kept is released by `step()` (the update changes the shards), a
+  /// checkpoint restore, a new forward pass that no backward followed, or the end of a
+  /// micro-batch once the mode is true again. Every rank must set the same mode (a gather on one
+  /// rank meeting another collective is a contract error on every rank). Local; any time;
+  /// no effect at stages 0-2.
+  void set_reshard_after_backward(bool on) noexcept { reshard_after_backward_ = on; }
+  /// See `set_reshard_after_backward`.
+  bool reshard_after_backward() const noexcept { return reshard_after_backward_; }
 
   /// The optimizer step: ends the last micro-batch if `end_backward()` was not called for it,
   /// averages gradient shards across replica groups, computes the global gradient norm, clips,
@@ -271,33 +293,11 @@ class sharded_model {
   /// At stage 3 it first releases every gather still held (a unit prefetched or gathered after
   /// `end_backward()`, e.g. by an evaluation pass), so no view shows parameters from before the
   /// update. Throws errc::invalid_argument when the number of micro-batches is not the plan's
-  /// accumulation_steps, or at stage 3 while a unit is gathered by a `pre_forward` /
-  /// `pre_backward` not yet matched by its `post_forward` / `post_backward`.
-  step_result step() {
-    const int steps = plan_.request().accumulation_steps;
-    if (plan_.stage() == 3)
-      // A unit gathered by a pre_* hook without its post_* would serve parameters from before
-      // this update (and the implicit end_backward below would forget the use).
-      for (std::size_t u = 0; u < plan_.units().size(); ++u)
-        if (gathers_.in_use(u) && !gathers_.kept(u))
-          raise("step() while unit '" + plan_.units()[u].name + "' (" + std::to_string(u) +
-                ") is gathered by a pre_forward / pre_backward without its post_forward / post_backward");
-    if (micro_ == steps - 1) end_backward();
-    if (micro_ != steps)
-      raise("step() after " + std::to_string(micro_) + " micro-batch(es), but the plan accumulates " +
-            std::to_string(steps) + " (call end_backward() after each)");
-    if (plan_.stage() == 3) {
-      // A unit gathered after end_backward() (an evaluation pass, a prefetch) holds the
-      // parameters from before this update: drop it, so the next pre_forward gathers the
-      // updated shards.
-      gather_hooks h{*this};
-      gathers_.release_all(h);
-    }
-    forward_at_ = npos;
-    in_backward_ = false;
-    micro_ = 0;
-    return run_step();
-  }
+  /// accumulation_steps (unless no_sync made the count the trainer's), or at stage 3 while a unit
+  /// is gathered by a `pre_forward` / `pre_backward` not yet matched by its `post_forward` /
+  /// `post_backward`; on every rank, updating nothing, when a rank has gradient sync off or the
+  /// ranks ended different numbers of micro-batches.
+  step_result step();
 
   /// Sets the learning rate of the next steps; every rank must set the same value (each `step()`
   /// compares the ranks' rates, one small all_gather, and throws errc::invalid_argument on every
@@ -344,17 +344,7 @@ class sharded_model {
   }
 
   /// Bytes this rank holds now, by category (pools at their current size).
-  memory_breakdown memory_in_use() const {
-    memory_breakdown m;
-    for (const auto& b : params_) m.parameters += b.bytes();
-    for (const auto& b : grads_) m.gradients += b.bytes();
-    m.master_weights = optimizer_->master_bytes();
-    m.optimizer_states = optimizer_->state_bytes();
-    for (const auto& b : gathers_buffers_) m.communication_buffers += b.bytes();
-    for (const auto& b : buckets_) m.communication_buffers += b.bytes();
-    m.communication_buffers += (offload_ ? offload_->bytes() : 0) + quantization_staging_.bytes();
-    return m;
-  }
+  memory_breakdown memory_in_use() const;
   /// What this rank's runtime has allocated in `space`, measured where it allocates
   /// (primitive/memory_counter.hpp): the bytes held now, the most held at once since
   /// construction or `reset_memory_peak()`, and the allocations. It counts every buffer:
@@ -375,19 +365,7 @@ class sharded_model {
     return {0, 0, optimizer_->master_bytes(), optimizer_->state_bytes(), offload_->bytes()};
   }
   /// The part of `memory_in_use()` in `space` (host path: host; device path: the compute stream's).
-  memory_breakdown memory_in_use(primitive::memory_space space) const {
-    memory_breakdown m;
-    const auto in = [space](const detail::host_buffer& b) { return b.space() == space ? b.bytes() : 0; };
-    for (const auto& b : params_) m.parameters += in(b);
-    for (const auto& b : grads_) m.gradients += in(b);
-    m.master_weights = optimizer_->master_bytes(space);
-    m.optimizer_states = optimizer_->state_bytes(space);
-    for (const auto* pool : {&gathers_buffers_, &buckets_})
-      for (const auto& b : *pool) m.communication_buffers += in(b);
-    m.communication_buffers +=
-        (offload_ && offload_->space == space ? offload_->bytes() : 0) + in(quantization_staging_);
-    return m;
-  }
+  memory_breakdown memory_in_use(primitive::memory_space space) const;
 
  private:
   friend class checkpoint_access;  // zero/checkpoint_access.hpp: what checkpoint/ needs
@@ -505,10 +483,18 @@ class sharded_model {
       raise("unit " + std::to_string(u) + " is outside [0, " + std::to_string(plan_.units().size()) + ")");
   }
 
-  /// Sharded gradients (stages 2-3) reduce every micro-batch; full ones only in the last.
-  /// Reproducible mode deposits every micro-batch (and reduces once, in end_backward).
+  /// Sharded gradients (stages 2-3) reduce every micro-batch; full ones only in the step's last;
+  /// nothing with sync off. Reproducible mode deposits every micro-batch (and reduces once, in end_backward).
   bool syncing() const noexcept {
-    return options_.reproducible || plan_.sharded_gradients() || micro_ == plan_.request().accumulation_steps - 1;
+    if (options_.reproducible) return true;
+    return require_sync_ &&
+           (plan_.sharded_gradients() || trainer_window_ || micro_ == plan_.request().accumulation_steps - 1);
+  }
+  friend class ringzero::no_sync_guard;
+  /// The guard's restore (never throws): at once between micro-batches, else when this one ends.
+  void restore_gradient_sync(bool on) noexcept {
+    pending_sync_ = on;
+    if (!micro_begun_) require_sync_ = on;
   }
 
   void allocate();
@@ -627,8 +613,9 @@ class sharded_model {
   /// `read_parameter` after its checks: copied out on the communication stream (gathered there
   /// first when p's buffer is a shard and no unit holds p); waits for the copy.
   void copy_parameter_out(std::size_t p, std::span<float> out);
-  /// `step` after its checks, as work on the communication stream, with one wait at the end.
-  step_result run_step();
+  /// `step` after its checks, as work on the communication stream, with one wait at the end;
+  /// `micro_batches` ended in the step and `sync_off` go to the ranks' check.
+  step_result run_step(std::uint64_t micro_batches, bool sync_off);
   /// Whether a non-finite step is skipped: as asked, and always with loss scaling.
   bool skips_nonfinite() const noexcept { return options_.skip_nonfinite_steps || scaler_.enabled(); }
   /// offload::optimizer (zero/sharded_model_offload.hpp): the update decided in `scalars` (host
@@ -669,8 +656,15 @@ class sharded_model {
   detail::gradient_schedule gradients_;
   std::vector<bool> marked_;
   int micro_ = 0;
-  std::size_t forward_at_ = npos;  ///< stage 3: the last unit of the forward pass in progress (npos: none)
-  bool in_backward_ = false;       ///< stage 3: a pre_backward ran in this micro-batch
+  bool require_sync_ = true;     ///< gradient sync (set_require_gradient_sync, no_sync)
+  bool pending_sync_ = true;     ///< the mode from the end of this micro-batch on
+  bool trainer_window_ = false;  ///< a micro-batch of this step ended under no_sync: the trainer sets the count
+  bool window_closed_ = false;   ///< the step's last micro-batch has ended: step() next
+  bool micro_begun_ = false;
+  bool reshard_after_backward_ = true;  ///< stage 3: post_backward releases its unit       ///< this micro-batch's
+                                        ///< backward has begun (no mode change until it ends)
+  std::size_t forward_at_ = npos;       ///< stage 3: the last unit of the forward pass in progress (npos: none)
+  bool in_backward_ = false;            ///< stage 3: a pre_backward ran in this micro-batch
   std::optional<detail::reproducible_gradients> reproducible_;  ///< reproducible mode only
   // The streams and their events. Declared last: the communication stream is drained in the
   // destructor and destroyed before the buffers its work used.
@@ -693,6 +687,7 @@ class sharded_model {
 // reductions) and the streams (attaching, parameters in and out, the step).
 #include "ringzero/zero/sharded_model_buffers.hpp"
 #include "ringzero/zero/sharded_model_offload.hpp"
+#include "ringzero/zero/sharded_model_steps.hpp"
 #include "ringzero/zero/sharded_model_streams.hpp"
 // What checkpoint/ uses of the model.
 #include "ringzero/zero/checkpoint_access.hpp"

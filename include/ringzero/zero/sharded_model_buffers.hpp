@@ -220,4 +220,29 @@ inline void sharded_model::complete_reduction(std::size_t u) {
   unit_bucket_[u] = npos;
 }
 
+inline memory_breakdown sharded_model::memory_in_use() const {
+  memory_breakdown m;
+  for (const auto& b : params_) m.parameters += b.bytes();
+  for (const auto& b : grads_) m.gradients += b.bytes();
+  m.master_weights = optimizer_->master_bytes();
+  m.optimizer_states = optimizer_->state_bytes();
+  for (const auto& b : gathers_buffers_) m.communication_buffers += b.bytes();
+  for (const auto& b : buckets_) m.communication_buffers += b.bytes();
+  m.communication_buffers += (offload_ ? offload_->bytes() : 0) + quantization_staging_.bytes();
+  return m;
+}
+
+inline memory_breakdown sharded_model::memory_in_use(primitive::memory_space space) const {
+  memory_breakdown m;
+  const auto in = [space](const detail::host_buffer& b) { return b.space() == space ? b.bytes() : 0; };
+  for (const auto& b : params_) m.parameters += in(b);
+  for (const auto& b : grads_) m.gradients += in(b);
+  m.master_weights = optimizer_->master_bytes(space);
+  m.optimizer_states = optimizer_->state_bytes(space);
+  for (const auto* pool : {&gathers_buffers_, &buckets_})
+    for (const auto& b : *pool) m.communication_buffers += in(b);
+  m.communication_buffers += (offload_ && offload_->space == space ? offload_->bytes() : 0) + in(quantization_staging_);
+  return m;
+}
+
 }  // namespace ringzero::zero

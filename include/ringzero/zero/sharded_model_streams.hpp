@@ -161,13 +161,15 @@ inline void sharded_model::copy_parameter_out(std::size_t p, std::span<float> ou
   if (borrowed_slot != npos) gather_free_.push_back(borrowed_slot);
 }
 
-inline step_result sharded_model::run_step() {
+inline step_result sharded_model::run_step(std::uint64_t micro_batches, bool sync_off) {
   execution_stream& s = *comm_stream_;
   const auto& buffers = plan_.buffers();
   comm_waits_for_compute();  // the last micro-batch's gradients and reads of the parameters
   // Work on the communication stream: a refusal (learning rates differ) makes the stream skip
   // the rest, so nothing is half-updated, and the synchronize at the end rethrows it.
-  s.collective([this] { agreement().check_learning_rates(optimizer_->options().lr, optimizer_->steps() + 1); });
+  s.collective([this, micro_batches, sync_off] {
+    agreement().check_step(optimizer_->options().lr, optimizer_->steps() + 1, micro_batches, sync_off);
+  });
   if (replica_ != nullptr && replica_->world_size() > 1)
     for (std::size_t b = 0; b < buffers.size(); ++b)
       if (buffers[b].trainable && buffers[b].numel > 0) {
