@@ -343,9 +343,9 @@ TEST_CASE("quantized runtime: stage 3's gathers and the gradient reduction are t
               }
           }
           // The bytes sent: the plan's traffic (ring: volume (n-1)/n on each rank) plus the step's
-          // agreement record and global norm, the quantized collectives counted in segments.
+          // agreement record (3 uint64) and global norm, the quantized collectives counted in segments.
           const auto n = static_cast<std::uint64_t>(world);
-          std::uint64_t sent = 0, received = 0, planned = n * (n - 1) * 8 + 2 * (n - 1) * 8;
+          std::uint64_t sent = 0, received = 0, planned = n * (n - 1) * 24 + 2 * (n - 1) * 8;
           for (const traffic_counts& t : seen) {
             sent += t.total().sent;
             received += t.total().received;
