@@ -206,11 +206,12 @@ namespace zero {
 /// Checks what the model's replicas must hold alike: with a replica communicator (hybrid
 /// sharding), this rank's held parameters, master weights and optimizer states against the
 /// ranks holding the same shard in the other replica groups; and at stages 0-2 the whole
-/// parameters across the shard communicator (at stage 3 only its replicated frozen buffers,
-/// `flat_buffer::replicated`: it holds nothing else alike there between steps).
+/// parameters across the shard communicator (at stage 3 its replicated frozen buffers,
+/// `flat_buffer::replicated`, and the gathered copies of the units held between steps, named
+/// "NAME#gathered": a unit kept after an evaluation pass, a prefetch no use took).
 /// Device memory is copied to host memory on the runtime's stream first. Between steps, on
 /// every rank of both communicators. Returns the check over the shard communicator (or the
-/// replica one at stage 3; an empty check without replicas at stage 3). Throws as
+/// replica one at stage 3 with replicas). Throws as
 /// ringzero::verify_replicas, naming the tensor ("h.0.w", "h.0.w#master", "h.0.w#state0", ...).
 inline replica_check verify_replicas(sharded_model& model) {
   checkpoint_access access(model);
@@ -219,6 +220,7 @@ inline replica_check verify_replicas(sharded_model& model) {
   // memory (the inner vectors' buffers stay put while the outer one grows). A failure on this
   // rank is handed to the exchange, which every rank then leaves with an error.
   // `whole_only`: the buffers every rank of the shard group holds whole (shard_plan::holds_whole).
+  // `whole_only` at stage 3 adds the gathered copies of the units held now.
   auto copy_held = [&](bool with_optimizer, bool whole_only, std::vector<std::vector<unsigned char>>& bytes,
                        std::vector<replica_tensor>& tensors) -> std::exception_ptr {
     auto add = [&](std::string name, const void* base, algorithms::range have, std::uint64_t lo, std::uint64_t hi,
@@ -234,7 +236,15 @@ inline replica_check verify_replicas(sharded_model& model) {
     try {
       for (std::size_t b = 0; b < plan.buffers().size(); ++b) {
         const flat_buffer& f = plan.buffers()[b];
-        if (whole_only && !plan.holds_whole(b)) continue;
+        if (whole_only && !plan.holds_whole(b)) {
+          if (const unsigned char* g = plan.stage() == 3 ? access.gathered_parameters(b) : nullptr)
+            for (std::size_t p : f.parameters) {
+              const parameter_placement& pl = plan.placements()[p];
+              add(plan.parameters()[p].name + "#gathered", g, {0, f.numel}, pl.offset, pl.offset + pl.numel,
+                  dtype_size(f.type));
+            }
+          continue;
+        }
         for (std::size_t p : f.parameters) {
           const parameter_placement& pl = plan.placements()[p];
           const std::string& name = plan.parameters()[p].name;
@@ -292,9 +302,7 @@ inline replica_check verify_replicas(sharded_model& model) {
       throw error(errc::aborted, me + "shard-group " + ringzero::detail::describe_ranks(failing) +
                                      " failed to check the replica groups (their errors say why)");
   }
-  bool whole = plan.stage() <= 2;  // stage 3: its replicated frozen buffers, if it has any
-  for (std::size_t b = 0; b < plan.buffers().size(); ++b) whole = whole || plan.holds_whole(b);
-  if (whole) {
+  {  // stage 3: its replicated frozen buffers and gathered units, if any (possibly none)
     std::vector<std::vector<unsigned char>> bytes;
     std::vector<replica_tensor> tensors;
     const std::exception_ptr failure = copy_held(false, true, bytes, tensors);

@@ -170,11 +170,14 @@ TEST_CASE("ddp::verify_replicas: the reducer's parameters, broadcast alike, then
 }
 
 TEST_CASE("zero::verify_replicas: every stage, host path and device path; a flipped bit is named at stages 0-2") {
-  // Variant 4: stage 3 with the frozen matrix kept gathered (held whole, so compared).
-  for (int variant = 0; variant <= 4; ++variant)
+  // Variant 4: stage 3 with the frozen matrix kept gathered (held whole, so compared). Variant
+  // 5: stage 3 after an evaluation pass that kept every unit gathered (reshard_after_forward
+  // none): the gathered copies are compared ("NAME#gathered").
+  for (int variant = 0; variant <= 5; ++variant)
     for (bool device : {false, true}) {
       const int stage = std::min(variant, 3);
-      const bool kept = variant == 4;
+      const bool kept = variant == 4, evaluated = variant == 5;
+      CAPTURE(evaluated);
       CAPTURE(stage);
       CAPTURE(kept);
       CAPTURE(device);
@@ -184,6 +187,7 @@ TEST_CASE("zero::verify_replicas: every stage, host path and device path; a flip
         q.stage = stage;
         q.alignment_bytes = 16;
         q.keep_frozen_bytes = kept ? keep_all_frozen : 0;
+        if (evaluated) q.reshard_after_forward = reshard_policy::none;
         primitive::host_stream compute;
         host_execution_stream stream(compute);
         std::optional<sharded_model> model;
@@ -198,31 +202,46 @@ TEST_CASE("zero::verify_replicas: every stage, host path and device path; a flip
           cfg.steps = 2;
           train_sharded(*model, comm.rank(), cfg);
         }
+        std::uint64_t gathered = 0;  // the parameters of the units the evaluation leaves gathered
+        if (evaluated) {
+          for (std::size_t u = 0; u < model->unit_count(); ++u) {
+            model->pre_forward(u);
+            model->post_forward(u);
+          }
+          for (std::size_t b = 0; b < model->plan().buffers().size(); ++b)
+            if (model->plan().buffers()[b].shard_numel > 0) gathered += model->plan().buffers()[b].parameters.size();
+          CHECK(gathered > 3);
+        }
         const replica_check c = zero::verify_replicas(*model);
         // Stages 0-2 compare every parameter (frozen and empty ones too; ties once); stage 3 holds
-        // nothing alike between steps without replica groups, but the frozen matrix kept whole.
-        CHECK(c.tensors == (stage <= 2 ? 9u : kept ? 1u : 0u));
-        if (stage == 3 && !kept) return;
+        // nothing alike between steps without replica groups, but the frozen matrix kept whole
+        // and the units an evaluation left gathered.
+        CHECK(c.tensors == (stage <= 2 ? 9u : kept ? 1u : gathered));
+        if (stage == 3 && !kept && !evaluated) return;
         // Flip a bit of "l2.b" on rank 1 (through the held parameters: the model's own memory).
         const std::size_t p = model->index(kept ? "frozen.w" : "l2.b");
         const parameter_placement& pl = model->plan().placements()[p];
         if (comm.rank() == 1) {
           model->synchronize();
-          checkpoint_access(*model).held_parameters(pl.buffer)[pl.offset * 4 + 2] ^= 0x04;
+          checkpoint_access access(*model);
+          unsigned char* bytes = evaluated ? const_cast<unsigned char*>(access.gathered_parameters(pl.buffer))
+                                           : access.held_parameters(pl.buffer);
+          bytes[pl.offset * 4 + 2] ^= 0x04;
         }
         zero::verify_replicas(*model);
       });
       for (const auto& o : out) {
         INFO(o.what);
-        if (stage == 3 && !kept) {
+        if (stage == 3 && !kept && !evaluated) {
           CHECK(!o.kind);
           continue;
         }
         CHECK(o.kind == errc::replica_mismatch);
         CHECK(vr_has(o.what, "the replicas' parameters differ: tensor "));
-        CHECK(vr_has(o.what, kept ? " 'frozen.w' (36 bytes) differs: rank 0 holds "
-                                  : " 'l2.b' (16 bytes) differs: rank 0 holds "));
-        CHECK(vr_has(o.what, kept ? "1 of 1 tensors differ" : "1 of 9 tensors differ"));
+        CHECK(vr_has(o.what, kept        ? " 'frozen.w' (36 bytes) differs: rank 0 holds "
+                             : evaluated ? " 'l2.b#gathered' (16 bytes) differs: rank 0 holds "
+                                         : " 'l2.b' (16 bytes) differs: rank 0 holds "));
+        CHECK(vr_has(o.what, kept ? "1 of 1 tensors differ" : evaluated ? " tensors differ" : "1 of 9 tensors differ"));
       }
     }
 }

@@ -33,6 +33,14 @@ class checkpoint_access {
   }
   /// The bytes of `held_range(b)` (the buffer's dtype).
   unsigned char* held_parameters(std::size_t b) { return m_.params_.at(b).data(); }
+  /// Stage 3: the gathered copy of buffer b (all `numel` elements) while its unit is held (a
+  /// unit kept by reshard_after_forward after an evaluation pass, a prefetch no use took), read
+  /// through `copy_to_host`; nullptr when not held, for a buffer held whole, and at stages 0-2.
+  const unsigned char* gathered_parameters(std::size_t b) {
+    const flat_buffer& f = m_.plan_.buffers().at(b);
+    if (m_.plan_.holds_whole(b) || f.shard_numel == 0 || !m_.gathers_.held(f.unit)) return nullptr;
+    return m_.gathers_buffers_[m_.unit_gather_[f.unit]].data() + f.gather_offset;
+  }
   /// The optimizer, writable: master weights, states and the step count, for restoring a
   /// checkpoint after `begin_restore()`.
   sharded_optimizer& optimizer() noexcept { return *m_.optimizer_; }
