@@ -8,17 +8,22 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "ringzero/collective/broadcast.hpp"
 #include "ringzero/ddp/gradient_reducer.hpp"
 #include "zero_test_model.hpp"
 
@@ -1379,4 +1384,159 @@ TEST_CASE("set_reshard_after_backward(false) with no_sync: the micro-batches aft
     });
     for (std::size_t r = 0; r < kept.size(); ++r) CHECK(bitwise_equal(kept[r], plain[r]));
   }
+}
+
+namespace {
+
+/// Counts the hooked calls and the bytes it allocated, and does what the runtime does.
+class counting_hook : public collective_hook {
+ public:
+  std::string name() const override { return "counting"; }
+  void all_gather(communicator& comm, const gather_call& call) override {
+    ++gathers;
+    collective_hook::all_gather(comm, call);
+  }
+  void reduce(communicator& comm, const reduction_call& call) override {
+    ++reductions;
+    if (fail_at_reduction == reductions.load()) throw std::runtime_error("injected failure");
+    collective_hook::reduce(comm, call);
+  }
+  void* allocate(std::uint64_t bytes, primitive::memory_space space) override {
+    CHECK(space == primitive::memory_space::host);
+    live += bytes;
+    ++allocations;
+    return ::operator new (static_cast<std::size_t>(bytes), std::align_val_t{4096});
+  }
+  void deallocate(void* data, std::uint64_t bytes, primitive::memory_space) noexcept override {
+    live -= bytes;
+    ::operator delete (data, std::align_val_t{4096});
+  }
+  std::atomic<int> gathers{0}, reductions{0}, allocations{0};
+  std::atomic<std::uint64_t> live{0};
+  int fail_at_reduction = 0;  ///< throw in this reduction (1-based; 0: never)
+};
+
+/// Another implementation of the same collectives: all_gather as one broadcast per rank, the
+/// reduction as an all_reduce of the whole buffer.
+class broadcast_hook : public collective_hook {
+ public:
+  std::string name() const override { return "broadcast"; }
+  void all_gather(communicator& comm, const gather_call& call) override {
+    const std::uint64_t bytes = call.shard_numel * dtype_size(call.type);
+    auto* out = static_cast<unsigned char*>(call.gathered);
+    for (int r = 0; r < comm.world_size(); ++r) {
+      unsigned char* slot = out + static_cast<std::uint64_t>(r) * bytes;
+      if (r == comm.rank()) std::memcpy(slot, call.shard, static_cast<std::size_t>(bytes));
+      ringzero::broadcast(comm, slot, slot, call.shard_numel, call.type, r);
+    }
+  }
+  void reduce(communicator& comm, const reduction_call& call) override {
+    ringzero::all_reduce(comm, call.gradients, call.gradients, call.numel, call.type, reduce_kind::avg);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("collective hooks: gathers and reductions through the hook, buffers in its memory") {
+  const auto optimizers = test_optimizers();
+  for (int stage = 0; stage <= 3; ++stage)
+    for (int world : {2, 3}) {
+      CAPTURE(stage);
+      CAPTURE(world);
+      run_config cfg;
+      cfg.optimizer = optimizers[static_cast<std::size_t>(stage + world) % optimizers.size()];
+      cfg.accumulation = stage == 2 ? 2 : 1;
+      cfg.steps = 3;
+      std::vector<std::vector<std::vector<float>>> plain(static_cast<std::size_t>(world)),
+          counted(static_cast<std::size_t>(world));
+      std::vector<double> errors(static_cast<std::size_t>(world));
+      local::launch(world, [&](communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        plan_request q = test_request(stage, cfg.accumulation);
+        q.precision.optimizer_states = cfg.optimizer.state_count();
+        sharded_model_options options;
+        options.optimizer = cfg.optimizer;
+        {
+          sharded_model model(comm, q, options);
+          plain[r] = train_sharded(model, comm.rank(), cfg);
+        }
+        auto hook = std::make_shared<counting_hook>();
+        options.hook = hook;
+        {
+          sharded_model model(comm, q, options);
+          const communication_buffers& cb = model.plan().communication();
+          CHECK(hook->live ==
+                cb.gather_buffers * cb.gather_buffer_bytes + cb.gradient_buckets * cb.gradient_bucket_bytes);
+          counted[r] = train_sharded(model, comm.rank(), cfg);
+          // One more step, measured: every gather and reduction the runtime issued went through the
+          // hook (beside them only the step's agreement record and, at stages 1-3, the norm).
+          const int gathers = hook->gathers, reductions = hook->reductions;
+          const traffic_counts before = comm.traffic();
+          constant_gradient_step(model, cfg.accumulation);
+          const traffic_counts used = comm.traffic() - before;
+          CHECK(hook->gathers - gathers == static_cast<int>(used.of(collective_kind::all_gather).calls) - 1);
+          CHECK(hook->reductions - reductions == static_cast<int>(used.of(collective_kind::reduce_scatter).calls +
+                                                                  used.of(collective_kind::all_reduce).calls) -
+                                                     (stage >= 1 ? 1 : 0));
+          CHECK(hook->reductions - reductions > 0);
+          CHECK((hook->gathers - gathers > 0) == (stage >= 1));
+        }
+        CHECK(hook->live == 0);  // every buffer given back
+        options.hook = std::make_shared<broadcast_hook>();
+        sharded_model model(comm, q, options);
+        errors[r] =
+            max_relative_error(train_sharded(model, comm.rank(), cfg), train_reference(comm, test_parameters(), cfg));
+      });
+      for (std::size_t r = 0; r < plain.size(); ++r) {
+        CHECK(bitwise_equal(counted[r], plain[r]));  // the default hook is the runtime's collectives
+        CHECK(errors[r] <= 1e-5);
+      }
+    }
+}
+
+TEST_CASE("collective hooks: refusals and a failing hook, on every rank") {
+  const auto run = [](const std::function<void(communicator&, std::vector<std::string>&)>& f) {
+    std::vector<std::string> errors(2);
+    local::launch(2, [&](communicator& comm) {
+      try {
+        f(comm, errors);
+      } catch (const error& e) { errors[static_cast<std::size_t>(comm.rank())] = e.what(); }
+    });
+    return errors;
+  };
+  // Ranks with different hooks.
+  for (const std::string& e : run([](communicator&comm, std::vector<std::string>&) {
+         sharded_model_options o;
+         if (comm.rank() == 1) o.hook = std::make_shared<broadcast_hook>();
+         sharded_model model(comm, test_request(3, 1), o);
+       })) {
+    INFO(e);
+    CHECK(has(e, "the ranks differ in collective hook (hash of its name)"));
+  }
+  // A hook with quantized communication.
+  for (const std::string& e : run([](communicator&comm, std::vector<std::string>&) {
+         sharded_model_options o;
+         o.hook = std::make_shared<counting_hook>();
+         plan_request q = test_request(3, 1);
+         q.quantization.weights = quantized_bits::int8;
+         sharded_model model(comm, q, o);
+       })) {
+    INFO(e);
+    CHECK(has(e, "both replace the runtime's gathers and reductions"));
+  }
+  // A hook that throws in its first reduction on rank 1: rank 1 names the hook and the call,
+  // rank 0 fails instead of waiting for it.
+  const auto errors = run([](communicator& comm, std::vector<std::string>&) {
+    auto hook = std::make_shared<counting_hook>();
+    if (comm.rank() == 1) hook->fail_at_reduction = 1;
+    sharded_model_options o;
+    o.hook = hook;
+    sharded_model model(comm, test_request(2, 1), o);
+    constant_gradient_step(model, 1);
+  });
+  INFO(errors[0]);
+  INFO(errors[1]);
+  CHECK(has(errors[1], "the collective hook 'counting' failed in the reduction of unit"));
+  CHECK(has(errors[1], "injected failure"));
+  CHECK_FALSE(errors[0].empty());
 }

@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -26,6 +27,12 @@ using namespace ringzero::zero;
 using namespace zero_test;
 
 namespace {
+
+/// A collective hook that does what the runtime does (collective_hook's defaults).
+class plain_hook : public collective_hook {
+ public:
+  std::string name() const override { return "plain"; }
+};
 
 plan_request device_request(int stage, int accumulation, const optimizer_options& o, bool unsharded = false,
                             bool keep_frozen = false) {
@@ -74,6 +81,8 @@ std::vector<std::vector<float>> train_on_stream(sharded_model& model, primitive:
   const std::size_t units = model.unit_count();
   for (int step = 0; step < cfg.steps; ++step) {
     for (int micro = 0; micro < cfg.accumulation; ++micro) {
+      std::optional<no_sync_guard> no_sync;
+      if (cfg.no_sync && micro + 1 < cfg.accumulation) no_sync.emplace(model);
       for (std::size_t u = 0; u < units; ++u) {
         model.pre_forward(u);
         std::vector<std::span<float>> weights;
@@ -194,7 +203,8 @@ class claims_cuda_stream final : public execution_stream {
 TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise the host runtime") {
   // Uneven, frozen, tied and zero-size parameters (the test model); per world size and stage,
   // accumulation 1 and 3, the optimizers in rotation, clipping on at odd stages; stage 3 on 2
-  // and 4 ranks with one micro-batch keeps the frozen matrix gathered (keep_frozen_bytes).
+  // and 4 ranks with one micro-batch keeps the frozen matrix gathered (keep_frozen_bytes); 2 ranks
+  // through a collective hook, 3 ranks' accumulation under no_sync.
   const auto optimizers = test_optimizers();
   int runs = 0;
   for (int world = 1; world <= 4; ++world)
@@ -209,6 +219,8 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
         cfg.implicit_last_end = accumulation == 3 && stage >= 2;
         const bool unsharded = accumulation == 3 && stage >= 2 && world % 2 == 1;  // one reduction per step
         const bool keep = stage == 3 && accumulation == 1 && world % 2 == 0;       // the frozen matrix held whole
+        cfg.no_sync = world == 3 && accumulation == 3;  // micro-batches 1-2 under no_sync (full gradients)
+        const bool hooked = world == 2;                 // through a collective hook
         CAPTURE(unsharded);
         CAPTURE(keep);
         CAPTURE(world);
@@ -227,6 +239,7 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
           sharded_model_options options;
           options.optimizer = cfg.optimizer;
           options.max_grad_norm = cfg.max_grad_norm;
+          if (hooked) options.hook = std::make_shared<plain_hook>();
           {
             sharded_model model(comm, device_request(stage, accumulation, cfg.optimizer, unsharded, keep), options);
             host[r] = train_sharded(model, comm.rank(), cfg, &host_steps[r]);

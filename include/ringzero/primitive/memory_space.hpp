@@ -51,7 +51,9 @@ class memory_buffer {
         space_(other.space_),
         device_(std::exchange(other.device_, -1)),
         alignment_(std::exchange(other.alignment_, host_alignment)),
-        counter_(std::exchange(other.counter_, nullptr)) {}
+        counter_(std::exchange(other.counter_, nullptr)),
+        free_(std::exchange(other.free_, nullptr)),
+        context_(std::exchange(other.context_, nullptr)) {}
   memory_buffer& operator=(memory_buffer&& other) noexcept {
     if (this != &other) {
       release();
@@ -61,6 +63,8 @@ class memory_buffer {
       device_ = std::exchange(other.device_, -1);
       alignment_ = std::exchange(other.alignment_, host_alignment);
       counter_ = std::exchange(other.counter_, nullptr);
+      free_ = std::exchange(other.free_, nullptr);
+      context_ = std::exchange(other.context_, nullptr);
     }
     return *this;
   }
@@ -113,6 +117,32 @@ class memory_buffer {
     return b;
   }
 
+  /// How `adopt`ed memory is given back: `free(context, data, bytes, space)`; must not throw.
+  using free_function = void (*)(void* context, void* data, std::size_t bytes, memory_space space) noexcept;
+
+  /// Memory someone else allocated (`bytes` at `data` in `space`, on CUDA device `device` for
+  /// device memory, else -1), given back through `free(context, ...)` when this buffer releases
+  /// it. Counted in `counter` as `allocate` counts. Throws errc::invalid_argument for a null
+  /// `data` with `bytes` > 0 or a null `free`.
+  static memory_buffer adopt(void* data, std::size_t bytes, memory_space space, int device, free_function free,
+                             void* context, memory_counter* counter = nullptr) {
+    if ((data == nullptr && bytes > 0) || free == nullptr)
+      throw error(errc::invalid_argument, "memory_buffer::adopt: a null pointer or free function");
+    memory_buffer b;
+    b.space_ = space;
+    if (bytes == 0) return b;
+    b.data_ = data;
+    b.bytes_ = bytes;
+    b.device_ = space == memory_space::device ? device : -1;
+    b.free_ = free;
+    b.context_ = context;
+    if (counter != nullptr) {
+      counter->add(space, bytes);
+      b.counter_ = counter;
+    }
+    return b;
+  }
+
   void* data() const noexcept { return data_; }
   /// True when the buffer holds memory.
   explicit operator bool() const noexcept { return data_ != nullptr; }
@@ -136,6 +166,12 @@ class memory_buffer {
   void release() noexcept {
     if (data_ == nullptr) return;
     if (counter_ != nullptr) std::exchange(counter_, nullptr)->remove(space_, bytes_);
+    if (free_ != nullptr) {  // adopted: its owner's function gives it back
+      std::exchange(free_, nullptr)(std::exchange(context_, nullptr), data_, bytes_, space_);
+      data_ = nullptr;
+      bytes_ = 0;
+      return;
+    }
     switch (space_) {
       case memory_space::host: ::operator delete (data_, std::align_val_t{alignment_}); break;
       case memory_space::pinned_host: {
@@ -162,6 +198,8 @@ class memory_buffer {
   int device_ = -1;
   std::size_t alignment_ = host_alignment;  ///< host memory's alignment (for its deallocation)
   memory_counter* counter_ = nullptr;       ///< where the allocation is counted (none: not counted)
+  free_function free_ = nullptr;            ///< adopted memory: how it is given back (else null)
+  void* context_ = nullptr;                 ///< adopted memory: free_'s context
 };
 
 }  // namespace ringzero::primitive

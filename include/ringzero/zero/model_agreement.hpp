@@ -223,6 +223,13 @@ inline std::string model_agreement::problem(std::span<const parameter_spec> regi
   if (!(options_.max_grad_norm >= 0) || !std::isfinite(options_.max_grad_norm))
     return "max_grad_norm must be finite and >= 0, got " + std::to_string(options_.max_grad_norm);
   if (std::string why = loss_scaling_problem(options_.loss_scaling); !why.empty()) return why;
+  if (options_.hook && plan_.request().quantization.any())
+    return "the collective hook '" + options_.hook->name() +
+           "' and quantized communication (plan_request::quantization) both replace the runtime's gathers and "
+           "reductions: use one of them";
+  if (options_.hook && options_.reproducible)
+    return "reproducible mode reduces the gradients through its own accumulators, so the collective hook '" +
+           options_.hook->name() + "' would not see them: use one of them";
   if (options_.reproducible) {
     std::string why =
         detail::reproducible_gradients_problem(plan_, options_.max_grad_norm, replica_ ? replica_->world_size() : 1);
@@ -245,6 +252,12 @@ inline std::vector<ringzero::detail::agreed_value> model_agreement::summary(bool
   detail::hash_precision(precision_hash, q.precision);
   const optimizer_options& o = options_.optimizer;
   const bool sgd = o.kind == optimizer_kind::sgd;
+  std::uint64_t hook_hash = 0;
+  if (options_.hook) {
+    detail::fnv1a h;
+    h.text(options_.hook->name());
+    hook_hash = h.value();
+  }
   return {
       {"refused", refused ? 1u : 0u, shown::flag},
       {"plan world size", static_cast<std::uint64_t>(q.world_size), shown::integer},
@@ -279,6 +292,7 @@ inline std::vector<ringzero::detail::agreed_value> model_agreement::summary(bool
       {"max_grad_norm", setting_bits(options_.max_grad_norm), shown::real},
       {"skip_nonfinite_steps", options_.skip_nonfinite_steps ? 1u : 0u, shown::flag},
       {"reproducible", options_.reproducible ? 1u : 0u, shown::flag},
+      {"collective hook (hash of its name)", hook_hash, shown::hash},
       {"loss_scaling.enabled", options_.loss_scaling.enabled ? 1u : 0u, shown::flag},
       {"loss_scaling.initial_scale", setting_bits(options_.loss_scaling.initial_scale), shown::real},
       {"loss_scaling.growth_factor", setting_bits(options_.loss_scaling.growth_factor), shown::real},

@@ -600,8 +600,13 @@ class sharded_model {
   /// The constructors' common end: attach `device`, or on the host path (null) a compute stream
   /// run by the calling thread; agree across ranks; allocate.
   void start(const device_context* device, std::string problem);
-  /// A buffer of `bytes` in the compute stream's memory space, zeroed on the communication stream.
-  detail::host_buffer make_buffer(std::uint64_t bytes);
+  /// A buffer of `bytes` in the compute stream's memory space, zeroed on the communication
+  /// stream; a `communication` buffer (gather buffer, bucket) from the collective hook if it allocates.
+  detail::host_buffer make_buffer(std::uint64_t bytes, bool communication = false);
+  /// Runs the collective hook's `call` (the `what` of unit `unit`, flat buffer `buffer`); a failure aborts
+  /// the communicator (sharded_model_buffers.hpp) and is rethrown naming the hook, the call and this rank.
+  template <class F>
+  void run_hook(const char* what, std::size_t unit, std::size_t buffer, F&& call);
   /// The communication stream's later work runs after the compute stream's work enqueued so far.
   void comm_waits_for_compute() {
     compute_->record(*compute_mark_);

@@ -51,11 +51,11 @@ inline void sharded_model::allocate() {
   // pre_forward or gradient; they grow only for a trainer that visits units in another order.
   const communication_buffers& cb = plan_.communication();
   for (std::uint64_t i = 0; i < cb.gather_buffers; ++i) {
-    gathers_buffers_.emplace_back(make_buffer(cb.gather_buffer_bytes));
+    gathers_buffers_.emplace_back(make_buffer(cb.gather_buffer_bytes, true));
     gather_free_.push_back(gathers_buffers_.size() - 1);
   }
   for (std::uint64_t i = 0; i < cb.gradient_buckets; ++i) {
-    buckets_.emplace_back(make_buffer(cb.gradient_bucket_bytes));
+    buckets_.emplace_back(make_buffer(cb.gradient_bucket_bytes, true));
     bucket_free_.push_back(buckets_.size() - 1);
   }
   if (cb.quantization_bytes > 0) quantization_staging_ = make_buffer(cb.quantization_bytes);
@@ -71,7 +71,7 @@ inline void sharded_model::allocate() {
 inline detail::host_buffer& sharded_model::grow(std::vector<detail::host_buffer>& pool, std::uint64_t bytes,
                                                 const char* what) {
   try {
-    return pool.emplace_back(make_buffer(bytes));
+    return pool.emplace_back(make_buffer(bytes, true));
   } catch (const std::bad_alloc&) {
     ringzero::detail::raise(comm_, errc::internal,
                             "zero::sharded_model: cannot allocate another " + std::string(what) + " of " +
@@ -108,7 +108,14 @@ inline void sharded_model::start_gather(std::size_t u) {
     unsigned char* src = params_[b].data();
     unsigned char* dst = base + f.gather_offset;
     if (qz.weights == quantized_bits::none) {
-      s.collective([this, src, dst, &f, tag] { all_gather(comm_, src, dst, f.shard_numel, f.type, tag); });
+      if (options_.hook) {
+        const gather_call call{u, b, src, dst, f.shard_numel, f.type, tag};
+        s.collective([this, call] {
+          run_hook("all_gather", call.unit, call.buffer, [&] { options_.hook->all_gather(comm_, call); });
+        });
+      } else {
+        s.collective([this, src, dst, &f, tag] { all_gather(comm_, src, dst, f.shard_numel, f.type, tag); });
+      }
       continue;
     }
     // Quantized (zero/quantization.hpp): the rank's segment in place in the staging buffer,
@@ -185,7 +192,11 @@ inline void sharded_model::launch_reduction(std::size_t u) {
                             full + own);
       continue;
     }
-    if (stage == 0)
+    if (options_.hook) {
+      const reduction_call call{u, b, full, f.numel, f.shard_numel, f.gradient_type, stage == 0, shard_index_, tag};
+      s.collective(
+          [this, call] { run_hook("reduction", call.unit, call.buffer, [&] { options_.hook->reduce(comm_, call); }); });
+    } else if (stage == 0)
       s.collective(
           [this, full, &f, tag] { all_reduce(comm_, full, full, f.numel, f.gradient_type, reduce_kind::avg, tag); });
     else
@@ -243,6 +254,21 @@ inline memory_breakdown sharded_model::memory_in_use(primitive::memory_space spa
     for (const auto& b : *pool) m.communication_buffers += in(b);
   m.communication_buffers += (offload_ && offload_->space == space ? offload_->bytes() : 0) + in(quantization_staging_);
   return m;
+}
+
+template <class F>
+void sharded_model::run_hook(const char* what, std::size_t unit, std::size_t buffer, F&& call) {
+  try {
+    call();
+  } catch (const std::exception& e) {
+    errc code = errc::internal;
+    if (const auto* re = dynamic_cast<const error*>(&e)) code = re->kind();
+    const std::string message = "zero::sharded_model: the collective hook '" + options_.hook->name() +
+                                "' failed in the " + what + " of unit '" + plan_.units()[unit].name +
+                                "' (flat buffer " + std::to_string(buffer) + "): " + e.what();
+    ringzero::detail::transport_of(comm_).abort(message);  // the peers fail instead of waiting for this rank
+    ringzero::detail::raise(comm_, code, message);
+  }
 }
 
 }  // namespace ringzero::zero

@@ -5,7 +5,9 @@
 /// across ranks at construction (zero/model_agreement.hpp). The manual: docs/zero.md.
 
 #include <cstdint>
+#include <memory>
 
+#include "ringzero/zero/collective_hook.hpp"
 #include "ringzero/zero/loss_scaler.hpp"
 #include "ringzero/zero/optimizer.hpp"
 
@@ -27,6 +29,10 @@ struct sharded_model_options {
   /// every rank, errc::invalid_argument) with max_grad_norm > 0, hybrid sharding, or gradients
   /// that are not float16, bfloat16, float32 or float64.
   bool reproducible = false;
+  /// Replaces the parameter all_gathers and gradient reductions, and may allocate the
+  /// communication buffers (zero/collective_hook.hpp); null: the runtime's own. Shared: the
+  /// model keeps it alive. Refused with quantized communication or reproducible mode.
+  std::shared_ptr<collective_hook> hook;
 };
 
 /// What `sharded_model::step()` did.

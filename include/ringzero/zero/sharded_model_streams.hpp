@@ -62,17 +62,34 @@ inline void sharded_model::start(const device_context* device, std::string probl
   // A context that does not fit makes this rank refuse; `agree` tells every rank (the
   // exchange runs in the communicator's memory, whatever the context is).
   std::string why = attach(device != nullptr ? *device : device_context{own_compute_.get(), {}});
+  if (why.empty() && options_.hook && !options_.hook->supports(comm_stream_->space()))
+    why = "the collective hook '" + options_.hook->name() + "' does not support " +
+          primitive::to_string(comm_stream_->space()) +
+          " memory, where this model's state lives: override collective_hook::supports in a hook that does";
   if (problem.empty()) problem = std::move(why);
   agreement().agree(problem);
   allocate_everywhere();
 }
 
-inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes) {
+inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes, bool communication) {
   const primitive::memory_space space = comm_stream_->space();
   detail::host_buffer b;
+  void* hooked = communication && options_.hook && bytes != 0 ? options_.hook->allocate(bytes, space) : nullptr;
   try {  // (the alignment matters for host memory only: page-aligned from a page up)
-    b = detail::host_buffer(primitive::memory_buffer::allocate(
-        space, bytes, comm_stream_->device(), detail::host_buffer::host_alignment_for(bytes), &memory_counter_));
+    if (hooked != nullptr) {
+      constexpr primitive::memory_buffer::free_function give_back = [](void* hook, void* data, std::size_t n,
+                                                                       primitive::memory_space m) noexcept {
+        static_cast<collective_hook*>(hook)->deallocate(data, n, m);
+      };
+      b = detail::host_buffer(primitive::memory_buffer::adopt(hooked, bytes, space, comm_stream_->device(), give_back,
+                                                              options_.hook.get(), &memory_counter_));
+      if (reinterpret_cast<std::uintptr_t>(hooked) % primitive::host_alignment != 0)
+        throw error(errc::invalid_argument,
+                    "the collective hook '" + options_.hook->name() + "' allocated memory that is not 64-byte aligned");
+    } else {
+      b = detail::host_buffer(primitive::memory_buffer::allocate(
+          space, bytes, comm_stream_->device(), detail::host_buffer::host_alignment_for(bytes), &memory_counter_));
+    }
   } catch (const error& e) {
     throw error(e.kind(), "zero: cannot allocate " + std::to_string(bytes) + " bytes (" + e.message() + ")");
   }
@@ -209,8 +226,17 @@ inline step_result sharded_model::run_step(std::uint64_t micro_batches, bool syn
     for (std::size_t b = 0; b < buffers.size(); ++b)
       if (buffers[b].trainable && buffers[b].numel > 0)
         s.collective([this, &buffers, b] {
-          all_gather(comm_, owned_parameters(b), params_[b].data(), buffers[b].shard_numel, buffers[b].type,
-                     tagged(call_purpose::regather, b));
+          const gather_call call{buffers[b].unit,
+                                 b,
+                                 owned_parameters(b),
+                                 params_[b].data(),
+                                 buffers[b].shard_numel,
+                                 buffers[b].type,
+                                 tagged(call_purpose::regather, b)};
+          if (options_.hook)
+            run_hook("all_gather", call.unit, b, [&] { options_.hook->all_gather(comm_, call); });
+          else
+            all_gather(comm_, call.shard, call.gathered, call.shard_numel, call.type, call.options);
         });
   zero_gradients();
   s.copy(&decided_, scalars, sizeof(step_scalars));
