@@ -78,9 +78,10 @@ struct options {
   double clip = 1.0;
   std::uint64_t seed = 1234;
   bool bf16 = false;
-  int accumulation = 1;               // --accumulation-steps: micro-batches per step
-  bool accumulate_unsharded = false;  // --accumulate-unsharded: zero2-3 reduce once per step
-  std::string reshard = "all";        // --reshard-after-forward: all, except_last or none
+  int accumulation = 1;                // --accumulation-steps: micro-batches per step
+  bool accumulate_unsharded = false;   // --accumulate-unsharded: zero2-3 reduce once per step
+  std::string reshard = "all";         // --reshard-after-forward: all, except_last or none
+  bool reshard_after_backward = true;  // --no-reshard-after-backward: zero3 keeps units across micro-batches
   int generate = 240;
   int print_every = 10;
   std::string data = "/usr/share/games/fortunes";
@@ -203,6 +204,7 @@ result train(const options& o, const corpus& c) {
     zo.accumulation_steps = o.accumulation;
     zo.accumulate_unsharded = o.accumulate_unsharded;
     rz::integration::torch_zero z(comm, *net, zo);
+    z.model().set_reshard_after_backward(o.reshard_after_backward);  // step() releases what is kept
     int first_step = 0;
     if (!o.resume_dir.empty()) {  // a collective: the state resharded to this run's --ranks and --strategy
       const rz::checkpoint::training_progress p = rz::checkpoint::load(z.model(), o.resume_dir);
@@ -411,6 +413,10 @@ int main(int argc, char** argv) {
   app.add_flag_callback(
       "--no-reshard-after-forward", [&o] { o.reshard = "none"; },
       "stage 3: keep every unit gathered until its backward (--reshard-after-forward none)");
+  app.add_flag_callback(
+      "--no-reshard-after-backward", [&o] { o.reshard_after_backward = false; },
+      "stage 3: keep every unit gathered after its backward for the step's next micro-batch (with "
+      "--no-reshard-after-forward and --accumulate-unsharded a step gathers and reduces once)");
   app.add_option("--generate", o.generate, "characters to generate at the end")->check(CLI::Range(0, 100000));
   app.add_option("--print-every", o.print_every, "print the loss every N steps")->check(CLI::Range(1, 1000000));
   app.add_option("--data", o.data, "directory of the fortune files");
@@ -505,6 +511,7 @@ int main(int argc, char** argv) {
                        {"ranks", o.ranks},
                        {"wrap", o.wrap},
                        {"reshard_after_forward", o.reshard},
+                       {"reshard_after_backward", o.reshard_after_backward},
                        {"first_step", r.first_step},
                        {"losses", r.losses},
                        {"step_seconds", r.step_seconds},

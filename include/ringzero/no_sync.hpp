@@ -11,6 +11,7 @@
 /// thread). Movable (the moved-from guard restores nothing), not copyable. Manual: docs/ddp.md
 /// (the reducer) and docs/zero.md, "Accumulation without traffic".
 
+#include <type_traits>
 #include <utility>
 
 namespace ringzero {
@@ -22,7 +23,7 @@ class no_sync_guard {
   /// Turns `runtime`'s gradient synchronisation off until this guard is destroyed. Throws what
   /// `runtime.set_require_gradient_sync(false)` throws (then nothing changes).
   template <class Runtime>
-  explicit no_sync_guard(Runtime& runtime)
+  requires(!std::is_same_v<std::remove_cv_t<Runtime>, no_sync_guard>) explicit no_sync_guard(Runtime& runtime)
       : target_(&runtime),
         restore_([](void* target, bool on) noexcept { static_cast<Runtime*>(target)->restore_gradient_sync(on); }),
         previous_(runtime.require_gradient_sync()) {

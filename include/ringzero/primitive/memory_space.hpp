@@ -130,7 +130,10 @@ class memory_buffer {
       throw error(errc::invalid_argument, "memory_buffer::adopt: a null pointer or free function");
     memory_buffer b;
     b.space_ = space;
-    if (bytes == 0) return b;
+    if (bytes == 0) {  // nothing to hold: given back at once
+      if (data != nullptr) free(context, data, 0, space);
+      return b;
+    }
     b.data_ = data;
     b.bytes_ = bytes;
     b.device_ = space == memory_space::device ? device : -1;

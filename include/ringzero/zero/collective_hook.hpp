@@ -19,11 +19,16 @@
 ///
 /// Contract: every rank calls the same collectives on the communicator it is given, in the same
 /// order (as any collective); each call leaves its result where the call says before it
-/// returns (host memory) or in the order of the communication stream (device memory: enqueue on
-/// it). Thread semantics: called on the communication stream's thread (the host path: the shard
-/// communicator's progress thread, not the trainer's), one call at a time. Errors: an exception
-/// from a hook aborts the communicator (so the peers fail instead of waiting) and is raised by
-/// the runtime call that waits for that collective, naming the hook, the call and this rank.
+/// returns (host memory) or in the order of the communicator's stream (CUDA: call the
+/// communicator's own collectives, which enqueue there). Thread semantics: `all_gather` and
+/// `reduce` are called one at a time, in stream order: on the host path on the shard
+/// communicator's progress thread (not the trainer's), on CUDA on the trainer's thread as it
+/// enqueues; `allocate` on the trainer's thread (construction, a pool that grows), possibly
+/// while a collective call runs on the progress thread. Errors: an exception from
+/// `all_gather` or `reduce` aborts the communicator (so the peers fail at once instead of
+/// waiting) and is raised by the runtime call that waits for that collective, naming the hook,
+/// the call and this rank; one from `allocate` fails the construction on every rank (naming it)
+/// or the call that grew a pool.
 
 #include <cstddef>
 #include <cstdint>
@@ -39,9 +44,11 @@ namespace ringzero::zero {
 
 /// One all_gather of flat buffer `buffer`'s parameters (gather unit `unit`).
 struct gather_call {
-  std::size_t unit = 0;           ///< the plan's gather unit the buffer belongs to
-  std::size_t buffer = 0;         ///< the plan's flat buffer (shard_plan::buffers()[buffer])
-  const void* shard = nullptr;    ///< this rank's shard: `shard_numel` elements of `type`
+  std::size_t unit = 0;    ///< the plan's gather unit the buffer belongs to
+  std::size_t buffer = 0;  ///< the plan's flat buffer (shard_plan::buffers()[buffer])
+  /// This rank's shard: `shard_numel` elements of `type`; it may be this rank's own slot of
+  /// `gathered` (stages 1-2 gather in place, as MPI_IN_PLACE does): read it before writing there.
+  const void* shard = nullptr;
   void* gathered = nullptr;       ///< every rank's shard in rank order: world size x `shard_numel` elements
   std::uint64_t shard_numel = 0;  ///< elements per shard
   dtype type = dtype::float32;    ///< the parameters' element type

@@ -267,8 +267,9 @@ class sharded_model {
   /// change in the middle of a micro-batch (after its first `gradient`, `mark_ready`,
   /// `pre_backward` or `post_backward`; change it between `end_backward()` and the next backward).
   void set_require_gradient_sync(bool on);
-  /// True when micro-batches reduce their gradients (the default).
-  bool require_gradient_sync() const noexcept { return require_sync_; }
+  /// True when micro-batches reduce their gradients (the default): the mode last set, which a
+  /// guard closed in the middle of a micro-batch sets for the micro-batches after it.
+  bool require_gradient_sync() const noexcept { return pending_sync_; }
   /// Gradient sync off until the guard is destroyed (ringzero/no_sync.hpp: the same guard type as
   /// `ddp::gradient_reducer::no_sync()`). Throws as `set_require_gradient_sync(false)`.
   [[nodiscard]] no_sync_guard no_sync() { return no_sync_guard(*this); }
@@ -277,8 +278,8 @@ class sharded_model {
   /// or keeps them for the next micro-batch (FSDP2's `set_reshard_after_backward`): with
   /// accumulation the next forward then gathers nothing (and its backward nothing either where
   /// the plan's reshard_after_forward keeps the unit). Costs a gathered copy of every unit the
-  /// backward reached beyond the plan's gather buffers (the pool grows; `memory_allocated`
-  /// counts it). What is kept is released by `step()` (the update changes the shards), a
+  /// backward reached beyond the plan's gather buffers (the pool grows and keeps that size;
+  /// `memory_allocated` counts it). What is kept is released by `step()` (the update changes the shards), a
   /// checkpoint restore, a new forward pass that no backward followed, or the end of a
   /// micro-batch once the mode is true again. Every rank must set the same mode (a gather on one
   /// rank meeting another collective is a contract error on every rank). Local; any time;
@@ -336,7 +337,7 @@ class sharded_model {
   /// bucket taken) and no unit gathered by a pre_forward / pre_backward without its post_* (a
   /// unit kept by `reshard_after_forward` after an evaluation pass does not count).
   bool between_steps() const noexcept {
-    if (micro_ != 0) return false;
+    if (micro_ != 0 || micro_begun_) return false;
     for (std::size_t u = 0; u < plan_.units().size(); ++u)
       if ((gathers_.in_use(u) && !gathers_.kept(u)) || gradients_.state(u) != detail::gradient_schedule::phase::idle)
         return false;

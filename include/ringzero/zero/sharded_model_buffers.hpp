@@ -260,12 +260,22 @@ template <class F>
 void sharded_model::run_hook(const char* what, std::size_t unit, std::size_t buffer, F&& call) {
   try {
     call();
-  } catch (const std::exception& e) {
+  } catch (...) {
     errc code = errc::internal;
-    if (const auto* re = dynamic_cast<const error*>(&e)) code = re->kind();
-    const std::string message = "zero::sharded_model: the collective hook '" + options_.hook->name() +
-                                "' failed in the " + what + " of unit '" + plan_.units()[unit].name +
-                                "' (flat buffer " + std::to_string(buffer) + "): " + e.what();
+    std::string why = "an exception that is not a std::exception", hook = "?";
+    try {
+      throw;
+    } catch (const error& e) {
+      code = e.kind();
+      why = e.what();
+    } catch (const std::exception& e) { why = e.what(); } catch (...) {
+    }
+    try {
+      hook = options_.hook->name();
+    } catch (...) {}
+    const std::string message = "zero::sharded_model: the collective hook '" + hook + "' failed in the " + what +
+                                " of unit '" + plan_.units()[unit].name + "' (flat buffer " + std::to_string(buffer) +
+                                "): " + why;
     ringzero::detail::transport_of(comm_).abort(message);  // the peers fail instead of waiting for this rank
     ringzero::detail::raise(comm_, code, message);
   }

@@ -67,8 +67,12 @@ inline step_result sharded_model::step() {
       if (gathers_.in_use(u) && !gathers_.kept(u))
         raise("step() while unit '" + plan_.units()[u].name + "' (" + std::to_string(u) +
               ") is gathered by a pre_forward / pre_backward without its post_forward / post_backward");
-  // With sync off nothing was reduced: the step's check refuses it on every rank (run_step).
-  const bool sync_off = !require_sync_;
+  // A micro-batch begun under no_sync whose guard closed since: it ends as it began (nothing
+  // reduced), and the sync now on reduces what the step accumulated (the implicit end below).
+  if (micro_begun_ && !require_sync_ && pending_sync_ && !window_closed_) end_backward();
+  // With sync off and the step's last micro-batch not reduced, nothing was: the step's check
+  // refuses it on every rank (run_step).
+  const bool sync_off = !require_sync_ && !window_closed_;
   if (!sync_off && !window_closed_ && (trainer_window_ || micro_ == steps - 1)) end_backward();
   if (!sync_off && !window_closed_)
     raise("step() after " + std::to_string(micro_) + " micro-batch(es), but the plan accumulates " +
@@ -85,6 +89,7 @@ inline step_result sharded_model::step() {
   in_backward_ = false;
   micro_ = 0;
   trainer_window_ = window_closed_ = micro_begun_ = false;
+  require_sync_ = pending_sync_;
   return run_step(micro_batches, sync_off);
 }
 

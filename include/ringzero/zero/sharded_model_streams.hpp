@@ -74,7 +74,14 @@ inline void sharded_model::start(const device_context* device, std::string probl
 inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes, bool communication) {
   const primitive::memory_space space = comm_stream_->space();
   detail::host_buffer b;
-  void* hooked = communication && options_.hook && bytes != 0 ? options_.hook->allocate(bytes, space) : nullptr;
+  void* hooked = nullptr;
+  if (communication && options_.hook && bytes != 0) try {
+      hooked = options_.hook->allocate(bytes, space);
+    } catch (const std::exception& e) {
+      throw error(errc::internal, "the collective hook's allocate(" + std::to_string(bytes) + ") failed: " + e.what());
+    } catch (...) {
+      throw error(errc::internal, "the collective hook's allocate(" + std::to_string(bytes) + ") failed");
+    }
   try {  // (the alignment matters for host memory only: page-aligned from a page up)
     if (hooked != nullptr) {
       constexpr primitive::memory_buffer::free_function give_back = [](void* hook, void* data, std::size_t n,
