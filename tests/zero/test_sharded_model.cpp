@@ -1441,6 +1441,7 @@ class counting_hook : public collective_hook {
   }
   void* allocate(std::uint64_t bytes, primitive::memory_space space) override {
     CHECK(space == primitive::memory_space::host);
+    if (refuse_allocations) throw std::runtime_error("arena full");
     live += bytes;
     ++allocations;
     return ::operator new (static_cast<std::size_t>(bytes), std::align_val_t{4096});
@@ -1451,7 +1452,8 @@ class counting_hook : public collective_hook {
   }
   std::atomic<int> gathers{0}, reductions{0}, allocations{0};
   std::atomic<std::uint64_t> live{0};
-  int fail_at_reduction = 0;  ///< throw in this reduction (1-based; 0: never)
+  int fail_at_reduction = 0;        ///< throw in this reduction (1-based; 0: never)
+  bool refuse_allocations = false;  ///< allocate throws
 };
 
 /// Another implementation of the same collectives: all_gather as one broadcast per rank, the
@@ -1562,6 +1564,33 @@ TEST_CASE("collective hooks: refusals and a failing hook, on every rank") {
        })) {
     INFO(e);
     CHECK(has(e, "both replace the runtime's gathers and reductions"));
+  }
+  // Units kept across micro-batches grow the gather pool beyond the plan; the hook's memory is
+  // exhausted: the gather fails with the hook's reason on every rank, nothing is left half
+  // started, and training goes on once units are released again.
+  for (const std::string& e : run([](communicator&comm, std::vector<std::string>&seen) {
+         auto hook = std::make_shared<counting_hook>();
+         sharded_model_options o;
+         o.hook = hook;
+         plan_request q = test_request(3, 1);
+         q.accumulate_unsharded = true;
+         sharded_model model(comm, q, o);
+         hook->refuse_allocations = true;
+         model.set_reshard_after_backward(false);
+         try {
+           auto guard = model.no_sync();
+           constant_gradient_backward(model);
+         } catch (const error& e) { seen[static_cast<std::size_t>(comm.rank())] = e.what(); }
+         model.set_reshard_after_backward(true);
+         model.end_backward();
+         model.step();
+         constant_gradient_step(model, 1);
+         constant_gradient_step(model, 1);
+       })) {
+    INFO(e);
+    CHECK(has(e, "another gather buffer (beyond the plan's count"));
+    CHECK(has(e, "the collective hook's allocate("));
+    CHECK(has(e, "arena full"));
   }
   // A hook that throws in its first reduction on rank 1: rank 1 names the hook and the call,
   // rank 0 fails instead of waiting for it.

@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 
 #include "ringzero/backend/communicator.hpp"
@@ -107,5 +108,16 @@ class collective_hook {
     (void)space;
   }
 };
+
+/// `hook.name()`, or what it threw ("<name() threw: ...>"): for messages and the ranks' check.
+inline std::string hook_name(const collective_hook& hook) noexcept {
+  try {
+    try {
+      return hook.name();
+    } catch (const std::exception& e) { return std::string("<name() threw: ") + e.what() + ">"; } catch (...) {
+      return "<name() threw>";
+    }
+  } catch (...) { return {}; }  // no memory for the text
+}
 
 }  // namespace ringzero::zero

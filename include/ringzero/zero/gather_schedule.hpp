@@ -38,15 +38,20 @@ class gather_schedule {
   /// Starts the gathers of u and its borrowed units that are not held and takes one reference
   /// on each. Call `wait_for(u)` before reading them.
   /// A unit kept by `done(u, hooks, true)` takes back the references it kept (nothing starts).
+  /// When `hooks.start` throws, no reference is taken: what started before stays as a prefetch.
   template <class Hooks>
   void use(std::size_t u, Hooks& hooks) {
     if (state_[u].kept) {
       state_[u].kept = false;
       return;
     }
+    for_each_needed(u, [&](std::size_t w) {
+      if (state_[w].held) return;
+      start_if_needed(w, hooks);
+      state_[w].prefetched = true;
+    });
     state_[u].uses += 1;
     for_each_needed(u, [&](std::size_t w) {
-      start_if_needed(w, hooks);
       state_[w].refs += 1;
       state_[w].prefetched = false;
     });
@@ -141,10 +146,10 @@ class gather_schedule {
   template <class Hooks>
   void start_if_needed(std::size_t w, Hooks& hooks) {
     if (state_[w].held) return;
+    hooks.start(w);  // first: a start that throws (no memory for a slot) leaves w as it was
     state_[w].held = true;
     ++held_;
     peak_ = std::max(peak_, held_);
-    hooks.start(w);
   }
 
   template <class Hooks>

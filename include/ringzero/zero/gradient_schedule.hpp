@@ -61,12 +61,12 @@ class gradient_schedule {
   void acquire(std::size_t u, Hooks& hooks) {
     if (phase_[u] == phase::filling) return;
     if (free_ == 0 && inflight_.size() >= max_inflight_) complete_oldest(hooks);
+    hooks.fill(u);  // first: a fill that throws (no memory for a bucket) leaves u as it was
     if (free_ > 0)
       --free_;
     else
       ++allocated_;
     phase_[u] = phase::filling;
-    hooks.fill(u);
   }
 
   /// Storage s's gradient is final. Returns false (and changes nothing) when it already was.

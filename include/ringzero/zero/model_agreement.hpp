@@ -224,12 +224,12 @@ inline std::string model_agreement::problem(std::span<const parameter_spec> regi
     return "max_grad_norm must be finite and >= 0, got " + std::to_string(options_.max_grad_norm);
   if (std::string why = loss_scaling_problem(options_.loss_scaling); !why.empty()) return why;
   if (options_.hook && plan_.request().quantization.any())
-    return "the collective hook '" + options_.hook->name() +
+    return "the collective hook '" + hook_name(*options_.hook) +
            "' and quantized communication (plan_request::quantization) both replace the runtime's gathers and "
            "reductions: use one of them";
   if (options_.hook && options_.reproducible)
     return "reproducible mode reduces the gradients through its own accumulators, so the collective hook '" +
-           options_.hook->name() + "' would not see them: use one of them";
+           hook_name(*options_.hook) + "' would not see them: use one of them";
   if (options_.reproducible) {
     std::string why =
         detail::reproducible_gradients_problem(plan_, options_.max_grad_norm, replica_ ? replica_->world_size() : 1);
@@ -255,7 +255,7 @@ inline std::vector<ringzero::detail::agreed_value> model_agreement::summary(bool
   std::uint64_t hook_hash = 0;
   if (options_.hook) {
     detail::fnv1a h;
-    h.text(options_.hook->name());
+    h.text(hook_name(*options_.hook));
     hook_hash = h.value();
   }
   return {
@@ -381,11 +381,12 @@ inline void model_agreement::check_step(double lr, std::uint64_t next_step, std:
         values.push_back(k == 2 ? (all[3 * r + k] != 0 ? "sync off" : "sync on")
                                 : ringzero::detail::show(shown, all[3 * r + k]));
       const std::string each = ringzero::detail::describe_values(values);
-      verdict = k == 2   ? off + at + " (" + each + ")" + off_why
-                : k == 1 ? who + " ended different numbers of micro-batches" + at + ": " + each +
-                               " (no_sync / set_require_gradient_sync must cover the same micro-batches on every rank)"
-                         : who + " hold different learning rates" + at + ": " + each +
-                               " (set_learning_rate must set the same value on every rank)";
+      verdict = k == 2 ? off + at + " (" + each + ")" + off_why
+                : k == 1
+                    ? who + " ended different numbers of micro-batches" + at + ": " + each +
+                          " (every rank runs the step's micro-batches, and no_sync covers the same ones on every rank)"
+                    : who + " hold different learning rates" + at + ": " + each +
+                          " (set_learning_rate must set the same value on every rank)";
       break;
     }
   }

@@ -662,13 +662,12 @@ class sharded_model {
   detail::gradient_schedule gradients_;
   std::vector<bool> marked_;
   int micro_ = 0;
-  bool require_sync_ = true;     ///< gradient sync (set_require_gradient_sync, no_sync)
-  bool pending_sync_ = true;     ///< the mode from the end of this micro-batch on
-  bool trainer_window_ = false;  ///< a micro-batch of this step ended under no_sync: the trainer sets the count
-  bool window_closed_ = false;   ///< the step's last micro-batch has ended: step() next
-  bool micro_begun_ = false;
-  bool reshard_after_backward_ = true;  ///< stage 3: post_backward releases its unit       ///< this micro-batch's
-                                        ///< backward has begun (no mode change until it ends)
+  bool require_sync_ = true;            ///< gradient sync (set_require_gradient_sync, no_sync)
+  bool pending_sync_ = true;            ///< the mode from the end of this micro-batch on
+  bool trainer_window_ = false;         ///< a micro-batch of this step ended under no_sync: the trainer sets the count
+  bool window_closed_ = false;          ///< the step's last micro-batch has ended: step() next
+  bool micro_begun_ = false;            ///< this micro-batch's backward has begun (no mode change until it ends)
+  bool reshard_after_backward_ = true;  ///< stage 3: post_backward releases its unit
   std::size_t forward_at_ = npos;       ///< stage 3: the last unit of the forward pass in progress (npos: none)
   bool in_backward_ = false;            ///< stage 3: a pre_backward ran in this micro-batch
   std::optional<detail::reproducible_gradients> reproducible_;  ///< reproducible mode only

@@ -75,11 +75,15 @@ inline detail::host_buffer& sharded_model::grow(std::vector<detail::host_buffer>
   } catch (const std::bad_alloc&) {
     ringzero::detail::raise(comm_, errc::internal,
                             "zero::sharded_model: cannot allocate another " + std::string(what) + " of " +
-                                std::to_string(bytes) + " bytes (beyond the plan's count: units visited out of order)");
+                                std::to_string(bytes) +
+                                " bytes (beyond the plan's count: units visited out of order, or kept by "
+                                "set_reshard_after_backward(false))");
   } catch (const error& e) {
-    ringzero::detail::raise(comm_, e.kind(),
-                            "zero::sharded_model: another " + std::string(what) +
-                                " (beyond the plan's count: units visited out of order): " + e.message());
+    ringzero::detail::raise(
+        comm_, e.kind(),
+        "zero::sharded_model: another " + std::string(what) +
+            " (beyond the plan's count: units visited out of order, or kept by set_reshard_after_backward(false)): " +
+            e.message());
   }
 }
 
@@ -97,38 +101,44 @@ inline std::size_t sharded_model::take_gather_slot() {
 inline void sharded_model::start_gather(std::size_t u) {
   const std::size_t slot = take_gather_slot();
   unit_gather_[u] = slot;
-  execution_stream& s = *comm_stream_;
-  s.wait(*gather_slot_free_[slot]);
-  unsigned char* base = gathers_buffers_[slot].data();
-  const communication_quantization& qz = plan_.request().quantization;
-  for (std::size_t b : plan_.units()[u].buffers) {
-    const flat_buffer& f = plan_.buffers()[b];
-    if (f.shard_numel == 0 || f.replicated) continue;  // a replicated buffer is held whole
-    const collective_options tag = tagged(call_purpose::gather, b);
-    unsigned char* src = params_[b].data();
-    unsigned char* dst = base + f.gather_offset;
-    if (qz.weights == quantized_bits::none) {
-      if (options_.hook) {
-        const gather_call call{u, b, src, dst, f.shard_numel, f.type, tag};
-        s.collective([this, call] {
-          run_hook("all_gather", call.unit, call.buffer, [&] { options_.hook->all_gather(comm_, call); });
-        });
-      } else {
-        s.collective([this, src, dst, &f, tag] { all_gather(comm_, src, dst, f.shard_numel, f.type, tag); });
+  try {
+    execution_stream& s = *comm_stream_;
+    s.wait(*gather_slot_free_[slot]);
+    unsigned char* base = gathers_buffers_[slot].data();
+    const communication_quantization& qz = plan_.request().quantization;
+    for (std::size_t b : plan_.units()[u].buffers) {
+      const flat_buffer& f = plan_.buffers()[b];
+      if (f.shard_numel == 0 || f.replicated) continue;  // a replicated buffer is held whole
+      const collective_options tag = tagged(call_purpose::gather, b);
+      unsigned char* src = params_[b].data();
+      unsigned char* dst = base + f.gather_offset;
+      if (qz.weights == quantized_bits::none) {
+        if (options_.hook) {
+          const gather_call call{u, b, src, dst, f.shard_numel, f.type, tag};
+          s.collective([this, call] {
+            run_hook("all_gather", call.unit, call.buffer, [&] { options_.hook->all_gather(comm_, call); });
+          });
+        } else {
+          s.collective([this, src, dst, &f, tag] { all_gather(comm_, src, dst, f.shard_numel, f.type, tag); });
+        }
+        continue;
       }
-      continue;
+      // Quantized (zero/quantization.hpp): the rank's segment in place in the staging buffer,
+      // all_gathered as bytes, every segment (its own too) dequantized into the gather buffer.
+      const quantized_layout l{qz.weights, qz.block_size, f.shard_numel, static_cast<std::uint32_t>(plan_.shards())};
+      const std::uint64_t segment = l.segment_bytes();
+      unsigned char* staged = quantization_staging_.data();
+      unsigned char* mine = staged + static_cast<std::uint64_t>(shard_index_) * segment;
+      s.quantize_segments(quantized_layout{l.bits, l.block_size, l.count, 1}, src, f.type, mine);
+      s.collective([this, mine, staged, segment, tag] { all_gather(comm_, mine, staged, segment, dtype::uint8, tag); });
+      s.dequantize_segments(l, staged, dst, f.type, false, 0, nullptr);
     }
-    // Quantized (zero/quantization.hpp): the rank's segment in place in the staging buffer,
-    // all_gathered as bytes, every segment (its own too) dequantized into the gather buffer.
-    const quantized_layout l{qz.weights, qz.block_size, f.shard_numel, static_cast<std::uint32_t>(plan_.shards())};
-    const std::uint64_t segment = l.segment_bytes();
-    unsigned char* staged = quantization_staging_.data();
-    unsigned char* mine = staged + static_cast<std::uint64_t>(shard_index_) * segment;
-    s.quantize_segments(quantized_layout{l.bits, l.block_size, l.count, 1}, src, f.type, mine);
-    s.collective([this, mine, staged, segment, tag] { all_gather(comm_, mine, staged, segment, dtype::uint8, tag); });
-    s.dequantize_segments(l, staged, dst, f.type, false, 0, nullptr);
+    s.record(*gathered_[u]);
+  } catch (...) {  // nothing was started: the slot goes back (a failing hook aborted the communicator)
+    gather_free_.push_back(slot);
+    unit_gather_[u] = npos;
+    throw;
   }
-  s.record(*gathered_[u]);
 }
 
 inline void sharded_model::fill_bucket(std::size_t u) {
@@ -266,13 +276,12 @@ void sharded_model::run_hook(const char* what, std::size_t unit, std::size_t buf
     try {
       throw;
     } catch (const error& e) {
+      if (e.kind() == errc::aborted) throw;  // a peer failed: its error says why, not this hook
       code = e.kind();
       why = e.what();
     } catch (const std::exception& e) { why = e.what(); } catch (...) {
     }
-    try {
-      hook = options_.hook->name();
-    } catch (...) {}
+    hook = hook_name(*options_.hook);
     const std::string message = "zero::sharded_model: the collective hook '" + hook + "' failed in the " + what +
                                 " of unit '" + plan_.units()[unit].name + "' (flat buffer " + std::to_string(buffer) +
                                 "): " + why;

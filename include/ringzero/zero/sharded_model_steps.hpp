@@ -51,10 +51,13 @@ inline void sharded_model::set_require_gradient_sync(bool on) {
     raise("set_require_gradient_sync(false) at stage " + std::to_string(plan_.stage()) +
           ": the gradients are sharded and reduced every micro-batch; to accumulate without traffic, plan with "
           "plan_request::accumulate_unsharded (every rank then holds the full gradients, as at stage 1)");
-  if (micro_begun_ && on != require_sync_)
+  if (micro_begun_) {  // the mode of this micro-batch stays; a change waits for its end
+    if (on == require_sync_) pending_sync_ = on;
+    if (on == require_sync_ || on == pending_sync_) return;
     raise(std::string("set_require_gradient_sync(") + (on ? "true" : "false") +
           ") in the middle of a micro-batch (after its first gradient, mark_ready, pre_backward or post_backward): "
           "change it between end_backward() and the next backward");
+  }
   require_sync_ = pending_sync_ = on;
 }
 
@@ -77,6 +80,8 @@ inline step_result sharded_model::step() {
   if (!sync_off && !window_closed_)
     raise("step() after " + std::to_string(micro_) + " micro-batch(es), but the plan accumulates " +
           std::to_string(steps) + " (call end_backward() after each)");
+  // A micro-batch counts when it ends (end_backward or the implicit end above), whatever the
+  // trainer computed in it: a rank that writes into views it kept needs no hook call.
   const auto micro_batches = static_cast<std::uint64_t>(micro_);
   if (plan_.stage() == 3) {
     // A unit gathered after end_backward() (an evaluation pass, a prefetch) holds the

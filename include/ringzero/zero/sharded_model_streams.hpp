@@ -63,7 +63,7 @@ inline void sharded_model::start(const device_context* device, std::string probl
   // exchange runs in the communicator's memory, whatever the context is).
   std::string why = attach(device != nullptr ? *device : device_context{own_compute_.get(), {}});
   if (why.empty() && options_.hook && !options_.hook->supports(comm_stream_->space()))
-    why = "the collective hook '" + options_.hook->name() + "' does not support " +
+    why = "the collective hook '" + hook_name(*options_.hook) + "' does not support " +
           primitive::to_string(comm_stream_->space()) +
           " memory, where this model's state lives: override collective_hook::supports in a hook that does";
   if (problem.empty()) problem = std::move(why);
@@ -91,8 +91,16 @@ inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes, bool 
       b = detail::host_buffer(primitive::memory_buffer::adopt(hooked, bytes, space, comm_stream_->device(), give_back,
                                                               options_.hook.get(), &memory_counter_));
       if (reinterpret_cast<std::uintptr_t>(hooked) % primitive::host_alignment != 0)
-        throw error(errc::invalid_argument,
-                    "the collective hook '" + options_.hook->name() + "' allocated memory that is not 64-byte aligned");
+        throw error(errc::invalid_argument, "the collective hook '" + hook_name(*options_.hook) +
+                                                "' allocated memory that is not 64-byte aligned");
+      const auto at = reinterpret_cast<std::uintptr_t>(hooked);
+      for (const auto* pool : {&gathers_buffers_, &buckets_})
+        for (const detail::host_buffer& other : *pool) {
+          const auto o = reinterpret_cast<std::uintptr_t>(other.data());
+          if (other.bytes() != 0 && at < o + other.bytes() && o < at + bytes)
+            throw error(errc::invalid_argument, "the collective hook '" + hook_name(*options_.hook) +
+                                                    "' allocated memory overlapping another of its buffers");
+        }
     } else {
       b = detail::host_buffer(primitive::memory_buffer::allocate(
           space, bytes, comm_stream_->device(), detail::host_buffer::host_alignment_for(bytes), &memory_counter_));
