@@ -39,7 +39,7 @@ class checkpoint_access {
   const unsigned char* gathered_parameters(std::size_t b) {
     const flat_buffer& f = m_.plan_.buffers().at(b);
     if (m_.plan_.holds_whole(b) || f.shard_numel == 0 || !m_.gathers_.held(f.unit)) return nullptr;
-    return m_.gathers_buffers_[m_.unit_gather_[f.unit]].data() + f.gather_offset;
+    return m_.gathered_copy(f.unit, f);
   }
   /// The optimizer, writable: master weights, states and the step count, for restoring a
   /// checkpoint after `begin_restore()`.

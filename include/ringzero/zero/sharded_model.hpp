@@ -487,17 +487,15 @@ class sharded_model {
   /// Sharded gradients (stages 2-3) reduce every micro-batch; full ones only in the step's last;
   /// nothing with sync off. Reproducible mode deposits every micro-batch (and reduces once, in end_backward).
   bool syncing() const noexcept {
-    if (options_.reproducible) return true;
-    return require_sync_ &&
-           (plan_.sharded_gradients() || trainer_window_ || micro_ == plan_.request().accumulation_steps - 1);
+    return options_.reproducible || (require_sync_ && plan_.sharded_gradients()) || ends_step();
+  }
+  /// The micro-batch in progress is the step's last: the plan's count, or the first synced after no_sync.
+  bool ends_step() const noexcept {
+    return require_sync_ && (trainer_window_ || micro_ == plan_.request().accumulation_steps - 1);
   }
   friend class ringzero::no_sync_guard;
   /// The guard's restore (never throws): at once between micro-batches, else when this one ends.
-  void restore_gradient_sync(bool on) noexcept {
-    pending_sync_ = on;
-    if (!micro_begun_) require_sync_ = on;
-  }
-
+  void restore_gradient_sync(bool on) noexcept;
   void allocate();
 
   algorithms::range owned_range(std::size_t b) const {
@@ -535,7 +533,11 @@ class sharded_model {
       raise("parameter '" + name(p) + "' is not gathered: its storage belongs to unit '" + plan_.units()[w].name +
             "', which no pre_forward / pre_backward holds now");
     wait_gather(w);
-    return gathers_buffers_[unit_gather_[w]].data() + f.gather_offset + pl.offset * es;
+    return gathered_copy(w, f) + pl.offset * es;
+  }
+  /// Stage 3: flat buffer f's place in the gather slot of unit u (which must hold one).
+  unsigned char* gathered_copy(std::size_t u, const flat_buffer& f) {
+    return gathers_buffers_[unit_gather_[u]].data() + f.gather_offset;
   }
 
   void pre(std::size_t u, bool forward) {

@@ -22,7 +22,7 @@ inline void sharded_model::end_backward() {
                           : "end_backward() called " + std::to_string(micro_ + 1) +
                                 " times before step(), but the plan accumulates " + std::to_string(steps) +
                                 " micro-batch(es) per step");
-  const bool last = require_sync_ && (trainer_window_ || micro_ == steps - 1);
+  const bool last = ends_step();
   if (syncing()) {
     gradient_hooks h{*this};
     gradients_.finish(h);
@@ -61,6 +61,11 @@ inline void sharded_model::set_require_gradient_sync(bool on) {
   require_sync_ = pending_sync_ = on;
 }
 
+inline void sharded_model::restore_gradient_sync(bool on) noexcept {
+  pending_sync_ = on;
+  if (!micro_begun_) require_sync_ = on;
+}
+
 inline step_result sharded_model::step() {
   const int steps = plan_.request().accumulation_steps;
   if (plan_.stage() == 3)
@@ -76,8 +81,8 @@ inline step_result sharded_model::step() {
   // With sync off and the step's last micro-batch not reduced, nothing was: the step's check
   // refuses it on every rank (run_step).
   const bool sync_off = !require_sync_ && !window_closed_;
-  if (!sync_off && !window_closed_ && (trainer_window_ || micro_ == steps - 1)) end_backward();
-  if (!sync_off && !window_closed_)
+  if (!window_closed_ && ends_step()) end_backward();
+  if (require_sync_ && !window_closed_)
     raise("step() after " + std::to_string(micro_) + " micro-batch(es), but the plan accumulates " +
           std::to_string(steps) + " (call end_backward() after each)");
   // A micro-batch counts when it ends (end_backward or the implicit end above), whatever the

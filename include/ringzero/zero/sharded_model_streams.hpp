@@ -135,8 +135,7 @@ inline void sharded_model::write_parameter(std::size_t p, std::span<const float>
   // A gathered copy of the unit (kept after its forward, prefetched, or held by a pre_* hook)
   // shows the new values too, so no view serves the old ones: every rank passes the same values.
   if (const std::size_t w = storage_unit(p); !whole && pl.numel != 0 && gathers_.held(w))
-    comm_stream_->copy(gathers_buffers_[unit_gather_[w]].data() + f.gather_offset + pl.offset * es, staged.data(),
-                       pl.numel * es);
+    comm_stream_->copy(gathered_copy(w, f) + pl.offset * es, staged.data(), pl.numel * es);
   if (float* m = f.trainable ? optimizer_->master(pl.buffer) : nullptr; m != nullptr && hi > lo)
     comm_stream_->copy(m + (lo - own.begin), values.data() + (lo - pl.offset), (hi - lo) * sizeof(float));
   comm_stream_->synchronize();  // `staged` and `values` must outlive the copies
@@ -159,7 +158,7 @@ inline void sharded_model::copy_parameter_out(std::size_t p, std::span<float> ou
     // dequantized values: the shards are gathered again in full precision, into a temporary
     // buffer of this flat buffer's size when the unit holds its slot (not a slot more in the pool).
     if (gathers_.held(w) && !quantized) {
-      src = gathers_buffers_[unit_gather_[w]].data() + f.gather_offset;
+      src = gathered_copy(w, f);
     } else {
       unsigned char* dst = nullptr;
       if (gathers_.held(w)) {
