@@ -1606,5 +1606,7 @@ TEST_CASE("collective hooks: refusals and a failing hook, on every rank") {
   INFO(errors[1]);
   CHECK(has(errors[1], "the collective hook 'counting' failed in the reduction of unit"));
   CHECK(has(errors[1], "injected failure"));
-  CHECK(has(errors[0], "first failure: rank 1: zero::sharded_model: the collective hook 'counting' failed"));
+  // "first failure: rank 1: ..." or, when rank 0 reaches the collective after the abort,
+  // "communicator was aborted earlier: rank 1: ...": either names rank 1's failure.
+  CHECK(has(errors[0], "rank 1: zero::sharded_model: the collective hook 'counting' failed"));
 }
