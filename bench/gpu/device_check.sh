@@ -13,13 +13,16 @@
 #      and 02 with --device cuda (examples/common/cuda_mlp_kernels.cu, cuBLAS), ringzero-plan,
 #      ringzero-gpu-bench and ringzero-bench;
 #   2. tests: the no-device test, ZeRO on CUDA against the host runtime, with and without CPU
-#      offload (test_gpu_zero); the 'device-sim' suite (host stream, plain C++) on the CPU meanwhile;
+#      offload (test_gpu_zero), and the same over NCCL (test_gpu_zero_nccl, one rank per GPU);
+#      the 'device-sim' suite (host stream, plain C++) on the CPU meanwhile;
 #   3. example 02 on the GPU, 2 ranks sharing it: --stage 0..3, then DDP (example 01,
 #      --compare-ranks 1,2), then --stage 0..3 --offload optimizer (the CPU update ordered against
 #      the CUDA communication stream; skipped with a note in a tree whose example 02 or
-#      ringzero-plan lacks --offload); step times and each rank's memory next to ringzero-plan's
-#      numbers for the same model, plus the GPU memory nvidia-smi saw (python3 makes the table;
-#      targets: the runtime's allocations equal the plan, stage 3 <= 1.2x DDP, offload <= 2x);
+#      ringzero-plan lacks --offload), then --backend nccl --stage 0..3 (one process, a world of
+#      one: NCCL refuses two ranks on one GPU; 1 epoch, the 2-rank runs' step count); step times
+#      and each rank's memory of the 2-rank runs next to ringzero-plan's numbers for the same
+#      model, plus the GPU memory nvidia-smi saw (python3 makes the table; targets: the runtime's
+#      allocations equal the plan, stage 3 <= 1.2x DDP, offload <= 2x);
 #   4. the other 'gpu' tests (stream, DDP, local backend, primitives, the examples' MLP, NCCL);
 #   5. ringzero-gpu-bench (copy and primitive bandwidth, all_reduce on 2 and 4 ranks of one GPU);
 #   6. ringzero-bench all_reduce on device memory (local backend 2 and 4 ranks, NCCL 1 rank);
@@ -273,6 +276,7 @@ else
       [ $mlp_ok = 1 ] && [ -f tests/gpu/test_cuda_mlp.cpp ] && spawn test_cuda_mlp.o compile_cxx tests/gpu/test_cuda_mlp.cpp \
         "$obj/test_cuda_mlp.o" -isystem "$eigen_inc" -Iexamples/common -DEIGEN_DONT_PARALLELIZE -DRINGZERO_EXAMPLES_HAVE_CUDA=1
       [ $have_nccl = 1 ] && spawn test_nccl.o compile_cxx tests/gpu/test_nccl.cpp "$obj/test_nccl.o"
+      [ $have_nccl = 1 ] && [ -f tests/gpu/test_zero_nccl.cpp ] && spawn test_zero_nccl.o compile_cxx tests/gpu/test_zero_nccl.cpp "$obj/test_zero_nccl.o"
     fi
   fi
   if [ $bench_inc_ok = 1 ]; then
@@ -305,6 +309,7 @@ else
   link test_gpu_cuda_stream "$obj/gpu_main.o" "$obj/test_cuda_stream.o" "$k" && built+=(test_gpu_cuda_stream)
   link test_gpu_cuda_mlp "$obj/gpu_main.o" "$obj/test_cuda_mlp.o" "$obj/cuda_mlp_kernels.o" "$k" "$cublas_lib" && built+=(test_gpu_cuda_mlp)
   [ $have_nccl = 1 ] && link test_gpu_nccl "$obj/gpu_main.o" "$obj/test_nccl.o" "$k" && built+=(test_gpu_nccl)
+  [ $have_nccl = 1 ] && link test_gpu_zero_nccl "$obj/gpu_main.o" "$obj/test_zero_nccl.o" "$k" && built+=(test_gpu_zero_nccl)
   for ex in ddp_fashion_mnist zero_fashion_mnist; do
     link "$ex" "$obj/$ex.o" "$obj/cuda_mlp_kernels.o" "$k" "$zlib" "$cublas_lib" && built+=("$ex")
   done
@@ -378,6 +383,9 @@ fi
 
 run_test test_cuda_no_device 30
 if [ -f tests/gpu/test_zero_cuda.cpp ]; then run_test test_gpu_zero 90; fi
+if [ -f tests/gpu/test_zero_nccl.cpp ]; then
+  if [ $have_nccl = 1 ]; then run_test test_gpu_zero_nccl 60; else record "test test_gpu_zero_nccl" skip "no NCCL on this machine"; fi
+fi
 
 # ------------------------------------------------------------------ 3. example 02 on the GPU
 train_log=$out/train.log
@@ -399,20 +407,40 @@ gpu_peak_stop() {  # prints the peak above the first reading, in MiB, or nothing
   smi_pid=""
   awk 'NR == 1 { base = $1 } $1 > peak { peak = $1 } END { if (NR > 1) print peak - base }' "$build/run/smi.txt"
 }
-zero_runs=()  # stage<TAB>offload<TAB>json<TAB>exit status<TAB>GPU peak MiB, for the table
-train_zero() {  # train_zero STAGE OFFLOAD(none|optimizer)
-  local stage=$1 offload=$2 label json rc peak summary_line args
+zero_runs=()  # stage<TAB>offload<TAB>json<TAB>exit status<TAB>GPU peak MiB, for the table (the 2-rank runs)
+zero_rc=0     # the last train_zero's exit status
+train_zero() {  # train_zero STAGE OFFLOAD(none|optimizer) [BACKEND(local|nccl)]
+  local stage=$1 offload=$2 backend=${3:-local} label json rc peak summary_line args launch ranks cap
   label="example 02 stage $stage"
-  args=()
-  if [ "$offload" != none ]; then label="$label offload"; args=(--offload "$offload"); fi
+  args=(--ranks 2 --epochs 2)
+  launch=()
+  ranks=2
+  cap=45
   json=$build/run/zero_s${stage}_$offload.json
+  if [ "$backend" = nccl ]; then
+    # One process, a world of one (torchrun's variables, so that no stray launcher variable
+    # changes it); 1 epoch is the 2-rank runs' step count (half their global batch).
+    label="example 02 nccl stage $stage"
+    args=(--backend nccl --epochs 1)
+    launch=(env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0)
+    ranks=1
+    cap=30
+    json=$build/run/zero_nccl_s${stage}.json  # not zero_s*.json: outside the table
+  fi
+  if [ "$offload" != none ]; then label="$label offload"; args+=(--offload "$offload"); fi
   rm -f "$json"
   gpu_peak_start
-  run_limited 45 "$train_log" "$bin/zero_fashion_mnist" --device "$train_device" --ranks 2 --stage "$stage" --epochs 2 \
+  run_limited "$cap" "$train_log" "${launch[@]}" "$bin/zero_fashion_mnist" --device "$train_device" --stage "$stage" \
     --data "$data" --no-progress --min-accuracy 0.75 --json "$json" "${args[@]}"
   rc=$?
+  zero_rc=$rc
   peak=$(gpu_peak_stop)
-  summary_line=$(tac "$train_log" | grep -m1 "^stage $stage, 2 rank(s)" | sed 's/^stage [0-9], 2 rank(s), //; s/; [0-9.]* s of training.*//')
+  summary_line=$(tac "$train_log" | grep -m1 "^stage $stage, $ranks rank(s)" | sed 's/^stage [0-9], [0-9]* rank(s), //; s/; [0-9.]* s of training.*//')
+  if [ "$backend" = nccl ] && [ $rc = 0 ]; then
+    # rank 0's time inside the runtime's calls (example 02's epoch line); the runtime measures
+    # no share of the gathers hidden behind compute, so none is reported
+    summary_line="$summary_line; in the runtime: $(tac "$train_log" | grep -m1 "in the runtime: gather" | sed 's/.*in the runtime: //')"
+  fi
   case $rc in
     0) record "$label" ok "$summary_line${peak:+; GPU memory +$peak MiB (nvidia-smi)}" ;;
     3) record "$label" fail "below 75% test accuracy: $summary_line" ;;
@@ -421,7 +449,8 @@ train_zero() {  # train_zero STAGE OFFLOAD(none|optimizer)
     *) if tail -3 "$train_log" | grep -q "no CUDA device"; then record "$label" skip "no CUDA device"
        else record "$label" fail "status $rc: $(tail -1 "$train_log")"; fi ;;
   esac
-  zero_runs+=("$stage"$'\t'"$offload"$'\t'"$json"$'\t'"$rc"$'\t'"${peak:-}")
+  [ "$backend" = local ] && zero_runs+=("$stage"$'\t'"$offload"$'\t'"$json"$'\t'"$rc"$'\t'"${peak:-}")
+  return 0
 }
 if [ -n "$zero_skip" ]; then
   record "example 02" skip "$zero_skip"
@@ -462,6 +491,25 @@ if [ -z "$zero_skip" ] && has zero_fashion_mnist; then
     record "example 02 offload" skip "$offload_skip"
   else
     for stage in 0 1 2 3; do train_zero "$stage" optimizer; done
+  fi
+fi
+
+# Example 02 on NCCL (--backend nccl: one process per GPU, so a world of one here), stages 0-3.
+if [ -z "$zero_skip" ] && has zero_fashion_mnist; then
+  if [ $have_nccl = 0 ]; then
+    record "example 02 nccl" skip "no NCCL on this machine"
+  elif ! grep -rqs -- '"nccl"' "$zero_dir" "examples/common/run_ranks.hpp"; then
+    record "example 02 nccl" skip "example 02 has no --backend nccl yet"
+  elif [ "$train_device" != cuda ]; then
+    record "example 02 nccl" skip "--backend nccl needs --device cuda (DEVICE_CHECK_TRAIN_DEVICE=$train_device)"
+  else
+    for stage in 0 1 2 3; do
+      train_zero "$stage" none nccl
+      if [ "$zero_rc" = 124 ]; then
+        [ "$stage" != 3 ] && record "example 02 nccl" skip "the stages after $stage: stage $stage timed out"
+        break
+      fi
+    done
   fi
 fi
 
