@@ -339,6 +339,8 @@ struct options {
   bool no_prefetch = false;
   std::string reshard_after_forward = "all";
   int max_inflight_reductions = 2;
+  int max_inflight_gathers = 0;
+  std::string space;  // empty: the plan_request's default (host)
   int show_rank = -1;
   bool json = false;
   std::string offload = "none";
@@ -398,6 +400,13 @@ ringzero::zero::plan_request make_request(const options& o, std::vector<paramete
                       "'");
   q.reshard_after_forward = *reshard;
   q.max_inflight_reductions = o.max_inflight_reductions;
+  q.max_inflight_gathers = o.max_inflight_gathers;
+  if (o.space == "host")
+    q.space = ringzero::primitive::memory_space::host;
+  else if (o.space == "device")
+    q.space = ringzero::primitive::memory_space::device;
+  else if (!o.space.empty())
+    throw usage_error("--space must be host or device, got '" + o.space + "'");
   const auto offload = ringzero::zero::parse_offload(o.offload);
   if (!offload) throw usage_error("--offload must be none or optimizer, got '" + o.offload + "'");
   q.offload = *offload;
@@ -468,6 +477,8 @@ nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gp
   j["offload"] = std::string(ringzero::zero::offload_name(plan.request().offload));
   j["reshard_after_forward"] = std::string(ringzero::zero::reshard_policy_name(plan.request().reshard_after_forward));
   j["sharded_gradients"] = plan.sharded_gradients();
+  j["max_inflight_gathers"] = plan.stage() == 3 ? plan.request().max_inflight_gathers : 0;  // stage 3 only
+  j["space"] = ringzero::primitive::to_string(plan.space());
   j["device_memory_per_rank"] = memory_json(plan.device_memory());
   j["host_memory_per_rank"] = memory_json(plan.host_memory());
   j["communication_buffers"] = {{"gather_buffers", comm.gather_buffers},
@@ -710,6 +721,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-inflight-reductions", o.max_inflight_reductions,
                  "Stages 2-3: gradient reductions in flight before a new bucket waits")
       ->capture_default_str();
+  app.add_option("--max-inflight-gathers", o.max_inflight_gathers,
+                 "Stage 3: the most units gathered at once that a prefetch may bring about (0: no bound)")
+      ->capture_default_str();
+  app.add_option("--space", o.space,
+                 "Memory space of the model state, as the runtime will check it: host (default) or device");
   app.add_option("--show-rank", o.show_rank, "List the parameter fragments this rank owns");
   app.add_flag("--json", o.json, "Print JSON instead of tables");
   app.add_flag("--accumulate-unsharded", o.accumulate_unsharded,

@@ -82,6 +82,7 @@ struct options {
   bool accumulate_unsharded = false;   // --accumulate-unsharded: zero2-3 reduce once per step
   std::string reshard = "all";         // --reshard-after-forward: all, except_last or none
   bool reshard_after_backward = true;  // --no-reshard-after-backward: zero3 keeps units across micro-batches
+  int max_inflight_gathers = 0;        // --max-inflight-gathers: zero3's bound on units gathered at once (0: none)
   int generate = 240;
   int print_every = 10;
   std::string data = "/usr/share/games/fortunes";
@@ -155,8 +156,10 @@ corpus make_corpus(const std::string& dir) {
 struct result {
   std::vector<double> losses;
   std::vector<double> step_seconds;
-  rz::zero::memory_breakdown measured, planned;
+  rz::zero::memory_breakdown planned;
   std::uint64_t allocated_peak = 0, allocated_now = 0;  // sharded_model::memory_allocated, all spaces
+  rz::zero::memory_breakdown asked;                     // the same now, by what asked for it (memory_category)
+  std::uint64_t scratch = 0;                            // ... and outside the model state (the step's scalars)
   std::vector<rz::zero::parameter_spec> parameters;
   std::string sample;
   double tokens_per_second = 0;
@@ -193,6 +196,7 @@ result train(const options& o, const corpus& c) {
     zo.stage = stage_of(o.strategy);
     zo.wrap = wrap_of(o.wrap);
     zo.reshard_after_forward = *rz::zero::parse_reshard_policy(o.reshard);  // checked by the option
+    zo.max_inflight_gathers = o.max_inflight_gathers;
     if (o.bf16) zo.precision = rz::zero::precision::bfloat16_adam();
     zo.model.optimizer.kind = rz::zero::optimizer_kind::adamw;
     zo.model.optimizer.lr = o.lr;
@@ -311,12 +315,20 @@ result train(const options& o, const corpus& c) {
     if (rank == 0) {
       res.losses = losses;
       res.step_seconds = seconds;
-      res.measured = z.model().memory_in_use();
       res.planned = z.model().plan().memory();
       for (auto space : {rz::primitive::memory_space::host, rz::primitive::memory_space::pinned_host,
                          rz::primitive::memory_space::device}) {
         res.allocated_peak += z.model().memory_allocated(space).peak;
         res.allocated_now += z.model().memory_allocated(space).current;
+        const auto now = [&](rz::zero::memory_category what) {
+          return z.model().memory_allocated(space, what).current;
+        };
+        res.asked.parameters += now(rz::zero::memory_category::parameters);
+        res.asked.gradients += now(rz::zero::memory_category::gradients);
+        res.asked.master_weights += now(rz::zero::memory_category::master_weights);
+        res.asked.optimizer_states += now(rz::zero::memory_category::optimizer_states);
+        res.asked.communication_buffers += now(rz::zero::memory_category::communication_buffers);
+        res.scratch += now(rz::zero::memory_category::scratch);
       }
       res.parameters = z.parameters();
       res.sample = sample;
@@ -417,6 +429,10 @@ int main(int argc, char** argv) {
       "--no-reshard-after-backward", [&o] { o.reshard_after_backward = false; },
       "stage 3: keep every unit gathered after its backward for the step's next micro-batch (with "
       "--no-reshard-after-forward and --accumulate-unsharded a step gathers and reduces once)");
+  app.add_option("--max-inflight-gathers", o.max_inflight_gathers,
+                 "stage 3: the most units gathered at once that a prefetch may bring about (0: no bound, 1: no "
+                 "prefetch); the plan's gather buffers follow")
+      ->check(CLI::Range(0, 1000000));
   app.add_option("--generate", o.generate, "characters to generate at the end")->check(CLI::Range(0, 100000));
   app.add_option("--print-every", o.print_every, "print the loss every N steps")->check(CLI::Range(1, 1000000));
   app.add_option("--data", o.data, "directory of the fortune files");
@@ -462,14 +478,14 @@ int main(int argc, char** argv) {
     const result r = train(o, c);
     const auto resident_after = ex::resident_set();
 
-    const auto& m = r.measured;
+    const auto& m = r.asked;  // counted where allocated, by what asked (not the runtime's own sum)
     const auto& p = r.planned;
     fmt::print("\ntrainable parameters: {} of {}", r.trainable, r.total);
     if (r.frozen_kept_bytes > 0) fmt::print("; frozen ones kept gathered: {} B per rank", r.frozen_kept_bytes);
     fmt::print("\n");
     const std::uint64_t measured_peak = m.parameters + m.communication_buffers;
     const std::uint64_t planned_peak = p.parameters + p.communication_buffers;
-    fmt::print("parameter memory per rank (parameters + gather buffers and gradient buckets):\n");
+    fmt::print("parameter memory per rank (parameters + gather buffers and gradient buckets, allocated):\n");
     fmt::print("  measured {:>12} B  (parameters {}, communication buffers {})\n", measured_peak, m.parameters,
                m.communication_buffers);
     fmt::print("  plan     {:>12} B  (parameters {}, communication buffers {})  {}\n", planned_peak, p.parameters,
@@ -511,6 +527,7 @@ int main(int argc, char** argv) {
                        {"ranks", o.ranks},
                        {"wrap", o.wrap},
                        {"reshard_after_forward", o.reshard},
+                       {"max_inflight_gathers", o.max_inflight_gathers},
                        {"reshard_after_backward", o.reshard_after_backward},
                        {"first_step", r.first_step},
                        {"losses", r.losses},
@@ -533,7 +550,11 @@ int main(int argc, char** argv) {
                        {"unigram_entropy", c.unigram_entropy},
                        {"memory_measured", memory_json(m)},
                        {"memory_planned", memory_json(p)},
-                       {"memory_allocated", {{"peak", r.allocated_peak}, {"now", r.allocated_now}}},
+                       {"memory_allocated",
+                        {{"peak", r.allocated_peak},
+                         {"now", r.allocated_now},
+                         {"by_category", memory_json(r.asked)},
+                         {"scratch", r.scratch}}},
                        {"resident_memory",
                         {{"start", resident_before ? resident_before->now : 0},
                          {"peak", resident_after ? resident_after->peak : 0}}},

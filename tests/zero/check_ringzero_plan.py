@@ -115,6 +115,17 @@ r = run("--model", "gpt2", "--world-size", "4", "--reshard-after-forward", "some
 check(r.returncode == 1 and "--reshard-after-forward must be all, except_last or none, got 'sometimes'" in r.stderr,
       f"bad policy refused: {r.stderr!r}")
 
+# --max-inflight-gathers (stage 3): 1 gathers nothing ahead, so fewer gather buffers than the
+# default (the tied head's backward still holds two units); --space is reported.
+bounded = plans("--model", "gpt2", "--world-size", "4", "--stage", "3", "--accumulation-steps", "2",
+                "--max-inflight-gathers", "1", "--space", "device")["plans"][0]
+check(bounded["max_inflight_gathers"] == 1 and every["max_inflight_gathers"] == 0, "--max-inflight-gathers reported")
+bb = bounded["communication_buffers"]["gather_buffers"]
+check(bb == 2 and bb < eb, f"a bound of 1 holds the tied pair only ({bb} vs {eb} without)")
+check(bounded["space"] == "device" and every["space"] == "host", "--space reported (host when not given)")
+r = run("--model", "gpt2", "--world-size", "4", "--space", "pinned")
+check(r.returncode == 1 and "--space must be host or device, got 'pinned'" in r.stderr, f"bad space: {r.stderr!r}")
+
 # Bad requests: clear errors, exit status 1 (2 for command-line usage).
 r = run("--model", "gpt2", "--world-size", "4", "--alignment", "24")
 check(r.returncode == 1 and "alignment must be a power of two" in r.stderr, "bad alignment refused")

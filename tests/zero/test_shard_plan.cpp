@@ -602,6 +602,81 @@ TEST_CASE("explicit prefetch lists replace the default per unit and size the gat
   refused({{"a", std::nullopt, std::nullopt}, {"a", std::nullopt, std::nullopt}}, "unit 'a' has two prefetch lists");
 }
 
+TEST_CASE("max_inflight_gathers bounds the units a prefetch may hold; the plan sizes the gather buffers by it") {
+  // Units a..f of one 16x16 float32 parameter each (1 KiB), 2 ranks, stage 3.
+  plan_request q;
+  for (const char* u : {"a", "b", "c", "d", "e", "f"})
+    q.parameters.push_back(spec(std::string(u) + ".w", {16, 16}, {}, true, {}, u));
+  q.world_size = 2;
+  q.stage = 3;
+  // a's forward prefetches b, c and d; c's backward prefetches b and a.
+  q.prefetch_lists = {{"a", std::vector<std::string>{"b", "c", "d"}, std::nullopt},
+                      {"c", std::nullopt, std::vector<std::string>{"b", "a"}}};
+  const shard_plan unbounded(q);
+  CHECK(unbounded.communication().gather_buffers == 4);
+  const std::vector<traffic_entry> full = unbounded.traffic();
+  for (const auto& [limit, buffers] :
+       std::vector<std::pair<int, std::uint64_t>>{{1, 1}, {2, 2}, {3, 3}, {4, 4}, {9, 4}}) {
+    CAPTURE(limit);
+    q.max_inflight_gathers = limit;
+    const shard_plan bounded(q);
+    CHECK(bounded.communication().gather_buffers == buffers);
+    CHECK(bounded.memory().communication_buffers == unbounded.memory().communication_buffers - 1024 * (4 - buffers));
+    CHECK(bounded.fingerprint() != unbounded.fingerprint());
+    // A skipped prefetch becomes a gather when the unit runs: the same gathers, the same bytes.
+    REQUIRE(bounded.traffic().size() == full.size());
+    for (std::size_t i = 0; i < full.size(); ++i) {
+      CHECK(bounded.traffic()[i].calls == full[i].calls);
+      CHECK(bounded.traffic()[i].bytes == full[i].bytes);
+    }
+  }
+  // The schedule itself: with a bound of 2, a's forward prefetches b only (c and d would make 4).
+  q.max_inflight_gathers = 2;
+  const shard_plan two(q);
+  zero::detail::gather_schedule g = two.make_gather_schedule();
+  zero::detail::null_gather_hooks h;
+  g.use(0, h);
+  for (std::size_t v : two.prefetch_after(0, true)) g.prefetch(v, h);
+  CHECK(g.held(1));
+  CHECK_FALSE(g.held(2));
+  CHECK_FALSE(g.held(3));
+  CHECK(g.skipped_prefetches() == 2);
+  CHECK(g.held_count() == 2);
+  // Units kept gathered count toward the bound but are never dropped for it: with
+  // reshard_after_forward none all six are held at the end of the forward, whatever the bound.
+  q.reshard_after_forward = reshard_policy::none;
+  q.max_inflight_gathers = 1;
+  CHECK(shard_plan(q).communication().gather_buffers == 6);
+  // Stages 0-2 gather nothing: the bound changes nothing there, not even the fingerprint.
+  q.reshard_after_forward = reshard_policy::all;
+  q.stage = 2;
+  const shard_plan stage2(q);
+  q.max_inflight_gathers = 0;
+  CHECK(shard_plan(q).fingerprint() == stage2.fingerprint());
+  q.max_inflight_gathers = -1;
+  check_invalid([&] { shard_plan p(q); }, "max_inflight_gathers must be 0 (no bound) or positive, got -1");
+}
+
+TEST_CASE("the plan records the memory space of the model state") {
+  plan_request q;
+  q.parameters = {spec("a", {64}), spec("b", {32})};
+  q.world_size = 2;
+  q.stage = 3;
+  const shard_plan unset(q);
+  CHECK(unset.space() == primitive::memory_space::host);
+  q.space = primitive::memory_space::host;
+  const shard_plan host(q);
+  CHECK(host.space() == primitive::memory_space::host);
+  CHECK(host.fingerprint() == unset.fingerprint());  // the default, named or not
+  q.space = primitive::memory_space::device;
+  const shard_plan device(q);
+  CHECK(device.space() == primitive::memory_space::device);
+  CHECK(device.fingerprint() != host.fingerprint());
+  CHECK(device.device_memory().total() == host.device_memory().total());  // the same bytes, elsewhere
+  q.space = primitive::memory_space::pinned_host;
+  check_invalid([&] { shard_plan p(q); }, "the model state's memory space must be host or device, got pinned_host");
+}
+
 TEST_CASE("accumulation scales the per-micro-batch collectives only") {
   plan_request q;
   q.parameters = {spec("a", {64}, {}, true, {}, "u")};

@@ -246,10 +246,12 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "stage 3 explicit prefetch lists: the default's bits, the plan's memory and bytes; a bad list refused everywhere") {
+    "stage 3 prefetch lists and max_inflight_gathers: the default's bits, the plan's memory and bytes; a bad list "
+    "refused everywhere") {
   // u0's forward gathers u1 and u2 ahead, u3's backward gathers u1 and u2 ahead, u1's backward
   // nothing: every rank's parameters bit for bit those of the default prefetch, the pools as
-  // planned (no growth), the bytes sent as planned (ring).
+  // planned (no growth), the bytes sent as planned (ring). The same lists under
+  // max_inflight_gathers = 2: the prefetches beyond it skipped, two gather buffers, the same bits.
   const std::vector<prefetch_list> lists = {{"u0", std::vector<std::string>{"u1", "u2"}, std::nullopt},
                                             {"u3", std::nullopt, std::vector<std::string>{"u1", "u2"}},
                                             {"u1", std::nullopt, std::vector<std::string>{}}};
@@ -259,25 +261,30 @@ TEST_CASE(
     cfg.accumulation = 2;
     cfg.optimizer = test_optimizers()[static_cast<std::size_t>(world) % 3];
     std::vector<std::vector<std::vector<float>>> listed(static_cast<std::size_t>(world)),
-        plain(static_cast<std::size_t>(world));
+        plain(static_cast<std::size_t>(world)), bounded(static_cast<std::size_t>(world));
     local::launch(world, [&](communicator& comm) {
       comm.set_forced_algorithm(algorithm::ring);
       const auto r = static_cast<std::size_t>(comm.rank());
       sharded_model_options options;
       options.optimizer = cfg.optimizer;
-      for (bool with_lists : {false, true}) {
+      for (int mode : {0, 1, 2}) {  // the default; the lists; the lists under max_inflight_gathers = 2
         plan_request q = test_request(3, cfg.accumulation);
         q.precision.optimizer_states = cfg.optimizer.state_count();
-        if (with_lists) q.prefetch_lists = lists;
+        if (mode > 0) q.prefetch_lists = lists;
+        if (mode == 2) q.max_inflight_gathers = 2;
         sharded_model model(comm, q, options);
-        (with_lists ? listed : plain)[r] = train_sharded(model, comm.rank(), cfg);
-        if (!with_lists) continue;
-        // u3's backward holds u3, u0 (whose storage its tied parameter uses) and u1, u2 ahead.
-        CHECK(model.plan().communication().gather_buffers == 4);
+        (mode == 0 ? plain : mode == 1 ? listed : bounded)[r] = train_sharded(model, comm.rank(), cfg);
+        if (mode == 0) continue;
+        // u3's backward holds u3, u0 (whose storage its tied parameter uses) and u1, u2 ahead;
+        // bounded, u3 and u0 only (what a unit's own use needs is never held back).
+        CHECK(model.plan().communication().gather_buffers == (mode == 1 ? 4 : 2));
         const traffic_counts before = comm.traffic();
         constant_gradient_step(model, cfg.accumulation);  // one more step, measured
         const traffic_counts used = comm.traffic() - before;
         CHECK(model.memory_in_use().communication_buffers == model.plan().memory().communication_buffers);
+        // Measured where allocated: at no moment more than the plan (the pool never grew).
+        CHECK(model.memory_allocated(primitive::memory_space::host).peak ==
+              model.plan().memory().total() + sizeof(step_scalars));
         std::uint64_t planned = 0;
         for (const traffic_entry& e : model.plan().traffic())
           if (e.collective == collective_kind::all_gather) planned += e.ring_bytes_sent();
@@ -285,7 +292,10 @@ TEST_CASE(
         CHECK(used.of(collective_kind::all_gather).sent == planned + (world - 1) * 3 * sizeof(std::uint64_t));
       }
     });
-    for (std::size_t r = 0; r < listed.size(); ++r) CHECK(bitwise_equal(listed[r], plain[r]));
+    for (std::size_t r = 0; r < listed.size(); ++r) {
+      CHECK(bitwise_equal(listed[r], plain[r]));
+      CHECK(bitwise_equal(bounded[r], plain[r]));
+    }
   }
   // A list that names an unknown unit on one rank: refused on every rank, naming it.
   std::vector<std::string> errors(2);
@@ -339,6 +349,17 @@ TEST_CASE("memory in use equals the plan's prediction at every stage") {
         CHECK(measured.current == planned.total() + sizeof(step_scalars));
         CHECK(measured.peak == planned.total() + sizeof(step_scalars));
         CHECK(measured.allocations > 0);
+        // By what asked for it: each category of the plan, and the scalars as scratch.
+        const auto asked = [&](memory_category what) {
+          return model.memory_allocated(primitive::memory_space::host, what);
+        };
+        CHECK(asked(memory_category::parameters).current == planned.parameters);
+        CHECK(asked(memory_category::gradients).current == planned.gradients);
+        CHECK(asked(memory_category::master_weights).current == planned.master_weights);
+        CHECK(asked(memory_category::optimizer_states).current == planned.optimizer_states);
+        CHECK(asked(memory_category::communication_buffers).current == planned.communication_buffers);
+        CHECK(asked(memory_category::communication_buffers).peak == planned.communication_buffers);
+        CHECK(asked(memory_category::scratch).current == sizeof(step_scalars));
         CHECK(model.memory_allocated(primitive::memory_space::device).peak == 0);
         CHECK(model.memory_allocated(primitive::memory_space::pinned_host).peak == 0);
       });
@@ -583,24 +604,6 @@ TEST_CASE("a non-finite gradient skips the step on every rank and leaves the par
     CHECK(now == ones);
   });
 }
-
-namespace {
-
-/// Runs `body` on `world` local ranks; returns each rank's error (kind and what()), or no kind
-/// and "no error".
-std::vector<std::pair<std::optional<errc>, std::string>> outcomes(int world,
-                                                                  const std::function<void(communicator&)>& body) {
-  std::vector<std::pair<std::optional<errc>, std::string>> out(static_cast<std::size_t>(world),
-                                                               {std::nullopt, "no error"});
-  local::launch(world, [&](communicator& comm) {
-    try {
-      body(comm);
-    } catch (const error& e) { out[static_cast<std::size_t>(comm.rank())] = {e.kind(), e.what()}; }
-  });
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("stage 3: no view shows parameters from before step(), whatever was gathered after end_backward") {
   local::launch(2, [](communicator& comm) {
@@ -874,6 +877,11 @@ TEST_CASE("ranks whose options differ are refused on every rank, naming the opti
                     if (r == 0) q.prefetch_lists = {{"u1", std::vector<std::string>{"u3"}, std::nullopt}};
                   }),
                   "the ranks differ in prefetch_lists (hash)");
+  every_rank_says(with([](int r, plan_request& q, sharded_model_options&) {
+                    q.stage = 3;
+                    q.max_inflight_gathers = r == 0 ? 2 : 3;
+                  }),
+                  "the ranks differ in max_inflight_gathers: rank 0: 2; rank 1: 3");
   // A parameter list of the same length that differs in one parameter: the first one named.
   every_rank_says(with([](int r, plan_request& q, sharded_model_options&) {
                     if (r == 1) q.parameters[2].shape = {3, 3};

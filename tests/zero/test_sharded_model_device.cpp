@@ -408,6 +408,35 @@ TEST_CASE("device path: a device context that does not fit is refused with inval
                                            "is a cuda_stream, whose memory host code cannot touch"),
                          error);
   }
+  SUBCASE("a plan for another memory space than the compute stream's") {
+    // A request naming device memory on a host compute stream (rank 1 only), and a plan built for
+    // device memory on the host path: refused on every rank, naming both spaces.
+    for (bool built_plan : {false, true}) {
+      CAPTURE(built_plan);
+      const auto out = outcomes(2, [&](communicator& comm) {
+        plan_request q = device_request(3, 1, options.optimizer);
+        if (built_plan || comm.rank() == 1) q.space = primitive::memory_space::device;
+        primitive::host_stream compute;
+        host_execution_stream host(compute);
+        if (built_plan) {
+          q.world_size = comm.world_size();
+          const shard_plan plan(q);
+          sharded_model model(comm, plan, plan.parameters(), options);
+        } else {
+          sharded_model model(comm, q, device_context{&host}, options);
+        }
+      });
+      for (int r = 0; r < 2; ++r) {
+        const auto& [kind, what] = out[static_cast<std::size_t>(r)];
+        INFO(what);
+        CHECK(kind == errc::invalid_argument);
+        CHECK(what.find("rank " + std::to_string(built_plan ? r : 1)) != std::string::npos);
+        if (built_plan || r == 1)
+          CHECK(what.find("the plan is for device memory (plan_request::space), but this model's state lives in host "
+                          "memory, its compute stream's: expected a plan for host memory") != std::string::npos);
+      }
+    }
+  }
 }
 
 TEST_CASE("device path: reproducible mode at stages 0-3, bitwise the host runtime") {

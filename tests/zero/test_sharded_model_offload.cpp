@@ -95,6 +95,8 @@ struct device_run {
   std::vector<step_result> steps;
   memory_breakdown host_space, device_space, pinned_space, offloaded;
   primitive::memory_usage measured;  // memory_allocated(host)
+  memory_breakdown asked;            // memory_allocated(host, category).current, by category
+  std::uint64_t scratch = 0;         // memory_allocated(host, scratch).current
 };
 
 template <class T>
@@ -112,6 +114,13 @@ device_run run_on_stream(communicator& comm, const plan_request& q, const sharde
   r.pinned_space = model.memory_in_use(primitive::memory_space::pinned_host);
   r.offloaded = model.offloaded_memory_in_use();
   r.measured = model.memory_allocated(primitive::memory_space::host);
+  const auto asked = [&](memory_category what) {
+    return model.memory_allocated(primitive::memory_space::host, what).current;
+  };
+  r.asked = {asked(memory_category::parameters), asked(memory_category::gradients),
+             asked(memory_category::master_weights), asked(memory_category::optimizer_states),
+             asked(memory_category::communication_buffers)};
+  r.scratch = asked(memory_category::scratch);
   return r;
 }
 
@@ -231,6 +240,10 @@ TEST_CASE("offload on the host stream: stages 0-3 x {float32, bfloat16} x world 
           CHECK(offloaded[r].measured.current == plan.memory().total() + scalars);
           CHECK(offloaded[r].measured.peak == plan.memory().total() + scalars);
           CHECK(plain[r].measured.peak == plain[r].host_space.total() + sizeof(step_scalars));
+          // By what asked for it: the plan's categories (transfer buffers as communication
+          // buffers), the two copies of the scalars as scratch.
+          CHECK(offloaded[r].asked == plan.memory());
+          CHECK(offloaded[r].scratch == scalars);
           CHECK(offloaded[r].device_space.total() == 0);
           CHECK(offloaded[r].pinned_space.total() == 0);
           CHECK(plain[r].offloaded.total() == 0);

@@ -325,4 +325,18 @@ inline bool bitwise_equal(const std::vector<std::vector<float>>& a, const std::v
   return true;
 }
 
+/// Runs `body` on `world` local ranks; returns each rank's error (kind and what()), or no kind
+/// and "no error".
+inline std::vector<std::pair<std::optional<ringzero::errc>, std::string>> outcomes(
+    int world, const std::function<void(ringzero::communicator&)>& body) {
+  std::vector<std::pair<std::optional<ringzero::errc>, std::string>> out(static_cast<std::size_t>(world),
+                                                                         {std::nullopt, "no error"});
+  ringzero::local::launch(world, [&](ringzero::communicator& comm) {
+    try {
+      body(comm);
+    } catch (const ringzero::error& e) { out[static_cast<std::size_t>(comm.rank())] = {e.kind(), e.what()}; }
+  });
+  return out;
+}
+
 }  // namespace zero_test

@@ -58,6 +58,9 @@ struct torch_zero_options {
   /// `set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`) over `prefetch`.
   std::vector<zero::prefetch_list> prefetch_lists;
   int max_inflight_reductions = 2;
+  /// Stage 3: the most units gathered at once that a prefetch may bring about (0: no bound;
+  /// `zero::plan_request::max_inflight_gathers`).
+  int max_inflight_gathers = 0;
   /// Stage 3: which units are released after their forward and gathered again for their
   /// backward (`zero::reshard_policy`: all, except_last as FSDP2 does by default, none); the
   /// plan counts the gather buffers the policy keeps.
@@ -334,6 +337,7 @@ class torch_zero {
     q.prefetch_lists = options_.prefetch_lists;
     q.reshard_after_forward = options_.reshard_after_forward;
     q.max_inflight_reductions = options_.max_inflight_reductions;
+    q.max_inflight_gathers = options_.max_inflight_gathers;
     q.quantization = options_.quantization;
     q.accumulate_unsharded = options_.accumulate_unsharded;
     q.keep_frozen_bytes = options_.keep_frozen_bytes;

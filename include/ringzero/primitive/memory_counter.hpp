@@ -5,17 +5,21 @@
 /// `reset_peak`), and the number of allocations. Every `memory_buffer` allocated with a counter
 /// adds its size there and takes it off when freed, so the numbers are what was allocated, not
 /// what the owner believes it holds. Bytes are the sizes asked for (an allocator's rounding and
-/// alignment padding are not counted).
+/// alignment padding are not counted). A counter made with a parent also adds to and removes
+/// from the parent, so an owner can count by what asked for the memory (one counter per purpose)
+/// and in total (the parent, whose peak is the peak of the sum).
 /// Thread safety: all members may be called from any thread at once (relaxed atomics; the peak
 /// is exact: the maximum of `current` over every allocation's addition). A counter must
 /// outlive the buffers allocated with it.
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <optional>
+
+#include "ringzero/primitive/memory_space_kind.hpp"
 
 namespace ringzero::primitive {
-
-enum class memory_space : std::uint8_t;
 
 /// One memory space's numbers (bytes, bytes, count).
 struct memory_usage {
@@ -28,6 +32,8 @@ struct memory_usage {
 class memory_counter {
  public:
   memory_counter() = default;
+  /// A counter whose additions and removals also go to `parent` (which must outlive it).
+  explicit memory_counter(memory_counter* parent) noexcept : parent_(parent) {}
   memory_counter(const memory_counter&) = delete;
   memory_counter& operator=(const memory_counter&) = delete;
 
@@ -38,10 +44,12 @@ class memory_counter {
     s.allocations.fetch_add(1, std::memory_order_relaxed);
     std::uint64_t peak = s.peak.load(std::memory_order_relaxed);
     while (now > peak && !s.peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {}
+    if (parent_ != nullptr) parent_->add(space, bytes);
   }
   /// `bytes` fewer held in `space` (a buffer added with `add` was freed).
   void remove(memory_space space, std::uint64_t bytes) noexcept {
     slots_[index(space)].current.fetch_sub(bytes, std::memory_order_relaxed);
+    if (parent_ != nullptr) parent_->remove(space, bytes);
   }
   /// The numbers of `space`.
   memory_usage usage(memory_space space) const noexcept {
@@ -66,6 +74,34 @@ class memory_counter {
     return i < spaces ? i : spaces - 1;
   }
   slot slots_[spaces];
+  memory_counter* parent_ = nullptr;
+};
+
+/// A total `memory_counter` and `N` counters by purpose (purpose i: `of(i)`) whose additions
+/// and removals also go to the total. Thread safety as `memory_counter`'s.
+template <std::size_t N>
+class memory_counters {
+ public:
+  memory_counters() {
+    for (auto& c : parts_) c.emplace(&total_);
+  }
+  /// Every purpose's allocations together (the peak is the peak of the sum).
+  memory_counter& total() noexcept { return total_; }
+  /// Every purpose's allocations together (the peak is the peak of the sum).
+  const memory_counter& total() const noexcept { return total_; }
+  /// Purpose `i`'s counter. Precondition: i < N.
+  memory_counter& of(std::size_t i) noexcept { return *parts_[i]; }
+  /// Purpose `i`'s counter. Precondition: i < N.
+  const memory_counter& of(std::size_t i) const noexcept { return *parts_[i]; }
+  /// Starts every peak (the total's and each purpose's) again from what is held now.
+  void reset_peak() noexcept {
+    total_.reset_peak();
+    for (auto& c : parts_) c->reset_peak();
+  }
+
+ private:
+  memory_counter total_;
+  std::optional<memory_counter> parts_[N];
 };
 
 }  // namespace ringzero::primitive

@@ -18,25 +18,9 @@
 #include "ringzero/core/error.hpp"
 #include "ringzero/primitive/device_primitives.hpp"
 #include "ringzero/primitive/memory_counter.hpp"
+#include "ringzero/primitive/memory_space_kind.hpp"
 
 namespace ringzero::primitive {
-
-/// Where memory lives.
-enum class memory_space : std::uint8_t {
-  host,         ///< pageable host memory
-  pinned_host,  ///< page-locked host memory (cudaMallocHost): DMA-able, for overlapped copies
-  device,       ///< CUDA device memory of one device
-};
-
-/// "host", "pinned_host" or "device".
-constexpr const char* to_string(memory_space s) noexcept {
-  switch (s) {
-    case memory_space::host: return "host";
-    case memory_space::pinned_host: return "pinned_host";
-    case memory_space::device: return "device";
-  }
-  return "invalid memory_space";
-}
 
 /// Alignment of host allocations in bytes (a cache line; enough for every vector width used).
 inline constexpr std::size_t host_alignment = 64;

@@ -16,9 +16,10 @@ namespace ringzero::zero::detail {
 class gather_schedule {
  public:
   /// `borrowed[u]`: the units whose storage unit u uses (never u itself). `empty[u]`: unit u has
-  /// nothing to gather (it is never held, but what it borrows is).
-  gather_schedule(std::vector<std::vector<std::size_t>> borrowed, std::vector<bool> empty)
-      : borrowed_(std::move(borrowed)), empty_(std::move(empty)), state_(borrowed_.size()) {}
+  /// nothing to gather (it is never held, but what it borrows is). `limit`: the most units held
+  /// at once that `prefetch` may bring about (0: no bound; `plan_request::max_inflight_gathers`).
+  gather_schedule(std::vector<std::vector<std::size_t>> borrowed, std::vector<bool> empty, std::size_t limit = 0)
+      : borrowed_(std::move(borrowed)), empty_(std::move(empty)), state_(borrowed_.size()), limit_(limit) {}
 
   /// Number of units.
   std::size_t units() const noexcept { return state_.size(); }
@@ -34,6 +35,8 @@ class gather_schedule {
   std::size_t held_count() const noexcept { return held_; }
   /// Largest `held_count()` seen so far.
   std::size_t peak() const noexcept { return peak_; }
+  /// Prefetches skipped because they would have held more units than the limit.
+  std::size_t skipped_prefetches() const noexcept { return skipped_; }
 
   /// Starts the gathers of u and its borrowed units that are not held and takes one reference
   /// on each. Call `wait_for(u)` before reading them.
@@ -63,9 +66,18 @@ class gather_schedule {
     for_each_needed(u, [&](std::size_t w) { hooks.wait(w); });
   }
 
-  /// Starts the gathers of v and its borrowed units that are not held, without references.
+  /// Starts the gathers of v and its borrowed units that are not held, without references;
+  /// nothing when that would hold more units than the limit (all or none of them start).
   template <class Hooks>
   void prefetch(std::size_t v, Hooks& hooks) {
+    if (limit_ != 0) {
+      std::size_t starting = 0;
+      for_each_needed(v, [&](std::size_t w) { starting += state_[w].held ? 0 : 1; });
+      if (starting != 0 && held_ + starting > limit_) {
+        ++skipped_;
+        return;
+      }
+    }
     for_each_needed(v, [&](std::size_t w) {
       if (state_[w].held) return;
       start_if_needed(w, hooks);
@@ -164,6 +176,8 @@ class gather_schedule {
   std::vector<unit_state> state_;
   std::size_t held_ = 0;
   std::size_t peak_ = 0;
+  std::size_t limit_ = 0;    ///< most units held that a prefetch may bring about (0: no bound)
+  std::size_t skipped_ = 0;  ///< prefetches the limit skipped
 };
 
 /// Hooks that do nothing (the planner's simulation).

@@ -4,6 +4,7 @@
 /// (`zero::paper_model_state_memory`).
 /// The manual: docs/zero.md, "Header notes", `ringzero/zero/memory_model.hpp`.
 
+#include <cstddef>
 #include <cstdint>
 
 namespace ringzero::zero {
@@ -27,6 +28,20 @@ struct memory_breakdown {
 
   friend constexpr bool operator==(const memory_breakdown&, const memory_breakdown&) = default;
 };
+
+/// What asked for memory: the categories of `memory_breakdown`, and `scratch`, what a runtime
+/// allocates outside the model state (the step's scalars, offload's step decision, agreement
+/// records, read_parameter's temporary copy). `zero::sharded_model::memory_allocated` counts by it.
+enum class memory_category : std::uint8_t {
+  parameters,
+  gradients,
+  master_weights,
+  optimizer_states,
+  communication_buffers,
+  scratch,
+};
+/// The number of `memory_category` values.
+inline constexpr std::size_t memory_categories = 6;
 
 /// Element sizes of the paper's model: bytes per element of parameters, of gradients, and of
 /// optimizer state (K, which includes the master copy).

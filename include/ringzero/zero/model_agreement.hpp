@@ -270,6 +270,7 @@ inline std::vector<ringzero::detail::agreed_value> model_agreement::summary(bool
       {"reshard_after_forward", static_cast<std::uint64_t>(q.reshard_after_forward), shown::named,
        +[](std::uint64_t bits) { return reshard_policy_name(static_cast<reshard_policy>(bits)).data(); }},
       {"max_inflight_reductions", static_cast<std::uint64_t>(q.max_inflight_reductions), shown::integer},
+      {"max_inflight_gathers", q.stage == 3 ? static_cast<std::uint64_t>(q.max_inflight_gathers) : 0u, shown::integer},
       {"accumulate_unsharded", q.stage >= 2 && q.accumulate_unsharded ? 1u : 0u, shown::flag},
       {"quantization.weights", static_cast<std::uint64_t>(q.quantization.weights), shown::named, +quantized_text},
       {"quantization.gradients", static_cast<std::uint64_t>(q.quantization.gradients), shown::named, +quantized_text},

@@ -51,8 +51,10 @@ struct optimizer_offload {
   }
 
   /// The transfer buffers of every trainable buffer of `plan`: the range the rank's optimizer
-  /// updates (its shard; the whole buffer at stage 0), zeroed, counted in `counter` when given.
-  void allocate_buffers(const shard_plan& plan, primitive::memory_counter* counter = nullptr) {
+  /// updates (its shard; the whole buffer at stage 0), zeroed, counted in `counter` when given;
+  /// the step's decision in `scratch` when given.
+  void allocate_buffers(const shard_plan& plan, primitive::memory_counter* counter = nullptr,
+                        primitive::memory_counter* scratch = nullptr) {
     const auto& buffers = plan.buffers();
     gradients.resize(buffers.size());
     parameters.resize(buffers.size());
@@ -63,7 +65,7 @@ struct optimizer_offload {
       gradients[b] = allocate(space, own * dtype_size(f.gradient_type), counter);
       parameters[b] = allocate(space, own * dtype_size(f.type), counter);
     }
-    decided = allocate(space, sizeof(step_scalars), counter);
+    decided = allocate(space, sizeof(step_scalars), scratch);
   }
 
   /// Bytes of the transfer buffers (in `space`; `decided`, not model state, is not counted).

@@ -20,6 +20,7 @@
 #include "ringzero/core/dtype.hpp"
 #include "ringzero/core/error.hpp"
 #include "ringzero/core/fnv1a.hpp"
+#include "ringzero/primitive/memory_space_kind.hpp"
 #include "ringzero/zero/offload.hpp"
 #include "ringzero/zero/parameter_spec.hpp"
 #include "ringzero/zero/precision.hpp"
@@ -110,6 +111,15 @@ struct plan_request {
   /// Stage 3: which units are released after their forward (`reshard_policy`); no effect at
   /// stages 0-2, whose parameters are never released.
   reshard_policy reshard_after_forward = reshard_policy::all;
+  /// Stage 3: the most units holding a gathered copy at once (arriving or in use) that a
+  /// prefetch may bring about: a prefetch that would exceed it is skipped and the unit is
+  /// gathered when it runs. A unit's own gathers (and those of the units it borrows from) are
+  /// never held back, and units kept gathered (`reshard_after_forward`) count toward the bound,
+  /// so the plan's `communication().gather_buffers` is the peak that results. 0: no bound; 1: no
+  /// prefetch while a unit is gathered; 2: one unit ahead. The rate limiter of FSDP1's `limit_all_gathers` and
+  /// DeepSpeed's `stage3_max_live_parameters`, counted in units (each gather buffer holds the largest unit).
+  /// >= 0; no effect at stages 0-2.
+  int max_inflight_gathers = 0;
   /// Stages 2-3: reductions allowed in flight before a new gradient bucket waits for the oldest
   /// (>= 1; 2 lets one reduction overlap the backward of the next unit).
   int max_inflight_reductions = 2;
@@ -117,6 +127,12 @@ struct plan_request {
   /// weights and optimizer states there, with one transfer buffer per trainable buffer for the
   /// gradient shard and one for the updated parameter shard.
   zero::offload offload = zero::offload::none;
+  /// The memory space of the model state (`shard_plan::device_memory()` counts it there): host,
+  /// or device for a `zero::sharded_model` whose compute stream is a device's (the device path).
+  /// Unset: the plan is for host memory, and `sharded_model`'s constructors that take a request
+  /// set it from the compute stream. A `sharded_model` refuses a plan for another space than its
+  /// compute stream's. host or device (pinned_host holds only offloaded state).
+  std::optional<primitive::memory_space> space;
   /// What the collectives send quantized (zero/quantization.hpp): stage 3's all_gathers of
   /// parameters, the reduction of gradients over the shard group. Changes the plan's traffic
   /// (`traffic_entry::bytes`; `unquantized_bytes` keeps the full-precision figure) and adds one
@@ -275,6 +291,14 @@ inline std::uint64_t request_fingerprint(const plan_request& q) noexcept {
   if (q.stage == 3 && q.reshard_after_forward != reshard_policy::all) {  // as offload below
     h.text("reshard_after_forward");
     h.u64(static_cast<std::uint64_t>(q.reshard_after_forward));
+  }
+  if (q.stage == 3 && q.max_inflight_gathers != 0) {  // as offload
+    h.text("max_inflight_gathers");
+    h.u64(static_cast<std::uint64_t>(q.max_inflight_gathers));
+  }
+  if (q.space && *q.space != primitive::memory_space::host) {  // as offload
+    h.text("space");
+    h.u64(static_cast<std::uint64_t>(*q.space));
   }
   if (q.offload != offload::none) {  // plans without offload keep their fingerprints
     h.text("offload");

@@ -140,9 +140,12 @@ class shard_plan {
   /// Memory of every rank by category, in bytes (identical on every rank; padding included):
   /// `device_memory()` plus `host_memory()`, category by category.
   const memory_breakdown& memory() const noexcept { return memory_; }
-  /// The part of `memory()` in the compute stream's memory (a GPU's): all of it without offload;
-  /// with offload::optimizer parameters, gradients, gather buffers and gradient buckets.
+  /// The part of `memory()` in the compute stream's memory (`space()`: a GPU's on the device
+  /// path): all of it without offload; with offload::optimizer parameters, gradients, gather
+  /// buffers and gradient buckets.
   const memory_breakdown& device_memory() const noexcept { return device_memory_; }
+  /// The memory space `device_memory()` is in: `plan_request::space`, host when unset.
+  primitive::memory_space space() const noexcept { return request_.space.value_or(primitive::memory_space::host); }
   /// The part of `memory()` in host memory (pinned on a GPU): nothing without offload; with
   /// offload::optimizer the master weights, the optimizer states and, as communication buffers,
   /// the transfer buffers (per trainable buffer, the rank's gradient shard and parameter shard).
@@ -208,7 +211,8 @@ class shard_plan {
       borrowed[u] = units_[u].borrowed;
       empty[u] = units_[u].gather_bytes == 0;
     }
-    return detail::gather_schedule(std::move(borrowed), std::move(empty));
+    return detail::gather_schedule(std::move(borrowed), std::move(empty),
+                                   request_.stage == 3 ? static_cast<std::size_t>(request_.max_inflight_gathers) : 0);
   }
   /// The bookkeeping of gradient reduction for this plan (zero/gradient_schedule.hpp).
   detail::gradient_schedule make_gradient_schedule() const {
@@ -256,6 +260,12 @@ class shard_plan {
       detail::plan_error("alignment must be a power of two (in bytes), got " + std::to_string(q.alignment_bytes));
     if (q.accumulation_steps < 1)
       detail::plan_error("accumulation steps must be at least 1, got " + std::to_string(q.accumulation_steps));
+    if (q.max_inflight_gathers < 0)
+      detail::plan_error("max_inflight_gathers must be 0 (no bound) or positive, got " +
+                         std::to_string(q.max_inflight_gathers));
+    if (q.space && *q.space != primitive::memory_space::host && *q.space != primitive::memory_space::device)
+      detail::plan_error(std::string("the model state's memory space must be host or device, got ") +
+                         primitive::to_string(*q.space));
     if (q.max_inflight_reductions < 1)
       detail::plan_error("max_inflight_reductions must be at least 1, got " +
                          std::to_string(q.max_inflight_reductions));

@@ -63,8 +63,8 @@ class sharded_model {
   /// A model running `plan` on `comm` (and `replica_comm` for hybrid sharding) for a trainer
   /// that registers `registered` (which must equal the plan's parameters). A collective over
   /// both communicators. Throws errc::invalid_argument on every rank when a rank's registered
-  /// parameters, world size, replica group size or optimizer do not match its plan, or when the
-  /// ranks' plans differ (the message says what differs).
+  /// parameters, world size, replica group size, optimizer or memory space (`shard_plan::space()`,
+  /// host here) do not match its plan, or when the ranks' plans differ (the message says which).
   sharded_model(communicator& comm, shard_plan plan, std::span<const parameter_spec> registered,
                 const sharded_model_options& options = {}, communicator* replica_comm = nullptr)
       : sharded_model(construct_tag{}, comm, std::move(plan), registered, nullptr, options, replica_comm) {}
@@ -73,8 +73,9 @@ class sharded_model {
   /// `device.compute` (allocated and zeroed by stream work); the trainer enqueues its forward
   /// and backward on that stream; the runtime's collectives run on a communication stream
   /// ordered against it by events (docs/zero.md, "The device path"). Throws as the constructor
-  /// above, and errc::invalid_argument on every rank when the compute stream is missing, is on
-  /// another device than the communicator's rank, or its memory is not the communicator's.
+  /// above (the plan's space must be the compute stream's), and errc::invalid_argument on every rank
+  /// when the stream is missing, on another device than the communicator's rank, or its memory is
+  /// not the communicator's.
   sharded_model(communicator& comm, shard_plan plan, std::span<const parameter_spec> registered,
                 const device_context& device, const sharded_model_options& options = {},
                 communicator* replica_comm = nullptr)
@@ -86,12 +87,14 @@ class sharded_model {
   /// rank (the planner's message on that rank, the refusing ranks named on the others).
   sharded_model(communicator& comm, plan_request request, const sharded_model_options& options = {},
                 communicator* replica_comm = nullptr)
-      : sharded_model(comm, plan_for(comm, std::move(request), replica_comm), nullptr, options, replica_comm) {}
+      : sharded_model(comm, plan_for(comm, std::move(request), replica_comm, nullptr), nullptr, options, replica_comm) {
+  }
 
   /// The device path of the constructor above (see the device constructor for `device`).
   sharded_model(communicator& comm, plan_request request, const device_context& device,
                 const sharded_model_options& options = {}, communicator* replica_comm = nullptr)
-      : sharded_model(comm, plan_for(comm, std::move(request), replica_comm), &device, options, replica_comm) {}
+      : sharded_model(comm, plan_for(comm, std::move(request), replica_comm, &device), &device, options, replica_comm) {
+  }
 
   sharded_model(const sharded_model&) = delete;
   sharded_model& operator=(const sharded_model&) = delete;
@@ -347,16 +350,19 @@ class sharded_model {
   /// Bytes this rank holds now, by category (pools at their current size).
   memory_breakdown memory_in_use() const;
   /// What this rank's runtime has allocated in `space`, measured where it allocates
-  /// (primitive/memory_counter.hpp): the bytes held now, the most held at once since
-  /// construction or `reset_memory_peak()`, and the allocations. It counts every buffer:
-  /// the model states and communication buffers `memory_in_use()` sums, the pools as they grow,
-  /// the step's scalars, offload's transfer buffers and the construction's temporaries; not the
-  /// trainer's memory (activations, its own tensors), a communicator's, nor reproducible mode's
-  /// accumulators (ordinary heap memory, docs/zero.md). Local; any thread.
+  /// (primitive/memory_counter.hpp): bytes held now, the most held at once since construction or
+  /// `reset_memory_peak()`, allocations. Every buffer: the model states and communication buffers
+  /// `memory_in_use()` sums, the pools as they grow, the step's scalars, offload's transfer buffers,
+  /// temporaries; not the trainer's memory (activations, its tensors), a communicator's, nor
+  /// reproducible mode's accumulators (heap memory, docs/zero.md). Local; any thread. With `what`:
+  /// the part that category asked for (its own peak; the categories' peaks may sum past the total's).
   primitive::memory_usage memory_allocated(primitive::memory_space space) const noexcept {
-    return memory_counter_.usage(space);
+    return memory_counter_.total().usage(space);
   }
-  /// Starts `memory_allocated`'s peaks again from what is held now.
+  primitive::memory_usage memory_allocated(primitive::memory_space space, memory_category what) const noexcept {
+    return memory_counter_.of(static_cast<std::size_t>(what)).usage(space);
+  }
+  /// Starts `memory_allocated`'s peaks (total and by category) again from what is held now.
   void reset_memory_peak() noexcept { memory_counter_.reset_peak(); }
 
   /// The part of `memory_in_use()` that offload::optimizer keeps in host memory (master weights,
@@ -416,20 +422,11 @@ class sharded_model {
     start(device, p.problem.empty() ? agreement().problem(plan_.parameters()) : p.problem);
   }
 
-  /// Plans `request` for the communicators. A refusal is kept (not thrown) so that the other
+  /// Plans `request` for the communicators (and, where the request names no memory space, for
+  /// the space of `device`'s compute stream). A refusal is kept (not thrown) so that the other
   /// ranks learn of it in `agree` instead of waiting there for this rank until the timeout.
-  static planned plan_for(const communicator& comm, plan_request request, const communicator* replica) {
-    request.world_size = comm.world_size() * (replica ? replica->world_size() : 1);
-    request.replica_group_size = replica ? comm.world_size() : 0;
-    plan_request empty;
-    empty.world_size = request.world_size;
-    empty.replica_group_size = request.replica_group_size;
-    try {
-      return {shard_plan(std::move(request)), {}};
-    } catch (const error& e) {
-      return {shard_plan(std::move(empty)), "the planner refused the request: " + e.message()};
-    }
-  }
+  static planned plan_for(const communicator& comm, plan_request request, const communicator* replica,
+                          const device_context* device);
 
   /// `allocate()` on every rank, then one exchange so that a rank that could not allocate its
   /// share makes every rank throw (naming it) instead of leaving the others to time out in the
@@ -441,7 +438,7 @@ class sharded_model {
   }
 
   /// The cross-rank checks of this model (zero/model_agreement.hpp).
-  detail::model_agreement agreement() { return {comm_, replica_, plan_, options_, &memory_counter_}; }
+  detail::model_agreement agreement() { return {comm_, replica_, plan_, options_, counter(memory_category::scratch)}; }
   /// The tags of the runtime's collectives, named in the contract check's errors
   /// (zero/model_agreement.hpp).
   using call_purpose = detail::call_purpose;
@@ -603,9 +600,11 @@ class sharded_model {
   /// The constructors' common end: attach `device`, or on the host path (null) a compute stream
   /// run by the calling thread; agree across ranks; allocate.
   void start(const device_context* device, std::string problem);
-  /// A buffer of `bytes` in the compute stream's memory space, zeroed on the communication
-  /// stream; a `communication` buffer (gather buffer, bucket) from the collective hook if it allocates.
-  detail::host_buffer make_buffer(std::uint64_t bytes, bool communication = false);
+  /// A buffer of `bytes` in the compute stream's memory space, zeroed on the communication stream,
+  /// counted as `what`; a `from_hook` buffer (gather buffer, bucket) from the collective hook if it allocates.
+  detail::host_buffer make_buffer(std::uint64_t bytes, memory_category what, bool from_hook = false);
+  /// The counter of what `what` asked for (its additions also go to the total).
+  primitive::memory_counter* counter(memory_category c) noexcept { return &memory_counter_.of(std::size_t(c)); }
   /// Runs the collective hook's `call` (the `what` of unit `unit`, flat buffer `buffer`); a failure aborts
   /// the communicator (sharded_model_buffers.hpp) and is rethrown naming the hook, the call and this rank.
   template <class F>
@@ -650,9 +649,10 @@ class sharded_model {
   shard_plan plan_;
   sharded_model_options options_;
   int shard_index_;
-  primitive::memory_counter memory_counter_;  ///< every allocation of the runtime (declared before them all)
-  std::vector<detail::host_buffer> params_;   ///< per buffer: whole (shard_plan::holds_whole) or the shard
-  std::vector<detail::host_buffer> grads_;    ///< per trainable buffer: the shard if sharded_gradients(), else full
+  /// Every allocation of the runtime, by what asked for it (memory_category); declared before them all.
+  primitive::memory_counters<memory_categories> memory_counter_;
+  std::vector<detail::host_buffer> params_;  ///< per buffer: whole (shard_plan::holds_whole) or the shard
+  std::vector<detail::host_buffer> grads_;   ///< per trainable buffer: the shard if sharded_gradients(), else full
   std::optional<sharded_optimizer> optimizer_;
   loss_scaler scaler_;                                ///< the same on every rank: updated from the global decision
   std::vector<detail::host_buffer> gathers_buffers_;  ///< gather buffer pool (stage 3)

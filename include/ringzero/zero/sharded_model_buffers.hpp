@@ -26,19 +26,23 @@ inline void sharded_model::allocate() {
   params_.reserve(buffers.size());
   grads_.reserve(buffers.size());
   for (const flat_buffer& f : buffers) {
-    params_.emplace_back(make_buffer((stage3 && !f.replicated ? f.shard_numel : f.numel) * dtype_size(f.type)));
+    params_.emplace_back(make_buffer((stage3 && !f.replicated ? f.shard_numel : f.numel) * dtype_size(f.type),
+                                     memory_category::parameters));
     grads_.emplace_back(
-        make_buffer(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0));
+        make_buffer(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0,
+                    memory_category::gradients));
   }
   if (offload_) {  // master weights and states in host memory, with transfer buffers (attach made it)
     const primitive::memory_space space = offload_->space;
-    optimizer_.emplace(plan_, shard_index_, options_.optimizer, [this, space](std::uint64_t bytes) {
-      return detail::optimizer_offload::allocate(space, bytes, &memory_counter_);
-    });
-    offload_->allocate_buffers(plan_, &memory_counter_);
+    optimizer_.emplace(plan_, shard_index_, options_.optimizer,
+                       [this, space](std::uint64_t bytes, memory_category what) {
+                         return detail::optimizer_offload::allocate(space, bytes, counter(what));
+                       });
+    offload_->allocate_buffers(plan_, counter(memory_category::communication_buffers),
+                               counter(memory_category::scratch));
   } else {
     optimizer_.emplace(plan_, shard_index_, options_.optimizer,
-                       [this](std::uint64_t bytes) { return make_buffer(bytes); });
+                       [this](std::uint64_t bytes, memory_category what) { return make_buffer(bytes, what); });
   }
   if (options_.reproducible) reproducible_.emplace(plan_);
   scaler_ = loss_scaler(options_.loss_scaling);
@@ -51,15 +55,16 @@ inline void sharded_model::allocate() {
   // pre_forward or gradient; they grow only for a trainer that visits units in another order.
   const communication_buffers& cb = plan_.communication();
   for (std::uint64_t i = 0; i < cb.gather_buffers; ++i) {
-    gathers_buffers_.emplace_back(make_buffer(cb.gather_buffer_bytes, true));
+    gathers_buffers_.emplace_back(make_buffer(cb.gather_buffer_bytes, memory_category::communication_buffers, true));
     gather_free_.push_back(gathers_buffers_.size() - 1);
   }
   for (std::uint64_t i = 0; i < cb.gradient_buckets; ++i) {
-    buckets_.emplace_back(make_buffer(cb.gradient_bucket_bytes, true));
+    buckets_.emplace_back(make_buffer(cb.gradient_bucket_bytes, memory_category::communication_buffers, true));
     bucket_free_.push_back(buckets_.size() - 1);
   }
-  if (cb.quantization_bytes > 0) quantization_staging_ = make_buffer(cb.quantization_bytes);
-  step_scalars_ = make_buffer(sizeof(step_scalars));  // not model state: outside memory_in_use
+  if (cb.quantization_bytes > 0)
+    quantization_staging_ = make_buffer(cb.quantization_bytes, memory_category::communication_buffers);
+  step_scalars_ = make_buffer(sizeof(step_scalars), memory_category::scratch);  // not model state
   for (std::size_t u = 0; u < units; ++u) gathered_.push_back(compute_->make_event());
   for (std::size_t i = 0; i < gathers_buffers_.size(); ++i) gather_slot_free_.push_back(compute_->make_event());
   for (std::size_t i = 0; i < buckets_.size(); ++i) bucket_free_event_.push_back(compute_->make_event());
@@ -71,7 +76,7 @@ inline void sharded_model::allocate() {
 inline detail::host_buffer& sharded_model::grow(std::vector<detail::host_buffer>& pool, std::uint64_t bytes,
                                                 const char* what) {
   try {
-    return pool.emplace_back(make_buffer(bytes, true));
+    return pool.emplace_back(make_buffer(bytes, memory_category::communication_buffers, true));
   } catch (const std::bad_alloc&) {
     ringzero::detail::raise(comm_, errc::internal,
                             "zero::sharded_model: cannot allocate another " + std::string(what) + " of " +

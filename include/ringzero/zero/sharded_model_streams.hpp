@@ -11,6 +11,19 @@
 
 namespace ringzero::zero {
 
+inline sharded_model::planned sharded_model::plan_for(const communicator& comm, plan_request request,
+                                                      const communicator* replica, const device_context* device) {
+  request.world_size = comm.world_size() * (replica ? replica->world_size() : 1);
+  request.replica_group_size = replica ? comm.world_size() : 0;
+  if (!request.space && device != nullptr && device->compute != nullptr) request.space = device->compute->space();
+  plan_request empty;
+  empty.world_size = request.world_size;
+  empty.replica_group_size = request.replica_group_size;
+  try {
+    return {shard_plan(std::move(request)), {}};
+  } catch (const error& e) { return {shard_plan(std::move(empty)), "the planner refused the request: " + e.message()}; }
+}
+
 inline std::string sharded_model::attach(const device_context& device) {
   if (device.compute == nullptr)
     return "the device_context has no compute stream (device_context::compute is null): the device path needs the "
@@ -62,6 +75,11 @@ inline void sharded_model::start(const device_context* device, std::string probl
   // A context that does not fit makes this rank refuse; `agree` tells every rank (the
   // exchange runs in the communicator's memory, whatever the context is).
   std::string why = attach(device != nullptr ? *device : device_context{own_compute_.get(), {}});
+  if (why.empty() && plan_.space() != comm_stream_->space())
+    why = std::string("the plan is for ") + primitive::to_string(plan_.space()) +
+          " memory (plan_request::space), but this model's state lives in " +
+          primitive::to_string(comm_stream_->space()) + " memory, its compute stream's: expected a plan for " +
+          primitive::to_string(comm_stream_->space()) + " memory";
   if (why.empty() && options_.hook && !options_.hook->supports(comm_stream_->space()))
     why = "the collective hook '" + hook_name(*options_.hook) + "' does not support " +
           primitive::to_string(comm_stream_->space()) +
@@ -71,11 +89,11 @@ inline void sharded_model::start(const device_context* device, std::string probl
   allocate_everywhere();
 }
 
-inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes, bool communication) {
+inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes, memory_category what, bool from_hook) {
   const primitive::memory_space space = comm_stream_->space();
   detail::host_buffer b;
   void* hooked = nullptr;
-  if (communication && options_.hook && bytes != 0) try {
+  if (from_hook && options_.hook && bytes != 0) try {
       hooked = options_.hook->allocate(bytes, space);
     } catch (const std::exception& e) {
       throw error(errc::internal, "the collective hook's allocate(" + std::to_string(bytes) + ") failed: " + e.what());
@@ -89,7 +107,7 @@ inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes, bool 
         static_cast<collective_hook*>(hook)->deallocate(data, n, m);
       };
       b = detail::host_buffer(primitive::memory_buffer::adopt(hooked, bytes, space, comm_stream_->device(), give_back,
-                                                              options_.hook.get(), &memory_counter_));
+                                                              options_.hook.get(), counter(what)));
       if (reinterpret_cast<std::uintptr_t>(hooked) % primitive::host_alignment != 0)
         throw error(errc::invalid_argument, "the collective hook '" + hook_name(*options_.hook) +
                                                 "' allocated memory that is not 64-byte aligned");
@@ -103,7 +121,7 @@ inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes, bool 
         }
     } else {
       b = detail::host_buffer(primitive::memory_buffer::allocate(
-          space, bytes, comm_stream_->device(), detail::host_buffer::host_alignment_for(bytes), &memory_counter_));
+          space, bytes, comm_stream_->device(), detail::host_buffer::host_alignment_for(bytes), counter(what)));
     }
   } catch (const error& e) {
     throw error(e.kind(), "zero: cannot allocate " + std::to_string(bytes) + " bytes (" + e.message() + ")");
@@ -162,7 +180,7 @@ inline void sharded_model::copy_parameter_out(std::size_t p, std::span<float> ou
     } else {
       unsigned char* dst = nullptr;
       if (gathers_.held(w)) {
-        temporary = make_buffer(f.numel * es);
+        temporary = make_buffer(f.numel * es, memory_category::scratch);
         dst = temporary.data();
       } else {
         borrowed_slot = take_gather_slot();

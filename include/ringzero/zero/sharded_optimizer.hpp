@@ -64,10 +64,11 @@ class sharded_optimizer {
 
   /// The optimizer of shard `shard_index` of `plan` (0 <= shard_index < plan.shards()).
   /// Throws errc::invalid_argument when `problem(plan, options)` is not empty. `allocate` makes
-  /// each buffer of master weights and states (bytes; zero-filled host memory when not given;
+  /// each buffer of master weights and states (its bytes, and which it is: memory_category::
+  /// master_weights or optimizer_states; zero-filled host memory when not given;
   /// the device path allocates in its memory space and zeroes by stream work).
   sharded_optimizer(const shard_plan& plan, int shard_index, const optimizer_options& options,
-                    const std::function<detail::host_buffer(std::uint64_t)>& allocate = {})
+                    const std::function<detail::host_buffer(std::uint64_t, memory_category)>& allocate = {})
       : plan_(&plan), options_(options), shard_index_(shard_index) {
     const std::string p = problem(plan, options);
     if (!p.empty()) throw error(errc::invalid_argument, "zero::sharded_optimizer: " + p);
@@ -81,9 +82,12 @@ class sharded_optimizer {
       if (!f.trainable) continue;
       buffer_state& s = state_[b];
       s.count = owned_range(b).size();
-      const auto make = [&](std::uint64_t bytes) { return allocate ? allocate(bytes) : detail::host_buffer(bytes); };
-      if (f.has_master) s.master = make(s.count * sizeof(float));
-      for (int k = 0; k < options.state_count(); ++k) s.states[k] = make(s.count * sizeof(float));
+      const auto make = [&](std::uint64_t bytes, memory_category what) {
+        return allocate ? allocate(bytes, what) : detail::host_buffer(bytes);
+      };
+      if (f.has_master) s.master = make(s.count * sizeof(float), memory_category::master_weights);
+      for (int k = 0; k < options.state_count(); ++k)
+        s.states[k] = make(s.count * sizeof(float), memory_category::optimizer_states);
     }
   }
 
