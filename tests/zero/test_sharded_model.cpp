@@ -310,6 +310,55 @@ TEST_CASE(
   CHECK(has(errors[0], "rank 1"));
 }
 
+TEST_CASE("set_parameter_async / read_parameter_async: the parameter's dtype in and out, as the synchronous calls") {
+  // bfloat16 parameters with float32 master weights on 2 ranks, stages 0-3: values handed in as
+  // bfloat16 read back bit for bit (asynchronously and as floats), and a step after them equals
+  // the step after set_parameter of the same values widened to float.
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    local::launch(2, [&](communicator& comm) {
+      plan_request q = test_request(stage, 1);
+      q.precision = precision::bfloat16_adam();
+      q.precision.gradient = dtype::float32;  // constant_gradient_step writes float gradients
+      sharded_model_options options;
+      options.optimizer = test_optimizers()[2];
+      sharded_model async_model(comm, q, options), sync_model(comm, q, options);
+      const std::size_t n = async_model.parameter_count();
+      std::vector<std::vector<bfloat16>> in(n), back(n);
+      for (std::size_t p = 0; p < n; ++p) {
+        in[p].resize(async_model.numel(p));
+        back[p].resize(in[p].size());
+        std::vector<float> widened(in[p].size());
+        for (std::size_t j = 0; j < in[p].size(); ++j) {
+          in[p][j] = static_cast<bfloat16>(1.5f * initial_value(p, j) + 0.001f * static_cast<float>(j));
+          widened[j] = static_cast<float>(in[p][j]);
+        }
+        async_model.set_parameter_async(p, in[p].data());
+        sync_model.set_parameter(p, widened);
+        async_model.read_parameter_async(p, back[p].data());
+        CHECK(std::memcmp(back[p].data(), in[p].data(), in[p].size() * sizeof(bfloat16)) == 0);
+        std::vector<float> read(in[p].size());
+        async_model.read_parameter(p, read);
+        CHECK(read == widened);
+      }
+      constant_gradient_step(async_model, 1);
+      constant_gradient_step(sync_model, 1);
+      for (std::size_t p = 0; p < n; ++p) {
+        std::vector<float> a(in[p].size()), b(in[p].size());
+        async_model.read_parameter(p, a);
+        sync_model.read_parameter(p, b);
+        CHECK(a == b);
+      }
+      // The dtype is the parameter's: a float pointer for a bfloat16 parameter is refused.
+      std::vector<float> wrong(async_model.numel(0));
+      CHECK_THROWS_WITH_AS(async_model.set_parameter_async(0, wrong.data()),
+                           doctest::Contains("parameter of 'embed' is bfloat16, requested as float32"), error);
+      CHECK_THROWS_WITH_AS(async_model.read_parameter_async(0, wrong.data()), doctest::Contains("requested as float32"),
+                           error);
+    });
+  }
+}
+
 TEST_CASE("memory in use equals the plan's prediction at every stage") {
   for (int stage = 0; stage <= 6; ++stage) {  // 4, 5: stages 2, 3 accumulating unsharded; 6: 3 keeping frozen
     for (int world : {1, 2, 3}) {

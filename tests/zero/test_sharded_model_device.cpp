@@ -77,7 +77,17 @@ std::vector<std::vector<float>> train_on_stream(sharded_model& model, primitive:
   const auto& plan = model.plan();
   const auto& params = plan.parameters();
   const std::size_t frozen = model.index("frozen.w");
-  set_initial_parameters(model);
+  std::vector<std::vector<float>> initial(params.size());  // read on the streams: kept to the end
+  if (cfg.async_parameters) {
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      initial[p].resize(model.numel(p));
+      for (std::size_t j = 0; j < initial[p].size(); ++j)
+        initial[p][j] = initial_value(plan.placements()[p].storage, j);
+      model.set_parameter_async(p, initial[p].data());
+    }
+  } else {
+    set_initial_parameters(model);
+  }
   const std::size_t units = model.unit_count();
   for (int step = 0; step < cfg.steps; ++step) {
     for (int micro = 0; micro < cfg.accumulation; ++micro) {
@@ -122,8 +132,12 @@ std::vector<std::vector<float>> train_on_stream(sharded_model& model, primitive:
   std::vector<std::vector<float>> out(params.size());
   for (std::size_t p = 0; p < params.size(); ++p) {
     out[p].resize(plan.placements()[p].numel);
-    model.read_parameter(p, out[p]);
+    if (cfg.async_parameters)
+      model.read_parameter_async(p, out[p].data());
+    else
+      model.read_parameter(p, out[p]);
   }
+  compute.synchronize();  // the asynchronous reads land in `out` on the streams
   return out;
 }
 
@@ -219,8 +233,9 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
         cfg.implicit_last_end = accumulation == 3 && stage >= 2;
         const bool unsharded = accumulation == 3 && stage >= 2 && world % 2 == 1;  // one reduction per step
         const bool keep = stage == 3 && accumulation == 1 && world % 2 == 0;       // the frozen matrix held whole
-        cfg.no_sync = world == 3 && accumulation == 3;  // micro-batches 1-2 under no_sync (full gradients)
-        const bool hooked = world == 2;                 // through a collective hook
+        cfg.no_sync = world == 3 && accumulation == 3;           // micro-batches 1-2 under no_sync (full gradients)
+        cfg.async_parameters = (world + accumulation) % 2 == 0;  // the trainer's memory in and out on the streams
+        const bool hooked = world == 2;                          // through a collective hook
         CAPTURE(unsharded);
         CAPTURE(keep);
         CAPTURE(world);

@@ -98,6 +98,9 @@ struct run_config {
   bool implicit_last_end = false;  ///< let step() end the last micro-batch
   /// Every micro-batch but the last inside model.no_sync() (the plan may then accumulate fewer).
   bool no_sync = false;
+  /// train_on_stream (device-sim): initial values in and results out through set_parameter_async
+  /// and read_parameter_async, the trainer's buffers read and written on the streams.
+  bool async_parameters = false;
   /// Called by train_sharded after each pre_forward, pre_backward and post_backward (empty: none).
   std::function<void()> between_hooks;
 };

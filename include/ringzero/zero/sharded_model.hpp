@@ -137,6 +137,8 @@ class sharded_model {
   }
   /// The unit that uses parameter p (the unit whose pre_forward/pre_backward gathers it).
   std::size_t unit_of(std::size_t p) const { return placement(p).unit; }
+  /// Parameter p's element count (its shape's product; `plan().placements()[p].numel`).
+  std::uint64_t numel(std::size_t p) const { return placement(p).numel; }
 
   /// Parameter p's values (its tie group's storage for an alias): `numel` elements of its dtype,
   /// laid out as the trainer's shape, row-major or not as the trainer decides (at stage 3 with
@@ -157,49 +159,39 @@ class sharded_model {
   /// micro-batch. Sharded gradients (shard_plan::sharded_gradients) take a bucket on a unit's first request.
   /// Reproducible mode: the view holds zeros at the start of every micro-batch (at every stage).
   template <element_type T>
-  std::span<T> gradient(std::size_t p) {
-    const parameter_placement& pl = placement(p);
-    if (!plan_.parameters()[p].trainable) raise("parameter '" + name(p) + "' is frozen: it has no gradient");
-    const flat_buffer& f = plan_.buffers()[pl.buffer];
-    check_type(dtype_of<T>, f.gradient_type, p, "gradient");
-    micro_begun_ = true;
-    if (pl.numel == 0) return {};
-    const std::size_t w = storage_unit(p);
-    const std::uint64_t gs = dtype_size(f.gradient_type);
-    if (syncing()) {
-      const auto phase = gradients_.state(w);
-      if (phase == detail::gradient_schedule::phase::launched || phase == detail::gradient_schedule::phase::completed)
-        raise("the gradient of '" + name(p) + "' was requested after the reduction of unit '" + plan_.units()[w].name +
-              "' started in this micro-batch (request gradients before mark_ready / post_backward)");
-    }
-    if (!plan_.sharded_gradients())
-      return {reinterpret_cast<T*>(grads_[pl.buffer].data() + pl.offset * gs), static_cast<std::size_t>(pl.numel)};
-    gradient_hooks h{*this};
-    gradients_.acquire(w, h);
-    unsigned char* bucket = buckets_[unit_bucket_[w]].data();
-    return {reinterpret_cast<T*>(bucket + f.gradient_offset + pl.offset * gs), static_cast<std::size_t>(pl.numel)};
-  }
+  std::span<T> gradient(std::size_t p);
 
   /// Sets parameter p (and its master weights) from `values` (`numel` float values, rounded to
   /// the parameter's dtype). Every rank must pass the same values; at stage 3 each rank keeps
   /// only what it owns (unless kept whole). Local. Throws errc::invalid_argument on a size mismatch.
-  void set_parameter(std::size_t p, std::span<const float> values) {
-    const parameter_placement& pl = placement(p);
-    if (values.size() != pl.numel)
-      raise("set_parameter('" + name(p) + "'): got " + std::to_string(values.size()) + " values for " +
-            std::to_string(pl.numel) + " elements");
-    write_parameter(p, values);
+  void set_parameter(std::size_t p, std::span<const float> values);
+  /// Sets parameter p from `values`: `numel(p)` elements of the parameter's dtype T in the
+  /// compute stream's memory (a trainer's own device buffer on the device path), copied on the
+  /// streams with no host round trip (master weights: the values widened to float32). Ordered
+  /// after the compute stream's work enqueued so far, and before what it enqueues after this
+  /// call; `values` must stay unchanged until then (cudaMemcpyAsync's contract). Every rank
+  /// passes the same values. Local; errors of the copies surface at the next wait (`step()`).
+  /// Throws errc::invalid_argument when T is not the parameter's dtype.
+  template <element_type T>
+  void set_parameter_async(std::size_t p, const T* values) {
+    check_type(dtype_of<T>, plan_.buffers()[placement(p).buffer].type, p, "parameter");
+    write_parameter(p, reinterpret_cast<const unsigned char*>(values), nullptr);
+    compute_waits_for_comm();
   }
 
   /// Copies parameter p's current values into `out` (`numel` floats). At stage 3 this is a
   /// collective (every rank calls it for the same p, in the same order) unless a unit holding
   /// p is gathered or p is kept whole. Throws errc::invalid_argument on a size mismatch.
-  void read_parameter(std::size_t p, std::span<float> out) {
-    const parameter_placement& pl = placement(p);
-    if (out.size() != pl.numel)
-      raise("read_parameter('" + name(p) + "'): output has " + std::to_string(out.size()) +
-            " elements, the parameter " + std::to_string(pl.numel));
-    copy_parameter_out(p, out);
+  void read_parameter(std::size_t p, std::span<float> out);
+  /// Copies parameter p's current values into `out`: `numel(p)` elements of its dtype T in the
+  /// compute stream's memory, on the streams with no host round trip; the compute stream's work
+  /// enqueued after this call sees them. A collective as `read_parameter`. Throws
+  /// errc::invalid_argument when T is not the parameter's dtype.
+  template <element_type T>
+  void read_parameter_async(std::size_t p, T* out) {
+    check_type(dtype_of<T>, plan_.buffers()[placement(p).buffer].type, p, "parameter");
+    copy_parameter_out(p, reinterpret_cast<unsigned char*>(out));
+    compute_waits_for_comm();
   }
 
   /// Before the forward of unit u: at stage 3, gathers u (and the units whose tied storage it
@@ -614,12 +606,18 @@ class sharded_model {
     compute_->record(*compute_mark_);
     comm_stream_->wait(*compute_mark_);
   }
-  /// `set_parameter` after its checks: the values in the parameter's dtype copied in on the
-  /// communication stream after the compute stream's work so far; waits for the copies.
-  void write_parameter(std::size_t p, std::span<const float> values);
-  /// `read_parameter` after its checks: copied out on the communication stream (gathered there
-  /// first when p's buffer is a shard and no unit holds p); waits for the copy.
-  void copy_parameter_out(std::size_t p, std::span<float> out);
+  /// The compute stream's later work runs after the communication stream's work enqueued so far.
+  void compute_waits_for_comm() {
+    comm_stream_->record(*comm_mark_);
+    compute_->wait(*comm_mark_);
+  }
+  /// Parameter p's `values` (in its dtype) copied in on the communication stream after the
+  /// compute stream's work so far; the master weights from `master` (float32) or else widened
+  /// from `values`. Waits for nothing: `values` and `master` must outlive the copies.
+  void write_parameter(std::size_t p, const unsigned char* values, const float* master);
+  /// Parameter p copied into `out` (its dtype) on the communication stream (gathered there first
+  /// when p's buffer is a shard and no unit holds p). Waits only when it needed a temporary.
+  void copy_parameter_out(std::size_t p, unsigned char* out);
   /// `step` after its checks, as work on the communication stream, with one wait at the end;
   /// `micro_batches` ended in the step and `sync_off` go to the ranks' check.
   step_result run_step(std::uint64_t micro_batches, bool sync_off);

@@ -20,6 +20,30 @@ inline void sharded_model::allocate_everywhere() {
   agreement().agree_on_allocation(problem);
 }
 
+template <element_type T>
+std::span<T> sharded_model::gradient(std::size_t p) {
+  const parameter_placement& pl = placement(p);
+  if (!plan_.parameters()[p].trainable) raise("parameter '" + name(p) + "' is frozen: it has no gradient");
+  const flat_buffer& f = plan_.buffers()[pl.buffer];
+  check_type(dtype_of<T>, f.gradient_type, p, "gradient");
+  micro_begun_ = true;
+  if (pl.numel == 0) return {};
+  const std::size_t w = storage_unit(p);
+  const std::uint64_t gs = dtype_size(f.gradient_type);
+  if (syncing()) {
+    const auto phase = gradients_.state(w);
+    if (phase == detail::gradient_schedule::phase::launched || phase == detail::gradient_schedule::phase::completed)
+      raise("the gradient of '" + name(p) + "' was requested after the reduction of unit '" + plan_.units()[w].name +
+            "' started in this micro-batch (request gradients before mark_ready / post_backward)");
+  }
+  if (!plan_.sharded_gradients())
+    return {reinterpret_cast<T*>(grads_[pl.buffer].data() + pl.offset * gs), static_cast<std::size_t>(pl.numel)};
+  gradient_hooks h{*this};
+  gradients_.acquire(w, h);
+  unsigned char* bucket = buckets_[unit_bucket_[w]].data();
+  return {reinterpret_cast<T*>(bucket + f.gradient_offset + pl.offset * gs), static_cast<std::size_t>(pl.numel)};
+}
+
 inline void sharded_model::allocate() {
   const auto& buffers = plan_.buffers();
   const bool stage3 = plan_.stage() == 3, shard_grads = plan_.sharded_gradients();

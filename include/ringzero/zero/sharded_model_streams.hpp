@@ -130,36 +130,62 @@ inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes, memor
   return b;
 }
 
-inline void sharded_model::write_parameter(std::size_t p, std::span<const float> values) {
+inline void sharded_model::set_parameter(std::size_t p, std::span<const float> values) {
+  const parameter_placement& pl = placement(p);
+  if (values.size() != pl.numel)
+    raise("set_parameter('" + name(p) + "'): got " + std::to_string(values.size()) + " values for " +
+          std::to_string(pl.numel) + " elements");
+  const dtype t = plan_.buffers()[pl.buffer].type;
+  std::vector<unsigned char> staged(static_cast<std::size_t>(pl.numel * dtype_size(t)));
+  visit_dtype(t, [&]<class T>() {
+    T* d = reinterpret_cast<T*>(staged.data());
+    for (std::uint64_t k = 0; k < pl.numel; ++k) d[k] = static_cast<T>(values[k]);
+  });
+  write_parameter(p, staged.data(), values.data());
+  comm_stream_->synchronize();  // `staged` and `values` must outlive the copies
+}
+
+inline void sharded_model::read_parameter(std::size_t p, std::span<float> out) {
+  const parameter_placement& pl = placement(p);
+  if (out.size() != pl.numel)
+    raise("read_parameter('" + name(p) + "'): output has " + std::to_string(out.size()) + " elements, the parameter " +
+          std::to_string(pl.numel));
+  const dtype t = plan_.buffers()[pl.buffer].type;
+  std::vector<unsigned char> staged(static_cast<std::size_t>(pl.numel * dtype_size(t)));
+  copy_parameter_out(p, staged.data());
+  comm_stream_->synchronize();
+  visit_dtype(t, [&]<class T>() {
+    const T* s = reinterpret_cast<const T*>(staged.data());
+    for (std::uint64_t k = 0; k < pl.numel; ++k) out[k] = static_cast<float>(s[k]);
+  });
+}
+
+inline void sharded_model::write_parameter(std::size_t p, const unsigned char* values, const float* master) {
   const parameter_placement& pl = plan_.placements()[p];
   const flat_buffer& f = plan_.buffers()[pl.buffer];
   const algorithms::range own = owned_range(pl.buffer);
   const std::uint64_t lo = std::max(own.begin, pl.offset), hi = std::min(own.end, pl.offset + pl.numel);
   const std::uint64_t es = dtype_size(f.type);
-  // The host values in the parameter's dtype, copied in on the communication stream after the
-  // trainer's work so far: the whole parameter where the rank holds its buffer whole, else the owned part.
+  // In after the trainer's work so far: the whole parameter where the rank holds its buffer
+  // whole, else the owned part.
   const bool whole = plan_.holds_whole(pl.buffer);
-  std::vector<unsigned char> staged(static_cast<std::size_t>(pl.numel * es));
-  visit_dtype(f.type, [&]<class T>() {
-    T* d = reinterpret_cast<T*>(staged.data());
-    for (std::uint64_t k = 0; k < pl.numel; ++k) d[k] = static_cast<T>(values[k]);
-  });
   comm_waits_for_compute();
-  if (whole && pl.numel != 0)
-    comm_stream_->copy(params_[pl.buffer].data() + pl.offset * es, staged.data(), pl.numel * es);
+  if (whole && pl.numel != 0) comm_stream_->copy(params_[pl.buffer].data() + pl.offset * es, values, pl.numel * es);
   if (!whole && hi > lo)
-    comm_stream_->copy(params_[pl.buffer].data() + (lo - own.begin) * es, staged.data() + (lo - pl.offset) * es,
+    comm_stream_->copy(params_[pl.buffer].data() + (lo - own.begin) * es, values + (lo - pl.offset) * es,
                        (hi - lo) * es);
   // A gathered copy of the unit (kept after its forward, prefetched, or held by a pre_* hook)
   // shows the new values too, so no view serves the old ones: every rank passes the same values.
   if (const std::size_t w = storage_unit(p); !whole && pl.numel != 0 && gathers_.held(w))
-    comm_stream_->copy(gathered_copy(w, f) + pl.offset * es, staged.data(), pl.numel * es);
-  if (float* m = f.trainable ? optimizer_->master(pl.buffer) : nullptr; m != nullptr && hi > lo)
-    comm_stream_->copy(m + (lo - own.begin), values.data() + (lo - pl.offset), (hi - lo) * sizeof(float));
-  comm_stream_->synchronize();  // `staged` and `values` must outlive the copies
+    comm_stream_->copy(gathered_copy(w, f) + pl.offset * es, values, pl.numel * es);
+  float* m = f.trainable ? optimizer_->master(pl.buffer) : nullptr;
+  if (m != nullptr && hi > lo && master != nullptr)
+    comm_stream_->copy(m + (lo - own.begin), master + (lo - pl.offset), (hi - lo) * sizeof(float));
+  if (m != nullptr && hi > lo && master == nullptr)
+    comm_stream_->cast(m + (lo - own.begin), dtype::float32, values + (lo - pl.offset) * es, f.type, hi - lo);
 }
 
-inline void sharded_model::copy_parameter_out(std::size_t p, std::span<float> out) {
+inline void sharded_model::copy_parameter_out(std::size_t p, unsigned char* out) {
   const parameter_placement& pl = plan_.placements()[p];
   const flat_buffer& f = plan_.buffers()[pl.buffer];
   const std::uint64_t es = dtype_size(f.type);
@@ -195,19 +221,11 @@ inline void sharded_model::copy_parameter_out(std::size_t p, std::span<float> ou
       src = dst;
     }
   }
-  std::vector<unsigned char> staged(static_cast<std::size_t>(pl.numel * es));
-  if (pl.numel != 0) comm_stream_->copy(staged.data(), src + pl.offset * es, pl.numel * es);
-  try {
-    comm_stream_->synchronize();
-  } catch (...) {
-    if (borrowed_slot != npos) gather_free_.push_back(borrowed_slot);
-    throw;
-  }
-  visit_dtype(f.type, [&]<class T>() {
-    const T* s = reinterpret_cast<const T*>(staged.data());
-    for (std::uint64_t k = 0; k < pl.numel; ++k) out[k] = static_cast<float>(s[k]);
-  });
+  if (pl.numel != 0) comm_stream_->copy(out, src + pl.offset * es, pl.numel * es);
+  // A borrowed slot's next gather runs after this copy on the same stream; a temporary must
+  // outlive it.
   if (borrowed_slot != npos) gather_free_.push_back(borrowed_slot);
+  if (temporary.bytes() != 0) comm_stream_->synchronize();
 }
 
 inline step_result sharded_model::run_step(std::uint64_t micro_batches, bool sync_off) {
