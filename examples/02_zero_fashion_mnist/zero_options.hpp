@@ -255,6 +255,7 @@ inline zero::sharded_model_options model_options_of(const options& o) {
   zero::sharded_model_options m;
   m.optimizer = optimizer_options_of(o);
   m.max_grad_norm = o.clip_norm;
+  m.time_gathers = o.stage == 3;  // two event records per gather and wait: the epoch line's hidden share
   return m;
 }
 

@@ -45,9 +45,10 @@ struct epoch_metrics {
   double gradient_norm = 0;         // of the epoch's last step, before clipping
   std::uint64_t clipped_steps = 0;  // steps whose gradients were scaled down
   // Time rank 0 spent inside the runtime's calls (seconds, whole epoch):
-  double gather_seconds = 0;  // pre_forward / pre_backward / post_forward (stage 3: gathers and waits)
-  double reduce_seconds = 0;  // gradient views, post_backward, end_backward (reductions and waits)
-  double update_seconds = 0;  // step(): norm, clipping, optimizer, parameter all_gather (stages 1-2)
+  double gather_seconds = 0;    // pre_forward / pre_backward / post_forward (stage 3: gathers and waits)
+  double reduce_seconds = 0;    // gradient views, post_backward, end_backward (reductions and waits)
+  double update_seconds = 0;    // step(): norm, clipping, optimizer, parameter all_gather (stages 1-2)
+  zero::gather_timing gathers;  // stage 3: the gathers and the compute stream's waits, timed on the streams
 };
 
 /// What one rank measured of its memory.
@@ -333,9 +334,13 @@ inline void print_evaluation_only(int first_epoch, int epochs, const evaluation_
 inline void print_epoch(const options& o, const epoch_metrics& m) {
   fmt::print(
       "  epoch {:>2}/{}  {:6.2f} s  {:8.0f} samples/s  {:6.2f} ms/step  train loss {:.4f}  test acc {:.4f}  "
-      "in the runtime: gather {:.3f} s, reduce {:.3f} s, step {:.3f} s\n",
+      "in the runtime: gather {:.3f} s, reduce {:.3f} s, step {:.3f} s",
       m.epoch, o.epochs, m.train_seconds, m.samples_per_second, 1e3 * m.mean_step_seconds, m.train_loss,
       m.test_accuracy, m.gather_seconds, m.reduce_seconds, m.update_seconds);
+  if (m.gathers.gathers > 0)
+    fmt::print("; gathers {:.3f} s on the communication stream, {:.3f} s waited for: {:.0f}% hidden",
+               m.gathers.gather_seconds, m.gathers.exposed_seconds, 100 * m.gathers.hidden_share());
+  fmt::print("\n");
   std::fflush(stdout);
 }
 
@@ -485,7 +490,13 @@ inline json to_json(const options& o, const run_result& r, const zero::shard_pla
                            {"clipped_steps", m.clipped_steps},
                            {"runtime_gather_seconds", m.gather_seconds},
                            {"runtime_reduce_seconds", m.reduce_seconds},
-                           {"runtime_step_seconds", m.update_seconds}});
+                           {"runtime_step_seconds", m.update_seconds},
+                           {"gather_timing",
+                            {{"gathers", m.gathers.gathers},
+                             {"gather_seconds", m.gathers.gather_seconds},
+                             {"waits", m.gathers.waits},
+                             {"exposed_seconds", m.gathers.exposed_seconds},
+                             {"hidden_share", m.gathers.hidden_share()}}}});
   }
   j["first_epoch"] = r.first_epoch;
   j["parameter_crc32"] = fmt::format("{:08x}", r.parameter_crc32);
@@ -502,8 +513,9 @@ inline json to_json(const options& o, const run_result& r, const zero::shard_pla
 }
 
 /// The report after training (rank 0): memory against this stage's and stage 0's plans (pure
-/// functions of the options), the summary line (`t0`: when training began) and, with --json, the file.
-inline void report(const options& o, const run_result& r, clock_type::time_point t0) {
+/// functions of the options), the summary line (`t0`: when training began) and, with --json, the
+/// file. Returns the exit status: 3 when the test accuracy is below --min-accuracy, else 0.
+inline int report(const options& o, const run_result& r, clock_type::time_point t0) {
   mlp shape(r.widths, external_storage);
   zero::plan_request q = plan_request_of(o, shape, o.stage);
   q.world_size = o.where.ranks;
@@ -517,6 +529,10 @@ inline void report(const options& o, const run_result& r, clock_type::time_point
     f << to_json(o, r, stage0).dump(2) << "\n";
     if (!f) throw error(errc::io_error, "cannot write " + o.json_path);
   }
+  if (r.evaluation.accuracy >= o.min_accuracy) return 0;
+  std::fprintf(stderr, "zero_fashion_mnist: test accuracy %.4f is below --min-accuracy %.4f\n", r.evaluation.accuracy,
+               o.min_accuracy);
+  return 3;
 }
 
 }  // namespace ringzero::examples::zero_example

@@ -111,6 +111,18 @@ def check_memory(m, tag):
         check(abs(heap["first_step"]) <= 0.05 * states,
               f"{tag}: the heap grew by {heap['first_step']:.0f} bytes per rank in the first step "
               f"(nothing large is allocated there)")
+    # Stage 3 times its gathers on the streams (sharded_model_options::time_gathers): every unit is
+    # gathered before its forward and its backward in every micro-batch, each waited for once or
+    # more; the share hidden lies in [0, 1]. The other stages gather nothing.
+    for e in m["epochs"]:
+        t = e["gather_timing"]
+        micro_batches = e["steps"] * m["config"].get("accumulate", 1)
+        if stage == 3:
+            check(t["gathers"] >= 2 * micro_batches and t["waits"] >= t["gathers"] and t["gather_seconds"] > 0
+                  and 0 <= t["hidden_share"] <= 1,
+                  f"{tag}: epoch {e['epoch']}: gather timing {t} for {micro_batches} micro-batches")
+        else:
+            check(t["gathers"] == 0 and t["waits"] == 0, f"{tag}: epoch {e['epoch']}: gathers timed at stage {stage}")
     if stage == 3:
         bound = m["stage0_plan_memory"]["model_states"] / ranks + m["largest_unit_bytes"]
         for r in m["memory"]:

@@ -7,10 +7,12 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ringzero/core/error.hpp"
@@ -96,6 +98,22 @@ TEST_CASE("primitive::stream events order two host streams; a missing wait reads
     CHECK(out[0] == (with_wait ? 7.0f : 0.0f));
     CHECK(out[63] == (with_wait ? 7.0f : 0.0f));
   }
+}
+
+TEST_CASE("primitive::stream timing events: seconds between reached points; refused before them") {
+  primitive::host_backed_stream s(paused_options());
+  primitive::stream& p = s;
+  const std::unique_ptr<primitive::stream::event> a = p.make_timing_event(), b = p.make_timing_event();
+  CHECK_THROWS_WITH_AS((void)p.elapsed_seconds(*a, *b), doctest::Contains("the start event was never recorded"), error);
+  p.record(*a);
+  p.host_work([] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); }, "a wait");
+  p.record(*b);
+  CHECK_THROWS_WITH_AS((void)p.elapsed_seconds(*a, *b), doctest::Contains("its point is not reached yet"), error);
+  s.native().resume();
+  p.synchronize();
+  const double seconds = p.elapsed_seconds(*a, *b);
+  CHECK(seconds >= 0.029);
+  CHECK(p.elapsed_seconds(*b, *a) == -seconds);
 }
 
 TEST_CASE("primitive::stream host work runs in order with the memory operations; errors surface at synchronize") {

@@ -6,6 +6,7 @@
 // Suite device-sim (also run with RINGZERO_HOST_STREAM_DELAY_US set).
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -291,6 +292,62 @@ TEST_CASE("device path on the host stream: stages 0-3 x world sizes 1-4, bitwise
         ++runs;
       }
   CHECK(runs == 4 * 4 * 2);
+}
+
+TEST_CASE(
+    "time_gathers: the gathers and the compute stream's waits timed on the streams; a stalled gather is exposed") {
+  // Stage 3, two ranks, the device path on host streams. One step with every gather and wait
+  // timed; then a forward whose gather is held back 50 ms (the communication stream paused): the
+  // compute stream's wait for it shows at least that long, the gather itself not (it starts when
+  // the stream resumes), so the share hidden is 0. Without the option nothing is timed.
+  std::vector<gather_timing> stepped(2), stalled(2), untimed(2);
+  local::launch(2, [&](communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    run_config cfg;
+    cfg.steps = 1;
+    cfg.optimizer = test_optimizers()[1];
+    for (bool timed : {true, false}) {
+      primitive::host_stream compute;
+      host_execution_stream stream(compute);
+      sharded_model_options options;
+      options.optimizer = cfg.optimizer;
+      options.time_gathers = timed;
+      sharded_model model(comm, device_request(3, 1, cfg.optimizer), device_context{&stream}, options);
+      (void)train_on_stream(model, compute, comm.rank(), cfg);
+      if (!timed) {
+        untimed[r] = model.gather_times();
+        continue;
+      }
+      stepped[r] = model.gather_times();
+      model.reset_gather_times();
+      auto& comm_stream = dynamic_cast<host_execution_stream&>(*model.communication_stream()).native();
+      comm_stream.pause();
+      model.pre_forward(0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      comm_stream.resume();
+      model.post_forward(0);
+      stalled[r] = model.gather_times();
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    // Every unit is gathered before its forward and again before its backward (reshard after
+    // forward), the tied head's backward also the embedding's unit: at least 2 per unit.
+    CHECK(stepped[r].gathers >= 8);
+    CHECK(stepped[r].waits >= stepped[r].gathers);
+    CHECK(stepped[r].gather_seconds > 0);
+    CHECK(stepped[r].exposed_seconds >= 0);
+    CHECK(stepped[r].hidden_share() >= 0);
+    CHECK(stepped[r].hidden_share() <= 1);
+    CHECK(stalled[r].gathers >= 1);  // unit 0, and the prefetch of unit 1
+    CHECK(stalled[r].waits == 1);
+    CHECK(stalled[r].exposed_seconds >= 0.045);
+    CHECK(stalled[r].gather_seconds < stalled[r].exposed_seconds);
+    CHECK(stalled[r].hidden_share() == 0);
+    CHECK(untimed[r].gathers == 0);
+    CHECK(untimed[r].waits == 0);
+    CHECK(untimed[r].gather_seconds == 0);
+  }
 }
 
 TEST_CASE("device path: a read the runtime does not order reads stale parameters; the compute stream's read waits") {

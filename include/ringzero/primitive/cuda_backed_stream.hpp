@@ -36,6 +36,12 @@ class cuda_backed_stream : public virtual stream {
   memory_space space() const noexcept override { return memory_space::device; }
   int device() const noexcept override { return stream_->device(); }
   std::unique_ptr<event> make_event() const override { return std::make_unique<cuda_event_box>(stream_->device()); }
+  std::unique_ptr<event> make_timing_event() const override {
+    return std::make_unique<cuda_event_box>(stream_->device(), true);
+  }
+  double elapsed_seconds(const event& start, const event& end) const override {
+    return primitive::elapsed_seconds(box(start).native, box(end).native);
+  }
   void record(event& e) override { stream_->record(box(e).native); }
   void wait(const event& e) override { stream_->wait_event(box(e).native); }
   void wait_host(const event& e) override { box(e).native.synchronize(); }
@@ -63,7 +69,7 @@ class cuda_backed_stream : public virtual stream {
 
  private:
   struct cuda_event_box final : event {
-    explicit cuda_event_box(int device) : native(device) {}
+    explicit cuda_event_box(int device, bool timing = false) : native(device, timing) {}
     cuda_event native;
   };
   static cuda_event_box& box(event& e) { return dynamic_cast<cuda_event_box&>(e); }

@@ -23,11 +23,13 @@
 
 namespace ringzero::primitive {
 
-/// An event on one CUDA device (cudaEventDisableTiming). Never recorded counts as complete.
+/// An event on one CUDA device (cudaEventDisableTiming unless made for timing). Never recorded
+/// counts as complete.
 class cuda_event {
  public:
-  /// Creates the event on `device`. Throws errc::backend_failure (errc::no_device without one).
-  explicit cuda_event(int device) : event_(device), device_(device) {}
+  /// Creates the event on `device` (`timing`: for `elapsed_seconds`). Throws
+  /// errc::backend_failure (errc::no_device without one).
+  explicit cuda_event(int device, bool timing = false) : event_(device, timing), device_(device), timing_(timing) {}
 
   /// True when the work before the last record has completed; never blocks.
   bool query() const { return event_.ready(); }
@@ -36,10 +38,24 @@ class cuda_event {
   cudaEvent_t get() const noexcept { return event_.get(); }
   int device() const noexcept { return device_; }
 
+  /// Seconds between the last records of two timing events, both complete
+  /// (cudaEventElapsedTime). Throws errc::invalid_argument for an event not made for timing.
+  friend double elapsed_seconds(const cuda_event& start, const cuda_event& end) {
+    if (!start.timing_ || !end.timing_)
+      throw error(errc::invalid_argument, "elapsed_seconds: a CUDA event made without timing");
+    float ms = 0;
+    primitive::cudart::check(cudaEventElapsedTime(&ms, start.get(), end.get()), "cudaEventElapsedTime");
+    return static_cast<double>(ms) / 1e3;
+  }
+
  private:
   primitive::cudart::event event_;
   int device_;
+  bool timing_;
 };
+
+/// (The friend above, declared here for qualified calls.)
+double elapsed_seconds(const cuda_event& start, const cuda_event& end);
 
 /// An owned (non-blocking) or borrowed CUDA stream on one device.
 class cuda_stream {

@@ -36,9 +36,10 @@ namespace detail {
 struct host_event_state {
   std::mutex mutex;
   std::condition_variable changed;
-  std::uint64_t recorded = 0;   ///< generation of the last record (0: never recorded)
-  std::uint64_t completed = 0;  ///< highest generation whose point has been reached
-  std::exception_ptr error;     ///< the recording stream's pending error at that point
+  std::uint64_t recorded = 0;                     ///< generation of the last record (0: never recorded)
+  std::uint64_t completed = 0;                    ///< highest generation whose point has been reached
+  std::exception_ptr error;                       ///< the recording stream's pending error at that point
+  std::chrono::steady_clock::time_point reached;  ///< when `completed` was reached
 };
 
 /// The delay before each task from RINGZERO_HOST_STREAM_DELAY_US (microseconds; 0 when unset).
@@ -91,10 +92,28 @@ class host_event {
     return point(state_, state_->recorded);
   }
 
+  /// Seconds from the point of `start`'s last record to that of `end`'s (steady clock, taken
+  /// when each point was reached; negative when `end`'s came first). Throws
+  /// errc::invalid_argument when either was never recorded or its point is not reached yet.
+  friend double elapsed_seconds(const host_event& start, const host_event& end) {
+    const auto reached = [](const host_event& e, const char* which) {
+      std::lock_guard<std::mutex> lock(e.state_->mutex);
+      if (e.state_->recorded == 0 || e.state_->completed < e.state_->recorded)
+        throw error(errc::invalid_argument, std::string("elapsed_seconds: the ") + which +
+                                                " event was never recorded or its point is not reached yet");
+      return e.state_->reached;
+    };
+    const auto a = reached(start, "start"), b = reached(end, "end");
+    return std::chrono::duration<double>(b - a).count();
+  }
+
  private:
   friend class host_stream;
   std::shared_ptr<detail::host_event_state> state_;
 };
+
+/// (The friend above, declared here for qualified calls.)
+double elapsed_seconds(const host_event& start, const host_event& end);
 
 /// Options of a host stream.
 struct host_stream_options {
@@ -185,6 +204,7 @@ class host_stream {
             if (generation > s->completed) {
               s->completed = generation;
               s->error = error_;
+              s->reached = std::chrono::steady_clock::now();
             }
             ++completed_;
             // Under the lock: once the count is seen, a stream driven by an executor may be

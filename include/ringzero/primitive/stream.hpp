@@ -48,6 +48,21 @@ class stream {
   /// A new event of this kind.
   virtual std::unique_ptr<event> make_event() const = 0;
 
+  /// A new event of this kind that also notes when its point is reached, for `elapsed_seconds`
+  /// (host events always do; a CUDA one is made without cudaEventDisableTiming, whose records
+  /// cost a little more). Throws errc::unsupported for a kind that cannot time (the default).
+  virtual std::unique_ptr<event> make_timing_event() const {
+    throw error(errc::unsupported, std::string(kind()) + " does not time its events");
+  }
+  /// Seconds from the point of `start`'s last record to that of `end`'s: events of this kind
+  /// made by `make_timing_event`, both reached. Throws errc::invalid_argument when one is not
+  /// reached (or not a timing event); errc::unsupported for a kind that cannot time.
+  virtual double elapsed_seconds(const event& start, const event& end) const {
+    (void)start;
+    (void)end;
+    throw error(errc::unsupported, std::string(kind()) + " does not time its events");
+  }
+
   /// Records `e` at the current end of this stream.
   virtual void record(event& e) = 0;
   /// Work enqueued later runs after the point of the last record of `e` (never blocks).
@@ -99,6 +114,10 @@ class host_backed_stream : public virtual stream {
   memory_space space() const noexcept override { return memory_space::host; }
   int device() const noexcept override { return -1; }
   std::unique_ptr<event> make_event() const override { return std::make_unique<host_event_box>(); }
+  std::unique_ptr<event> make_timing_event() const override { return make_event(); }
+  double elapsed_seconds(const event& start, const event& end) const override {
+    return primitive::elapsed_seconds(box(start).native, box(end).native);
+  }
   void record(event& e) override { stream_->record(box(e).native); }
   void wait(const event& e) override { stream_->wait_event(box(e).native); }
   void wait_host(const event& e) override { box(e).native.synchronize(); }

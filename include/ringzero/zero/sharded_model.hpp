@@ -42,6 +42,7 @@
 #include "ringzero/primitive/memory_counter.hpp"
 #include "ringzero/zero/execution_stream.hpp"
 #include "ringzero/zero/gather_schedule.hpp"
+#include "ringzero/zero/gather_timing.hpp"
 #include "ringzero/zero/gradient_schedule.hpp"
 #include "ringzero/zero/host_buffer.hpp"
 #include "ringzero/zero/loss_scaler.hpp"
@@ -356,6 +357,12 @@ class sharded_model {
   }
   /// Starts `memory_allocated`'s peaks (total and by category) again from what is held now.
   void reset_memory_peak() noexcept { memory_counter_.reset_peak(); }
+  /// With `sharded_model_options::time_gathers`: stage 3's unit gathers and the compute stream's
+  /// waits for them, timed since construction or `reset_gather_times()` (zero/gather_timing.hpp);
+  /// zeros otherwise. Waits for the streams' work enqueued so far. Local.
+  gather_timing gather_times();
+  /// Starts `gather_times()`'s sums again.
+  void reset_gather_times() noexcept { timer_.reset(); }
 
   /// The part of `memory_in_use()` that offload::optimizer keeps in host memory (master weights,
   /// optimizer states, transfer buffers); zero without offload. Equals `plan().host_memory()`.
@@ -529,26 +536,8 @@ class sharded_model {
     return gathers_buffers_[unit_gather_[u]].data() + f.gather_offset;
   }
 
-  void pre(std::size_t u, bool forward) {
-    check_unit(u);
-    if (plan_.stage() != 3) return;
-    gather_hooks h{*this};
-    gathers_.use(u, h);
-    if (forward && !in_backward_) {
-      // A forward back at or before the unit the last one reached starts a new pass: what the
-      // previous pass left for a backward that did not come (units kept by the policy, a
-      // prefetch no use took: an evaluation, a generation step, a pass stopped early) is
-      // released, after u took what it needs of it, so a pass holds no more than the plan.
-      if (forward_at_ != npos && u <= forward_at_) gathers_.release_stale(h);
-      forward_at_ = u;
-    }
-    if (!forward) in_backward_ = true;
-    // A forward recomputed inside a backward prefetches nothing: the units after it are done.
-    if (!forward || !in_backward_)
-      for (std::size_t v : plan_.prefetch_after(u, forward)) gathers_.prefetch(v, h);
-    gathers_.wait_for(u, h);
-  }
-
+  /// pre_forward / pre_backward: gathers u (stage 3), prefetches, waits.
+  void pre(std::size_t u, bool forward);
   void post(std::size_t u, const char* what, const char* needs, bool keep = false) {
     check_unit(u);
     if (plan_.stage() != 3) return;
@@ -565,10 +554,12 @@ class sharded_model {
   /// Unit u's all_gathers into a free slot, on the communication stream after the slot's last
   /// readers; `gathered_[u]` marks their end.
   void start_gather(std::size_t u);
+  /// Unit u's all_gathers (or quantized gathers) into gather slot `slot`, enqueued.
+  void enqueue_gather(std::size_t u, std::size_t slot);
 
   /// The compute stream's later work (the trainer's) runs after unit u's gather (on the host
   /// path: the caller waits for it, and a failed gather throws here).
-  void wait_gather(std::size_t u) { compute_->wait(*gathered_[u]); }
+  void wait_gather(std::size_t u);
 
   /// The next gather into u's slot waits for the compute work enqueued before now.
   void free_gather(std::size_t u) {
@@ -659,6 +650,7 @@ class sharded_model {
   std::vector<std::size_t> bucket_free_, unit_bucket_;
   detail::host_buffer quantization_staging_;  ///< quantized communication's segments (plan_request::quantization)
   detail::gather_schedule gathers_;
+  detail::gather_timer timer_;  ///< `gather_times()` (with options_.time_gathers)
   detail::gradient_schedule gradients_;
   std::vector<bool> marked_;
   int micro_ = 0;

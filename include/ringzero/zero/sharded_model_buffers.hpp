@@ -133,40 +133,83 @@ inline void sharded_model::start_gather(std::size_t u) {
   try {
     execution_stream& s = *comm_stream_;
     s.wait(*gather_slot_free_[slot]);
-    unsigned char* base = gathers_buffers_[slot].data();
-    const communication_quantization& qz = plan_.request().quantization;
-    for (std::size_t b : plan_.units()[u].buffers) {
-      const flat_buffer& f = plan_.buffers()[b];
-      if (f.shard_numel == 0 || f.replicated) continue;  // a replicated buffer is held whole
-      const collective_options tag = tagged(call_purpose::gather, b);
-      unsigned char* src = params_[b].data();
-      unsigned char* dst = base + f.gather_offset;
-      if (qz.weights == quantized_bits::none) {
-        if (options_.hook) {
-          const gather_call call{u, b, src, dst, f.shard_numel, f.type, tag};
-          s.collective([this, call] {
-            run_hook("all_gather", call.unit, call.buffer, [&] { options_.hook->all_gather(comm_, call); });
-          });
-        } else {
-          s.collective([this, src, dst, &f, tag] { all_gather(comm_, src, dst, f.shard_numel, f.type, tag); });
-        }
-        continue;
-      }
-      // Quantized (zero/quantization.hpp): the rank's segment in place in the staging buffer,
-      // all_gathered as bytes, every segment (its own too) dequantized into the gather buffer.
-      const quantized_layout l{qz.weights, qz.block_size, f.shard_numel, static_cast<std::uint32_t>(plan_.shards())};
-      const std::uint64_t segment = l.segment_bytes();
-      unsigned char* staged = quantization_staging_.data();
-      unsigned char* mine = staged + static_cast<std::uint64_t>(shard_index_) * segment;
-      s.quantize_segments(quantized_layout{l.bits, l.block_size, l.count, 1}, src, f.type, mine);
-      s.collective([this, mine, staged, segment, tag] { all_gather(comm_, mine, staged, segment, dtype::uint8, tag); });
-      s.dequantize_segments(l, staged, dst, f.type, false, 0, nullptr);
-    }
+    if (options_.time_gathers)
+      timer_.time(s, 0, detail::gather_timer::kind::gather, [&] { enqueue_gather(u, slot); });
+    else
+      enqueue_gather(u, slot);
     s.record(*gathered_[u]);
   } catch (...) {  // nothing was started: the slot goes back (a failing hook aborted the communicator)
     gather_free_.push_back(slot);
     unit_gather_[u] = npos;
     throw;
+  }
+}
+
+inline void sharded_model::pre(std::size_t u, bool forward) {
+  check_unit(u);
+  if (plan_.stage() != 3) return;
+  gather_hooks h{*this};
+  gathers_.use(u, h);
+  if (forward && !in_backward_) {
+    // A forward back at or before the unit the last one reached starts a new pass: what the
+    // previous pass left for a backward that did not come (units kept by the policy, a
+    // prefetch no use took: an evaluation, a generation step, a pass stopped early) is
+    // released, after u took what it needs of it, so a pass holds no more than the plan.
+    if (forward_at_ != npos && u <= forward_at_) gathers_.release_stale(h);
+    forward_at_ = u;
+  }
+  if (!forward) in_backward_ = true;
+  // A forward recomputed inside a backward prefetches nothing: the units after it are done.
+  if (!forward || !in_backward_)
+    for (std::size_t v : plan_.prefetch_after(u, forward)) gathers_.prefetch(v, h);
+  gathers_.wait_for(u, h);
+  // Passes without a step (evaluation) would keep intervals pending: add those reached.
+  if (options_.time_gathers && timer_.pending() > 4096) timer_.collect(false);
+}
+
+inline void sharded_model::wait_gather(std::size_t u) {
+  if (options_.time_gathers)
+    timer_.time(*compute_, 1, detail::gather_timer::kind::wait, [&] { compute_->wait(*gathered_[u]); });
+  else
+    compute_->wait(*gathered_[u]);
+}
+
+inline gather_timing sharded_model::gather_times() {
+  synchronize();
+  timer_.collect(true);
+  return timer_.totals();
+}
+
+inline void sharded_model::enqueue_gather(std::size_t u, std::size_t slot) {
+  execution_stream& s = *comm_stream_;
+  unsigned char* base = gathers_buffers_[slot].data();
+  const communication_quantization& qz = plan_.request().quantization;
+  for (std::size_t b : plan_.units()[u].buffers) {
+    const flat_buffer& f = plan_.buffers()[b];
+    if (f.shard_numel == 0 || f.replicated) continue;  // a replicated buffer is held whole
+    const collective_options tag = tagged(call_purpose::gather, b);
+    unsigned char* src = params_[b].data();
+    unsigned char* dst = base + f.gather_offset;
+    if (qz.weights == quantized_bits::none) {
+      if (options_.hook) {
+        const gather_call call{u, b, src, dst, f.shard_numel, f.type, tag};
+        s.collective([this, call] {
+          run_hook("all_gather", call.unit, call.buffer, [&] { options_.hook->all_gather(comm_, call); });
+        });
+      } else {
+        s.collective([this, src, dst, &f, tag] { all_gather(comm_, src, dst, f.shard_numel, f.type, tag); });
+      }
+      continue;
+    }
+    // Quantized (zero/quantization.hpp): the rank's segment in place in the staging buffer,
+    // all_gathered as bytes, every segment (its own too) dequantized into the gather buffer.
+    const quantized_layout l{qz.weights, qz.block_size, f.shard_numel, static_cast<std::uint32_t>(plan_.shards())};
+    const std::uint64_t segment = l.segment_bytes();
+    unsigned char* staged = quantization_staging_.data();
+    unsigned char* mine = staged + static_cast<std::uint64_t>(shard_index_) * segment;
+    s.quantize_segments(quantized_layout{l.bits, l.block_size, l.count, 1}, src, f.type, mine);
+    s.collective([this, mine, staged, segment, tag] { all_gather(comm_, mine, staged, segment, dtype::uint8, tag); });
+    s.dequantize_segments(l, staged, dst, f.type, false, 0, nullptr);
   }
 }
 

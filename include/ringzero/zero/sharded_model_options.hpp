@@ -33,6 +33,11 @@ struct sharded_model_options {
   /// communication buffers (zero/collective_hook.hpp); null: the runtime's own. Shared: the
   /// model keeps it alive. Refused with quantized communication or reproducible mode.
   std::shared_ptr<collective_hook> hook;
+  /// Stage 3: time every unit's gather on the communication stream and every wait of the compute
+  /// stream for one, with timing events (zero/gather_timing.hpp; `sharded_model::gather_times()`).
+  /// Costs two event records per gather and per wait (on CUDA, events with timing). Local: the
+  /// ranks may differ.
+  bool time_gathers = false;
 };
 
 /// What `sharded_model::step()` did.

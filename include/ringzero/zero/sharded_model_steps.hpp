@@ -100,7 +100,9 @@ inline step_result sharded_model::step() {
   micro_ = 0;
   trainer_window_ = window_closed_ = micro_begun_ = false;
   require_sync_ = pending_sync_;
-  return run_step(micro_batches, sync_off);
+  const step_result r = run_step(micro_batches, sync_off);
+  if (options_.time_gathers) timer_.collect(false);  // the step waited for every stream: all reached
+  return r;
 }
 
 }  // namespace ringzero::zero

@@ -13,14 +13,16 @@
 
 namespace ringzero::primitive::cudart {
 
-/// An owned `cudaEvent_t` created with `cudaEventDisableTiming` on a given device.
+/// An owned `cudaEvent_t` on a given device, created with `cudaEventDisableTiming` unless it
+/// is made for timing.
 class event {
  public:
   event() = default;
   /// Creates the event on `device`. Throws errc::backend_failure on failure.
-  explicit event(int device) {
+  explicit event(int device, bool timing = false) {
     device_guard guard(device);
-    check(cudaEventCreateWithFlags(&handle_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check(cudaEventCreateWithFlags(&handle_, timing ? cudaEventDefault : cudaEventDisableTiming),
+          "cudaEventCreateWithFlags");
   }
   event(event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
   event& operator=(event&& other) noexcept {
