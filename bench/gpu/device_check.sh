@@ -22,7 +22,8 @@
 #      one: NCCL refuses two ranks on one GPU; 1 epoch, the 2-rank runs' step count); step times
 #      and each rank's memory of the 2-rank runs next to ringzero-plan's numbers for the same
 #      model, plus the GPU memory nvidia-smi saw (python3 makes the table; targets: the runtime's
-#      allocations equal the plan, stage 3 <= 1.2x DDP, offload <= 2x);
+#      allocations equal the plan, stage 3 <= 1.2x DDP, offload <= 2x), and at stage 3 the share of
+#      gather time hidden behind compute as the runtime timed it on the streams (time_gathers);
 #   4. the other 'gpu' tests (stream, DDP, local backend, primitives, the examples' MLP, NCCL);
 #   5. ringzero-gpu-bench (copy and primitive bandwidth, all_reduce on 2 and 4 ranks of one GPU);
 #   6. ringzero-bench all_reduce on device memory (local backend 2 and 4 ranks, NCCL 1 rank);
@@ -652,6 +653,17 @@ def step(stage, offload):
             return row["mean_step_ms"]
     return None
 
+
+# Stage 3's gathers as the runtime timed them on the streams (sharded_model_options::time_gathers,
+# on in example 02 at stage 3): the share of gather time the compute stream did not wait for.
+for row, run in zip(table, [x for x in runs if x["result"] is not None and "mean_step_seconds" in x["result"]]):
+    timing = [e.get("gather_timing") for e in run["result"].get("epochs", []) if e.get("gather_timing")]
+    if row["stage"] == 3 and timing and timing[-1]["gathers"] > 0:
+        t = timing[-1]
+        row["gather_timing"] = t
+        records.append((f"stage 3 gathers hidden (offload {row['offload']})", "info",
+                        f"{100 * t['hidden_share']:.0f}% of {t['gather_seconds']:.3f} s of gathers hidden "
+                        f"behind compute ({t['exposed_seconds']:.3f} s waited for, last epoch)"))
 
 s3 = step(3, "none")
 if s3 is not None and ddp_step:
