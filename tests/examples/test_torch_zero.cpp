@@ -386,3 +386,42 @@ TEST_CASE("torch_zero: a parameter used outside its unit's run() is refused at b
   CHECK(contains(e[0], "the gradient of parameter 'ln_f.weight' arrived outside the backward of its unit 'ln_f'"));
   CHECK(contains(e[1], "the gradient of parameter 'ln_f.weight' arrived outside the backward of its unit 'ln_f'"));
 }
+
+TEST_CASE("torch_zero: a unit whose input needs no gradient ends its backward when its gradients arrive") {
+  // With layer wrap the token and position embeddings are units whose input (token ids) needs no
+  // gradient: no input boundary ends their backward. Their gradients' arrival does (FSDP's
+  // post-accumulate hook), so the backward runs in the plan's canonical order: without prefetch
+  // (or with max_inflight_gathers 1) the gather pool stays at the plan's size, measured where it
+  // is allocated, and the parameters stay those of stage 0.
+  const std::vector<float> reference = train(2, 0, wrap_policy::layer, 2);
+  for (int bound : {0, 1}) {
+    CAPTURE(bound);
+    std::vector<float> out;
+    rz::local::launch(2, [&](rz::communicator& comm) {
+      torch::set_num_threads(1);
+      auto net = make_model();
+      auto o = options(3, wrap_policy::layer);
+      o.prefetch = bound != 0;  // bound 0: no prefetch at all; bound 1: prefetch, bounded to nothing
+      o.max_inflight_gathers = bound;
+      torch_zero z(comm, *net, o);
+      auto x = (torch::arange(16, torch::kLong).view({2, 8}) * (comm.rank() + 3)) % 11;
+      auto y = (x + 1) % 11;
+      for (int s = 0; s < 2; ++s) {
+        z.backward(torch::nn::functional::cross_entropy(net->forward(x, z).view({-1, 11}), y.view({-1})));
+        z.step();
+      }
+      const auto& plan = z.model().plan();
+      CHECK(plan.communication().gather_buffers == 1);  // one unit at a time
+      CHECK(z.model().memory_allocated(rz::primitive::memory_space::host).peak ==
+            plan.memory().total() + sizeof(rz::zero::step_scalars));
+      std::vector<float> mine;
+      for (std::size_t p = 0; p < z.model().parameter_count(); ++p) {
+        std::vector<float> v(z.model().numel(p));
+        z.model().read_parameter(p, v);
+        mine.insert(mine.end(), v.begin(), v.end());
+      }
+      if (comm.rank() == 0) out = mine;
+    });
+    CHECK(out == reference);
+  }
+}

@@ -123,6 +123,22 @@ struct torch_zero_boundary : torch::autograd::Function<torch_zero_boundary> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads);
 };
+
+/// The bridge as the gradient hooks see it: cleared by the bridge's destructor.
+struct torch_zero_link {
+  explicit torch_zero_link(torch_zero* o) : owner(o) {}
+  torch_zero* owner;
+};
+
+/// Runs after autograd accumulated a trainable tensor's gradient (AccumulateGrad's post hook).
+struct torch_zero_hook : torch::autograd::FunctionPostHook {
+  torch_zero_hook(std::shared_ptr<torch_zero_link> link, std::size_t tensor)
+      : link_(std::move(link)), tensor_(tensor) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override;
+  std::shared_ptr<torch_zero_link> link_;
+  std::size_t tensor_;
+};
 }  // namespace detail
 
 /// A torch module's parameters registered with a `zero::sharded_model` (see the file comment).
@@ -148,10 +164,19 @@ class torch_zero {
     }
     initialise();
     open_.assign(plan.units().size(), false);
+    input_boundary_.assign(plan.units().size(), false);
+    expected_.assign(plan.units().size(), 0);
+    arrived_.assign(plan.units().size(), 0);
+    install_gradient_hooks();
   }
 
   torch_zero(const torch_zero&) = delete;
   torch_zero& operator=(const torch_zero&) = delete;
+  /// Removes the gradient hooks (a graph that outlives this object calls nothing).
+  ~torch_zero() {
+    link_->owner = nullptr;
+    for (auto& [accumulator, key] : hooks_) accumulator->del_post_hook(key);
+  }
 
   /// The runtime (plan, memory, optimizer).
   zero::sharded_model& model() noexcept { return model_; }
@@ -178,8 +203,8 @@ class torch_zero {
     torch::Tensor y;
     try {
       torch::Tensor in = x;
-      if (graph && x.defined() && x.requires_grad())
-        in = detail::torch_zero_boundary::apply(this, static_cast<std::int64_t>(*u), 0, x);
+      input_boundary_[*u] = graph && x.defined() && x.requires_grad();
+      if (input_boundary_[*u]) in = detail::torch_zero_boundary::apply(this, static_cast<std::int64_t>(*u), 0, x);
       y = f(in);
       if (graph && y.requires_grad()) y = detail::torch_zero_boundary::apply(this, static_cast<std::int64_t>(*u), 1, y);
     } catch (...) {
@@ -269,6 +294,7 @@ class torch_zero {
 
  private:
   friend struct detail::torch_zero_boundary;
+  friend struct detail::torch_zero_hook;
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
   /// The plan request for the module's parameters (checked here; refusals agreed across ranks).
@@ -446,6 +472,32 @@ class torch_zero {
         t.mutable_grad() = torch::from_blob(g, t.sizes(), t.options().requires_grad(false));
     }
     open_[u] = true;
+    arrived_[u] = 0;
+  }
+
+  /// Registers, on every distinct trainable tensor, a hook that runs after autograd accumulated
+  /// its gradient (`gradient_accumulated`).
+  void install_gradient_hooks() {
+    const auto& plan = model_.plan();
+    for (std::size_t i = 0; i < names_.size(); ++i) {
+      const std::size_t j = alias_of_[i];
+      if (!tensors_[j].requires_grad() || unit_of_tensor_.count(j) != 0) continue;
+      const std::size_t w = plan.placements()[plan.placements()[i].storage].unit;
+      unit_of_tensor_[j] = w;
+      expected_[w] += 1;
+      auto accumulator = torch::autograd::impl::grad_accumulator(tensors_[j]);
+      if (!accumulator) continue;  // not a leaf: its unit ends at its input boundary or backward()'s end
+      hooks_.emplace_back(accumulator, accumulator->add_post_hook(std::make_unique<detail::torch_zero_hook>(link_, j)));
+    }
+  }
+
+  /// After autograd added tensor j's gradient: the last gradient of an open unit that has no
+  /// input boundary in this pass (its input needs no gradient, as token ids) ends its backward,
+  /// as FSDP's post-accumulate hooks do; a unit with an input boundary ends there.
+  void gradient_accumulated(std::size_t j) {
+    const std::size_t w = unit_of_tensor_.at(j);
+    if (!open_[w] || input_boundary_[w]) return;
+    if (++arrived_[w] == expected_[w]) close(w);
   }
 
   /// After the backward of unit u (its input's boundary, or the end of backward): its gradients
@@ -470,9 +522,15 @@ class torch_zero {
   std::vector<zero::parameter_spec> specs_;
   zero::sharded_model model_;
   std::map<std::string, std::size_t, std::less<>> unit_index_;
-  std::vector<std::size_t> representative_;  ///< per buffer: a parameter owning storage in it
-  std::vector<c10::Storage> storages_;       ///< per buffer: the storage the parameters view
-  std::vector<bool> open_;                   ///< unit's backward begun, not ended
+  std::vector<std::size_t> representative_;            ///< per buffer: a parameter owning storage in it
+  std::vector<c10::Storage> storages_;                 ///< per buffer: the storage the parameters view
+  std::vector<bool> open_;                             ///< unit's backward begun, not ended
+  std::vector<bool> input_boundary_;                   ///< unit's last run() marked its input for backward
+  std::vector<std::size_t> expected_;                  ///< per unit: distinct trainable tensors it owns
+  std::vector<std::size_t> arrived_;                   ///< per unit: their gradients accumulated in this backward
+  std::map<std::size_t, std::size_t> unit_of_tensor_;  ///< trainable tensor -> the unit owning it
+  std::shared_ptr<detail::torch_zero_link> link_ = std::make_shared<detail::torch_zero_link>(this);
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
 };
 
 inline torch::autograd::variable_list detail::torch_zero_boundary::backward(torch::autograd::AutogradContext* ctx,
@@ -485,6 +543,12 @@ inline torch::autograd::variable_list detail::torch_zero_boundary::backward(torc
     bridge->close(u);
   }
   return {torch::Tensor(), torch::Tensor(), torch::Tensor(), grads[0]};
+}
+
+inline torch::autograd::variable_list detail::torch_zero_hook::operator()(
+    const torch::autograd::variable_list& outputs, const torch::autograd::variable_list& /*inputs*/) {
+  if (link_->owner != nullptr) link_->owner->gradient_accumulated(tensor_);
+  return outputs;
 }
 
 }  // namespace ringzero::integration
