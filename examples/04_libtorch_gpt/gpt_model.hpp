@@ -1,25 +1,27 @@
 #pragma once
 // A small GPT in libtorch (Radford et al. 2019, "Language Models are Unsupervised Multitask
 // Learners": pre-norm blocks, learned position embeddings, output layer tied to the token
-// embedding) whose forward runs every part that may be a gather unit through
-// `integration::torch_zero::run`, so one model serves every wrap policy:
+// embedding) whose forward runs every part that may be a gather unit through a runner's
+// `run(name, x, f)`: `integration::torch_zero` (ZeRO; one model serves every wrap policy:
 //   block: "embeddings", "blocks.<i>", "head"; layer: "wte", "wpe", "blocks.<i>.ln1", ...,
-//   "ln_f", "lm_head"; model: "model".
+//   "ln_f", "lm_head"; model: "model"), or `direct_runner`, which calls f(x) (DDP through
+// `integration::torch_ddp`, or no distribution).
 // With `config::lora` = r > 0 every projection of every block gains a low-rank adapter (Hu et
 // al. 2021, "LoRA": W x + B A x, A of r x in, B of out x r, B starting at zero), registered as
 // the projection's own parameters "lora_a" and "lora_b" (so in its unit under every wrap), and
 // every other parameter is frozen (requires_grad false): fine-tuning with a frozen backbone.
-// Shared by example 04 and its test (tests/examples/test_libtorch_gpt.cpp).
+// Shared by example 04 and its test (tests/examples/test_torch_zero.cpp).
 
 #include <torch/torch.h>
 
 #include <cmath>
+#include <concepts>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
-
-#include "ringzero/integration/torch_zero.hpp"
+#include <string_view>
 
 namespace gpt {
 
@@ -31,6 +33,22 @@ struct config {
   std::int64_t embd = 64;     ///< embedding width (heads * head width)
   std::int64_t heads = 4;     ///< attention heads
   std::int64_t lora = 0;      ///< rank of the low-rank adapters (0: none, every parameter trains)
+};
+
+/// What runs the model's parts: `run(name, x, f)` returns f(x), run as the part `name` where the
+/// runner makes something of it (`integration::torch_zero`: a gather unit of its wrap policy).
+template <class Runner>
+concept unit_runner = requires(Runner& r, std::string_view name, const torch::Tensor& x,
+                               const std::function<torch::Tensor(const torch::Tensor&)>& f) {
+  { r.run(name, x, f) } -> std::convertible_to<torch::Tensor>;
+};
+
+/// The runner of a module that is used whole (DDP's replicas, or one process): f(x).
+struct direct_runner {
+  torch::Tensor run(std::string_view /*name*/, const torch::Tensor& x,
+                    const std::function<torch::Tensor(const torch::Tensor&)>& f) const {
+    return f(x);
+  }
 };
 
 /// One pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
@@ -52,7 +70,8 @@ struct block_impl : torch::nn::Module {
       }
   }
 
-  torch::Tensor forward(const std::string& path, const torch::Tensor& x, ringzero::integration::torch_zero& z) {
+  template <unit_runner Runner>
+  torch::Tensor forward(const std::string& path, const torch::Tensor& x, Runner& z) {
     const std::int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads;
     auto h = z.run(path + ".ln1", x, [&](const torch::Tensor& t) { return ln1->forward(t); });
     auto qkv = z.run(path + ".attn_qkv", h, [&](const torch::Tensor& t) { return adapted("attn_qkv", attn_qkv, t); });
@@ -126,8 +145,9 @@ struct model : torch::nn::Module {
     }
   }
 
-  /// Logits [B, T, vocab] for token ids [B, T] (T <= context).
-  torch::Tensor forward(const torch::Tensor& idx, ringzero::integration::torch_zero& z) {
+  /// Logits [B, T, vocab] for token ids [B, T] (T <= context), each part run by `z`.
+  template <unit_runner Runner>
+  torch::Tensor forward(const torch::Tensor& idx, Runner& z) {
     return z.run("model", idx, [&](const torch::Tensor& ids) {
       const std::int64_t T = ids.size(1);
       auto x = z.run("embeddings", ids, [&](const torch::Tensor& i) {

@@ -57,6 +57,7 @@
 #include "launcher.hpp"
 #include "replica_checks.hpp"
 #include "ringzero/checkpoint.hpp"
+#include "ringzero/integration/torch_zero.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/verify_replicas.hpp"
 #include "run_ranks.hpp"

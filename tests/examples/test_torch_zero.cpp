@@ -16,6 +16,7 @@
 #include "gpt_model.hpp"
 #include "ringzero/backend/local/launch.hpp"
 #include "ringzero/checkpoint.hpp"
+#include "ringzero/integration/torch_zero.hpp"
 
 // libtorch's logging (glog's macros) defines CHECK and friends; doctest's are meant here.
 #undef CHECK
