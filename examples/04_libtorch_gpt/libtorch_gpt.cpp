@@ -1,20 +1,30 @@
 // 04_libtorch_gpt: a small character-level GPT in libtorch, trained on the text of Debian's
-// `fortunes` package with DDP or ZeRO stages 1-3 through `ringzero::integration::torch_zero`.
+// `fortunes` package with DDP through `ringzero::integration::torch_ddp` or ZeRO stages 1-3
+// through `ringzero::integration::torch_zero`.
 //
 // What it demonstrates:
 // - one flag switches the whole distribution strategy (--strategy ddp|zero1|zero2|zero3, as
-//   Lightning's Trainer(strategy=...)): ddp is stage 0 of the runtime (replicated model,
-//   gradients all_reduced per unit during backward), zeroN is ZeRO stage N;
+//   Lightning's Trainer(strategy=...)): ddp is DDP as a PyTorch user writes it (the module's own
+//   parameters, torch_ddp all_reducing the gradient buckets during backward, torch::optim::AdamW,
+//   torch::nn::utils::clip_grad_norm_, torch_ddp's no_sync() for the micro-batches before the
+//   last); zeroN is ZeRO stage N of ringzero's runtime (its own AdamW and clipping). On 2 ranks
+//   the zero stages give the same bits; ddp agrees with them to float32 rounding (the two AdamWs
+//   round differently). ZeRO-only options (quantization, resharding, --keep-frozen, ...) are
+//   refused with ddp;
 // - --wrap block|layer|model chooses the gather units (FSDP's wrapping policy): one per
 //   transformer block plus the embeddings and the head, one per torch submodule, or one;
 // - at stage 3 parameters exist only while their unit is gathered: torch's parameters are views
 //   over the runtime's gather buffers, and each unit is gathered again into the same torch storage
 //   before its backward, so the tensors autograd saved see valid data (docs/libtorch_gpt.md);
 // - it prints the loss per step (against the corpus' unigram entropy), tokens/s, parameter
-//   memory per rank against the plan, and a few lines of generated text.
-// - --checkpoint DIR saves the sharded state (parameters, AdamW's states, the step) every
-//   --checkpoint-every steps and at the end; --resume DIR continues from the newest checkpoint
-//   with the batches a straight run would draw, so 10 + 10 steps give the losses of 20.
+//   memory per rank against the plan (ddp: the reducer's gradient buckets), the bytes each rank
+//   sent per step against the plan's collectives (ddp: the all_reduce of the buckets), and a few
+//   lines of generated text.
+// - --checkpoint DIR saves the state (parameters, AdamW's states, the step; ddp: also the
+//   reducer's bucket layout) every --checkpoint-every steps and at the end; --resume DIR continues
+//   from the newest checkpoint with the batches a straight run would draw, so 10 + 10 steps give
+//   the losses of 20. The checkpoints name the tensors alike, so a ZeRO checkpoint resumes as ddp
+//   and the reverse.
 // - --quantize-weights / --quantize-gradients int8|int4 send stage 3's parameter all_gathers and
 //   the gradient reduction as blocks of integers with a scale each (ZeRO++'s qwZ and qgZ,
 //   zero/quantization.hpp); the run prints the bytes each rank sent per step, measured by the
@@ -23,11 +33,12 @@
 //   slower network would (docs/mpi.md).
 // - --lora R fine-tunes low-rank adapters of rank R with the backbone frozen (requires_grad
 //   false); at stage 3 the frozen parameters are kept gathered (--keep-frozen, all by default),
-//   so a step sends only the adapters' parameters and gradients.
+//   so a step sends only the adapters' parameters and gradients; ddp reduces only the adapters'
+//   gradients (torch_ddp skips frozen parameters).
 //
 // How to run (from the build directory; `apt-get install fortunes`):
 //   examples/libtorch_gpt                                  (2 ranks, zero3, block wrap, ~2 minutes)
-//   examples/libtorch_gpt --strategy ddp --ranks 2 --steps 100
+//   examples/libtorch_gpt --strategy ddp --ranks 2 --steps 100        (torch_ddp, torch::optim::AdamW)
 //   examples/libtorch_gpt --strategy zero3 --wrap layer --bf16 --steps 50
 //   examples/libtorch_gpt --steps 100 --checkpoint ckpt && examples/libtorch_gpt --steps 200 --resume ckpt
 //   mpirun -np 4 examples/libtorch_gpt --backend mpi --link-gbps 1 --quantize-weights int8 --quantize-gradients int8
@@ -41,11 +52,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/core.h>
@@ -57,6 +72,7 @@
 #include "launcher.hpp"
 #include "replica_checks.hpp"
 #include "ringzero/checkpoint.hpp"
+#include "ringzero/integration/torch_ddp.hpp"
 #include "ringzero/integration/torch_zero.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/verify_replicas.hpp"
@@ -64,6 +80,7 @@
 
 namespace rz = ringzero;
 namespace ex = ringzero::examples;
+namespace ck = ringzero::checkpoint;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
@@ -119,7 +136,7 @@ std::string load_corpus(const std::string& dir) {
 }
 
 int stage_of(const std::string& strategy) {
-  static const std::map<std::string, int> stages{{"ddp", 0}, {"zero1", 1}, {"zero2", 2}, {"zero3", 3}};
+  static const std::map<std::string, int> stages{{"zero1", 1}, {"zero2", 2}, {"zero3", 3}};
   return stages.at(strategy);
 }
 
@@ -157,19 +174,24 @@ corpus make_corpus(const std::string& dir) {
 struct result {
   std::vector<double> losses;
   std::vector<double> step_seconds;
-  rz::zero::memory_breakdown planned;
-  std::uint64_t allocated_peak = 0, allocated_now = 0;  // sharded_model::memory_allocated, all spaces
-  rz::zero::memory_breakdown asked;                     // the same now, by what asked for it (memory_category)
-  std::uint64_t scratch = 0;                            // ... and outside the model state (the step's scalars)
+  bool ddp = false;                    // --strategy ddp: the reducer's memory below, no plan
+  rz::zero::memory_breakdown planned;  // zero: the plan's; ddp: the state's tensors, gradients unpadded
+  std::uint64_t allocated_peak = 0,
+                allocated_now = 0;   // memory_allocated, all spaces (zero: the runtime; ddp: the reducer)
+  rz::zero::memory_breakdown asked;  // the same now, by what asked for it (memory_category)
+  std::uint64_t scratch = 0;         // ... and outside the model state (the step's scalars)
+  std::size_t buckets = 0;           // ddp: the reducer's gradient buckets
   std::vector<rz::zero::parameter_spec> parameters;
   std::string sample;
   double tokens_per_second = 0;
   int first_step = 0;          // steps done before this run (--resume)
   std::string replica_checks;  // --check-replicas: what the checks found and cost
   double sent_per_step = 0;    // bytes rank 0 sent per step, measured (communicator::traffic)
-  double planned_per_step = 0, unquantized_per_step = 0;  // the plan's (ring), with and without quantization
-  std::uint64_t trainable = 0, total = 0;                 // parameter elements (unique storage)
-  std::uint64_t frozen_kept_bytes = 0;                    // stage 3: frozen buffers held whole (--keep-frozen)
+  // zero: the plan's collectives (ring), with and without quantization; ddp: the all_reduce of
+  // the gradient buckets (ring), twice
+  double planned_per_step = 0, unquantized_per_step = 0;
+  std::uint64_t trainable = 0, total = 0;  // parameter elements (unique storage)
+  std::uint64_t frozen_kept_bytes = 0;     // stage 3: frozen buffers held whole (--keep-frozen)
 };
 
 double median(std::vector<double> v) {
@@ -177,6 +199,331 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+
+/// One rank's distribution strategy as the training loop uses it: ZeRO stages 1-3 through
+/// `integration::torch_zero` (`zero_training`), or DDP as a PyTorch user writes it, through
+/// `integration::torch_ddp` with the module's own parameters and torch::optim::AdamW
+/// (`ddp_training`). Construction, `micro_batch`, `step`, `forward` (stage 3 gathers) and the
+/// checkpoint calls are collectives: every rank calls them in the same order.
+class strategy_training {
+ public:
+  virtual ~strategy_training() = default;
+  /// Logits [B, T, vocab] of token ids [B, T].
+  virtual torch::Tensor forward(const torch::Tensor& ids) = 0;
+  /// One micro-batch: the forward of `ids`, `loss_of(logits)`, its backward; returns the loss.
+  /// `last`: the step's last micro-batch. Where the gradients are full (ddp, zero1,
+  /// --accumulate-unsharded), the micro-batches before the last run under no_sync: nothing is
+  /// reduced until the last.
+  virtual double micro_batch(const torch::Tensor& ids,
+                             const std::function<torch::Tensor(const torch::Tensor&)>& loss_of, bool last) = 0;
+  /// Clips the gradients (--clip), updates the parameters, zeroes the gradients.
+  virtual void step() = 0;
+  /// verify_replicas of what the ranks hold alike (--check-replicas).
+  virtual rz::replica_check verify_replicas() = 0;
+  /// Loads the newest checkpoint in `dir`: parameters, optimizer states, step count.
+  virtual ck::training_progress resume(const std::string& dir) = 0;
+  /// `checkpointer::open` for this state (the lock, leftovers removed, room checked).
+  virtual void open(ck::checkpointer& saver) = 0;
+  /// Saves the state after `steps_done` optimizer steps.
+  virtual void save(ck::checkpointer& saver, ck::training_progress progress, int steps_done) = 0;
+  /// Rank 0's report: parameters, memory, the bytes a step should send.
+  virtual void report(result& r) = 0;
+};
+
+/// ZeRO stage 1-3 (`--strategy zeroN`): the runtime holds the state; the module's parameters
+/// view its memory, and the forward runs each part through `torch_zero::run`.
+class zero_training final : public strategy_training {
+ public:
+  zero_training(rz::communicator& comm, gpt::model& net, const options& o) : net_(net), z_(comm, net, zero_options(o)) {
+    z_.model().set_reshard_after_backward(o.reshard_after_backward);  // step() releases what is kept
+  }
+
+  torch::Tensor forward(const torch::Tensor& ids) override { return net_.forward(ids, z_); }
+
+  double micro_batch(const torch::Tensor& ids, const std::function<torch::Tensor(const torch::Tensor&)>& loss_of,
+                     bool last) override {
+    std::optional<rz::no_sync_guard> no_sync;
+    if (!last && !z_.model().plan().sharded_gradients()) no_sync.emplace(z_.model());
+    const torch::Tensor loss = loss_of(net_.forward(ids, z_));
+    z_.backward(loss);
+    return loss.item<double>();
+  }
+
+  void step() override { z_.step(); }
+
+  rz::replica_check verify_replicas() override { return rz::zero::verify_replicas(z_.model()); }
+
+  ck::training_progress resume(const std::string& dir) override {
+    // Resharded to this run's --ranks and --strategy.
+    const ck::training_progress p = ck::load(z_.model(), dir);
+    z_.refresh();                    // the module's parameters onto the loaded memory
+    z_.model().reset_memory_peak();  // the load's second copy of the state is not training's
+    return p;
+  }
+
+  void open(ck::checkpointer& saver) override { saver.open(z_.model()); }
+
+  void save(ck::checkpointer& saver, ck::training_progress progress, int /*steps_done*/) override {
+    saver.save(z_.model(), std::move(progress));  // the step count comes from the model
+  }
+
+  void report(result& r) override {
+    const rz::zero::sharded_model& m = z_.model();
+    r.planned = m.plan().memory();
+    for (auto space : {rz::primitive::memory_space::host, rz::primitive::memory_space::pinned_host,
+                       rz::primitive::memory_space::device}) {
+      r.allocated_peak += m.memory_allocated(space).peak;
+      r.allocated_now += m.memory_allocated(space).current;
+      const auto now = [&](rz::zero::memory_category what) { return m.memory_allocated(space, what).current; };
+      r.asked.parameters += now(rz::zero::memory_category::parameters);
+      r.asked.gradients += now(rz::zero::memory_category::gradients);
+      r.asked.master_weights += now(rz::zero::memory_category::master_weights);
+      r.asked.optimizer_states += now(rz::zero::memory_category::optimizer_states);
+      r.asked.communication_buffers += now(rz::zero::memory_category::communication_buffers);
+      r.scratch += now(rz::zero::memory_category::scratch);
+    }
+    r.parameters = z_.parameters();
+    r.trainable = m.plan().trainable_elements();
+    r.total = m.plan().parameter_elements();
+    r.frozen_kept_bytes = m.plan().kept_frozen_bytes();
+    for (rz::zero::traffic_entry e : m.plan().traffic()) {
+      r.planned_per_step += e.ring_bytes_sent();
+      e.bytes = e.unquantized_bytes;  // the same entry in full precision
+      r.unquantized_per_step += e.ring_bytes_sent();
+    }
+  }
+
+ private:
+  static rz::integration::torch_zero_options zero_options(const options& o) {
+    rz::integration::torch_zero_options zo;
+    zo.stage = stage_of(o.strategy);
+    zo.wrap = wrap_of(o.wrap);
+    zo.reshard_after_forward = *rz::zero::parse_reshard_policy(o.reshard);  // checked by the option
+    zo.max_inflight_gathers = o.max_inflight_gathers;
+    if (o.bf16) zo.precision = rz::zero::precision::bfloat16_adam();
+    zo.model.optimizer.kind = rz::zero::optimizer_kind::adamw;
+    zo.model.optimizer.lr = o.lr;
+    zo.model.optimizer.weight_decay = 0;
+    zo.model.max_grad_norm = o.clip;
+    zo.quantization.weights = *rz::zero::parse_quantized_bits(o.quantize_weights);  // checked by the option
+    zo.quantization.gradients = *rz::zero::parse_quantized_bits(o.quantize_gradients);
+    zo.keep_frozen_bytes = o.keep_frozen == "all" ? rz::zero::keep_all_frozen : std::stoull(o.keep_frozen);
+    zo.accumulation_steps = o.accumulation;
+    zo.accumulate_unsharded = o.accumulate_unsharded;
+    return zo;
+  }
+
+  gpt::model& net_;
+  rz::integration::torch_zero z_;
+};
+
+/// DDP (`--strategy ddp`) as a PyTorch user writes it: the module keeps its own parameters,
+/// `integration::torch_ddp` makes their `.grad()` views of the gradient reducer's buckets and
+/// all_reduces the buckets during backward (frozen parameters skipped), and torch::optim::AdamW
+/// updates every replica alike, after torch::nn::utils::clip_grad_norm_. With --bf16 the module
+/// is bfloat16 and AdamW updates float32 master copies, copied back after each step (as the
+/// runtime's bfloat16_adam precision does). Checkpoints are ringzero's DDP checkpoints
+/// (`checkpoint::replicated_state`: the parameters under every name, the tied output layer
+/// included, the master weights, AdamW's exp_avg and exp_avg_sq under PyTorch's names, the step
+/// count), so a ZeRO checkpoint of the same model resumes here and the reverse.
+class ddp_training final : public strategy_training {
+ public:
+  ddp_training(rz::communicator& comm, gpt::model& net, const options& o) : net_(net), ddp_(comm, net), clip_(o.clip) {
+    // The distinct parameters, as PyTorch's parameters() gives them (a tensor under two names
+    // once, under its first name): AdamW must see the tied embedding once.
+    std::vector<const void*> seen;
+    for (const auto& item : net.named_parameters(/*recurse=*/true)) {
+      const void* impl = item.value().unsafeGetTensorImpl();
+      if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+      seen.push_back(impl);
+      if (item.value().requires_grad()) trained_.push_back({item.key(), item.value(), {}});
+    }
+    std::vector<torch::Tensor> optimized;
+    for (auto& t : trained_) {
+      if (t.parameter.scalar_type() != torch::kFloat32) {  // --bf16: float32 masters
+        t.master = t.parameter.detach().to(torch::kFloat32).clone();
+        t.master.mutable_grad() = torch::zeros_like(t.master);
+      }
+      optimized.push_back(t.optimized());
+    }
+    optimizer_ = std::make_unique<torch::optim::AdamW>(optimized, torch::optim::AdamWOptions(o.lr).weight_decay(0));
+    // AdamW makes a parameter's state at its first step; made here, a checkpoint can view it
+    // from the start. libtorch 1.13 keys the state by the TensorImpl's address as text (what
+    // AdamW::step looks up); step() checks that no second state appeared.
+    for (const torch::Tensor& t : optimized) {
+      auto state = std::make_unique<torch::optim::AdamWParamState>();
+      state->exp_avg(torch::zeros_like(t, torch::MemoryFormat::Preserve));
+      state->exp_avg_sq(torch::zeros_like(t, torch::MemoryFormat::Preserve));
+      optimizer_->state()[c10::guts::to_string(t.unsafeGetTensorImpl())] = std::move(state);
+    }
+    register_checkpoint_state(o);
+    ddp_.zero_grad();
+  }
+
+  torch::Tensor forward(const torch::Tensor& ids) override {
+    gpt::direct_runner direct;
+    return net_.forward(ids, direct);
+  }
+
+  double micro_batch(const torch::Tensor& ids, const std::function<torch::Tensor(const torch::Tensor&)>& loss_of,
+                     bool last) override {
+    std::optional<rz::no_sync_guard> no_sync;
+    if (!last) no_sync.emplace(ddp_.no_sync());
+    const torch::Tensor loss = loss_of(forward(ids));
+    loss.backward();
+    ddp_.finish();  // synchronised: the averaged gradients in .grad(); under no_sync: accumulated
+    return loss.item<double>();
+  }
+
+  void step() override {
+    torch::NoGradGuard no_grad;
+    for (auto& t : trained_)
+      if (t.master.defined()) t.master.mutable_grad().copy_(t.parameter.grad());
+    std::vector<torch::Tensor> optimized;
+    for (auto& t : trained_) optimized.push_back(t.optimized());
+    if (clip_ > 0) torch::nn::utils::clip_grad_norm_(optimized, clip_);
+    optimizer_->step();
+    for (auto& t : trained_)
+      if (t.master.defined()) t.parameter.copy_(t.master);
+    ddp_.zero_grad();
+    if (optimizer_->state().size() != trained_.size())
+      throw rz::error(rz::errc::internal,
+                      "torch::optim::AdamW made states of its own: the example's states (made "
+                      "for checkpoints) are not the ones it updates (another libtorch version?)");
+  }
+
+  rz::replica_check verify_replicas() override { return rz::ddp::verify_replicas(ddp_.reducer()); }
+
+  ck::training_progress resume(const std::string& dir) override {
+    const ck::training_progress p = ck::load(ddp_.reducer(), state_, dir);  // any world size, or a ZeRO checkpoint
+    for (auto& [key, state] : optimizer_->state())
+      static_cast<torch::optim::AdamWParamState&>(*state).step(static_cast<std::int64_t>(p.optimizer_steps));
+    ddp_.zero_grad();  // the gradient views onto the bucket layout the load restored
+    return p;
+  }
+
+  void open(ck::checkpointer& saver) override { saver.open(ddp_.reducer(), state_); }
+
+  void save(ck::checkpointer& saver, ck::training_progress progress, int steps_done) override {
+    progress.optimizer_steps = static_cast<std::uint64_t>(steps_done);
+    saver.save(ddp_.reducer(), state_, std::move(progress));
+  }
+
+  void report(result& r) override {
+    r.ddp = true;
+    rz::ddp::gradient_reducer& reducer = ddp_.reducer();
+    for (auto space : {rz::primitive::memory_space::host, rz::primitive::memory_space::pinned_host,
+                       rz::primitive::memory_space::device}) {
+      r.allocated_peak += reducer.memory_allocated(space).peak;
+      r.allocated_now += reducer.memory_allocated(space).current;
+    }
+    r.asked.gradients = r.allocated_now;  // the buckets are the gradients (.grad() views them)
+    r.buckets = reducer.bucket_count();
+    const int n = reducer.comm().world_size();
+    for (const rz::ddp::reducer_bucket_info& b : reducer.buckets()) {
+      r.planned.gradients += b.bytes;
+      // One ring all_reduce per bucket and step (its padding included): 2 (n - 1) / n of it.
+      const auto bytes = static_cast<double>(b.count * rz::dtype_size(b.type));
+      r.planned_per_step += n > 1 ? 2.0 * bytes * (n - 1) / n : 0.0;
+    }
+    r.unquantized_per_step = r.planned_per_step;
+    std::vector<const void*> seen;
+    std::vector<std::string> owner;
+    for (const auto& item : net_.named_parameters(/*recurse=*/true)) {
+      const torch::Tensor& t = item.value();
+      const auto at = std::find(seen.begin(), seen.end(), t.unsafeGetTensorImpl());
+      rz::zero::parameter_spec s;
+      s.name = item.key();
+      for (std::int64_t d : t.sizes()) s.shape.push_back(static_cast<std::uint64_t>(d));
+      s.type = rz::integration::dtype_of_torch(t.scalar_type());
+      s.trainable = t.requires_grad();
+      if (at != seen.end()) {  // a tied name: its tie group is the first name's
+        s.tie_group = owner[static_cast<std::size_t>(at - seen.begin())];
+        for (auto& p : r.parameters)
+          if (p.name == s.tie_group) p.tie_group = s.tie_group;
+      } else {
+        seen.push_back(t.unsafeGetTensorImpl());
+        owner.push_back(item.key());
+        const auto elements = static_cast<std::uint64_t>(t.numel());
+        r.total += elements;
+        if (s.trainable) r.trainable += elements;
+        r.planned.parameters += elements * t.element_size();
+      }
+      r.parameters.push_back(std::move(s));
+    }
+    for (const auto& t : trained_) {
+      if (t.master.defined()) r.planned.master_weights += static_cast<std::uint64_t>(t.master.numel()) * 4;
+      r.planned.optimizer_states += 2 * static_cast<std::uint64_t>(t.optimized().numel()) * 4;  // exp_avg, exp_avg_sq
+    }
+    r.asked.parameters = r.planned.parameters;  // the module's own tensors, as they are
+    r.asked.master_weights = r.planned.master_weights;
+    r.asked.optimizer_states = r.planned.optimizer_states;
+  }
+
+ private:
+  struct trained_parameter {
+    std::string name;
+    torch::Tensor parameter;  // the module's
+    torch::Tensor master;     // --bf16: its float32 master copy, which AdamW updates
+    const torch::Tensor& optimized() const { return master.defined() ? master : parameter; }
+  };
+
+  /// `values` of `t` (float32 or bfloat16: the module's dtypes here) as a span of ringzero's type.
+  template <class Use>
+  static void with_values(const torch::Tensor& t, Use&& use) {
+    const auto n = static_cast<std::size_t>(t.numel());
+    if (t.scalar_type() == torch::kFloat32)
+      use(std::span<float>(t.data_ptr<float>(), n));
+    else if (t.scalar_type() == torch::kBFloat16)
+      use(std::span<rz::bfloat16>(static_cast<rz::bfloat16*>(t.data_ptr()), n));
+    else
+      throw rz::error(rz::errc::invalid_argument,
+                      fmt::format("a parameter of dtype {}: the example's checkpoints hold float32 and bfloat16",
+                                  c10::toString(t.scalar_type())));
+  }
+
+  static std::vector<std::uint64_t> shape_of(const torch::Tensor& t) {
+    std::vector<std::uint64_t> shape;
+    for (std::int64_t d : t.sizes()) shape.push_back(static_cast<std::uint64_t>(d));
+    return shape;
+  }
+
+  /// The checkpoint's view of this rank's state (nothing copied): every parameter under every
+  /// name (a tied one twice: a ZeRO checkpoint names both, and a ZeRO model loading this one
+  /// needs both), then per trainable parameter its master weights (--bf16) and AdamW's states.
+  void register_checkpoint_state(const options& o) {
+    for (const auto& item : net_.named_parameters(/*recurse=*/true))
+      with_values(item.value(), [&](auto values) { state_.add_parameter(item.key(), values, shape_of(item.value())); });
+    for (const auto& t : trained_) {
+      if (t.master.defined())
+        state_.add_master(t.name,
+                          std::span<float>(t.master.data_ptr<float>(), static_cast<std::size_t>(t.master.numel())),
+                          shape_of(t.master));
+      auto& s = static_cast<torch::optim::AdamWParamState&>(
+          *optimizer_->state().at(c10::guts::to_string(t.optimized().unsafeGetTensorImpl())));
+      int k = 0;
+      for (auto [state_name, tensor] : {std::pair{"exp_avg", s.exp_avg()}, std::pair{"exp_avg_sq", s.exp_avg_sq()}})
+        state_.add_optimizer_state(t.name, k++, state_name,
+                                   std::span<float>(tensor.data_ptr<float>(), static_cast<std::size_t>(tensor.numel())),
+                                   shape_of(tensor));
+    }
+    state_.set_optimizer({{"kind", "adamw"},
+                          {"states", 2},
+                          {"lr", o.lr},
+                          {"weight_decay", 0.0},
+                          {"beta1", 0.9},
+                          {"beta2", 0.999},
+                          {"eps", 1e-8},
+                          {"implementation", "torch::optim::AdamW"}});
+  }
+
+  gpt::model& net_;
+  rz::integration::torch_ddp ddp_;
+  double clip_;
+  std::vector<trained_parameter> trained_;  // the trainable parameters, distinct, in named_parameters() order
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  ck::replicated_state state_;
+};
 
 result train(const options& o, const corpus& c) {
   result res;
@@ -193,28 +540,14 @@ result train(const options& o, const corpus& c) {
       net = std::make_shared<gpt::model>(cfg);
       if (o.bf16) net->to(torch::kBFloat16);
     }
-    rz::integration::torch_zero_options zo;
-    zo.stage = stage_of(o.strategy);
-    zo.wrap = wrap_of(o.wrap);
-    zo.reshard_after_forward = *rz::zero::parse_reshard_policy(o.reshard);  // checked by the option
-    zo.max_inflight_gathers = o.max_inflight_gathers;
-    if (o.bf16) zo.precision = rz::zero::precision::bfloat16_adam();
-    zo.model.optimizer.kind = rz::zero::optimizer_kind::adamw;
-    zo.model.optimizer.lr = o.lr;
-    zo.model.optimizer.weight_decay = 0;
-    zo.model.max_grad_norm = o.clip;
-    zo.quantization.weights = *rz::zero::parse_quantized_bits(o.quantize_weights);  // checked by the option
-    zo.quantization.gradients = *rz::zero::parse_quantized_bits(o.quantize_gradients);
-    zo.keep_frozen_bytes = o.keep_frozen == "all" ? rz::zero::keep_all_frozen : std::stoull(o.keep_frozen);
-    zo.accumulation_steps = o.accumulation;
-    zo.accumulate_unsharded = o.accumulate_unsharded;
-    rz::integration::torch_zero z(comm, *net, zo);
-    z.model().set_reshard_after_backward(o.reshard_after_backward);  // step() releases what is kept
+    std::unique_ptr<strategy_training> training;
+    if (o.strategy == "ddp")
+      training = std::make_unique<ddp_training>(comm, *net, o);
+    else
+      training = std::make_unique<zero_training>(comm, *net, o);
     int first_step = 0;
-    if (!o.resume_dir.empty()) {  // a collective: the state resharded to this run's --ranks and --strategy
-      const rz::checkpoint::training_progress p = rz::checkpoint::load(z.model(), o.resume_dir);
-      z.refresh();                    // the module's parameters onto the loaded memory
-      z.model().reset_memory_peak();  // the load's second copy of the state is not training's
+    if (!o.resume_dir.empty()) {  // a collective
+      const ck::training_progress p = training->resume(o.resume_dir);
       if (p.rng_seeds != std::vector<std::uint64_t>{o.seed})
         throw rz::error(rz::errc::invalid_argument,
                         fmt::format("--resume {}: the checkpoint was trained with another --seed", o.resume_dir));
@@ -225,16 +558,16 @@ result train(const options& o, const corpus& c) {
       first_step = static_cast<int>(p.optimizer_steps);
       if (rank == 0) fmt::print("resumed from {} after step {}\n", o.resume_dir, first_step);
     }
-    std::optional<rz::checkpoint::checkpointer> saver;
+    std::optional<ck::checkpointer> saver;
     if (!o.checkpoint_dir.empty()) {
       saver.emplace(o.checkpoint_dir);
-      saver->open(z.model());  // the lock, leftovers removed, room checked: before any training
+      training->open(*saver);  // before any training
     }
     auto save = [&](int steps_done) {
-      rz::checkpoint::training_progress p;
+      ck::training_progress p;
       p.rng_seeds = {o.seed};
       p.metadata = {{"example", "04_libtorch_gpt"}, {"strategy", o.strategy}, {"wrap", o.wrap}};
-      saver->save(z.model(), p);  // the step count comes from the model
+      training->save(*saver, std::move(p), steps_done);
       if (rank == 0) fmt::print("saved {} after step {}\n", o.checkpoint_dir, steps_done);
     };
 
@@ -265,19 +598,17 @@ result train(const options& o, const corpus& c) {
       const std::int64_t micro = local_batch / o.accumulation;
       double l = 0;
       for (int m = 0; m < o.accumulation; ++m) {
-        // Where the gradients are full (ddp, zero1, --accumulate-unsharded), the micro-batches
-        // before the last run under no_sync: nothing is reduced until the last.
-        std::optional<rz::no_sync_guard> no_sync;
-        if (m + 1 < o.accumulation && !z.model().plan().sharded_gradients()) no_sync.emplace(z.model());
-        auto logits = net->forward(x.narrow(0, m * micro, micro), z);
-        auto loss = torch::nn::functional::cross_entropy(logits.view({-1, V}).to(torch::kFloat32),
-                                                         y.narrow(0, m * micro, micro).reshape({-1})) /
-                    o.accumulation;
-        z.backward(loss);
-        l += loss.item<double>();
+        const torch::Tensor targets = y.narrow(0, m * micro, micro).reshape({-1});
+        l += training->micro_batch(
+            x.narrow(0, m * micro, micro),
+            [&](const torch::Tensor& logits) {
+              return torch::nn::functional::cross_entropy(logits.view({-1, V}).to(torch::kFloat32), targets) /
+                     o.accumulation;
+            },
+            m + 1 == o.accumulation);
       }
-      z.step();
-      checks.after_step(static_cast<std::uint64_t>(step) + 1, [&] { return rz::zero::verify_replicas(z.model()); });
+      training->step();
+      checks.after_step(static_cast<std::uint64_t>(step) + 1, [&] { return training->verify_replicas(); });
       seconds.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
       rz::all_reduce(comm, &l, &l, 1, rz::dtype::float64, rz::reduce_kind::avg);
       losses.push_back(l);
@@ -305,7 +636,7 @@ result train(const options& o, const corpus& c) {
         const std::size_t n = std::min<std::size_t>(ctx.size(), static_cast<std::size_t>(T));
         auto in =
             torch::from_blob(ctx.data() + (ctx.size() - n), {1, static_cast<std::int64_t>(n)}, torch::kLong).clone();
-        auto logits = net->forward(in, z).select(1, static_cast<std::int64_t>(n) - 1).to(torch::kFloat64);
+        auto logits = training->forward(in).select(1, static_cast<std::int64_t>(n) - 1).to(torch::kFloat64);
         auto p = torch::softmax(logits / 0.8, -1).contiguous();
         const double* pp = p.data_ptr<double>();
         std::discrete_distribution<std::int64_t> pick(pp, pp + V);
@@ -316,35 +647,12 @@ result train(const options& o, const corpus& c) {
     if (rank == 0) {
       res.losses = losses;
       res.step_seconds = seconds;
-      res.planned = z.model().plan().memory();
-      for (auto space : {rz::primitive::memory_space::host, rz::primitive::memory_space::pinned_host,
-                         rz::primitive::memory_space::device}) {
-        res.allocated_peak += z.model().memory_allocated(space).peak;
-        res.allocated_now += z.model().memory_allocated(space).current;
-        const auto now = [&](rz::zero::memory_category what) {
-          return z.model().memory_allocated(space, what).current;
-        };
-        res.asked.parameters += now(rz::zero::memory_category::parameters);
-        res.asked.gradients += now(rz::zero::memory_category::gradients);
-        res.asked.master_weights += now(rz::zero::memory_category::master_weights);
-        res.asked.optimizer_states += now(rz::zero::memory_category::optimizer_states);
-        res.asked.communication_buffers += now(rz::zero::memory_category::communication_buffers);
-        res.scratch += now(rz::zero::memory_category::scratch);
-      }
-      res.parameters = z.parameters();
+      training->report(res);
       res.sample = sample;
       res.tokens_per_second = static_cast<double>(o.batch * T) * (o.steps - first_step) / total;
       res.first_step = first_step;
       res.replica_checks = checks.summary();
       res.sent_per_step = sent_per_step;
-      res.trainable = z.model().plan().trainable_elements();
-      res.total = z.model().plan().parameter_elements();
-      res.frozen_kept_bytes = z.model().plan().kept_frozen_bytes();
-      for (rz::zero::traffic_entry e : z.model().plan().traffic()) {
-        res.planned_per_step += e.ring_bytes_sent();
-        e.bytes = e.unquantized_bytes;  // the same entry in full precision
-        res.unquantized_per_step += e.ring_bytes_sent();
-      }
     }
   });
   return res;
@@ -372,6 +680,67 @@ nlohmann::json memory_json(const rz::zero::memory_breakdown& m) {
 
 }  // namespace
 
+/// The memory lines of a ZeRO run: the runtime's allocations, by category, against its plan.
+void print_zero_memory(const result& r) {
+  const auto& m = r.asked;  // counted where allocated, by what asked (not the runtime's own sum)
+  const auto& p = r.planned;
+  const std::uint64_t measured_peak = m.parameters + m.communication_buffers;
+  const std::uint64_t planned_peak = p.parameters + p.communication_buffers;
+  fmt::print("parameter memory per rank (parameters + gather buffers and gradient buckets, allocated):\n");
+  fmt::print("  measured {:>12} B  (parameters {}, communication buffers {})\n", measured_peak, m.parameters,
+             m.communication_buffers);
+  fmt::print("  plan     {:>12} B  (parameters {}, communication buffers {})  {}\n", planned_peak, p.parameters,
+             p.communication_buffers, measured_peak <= planned_peak ? "within the plan" : "ABOVE THE PLAN");
+  // The plan counts the model's state; the runtime also holds the step's scalars (gradient
+  // norm, clip and skip decisions: zero::step_scalars), which no plan entry covers.
+  const std::uint64_t scalars = sizeof(rz::zero::step_scalars);
+  fmt::print(
+      "  runtime allocations, counted where they are made: peak {} B, now {} B; the plan {} B + {} B of the "
+      "step's scalars  {}\n",
+      r.allocated_peak, r.allocated_now, p.total(), scalars,
+      r.allocated_peak <= p.total() + scalars ? "within the plan" : "ABOVE THE PLAN");
+}
+
+/// The memory lines of a DDP run: every rank holds the whole state; ringzero allocates only the
+/// reducer's gradient buckets (gradient_reducer::memory_allocated), which the .grad() tensors view.
+void print_ddp_memory(const result& r) {
+  const auto& p = r.planned;
+  fmt::print("model state per rank (DDP: every rank holds all of it):\n");
+  fmt::print("  parameters {} B (the module's), AdamW's exp_avg and exp_avg_sq {} B (torch::optim's){}\n", p.parameters,
+             p.optimizer_states,
+             p.master_weights > 0 ? fmt::format(", float32 master weights {} B", p.master_weights) : std::string());
+  fmt::print(
+      "  gradient buckets (the reducer's allocations, counted where they are made): now {} B, peak {} B, for {} B "
+      "of gradients in {} bucket(s)\n",
+      r.allocated_now, r.allocated_peak, p.gradients, r.buckets);
+}
+
+/// --strategy ddp with an option that only the ZeRO runtime has: why it is refused ("" when none
+/// is given).
+std::string ddp_refusal(const options& o, bool keep_frozen_given) {
+  const auto refuse = [](const std::string& option, const std::string& why) {
+    return fmt::format("{} is an option of the ZeRO runtime (--strategy zero1|zero2|zero3); --strategy ddp {}", option,
+                       why);
+  };
+  const std::string whole = "holds the whole model on every rank and gathers nothing";
+  if (o.quantize_weights != "none" || o.quantize_gradients != "none")
+    return refuse(o.quantize_weights != "none" ? "--quantize-weights" : "--quantize-gradients",
+                  "all_reduces full-precision gradients through integration::torch_ddp (ZeRO++'s quantized "
+                  "collectives are the runtime's)");
+  if (o.wrap != "block")
+    return refuse("--wrap " + o.wrap, "has no gather units: torch_ddp reduces the gradients in the reducer's buckets");
+  if (o.reshard != "all") return refuse("--reshard-after-forward " + o.reshard, whole);
+  if (!o.reshard_after_backward) return refuse("--no-reshard-after-backward", whole);
+  if (o.max_inflight_gathers != 0) return refuse("--max-inflight-gathers", whole);
+  if (keep_frozen_given)
+    return refuse("--keep-frozen", whole + " (frozen parameters are broadcast once and never reduced)");
+  if (o.accumulate_unsharded)
+    return refuse("--accumulate-unsharded",
+                  "always accumulates the full gradients (the micro-batches before the last run under torch_ddp's "
+                  "no_sync(), then one all_reduce)");
+  return {};
+}
+
 int main(int argc, char** argv) {
   options o;
   CLI::App app{"A small character-level GPT (libtorch) trained on Debian's fortunes with DDP or ZeRO 1-3"};
@@ -393,13 +762,15 @@ int main(int argc, char** argv) {
   app.add_option("--lora", o.model.lora,
                  "fine-tune low-rank adapters of this rank on every projection, the backbone frozen (0: train all)")
       ->check(CLI::Range(0, 4096));
-  app.add_option("--keep-frozen", o.keep_frozen,
-                 "zero3: bytes per rank of frozen parameters kept gathered, never re-gathered (a number, or all)")
-      ->check([](const std::string& v) {
-        return v == "all" || (!v.empty() && v.size() <= 19 && v.find_first_not_of("0123456789") == std::string::npos)
-                   ? std::string()
-                   : "must be a number of bytes or all";
-      });
+  CLI::Option* keep_frozen_given =
+      app.add_option("--keep-frozen", o.keep_frozen,
+                     "zero3: bytes per rank of frozen parameters kept gathered, never re-gathered (a number, or all)")
+          ->check([](const std::string& v) {
+            return v == "all" ||
+                           (!v.empty() && v.size() <= 19 && v.find_first_not_of("0123456789") == std::string::npos)
+                       ? std::string()
+                       : "must be a number of bytes or all";
+          });
   app.add_option("--accumulation-steps", o.accumulation,
                  "micro-batches per step (each rank's share of --batch split evenly; one reduction each at zero2-3)")
       ->check(CLI::Range(1, 65536));
@@ -464,6 +835,9 @@ int main(int argc, char** argv) {
       throw rz::error(
           rz::errc::invalid_argument,
           "--batch must be a multiple of --ranks times --accumulation-steps and --heads must divide --embd");
+    if (o.strategy == "ddp")
+      if (const std::string why = ddp_refusal(o, keep_frozen_given->count() > 0); !why.empty())
+        throw rz::error(rz::errc::invalid_argument, why);
     const corpus c = make_corpus(o.data);
     if (!world.lead()) {  // the other processes train their rank and print nothing
       (void)train(o, c);
@@ -479,33 +853,20 @@ int main(int argc, char** argv) {
     const result r = train(o, c);
     const auto resident_after = ex::resident_set();
 
-    const auto& m = r.asked;  // counted where allocated, by what asked (not the runtime's own sum)
-    const auto& p = r.planned;
     fmt::print("\ntrainable parameters: {} of {}", r.trainable, r.total);
     if (r.frozen_kept_bytes > 0) fmt::print("; frozen ones kept gathered: {} B per rank", r.frozen_kept_bytes);
     fmt::print("\n");
-    const std::uint64_t measured_peak = m.parameters + m.communication_buffers;
-    const std::uint64_t planned_peak = p.parameters + p.communication_buffers;
-    fmt::print("parameter memory per rank (parameters + gather buffers and gradient buckets, allocated):\n");
-    fmt::print("  measured {:>12} B  (parameters {}, communication buffers {})\n", measured_peak, m.parameters,
-               m.communication_buffers);
-    fmt::print("  plan     {:>12} B  (parameters {}, communication buffers {})  {}\n", planned_peak, p.parameters,
-               p.communication_buffers, measured_peak <= planned_peak ? "within the plan" : "ABOVE THE PLAN");
-    // The plan counts the model's state; the runtime also holds the step's scalars (gradient
-    // norm, clip and skip decisions: zero::step_scalars), which no plan entry covers.
-    const std::uint64_t scalars = sizeof(rz::zero::step_scalars);
-    fmt::print(
-        "  runtime allocations, counted where they are made: peak {} B, now {} B; the plan {} B + {} B of the "
-        "step's scalars  {}\n",
-        r.allocated_peak, r.allocated_now, p.total(), scalars,
-        r.allocated_peak <= p.total() + scalars ? "within the plan" : "ABOVE THE PLAN");
+    if (r.ddp)
+      print_ddp_memory(r);
+    else
+      print_zero_memory(r);
     const int here = o.backend == "mpi" ? 1 : o.ranks;  // ranks in this process
     if (resident_before && resident_after)
       fmt::print(
-          "  process resident memory: peak {} B, {} B above the start; the runtimes of {} rank(s) allocated {} B "
-          "at the peak (the rest: libtorch's activations, gradients and workspace)\n",
-          resident_after->peak, resident_after->peak - resident_before->now, here,
-          r.allocated_peak * static_cast<std::uint64_t>(here));
+          "  process resident memory: peak {} B, {} B above the start; ringzero allocated {} B for {} rank(s) at the "
+          "peak (the rest: libtorch's {}activations, gradients and workspace)\n",
+          resident_after->peak, resident_after->peak - resident_before->now,
+          r.allocated_peak * static_cast<std::uint64_t>(here), here, r.ddp ? "parameters, optimizer states, " : "");
     if (!r.losses.empty()) {
       double tail = 0;
       const std::size_t k = std::min<std::size_t>(20, r.losses.size());
@@ -514,8 +875,10 @@ int main(int argc, char** argv) {
       fmt::print("training loss (mean of the last {} steps) {:.4f} nats vs unigram entropy {:.4f}: {}\n", k, tail,
                  c.unigram_entropy, tail < c.unigram_entropy ? "below" : "NOT below");
       fmt::print("{:.0f} tokens/s, median step {:.2f} ms\n", r.tokens_per_second, 1e3 * median(r.step_seconds));
-      fmt::print("sent per step and rank: {:.1f} KiB measured; the plan's collectives {:.1f} KiB",
-                 r.sent_per_step / 1024, r.planned_per_step / 1024);
+      fmt::print("sent per step and rank: {:.1f} KiB measured; {} {:.1f} KiB", r.sent_per_step / 1024,
+                 r.ddp ? fmt::format("DDP's all_reduce of the {} gradient bucket(s) (ring)", r.buckets)
+                       : std::string("the plan's collectives"),
+                 r.planned_per_step / 1024);
       if (r.unquantized_per_step != r.planned_per_step)
         fmt::print(" ({:.1f} KiB without quantization, {:.2f}x)", r.unquantized_per_step / 1024,
                    r.unquantized_per_step / r.planned_per_step);
@@ -549,8 +912,9 @@ int main(int argc, char** argv) {
                        {"frozen_kept_bytes", r.frozen_kept_bytes},
                        {"tokens_per_second", r.tokens_per_second},
                        {"unigram_entropy", c.unigram_entropy},
-                       {"memory_measured", memory_json(m)},
-                       {"memory_planned", memory_json(p)},
+                       {"memory_measured", memory_json(r.asked)},
+                       {"memory_planned", memory_json(r.planned)},
+                       {"gradient_buckets", r.buckets},
                        {"memory_allocated",
                         {{"peak", r.allocated_peak},
                          {"now", r.allocated_now},

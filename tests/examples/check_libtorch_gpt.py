@@ -1,20 +1,26 @@
-"""Example 04 (libtorch GPT through integration/torch_zero.hpp), short runs of a small model:
+"""Example 04 (libtorch GPT: ZeRO through integration/torch_zero.hpp, DDP through
+integration/torch_ddp.hpp with torch::optim::AdamW), short runs of a small model:
 
-- --strategy ddp, zero1, zero2, zero3 (and zero3 with --wrap layer and model, and with
+- --strategy zero1, zero2, zero3 (and zero3 with --wrap layer and model, and with
   --reshard-after-forward none and except_last, and --wrap block --reshard-after-forward except_last
-  --max-inflight-gathers 1) on 2 ranks give
-  the same loss curve bit for bit (for 2 ranks every strategy averages the same two gradients,
-  (a + b) / 2, and the optimizer is element-wise, so the parameters stay identical; stage 3 only
-  holds if autograd's saved tensors see the regathered parameters);
-- each 2-rank curve equals the 1-rank curve of the same global batch within float32 rounding
-  for the first 50 steps (tolerance below);
+  --max-inflight-gathers 1) on 2 ranks give the same loss curve bit for bit (for 2 ranks every
+  stage averages the same two gradients, (a + b) / 2, and the runtime's optimizer is element-wise,
+  so the parameters stay identical; stage 3 only holds if autograd's saved tensors see the
+  regathered parameters); zero1 is the reference;
+- --strategy ddp (torch_ddp, torch's AdamW and clip_grad_norm_) gives zero1's curve within a
+  relative 1e-5 (torch's AdamW and the runtime's round differently: tolerance below), each rank
+  sends per step the all_reduce of its gradient buckets plus the step's few scalars;
+- the 1-rank zero1 curve equals the 2-rank one within float32 rounding (tolerance below);
 - at zero3 the memory per rank (parameter shard, gather buffers, gradient buckets, gradients,
   optimizer states) equals the plan that ringzero-plan makes for the same model (the example
   writes its parameter list), so peak parameter memory stays within the plan, and the runtime's
   allocations counted where they are made (memory_allocated) are the plan plus the step's 48
   bytes of scalars, at the peak too;
 - --checkpoint (zero3, half the steps) then --resume (as zero3, and resharded as zero1) continues
-  the straight run's losses and text bit for bit; a --resume past --steps is refused;
+  the straight run's losses and text bit for bit, and resumed as ddp continues zero1's curve within
+  the tolerance; a ddp --checkpoint resumed as ddp continues the straight ddp run bit for bit (the
+  reducer's bucket layout restored too), resumed as zero1 within the tolerance; a --resume past
+  --steps is refused;
 - zero3 with --quantize-weights int8 --quantize-gradients int8: the loss within 2% of the
   full-precision run after 50 steps, the bytes each rank sent per step (measured) those of the
   plan's collectives (quantized) plus the step's few scalars, 3.9x fewer than without; under
@@ -25,7 +31,7 @@
   the same losses bit for bit;
 - zero3 --accumulation-steps 2, with and without --accumulate-unsharded: the one-micro-batch loss
   curve within float32 rounding, the plan's bytes sent, fewer with --accumulate-unsharded;
-- the launcher refusal of examples 01 and 02, and a bad --batch.
+- the launcher refusal of examples 01 and 02, a bad --batch, and a ZeRO-only option with ddp.
 Skipped (77) when Debian's fortunes package is not installed.
 
 usage: check_libtorch_gpt.py LIBTORCH_GPT RINGZERO_PLAN
@@ -45,14 +51,23 @@ SMALL = ["--steps", str(STEPS), "--layers", "2", "--embd", "32", "--heads", "2",
 # 1 rank against 2: the losses differ only through float32 reassociation (the 2-rank gradient is
 # the average of two half-batch sums instead of one sum over the batch; the printed loss is the
 # average of two half-batch means). Such differences are a few ulps per step (~1e-7 relative)
-# and AdamW, whose update is smooth in the gradient, does not amplify them over 50 steps: the
-# largest relative difference measured was 5e-7. 1e-5 leaves a 20x margin, while a real fault
-# (a gradient summed instead of averaged, a stale or wrong regathered parameter) moves the loss
-# by 1e-3 or more within a few steps.
+# and AdamW, whose update is smooth in the gradient, does not amplify them over these 50 steps
+# of this seed: the largest relative difference measured was 5e-7. 1e-5 leaves a 20x margin,
+# while a real fault (a gradient summed instead of averaged, a stale or wrong regathered
+# parameter, a learning rate 1% off) moves the loss by 1e-3 or more within a few steps.
+# ddp against zero1 on 2 ranks: the same gradients (bit for bit: both average the same two
+# float32 sums), but torch::optim::AdamW and the runtime's AdamW (and torch's clip_grad_norm_ and
+# the runtime's clipping) round differently, a few ulps per step: the largest relative difference
+# measured over these 50 steps was 7.1e-8 (and 2.3e-7 over 300 steps, 2.9e-7 on 1 rank, 2.5e-7 on
+# 4), so the same 1e-5 leaves a margin of over 100. Other seeds of this small model meet batches
+# that amplify such rounding late in the run (1-rank zero1 against 2-rank as well as ddp against
+# zero1: up to 1e-4 by step 50 for a few of 20 seeds tried), so the tolerance holds for this
+# seed and model, which the check fixes.
 RELATIVE_TOLERANCE = 1e-5
 STEP_SCALARS = 48  # sizeof(ringzero::zero::step_scalars): the step's norm, decision and multiplier
 failures = []
 curves_sample = None
+ddp_run = None
 
 if not os.path.isdir(DATA):
     print(f"skip: {DATA} is missing (Debian: apt-get install fortunes)")
@@ -111,7 +126,7 @@ def memory_matches_plan(run_json, label, reshard, extra=()):
                         "of step scalars")
 
 
-one = run(["--ranks", "1", "--strategy", "ddp", *SMALL])
+one = run(["--ranks", "1", "--strategy", "zero1", *SMALL])
 curves = {}
 # --reshard-after-forward and --max-inflight-gathers change when units are gathered, never the
 # numbers: the same curve, and the memory of the plan made with the same settings (none holds every
@@ -131,47 +146,84 @@ for strategy, wrap, reshard, bound in (("ddp", "block", "all", ()), ("zero1", "b
     if j is None:
         continue
     curves[label] = j["losses"]
-    if label == "--strategy ddp --wrap block":
+    if label == "--strategy zero1 --wrap block":
         curves_sample = j["sample"]
+    if strategy == "ddp":
+        ddp_run = j
     if len(j["losses"]) != STEPS:
         failures.append(f"{label}: {len(j['losses'])} losses, expected {STEPS}")
     if strategy == "zero3":
         memory_matches_plan(j, label, reshard, bound)
     if not j["sample"]:
         failures.append(f"{label}: no generated text")
+two_rank_runs = len(curves)
 
-reference = curves.get("--strategy ddp --wrap block")
+
+def within_tolerance(label, losses, expected, against):
+    """Fails when a loss of `losses` differs from `expected`'s by more than RELATIVE_TOLERANCE."""
+    if len(losses) != len(expected):
+        failures.append(f"{label}: {len(losses)} losses, {against} has {len(expected)}")
+    for step, (a, b) in enumerate(zip(losses, expected)):
+        if abs(a - b) > RELATIVE_TOLERANCE * abs(b):
+            failures.append(f"{label}: step {step} loss {a!r}, {against} {b!r} (relative difference "
+                            f"{abs(a - b) / abs(b):.2e}, tolerance {RELATIVE_TOLERANCE:.0e})")
+            return
+
+
+reference = curves.pop("--strategy zero1 --wrap block", None)
+ddp_curve = curves.pop("--strategy ddp --wrap block", None)
 if reference is not None:
     for label, losses in curves.items():
         if losses != reference:
             step = next(i for i, (a, b) in enumerate(zip(losses, reference)) if a != b)
-            failures.append(f"{label}: step {step} loss {losses[step]!r}, ddp on 2 ranks {reference[step]!r} "
+            failures.append(f"{label}: step {step} loss {losses[step]!r}, zero1 on 2 ranks {reference[step]!r} "
                             "(expected bit-identical)")
     if reference[-1] >= reference[0]:
         failures.append(f"the loss did not fall: {reference[0]} -> {reference[-1]}")
+    if ddp_curve is not None:
+        within_tolerance("--strategy ddp (torch_ddp, torch::optim::AdamW)", ddp_curve, reference, "zero1")
+        # Each rank sends the ring all_reduce of its gradient buckets, plus the loss's all_reduce
+        # and the reducer's one rebuild (a few bytes per step over the run).
+        sent, expected = ddp_run["sent_bytes_per_step"], ddp_run["planned_bytes_per_step"]
+        if not 0 < expected <= sent <= expected + 100:
+            failures.append(f"--strategy ddp: {sent} bytes sent per step, the all_reduce of the gradient buckets "
+                            f"{expected}")
+        if ddp_run["memory_allocated"]["now"] < ddp_run["memory_planned"]["gradients"]:
+            failures.append(f"--strategy ddp: the reducer holds {ddp_run['memory_allocated']['now']} B, less than "
+                            f"the {ddp_run['memory_planned']['gradients']} B of gradients")
 if one is not None and reference is not None:
-    for step, (a, b) in enumerate(zip(one["losses"], reference)):
-        if abs(a - b) > RELATIVE_TOLERANCE * abs(a):
-            failures.append(f"step {step}: 1 rank {a!r}, 2 ranks {b!r} (relative difference {abs(a - b) / abs(a):.2e})")
-            break
+    within_tolerance("1 rank against 2 (zero1)", one["losses"], reference, "2 ranks")
 
 # --checkpoint then --resume: half the steps saved at zero3, the rest resumed at zero3 and, resharded,
-# at zero1 (on 2 ranks every strategy computes the same bits), give the straight run's losses and
-# text. The zero1 resume loads into parameter memory the module's tensors view (refreshed after it).
+# at zero1 (on 2 ranks every stage computes the same bits), give the straight run's losses and
+# text; resumed as ddp (the parameters and AdamW's states under the same names, torch's AdamW
+# stepping on from the saved step count), zero1's losses within the tolerance. The zero1 resume
+# loads into parameter memory the module's tensors view (refreshed after it). Then a ddp
+# checkpoint (parameters, AdamW's states and step count, the reducer's bucket layout) resumed as
+# ddp gives the straight ddp run's losses and text, and resumed as zero1, zero1's within the
+# tolerance.
 HALF = STEPS // 2
-for resumed_as in ("zero3", "zero1"):
-    ckpt = os.path.join(tmp, f"ckpt_{resumed_as}")
-    first = run(["--ranks", "2", "--strategy", "zero3", "--checkpoint", ckpt, "--checkpoint-every", "10", "--steps",
+ddp_sample = ddp_run["sample"] if ddp_run is not None else None
+for saved_as, resumes in (("zero3", ("zero3", "zero1", "ddp")), ("ddp", ("ddp", "zero1"))):
+    ckpt = os.path.join(tmp, f"ckpt_{saved_as}")
+    first = run(["--ranks", "2", "--strategy", saved_as, "--checkpoint", ckpt, "--checkpoint-every", "10", "--steps",
                  str(HALF), *SMALL[2:]])
-    second = run(["--ranks", "2", "--strategy", resumed_as, "--resume", ckpt, *SMALL])
-    label = f"--checkpoint at zero3, --resume as {resumed_as}"
-    if first is None or second is None or reference is None:
-        continue
-    if second["first_step"] != HALF or second["losses"] != reference[HALF:]:
-        failures.append(f"{label}: from step {second['first_step']} losses {second['losses'][:3]}..., "
-                        f"the straight run's {reference[HALF:HALF + 3]}... (expected bit-identical)")
-    if second["sample"] != curves_sample:
-        failures.append(f"{label}: another generated text than the straight run's")
+    for resumed_as in resumes:
+        second = run(["--ranks", "2", "--strategy", resumed_as, "--resume", ckpt, *SMALL])
+        label = f"--checkpoint at {saved_as}, --resume as {resumed_as}"
+        if first is None or second is None or reference is None or ddp_curve is None:
+            continue
+        if second["first_step"] != HALF:
+            failures.append(f"{label}: resumed after step {second['first_step']}, expected {HALF}")
+        if (saved_as == "ddp") != (resumed_as == "ddp"):  # across the optimizers: zero1's curve, within the tolerance
+            within_tolerance(label, second["losses"], reference[HALF:], "the straight zero1 run")
+            continue
+        straight, sample = (ddp_curve, ddp_sample) if saved_as == "ddp" else (reference, curves_sample)
+        if second["losses"] != straight[HALF:]:
+            failures.append(f"{label}: losses {second['losses'][:3]}..., the straight run's "
+                            f"{straight[HALF:HALF + 3]}... (expected bit-identical)")
+        if second["sample"] != sample:
+            failures.append(f"{label}: another generated text than the straight run's")
 r = subprocess.run([exe, "--steps", "5", "--resume", os.path.join(tmp, "ckpt_zero3"), *SMALL[2:]],
                    capture_output=True, text=True, errors="replace", timeout=120)
 if r.returncode != 1 or "past --steps 5" not in r.stderr:
@@ -270,7 +322,12 @@ r = subprocess.run([exe, "--ranks", "2", "--batch", "3"], capture_output=True, t
 if r.returncode != 1 or "--batch must be a multiple of --ranks" not in r.stderr:
     failures.append(f"--batch 3 --ranks 2: exit {r.returncode}, stderr {r.stderr.strip()!r}")
 
+r = subprocess.run([exe, "--strategy", "ddp", "--quantize-gradients", "int8", "--steps", "1"], capture_output=True,
+                   text=True, errors="replace", timeout=60)
+if r.returncode != 1 or "--quantize-gradients is an option of the ZeRO runtime" not in r.stderr:
+    failures.append(f"--strategy ddp --quantize-gradients int8: exit {r.returncode}, stderr {r.stderr.strip()!r}")
+
 for f in failures:
     print("FAIL:", f)
-print(f"{'ok' if not failures else 'FAILED'}: {len(curves)} two-rank runs of {STEPS} steps against one rank")
+print(f"{'ok' if not failures else 'FAILED'}: {two_rank_runs} two-rank runs of {STEPS} steps against one rank")
 sys.exit(1 if failures else 0)
