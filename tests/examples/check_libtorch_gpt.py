@@ -130,10 +130,8 @@ one = run(["--ranks", "1", "--strategy", "zero1", *SMALL])
 curves = {}
 # --reshard-after-forward and --max-inflight-gathers change when units are gathered, never the
 # numbers: the same curve, and the memory of the plan made with the same settings (none holds every
-# unit at the forward's end; a bound of 1 gathers no unit ahead, so one gather buffer less). The
-# bound runs with block wrap: with layer wrap wte and wpe have no input boundary, so both stay
-# open until the backward ends, which the plan's canonical order (one unit after another) does
-# not model; only the prefetch buffer hides that there.
+# unit at the forward's end; a bound of 1 gathers no unit ahead, so one gather buffer less;
+# with layer wrap, tests/examples/test_torch_zero.cpp checks the bound's memory).
 for strategy, wrap, reshard, bound in (("ddp", "block", "all", ()), ("zero1", "block", "all", ()),
                                        ("zero2", "block", "all", ()), ("zero3", "block", "all", ()),
                                        ("zero3", "layer", "all", ()), ("zero3", "model", "all", ()),
