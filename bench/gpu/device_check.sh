@@ -662,7 +662,7 @@ for row, run in zip(table, [x for x in runs if x["result"] is not None and "mean
         t = timing[-1]
         row["gather_timing"] = t
         records.append((f"stage 3 gathers hidden (offload {row['offload']})", "info",
-                        f"{100 * t['hidden_share']:.0f}% of {t['gather_seconds']:.3f} s of gathers hidden "
+                        f"{100 * t['hidden_fraction']:.0f}% of {t['gather_seconds']:.3f} s of gathers hidden "
                         f"behind compute ({t['exposed_seconds']:.3f} s waited for, last epoch)"))
 
 s3 = step(3, "none")

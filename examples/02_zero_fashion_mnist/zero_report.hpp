@@ -339,7 +339,7 @@ inline void print_epoch(const options& o, const epoch_metrics& m) {
       m.test_accuracy, m.gather_seconds, m.reduce_seconds, m.update_seconds);
   if (m.gathers.gathers > 0)
     fmt::print("; gathers {:.3f} s on the communication stream, {:.3f} s waited for: {:.0f}% hidden",
-               m.gathers.gather_seconds, m.gathers.exposed_seconds, 100 * m.gathers.hidden_share());
+               m.gathers.gather_seconds, m.gathers.exposed_seconds, 100 * m.gathers.hidden_fraction());
   fmt::print("\n");
   std::fflush(stdout);
 }
@@ -496,7 +496,7 @@ inline json to_json(const options& o, const run_result& r, const zero::shard_pla
                              {"gather_seconds", m.gathers.gather_seconds},
                              {"waits", m.gathers.waits},
                              {"exposed_seconds", m.gathers.exposed_seconds},
-                             {"hidden_share", m.gathers.hidden_share()}}}});
+                             {"hidden_fraction", m.gathers.hidden_fraction()}}}});
   }
   j["first_epoch"] = r.first_epoch;
   j["parameter_crc32"] = fmt::format("{:08x}", r.parameter_crc32);

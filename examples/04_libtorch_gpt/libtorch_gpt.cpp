@@ -551,6 +551,14 @@ result train(const options& o, const corpus& c) {
       if (p.rng_seeds != std::vector<std::uint64_t>{o.seed})
         throw rz::error(rz::errc::invalid_argument,
                         fmt::format("--resume {}: the checkpoint was trained with another --seed", o.resume_dir));
+      // What the tensors' shapes do not show: the heads split the same matrices, the batch
+      // size moves the data stream. (Checkpoints saved before these were recorded pass.)
+      for (const auto& [key, now] : {std::pair<std::string, std::string>{"heads", std::to_string(o.model.heads)},
+                                     std::pair<std::string, std::string>{"batch", std::to_string(o.batch)}})
+        if (const auto it = p.metadata.find(key); it != p.metadata.end() && it->second != now)
+          throw rz::error(rz::errc::invalid_argument,
+                          fmt::format("--resume {}: the checkpoint was trained with --{} {}, this run has --{} {}",
+                                      o.resume_dir, key, it->second, key, now));
       if (p.optimizer_steps > static_cast<std::uint64_t>(o.steps))
         throw rz::error(rz::errc::invalid_argument, fmt::format("--resume {}: the checkpoint is after step {}, past "
                                                                 "--steps {}",
@@ -566,7 +574,11 @@ result train(const options& o, const corpus& c) {
     auto save = [&](int steps_done) {
       ck::training_progress p;
       p.rng_seeds = {o.seed};
-      p.metadata = {{"example", "04_libtorch_gpt"}, {"strategy", o.strategy}, {"wrap", o.wrap}};
+      p.metadata = {{"example", "04_libtorch_gpt"},
+                    {"strategy", o.strategy},
+                    {"wrap", o.wrap},
+                    {"heads", std::to_string(o.model.heads)},
+                    {"batch", std::to_string(o.batch)}};
       training->save(*saver, std::move(p), steps_done);
       if (rank == 0) fmt::print("saved {} after step {}\n", o.checkpoint_dir, steps_done);
     };
@@ -642,7 +654,8 @@ result train(const options& o, const corpus& c) {
         std::discrete_distribution<std::int64_t> pick(pp, pp + V);
         ctx.push_back(pick(g));
       }
-      for (std::int64_t id : ctx) sample.push_back(static_cast<char>(c.vocab[static_cast<std::size_t>(id)]));
+      if (o.generate > 0)  // the prompt character and what followed it
+        for (std::int64_t id : ctx) sample.push_back(static_cast<char>(c.vocab[static_cast<std::size_t>(id)]));
     }
     if (rank == 0) {
       res.losses = losses;
@@ -715,25 +728,31 @@ void print_ddp_memory(const result& r) {
       r.allocated_now, r.allocated_peak, p.gradients, r.buckets);
 }
 
-/// --strategy ddp with an option that only the ZeRO runtime has: why it is refused ("" when none
-/// is given).
-std::string ddp_refusal(const options& o, bool keep_frozen_given) {
+/// An option given with a strategy that has no use for it: why it is refused ("" when none is).
+/// Options are compared with their defaults, so a default given explicitly passes.
+std::string strategy_refusal(const options& o) {
+  // Stage 3's options (zero1 and zero2 keep every parameter whole, ddp the whole model).
+  const std::string stage3 = o.reshard != "all"             ? "--reshard-after-forward " + o.reshard
+                             : !o.reshard_after_backward    ? "--no-reshard-after-backward"
+                             : o.max_inflight_gathers != 0  ? "--max-inflight-gathers"
+                             : o.keep_frozen != "all"       ? "--keep-frozen"
+                             : o.quantize_weights != "none" ? "--quantize-weights"
+                                                            : "";
+  if (!stage3.empty() && o.strategy != "zero3")
+    return fmt::format("{} is an option of ZeRO stage 3 (--strategy zero3); --strategy {} {}", stage3, o.strategy,
+                       o.strategy == "ddp" ? "holds the whole model on every rank and gathers nothing"
+                                           : "keeps every parameter whole on every rank and gathers nothing");
+  if (o.strategy != "ddp") return {};
   const auto refuse = [](const std::string& option, const std::string& why) {
     return fmt::format("{} is an option of the ZeRO runtime (--strategy zero1|zero2|zero3); --strategy ddp {}", option,
                        why);
   };
-  const std::string whole = "holds the whole model on every rank and gathers nothing";
-  if (o.quantize_weights != "none" || o.quantize_gradients != "none")
-    return refuse(o.quantize_weights != "none" ? "--quantize-weights" : "--quantize-gradients",
+  if (o.quantize_gradients != "none")
+    return refuse("--quantize-gradients",
                   "all_reduces full-precision gradients through integration::torch_ddp (ZeRO++'s quantized "
                   "collectives are the runtime's)");
   if (o.wrap != "block")
     return refuse("--wrap " + o.wrap, "has no gather units: torch_ddp reduces the gradients in the reducer's buckets");
-  if (o.reshard != "all") return refuse("--reshard-after-forward " + o.reshard, whole);
-  if (!o.reshard_after_backward) return refuse("--no-reshard-after-backward", whole);
-  if (o.max_inflight_gathers != 0) return refuse("--max-inflight-gathers", whole);
-  if (keep_frozen_given)
-    return refuse("--keep-frozen", whole + " (frozen parameters are broadcast once and never reduced)");
   if (o.accumulate_unsharded)
     return refuse("--accumulate-unsharded",
                   "always accumulates the full gradients (the micro-batches before the last run under torch_ddp's "
@@ -762,15 +781,13 @@ int main(int argc, char** argv) {
   app.add_option("--lora", o.model.lora,
                  "fine-tune low-rank adapters of this rank on every projection, the backbone frozen (0: train all)")
       ->check(CLI::Range(0, 4096));
-  CLI::Option* keep_frozen_given =
-      app.add_option("--keep-frozen", o.keep_frozen,
-                     "zero3: bytes per rank of frozen parameters kept gathered, never re-gathered (a number, or all)")
-          ->check([](const std::string& v) {
-            return v == "all" ||
-                           (!v.empty() && v.size() <= 19 && v.find_first_not_of("0123456789") == std::string::npos)
-                       ? std::string()
-                       : "must be a number of bytes or all";
-          });
+  app.add_option("--keep-frozen", o.keep_frozen,
+                 "zero3: bytes per rank of frozen parameters kept gathered, never re-gathered (a number, or all)")
+      ->check([](const std::string& v) {
+        return v == "all" || (!v.empty() && v.size() <= 19 && v.find_first_not_of("0123456789") == std::string::npos)
+                   ? std::string()
+                   : "must be a number of bytes or all";
+      });
   app.add_option("--accumulation-steps", o.accumulation,
                  "micro-batches per step (each rank's share of --batch split evenly; one reduction each at zero2-3)")
       ->check(CLI::Range(1, 65536));
@@ -835,9 +852,7 @@ int main(int argc, char** argv) {
       throw rz::error(
           rz::errc::invalid_argument,
           "--batch must be a multiple of --ranks times --accumulation-steps and --heads must divide --embd");
-    if (o.strategy == "ddp")
-      if (const std::string why = ddp_refusal(o, keep_frozen_given->count() > 0); !why.empty())
-        throw rz::error(rz::errc::invalid_argument, why);
+    if (const std::string why = strategy_refusal(o); !why.empty()) throw rz::error(rz::errc::invalid_argument, why);
     const corpus c = make_corpus(o.data);
     if (!world.lead()) {  // the other processes train their rank and print nothing
       (void)train(o, c);

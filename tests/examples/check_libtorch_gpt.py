@@ -226,6 +226,12 @@ r = subprocess.run([exe, "--steps", "5", "--resume", os.path.join(tmp, "ckpt_zer
                    capture_output=True, text=True, errors="replace", timeout=120)
 if r.returncode != 1 or "past --steps 5" not in r.stderr:
     failures.append(f"--resume past --steps: exit {r.returncode}, stderr {r.stderr.strip()[-300:]!r}")
+# What the shapes do not show is recorded and checked: another --heads splits the same matrices.
+heads = [a if SMALL[i - 1] != "--heads" else "4" for i, a in enumerate(SMALL)]
+r = subprocess.run([exe, "--resume", os.path.join(tmp, "ckpt_zero3"), *heads], capture_output=True, text=True,
+                   errors="replace", timeout=120)
+if r.returncode != 1 or "the checkpoint was trained with --heads 2, this run has --heads 4" not in r.stderr:
+    failures.append(f"--resume with another --heads: exit {r.returncode}, stderr {r.stderr.strip()[-300:]!r}")
 
 # Quantized communication (zero3, int8 weights and gradients): the loss stays near the
 # full-precision run's; the measured bytes per step are the plan's quantized ones plus the step's
@@ -324,6 +330,10 @@ r = subprocess.run([exe, "--strategy", "ddp", "--quantize-gradients", "int8", "-
                    text=True, errors="replace", timeout=60)
 if r.returncode != 1 or "--quantize-gradients is an option of the ZeRO runtime" not in r.stderr:
     failures.append(f"--strategy ddp --quantize-gradients int8: exit {r.returncode}, stderr {r.stderr.strip()!r}")
+r = subprocess.run([exe, "--strategy", "zero1", "--max-inflight-gathers", "2", "--steps", "1"], capture_output=True,
+                   text=True, errors="replace", timeout=60)
+if r.returncode != 1 or "--max-inflight-gathers is an option of ZeRO stage 3 (--strategy zero3)" not in r.stderr:
+    failures.append(f"--strategy zero1 --max-inflight-gathers 2: exit {r.returncode}, stderr {r.stderr.strip()!r}")
 
 for f in failures:
     print("FAIL:", f)

@@ -119,7 +119,7 @@ def check_memory(m, tag):
         micro_batches = e["steps"] * m["config"].get("accumulate", 1)
         if stage == 3:
             check(t["gathers"] >= 2 * micro_batches and t["waits"] >= t["gathers"] and t["gather_seconds"] > 0
-                  and 0 <= t["hidden_share"] <= 1,
+                  and 0 <= t["hidden_fraction"] <= 1,
                   f"{tag}: epoch {e['epoch']}: gather timing {t} for {micro_batches} micro-batches")
         else:
             check(t["gathers"] == 0 and t["waits"] == 0, f"{tag}: epoch {e['epoch']}: gathers timed at stage {stage}")

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "../zero/zero_test_model.hpp"  // one_pass
+
 #include "ringzero/zero/sharded_model.hpp"
 
 namespace gpu_test {
@@ -88,23 +90,14 @@ zero_run zero_train(ringzero::zero::sharded_model& model, int rank, int poisoned
     std::vector<std::vector<T>> staged;  // outlives the step's copies
     const float scale = static_cast<float>(model.loss_scale());
     run.scales.push_back(model.loss_scale());
-    for (std::size_t u = 0; u < model.unit_count(); ++u) {
-      model.pre_forward(u);
-      model.post_forward(u);
-    }
-    for (std::size_t u = model.unit_count(); u-- > 0;) {
-      model.pre_backward(u);
-      for (std::size_t p : plan.units()[u].members) {
-        if (!params[p].trainable || plan.placements()[p].numel == 0) continue;
-        std::vector<T> g(plan.placements()[p].numel);
-        for (std::size_t j = 0; j < g.size(); ++j) g[j] = static_cast<T>(zero_gradient(rank, step, p, j) * scale);
-        if (step == zero_overflow_step && rank == poisoned_rank && p == 0)
-          g[3] = static_cast<T>(std::numeric_limits<float>::infinity());
-        staged.push_back(std::move(g));
-        write(model.gradient<T>(p), staged.back());
-      }
-      model.post_backward(u);
-    }
+    zero_test::one_pass(model, [&](std::size_t p) {
+      std::vector<T> g(plan.placements()[p].numel);
+      for (std::size_t j = 0; j < g.size(); ++j) g[j] = static_cast<T>(zero_gradient(rank, step, p, j) * scale);
+      if (step == zero_overflow_step && rank == poisoned_rank && p == 0)
+        g[3] = static_cast<T>(std::numeric_limits<float>::infinity());
+      staged.push_back(std::move(g));
+      write(model.gradient<T>(p), staged.back());
+    });
     model.end_backward();
     run.steps.push_back(model.step());
   }

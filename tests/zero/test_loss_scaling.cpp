@@ -74,28 +74,19 @@ scaled_run train_scaled(sharded_model& model, int rank, int world, int steps, in
   for (int step = 0; step < steps; ++step) {
     const float scale = static_cast<float>(model.loss_scale());
     out.scale_used.push_back(model.loss_scale());
-    for (std::size_t u = 0; u < model.unit_count(); ++u) {
-      model.pre_forward(u);
-      model.post_forward(u);
-    }
-    for (std::size_t u = model.unit_count(); u-- > 0;) {
-      model.pre_backward(u);
-      for (std::size_t p : plan.units()[u].members) {
-        if (!params[p].trainable || plan.placements()[p].numel == 0) continue;
-        const std::span<float16> w = model.parameter<float16>(p);
-        const std::span<float16> g = model.gradient<float16>(p);
-        const std::size_t s = plan.placements()[p].storage;
-        const int use = use_of(params[p].name);
-        const bool poison = step == overflow && rank == world - 1 && params[p].name == "l1.b";
-        run([=] {
-          for (std::size_t j = 0; j < g.size(); ++j)
-            g[j] = static_cast<float16>(static_cast<float>(g[j]) +
-                                        quantized_term(rank, step, s, j, use, static_cast<float>(w[j])) * scale);
-          if (poison) g[0] = static_cast<float16>(static_cast<float>(g[0]) + 70000.0f * scale);
-        });
-      }
-      model.post_backward(u);
-    }
+    one_pass(model, [&](std::size_t p) {
+      const std::span<float16> w = model.parameter<float16>(p);
+      const std::span<float16> g = model.gradient<float16>(p);
+      const std::size_t s = plan.placements()[p].storage;
+      const int use = use_of(params[p].name);
+      const bool poison = step == overflow && rank == world - 1 && params[p].name == "l1.b";
+      run([=] {
+        for (std::size_t j = 0; j < g.size(); ++j)
+          g[j] = static_cast<float16>(static_cast<float>(g[j]) +
+                                      quantized_term(rank, step, s, j, use, static_cast<float>(w[j])) * scale);
+        if (poison) g[0] = static_cast<float16>(static_cast<float>(g[0]) + 70000.0f * scale);
+      });
+    });
     model.end_backward();
     out.steps.push_back(model.step());
     out.scale_after.push_back(model.loss_scale());

@@ -337,13 +337,13 @@ TEST_CASE(
     CHECK(stepped[r].waits >= stepped[r].gathers);
     CHECK(stepped[r].gather_seconds > 0);
     CHECK(stepped[r].exposed_seconds >= 0);
-    CHECK(stepped[r].hidden_share() >= 0);
-    CHECK(stepped[r].hidden_share() <= 1);
+    CHECK(stepped[r].hidden_fraction() >= 0);
+    CHECK(stepped[r].hidden_fraction() <= 1);
     CHECK(stalled[r].gathers >= 1);  // unit 0, and the prefetch of unit 1
     CHECK(stalled[r].waits == 1);
     CHECK(stalled[r].exposed_seconds >= 0.045);
     CHECK(stalled[r].gather_seconds < stalled[r].exposed_seconds);
-    CHECK(stalled[r].hidden_share() == 0);
+    CHECK(stalled[r].hidden_fraction() == 0);
     CHECK(untimed[r].gathers == 0);
     CHECK(untimed[r].waits == 0);
     CHECK(untimed[r].gather_seconds == 0);
@@ -606,26 +606,17 @@ std::vector<std::vector<float>> train_bfloat16(sharded_model& model, int rank, i
     model.set_parameter(p, v);
   }
   for (int step = 0; step < steps; ++step) {
-    for (std::size_t u = 0; u < model.unit_count(); ++u) {
-      model.pre_forward(u);
-      model.post_forward(u);
-    }
-    for (std::size_t u = model.unit_count(); u-- > 0;) {
-      model.pre_backward(u);
-      for (std::size_t p : plan.units()[u].members) {
-        if (!params[p].trainable || plan.placements()[p].numel == 0) continue;
-        const std::span<bfloat16> w = model.parameter<bfloat16>(p);
-        const std::span<bfloat16> g = model.gradient<bfloat16>(p);
-        const std::size_t s = plan.placements()[p].storage;
-        const int use = use_of(params[p].name);
-        run([=] {
-          for (std::size_t j = 0; j < g.size(); ++j)
-            g[j] = static_cast<bfloat16>(static_cast<float>(g[j]) +
-                                         gradient_term(rank, 0, step, s, j, use, static_cast<float>(w[j]), 0, false));
-        });
-      }
-      model.post_backward(u);
-    }
+    one_pass(model, [&](std::size_t p) {
+      const std::span<bfloat16> w = model.parameter<bfloat16>(p);
+      const std::span<bfloat16> g = model.gradient<bfloat16>(p);
+      const std::size_t s = plan.placements()[p].storage;
+      const int use = use_of(params[p].name);
+      run([=] {
+        for (std::size_t j = 0; j < g.size(); ++j)
+          g[j] = static_cast<bfloat16>(static_cast<float>(g[j]) +
+                                       gradient_term(rank, 0, step, s, j, use, static_cast<float>(w[j]), 0, false));
+      });
+    });
     model.end_backward();
     (void)model.step();
   }

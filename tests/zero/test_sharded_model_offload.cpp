@@ -55,28 +55,19 @@ std::vector<std::vector<float>> train(sharded_model& model, int rank, int steps,
   set_initial_parameters(model);
   for (int step = 0; step < steps; ++step) {
     for (int micro = 0; micro < accumulation; ++micro) {
-      for (std::size_t u = 0; u < model.unit_count(); ++u) {
-        model.pre_forward(u);
-        model.post_forward(u);
-      }
-      for (std::size_t u = model.unit_count(); u-- > 0;) {
-        model.pre_backward(u);
-        for (std::size_t p : plan.units()[u].members) {
-          if (!params[p].trainable || plan.placements()[p].numel == 0) continue;
-          const std::span<T> w = model.parameter<T>(p);
-          const std::span<T> g = model.gradient<T>(p);
-          const std::size_t s = plan.placements()[p].storage;
-          const int use = use_of(params[p].name);
-          const bool poison = step == poisoned && rank == 0 && micro == 0 && params[p].name == "l1.b";
-          run([=] {
-            for (std::size_t j = 0; j < g.size(); ++j)
-              g[j] = static_cast<T>(static_cast<float>(g[j]) +
-                                    gradient_term(rank, micro, step, s, j, use, static_cast<float>(w[j]), 0, false));
-            if (poison) g[0] = static_cast<T>(std::numeric_limits<float>::infinity());
-          });
-        }
-        model.post_backward(u);
-      }
+      one_pass(model, [&](std::size_t p) {
+        const std::span<T> w = model.parameter<T>(p);
+        const std::span<T> g = model.gradient<T>(p);
+        const std::size_t s = plan.placements()[p].storage;
+        const int use = use_of(params[p].name);
+        const bool poison = step == poisoned && rank == 0 && micro == 0 && params[p].name == "l1.b";
+        run([=] {
+          for (std::size_t j = 0; j < g.size(); ++j)
+            g[j] = static_cast<T>(static_cast<float>(g[j]) +
+                                  gradient_term(rank, micro, step, s, j, use, static_cast<float>(w[j]), 0, false));
+          if (poison) g[0] = static_cast<T>(std::numeric_limits<float>::infinity());
+        });
+      });
       model.end_backward();
     }
     results.push_back(do_step ? do_step() : model.step());

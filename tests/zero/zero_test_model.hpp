@@ -328,6 +328,24 @@ inline bool bitwise_equal(const std::vector<std::vector<float>>& a, const std::v
   return true;
 }
 
+/// One micro-batch through every unit of `model`: pre_forward / post_forward in order, then in
+/// reverse pre_backward, `add(p)` for each trainable parameter of the unit with elements, and
+/// post_backward (no end_backward).
+template <class F>
+void one_pass(ringzero::zero::sharded_model& model, F&& add) {
+  const auto& plan = model.plan();
+  for (std::size_t u = 0; u < model.unit_count(); ++u) {
+    model.pre_forward(u);
+    model.post_forward(u);
+  }
+  for (std::size_t u = model.unit_count(); u-- > 0;) {
+    model.pre_backward(u);
+    for (std::size_t p : plan.units()[u].members)
+      if (plan.parameters()[p].trainable && plan.placements()[p].numel != 0) add(p);
+    model.post_backward(u);
+  }
+}
+
 /// Runs `body` on `world` local ranks; returns each rank's error (kind and what()), or no kind
 /// and "no error".
 inline std::vector<std::pair<std::optional<ringzero::errc>, std::string>> outcomes(

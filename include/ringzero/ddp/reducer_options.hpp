@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ringzero/core/dtype.hpp"
+#include "ringzero/core/hidden_fraction.hpp"
 #include "ringzero/ddp/bucket_assignment.hpp"
 #include "ringzero/ddp/comm_hook.hpp"
 
@@ -118,11 +119,7 @@ struct reducer_stats {
 
   /// Fraction of the reduction time hidden behind computation: 1 - exposed / reduction
   /// (clamped to [0, 1]; 0 when nothing was reduced).
-  double hidden_fraction() const noexcept {
-    if (reduction_seconds <= 0.0) return 0.0;
-    const double f = 1.0 - exposed_seconds / reduction_seconds;
-    return f < 0.0 ? 0.0 : (f > 1.0 ? 1.0 : f);
-  }
+  double hidden_fraction() const noexcept { return ringzero::hidden_fraction(exposed_seconds, reduction_seconds); }
 };
 
 /// Description of one bucket of the current layout (for tools, tests and logging).

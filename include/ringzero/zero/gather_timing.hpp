@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "ringzero/core/hidden_fraction.hpp"
 #include "ringzero/zero/execution_stream.hpp"
 
 namespace ringzero::zero {
@@ -23,17 +24,17 @@ namespace ringzero::zero {
 /// Sums over the intervals measured since the model started timing (or since the last reset).
 /// Units: seconds.
 struct gather_timing {
-  std::uint64_t gathers = 0;   ///< unit gathers timed (all_gathers of one unit, with dequantization)
-  double gather_seconds = 0;   ///< their time on the communication stream, each from start to arrival
-  std::uint64_t waits = 0;     ///< waits of the compute stream for a unit's gather
-  double exposed_seconds = 0;  ///< the time the compute stream stood still in those waits
-  /// The share of the gather time the compute stream did not wait for: 1 - exposed / gather,
-  /// clamped to [0, 1]; 1 when nothing was gathered.
-  double hidden_share() const noexcept {
-    if (gather_seconds <= 0) return 1.0;
-    const double s = 1.0 - exposed_seconds / gather_seconds;
-    return s < 0 ? 0.0 : (s > 1 ? 1.0 : s);
-  }
+  std::uint64_t gathers = 0;  ///< unit gathers timed (all_gathers of one unit, with dequantization)
+  double gather_seconds = 0;  ///< their time on the communication stream, each from start to arrival
+  std::uint64_t waits = 0;    ///< waits of the compute stream for a unit's gather (pre_forward / pre_backward)
+  /// The time the compute stream stood still in those waits. A wait also covers what the
+  /// communication stream ran before the gather (a gradient reduction) and the peers' arrival at
+  /// the collective, so this can exceed `gather_seconds`.
+  double exposed_seconds = 0;
+  /// The fraction of the gather time the compute stream did not wait for: 1 - exposed /
+  /// gather, clamped to [0, 1]; 0 when nothing was gathered (core/hidden_fraction.hpp, as the
+  /// DDP reducer's `hidden_fraction`).
+  double hidden_fraction() const noexcept { return ringzero::hidden_fraction(exposed_seconds, gather_seconds); }
 };
 
 namespace detail {

@@ -396,6 +396,16 @@ inline void resolve_prefetch(const plan_request& q, const std::vector<gather_uni
   }
 }
 
+/// Refuses (errc::invalid_argument) a negative `max_inflight_gathers` and a memory space other
+/// than host or device.
+inline void validate_gathers_and_space(const plan_request& q) {
+  if (q.max_inflight_gathers < 0)
+    plan_error("max_inflight_gathers must be 0 (no bound) or positive, got " + std::to_string(q.max_inflight_gathers));
+  if (q.space && *q.space != primitive::memory_space::host && *q.space != primitive::memory_space::device)
+    plan_error(std::string("the model state's memory space must be host or device, got ") +
+               primitive::to_string(*q.space));
+}
+
 /// Refuses (errc::invalid_argument) a request's quantization settings that no plan can meet
 /// (zero/quantization.hpp's `communication_quantization`).
 inline void validate_quantization(const plan_request& q) {

@@ -260,12 +260,7 @@ class shard_plan {
       detail::plan_error("alignment must be a power of two (in bytes), got " + std::to_string(q.alignment_bytes));
     if (q.accumulation_steps < 1)
       detail::plan_error("accumulation steps must be at least 1, got " + std::to_string(q.accumulation_steps));
-    if (q.max_inflight_gathers < 0)
-      detail::plan_error("max_inflight_gathers must be 0 (no bound) or positive, got " +
-                         std::to_string(q.max_inflight_gathers));
-    if (q.space && *q.space != primitive::memory_space::host && *q.space != primitive::memory_space::device)
-      detail::plan_error(std::string("the model state's memory space must be host or device, got ") +
-                         primitive::to_string(*q.space));
+    detail::validate_gathers_and_space(q);
     if (q.max_inflight_reductions < 1)
       detail::plan_error("max_inflight_reductions must be at least 1, got " +
                          std::to_string(q.max_inflight_reductions));

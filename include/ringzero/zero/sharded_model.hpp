@@ -528,7 +528,7 @@ class sharded_model {
     if (!gathers_.held(w))
       raise("parameter '" + name(p) + "' is not gathered: its storage belongs to unit '" + plan_.units()[w].name +
             "', which no pre_forward / pre_backward holds now");
-    wait_gather(w);
+    compute_->wait(*gathered_[w]);  // the pre_* hook waited already (timed there, not here)
     return gathered_copy(w, f) + pl.offset * es;
   }
   /// Stage 3: flat buffer f's place in the gather slot of unit u (which must hold one).
