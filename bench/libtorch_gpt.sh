@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Benchmark of example 04 (a small libtorch GPT through integration/torch_zero.hpp): the time per
-# optimizer step of --strategy zero3 against --strategy ddp on 2 ranks, REPEATS runs of each,
-# alternating (ddp, zero3, ddp, zero3, ...), the median over the runs of each run's median step
-# time; target: zero3 at most 1.3x ddp. Also reports tokens/s, the final loss of both (which must
-# be equal: the strategies compute the same numbers on 2 ranks) and zero3's parameter memory per
-# rank (parameter shard + gather buffers + gradient buckets) against stage 0's (the full model).
+# Benchmark of example 04 (a small libtorch GPT): the time per optimizer step of --strategy zero3
+# (integration/torch_zero.hpp) against --strategy ddp (integration/torch_ddp.hpp with
+# torch::optim::AdamW) on 2 ranks, REPEATS runs of each, alternating (ddp, zero3, ddp, zero3, ...),
+# the median over the runs of each run's median step time; target: zero3 at most 1.3x ddp. Also
+# reports tokens/s, the final loss of both (equal within float32 rounding: torch's AdamW rounds
+# otherwise than the runtime's; relative 1e-5 is checked) and the parameter memory per rank
+# (zero3: parameter shard + gather buffers + gradient buckets; ddp: the whole model).
 # Prints a Markdown block (command, machine, date, results) for docs/performance.md.
 #
 # Usage: bench/libtorch_gpt.sh [-B BUILD_DIR (default build-release)] [-s STEPS] [-r REPEATS] [-o OUT_DIR] [-- EXTRA OPTIONS]
 #   e.g. bench/libtorch_gpt.sh -s 60 -r 5
 #        bench/libtorch_gpt.sh -s 60 -r 5 -- --bf16          (bfloat16 compute, float32 master)
 #        bench/libtorch_gpt.sh -s 5 -r 1 -- --layers 1       (a quick check that it runs)
-# The extra options go to both runs (--wrap, --layers, --embd, --bf16, ...).
+# The extra options go to both runs (--layers, --embd, --bf16, ...; not the ZeRO-only ones, such as
+# --wrap, which --strategy ddp refuses).
 # Exit status: 0 when the target is met, 2 when it is missed, 1 on errors.
 # Needs jq and the fortunes package. Run it on an otherwise idle machine.
 set -euo pipefail
@@ -63,7 +65,7 @@ ratio=$(jq -n "$t_z3 / $t_ddp | . * 1000 | round / 1000")
 ok=$(jq -n "$t_z3 <= 1.3 * $t_ddp | if . then 1 else 0 end")
 loss_ddp=$(jq '.losses[-1]' "$out/ddp-1.json")
 loss_z3=$(jq '.losses[-1]' "$out/zero3-1.json")
-same=$(jq -n "$loss_ddp == $loss_z3 | if . then \"yes\" else \"NO\" end" -r)
+same=$(jq -n "(($loss_ddp - $loss_z3) | fabs) <= 1e-5 * ($loss_z3 | fabs) | if . then \"yes\" else \"NO\" end" -r)
 mem() { jq "(.memory_measured.parameters + .memory_measured.communication_buffers)" "$1"; }
 m_ddp=$(mem "$out/ddp-1.json")
 m_z3=$(mem "$out/zero3-1.json")
@@ -81,9 +83,9 @@ cat << MD
 
 | strategy | median step | tokens/s | final loss | parameter memory per rank (params + comm. buffers) |
 |---|---|---|---|---|
-| ddp (stage 0) | $(ms "$t_ddp") ms | $(jq -n "$tps_ddp | round") | $loss_ddp | $m_ddp B |
+| ddp (torch_ddp) | $(ms "$t_ddp") ms | $(jq -n "$tps_ddp | round") | $loss_ddp | $m_ddp B |
 | zero3 | $(ms "$t_z3") ms | $(jq -n "$tps_z3 | round") | $loss_z3 | $m_z3 B (plan: $m_plan B) |
 
-zero3 / ddp step time: $ratio (target <= 1.3: $(if [ "$ok" = 1 ]; then echo met; else echo MISSED; fi)); same final loss: $same
+zero3 / ddp step time: $ratio (target <= 1.3: $(if [ "$ok" = 1 ]; then echo met; else echo MISSED; fi)); same final loss (relative 1e-5): $same
 MD
 [ "$ok" = 1 ] || exit 2
