@@ -336,7 +336,8 @@ TEST_CASE("set_parameter_async / read_parameter_async: the parameter's dtype in 
         async_model.set_parameter_async(p, in[p].data());
         sync_model.set_parameter(p, widened);
         async_model.read_parameter_async(p, back[p].data());
-        CHECK(std::memcmp(back[p].data(), in[p].data(), in[p].size() * sizeof(bfloat16)) == 0);
+        // (bit for bit; an empty parameter's vectors have no data to compare)
+        CHECK((in[p].empty() || std::memcmp(back[p].data(), in[p].data(), in[p].size() * sizeof(bfloat16)) == 0));
         std::vector<float> read(in[p].size());
         async_model.read_parameter(p, read);
         CHECK(read == widened);
