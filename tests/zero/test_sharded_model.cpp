@@ -83,18 +83,9 @@ double compare_with_reference(int world, int stage, const run_config& cfg, bool 
 /// One micro-batch through every unit in order (forward) and in reverse (backward), adding 0.25
 /// to every trainable float gradient, then end_backward (unless `end` is false).
 void constant_gradient_backward(sharded_model& model, bool end = true) {
-  const shard_plan& plan = model.plan();
-  for (std::size_t u = 0; u < model.unit_count(); ++u) {
-    model.pre_forward(u);
-    model.post_forward(u);
-  }
-  for (std::size_t u = model.unit_count(); u-- > 0;) {
-    model.pre_backward(u);
-    for (std::size_t p : plan.units()[u].members)
-      if (plan.parameters()[p].trainable)
-        for (float& g : model.gradient<float>(p)) g += 0.25f;
-    model.post_backward(u);
-  }
+  one_pass(model, [&](std::size_t p) {
+    for (float& g : model.gradient<float>(p)) g += 0.25f;
+  });
   if (end) model.end_backward();
 }
 

@@ -479,9 +479,10 @@ class torch_zero {
   /// its gradient (`gradient_accumulated`).
   void install_gradient_hooks() {
     const auto& plan = model_.plan();
+    unit_of_tensor_.assign(tensors_.size(), npos);
     for (std::size_t i = 0; i < names_.size(); ++i) {
       const std::size_t j = alias_of_[i];
-      if (!tensors_[j].requires_grad() || unit_of_tensor_.count(j) != 0) continue;
+      if (!tensors_[j].requires_grad() || unit_of_tensor_[j] != npos) continue;
       const std::size_t w = plan.placements()[plan.placements()[i].storage].unit;
       unit_of_tensor_[j] = w;
       expected_[w] += 1;
@@ -495,7 +496,7 @@ class torch_zero {
   /// input boundary in this pass (its input needs no gradient, as token ids) ends its backward,
   /// as FSDP's post-accumulate hooks do; a unit with an input boundary ends there.
   void gradient_accumulated(std::size_t j) {
-    const std::size_t w = unit_of_tensor_.at(j);
+    const std::size_t w = unit_of_tensor_[j];
     if (!open_[w] || input_boundary_[w]) return;
     if (++arrived_[w] == expected_[w]) close(w);
   }
@@ -522,13 +523,13 @@ class torch_zero {
   std::vector<zero::parameter_spec> specs_;
   zero::sharded_model model_;
   std::map<std::string, std::size_t, std::less<>> unit_index_;
-  std::vector<std::size_t> representative_;            ///< per buffer: a parameter owning storage in it
-  std::vector<c10::Storage> storages_;                 ///< per buffer: the storage the parameters view
-  std::vector<bool> open_;                             ///< unit's backward begun, not ended
-  std::vector<bool> input_boundary_;                   ///< unit's last run() marked its input for backward
-  std::vector<std::size_t> expected_;                  ///< per unit: distinct trainable tensors it owns
-  std::vector<std::size_t> arrived_;                   ///< per unit: their gradients accumulated in this backward
-  std::map<std::size_t, std::size_t> unit_of_tensor_;  ///< trainable tensor -> the unit owning it
+  std::vector<std::size_t> representative_;  ///< per buffer: a parameter owning storage in it
+  std::vector<c10::Storage> storages_;       ///< per buffer: the storage the parameters view
+  std::vector<bool> open_;                   ///< unit's backward begun, not ended
+  std::vector<bool> input_boundary_;         ///< unit's last run() marked its input for backward
+  std::vector<std::size_t> expected_;        ///< per unit: distinct trainable tensors it owns
+  std::vector<std::size_t> arrived_;         ///< per unit: their gradients accumulated in this backward
+  std::vector<std::size_t> unit_of_tensor_;  ///< per distinct tensor: the unit owning it (npos: frozen)
   std::shared_ptr<detail::torch_zero_link> link_ = std::make_shared<detail::torch_zero_link>(this);
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
 };
