@@ -105,6 +105,22 @@ inline void count_direct(const call& c, std::uint64_t sent_elements, std::uint64
   c.t.count_peer_traffic(c.op, c.bytes(sent_elements), c.bytes(received_elements));
 }
 
+/// Copies one block of `count` elements from every rank q's send buffer into slot q of this
+/// rank's output, starting with its own: all of q's buffer (all_gather), or block r of it, r
+/// being this rank (`own_block`, all_to_all).
+inline void direct_gather_blocks(const call& c, bool own_block) {
+  const int n = c.n(), r = c.rank();
+  const std::uint64_t count = c.d.count;
+  const bool streaming = c.bytes(count) * static_cast<std::uint64_t>(n) >= primitive::streaming_threshold_bytes;
+  count_direct(c, static_cast<std::uint64_t>(n - 1) * count, static_cast<std::uint64_t>(n - 1) * count);
+  const std::uint64_t from = own_block ? static_cast<std::uint64_t>(r) * count : 0;
+  for (int j = 0; j < n; ++j) {
+    const int q = (r + j) % n;
+    c.ops.copy(c.at(c.d.recv, static_cast<std::uint64_t>(q) * count), c.at(c.t.peer_descriptor(q)->send, from),
+               c.bytes(count), streaming);
+  }
+  if (streaming) c.ops.fence();
+}
 }  // namespace detail
 
 /// direct all_reduce. Precondition: n >= 2, count > 0, shared memory (peer_descriptor non-null).
@@ -188,18 +204,7 @@ inline void direct_reduce(const call& c) {
 }
 
 /// direct all_gather: rank r copies every rank's send buffer into its own output.
-inline void direct_all_gather(const call& c) {
-  const int n = c.n(), r = c.rank();
-  const std::uint64_t count = c.d.count;
-  const bool streaming = c.bytes(count) * static_cast<std::uint64_t>(n) >= primitive::streaming_threshold_bytes;
-  detail::count_direct(c, static_cast<std::uint64_t>(n - 1) * count, static_cast<std::uint64_t>(n - 1) * count);
-  for (int j = 0; j < n; ++j) {
-    const int q = (r + j) % n;
-    c.ops.copy(c.at(c.d.recv, static_cast<std::uint64_t>(q) * count), c.t.peer_descriptor(q)->send, c.bytes(count),
-               streaming);
-  }
-  if (streaming) c.ops.fence();
-}
+inline void direct_all_gather(const call& c) { detail::direct_gather_blocks(c, false); }
 
 /// direct broadcast: every rank copies the root's send buffer into its own output.
 inline void direct_broadcast(const call& c) {
@@ -211,17 +216,6 @@ inline void direct_broadcast(const call& c) {
 }
 
 /// direct all_to_all: rank r copies block r of every rank's send buffer into slot q of its output.
-inline void direct_all_to_all(const call& c) {
-  const int n = c.n(), r = c.rank();
-  const std::uint64_t count = c.d.count;
-  const bool streaming = c.bytes(count) * static_cast<std::uint64_t>(n) >= primitive::streaming_threshold_bytes;
-  detail::count_direct(c, static_cast<std::uint64_t>(n - 1) * count, static_cast<std::uint64_t>(n - 1) * count);
-  for (int j = 0; j < n; ++j) {
-    const int q = (r + j) % n;
-    c.ops.copy(c.at(c.d.recv, static_cast<std::uint64_t>(q) * count),
-               c.at(c.t.peer_descriptor(q)->send, static_cast<std::uint64_t>(r) * count), c.bytes(count), streaming);
-  }
-  if (streaming) c.ops.fence();
-}
+inline void direct_all_to_all(const call& c) { detail::direct_gather_blocks(c, true); }
 
 }  // namespace ringzero::algorithms

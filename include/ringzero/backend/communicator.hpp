@@ -133,6 +133,16 @@ namespace detail {
 
 inline transport& transport_of(const communicator& c) noexcept { return c.its_transport(); }
 
+/// `c`'s backend, rank and world size, for an error raised outside any collective (no
+/// collective or sequence number, unlike the transport's context of an operation).
+inline error_context context_of(const communicator& c) {
+  error_context e;
+  e.backend = std::string(backend_name(c.backend()));
+  e.rank = c.rank();
+  e.world_size = c.world_size();
+  return e;
+}
+
 /// Throws `ringzero::error(code, ...)` with `c`'s backend, rank and world size (no collective).
 [[noreturn]] inline void raise(const communicator& c, errc code, const std::string& message) {
   transport_of(c).raise(nullptr, code, message);

@@ -13,6 +13,7 @@
 #include "ringzero/collective/options.hpp"
 #include "ringzero/core/algorithm.hpp"
 #include "ringzero/core/dtype.hpp"
+#include "ringzero/core/enum_names.hpp"
 #include "ringzero/core/error.hpp"
 #include "ringzero/core/reduce_op.hpp"
 
@@ -31,14 +32,9 @@ enum class reproducible_mode : std::uint8_t {
 };
 
 /// "off", "on" or "accumulator".
-constexpr const char* reproducible_mode_name(reproducible_mode m) noexcept {
-  switch (m) {
-    case reproducible_mode::off: return "off";
-    case reproducible_mode::on: return "on";
-    case reproducible_mode::accumulator: return "accumulator";
-  }
-  return "invalid";
-}
+inline constexpr enum_names<reproducible_mode, 3> reproducible_mode_names{"off", "on", "accumulator"};
+/// The name of `m` (`reproducible_mode_names`).
+constexpr const char* reproducible_mode_name(reproducible_mode m) noexcept { return reproducible_mode_names(m); }
 
 /// One rank's view of one collective call. Counts are in elements, extents in bytes.
 struct collective_descriptor {

@@ -20,6 +20,7 @@
 #include "ringzero/backend/descriptor.hpp"
 #include "ringzero/backend/progress.hpp"
 #include "ringzero/backend/traffic.hpp"
+#include "ringzero/core/enum_names.hpp"
 #include "ringzero/core/error.hpp"
 #include "ringzero/core/workspace_pool.hpp"
 
@@ -29,14 +30,9 @@ namespace ringzero {
 enum class backend_kind : std::uint8_t { local = 0, mpi = 1, nccl = 2 };
 
 /// "local", "mpi" or "nccl".
-constexpr std::string_view backend_name(backend_kind b) noexcept {
-  switch (b) {
-    case backend_kind::local: return "local";
-    case backend_kind::mpi: return "mpi";
-    case backend_kind::nccl: return "nccl";
-  }
-  return "invalid";
-}
+inline constexpr enum_names<backend_kind, 3> backend_names{"local", "mpi", "nccl"};
+/// "local", "mpi" or "nccl" (`backend_names`).
+constexpr std::string_view backend_name(backend_kind b) noexcept { return backend_names(b); }
 
 /// Where a communicator's buffers live: host memory, or CUDA device memory (ordered on a stream).
 enum class memory_space : std::uint8_t { host = 0, cuda = 1 };

@@ -33,6 +33,7 @@
 #include "ringzero/checkpoint/training_progress.hpp"
 #include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/core/dtype.hpp"
+#include "ringzero/core/enum_names.hpp"
 #include "ringzero/core/error.hpp"
 
 namespace ringzero::checkpoint {
@@ -52,21 +53,12 @@ enum class tensor_role : std::uint8_t {
 };
 
 /// "parameter", "master" or "optimizer_state".
-constexpr std::string_view role_name(tensor_role r) noexcept {
-  switch (r) {
-    case tensor_role::parameter: return "parameter";
-    case tensor_role::master: return "master";
-    case tensor_role::optimizer_state: return "optimizer_state";
-  }
-  return "invalid";
-}
+inline constexpr enum_names<tensor_role, 3> role_names{"parameter", "master", "optimizer_state"};
+/// The name of `r` (`role_names`).
+constexpr std::string_view role_name(tensor_role r) noexcept { return role_names(r); }
 
 /// Parses `role_name` output.
-constexpr std::optional<tensor_role> parse_role(std::string_view s) noexcept {
-  for (tensor_role r : {tensor_role::parameter, tensor_role::master, tensor_role::optimizer_state})
-    if (role_name(r) == s) return r;
-  return std::nullopt;
-}
+constexpr std::optional<tensor_role> parse_role(std::string_view s) noexcept { return role_names.parse(s); }
 
 /// One shard file.
 struct file_record {

@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -168,32 +169,22 @@ class file {
   /// the file system refuses it or the file cannot be opened (the caller reads buffered).
   static std::optional<file> open_direct(const std::filesystem::path& path) noexcept {
 #if defined(O_DIRECT)
-    if (test_direct_refusal.load() == direct_refusal::at_open) return std::nullopt;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK);
-    if (fd >= 0) {
-      file f(fd, path);
-      if (f.kind() == S_IFREG && f.set_blocking_noexcept()) return f;
-    }
+    return open_direct_with(path, O_RDONLY);
 #else
     (void)path;
-#endif
     return std::nullopt;
+#endif
   }
   /// Opens the existing file `path` for writing with O_DIRECT (offsets, lengths and memory
   /// multiples of the logical block size), or std::nullopt when the file system refuses it or
   /// the file cannot be opened (the caller writes buffered).
   static std::optional<file> open_direct_write(const std::filesystem::path& path) noexcept {
 #if defined(O_DIRECT)
-    if (test_direct_refusal.load() == direct_refusal::at_open) return std::nullopt;
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK | O_NOFOLLOW);
-    if (fd >= 0) {
-      file f(fd, path);
-      if (f.kind() == S_IFREG && f.set_blocking_noexcept()) return f;
-    }
+    return open_direct_with(path, O_WRONLY | O_NOFOLLOW);
 #else
     (void)path;
-#endif
     return std::nullopt;
+#endif
   }
   /// Opens a directory (for fsync).
   static file open_directory(const std::filesystem::path& path) {
@@ -208,24 +199,28 @@ class file {
   int descriptor() const noexcept { return fd_; }
 
   /// Writes `bytes` bytes at `offset`. A disk that fills up gives ENOSPC here (or at `sync`).
-  void write_at(const void* data, std::uint64_t bytes, std::uint64_t offset) { write_loop(data, bytes, offset, false); }
+  void write_at(const void* data, std::uint64_t bytes, std::uint64_t offset) {
+    transfer_loop(static_cast<const unsigned char*>(data), bytes, offset, false);
+  }
   /// `write_at` on a file opened by `open_direct_write` (`data`, `bytes` and `offset` multiples
   /// of the logical block size): returns the bytes written before the system refused the
   /// request with EINVAL (all of them normally), for the caller to write the rest buffered;
   /// other errors (ENOSPC, EFBIG past a file size limit) throw as `write_at`'s do.
   std::uint64_t write_direct_at(const void* data, std::uint64_t bytes, std::uint64_t offset) {
     if (test_direct_refusal.load() == direct_refusal::at_write) return 0;
-    return write_loop(data, bytes, offset, true);
+    return transfer_loop(static_cast<const unsigned char*>(data), bytes, offset, true);
   }
   /// Reads exactly `bytes` bytes at `offset`; a file that ends first is an error ("truncated").
-  void read_at(void* data, std::uint64_t bytes, std::uint64_t offset) const { read_loop(data, bytes, offset, false); }
+  void read_at(void* data, std::uint64_t bytes, std::uint64_t offset) const {
+    transfer_loop(static_cast<unsigned char*>(data), bytes, offset, false);
+  }
   /// `read_at` on a file opened by `open_direct` (`data`, `bytes` and `offset` multiples of the
   /// logical block size): returns the bytes read before the system refused the request with
   /// EINVAL (all of them normally), for the caller to read the rest buffered; other errors and
   /// a file that ends first throw as `read_at`'s do.
   std::uint64_t read_direct_at(void* data, std::uint64_t bytes, std::uint64_t offset) const {
     if (test_direct_refusal.load() == direct_refusal::at_read) return 0;
-    return read_loop(data, bytes, offset, true);
+    return transfer_loop(static_cast<unsigned char*>(data), bytes, offset, true);
   }
   /// True when the byte at `offset` is in the page cache (a 1-byte preadv2 with RWF_NOWAIT
   /// succeeds), so a read there is served from memory; false when not or unknown.
@@ -280,54 +275,54 @@ class file {
   }
 
  private:
-  /// The pwrite loop of `write_at` (direct: stop at EINVAL or where a short write leaves the rest
-  /// unaligned, for the caller to write buffered); returns the bytes written.
-  std::uint64_t write_loop(const void* data, std::uint64_t bytes, std::uint64_t offset, bool direct) {
-    const auto* p = static_cast<const unsigned char*>(data);
+  /// The pwrite loop of `write_at` (`Byte` const) or the pread loop of `read_at`: moves `bytes`
+  /// at `offset` and returns how many it moved. `direct`: stops early at EINVAL or after a short
+  /// transfer that leaves the rest unaligned (not whole 512-byte blocks), for the caller to move
+  /// it buffered. Other errors, a write that makes no progress and a file that ends before the
+  /// read does throw errc::io_error naming the file.
+  template <class Byte>
+  std::uint64_t transfer_loop(Byte* p, std::uint64_t bytes, std::uint64_t offset, bool direct) const {
+    constexpr bool writing = std::is_const_v<Byte>;
     const std::uint64_t asked = bytes;
     while (bytes > 0) {
       const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
-      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
-      if (w < 0) {
+      ssize_t m = 0;
+      if constexpr (writing)
+        m = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+      else
+        m = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      if (m < 0) {
         if (errno == EINTR) continue;
         if (direct && errno == EINVAL) break;
-        io_fail("cannot write " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
-                errno);
+        io_fail(std::string(writing ? "cannot write " : "cannot read ") + std::to_string(bytes) + " bytes at offset " +
+                    std::to_string(offset) + " of",
+                path_, errno);
       }
-      if (w == 0) io_fail("cannot write (no progress) at offset " + std::to_string(offset) + " of", path_, ENOSPC);
-      p += w;
-      bytes -= static_cast<std::uint64_t>(w);
-      offset += static_cast<std::uint64_t>(w);
-      if (direct && w % 512 != 0) break;  // the rest is no longer block-aligned: the caller writes it buffered
-    }
-    return asked - bytes;
-  }
-  /// pread until `bytes` are read at `offset`; returns how many were. `direct`: stops early at
-  /// EINVAL or after a short read that is not a whole number of 512-byte blocks (the rest cannot
-  /// go direct). Other errors and a file that ends first throw errc::io_error naming the file.
-  std::uint64_t read_loop(void* data, std::uint64_t bytes, std::uint64_t offset, bool direct) const {
-    auto* p = static_cast<unsigned char*>(data);
-    const std::uint64_t asked = bytes;
-    while (bytes > 0) {
-      const std::size_t n = bytes > (std::uint64_t{1} << 30) ? std::size_t{1} << 30 : static_cast<std::size_t>(bytes);
-      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        if (direct && errno == EINVAL) break;
-        io_fail("cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " of", path_,
-                errno);
-      }
-      if (r == 0)
+      if (m == 0 && writing)
+        io_fail("cannot write (no progress) at offset " + std::to_string(offset) + " of", path_, ENOSPC);
+      if (m == 0)
         throw error(errc::io_error, "file '" + path_.string() + "' ends at byte " + std::to_string(offset) +
                                         " (truncated): " + std::to_string(bytes) + " more bytes were expected");
-      p += r;
-      bytes -= static_cast<std::uint64_t>(r);
-      offset += static_cast<std::uint64_t>(r);
-      if (direct && r % 512 != 0) break;
+      p += m;
+      bytes -= static_cast<std::uint64_t>(m);
+      offset += static_cast<std::uint64_t>(m);
+      if (direct && m % 512 != 0) break;  // the rest is no longer block-aligned: the caller moves it buffered
     }
     return asked - bytes;
   }
   file(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
+#if defined(O_DIRECT)
+  /// `open_direct` with `flags` (the access mode and more): the regular file `path` opened with
+  /// O_DIRECT and made blocking, or std::nullopt.
+  static std::optional<file> open_direct_with(const std::filesystem::path& path, int flags) noexcept {
+    if (test_direct_refusal.load() == direct_refusal::at_open) return std::nullopt;
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_DIRECT | O_NONBLOCK);
+    if (fd < 0) return std::nullopt;
+    file f(fd, path);
+    if (f.kind() == S_IFREG && f.set_blocking_noexcept()) return f;
+    return std::nullopt;
+  }
+#endif
   /// The S_IFMT bits of the open file's mode (0 when fstat fails).
   unsigned kind() const noexcept {
     struct stat st {};

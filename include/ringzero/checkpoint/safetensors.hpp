@@ -31,33 +31,21 @@
 #include "ringzero/checkpoint/file_io.hpp"
 #include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/core/dtype.hpp"
+#include "ringzero/core/enum_names.hpp"
 #include "ringzero/core/error.hpp"
 
 namespace ringzero::checkpoint {
 
 /// The safetensors name of `t` ("F32", "BF16", "I64", ...).
-constexpr std::string_view safetensors_dtype(dtype t) noexcept {
-  switch (t) {
-    case dtype::float32: return "F32";
-    case dtype::float64: return "F64";
-    case dtype::float16: return "F16";
-    case dtype::bfloat16: return "BF16";
-    case dtype::int8: return "I8";
-    case dtype::uint8: return "U8";
-    case dtype::int32: return "I32";
-    case dtype::uint32: return "U32";
-    case dtype::int64: return "I64";
-    case dtype::uint64: return "U64";
-  }
-  return "invalid";
-}
+inline constexpr enum_names<dtype, dtype_count> safetensors_dtype_names{"F32", "F64", "F16", "BF16", "I8",
+                                                                        "U8",  "I32", "U32", "I64",  "U64"};
+/// The safetensors name of `t` (`safetensors_dtype_names`).
+constexpr std::string_view safetensors_dtype(dtype t) noexcept { return safetensors_dtype_names(t); }
 
 /// The ringzero dtype of a safetensors dtype name, or std::nullopt for one ringzero has no
 /// type for (BOOL, I16, U16, F8_E4M3, ...).
 constexpr std::optional<dtype> parse_safetensors_dtype(std::string_view s) noexcept {
-  for (dtype t : all_dtypes)
-    if (safetensors_dtype(t) == s) return t;
-  return std::nullopt;
+  return safetensors_dtype_names.parse(s);
 }
 
 /// Bytes per element of every dtype the safetensors specification lists; 0 for unknown names.

@@ -7,6 +7,8 @@
 #include <optional>
 #include <string_view>
 
+#include "ringzero/core/enum_names.hpp"
+
 namespace ringzero {
 
 /// A collective's schedule. `automatic` asks the cost model (collective/selection.hpp).
@@ -24,26 +26,16 @@ enum class algorithm : std::uint8_t { automatic = 0, ring = 1, direct = 2, halvi
 
 /// Name used by `RINGZERO_ALGO`, `--algo` and in messages: "auto", "ring", "direct",
 /// "halving_doubling", "native".
-constexpr std::string_view algorithm_name(algorithm a) noexcept {
-  switch (a) {
-    case algorithm::automatic: return "auto";
-    case algorithm::ring: return "ring";
-    case algorithm::direct: return "direct";
-    case algorithm::halving_doubling: return "halving_doubling";
-    case algorithm::native: return "native";
-  }
-  return "invalid";
-}
+inline constexpr enum_names<algorithm, 5> algorithm_names{"auto", "ring", "direct", "halving_doubling", "native"};
+/// The name of `a` (`algorithm_names`).
+constexpr std::string_view algorithm_name(algorithm a) noexcept { return algorithm_names(a); }
 
 /// Parses `algorithm_name` output (case-sensitive; also "hd", "rhd" and "automatic");
 /// std::nullopt when unknown.
 constexpr std::optional<algorithm> parse_algorithm(std::string_view s) noexcept {
-  for (algorithm a :
-       {algorithm::automatic, algorithm::ring, algorithm::direct, algorithm::halving_doubling, algorithm::native})
-    if (s == algorithm_name(a)) return a;
   if (s == "automatic") return algorithm::automatic;
   if (s == "hd" || s == "rhd") return algorithm::halving_doubling;
-  return std::nullopt;
+  return algorithm_names.parse(s);
 }
 
 /// Which collective (or point-to-point operation). Stable numbering.
@@ -63,33 +55,19 @@ enum class collective_kind : std::uint8_t {
 inline constexpr int collective_kind_count = 9;
 
 /// The collective's name as in NCCL without the prefix: "all_reduce", "reduce_scatter", ...
-constexpr std::string_view collective_name(collective_kind k) noexcept {
-  switch (k) {
-    case collective_kind::all_reduce: return "all_reduce";
-    case collective_kind::reduce_scatter: return "reduce_scatter";
-    case collective_kind::all_gather: return "all_gather";
-    case collective_kind::broadcast: return "broadcast";
-    case collective_kind::reduce: return "reduce";
-    case collective_kind::all_to_all: return "all_to_all";
-    case collective_kind::barrier: return "barrier";
-    case collective_kind::send: return "send";
-    case collective_kind::recv: return "recv";
-  }
-  return "invalid";
-}
+inline constexpr enum_names<collective_kind, collective_kind_count> collective_names{
+    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "barrier", "send", "recv"};
+/// The name of `k` (`collective_names`).
+constexpr std::string_view collective_name(collective_kind k) noexcept { return collective_names(k); }
 
 /// Parses `collective_name` output (also "allreduce", "alltoall" etc. without underscores);
 /// std::nullopt when unknown.
 constexpr std::optional<collective_kind> parse_collective(std::string_view s) noexcept {
-  for (int i = 0; i < collective_kind_count; ++i) {
-    const auto k = static_cast<collective_kind>(i);
-    if (s == collective_name(k)) return k;
-  }
   if (s == "allreduce") return collective_kind::all_reduce;
   if (s == "reducescatter") return collective_kind::reduce_scatter;
   if (s == "allgather") return collective_kind::all_gather;
   if (s == "alltoall") return collective_kind::all_to_all;
-  return std::nullopt;
+  return collective_names.parse(s);
 }
 
 /// True for the collectives that combine values with a `reduce_op`.

@@ -10,8 +10,10 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 
+#include "ringzero/core/enum_names.hpp"
 #include "ringzero/core/half.hpp"
 
 namespace ringzero {
@@ -71,21 +73,10 @@ constexpr bool is_signed_integer(dtype t) noexcept {
 }
 
 /// The canonical name ("float32", "bfloat16", "int8", ...); "invalid" for an invalid value.
-constexpr std::string_view dtype_name(dtype t) noexcept {
-  switch (t) {
-    case dtype::float32: return "float32";
-    case dtype::float64: return "float64";
-    case dtype::float16: return "float16";
-    case dtype::bfloat16: return "bfloat16";
-    case dtype::int8: return "int8";
-    case dtype::uint8: return "uint8";
-    case dtype::int32: return "int32";
-    case dtype::uint32: return "uint32";
-    case dtype::int64: return "int64";
-    case dtype::uint64: return "uint64";
-  }
-  return "invalid";
-}
+inline constexpr enum_names<dtype, dtype_count> dtype_names{"float32", "float64", "float16", "bfloat16", "int8",
+                                                            "uint8",   "int32",   "uint32",  "int64",    "uint64"};
+/// The canonical name of `t` (`dtype_names`).
+constexpr std::string_view dtype_name(dtype t) noexcept { return dtype_names(t); }
 
 /// The short name nccl-tests prints in its `type` column ("float", "double", "half", "bfloat16",
 /// "int8", "uint8", "int32", "uint32", "int64", "uint64").
@@ -124,8 +115,30 @@ struct __nv_bfloat16;
 namespace ringzero {
 
 namespace detail {
+/// The element type of each `dtype`, in enumerator order.
+using dtype_types = std::tuple<float, double, float16, bfloat16, std::int8_t, std::uint8_t, std::int32_t, std::uint32_t,
+                               std::int64_t, std::uint64_t>;
+static_assert(std::tuple_size_v<dtype_types> == dtype_count);
+
+/// The position of `T` in `std::tuple<Ts...>`; -1 when it is not there.
+template <class T, class Tuple>
+inline constexpr int type_index = -1;
+template <class T, class... Ts>
+inline constexpr int type_index<T, std::tuple<Ts...>> = [] {
+  int i = 0;
+  for (bool same : {std::is_same_v<T, Ts>...}) {
+    if (same) return i;
+    ++i;
+  }
+  return -1;
+}();
+
 template <class T>
-struct dtype_of_impl;
+struct dtype_of_impl {};
+template <class T>
+requires(type_index<T, dtype_types> >= 0) struct dtype_of_impl<T> {
+  static constexpr dtype value = static_cast<dtype>(type_index<T, dtype_types>);
+};
 template <>
 struct dtype_of_impl<::__half> {  // CUDA's half: the same bits as float16
   static constexpr dtype value = dtype::float16;
@@ -134,88 +147,10 @@ template <>
 struct dtype_of_impl<::__nv_bfloat16> {  // CUDA's bfloat16: the same bits as bfloat16
   static constexpr dtype value = dtype::bfloat16;
 };
-template <>
-struct dtype_of_impl<float> {
-  static constexpr dtype value = dtype::float32;
-};
-template <>
-struct dtype_of_impl<double> {
-  static constexpr dtype value = dtype::float64;
-};
-template <>
-struct dtype_of_impl<float16> {
-  static constexpr dtype value = dtype::float16;
-};
-template <>
-struct dtype_of_impl<bfloat16> {
-  static constexpr dtype value = dtype::bfloat16;
-};
-template <>
-struct dtype_of_impl<std::int8_t> {
-  static constexpr dtype value = dtype::int8;
-};
-template <>
-struct dtype_of_impl<std::uint8_t> {
-  static constexpr dtype value = dtype::uint8;
-};
-template <>
-struct dtype_of_impl<std::int32_t> {
-  static constexpr dtype value = dtype::int32;
-};
-template <>
-struct dtype_of_impl<std::uint32_t> {
-  static constexpr dtype value = dtype::uint32;
-};
-template <>
-struct dtype_of_impl<std::int64_t> {
-  static constexpr dtype value = dtype::int64;
-};
-template <>
-struct dtype_of_impl<std::uint64_t> {
-  static constexpr dtype value = dtype::uint64;
-};
 
 template <dtype D>
-struct dtype_type_impl;
-template <>
-struct dtype_type_impl<dtype::float32> {
-  using type = float;
-};
-template <>
-struct dtype_type_impl<dtype::float64> {
-  using type = double;
-};
-template <>
-struct dtype_type_impl<dtype::float16> {
-  using type = float16;
-};
-template <>
-struct dtype_type_impl<dtype::bfloat16> {
-  using type = bfloat16;
-};
-template <>
-struct dtype_type_impl<dtype::int8> {
-  using type = std::int8_t;
-};
-template <>
-struct dtype_type_impl<dtype::uint8> {
-  using type = std::uint8_t;
-};
-template <>
-struct dtype_type_impl<dtype::int32> {
-  using type = std::int32_t;
-};
-template <>
-struct dtype_type_impl<dtype::uint32> {
-  using type = std::uint32_t;
-};
-template <>
-struct dtype_type_impl<dtype::int64> {
-  using type = std::int64_t;
-};
-template <>
-struct dtype_type_impl<dtype::uint64> {
-  using type = std::uint64_t;
+struct dtype_type_impl {
+  using type = std::tuple_element_t<static_cast<std::size_t>(D), dtype_types>;
 };
 }  // namespace detail
 

@@ -7,6 +7,8 @@
 #include <optional>
 #include <string_view>
 
+#include "ringzero/core/enum_names.hpp"
+
 namespace ringzero {
 
 /// Which reduction. The numbering is stable (exchanged between processes).
@@ -21,24 +23,15 @@ constexpr bool is_valid(reduce_kind k) noexcept {
 }
 
 /// Name as nccl-tests prints it: "sum", "prod", "min", "max", "avg", "premulsum"; "invalid" otherwise.
-constexpr std::string_view reduce_kind_name(reduce_kind k) noexcept {
-  switch (k) {
-    case reduce_kind::sum: return "sum";
-    case reduce_kind::prod: return "prod";
-    case reduce_kind::min: return "min";
-    case reduce_kind::max: return "max";
-    case reduce_kind::avg: return "avg";
-    case reduce_kind::premul_sum: return "premulsum";
-  }
-  return "invalid";
-}
+inline constexpr enum_names<reduce_kind, reduce_kind_count> reduce_kind_names{"sum", "prod", "min",
+                                                                              "max", "avg",  "premulsum"};
+/// The name of `k` (`reduce_kind_names`).
+constexpr std::string_view reduce_kind_name(reduce_kind k) noexcept { return reduce_kind_names(k); }
 
 /// Parses a name printed by `reduce_kind_name` (also "premul_sum"); std::nullopt when unknown.
 constexpr std::optional<reduce_kind> parse_reduce_kind(std::string_view s) noexcept {
-  for (int i = 0; i < reduce_kind_count; ++i)
-    if (s == reduce_kind_name(static_cast<reduce_kind>(i))) return static_cast<reduce_kind>(i);
   if (s == "premul_sum") return reduce_kind::premul_sum;
-  return std::nullopt;
+  return reduce_kind_names.parse(s);
 }
 
 /// A reduction operator: a kind, plus the scalar of premul_sum.

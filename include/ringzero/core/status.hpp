@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "ringzero/core/enum_names.hpp"
+
 namespace ringzero {
 
 /// Outcome of an internal step. `ok` is zero so `if (s != status::ok)` reads naturally.
@@ -18,15 +20,8 @@ enum class status : std::uint8_t {
 };
 
 /// A short lower-case description of `s`.
-constexpr std::string_view status_name(status s) noexcept {
-  switch (s) {
-    case status::ok: return "ok";
-    case status::timeout: return "timeout";
-    case status::aborted: return "aborted";
-    case status::peer_exited: return "peer exited";
-    case status::size_mismatch: return "size mismatch";
-  }
-  return "unknown";
-}
+inline constexpr enum_names<status, 5> status_names{"ok", "timeout", "aborted", "peer exited", "size mismatch"};
+/// The name of `s` (`status_names`).
+constexpr std::string_view status_name(status s) noexcept { return status_names(s); }
 
 }  // namespace ringzero

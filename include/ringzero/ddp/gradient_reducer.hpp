@@ -399,13 +399,7 @@ class gradient_reducer {
 
   /// Backend, rank and world size for errors (no collective: the reducer's own checks run
   /// outside any collective, while its reductions may run on the progress thread).
-  error_context context() const {
-    error_context c;
-    c.backend = std::string(backend_name(comm_.backend()));
-    c.rank = comm_.rank();
-    c.world_size = comm_.world_size();
-    return c;
-  }
+  error_context context() const { return ringzero::detail::context_of(comm_); }
 
   [[noreturn]] void raise(errc code, const std::string& message) const { throw error(code, context(), message); }
 

@@ -213,13 +213,7 @@ class torch_ddp {
     std::size_t index_;
   };
 
-  error_context context() const {
-    error_context c;
-    c.backend = std::string(backend_name(comm_.backend()));
-    c.rank = comm_.rank();
-    c.world_size = comm_.world_size();
-    return c;
-  }
+  error_context context() const { return ringzero::detail::context_of(comm_); }
 
   /// Aborts the communicator (peers waiting on this rank fail promptly) and throws.
   [[noreturn]] void fail(const std::string& message) {

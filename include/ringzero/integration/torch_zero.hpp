@@ -23,6 +23,7 @@
 
 #include "ringzero/collective/all_gather.hpp"
 #include "ringzero/collective/broadcast.hpp"
+#include "ringzero/core/enum_names.hpp"
 #include "ringzero/integration/torch_dtype.hpp"
 #include "ringzero/zero/sharded_model.hpp"
 
@@ -36,14 +37,9 @@ enum class wrap_policy {
 };
 
 /// The policy's name ("block", "layer", "model").
-constexpr std::string_view wrap_name(wrap_policy w) noexcept {
-  switch (w) {
-    case wrap_policy::block: return "block";
-    case wrap_policy::layer: return "layer";
-    case wrap_policy::model: return "model";
-  }
-  return "?";
-}
+inline constexpr enum_names<wrap_policy, 3> wrap_names{"block", "layer", "model"};
+/// The policy's name (`wrap_names`).
+constexpr std::string_view wrap_name(wrap_policy w) noexcept { return wrap_names(w); }
 
 /// Options of a `torch_zero`.
 struct torch_zero_options {

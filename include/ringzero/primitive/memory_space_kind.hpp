@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "ringzero/core/enum_names.hpp"
+
 namespace ringzero::primitive {
 
 /// Where memory lives.
@@ -16,13 +18,8 @@ enum class memory_space : std::uint8_t {
 };
 
 /// "host", "pinned_host" or "device".
-constexpr const char* to_string(memory_space s) noexcept {
-  switch (s) {
-    case memory_space::host: return "host";
-    case memory_space::pinned_host: return "pinned_host";
-    case memory_space::device: return "device";
-  }
-  return "invalid memory_space";
-}
+inline constexpr enum_names<memory_space, 3> memory_space_names{"host", "pinned_host", "device"};
+/// The name of `s` (`memory_space_names`).
+constexpr const char* to_string(memory_space s) noexcept { return memory_space_names(s); }
 
 }  // namespace ringzero::primitive

@@ -96,27 +96,34 @@ class stream {
   virtual void host_work(std::function<void()> work, const std::string& what) = 0;
 };
 
-/// `stream` over a `host_stream` (borrowed or owned). Derived classes add operations.
-class host_backed_stream : public virtual stream {
+namespace detail {
+/// The elapsed time between two native events, found by argument-dependent lookup (host_event
+/// here, cuda_event where cuda_stream.hpp is included).
+template <class NativeEvent>
+double native_elapsed_seconds(const NativeEvent& start, const NativeEvent& end) {
+  return elapsed_seconds(start, end);
+}
+}  // namespace detail
+
+/// The operations that every `stream` over a native stream forwards the same way: events of type
+/// `NativeEvent` recorded and awaited on a `Native` stream (borrowed or owned), and the memory
+/// operations as that stream's `enqueue_*` (primitive/memory_ops.hpp for `host_stream`,
+/// primitive/cuda_stream.hpp for `cuda_stream`). `host_backed_stream` and `cuda_backed_stream`
+/// add what differs: their kind, space and device, how events are made, and host work.
+template <class Native, class NativeEvent>
+class native_backed_stream : public virtual stream {
  public:
   /// Borrows `s` (which must outlive this object).
-  explicit host_backed_stream(host_stream& s) : stream_(&s) {}
-  /// Owns a new host stream with `options`.
-  explicit host_backed_stream(host_stream_options options)
-      : owned_(std::make_unique<host_stream>(options)), stream_(owned_.get()) {}
-  /// Owns `s` (not null): a host stream driven by an executor or by the calling thread.
-  explicit host_backed_stream(std::unique_ptr<host_stream> s) : owned_(std::move(s)), stream_(owned_.get()) {}
+  explicit native_backed_stream(Native& s) : stream_(&s) {}
+  /// Owns `s` (not null).
+  explicit native_backed_stream(std::unique_ptr<Native> s) : owned_(std::move(s)), stream_(owned_.get()) {}
 
-  /// The wrapped stream (tests pause and resume it).
-  host_stream& native() noexcept { return *stream_; }
+  /// The wrapped stream (tests pause and resume a host one).
+  Native& native() noexcept { return *stream_; }
+  const Native& native() const noexcept { return *stream_; }
 
-  const char* kind() const noexcept override { return "host_stream"; }
-  memory_space space() const noexcept override { return memory_space::host; }
-  int device() const noexcept override { return -1; }
-  std::unique_ptr<event> make_event() const override { return std::make_unique<host_event_box>(); }
-  std::unique_ptr<event> make_timing_event() const override { return make_event(); }
   double elapsed_seconds(const event& start, const event& end) const override {
-    return primitive::elapsed_seconds(box(start).native, box(end).native);
+    return detail::native_elapsed_seconds(box(start).native, box(end).native);
   }
   void record(event& e) override { stream_->record(box(e).native); }
   void wait(const event& e) override { stream_->wait_event(box(e).native); }
@@ -137,21 +144,43 @@ class host_backed_stream : public virtual stream {
   void reduce(void* dst, const void* a, const void* b, std::uint64_t count, const reduce_spec& spec) override {
     enqueue_reduce(*stream_, dst, a, b, count, spec);
   }
-  bool runs_host_work() const noexcept override { return true; }
-  void host_work(std::function<void()> work, const std::string&) override { stream_->enqueue(std::move(work)); }
 
-  /// The host event inside `e`, an event of this kind (for another kind's wait on a host stream).
-  static const host_event& native_event(const event& e) { return box(e).native; }
+  /// The native event inside `e`, an event of this kind (for another kind's wait on this one).
+  static const NativeEvent& native_event(const event& e) { return box(e).native; }
+
+ protected:
+  /// A `stream::event` holding a native event built from `args`.
+  struct event_box final : event {
+    template <class... Args>
+    explicit event_box(Args&&... args) : native(std::forward<Args>(args)...) {}
+    NativeEvent native;
+  };
+  static event_box& box(event& e) { return dynamic_cast<event_box&>(e); }
+  static const event_box& box(const event& e) { return dynamic_cast<const event_box&>(e); }
 
  private:
-  struct host_event_box final : event {
-    host_event native;
-  };
-  static host_event_box& box(event& e) { return dynamic_cast<host_event_box&>(e); }
-  static const host_event_box& box(const event& e) { return dynamic_cast<const host_event_box&>(e); }
+  std::unique_ptr<Native> owned_;
+  Native* stream_;
+};
 
-  std::unique_ptr<host_stream> owned_;
-  host_stream* stream_;
+/// `stream` over a `host_stream` (borrowed or owned). Derived classes add operations.
+class host_backed_stream : public native_backed_stream<host_stream, host_event> {
+ public:
+  /// Borrows `s` (which must outlive this object).
+  explicit host_backed_stream(host_stream& s) : native_backed_stream(s) {}
+  /// Owns a new host stream with `options`.
+  explicit host_backed_stream(host_stream_options options)
+      : native_backed_stream(std::make_unique<host_stream>(options)) {}
+  /// Owns `s` (not null): a host stream driven by an executor or by the calling thread.
+  explicit host_backed_stream(std::unique_ptr<host_stream> s) : native_backed_stream(std::move(s)) {}
+
+  const char* kind() const noexcept override { return "host_stream"; }
+  memory_space space() const noexcept override { return memory_space::host; }
+  int device() const noexcept override { return -1; }
+  std::unique_ptr<event> make_event() const override { return std::make_unique<event_box>(); }
+  std::unique_ptr<event> make_timing_event() const override { return make_event(); }
+  bool runs_host_work() const noexcept override { return true; }
+  void host_work(std::function<void()> work, const std::string&) override { native().enqueue(std::move(work)); }
 };
 
 }  // namespace ringzero::primitive

@@ -9,6 +9,8 @@
 #include <optional>
 #include <string_view>
 
+#include "ringzero/core/enum_names.hpp"
+
 namespace ringzero::zero {
 
 /// What a plan keeps in host memory.
@@ -19,19 +21,11 @@ enum class offload : unsigned char {
 };
 
 /// "none" or "optimizer".
-constexpr std::string_view offload_name(offload o) noexcept {
-  switch (o) {
-    case offload::none: return "none";
-    case offload::optimizer: return "optimizer";
-  }
-  return "invalid offload";
-}
+inline constexpr enum_names<offload, 2> offload_names{"none", "optimizer"};
+/// The name of `o` (`offload_names`).
+constexpr std::string_view offload_name(offload o) noexcept { return offload_names(o); }
 
 /// The offload named `name` ("none", "optimizer"), or std::nullopt.
-constexpr std::optional<offload> parse_offload(std::string_view name) noexcept {
-  if (name == "none") return offload::none;
-  if (name == "optimizer") return offload::optimizer;
-  return std::nullopt;
-}
+constexpr std::optional<offload> parse_offload(std::string_view name) noexcept { return offload_names.parse(name); }
 
 }  // namespace ringzero::zero

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <utility>
 
+#include "ringzero/core/enum_names.hpp"
 #include "ringzero/core/error.hpp"
 
 namespace ringzero::zero {
@@ -55,20 +56,13 @@ inline std::string float_range_text() {
 enum class optimizer_kind : std::uint8_t { sgd = 0, adam = 1, adamw = 2 };
 
 /// "sgd", "adam" or "adamw".
-constexpr std::string_view optimizer_name(optimizer_kind k) noexcept {
-  switch (k) {
-    case optimizer_kind::sgd: return "sgd";
-    case optimizer_kind::adam: return "adam";
-    case optimizer_kind::adamw: return "adamw";
-  }
-  return "invalid";
-}
+inline constexpr enum_names<optimizer_kind, 3> optimizer_names{"sgd", "adam", "adamw"};
+/// The name of `k` (`optimizer_names`).
+constexpr std::string_view optimizer_name(optimizer_kind k) noexcept { return optimizer_names(k); }
 
 /// Parses `optimizer_name` output; std::nullopt when unknown.
 constexpr std::optional<optimizer_kind> parse_optimizer(std::string_view s) noexcept {
-  for (optimizer_kind k : {optimizer_kind::sgd, optimizer_kind::adam, optimizer_kind::adamw})
-    if (s == optimizer_name(k)) return k;
-  return std::nullopt;
+  return optimizer_names.parse(s);
 }
 
 /// Hyper-parameters (PyTorch's names and defaults, except that `lr` must be given). Every value

@@ -18,6 +18,7 @@
 #include "ringzero/algorithms/partition.hpp"
 #include "ringzero/core/checked_arithmetic.hpp"
 #include "ringzero/core/dtype.hpp"
+#include "ringzero/core/enum_names.hpp"
 #include "ringzero/core/error.hpp"
 #include "ringzero/core/fnv1a.hpp"
 #include "ringzero/primitive/memory_space_kind.hpp"
@@ -50,21 +51,13 @@ enum class reshard_policy : std::uint8_t {
 };
 
 /// "all", "except_last" or "none".
-constexpr std::string_view reshard_policy_name(reshard_policy p) noexcept {
-  switch (p) {
-    case reshard_policy::all: return "all";
-    case reshard_policy::except_last: return "except_last";
-    case reshard_policy::none: return "none";
-  }
-  return "unknown";
-}
+inline constexpr enum_names<reshard_policy, 3> reshard_policy_names{"all", "except_last", "none"};
+/// The name of `p` (`reshard_policy_names`).
+constexpr std::string_view reshard_policy_name(reshard_policy p) noexcept { return reshard_policy_names(p); }
 
 /// The policy named `name` ("all", "except_last" or "none"), or std::nullopt.
 constexpr std::optional<reshard_policy> parse_reshard_policy(std::string_view name) noexcept {
-  if (name == "all") return reshard_policy::all;
-  if (name == "except_last") return reshard_policy::except_last;
-  if (name == "none") return reshard_policy::none;
-  return std::nullopt;
+  return reshard_policy_names.parse(name);
 }
 
 /// Stage 3: the units gathered ahead when one unit's forward or backward starts, instead of the

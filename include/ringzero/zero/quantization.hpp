@@ -38,19 +38,16 @@ enum class quantized_bits : std::uint8_t {
 
 /// "none", "int8" or "int4".
 constexpr std::string_view quantized_bits_name(quantized_bits b) noexcept {
-  switch (b) {
-    case quantized_bits::none: return "none";
-    case quantized_bits::int8: return "int8";
-    case quantized_bits::int4: return "int4";
-  }
-  return "invalid";
+  return b == quantized_bits::none   ? "none"
+         : b == quantized_bits::int8 ? "int8"
+         : b == quantized_bits::int4 ? "int4"
+                                     : "invalid";
 }
 
 /// The width named `name` ("none", "int8", "int4"), or std::nullopt.
 constexpr std::optional<quantized_bits> parse_quantized_bits(std::string_view name) noexcept {
-  if (name == "none") return quantized_bits::none;
-  if (name == "int8") return quantized_bits::int8;
-  if (name == "int4") return quantized_bits::int4;
+  for (quantized_bits b : {quantized_bits::none, quantized_bits::int8, quantized_bits::int4})
+    if (name == quantized_bits_name(b)) return b;
   return std::nullopt;
 }
 

@@ -21,6 +21,7 @@
 #include <string_view>
 
 #include "ringzero/core/algorithm.hpp"
+#include "ringzero/core/enum_names.hpp"
 #include "ringzero/zero/quantization.hpp"
 
 namespace ringzero::zero {
@@ -37,14 +38,9 @@ enum class rank_group : std::uint8_t {
 };
 
 /// "world", "shard group" or "replica group".
-constexpr std::string_view rank_group_name(rank_group g) noexcept {
-  switch (g) {
-    case rank_group::world: return "world";
-    case rank_group::shard: return "shard group";
-    case rank_group::replica: return "replica group";
-  }
-  return "invalid";
-}
+inline constexpr enum_names<rank_group, 3> rank_group_names{"world", "shard group", "replica group"};
+/// The name of `g` (`rank_group_names`).
+constexpr std::string_view rank_group_name(rank_group g) noexcept { return rank_group_names(g); }
 
 /// One kind of collective a plan issues per optimizer step, summed over its calls. The volumes
 /// below are unchecked; a `shard_plan` refuses any request for which its entries' calls,
