@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -120,6 +121,50 @@ TEST_CASE("resume is exact at stages 0-3 with SGD (momentum) and AdamW: 6 steps 
       CHECK(same_bits(straight[1], resumed[1]));
       CHECK(same_bits(straight[0], straight[1]));
     }
+}
+
+TEST_CASE("parameters in the trainer's memory (adopt_parameters): loads write into it, resumed == straight") {
+  // A checkpointer's load of the optimizer states would otherwise exchange the model's memory for
+  // its second copy; adopted parameters stay where the trainer has them, at stages 0-2, twice.
+  for (int stage = 0; stage <= 2; ++stage) {
+    CAPTURE(stage);
+    scratch_dir root("adopted");
+    std::vector<std::vector<std::vector<float>>> straight(2), resumed(2), in_memory(2);
+    local::launch(2, [&](communicator& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      const plan_request q = request(zero_test::test_parameters(), stage, 16, adamw().state_count());
+      {
+        sharded_model a(comm, q, model_options(adamw()));
+        initialise(a);
+        train(a, comm.rank(), 0, 6);
+        straight[r] = parameters_of(a);
+      }
+      std::optional<zero_test::trainer_memory> trainer;  // outlives the model
+      sharded_model b(comm, q, model_options(adamw()));
+      initialise(b);
+      const zero::adoption_layout l = zero::layout_for_adoption(b.plan());
+      const zero_test::trainer_memory& mem = trainer.emplace(l, 0);
+      zero::adopt_parameters(b, mem.base, l.bytes, zero::adopted_values::from_model);
+      train(b, comm.rank(), 0, 3);
+      ck::checkpointer saver(root.path);
+      saver.save(b, ck::training_progress{});
+      for (int round = 0; round < 2; ++round) {  // both through the checkpointer's staging buffer
+        train(b, comm.rank(), 3, 5);
+        saver.load(b, root.path);
+        CHECK(saver.load_memory_bytes() == 0);  // no second copy of the state
+        CHECK(saver.staging_bytes() > 0);
+        for (std::size_t p = 0; p < b.parameter_count(); ++p)
+          if (b.numel(p) > 0)
+            CHECK(reinterpret_cast<unsigned char*>(b.parameter<float>(p).data()) == mem.base + l.parameter_offset[p]);
+      }
+      train(b, comm.rank(), 3, 6);
+      resumed[r] = parameters_of(b);
+      for (std::size_t p = 0; p < b.parameter_count(); ++p) in_memory[r].push_back(mem.values<float>(l, p, b.numel(p)));
+    });
+    CHECK(same_bits(straight[0], resumed[0]));
+    CHECK(same_bits(straight[1], resumed[1]));
+    CHECK(same_bits(in_memory[0], resumed[0]));
+  }
 }
 
 TEST_CASE("the index and shard files: names, shapes, roles, one file per rank, latest") {

@@ -42,6 +42,22 @@ plan_request test_request(int stage, int accumulation) {
   return q;
 }
 
+/// bfloat16 parameters with float32 master weights and float32 gradients (which
+/// constant_gradient_step writes), one micro-batch per step.
+plan_request bfloat16_request(int stage) {
+  plan_request q = test_request(stage, 1);
+  q.precision = precision::bfloat16_adam();
+  q.precision.gradient = dtype::float32;
+  return q;
+}
+
+/// AdamW (test_optimizers' third).
+sharded_model_options adamw_options() {
+  sharded_model_options options;
+  options.optimizer = test_optimizers()[2];
+  return options;
+}
+
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 /// Runs `f`, which must throw a ringzero::error whose text contains `text`.
@@ -308,12 +324,8 @@ TEST_CASE("set_parameter_async / read_parameter_async: the parameter's dtype in 
   for (int stage = 0; stage <= 3; ++stage) {
     CAPTURE(stage);
     local::launch(2, [&](communicator& comm) {
-      plan_request q = test_request(stage, 1);
-      q.precision = precision::bfloat16_adam();
-      q.precision.gradient = dtype::float32;  // constant_gradient_step writes float gradients
-      sharded_model_options options;
-      options.optimizer = test_optimizers()[2];
-      sharded_model async_model(comm, q, options), sync_model(comm, q, options);
+      const plan_request q = bfloat16_request(stage);
+      sharded_model async_model(comm, q, adamw_options()), sync_model(comm, q, adamw_options());
       const std::size_t n = async_model.parameter_count();
       std::vector<std::vector<bfloat16>> in(n), back(n);
       for (std::size_t p = 0; p < n; ++p) {
@@ -349,6 +361,105 @@ TEST_CASE("set_parameter_async / read_parameter_async: the parameter's dtype in 
                            error);
     });
   }
+}
+
+TEST_CASE("adopt_parameters: the trainer's memory is the parameter storage at stages 0-2, as set_parameter") {
+  // bfloat16 parameters with float32 master weights, 2 and 3 ranks: a model whose parameters
+  // live in the trainer's memory (values in it, or the model's copied there) trains as one given
+  // the same values by set_parameter; the views point into the memory, the padding (filled with
+  // 0xff, a NaN) is zeroed, and the memory holds the trained values.
+  for (int world : {2, 3})
+    for (int stage = 0; stage <= 2; ++stage)
+      for (adopted_values how : {adopted_values::from_memory, adopted_values::from_model}) {
+        CAPTURE(world);
+        CAPTURE(stage);
+        CAPTURE(static_cast<int>(how));
+        local::launch(world, [&](communicator& comm) {
+          const plan_request q = bfloat16_request(stage);
+          std::optional<trainer_memory> trainer;  // outlives the model
+          sharded_model adopted(comm, q, adamw_options()), reference(comm, q, adamw_options());
+          const adoption_layout l = layout_for_adoption(adopted.plan());
+          CHECK(l.alignment == 64);
+          const trainer_memory& mem = trainer.emplace(l, 0xff);
+          const std::size_t n = adopted.parameter_count();
+          for (std::size_t p = 0; p < n; ++p) {
+            std::vector<bfloat16> v(adopted.numel(p));
+            std::vector<float> widened(v.size());
+            for (std::size_t j = 0; j < v.size(); ++j) {
+              v[j] = static_cast<bfloat16>(1.5f * initial_value(adopted.plan().placements()[p].storage, j));
+              widened[j] = static_cast<float>(v[j]);
+            }
+            reference.set_parameter(p, widened);
+            if (how == adopted_values::from_model) adopted.set_parameter(p, widened);
+            if (how == adopted_values::from_memory && !v.empty())
+              std::memcpy(mem.base + l.parameter_offset[p], v.data(), v.size() * sizeof(bfloat16));
+          }
+          adopt_parameters(adopted, mem.base, l.bytes, how);
+          std::vector<bool> covered(l.bytes, false);
+          for (std::size_t p = 0; p < n; ++p) {
+            const auto view = adopted.parameter<bfloat16>(p);
+            CHECK(reinterpret_cast<unsigned char*>(view.data()) ==
+                  (view.empty() ? nullptr : mem.base + l.parameter_offset[p]));
+            for (std::size_t k = 0; k < view.size_bytes(); ++k) covered[l.parameter_offset[p] + k] = true;
+          }
+          std::size_t nonzero_padding = 0;  // inside the buffers (between them the memory is not the model's)
+          for (std::size_t b = 0; b < adopted.plan().buffers().size(); ++b) {
+            const flat_buffer& f = adopted.plan().buffers()[b];
+            for (std::uint64_t k = l.buffer_offset[b]; k < l.buffer_offset[b] + f.numel * dtype_size(f.type); ++k)
+              nonzero_padding += !covered[k] && mem.base[k] != 0;
+          }
+          CHECK(nonzero_padding == 0);
+          for (int step = 0; step < 2; ++step) {
+            constant_gradient_step(adopted, 1);
+            constant_gradient_step(reference, 1);
+          }
+          for (std::size_t p = 0; p < n; ++p) {
+            std::vector<float> a(adopted.numel(p)), b(adopted.numel(p));
+            adopted.read_parameter(p, a);
+            reference.read_parameter(p, b);
+            CHECK(a == b);
+            const std::vector<bfloat16> in_memory = mem.values<bfloat16>(l, p, b.size());
+            std::vector<float> widened(in_memory.size());
+            for (std::size_t j = 0; j < widened.size(); ++j) widened[j] = static_cast<float>(in_memory[j]);
+            CHECK(widened == b);
+          }
+        });
+      }
+}
+
+TEST_CASE("adopt_parameters refuses stage 3, a step in progress, and memory that is null, too small or misaligned") {
+  local::launch(2, [&](communicator& comm) {
+    sharded_model stage3(comm, test_request(3, 1), sharded_model_options{});
+    const adoption_layout l3 = layout_for_adoption(stage3.plan());
+    trainer_memory m3(l3, 0);
+    expect([&] { adopt_parameters(stage3, m3.base, l3.bytes); }, "adopt_parameters at stage 3");
+    expect([&] { adopt_parameters(stage3, m3.base, l3.bytes); }, "rank " + std::to_string(comm.rank()));
+
+    std::optional<trainer_memory> trainer;  // outlives the model
+    sharded_model model(comm, test_request(1, 1), sharded_model_options{});
+    set_initial_parameters(model);
+    const adoption_layout l = layout_for_adoption(model.plan());
+    const trainer_memory& mem = trainer.emplace(l, 0);
+    expect([&] { adopt_parameters(model, nullptr, l.bytes); },
+           "a null pointer for " + std::to_string(l.bytes) + " bytes");
+    expect(
+        [&] { adopt_parameters(model, mem.base, l.bytes - 1); },
+        "the memory has " + std::to_string(l.bytes - 1) + " bytes, the plan's layout needs " + std::to_string(l.bytes));
+    expect([&] { adopt_parameters(model, mem.base + 16, l.bytes); }, "is not aligned to 64 bytes");
+    (void)model.gradient<float>(model.index("l1.w"));  // a micro-batch has begun
+    expect([&] { adopt_parameters(model, mem.base, l.bytes); }, "adopt_parameters in the middle of a step");
+    model.end_backward();
+    model.step();
+    // Nothing was adopted: the views are still the model's own memory.
+    CHECK(reinterpret_cast<unsigned char*>(model.parameter<float>(model.index("l1.w")).data()) !=
+          mem.base + l.parameter_offset[model.index("l1.w")]);
+    adopt_parameters(model, mem.base, l.bytes, adopted_values::from_model);
+    CHECK(reinterpret_cast<unsigned char*>(model.parameter<float>(model.index("l1.w")).data()) ==
+          mem.base + l.parameter_offset[model.index("l1.w")]);
+    // Adopting the same memory again (or the model's own) would copy it onto itself.
+    expect([&] { adopt_parameters(model, mem.base, l.bytes, adopted_values::from_model); },
+           "overlaps the model's parameter storage");
+  });
 }
 
 TEST_CASE("memory in use equals the plan's prediction at every stage") {

@@ -86,7 +86,7 @@ std::vector<std::vector<float>> train_on_stream(sharded_model& model, primitive:
         initial[p][j] = initial_value(plan.placements()[p].storage, j);
       model.set_parameter_async(p, initial[p].data());
     }
-  } else {
+  } else if (!cfg.keep_parameters) {
     set_initial_parameters(model);
   }
   const std::size_t units = model.unit_count();
@@ -348,6 +348,61 @@ TEST_CASE(
     CHECK(untimed[r].waits == 0);
     CHECK(untimed[r].gather_seconds == 0);
   }
+}
+
+TEST_CASE("device path: parameters in the trainer's memory (adopt_parameters), stages 0-2, bitwise the host runtime") {
+  // The compute stream's memory is the trainer's: the initial values written there (or the
+  // model's copied there on the streams), the step updating them in place, on 2 and 3 ranks.
+  for (int world : {2, 3})
+    for (int stage = 0; stage <= 2; ++stage) {
+      run_config cfg;
+      cfg.steps = 3;
+      cfg.optimizer = test_optimizers()[static_cast<std::size_t>(stage)];
+      cfg.max_grad_norm = stage == 1 ? 0.5 : 0.0;
+      const adopted_values how = (world + stage) % 2 == 0 ? adopted_values::from_memory : adopted_values::from_model;
+      CAPTURE(world);
+      CAPTURE(stage);
+      CAPTURE(static_cast<int>(how));
+      std::vector<std::vector<std::vector<float>>> host(static_cast<std::size_t>(world)),
+          device(static_cast<std::size_t>(world)), in_memory(static_cast<std::size_t>(world));
+      local::launch(world, [&](communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        sharded_model_options options;
+        options.optimizer = cfg.optimizer;
+        options.max_grad_norm = cfg.max_grad_norm;
+        {
+          sharded_model model(comm, device_request(stage, 1, cfg.optimizer), options);
+          host[r] = train_sharded(model, comm.rank(), cfg);
+        }
+        std::optional<trainer_memory> trainer;  // outlives the model
+        primitive::host_stream compute;
+        host_execution_stream stream(compute);
+        sharded_model model(comm, device_request(stage, 1, cfg.optimizer), device_context{&stream}, options);
+        const adoption_layout l = layout_for_adoption(model.plan());
+        const trainer_memory& mem = trainer.emplace(l, 0xff);
+        const auto& pl = model.plan().placements();
+        if (how == adopted_values::from_model) {
+          set_initial_parameters(model);
+        } else {
+          for (std::size_t p = 0; p < pl.size(); ++p)
+            for (std::uint64_t j = 0; j < pl[p].numel; ++j) {
+              const float v = initial_value(pl[p].storage, j);
+              std::memcpy(mem.base + l.parameter_offset[p] + j * sizeof(float), &v, sizeof(float));
+            }
+        }
+        adopt_parameters(model, mem.base, l.bytes, how);
+        run_config adopted = cfg;
+        adopted.keep_parameters = true;
+        device[r] = train_on_stream(model, compute, comm.rank(), adopted);
+        compute.synchronize();
+        for (std::size_t p = 0; p < pl.size(); ++p) in_memory[r].push_back(mem.values<float>(l, p, pl[p].numel));
+      });
+      for (std::size_t r = 0; r < host.size(); ++r) {
+        CAPTURE(r);
+        CHECK(bitwise_equal(device[r], host[r]));
+        CHECK(bitwise_equal(in_memory[r], host[r]));
+      }
+    }
 }
 
 TEST_CASE("device path: a read the runtime does not order reads stale parameters; the compute stream's read waits") {

@@ -101,6 +101,8 @@ struct run_config {
   /// train_on_stream (device-sim): initial values in and results out through set_parameter_async
   /// and read_parameter_async, the trainer's buffers read and written on the streams.
   bool async_parameters = false;
+  /// The parameters are already set (the trainer's memory, `adopt_parameters`): no initial values.
+  bool keep_parameters = false;
   /// Called by train_sharded after each pre_forward, pre_backward and post_backward (empty: none).
   std::function<void()> between_hooks;
 };
@@ -134,6 +136,24 @@ inline void set_initial_parameters(ringzero::zero::sharded_model& model) {
   }
 }
 
+/// The trainer's own memory for `adopt_parameters`: `layout.bytes` bytes at `layout.alignment`
+/// (`base`), every byte `fill` to begin with.
+struct trainer_memory {
+  std::vector<unsigned char> raw;
+  unsigned char* base = nullptr;
+  trainer_memory(const ringzero::zero::adoption_layout& l, unsigned char fill) : raw(l.bytes + l.alignment, fill) {
+    const auto at = reinterpret_cast<std::uintptr_t>(raw.data());
+    base = raw.data() + (l.alignment - at % l.alignment) % l.alignment;
+  }
+  /// Parameter p's `n` elements of T in this memory.
+  template <class T>
+  std::vector<T> values(const ringzero::zero::adoption_layout& l, std::size_t p, std::size_t n) const {
+    std::vector<T> v(n);
+    if (n > 0) std::memcpy(v.data(), base + l.parameter_offset[p], n * sizeof(T));
+    return v;
+  }
+};
+
 /// Trains `model` (any stage) with the test loop and returns every parameter's final values
 /// (a collective at stage 3).
 inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_model& model, int rank,
@@ -142,7 +162,7 @@ inline std::vector<std::vector<float>> train_sharded(ringzero::zero::sharded_mod
   const auto& plan = model.plan();
   const auto& params = plan.parameters();
   const std::size_t frozen = model.index("frozen.w");
-  set_initial_parameters(model);
+  if (!cfg.keep_parameters) set_initial_parameters(model);
   const std::size_t units = model.unit_count();
   for (int step = 0; step < cfg.steps; ++step) {
     for (int micro = 0; micro < cfg.accumulation; ++micro) {

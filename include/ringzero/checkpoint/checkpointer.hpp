@@ -187,13 +187,16 @@ class checkpointer {
   /// load into the same model reads into that memory (no fresh pages, no copy). Parameters only:
   /// it reads into the staging buffer shared with `async_save` (allocated once, pages touched,
   /// grown when needed), then copies. A device-path model is never exchanged: with the states
-  /// it reads into fresh host staging and copies in on the model's stream (nothing kept).
-  /// `release_load_memory()` frees the kept copy.
+  /// it reads into fresh host staging and copies in on the model's stream (nothing kept). Nor
+  /// is a model whose parameters are the trainer's memory (`zero::adopt_parameters`): it reads
+  /// into the staging buffer, states included, and copies in. `release_load_memory()` frees the
+  /// kept copy.
   /// Errors as `checkpoint::load`'s.
   training_progress load(zero::sharded_model& model, const std::filesystem::path& path,
                          const load_options& options = {}) {
     wait();
-    if (options.optimizer_state) return detail::load_zero(model, path, options, nullptr, &spare_);
+    if (options.optimizer_state && !zero::checkpoint_access(model).parameters_adopted())
+      return detail::load_zero(model, path, options, nullptr, &spare_);
     const std::uint64_t need = detail::zero_staging::bytes_needed(model, options.optimizer_state);
     if (staging_.bytes() < need) {
       staging_ = detail::staging_buffer();

@@ -295,9 +295,11 @@ class zero_spare {
 /// A load's staging memory for one rank of a model, and how to commit it. With the optimizer
 /// states (a resume) on the host path: a `zero_spare` (`spare` when given, reused if it fits the
 /// model; else one allocated here), exchanged with the model's state at commit; on the device
-/// path (`checkpoint_access::through_stream`) the copied staging below, states included. Parameters only: one block
-/// holding the rank's held parameters and master weights, either `arena` (when given and large
-/// enough: memory reused from load to load) or allocated here (fresh zero pages), copied at commit.
+/// path (`checkpoint_access::through_stream`) and for parameters in the trainer's memory
+/// (`checkpoint_access::parameters_adopted`) the copied staging below, states included.
+/// Parameters only: one block holding the rank's held parameters and master weights. The copied
+/// staging is `arena` when given and large enough (memory reused from load to load), else
+/// allocated here (fresh zero pages), copied at commit.
 class zero_staging {
  public:
   /// The bytes of copied staging a load into `model` needs (each part rounded up to 64 bytes).
@@ -315,8 +317,10 @@ class zero_staging {
     const auto& pl = plan.placements();
     // Part k of buffer b: which = -2 parameters, -1 master, k >= 0 optimizer state k.
     std::vector<std::array<unsigned char*, 4>> at(plan.buffers().size(), {nullptr, nullptr, nullptr, nullptr});
-    // The device path's state is written through its stream: staged and copied, never exchanged.
-    if (with_states && !zero::checkpoint_access(model).through_stream()) {
+    // The device path's state is written through its stream: staged and copied, never exchanged;
+    // so are parameters in the trainer's memory (adopt_parameters), which must stay where they are.
+    if (with_states && !zero::checkpoint_access(model).through_stream() &&
+        !zero::checkpoint_access(model).parameters_adopted()) {
       spare_ = spare != nullptr ? spare : &own_spare_;
       if (!spare_->fits(model)) {
         spare_->clear();  // the old copy's memory goes before the new one's comes

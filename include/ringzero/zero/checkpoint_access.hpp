@@ -65,6 +65,13 @@ class checkpoint_access {
   /// `copy_to_host` / `copy_from_host`, never directly and never by exchanging buffers, so the
   /// simulated device runs the code a GPU runs.
   bool through_stream() const noexcept { return m_.own_compute_ == nullptr; }
+  /// True when the held parameters are the trainer's memory (`adopt_parameters`): a load then
+  /// copies into them (`exchange_state` would put other memory in their place).
+  bool parameters_adopted() const noexcept {
+    for (const auto& b : m_.params_)
+      if (b.borrowed()) return true;
+    return false;
+  }
   /// Waits for the copies of `copy_to_host` (the runtime's stream); rethrows its error.
   void synchronize() { m_.synchronize(); }
   /// As `synchronize`, dropping any error (before the copies' destination is freed on an error).
@@ -91,11 +98,13 @@ class checkpoint_access {
   /// and `spare`, which then hold the previous ones. `spare` must be built from the model's
   /// plan, this rank's shard and `optimizer().options()`; the live optimizer keeps its learning
   /// rate. Call after `begin_restore()`. Throws errc::invalid_argument (naming this rank,
-  /// nothing exchanged) when a size or the optimizer's kind differs. O(buffers). Local.
+  /// nothing exchanged) when a size or the optimizer's kind differs, on the device path, and when
+  /// the parameters are the trainer's memory (`parameters_adopted`). O(buffers). Local.
   void exchange_state(std::vector<detail::host_buffer>& held, sharded_optimizer& spare) {
     sharded_optimizer& live = *m_.optimizer_;
     auto& params = m_.params_;
-    bool fits = !through_stream() && held.size() == params.size() && spare.options().kind == live.options().kind;
+    bool fits = !through_stream() && !parameters_adopted() && held.size() == params.size() &&
+                spare.options().kind == live.options().kind;
     for (std::size_t b = 0; fits && b < params.size(); ++b) {
       fits = held[b].bytes() == params[b].bytes() && spare.owned_range(b).begin == optimizer_range(b).begin &&
              spare.owned_range(b).end == optimizer_range(b).end &&
@@ -104,8 +113,9 @@ class checkpoint_access {
         fits = (spare.state(b, k) == nullptr) == (live.state(b, k) == nullptr);
     }
     if (!fits)
-      m_.raise(through_stream() ? "exchange_state: the device path's state is written with copy_from_host"
-                                : "exchange_state: the spare state does not have this rank's layout");
+      m_.raise(through_stream()       ? "exchange_state: the device path's state is written with copy_from_host"
+               : parameters_adopted() ? "exchange_state: the parameters are the trainer's memory (adopt_parameters)"
+                                      : "exchange_state: the spare state does not have this rank's layout");
     const double lr = live.options().lr;
     params.swap(held);
     std::swap(live, spare);

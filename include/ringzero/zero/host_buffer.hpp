@@ -48,6 +48,20 @@ class host_buffer {
   /// Adopts `b` (device path): its contents are left as they are, for stream work to set.
   explicit host_buffer(primitive::memory_buffer b) : bytes_(b.size_bytes()), memory_(std::move(b)) {}
 
+  /// A view of someone else's memory (`zero::adopt_parameters`: the trainer's): `bytes` at `data`
+  /// in `space` (CUDA device `device` for device memory), used in place, never freed or counted
+  /// here; its contents are left as they are. Precondition: `data` is not null when `bytes` > 0.
+  static host_buffer borrow(void* data, std::uint64_t bytes, primitive::memory_space space, int device) {
+    host_buffer b(primitive::memory_buffer::adopt(
+        data, static_cast<std::size_t>(bytes), space, device,
+        [](void*, void*, std::size_t, primitive::memory_space) noexcept {}, nullptr));
+    b.borrowed_ = bytes > 0;
+    return b;
+  }
+  /// True for a `borrow`ed view of at least one byte: the memory is not this buffer's (nor the
+  /// runtime's) to replace. False for an empty one.
+  bool borrowed() const noexcept { return borrowed_; }
+
   /// The memory (nullptr when empty).
   unsigned char* data() noexcept { return static_cast<unsigned char*>(memory_.data()); }
   const unsigned char* data() const noexcept { return static_cast<const unsigned char*>(memory_.data()); }
@@ -59,6 +73,7 @@ class host_buffer {
  private:
   std::uint64_t bytes_ = 0;
   primitive::memory_buffer memory_;
+  bool borrowed_ = false;
 };
 
 }  // namespace ringzero::zero::detail

@@ -375,6 +375,7 @@ class sharded_model {
 
  private:
   friend class checkpoint_access;  // zero/checkpoint_access.hpp: what checkpoint/ needs
+  friend class adoption_access;    // zero/parameter_adoption.hpp: the trainer's memory as storage
   struct construct_tag {};
   // Both public constructors: `device` null on the host path.
   sharded_model(construct_tag, communicator& comm, shard_plan plan, std::span<const parameter_spec> registered,
@@ -686,5 +687,6 @@ class sharded_model {
 #include "ringzero/zero/sharded_model_offload.hpp"
 #include "ringzero/zero/sharded_model_steps.hpp"
 #include "ringzero/zero/sharded_model_streams.hpp"
-// What checkpoint/ uses of the model.
+// What checkpoint/ uses of the model; the trainer's memory as its parameters.
 #include "ringzero/zero/checkpoint_access.hpp"
+#include "ringzero/zero/parameter_adoption.hpp"
