@@ -26,14 +26,16 @@ struct recording_launcher : ringzero::primitive::kernels::host_launcher {
 };
 
 /// The grid capped at 1 resident block (one block strides over everything), at 3 with blocks
-/// and threads run last to first, and uncapped.
+/// and threads run last to first, uncapped, and sequential (the element-wise kernels that honour
+/// it in one block of one thread, as the host stream runs the optimizer update).
 inline std::vector<recording_launcher> launchers() {
-  recording_launcher one, three, wide;
+  recording_launcher one, three, wide, sequential;
   one.resident = 1;
   three.resident = 3;
   three.reverse = true;
   wide.resident = 1u << 20;
-  return {one, three, wide};
+  sequential.sequential = true;
+  return {one, three, wide, sequential};
 }
 
 }  // namespace ringzero_test

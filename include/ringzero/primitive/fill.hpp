@@ -8,6 +8,7 @@
 ///
 /// Counts are in elements. Thread safety: pure. Determinism: a pure function of its arguments.
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -37,6 +38,10 @@ inline void zero_bytes(void* dst, std::size_t bytes) noexcept {
 /// Preconditions: valid `type`; `dst` non-null when count > 0. Never throws.
 inline void fill(void* dst, std::uint64_t count, dtype type, double value) noexcept {
   if (count == 0) return;
+  if (value == 0 && !std::signbit(value) && is_valid(type)) {  // +0 is all zero bits in every dtype
+    std::memset(dst, 0, static_cast<std::size_t>(count * dtype_size(type)));
+    return;
+  }
   visit_dtype(type, [&]<class T>() {
     const T x = detail::convert<T>(value);
     T* d = static_cast<T*>(dst);

@@ -118,7 +118,9 @@ class host_execution_stream final : public execution_stream, public primitive::h
   }
   void update_shard(const shard_update& u, const step_scalars* s) override {
     native().enqueue([u, s] {
-      launched(kernels::update_shard(primitive::kernels::host_launcher{}, u, s), "the optimizer update of a shard");
+      primitive::kernels::host_launcher sequential;
+      sequential.sequential = true;  // one thread walks the shard in order (same result, CPU-friendly)
+      launched(kernels::update_shard(sequential, u, s), "the optimizer update of a shard");
     });
   }
   void quantize_segments(const quantized_layout& l, const void* values, dtype type, void* out) override {

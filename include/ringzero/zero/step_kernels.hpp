@@ -138,15 +138,21 @@ struct update_kernel {
     const std::uint64_t stride = b.grid_blocks() * threads;
     b.for_each_thread([&](std::uint64_t t) {
       if (s->skipped != 0) return;
+      // Local copies: the stores below (floats) cannot change them, so they stay in registers.
+      const zero::update_rule r = u.rule;
+      const std::uint64_t n = u.count;
       const float scale = static_cast<float>(s->gradient_multiplier);
       const G* g = static_cast<const G*>(u.grads);
-      float* w = u.master != nullptr ? u.master : static_cast<float*>(u.params);
+      float* const master = u.master;
+      float* w = master != nullptr ? master : static_cast<float*>(u.params);
       P* p = static_cast<P*>(u.params);
-      for (std::uint64_t j = b.block_index() * threads + t; j < u.count; j += stride) {
+      float* const s0 = u.s0;
+      float* const s1 = u.s1;
+      for (std::uint64_t j = b.block_index() * threads + t; j < n; j += stride) {
         float wj = w[j];
-        zero::detail::update_element(u.rule, wj, zero::detail::f_mul(as_float(g[j]), scale), u.s0, u.s1, j);
+        zero::detail::update_element(r, wj, zero::detail::f_mul(as_float(g[j]), scale), s0, s1, j);
         w[j] = wj;
-        if (u.master != nullptr) p[j] = pk::arithmetic_result<P>(wj);
+        if (master != nullptr) p[j] = pk::arithmetic_result<P>(wj);
       }
     });
   }
@@ -203,11 +209,12 @@ template <class Launcher>
 int update_shard(const Launcher& launcher, const shard_update& u, const step_scalars* scalars) noexcept {
   if (u.count == 0) return pk::launch_success;
   if (u.master == nullptr && u.param_type != dtype::float32) return pk::launch_invalid_value;
-  const std::uint64_t blocks = blocks_for(u.count, 8192);
+  const bool one_thread = pk::runs_sequentially(launcher);  // the host stream: elements in order
+  const std::uint64_t blocks = one_thread ? 1 : blocks_for(u.count, 8192);
   int rc = pk::launch_invalid_value;
   visit_float_type(u.gradient_type, [&]<class G>() {
     visit_float_type(u.param_type, [&]<class P>() {
-      rc = launcher.launch(update_kernel<G, P>{u, scalars}, blocks, step_threads);
+      rc = launcher.launch(update_kernel<G, P>{u, scalars}, blocks, one_thread ? 1u : step_threads);
     });
   });
   return rc;

@@ -110,10 +110,14 @@ class host_block {
 /// reports as the blocks a device keeps resident, which caps the grids of the element-wise
 /// kernels: a small value makes their grid-stride loops go round. `reverse` runs blocks and
 /// threads last to first, which a kernel whose result depends on the order of its blocks or
-/// threads does not survive.
+/// threads does not survive. `sequential` asks the purely element-wise kernels that honour it
+/// (`runs_sequentially`: the optimizer update) for one block of one thread, whose grid-stride
+/// loop then walks every element in order: the fastest way for one CPU thread, used by the host
+/// stream's training path; the result is the same for any grid.
 struct host_launcher {
   std::uint64_t resident = 4;
   bool reverse = false;
+  bool sequential = false;
 
   /// Runs `body` over `blocks` blocks of `threads` threads; `launch_invalid_value` (and nothing
   /// run) for a grid outside the preconditions.
@@ -140,5 +144,17 @@ struct host_launcher {
     return launch_success;
   }
 };
+
+/// True when `launcher` asks element-wise kernels for one block of one thread
+/// (`host_launcher::sequential`); false for a launcher without that setting (`cuda_launcher`).
+/// Only kernels whose threads share nothing may honour it: a block that reduces through shared
+/// memory needs its threads.
+template <class Launcher>
+constexpr bool runs_sequentially(const Launcher& launcher) noexcept {
+  if constexpr (requires { launcher.sequential; })
+    return launcher.sequential;
+  else
+    return false;
+}
 
 }  // namespace ringzero::primitive::kernels
