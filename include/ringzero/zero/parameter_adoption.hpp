@@ -135,9 +135,11 @@ class adoption_access {
 /// parameter memory is freed. `memory`: at least `layout.bytes` bytes, aligned to
 /// `layout.alignment`, in the compute stream's memory space (host memory on the host path, the
 /// device's on the device path), outliving the model; the runtime does not count it in
-/// `memory_allocated`. `values`: see `adopted_values`. Call between steps, at stages 0-2; every
-/// rank calls it (each with its own memory) before the next step. Ordered after the compute
-/// stream's work so far and before what it enqueues next; returns when the copies are done.
+/// `memory_allocated`. `values`: see `adopted_values`. Call between steps (a forward pass without
+/// a backward counts as between steps), at stages 0-2; every rank calls it, each with memory of
+/// its own (not shared with another rank or model: not detected), before the next step.
+/// Ordered after the compute stream's work so far and before what it enqueues next; returns when
+/// the copies are done.
 /// Throws errc::invalid_argument, naming the rank and what was expected, at stage 3, in the
 /// middle of a step, for a null, too small or misaligned `memory`, and for memory that overlaps
 /// the model's current parameter storage; nothing is changed then. Not for `integration::
