@@ -104,14 +104,7 @@ class adoption_access {
         m.comm_stream_->copy(view, m.params_[b].data(), f.numel * es);
         continue;
       }
-      std::uint64_t at = 0;  // zero the gaps between parameters and the tail
-      for (std::size_t p : f.parameters) {
-        const parameter_placement& pl = plan.placements()[p];
-        if (pl.numel == 0) continue;
-        if (pl.offset > at) m.comm_stream_->fill(view + at * es, pl.offset - at, f.type, 0.0);
-        at = std::max(at, pl.offset + pl.numel);
-      }
-      if (f.numel > at) m.comm_stream_->fill(view + at * es, f.numel - at, f.type, 0.0);
+      zero_padding(*m.comm_stream_, plan, f, view);
       const algorithms::range own = m.owned_range(b);
       if (float* master = f.trainable ? m.optimizer_->master(b) : nullptr; master != nullptr && own.end > own.begin)
         m.comm_stream_->cast(master, dtype::float32, view + own.begin * es, f.type, own.end - own.begin);
@@ -122,6 +115,21 @@ class adoption_access {
   }
 
  private:
+  /// Zeroes flat buffer `f`'s padding in `view` (its elements before, between and after its
+  /// parameters), on `stream`.
+  static void zero_padding(execution_stream& stream, const shard_plan& plan, const flat_buffer& f,
+                           unsigned char* view) {
+    const std::uint64_t es = dtype_size(f.type);
+    std::uint64_t end = 0;  // the end of the parameters so far, in elements
+    for (std::size_t p : f.parameters) {
+      const parameter_placement& pl = plan.placements()[p];
+      if (pl.numel == 0) continue;
+      if (pl.offset > end) stream.fill(view + end * es, pl.offset - end, f.type, 0.0);
+      end = std::max(end, pl.offset + pl.numel);
+    }
+    if (f.numel > end) stream.fill(view + end * es, f.numel - end, f.type, 0.0);
+  }
+
   static std::string hex(std::uintptr_t a) {
     char text[2 + 2 * sizeof a + 1];
     std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(a));
