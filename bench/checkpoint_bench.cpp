@@ -7,12 +7,17 @@
 // The model: float32 parameters of 16 Mi elements each with AdamW (12 bytes of state per
 // element: parameter, exp_avg, exp_avg_sq), at stage 3, enough of them for --state bytes.
 // Per repetition (medians reported):
-// - baseline write: every rank writes its share of the bytes to its own file with pwrite in
-//   64 MiB blocks and fsyncs it (what dd bs=64M conv=fsync does), in parallel;
+// - baseline writes: every rank writes its share of the bytes to its own file with pwrite in
+//   64 MiB blocks and fsyncs it, in parallel: buffered (what dd bs=64M conv=fsync does) and with
+//   O_DIRECT from page-aligned memory (dd oflag=direct conv=fsync; the save writes this way);
 // - save: checkpointer::save (headers, XXH3 checksums, fsync, index, rename, latest; old
 //   checkpoints are removed outside the timed region);
-// - baseline read: each rank reads its baseline file back after evicting it from the page
-//   cache (posix_fadvise DONTNEED);
+// - baseline reads: each rank reads its baseline file back after evicting it from the page
+//   cache (posix_fadvise DONTNEED), buffered and with O_DIRECT, into memory touched before;
+// - fresh memory: each rank maps its share of new memory (anonymous, huge pages advised,
+//   MADV_POPULATE_WRITE), what a load into fresh memory must do besides reading: on virtual
+//   machines that give freed memory back to the host (free page reporting) this is the
+//   hypervisor's first touch;
 // - load: checkpoint::load into a fresh model after evicting the checkpoint's files (fresh
 //   memory for the copy it reads into), then checkpointer::load after evicting them again (the
 //   memory it keeps: the model's previous state, exchanged at each load; allocated by the first);
@@ -20,9 +25,11 @@
 //   next to the same copy done by hand right after a step: memcpy of the model's own pieces into
 //   a staging buffer allocated once as the checkpointer's (pre-touched, pieces page-aligned), both
 //   ranks at once; and the time of an optimizer step alone and while the background write runs.
-// Throughput = total state bytes / wall time of the slowest rank. Prints a table (and --json).
+// Throughput = total state bytes / wall time of the slowest rank. Prints a table (and --json);
+// each percentage names the baseline it divides by.
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +40,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +97,36 @@ void baseline_read(const fs::path& path, unsigned char* dst, std::uint64_t bytes
   const ck::detail::file f = ck::detail::file::open_read(path);
   for (std::uint64_t at = 0; at < bytes; at += block) f.read_at(dst + at, std::min(block, bytes - at), at);
 }
+/// dd oflag=direct conv=fsync: `bytes` (a multiple of 4096) from page-aligned `src` with O_DIRECT.
+void baseline_write_direct(const fs::path& path, const unsigned char* src, std::uint64_t bytes) {
+  ck::detail::file::create(path).close();
+  std::optional<ck::detail::file> f = ck::detail::file::open_direct_write(path);
+  if (!f) throw rz::error(rz::errc::io_error, "the file system of '" + path.string() + "' refuses O_DIRECT writes");
+  for (std::uint64_t at = 0; at < bytes; at += block)
+    if (f->write_direct_at(src + at, std::min(block, bytes - at), at) != std::min(block, bytes - at))
+      throw rz::error(rz::errc::io_error, "an O_DIRECT write to '" + path.string() + "' was refused");
+  f->sync();
+  f->close();
+}
+/// dd iflag=direct: `bytes` (a multiple of 4096) into page-aligned `dst` with O_DIRECT.
+void baseline_read_direct(const fs::path& path, unsigned char* dst, std::uint64_t bytes) {
+  std::optional<ck::detail::file> f = ck::detail::file::open_direct(path);
+  if (!f) throw rz::error(rz::errc::io_error, "the file system of '" + path.string() + "' refuses O_DIRECT reads");
+  for (std::uint64_t at = 0; at < bytes; at += block)
+    if (f->read_direct_at(dst + at, std::min(block, bytes - at), at) != std::min(block, bytes - at))
+      throw rz::error(rz::errc::io_error, "an O_DIRECT read of '" + path.string() + "' was refused");
+}
+/// Maps `bytes` of new memory as a load's second copy of the state is mapped (huge pages advised,
+/// populated writable), then gives it back; returns the seconds the mapping took.
+double map_fresh_memory(std::uint64_t bytes) {
+  const auto t0 = clock_type::now();
+  rz::zero::detail::host_buffer b = rz::zero::detail::host_buffer::untouched(bytes);
+#if defined(MADV_POPULATE_WRITE)
+  if (b.bytes() >= rz::zero::detail::host_buffer::huge_bytes)
+    (void)::madvise(b.data(), static_cast<std::size_t>(b.bytes() / 4096 * 4096), MADV_POPULATE_WRITE);
+#endif
+  return seconds_since(t0);
+}
 
 /// This rank's pieces of `model`'s state as a save copies them: (memory, bytes) in file order.
 std::vector<std::pair<const unsigned char*, std::uint64_t>> model_pieces(rz::zero::sharded_model& model) {
@@ -103,7 +141,8 @@ std::vector<std::pair<const unsigned char*, std::uint64_t>> model_pieces(rz::zer
 }
 
 struct timings {
-  std::vector<double> write, save, read, load, load_kept, blocked, memcpy_staging, step_alone, step_during;
+  std::vector<double> write, write_direct, save, read, read_direct, fresh_memory, load, load_kept, blocked,
+      memcpy_staging, step_alone, step_during;
 };
 
 }  // namespace
@@ -162,8 +201,9 @@ int main(int argc, char** argv) {
         model.set_parameter(p, v);
       }
       model.step();  // moments become non-zero-sized work; the state is now "trained"
-      const std::uint64_t share = total / static_cast<std::uint64_t>(ranks);
-      std::vector<unsigned char> source(share, 1), sink(share);
+      const std::uint64_t share = total / static_cast<std::uint64_t>(ranks) / 4096 * 4096;  // O_DIRECT-sized
+      ck::detail::staging_buffer source(share), sink(share);                                // page-aligned, touched
+      std::memset(source.data(), 1, static_cast<std::size_t>(share));
       ck::detail::staging_buffer baseline_staging;  // the memcpy baseline's, allocated once
       ck::checkpointer ckpt(dir / "checkpoints");   // keep_last 0: removals are not timed (done below)
       auto slowest = [&](double mine) {             // the slowest rank's time, on every rank
@@ -184,6 +224,10 @@ int main(int argc, char** argv) {
         record(t.write, slowest(seconds_since(t0)));
         rz::barrier(comm);
         t0 = clock_type::now();
+        baseline_write_direct(base, source.data(), share);
+        record(t.write_direct, slowest(seconds_since(t0)));
+        rz::barrier(comm);
+        t0 = clock_type::now();
         ckpt.save(model, {}, "bench-" + std::to_string(k));
         record(t.save, slowest(seconds_since(t0)));
         evict(base);
@@ -191,6 +235,12 @@ int main(int argc, char** argv) {
         t0 = clock_type::now();
         baseline_read(base, sink.data(), share);
         record(t.read, slowest(seconds_since(t0)));
+        evict(base);
+        rz::barrier(comm);
+        t0 = clock_type::now();
+        baseline_read_direct(base, sink.data(), share);
+        record(t.read_direct, slowest(seconds_since(t0)));
+
         fs::remove(base);
         if (r == 0) evict_tree(dir / "checkpoints" / ("bench-" + std::to_string(k)));
         rz::barrier(comm);
@@ -242,31 +292,47 @@ int main(int argc, char** argv) {
           to += (bytes + 4095) / 4096 * 4096;
         }
         record(t.memcpy_staging, slowest(seconds_since(t0)));
+        // Last, so that the memory it maps and gives back does not serve the next load (a virtual
+        // machine with free page reporting hands it to the host a few seconds later).
+        rz::barrier(comm);
+        record(t.fresh_memory, slowest(map_fresh_memory(share)));
       }
     });
     const double gib = static_cast<double>(total) / (1u << 30);
     auto gibs = [&](const std::vector<double>& v) { return gib / median(v); };
-    fmt::print("{:<44} {:>10} {:>12}\n", "measurement (median of " + std::to_string(repeat) + ")", "seconds", "GiB/s");
-    fmt::print("{:<44} {:>10.3f} {:>12.3f}\n", "sequential write + fsync (dd-like, 64 MiB)", median(t.write),
-               gibs(t.write));
-    fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpoint save", median(t.save), gibs(t.save),
-               100.0 * median(t.write) / median(t.save));
-    fmt::print("{:<44} {:>10.3f} {:>12.3f}\n", "sequential read, cold cache", median(t.read), gibs(t.read));
-    fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpoint load (reshard-capable), cold",
-               median(t.load), gibs(t.load), 100.0 * median(t.read) / median(t.load));
-    fmt::print("{:<44} {:>10.3f} {:>12.3f}   {:.0f}% of the disk's\n", "checkpointer::load (memory kept), cold",
-               median(t.load_kept), gibs(t.load_kept), 100.0 * median(t.read) / median(t.load_kept));
-    fmt::print("{:<44} {:>10.3f}\n", "async_save: training thread blocked", median(t.blocked));
-    fmt::print("{:<44} {:>10.3f}   ({:.3f} GiB per rank)\n", "memcpy of the same bytes to staging",
+    fmt::print("{:<48} {:>10} {:>12}\n", "measurement (median of " + std::to_string(repeat) + ")", "seconds", "GiB/s");
+    auto row = [&](const char* what, const std::vector<double>& v) {
+      fmt::print("{:<48} {:>10.3f} {:>12.3f}\n", what, median(v), gibs(v));
+    };
+    // `v` against two baselines: percent of their throughput (their time over v's).
+    auto against = [&](const char* what, const std::vector<double>& v, const char* name1,
+                       const std::vector<double>& base1, const char* name2, const std::vector<double>& base2) {
+      fmt::print("{:<48} {:>10.3f} {:>12.3f}   {:.0f}% of the {}, {:.0f}% of the {}\n", what, median(v), gibs(v),
+                 100.0 * median(base1) / median(v), name1, 100.0 * median(base2) / median(v), name2);
+    };
+    row("sequential write + fsync, buffered (dd-like)", t.write);
+    row("sequential write + fsync, O_DIRECT", t.write_direct);
+    against("checkpoint save", t.save, "O_DIRECT write", t.write_direct, "buffered write", t.write);
+    row("sequential read, cold cache, buffered", t.read);
+    row("sequential read, cold cache, O_DIRECT", t.read_direct);
+    row("mapping fresh memory of the same bytes", t.fresh_memory);
+    against("checkpoint load (reshard-capable), cold", t.load, "buffered read", t.read, "O_DIRECT read", t.read_direct);
+    against("checkpointer::load (memory kept), cold", t.load_kept, "buffered read", t.read, "O_DIRECT read",
+            t.read_direct);
+    fmt::print("{:<48} {:>10.3f}\n", "async_save: training thread blocked", median(t.blocked));
+    fmt::print("{:<48} {:>10.3f}   ({:.3f} GiB per rank)\n", "memcpy of the same bytes to staging",
                median(t.memcpy_staging), static_cast<double>(staging_bytes) / (1u << 30));
-    fmt::print("{:<44} {:>10.3f}\n", "optimizer step alone", median(t.step_alone));
-    fmt::print("{:<44} {:>10.3f}\n", "optimizer step during the background write", median(t.step_during));
+    fmt::print("{:<48} {:>10.3f}\n", "optimizer step alone", median(t.step_alone));
+    fmt::print("{:<48} {:>10.3f}\n", "optimizer step during the background write", median(t.step_during));
     if (!json_path.empty()) {
       nlohmann::json j = {{"ranks", ranks},
                           {"state_bytes", total},
                           {"write_s", t.write},
+                          {"write_direct_s", t.write_direct},
                           {"save_s", t.save},
                           {"read_s", t.read},
+                          {"read_direct_s", t.read_direct},
+                          {"fresh_memory_s", t.fresh_memory},
                           {"load_s", t.load},
                           {"load_kept_s", t.load_kept},
                           {"async_blocked_s", t.blocked},

@@ -329,6 +329,83 @@ TEST_CASE("O_DIRECT reads: straight into page-aligned memory where aligned, buff
   }
 }
 
+TEST_CASE("deferred verification: the same bytes, and a flipped byte raised by finish_verification, never lost") {
+  scratch_dir root("deferred");
+  constexpr std::uint64_t n = 5 * (std::uint64_t{1} << 20) + 333;  // 20 MiB and a tail: 6 chunks, two fragments
+  const fs::path dir = write_one_tensor(root.path, n, 3 * (std::uint64_t{1} << 20));
+  const ck::checkpoint_index index = ck::read_index(dir);
+  ck::detail::staging_buffer memory(n * sizeof(float) + 8192, false);
+  auto* base = reinterpret_cast<float*>(memory.data());
+  SUBCASE("intact: every range reads right, direct or buffered, and finish_verification is quiet") {
+    for (auto view : {ck::detail::page_cache_view::cold, ck::detail::page_cache_view::warm}) {
+      page_cache_scope scope(view);
+      ck::fragment_reader reader(dir, index);
+      reader.defer_verification();
+      CHECK(reads_right(reader, 0, n, base));
+      CHECK(reads_right(reader, 7, n - 5, base + 7));  // partial chunks at both ends: through scratch
+      CHECK_NOTHROW(reader.finish_verification());
+      CHECK(reads_right(reader, 1 << 20, 3 << 20, base));  // usable after finishing
+      CHECK_NOTHROW(reader.finish_verification());
+    }
+  }
+  SUBCASE("a flipped byte in the first fragment: the later reads go on, then the mismatch is raised once") {
+    const ck::tensor_record* t = index.find("w", ck::tensor_role::parameter);
+    REQUIRE(t != nullptr);
+    const fs::path file = dir / index.files[t->fragments[0].file].name;
+    const std::uint64_t at = t->fragments[0].offset + 4 * 1000 * 1000 + 1;  // inside chunk 0
+    {
+      const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+      REQUIRE(fd >= 0);
+      unsigned char b = 0;
+      REQUIRE(::pread(fd, &b, 1, static_cast<off_t>(at)) == 1);
+      b ^= 0x01;
+      REQUIRE(::pwrite(fd, &b, 1, static_cast<off_t>(at)) == 1);
+      ::close(fd);
+    }
+    for (auto view : {ck::detail::page_cache_view::cold, ck::detail::page_cache_view::warm}) {
+      page_cache_scope scope(view);
+      ck::fragment_reader reader(dir, index);
+      reader.defer_verification();
+      reader.read(*t, 0, n, base);  // the damaged chunk is read into the caller's memory: deferred
+      CHECK_THROWS_WITH_AS(reader.finish_verification(), doctest::Contains("checksum mismatch"), ringzero::error);
+      CHECK_NOTHROW(reader.finish_verification());  // raised once
+      // Without deferral the same read throws at once.
+      ck::fragment_reader at_once(dir, index);
+      CHECK_THROWS_WITH_AS(at_once.read(*t, 0, n, base), doctest::Contains("checksum mismatch"), ringzero::error);
+    }
+    // A reader destroyed with verification pending stops its helper (no hang, no late write).
+    ck::fragment_reader dropped(dir, index);
+    dropped.defer_verification();
+    dropped.read(*t, 0, n, base);
+  }
+}
+
+TEST_CASE("a load's fresh memory: 2 MiB-aligned, zero, and its populating helper never overwrites what was written") {
+  namespace zd = ringzero::zero::detail;
+  for (std::uint64_t bytes : {std::uint64_t{4096}, std::uint64_t{2} << 20, (std::uint64_t{9} << 20) + 4096 + 100}) {
+    CAPTURE(bytes);
+    ringzero::primitive::memory_counter counter;
+    {
+      zd::host_buffer b = zd::host_buffer::untouched(bytes, &counter);
+      REQUIRE(b.bytes() == bytes);
+      CHECK(counter.usage(ringzero::primitive::memory_space::host).current == bytes);
+      const auto address = reinterpret_cast<std::uintptr_t>(b.data());
+      CHECK(address % (bytes >= zd::host_buffer::huge_bytes ? zd::host_buffer::huge_bytes : 4096) == 0);
+      CHECK(std::all_of(b.data(), b.data() + bytes, [](unsigned char c) { return c == 0; }));
+    }
+    CHECK(counter.usage(ringzero::primitive::memory_space::host).current == 0);
+    // The loading thread writes every byte while the helper maps the same range, twice over.
+    zd::host_buffer fresh = zd::host_buffer::untouched(bytes);
+    {
+      ck::detail::page_populator helper({{fresh.data(), bytes}, {fresh.data(), bytes}});
+      for (std::uint64_t j = 0; j < bytes; ++j) fresh.data()[j] = static_cast<unsigned char>(j * 7 + 1);
+    }
+    bool kept = true;
+    for (std::uint64_t j = 0; j < bytes; ++j) kept = kept && fresh.data()[j] == static_cast<unsigned char>(j * 7 + 1);
+    CHECK(kept);
+  }
+}
+
 TEST_CASE("O_DIRECT on tmpfs (/dev/shm): whatever the file system allows, the same bytes") {
   if (!fs::is_directory("/dev/shm")) return;
   const fs::path root = fs::path("/dev/shm") / ("ringzero-ckpt-direct-" + std::to_string(::getpid()));

@@ -12,17 +12,26 @@
 /// the page cache goes with O_DIRECT straight into the destination (no copy out of the page
 /// cache), its unaligned head and tail buffered; elsewhere (file systems that refuse O_DIRECT,
 /// unaligned files of older saves, cached data) reads are buffered, the kernel reading the next
-/// 64 MiB (posix_fadvise WILLNEED) while a run's checksums are computed. Every byte is verified.
+/// 64 MiB (posix_fadvise WILLNEED) while a run's checksums are computed. Every byte is verified:
+/// as it is read, or, after `defer_verification()`, on a helper thread while the next reads run
+/// (a load: the disk is then never idle while checksums are computed), its errors raised by
+/// `finish_verification`.
 /// Errors: errc::io_error naming the file, the rank that wrote it, the tensor, the fragment and
-/// what was expected. Thread semantics: one thread at a time per reader.
+/// what was expected. Thread semantics: one thread at a time per reader (and its own helper).
 /// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`).
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "ringzero/checkpoint/checkpoint_index.hpp"
@@ -37,6 +46,30 @@ class fragment_reader {
   /// A reader of the checkpoint in `dir` described by `index` (both must outlive it).
   fragment_reader(std::filesystem::path dir, const checkpoint_index& index)
       : dir_(std::move(dir)), index_(&index), files_(index.files.size()), direct_(index.files.size()) {}
+  /// Refused: the reader keeps a pointer to the index, which a temporary would leave dangling.
+  fragment_reader(std::filesystem::path dir, checkpoint_index&& index) = delete;
+  fragment_reader(const fragment_reader&) = delete;
+  fragment_reader& operator=(const fragment_reader&) = delete;
+  /// Stops the verification helper, if any, without waiting for what it has left.
+  ~fragment_reader() { stop_helper(); }
+
+  /// From now on, chunks read straight into a caller's memory are verified on a helper thread
+  /// while the reads go on (the memory must stay as read until `finish_verification`); chunks
+  /// read through scratch memory are still verified at once. Runs inline where no thread can
+  /// be started.
+  void defer_verification() {
+    if (helper_.joinable()) return;
+    try {
+      helper_ = std::thread([this] { verify_loop(); });
+    } catch (const std::system_error&) {}  // verified as read
+  }
+  /// Waits until every deferred chunk is verified; throws the first mismatch found (the error
+  /// `read` would have thrown). The reader stays usable.
+  void finish_verification() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    drained_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+  }
 
   /// The index.
   const checkpoint_index& index() const noexcept { return *index_; }
@@ -177,11 +210,26 @@ class fragment_reader {
   }
 
   /// Reads chunks [c0, c1) of fragment f (of `bytes` bytes) into `dst` and verifies them.
+  /// `may_defer`: dst is the caller's memory (not scratch), which may be verified later.
   void read_chunks(const tensor_record& t, const fragment_record& f, std::uint64_t c0, std::uint64_t c1,
-                   std::uint64_t bytes, unsigned char* dst) {
+                   std::uint64_t bytes, unsigned char* dst, bool may_defer = false) {
     const std::uint64_t b = c0 * checksum_chunk_bytes, e = std::min(bytes, c1 * checksum_chunk_bytes);
     read_range(f.file, dst, e - b, f.offset + b);
     bytes_read_ += e - b;
+    if (may_defer && helper_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        queue_.push_back({&t, &f, c0, c1, bytes, dst});
+      }
+      wake_.notify_one();
+      return;
+    }
+    verify_chunks(t, f, c0, c1, bytes, dst);
+  }
+  /// Verifies chunks [c0, c1) of fragment f (of `bytes` bytes), read into `data` (chunk c0 first).
+  void verify_chunks(const tensor_record& t, const fragment_record& f, std::uint64_t c0, std::uint64_t c1,
+                     std::uint64_t bytes, const unsigned char* dst) const {
+    const std::uint64_t b = c0 * checksum_chunk_bytes;
     for (std::uint64_t c = c0; c < c1; ++c) {
       const std::uint64_t cb = c * checksum_chunk_bytes, ce = std::min(bytes, cb + checksum_chunk_bytes);
       const std::uint64_t sum = checksum(dst + (cb - b), static_cast<std::size_t>(ce - cb));
@@ -220,7 +268,7 @@ class fragment_reader {
         if (run_end < e &&
             !may_go_direct(f.file, f.offset + run_end, reinterpret_cast<std::uintptr_t>(dst + (run_end - b))))
           open(f.file).will_need(f.offset + run_end, std::min(ahead_bytes, e - run_end));
-        read_chunks(t, f, c, c1, bytes, dst + (cb - b));
+        read_chunks(t, f, c, c1, bytes, dst + (cb - b), true);
         c = c1;
         continue;
       }
@@ -230,6 +278,42 @@ class fragment_reader {
       std::memcpy(dst + (lo - b), scratch_.data() + (lo - cb), static_cast<std::size_t>(hi - lo));
       ++c;
     }
+  }
+
+  /// Chunks read, to verify on the helper thread.
+  struct verify_job {
+    const tensor_record* t;
+    const fragment_record* f;
+    std::uint64_t c0, c1, bytes;
+    const unsigned char* data;
+  };
+  void verify_loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      const verify_job j = queue_.front();
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      std::exception_ptr e;
+      try {
+        verify_chunks(*j.t, *j.f, j.c0, j.c1, j.bytes, j.data);
+      } catch (...) { e = std::current_exception(); }
+      lock.lock();
+      busy_ = false;
+      if (e && !failure_) failure_ = e;
+      if (queue_.empty()) drained_.notify_all();
+    }
+  }
+  void stop_helper() noexcept {
+    if (!helper_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    helper_.join();
   }
 
   std::filesystem::path dir_;
@@ -243,6 +327,12 @@ class fragment_reader {
   std::vector<unsigned char> scratch_;
   std::uint64_t bytes_read_ = 0;
   std::uint64_t bytes_direct_ = 0;
+  std::mutex mutex_;  ///< guards the members below, shared with the helper
+  std::condition_variable wake_, drained_;
+  std::deque<verify_job> queue_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr failure_;
+  std::thread helper_;  ///< last: started after, and stopped before, everything it uses
 };
 
 }  // namespace ringzero::checkpoint

@@ -129,11 +129,14 @@ inline void to_float32(dtype from, const unsigned char* src, float* dst, std::ui
   });
 }
 
-/// Reads every target (see the file comment). `records[t.spec]` must be set for each target.
+/// Reads every target (see the file comment), the checksums of one target computed on the
+/// reader's helper thread while the next is read; returns once every byte is verified (a
+/// mismatch anywhere throws, after the reads). `records[t.spec]` must be set for each target.
 inline void read_targets(fragment_reader& reader, const std::vector<tensor_spec>& specs,
                          const std::vector<const tensor_record*>& records, const std::vector<load_target>& targets) {
   std::vector<unsigned char> convert;
   constexpr std::uint64_t ahead_bytes = std::uint64_t{16} << 20;
+  reader.defer_verification();  // checksums on a helper thread while the next reads run
   for (std::size_t i = 0; i < targets.size(); ++i) {
     const load_target& t = targets[i];
     if (t.begin >= t.end) continue;
@@ -151,8 +154,10 @@ inline void read_targets(fragment_reader& reader, const std::vector<tensor_spec>
     }
     convert.resize(static_cast<std::size_t>((t.end - t.begin) * dtype_size(r->type)));
     reader.read(*r, t.begin, t.end, convert.data());
+    reader.finish_verification();  // `convert` is read again for the next target
     to_float32(r->type, convert.data(), reinterpret_cast<float*>(t.dst), t.end - t.begin);
   }
+  reader.finish_verification();
 }
 
 }  // namespace detail

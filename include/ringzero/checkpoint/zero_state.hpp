@@ -251,16 +251,20 @@ class zero_spare {
     wanted.erase("lr");
     return kept == wanted;
   }
-  /// Allocates a fresh copy with `model`'s layout (zeroed, every page touched).
+  /// Allocates a fresh copy with `model`'s layout. Its pages are left for the load's reads to map
+  /// (`host_buffer::untouched`: huge pages where the kernel has them); the load writes every byte
+  /// (its targets, then the model's padding at commit) before the copy becomes the model's.
   void build(zero::sharded_model& model) {
     held_.clear();
     optimizer_.reset();
     owner_ = nullptr;
     const zero::shard_plan& plan = model.plan();
     for (std::size_t b = 0; b < plan.buffers().size(); ++b)
-      held_.emplace_back(zero::checkpoint_access(model).held_range(b).size() * dtype_size(plan.buffers()[b].type));
-    optimizer_ = std::make_unique<zero::sharded_optimizer>(plan, plan.stage() == 0 ? 0 : model.comm().rank(),
-                                                           model.optimizer().options());
+      held_.push_back(zero::detail::host_buffer::untouched(zero::checkpoint_access(model).held_range(b).size() *
+                                                           dtype_size(plan.buffers()[b].type)));
+    optimizer_ = std::make_unique<zero::sharded_optimizer>(
+        plan, plan.stage() == 0 ? 0 : model.comm().rank(), model.optimizer().options(),
+        [](std::uint64_t bytes, zero::memory_category) { return zero::detail::host_buffer::untouched(bytes); });
     owner_ = &model;
     fingerprint_ = plan.fingerprint();
   }
@@ -317,6 +321,7 @@ class zero_staging {
     const auto& pl = plan.placements();
     // Part k of buffer b: which = -2 parameters, -1 master, k >= 0 optimizer state k.
     std::vector<std::array<unsigned char*, 4>> at(plan.buffers().size(), {nullptr, nullptr, nullptr, nullptr});
+    bool fresh = false;  // memory allocated here, whose pages the reads would map one by one
     // The device path's state is written through its stream: staged and copied, never exchanged;
     // so are parameters in the trainer's memory (adopt_parameters), which must stay where they are.
     if (with_states && !zero::checkpoint_access(model).through_stream() &&
@@ -325,6 +330,7 @@ class zero_staging {
       if (!spare_->fits(model)) {
         spare_->clear();  // the old copy's memory goes before the new one's comes
         spare_->build(model);
+        fresh = true;
       }
       for_each_part(model, with_states, [&](std::size_t b, int which, std::uint64_t) {
         at[b][static_cast<std::size_t>(which + 2)] = spare_->part(b, which);
@@ -337,6 +343,7 @@ class zero_staging {
       } else {
         own_ = staging_buffer(total, false);
         base = own_.data();
+        fresh = true;
       }
       std::uint64_t offset = 0;
       for_each_part(model, with_states, [&](std::size_t b, int which, std::uint64_t bytes) {
@@ -366,6 +373,12 @@ class zero_staging {
       }
     }
     if (spare_ != nullptr) find_gaps();
+    if (fresh) {  // mapped on a helper thread ahead of the reads, in their order
+      std::vector<std::pair<unsigned char*, std::uint64_t>> ranges;
+      for (std::size_t i = 0; i < targets_.size(); ++i)
+        ranges.emplace_back(static_cast<unsigned char*>(targets_[i].dst), places_[i].bytes);
+      populator_.emplace(std::move(ranges));
+    }
   }
 
   const std::vector<load_target>& targets() const noexcept { return targets_; }
@@ -375,6 +388,7 @@ class zero_staging {
   /// a spare, copies the model's padding into it and exchanges the two. Cannot fail once
   /// `begin_restore` succeeded.
   void commit(std::uint64_t steps) {
+    populator_.reset();  // the reads are done: nothing is left for it to map
     zero::checkpoint_access(model_).begin_restore();
     if (spare_ != nullptr) {
       for (const place& g : gaps_)
@@ -446,7 +460,8 @@ class zero_staging {
   zero_spare* spare_ = nullptr;
   std::vector<load_target> targets_;
   std::vector<place> places_;
-  std::vector<place> gaps_;  ///< with a spare: the padding bytes to copy from the model
+  std::vector<place> gaps_;                  ///< with a spare: the padding bytes to copy from the model
+  std::optional<page_populator> populator_;  ///< last: stopped before the memory it maps goes
 };
 
 }  // namespace ringzero::checkpoint::detail

@@ -9,7 +9,10 @@
 /// memory (O_DIRECT, docs/checkpoint.md). `bytes()` is the size asked for, which is what the
 /// runtime's memory report counts. The device path (docs/zero.md) instead adopts a
 /// `memory_buffer` of its context's memory space, which it zeroes by stream work; `data()` is
-/// then not host-addressable on CUDA.
+/// then not host-addressable on CUDA. `untouched` gives blocks whose pages are mapped by their
+/// first writer instead (a checkpoint load's second copy of the state, written once by reads).
+
+#include <sys/mman.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +30,8 @@ class host_buffer {
  public:
   /// The alignment of blocks of at least this many bytes.
   static constexpr std::uint64_t page_bytes = 4096;
+  /// `untouched` blocks of at least this many bytes are 2 MiB-aligned mappings (transparent huge pages).
+  static constexpr std::uint64_t huge_bytes = std::uint64_t{2} << 20;
   /// The host alignment of a block of `bytes`: a page from a page up, else primitive::host_alignment.
   static constexpr std::size_t host_alignment_for(std::uint64_t bytes) noexcept {
     return bytes >= page_bytes ? page_bytes : primitive::host_alignment;
@@ -45,6 +50,41 @@ class host_buffer {
     primitive::zero_bytes(memory_.data(), static_cast<std::size_t>(bytes));
   }
 
+  /// `bytes` of host memory that reads as zero but whose pages are not touched here, for memory
+  /// that is written whole before it is read (a checkpoint load's second copy of the state,
+  /// filled by direct reads, docs/checkpoint.md): from 2 MiB up an anonymous mapping (2 MiB-
+  /// aligned, zero pages of the kernel) advised to use transparent huge pages (madvise
+  /// MADV_HUGEPAGE), so that a writer maps it 2 MiB at a time where the kernel has huge pages
+  /// (a 4 KiB first touch costs microseconds on virtual machines, a 2 MiB one about the time of
+  /// clearing it); below 2 MiB the constructor's zeroed block. Counted in `counter` when given.
+  /// Throws errc::internal when memory is exhausted.
+  static host_buffer untouched(std::uint64_t bytes, primitive::memory_counter* counter = nullptr) {
+    constexpr std::uint64_t huge = huge_bytes;
+    if (bytes < huge) return host_buffer(bytes, counter);
+    if (bytes > static_cast<std::uint64_t>(static_cast<std::size_t>(-1)) - huge)
+      throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes");
+    // One huge page more than needed, the unaligned ends given back at once: the block is the
+    // 2 MiB-aligned mapping [aligned, aligned + rounded), which the free function unmaps.
+    const auto rounded = static_cast<std::size_t>((bytes + huge - 1) / huge * huge);
+    const std::size_t mapped = rounded + static_cast<std::size_t>(huge);
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes");
+    const auto base = reinterpret_cast<std::uintptr_t>(p);
+    const std::uintptr_t aligned = (base + huge - 1) / huge * huge;
+    if (aligned > base) (void)::munmap(p, aligned - base);
+    if (base + mapped > aligned + rounded)
+      (void)::munmap(reinterpret_cast<void*>(aligned + rounded), base + mapped - (aligned + rounded));
+    auto* data = reinterpret_cast<void*>(aligned);
+#if defined(MADV_HUGEPAGE)
+    (void)::madvise(data, rounded, MADV_HUGEPAGE);
+#endif
+    return host_buffer(primitive::memory_buffer::adopt(
+        data, static_cast<std::size_t>(bytes), primitive::memory_space::host, -1,
+        [](void*, void* d, std::size_t n, primitive::memory_space) noexcept {
+          (void)::munmap(d, (n + (std::size_t{2} << 20) - 1) / (std::size_t{2} << 20) * (std::size_t{2} << 20));
+        },
+        nullptr, counter));
+  }
   /// Adopts `b` (device path): its contents are left as they are, for stream work to set.
   explicit host_buffer(primitive::memory_buffer b) : bytes_(b.size_bytes()), memory_(std::move(b)) {}
 
