@@ -63,11 +63,13 @@ class fragment_reader {
       helper_ = std::thread([this] { verify_loop(); });
     } catch (const std::system_error&) {}  // verified as read
   }
-  /// Waits until every deferred chunk is verified; throws the first mismatch found (the error
-  /// `read` would have thrown). The reader stays usable.
+  /// Waits until every deferred chunk is verified; throws the first mismatch the helper found
+  /// (the error `read` would have thrown; an error `read` raised itself meanwhile, such as a
+  /// mismatch in a chunk read through scratch or a truncated file, came first). The reader stays
+  /// usable, still deferring.
   void finish_verification() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    drained_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    wait_verified();
+    std::lock_guard<std::mutex> lock(mutex_);
     if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
   }
 
@@ -91,10 +93,15 @@ class fragment_reader {
                          std::to_string(t.numel()) + " elements");
     const std::uint64_t es = dtype_size(t.type);
     auto* out = static_cast<unsigned char*>(dst);
-    for (const fragment_record& f : t.fragments) {
-      const std::uint64_t lo = std::max(begin, f.begin), hi = std::min(end, f.end);
-      if (lo >= hi) continue;
-      read_fragment(t, f, (lo - f.begin) * es, (hi - f.begin) * es, out + (lo - begin) * es);
+    try {
+      for (const fragment_record& f : t.fragments) {
+        const std::uint64_t lo = std::max(begin, f.begin), hi = std::min(end, f.end);
+        if (lo >= hi) continue;
+        read_fragment(t, f, (lo - f.begin) * es, (hi - f.begin) * es, out + (lo - begin) * es);
+      }
+    } catch (...) {
+      wait_verified();  // the caller may free `dst` as the error unwinds: the helper leaves it first
+      throw;
     }
   }
 
@@ -226,7 +233,7 @@ class fragment_reader {
     }
     verify_chunks(t, f, c0, c1, bytes, dst);
   }
-  /// Verifies chunks [c0, c1) of fragment f (of `bytes` bytes), read into `data` (chunk c0 first).
+  /// Verifies chunks [c0, c1) of fragment f (of `bytes` bytes), read into `dst` (chunk c0 first).
   void verify_chunks(const tensor_record& t, const fragment_record& f, std::uint64_t c0, std::uint64_t c1,
                      std::uint64_t bytes, const unsigned char* dst) const {
     const std::uint64_t b = c0 * checksum_chunk_bytes;
@@ -305,6 +312,11 @@ class fragment_reader {
       if (e && !failure_) failure_ = e;
       if (queue_.empty()) drained_.notify_all();
     }
+  }
+  /// Waits until the helper has verified every queued chunk (errors stay recorded).
+  void wait_verified() noexcept {
+    std::unique_lock<std::mutex> lock(mutex_);
+    drained_.wait(lock, [&] { return queue_.empty() && !busy_; });
   }
   void stop_helper() noexcept {
     if (!helper_.joinable()) return;

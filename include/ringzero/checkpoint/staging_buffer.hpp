@@ -11,6 +11,7 @@
 /// `page_populator` maps fresh memory on a helper thread ahead of the reads that fill it.
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -92,31 +94,45 @@ class staging_buffer {
 /// one thread; the ranges must stay mapped until it is destroyed.
 class page_populator {
  public:
+  /// No helper.
   page_populator() = default;
+  /// Starts the helper over `ranges` ((start, bytes) pairs, mapped in this order; they must stay
+  /// mapped until this object is destroyed). Where no thread can be started there is no helper
+  /// (the reads map the pages themselves).
   explicit page_populator(std::vector<std::pair<unsigned char*, std::uint64_t>> ranges) {
     if (ranges.empty()) return;
-    thread_ = std::thread([this, ranges = std::move(ranges)] {
-      constexpr std::uint64_t step = std::uint64_t{8} << 20;  // how often the stop request is read
-      for (const auto& [data, bytes] : ranges) {
-        // Whole pages inside the range: madvise needs a page-aligned start.
-        const auto begin = (reinterpret_cast<std::uintptr_t>(data) + 4095) / 4096 * 4096;
-        const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(data) + bytes;
-        for (std::uintptr_t at = begin; at < end; at += step) {
-          if (stop_.load(std::memory_order_relaxed)) return;
-          if (!populate(reinterpret_cast<void*>(at), static_cast<std::size_t>(std::min<std::uint64_t>(step, end - at))))
-            return;
-        }
-      }
-    });
+    try {
+      thread_ = std::thread([this, ranges = std::move(ranges)] { run(ranges); });
+    } catch (const std::system_error&) {}
   }
   page_populator(const page_populator&) = delete;
   page_populator& operator=(const page_populator&) = delete;
+  /// Waits until the helper has gone through every range (no stop request).
+  void finish() noexcept {
+    if (thread_.joinable()) thread_.join();
+  }
+  /// Stops the helper and waits for it (at most one 8 MiB madvise).
   ~page_populator() {
     stop_.store(true, std::memory_order_relaxed);
     if (thread_.joinable()) thread_.join();
   }
 
  private:
+  void run(const std::vector<std::pair<unsigned char*, std::uint64_t>>& ranges) noexcept {
+    constexpr std::uint64_t step = std::uint64_t{8} << 20;  // how often the stop request is read
+    const long page_size = ::sysconf(_SC_PAGESIZE);
+    const auto page = static_cast<std::uintptr_t>(page_size > 0 ? page_size : 4096);
+    for (const auto& [data, bytes] : ranges) {
+      // Whole pages inside the range: madvise needs a page-aligned start.
+      const auto begin = (reinterpret_cast<std::uintptr_t>(data) + page - 1) / page * page;
+      const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(data) + bytes;
+      for (std::uintptr_t at = begin; at < end; at += step) {
+        if (stop_.load(std::memory_order_relaxed)) return;
+        if (!populate(reinterpret_cast<void*>(at), static_cast<std::size_t>(std::min<std::uint64_t>(step, end - at))))
+          return;
+      }
+    }
+  }
   /// False when the kernel refuses to populate (too old, or memory it cannot map this way).
   static bool populate(void* at, std::size_t bytes) noexcept {
 #if defined(MADV_POPULATE_WRITE)

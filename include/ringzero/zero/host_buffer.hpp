@@ -61,7 +61,7 @@ class host_buffer {
   static host_buffer untouched(std::uint64_t bytes, primitive::memory_counter* counter = nullptr) {
     constexpr std::uint64_t huge = huge_bytes;
     if (bytes < huge) return host_buffer(bytes, counter);
-    if (bytes > static_cast<std::uint64_t>(static_cast<std::size_t>(-1)) - huge)
+    if (bytes > static_cast<std::uint64_t>(static_cast<std::size_t>(-1)) - 2 * huge)
       throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes");
     // One huge page more than needed, the unaligned ends given back at once: the block is the
     // 2 MiB-aligned mapping [aligned, aligned + rounded), which the free function unmaps.

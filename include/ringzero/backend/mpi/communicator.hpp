@@ -548,6 +548,9 @@ class communicator final : public ringzero::detail::backend_communicator {
     return static_cast<int>(d.sequence % detail::point_to_point_class);
   }
 
+  /// One sliced, pipelined transfer in flight (transport.hpp).
+  class transfer_op;
+
   void transfer(const collective_descriptor& d, const void* send, std::uint64_t send_bytes, int to, void* recv,
                 std::uint64_t recv_bytes, int from, const void* own, void* acc, const combine_fn* combine);
 
