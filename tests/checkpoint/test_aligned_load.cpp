@@ -143,6 +143,17 @@ fs::path write_one_tensor(const fs::path& root, std::uint64_t n, std::uint64_t s
   return root / name;
 }
 
+/// Flips the bits `mask` of the byte at `at` of `file` (damage a checksum must find).
+void flip_bits(const fs::path& file, std::uint64_t at, unsigned char mask) {
+  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  unsigned char b = 0;
+  REQUIRE(::pread(fd, &b, 1, static_cast<off_t>(at)) == 1);
+  b ^= mask;
+  REQUIRE(::pwrite(fd, &b, 1, static_cast<off_t>(at)) == 1);
+  ::close(fd);
+}
+
 /// Elements [begin, end) of "w" read into `dst`, checked against `value`.
 bool reads_right(ck::fragment_reader& reader, std::uint64_t begin, std::uint64_t end, float* dst) {
   const ck::tensor_record* t = reader.index().find("w", ck::tensor_role::parameter);
@@ -313,16 +324,7 @@ TEST_CASE("O_DIRECT reads: straight into page-aligned memory where aligned, buff
     const fs::path file = dir / index.files[1].name;
     const ck::tensor_record* t = index.find("w", ck::tensor_role::parameter);
     REQUIRE(t != nullptr);
-    const std::uint64_t at = t->fragments[1].offset + 5 * 1000 * 1000 + 3;
-    {
-      const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
-      REQUIRE(fd >= 0);
-      unsigned char b = 0;
-      REQUIRE(::pread(fd, &b, 1, static_cast<off_t>(at)) == 1);
-      b ^= 0x10;
-      REQUIRE(::pwrite(fd, &b, 1, static_cast<off_t>(at)) == 1);
-      ::close(fd);
-    }
+    flip_bits(file, t->fragments[1].offset + 5 * 1000 * 1000 + 3, 0x10);
     page_cache_scope cold(page_cache_view::cold);
     ck::fragment_reader reader(dir, index);
     CHECK_THROWS_WITH_AS(reader.read(*t, 0, n, base), doctest::Contains("checksum mismatch"), ringzero::error);
@@ -354,16 +356,7 @@ TEST_CASE("deferred verification: the same bytes, and a flipped byte raised by f
     const ck::tensor_record* t = index.find("w", ck::tensor_role::parameter);
     REQUIRE(t != nullptr);
     const fs::path file = dir / index.files[t->fragments[0].file].name;
-    const std::uint64_t at = t->fragments[0].offset + 4 * 1000 * 1000 + 1;  // inside chunk 0
-    {
-      const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
-      REQUIRE(fd >= 0);
-      unsigned char b = 0;
-      REQUIRE(::pread(fd, &b, 1, static_cast<off_t>(at)) == 1);
-      b ^= 0x01;
-      REQUIRE(::pwrite(fd, &b, 1, static_cast<off_t>(at)) == 1);
-      ::close(fd);
-    }
+    flip_bits(file, t->fragments[0].offset + 4 * 1000 * 1000 + 1, 0x01);  // inside chunk 0
     for (auto view : {ck::detail::page_cache_view::cold, ck::detail::page_cache_view::warm}) {
       page_cache_scope scope(view);
       ck::fragment_reader reader(dir, index);

@@ -13,6 +13,7 @@ namespace ringzero::algorithms {
 struct cost_terms {
   double nn, p, log_p, S;        ///< n, the largest power of two <= n, log2(p), bytes
   double a, b, g, s, mu, cache;  ///< alpha, beta, gamma, sync, memory, direct's tile
+  double eager;                  ///< link_model::eager_bytes (0: no limit)
   bool rem;                      ///< n is not a power of two
 
   cost_terms(int n, double bytes, const link_model& m) noexcept {
@@ -27,8 +28,11 @@ struct cost_terms {
     s = m.sync_us;
     mu = m.memory_us_per_byte;
     cache = m.cache_us_per_byte;
+    eager = m.eager_bytes;
     rem = layout.rem > 0;
   }
+  /// The alpha of one step moving `message` bytes: one more past the eager limit (a rendezvous).
+  double step_alpha(double message) const noexcept { return eager > 0 && message > eager ? 2 * a : a; }
   /// begin + end, paid by every algorithm.
   double rendezvous() const noexcept { return 2 * s; }
   /// The own block copied into the output (read + write).

@@ -122,19 +122,30 @@ inline void hd_all_gather_blocks(const call& c, void* buffer, const partition& b
 /// The alpha-beta-gamma estimate (us) of Rabenseifner's all_reduce of `bytes` on `n` ranks
 /// (Thakur, Rabenseifner & Gropp 2005): 2 log2(p) steps moving (p-1)/p of the buffer twice,
 /// plus the fold and unfold of the ranks beyond the largest power of two p.
-constexpr double hd_rabenseifner_us(int n, double bytes, double alpha, double beta, double gamma) noexcept {
+/// `eager` (link_model::eager_bytes; 0: none): each step whose message is larger pays one more
+/// alpha (the rendezvous handshake); step k of either half moves S / 2^k.
+constexpr double hd_rabenseifner_us(int n, double bytes, double alpha, double beta, double gamma,
+                                    double eager = 0) noexcept {
   const hd_layout layout(n);
   const double p = layout.p, S = bytes;
-  return 2 * layout.steps() * alpha + (p - 1) / p * S * (2 * beta + gamma) +
+  double handshakes = 0;
+  if (eager > 0)
+    for (int k = 1; k <= layout.steps(); ++k)
+      handshakes += S / static_cast<double>(std::uint64_t{1} << k) > eager ? 2 : 0;
+  return (2 * layout.steps() + handshakes) * alpha + (p - 1) / p * S * (2 * beta + gamma) +
          (layout.rem > 0 ? 2 * alpha + 2 * S * beta + S * gamma : 0.0);
 }
 
 /// The estimate (us) of the recursive-doubling all_reduce (same paper, short messages):
 /// log2(p) steps, each exchanging and combining the whole buffer, plus the same fold and unfold.
-constexpr double hd_recursive_doubling_us(int n, double bytes, double alpha, double beta, double gamma) noexcept {
+/// `eager` as above: every step moves S.
+constexpr double hd_recursive_doubling_us(int n, double bytes, double alpha, double beta, double gamma,
+                                          double eager = 0) noexcept {
   const hd_layout layout(n);
   const double S = bytes;
-  return layout.steps() * (alpha + S * (beta + gamma)) + (layout.rem > 0 ? 2 * alpha + 2 * S * beta + S * gamma : 0.0);
+  const double step_alpha = eager > 0 && S > eager ? 2 * alpha : alpha;
+  return layout.steps() * (step_alpha + S * (beta + gamma)) +
+         (layout.rem > 0 ? 2 * alpha + 2 * S * beta + S * gamma : 0.0);
 }
 
 /// True when halving_doubling runs an all_reduce of `bytes` on `n` ranks as recursive doubling
@@ -142,8 +153,8 @@ constexpr double hd_recursive_doubling_us(int n, double bytes, double alpha, dou
 /// steps, twice the bytes: short messages). A pure function of its arguments, so every rank
 /// decides alike.
 constexpr bool hd_prefers_recursive_doubling(int n, double bytes, const link_model& m) noexcept {
-  return hd_recursive_doubling_us(n, bytes, m.alpha_us, m.beta_us_per_byte, m.gamma_us_per_byte) <
-         hd_rabenseifner_us(n, bytes, m.alpha_us, m.beta_us_per_byte, m.gamma_us_per_byte);
+  return hd_recursive_doubling_us(n, bytes, m.alpha_us, m.beta_us_per_byte, m.gamma_us_per_byte, m.eager_bytes) <
+         hd_rabenseifner_us(n, bytes, m.alpha_us, m.beta_us_per_byte, m.gamma_us_per_byte, m.eager_bytes);
 }
 
 namespace detail {

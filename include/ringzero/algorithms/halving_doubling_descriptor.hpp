@@ -20,8 +20,8 @@ inline constexpr collective_entry halving_doubling_collectives[] = {
     {collective_kind::all_reduce, hd_all_reduce,
      [](int n, double bytes, const link_model& m) {  // the cheaper of Rabenseifner's and recursive doubling
        const cost_terms t(n, bytes, m);
-       return t.rendezvous() +
-              std::min(hd_rabenseifner_us(n, t.S, t.a, t.b, t.g), hd_recursive_doubling_us(n, t.S, t.a, t.b, t.g));
+       return t.rendezvous() + std::min(hd_rabenseifner_us(n, t.S, t.a, t.b, t.g, t.eager),
+                                        hd_recursive_doubling_us(n, t.S, t.a, t.b, t.g, t.eager));
      }},
     {collective_kind::reduce_scatter, hd_reduce_scatter,
      [](int n, double bytes, const link_model& m) {

@@ -19,7 +19,7 @@ inline constexpr collective_entry ring_collectives[] = {
     {collective_kind::all_reduce, ring_all_reduce,
      [](int n, double bytes, const link_model& m) {
        const cost_terms t(n, bytes, m);
-       return t.rendezvous() + 2 * (t.nn - 1) * t.a + (t.nn - 1) / t.nn * t.S * (2 * t.b + t.g);
+       return t.rendezvous() + 2 * (t.nn - 1) * t.step_alpha(t.S / t.nn) + (t.nn - 1) / t.nn * t.S * (2 * t.b + t.g);
      }},
     {collective_kind::reduce_scatter, ring_reduce_scatter,
      [](int n, double bytes, const link_model& m) {

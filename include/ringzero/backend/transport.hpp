@@ -59,6 +59,10 @@ struct link_model {
   double sync_us = 0.0;              ///< one all-rank synchronisation (direct only)
   double memory_us_per_byte = 1e-4;  ///< per byte of memory traffic on one rank (direct only)
   double cache_us_per_byte = 0.0;    ///< per byte through direct's L1-resident tile (write or read)
+  /// The largest message that travels in one trip (MPI's eager protocol); a larger one first
+  /// waits for its receiver (a rendezvous handshake), which costs one more alpha per step in
+  /// the all_reduce formulas of ring and halving_doubling. 0: no such limit.
+  double eager_bytes = 0.0;
 };
 
 /// The byte-moving interface of one rank. See the file comment.

@@ -187,7 +187,11 @@ class communicator final : public ringzero::detail::backend_communicator {
   /// model's choices fall. When any node runs more processes than it has processors
   /// (`oversubscribed`), every step also waits for the peer to be scheduled: alpha is then the
   /// measured 4 us (4 processes on 2 cores, 2.9-4.3 us in two runs) and the byte rates lower
-  /// (beta 3.3-4.2e-4 us/B). `direct` does not exist over MPI; its terms are unused.
+  /// (beta 3.3-4.2e-4 us/B). Open MPI's shared memory sends a message of up to 4 KiB less its
+  /// header in one trip (btl_vader_eager_limit 4096); a 4096-byte message waits for a handshake:
+  /// one step of 4 KiB took 2.6-2.9 us against 1.3-1.5 us for two steps of 2 KiB (2 processes,
+  /// `ringzero-mpi-compare -b 4K`), hence eager_bytes 4032. `direct` does not exist over MPI;
+  /// its terms are unused.
   static constexpr link_model default_link(bool oversubscribed) noexcept {
     link_model m;
     m.alpha_us = oversubscribed ? 4.0 : 2.0;
@@ -195,6 +199,7 @@ class communicator final : public ringzero::detail::backend_communicator {
     m.gamma_us_per_byte = 1e-4;
     m.sync_us = m.alpha_us;
     m.memory_us_per_byte = m.beta_us_per_byte;
+    m.eager_bytes = 4032;
     return m;
   }
 

@@ -109,6 +109,7 @@ inline void communicator::join(MPI_Comm comm) {
     mine.link[0] = options_.link->alpha_us;
     mine.link[1] = options_.link->beta_us_per_byte;
     mine.link[2] = options_.link->gamma_us_per_byte;
+    mine.link[3] = options_.link->eager_bytes;
   }
   mine.link_gbps = pacer_.gbps();
   mine.malformed_environment = malformed_environment_.empty() ? 0 : 1;
@@ -146,10 +147,10 @@ inline void communicator::join(MPI_Comm comm) {
   agree("the check mode (RINGZERO_CHECK / communicator_options::check)", &detail::hello_record::check, number);
   agree("slice_bytes", &detail::hello_record::slice_bytes, number);
   agree("pipeline_depth", &detail::hello_record::pipeline_depth, number);
-  agree("the link model (communicator_options::link)", &detail::hello_record::link, [](const double(&m)[3]) {
-    if (m[0] == 0 && m[1] == 0 && m[2] == 0) return std::string("the default");
+  agree("the link model (communicator_options::link)", &detail::hello_record::link, [](const double(&m)[4]) {
+    if (m[0] == 0 && m[1] == 0 && m[2] == 0 && m[3] == 0) return std::string("the default");
     return "alpha " + std::to_string(m[0]) + " us, beta " + std::to_string(m[1]) + " us/B, gamma " +
-           std::to_string(m[2]) + " us/B";
+           std::to_string(m[2]) + " us/B, eager " + std::to_string(m[3]) + " B";
   });
   agree("the paced link (communicator_options::link_gbps / RINGZERO_LINK_GBPS)", &detail::hello_record::link_gbps,
         [](double g) {

@@ -89,10 +89,10 @@ struct hello_record {
   std::uint64_t slice_bytes = 0;
   std::int32_t pipeline_depth = 0;
   std::int32_t forced_algorithm = 0;
-  std::int32_t oversubscribed = 0;          ///< this rank's node runs more processes than processors
-  std::int32_t wire_format = 0;             ///< ringzero::detail::wire_format_version of the rank's build
-  double link[3] = {0, 0, 0};               ///< alpha, beta, gamma of the link model (as given; 0: default)
-  double link_gbps = 0;                     ///< the paced link's Gb/s (communicator_options::link_gbps; 0: none)
+  std::int32_t oversubscribed = 0;  ///< this rank's node runs more processes than processors
+  std::int32_t wire_format = 0;     ///< ringzero::detail::wire_format_version of the rank's build
+  double link[4] = {0, 0, 0, 0};    ///< alpha, beta, gamma, eager bytes of the link model (as given; 0: default)
+  double link_gbps = 0;             ///< the paced link's Gb/s (communicator_options::link_gbps; 0: none)
   std::uint32_t malformed_environment = 0;  ///< 1: a RINGZERO_* variable was refused on this rank
   std::uint32_t reserved = 0;
 };
