@@ -223,8 +223,11 @@ void measure_link(rz::mpi::communicator& comm, int reps) {
              1e-3 / beta);
   fmt::print("  float32 combine, {:>6} B : {:>10.2f} us   -> gamma = {:.3e} us/B ({:.2f} GB/s)\n", combined, combine,
              gamma, 1e-3 / gamma);
-  fmt::print("  link_model: alpha_us = {:.3g}, beta_us_per_byte = {:.4g}, gamma_us_per_byte = {:.4g}\n", alpha, beta,
-             gamma);
+  fmt::print(
+      "  link_model: alpha_us = {:.3g}, beta_us_per_byte = {:.4g}, gamma_us_per_byte = {:.4g}, eager_bytes = your "
+      "MPI's "
+      "eager limit on this network (not measured here; {:.0f} B in the default, Open MPI's shared memory)\n",
+      alpha, beta, gamma, rz::mpi::communicator::default_link(false).eager_bytes);
   fmt::print("  check mode: barrier {:.2f} -> {:.2f} us ({:+.2f}); 8-byte all_reduce {:.2f} -> {:.2f} us ({:+.2f})\n",
              barrier_plain, barrier_checked, barrier_checked - barrier_plain, reduce_plain, reduce_checked,
              reduce_checked - reduce_plain);

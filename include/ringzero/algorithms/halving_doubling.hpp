@@ -123,7 +123,8 @@ inline void hd_all_gather_blocks(const call& c, void* buffer, const partition& b
 /// (Thakur, Rabenseifner & Gropp 2005): 2 log2(p) steps moving (p-1)/p of the buffer twice,
 /// plus the fold and unfold of the ranks beyond the largest power of two p.
 /// `eager` (link_model::eager_bytes; 0: none): each step whose message is larger pays one more
-/// alpha (the rendezvous handshake); step k of either half moves S / 2^k.
+/// alpha (the rendezvous handshake); step k of either half moves S / 2^k, the fold and unfold
+/// of the ranks beyond p move S.
 constexpr double hd_rabenseifner_us(int n, double bytes, double alpha, double beta, double gamma,
                                     double eager = 0) noexcept {
   const hd_layout layout(n);
@@ -132,20 +133,21 @@ constexpr double hd_rabenseifner_us(int n, double bytes, double alpha, double be
   if (eager > 0)
     for (int k = 1; k <= layout.steps(); ++k)
       handshakes += S / static_cast<double>(std::uint64_t{1} << k) > eager ? 2 : 0;
+  const double fold_alpha = eager > 0 && S > eager ? 2 * alpha : alpha;  // the fold and unfold move S
   return (2 * layout.steps() + handshakes) * alpha + (p - 1) / p * S * (2 * beta + gamma) +
-         (layout.rem > 0 ? 2 * alpha + 2 * S * beta + S * gamma : 0.0);
+         (layout.rem > 0 ? 2 * fold_alpha + 2 * S * beta + S * gamma : 0.0);
 }
 
 /// The estimate (us) of the recursive-doubling all_reduce (same paper, short messages):
 /// log2(p) steps, each exchanging and combining the whole buffer, plus the same fold and unfold.
-/// `eager` as above: every step moves S.
+/// `eager` as above: every step moves S, as do the fold and unfold.
 constexpr double hd_recursive_doubling_us(int n, double bytes, double alpha, double beta, double gamma,
                                           double eager = 0) noexcept {
   const hd_layout layout(n);
   const double S = bytes;
   const double step_alpha = eager > 0 && S > eager ? 2 * alpha : alpha;
   return layout.steps() * (step_alpha + S * (beta + gamma)) +
-         (layout.rem > 0 ? 2 * alpha + 2 * S * beta + S * gamma : 0.0);
+         (layout.rem > 0 ? 2 * step_alpha + 2 * S * beta + S * gamma : 0.0);
 }
 
 /// True when halving_doubling runs an all_reduce of `bytes` on `n` ranks as recursive doubling

@@ -77,7 +77,7 @@ TEST_CASE("wire_record: encode then decode keeps every field the contract compar
   d.invalid = "send buffer is null";
   d.invalid_code = errc::unsupported;
   const wire_record w = detail::encode(d, 0xabcdef);
-  CHECK(w.layout == 0x525A0005u);
+  CHECK(w.layout == 0x525A0006u);
   CHECK(w.instance == 0xabcdefu);
   CHECK(w.wire_bytes() == offsetof(wire_record, reason) + d.invalid.size());
   const collective_descriptor e = detail::decode(w);
@@ -165,7 +165,7 @@ TEST_CASE("contract exchange: a record of another build is refused by name") {
     REQUIRE(v);
     CHECK(v->code == errc::contract_mismatch);
     CHECK(v->message ==
-          "rank 1 writes contract records of layout 0x525A0003 (this rank: 0x525A0005): the ranks run "
+          "rank 1 writes contract records of layout 0x525A0003 (this rank: 0x525A0006): the ranks run "
           "different ringzero builds; rebuild every rank from one version");
   }
 }

@@ -149,8 +149,12 @@ inline void communicator::join(MPI_Comm comm) {
   agree("pipeline_depth", &detail::hello_record::pipeline_depth, number);
   agree("the link model (communicator_options::link)", &detail::hello_record::link, [](const double(&m)[4]) {
     if (m[0] == 0 && m[1] == 0 && m[2] == 0 && m[3] == 0) return std::string("the default");
-    return "alpha " + std::to_string(m[0]) + " us, beta " + std::to_string(m[1]) + " us/B, gamma " +
-           std::to_string(m[2]) + " us/B, eager " + std::to_string(m[3]) + " B";
+    auto exact = [](double v) {  // the shortest decimal that reads back as v: values one bit apart differ
+      char text[32];
+      return std::string(text, std::to_chars(text, text + sizeof text, v).ptr);
+    };
+    return "alpha " + exact(m[0]) + " us, beta " + exact(m[1]) + " us/B, gamma " + exact(m[2]) + " us/B, eager " +
+           exact(m[3]) + " B";
   });
   agree("the paced link (communicator_options::link_gbps / RINGZERO_LINK_GBPS)", &detail::hello_record::link_gbps,
         [](double g) {

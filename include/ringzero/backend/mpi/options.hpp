@@ -69,7 +69,9 @@ struct communicator_options {
   int expected_world_size = 0;
   /// Cost parameters for the algorithm choice (collective/selection.hpp). Unset: the values
   /// measured on shared memory (mpi::communicator::default_link). Across machines, measure
-  /// yours with `ringzero-mpi-compare --link` and pass them here; every rank must pass the
+  /// yours with `ringzero-mpi-compare --link` and pass them here, with `eager_bytes` set to your
+  /// MPI's eager limit on that network (e.g. Open MPI's btl_tcp_eager_limit, ompi_info --all;
+  /// 0 if unknown); every rank must pass the
   /// same values, or ranks would pick different algorithms (checked when the communicator is
   /// made).
   std::optional<link_model> link;

@@ -22,8 +22,9 @@ namespace ringzero::detail {
 
 /// The version of `wire_record` this build writes, raised whenever a field is added, moved or
 /// reinterpreted (MPI's hello compares it when a communicator is made; every record carries it
-/// in `layout`). 5: one record for MPI and NCCL (MPI's were 2-4, NCCL's "RZ" 2-3).
-inline constexpr std::uint32_t wire_format_version = 5;
+/// in `layout`). 5: one record for MPI and NCCL (MPI's were 2-4, NCCL's "RZ" 2-3). 6: MPI's
+/// hello carries the link model's eager limit (mpi::detail::hello_record::link[3]).
+inline constexpr std::uint32_t wire_format_version = 6;
 /// "RZ" and the version: the `layout` word of every record this build writes.
 inline constexpr std::uint32_t wire_layout = 0x525A0000u | wire_format_version;
 
@@ -94,7 +95,7 @@ inline collective_descriptor decode(const wire_record& w) {
   return d;
 }
 
-/// "0x525A0005" for a layout word.
+/// "0x525A0006" for a layout word.
 inline std::string layout_text(std::uint32_t layout) {
   char text[16];
   std::snprintf(text, sizeof text, "0x%08X", static_cast<unsigned>(layout));
