@@ -29,7 +29,6 @@
 // each percentage names the baseline it divides by.
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -123,10 +122,7 @@ bool baseline_read_direct(const fs::path& path, unsigned char* dst, std::uint64_
 double map_fresh_memory(std::uint64_t bytes) {
   const auto t0 = clock_type::now();
   rz::zero::detail::host_buffer b = rz::zero::detail::host_buffer::untouched(bytes);
-#if defined(MADV_POPULATE_WRITE)
-  if (b.bytes() >= rz::zero::detail::host_buffer::huge_bytes)
-    (void)::madvise(b.data(), static_cast<std::size_t>(b.bytes() / 4096 * 4096), MADV_POPULATE_WRITE);
-#endif
+  ck::detail::page_populator({{b.data(), b.bytes()}}).finish();  // as the load's helper maps it
   return seconds_since(t0);
 }
 

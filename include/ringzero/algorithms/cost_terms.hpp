@@ -32,7 +32,7 @@ struct cost_terms {
     rem = layout.rem > 0;
   }
   /// The alpha of one step moving `message` bytes: one more past the eager limit (a rendezvous).
-  double step_alpha(double message) const noexcept { return eager > 0 && message > eager ? 2 * a : a; }
+  double step_alpha(double message) const noexcept { return past_eager_limit(eager, message) ? 2 * a : a; }
   /// begin + end, paid by every algorithm.
   double rendezvous() const noexcept { return 2 * s; }
   /// The own block copied into the output (read + write).

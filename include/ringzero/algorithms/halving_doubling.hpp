@@ -130,10 +130,9 @@ constexpr double hd_rabenseifner_us(int n, double bytes, double alpha, double be
   const hd_layout layout(n);
   const double p = layout.p, S = bytes;
   double handshakes = 0;
-  if (eager > 0)
-    for (int k = 1; k <= layout.steps(); ++k)
-      handshakes += S / static_cast<double>(std::uint64_t{1} << k) > eager ? 2 : 0;
-  const double fold_alpha = eager > 0 && S > eager ? 2 * alpha : alpha;  // the fold and unfold move S
+  for (int k = 1; k <= layout.steps(); ++k)
+    handshakes += past_eager_limit(eager, S / static_cast<double>(std::uint64_t{1} << k)) ? 2 : 0;
+  const double fold_alpha = past_eager_limit(eager, S) ? 2 * alpha : alpha;  // the fold and unfold move S
   return (2 * layout.steps() + handshakes) * alpha + (p - 1) / p * S * (2 * beta + gamma) +
          (layout.rem > 0 ? 2 * fold_alpha + 2 * S * beta + S * gamma : 0.0);
 }
@@ -145,7 +144,7 @@ constexpr double hd_recursive_doubling_us(int n, double bytes, double alpha, dou
                                           double eager = 0) noexcept {
   const hd_layout layout(n);
   const double S = bytes;
-  const double step_alpha = eager > 0 && S > eager ? 2 * alpha : alpha;
+  const double step_alpha = past_eager_limit(eager, S) ? 2 * alpha : alpha;
   return layout.steps() * (step_alpha + S * (beta + gamma)) +
          (layout.rem > 0 ? 2 * step_alpha + 2 * S * beta + S * gamma : 0.0);
 }

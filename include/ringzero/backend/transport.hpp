@@ -65,6 +65,12 @@ struct link_model {
   double eager_bytes = 0.0;
 };
 
+/// True when a message of `message` bytes is past the eager limit `eager_bytes`
+/// (link_model::eager_bytes; 0: none), so that its step pays the rendezvous handshake.
+constexpr bool past_eager_limit(double eager_bytes, double message) noexcept {
+  return eager_bytes > 0 && message > eager_bytes;
+}
+
 /// The byte-moving interface of one rank. See the file comment.
 class transport {
  public:

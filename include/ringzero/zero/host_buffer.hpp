@@ -81,7 +81,7 @@ class host_buffer {
     return host_buffer(primitive::memory_buffer::adopt(
         data, static_cast<std::size_t>(bytes), primitive::memory_space::host, -1,
         [](void*, void* d, std::size_t n, primitive::memory_space) noexcept {
-          (void)::munmap(d, (n + (std::size_t{2} << 20) - 1) / (std::size_t{2} << 20) * (std::size_t{2} << 20));
+          (void)::munmap(d, (n + huge_bytes - 1) / huge_bytes * huge_bytes);  // the rounded block
         },
         nullptr, counter));
   }
