@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zero_test_model.hpp"
@@ -130,35 +131,82 @@ TEST_CASE_TEMPLATE("quantize and dequantize: the reference's values, either laun
       }
 }
 
-TEST_CASE("dequantize into the average: own values unquantized, float32 sums in rank order") {
-  const quantized_layout l{quantized_bits::int8, 8, 21, 4};
-  std::vector<float> contributions(4 * 21 * 4);  // 4 ranks x their 4 segments of 21
-  for (std::size_t i = 0; i < contributions.size(); ++i)
-    contributions[i] = static_cast<float>(static_cast<int>(mix(i) % 1001) - 500) / 33.0f;
-  for (std::uint32_t own = 0; own < 4; ++own) {
-    std::vector<unsigned char> recv(l.bytes());
-    for (std::uint32_t r = 0; r < 4; ++r) {  // segment r of recv: rank r's quantized segment `own`
-      std::vector<unsigned char> wire(l.bytes());
-      REQUIRE(kernels::quantize_segments(primitive::kernels::host_launcher{}, l, &contributions[r * 84], dtype::float32,
-                                         wire.data()) == 0);
-      std::memcpy(&recv[r * l.segment_bytes()], &wire[own * l.segment_bytes()], l.segment_bytes());
-    }
-    std::vector<float> mine(contributions.begin() + own * 84 + own * 21,
-                            contributions.begin() + own * 84 + own * 21 + 21);
-    std::vector<float> loops = mine;
-    REQUIRE(kernels::dequantize_segments(primitive::kernels::host_launcher{}, l, recv.data(), mine.data(),
-                                         dtype::float32, true, own, mine.data()) == 0);
-    REQUIRE(kernels::host_dequantize_segments(l, recv.data(), loops.data(), dtype::float32, true, own, loops.data()) ==
-            0);
-    CHECK(std::memcmp(mine.data(), loops.data(), mine.size() * sizeof(float)) == 0);
-    for (std::uint64_t e = 0; e < 21; ++e) {
-      float acc = 0;
-      for (std::uint32_t r = 0; r < 4; ++r) {
-        std::vector<float> seg(contributions.begin() + r * 84 + own * 21,
-                               contributions.begin() + r * 84 + own * 21 + 21);
-        acc += r == own ? seg[e] : q_reference(seg, l.bits, l.block_size)[e];
+TEST_CASE("quantize: the host loops' bytes are the kernels' at the ends of the float range") {
+  // Blocks of 256 (the host loops' lanes and remainder) whose scales are subnormal, tiny, huge or
+  // zero, with negative zeros and values near FLT_MAX: the host loops round by adding 1.5 * 2^23,
+  // exact only while |x / scale| < 2^22, and the kernels divide and round directly.
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  const float big = std::numeric_limits<float>::max();
+  const std::vector<float> magnitudes = {
+      tiny, 2 * tiny, 3 * tiny, 127 * tiny, 200 * tiny, 255 * tiny, 1e-42f, 3e-39f, std::numeric_limits<float>::min(),
+      1.0f, 1e30f,    big};
+  for (quantized_bits bits : {quantized_bits::int8, quantized_bits::int4})
+    for (float amax : magnitudes) {
+      CAPTURE(static_cast<int>(bits));
+      CAPTURE(amax);
+      const quantized_layout l{bits, 256, 256 * 3 + 21, 2};
+      std::vector<float> x(l.count * l.segments);
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const float fraction = static_cast<float>(mix(i + 5) % 1001) / 1000.0f;  // 0 to 1
+        x[i] = (i % 3 == 0 ? -1.0f : 1.0f) * (i % 7 == 0 ? amax : amax * fraction);
       }
-      CHECK(q_same_bits(mine[e], acc / 4.0f));
+      x[3] = -0.0f;
+      for (std::size_t i = 256; i < 512; ++i) x[i] = i % 2 ? 0.0f : -0.0f;  // segment 0, block 1: scale 0
+      std::vector<unsigned char> wire(l.bytes(), 0xAB), wire_loops(l.bytes(), 0xEF);
+      REQUIRE(kernels::quantize_segments(primitive::kernels::host_launcher{}, l, x.data(), dtype::float32,
+                                         wire.data()) == 0);
+      REQUIRE(kernels::host_quantize_segments(l, x.data(), dtype::float32, wire_loops.data()) == 0);
+      CHECK(wire == wire_loops);
+      std::vector<float> out(x.size()), out_loops(x.size());
+      REQUIRE(kernels::dequantize_segments(primitive::kernels::host_launcher{}, l, wire.data(), out.data(),
+                                           dtype::float32) == 0);
+      REQUIRE(kernels::host_dequantize_segments(l, wire.data(), out_loops.data(), dtype::float32, false, 0, nullptr) ==
+              0);
+      CHECK(std::memcmp(out.data(), out_loops.data(), out.size() * sizeof(float)) == 0);
+      const std::vector<float> want = q_reference(std::vector<float>(x.begin(), x.begin() + 256), bits, 256);
+      for (std::size_t i = 0; i < 256; ++i) {
+        CAPTURE(i);
+        CHECK(q_same_bits(out[i], want[i]));
+      }
+    }
+}
+
+TEST_CASE("dequantize into the average: own values unquantized, float32 sums in rank order") {
+  // Blocks of 8 run the host loops' remainders only; blocks of 256 their lanes too.
+  for (const auto& [block, count] : {std::pair<std::uint32_t, std::uint64_t>{8, 21}, {256, 600}}) {
+    CAPTURE(block);
+    const quantized_layout l{quantized_bits::int8, block, count, 4};
+    const std::size_t per_rank = 4 * count;          // each rank's 4 segments
+    std::vector<float> contributions(4 * per_rank);  // 4 ranks
+    for (std::size_t i = 0; i < contributions.size(); ++i)
+      contributions[i] = static_cast<float>(static_cast<int>(mix(i) % 1001) - 500) / 33.0f;
+    for (std::uint32_t own = 0; own < 4; ++own) {
+      std::vector<unsigned char> recv(l.bytes());
+      for (std::uint32_t r = 0; r < 4; ++r) {  // segment r of recv: rank r's quantized segment `own`
+        std::vector<unsigned char> wire(l.bytes());
+        REQUIRE(kernels::quantize_segments(primitive::kernels::host_launcher{}, l, &contributions[r * per_rank],
+                                           dtype::float32, wire.data()) == 0);
+        std::memcpy(&recv[r * l.segment_bytes()], &wire[own * l.segment_bytes()], l.segment_bytes());
+      }
+      const auto segment_of = [&](std::uint32_t r) {
+        const auto first = contributions.begin() + static_cast<std::ptrdiff_t>(r * per_rank + own * count);
+        return std::vector<float>(first, first + static_cast<std::ptrdiff_t>(count));
+      };
+      std::vector<float> mine = segment_of(own);
+      std::vector<float> loops = mine;
+      REQUIRE(kernels::dequantize_segments(primitive::kernels::host_launcher{}, l, recv.data(), mine.data(),
+                                           dtype::float32, true, own, mine.data()) == 0);
+      REQUIRE(kernels::host_dequantize_segments(l, recv.data(), loops.data(), dtype::float32, true, own,
+                                                loops.data()) == 0);
+      CHECK(std::memcmp(mine.data(), loops.data(), mine.size() * sizeof(float)) == 0);
+      for (std::uint64_t e = 0; e < count; ++e) {
+        float acc = 0;
+        for (std::uint32_t r = 0; r < 4; ++r) {
+          const std::vector<float> seg = segment_of(r);
+          acc += r == own ? seg[e] : q_reference(seg, l.bits, l.block_size)[e];
+        }
+        CHECK(q_same_bits(mine[e], acc / 4.0f));
+      }
     }
   }
 }

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "ringzero/core/config.hpp"
@@ -202,15 +203,69 @@ struct dequantize_kernel {
   }
 };
 
-/// `quantize_kernel`'s result by plain loops on the host (what the host stream runs): the same
-/// bytes, with the scale's checks hoisted out of the element loop and round-to-nearest-even by
-/// adding and subtracting 1.5 * 2^23 (exact for |v| < 2^22 under the default rounding mode; the
-/// value is clamped to 128 first).
+/// The host loops below are written for g++'s vectorizer at -O2, whose cost model takes only
+/// loops that need no scalar remainder and, under the default -ftrapping-math, no float
+/// comparison: each runs over a multiple of `host_lanes` values (`host_lanes_of`) and then a
+/// remainder loop; maxima and clamps compare integers. Every result is the kernels' own
+/// operation (IEEE division and multiplication, exact maxima, sums in rank order), so vector and
+/// scalar code give the same bits.
+inline constexpr std::uint64_t host_lanes = 16;
+/// `len` rounded down to a multiple of `host_lanes`.
+constexpr std::uint64_t host_lanes_of(std::uint64_t len) noexcept { return len & ~(host_lanes - 1); }
+
+/// Values `in[0, len)` as float32 into `f`.
+template <class T>
+inline void host_to_float(const T* __restrict in, std::uint64_t len, float* __restrict f) {
+  for (std::uint64_t i = 0; i < len; ++i) f[i] = as_float(in[i]);
+}
+
+/// The largest magnitude of `f[0, len)` (0 for none), NaN when one of them is NaN. Magnitudes
+/// are compared as the integers of their bits, which order non-NaN magnitudes as the floats do
+/// and put every NaN above infinity (0x7f800000).
+inline float host_block_amax(const float* __restrict f, std::uint64_t len) {
+  std::int32_t m[host_lanes] = {};
+  const std::uint64_t n = host_lanes_of(len);
+  for (std::uint64_t i = 0; i < n; i += host_lanes)
+    for (std::uint64_t k = 0; k < host_lanes; ++k) {
+      const std::int32_t a = std::bit_cast<std::int32_t>(f[i + k]) & 0x7fffffff;
+      m[k] = a > m[k] ? a : m[k];
+    }
+  std::int32_t amax = 0;
+  for (std::uint64_t i = n; i < len; ++i) {
+    const std::int32_t a = std::bit_cast<std::int32_t>(f[i]) & 0x7fffffff;
+    amax = a > amax ? a : amax;
+  }
+  for (std::uint64_t k = 0; k < host_lanes; ++k) amax = m[k] > amax ? m[k] : amax;
+  return amax > 0x7f800000 ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(amax);
+}
+
+/// `x / scale` rounded to the nearest integer (ties to even) and clamped to [-most, most], for a
+/// finite positive `scale` = `block_scale(amax, most)` of a block holding `x`. Rounding adds and
+/// subtracts 1.5 * 2^23, exact for |x / scale| < 2^22 under the default rounding mode; here
+/// |x / scale| <= amax / scale <= 1.5 * most (the division that made `scale` errs by at most half
+/// its unit in the last place, at most half of `scale` itself).
+inline std::int32_t host_quantize_one(float x, float scale, std::int32_t most) {
+  constexpr float magic = 12582912.0f;  // 1.5 * 2^23
+  const auto q = static_cast<std::int32_t>((x / scale + magic) - magic);
+  return q > most ? most : (q < -most ? -most : q);
+}
+
+/// `f[0, len)` quantized with `scale` into `q` (one integer per value; see `host_quantize_one`).
+inline void host_quantize_block(const float* __restrict f, std::uint64_t len, float scale, std::int32_t most,
+                                std::int32_t* __restrict q) {
+  const std::uint64_t n = host_lanes_of(len);
+  for (std::uint64_t i = 0; i < n; ++i) q[i] = host_quantize_one(f[i], scale, most);
+  for (std::uint64_t i = n; i < len; ++i) q[i] = host_quantize_one(f[i], scale, most);
+}
+
+/// `quantize_kernel`'s result by host loops (what the host stream runs): the same bytes, with
+/// the scale's checks hoisted out of the element loop.
 template <class T>
 void host_quantize(const T* x, const quantized_layout& l, unsigned char* out) {
   const float most = quantized_max(l.bits);
-  constexpr float magic = 12582912.0f;  // 1.5 * 2^23
-  std::vector<signed char> q(l.block_size);
+  const auto most_int = static_cast<std::int32_t>(most);
+  std::vector<float> converted(std::is_same_v<T, float> ? 0 : l.block_size);
+  std::vector<std::int32_t> q(l.block_size);
   for (std::uint64_t s = 0; s < l.segments; ++s) {
     float* scales = segment_scales(out, l, s);
     unsigned char* values = segment_values(out, l, s);
@@ -218,32 +273,28 @@ void host_quantize(const T* x, const quantized_layout& l, unsigned char* out) {
     for (std::uint64_t j = 0; j < l.blocks(); ++j) {
       const std::uint64_t first = j * l.block_size;
       const std::uint64_t len = l.block_length(j);
-      float amax = 0;
-      bool nan = false;
-      for (std::uint64_t i = 0; i < len; ++i) {
-        const float v = as_float(in[first + i]);
-        const float m = v < 0 ? -v : v;
-        nan |= v != v;
-        amax = m > amax ? m : amax;
-      }
-      const float scale = block_scale(nan ? std::numeric_limits<float>::quiet_NaN() : amax, most);
-      scales[j] = scale;
-      if (!(scale > 0) || scale - scale != 0) {
-        std::fill(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(len), static_cast<signed char>(0));
+      const float* f = nullptr;
+      if constexpr (std::is_same_v<T, float>) {
+        f = in + first;
       } else {
-        for (std::uint64_t i = 0; i < len; ++i) {
-          float v = as_float(in[first + i]) / scale;
-          v = v > 128.0f ? 128.0f : (v < -128.0f ? -128.0f : v);
-          v = (v + magic) - magic;
-          q[i] = static_cast<signed char>(v > most ? most : (v < -most ? -most : v));
-        }
+        host_to_float(in + first, len, converted.data());
+        f = converted.data();
       }
+      const float scale = block_scale(host_block_amax(f, len), most);
+      scales[j] = scale;
+      if (!(scale > 0) || scale - scale != 0)
+        std::fill(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(len), 0);
+      else
+        host_quantize_block(f, len, scale, most_int, q.data());
+      unsigned char* v = values + first / (l.bits == quantized_bits::int4 ? 2 : 1);  // block sizes are even
       if (l.bits == quantized_bits::int8) {
-        std::memcpy(values + first, q.data(), static_cast<std::size_t>(len));
+        const std::uint64_t n = host_lanes_of(len);
+        for (std::uint64_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>(q[i]);
+        for (std::uint64_t i = n; i < len; ++i) v[i] = static_cast<unsigned char>(q[i]);
       } else {
         for (std::uint64_t i = 0; i < len; i += 2) {
-          const int hi = i + 1 < len ? q[i + 1] : 0;
-          values[(first + i) / 2] = static_cast<unsigned char>((q[i] & 0xF) | ((hi & 0xF) << 4));
+          const std::int32_t hi = i + 1 < len ? q[i + 1] : 0;
+          v[i / 2] = static_cast<unsigned char>((q[i] & 0xF) | ((hi & 0xF) << 4));
         }
       }
     }
@@ -252,49 +303,82 @@ void host_quantize(const T* x, const quantized_layout& l, unsigned char* out) {
   }
 }
 
-/// Adds (`add`) or stores block `j` of a segment dequantized, `len` values from `first`, into `acc`.
-inline void host_dequantize_block(const unsigned char* segment, const quantized_layout& l, std::uint64_t j,
-                                  std::uint64_t first, std::uint64_t len, float* acc, bool add) {
-  const float scale = reinterpret_cast<const float*>(segment)[j];
-  const unsigned char* v = segment_values(segment, l, 0);
+/// Block `j` of a segment (`len` values from element `first`) as integers into `q`.
+inline void host_unpack_block(const unsigned char* segment, const quantized_layout& l, std::uint64_t first,
+                              std::uint64_t len, std::int32_t* __restrict q) {
   if (l.bits == quantized_bits::int8) {
-    const auto* q = reinterpret_cast<const signed char*>(v + first);
-    for (std::uint64_t i = 0; i < len; ++i) {
-      const float d = static_cast<float>(q[i]) * scale;
-      acc[i] = add ? acc[i] + d : d;
-    }
-  } else {
-    for (std::uint64_t i = 0; i < len; ++i) {
-      const float d = static_cast<float>(quantized_value(v, l.bits, first + i)) * scale;
-      acc[i] = add ? acc[i] + d : d;
-    }
+    const auto* __restrict v = segment_values(segment, l, 0) + first;
+    const std::uint64_t n = host_lanes_of(len);
+    for (std::uint64_t i = 0; i < n; ++i) q[i] = static_cast<signed char>(v[i]);
+    for (std::uint64_t i = n; i < len; ++i) q[i] = static_cast<signed char>(v[i]);
+    return;
+  }
+  const auto* __restrict v = segment_values(segment, l, 0) + first / 2;  // block sizes are even
+  for (std::uint64_t i = 0; i < len; i += 2) {
+    q[i] = ((v[i / 2] & 0xF) ^ 8) - 8;  // the nibble's two's complement value
+    if (i + 1 < len) q[i + 1] = ((v[i / 2] >> 4) ^ 8) - 8;
   }
 }
 
-/// `dequantize_kernel`'s result by plain loops on the host (as `host_quantize`: the same bytes).
+/// Adds (`add`) or stores block `j` of a segment dequantized, `len` values from `first`, into
+/// `acc`; `q` holds at least `len` integers of scratch.
+inline void host_dequantize_block(const unsigned char* segment, const quantized_layout& l, std::uint64_t j,
+                                  std::uint64_t first, std::uint64_t len, float* __restrict acc, bool add,
+                                  std::int32_t* __restrict q) {
+  const float scale = segment_scales(segment, l, 0)[j];
+  host_unpack_block(segment, l, first, len, q);
+  const std::uint64_t n = host_lanes_of(len);
+  if (add) {
+    for (std::uint64_t i = 0; i < n; ++i) acc[i] += static_cast<float>(q[i]) * scale;
+    for (std::uint64_t i = n; i < len; ++i) acc[i] += static_cast<float>(q[i]) * scale;
+  } else {
+    for (std::uint64_t i = 0; i < n; ++i) acc[i] = static_cast<float>(q[i]) * scale;
+    for (std::uint64_t i = n; i < len; ++i) acc[i] = static_cast<float>(q[i]) * scale;
+  }
+}
+
+/// `acc[0, len)` stored into `y` as T, each divided by `divisor` first unless it is 1.
+template <class T>
+inline void host_store_block(const float* __restrict acc, std::uint64_t len, float divisor, T* __restrict y) {
+  const std::uint64_t n = host_lanes_of(len);
+  if (divisor == 1) {
+    for (std::uint64_t i = 0; i < n; ++i) y[i] = pk::arithmetic_result<T>(acc[i]);
+    for (std::uint64_t i = n; i < len; ++i) y[i] = pk::arithmetic_result<T>(acc[i]);
+    return;
+  }
+  for (std::uint64_t i = 0; i < n; ++i) y[i] = pk::arithmetic_result<T>(acc[i] / divisor);
+  for (std::uint64_t i = n; i < len; ++i) y[i] = pk::arithmetic_result<T>(acc[i] / divisor);
+}
+
+/// `dequantize_kernel`'s result by host loops (as `host_quantize`: the same bytes).
 template <class T>
 void host_dequantize(const unsigned char* in, const quantized_layout& l, T* y, bool average, std::uint32_t own,
                      const T* own_values) {
-  std::vector<float> acc(l.block_size);
+  std::vector<float> acc(l.block_size), own_f(average ? l.block_size : 0);
+  std::vector<std::int32_t> q(l.block_size);
   for (std::uint64_t s = 0; s < (average ? 1 : l.segments); ++s)
     for (std::uint64_t j = 0; j < l.blocks(); ++j) {
       const std::uint64_t first = j * l.block_size;
       const std::uint64_t len = l.block_length(j);
       if (!average) {
-        host_dequantize_block(in + s * l.segment_bytes(), l, j, first, len, acc.data(), false);
-        for (std::uint64_t i = 0; i < len; ++i) y[s * l.count + first + i] = pk::arithmetic_result<T>(acc[i]);
+        host_dequantize_block(in + s * l.segment_bytes(), l, j, first, len, acc.data(), false, q.data());
+        host_store_block(acc.data(), len, 1.0f, y + s * l.count + first);
         continue;
       }
       std::fill(acc.begin(), acc.begin() + static_cast<std::ptrdiff_t>(len), 0.0f);
       for (std::uint32_t r = 0; r < l.segments; ++r) {
         if (r != own) {
-          host_dequantize_block(in + r * l.segment_bytes(), l, j, first, len, acc.data(), true);
+          host_dequantize_block(in + r * l.segment_bytes(), l, j, first, len, acc.data(), true, q.data());
           continue;
         }
-        for (std::uint64_t i = 0; i < len; ++i) acc[i] += as_float(own_values[first + i]);
+        host_to_float(own_values + first, len, own_f.data());
+        const float* __restrict o = own_f.data();
+        float* __restrict a = acc.data();
+        const std::uint64_t n = host_lanes_of(len);
+        for (std::uint64_t i = 0; i < n; ++i) a[i] += o[i];
+        for (std::uint64_t i = n; i < len; ++i) a[i] += o[i];
       }
-      const float n = static_cast<float>(l.segments);
-      for (std::uint64_t i = 0; i < len; ++i) y[first + i] = pk::arithmetic_result<T>(acc[i] / n);
+      host_store_block(acc.data(), len, static_cast<float>(l.segments), y + first);
     }
 }
 
