@@ -137,9 +137,9 @@ TEST_CASE("quantize: the host loops' bytes are the kernels' at the ends of the f
   // exact only while |x / scale| < 2^22, and the kernels divide and round directly.
   const float tiny = std::numeric_limits<float>::denorm_min();
   const float big = std::numeric_limits<float>::max();
-  const std::vector<float> magnitudes = {
-      tiny, 2 * tiny, 3 * tiny, 127 * tiny, 200 * tiny, 255 * tiny, 1e-42f, 3e-39f, std::numeric_limits<float>::min(),
-      1.0f, 1e30f,    big};
+  const std::vector<float> magnitudes = {tiny,       2 * tiny,   3 * tiny, 10 * tiny, 127 * tiny,
+                                         200 * tiny, 255 * tiny, 1e-42f,   3e-39f,    std::numeric_limits<float>::min(),
+                                         1.0f,       1e30f,      big};
   for (quantized_bits bits : {quantized_bits::int8, quantized_bits::int4})
     for (float amax : magnitudes) {
       CAPTURE(static_cast<int>(bits));
@@ -173,42 +173,44 @@ TEST_CASE("quantize: the host loops' bytes are the kernels' at the ends of the f
 
 TEST_CASE("dequantize into the average: own values unquantized, float32 sums in rank order") {
   // Blocks of 8 run the host loops' remainders only; blocks of 256 their lanes too.
-  for (const auto& [block, count] : {std::pair<std::uint32_t, std::uint64_t>{8, 21}, {256, 600}}) {
-    CAPTURE(block);
-    const quantized_layout l{quantized_bits::int8, block, count, 4};
-    const std::size_t per_rank = 4 * count;          // each rank's 4 segments
-    std::vector<float> contributions(4 * per_rank);  // 4 ranks
-    for (std::size_t i = 0; i < contributions.size(); ++i)
-      contributions[i] = static_cast<float>(static_cast<int>(mix(i) % 1001) - 500) / 33.0f;
-    for (std::uint32_t own = 0; own < 4; ++own) {
-      std::vector<unsigned char> recv(l.bytes());
-      for (std::uint32_t r = 0; r < 4; ++r) {  // segment r of recv: rank r's quantized segment `own`
-        std::vector<unsigned char> wire(l.bytes());
-        REQUIRE(kernels::quantize_segments(primitive::kernels::host_launcher{}, l, &contributions[r * per_rank],
-                                           dtype::float32, wire.data()) == 0);
-        std::memcpy(&recv[r * l.segment_bytes()], &wire[own * l.segment_bytes()], l.segment_bytes());
-      }
-      const auto segment_of = [&](std::uint32_t r) {
-        const auto first = contributions.begin() + static_cast<std::ptrdiff_t>(r * per_rank + own * count);
-        return std::vector<float>(first, first + static_cast<std::ptrdiff_t>(count));
-      };
-      std::vector<float> mine = segment_of(own);
-      std::vector<float> loops = mine;
-      REQUIRE(kernels::dequantize_segments(primitive::kernels::host_launcher{}, l, recv.data(), mine.data(),
-                                           dtype::float32, true, own, mine.data()) == 0);
-      REQUIRE(kernels::host_dequantize_segments(l, recv.data(), loops.data(), dtype::float32, true, own,
-                                                loops.data()) == 0);
-      CHECK(std::memcmp(mine.data(), loops.data(), mine.size() * sizeof(float)) == 0);
-      for (std::uint64_t e = 0; e < count; ++e) {
-        float acc = 0;
-        for (std::uint32_t r = 0; r < 4; ++r) {
-          const std::vector<float> seg = segment_of(r);
-          acc += r == own ? seg[e] : q_reference(seg, l.bits, l.block_size)[e];
+  for (const quantized_bits bits : {quantized_bits::int8, quantized_bits::int4})
+    for (const auto& [block, count] : {std::pair<std::uint32_t, std::uint64_t>{8, 21}, {256, 600}}) {
+      CAPTURE(block);
+      CAPTURE(static_cast<int>(bits));
+      const quantized_layout l{bits, block, count, 4};
+      const std::size_t per_rank = 4 * count;          // each rank's 4 segments
+      std::vector<float> contributions(4 * per_rank);  // 4 ranks
+      for (std::size_t i = 0; i < contributions.size(); ++i)
+        contributions[i] = static_cast<float>(static_cast<int>(mix(i) % 1001) - 500) / 33.0f;
+      for (std::uint32_t own = 0; own < 4; ++own) {
+        std::vector<unsigned char> recv(l.bytes());
+        for (std::uint32_t r = 0; r < 4; ++r) {  // segment r of recv: rank r's quantized segment `own`
+          std::vector<unsigned char> wire(l.bytes());
+          REQUIRE(kernels::quantize_segments(primitive::kernels::host_launcher{}, l, &contributions[r * per_rank],
+                                             dtype::float32, wire.data()) == 0);
+          std::memcpy(&recv[r * l.segment_bytes()], &wire[own * l.segment_bytes()], l.segment_bytes());
         }
-        CHECK(q_same_bits(mine[e], acc / 4.0f));
+        const auto segment_of = [&](std::uint32_t r) {
+          const auto first = contributions.begin() + static_cast<std::ptrdiff_t>(r * per_rank + own * count);
+          return std::vector<float>(first, first + static_cast<std::ptrdiff_t>(count));
+        };
+        std::vector<float> mine = segment_of(own);
+        std::vector<float> loops = mine;
+        REQUIRE(kernels::dequantize_segments(primitive::kernels::host_launcher{}, l, recv.data(), mine.data(),
+                                             dtype::float32, true, own, mine.data()) == 0);
+        REQUIRE(kernels::host_dequantize_segments(l, recv.data(), loops.data(), dtype::float32, true, own,
+                                                  loops.data()) == 0);
+        CHECK(std::memcmp(mine.data(), loops.data(), mine.size() * sizeof(float)) == 0);
+        for (std::uint64_t e = 0; e < count; ++e) {
+          float acc = 0;
+          for (std::uint32_t r = 0; r < 4; ++r) {
+            const std::vector<float> seg = segment_of(r);
+            acc += r == own ? seg[e] : q_reference(seg, l.bits, l.block_size)[e];
+          }
+          CHECK(q_same_bits(mine[e], acc / 4.0f));
+        }
       }
     }
-  }
 }
 
 TEST_CASE("quantization kernels refuse what they cannot do") {

@@ -321,20 +321,26 @@ inline void host_unpack_block(const unsigned char* segment, const quantized_layo
 }
 
 /// Adds (`add`) or stores block `j` of a segment dequantized, `len` values from `first`, into
-/// `acc`; `q` holds at least `len` integers of scratch.
+/// `acc`; `q` and `d` hold at least `len` values of scratch. The products go through memory
+/// (`d`) before they are added, in a loop of their own: a compiler that contracts a
+/// multiplication and an addition into one fused multiply-add (g++'s default -ffp-contract=fast
+/// on targets with FMA: aarch64, x86 with -mfma or -march=native) then finds none to contract,
+/// and the sum stays the kernels' two roundings.
 inline void host_dequantize_block(const unsigned char* segment, const quantized_layout& l, std::uint64_t j,
                                   std::uint64_t first, std::uint64_t len, float* __restrict acc, bool add,
-                                  std::int32_t* __restrict q) {
+                                  std::int32_t* __restrict q, float* __restrict d) {
   const float scale = segment_scales(segment, l, 0)[j];
   host_unpack_block(segment, l, first, len, q);
   const std::uint64_t n = host_lanes_of(len);
-  if (add) {
-    for (std::uint64_t i = 0; i < n; ++i) acc[i] += static_cast<float>(q[i]) * scale;
-    for (std::uint64_t i = n; i < len; ++i) acc[i] += static_cast<float>(q[i]) * scale;
-  } else {
+  if (!add) {
     for (std::uint64_t i = 0; i < n; ++i) acc[i] = static_cast<float>(q[i]) * scale;
     for (std::uint64_t i = n; i < len; ++i) acc[i] = static_cast<float>(q[i]) * scale;
+    return;
   }
+  for (std::uint64_t i = 0; i < n; ++i) d[i] = static_cast<float>(q[i]) * scale;
+  for (std::uint64_t i = n; i < len; ++i) d[i] = static_cast<float>(q[i]) * scale;
+  for (std::uint64_t i = 0; i < n; ++i) acc[i] += d[i];
+  for (std::uint64_t i = n; i < len; ++i) acc[i] += d[i];
 }
 
 /// `acc[0, len)` stored into `y` as T, each divided by `divisor` first unless it is 1.
@@ -354,21 +360,21 @@ inline void host_store_block(const float* __restrict acc, std::uint64_t len, flo
 template <class T>
 void host_dequantize(const unsigned char* in, const quantized_layout& l, T* y, bool average, std::uint32_t own,
                      const T* own_values) {
-  std::vector<float> acc(l.block_size), own_f(average ? l.block_size : 0);
+  std::vector<float> acc(l.block_size), own_f(average ? l.block_size : 0), d(average ? l.block_size : 0);
   std::vector<std::int32_t> q(l.block_size);
   for (std::uint64_t s = 0; s < (average ? 1 : l.segments); ++s)
     for (std::uint64_t j = 0; j < l.blocks(); ++j) {
       const std::uint64_t first = j * l.block_size;
       const std::uint64_t len = l.block_length(j);
       if (!average) {
-        host_dequantize_block(in + s * l.segment_bytes(), l, j, first, len, acc.data(), false, q.data());
+        host_dequantize_block(in + s * l.segment_bytes(), l, j, first, len, acc.data(), false, q.data(), nullptr);
         host_store_block(acc.data(), len, 1.0f, y + s * l.count + first);
         continue;
       }
       std::fill(acc.begin(), acc.begin() + static_cast<std::ptrdiff_t>(len), 0.0f);
       for (std::uint32_t r = 0; r < l.segments; ++r) {
         if (r != own) {
-          host_dequantize_block(in + r * l.segment_bytes(), l, j, first, len, acc.data(), true, q.data());
+          host_dequantize_block(in + r * l.segment_bytes(), l, j, first, len, acc.data(), true, q.data(), d.data());
           continue;
         }
         host_to_float(own_values + first, len, own_f.data());
