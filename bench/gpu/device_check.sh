@@ -19,7 +19,9 @@
 #      --compare-ranks 1,2), then --stage 0..3 --offload optimizer (the CPU update ordered against
 #      the CUDA communication stream; skipped with a note in a tree whose example 02 or
 #      ringzero-plan lacks --offload), then --backend nccl --stage 0..3 (one process, a world of
-#      one: NCCL refuses two ranks on one GPU; 1 epoch, the 2-rank runs' step count); step times
+#      one: NCCL refuses two ranks on one GPU; 1 epoch, the 2-rank runs' step count), then on
+#      NCCL stage 3 --precision bfloat16 --offload optimizer with a checkpoint, resumed from it
+#      for a second epoch (docs/gpu.md, "ZeRO on GPUs end to end"); step times
 #      and each rank's memory of the 2-rank runs next to ringzero-plan's numbers for the same
 #      model, plus the GPU memory nvidia-smi saw (python3 makes the table; targets: the runtime's
 #      allocations equal the plan, stage 3 <= 1.2x DDP, offload <= 2x), and at stage 3 the share of
@@ -410,10 +412,12 @@ gpu_peak_stop() {  # prints the peak above the first reading, in MiB, or nothing
 }
 zero_runs=()  # stage<TAB>offload<TAB>json<TAB>exit status<TAB>GPU peak MiB, for the table (the 2-rank runs)
 zero_rc=0     # the last train_zero's exit status
-train_zero() {  # train_zero STAGE OFFLOAD(none|optimizer) [BACKEND(local|nccl)]
-  local stage=$1 offload=$2 backend=${3:-local} label json rc peak summary_line args launch ranks cap
+zero_extra=() # more options for train_zero (its epochs: zero_epochs)
+zero_epochs=""
+train_zero() {  # train_zero STAGE OFFLOAD(none|optimizer) [BACKEND(local|nccl)] [LABEL SUFFIX]
+  local stage=$1 offload=$2 backend=${3:-local} suffix=${4:-} label json rc peak summary_line args launch ranks cap
   label="example 02 stage $stage"
-  args=(--ranks 2 --epochs 2)
+  args=(--ranks 2 --epochs "${zero_epochs:-2}")
   launch=()
   ranks=2
   cap=45
@@ -422,13 +426,15 @@ train_zero() {  # train_zero STAGE OFFLOAD(none|optimizer) [BACKEND(local|nccl)]
     # One process, a world of one (torchrun's variables, so that no stray launcher variable
     # changes it); 1 epoch is the 2-rank runs' step count (half their global batch).
     label="example 02 nccl stage $stage"
-    args=(--backend nccl --epochs 1)
+    args=(--backend nccl --epochs "${zero_epochs:-1}")
     launch=(env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0)
     ranks=1
     cap=30
     json=$build/run/zero_nccl_s${stage}.json  # not zero_s*.json: outside the table
   fi
   if [ "$offload" != none ]; then label="$label offload"; args+=(--offload "$offload"); fi
+  if [ -n "$suffix" ]; then label="$label $suffix"; json=${json%.json}_${suffix// /_}.json; fi
+  args+=(${zero_extra[@]+"${zero_extra[@]}"})
   rm -f "$json"
   gpu_peak_start
   run_limited "$cap" "$train_log" "${launch[@]}" "$bin/zero_fashion_mnist" --device "$train_device" --stage "$stage" \
@@ -450,7 +456,7 @@ train_zero() {  # train_zero STAGE OFFLOAD(none|optimizer) [BACKEND(local|nccl)]
     *) if tail -3 "$train_log" | grep -q "no CUDA device"; then record "$label" skip "no CUDA device"
        else record "$label" fail "status $rc: $(tail -1 "$train_log")"; fi ;;
   esac
-  [ "$backend" = local ] && zero_runs+=("$stage"$'\t'"$offload"$'\t'"$json"$'\t'"$rc"$'\t'"${peak:-}")
+  [ "$backend" = local ] && [ -z "$suffix" ] && zero_runs+=("$stage"$'\t'"$offload"$'\t'"$json"$'\t'"$rc"$'\t'"${peak:-}")
   return 0
 }
 if [ -n "$zero_skip" ]; then
@@ -511,6 +517,28 @@ if [ -z "$zero_skip" ] && has zero_fashion_mnist; then
         break
       fi
     done
+  fi
+fi
+
+# Example 02 end to end as docs/gpu.md runs it ("ZeRO on GPUs end to end"): NCCL from torchrun's
+# variables (a world of one), stage 3, bfloat16 parameters and gradients with float32 master
+# weights, the optimizer offloaded, a checkpoint after the epoch; then the same resumed from it
+# for a second epoch.
+if [ -z "$zero_skip" ] && has zero_fashion_mnist && [ $have_nccl = 1 ] && [ "$train_device" = cuda ]; then
+  if ! grep -qs -- '"--precision"' "$zero_dir/zero_options.hpp"; then
+    record "example 02 bfloat16" skip "example 02 has no --precision option yet"
+  else
+    ckpt_dir=$build/run/ckpt_bfloat16
+    rm -rf "$ckpt_dir"
+    zero_extra=(--precision bfloat16 --optimizer adamw --checkpoint "$ckpt_dir")
+    train_zero 3 optimizer nccl "bfloat16 checkpoint"
+    if [ "$zero_rc" = 0 ]; then
+      zero_extra=(--precision bfloat16 --optimizer adamw --resume "$ckpt_dir")
+      zero_epochs=2
+      train_zero 3 optimizer nccl "bfloat16 resumed"
+    fi
+    zero_extra=()
+    zero_epochs=""
   fi
 fi
 

@@ -19,6 +19,7 @@
 #include "cuda_dataset.hpp"
 #include "cuda_mlp.hpp"
 #include "evaluation.hpp"
+#include "float_copies.hpp"
 #include "idx_dataset.hpp"
 #include "mlp.hpp"
 #include "ringzero/primitive/cuda_stream.hpp"
@@ -32,9 +33,10 @@ namespace ringzero::examples::zero_example {
 class device_compute {
  public:
   /// An MLP of `widths` on `comm`'s CUDA device, the datasets uploaded, for batches of up to
-  /// `max_rows` rows (`eval_rows` in evaluation).
+  /// `max_rows` rows (`eval_rows` in evaluation); with `bfloat16`, the float32 copies its layers
+  /// compute on, in device memory, converted by kernels on the compute stream (float_copies.hpp).
   device_compute(communicator& comm, const std::vector<int>& widths, const fashion_mnist& data, int max_rows,
-                 int eval_rows)
+                 int eval_rows, bool bfloat16)
       : data_(data),
         stream_(comm.cuda_device()),
         execution_(stream_),
@@ -53,6 +55,12 @@ class device_compute {
     std::vector<std::uint32_t> iota(data.test.count);
     std::iota(iota.begin(), iota.end(), std::uint32_t{0});
     test_indices_.upload(iota, stream_.get());
+    if (bfloat16) {
+      copies_.stride = largest_tensor(shape_);
+      copy_memory_ = device_array<float>(4 * copies_.stride);
+      copies_.base = copy_memory_.get();
+      copies_.stream = &execution_;
+    }
   }
 
   cuda_mlp& net() noexcept { return net_; }
@@ -62,6 +70,8 @@ class device_compute {
   /// No stream to wait for before a layer: the kernels are enqueued behind the runtime's event waits.
   zero::execution_stream* layer_stream() noexcept { return nullptr; }
   static constexpr bool heap_holds_state = false;
+  /// The float32 copies of a bfloat16 runtime (null with float32).
+  const float_copies* copies() const noexcept { return copies_.base != nullptr ? &copies_ : nullptr; }
 
   void begin_epoch(std::span<const std::uint32_t> shard) {
     shard_host_.assign(shard.begin(), shard.end());
@@ -147,6 +157,8 @@ class device_compute {
   device_array<std::uint32_t> test_indices_;
   std::vector<std::uint32_t> shard_host_;
   std::uint64_t rows_ = 0;  // training rows this epoch (this rank)
+  device_array<float> copy_memory_;
+  float_copies copies_;
 };
 
 }  // namespace ringzero::examples::zero_example

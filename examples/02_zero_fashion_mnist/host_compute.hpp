@@ -13,6 +13,7 @@
 #include <fmt/core.h>
 
 #include "evaluation.hpp"
+#include "float_copies.hpp"
 #include "idx_dataset.hpp"
 #include "mlp.hpp"
 #include "ringzero/ringzero.hpp"
@@ -23,12 +24,18 @@ namespace ringzero::examples::zero_example {
 /// See the file comment.
 class host_compute {
  public:
-  /// An MLP of `widths` on `data`, for batches of up to `max_rows` rows (`eval_rows` in evaluation).
-  host_compute(const std::vector<int>& widths, const fashion_mnist& data, int max_rows, int eval_rows)
+  /// An MLP of `widths` on `data`, for batches of up to `max_rows` rows (`eval_rows` in
+  /// evaluation); with `bfloat16`, the float32 copies its layers compute on (float_copies.hpp).
+  host_compute(const std::vector<int>& widths, const fashion_mnist& data, int max_rows, int eval_rows, bool bfloat16)
       : data_(data), net_(widths, external_storage), eval_rows_(eval_rows) {
     net_.reserve(max_rows);
     x_.resize(static_cast<std::size_t>(max_rows) * data.train.features);
     y_.resize(static_cast<std::size_t>(max_rows));
+    if (bfloat16) {
+      copies_.stride = largest_tensor(net_);
+      copy_memory_.resize(4 * copies_.stride);
+      copies_.base = copy_memory_.data();
+    }
   }
 
   /// The model (its layout names the tensors; its storage is the runtime's).
@@ -41,6 +48,8 @@ class host_compute {
   zero::execution_stream* layer_stream() noexcept { return nullptr; }
   /// Whether the process heap measures the runtime's memory (it does on the host).
   static constexpr bool heap_holds_state = true;
+  /// The float32 copies of a bfloat16 runtime (null with float32), converted on the calling thread.
+  const float_copies* copies() const noexcept { return copies_.base != nullptr ? &copies_ : nullptr; }
 
   /// Starts an epoch over `shard` (this rank's sample indices).
   void begin_epoch(std::span<const std::uint32_t> shard) {
@@ -79,9 +88,15 @@ class host_compute {
     return examples::evaluate(comm, net_, data_.test, x_.data(), y_.data(), eval_rows_, hooks);
   }
 
+ protected:
+  /// The copies are converted on `s` (--device sim: the compute stream) instead.
+  void convert_on(primitive::stream* s) noexcept { copies_.stream = s; }
+
  private:
   const fashion_mnist& data_;
   mlp net_;
+  std::vector<float> copy_memory_;
+  float_copies copies_;
   int eval_rows_;
   std::vector<float> x_;
   std::vector<std::uint8_t> y_;

@@ -22,9 +22,12 @@ namespace ringzero::examples::zero_example {
 /// See the file comment.
 class sim_compute : public host_compute {
  public:
-  /// As host_compute, with a compute stream of its own for the runtime's device path.
-  sim_compute(const std::vector<int>& widths, const fashion_mnist& data, int max_rows, int eval_rows)
-      : host_compute(widths, data, max_rows, eval_rows), execution_(stream_), context_{&execution_, {}} {}
+  /// As host_compute, with a compute stream of its own for the runtime's device path (which
+  /// also converts the float32 copies of a bfloat16 runtime, in order with the runtime's work).
+  sim_compute(const std::vector<int>& widths, const fashion_mnist& data, int max_rows, int eval_rows, bool bfloat16)
+      : host_compute(widths, data, max_rows, eval_rows, bfloat16), execution_(stream_), context_{&execution_, {}} {
+    convert_on(&execution_);
+  }
 
   /// The compute stream the runtime keeps its state and orders its work against.
   zero::device_context* device_context() noexcept { return &context_; }

@@ -61,19 +61,26 @@ namespace {
 /// stream has run what the runtime enqueued on it, and in evaluation (`evaluating`) the
 /// runtime's communication stream is idle after the last layer's forward (the trainer's own
 /// all_reduce comes next on the same communicator). Rank 0 also times the runtime's calls.
+/// With `copies` (--precision bfloat16) the layer computes on float32 copies: its bfloat16
+/// parameters widened into them before it runs, its gradient so far widened before backward and
+/// rounded back into the runtime's bfloat16 gradient after it (zx::float_copies).
 template <class Net>
 class zero_layer_hooks {
  public:
   zero_layer_hooks(zero::sharded_model& model, Net& net, zx::epoch_metrics* timing,
-                   zero::execution_stream* layer_stream = nullptr, bool evaluating = false)
-      : model_(model), net_(net), timing_(timing), layer_stream_(layer_stream), evaluating_(evaluating) {}
+                   zero::execution_stream* layer_stream = nullptr, bool evaluating = false,
+                   const zx::float_copies* copies = nullptr)
+      : model_(model),
+        net_(net),
+        timing_(timing),
+        layer_stream_(layer_stream),
+        evaluating_(evaluating),
+        copies_(copies) {}
 
   void before_forward(int l) {
-    timed(&zx::epoch_metrics::gather_seconds, [&] {
-      model_.pre_forward(unit(l));
-      if (layer_stream_ != nullptr) layer_stream_->synchronize();
-    });
+    timed(&zx::epoch_metrics::gather_seconds, [&] { model_.pre_forward(unit(l)); });
     bind_parameters(l);
+    timed(&zx::epoch_metrics::gather_seconds, [&] { synchronize_layer_stream(); });
   }
   void after_forward(int l) {
     timed(&zx::epoch_metrics::gather_seconds, [&] {
@@ -85,12 +92,28 @@ class zero_layer_hooks {
     timed(&zx::epoch_metrics::gather_seconds, [&] { model_.pre_backward(unit(l)); });
     bind_parameters(l);
     timed(&zx::epoch_metrics::reduce_seconds, [&] {
-      for (std::size_t i : {weight(l), weight(l) + 1}) net_.bind_gradient(i, model_.gradient<float>(i).data());
-      if (layer_stream_ != nullptr) layer_stream_->synchronize();
+      for (std::size_t i : {weight(l), weight(l) + 1}) {
+        if (copies_ == nullptr) {
+          net_.bind_gradient(i, model_.gradient<float>(i).data());
+          continue;
+        }
+        const std::span<rz::bfloat16> g = model_.gradient<rz::bfloat16>(i);
+        float* copy = copies_->gradient(i);
+        copies_->cast(copy, rz::dtype::float32, g.data(), rz::dtype::bfloat16, g.size());
+        net_.bind_gradient(i, copy);
+      }
+      synchronize_layer_stream();
     });
   }
   void after_backward(int l) {
-    timed(&zx::epoch_metrics::reduce_seconds, [&] { model_.post_backward(unit(l)); });
+    timed(&zx::epoch_metrics::reduce_seconds, [&] {
+      if (copies_ != nullptr)
+        for (std::size_t i : {weight(l), weight(l) + 1}) {
+          const std::span<rz::bfloat16> g = model_.gradient<rz::bfloat16>(i);
+          copies_->cast(g.data(), rz::dtype::bfloat16, copies_->gradient(i), rz::dtype::float32, g.size());
+        }
+      model_.post_backward(unit(l));
+    });
   }
 
   /// Runs `f`, timed into `field` of the record (rank 0 only).
@@ -103,7 +126,21 @@ class zero_layer_hooks {
   static std::size_t unit(int l) { return static_cast<std::size_t>(l); }
   static std::size_t weight(int l) { return static_cast<std::size_t>(2 * l); }
   void bind_parameters(int l) {
-    for (std::size_t i : {weight(l), weight(l) + 1}) net_.bind_parameter(i, model_.parameter<float>(i).data());
+    for (std::size_t i : {weight(l), weight(l) + 1}) {
+      if (copies_ == nullptr) {
+        net_.bind_parameter(i, model_.parameter<float>(i).data());
+        continue;
+      }
+      const std::span<rz::bfloat16> p = model_.parameter<rz::bfloat16>(i);
+      float* copy = copies_->parameter(i);
+      copies_->cast(copy, rz::dtype::float32, p.data(), rz::dtype::bfloat16, p.size());
+      net_.bind_parameter(i, copy);
+    }
+  }
+  /// --device sim: the layer computes on the trainer's thread once the compute stream has run
+  /// what was enqueued on it (the runtime's waits for gathers, buckets zeroed, the copies).
+  void synchronize_layer_stream() {
+    if (layer_stream_ != nullptr) layer_stream_->synchronize();
   }
 
   zero::sharded_model& model_;
@@ -111,6 +148,7 @@ class zero_layer_hooks {
   zx::epoch_metrics* timing_;
   zero::execution_stream* layer_stream_;
   bool evaluating_;
+  const zx::float_copies* copies_;
 };
 
 /// One optimizer step: `micro_steps` micro-batches of `rows` examples from shard row `first_row`
@@ -181,7 +219,8 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
   ex::progress_bar bar(lead && o.progress);
   const float grad_scale = 1.0f / static_cast<float>(o.batch_size * o.accumulate);
   if (first_epoch == o.epochs) {  // nothing to train (--epochs 0, or --resume at --epochs): evaluate only
-    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr, compute.layer_stream(), true);
+    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr, compute.layer_stream(), true,
+                                          compute.copies());
     const ex::evaluation_result ev = compute.evaluate(comm, eval_hooks);
     if (lead) result.evaluation = ev;
     if (lead) zx::print_evaluation_only(first_epoch, o.epochs, ev);
@@ -189,7 +228,8 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
   ex::replica_checks checks{o.check_replicas};
   for (int epoch = first_epoch; epoch < o.epochs; ++epoch) {
     zx::epoch_metrics m;
-    zero_layer_hooks<net_type> hooks(model, compute.net(), lead ? &m : nullptr, compute.layer_stream());
+    zero_layer_hooks<net_type> hooks(model, compute.net(), lead ? &m : nullptr, compute.layer_stream(), false,
+                                     compute.copies());
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     compute.begin_epoch(sampler.indices());
     std::vector<double> step_times;
@@ -223,7 +263,8 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
     bar.clear();
     m.train_loss = compute.epoch_loss(comm);
     const auto e0 = zx::clock_type::now();
-    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr, compute.layer_stream(), true);
+    zero_layer_hooks<net_type> eval_hooks(model, compute.net(), nullptr, compute.layer_stream(), true,
+                                          compute.copies());
     const ex::evaluation_result ev = compute.evaluate(comm, eval_hooks);
     m.eval_seconds = zx::seconds_since(e0);
     if (saver) saver->save(model, zx::progress_after(o, epoch + 1, result.global_batch));  // a collective
@@ -250,20 +291,21 @@ zx::run_result train(const zx::options& o, const ex::fashion_mnist& data) {
   zx::run_result result = zx::run_result_of(o, data);
   const int eval_rows = 1000;  // test examples per forward pass
   const int max_rows = std::max(o.batch_size, eval_rows);
+  const bool bfloat16 = o.precision == "bfloat16";
   ex::run_ranks(o.where, [&](rz::communicator& comm) {
     zx::naming_out_of_memory(result.widths, max_rows, [&] {
       if (o.where.device == "cuda") {
 #if RINGZERO_EXAMPLES_HAVE_CUDA
-        zx::device_compute compute(comm, result.widths, data, max_rows, eval_rows);
+        zx::device_compute compute(comm, result.widths, data, max_rows, eval_rows, bfloat16);
         train_rank(comm, o, data.train.count, compute, result);
 #endif
       } else if (o.where.device == "sim") {
         Eigen::setNbThreads(1);
-        zx::sim_compute compute(result.widths, data, max_rows, eval_rows);
+        zx::sim_compute compute(result.widths, data, max_rows, eval_rows, bfloat16);
         train_rank(comm, o, data.train.count, compute, result);
       } else {
         Eigen::setNbThreads(1);  // one compute thread per rank
-        zx::host_compute compute(result.widths, data, max_rows, eval_rows);
+        zx::host_compute compute(result.widths, data, max_rows, eval_rows, bfloat16);
         train_rank(comm, o, data.train.count, compute, result);
       }
     });

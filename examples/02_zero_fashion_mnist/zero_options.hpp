@@ -34,7 +34,8 @@ struct options {
   bool accumulate_unsharded = false;  // --accumulate-unsharded: stages 2-3 reduce once per step
   double lr = -1.0;                   // <0 (not given): the optimizer's default
   std::string optimizer = "sgd";
-  std::string offload = "none";  // --offload: none or optimizer (--device sim or cuda)
+  std::string offload = "none";       // --offload: none or optimizer (--device sim or cuda)
+  std::string precision = "float32";  // --precision: float32 or bfloat16 (parameters and gradients)
   double momentum = 0.9;
   double weight_decay = -1.0;  // <0 (not given): the optimizer's default
   double clip_norm = 0.0;
@@ -87,6 +88,12 @@ inline void add_options(CLI::App& app, options& o) {
                  "on the CPU (ZeRO-Offload); needs --device sim or cuda (the device path: with --device cpu the "
                  "state is in host memory already, and the option is refused)")
       ->check(CLI::IsMember({"none", "optimizer"}));
+  app.add_option("--precision", o.precision,
+                 "float32 (default) or bfloat16: the runtime keeps parameters and gradients in bfloat16 (half the "
+                 "bytes gathered and reduced) and float32 master weights and optimizer states "
+                 "(zero::precision::bfloat16_adam); each layer computes in float32 on a float32 copy of its "
+                 "bfloat16 parameters, and its float32 gradients are rounded into the runtime's bfloat16 ones")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
   app.add_option("--ranks", o.where.ranks, "number of ranks (threads of the local backend)")
       ->check(whole_number())
       ->check(CLI::Range(1, 256))
@@ -244,7 +251,7 @@ inline zero::plan_request plan_request_of(const options& o, const mlp& net, int 
   q.accumulate_unsharded = o.accumulate_unsharded;
   q.prefetch = o.prefetch;
   q.max_inflight_reductions = o.max_inflight;
-  q.precision = zero::precision::float32_adam();
+  q.precision = o.precision == "bfloat16" ? zero::precision::bfloat16_adam() : zero::precision::float32_adam();
   q.precision.optimizer_states = optimizer_options_of(o).state_count();
   q.offload = *zero::parse_offload(o.offload);
   return q;

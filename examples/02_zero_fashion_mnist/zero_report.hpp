@@ -274,6 +274,10 @@ inline void print_header(const options& o, const run_result& r, const zero::shar
       fmt::format("{}", fmt::join(r.widths, "-")), model.plan().parameter_elements(), model.unit_count(), units);
   if (o.where.device != "cpu")
     fmt::print("  device {}: the runtime's device path; offload {}\n", o.where.device, o.offload);
+  if (o.precision == "bfloat16")
+    fmt::print(
+        "  precision bfloat16: parameters and gradients bfloat16, master weights and optimizer states "
+        "float32; layers compute in float32\n");
   std::fflush(stdout);
 }
 
@@ -432,6 +436,7 @@ inline json to_json(const options& o, const run_result& r, const zero::shard_pla
                  {"backend", o.where.backend},
                  {"device", o.where.device},
                  {"offload", o.offload},
+                 {"precision", o.precision},
                  {"epochs", o.epochs},
                  {"per_rank_batch", r.per_rank_batch},
                  {"accumulate", o.accumulate},

@@ -3,12 +3,15 @@
 
 Usage: check_zero_device_sim.py EXAMPLE [EXAMPLE_ARGS...]
 
-For stages 0-3 and two configurations (SGD with momentum; AdamW with 2 micro-batches of
-accumulation and gradient-norm clipping), trains with `--device cpu`, `--device sim` and
+For stages 0-3 and three configurations (SGD with momentum; AdamW with 2 micro-batches of
+accumulation and gradient-norm clipping; --precision bfloat16 with AdamW and 2 micro-batches:
+bfloat16 parameters and gradients, float32 master weights, the layers on float32 copies made on
+the compute stream), trains with `--device cpu`, `--device sim` and
 `--device sim --offload optimizer` on 2 ranks with the same seed, data and batch, and requires
 every epoch's training loss, test loss, test accuracy and gradient norm, the printed final
 parameters' CRC-32 and the final parameters themselves (--save-parameters) to be the same bits,
-and each rank's measured memory to be the plan's. Also: `--offload optimizer` with `--device cpu`
+and each rank's measured memory to be the plan's (for bfloat16 also the plan's parameters at
+2 bytes and master weights at 4 bytes per element held, and a test accuracy of at least 0.6). Also: `--offload optimizer` with `--device cpu`
 is refused (exit 1, naming --device sim), and so is `--device sim` on `--backend mpi`.
 """
 import json
@@ -21,7 +24,8 @@ import tempfile
 RUNS = {"cpu": ["--device", "cpu"], "sim": ["--device", "sim"],
         "sim+offload": ["--device", "sim", "--offload", "optimizer"]}
 CONFIGS = {"sgd": ["--optimizer", "sgd"],
-           "adamw-accumulate": ["--optimizer", "adamw", "--accumulate", "2", "--clip-norm", "0.5"]}
+           "adamw-accumulate": ["--optimizer", "adamw", "--accumulate", "2", "--clip-norm", "0.5"],
+           "bfloat16-adamw": ["--precision", "bfloat16", "--optimizer", "adamw", "--accumulate", "2"]}
 
 
 def run(cmd, bad, what):
@@ -58,6 +62,18 @@ def main() -> int:
                     bad.append(f"{config} stage {stage}: cpu printed crc {cpu_crc}, JSON {cpu['parameter_crc32']}")
                 if not cpu["epochs"] or not cpu_params:
                     bad.append(f"{config} stage {stage}: the cpu run trained nothing")
+                want_precision = "bfloat16" if config.startswith("bfloat16") else "float32"
+                memory, elements = cpu["plan"]["memory"], cpu["plan"]["parameter_elements"]
+                if cpu["config"]["precision"] != want_precision:
+                    bad.append(f"{config} stage {stage}: the JSON says precision {cpu['config']['precision']}")
+                elif want_precision == "bfloat16":
+                    # 2 ranks: stage 3 shards the parameters, stages 1-3 the master weights.
+                    whole = elements + cpu["plan"]["padding_elements"]
+                    held = (whole if stage < 3 else whole // 2, whole if stage == 0 else whole // 2)
+                    if (memory["parameters"], memory["master_weights"]) != (2 * held[0], 4 * held[1]):
+                        bad.append(f"{config} stage {stage}: planned memory {memory}, {whole} elements with padding")
+                    if cpu["epochs"] and cpu["epochs"][-1]["test_accuracy"] < 0.6:
+                        bad.append(f"{config} stage {stage}: test accuracy {cpu['epochs'][-1]['test_accuracy']} < 0.6")
                 for name in ("sim", "sim+offload"):
                     got, params, crc = out[name]
                     if got["config"]["device"] != "sim":

@@ -1,0 +1,48 @@
+#pragma once
+/// @file
+/// Example 02's --precision bfloat16: the runtime keeps parameters and gradients in bfloat16
+/// (zero::precision::bfloat16_adam: float32 master weights and optimizer states), while the MLP
+/// computes in float32. A layer runs on float32 copies: its parameters widened before it runs,
+/// its gradient so far widened before backward and rounded (to nearest even) back into the
+/// runtime's bfloat16 gradient after it. The copies live in the compute's memory (host or
+/// device) and are made on its stream, so the CUDA path converts with kernels on the trainer's
+/// stream and the host paths with the same conversion on the host. Threads: one object per rank.
+#include <algorithm>
+#include <cstddef>
+
+#include "mlp.hpp"
+#include "ringzero/core/dtype.hpp"
+#include "ringzero/primitive/cast.hpp"
+#include "ringzero/primitive/stream.hpp"
+
+namespace ringzero::examples::zero_example {
+
+/// Four float32 buffers of `stride` elements each, from `base` (the compute's memory): a layer's
+/// weight and bias (slots 0 and 1) and their gradients (slots 2 and 3), and who converts.
+struct float_copies {
+  float* base = nullptr;
+  std::size_t stride = 0;
+  /// The compute stream that converts, in order with the layer's work (null: the calling thread).
+  primitive::stream* stream = nullptr;
+
+  /// The copy of tensor `i`'s parameters (the MLP's tensors alternate weight, bias).
+  float* parameter(std::size_t i) const noexcept { return base + (i % 2) * stride; }
+  /// The copy of tensor `i`'s gradient.
+  float* gradient(std::size_t i) const noexcept { return base + (2 + i % 2) * stride; }
+  /// `count` elements of `src` converted into `dst` (primitive::cast_into's rounding), on `stream`.
+  void cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t count) const {
+    if (stream != nullptr)
+      stream->cast(dst, dst_type, src, src_type, count);
+    else
+      primitive::cast_into(dst, dst_type, src, src_type, count);
+  }
+};
+
+/// Elements of `net`'s largest tensor: each copy's size.
+inline std::size_t largest_tensor(const mlp& net) {
+  std::size_t most = 0;
+  for (std::size_t i = 0; i < net.tensor_count(); ++i) most = std::max(most, net.tensor(i).count);
+  return most;
+}
+
+}  // namespace ringzero::examples::zero_example
