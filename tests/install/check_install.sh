@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs ringzero into a scratch directory and builds a small consumer five ways, as a user
 # would: pkg-config, CMake find_package, a Meson subproject, a plain -I, and a plain -I in the
-# separate-compilation mode (docs/compile_time.md). Each consumer runs; a C++17 compile must fail
+# separate-compilation mode (docs/compile_time.md); where nvcc and NCCL are installed, also a GPU
+# program with CMake's CUDA language (tests/install/consumer_cuda, the CMakeLists.txt docs/gpu.md
+# quotes). Each consumer runs; a C++17 compile must fail
 # with the message naming -std=c++20. The consumers compile at -O0: what is checked is that they
 # build and run.
 # Arguments: <meson build dir> <source dir>.
@@ -46,6 +48,18 @@ g++ -std=c++20 -O0 -DRINGZERO_SEPARATE_COMPILATION -I"$inc" -c "$work/ringzero_c
 g++ -std=c++20 -O0 -DRINGZERO_SEPARATE_COMPILATION -I"$inc" "$source/tests/install/consumer/main.cpp" \
   "$work/ringzero_core.o" -pthread -o "$work/consumer_separate"
 "$work/consumer_separate"
+
+if command -v nvcc >/dev/null && [ -n "$(find -H /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu -maxdepth 1 -name 'libnccl.so*' 2>/dev/null)" ]; then
+  echo "--- CMake with CUDA and NCCL: docs/gpu.md's CMakeLists.txt, as written there"
+  python3 - "$source/docs/gpu.md" "$source/tests/install/consumer_cuda/CMakeLists.txt" <<'PY'
+import sys
+doc, cmake = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+sys.exit(0 if "```cmake\n" + cmake + "```" in doc else "docs/gpu.md does not hold tests/install/consumer_cuda/CMakeLists.txt as written")
+PY
+  cmake -S "$source/tests/install/consumer_cuda" -B "$work/cmake_cuda" -DCMAKE_PREFIX_PATH="$root" >/dev/null
+  cmake --build "$work/cmake_cuda" >/dev/null
+  "$work/cmake_cuda/trainer"
+fi
 
 echo "--- C++17 refused at once, saying what to pass"
 if g++ -std=c++17 -fsyntax-only -I"$inc" "$source/tests/install/consumer/main.cpp" 2>"$work/cxx17.err"; then

@@ -14,7 +14,7 @@
 // the first error would otherwise be an unknown `concept` somewhere in core/dtype.hpp.
 #if !defined(__cplusplus) || __cplusplus < 202002L
 #error \
-    "ringzero needs C++20: compile with -std=c++20 (g++, clang++ and nvcc alike; CMake: CMAKE_CXX_STANDARD 20 and CMAKE_CUDA_STANDARD 20; Meson: cpp_std=c++20 and cuda_std=c++20)"
+    "ringzero needs C++20: compile with -std=c++20 (g++, clang++ and nvcc alike; CMake: CMAKE_CXX_STANDARD 20 and CMAKE_CUDA_STANDARD 20, and for nvcc 13 under CMake 3.25 also -std=c++20 in the CUDA compile options, see docs/gpu.md; Meson: cpp_std=c++20 and cuda_std=c++20)"
 #endif
 
 #define RINGZERO_VERSION_MAJOR 0

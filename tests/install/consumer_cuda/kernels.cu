@@ -1,0 +1,1 @@
+#include <ringzero/cuda.cuh>  // ringzero's kernels, registered at start-up
