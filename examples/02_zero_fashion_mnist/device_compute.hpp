@@ -33,10 +33,11 @@ namespace ringzero::examples::zero_example {
 class device_compute {
  public:
   /// An MLP of `widths` on `comm`'s CUDA device, the datasets uploaded, for batches of up to
-  /// `max_rows` rows (`eval_rows` in evaluation); with `bfloat16`, the float32 copies its layers
-  /// compute on, in device memory, converted by kernels on the compute stream (float_copies.hpp).
+  /// `max_rows` rows (`eval_rows` in evaluation), with the float32 copies its layers compute on
+  /// for a bfloat16 runtime, in device memory, converted by kernels on the compute stream
+  /// (float_copies.hpp).
   device_compute(communicator& comm, const std::vector<int>& widths, const fashion_mnist& data, int max_rows,
-                 int eval_rows, bool bfloat16)
+                 int eval_rows, copies_of copies)
       : data_(data),
         stream_(comm.cuda_device()),
         execution_(stream_),
@@ -55,11 +56,12 @@ class device_compute {
     std::vector<std::uint32_t> iota(data.test.count);
     std::iota(iota.begin(), iota.end(), std::uint32_t{0});
     test_indices_.upload(iota, stream_.get());
-    if (bfloat16) {
+    if (copies != copies_of::nothing) {
       copies_.stride = largest_tensor(shape_);
-      copy_memory_ = device_array<float>(4 * copies_.stride);
+      copy_memory_ = device_array<float>(copy_elements(shape_, copies));
       copies_.base = copy_memory_.get();
       copies_.stream = &execution_;
+      copies_.bfloat16_gradients = copies == copies_of::parameters_and_gradients;
     }
   }
 

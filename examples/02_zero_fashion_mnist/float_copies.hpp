@@ -17,6 +17,10 @@
 
 namespace ringzero::examples::zero_example {
 
+/// What a layer needs float32 copies of: nothing (--precision float32), its bfloat16 parameters
+/// (--reduce-dtype float32: float32 gradients), or its bfloat16 parameters and gradients.
+enum class copies_of { nothing, parameters, parameters_and_gradients };
+
 /// Four float32 buffers of `stride` elements each, from `base` (the compute's memory): a layer's
 /// weight and bias (slots 0 and 1) and their gradients (slots 2 and 3), and who converts.
 struct float_copies {
@@ -24,6 +28,9 @@ struct float_copies {
   std::size_t stride = 0;
   /// The compute stream that converts, in order with the layer's work (null: the calling thread).
   primitive::stream* stream = nullptr;
+  /// Whether the runtime's gradients are bfloat16 too (else float32, --reduce-dtype float32:
+  /// the layer adds into them directly and the gradient slots stay unused).
+  bool bfloat16_gradients = true;
 
   /// The copy of tensor `i`'s parameters (the MLP's tensors alternate weight, bias).
   float* parameter(std::size_t i) const noexcept { return base + (i % 2) * stride; }
@@ -43,6 +50,12 @@ inline std::size_t largest_tensor(const mlp& net) {
   std::size_t most = 0;
   for (std::size_t i = 0; i < net.tensor_count(); ++i) most = std::max(most, net.tensor(i).count);
   return most;
+}
+
+/// Float elements of the copies of `what` for `net` (two slots for parameters, four with gradients).
+inline std::size_t copy_elements(const mlp& net, copies_of what) {
+  const std::size_t slots = what == copies_of::nothing ? 0 : what == copies_of::parameters ? 2 : 4;
+  return slots * largest_tensor(net);
 }
 
 }  // namespace ringzero::examples::zero_example

@@ -25,16 +25,18 @@ namespace ringzero::examples::zero_example {
 class host_compute {
  public:
   /// An MLP of `widths` on `data`, for batches of up to `max_rows` rows (`eval_rows` in
-  /// evaluation); with `bfloat16`, the float32 copies its layers compute on (float_copies.hpp).
-  host_compute(const std::vector<int>& widths, const fashion_mnist& data, int max_rows, int eval_rows, bool bfloat16)
+  /// evaluation), with the float32 copies its layers compute on for a bfloat16 runtime
+  /// (float_copies.hpp).
+  host_compute(const std::vector<int>& widths, const fashion_mnist& data, int max_rows, int eval_rows, copies_of copies)
       : data_(data), net_(widths, external_storage), eval_rows_(eval_rows) {
     net_.reserve(max_rows);
     x_.resize(static_cast<std::size_t>(max_rows) * data.train.features);
     y_.resize(static_cast<std::size_t>(max_rows));
-    if (bfloat16) {
+    if (copies != copies_of::nothing) {
       copies_.stride = largest_tensor(net_);
-      copy_memory_.resize(4 * copies_.stride);
+      copy_memory_.resize(copy_elements(net_, copies));
       copies_.base = copy_memory_.data();
+      copies_.bfloat16_gradients = copies == copies_of::parameters_and_gradients;
     }
   }
 

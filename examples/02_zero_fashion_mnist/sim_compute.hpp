@@ -24,8 +24,8 @@ class sim_compute : public host_compute {
  public:
   /// As host_compute, with a compute stream of its own for the runtime's device path (which
   /// also converts the float32 copies of a bfloat16 runtime, in order with the runtime's work).
-  sim_compute(const std::vector<int>& widths, const fashion_mnist& data, int max_rows, int eval_rows, bool bfloat16)
-      : host_compute(widths, data, max_rows, eval_rows, bfloat16), execution_(stream_), context_{&execution_, {}} {
+  sim_compute(const std::vector<int>& widths, const fashion_mnist& data, int max_rows, int eval_rows, copies_of copies)
+      : host_compute(widths, data, max_rows, eval_rows, copies), execution_(stream_), context_{&execution_, {}} {
     convert_on(&execution_);
   }
 

@@ -63,7 +63,8 @@ namespace {
 /// all_reduce comes next on the same communicator). Rank 0 also times the runtime's calls.
 /// With `copies` (--precision bfloat16) the layer computes on float32 copies: its bfloat16
 /// parameters widened into them before it runs, its gradient so far widened before backward and
-/// rounded back into the runtime's bfloat16 gradient after it (zx::float_copies).
+/// rounded back into the runtime's bfloat16 gradient after it (zx::float_copies); with
+/// --reduce-dtype float32 the gradients are float32 and the layer adds into them directly.
 template <class Net>
 class zero_layer_hooks {
  public:
@@ -93,7 +94,7 @@ class zero_layer_hooks {
     bind_parameters(l);
     timed(&zx::epoch_metrics::reduce_seconds, [&] {
       for (std::size_t i : {weight(l), weight(l) + 1}) {
-        if (copies_ == nullptr) {
+        if (copies_ == nullptr || !copies_->bfloat16_gradients) {
           net_.bind_gradient(i, model_.gradient<float>(i).data());
           continue;
         }
@@ -107,7 +108,7 @@ class zero_layer_hooks {
   }
   void after_backward(int l) {
     timed(&zx::epoch_metrics::reduce_seconds, [&] {
-      if (copies_ != nullptr)
+      if (copies_ != nullptr && copies_->bfloat16_gradients)
         for (std::size_t i : {weight(l), weight(l) + 1}) {
           const std::span<rz::bfloat16> g = model_.gradient<rz::bfloat16>(i);
           copies_->cast(g.data(), rz::dtype::bfloat16, copies_->gradient(i), rz::dtype::float32, g.size());
@@ -291,21 +292,23 @@ zx::run_result train(const zx::options& o, const ex::fashion_mnist& data) {
   zx::run_result result = zx::run_result_of(o, data);
   const int eval_rows = 1000;  // test examples per forward pass
   const int max_rows = std::max(o.batch_size, eval_rows);
-  const bool bfloat16 = o.precision == "bfloat16";
+  const zx::copies_of copies = o.precision != "bfloat16"     ? zx::copies_of::nothing
+                               : o.reduce_dtype == "float32" ? zx::copies_of::parameters
+                                                             : zx::copies_of::parameters_and_gradients;
   ex::run_ranks(o.where, [&](rz::communicator& comm) {
     zx::naming_out_of_memory(result.widths, max_rows, [&] {
       if (o.where.device == "cuda") {
 #if RINGZERO_EXAMPLES_HAVE_CUDA
-        zx::device_compute compute(comm, result.widths, data, max_rows, eval_rows, bfloat16);
+        zx::device_compute compute(comm, result.widths, data, max_rows, eval_rows, copies);
         train_rank(comm, o, data.train.count, compute, result);
 #endif
       } else if (o.where.device == "sim") {
         Eigen::setNbThreads(1);
-        zx::sim_compute compute(result.widths, data, max_rows, eval_rows, bfloat16);
+        zx::sim_compute compute(result.widths, data, max_rows, eval_rows, copies);
         train_rank(comm, o, data.train.count, compute, result);
       } else {
         Eigen::setNbThreads(1);  // one compute thread per rank
-        zx::host_compute compute(result.widths, data, max_rows, eval_rows, bfloat16);
+        zx::host_compute compute(result.widths, data, max_rows, eval_rows, copies);
         train_rank(comm, o, data.train.count, compute, result);
       }
     });

@@ -36,6 +36,7 @@ struct options {
   std::string optimizer = "sgd";
   std::string offload = "none";       // --offload: none or optimizer (--device sim or cuda)
   std::string precision = "float32";  // --precision: float32 or bfloat16 (parameters and gradients)
+  std::string reduce_dtype;           // --reduce-dtype: float32 or bfloat16 (empty: the parameters')
   double momentum = 0.9;
   double weight_decay = -1.0;  // <0 (not given): the optimizer's default
   double clip_norm = 0.0;
@@ -93,6 +94,12 @@ inline void add_options(CLI::App& app, options& o) {
                  "bytes gathered and reduced) and float32 master weights and optimizer states "
                  "(zero::precision::bfloat16_adam); each layer computes in float32 on a float32 copy of its "
                  "bfloat16 parameters, and its float32 gradients are rounded into the runtime's bfloat16 ones")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  app.add_option("--reduce-dtype", o.reduce_dtype,
+                 "the element type gradients are kept, reduced and sharded in: float32 or bfloat16 (default: the "
+                 "parameters' type, as FSDP2's reduce_dtype=None). --precision bfloat16 --reduce-dtype float32 is "
+                 "FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): the layers' float32 "
+                 "gradients go into float32 gradient memory unrounded, at twice the reduction's bytes")
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   app.add_option("--ranks", o.where.ranks, "number of ranks (threads of the local backend)")
       ->check(whole_number())
@@ -205,6 +212,10 @@ inline void check_options(const options& o) {
     throw error(errc::invalid_argument, fmt::format("--optimizer {} --lr {} --weight-decay {}{}: {}", o.optimizer,
                                                     opt.lr, opt.weight_decay, momentum, problem));
   }
+  if (o.reduce_dtype == "bfloat16" && o.precision != "bfloat16")
+    throw error(errc::invalid_argument,
+                "--reduce-dtype bfloat16 needs --precision bfloat16: float32 gradients of float32 parameters are "
+                "reduced in float32");
   if (o.offload != "none" && o.where.device == "cpu")
     throw error(errc::invalid_argument,
                 "--offload " + o.offload +
@@ -252,6 +263,7 @@ inline zero::plan_request plan_request_of(const options& o, const mlp& net, int 
   q.prefetch = o.prefetch;
   q.max_inflight_reductions = o.max_inflight;
   q.precision = o.precision == "bfloat16" ? zero::precision::bfloat16_adam() : zero::precision::float32_adam();
+  if (o.reduce_dtype == "float32") q.precision.gradient = dtype::float32;  // FSDP2's reduce_dtype
   q.precision.optimizer_states = optimizer_options_of(o).state_count();
   q.offload = *zero::parse_offload(o.offload);
   return q;

@@ -276,8 +276,9 @@ inline void print_header(const options& o, const run_result& r, const zero::shar
     fmt::print("  device {}: the runtime's device path; offload {}\n", o.where.device, o.offload);
   if (o.precision == "bfloat16")
     fmt::print(
-        "  precision bfloat16: parameters and gradients bfloat16, master weights and optimizer states "
-        "float32; layers compute in float32\n");
+        "  precision bfloat16: parameters bfloat16, gradients {} (reduced in it), master weights and "
+        "optimizer states float32; layers compute in float32\n",
+        o.reduce_dtype.empty() ? "bfloat16" : o.reduce_dtype);
   std::fflush(stdout);
 }
 
@@ -437,6 +438,7 @@ inline json to_json(const options& o, const run_result& r, const zero::shard_pla
                  {"device", o.where.device},
                  {"offload", o.offload},
                  {"precision", o.precision},
+                 {"reduce_dtype", o.reduce_dtype.empty() ? o.precision : o.reduce_dtype},
                  {"epochs", o.epochs},
                  {"per_rank_batch", r.per_rank_batch},
                  {"accumulate", o.accumulate},

@@ -6,12 +6,14 @@ Usage: check_zero_device_sim.py EXAMPLE [EXAMPLE_ARGS...]
 For stages 0-3 and three configurations (SGD with momentum; AdamW with 2 micro-batches of
 accumulation and gradient-norm clipping; --precision bfloat16 with AdamW and 2 micro-batches:
 bfloat16 parameters and gradients, float32 master weights, the layers on float32 copies made on
-the compute stream), trains with `--device cpu`, `--device sim` and
+the compute stream; and --precision bfloat16 --reduce-dtype float32 with SGD: float32 gradients
+of bfloat16 parameters, FSDP2's reduce_dtype), trains with `--device cpu`, `--device sim` and
 `--device sim --offload optimizer` on 2 ranks with the same seed, data and batch, and requires
 every epoch's training loss, test loss, test accuracy and gradient norm, the printed final
 parameters' CRC-32 and the final parameters themselves (--save-parameters) to be the same bits,
 and each rank's measured memory to be the plan's (for bfloat16 also the plan's parameters at
-2 bytes and master weights at 4 bytes per element held, and a test accuracy of at least 0.6). Also: `--offload optimizer` with `--device cpu`
+2 bytes and master weights at 4 bytes per element held, the gradients' type at stages 0-1, where
+every rank holds them whole, and a test accuracy of at least 0.6). Also: `--offload optimizer` with `--device cpu`
 is refused (exit 1, naming --device sim), and so is `--device sim` on `--backend mpi`.
 """
 import json
@@ -25,7 +27,8 @@ RUNS = {"cpu": ["--device", "cpu"], "sim": ["--device", "sim"],
         "sim+offload": ["--device", "sim", "--offload", "optimizer"]}
 CONFIGS = {"sgd": ["--optimizer", "sgd"],
            "adamw-accumulate": ["--optimizer", "adamw", "--accumulate", "2", "--clip-norm", "0.5"],
-           "bfloat16-adamw": ["--precision", "bfloat16", "--optimizer", "adamw", "--accumulate", "2"]}
+           "bfloat16-adamw": ["--precision", "bfloat16", "--optimizer", "adamw", "--accumulate", "2"],
+           "bfloat16-float32-reduce": ["--precision", "bfloat16", "--reduce-dtype", "float32", "--optimizer", "sgd"]}
 
 
 def run(cmd, bad, what):
@@ -72,6 +75,12 @@ def main() -> int:
                     held = (whole if stage < 3 else whole // 2, whole if stage == 0 else whole // 2)
                     if (memory["parameters"], memory["master_weights"]) != (2 * held[0], 4 * held[1]):
                         bad.append(f"{config} stage {stage}: planned memory {memory}, {whole} elements with padding")
+                    want_reduce = "float32" if "float32-reduce" in config else "bfloat16"
+                    if cpu["config"]["reduce_dtype"] != want_reduce:
+                        bad.append(f"{config} stage {stage}: the JSON says reduce_dtype {cpu['config']['reduce_dtype']}")
+                    if stage < 2 and memory["gradients"] != (4 if want_reduce == "float32" else 2) * whole:
+                        bad.append(f"{config} stage {stage}: planned gradients {memory['gradients']} bytes, "
+                                   f"{whole} elements of {want_reduce}")
                     if cpu["epochs"] and cpu["epochs"][-1]["test_accuracy"] < 0.6:
                         bad.append(f"{config} stage {stage}: test accuracy {cpu['epochs'][-1]['test_accuracy']} < 0.6")
                 for name in ("sim", "sim+offload"):
