@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
   zx::apply_widths(o);
   // Started by mpirun/srun/torchrun as one of several processes without --backend mpi or nccl:
   // refuse rather than run one complete job per process.
-  if (ex::refuse_launcher(o.where, "zero_fashion_mnist")) return 2;
+  if (ex::refuse_launcher(o.where, "zero_fashion_mnist", true)) return 2;
 
   int process_rank = 0;
   try {

@@ -38,9 +38,10 @@ inline std::optional<launcher_info> detect_launcher() {
 /// The refusal for a process that `launcher` started as one of several while the example runs
 /// all its ranks itself (`--backend local`); empty when there is nothing to refuse.
 /// `mpi_flag` is how this example asks for one rank per MPI process ("" when it has no MPI
+/// backend), `nccl_flag` how it asks for one rank per process and GPU ("" when it has no NCCL
 /// backend).
 inline std::string launcher_refusal(const std::optional<launcher_info>& launcher, const std::string& program,
-                                    const std::string& mpi_flag) {
+                                    const std::string& mpi_flag, const std::string& nccl_flag = "") {
   if (!launcher) return {};
   std::string text = program + ": started by " + launcher->name + " as one of " + std::to_string(launcher->processes) +
                      " processes, but it runs every rank itself (threads of one process, --ranks N), so each process "
@@ -50,6 +51,7 @@ inline std::string launcher_refusal(const std::optional<launcher_info>& launcher
   else
     text += "Pass " + mpi_flag + " for one rank per process, or start it once with --ranks " +
             std::to_string(launcher->processes) + ".";
+  if (!nccl_flag.empty()) text += " On GPUs, pass " + nccl_flag + " for one rank per process and GPU.";
   return text;
 }
 

@@ -119,10 +119,12 @@ class process_world {
 };
 
 /// The refusal of launcher.hpp for a `--backend local` run started as one of several processes
-/// (printed to stderr); false when there is nothing to refuse.
-inline bool refuse_launcher(const rank_setup& setup, const std::string& program) {
+/// (printed to stderr; `has_nccl`: the example takes --backend nccl, and the refusal says so);
+/// false when there is nothing to refuse.
+inline bool refuse_launcher(const rank_setup& setup, const std::string& program, bool has_nccl = false) {
   if (setup.backend != "local") return false;
-  const std::string refusal = launcher_refusal(detect_launcher(), program, "--backend mpi");
+  const std::string refusal =
+      launcher_refusal(detect_launcher(), program, "--backend mpi", has_nccl ? "--backend nccl --device cuda" : "");
   if (refusal.empty()) return false;
   std::fprintf(stderr, "%s\n", refusal.c_str());
   return true;

@@ -47,6 +47,9 @@ for exe, advice in ((ddp_exe, "--backend mpi"), (zero_exe, "--backend mpi")):
     expect_no_refusal(exe, {"WORLD_SIZE": "4"})  # WORLD_SIZE alone is not torchrun
     expect_no_refusal(exe, {"SLURM_NTASKS": "4", "SLURM_PROCID": "0"})  # a batch script, not srun
     expect_no_refusal(exe, {})
+# Example 02 also runs one rank per process and GPU: every refusal says how.
+for env in ({"OMPI_COMM_WORLD_SIZE": "4"}, {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "4"}):
+    expect_refusal(zero_exe, env, "as one of 4 processes", "On GPUs, pass --backend nccl --device cuda")
 
 for f in failures:
     print("FAIL:", f)
