@@ -72,12 +72,28 @@ struct shard_update {
 
 namespace detail {
 
-// IEEE operations rounded to nearest, never fused (the device would otherwise contract a*b+c).
+// IEEE operations rounded to nearest, never fused: nvcc would contract a*b+c into one FMA on
+// the device, and so does g++ on the host wherever the target has a fast FMA (its default
+// -ffp-contract=fast: aarch64; x86 with -mfma or -march=native, which define __FP_FAST_FMAF).
+// There the host's product goes through an empty asm statement that keeps it in a floating-point
+// register, which the optimiser cannot see through, so no addition fuses with it (g++ ignores
+// `#pragma STDC FP_CONTRACT OFF`). Elsewhere it is a plain product.
 RINGZERO_HOST_DEVICE inline float f_mul(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
-  return a * b;
+  float r = a * b;
+#if defined(__FP_FAST_FMAF) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) || defined(__i386__)
+  asm("" : "+x"(r));
+#elif defined(__aarch64__)
+  asm("" : "+w"(r));
+#else
+  volatile float unfused = r;
+  r = unfused;
+#endif
+#endif
+  return r;
 #endif
 }
 RINGZERO_HOST_DEVICE inline float f_add(float a, float b) {
