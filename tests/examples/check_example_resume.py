@@ -180,6 +180,17 @@ def main() -> int:
                   f"{name}: a NaN in --init-from")
             p = run(trainer, *SMALL, "--epochs", "0", "--init-from", nan_model, "--allow-nonfinite")
             check(p.returncode == 0, f"{name}: --allow-nonfinite")
+        # A float32 value finite in the file but beyond bfloat16's range rounds to infinity in a
+        # --precision bfloat16 model: refused as the file's own infinities are; float32 takes it.
+        big_model = os.path.join(tmp, "big.safetensors")
+        data = bytearray(open(model, "rb").read())
+        data[at:at + 4] = struct.pack("<f", 3.4028234663852886e38)
+        open(big_model, "wb").write(data)
+        p = run(zero, *SMALL, "--epochs", "0", "--init-from", big_model, "--precision", "bfloat16")
+        check(p.returncode == 1 and "'fc2.weight'" in p.stderr and "element 5" in p.stderr and "beyond the range" in p.stderr,
+              "02 --precision bfloat16: a float32 value beyond bfloat16's range in --init-from")
+        p = run(zero, *SMALL, "--epochs", "0", "--init-from", big_model)
+        check(p.returncode == 0, "02 float32: a large finite value in --init-from")
         os.close(holder)
 
         # A root without `latest` (a job killed before its first one): the complete checkpoint,

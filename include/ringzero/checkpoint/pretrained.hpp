@@ -11,7 +11,8 @@
 /// collective agreement, then the commit; errors name the file, the tensor and what was
 /// expected, on every rank (a missing tensor, another shape, a non-floating dtype, with
 /// `strict` a tensor the model does not have, a damaged file, unless `allow_nonfinite` a NaN or
-/// infinity among the values: a run initialised from one trains to `loss nan`). The file is
+/// infinity among the values, or a finite value the model's type cannot hold (it would round to
+/// infinity): a run initialised from one trains to `loss nan`). The file is
 /// opened without blocking and must be a regular file (a FIFO or directory is refused by name).
 /// The file's header is parsed once per process, however many local ranks load it at once.
 /// Needs nlohmann/json and libxxhash (`ringzero-checkpoint`). Thread semantics: a collective.
@@ -165,7 +166,17 @@ inline void load_pretrained(zero::sharded_model& model, const std::filesystem::p
               throw fail("tensor '" + t.name + "' holds a non-finite value (NaN or infinity) at element " +
                          std::to_string(lo - pl[p].offset + *bad) +
                          "; pass allow_nonfinite = true (--allow-nonfinite) to load it anyway");
-          detail::convert_elements(*t.type, raw.data(), to, base + (lo - r.begin) * dtype_size(to), hi - lo);
+          unsigned char* converted = base + (lo - r.begin) * dtype_size(to);
+          detail::convert_elements(*t.type, raw.data(), to, converted, hi - lo);
+          // A finite value beyond the model's type (float32's 3.4e38 into bfloat16, 70000 into
+          // float16) rounds to infinity: refused as the file's own infinities are.
+          if (!allow_nonfinite && to != *t.type)
+            if (const auto bad = detail::first_nonfinite(to, converted, hi - lo))
+              throw fail(
+                  "tensor '" + t.name + "' holds a value at element " + std::to_string(lo - pl[p].offset + *bad) +
+                  " that is finite as " + t.dtype_name + " but beyond the range of the model's " +
+                  std::string(dtype_name(to)) + " '" + ps[p].name +
+                  "' (it rounds to infinity); pass allow_nonfinite = true (--allow-nonfinite) to load it anyway");
         };
         read(held, fb.type, s.params.data());
         if (!s.master.empty()) read(own, dtype::float32, s.master.data());
