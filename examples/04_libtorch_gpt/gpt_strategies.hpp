@@ -106,8 +106,9 @@ struct result {
   // zero: the plan's collectives (ring), with and without quantization; ddp: the all_reduce of
   // the gradient buckets (ring), twice
   double planned_per_step = 0, unquantized_per_step = 0;
-  std::uint64_t trainable = 0, total = 0;  // parameter elements (unique storage)
-  std::uint64_t frozen_kept_bytes = 0;     // stage 3: frozen buffers held whole (--keep-frozen)
+  std::uint64_t trainable = 0, total = 0;          // parameter elements (unique storage)
+  std::uint64_t frozen_kept_bytes = 0;             // stage 3: frozen buffers held whole (--keep-frozen)
+  std::optional<rz::zero::gather_timing> gathers;  // zero3: the gathers' time on the streams and the waits for them
 };
 
 double median(std::vector<double> v) {
@@ -202,6 +203,7 @@ class zero_training final : public strategy_training {
     r.trainable = m.plan().trainable_elements();
     r.total = m.plan().parameter_elements();
     r.frozen_kept_bytes = m.plan().kept_frozen_bytes();
+    if (m.plan().request().stage == 3) r.gathers = z_.model().gather_times();  // waits for the streams
     for (rz::zero::traffic_entry e : m.plan().traffic()) {
       r.planned_per_step += e.ring_bytes_sent();
       e.bytes = e.unquantized_bytes;  // the same entry in full precision
@@ -226,6 +228,7 @@ class zero_training final : public strategy_training {
     zo.keep_frozen_bytes = o.keep_frozen == "all" ? rz::zero::keep_all_frozen : std::stoull(o.keep_frozen);
     zo.accumulation_steps = o.accumulation;
     zo.accumulate_unsharded = o.accumulate_unsharded;
+    zo.model.time_gathers = zo.stage == 3;  // two event records per gather and wait: the hidden share
     return zo;
   }
 

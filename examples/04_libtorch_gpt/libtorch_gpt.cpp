@@ -504,6 +504,12 @@ int main(int argc, char** argv) {
       fmt::print("\n");
     }
     if (!r.replica_checks.empty()) fmt::print("{}\n", r.replica_checks);
+    if (r.gathers)
+      fmt::print(
+          "gathers (rank 0, whole run): {} taking {:.3f} s on the communication stream, {:.3f} s waited for "
+          "in {} waits: {:.0f}% hidden behind compute\n",
+          r.gathers->gathers, r.gathers->gather_seconds, r.gathers->exposed_seconds, r.gathers->waits,
+          100.0 * r.gathers->hidden_fraction());
     fmt::print("\ngenerated:\n{}\n", r.sample);
     if (!o.json_path.empty()) {
       nlohmann::json j{{"strategy", o.strategy},
@@ -516,6 +522,12 @@ int main(int argc, char** argv) {
                        {"losses", r.losses},
                        {"step_seconds", r.step_seconds},
                        {"median_step_seconds", median(r.step_seconds)},
+                       {"gather_timing", r.gathers ? nlohmann::json{{"gathers", r.gathers->gathers},
+                                                                    {"gather_seconds", r.gathers->gather_seconds},
+                                                                    {"waits", r.gathers->waits},
+                                                                    {"exposed_seconds", r.gathers->exposed_seconds},
+                                                                    {"hidden_fraction", r.gathers->hidden_fraction()}}
+                                                   : nlohmann::json()},
                        {"backend", o.backend},
                        {"link_gbps", o.link_gbps},
                        {"quantize_weights", o.quantize_weights},
