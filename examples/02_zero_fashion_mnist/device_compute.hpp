@@ -56,13 +56,8 @@ class device_compute {
     std::vector<std::uint32_t> iota(data.test.count);
     std::iota(iota.begin(), iota.end(), std::uint32_t{0});
     test_indices_.upload(iota, stream_.get());
-    if (copies != copies_of::nothing) {
-      copies_.stride = largest_tensor(shape_);
-      copy_memory_ = device_array<float>(copy_elements(shape_, copies));
-      copies_.base = copy_memory_.get();
-      copies_.stream = &execution_;
-      copies_.bfloat16_gradients = copies == copies_of::parameters_and_gradients;
-    }
+    if (copies != copies_of::nothing) copy_memory_ = device_array<float>(copy_elements(shape_, copies));
+    copies_ = copies_in(copy_memory_.get(), shape_, copies, &execution_);
   }
 
   cuda_mlp& net() noexcept { return net_; }

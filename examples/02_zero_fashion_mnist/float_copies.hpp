@@ -9,9 +9,11 @@
 /// stream and the host paths with the same conversion on the host. Threads: one object per rank.
 #include <algorithm>
 #include <cstddef>
+#include <span>
 
 #include "mlp.hpp"
 #include "ringzero/core/dtype.hpp"
+#include "ringzero/core/half.hpp"
 #include "ringzero/primitive/cast.hpp"
 #include "ringzero/primitive/stream.hpp"
 
@@ -36,7 +38,17 @@ struct float_copies {
   float* parameter(std::size_t i) const noexcept { return base + (i % 2) * stride; }
   /// The copy of tensor `i`'s gradient.
   float* gradient(std::size_t i) const noexcept { return base + (2 + i % 2) * stride; }
-  /// `count` elements of `src` converted into `dst` (primitive::cast_into's rounding), on `stream`.
+  /// `values` widened into `copy` (exact), on `stream`; returns `copy`.
+  float* widen(float* copy, std::span<const bfloat16> values) const {
+    cast(copy, dtype::float32, values.data(), dtype::bfloat16, values.size());
+    return copy;
+  }
+  /// `copy` rounded into `values` (to nearest even, primitive::cast_into's rounding), on `stream`.
+  void narrow(std::span<bfloat16> values, const float* copy) const {
+    cast(values.data(), dtype::bfloat16, copy, dtype::float32, values.size());
+  }
+
+ private:
   void cast(void* dst, dtype dst_type, const void* src, dtype src_type, std::size_t count) const {
     if (stream != nullptr)
       stream->cast(dst, dst_type, src, src_type, count);
@@ -56,6 +68,13 @@ inline std::size_t largest_tensor(const mlp& net) {
 inline std::size_t copy_elements(const mlp& net, copies_of what) {
   const std::size_t slots = what == copies_of::nothing ? 0 : what == copies_of::parameters ? 2 : 4;
   return slots * largest_tensor(net);
+}
+
+/// The copies of `what` for `net` laid out in `memory` (`copy_elements(net, what)` floats of the
+/// compute's memory), converted on `stream`; none (a null `base`) for `copies_of::nothing`.
+inline float_copies copies_in(float* memory, const mlp& net, copies_of what, primitive::stream* stream) {
+  if (what == copies_of::nothing) return {};
+  return float_copies{memory, largest_tensor(net), stream, what == copies_of::parameters_and_gradients};
 }
 
 }  // namespace ringzero::examples::zero_example

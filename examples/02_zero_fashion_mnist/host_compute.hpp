@@ -32,12 +32,8 @@ class host_compute {
     net_.reserve(max_rows);
     x_.resize(static_cast<std::size_t>(max_rows) * data.train.features);
     y_.resize(static_cast<std::size_t>(max_rows));
-    if (copies != copies_of::nothing) {
-      copies_.stride = largest_tensor(net_);
-      copy_memory_.resize(copy_elements(net_, copies));
-      copies_.base = copy_memory_.data();
-      copies_.bfloat16_gradients = copies == copies_of::parameters_and_gradients;
-    }
+    copy_memory_.resize(copy_elements(net_, copies));
+    copies_ = copies_in(copy_memory_.data(), net_, copies, nullptr);
   }
 
   /// The model (its layout names the tensors; its storage is the runtime's).

@@ -93,26 +93,18 @@ class zero_layer_hooks {
     timed(&zx::epoch_metrics::gather_seconds, [&] { model_.pre_backward(unit(l)); });
     bind_parameters(l);
     timed(&zx::epoch_metrics::reduce_seconds, [&] {
-      for (std::size_t i : {weight(l), weight(l) + 1}) {
-        if (copies_ == nullptr || !copies_->bfloat16_gradients) {
-          net_.bind_gradient(i, model_.gradient<float>(i).data());
-          continue;
-        }
-        const std::span<rz::bfloat16> g = model_.gradient<rz::bfloat16>(i);
-        float* copy = copies_->gradient(i);
-        copies_->cast(copy, rz::dtype::float32, g.data(), rz::dtype::bfloat16, g.size());
-        net_.bind_gradient(i, copy);
-      }
+      for (std::size_t i : {weight(l), weight(l) + 1})
+        net_.bind_gradient(i, bfloat16_gradients()
+                                  ? copies_->widen(copies_->gradient(i), model_.gradient<rz::bfloat16>(i))
+                                  : model_.gradient<float>(i).data());
       synchronize_layer_stream();
     });
   }
   void after_backward(int l) {
     timed(&zx::epoch_metrics::reduce_seconds, [&] {
-      if (copies_ != nullptr && copies_->bfloat16_gradients)
-        for (std::size_t i : {weight(l), weight(l) + 1}) {
-          const std::span<rz::bfloat16> g = model_.gradient<rz::bfloat16>(i);
-          copies_->cast(g.data(), rz::dtype::bfloat16, copies_->gradient(i), rz::dtype::float32, g.size());
-        }
+      if (bfloat16_gradients())
+        for (std::size_t i : {weight(l), weight(l) + 1})
+          copies_->narrow(model_.gradient<rz::bfloat16>(i), copies_->gradient(i));
       model_.post_backward(unit(l));
     });
   }
@@ -127,17 +119,13 @@ class zero_layer_hooks {
   static std::size_t unit(int l) { return static_cast<std::size_t>(l); }
   static std::size_t weight(int l) { return static_cast<std::size_t>(2 * l); }
   void bind_parameters(int l) {
-    for (std::size_t i : {weight(l), weight(l) + 1}) {
-      if (copies_ == nullptr) {
-        net_.bind_parameter(i, model_.parameter<float>(i).data());
-        continue;
-      }
-      const std::span<rz::bfloat16> p = model_.parameter<rz::bfloat16>(i);
-      float* copy = copies_->parameter(i);
-      copies_->cast(copy, rz::dtype::float32, p.data(), rz::dtype::bfloat16, p.size());
-      net_.bind_parameter(i, copy);
-    }
+    for (std::size_t i : {weight(l), weight(l) + 1})
+      net_.bind_parameter(i, copies_ != nullptr
+                                 ? copies_->widen(copies_->parameter(i), model_.parameter<rz::bfloat16>(i))
+                                 : model_.parameter<float>(i).data());
   }
+  /// Whether the runtime's gradients are bfloat16 (the layer computes on their float32 copies).
+  bool bfloat16_gradients() const noexcept { return copies_ != nullptr && copies_->bfloat16_gradients; }
   /// --device sim: the layer computes on the trainer's thread once the compute stream has run
   /// what was enqueued on it (the runtime's waits for gathers, buckets zeroed, the copies).
   void synchronize_layer_stream() {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "evaluation.hpp"
+#include "gather_timing_json.hpp"
 #include "heap_usage.hpp"
 #include "mlp.hpp"
 #include "ringzero/ringzero.hpp"
@@ -498,12 +499,7 @@ inline json to_json(const options& o, const run_result& r, const zero::shard_pla
                            {"runtime_gather_seconds", m.gather_seconds},
                            {"runtime_reduce_seconds", m.reduce_seconds},
                            {"runtime_step_seconds", m.update_seconds},
-                           {"gather_timing",
-                            {{"gathers", m.gathers.gathers},
-                             {"gather_seconds", m.gathers.gather_seconds},
-                             {"waits", m.gathers.waits},
-                             {"exposed_seconds", m.gathers.exposed_seconds},
-                             {"hidden_fraction", m.gathers.hidden_fraction()}}}});
+                           {"gather_timing", gather_timing_json(m.gathers)}});
   }
   j["first_epoch"] = r.first_epoch;
   j["parameter_crc32"] = fmt::format("{:08x}", r.parameter_crc32);

@@ -68,6 +68,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "gather_timing_json.hpp"
 #include "gpt_model.hpp"
 #include "gpt_strategies.hpp"
 #include "heap_usage.hpp"
@@ -522,12 +523,7 @@ int main(int argc, char** argv) {
                        {"losses", r.losses},
                        {"step_seconds", r.step_seconds},
                        {"median_step_seconds", median(r.step_seconds)},
-                       {"gather_timing", r.gathers ? nlohmann::json{{"gathers", r.gathers->gathers},
-                                                                    {"gather_seconds", r.gathers->gather_seconds},
-                                                                    {"waits", r.gathers->waits},
-                                                                    {"exposed_seconds", r.gathers->exposed_seconds},
-                                                                    {"hidden_fraction", r.gathers->hidden_fraction()}}
-                                                   : nlohmann::json()},
+                       {"gather_timing", r.gathers ? ex::gather_timing_json(*r.gathers) : nlohmann::json()},
                        {"backend", o.backend},
                        {"link_gbps", o.link_gbps},
                        {"quantize_weights", o.quantize_weights},

@@ -88,11 +88,20 @@ RINGZERO_HOST_DEVICE inline const unsigned char* segment_values(const unsigned c
   return base + s * l.segment_bytes() + l.blocks() * 4;
 }
 
+/// The int4 in the low (`high` false) or high half of `byte`: its 4 bits as two's complement.
+RINGZERO_HOST_DEVICE inline int int4_value(unsigned char byte, bool high) {
+  return (((high ? byte >> 4 : byte) & 0xF) ^ 8) - 8;
+}
+
+/// The byte holding int4 values `low` and `high` (each in [-8, 7]): `int4_value`'s inverse.
+RINGZERO_HOST_DEVICE inline unsigned char int4_pair(int low, int high) {
+  return static_cast<unsigned char>((low & 0xF) | ((high & 0xF) << 4));
+}
+
 /// Integer `i` (element index in its segment) of a segment whose integers start at `v`.
 RINGZERO_HOST_DEVICE inline int quantized_value(const unsigned char* v, quantized_bits bits, std::uint64_t i) {
   if (bits == quantized_bits::int8) return static_cast<signed char>(v[i]);
-  const int nibble = (v[i / 2] >> ((i % 2) * 4)) & 0xF;
-  return nibble >= 8 ? nibble - 16 : nibble;
+  return int4_value(v[i / 2], i % 2 != 0);
 }
 
 /// Integer of `x` with `scale`: 0 when the scale is 0 or not finite.
@@ -145,7 +154,7 @@ struct quantize_kernel {
         for (std::uint64_t p = t; 2 * p < len; p += quantize_threads) {
           const int lo = quantize_value(as_float(in[2 * p]), scale, most);
           const int hi = 2 * p + 1 < len ? quantize_value(as_float(in[2 * p + 1]), scale, most) : 0;
-          values[(first + 2 * p) / 2] = static_cast<unsigned char>((lo & 0xF) | ((hi & 0xF) << 4));
+          values[(first + 2 * p) / 2] = int4_pair(lo, hi);
         }
       }
     });
@@ -294,7 +303,7 @@ void host_quantize(const T* x, const quantized_layout& l, unsigned char* out) {
       } else {
         for (std::uint64_t i = 0; i < len; i += 2) {
           const std::int32_t hi = i + 1 < len ? q[i + 1] : 0;
-          v[i / 2] = static_cast<unsigned char>((q[i] & 0xF) | ((hi & 0xF) << 4));
+          v[i / 2] = int4_pair(q[i], hi);
         }
       }
     }
@@ -315,8 +324,8 @@ inline void host_unpack_block(const unsigned char* segment, const quantized_layo
   }
   const auto* __restrict v = segment_values(segment, l, 0) + first / 2;  // block sizes are even
   for (std::uint64_t i = 0; i < len; i += 2) {
-    q[i] = ((v[i / 2] & 0xF) ^ 8) - 8;  // the nibble's two's complement value
-    if (i + 1 < len) q[i + 1] = ((v[i / 2] >> 4) ^ 8) - 8;
+    q[i] = int4_value(v[i / 2], false);
+    if (i + 1 < len) q[i + 1] = int4_value(v[i / 2], true);
   }
 }
 
