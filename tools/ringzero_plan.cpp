@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -344,6 +345,7 @@ struct options {
   int show_rank = -1;
   bool json = false;
   std::string offload = "none";
+  int ranks_per_node = 0;  // 0: min(world size, 8)
   std::string quantize_weights = "none", quantize_gradients = "none";
   bool accumulate_unsharded = false;
   std::uint32_t quantization_block = 256;
@@ -408,7 +410,7 @@ ringzero::zero::plan_request make_request(const options& o, std::vector<paramete
   else if (!o.space.empty())
     throw usage_error("--space must be host or device, got '" + o.space + "'");
   const auto offload = ringzero::zero::parse_offload(o.offload);
-  if (!offload) throw usage_error("--offload must be none or optimizer, got '" + o.offload + "'");
+  if (!offload) throw usage_error("--offload must be none, optimizer or parameters, got '" + o.offload + "'");
   q.offload = *offload;
   // Quantized communication: weights apply to stage 3's gathers, gradients to stages 1-3; the
   // comparison of every stage (--stage all) keeps each where it applies, an explicit stage is
@@ -465,7 +467,7 @@ frozen_split split_frozen(const shard_plan& plan) {
   return out;
 }
 
-nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gpu, int show_rank) {
+nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gpu, int show_rank, int ranks_per_node) {
   const auto c = ringzero::zero::compare_with_paper(plan);
   const auto& comm = plan.communication();
   nlohmann::json j;
@@ -481,6 +483,8 @@ nlohmann::json plan_json(const shard_plan& plan, std::optional<std::uint64_t> gp
   j["space"] = ringzero::primitive::to_string(plan.space());
   j["device_memory_per_rank"] = memory_json(plan.device_memory());
   j["host_memory_per_rank"] = memory_json(plan.host_memory());
+  j["ranks_per_node"] = ranks_per_node;
+  j["host_memory_per_node"] = static_cast<double>(plan.host_memory().total()) * ranks_per_node;  // may pass 2^64
   j["communication_buffers"] = {{"gather_buffers", comm.gather_buffers},
                                 {"gather_buffer_bytes", comm.gather_buffer_bytes},
                                 {"gradient_buckets", comm.gradient_buckets},
@@ -546,7 +550,7 @@ const char* short_group(ringzero::zero::rank_group g) {
   return "?";
 }
 
-void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int show_rank) {
+void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int show_rank, int ranks_per_node) {
   const auto c = ringzero::zero::compare_with_paper(plan);
   const auto& m = plan.memory();
   const int stage = plan.stage();
@@ -573,13 +577,24 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
   fmt::print("  (the paper's K = 12 counts master weights and optimizer states together)\n");
   const auto& dm = plan.device_memory();
   const auto& hm = plan.host_memory();
-  if (plan.request().offload != ringzero::zero::offload::none)
+  if (plan.request().offload == ringzero::zero::offload::optimizer)
     fmt::print(
         "  on the GPU {}; in pinned host memory (offload {}) {}: master weights {},\n"
         "  optimizer states {}, transfer buffers {} (the gradient and parameter shards of the CPU update)\n",
         human(static_cast<double>(dm.total())), ringzero::zero::offload_name(plan.request().offload),
         human(static_cast<double>(hm.total())), human(static_cast<double>(hm.master_weights)),
         human(static_cast<double>(hm.optimizer_states)), human(static_cast<double>(hm.communication_buffers)));
+  if (plan.request().offload == ringzero::zero::offload::parameters)
+    fmt::print(
+        "  on the GPU {} (gather buffers, gradient buckets{}); in pinned host memory (offload {}) {}:\n"
+        "  parameter shards {}, gradient shards {}, master weights {}, optimizer states {}\n",
+        human(static_cast<double>(dm.total())), dm.parameters > 0 ? ", frozen parameters kept whole" : "",
+        ringzero::zero::offload_name(plan.request().offload), human(static_cast<double>(hm.total())),
+        human(static_cast<double>(hm.parameters)), human(static_cast<double>(hm.gradients)),
+        human(static_cast<double>(hm.master_weights)), human(static_cast<double>(hm.optimizer_states)));
+  if (plan.request().offload != ringzero::zero::offload::none)
+    fmt::print("  pinned host memory per node ({} ranks per node): {}\n", ranks_per_node,
+               human(static_cast<double>(hm.total()) * ranks_per_node));
   const auto& comm = plan.communication();
   if (stage == 3)
     fmt::print("  buffers: {} gather buffer{} of {} and ", comm.gather_buffers, comm.gather_buffers == 1 ? "" : "s",
@@ -649,7 +664,7 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
   }
 }
 
-void print_summary(const std::vector<shard_plan>& plans, std::optional<std::uint64_t> gpu) {
+void print_summary(const std::vector<shard_plan>& plans, std::optional<std::uint64_t> gpu, int ranks_per_node) {
   fmt::print("precision: {}\n\n", precision_text(plans.front().request().precision));
   fmt::print("Memory per rank and traffic per step, by stage ({} ranks, {} per replica group)\n",
              plans.front().world_size(), plans.back().shards());
@@ -668,9 +683,10 @@ void print_summary(const std::vector<shard_plan>& plans, std::optional<std::uint
                grouped(c.planned_volume + c.replica_volume),
                gpu ? (plan.device_memory().total() <= *gpu ? "  yes" : "  NO") : "");
     if (offloaded)
-      fmt::print("  {:<6}on the GPU {}, in pinned host memory {}\n", "",
+      fmt::print("  {:<6}on the GPU {}, in pinned host memory {} ({} per node of {} ranks)\n", "",
                  human(static_cast<double>(plan.device_memory().total())),
-                 human(static_cast<double>(plan.host_memory().total())));
+                 human(static_cast<double>(plan.host_memory().total())),
+                 human(static_cast<double>(plan.host_memory().total()) * ranks_per_node), ranks_per_node);
   }
   if (offloaded)
     fmt::print(
@@ -743,8 +759,13 @@ int main(int argc, char** argv) {
                  "Stage 3: bytes per rank of frozen parameters kept gathered (e.g. 2GiB, 0, or all), in unit order")
       ->capture_default_str();
   app.add_option("--offload", o.offload,
-                 "none, or optimizer: master weights and optimizer states in pinned host memory, updated on the CPU")
+                 "none; optimizer: master weights and optimizer states in pinned host memory, updated on the CPU; "
+                 "parameters (stage 3): the parameter and gradient shards there too")
       ->capture_default_str();
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "Ranks (GPUs) per node, for the pinned host memory per node with --offload (default: the world "
+                 "size, at most 8)")
+      ->check(CLI::Range(1, 16777216));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -794,6 +815,10 @@ int main(int argc, char** argv) {
     if (o.show_rank >= o.world_size)
       throw usage_error("--show-rank " + std::to_string(o.show_rank) + " is not below the world size");
 
+    if (o.offload == "parameters" && stages.size() > 1)
+      throw usage_error(
+          "--offload parameters plans stage 3 only (the parameter shards in host memory): pass --stage 3");
+    const int ranks_per_node = o.ranks_per_node > 0 ? o.ranks_per_node : std::min(o.world_size, 8);
     std::vector<shard_plan> plans;
     for (int stage : stages) plans.emplace_back(make_request(o, params, stage));
     const shard_plan& first = plans.front();
@@ -807,16 +832,16 @@ int main(int argc, char** argv) {
                       {"trainable", first.trainable_elements()}};
       out["precision"] = precision_text(first.request().precision);
       out["plans"] = nlohmann::json::array();
-      for (const shard_plan& p : plans) out["plans"].push_back(plan_json(p, gpu, o.show_rank));
+      for (const shard_plan& p : plans) out["plans"].push_back(plan_json(p, gpu, o.show_rank, ranks_per_node));
       fmt::print("{}\n", out.dump(2));
       return 0;
     }
     fmt::print("ringzero-plan: {}: {} parameters ({} trainable) in {} tensors, {} gather units\n", model_name,
                grouped(first.parameter_elements()), grouped(first.trainable_elements()), tensors, first.units().size());
     if (plans.size() == 1)
-      print_plan(first, gpu, o.show_rank);
+      print_plan(first, gpu, o.show_rank, ranks_per_node);
     else
-      print_summary(plans, gpu);
+      print_summary(plans, gpu, ranks_per_node);
     return 0;
   } catch (const usage_error& e) {
     fmt::print(stderr, "ringzero-plan: error: {}\n", e.what());

@@ -21,7 +21,8 @@
 #      ringzero-plan lacks --offload), then --backend nccl --stage 0..3 (one process, a world of
 #      one: NCCL refuses two ranks on one GPU; 1 epoch, the 2-rank runs' step count), then on
 #      NCCL stage 3 --precision bfloat16 --offload optimizer with a checkpoint, resumed from it
-#      for a second epoch (docs/gpu.md, "ZeRO on GPUs end to end"); step times
+#      for a second epoch (docs/gpu.md, "ZeRO on GPUs end to end"), and NCCL stage 3 bfloat16
+#      with --offload parameters (the shards in pinned host memory); step times
 #      and each rank's memory of the 2-rank runs next to ringzero-plan's numbers for the same
 #      model, plus the GPU memory nvidia-smi saw (python3 makes the table; targets: the runtime's
 #      allocations equal the plan, stage 3 <= 1.2x DDP, offload <= 2x), and at stage 3 the share of
@@ -414,7 +415,7 @@ zero_runs=()  # stage<TAB>offload<TAB>json<TAB>exit status<TAB>GPU peak MiB, for
 zero_rc=0     # the last train_zero's exit status
 zero_extra=() # more options for train_zero (its epochs: zero_epochs)
 zero_epochs=""
-train_zero() {  # train_zero STAGE OFFLOAD(none|optimizer) [BACKEND(local|nccl)] [LABEL SUFFIX]
+train_zero() {  # train_zero STAGE OFFLOAD(none|optimizer|parameters) [BACKEND(local|nccl)] [LABEL SUFFIX]
   local stage=$1 offload=$2 backend=${3:-local} suffix=${4:-} label json rc peak summary_line args launch ranks cap
   label="example 02 stage $stage"
   args=(--ranks 2 --epochs "${zero_epochs:-2}")
@@ -539,6 +540,15 @@ if [ -z "$zero_skip" ] && has zero_fashion_mnist && [ $have_nccl = 1 ] && [ "$tr
     fi
     zero_extra=()
     zero_epochs=""
+    # Parameter offload: the parameter and gradient shards in pinned host memory, each shard
+    # copied into its gather buffer before an in-place all_gather (docs/zero.md).
+    if grep -qs -- '"parameters"' "$zero_dir/zero_options.hpp"; then
+      zero_extra=(--precision bfloat16 --optimizer adamw)
+      train_zero 3 parameters nccl "bfloat16"
+      zero_extra=()
+    else
+      record "example 02 parameter offload" skip "example 02 has no --offload parameters yet"
+    fi
   fi
 fi
 

@@ -34,7 +34,7 @@ struct options {
   bool accumulate_unsharded = false;  // --accumulate-unsharded: stages 2-3 reduce once per step
   double lr = -1.0;                   // <0 (not given): the optimizer's default
   std::string optimizer = "sgd";
-  std::string offload = "none";       // --offload: none or optimizer (--device sim or cuda)
+  std::string offload = "none";       // --offload: none, optimizer or parameters (--device sim or cuda)
   std::string precision = "float32";  // --precision: float32 or bfloat16 (parameters and gradients)
   std::string reduce_dtype;           // --reduce-dtype: float32 or bfloat16 (empty: the parameters')
   double momentum = 0.9;
@@ -85,10 +85,12 @@ inline void add_options(CLI::App& app, options& o) {
                  "fails at once with exit status 1 and says why")
       ->check(CLI::IsMember({"cpu", "sim", "cuda"}));
   app.add_option("--offload", o.offload,
-                 "none (default) or optimizer: master weights and optimizer states in (pinned) host memory, updated "
-                 "on the CPU (ZeRO-Offload); needs --device sim or cuda (the device path: with --device cpu the "
-                 "state is in host memory already, and the option is refused)")
-      ->check(CLI::IsMember({"none", "optimizer"}));
+                 "none (default); optimizer: master weights and optimizer states in (pinned) host memory, updated "
+                 "on the CPU (ZeRO-Offload); parameters (--stage 3): the parameter and gradient shards there too, "
+                 "each layer's shard copied to the device for its all_gather (FSDP2's CPUOffloadPolicy). Needs "
+                 "--device sim or cuda (the device path: with --device cpu the state is in host memory already, "
+                 "and the option is refused)")
+      ->check(CLI::IsMember({"none", "optimizer", "parameters"}));
   app.add_option("--precision", o.precision,
                  "float32 (default) or bfloat16: the runtime keeps parameters and gradients in bfloat16 (half the "
                  "bytes gathered and reduced) and float32 master weights and optimizer states "
@@ -202,8 +204,9 @@ inline zero::optimizer_options optimizer_options_of(const options& o) {
 /// Throws errc::invalid_argument, naming the options and values, when they cannot run together:
 /// an optimizer whose values clash (zero::optimizer_options::problem, e.g. AdamW's lr x weight
 /// decay above 1, or Adam's lr / (1 - beta1) beyond float32), or
-/// --offload optimizer on --device cpu (offload moves state from the device path's memory to the
-/// host's: on the host runtime there is nothing to move).
+/// --offload optimizer or parameters on --device cpu (offload moves state from the device path's
+/// memory to the host's: on the host runtime there is nothing to move), or --offload parameters
+/// below --stage 3.
 inline void check_options(const options& o) {
   const zero::optimizer_options opt = optimizer_options_of(o);
   if (const std::string problem = opt.problem(); !problem.empty()) {
@@ -221,6 +224,12 @@ inline void check_options(const options& o) {
                 "--offload " + o.offload +
                     " needs --device sim or --device cuda: it moves the optimizer's state from the device path's "
                     "memory to host memory, and with --device cpu that state is in host memory already");
+  if (o.offload == "parameters" && o.stage != 3)
+    throw error(
+        errc::invalid_argument,
+        fmt::format("--offload parameters needs --stage 3 (got --stage {}): only stage 3 gathers each layer "
+                    "from a shard, which can then live in host memory; --offload optimizer works at every stage",
+                    o.stage));
 }
 
 /// Optimizer steps per epoch for a shard of `shard_rows` examples and `step_rows` per step;

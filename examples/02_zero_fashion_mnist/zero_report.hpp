@@ -230,6 +230,7 @@ inline json plan_summary(const zero::shard_plan& plan) {
           {"padding_elements", plan.padding_elements()},
           {"units", units},
           {"memory", to_json(plan.memory())},
+          {"host_memory", to_json(plan.host_memory())},  // the offloaded part of "memory"
           {"gather_buffers", c.gather_buffers},
           {"gather_buffer_bytes", c.gather_buffer_bytes},
           {"gradient_buckets", c.gradient_buckets},
@@ -524,6 +525,7 @@ inline int report(const options& o, const run_result& r, clock_type::time_point 
   q.world_size = o.where.ranks;
   const zero::shard_plan plan(q);
   q.stage = 0;
+  q.offload = zero::offload::none;  // the reference's model states (offload::parameters is stage 3's)
   const zero::shard_plan stage0(q);
   print_memory(o, r, plan, stage0);
   print_summary(o, r, t0);

@@ -6,7 +6,8 @@
   0-3 with SGD and AdamW and for example 01's DDP with SGD and AdamW;
 - example 02 resumes at another --ranks and --stage: the restored parameters are bitwise those
   that were saved, and training goes on; --device sim (the device path on host streams) resumes
-  exactly too (stages 1 and 3; at stage 3 also with --precision bfloat16 and --offload optimizer),
+  exactly too (stages 1 and 3; at stage 3 also with --precision bfloat16 and --offload optimizer
+  or --offload parameters),
   and its checkpoints resume on --device cpu and the reverse;
 - --epochs 0 evaluates: with --init-from a consolidated checkpoint (ringzero-ckpt consolidate)
   the accuracy is the trained model's, in both examples (one file initialises either);
@@ -82,8 +83,10 @@ def main() -> int:
             straight_vs_resumed(zero, tmp, f"02-sim-stage{stage}-adamw", ["--device", "sim", "--stage", str(stage), "--optimizer", "adamw"])
         # bfloat16 parameters and gradients with float32 master weights, offloaded: the checkpoint
         # holds both and resumes exactly.
-        straight_vs_resumed(zero, tmp, "02-sim-stage3-bfloat16-offload", ["--device", "sim", "--stage", "3", "--optimizer", "adamw",
-                                                                          "--precision", "bfloat16", "--offload", "optimizer"])
+        for offload in ["optimizer", "parameters"]:  # parameters: the shards in host memory too
+            straight_vs_resumed(zero, tmp, f"02-sim-stage3-bfloat16-offload-{offload}",
+                                ["--device", "sim", "--stage", "3", "--optimizer", "adamw", "--precision", "bfloat16",
+                                 "--offload", offload])
 
         # Example 02 at another --ranks and --stage: the saved parameters come back bit for bit.
         root = os.path.join(tmp, "02-reshard")

@@ -8,13 +8,15 @@ accumulation and gradient-norm clipping; --precision bfloat16 with AdamW and 2 m
 bfloat16 parameters and gradients, float32 master weights, the layers on float32 copies made on
 the compute stream; and --precision bfloat16 --reduce-dtype float32 with SGD: float32 gradients
 of bfloat16 parameters, FSDP2's reduce_dtype), trains with `--device cpu`, `--device sim` and
-`--device sim --offload optimizer` on 2 ranks with the same seed, data and batch, and requires
+`--device sim --offload optimizer` (at stage 3 also `--offload parameters`: the parameter and
+gradient shards in host memory) on 2 ranks with the same seed, data and batch, and requires
 every epoch's training loss, test loss, test accuracy and gradient norm, the printed final
 parameters' CRC-32 and the final parameters themselves (--save-parameters) to be the same bits,
 and each rank's measured memory to be the plan's (for bfloat16 also the plan's parameters at
 2 bytes and master weights at 4 bytes per element held, the gradients' type at stages 0-1, where
 every rank holds them whole, and a test accuracy of at least 0.6). Also: `--offload optimizer` with `--device cpu`
-is refused (exit 1, naming --device sim), and so is `--device sim` on `--backend mpi`.
+is refused (exit 1, naming --device sim), so is `--offload parameters` below stage 3, and so is `--device sim`
+on `--backend mpi`.
 """
 import json
 import os
@@ -48,7 +50,10 @@ def main() -> int:
         for config, config_args in CONFIGS.items():
             for stage in range(4):
                 out = {}
-                for name, device_args in RUNS.items():
+                runs = dict(RUNS)
+                if stage == 3:
+                    runs["sim+parameters"] = ["--device", "sim", "--offload", "parameters"]
+                for name, device_args in runs.items():
                     tag = f"{config}-{stage}-{name}"
                     js, params = os.path.join(tmp, tag + ".json"), os.path.join(tmp, tag + ".f32")
                     cmd = [example, "--ranks", "2", "--stage", str(stage), "--json", js, "--save-parameters",
@@ -58,7 +63,7 @@ def main() -> int:
                         break
                     crc = re.findall(r"^final parameters crc32 ([0-9a-f]{8})$", stdout, re.M)
                     out[name] = (json.load(open(js)), open(params, "rb").read(), crc)
-                if len(out) != len(RUNS):
+                if len(out) != len(runs):
                     continue
                 cpu, cpu_params, cpu_crc = out["cpu"]
                 if len(cpu_crc) != 1 or cpu["parameter_crc32"] != cpu_crc[0]:
@@ -83,7 +88,7 @@ def main() -> int:
                                    f"{whole} elements of {want_reduce}")
                     if cpu["epochs"] and cpu["epochs"][-1]["test_accuracy"] < 0.6:
                         bad.append(f"{config} stage {stage}: test accuracy {cpu['epochs'][-1]['test_accuracy']} < 0.6")
-                for name in ("sim", "sim+offload"):
+                for name in (n for n in runs if n != "cpu"):
                     got, params, crc = out[name]
                     if got["config"]["device"] != "sim":
                         bad.append(f"{config} stage {stage} {name}: the JSON says device {got['config']['device']}")
@@ -102,13 +107,18 @@ def main() -> int:
                     measured = [r["measured"]["total"] for r in got["memory"]]
                     if measured != [planned, planned]:
                         bad.append(f"{config} stage {stage} {name}: measured memory {measured}, planned {planned} each")
+                    if name == "sim+parameters":
+                        host, model = got["plan"]["host_memory"], got["plan"]["memory"]
+                        if host["parameters"] != model["parameters"] or host["gradients"] != model["gradients"]:
+                            bad.append(f"{config} stage 3 {name}: host memory {host}, the shards are {model}")
                 last = cpu["epochs"][-1] if cpu["epochs"] else {}
                 print(f"{config} stage {stage}: train loss {last.get('train_loss')!r}, test accuracy "
                       f"{last.get('test_accuracy')!r}, parameters crc32 {cpu['parameter_crc32']} on cpu; sim and "
-                      f"sim+offload {'equal' if all(out[n][1] == cpu_params for n in ('sim', 'sim+offload')) else 'DIFFERENT'}",
+                      f"offloads {'equal' if all(out[n][1] == cpu_params for n in runs if n != 'cpu') else 'DIFFERENT'}",
                       flush=True)
     refusals = [
         (["--device", "cpu", "--offload", "optimizer"], "--offload optimizer needs --device sim or --device cuda"),
+        (["--device", "sim", "--stage", "2", "--offload", "parameters"], "--offload parameters needs --stage 3 (got --stage 2)"),
         (["--device", "sim", "--backend", "mpi"], "--device sim"),
     ]
     for args, text in refusals:

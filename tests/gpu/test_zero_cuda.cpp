@@ -11,7 +11,8 @@
 // With CPU offload (offload::optimizer): master weights and optimizer states in pinned host
 // memory, the update on the CPU ordered against the communication stream by events and host
 // functions (zero/sharded_model_offload.hpp); the same tolerances, the device and pinned
-// allocations equal to the plan's device_memory() and host_memory().
+// allocations equal to the plan's device_memory() and host_memory(). With parameter offload
+// (offload::parameters, stage 3): the parameter and gradient shards in pinned host memory too.
 // float16 with dynamic loss scaling (zero/loss_scaler.hpp): the scale, read on the host at the
 // step's wait, follows the host runtime's (halved at the overflow), the update the same way.
 // Skipped without a device (suite 'gpu').
@@ -103,4 +104,19 @@ TEST_CASE("device path on CUDA with CPU offload: stages 0-3, the update on the C
       compare_with_host<bfloat16>(stage, !clip, all[k], offload::optimizer);
       compare_with_host<float16>(stage, clip, all[k], offload::optimizer);
     }
+}
+
+TEST_CASE(
+    "device path on CUDA with parameter offload: stage 3, the shards in pinned host memory, against the host runtime") {
+  // The shard copied into the gather buffer before each in-place all_gather, the reduced
+  // gradients added into pinned host memory by the accumulation kernel, the update on the CPU.
+  const auto all = gpu_test::zero_optimizers();
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    CAPTURE(optimizer_name(all[k].kind));
+    const bool clip = k % 2 == 0;
+    CAPTURE(clip);
+    compare_with_host<float>(3, clip, all[k], offload::parameters);
+    compare_with_host<bfloat16>(3, !clip, all[k], offload::parameters);
+    compare_with_host<float16>(3, clip, all[k], offload::parameters);
+  }
 }

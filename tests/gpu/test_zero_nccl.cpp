@@ -40,13 +40,13 @@ struct run_config {
   offload off = offload::none;
 };
 
-/// Stages 0-3 x the optimizers x float32, bfloat16, float16, without and with offload; clipping
-/// alternates as in test_zero_cuda.cpp.
+/// Stages 0-3 x the optimizers x float32, bfloat16, float16, without and with offload of the
+/// optimizer, and stage 3 with offload of the parameters; clipping alternates as in test_zero_cuda.cpp.
 inline std::vector<run_config> sweep() {
   std::vector<run_config> all;
   const auto optimizers = gpu_test::zero_optimizers();
-  for (offload off : {offload::none, offload::optimizer})
-    for (int stage = 0; stage <= 3; ++stage)
+  for (offload off : {offload::none, offload::optimizer, offload::parameters})
+    for (int stage = off == offload::parameters ? 3 : 0; stage <= 3; ++stage)
       for (std::size_t k = 0; k < optimizers.size(); ++k) {
         const bool clip = (stage + static_cast<int>(k)) % 2 == (off == offload::none ? 1 : 0);
         all.push_back({stage, dtype::float32, optimizers[k], clip, off});

@@ -320,7 +320,41 @@ r = run("--model", "llama-70b", "--world-size", "8", "--precision", "bf16", "--g
 check(r.returncode == 0 and "in pinned host memory (offload optimizer) 128.48 GiB" in r.stdout
       and "fits in 74.51 GiB: yes" in r.stdout, "the table shows device and host memory and what fits")
 r = run("--model", "gpt2", "--world-size", "4", "--offload", "gpu")
-check(r.returncode == 1 and "--offload must be none or optimizer, got 'gpu'" in r.stderr, "bad --offload refused")
+check(r.returncode == 1 and "--offload must be none, optimizer or parameters, got 'gpu'" in r.stderr,
+      "bad --offload refused")
+
+# --offload parameters (stage 3): the shards in host memory too, the GPU keeps the gather buffers
+# and buckets; the host memory per node is the per-rank figure times the ranks per node.
+optimizer_offload = plans("--model", "llama-70b", "--world-size", "8", "--precision", "bf16", "--gpu-memory", "80GB",
+                          "--stage", "3", "--offload", "optimizer")["plans"][0]
+for per_node, expected_per_node in ((None, 8), ("4", 4)):
+    args = ["--model", "llama-70b", "--world-size", "8", "--precision", "bf16", "--gpu-memory", "80GB", "--stage", "3",
+            "--offload", "parameters"] + (["--ranks-per-node", per_node] if per_node else [])
+    p = plans(*args)["plans"][0]
+    dev, host, total = p["device_memory_per_rank"], p["host_memory_per_rank"], p["memory_per_rank"]
+    check(p["offload"] == "parameters", "offload parameters reported")
+    for k in ("parameters", "gradients", "master_weights", "optimizer_states"):
+        check(host[k] == total[k] and dev[k] == 0, f"offload parameters: {k} all in host memory")
+    check(host["parameters"] == 68976648192 * 2 // 8, "a bfloat16 shard of 1/8 per rank")
+    check(host["communication_buffers"] == 0, "no transfer buffers: the CPU updates the shards in place")
+    check(dev["total"] == dev["communication_buffers"] == optimizer_offload["device_memory_per_rank"][
+        "communication_buffers"], "on the GPU: the gather buffers and buckets of stage 3")
+    check(host["total"] == optimizer_offload["memory_per_rank"]["total"] - dev["total"]
+          - optimizer_offload["host_memory_per_rank"]["communication_buffers"], "host: the model states")
+    check(p["fits"] is True and p["headroom_bytes"] > 60 * 2**30, "70B on 8 x 80 GB fits with room to spare")
+    check(p["ranks_per_node"] == expected_per_node, f"ranks per node {expected_per_node}")
+    check(p["host_memory_per_node"] == host["total"] * expected_per_node, "host memory per node")
+r = run("--model", "llama-70b", "--world-size", "8", "--precision", "bf16", "--gpu-memory", "80GB", "--stage", "3",
+        "--offload", "parameters")
+check(r.returncode == 0 and "in pinned host memory (offload parameters) 128.48 GiB" in r.stdout
+      and "pinned host memory per node (8 ranks per node): 1.00 TiB" in r.stdout and "fits in 74.51 GiB: yes" in r.stdout,
+      f"the table shows the offloaded shards, the host memory per node and what fits: {r.stdout}")
+refused(["--model", "gpt2", "--world-size", "4", "--offload", "parameters"],
+        "--offload parameters plans stage 3 only", "--offload parameters with --stage all")
+refused(["--model", "gpt2", "--world-size", "4", "--stage", "2", "--offload", "parameters"],
+        "got stage 2: expected stage 3", "--offload parameters at stage 2")
+refused(["--model", "gpt2", "--world-size", "4", "--stage", "3", "-g", "2", "--offload", "parameters"],
+        "offload::parameters with hybrid sharding (replica group size 2 of world size 4)", "hybrid + parameters")
 
 # Quantized communication: int8 blocks of 256 (1 + 4/256 bytes per element) against float16 (2 bytes).
 q = plans("--model", "gpt2", "--world-size", "4", "--stage", "3", "--quantize-weights", "int8",

@@ -212,6 +212,27 @@ TEST_CASE("offload::optimizer: the plan counts device and host memory apart, byt
     CHECK(off.fingerprint() != plain.fingerprint());
     CHECK(off.traffic().size() == plain.traffic().size());
   }
+  // offload::parameters (stage 3): the parameter shards (8 + 8 elements of 2 B), the gradient
+  // shard (8 x 2 B), the master weights and states in host memory, no transfer buffers; the
+  // device keeps the gather buffers and buckets.
+  q.stage = 3;
+  q.offload = offload::none;
+  const shard_plan plain(q);
+  q.offload = offload::parameters;
+  const shard_plan shards_off(q);
+  const std::uint64_t buffers = plain.memory().communication_buffers;
+  CHECK(buffers > 0);
+  CHECK(shards_off.host_memory() == memory_breakdown{32, 16, 32, 64, 0});
+  CHECK(shards_off.device_memory() == memory_breakdown{0, 0, 0, 0, buffers});
+  CHECK(shards_off.memory() == plain.memory());
+  CHECK(shards_off.fingerprint() != plain.fingerprint());
+  // A frozen buffer kept whole (replicated) stays on the device: f's 6 elements padded to 16.
+  q.keep_frozen_bytes = keep_all_frozen;
+  const shard_plan kept(q);
+  CHECK(kept.host_memory() == memory_breakdown{16, 16, 32, 64, 0});
+  CHECK(kept.device_memory() == memory_breakdown{32, 0, 0, 0, kept.memory().communication_buffers});
+  q.keep_frozen_bytes = 0;
   q.offload = static_cast<offload>(7);
-  CHECK_THROWS_WITH_AS(shard_plan{q}, doctest::Contains("offload must be none or optimizer, got value 7"), error);
+  CHECK_THROWS_WITH_AS(shard_plan{q}, doctest::Contains("offload must be none, optimizer or parameters, got value 7"),
+                       error);
 }

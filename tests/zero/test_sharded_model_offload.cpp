@@ -15,6 +15,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <thread>
@@ -248,6 +249,203 @@ TEST_CASE("offload on the host stream: stages 0-3 x {float32, bfloat16} x world 
   CHECK(runs == 4 * 4 * 2);
 }
 
+TEST_CASE("offload::parameters at stage 3: world sizes 1-4 x {float32, bfloat16}, bitwise the host runtime") {
+  // The parameter and gradient shards in host memory, copied into the gather buffer before an
+  // in-place all_gather, updated by the CPU in place. Per configuration: accumulation of 1 or 3
+  // micro-batches, the optimizers in rotation, clipping, a skipped step (bfloat16, world 2),
+  // the frozen matrix kept whole (on the device) or gathered, quantized gathers and reductions
+  // (int8, world 3). read_parameter's all_gather (the end of `train`) runs on the same path.
+  const auto optimizers = test_optimizers();
+  int runs = 0;
+  for (int world = 1; world <= 4; ++world)
+    for (bool bf16 : {false, true}) {
+      const int accumulation = world % 2 == 0 ? 3 : 1;
+      const int poisoned = bf16 && world == 2 ? 1 : -1;
+      const bool keep_frozen = (world + (bf16 ? 1 : 0)) % 2 == 0, quantized = world == 3;
+      sharded_model_options options;
+      options.optimizer = optimizers[static_cast<std::size_t>(world + (bf16 ? 1 : 0)) % optimizers.size()];
+      options.max_grad_norm = bf16 ? 0.5 : 0.0;
+      CAPTURE(world);
+      CAPTURE(bf16);
+      CAPTURE(keep_frozen);
+      CAPTURE(quantized);
+      plan_request q = offload_request(3, accumulation, bf16, options.optimizer, offload::none);
+      if (keep_frozen) q.keep_frozen_bytes = keep_all_frozen;
+      if (quantized) q.quantization = {quantized_bits::int8, quantized_bits::int8, 8};
+      const auto n = static_cast<std::size_t>(world);
+      std::vector<std::vector<std::vector<float>>> host(n);
+      std::vector<std::vector<step_result>> host_steps(n);
+      std::vector<device_run> offloaded(n);
+      local::launch(world, [&](communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        plan_request qo = q;
+        qo.offload = offload::parameters;
+        {
+          sharded_model model(comm, q, options);
+          host[r] = bf16 ? train<bfloat16>(
+                               model, comm.rank(), 3, [](const auto& w) { w(); }, host_steps[r], poisoned)
+                         : train<float>(
+                               model, comm.rank(), 3, [](const auto& w) { w(); }, host_steps[r], poisoned);
+        }
+        offloaded[r] = bf16 ? run_on_stream<bfloat16>(comm, qo, options, 3, poisoned)
+                            : run_on_stream<float>(comm, qo, options, 3, poisoned);
+      });
+      q.offload = offload::parameters;
+      q.world_size = world;
+      const shard_plan plan(q);
+      for (std::size_t r = 0; r < n; ++r) {
+        CAPTURE(r);
+        CHECK(bitwise_equal(offloaded[r].values, host[r]));
+        CHECK(bitwise_equal(offloaded[r].values, offloaded[0].values));
+        REQUIRE(offloaded[r].steps.size() == host_steps[r].size());
+        for (std::size_t t = 0; t < host_steps[r].size(); ++t) {
+          CHECK(same_result(offloaded[r].steps[t], host_steps[r][t]));
+          CHECK(offloaded[r].steps[t].skipped == (static_cast<int>(t) == poisoned));
+        }
+        CHECK(offloaded[r].host_space == plan.memory());
+        CHECK(offloaded[r].offloaded == plan.host_memory());
+        CHECK(offloaded[r].asked == plan.memory());
+        const std::uint64_t scalars = 2 * sizeof(step_scalars);
+        CHECK(offloaded[r].measured.current == plan.memory().total() + scalars);
+        CHECK(offloaded[r].measured.peak == plan.memory().total() + scalars);
+      }
+      // In host memory: every shard and the optimizer, no transfer buffers; on the device: the
+      // gather buffers, the buckets, quantization's staging and a kept frozen matrix.
+      const memory_breakdown& h = plan.host_memory();
+      const memory_breakdown& d = plan.device_memory();
+      CHECK(h.gradients == plan.memory().gradients);
+      CHECK(h.optimizer_states == plan.memory().optimizer_states);
+      CHECK(h.master_weights == plan.memory().master_weights);
+      CHECK(h.communication_buffers == 0);
+      CHECK(d.parameters == plan.kept_frozen_bytes());
+      CHECK((d.parameters > 0) == keep_frozen);
+      CHECK(h.parameters + d.parameters == plan.memory().parameters);
+      CHECK(d.gradients + d.master_weights + d.optimizer_states == 0);
+      CHECK(d.communication_buffers == plan.memory().communication_buffers);
+      CHECK(d.communication_buffers > 0);
+      ++runs;
+    }
+  CHECK(runs == 8);
+}
+
+TEST_CASE(
+    "offload::parameters: every hooked collective runs on the communication buffers, never on the offloaded shards") {
+  // A hook that allocates the gather buffers and buckets itself (as a GPU's would be device
+  // memory) and checks that each all_gather's shard and gathered copy and each reduction's
+  // gradients lie inside them: with the shards in host memory, NCCL could not reach them.
+  struct bounds_hook final : collective_hook {
+    std::vector<std::pair<const unsigned char*, std::uint64_t>> blocks;
+    int outside = 0, calls = 0;
+    std::string name() const override { return "bounds"; }
+    bool supports(primitive::memory_space) const override { return true; }
+    void* allocate(std::uint64_t bytes, primitive::memory_space) override {
+      void* p = ::operator new (static_cast<std::size_t>(bytes), std::align_val_t{64});
+      blocks.emplace_back(static_cast<unsigned char*>(p), bytes);
+      return p;
+    }
+    void deallocate(void* p, std::uint64_t, primitive::memory_space) noexcept override {
+      ::operator delete (p, std::align_val_t{64});
+    }
+    bool inside(const void* p, std::uint64_t bytes) const {
+      const auto* c = static_cast<const unsigned char*>(p);
+      for (const auto& [b, n] : blocks)
+        if (c >= b && c + bytes <= b + n) return true;
+      return false;
+    }
+    void all_gather(communicator& comm, const gather_call& call) override {
+      const std::uint64_t shard = call.shard_numel * dtype_size(call.type);
+      ++calls;
+      if (!inside(call.shard, shard) || !inside(call.gathered, shard * static_cast<std::uint64_t>(comm.world_size())))
+        ++outside;
+      collective_hook::all_gather(comm, call);
+    }
+    void reduce(communicator& comm, const reduction_call& call) override {
+      ++calls;
+      if (!inside(call.gradients, call.numel * dtype_size(call.type))) ++outside;
+      collective_hook::reduce(comm, call);
+    }
+  };
+  constexpr int world = 3;
+  std::vector<std::vector<std::vector<float>>> host(world), offloaded(world);
+  std::vector<int> outside(world, -1), calls(world, 0);
+  local::launch(world, [&](communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    sharded_model_options options;
+    options.optimizer = test_optimizers()[1];
+    plan_request q = offload_request(3, 2, true, options.optimizer, offload::none);
+    std::vector<step_result> steps;
+    {
+      sharded_model model(comm, q, options);
+      host[r] = train<bfloat16>(
+          model, comm.rank(), 2, [](const auto& w) { w(); }, steps);
+    }
+    q.offload = offload::parameters;
+    auto hook = std::make_shared<bounds_hook>();
+    options.hook = hook;
+    primitive::host_stream compute;
+    host_execution_stream stream(compute);
+    {
+      sharded_model model(comm, q, device_context{&stream}, options);
+      offloaded[r] = train<bfloat16>(
+          model, comm.rank(), 2, [&](const auto& w) { compute.enqueue(w); }, steps);
+      compute.synchronize();
+    }
+    outside[r] = hook->outside;
+    calls[r] = hook->calls;
+  });
+  for (std::size_t r = 0; r < world; ++r) {
+    CAPTURE(r);
+    CHECK(bitwise_equal(offloaded[r], host[r]));
+    CHECK(calls[r] > 0);
+    CHECK(outside[r] == 0);
+  }
+}
+
+TEST_CASE("offload::parameters is refused outside stage 3, with hybrid sharding and with accumulate_unsharded") {
+  const optimizer_options adam;
+  const auto refusal = [](const plan_request& q) {
+    try {
+      const shard_plan p(q);
+    } catch (const error& e) { return std::string(e.what()); }
+    return std::string("(accepted)");
+  };
+  for (int stage = 0; stage <= 2; ++stage) {
+    CAPTURE(stage);
+    plan_request q = offload_request(stage, 1, true, adam, offload::parameters);
+    q.world_size = 2;
+    const std::string m = refusal(q);
+    CAPTURE(m);
+    CHECK(m.find("offload::parameters keeps each rank's parameter and gradient shards in host memory") !=
+          std::string::npos);
+    CHECK(m.find("got stage " + std::to_string(stage) + ": expected stage 3") != std::string::npos);
+  }
+  plan_request q = offload_request(3, 1, true, adam, offload::parameters);
+  q.world_size = 4;
+  q.replica_group_size = 2;
+  CHECK_THROWS_WITH_AS(shard_plan{q},
+                       doctest::Contains("offload::parameters with hybrid sharding (replica group size 2 of world "
+                                         "size 4) is not supported"),
+                       error);
+  q.replica_group_size = 0;
+  q.accumulate_unsharded = true;
+  CHECK_THROWS_WITH_AS(shard_plan{q}, doctest::Contains("offload::parameters with accumulate_unsharded"), error);
+  // Every rank of a runtime refuses the request the same way, before anything is allocated.
+  std::vector<std::exception_ptr> errors(2);
+  local::launch(2, [&](communicator& comm) {
+    primitive::host_stream compute;
+    host_execution_stream stream(compute);
+    try {
+      sharded_model model(comm, offload_request(2, 1, false, adam, offload::parameters), device_context{&stream},
+                          sharded_model_options{});
+    } catch (...) { errors[static_cast<std::size_t>(comm.rank())] = std::current_exception(); }
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    REQUIRE(errors[static_cast<std::size_t>(r)]);
+    CHECK(message_of(errors[static_cast<std::size_t>(r)]).find("expected stage 3") != std::string::npos);
+  }
+}
+
 TEST_CASE("offload is refused on every rank without a device context") {
   std::vector<std::exception_ptr> errors(2);
   local::launch(2, [&](communicator& comm) {
@@ -325,28 +523,34 @@ TEST_CASE("offload is refused on every rank where pinned host memory is not avai
   // Rank 1's compute stream puts offloaded state in pinned host memory, which this program (no
   // CUDA table) cannot allocate: rank 1 names what was expected, rank 0 names rank 1.
   REQUIRE(primitive::registered_device_primitives() == nullptr);
-  std::vector<std::exception_ptr> errors(2);
-  local::launch(2, [&](communicator& comm) {
-    sharded_model_options options;
-    primitive::host_stream compute;
-    host_execution_stream host(compute);
-    pinned_offload_stream pinned(compute);
-    execution_stream* s = comm.rank() == 1 ? static_cast<execution_stream*>(&pinned) : &host;
-    try {
-      sharded_model model(comm, offload_request(3, 1, true, options.optimizer, offload::optimizer), device_context{s},
-                          options);
-    } catch (...) { errors[static_cast<std::size_t>(comm.rank())] = std::current_exception(); }
-  });
-  REQUIRE(errors[0]);
-  REQUIRE(errors[1]);
-  CHECK(kind_of(errors[0]) == errc::invalid_argument);
-  CHECK(kind_of(errors[1]) == errc::invalid_argument);
-  const std::string m1 = message_of(errors[1]), m0 = message_of(errors[0]);
-  CHECK(m1.find("rank 1") != std::string::npos);
-  CHECK(m1.find("offloads the optimizer (offload::optimizer) beside a host_stream, which needs pinned host memory, "
-                "but this program has no CUDA table with pinned allocation registered: expected a program that "
-                "includes ringzero/cuda.cuh, or offload::none") != std::string::npos);
-  CHECK(m0.find("rank 1 refused the plan") != std::string::npos);
+  for (const offload off : {offload::optimizer, offload::parameters}) {
+    CAPTURE(offload_name(off));
+    std::vector<std::exception_ptr> errors(2);
+    local::launch(2, [&](communicator& comm) {
+      sharded_model_options options;
+      primitive::host_stream compute;
+      host_execution_stream host(compute);
+      pinned_offload_stream pinned(compute);
+      execution_stream* s = comm.rank() == 1 ? static_cast<execution_stream*>(&pinned) : &host;
+      try {
+        sharded_model model(comm, offload_request(3, 1, true, options.optimizer, off), device_context{s}, options);
+      } catch (...) { errors[static_cast<std::size_t>(comm.rank())] = std::current_exception(); }
+    });
+    REQUIRE(errors[0]);
+    REQUIRE(errors[1]);
+    CHECK(kind_of(errors[0]) == errc::invalid_argument);
+    CHECK(kind_of(errors[1]) == errc::invalid_argument);
+    const std::string m1 = message_of(errors[1]), m0 = message_of(errors[0]);
+    CHECK(m1.find("rank 1") != std::string::npos);
+    const std::string what = off == offload::optimizer
+                                 ? "the optimizer (offload::optimizer)"
+                                 : "the parameters, gradients and optimizer (offload::parameters)";
+    CHECK(m1.find("offloads " + what +
+                  " beside a host_stream, which needs pinned host memory, but this program has no CUDA table with "
+                  "pinned allocation registered: expected a program that includes ringzero/cuda.cuh, or "
+                  "offload::none") != std::string::npos);
+    CHECK(m0.find("rank 1 refused the plan") != std::string::npos);
+  }
 }
 
 TEST_CASE("offload: a refused step leaves the state as it was; the next step runs") {

@@ -48,7 +48,8 @@ struct gather_call {
   std::size_t unit = 0;    ///< the plan's gather unit the buffer belongs to
   std::size_t buffer = 0;  ///< the plan's flat buffer (shard_plan::buffers()[buffer])
   /// This rank's shard: `shard_numel` elements of `type`; it may be this rank's own slot of
-  /// `gathered` (stages 1-2 gather in place, as MPI_IN_PLACE does): read it before writing there.
+  /// `gathered` (stages 1-2 gather in place, as MPI_IN_PLACE does, and so does stage 3 with
+  /// offload::parameters, after copying the shard there from host memory): read it before writing there.
   const void* shard = nullptr;
   void* gathered = nullptr;       ///< every rank's shard in rank order: world size x `shard_numel` elements
   std::uint64_t shard_numel = 0;  ///< elements per shard

@@ -1,9 +1,10 @@
 #pragma once
 /// @file
-/// `zero::detail::optimizer_offload`: what `sharded_model` holds for offload::optimizer on the
-/// device path (zero/offload.hpp): per trainable flat buffer, two zeroed transfer buffers in host
-/// memory (the rank's gradient shard, copied in from the device, and its parameter shard, which
-/// the CPU update writes and which is copied back), two events per buffer that pipeline the
+/// `zero::detail::optimizer_offload`: what `sharded_model` holds for offload::optimizer and
+/// offload::parameters on the device path (zero/offload.hpp): per trainable flat buffer, two
+/// zeroed transfer buffers in host memory (the rank's gradient shard, copied in from the device,
+/// and its parameter shard, which the CPU update writes and which is copied back; none with
+/// offload::parameters, whose shards are host memory already), two events per buffer that pipeline the
 /// copies with the CPU update, the step's decision copied to host memory, and the offload stream
 /// on which the CPU update runs (a host stream: a thread of its own, whatever the compute
 /// stream's kind). Host memory is the compute stream's `offload_space()`: pinned host memory
@@ -50,9 +51,9 @@ struct optimizer_offload {
     finished = stream->make_event();
   }
 
-  /// The transfer buffers of every trainable buffer of `plan`: the range the rank's optimizer
-  /// updates (its shard; the whole buffer at stage 0), zeroed, counted in `counter` when given;
-  /// the step's decision in `scratch` when given.
+  /// The transfer buffers of every trainable buffer of `plan` (none with offload::parameters):
+  /// the range the rank's optimizer updates (its shard; the whole buffer at stage 0), zeroed,
+  /// counted in `counter` when given; the step's decision in `scratch` when given.
   void allocate_buffers(const shard_plan& plan, primitive::memory_counter* counter = nullptr,
                         primitive::memory_counter* scratch = nullptr) {
     const auto& buffers = plan.buffers();
@@ -60,7 +61,7 @@ struct optimizer_offload {
     parameters.resize(buffers.size());
     for (std::size_t b = 0; b < buffers.size(); ++b) {
       const flat_buffer& f = buffers[b];
-      if (!f.trainable) continue;
+      if (!f.trainable || plan.request().offload == offload::parameters) continue;
       const std::uint64_t own = plan.stage() == 0 ? f.numel : f.shard_numel;
       gradients[b] = allocate(space, own * dtype_size(f.gradient_type), counter);
       parameters[b] = allocate(space, own * dtype_size(f.type), counter);
@@ -76,10 +77,12 @@ struct optimizer_offload {
     return n;
   }
 
-  primitive::memory_space space;        ///< where the offloaded state and the transfer buffers live
-  std::vector<host_buffer> gradients;   ///< per buffer: the rank's gradient shard (gradient dtype)
-  std::vector<host_buffer> parameters;  ///< per buffer: the rank's parameter shard (parameter dtype)
-  host_buffer decided;                  ///< the step's step_scalars, copied in for the CPU
+  primitive::memory_space space;  ///< where the offloaded state and the transfer buffers live
+  std::vector<host_buffer>
+      gradients;  ///< per buffer: the rank's gradient shard (gradient dtype); empty with offload::parameters
+  std::vector<host_buffer>
+      parameters;       ///< per buffer: the rank's parameter shard (parameter dtype); empty with offload::parameters
+  host_buffer decided;  ///< the step's step_scalars, copied in for the CPU
   std::vector<std::unique_ptr<execution_stream::event>> copied_in;  ///< per buffer, on the communication stream
   std::vector<std::unique_ptr<execution_stream::event>> updated;    ///< per buffer, on the offload stream
   std::unique_ptr<execution_stream::event> started;   ///< the decision is in `decided` (communication stream)
@@ -88,13 +91,19 @@ struct optimizer_offload {
   std::unique_ptr<execution_stream> stream;
 };
 
-/// Why the device path cannot offload beside compute stream `s` ("" when it can): pinned host
-/// memory needs the registered CUDA table with its pinned allocation.
-inline std::string offload_problem(const execution_stream& s) {
+/// What offload `o` moves to host memory, for messages: "the optimizer (offload::optimizer)".
+inline std::string offload_what(offload o) {
+  return std::string(o == offload::parameters ? "the parameters, gradients and optimizer" : "the optimizer") +
+         " (offload::" + std::string(offload_name(o)) + ")";
+}
+
+/// Why the device path cannot offload `o` beside compute stream `s` ("" when it can): pinned
+/// host memory needs the registered CUDA table with its pinned allocation.
+inline std::string offload_problem(const execution_stream& s, offload o) {
   if (s.offload_space() == primitive::memory_space::pinned_host) {
     const primitive::device_primitives* p = primitive::registered_device_primitives();
     if (p == nullptr || p->allocate_pinned == nullptr)
-      return std::string("the plan offloads the optimizer (offload::optimizer) beside a ") + s.kind() +
+      return "the plan offloads " + offload_what(o) + " beside a " + s.kind() +
              ", which needs pinned host memory, but this program has no CUDA table with pinned allocation "
              "registered: expected a program that includes ringzero/cuda.cuh, or offload::none";
   }

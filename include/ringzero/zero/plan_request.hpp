@@ -118,7 +118,8 @@ struct plan_request {
   int max_inflight_reductions = 2;
   /// What the rank keeps in host memory (zero/offload.hpp): offload::optimizer moves master
   /// weights and optimizer states there, with one transfer buffer per trainable buffer for the
-  /// gradient shard and one for the updated parameter shard.
+  /// gradient shard and one for the updated parameter shard; offload::parameters (stage 3, one
+  /// replica group, sharded gradients) moves the parameter and gradient shards there too.
   zero::offload offload = zero::offload::none;
   /// The memory space of the model state (`shard_plan::device_memory()` counts it there): host,
   /// or device for a `zero::sharded_model` whose compute stream is a device's (the device path).

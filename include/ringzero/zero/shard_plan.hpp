@@ -142,13 +142,16 @@ class shard_plan {
   const memory_breakdown& memory() const noexcept { return memory_; }
   /// The part of `memory()` in the compute stream's memory (`space()`: a GPU's on the device
   /// path): all of it without offload; with offload::optimizer parameters, gradients, gather
-  /// buffers and gradient buckets.
+  /// buffers and gradient buckets; with offload::parameters the gather buffers, gradient buckets
+  /// and frozen buffers kept whole (`flat_buffer::replicated`).
   const memory_breakdown& device_memory() const noexcept { return device_memory_; }
   /// The memory space `device_memory()` is in: `plan_request::space`, host when unset.
   primitive::memory_space space() const noexcept { return request_.space.value_or(primitive::memory_space::host); }
   /// The part of `memory()` in host memory (pinned on a GPU): nothing without offload; with
   /// offload::optimizer the master weights, the optimizer states and, as communication buffers,
-  /// the transfer buffers (per trainable buffer, the rank's gradient shard and parameter shard).
+  /// the transfer buffers (per trainable buffer, the rank's gradient shard and parameter shard);
+  /// with offload::parameters the parameter shards, gradient shards, master weights and optimizer
+  /// states, and no transfer buffers (the CPU updates the shards where they are).
   const memory_breakdown& host_memory() const noexcept { return host_memory_; }
   /// The communication buffers of the canonical schedule.
   const communication_buffers& communication() const noexcept { return communication_; }
@@ -249,9 +252,28 @@ class shard_plan {
       detail::plan_error("replica group size " + std::to_string(group) + " does not divide world size " +
                          std::to_string(q.world_size));
     if (q.stage < 0 || q.stage > 3) detail::plan_error("stage must be 0, 1, 2 or 3, got " + std::to_string(q.stage));
-    if (q.offload != offload::none && q.offload != offload::optimizer)
-      detail::plan_error("offload must be none or optimizer, got value " +
+    if (q.offload != offload::none && q.offload != offload::optimizer && q.offload != offload::parameters)
+      detail::plan_error("offload must be none, optimizer or parameters, got value " +
                          std::to_string(static_cast<unsigned>(q.offload)));
+    if (q.offload == offload::parameters) {
+      // The shards live in host memory: only stage 3 gathers parameters from a shard per unit,
+      // and every collective must still run on device memory (the gather buffers and buckets).
+      if (q.stage != 3)
+        detail::plan_error(
+            "offload::parameters keeps each rank's parameter and gradient shards in host memory and "
+            "copies a unit's shard to the device before its all_gather, which is stage 3's; got "
+            "stage " +
+            std::to_string(q.stage) + ": expected stage 3, or offload::optimizer at stages 0-2");
+      if (group != q.world_size)
+        detail::plan_error("offload::parameters with hybrid sharding (replica group size " + std::to_string(group) +
+                           " of world size " + std::to_string(q.world_size) +
+                           ") is not supported: the replicas' all_reduce of the gradient shards would run on host "
+                           "memory; expected the whole world as one replica group, or offload::optimizer");
+      if (q.accumulate_unsharded)
+        detail::plan_error(
+            "offload::parameters with accumulate_unsharded: the full gradients the trainer writes "
+            "would be host memory; expected accumulate_unsharded = false, or offload::optimizer");
+    }
     if (q.reshard_after_forward != reshard_policy::all && q.reshard_after_forward != reshard_policy::except_last &&
         q.reshard_after_forward != reshard_policy::none)
       detail::plan_error("reshard_after_forward must be all, except_last or none, got value " +
@@ -557,24 +579,27 @@ class shard_plan {
   void compute_memory() {
     const int stage = request_.stage;
     const zero::precision& pr = request_.precision;
-    const bool offloaded = request_.offload == offload::optimizer;
+    const bool offloaded = request_.offload != offload::none;
+    const bool shards_offloaded = request_.offload == offload::parameters;  // stage 3 (validated)
     memory_breakdown& optimizer_side = offloaded ? host_memory_ : device_memory_;
+    memory_breakdown& shard_side = shards_offloaded ? host_memory_ : device_memory_;
     // category += elements * bytes per element
     auto add = [](std::uint64_t& category, std::uint64_t elements, std::uint64_t element_bytes, std::string_view what) {
       category = detail::add_or_refuse(category, detail::multiply_or_refuse(elements, element_bytes, what), what);
     };
     for (const flat_buffer& f : buffers_) {
       const std::uint64_t full = f.numel, shard = f.shard_numel;
-      add(device_memory_.parameters, stage >= 3 && !f.replicated ? shard : full, dtype_size(f.type),
+      const bool sharded = stage >= 3 && !f.replicated;  // a replicated (frozen) buffer stays whole on the device
+      add((sharded ? shard_side : device_memory_).parameters, sharded ? shard : full, dtype_size(f.type),
           "the parameter memory per rank");
       if (!f.trainable) continue;
-      add(device_memory_.gradients, sharded_gradients() ? shard : full, dtype_size(f.gradient_type),
+      add(shard_side.gradients, sharded_gradients() ? shard : full, dtype_size(f.gradient_type),
           "the gradient memory per rank");
       const std::uint64_t own = stage >= 1 ? shard : full;
       if (f.has_master)
         add(optimizer_side.master_weights, own, dtype_size(*pr.master), "the master weight memory per rank");
       add(optimizer_side.optimizer_states, own, pr.state_bytes_per_element(), "the optimizer state memory per rank");
-      if (offloaded)  // the gradient shard in, the updated parameter shard out
+      if (offloaded && !shards_offloaded)  // the gradient shard in, the updated parameter shard out
         add(host_memory_.communication_buffers, own, dtype_size(f.gradient_type) + dtype_size(f.type),
             "the host transfer buffer memory per rank");
     }
@@ -588,8 +613,8 @@ class shard_plan {
     constexpr std::string_view states =
         "the model-state memory per rank (parameters, gradients, master weights, optimizer states)";
     // Device plus host, category by category: each sum, the model states and the total fit.
-    memory_.parameters = device_memory_.parameters;
-    memory_.gradients = device_memory_.gradients;
+    memory_.parameters = detail::add_or_refuse(device_memory_.parameters, host_memory_.parameters, states);
+    memory_.gradients = detail::add_or_refuse(device_memory_.gradients, host_memory_.gradients, states);
     memory_.master_weights = device_memory_.master_weights + host_memory_.master_weights;  // one of them is 0
     memory_.optimizer_states = device_memory_.optimizer_states + host_memory_.optimizer_states;
     memory_.communication_buffers =

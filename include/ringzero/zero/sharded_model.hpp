@@ -119,7 +119,8 @@ class sharded_model {
   /// The compute stream: the device_context's, or on the host path one run by the calling
   /// thread (the trainer's own code is its work).
   execution_stream* compute_stream() noexcept { return compute_; }
-  /// The offload stream (offload::optimizer on the device path; else nullptr): the CPU update runs there. For tests.
+  /// The offload stream (offload::optimizer or parameters on the device path; else nullptr): the CPU update runs there.
+  /// For tests.
   execution_stream* offload_stream() noexcept { return offload_ ? offload_->stream.get() : nullptr; }
   /// Blocks until the runtime's work enqueued so far (communication stream) has run; rethrows
   /// its error.
@@ -364,11 +365,18 @@ class sharded_model {
   /// Starts `gather_times()`'s sums again.
   void reset_gather_times() noexcept { timer_.reset(); }
 
-  /// The part of `memory_in_use()` that offload::optimizer keeps in host memory (master weights,
-  /// optimizer states, transfer buffers); zero without offload. Equals `plan().host_memory()`.
+  /// The part of `memory_in_use()` that offload keeps in host memory (offload::optimizer: master
+  /// weights, optimizer states, transfer buffers; offload::parameters: the parameter and gradient
+  /// shards too, no transfer buffers); zero without offload. Equals `plan().host_memory()`.
   memory_breakdown offloaded_memory_in_use() const {
     if (!offload_) return {};
-    return {0, 0, optimizer_->master_bytes(), optimizer_->state_bytes(), offload_->bytes()};
+    memory_breakdown m{0, 0, optimizer_->master_bytes(), optimizer_->state_bytes(), offload_->bytes()};
+    if (parameters_offloaded())
+      for (std::size_t b = 0; b < params_.size(); ++b) {
+        if (!plan_.holds_whole(b)) m.parameters += params_[b].bytes();  // a replicated buffer stays on the device
+        m.gradients += grads_[b].bytes();
+      }
+    return m;
   }
   /// The part of `memory_in_use()` in `space` (host path: host; device path: the compute stream's).
   memory_breakdown memory_in_use(primitive::memory_space space) const;
@@ -495,6 +503,23 @@ class sharded_model {
   void restore_gradient_sync(bool on) noexcept;
   void allocate();
 
+  /// offload::parameters: the parameter shards (of buffers not held whole) and the gradient
+  /// shards are host memory, the offload stream's `space`.
+  bool parameters_offloaded() const noexcept { return plan_.request().offload == offload::parameters; }
+
+  /// The input of buffer b's all_gather into `gathered` (its gathered copy, device memory): the
+  /// rank's shard, or with offload::parameters the shard copied from host memory into its place
+  /// in `gathered` on the communication stream, for an in-place all_gather (NCCL's convention).
+  unsigned char* gather_input(std::size_t b, unsigned char* gathered) {
+    unsigned char* shard = params_[b].data();
+    if (!parameters_offloaded()) return shard;
+    const flat_buffer& f = plan_.buffers()[b];
+    const std::uint64_t bytes = f.shard_numel * dtype_size(f.type);
+    unsigned char* in_place = gathered + static_cast<std::uint64_t>(shard_index_) * bytes;
+    comm_stream_->copy(in_place, shard, bytes);
+    return in_place;
+  }
+
   algorithms::range owned_range(std::size_t b) const {
     const flat_buffer& f = plan_.buffers()[b];
     return plan_.stage() == 0 ? algorithms::range{0, f.numel} : f.shard(shard_index_);
@@ -615,9 +640,10 @@ class sharded_model {
   step_result run_step(std::uint64_t micro_batches, bool sync_off);
   /// Whether a non-finite step is skipped: as asked, and always with loss scaling.
   bool skips_nonfinite() const noexcept { return options_.skip_nonfinite_steps || scaler_.enabled(); }
-  /// offload::optimizer (zero/sharded_model_offload.hpp): the update decided in `scalars` (host
-  /// memory) as copies on the communication stream and CPU work on the offload stream, pipelined
-  /// buffer by buffer; begins the optimizer's step unless skipped.
+  /// offload::optimizer and parameters (zero/sharded_model_offload.hpp): the update decided in
+  /// `scalars` (host memory) as copies on the communication stream (none for offload::parameters)
+  /// and CPU work on the offload stream, pipelined buffer by buffer; begins the optimizer's step
+  /// unless skipped.
   void enqueue_offloaded_update(const step_scalars* scalars);
 
   /// Reproducible mode, end of the accumulation window: every trainable buffer's average over
@@ -675,7 +701,7 @@ class sharded_model {
   std::unique_ptr<execution_stream::event> comm_mark_;                       ///< scratch, on comm
   detail::host_buffer step_scalars_;  ///< a step_scalars in the stream's memory (written by stream work)
   step_scalars decided_;              ///< the step's scalars read back to the host
-  std::unique_ptr<detail::optimizer_offload> offload_;  ///< offload::optimizer only
+  std::unique_ptr<detail::optimizer_offload> offload_;  ///< offload::optimizer or parameters only
   std::unique_ptr<execution_stream> comm_stream_;
 };
 

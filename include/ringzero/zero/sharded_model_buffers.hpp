@@ -49,12 +49,17 @@ inline void sharded_model::allocate() {
   const bool stage3 = plan_.stage() == 3, shard_grads = plan_.sharded_gradients();
   params_.reserve(buffers.size());
   grads_.reserve(buffers.size());
+  // offload::parameters: the shards in host memory (a replicated frozen buffer stays whole on the device).
+  const auto in = [this](bool host, std::uint64_t bytes, memory_category what) {
+    return host ? detail::optimizer_offload::allocate(offload_->space, bytes, counter(what)) : make_buffer(bytes, what);
+  };
   for (const flat_buffer& f : buffers) {
-    params_.emplace_back(make_buffer((stage3 && !f.replicated ? f.shard_numel : f.numel) * dtype_size(f.type),
-                                     memory_category::parameters));
-    grads_.emplace_back(
-        make_buffer(f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0,
-                    memory_category::gradients));
+    const bool sharded = stage3 && !f.replicated;
+    params_.emplace_back(in(sharded && parameters_offloaded(), (sharded ? f.shard_numel : f.numel) * dtype_size(f.type),
+                            memory_category::parameters));
+    grads_.emplace_back(in(parameters_offloaded(),
+                           f.trainable ? (shard_grads ? f.shard_numel : f.numel) * dtype_size(f.gradient_type) : 0,
+                           memory_category::gradients));
   }
   if (offload_) {  // master weights and states in host memory, with transfer buffers (attach made it)
     const primitive::memory_space space = offload_->space;
@@ -188,8 +193,8 @@ inline void sharded_model::enqueue_gather(std::size_t u, std::size_t slot) {
     const flat_buffer& f = plan_.buffers()[b];
     if (f.shard_numel == 0 || f.replicated) continue;  // a replicated buffer is held whole
     const collective_options tag = tagged(call_purpose::gather, b);
-    unsigned char* src = params_[b].data();
     unsigned char* dst = base + f.gather_offset;
+    unsigned char* src = gather_input(b, dst);  // offload::parameters: copied into place first
     if (qz.weights == quantized_bits::none) {
       if (options_.hook) {
         const gather_call call{u, b, src, dst, f.shard_numel, f.type, tag};

@@ -48,9 +48,9 @@ inline std::string sharded_model::attach(const device_context& device) {
   if (options_.reproducible && !s.runs_host_work())
     return std::string("reproducible mode deposits and sums on the host, and the compute stream is a ") + s.kind() +
            ", whose memory host code cannot touch: expected a host-memory compute stream (or reproducible = false)";
-  const bool offloaded = plan_.request().offload == offload::optimizer;
+  const bool offloaded = plan_.request().offload != offload::none;
   if (offloaded) {
-    std::string why = detail::offload_problem(s);
+    std::string why = detail::offload_problem(s, plan_.request().offload);
     if (!why.empty()) return why;
   }
   compute_ = device.compute;
@@ -65,9 +65,9 @@ inline void sharded_model::start(const device_context* device, std::string probl
   if (device == nullptr) {
     require_host_memory();
     if (plan_.request().offload != offload::none && problem.empty())
-      problem =
-          "the plan offloads the optimizer (offload::optimizer), which runs on the device path only: expected a "
-          "device_context (the host path keeps the whole model state in host memory already) or offload::none";
+      problem = "the plan offloads " + detail::offload_what(plan_.request().offload) +
+                ", which runs on the device path only: expected a device_context (the host path keeps the whole "
+                "model state in host memory already) or offload::none";
     // The host path: the trainer's thread is the compute stream, the communicator's progress
     // thread drives the communication stream; from here on the one sequence of stream work.
     own_compute_ = std::make_unique<host_execution_stream>(primitive::on_caller_thread);
@@ -213,7 +213,7 @@ inline void sharded_model::copy_parameter_out(std::size_t p, unsigned char* out)
         comm_stream_->wait(*gather_slot_free_[borrowed_slot]);
         dst = gathers_buffers_[borrowed_slot].data() + f.gather_offset;
       }
-      unsigned char* shard = params_[pl.buffer].data();
+      unsigned char* shard = gather_input(pl.buffer, dst);
       const collective_options tag = tagged(call_purpose::read, pl.buffer);
       if (f.shard_numel > 0)
         comm_stream_->collective(
