@@ -818,6 +818,9 @@ int main(int argc, char** argv) {
     if (o.offload == "parameters" && stages.size() > 1)
       throw usage_error(
           "--offload parameters plans stage 3 only (the parameter shards in host memory): pass --stage 3");
+    if (o.ranks_per_node > o.world_size)
+      throw usage_error("--ranks-per-node " + std::to_string(o.ranks_per_node) + " is more than the world size " +
+                        std::to_string(o.world_size));
     const int ranks_per_node = o.ranks_per_node > 0 ? o.ranks_per_node : std::min(o.world_size, 8);
     std::vector<shard_plan> plans;
     for (int stage : stages) plans.emplace_back(make_request(o, params, stage));

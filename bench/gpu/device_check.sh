@@ -544,7 +544,7 @@ if [ -z "$zero_skip" ] && has zero_fashion_mnist && [ $have_nccl = 1 ] && [ "$tr
     # copied into its gather buffer before an in-place all_gather (docs/zero.md).
     if grep -qs -- '"parameters"' "$zero_dir/zero_options.hpp"; then
       zero_extra=(--precision bfloat16 --optimizer adamw)
-      train_zero 3 parameters nccl "bfloat16"
+      train_zero 3 parameters nccl "parameters bfloat16"
       zero_extra=()
     else
       record "example 02 parameter offload" skip "example 02 has no --offload parameters yet"

@@ -221,9 +221,11 @@ inline void check_options(const options& o) {
                 "reduced in float32");
   if (o.offload != "none" && o.where.device == "cpu")
     throw error(errc::invalid_argument,
-                "--offload " + o.offload +
-                    " needs --device sim or --device cuda: it moves the optimizer's state from the device path's "
-                    "memory to host memory, and with --device cpu that state is in host memory already");
+                "--offload " + o.offload + " needs --device sim or --device cuda: it moves " +
+                    (o.offload == "parameters" ? std::string("the parameters, gradients and optimizer state")
+                                               : std::string("the optimizer's state")) +
+                    " from the device path's memory to host memory, and with --device cpu that state is in host "
+                    "memory already");
   if (o.offload == "parameters" && o.stage != 3)
     throw error(
         errc::invalid_argument,

@@ -2,13 +2,12 @@
 // rank per GPU: a world of one on a machine with one GPU, two ranks where there are two or more),
 // its device path on CUDA streams, stages 0-3, SGD with Nesterov momentum, Adam and AdamW,
 // float32, bfloat16 with float32 master weights and float16 with dynamic loss scaling, with and
-// without CPU offload (offload::optimizer), against the host runtime on the same inputs and the
-// same number of ranks (local backend), with test_zero_cuda.cpp's tolerances: at most two ranks,
-// so that NCCL's order of a reduction cannot move a bit (a sum of two terms is the same in either
-// order). The runtime's allocations: what it holds (memory_in_use) in device and pinned host
-// memory equals the plan's device_memory() and host_memory(), and what it has allocated
-// (memory_allocated, counted where it allocates) is that plus the step's scalars (on the device,
-// and offload's copy of them in pinned host memory), after construction and after training.
+// without CPU offload (offload::optimizer; at stage 3 also offload::parameters), against the host runtime on the same
+// inputs and the same number of ranks (local backend), with test_zero_cuda.cpp's tolerances: at most two ranks, so that
+// NCCL's order of a reduction cannot move a bit (a sum of two terms is the same in either order). The runtime's
+// allocations: what it holds (memory_in_use) in device and pinned host memory equals the plan's device_memory() and
+// host_memory(), and what it has allocated (memory_allocated, counted where it allocates) is that plus the step's
+// scalars (on the device, and offload's copy of them in pinned host memory), after construction and after training.
 // Skipped without a device (suite 'gpu').
 #include <doctest/doctest.h>
 
@@ -143,8 +142,7 @@ TEST_CASE("ZeRO over NCCL: stages 0-3, float32, bfloat16 and float16, with and w
     CAPTURE(optimizer_name(c.optimizer.kind));
     CAPTURE(dtype_name(c.type));
     CAPTURE(c.clip);
-    const bool offloaded = c.off != offload::none;
-    CAPTURE(offloaded);
+    CAPTURE(offload_name(c.off));
     for (std::size_t r = 0; r < ranks; ++r) {
       CAPTURE(r);
       CHECK(in_use[i][r] == 1);

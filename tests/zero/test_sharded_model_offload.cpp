@@ -1,6 +1,8 @@
 // CPU offload (offload::optimizer) of the ZeRO runtime's device path on the simulated device:
 // master weights and optimizer states in host memory updated by CPU work on the offload stream,
-// gradient shards copied in and parameter shards copied out on the communication stream. Every
+// gradient shards copied in and parameter shards copied out on the communication stream; and
+// offload::parameters (stage 3): the parameter and gradient shards in host memory too, copied
+// into the gather buffers before in-place all_gathers and updated in place by the CPU. Every
 // result is bitwise the host runtime's without offload (stages 0-3, float32 and bfloat16 with
 // float32 master weights, world sizes 1-4, accumulation, a skipped step); allocations equal the
 // plan's device and host memory; offload without pinned memory or without a device context is
@@ -469,8 +471,12 @@ TEST_CASE("offload: the copy back waits for the CPU update (the offload stream p
   // the communication stream's copies of the updated parameter shards must wait for the CPU's
   // updates (an event per buffer). Without that wait they copy the transfer buffers as they
   // were (zeros, or the previous step's values) and the results differ from the host runtime's.
-  for (int stage : {1, 3}) {
+  // With offload::parameters nothing is copied back: the communication stream's zeroing of the
+  // gradient shards, and the next step's gathers, must wait for the CPU's update in place.
+  for (const auto& [stage, off] :
+       {std::pair{1, offload::optimizer}, std::pair{3, offload::optimizer}, std::pair{3, offload::parameters}}) {
     CAPTURE(stage);
+    CAPTURE(offload_name(off));
     std::vector<std::vector<std::vector<float>>> host(2), device(2);
     std::vector<int> paused_seen(2, 0);
     local::launch(2, [&](communicator& comm) {
@@ -484,7 +490,7 @@ TEST_CASE("offload: the copy back waits for the CPU update (the offload stream p
         host[r] = train<bfloat16>(
             model, comm.rank(), 3, [](const auto& w) { w(); }, steps);
       }
-      q.offload = offload::optimizer;
+      q.offload = off;
       primitive::host_stream compute;
       host_execution_stream stream(compute);
       sharded_model model(comm, q, device_context{&stream}, options);

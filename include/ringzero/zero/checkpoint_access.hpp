@@ -6,7 +6,9 @@
 /// (`begin_restore`, then writes or `exchange_state`). Checkpoint code uses this adapter; the
 /// model's public interface stays the trainer's. The pointers are host memory on the host path;
 /// on the device path (`through_stream()`) they are the compute stream's memory (a GPU's, or the
-/// simulated device's), which checkpoint/ reaches only with `copy_to_host` / `copy_from_host`.
+/// simulated device's; with offload the optimizer's state, and with offload::parameters the
+/// parameter shards too, are pinned host memory), which checkpoint/ reaches only with
+/// `copy_to_host` / `copy_from_host`.
 /// Thread semantics: the model's (its rank's thread, between steps). Included by
 /// zero/sharded_model.hpp at its end.
 

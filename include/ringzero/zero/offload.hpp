@@ -21,7 +21,8 @@ enum class offload : unsigned char {
   parameters  ///< stage 3 only: as `optimizer`, and the rank's parameter and gradient shards in host
               ///< memory too, updated there in place (FSDP2's CPUOffloadPolicy): a unit's shard is
               ///< copied into its gather buffer before an in-place all_gather, each reduced gradient
-              ///< shard is added into host memory; the device holds only gather buffers and buckets
+              ///< shard is added into host memory; the device holds the gather buffers, buckets,
+              ///< quantization's staging and frozen buffers kept whole
 };
 
 /// "none", "optimizer" or "parameters".

@@ -142,8 +142,9 @@ class shard_plan {
   const memory_breakdown& memory() const noexcept { return memory_; }
   /// The part of `memory()` in the compute stream's memory (`space()`: a GPU's on the device
   /// path): all of it without offload; with offload::optimizer parameters, gradients, gather
-  /// buffers and gradient buckets; with offload::parameters the gather buffers, gradient buckets
-  /// and frozen buffers kept whole (`flat_buffer::replicated`).
+  /// buffers, gradient buckets and quantization's staging; with offload::parameters the gather
+  /// buffers, gradient buckets, quantization's staging and frozen buffers kept whole
+  /// (`flat_buffer::replicated`).
   const memory_breakdown& device_memory() const noexcept { return device_memory_; }
   /// The memory space `device_memory()` is in: `plan_request::space`, host when unset.
   primitive::memory_space space() const noexcept { return request_.space.value_or(primitive::memory_space::host); }
