@@ -15,6 +15,13 @@
 // once, before the first row. --json FILE and --csv FILE keep the rows. The MPI library runs
 // with its default settings (whatever the environment gives it).
 //
+//   mpirun -np 2 ringzero-mpi-compare -b 4K -e 256M -f 4 -n 50 --tune tuning.txt
+//
+// also writes (rank 0) a tuning table (core/tuning_table.hpp): per measured size, the fastest of
+// ring, halving_doubling and native by median, from that size up to the next, consecutive
+// sizes with the same winner merged; RINGZERO_MPI_TUNING=tuning.txt then makes the cost model
+// (auto) defer to it on this collective and world size.
+//
 //   mpirun -np 2 ringzero-mpi-compare --link
 //
 // measures instead the cost parameters of the algorithm choice on this machine and network
@@ -31,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -238,7 +246,7 @@ void measure_link(rz::mpi::communicator& comm, int reps) {
 int main(int argc, char** argv) {
   rz::mpi::environment env(argc, argv);
   CLI::App app{"ringzero-mpi-compare: ringzero over MPI point-to-point against MPI's own collectives"};
-  std::string collective = "all_reduce", min_b = "64K", max_b = "256M", json_path, csv_path;
+  std::string collective = "all_reduce", min_b = "64K", max_b = "256M", json_path, csv_path, tune_path;
   std::uint64_t factor = 2;
   int iters = 20, warmup = 5;
   bool in_place = false, link = false;
@@ -262,6 +270,9 @@ int main(int argc, char** argv) {
   app.add_flag("--inplace", in_place, "run in place instead of out of place");
   app.add_option("--json", json_path, "write the rows to this JSON file (rank 0)");
   app.add_option("--csv", csv_path, "write the rows to this CSV file (rank 0; the table's columns)");
+  app.add_option("--tune", tune_path,
+                 "write a tuning table (rank 0): per size the fastest of ring, halving_doubling and native, for "
+                 "RINGZERO_MPI_TUNING");
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
@@ -316,6 +327,8 @@ int main(int argc, char** argv) {
     const std::vector<rz::algorithm> algos = {rz::algorithm::ring, rz::algorithm::halving_doubling,
                                               rz::algorithm::native, rz::algorithm::automatic};
     std::vector<rz::bench::result_row> result_rows;
+    rz::tuning_table tuned;
+    std::optional<rz::algorithm> last_winner;
     for (std::uint64_t bytes : rz::bench::sweep_sizes(min_bytes, max_bytes, factor, 0)) {
       const rz::bench::row_shape shape = c.shape(bytes);
       if (shape.count == 0) continue;
@@ -328,6 +341,13 @@ int main(int argc, char** argv) {
       for (const auto& x : m) wrong += x.measured(in_place).wrong;
       wrong_total += wrong;
       if (ratio < 1.0) ++rows_not_matching;
+      // The fastest of the three by median (ties to the earlier: ring, halving_doubling, native),
+      // a new rule where the winner changes.
+      std::size_t winner = 0;
+      for (std::size_t a = 1; a < 3; ++a)
+        if (median(a) < median(winner)) winner = a;
+      if (!last_winner || *last_winner != algos[winner]) tuned.add({*kind, n, shape.size_bytes, algos[winner]});
+      last_winner = algos[winner];
       if (rank == 0) {
         for (const auto& x : m) std::fputs(rz::bench::table_row(x.row).c_str(), stdout);
         fmt::print("# {:>12}  native/best {:.2f} (best {}, auto chose {})\n", shape.size_bytes, ratio,
@@ -359,6 +379,14 @@ int main(int argc, char** argv) {
                               result_rows);
       }
       if (!csv_path.empty()) rz::bench::write_csv(csv_path, result_rows);
+      if (!tune_path.empty()) {
+        const std::string text = tuned.text();
+        std::FILE* f = std::fopen(tune_path.c_str(), "w");
+        if (f == nullptr) throw std::runtime_error("cannot open the tuning table " + tune_path + " for writing");
+        const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+        if (std::fclose(f) != 0 || !written) throw std::runtime_error("cannot write the tuning table " + tune_path);
+        fmt::print("# tuning table ({} rule(s)) written to {}:\n{}", tuned.rules().size(), tune_path, text);
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ringzero-mpi-compare: %s\n", e.what());

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "ringzero/core/tuning_table.hpp"
 #include "ringzero/ringzero.hpp"
 
 using namespace ringzero;
@@ -399,4 +400,61 @@ TEST_CASE("dispatch raises errc::internal naming the collective and algorithm th
       for (const outcome& x : o) CHECK(!rzt::contains(x.message, "(output written)"));
     }
   }
+}
+
+TEST_CASE("tuning_table: rules by collective, world size and size; text round trip; fingerprint; bad lines") {
+  tuning_table t = tuning_table::parse(
+      "# measured\n"
+      "all_reduce 2 0 ring\n"
+      "all_reduce 2 4194304 native   # from 4 MiB\n"
+      "\n"
+      "all_reduce 2 33554432 halving_doubling\n"
+      "all_gather 4 1024 hd\n",
+      "t.txt");
+  REQUIRE(t.rules().size() == 4);
+  CHECK(t.choice(collective_kind::all_reduce, 2, 0) == algorithm::ring);
+  CHECK(t.choice(collective_kind::all_reduce, 2, 4194303) == algorithm::ring);
+  CHECK(t.choice(collective_kind::all_reduce, 2, 4194304) == algorithm::native);
+  CHECK(t.choice(collective_kind::all_reduce, 2, 33554431) == algorithm::native);
+  CHECK(t.choice(collective_kind::all_reduce, 2, 1e12) == algorithm::halving_doubling);
+  CHECK_FALSE(t.choice(collective_kind::all_reduce, 3, 4194304));      // another world size: the model's
+  CHECK_FALSE(t.choice(collective_kind::reduce_scatter, 2, 4194304));  // another collective
+  CHECK_FALSE(t.choice(collective_kind::all_gather, 4, 1023));         // below the first rule
+  CHECK(t.choice(collective_kind::all_gather, 4, 1024) == algorithm::halving_doubling);
+  const tuning_table back = tuning_table::parse(t.text(), "text()");
+  CHECK(back.rules() == t.rules());
+  CHECK(back.fingerprint() == t.fingerprint());
+  CHECK(t.fingerprint() != 0);
+  CHECK(tuning_table{}.fingerprint() == 0);
+  tuning_table other = t;
+  other.add({collective_kind::all_reduce, 2, 4194304, algorithm::ring});  // replaces the rule at 4 MiB
+  CHECK(other.rules().size() == 4);
+  CHECK(other.choice(collective_kind::all_reduce, 2, 5e6) == algorithm::ring);
+  CHECK(other.fingerprint() != t.fingerprint());
+  const auto refusal = [](const std::string& text) {
+    try {
+      (void)tuning_table::parse(text, "bad.txt");
+    } catch (const error& e) {
+      CHECK(e.kind() == errc::invalid_argument);
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  CHECK(rzt::contains(refusal("all_reduce 2 0 ring\nall_reducer 2 0 ring\n"),
+                      "tuning table bad.txt, line 2: unknown collective 'all_reducer'"));
+  CHECK(rzt::contains(refusal("all_reduce 2 0 fast\n"), "line 1: unknown algorithm 'fast'"));
+  CHECK(rzt::contains(refusal("all_reduce 2 0 auto\n"), "line 1: a tuning rule must name an algorithm, not auto"));
+  CHECK(rzt::contains(refusal("all_reduce 0 0 ring\n"), "line 1: a tuning rule's world size must be at least 1"));
+  CHECK(rzt::contains(refusal("all_reduce 2 -1 ring\n"), "line 1: byte count '-1' is not a whole number"));
+  CHECK(rzt::contains(refusal("all_reduce 2 18446744073709551616 ring\n"),
+                      "byte count '18446744073709551616' is out of range"));
+  CHECK(rzt::contains(refusal("all_reduce 16777217 0 ring\n"), "world size '16777217' is out of range"));
+  CHECK(rzt::contains(refusal("all_reduce 2 0\n"),
+                      "line 1: 3 field(s) (expected COLLECTIVE WORLD_SIZE MIN_BYTES ALGORITHM"));
+  CHECK(rzt::contains(refusal("barrier 2 0 ring\n"), "covers a collective with a size, not barrier"));
+  CHECK(rzt::contains(refusal("send 2 0 ring\n"), "not send"));
+  try {
+    (void)tuning_table::read("/nonexistent/tuning.txt");
+    FAIL("read a file that does not exist");
+  } catch (const error& e) { CHECK(rzt::contains(e.what(), "cannot read the tuning table /nonexistent/tuning.txt")); }
 }

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -188,6 +189,15 @@ class transport {
 
   /// Cost parameters of this backend (collective/selection.hpp).
   virtual link_model link() const noexcept = 0;
+
+  /// The measured choice for `k` at S = `bytes` on this communicator (core/tuning_table.hpp),
+  /// which the cost model defers to when the algorithm is available; std::nullopt where no rule
+  /// applies. Default: none (the MPI backend has a tuning table).
+  virtual std::optional<algorithm> tuned_choice(collective_kind k, double bytes) const noexcept {
+    (void)k;
+    (void)bytes;
+    return std::nullopt;
+  }
 
   /// Makes every rank's pending and future waits fail promptly with `reason` (a rank failed in
   /// a collective). Default: nothing (backends without shared state rely on their timeout).

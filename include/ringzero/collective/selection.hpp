@@ -6,6 +6,7 @@
 /// The manual: docs/algorithms.md, "Header notes", `ringzero/collective/selection.hpp`.
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "ringzero/algorithms/algorithm_table.hpp"
@@ -35,11 +36,15 @@ inline double estimate_us(collective_kind k, algorithm a, int n, double bytes, c
 }
 
 /// The algorithm the cost model picks for `k` on `c` with S = `bytes`: native when the backend
-/// prefers it, else the cheapest estimate over the table's available algorithms (the earlier on
-/// a tie), else the first available algorithm without a formula (native).
+/// prefers it, else the backend's measured choice (`transport::tuned_choice`, a tuning table:
+/// core/tuning_table.hpp) when it is available, else the cheapest estimate over the table's
+/// available algorithms (the earlier on a tie), else the first available algorithm without a
+/// formula (native).
 inline algorithm model_choice(const communicator& comm, collective_kind k, double bytes) noexcept {
   const transport& c = detail::transport_of(comm);
   if (c.prefers_native(k) && algorithm_available(comm, algorithm::native, k)) return algorithm::native;
+  if (const std::optional<algorithm> tuned = c.tuned_choice(k, bytes); tuned && algorithm_available(comm, *tuned, k))
+    return *tuned;
   const link_model m = c.link();
   algorithm best = algorithm::ring;  // what an automatic call names when nothing is available
   double best_cost = INFINITY;

@@ -1,7 +1,8 @@
 // The MPI communicator itself: split (like ncclCommSplit), a user communicator, asynchronous
 // collectives on the progress thread, pipelined transfers in many small slices, and the cases
 // of shared/cases/README.md that apply to collectives (C1-C5, C9, C10), each on the world size
-// it names (made with split where the job is larger); the traffic counters and the paced link.
+// it names (made with split where the job is larger); the traffic counters, the paced link and
+// the tuning table (communicator_options::tuning, RINGZERO_MPI_TUNING).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "mpi_test.hpp"
@@ -403,4 +405,77 @@ TEST_CASE("a paced link that differs between ranks, or is not a positive number,
         ringzero_test::contains(e->what(), "link_gbps must be a number of gigabits per second from 0.001 to 1000000"));
     CHECK(ringzero_test::contains(e->what(), "rank " + std::to_string(r) + "/"));
   }
+}
+
+TEST_CASE("a tuning table decides auto where a rule covers the call; the cost model elsewhere; results exact") {
+  const int r = world_rank(), n = world_size();
+  mpi::communicator_options o = ringzero_test::throwing(true);  // the check compares resolved algorithms
+  tuning_table t;
+  t.add({collective_kind::all_reduce, n, 0, algorithm::native});
+  t.add({collective_kind::all_reduce, n, 4096, algorithm::halving_doubling});
+  t.add({collective_kind::all_reduce, n, 65536, algorithm::ring});
+  t.add({collective_kind::all_gather, n + 1, 0, algorithm::native});  // another world size: ignored
+  o.tuning = t;
+  mpi::communicator comm(MPI_COMM_WORLD, o);
+  mpi::communicator plain(MPI_COMM_WORLD, ringzero_test::throwing(false));
+  CHECK(comm.tuning().rules() == t.rules());
+  const auto choice = [](communicator& c, collective_kind k, double bytes) {
+    std::string problem;
+    const algorithm a = resolve_algorithm(c, k, bytes, algorithm::automatic, algorithm::automatic, problem);
+    CHECK(problem.empty());
+    return a;
+  };
+  CHECK(choice(comm, collective_kind::all_reduce, 8) == algorithm::native);
+  CHECK(choice(comm, collective_kind::all_reduce, 4095) == algorithm::native);
+  CHECK(choice(comm, collective_kind::all_reduce, 4096) == algorithm::halving_doubling);
+  CHECK(choice(comm, collective_kind::all_reduce, 1 << 20) == algorithm::ring);
+  for (double bytes : {8.0, 65536.0, 4194304.0})  // not covered: the cost model's, as without a table
+    CHECK(choice(comm, collective_kind::all_gather, bytes) == choice(plain, collective_kind::all_gather, bytes));
+  // The collective runs what the table says: rank 0 names it explicitly, the others ask for auto,
+  // and the check mode (which compares the resolved algorithms) lets the call through.
+  const std::pair<std::uint64_t, algorithm> calls[] = {{2, algorithm::native},
+                                                       {4096, algorithm::halving_doubling},
+                                                       {70000, algorithm::ring}};  // int64: 16 B, 32 KiB, 547 KiB
+  for (const auto& [count, expected] : calls) {
+    CAPTURE(count);
+    std::vector<std::int64_t> v(count), out(count);
+    for (std::uint64_t i = 0; i < count; ++i) v[i] = static_cast<std::int64_t>(i) * (r + 1);
+    all_reduce(comm, v.data(), out.data(), count, dtype::int64, reduce_kind::sum,
+               with(r == 0 ? expected : algorithm::automatic));
+    std::uint64_t wrong = 0;
+    for (std::uint64_t i = 0; i < count; ++i) wrong += out[i] != static_cast<std::int64_t>(i) * n * (n + 1) / 2 ? 1 : 0;
+    CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("tuning tables that differ between ranks, or an unreadable RINGZERO_MPI_TUNING, are refused on every rank") {
+  const int r = world_rank(), n = world_size();
+  mpi::communicator_options o = ringzero_test::throwing(false);
+  if (r == 0) {
+    tuning_table t;
+    t.add({collective_kind::all_reduce, n, 0, algorithm::native});
+    o.tuning = t;
+  }
+  auto e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, o); });
+  REQUIRE(e);
+  CHECK(e->kind() == errc::invalid_argument);
+  CHECK(ringzero_test::contains(e->what(),
+                                "the tuning table (communicator_options::tuning / RINGZERO_MPI_TUNING) "
+                                "differs between ranks: rank 0: rules with fingerprint "));
+  CHECK(ringzero_test::contains(e->what(), ringzero_test::ranks_text(1, n - 1) + ": none"));
+  // The variable names a file that one rank cannot read: every rank refuses, that one says why.
+  const char* set = std::getenv("RINGZERO_MPI_TUNING");
+  const std::optional<std::string> before = set ? std::optional<std::string>(set) : std::nullopt;
+  if (r == n - 1) ::setenv("RINGZERO_MPI_TUNING", "/nonexistent/ringzero-tuning.txt", 1);
+  e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, ringzero_test::throwing(false)); });
+  if (before)
+    ::setenv("RINGZERO_MPI_TUNING", before->c_str(), 1);
+  else
+    ::unsetenv("RINGZERO_MPI_TUNING");
+  REQUIRE(e);
+  CHECK(e->kind() == errc::invalid_argument);
+  CHECK(ringzero_test::contains(e->what(), "malformed on rank(s) " + std::to_string(n - 1)));
+  if (r == n - 1)
+    CHECK(ringzero_test::contains(
+        e->what(), "RINGZERO_MPI_TUNING: cannot read the tuning table /nonexistent/ringzero-tuning.txt"));
 }

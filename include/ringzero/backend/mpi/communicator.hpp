@@ -179,6 +179,14 @@ class communicator final : public ringzero::detail::backend_communicator {
   /// `default_link(any node oversubscribed)`.
   link_model link() const noexcept override { return link_; }
 
+  /// The tuning table's choice (communicator_options::tuning, RINGZERO_MPI_TUNING) for `k` at
+  /// S = `bytes` on this communicator's world size; std::nullopt where no rule applies.
+  std::optional<algorithm> tuned_choice(collective_kind k, double bytes) const noexcept override {
+    return tuning_.choice(k, world_size(), bytes);
+  }
+  /// The tuning table in use (empty when none).
+  const tuning_table& tuning() const noexcept { return tuning_; }
+
   /// The default cost parameters, measured with `ringzero-mpi-compare --link` on the
   /// development machine (Open MPI 4.1, shared memory between processes, a 2-core VM shared
   /// with other jobs; docs/mpi.md has the ranges): alpha is the time of one exchange step of
@@ -389,6 +397,12 @@ class communicator final : public ringzero::detail::backend_communicator {
     try {
       if (!options.check) check_ = env_check(check_by_default);
       if (!gbps) gbps = detail::env_link_gbps();
+      if (options.tuning)
+        tuning_ = *options.tuning;
+      else if (const auto file = ringzero::detail::env_string("RINGZERO_MPI_TUNING"))
+        try {
+          tuning_ = tuning_table::read(*file);
+        } catch (const error& e) { throw error(e.kind(), "RINGZERO_MPI_TUNING: " + e.message()); }
     } catch (const error& e) {
       if (malformed_environment_.empty()) malformed_environment_ = e.message();
     }
@@ -631,6 +645,7 @@ class communicator final : public ringzero::detail::backend_communicator {
   bool check_ = false;
   failure_policy policy_ = failure_policy::abort_job;
   link_model link_;
+  tuning_table tuning_;  ///< measured choices (empty: the cost model decides alone)
   detail::link_pacer pacer_;
   std::string malformed_environment_;  ///< why a RINGZERO_* variable was refused here (raised in join)
   bool oversubscribed_ = false;

@@ -113,6 +113,7 @@ inline void communicator::join(MPI_Comm comm) {
   }
   mine.link_gbps = pacer_.gbps();
   mine.malformed_environment = malformed_environment_.empty() ? 0 : 1;
+  mine.tuning = tuning_.fingerprint();
   std::vector<detail::hello_record> all(static_cast<std::size_t>(world_size()));
   check(nullptr, MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, control_.get()),
         "MPI_Allgather");
@@ -166,6 +167,9 @@ inline void communicator::join(MPI_Comm comm) {
   if (pacer_.active()) link_.beta_us_per_byte = std::max(link_.beta_us_per_byte, 8.0 / (1e3 * pacer_.gbps()));
   agree("RINGZERO_ALGO", &detail::hello_record::forced_algorithm,
         [](std::int32_t a) { return std::string(algorithm_name(static_cast<algorithm>(a))); });
+  // Ranks with different rules would run different algorithms in one collective.
+  agree("the tuning table (communicator_options::tuning / RINGZERO_MPI_TUNING)", &detail::hello_record::tuning,
+        [](std::uint32_t h) { return h == 0 ? std::string("none") : "rules with fingerprint " + std::to_string(h); });
 }
 
 /// Tests the receive of rank `p`'s record (into `records_[p]`) on `request`: true once this

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "ringzero/backend/communicator.hpp"
+#include "ringzero/core/tuning_table.hpp"
 
 namespace ringzero::mpi {
 
@@ -85,6 +86,12 @@ struct communicator_options {
   /// to the cost model's choice, as a forced algorithm does where it is unavailable) and the link model's beta is at
   /// least the paced link's, 8 / (1e3 gbps) microseconds per byte.
   std::optional<double> link_gbps;
+  /// Algorithm choices measured on this machine (core/tuning_table.hpp), which the cost model
+  /// defers to where a rule covers the call and the algorithm is available (`ringzero-mpi-compare
+  /// --tune FILE` writes them; docs/mpi.md, "Tuning the algorithm choice"). Unset: the file named
+  /// by RINGZERO_MPI_TUNING (read on every rank; unreadable or malformed: refused on every rank),
+  /// else none. Every rank must have the same rules (checked when the communicator is made).
+  std::optional<tuning_table> tuning;
 };
 
 }  // namespace ringzero::mpi

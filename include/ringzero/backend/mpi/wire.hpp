@@ -94,7 +94,7 @@ struct hello_record {
   double link[4] = {0, 0, 0, 0};    ///< alpha, beta, gamma, eager bytes of the link model (as given; 0: default)
   double link_gbps = 0;             ///< the paced link's Gb/s (communicator_options::link_gbps; 0: none)
   std::uint32_t malformed_environment = 0;  ///< 1: a RINGZERO_* variable was refused on this rank
-  std::uint32_t reserved = 0;
+  std::uint32_t tuning = 0;                 ///< the tuning table's fingerprint (tuning_table::fingerprint; 0: none)
 };
 
 }  // namespace ringzero::mpi::detail

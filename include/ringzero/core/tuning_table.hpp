@@ -1,0 +1,174 @@
+#pragma once
+/// @file
+/// `tuning_table`: algorithm choices measured on a machine, which override the cost model's
+/// (collective/selection.hpp) for the sizes they cover, as Open MPI's coll_tuned dynamic rules
+/// file overrides its fixed decision functions. `ringzero-mpi-compare --tune FILE` measures
+/// every algorithm at each size and writes the fastest; `mpi::communicator_options::tuning` or
+/// RINGZERO_MPI_TUNING=FILE hands the table to a communicator. Pure values; the manual:
+/// docs/mpi.md, "Tuning the algorithm choice on your machine".
+///
+/// The text form, one rule per line (blank lines and `#` comments ignored):
+///
+///     all_reduce 2 0 ring
+///     all_reduce 2 4194304 native
+///     all_reduce 2 33554432 ring
+///
+/// `COLLECTIVE WORLD_SIZE MIN_BYTES ALGORITHM`: for that collective on that many ranks, from S =
+/// MIN_BYTES bytes up to the next rule's MIN_BYTES, run ALGORITHM (S is the cost model's size:
+/// the message of all_reduce, broadcast and reduce, every rank's part together for
+/// reduce_scatter and all_gather; docs/algorithms.md). A call that no rule covers (another
+/// world size or collective, or S below the first MIN_BYTES) is the cost model's.
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "ringzero/core/algorithm.hpp"
+#include "ringzero/core/error.hpp"
+
+namespace ringzero {
+
+/// One rule of a `tuning_table` (see the file comment).
+struct tuning_rule {
+  collective_kind kind = collective_kind::all_reduce;  ///< the collective it covers
+  int world_size = 1;                                  ///< the ranks it covers (>= 1)
+  std::uint64_t min_bytes = 0;                         ///< S from which it applies, in bytes
+  algorithm algo = algorithm::ring;                    ///< what runs (never `automatic`)
+  bool operator==(const tuning_rule&) const = default;
+};
+
+/// Measured algorithm choices (see the file comment). Rules are kept sorted by collective,
+/// world size and min_bytes, one per (collective, world size, min_bytes).
+class tuning_table {
+ public:
+  tuning_table() = default;
+
+  /// Adds `r`, replacing a rule with the same collective, world size and min_bytes. Throws
+  /// errc::invalid_argument for `automatic`, a point-to-point kind or a world size below 1.
+  void add(const tuning_rule& r) {
+    if (r.algo == algorithm::automatic)
+      throw error(errc::invalid_argument, "a tuning rule must name an algorithm, not auto");
+    if (r.kind == collective_kind::send || r.kind == collective_kind::recv || r.kind == collective_kind::barrier)
+      throw error(errc::invalid_argument,
+                  "a tuning rule covers a collective with a size, not " + std::string(collective_name(r.kind)));
+    if (r.world_size < 1)
+      throw error(errc::invalid_argument,
+                  "a tuning rule's world size must be at least 1, got " + std::to_string(r.world_size));
+    const auto key = [](const tuning_rule& x) {
+      return std::tuple(static_cast<int>(x.kind), x.world_size, x.min_bytes);
+    };
+    auto at = std::lower_bound(rules_.begin(), rules_.end(), r,
+                               [&](const tuning_rule& a, const tuning_rule& b) { return key(a) < key(b); });
+    if (at != rules_.end() && key(*at) == key(r))
+      *at = r;
+    else
+      rules_.insert(at, r);
+  }
+
+  /// The algorithm of the rule covering collective `k` on `n` ranks at S = `bytes`, or
+  /// std::nullopt (the cost model's call). O(rules).
+  std::optional<algorithm> choice(collective_kind k, int n, double bytes) const noexcept {
+    const tuning_rule* found = nullptr;
+    for (const tuning_rule& r : rules_)  // few rules (a handful per collective and world size)
+      if (r.kind == k && r.world_size == n && static_cast<double>(r.min_bytes) <= bytes) found = &r;
+    if (found == nullptr) return std::nullopt;
+    return found->algo;
+  }
+
+  /// The rules, sorted.
+  const std::vector<tuning_rule>& rules() const noexcept { return rules_; }
+  /// True without rules.
+  bool empty() const noexcept { return rules_.empty(); }
+
+  /// The text form (see the file comment), one line per rule after a header comment; `parse`
+  /// reads it back equal.
+  std::string text() const {
+    std::string s = "# ringzero tuning table: COLLECTIVE WORLD_SIZE MIN_BYTES ALGORITHM (docs/mpi.md)\n";
+    for (const tuning_rule& r : rules_)
+      s += std::string(collective_name(r.kind)) + " " + std::to_string(r.world_size) + " " +
+           std::to_string(r.min_bytes) + " " + std::string(algorithm_name(r.algo)) + "\n";
+    return s;
+  }
+
+  /// A 32-bit fingerprint of the rules (FNV-1a over `text()`), never 0 for a table with rules;
+  /// 0 for an empty one. Ranks compare it to agree on the table.
+  std::uint32_t fingerprint() const noexcept {
+    if (rules_.empty()) return 0;
+    std::uint32_t h = 2166136261u;  // FNV-1a, 32 bits (Fowler, Noll, Vo)
+    for (const tuning_rule& r : rules_) {
+      const std::uint64_t words[4] = {static_cast<std::uint64_t>(r.kind), static_cast<std::uint64_t>(r.world_size),
+                                      r.min_bytes, static_cast<std::uint64_t>(r.algo)};
+      for (std::uint64_t w : words)
+        for (int b = 0; b < 8; ++b) {
+          h ^= static_cast<std::uint32_t>((w >> (8 * b)) & 0xFF);
+          h *= 16777619u;
+        }
+    }
+    return h == 0 ? 1 : h;
+  }
+
+  /// Parses the text form. Throws errc::invalid_argument naming `source` (a file name, for
+  /// messages), the line number and what was wrong: an unknown collective or algorithm, a world
+  /// size or byte count that is not a whole number in range, a missing or extra field.
+  static tuning_table parse(std::string_view text, const std::string& source) {
+    tuning_table t;
+    std::istringstream in{std::string(text)};
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+      if (const auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+      std::istringstream fields(line);
+      std::vector<std::string> f;
+      for (std::string w; fields >> w;) f.push_back(w);
+      if (f.empty()) continue;
+      const auto bad = [&](const std::string& why) {
+        throw error(errc::invalid_argument,
+                    "tuning table " + source + ", line " + std::to_string(number) + ": " + why +
+                        " (expected "
+                        "COLLECTIVE WORLD_SIZE MIN_BYTES ALGORITHM, e.g. 'all_reduce 2 4194304 native')");
+      };
+      if (f.size() != 4) bad(std::to_string(f.size()) + " field(s)");
+      const auto kind = parse_collective(f[0]);
+      if (!kind) bad("unknown collective '" + f[0] + "'");
+      const auto whole = [&](const std::string& s, std::uint64_t limit, const char* what) {
+        std::uint64_t v = 0;
+        if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos)
+          bad(std::string(what) + " '" + s + "' is not a whole number");
+        for (char c : s) {
+          const std::uint64_t d = static_cast<std::uint64_t>(c - '0');
+          if (v > (limit - d) / 10) bad(std::string(what) + " '" + s + "' is out of range");
+          v = v * 10 + d;
+        }
+        return v;
+      };
+      const std::uint64_t n = whole(f[1], 16777216, "world size");
+      const std::uint64_t bytes = whole(f[2], ~std::uint64_t{0}, "byte count");
+      const auto algo = parse_algorithm(f[3]);
+      if (!algo) bad("unknown algorithm '" + f[3] + "'");
+      try {
+        t.add({*kind, static_cast<int>(n), bytes, *algo});
+      } catch (const error& e) { bad(e.message()); }
+    }
+    return t;
+  }
+
+  /// Reads and parses file `path`. Throws errc::invalid_argument when it cannot be read (naming
+  /// it) or as `parse`.
+  static tuning_table read(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw error(errc::invalid_argument, "cannot read the tuning table " + path);
+    std::ostringstream s;
+    s << f.rdbuf();
+    return parse(s.str(), path);
+  }
+
+ private:
+  std::vector<tuning_rule> rules_;
+};
+
+}  // namespace ringzero
