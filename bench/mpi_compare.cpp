@@ -18,9 +18,10 @@
 //   mpirun -np 2 ringzero-mpi-compare -b 4K -e 256M -f 4 -n 50 --tune tuning.txt
 //
 // also writes (rank 0) a tuning table (core/tuning_table.hpp): per measured size, the fastest of
-// ring, halving_doubling and native by median, from that size up to the next, consecutive
-// sizes with the same winner merged; RINGZERO_MPI_TUNING=tuning.txt then makes the cost model
-// (auto) defer to it on this collective and world size.
+// ring, halving_doubling and native by median where it beats the choice in force (auto's) by
+// more than --tune-margin (default 10%, this machine's run-to-run noise), else auto's choice,
+// from that size up to the next, consecutive sizes with the same algorithm merged;
+// RINGZERO_MPI_TUNING=tuning.txt then makes auto follow it on this collective and world size.
 //
 //   mpirun -np 2 ringzero-mpi-compare --link
 //
@@ -271,8 +272,13 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the rows to this JSON file (rank 0)");
   app.add_option("--csv", csv_path, "write the rows to this CSV file (rank 0; the table's columns)");
   app.add_option("--tune", tune_path,
-                 "write a tuning table (rank 0): per size the fastest of ring, halving_doubling and native, for "
-                 "RINGZERO_MPI_TUNING");
+                 "write a tuning table (rank 0): per size the fastest of ring, halving_doubling and native where it "
+                 "beats auto's choice by more than --tune-margin, else auto's, for RINGZERO_MPI_TUNING");
+  double tune_margin = 0.10;
+  app.add_option("--tune-margin", tune_margin,
+                 "with --tune: how much faster (a fraction of the median) the fastest must be to replace auto's choice")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 10.0));
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
@@ -341,13 +347,18 @@ int main(int argc, char** argv) {
       for (const auto& x : m) wrong += x.measured(in_place).wrong;
       wrong_total += wrong;
       if (ratio < 1.0) ++rows_not_matching;
-      // The fastest of the three by median (ties to the earlier: ring, halving_doubling, native),
-      // a new rule where the winner changes.
+      // The fastest of the three by median (ties to the earlier: ring, halving_doubling, native)
+      // where it beats auto's choice by more than the margin, else auto's choice; a new rule
+      // where the algorithm changes.
       std::size_t winner = 0;
       for (std::size_t a = 1; a < 3; ++a)
         if (median(a) < median(winner)) winner = a;
-      if (!last_winner || *last_winner != algos[winner]) tuned.add({*kind, n, shape.size_bytes, algos[winner]});
-      last_winner = algos[winner];
+      rz::algorithm chosen = algos[winner];
+      const std::optional<rz::algorithm> in_force = rz::parse_algorithm(m[3].row.algorithm);
+      for (std::size_t a = 0; a < 3; ++a)
+        if (in_force && algos[a] == *in_force && median(a) <= (1.0 + tune_margin) * median(winner)) chosen = *in_force;
+      if (!last_winner || *last_winner != chosen) tuned.add({*kind, n, shape.size_bytes, chosen});
+      last_winner = chosen;
       if (rank == 0) {
         for (const auto& x : m) std::fputs(rz::bench::table_row(x.row).c_str(), stdout);
         fmt::print("# {:>12}  native/best {:.2f} (best {}, auto chose {})\n", shape.size_bytes, ratio,
