@@ -19,6 +19,7 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "ringzero/backend/local/cuda.hpp"
@@ -119,4 +120,28 @@ TEST_CASE(
     compare_with_host<bfloat16>(3, !clip, all[k], offload::parameters);
     compare_with_host<float16>(3, clip, all[k], offload::parameters);
   }
+}
+
+TEST_CASE("device path on CUDA: host memory CUDA does not know, handed to set_parameter_async, is refused") {
+  // cudaPointerGetAttributes says the vector's memory is unregistered host memory: refused
+  // before anything is copied, naming the parameter, the memory and the stream's device.
+  const optimizer_options sgd;
+  plan_request q = gpu_test::zero_request(1, dtype::float32, sgd, offload::none, 1);
+  std::string message;
+  local::cuda_launch_options launch;
+  launch.devices = {0};
+  local::launch_cuda(
+      1,
+      [&](local::cuda_communicator& comm) {
+        primitive::cuda_stream compute(comm.cuda_device());
+        cuda_execution_stream stream(compute);
+        sharded_model model(comm, q, device_context{&stream}, sharded_model_options{});
+        std::vector<float> host(static_cast<std::size_t>(model.numel(0)), 1.0f);
+        try {
+          model.set_parameter_async(0, static_cast<const float*>(host.data()));
+        } catch (const error& e) { message = e.what(); }
+      },
+      launch);
+  CHECK(message.find("is host memory that CUDA does not know") != std::string::npos);
+  CHECK(message.find("expected device memory of that device") != std::string::npos);
 }

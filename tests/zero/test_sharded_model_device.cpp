@@ -940,3 +940,92 @@ TEST_CASE("stage 3 reshard_after_forward: every policy, host and device path, th
     }
   CHECK(runs == 2 * 2 * 3);
 }
+
+namespace {
+
+/// A pretend device block for the fake table below: pointers inside it are "device memory of
+/// CUDA device 1", every other pointer unregistered host memory.
+std::vector<float>& pretend_device_block() {
+  static std::vector<float> block(1 << 16);
+  return block;
+}
+
+int pretend_pointer_kind(const void* p, int* kind, int* device) noexcept {
+  const auto* f = static_cast<const float*>(p);
+  const std::vector<float>& b = pretend_device_block();
+  const bool inside = f >= b.data() && f < b.data() + b.size();
+  *kind = inside ? 2 : 0;
+  *device = inside ? 1 : -1;
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("device path: trainer memory a host compute stream cannot reach is refused, naming what and where") {
+  // A table that answers only where pointers lie (as cudaPointerGetAttributes would) is
+  // registered for this test: device memory handed to set_parameter_async, read_parameter_async
+  // or adopt_parameters beside a host compute stream is refused on that rank with
+  // invalid_argument, nothing copied; host memory passes; a null pointer is refused everywhere.
+  primitive::device_primitives table;
+  table.pointer_kind = &pretend_pointer_kind;
+  primitive::register_device_primitives(&table);
+  struct unregister {
+    ~unregister() { primitive::register_device_primitives(nullptr); }
+  } restore;
+  std::vector<std::string> refusals;
+  std::vector<float> host_values;
+  local::launch(1, [&](communicator& comm) {
+    primitive::host_stream compute;
+    host_execution_stream stream(compute);
+    const optimizer_options sgd;
+    sharded_model model(comm, device_request(1, 1, sgd), device_context{&stream}, sharded_model_options{});
+    const std::size_t p = 0;
+    const auto n = static_cast<std::size_t>(model.numel(p));
+    REQUIRE(n <= pretend_device_block().size());
+    float* on_device = pretend_device_block().data();
+    host_values.assign(n, 0.5f);
+    const auto refusal = [&](const auto& call) {
+      try {
+        call();
+      } catch (const error& e) {
+        CHECK(e.kind() == errc::invalid_argument);
+        return std::string(e.what());
+      }
+      return std::string("(accepted)");
+    };
+    refusals.push_back(refusal([&] { model.set_parameter_async(p, static_cast<const float*>(on_device)); }));
+    refusals.push_back(refusal([&] { model.read_parameter_async(p, on_device); }));
+    refusals.push_back(refusal([&] { model.set_parameter_async(p, static_cast<const float*>(nullptr)); }));
+    refusals.push_back(refusal([&] {  // host memory: accepted, and the values go round
+      model.set_parameter_async(p, host_values.data());
+      std::vector<float> out(n);
+      model.read_parameter_async(p, out.data());
+      model.synchronize();
+      compute.synchronize();
+      CHECK(out == host_values);
+    }));
+    const adoption_layout l = layout_for_adoption(model.plan());
+    refusals.push_back(refusal([&] {
+      // pretend device memory, aligned as the layout wants; refused before anything is copied
+      std::vector<float>& b = pretend_device_block();
+      void* aligned = b.data();
+      std::size_t space = b.size() * sizeof(float);
+      if (std::align(l.alignment, l.bytes, aligned, space) == nullptr) throw error(errc::internal, "block too small");
+      adopt_parameters(model, aligned, l.bytes);
+    }));
+  });
+  REQUIRE(refusals.size() == 5);
+  const auto has = [](const std::string& text, const std::string& part) {
+    CAPTURE(text);
+    return text.find(part) != std::string::npos;
+  };
+  const std::string name = "'" + device_request(1, 1, optimizer_options{}).parameters[0].name + "'";
+  CHECK(has(refusals[0], "set_parameter_async(" + name +
+                             ")'s values is device memory (CUDA device 1), but the "
+                             "compute stream is a host_stream, whose memory is host memory: expected host memory"));
+  CHECK(has(refusals[0], "rank 0"));
+  CHECK(has(refusals[1], "read_parameter_async(" + name + ")'s output is device memory (CUDA device 1)"));
+  CHECK(has(refusals[2], "set_parameter_async(" + name + ")'s values is a null pointer for "));
+  CHECK(refusals[3] == "(accepted)");
+  CHECK(has(refusals[4], "adopt_parameters' memory is device memory (CUDA device 1)"));
+}

@@ -100,6 +100,17 @@ inline int table_allocate_pinned(void** ptr, std::uint64_t bytes) noexcept {
   return static_cast<int>(cudaMallocHost(ptr, static_cast<std::size_t>(bytes == 0 ? 1 : bytes)));
 }
 inline int table_deallocate_pinned(void* ptr) noexcept { return ptr ? static_cast<int>(cudaFreeHost(ptr)) : 0; }
+inline int table_pointer_kind(const void* ptr, int* kind, int* device) noexcept {
+  cudaPointerAttributes a{};
+  const cudaError_t rc = cudaPointerGetAttributes(&a, ptr);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it for the next call
+    return static_cast<int>(rc);
+  }
+  *kind = static_cast<int>(a.type);  // cudaMemoryTypeUnregistered 0, Host 1, Device 2, Managed 3
+  *device = a.type == cudaMemoryTypeDevice ? a.device : -1;
+  return 0;
+}
 inline const char* table_error_name(int code) noexcept { return cudaGetErrorName(static_cast<cudaError_t>(code)); }
 inline const char* table_error_string(int code) noexcept { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
@@ -117,7 +128,8 @@ inline constexpr device_primitives cuda_primitives_table{&table_reduce_into,
                                                          &table_deallocate,
                                                          &table_synchronize,
                                                          &table_allocate_pinned,
-                                                         &table_deallocate_pinned};
+                                                         &table_deallocate_pinned,
+                                                         &table_pointer_kind};
 
 /// Registers the table when the program starts.
 inline const bool cuda_primitives_registered = (register_device_primitives(&cuda_primitives_table), true);

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "ringzero/core/dtype.hpp"
@@ -55,6 +56,19 @@ struct device_primitives {
   int (*allocate_pinned)(void** ptr, std::uint64_t bytes) noexcept = nullptr;
   /// Frees memory from `allocate_pinned` (cudaFreeHost; null is a no-op).
   int (*deallocate_pinned)(void* ptr) noexcept = nullptr;
+  /// Where `ptr` lies as CUDA sees it (cudaPointerGetAttributes): `*kind` a `pointer_kind`
+  /// value, `*device` the CUDA device of device memory (else -1). Host only, no stream.
+  int (*pointer_kind)(const void* ptr, int* kind, int* device) noexcept = nullptr;
+};
+
+/// What memory a pointer is, as the registered CUDA table says (`locate_pointer`); the values
+/// of cudaMemoryType.
+enum class pointer_kind : int { host = 0, pinned_host = 1, device = 2, managed = 3 };
+
+/// Where a pointer lies: its kind and, for device memory, its CUDA device (else -1).
+struct pointer_location {
+  pointer_kind kind = pointer_kind::host;
+  int device = -1;
 };
 
 namespace detail {
@@ -73,6 +87,17 @@ inline void register_device_primitives(const device_primitives* table) noexcept 
 /// The registered table, or nullptr when no file of the program included `<ringzero/cuda.cuh>`.
 inline const device_primitives* registered_device_primitives() noexcept {
   return detail::device_primitives_slot().load(std::memory_order_acquire);
+}
+
+/// Where `ptr` lies, from the registered table's `pointer_kind` (cudaPointerGetAttributes);
+/// std::nullopt when no table is registered (a program without CUDA, where every pointer is
+/// host memory), the table cannot tell, or the query fails. Any thread.
+inline std::optional<pointer_location> locate_pointer(const void* ptr) noexcept {
+  const device_primitives* p = registered_device_primitives();
+  if (p == nullptr || p->pointer_kind == nullptr || ptr == nullptr) return std::nullopt;
+  int kind = 0, device = -1;
+  if (p->pointer_kind(ptr, &kind, &device) != 0 || kind < 0 || kind > 3) return std::nullopt;
+  return pointer_location{static_cast<pointer_kind>(kind), kind == 2 ? device : -1};
 }
 
 /// Why device primitives are unavailable (for error messages).

@@ -84,6 +84,7 @@ class adoption_access {
     if (at % l.alignment != 0)
       m.raise("adopt_parameters: the memory at " + hex(at) + " is not aligned to " + std::to_string(l.alignment) +
               " bytes (layout_for_adoption(plan).alignment)");
+    m.check_trainer_memory(memory, l.bytes, "adopt_parameters' memory");  // the compute stream's space
     for (const detail::host_buffer& held : m.params_) {
       const auto from = reinterpret_cast<std::uintptr_t>(held.data());
       if (held.bytes() > 0 && from < at + l.bytes && at < from + held.bytes())

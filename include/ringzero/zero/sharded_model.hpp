@@ -174,9 +174,14 @@ class sharded_model {
   /// call; `values` must stay unchanged until then (cudaMemcpyAsync's contract). Every rank
   /// passes the same values. Local; errors of the copies surface at the next wait (`step()`).
   /// Throws errc::invalid_argument when T is not the parameter's dtype.
+  /// Also throws errc::invalid_argument (nothing copied) for a null `values` of a parameter with
+  /// elements, and where the program's CUDA table can tell (zero/sharded_model.hpp,
+  /// `check_trainer_memory`) for device memory beside a host compute stream, host memory CUDA
+  /// does not know beside a CUDA stream, and device memory of another device.
   template <element_type T>
   void set_parameter_async(std::size_t p, const T* values) {
     check_type(dtype_of<T>, plan_.buffers()[placement(p).buffer].type, p, "parameter");
+    check_trainer_memory(values, numel(p), "set_parameter_async('" + name(p) + "')'s values");
     write_parameter(p, reinterpret_cast<const unsigned char*>(values), nullptr);
     compute_waits_for_comm();
   }
@@ -188,10 +193,12 @@ class sharded_model {
   /// Copies parameter p's current values into `out`: `numel(p)` elements of its dtype T in the
   /// compute stream's memory, on the streams with no host round trip; the compute stream's work
   /// enqueued after this call sees them. A collective as `read_parameter`. Throws
-  /// errc::invalid_argument when T is not the parameter's dtype.
+  /// errc::invalid_argument when T is not the parameter's dtype, and for `out` as
+  /// `set_parameter_async` for its values.
   template <element_type T>
   void read_parameter_async(std::size_t p, T* out) {
     check_type(dtype_of<T>, plan_.buffers()[placement(p).buffer].type, p, "parameter");
+    check_trainer_memory(out, numel(p), "read_parameter_async('" + name(p) + "')'s output");
     copy_parameter_out(p, reinterpret_cast<unsigned char*>(out));
     compute_waits_for_comm();
   }
@@ -443,6 +450,33 @@ class sharded_model {
 
   [[noreturn]] void raise(const std::string& message) const {
     ringzero::detail::raise(comm_, errc::invalid_argument, "zero::sharded_model: " + message);
+  }
+
+  /// Refuses (errc::invalid_argument naming `what` and this rank) trainer memory `p` for
+  /// `elements` elements that the compute stream cannot reach: null with elements; where the
+  /// program registered the CUDA table (primitive::locate_pointer, cudaPointerGetAttributes),
+  /// device memory beside a host compute stream, host memory CUDA does not know (neither pinned
+  /// nor managed) beside a CUDA stream, and device memory of another device than the stream's.
+  /// Without the table every pointer is host memory and only null is refused. Local; O(1).
+  void check_trainer_memory(const void* p, std::uint64_t elements, const std::string& what) const {
+    if (elements == 0) return;
+    if (p == nullptr) raise(what + " is a null pointer for " + std::to_string(elements) + " element(s)");
+    const std::optional<primitive::pointer_location> at = primitive::locate_pointer(p);
+    if (!at) return;
+    const bool device_stream = compute_->space() == primitive::memory_space::device;
+    if (!device_stream && at->kind == primitive::pointer_kind::device)
+      raise(what + " is device memory (CUDA device " + std::to_string(at->device) + "), but the compute stream is a " +
+            compute_->kind() + ", whose memory is host memory: expected host memory");
+    if (device_stream && at->kind == primitive::pointer_kind::host)
+      raise(what +
+            " is host memory that CUDA does not know (neither cudaMalloc'ed, pinned nor managed), but the "
+            "compute stream is a " +
+            std::string(compute_->kind()) + " on CUDA device " + std::to_string(compute_->device()) +
+            ": expected device memory of that device");
+    if (device_stream && at->kind == primitive::pointer_kind::device && at->device != compute_->device())
+      raise(what + " is device memory of CUDA device " + std::to_string(at->device) +
+            ", but the compute stream is on CUDA device " + std::to_string(compute_->device()) +
+            ": expected memory of device " + std::to_string(compute_->device()));
   }
 
   /// The cross-rank checks of this model (zero/model_agreement.hpp).
