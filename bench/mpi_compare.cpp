@@ -15,11 +15,11 @@
 // once, before the first row. --json FILE and --csv FILE keep the rows. The MPI library runs
 // with its default settings (whatever the environment gives it).
 //
-//   mpirun -np 2 ringzero-mpi-compare -b 4K -e 256M -f 4 -n 50 --tune tuning.txt
+//   mpirun -np 2 ringzero-mpi-compare -b 4K -e 256M -f 4 -n 50 --write-tuning tuning.txt
 //
 // also writes (rank 0) a tuning table (core/tuning_table.hpp): per measured size, the fastest of
 // ring, halving_doubling and native by median where it beats the choice in force (auto's) by
-// more than --tune-margin (default 10%, this machine's run-to-run noise), else auto's choice,
+// more than --tuning-margin (default 10%, this machine's run-to-run noise), else auto's choice,
 // from that size up to the next, consecutive sizes with the same algorithm merged;
 // RINGZERO_MPI_TUNING=tuning.txt then makes auto follow it on this collective and world size.
 //
@@ -33,6 +33,7 @@
 // an 8-byte all_reduce.
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -271,12 +272,14 @@ int main(int argc, char** argv) {
   app.add_flag("--inplace", in_place, "run in place instead of out of place");
   app.add_option("--json", json_path, "write the rows to this JSON file (rank 0)");
   app.add_option("--csv", csv_path, "write the rows to this CSV file (rank 0; the table's columns)");
-  app.add_option("--tune", tune_path,
+  // Not --tune: Open MPI's mpirun takes --tune FILE for itself, wherever it appears.
+  app.add_option("--write-tuning", tune_path,
                  "write a tuning table (rank 0): per size the fastest of ring, halving_doubling and native where it "
-                 "beats auto's choice by more than --tune-margin, else auto's, for RINGZERO_MPI_TUNING");
+                 "beats auto's choice by more than --tuning-margin, else auto's, for RINGZERO_MPI_TUNING");
   double tune_margin = 0.10;
-  app.add_option("--tune-margin", tune_margin,
-                 "with --tune: how much faster (a fraction of the median) the fastest must be to replace auto's choice")
+  app.add_option(
+         "--tuning-margin", tune_margin,
+         "with --write-tuning: how much faster (a fraction of the median) the fastest must be to replace auto's choice")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 10.0));
   int rank = 0;
@@ -289,6 +292,28 @@ int main(int argc, char** argv) {
                 *kind != rz::collective_kind::all_gather)) {
     if (rank == 0)
       std::fprintf(stderr, "ringzero-mpi-compare: --collective must be all_reduce, reduce_scatter or all_gather\n");
+    return 2;
+  }
+  // --write-tuning: refused at once on every rank (not after the sweep) when rank 0 cannot
+  // open the file for writing, the name is empty or the margin is not a number in [0, 10].
+  std::string tuning_problem;
+  if (app.count("--write-tuning") > 0) {
+    if (tune_path.empty())
+      tuning_problem = "--write-tuning needs a file name";
+    else if (!(tune_margin >= 0.0 && tune_margin <= 10.0))
+      tuning_problem = "--tuning-margin must be a number from 0 to 10";
+    else if (rank == 0) {
+      std::FILE* f = std::fopen(tune_path.c_str(), "a");
+      if (f == nullptr)
+        tuning_problem = "cannot open the tuning table " + tune_path + " for writing: " + std::strerror(errno);
+      else
+        std::fclose(f);
+    }
+  }
+  int refused = tuning_problem.empty() ? 0 : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (refused != 0) {
+    if (!tuning_problem.empty()) std::fprintf(stderr, "ringzero-mpi-compare: %s\n", tuning_problem.c_str());
     return 2;
   }
   std::int64_t wrong_total = 0;

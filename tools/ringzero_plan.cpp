@@ -593,8 +593,8 @@ void print_plan(const shard_plan& plan, std::optional<std::uint64_t> gpu, int sh
         human(static_cast<double>(hm.parameters)), human(static_cast<double>(hm.gradients)),
         human(static_cast<double>(hm.master_weights)), human(static_cast<double>(hm.optimizer_states)));
   if (plan.request().offload != ringzero::zero::offload::none)
-    fmt::print("  pinned host memory per node ({} ranks per node): {}\n", ranks_per_node,
-               human(static_cast<double>(hm.total()) * ranks_per_node));
+    fmt::print("  pinned host memory per node ({} rank{} per node): {}\n", ranks_per_node,
+               ranks_per_node == 1 ? "" : "s", human(static_cast<double>(hm.total()) * ranks_per_node));
   const auto& comm = plan.communication();
   if (stage == 3)
     fmt::print("  buffers: {} gather buffer{} of {} and ", comm.gather_buffers, comm.gather_buffers == 1 ? "" : "s",

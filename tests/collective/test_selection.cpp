@@ -453,8 +453,34 @@ TEST_CASE("tuning_table: rules by collective, world size and size; text round tr
                       "line 1: 3 field(s) (expected COLLECTIVE WORLD_SIZE MIN_BYTES ALGORITHM"));
   CHECK(rzt::contains(refusal("barrier 2 0 ring\n"), "covers a collective with a size, not barrier"));
   CHECK(rzt::contains(refusal("send 2 0 ring\n"), "not send"));
+  CHECK(rzt::contains(refusal("all_reduce 2 0 ring\nall_reduce 2 0 native\n"),
+                      "line 2: it repeats the collective, world size and size of an earlier line"));
+  const std::string long_name(1000, 'x');
+  const std::string quoted = refusal("all_reduce 2 0 " + long_name + "\n");
+  CHECK(rzt::contains(quoted, "unknown algorithm '" + std::string(40, 'x') + "...'"));
+  CHECK(quoted.size() < 400);
+  // A UTF-8 byte order mark, leading zeros, CRLF line ends and tabs are read as text editors write them.
+  const tuning_table bom = tuning_table::parse(
+      "\xEF\xBB\xBF"
+      "all_reduce\t2\t000000000000000000004096\tring\r\n",
+      "bom.txt");
+  REQUIRE(bom.rules().size() == 1);
+  CHECK(bom.rules()[0].min_bytes == 4096);
+  // Two tables with the same 32-bit fingerprint (FNV-1a collides): the MPI communicator
+  // compares the rules themselves too (tests/backend/mpi).
+  CHECK(tuning_table::parse("all_reduce 2 49532169 ring", "a").fingerprint() ==
+        tuning_table::parse("all_reduce 2 8422056 native", "b").fingerprint());
   try {
     (void)tuning_table::read("/nonexistent/tuning.txt");
     FAIL("read a file that does not exist");
   } catch (const error& e) { CHECK(rzt::contains(e.what(), "cannot read the tuning table /nonexistent/tuning.txt")); }
+  for (const char* not_a_file : {"/tmp", "/dev/zero"}) {  // refused before opening: nothing blocks or fills memory
+    CAPTURE(not_a_file);
+    try {
+      (void)tuning_table::read(not_a_file);
+      FAIL("read a path that is not a regular file");
+    } catch (const error& e) {
+      CHECK(rzt::contains(e.what(), std::string("the tuning table ") + not_a_file + " is not a regular file"));
+    }
+  }
 }

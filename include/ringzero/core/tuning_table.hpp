@@ -2,7 +2,7 @@
 /// @file
 /// `tuning_table`: algorithm choices measured on a machine, which override the cost model's
 /// (collective/selection.hpp) for the sizes they cover, as Open MPI's coll_tuned dynamic rules
-/// file overrides its fixed decision functions. `ringzero-mpi-compare --tune FILE` measures
+/// file overrides its fixed decision functions. `ringzero-mpi-compare --write-tuning FILE` measures
 /// every algorithm at each size and writes the fastest; `mpi::communicator_options::tuning` or
 /// RINGZERO_MPI_TUNING=FILE hands the table to a communicator. Pure values; the manual:
 /// docs/mpi.md, "Tuning the algorithm choice on your machine".
@@ -21,7 +21,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -72,13 +74,19 @@ class tuning_table {
   }
 
   /// The algorithm of the rule covering collective `k` on `n` ranks at S = `bytes`, or
-  /// std::nullopt (the cost model's call). O(rules).
+  /// std::nullopt (the cost model's call). O(log rules).
   std::optional<algorithm> choice(collective_kind k, int n, double bytes) const noexcept {
-    const tuning_rule* found = nullptr;
-    for (const tuning_rule& r : rules_)  // few rules (a handful per collective and world size)
-      if (r.kind == k && r.world_size == n && static_cast<double>(r.min_bytes) <= bytes) found = &r;
-    if (found == nullptr) return std::nullopt;
-    return found->algo;
+    if (rules_.empty() || !(bytes >= 0)) return std::nullopt;
+    const std::uint64_t s = bytes >= 18446744073709551615.0 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(bytes);
+    // The last rule at or before (k, n, s) in the rules' order, if it is one of (k, n).
+    const auto key = std::tuple(static_cast<int>(k), n, s);
+    auto after = std::upper_bound(rules_.begin(), rules_.end(), key, [](const auto& x, const tuning_rule& r) {
+      return x < std::tuple(static_cast<int>(r.kind), r.world_size, r.min_bytes);
+    });
+    if (after == rules_.begin()) return std::nullopt;
+    const tuning_rule& r = *std::prev(after);
+    if (r.kind != k || r.world_size != n) return std::nullopt;
+    return r.algo;
   }
 
   /// The rules, sorted.
@@ -113,13 +121,17 @@ class tuning_table {
     return h == 0 ? 1 : h;
   }
 
-  /// Parses the text form. Throws errc::invalid_argument naming `source` (a file name, for
-  /// messages), the line number and what was wrong: an unknown collective or algorithm, a world
-  /// size or byte count that is not a whole number in range, a missing or extra field.
+  /// Parses the text form (a UTF-8 byte order mark at the start is skipped). Throws
+  /// errc::invalid_argument naming `source` (a file name, for messages), the line number and
+  /// what was wrong: an unknown collective or algorithm, a world size or byte count that is not
+  /// a whole number in range, a missing or extra field, a rule that repeats an earlier line's
+  /// collective, world size and size (quoting at most 40 characters of a field).
   static tuning_table parse(std::string_view text, const std::string& source) {
     tuning_table t;
+    if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
     std::istringstream in{std::string(text)};
     std::string line;
+    const auto quoted = [](const std::string& s) { return "'" + (s.size() <= 40 ? s : s.substr(0, 40) + "...") + "'"; };
     for (int number = 1; std::getline(in, line); ++number) {
       if (const auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
       std::istringstream fields(line);
@@ -134,14 +146,14 @@ class tuning_table {
       };
       if (f.size() != 4) bad(std::to_string(f.size()) + " field(s)");
       const auto kind = parse_collective(f[0]);
-      if (!kind) bad("unknown collective '" + f[0] + "'");
+      if (!kind) bad("unknown collective " + quoted(f[0]));
       const auto whole = [&](const std::string& s, std::uint64_t limit, const char* what) {
         std::uint64_t v = 0;
-        if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos)
-          bad(std::string(what) + " '" + s + "' is not a whole number");
+        if (s.find_first_not_of("0123456789") != std::string::npos)
+          bad(std::string(what) + " " + quoted(s) + " is not a whole number");
         for (char c : s) {
           const std::uint64_t d = static_cast<std::uint64_t>(c - '0');
-          if (v > (limit - d) / 10) bad(std::string(what) + " '" + s + "' is out of range");
+          if (v > (limit - d) / 10) bad(std::string(what) + " " + quoted(s) + " is out of range");
           v = v * 10 + d;
         }
         return v;
@@ -149,22 +161,41 @@ class tuning_table {
       const std::uint64_t n = whole(f[1], 16777216, "world size");
       const std::uint64_t bytes = whole(f[2], ~std::uint64_t{0}, "byte count");
       const auto algo = parse_algorithm(f[3]);
-      if (!algo) bad("unknown algorithm '" + f[3] + "'");
+      if (!algo) bad("unknown algorithm " + quoted(f[3]));
+      const std::size_t before = t.rules_.size();
       try {
         t.add({*kind, static_cast<int>(n), bytes, *algo});
       } catch (const error& e) { bad(e.message()); }
+      if (t.rules_.size() == before) bad("it repeats the collective, world size and size of an earlier line");
     }
     return t;
   }
 
-  /// Reads and parses file `path`. Throws errc::invalid_argument when it cannot be read (naming
-  /// it) or as `parse`.
+  /// The largest tuning table file `read` accepts, in bytes.
+  static constexpr std::uint64_t max_file_bytes = 1u << 20;
+
+  /// Reads and parses file `path`. Throws errc::invalid_argument, naming it, when it is not a
+  /// regular file (a directory, a FIFO, a device: checked before opening, so nothing blocks),
+  /// is larger than `max_file_bytes`, or cannot be read whole; or as `parse`.
   static tuning_table read(const std::string& path) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    if (ec) throw error(errc::invalid_argument, "cannot read the tuning table " + path + ": " + ec.message());
+    if (!std::filesystem::is_regular_file(status))
+      throw error(errc::invalid_argument, "the tuning table " + path + " is not a regular file");
+    const std::uint64_t size = std::filesystem::file_size(path, ec);
+    if (ec) throw error(errc::invalid_argument, "cannot read the tuning table " + path + ": " + ec.message());
+    if (size > max_file_bytes)
+      throw error(errc::invalid_argument, "the tuning table " + path + " has " + std::to_string(size) +
+                                              " bytes, more than a tuning table's " + std::to_string(max_file_bytes));
     std::ifstream f(path, std::ios::binary);
     if (!f) throw error(errc::invalid_argument, "cannot read the tuning table " + path);
-    std::ostringstream s;
-    s << f.rdbuf();
-    return parse(s.str(), path);
+    std::string text(static_cast<std::size_t>(size), '\0');
+    f.read(text.data(), static_cast<std::streamsize>(size));
+    if (f.gcount() != static_cast<std::streamsize>(size) || f.bad())
+      throw error(errc::invalid_argument, "cannot read the tuning table " + path + " whole (" +
+                                              std::to_string(f.gcount()) + " of " + std::to_string(size) + " bytes)");
+    return parse(text, path);
   }
 
  private:

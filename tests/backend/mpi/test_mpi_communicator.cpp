@@ -419,6 +419,18 @@ TEST_CASE("a tuning table decides auto where a rule covers the call; the cost mo
   mpi::communicator comm(MPI_COMM_WORLD, o);
   mpi::communicator plain(MPI_COMM_WORLD, ringzero_test::throwing(false));
   CHECK(comm.tuning().rules() == t.rules());
+  {  // a communicator made by split keeps its parent's table, whatever RINGZERO_MPI_TUNING says now
+    const char* set = std::getenv("RINGZERO_MPI_TUNING");
+    const std::optional<std::string> before = set ? std::optional<std::string>(set) : std::nullopt;
+    if (r == n - 1) ::setenv("RINGZERO_MPI_TUNING", "/nonexistent/ringzero-tuning.txt", 1);
+    std::unique_ptr<mpi::communicator> child = comm.split(0, r);
+    if (before)
+      ::setenv("RINGZERO_MPI_TUNING", before->c_str(), 1);
+    else
+      ::unsetenv("RINGZERO_MPI_TUNING");
+    REQUIRE(child);
+    CHECK(child->tuning().rules() == t.rules());
+  }
   const auto choice = [](communicator& c, collective_kind k, double bytes) {
     std::string problem;
     const algorithm a = resolve_algorithm(c, k, bytes, algorithm::automatic, algorithm::automatic, problem);
@@ -463,6 +475,16 @@ TEST_CASE("tuning tables that differ between ranks, or an unreadable RINGZERO_MP
                                 "the tuning table (communicator_options::tuning / RINGZERO_MPI_TUNING) "
                                 "differs between ranks: rank 0: rules with fingerprint "));
   CHECK(ringzero_test::contains(e->what(), ringzero_test::ranks_text(1, n - 1) + ": none"));
+  // The same 32-bit fingerprint, other rules (an FNV-1a collision): compared exactly.
+  o.tuning = tuning_table::parse(r == 0 ? "all_reduce 2 49532169 ring" : "all_reduce 2 8422056 native", "table");
+  e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, o); });
+  REQUIRE(e);
+  CHECK(e->kind() == errc::invalid_argument);
+  CHECK(ringzero_test::contains(e->what(), "differs between ranks: rank(s) " +
+                                               (n == 2   ? std::string("1")
+                                                : n == 3 ? std::string("1, 2")
+                                                         : std::string("1, 2, 3")) +
+                                               " have other rules than rank 0 (with the same 32-bit fingerprint)"));
   // The variable names a file that one rank cannot read: every rank refuses, that one says why.
   const char* set = std::getenv("RINGZERO_MPI_TUNING");
   const std::optional<std::string> before = set ? std::optional<std::string>(set) : std::nullopt;

@@ -232,6 +232,7 @@ class communicator final : public ringzero::detail::backend_communicator {
     o.on_timeout = policy_;
     o.expected_world_size = 0;
     o.link = link_;
+    o.tuning = tuning_;  // the parent's table, not RINGZERO_MPI_TUNING read again
     auto child = std::make_unique<communicator>(sub.get(), o);
     child->set_forced_algorithm(forced_algorithm());
     return child;
@@ -402,7 +403,11 @@ class communicator final : public ringzero::detail::backend_communicator {
       else if (const auto file = ringzero::detail::env_string("RINGZERO_MPI_TUNING"))
         try {
           tuning_ = tuning_table::read(*file);
-        } catch (const error& e) { throw error(e.kind(), "RINGZERO_MPI_TUNING: " + e.message()); }
+        } catch (const error& e) {
+          throw error(e.kind(), "RINGZERO_MPI_TUNING: " + e.message());
+        } catch (const std::exception& e) {  // std::bad_alloc: reported in the handshake as the others
+          throw error(errc::invalid_argument, "RINGZERO_MPI_TUNING=" + *file + ": " + e.what());
+        }
     } catch (const error& e) {
       if (malformed_environment_.empty()) malformed_environment_ = e.message();
     }

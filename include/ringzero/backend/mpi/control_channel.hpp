@@ -170,6 +170,25 @@ inline void communicator::join(MPI_Comm comm) {
   // Ranks with different rules would run different algorithms in one collective.
   agree("the tuning table (communicator_options::tuning / RINGZERO_MPI_TUNING)", &detail::hello_record::tuning,
         [](std::uint32_t h) { return h == 0 ? std::string("none") : "rules with fingerprint " + std::to_string(h); });
+  // Equal fingerprints may still hide different rules (32 bits): rank 0's rules go to every
+  // rank, which compares them with its own, exactly.
+  if (tuning_.empty()) return;
+  const std::string text = tuning_.text();
+  unsigned long long length = text.size();  // <= the file limit's rules: fits an int
+  check(nullptr, MPI_Bcast(&length, 1, MPI_UNSIGNED_LONG_LONG, 0, control_.get()), "MPI_Bcast");
+  std::string root(static_cast<std::size_t>(length), '\0');
+  if (rank() == 0) root = text;
+  check(nullptr, MPI_Bcast(root.data(), static_cast<int>(length), MPI_CHAR, 0, control_.get()), "MPI_Bcast");
+  const int differs = root != text ? 1 : 0;
+  std::vector<int> differ(static_cast<std::size_t>(world_size()));
+  check(nullptr, MPI_Allgather(&differs, 1, MPI_INT, differ.data(), 1, MPI_INT, control_.get()), "MPI_Allgather");
+  std::string ranks;
+  for (int r = 0; r < world_size(); ++r)
+    if (differ[static_cast<std::size_t>(r)] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  if (!ranks.empty())
+    raise(nullptr, errc::invalid_argument,
+          "the tuning table (communicator_options::tuning / RINGZERO_MPI_TUNING) differs between ranks: rank(s) " +
+              ranks + " have other rules than rank 0 (with the same 32-bit fingerprint)");
 }
 
 /// Tests the receive of rank `p`'s record (into `records_[p]`) on `request`: true once this

@@ -88,7 +88,7 @@ struct communicator_options {
   std::optional<double> link_gbps;
   /// Algorithm choices measured on this machine (core/tuning_table.hpp), which the cost model
   /// defers to where a rule covers the call and the algorithm is available (`ringzero-mpi-compare
-  /// --tune FILE` writes them; docs/mpi.md, "Tuning the algorithm choice"). Unset: the file named
+  /// --write-tuning FILE` writes them; docs/mpi.md, "Tuning the algorithm choice"). Unset: the file named
   /// by RINGZERO_MPI_TUNING (read on every rank; unreadable or malformed: refused on every rank),
   /// else none. Every rank must have the same rules (checked when the communicator is made).
   std::optional<tuning_table> tuning;
