@@ -448,6 +448,27 @@ TEST_CASE("offload::parameters is refused outside stage 3, with hybrid sharding 
   }
 }
 
+TEST_CASE("offload settings that differ between ranks are refused on every rank, naming offload and each value") {
+  std::vector<std::string> errors(3);
+  local::launch(3, [&](communicator& comm) {
+    const optimizer_options adam;
+    const offload off = comm.rank() == 1 ? offload::none : offload::parameters;
+    primitive::host_stream compute;
+    host_execution_stream stream(compute);
+    try {
+      sharded_model model(comm, offload_request(3, 1, true, adam, off), device_context{&stream},
+                          sharded_model_options{});
+    } catch (const error& e) { errors[static_cast<std::size_t>(comm.rank())] = e.what(); }
+  });
+  for (std::size_t r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CAPTURE(errors[r]);
+    CHECK(errors[r].find("the ranks differ in offload: ") != std::string::npos);
+    CHECK(errors[r].find("parameters") != std::string::npos);
+    CHECK(errors[r].find("rank 1: none") != std::string::npos);
+  }
+}
+
 TEST_CASE("offload is refused on every rank without a device context") {
   std::vector<std::exception_ptr> errors(2);
   local::launch(2, [&](communicator& comm) {

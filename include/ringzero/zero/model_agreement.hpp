@@ -300,6 +300,8 @@ inline std::vector<ringzero::detail::agreed_value> model_agreement::summary(bool
       {"loss_scaling.backoff_factor", setting_bits(options_.loss_scaling.backoff_factor), shown::real},
       {"loss_scaling.growth_interval", static_cast<std::uint64_t>(options_.loss_scaling.growth_interval),
        shown::integer},
+      {"offload", static_cast<std::uint64_t>(q.offload), shown::named,
+       +[](std::uint64_t bits) { return offload_name(static_cast<offload>(bits)).data(); }},
       {"plan fingerprint", plan_.fingerprint(), shown::hash},
   };
 }
