@@ -118,6 +118,24 @@ device_run run_on_stream(communicator& comm, const plan_request& q, const sharde
   return r;
 }
 
+/// The host runtime's 3 steps of `q` (the reference), in bfloat16 or float32 as `bf16` says:
+/// every parameter's final values; the step results into `steps`.
+std::vector<std::vector<float>> host_reference(communicator& comm, const plan_request& q,
+                                               const sharded_model_options& options, bool bf16, int poisoned,
+                                               std::vector<step_result>& steps) {
+  sharded_model model(comm, q, options);
+  const auto now = [](const auto& w) { w(); };
+  return bf16 ? train<bfloat16>(model, comm.rank(), 3, now, steps, poisoned)
+              : train<float>(model, comm.rank(), 3, now, steps, poisoned);
+}
+
+/// `run_on_stream` for 3 steps in bfloat16 or float32 as `bf16` says.
+device_run run_on_stream_as(bool bf16, communicator& comm, const plan_request& q, const sharded_model_options& options,
+                            int poisoned) {
+  return bf16 ? run_on_stream<bfloat16>(comm, q, options, 3, poisoned)
+              : run_on_stream<float>(comm, q, options, 3, poisoned);
+}
+
 /// A host stream whose offload memory would be pinned host memory (as beside a CUDA stream);
 /// otherwise the host stream. In a program without the CUDA table, offload must be refused.
 class pinned_offload_stream final : public execution_stream {
@@ -201,17 +219,9 @@ TEST_CASE("offload on the host stream: stages 0-3 x {float32, bfloat16} x world 
           const plan_request q = offload_request(stage, accumulation, bf16, options.optimizer, offload::none);
           plan_request qo = q;
           qo.offload = offload::optimizer;
-          {
-            sharded_model model(comm, q, options);
-            host[r] = bf16 ? train<bfloat16>(
-                                 model, comm.rank(), 3, [](const auto& w) { w(); }, host_steps[r], poisoned)
-                           : train<float>(
-                                 model, comm.rank(), 3, [](const auto& w) { w(); }, host_steps[r], poisoned);
-          }
-          plain[r] = bf16 ? run_on_stream<bfloat16>(comm, q, options, 3, poisoned)
-                          : run_on_stream<float>(comm, q, options, 3, poisoned);
-          offloaded[r] = bf16 ? run_on_stream<bfloat16>(comm, qo, options, 3, poisoned)
-                              : run_on_stream<float>(comm, qo, options, 3, poisoned);
+          host[r] = host_reference(comm, q, options, bf16, poisoned, host_steps[r]);
+          plain[r] = run_on_stream_as(bf16, comm, q, options, poisoned);
+          offloaded[r] = run_on_stream_as(bf16, comm, qo, options, poisoned);
         });
         plan_request q = offload_request(stage, accumulation, bf16, options.optimizer, offload::optimizer);
         q.world_size = world;
@@ -282,15 +292,8 @@ TEST_CASE("offload::parameters at stage 3: world sizes 1-4 x {float32, bfloat16}
         const auto r = static_cast<std::size_t>(comm.rank());
         plan_request qo = q;
         qo.offload = offload::parameters;
-        {
-          sharded_model model(comm, q, options);
-          host[r] = bf16 ? train<bfloat16>(
-                               model, comm.rank(), 3, [](const auto& w) { w(); }, host_steps[r], poisoned)
-                         : train<float>(
-                               model, comm.rank(), 3, [](const auto& w) { w(); }, host_steps[r], poisoned);
-        }
-        offloaded[r] = bf16 ? run_on_stream<bfloat16>(comm, qo, options, 3, poisoned)
-                            : run_on_stream<float>(comm, qo, options, 3, poisoned);
+        host[r] = host_reference(comm, q, options, bf16, poisoned, host_steps[r]);
+        offloaded[r] = run_on_stream_as(bf16, comm, qo, options, poisoned);
       });
       q.offload = offload::parameters;
       q.world_size = world;

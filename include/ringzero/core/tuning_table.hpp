@@ -33,6 +33,7 @@
 
 #include "ringzero/core/algorithm.hpp"
 #include "ringzero/core/error.hpp"
+#include "ringzero/core/fnv1a.hpp"
 
 namespace ringzero {
 
@@ -62,11 +63,8 @@ class tuning_table {
     if (r.world_size < 1)
       throw error(errc::invalid_argument,
                   "a tuning rule's world size must be at least 1, got " + std::to_string(r.world_size));
-    const auto key = [](const tuning_rule& x) {
-      return std::tuple(static_cast<int>(x.kind), x.world_size, x.min_bytes);
-    };
     auto at = std::lower_bound(rules_.begin(), rules_.end(), r,
-                               [&](const tuning_rule& a, const tuning_rule& b) { return key(a) < key(b); });
+                               [](const tuning_rule& a, const tuning_rule& b) { return key(a) < key(b); });
     if (at != rules_.end() && key(*at) == key(r))
       *at = r;
     else
@@ -79,10 +77,8 @@ class tuning_table {
     if (rules_.empty() || !(bytes >= 0)) return std::nullopt;
     const std::uint64_t s = bytes >= 18446744073709551615.0 ? ~std::uint64_t{0} : static_cast<std::uint64_t>(bytes);
     // The last rule at or before (k, n, s) in the rules' order, if it is one of (k, n).
-    const auto key = std::tuple(static_cast<int>(k), n, s);
-    auto after = std::upper_bound(rules_.begin(), rules_.end(), key, [](const auto& x, const tuning_rule& r) {
-      return x < std::tuple(static_cast<int>(r.kind), r.world_size, r.min_bytes);
-    });
+    auto after = std::upper_bound(rules_.begin(), rules_.end(), key({k, n, s, algorithm::ring}),
+                                  [](const auto& x, const tuning_rule& r) { return x < key(r); });
     if (after == rules_.begin()) return std::nullopt;
     const tuning_rule& r = *std::prev(after);
     if (r.kind != k || r.world_size != n) return std::nullopt;
@@ -104,21 +100,20 @@ class tuning_table {
     return s;
   }
 
-  /// A 32-bit fingerprint of the rules (FNV-1a over `text()`), never 0 for a table with rules;
-  /// 0 for an empty one. Ranks compare it to agree on the table.
+  /// A 32-bit fingerprint of the rules (ringzero's 64-bit FNV-1a, core/fnv1a.hpp, over each
+  /// rule's four fields, its halves xor-ed together), never 0 for a table with rules; 0 for an
+  /// empty one. Ranks compare it to agree on the table (the MPI hello record has 32 bits for it).
   std::uint32_t fingerprint() const noexcept {
     if (rules_.empty()) return 0;
-    std::uint32_t h = 2166136261u;  // FNV-1a, 32 bits (Fowler, Noll, Vo)
+    detail::fnv1a h;
     for (const tuning_rule& r : rules_) {
-      const std::uint64_t words[4] = {static_cast<std::uint64_t>(r.kind), static_cast<std::uint64_t>(r.world_size),
-                                      r.min_bytes, static_cast<std::uint64_t>(r.algo)};
-      for (std::uint64_t w : words)
-        for (int b = 0; b < 8; ++b) {
-          h ^= static_cast<std::uint32_t>((w >> (8 * b)) & 0xFF);
-          h *= 16777619u;
-        }
+      h.u64(static_cast<std::uint64_t>(r.kind));
+      h.u64(static_cast<std::uint64_t>(r.world_size));
+      h.u64(r.min_bytes);
+      h.u64(static_cast<std::uint64_t>(r.algo));
     }
-    return h == 0 ? 1 : h;
+    const auto folded = static_cast<std::uint32_t>(h.value() ^ (h.value() >> 32));
+    return folded == 0 ? 1 : folded;
   }
 
   /// Parses the text form (a UTF-8 byte order mark at the start is skipped). Throws
@@ -199,6 +194,11 @@ class tuning_table {
   }
 
  private:
+  /// The rules' order: collective, world size, min_bytes.
+  static std::tuple<int, int, std::uint64_t> key(const tuning_rule& r) noexcept {
+    return {static_cast<int>(r.kind), r.world_size, r.min_bytes};
+  }
+
   std::vector<tuning_rule> rules_;
 };
 

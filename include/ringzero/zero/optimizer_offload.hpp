@@ -78,11 +78,11 @@ struct optimizer_offload {
   }
 
   primitive::memory_space space;  ///< where the offloaded state and the transfer buffers live
-  std::vector<host_buffer>
-      gradients;  ///< per buffer: the rank's gradient shard (gradient dtype); empty with offload::parameters
-  std::vector<host_buffer>
-      parameters;       ///< per buffer: the rank's parameter shard (parameter dtype); empty with offload::parameters
-  host_buffer decided;  ///< the step's step_scalars, copied in for the CPU
+  /// Per buffer: the rank's gradient shard (gradient dtype); empty with offload::parameters.
+  std::vector<host_buffer> gradients;
+  /// Per buffer: the rank's parameter shard (parameter dtype); empty with offload::parameters.
+  std::vector<host_buffer> parameters;
+  host_buffer decided;                                              ///< the step's step_scalars, copied in for the CPU
   std::vector<std::unique_ptr<execution_stream::event>> copied_in;  ///< per buffer, on the communication stream
   std::vector<std::unique_ptr<execution_stream::event>> updated;    ///< per buffer, on the offload stream
   std::unique_ptr<execution_stream::event> started;   ///< the decision is in `decided` (communication stream)

@@ -476,7 +476,7 @@ TEST_CASE("tuning tables that differ between ranks, or an unreadable RINGZERO_MP
                                 "differs between ranks: rank 0: rules with fingerprint "));
   CHECK(ringzero_test::contains(e->what(), ringzero_test::ranks_text(1, n - 1) + ": none"));
   // The same 32-bit fingerprint, other rules (an FNV-1a collision): compared exactly.
-  o.tuning = tuning_table::parse(r == 0 ? "all_reduce 2 49532169 ring" : "all_reduce 2 8422056 native", "table");
+  o.tuning = tuning_table::parse(r == 0 ? "all_reduce 2 762179584 ring" : "all_reduce 2 50552840 native", "table");
   e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, o); });
   REQUIRE(e);
   CHECK(e->kind() == errc::invalid_argument);
