@@ -18,7 +18,11 @@
 // Skipped without a device (suite 'gpu').
 #include <doctest/doctest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -144,4 +148,53 @@ TEST_CASE("device path on CUDA: host memory CUDA does not know, handed to set_pa
       launch);
   CHECK(message.find("is host memory that CUDA does not know") != std::string::npos);
   CHECK(message.find("expected device memory of that device") != std::string::npos);
+}
+
+TEST_CASE("device path on CUDA: the whole model from and into a cudaMalloc block at stage 3, bit for bit") {
+  // An llm.c-style block: bfloat16 values at layout_for_adoption's offsets, handed over with
+  // set_parameters_async (each rank keeps its shard), the block cleared, and
+  // read_parameters_async gathering the model back into it: the same bits, zeros in the padding.
+  const optimizer_options adam = gpu_test::zero_optimizers()[1];
+  const plan_request q = gpu_test::zero_request(3, dtype::bfloat16, adam, offload::none, world);
+  std::vector<int> same(world, 0);
+  local::cuda_launch_options launch;
+  launch.devices = {0};
+  local::launch_cuda(
+      world,
+      [&](local::cuda_communicator& comm) {
+        primitive::cuda_stream compute(comm.cuda_device());
+        cuda_execution_stream stream(compute);
+        sharded_model model(comm, q, device_context{&stream}, gpu_test::zero_model_options<bfloat16>(adam, false));
+        const adoption_layout l = layout_for_adoption(model.plan());
+        std::vector<unsigned char> want(l.bytes, 0);
+        const auto& pl = model.plan().placements();
+        for (std::size_t p = 0; p < pl.size(); ++p)
+          for (std::uint64_t j = 0; j < pl[p].numel; ++j) {
+            const auto v = static_cast<bfloat16>(0.01f * static_cast<float>((pl[p].storage * 131 + j) % 97) - 0.4f);
+            std::memcpy(want.data() + l.parameter_offset[p] + j * sizeof v, &v, sizeof v);
+          }
+        void* block = nullptr;
+        primitive::cudart::check(cudaMalloc(&block, l.bytes), "cudaMalloc");
+        primitive::cudart::check(cudaMemcpy(block, want.data(), l.bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+        set_parameters_async(model, block, l.bytes);
+        compute.synchronize();
+        model.synchronize();
+        primitive::cudart::check(cudaMemset(block, 0xff, l.bytes), "cudaMemset");
+        read_parameters_async(model, block, l.bytes);
+        compute.synchronize();
+        model.synchronize();
+        std::vector<unsigned char> got(l.bytes);
+        primitive::cudart::check(cudaMemcpy(got.data(), block, l.bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        (void)cudaFree(block);
+        // Between the flat buffers the memory is not the model's: compare the buffers only.
+        bool equal = true;
+        for (std::size_t b = 0; b < model.plan().buffers().size(); ++b) {
+          const flat_buffer& f = model.plan().buffers()[b];
+          equal = equal && std::memcmp(got.data() + l.buffer_offset[b], want.data() + l.buffer_offset[b],
+                                       f.numel * dtype_size(f.type)) == 0;
+        }
+        same[static_cast<std::size_t>(comm.rank())] = equal ? 1 : 0;
+      },
+      launch);
+  for (int r = 0; r < world; ++r) CHECK(same[static_cast<std::size_t>(r)] == 1);
 }

@@ -427,13 +427,84 @@ TEST_CASE("adopt_parameters: the trainer's memory is the parameter storage at st
       }
 }
 
+TEST_CASE("set_parameters_async / read_parameters_async: the whole model from and into the trainer's memory") {
+  // bfloat16 parameters with float32 masters, stages 0-3 (stage 3 also keeping the frozen buffer
+  // whole) on 1-3 ranks: one call sets every parameter from the trainer's memory (its padding
+  // 0xff, which must not be read) as set_parameter per parameter does, training then agrees
+  // bit for bit, the memory is not kept (changed after the call, nothing changes), and the read
+  // gives back every parameter and zeros in each buffer's padding.
+  for (int world : {1, 2, 3})
+    for (int config = 0; config <= 4; ++config) {
+      const int stage = config == 4 ? 3 : config;
+      CAPTURE(world);
+      CAPTURE(config);
+      local::launch(world, [&](communicator& comm) {
+        plan_request q = bfloat16_request(stage);
+        if (config == 4) q.keep_frozen_bytes = 1 << 20;
+        sharded_model model(comm, q, adamw_options()), reference(comm, q, adamw_options());
+        const adoption_layout l = layout_for_adoption(model.plan());
+        trainer_memory in(l, 0xff), out(l, 0xff);
+        const std::size_t n = model.parameter_count();
+        for (std::size_t p = 0; p < n; ++p) {
+          std::vector<bfloat16> v(model.numel(p));
+          std::vector<float> widened(v.size());
+          for (std::size_t j = 0; j < v.size(); ++j) {
+            v[j] = static_cast<bfloat16>(1.5f * initial_value(model.plan().placements()[p].storage, j) +
+                                         0.001f * static_cast<float>(j));
+            widened[j] = static_cast<float>(v[j]);
+          }
+          reference.set_parameter(p, widened);
+          if (!v.empty()) std::memcpy(in.base + l.parameter_offset[p], v.data(), v.size() * sizeof(bfloat16));
+        }
+        set_parameters_async(model, in.base, l.bytes);
+        model.synchronize();                                                        // the copies are done
+        std::fill(in.raw.begin(), in.raw.end(), static_cast<unsigned char>(0x7f));  // not kept
+        for (int step = 0; step < 2; ++step) {
+          constant_gradient_step(model, 1);
+          constant_gradient_step(reference, 1);
+        }
+        read_parameters_async(model, out.base, l.bytes);
+        model.synchronize();
+        std::vector<bool> covered(l.bytes, false);
+        for (std::size_t p = 0; p < n; ++p) {
+          std::vector<float> a(model.numel(p)), b(model.numel(p));
+          model.read_parameter(p, a);
+          reference.read_parameter(p, b);
+          CHECK(a == b);
+          const std::vector<bfloat16> in_memory = out.values<bfloat16>(l, p, b.size());
+          std::vector<float> widened(in_memory.size());
+          for (std::size_t j = 0; j < widened.size(); ++j) widened[j] = static_cast<float>(in_memory[j]);
+          CHECK(widened == b);
+          for (std::size_t k = 0; k < b.size() * sizeof(bfloat16); ++k) covered[l.parameter_offset[p] + k] = true;
+        }
+        std::size_t nonzero_padding = 0;
+        for (std::size_t b = 0; b < model.plan().buffers().size(); ++b) {
+          const flat_buffer& f = model.plan().buffers()[b];
+          for (std::uint64_t k = l.buffer_offset[b]; k < l.buffer_offset[b] + f.numel * dtype_size(f.type); ++k)
+            nonzero_padding += !covered[k] && out.base[k] != 0;
+        }
+        CHECK(nonzero_padding == 0);
+      });
+    }
+}
+
 TEST_CASE("adopt_parameters refuses stage 3, a step in progress, and memory that is null, too small or misaligned") {
   local::launch(2, [&](communicator& comm) {
     sharded_model stage3(comm, test_request(3, 1), sharded_model_options{});
     const adoption_layout l3 = layout_for_adoption(stage3.plan());
     trainer_memory m3(l3, 0);
     expect([&] { adopt_parameters(stage3, m3.base, l3.bytes); }, "adopt_parameters at stage 3");
+    expect([&] { adopt_parameters(stage3, m3.base, l3.bytes); }, "set_parameters_async(model, memory, bytes)");
     expect([&] { adopt_parameters(stage3, m3.base, l3.bytes); }, "rank " + std::to_string(comm.rank()));
+    // The whole-model copies check the memory as adopt_parameters does, and change nothing.
+    expect([&] { set_parameters_async(stage3, nullptr, l3.bytes); }, "set_parameters_async: a null pointer");
+    expect([&] { read_parameters_async(stage3, m3.base, l3.bytes - 1); },
+           "read_parameters_async: the memory has " + std::to_string(l3.bytes - 1) + " bytes");
+    expect([&] { set_parameters_async(stage3, m3.base + 16, l3.bytes); }, "is not aligned to 64 bytes");
+    (void)stage3.gradient<float>(stage3.index("l1.w"));
+    expect([&] { read_parameters_async(stage3, m3.base, l3.bytes); }, "read_parameters_async in the middle of a step");
+    stage3.end_backward();
+    stage3.step();
 
     std::optional<trainer_memory> trainer;  // outlives the model
     sharded_model model(comm, test_request(1, 1), sharded_model_options{});

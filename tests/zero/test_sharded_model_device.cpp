@@ -405,6 +405,61 @@ TEST_CASE("device path: parameters in the trainer's memory (adopt_parameters), s
     }
 }
 
+TEST_CASE("device path: set_parameters_async / read_parameters_async at stages 1 and 3, bitwise the host runtime") {
+  // The whole model from the trainer's memory in one call and back in another, on the streams:
+  // stage 1; stage 3 (each rank keeps its shard; the read gathers each buffer once); stage 3
+  // with the parameter shards offloaded and the frozen matrix kept whole; stage 3 with int8
+  // gathers (the read gathers in full precision). 2 and 3 ranks, 3 steps.
+  for (int world : {2, 3})
+    for (int config = 0; config < 4; ++config) {
+      run_config cfg;
+      cfg.steps = 3;
+      cfg.optimizer = test_optimizers()[static_cast<std::size_t>(config % 3)];
+      CAPTURE(world);
+      CAPTURE(config);
+      plan_request q = device_request(config == 0 ? 1 : 3, 1, cfg.optimizer, false, config == 2);
+      if (config == 2) q.offload = offload::parameters;
+      if (config == 3) q.quantization = {quantized_bits::int8, quantized_bits::none, 8};
+      std::vector<std::vector<std::vector<float>>> host(static_cast<std::size_t>(world)),
+          device(static_cast<std::size_t>(world)), in_memory(static_cast<std::size_t>(world));
+      local::launch(world, [&](communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        sharded_model_options options;
+        options.optimizer = cfg.optimizer;
+        {
+          plan_request qh = q;
+          qh.offload = offload::none;
+          sharded_model model(comm, qh, options);
+          host[r] = train_sharded(model, comm.rank(), cfg);
+        }
+        primitive::host_stream compute;
+        host_execution_stream stream(compute);
+        sharded_model model(comm, q, device_context{&stream}, options);
+        const adoption_layout l = layout_for_adoption(model.plan());
+        trainer_memory in(l, 0xff), out(l, 0xff);
+        const auto& pl = model.plan().placements();
+        for (std::size_t p = 0; p < pl.size(); ++p)
+          for (std::uint64_t j = 0; j < pl[p].numel; ++j) {
+            const float v = initial_value(pl[p].storage, j);
+            std::memcpy(in.base + l.parameter_offset[p] + j * sizeof(float), &v, sizeof(float));
+          }
+        set_parameters_async(model, in.base, l.bytes);
+        run_config taken = cfg;
+        taken.keep_parameters = true;
+        device[r] = train_on_stream(model, compute, comm.rank(), taken);
+        read_parameters_async(model, out.base, l.bytes);
+        compute.synchronize();
+        model.synchronize();
+        for (std::size_t p = 0; p < pl.size(); ++p) in_memory[r].push_back(out.values<float>(l, p, pl[p].numel));
+      });
+      for (std::size_t r = 0; r < host.size(); ++r) {
+        CAPTURE(r);
+        CHECK(bitwise_equal(device[r], host[r]));
+        CHECK(bitwise_equal(in_memory[r], host[r]));
+      }
+    }
+}
+
 TEST_CASE("device path: a read the runtime does not order reads stale parameters; the compute stream's read waits") {
   // Stage 3, two ranks, after one step: the communication stream is paused, pre_forward(0)
   // enqueues the gather there. A trainer that reads the view on a stream of its own (no event

@@ -6,7 +6,9 @@
 /// trainer that keeps its parameters in one buffer of its own (llm.c's `params_memory`) computes
 /// with them where they are, and the runtime updates them there, as PyTorch DDP's optimizer
 /// updates the module's own parameters. Stages 0-2, where every rank holds the whole
-/// parameters. Included by zero/sharded_model.hpp at its end. The manual: docs/zero.md, "The
+/// parameters. At every stage, `set_parameters_async` and `read_parameters_async` copy the whole
+/// model from and into such a block (at stage 3 the rank's shards; FSDP2's `fully_shard`
+/// takes a module's parameters that way). Included by zero/sharded_model.hpp at its end. The manual: docs/zero.md, "The
 /// trainer's memory".
 
 #include <algorithm>
@@ -35,7 +37,7 @@ struct adoption_layout {
 /// The layout of `plan`'s parameters for `adopt_parameters`. The alignment is the plan's
 /// `alignment_bytes`, at least 64 (a cache line). Defined at every stage (at stage 3 it is the
 /// whole model, which a rank holds only for frozen buffers kept whole: `adopt_parameters` refuses
-/// stage 3). Pure.
+/// stage 3, `set_parameters_async` and `read_parameters_async` take it there). Pure.
 inline adoption_layout layout_for_adoption(const shard_plan& plan) {
   adoption_layout l;
   l.alignment = std::max<std::uint64_t>(plan.request().alignment_bytes, 64);
@@ -68,29 +70,10 @@ class adoption_access {
     if (plan.stage() == 3)
       m.raise(
           "adopt_parameters at stage 3: a rank holds only its shard of the parameters, and the whole ones "
-          "only while their unit is gathered (read them with parameter<T>(p) between pre_forward and "
-          "post_forward); adopt at stages 0-2");
-    if (!m.between_steps())
-      m.raise(
-          "adopt_parameters in the middle of a step: call it between steps (after step(), before the next "
-          "micro-batch)");
-    const adoption_layout l = layout_for_adoption(plan);
-    if (memory == nullptr && l.bytes > 0)
-      m.raise("adopt_parameters: a null pointer for " + std::to_string(l.bytes) + " bytes");
-    if (bytes < l.bytes)
-      m.raise("adopt_parameters: the memory has " + std::to_string(bytes) + " bytes, the plan's layout needs " +
-              std::to_string(l.bytes) + " (layout_for_adoption(plan).bytes)");
-    const auto at = reinterpret_cast<std::uintptr_t>(memory);
-    if (at % l.alignment != 0)
-      m.raise("adopt_parameters: the memory at " + hex(at) + " is not aligned to " + std::to_string(l.alignment) +
-              " bytes (layout_for_adoption(plan).alignment)");
-    m.check_trainer_memory(memory, l.bytes, "adopt_parameters' memory");  // the compute stream's space
-    for (const detail::host_buffer& held : m.params_) {
-      const auto from = reinterpret_cast<std::uintptr_t>(held.data());
-      if (held.bytes() > 0 && from < at + l.bytes && at < from + held.bytes())
-        m.raise("adopt_parameters: the memory at " + hex(at) + " overlaps the model's parameter storage at " +
-                hex(from) + " (memory adopted already, or the model's own)");
-    }
+          "only while their unit is gathered (parameter<T>(p) between pre_forward and post_forward), so the "
+          "trainer's memory cannot stay their storage; set_parameters_async(model, memory, bytes) takes its "
+          "values (FSDP2's fully_shard), read_parameters_async gathers them back into it");
+    const adoption_layout l = checked_layout(m, memory, bytes, "adopt_parameters");
     auto* base = static_cast<unsigned char*>(memory);
     std::vector<detail::host_buffer> views;
     m.comm_waits_for_compute();  // after the trainer's work so far, on either side
@@ -115,7 +98,56 @@ class adoption_access {
     m.compute_waits_for_comm();
   }
 
+  static void set_all(sharded_model& m, const void* memory, std::uint64_t bytes) {
+    const shard_plan& plan = m.plan_;
+    const adoption_layout l = checked_layout(m, memory, bytes, "set_parameters_async");
+    const auto* base = static_cast<const unsigned char*>(memory);
+    // Each storage once (an alias lies at its storage's offset); write_parameter keeps what the
+    // rank holds (its shard at stage 3, else all), the masters and any gathered copy.
+    for (std::size_t p = 0; p < plan.placements().size(); ++p)
+      if (!plan.placements()[p].alias && plan.placements()[p].numel > 0)
+        m.write_parameter(p, base + l.parameter_offset[p], nullptr);
+    m.compute_waits_for_comm();
+  }
+
+  static void read_all(sharded_model& m, void* memory, std::uint64_t bytes) {
+    const shard_plan& plan = m.plan_;
+    const adoption_layout l = checked_layout(m, memory, bytes, "read_parameters_async");
+    auto* base = static_cast<unsigned char*>(memory);
+    // Buffer by buffer, padding included (zeros): one gather per sharded buffer at stage 3.
+    for (std::size_t b = 0; b < plan.buffers().size(); ++b)
+      if (plan.buffers()[b].numel > 0) m.copy_buffer_out(b, 0, plan.buffers()[b].numel, base + l.buffer_offset[b]);
+    m.compute_waits_for_comm();
+  }
+
  private:
+  /// The layout, after the checks every call on trainer memory makes (between steps; memory
+  /// not null, large enough, aligned, in the compute stream's space); `call` names the caller.
+  static adoption_layout checked_layout(sharded_model& m, const void* memory, std::uint64_t bytes,
+                                        const std::string& call) {
+    if (!m.between_steps())
+      m.raise(call +
+              " in the middle of a step: call it between steps (after step(), before the next "
+              "micro-batch)");
+    adoption_layout l = layout_for_adoption(m.plan_);
+    if (memory == nullptr && l.bytes > 0) m.raise(call + ": a null pointer for " + std::to_string(l.bytes) + " bytes");
+    if (bytes < l.bytes)
+      m.raise(call + ": the memory has " + std::to_string(bytes) + " bytes, the plan's layout needs " +
+              std::to_string(l.bytes) + " (layout_for_adoption(plan).bytes)");
+    const auto at = reinterpret_cast<std::uintptr_t>(memory);
+    if (at % l.alignment != 0)
+      m.raise(call + ": the memory at " + hex(at) + " is not aligned to " + std::to_string(l.alignment) +
+              " bytes (layout_for_adoption(plan).alignment)");
+    m.check_trainer_memory(memory, l.bytes, call + "' memory");  // the compute stream's space
+    for (const detail::host_buffer& held : m.params_) {
+      const auto from = reinterpret_cast<std::uintptr_t>(held.data());
+      if (held.bytes() > 0 && from < at + l.bytes && at < from + held.bytes())
+        m.raise(call + ": the memory at " + hex(at) + " overlaps the model's parameter storage at " + hex(from) +
+                " (memory adopted already, or the model's own)");
+    }
+    return l;
+  }
+
   /// Zeroes flat buffer `f`'s padding in `view` (its elements before, between and after its
   /// parameters), on `stream`.
   static void zero_padding(execution_stream& stream, const shard_plan& plan, const flat_buffer& f,
@@ -156,6 +188,34 @@ class adoption_access {
 inline void adopt_parameters(sharded_model& model, void* memory, std::uint64_t bytes,
                              adopted_values values = adopted_values::from_memory) {
   adoption_access::adopt(model, memory, bytes, values);
+}
+
+/// Sets every parameter of `model` (and its master weights, widened to float32) from `memory`,
+/// laid out by `layout_for_adoption(model.plan())` as for `adopt_parameters` (its padding is not
+/// read), with no host round trip: the whole-model `set_parameter_async`. At every stage; at
+/// stage 3 each rank keeps only its shard, as FSDP2's `fully_shard` shards a module's
+/// initialized parameters, and the gathered parameters are then at `parameter<T>(p)` between
+/// pre_forward and post_forward. The memory is not kept: once the compute stream's work enqueued
+/// before the call is done it may be changed or freed. `memory`: at least `layout.bytes` bytes,
+/// aligned to `layout.alignment`, in the compute stream's space, the same values on every rank.
+/// Local. Call between steps. Ordered after the compute stream's work so far and before what it
+/// enqueues next; `memory` must stay unchanged until then (cudaMemcpyAsync's contract); errors of
+/// the copies surface at the next wait. Throws errc::invalid_argument, naming the rank and what
+/// was expected, in the middle of a step and for memory that is null, too small, misaligned,
+/// overlapping the model's parameter storage or (where the program's CUDA table can tell) not in
+/// the compute stream's space; nothing is changed then.
+inline void set_parameters_async(sharded_model& model, const void* memory, std::uint64_t bytes) {
+  adoption_access::set_all(model, memory, bytes);
+}
+
+/// Copies every parameter of `model` into `memory`, laid out by `layout_for_adoption`, each flat
+/// buffer whole (its padding, zeros, included), with no host round trip: the whole-model
+/// `read_parameter_async`. At stage 3 a collective (every rank calls it, in the same order as
+/// its other collectives) that gathers each sharded buffer once. The compute stream's work
+/// enqueued after the call sees the values. Preconditions and errors as
+/// `set_parameters_async`; `memory` is written, not kept.
+inline void read_parameters_async(sharded_model& model, void* memory, std::uint64_t bytes) {
+  adoption_access::read_all(model, memory, bytes);
 }
 
 }  // namespace ringzero::zero

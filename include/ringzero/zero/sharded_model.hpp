@@ -669,6 +669,8 @@ class sharded_model {
   /// Parameter p copied into `out` (its dtype) on the communication stream (gathered there first
   /// when p's buffer is a shard and no unit holds p). Waits only when it needed a temporary.
   void copy_parameter_out(std::size_t p, unsigned char* out);
+  /// Elements [offset, offset + count) of flat buffer b copied into `out`, as `copy_parameter_out`.
+  void copy_buffer_out(std::size_t b, std::uint64_t offset, std::uint64_t count, unsigned char* out);
   /// `step` after its checks, as work on the communication stream, with one wait at the end;
   /// `micro_batches` ended in the step and `sync_off` go to the ranks' check.
   step_result run_step(std::uint64_t micro_batches, bool sync_off);

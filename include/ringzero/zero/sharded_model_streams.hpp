@@ -187,16 +187,21 @@ inline void sharded_model::write_parameter(std::size_t p, const unsigned char* v
 
 inline void sharded_model::copy_parameter_out(std::size_t p, unsigned char* out) {
   const parameter_placement& pl = plan_.placements()[p];
-  const flat_buffer& f = plan_.buffers()[pl.buffer];
+  copy_buffer_out(pl.buffer, pl.offset, pl.numel, out);
+}
+
+inline void sharded_model::copy_buffer_out(std::size_t b, std::uint64_t offset, std::uint64_t count,
+                                           unsigned char* out) {
+  const flat_buffer& f = plan_.buffers()[b];
   const std::uint64_t es = dtype_size(f.type);
   comm_waits_for_compute();
   const unsigned char* src = nullptr;
   std::size_t borrowed_slot = npos;
   detail::host_buffer temporary;  // released after the synchronize below
-  if (plan_.holds_whole(pl.buffer)) {
-    src = params_[pl.buffer].data();
+  if (plan_.holds_whole(b)) {
+    src = params_[b].data();
   } else {
-    const std::size_t w = storage_unit(p);
+    const std::size_t w = f.unit;  // the unit that owns the buffer's storage
     const bool quantized = plan_.request().quantization.weights != quantized_bits::none;
     // Gathered on the communication stream: ordered before the copy. Quantized gathers hold
     // dequantized values: the shards are gathered again in full precision, into a temporary
@@ -213,15 +218,15 @@ inline void sharded_model::copy_parameter_out(std::size_t p, unsigned char* out)
         comm_stream_->wait(*gather_slot_free_[borrowed_slot]);
         dst = gathers_buffers_[borrowed_slot].data() + f.gather_offset;
       }
-      unsigned char* shard = gather_input(pl.buffer, dst);
-      const collective_options tag = tagged(call_purpose::read, pl.buffer);
+      unsigned char* shard = gather_input(b, dst);
+      const collective_options tag = tagged(call_purpose::read, b);
       if (f.shard_numel > 0)
         comm_stream_->collective(
             [this, shard, dst, &f, tag] { all_gather(comm_, shard, dst, f.shard_numel, f.type, tag); });
       src = dst;
     }
   }
-  if (pl.numel != 0) comm_stream_->copy(out, src + pl.offset * es, pl.numel * es);
+  if (count != 0) comm_stream_->copy(out, src + offset * es, count * es);
   // A borrowed slot's next gather runs after this copy on the same stream; a temporary must
   // outlive it.
   if (borrowed_slot != npos) gather_free_.push_back(borrowed_slot);
