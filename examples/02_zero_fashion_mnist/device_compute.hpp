@@ -69,6 +69,15 @@ class device_compute {
   static constexpr bool heap_holds_state = false;
   /// The float32 copies of a bfloat16 runtime (null with float32).
   const float_copies* copies() const noexcept { return copies_.base != nullptr ? &copies_ : nullptr; }
+  /// Calls `use` with a copy of `block` (`bytes` of host memory) in device memory, uploaded on
+  /// the compute stream; the copy is freed when `use` returns (which waits for what reads it).
+  template <class F>
+  void with_parameter_block(const unsigned char* block, std::size_t bytes, F&& use) {
+    device_array<unsigned char> on_device(bytes);
+    primitive::cudart::check(cudaMemcpyAsync(on_device.get(), block, bytes, cudaMemcpyHostToDevice, stream_.get()),
+                             "cudaMemcpyAsync (the parameter block)");
+    use(static_cast<void*>(on_device.get()));
+  }
 
   void begin_epoch(std::span<const std::uint32_t> shard) {
     shard_host_.assign(shard.begin(), shard.end());

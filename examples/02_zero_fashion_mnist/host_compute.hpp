@@ -48,6 +48,13 @@ class host_compute {
   static constexpr bool heap_holds_state = true;
   /// The float32 copies of a bfloat16 runtime (null with float32), converted on the calling thread.
   const float_copies* copies() const noexcept { return copies_.base != nullptr ? &copies_ : nullptr; }
+  /// Calls `use` with `block` (`bytes` of host memory) where the compute stream's memory is:
+  /// host memory, so the block itself.
+  template <class F>
+  void with_parameter_block(unsigned char* block, std::size_t bytes, F&& use) {
+    (void)bytes;
+    use(static_cast<void*>(block));
+  }
 
   /// Starts an epoch over `shard` (this rank's sample indices).
   void begin_epoch(std::span<const std::uint32_t> shard) {

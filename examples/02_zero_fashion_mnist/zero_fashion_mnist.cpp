@@ -186,11 +186,27 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
   memory.after_construction = model.memory_in_use();
   memory.scratch_growth_construction = probe.scratch_growth(0, 1);
 
-  // The same initial values on every rank (example 01's rank-0 initialisation), or a checkpoint's.
-  const std::vector<float> initial = compute.shape().initial_parameters(o.seed);
-  for (std::size_t i = 0; i < compute.shape().tensor_count(); ++i) {
-    const ex::tensor_info& t = compute.shape().tensor(i);
-    model.set_parameter(i, std::span<const float>(initial.data() + t.offset, t.count));
+  // The same initial values on every rank (example 01's rank-0 initialisation), handed over as a
+  // trainer that keeps its parameters in one block of its own does: laid out by
+  // layout_for_adoption in each parameter's dtype, in the compute stream's memory (the GPU's with
+  // --device cuda), in one call (at stage 3 each rank keeps its shard); or a checkpoint's.
+  {
+    const std::vector<float> initial = compute.shape().initial_parameters(o.seed);
+    const zero::adoption_layout layout = zero::layout_for_adoption(model.plan());
+    std::vector<unsigned char> raw(layout.bytes + layout.alignment);
+    const std::size_t skip =
+        (layout.alignment - reinterpret_cast<std::uintptr_t>(raw.data()) % layout.alignment) % layout.alignment;
+    unsigned char* block = raw.data() + skip;
+    for (std::size_t i = 0; i < compute.shape().tensor_count(); ++i) {
+      const ex::tensor_info& t = compute.shape().tensor(i);
+      const rz::dtype type = model.plan().buffers()[model.plan().placements()[i].buffer].type;
+      rz::primitive::cast_into(block + layout.parameter_offset[i], type, initial.data() + t.offset, rz::dtype::float32,
+                               t.count);
+    }
+    compute.with_parameter_block(block, layout.bytes, [&](void* memory) {
+      zero::set_parameters_async(model, memory, layout.bytes);
+      model.synchronize();  // the runtime's copies are done: the block may go
+    });
   }
   const int first_epoch = zx::restore(o, model, result.global_batch, lead);
   std::optional<zx::ck::checkpointer> saver;
