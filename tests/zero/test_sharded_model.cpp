@@ -488,6 +488,62 @@ TEST_CASE("set_parameters_async / read_parameters_async: the whole model from an
     }
 }
 
+TEST_CASE("set_parameters_async releases kept units (int8 gathers); a read refused on one rank is refused on all") {
+  // Stage 3, int8 weight gathers, every unit kept after its forward: an evaluation pass before
+  // set_parameters_async leaves nothing gathered (a kept copy would hold values no gather
+  // computes), so a step after it is bitwise a step without the pass.
+  local::launch(2, [&](communicator& comm) {
+    plan_request q = test_request(3, 1);
+    q.reshard_after_forward = reshard_policy::none;
+    q.quantization = {quantized_bits::int8, quantized_bits::none, 8};
+    sharded_model evaluated(comm, q, adamw_options()), straight(comm, q, adamw_options());
+    const adoption_layout l = layout_for_adoption(evaluated.plan());
+    trainer_memory in(l, 0);
+    const auto& pl = evaluated.plan().placements();
+    for (std::size_t p = 0; p < pl.size(); ++p)
+      for (std::uint64_t j = 0; j < pl[p].numel; ++j) {
+        const float v = 0.37f * initial_value(pl[p].storage, j) + 0.011f * static_cast<float>(j % 7);
+        std::memcpy(in.base + l.parameter_offset[p] + j * sizeof(float), &v, sizeof v);
+      }
+    set_initial_parameters(evaluated);
+    for (std::size_t u = 0; u < evaluated.unit_count(); ++u) {
+      evaluated.pre_forward(u);
+      evaluated.post_forward(u);
+    }
+    CHECK(evaluated.parameter<float>(evaluated.index("l2.w")).size() == 36);  // kept
+    set_parameters_async(evaluated, in.base, l.bytes);
+    set_parameters_async(straight, in.base, l.bytes);
+    expect([&] { (void)evaluated.parameter<float>(evaluated.index("l2.w")); }, "is not gathered");
+    constant_gradient_step(evaluated, 1);
+    constant_gradient_step(straight, 1);
+    for (std::size_t p = 0; p < pl.size(); ++p) {
+      std::vector<float> a(pl[p].numel), b(pl[p].numel);
+      evaluated.read_parameter(p, a);
+      straight.read_parameter(p, b);
+      CHECK(a == b);
+    }
+  });
+  // Three ranks, rank 1's memory too small: it throws its own error, the others name it, and
+  // nobody waits in the all_gather; a read with good memory on every rank works afterwards.
+  local::launch(3, [&](communicator& comm) {
+    sharded_model model(comm, test_request(3, 1), sharded_model_options{});
+    set_initial_parameters(model);
+    const adoption_layout l = layout_for_adoption(model.plan());
+    trainer_memory out(l, 0xff);
+    const std::uint64_t bytes = comm.rank() == 1 ? l.bytes - 1 : l.bytes;
+    expect([&] { read_parameters_async(model, out.base, bytes); },
+           comm.rank() == 1 ? "the memory has " + std::to_string(l.bytes - 1) + " bytes"
+                            : "read_parameters_async: refused on rank 1");
+    read_parameters_async(model, out.base, l.bytes);
+    model.synchronize();
+    for (std::size_t p = 0; p < model.parameter_count(); ++p) {
+      std::vector<float> want(model.numel(p));
+      model.read_parameter(p, want);
+      CHECK(out.values<float>(l, p, want.size()) == want);
+    }
+  });
+}
+
 TEST_CASE("adopt_parameters refuses stage 3, a step in progress, and memory that is null, too small or misaligned") {
   local::launch(2, [&](communicator& comm) {
     sharded_model stage3(comm, test_request(3, 1), sharded_model_options{});

@@ -1082,5 +1082,5 @@ TEST_CASE("device path: trainer memory a host compute stream cannot reach is ref
   CHECK(has(refusals[1], "read_parameter_async(" + name + ")'s output is device memory (CUDA device 1)"));
   CHECK(has(refusals[2], "set_parameter_async(" + name + ")'s values is a null pointer for "));
   CHECK(refusals[3] == "(accepted)");
-  CHECK(has(refusals[4], "adopt_parameters' memory is device memory (CUDA device 1)"));
+  CHECK(has(refusals[4], "the memory given to adopt_parameters is device memory (CUDA device 1)"));
 }

@@ -45,15 +45,16 @@ inline std::string name_model_tag(const void* plan, std::uint64_t tag) noexcept 
     const std::uint64_t purpose = tag >> 48;
     const std::uint64_t index = tag & ((std::uint64_t{1} << 48) - 1);
     if (purpose == static_cast<std::uint64_t>(call_purpose::agree))
-      return index == 3 ? "the step's check (learning rate, micro-batch count, gradient sync)"
-                        : "the model agreement check (exchange " + std::to_string(index) + ")";
+      return index == 3   ? "the step's check (learning rate, micro-batch count, gradient sync)"
+             : index == 4 ? "the check of a collective call's arguments (read_parameters_async)"
+                          : "the model agreement check (exchange " + std::to_string(index) + ")";
     if (purpose == static_cast<std::uint64_t>(call_purpose::norm)) return "the gradient norm's all_reduce";
     if (index >= p.buffers().size()) return {};
     const flat_buffer& f = p.buffers()[static_cast<std::size_t>(index)];
     std::string what;
     switch (static_cast<call_purpose>(purpose)) {
       case call_purpose::gather: what = "all_gather of unit"; break;
-      case call_purpose::read: what = "all_gather (read_parameter) of unit"; break;
+      case call_purpose::read: what = "all_gather (read_parameter or read_parameters_async) of unit"; break;
       case call_purpose::reduce: what = "gradient reduction of unit"; break;
       case call_purpose::replica_average: what = "replica average of the gradients of unit"; break;
       case call_purpose::regather: what = "all_gather after the step of unit"; break;
@@ -139,6 +140,13 @@ class model_agreement {
   /// exchange so that a rank that could not makes every rank throw errc::internal (naming it)
   /// instead of leaving the others to time out in the first collective.
   void agree_on_allocation(const std::string& problem);
+
+  /// Before a collective `call` whose arguments each rank checks locally (`refused`: this rank's
+  /// were refused): one exchange over the shard communicator, so that the ranks whose arguments
+  /// passed throw errc::invalid_argument naming the ranks that refused, instead of waiting in the
+  /// collective until the communicator's timeout. Returns normally on a refusing rank (which
+  /// throws its own error) and when no rank refused. Collective over the shard group.
+  void agree_on_arguments(bool refused, const std::string& call);
 
   /// Every rank of both communicators learns every rank's learning rate `lr` (a scheduler that
   /// set different rates on different ranks would update the shards inconsistently), the number
@@ -419,6 +427,20 @@ inline void model_agreement::agree_on_allocation(const std::string& problem) {
   }
   if (!problem.empty()) ringzero::detail::raise(comm_, errc::internal, "zero::sharded_model: " + problem);
   if (!verdict.empty()) ringzero::detail::raise(comm_, errc::internal, "zero::sharded_model: " + verdict);
+}
+
+inline void model_agreement::agree_on_arguments(bool refused, const std::string& call) {
+  if (comm_.world_size() == 1) return;
+  const int n = comm_.world_size();
+  std::uint64_t mine = refused ? 1 : 0;
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
+  exchange(comm_, &mine, all.data(), 1, tagged(call_purpose::agree, 4, &plan_));
+  std::vector<int> failed;
+  for (int r = 0; r < n; ++r)
+    if (all[static_cast<std::size_t>(r)] != 0) failed.push_back(r);
+  if (!refused && !failed.empty())
+    raise(call + ": refused on " + ringzero::detail::describe_ranks(failed) +
+          " (see the error there); nothing was copied on any rank");
 }
 
 inline void model_agreement::exchange(communicator& c, const std::uint64_t* mine, std::uint64_t* all, std::size_t count,

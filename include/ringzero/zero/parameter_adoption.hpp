@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -102,6 +103,13 @@ class adoption_access {
     const shard_plan& plan = m.plan_;
     const adoption_layout l = checked_layout(m, memory, bytes, "set_parameters_async");
     const auto* base = static_cast<const unsigned char*>(memory);
+    if (plan.stage() == 3) {
+      // Units gathered now (kept after an evaluation pass, prefetched) would show the old
+      // values, or under quantized gathers values the next gather would not compute: released,
+      // as a step releases them, so the next pre_forward gathers the new shards.
+      sharded_model::gather_hooks h{m};
+      m.gathers_.release_all(h);
+    }
     // Each storage once (an alias lies at its storage's offset); write_parameter keeps what the
     // rank holds (its shard at stage 3, else all), the masters and any gathered copy.
     for (std::size_t p = 0; p < plan.placements().size(); ++p)
@@ -112,7 +120,24 @@ class adoption_access {
 
   static void read_all(sharded_model& m, void* memory, std::uint64_t bytes) {
     const shard_plan& plan = m.plan_;
-    const adoption_layout l = checked_layout(m, memory, bytes, "read_parameters_async");
+    // At stage 3 the read gathers: a rank whose arguments are refused tells the others, which
+    // would otherwise wait in the all_gather until the communicator's timeout.
+    bool gathers = false;
+    for (std::size_t b = 0; b < plan.buffers().size(); ++b)
+      gathers = gathers || (plan.buffers()[b].numel > 0 && !plan.holds_whole(b));
+    std::exception_ptr refused;
+    adoption_layout l;
+    try {
+      l = checked_layout(m, memory, bytes, "read_parameters_async");
+    } catch (const error&) {
+      if (!gathers) throw;
+      refused = std::current_exception();
+    }
+    if (gathers && m.comm_.world_size() > 1) {
+      m.synchronize();  // the communication stream is idle: the exchange runs on this thread
+      m.agreement().agree_on_arguments(refused != nullptr, "read_parameters_async");
+    }
+    if (refused) std::rethrow_exception(refused);
     auto* base = static_cast<unsigned char*>(memory);
     // Buffer by buffer, padding included (zeros): one gather per sharded buffer at stage 3.
     for (std::size_t b = 0; b < plan.buffers().size(); ++b)
@@ -138,7 +163,7 @@ class adoption_access {
     if (at % l.alignment != 0)
       m.raise(call + ": the memory at " + hex(at) + " is not aligned to " + std::to_string(l.alignment) +
               " bytes (layout_for_adoption(plan).alignment)");
-    m.check_trainer_memory(memory, l.bytes, call + "' memory");  // the compute stream's space
+    m.check_trainer_memory(memory, l.bytes, "the memory given to " + call);  // the compute stream's space
     for (const detail::host_buffer& held : m.params_) {
       const auto from = reinterpret_cast<std::uintptr_t>(held.data());
       if (held.bytes() > 0 && from < at + l.bytes && at < from + held.bytes())
@@ -195,7 +220,8 @@ inline void adopt_parameters(sharded_model& model, void* memory, std::uint64_t b
 /// read), with no host round trip: the whole-model `set_parameter_async`. At every stage; at
 /// stage 3 each rank keeps only its shard, as FSDP2's `fully_shard` shards a module's
 /// initialized parameters, and the gathered parameters are then at `parameter<T>(p)` between
-/// pre_forward and post_forward. The memory is not kept: once the compute stream's work enqueued
+/// pre_forward and post_forward (units gathered at the time of the call are released, as a step
+/// releases them). The memory is not kept: once the compute stream's work enqueued
 /// before the call is done it may be changed or freed. `memory`: at least `layout.bytes` bytes,
 /// aligned to `layout.alignment`, in the compute stream's space, the same values on every rank.
 /// Local. Call between steps. Ordered after the compute stream's work so far and before what it
@@ -213,7 +239,9 @@ inline void set_parameters_async(sharded_model& model, const void* memory, std::
 /// `read_parameter_async`. At stage 3 a collective (every rank calls it, in the same order as
 /// its other collectives) that gathers each sharded buffer once. The compute stream's work
 /// enqueued after the call sees the values. Preconditions and errors as
-/// `set_parameters_async`; `memory` is written, not kept.
+/// `set_parameters_async`; `memory` is written, not kept. At stage 3 the ranks exchange whether
+/// their arguments passed before gathering (waiting for the communication stream's work so
+/// far): a refusal on one rank makes the others throw errc::invalid_argument naming it.
 inline void read_parameters_async(sharded_model& model, void* memory, std::uint64_t bytes) {
   adoption_access::read_all(model, memory, bytes);
 }
