@@ -363,6 +363,22 @@ TEST_CASE("set_parameter_async / read_parameter_async: the parameter's dtype in 
   }
 }
 
+/// Every parameter of the bfloat16 `model` equals `reference`'s, and so do its values in `mem`
+/// (laid out by `l`). At stage 3 a collective.
+void check_parameters(sharded_model& model, sharded_model& reference, const trainer_memory& mem,
+                      const adoption_layout& l) {
+  for (std::size_t p = 0; p < model.parameter_count(); ++p) {
+    std::vector<float> a(model.numel(p)), b(model.numel(p));
+    model.read_parameter(p, a);
+    reference.read_parameter(p, b);
+    CHECK(a == b);
+    const std::vector<bfloat16> in_memory = mem.values<bfloat16>(l, p, b.size());
+    std::vector<float> widened(in_memory.size());
+    for (std::size_t j = 0; j < widened.size(); ++j) widened[j] = static_cast<float>(in_memory[j]);
+    CHECK(widened == b);
+  }
+}
+
 TEST_CASE("adopt_parameters: the trainer's memory is the parameter storage at stages 0-2, as set_parameter") {
   // bfloat16 parameters with float32 master weights, 2 and 3 ranks: a model whose parameters
   // live in the trainer's memory (values in it, or the model's copied there) trains as one given
@@ -413,16 +429,7 @@ TEST_CASE("adopt_parameters: the trainer's memory is the parameter storage at st
             constant_gradient_step(adopted, 1);
             constant_gradient_step(reference, 1);
           }
-          for (std::size_t p = 0; p < n; ++p) {
-            std::vector<float> a(adopted.numel(p)), b(adopted.numel(p));
-            adopted.read_parameter(p, a);
-            reference.read_parameter(p, b);
-            CHECK(a == b);
-            const std::vector<bfloat16> in_memory = mem.values<bfloat16>(l, p, b.size());
-            std::vector<float> widened(in_memory.size());
-            for (std::size_t j = 0; j < widened.size(); ++j) widened[j] = static_cast<float>(in_memory[j]);
-            CHECK(widened == b);
-          }
+          check_parameters(adopted, reference, mem, l);
         });
       }
 }
@@ -465,18 +472,10 @@ TEST_CASE("set_parameters_async / read_parameters_async: the whole model from an
         }
         read_parameters_async(model, out.base, l.bytes);
         model.synchronize();
+        check_parameters(model, reference, out, l);
         std::vector<bool> covered(l.bytes, false);
-        for (std::size_t p = 0; p < n; ++p) {
-          std::vector<float> a(model.numel(p)), b(model.numel(p));
-          model.read_parameter(p, a);
-          reference.read_parameter(p, b);
-          CHECK(a == b);
-          const std::vector<bfloat16> in_memory = out.values<bfloat16>(l, p, b.size());
-          std::vector<float> widened(in_memory.size());
-          for (std::size_t j = 0; j < widened.size(); ++j) widened[j] = static_cast<float>(in_memory[j]);
-          CHECK(widened == b);
-          for (std::size_t k = 0; k < b.size() * sizeof(bfloat16); ++k) covered[l.parameter_offset[p] + k] = true;
-        }
+        for (std::size_t p = 0; p < n; ++p)
+          for (std::size_t k = 0; k < model.numel(p) * sizeof(bfloat16); ++k) covered[l.parameter_offset[p] + k] = true;
         std::size_t nonzero_padding = 0;
         for (std::size_t b = 0; b < model.plan().buffers().size(); ++b) {
           const flat_buffer& f = model.plan().buffers()[b];
