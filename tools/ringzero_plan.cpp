@@ -818,6 +818,10 @@ int main(int argc, char** argv) {
     if (o.offload == "parameters" && stages.size() > 1)
       throw usage_error(
           "--offload parameters plans stage 3 only (the parameter shards in host memory): pass --stage 3");
+    if (app.count("--ranks-per-node") > 0 && o.offload == "none")
+      throw usage_error(
+          "--ranks-per-node counts the pinned host memory per node, which only --offload optimizer or "
+          "--offload parameters uses: pass one of them, or leave --ranks-per-node out");
     if (o.ranks_per_node > o.world_size)
       throw usage_error("--ranks-per-node " + std::to_string(o.ranks_per_node) + " is more than the world size " +
                         std::to_string(o.world_size));

@@ -272,6 +272,24 @@ TEST_CASE("ranks that disagree on the world size fail together, naming both size
   }
 }
 
+TEST_CASE("ranks that say hello just after the world sizes disagreed are told the same, not left at a closed port") {
+  // Four ranks: rank 2 says WORLD_SIZE 3 first, ranks 1 and 3 connect 150 ms later (rank 0 has
+  // already failed the job): every rank gets the same error, none a closed connection.
+  const rendezvous_address where{"127.0.0.1", rdv_free_port()};
+  rdv_outcome zero, one, two, three;
+  std::thread z([&] { zero = rdv_call(where, 0, 4, "", rdv_payload(9), 10s); });
+  std::thread t([&] { two = rdv_call(where, 2, 3, "", "", 10s); });
+  std::this_thread::sleep_for(150ms);
+  std::thread o([&] { one = rdv_call(where, 1, 4, "", "", 10s); });
+  three = rdv_call(where, 3, 4, "", "", 10s);
+  for (std::thread* th : {&z, &t, &o}) th->join();
+  for (const auto* r : {&zero, &one, &two, &three}) {
+    REQUIRE(r->failed);
+    CHECK(r->kind == errc::invalid_argument);
+    CHECK_MESSAGE(rdv_contains(r->what, "ranks disagree on WORLD_SIZE: rank 0: 4; rank 2 (from 127.0.0.1:"), r->what);
+  }
+}
+
 TEST_CASE("rank 0 that cannot make its payload tells every rank why") {
   const rendezvous_address where{"127.0.0.1", rdv_free_port()};
   std::string what_one;

@@ -49,7 +49,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for config, config_args in CONFIGS.items():
             for stage in range(4):
-                out = {}
+                out, stdout_of = {}, {}
                 runs = dict(RUNS)
                 if stage == 3:
                     runs["sim+parameters"] = ["--device", "sim", "--offload", "parameters"]
@@ -63,6 +63,7 @@ def main() -> int:
                         break
                     crc = re.findall(r"^final parameters crc32 ([0-9a-f]{8})$", stdout, re.M)
                     out[name] = (json.load(open(js)), open(params, "rb").read(), crc)
+                    stdout_of[name] = stdout
                 if len(out) != len(runs):
                     continue
                 cpu, cpu_params, cpu_crc = out["cpu"]
@@ -111,6 +112,13 @@ def main() -> int:
                         host, model = got["plan"]["host_memory"], got["plan"]["memory"]
                         if host["parameters"] != model["parameters"] or host["gradients"] != model["gradients"]:
                             bad.append(f"{config} stage 3 {name}: host memory {host}, the shards are {model}")
+                    if name != "sim":  # the text report splits the planned memory between the device and the host
+                        plan = got["plan"]
+                        device_kib = (plan["memory"]["total"] - plan["host_memory"]["total"]) / 1024
+                        line = (f"planned memory per rank: {device_kib:.1f} KiB in the device's memory, "
+                                f"{plan['host_memory']['total'] / 1024:.1f} KiB in pinned host memory")
+                        if line not in stdout_of[name]:
+                            bad.append(f"{config} stage {stage} {name}: no line '{line}' in the report")
                 last = cpu["epochs"][-1] if cpu["epochs"] else {}
                 print(f"{config} stage {stage}: train loss {last.get('train_loss')!r}, test accuracy "
                       f"{last.get('test_accuracy')!r}, parameters crc32 {cpu['parameter_crc32']} on cpu; sim and "

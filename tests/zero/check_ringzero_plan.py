@@ -355,6 +355,8 @@ refused(["--model", "gpt2", "--world-size", "4", "--stage", "2", "--offload", "p
         "got stage 2: expected stage 3", "--offload parameters at stage 2")
 refused(["--model", "gpt2", "--world-size", "4", "--stage", "3", "-g", "2", "--offload", "parameters"],
         "offload::parameters with hybrid sharding (replica group size 2 of world size 4)", "hybrid + parameters")
+refused(["--model", "gpt2", "--world-size", "8", "--stage", "3", "--ranks-per-node", "4"],
+        "--ranks-per-node counts the pinned host memory per node, which only --offload", "--ranks-per-node alone")
 
 # Quantized communication: int8 blocks of 256 (1 + 4/256 bytes per element) against float16 (2 bytes).
 q = plans("--model", "gpt2", "--world-size", "4", "--stage", "3", "--quantize-weights", "int8",

@@ -487,15 +487,17 @@ TEST_CASE("set_parameters_async / read_parameters_async: the whole model from an
     }
 }
 
-TEST_CASE("set_parameters_async releases kept units (int8 gathers); a read refused on one rank is refused on all") {
+TEST_CASE("setting parameters releases kept units (int8 gathers); a read refused on one rank is refused on all") {
   // Stage 3, int8 weight gathers, every unit kept after its forward: an evaluation pass before
-  // set_parameters_async leaves nothing gathered (a kept copy would hold values no gather
-  // computes), so a step after it is bitwise a step without the pass.
+  // set_parameters_async (or set_parameter_async per parameter) leaves nothing gathered (a kept
+  // copy would hold values no gather computes), so a step after it is bitwise a step without
+  // the pass.
   local::launch(2, [&](communicator& comm) {
     plan_request q = test_request(3, 1);
     q.reshard_after_forward = reshard_policy::none;
     q.quantization = {quantized_bits::int8, quantized_bits::none, 8};
-    sharded_model evaluated(comm, q, adamw_options()), straight(comm, q, adamw_options());
+    sharded_model evaluated(comm, q, adamw_options()), straight(comm, q, adamw_options()),
+        per_parameter(comm, q, adamw_options());
     const adoption_layout l = layout_for_adoption(evaluated.plan());
     trainer_memory in(l, 0);
     const auto& pl = evaluated.plan().placements();
@@ -504,22 +506,29 @@ TEST_CASE("set_parameters_async releases kept units (int8 gathers); a read refus
         const float v = 0.37f * initial_value(pl[p].storage, j) + 0.011f * static_cast<float>(j % 7);
         std::memcpy(in.base + l.parameter_offset[p] + j * sizeof(float), &v, sizeof v);
       }
-    set_initial_parameters(evaluated);
-    for (std::size_t u = 0; u < evaluated.unit_count(); ++u) {
-      evaluated.pre_forward(u);
-      evaluated.post_forward(u);
+    // The same through set_parameter_async, one parameter at a time.
+    for (sharded_model* m : {&evaluated, &per_parameter}) {
+      set_initial_parameters(*m);
+      for (std::size_t u = 0; u < m->unit_count(); ++u) {
+        m->pre_forward(u);
+        m->post_forward(u);
+      }
+      CHECK(m->parameter<float>(m->index("l2.w")).size() == 36);  // kept
     }
-    CHECK(evaluated.parameter<float>(evaluated.index("l2.w")).size() == 36);  // kept
     set_parameters_async(evaluated, in.base, l.bytes);
     set_parameters_async(straight, in.base, l.bytes);
-    expect([&] { (void)evaluated.parameter<float>(evaluated.index("l2.w")); }, "is not gathered");
-    constant_gradient_step(evaluated, 1);
-    constant_gradient_step(straight, 1);
+    for (std::size_t p = 0; p < pl.size(); ++p)
+      per_parameter.set_parameter_async(p, reinterpret_cast<const float*>(in.base + l.parameter_offset[p]));
+    for (sharded_model* m : {&evaluated, &per_parameter})
+      expect([&] { (void)m->parameter<float>(m->index("l2.w")); }, "is not gathered");
+    for (sharded_model* m : {&evaluated, &straight, &per_parameter}) constant_gradient_step(*m, 1);
     for (std::size_t p = 0; p < pl.size(); ++p) {
-      std::vector<float> a(pl[p].numel), b(pl[p].numel);
+      std::vector<float> a(pl[p].numel), b(pl[p].numel), c(pl[p].numel);
       evaluated.read_parameter(p, a);
       straight.read_parameter(p, b);
+      per_parameter.read_parameter(p, c);
       CHECK(a == b);
+      CHECK(c == b);
     }
   });
   // Three ranks, rank 1's memory too small: it throws its own error, the others name it, and

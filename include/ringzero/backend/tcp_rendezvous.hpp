@@ -312,6 +312,7 @@ inline std::string serve(const rendezvous_address& where, int world_size, const 
       return;
     }
     m.answer = true;
+    if (fatal) return;  // said hello after the job failed: answered with that failure
     if (world != static_cast<std::uint32_t>(world_size)) {
       fatal = failure{errc::invalid_argument, "ranks disagree on WORLD_SIZE: rank 0: " + std::to_string(world_size) +
                                                   "; rank " + std::to_string(rank) + " (from " + m.peer +
@@ -333,8 +334,21 @@ inline std::string serve(const rendezvous_address& where, int world_size, const 
       }
     m.rank = static_cast<int>(rank);
   };
-  while (!fatal && joined() < world_size - 1) {
-    if (clock::now() >= deadline) {
+  // A fault of the job (a WORLD_SIZE, rank or identity that does not fit) ends the exchange, but
+  // the ranks connecting at that moment, or within a second after it, are still read and told
+  // why, rather than finding the port closed.
+  clock::time_point told_until{};
+  std::string fatal_answer;  // what each rank that says hello now is told (once the job failed)
+  while (fatal ? clock::now() < told_until : joined() < world_size - 1) {
+    if (fatal && fatal_answer.empty()) fatal_answer = reply(static_cast<int>(fatal->kind), fatal->text);
+    if (fatal)
+      for (member& m : members)
+        if (m.answer && m.fd.fd >= 0) {
+          (void)send_all(m.fd.fd, fatal_answer, clock::now() + std::chrono::milliseconds(200));
+          m.fd.reset();
+          m.answer = false;
+        }
+    if (!fatal && clock::now() >= deadline) {
       // the first 16 missing ranks, in time linear in the members (world_size may be huge)
       std::vector<int> present;
       for (const member& m : members)
@@ -368,7 +382,7 @@ inline std::string serve(const rendezvous_address& where, int world_size, const 
     const int ready = ::poll(polls.data(), polls.size(), ms_until(deadline, 200));
     if (ready < 0 && errno != EINTR) throw error(errc::backend_failure, ctx, "poll() failed: " + errno_text(errno));
     if (ready <= 0) continue;
-    for (std::size_t i = 1; i < polls.size() && !fatal; ++i) {
+    for (std::size_t i = 1; i < polls.size(); ++i) {
       if (polls[i].revents == 0) continue;
       member& m = members[i - 1];
       char buffer[512];
@@ -399,12 +413,14 @@ inline std::string serve(const rendezvous_address& where, int world_size, const 
       }
       if (m.received.size() >= hello_fixed + job_length) {
         m.received.resize(hello_fixed + job_length);
+        const bool failed_before = fatal.has_value();
         judge(m);
+        if (fatal && !failed_before) told_until = clock::now() + margin(timeout);
       }
     }
     members.erase(std::remove_if(members.begin(), members.end(), [](const member& m) { return m.fd.fd < 0; }),
                   members.end());
-    if (!fatal && (polls[0].revents & POLLIN)) {
+    if (polls[0].revents & POLLIN) {
       for (;;) {
         sockaddr_storage peer{};
         socklen_t length = sizeof peer;

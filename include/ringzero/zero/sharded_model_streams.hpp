@@ -169,6 +169,13 @@ inline void sharded_model::write_parameter(std::size_t p, const unsigned char* v
   // In after the trainer's work so far: the whole parameter where the rank holds its buffer
   // whole, else the owned part.
   const bool whole = plan_.holds_whole(pl.buffer);
+  if (!whole && plan_.request().quantization.weights != quantized_bits::none) {
+    // A kept or prefetched copy holds dequantized values that the raw ones written below would
+    // not match: dropped, so the next pre_forward gathers (and quantizes) the new shard. A unit
+    // in use keeps its copy, which then shows the raw values.
+    gather_hooks h{*this};
+    gathers_.release_stale(h);
+  }
   comm_waits_for_compute();
   if (whole && pl.numel != 0) comm_stream_->copy(params_[pl.buffer].data() + pl.offset * es, values, pl.numel * es);
   if (!whole && hi > lo)

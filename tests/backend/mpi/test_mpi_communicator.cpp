@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <memory>
 #include <numeric>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include "mpi_test.hpp"
 
@@ -500,4 +503,31 @@ TEST_CASE("tuning tables that differ between ranks, or an unreadable RINGZERO_MP
   if (r == n - 1)
     CHECK(ringzero_test::contains(
         e->what(), "RINGZERO_MPI_TUNING: cannot read the tuning table /nonexistent/ringzero-tuning.txt"));
+  // A rule for an algorithm MPI never runs (it would never apply), on the last rank: refused on
+  // every rank, that one naming the rule.
+  o = ringzero_test::throwing(false);
+  if (r == n - 1) o.tuning = tuning_table::parse("all_reduce " + std::to_string(n) + " 4096 direct", "table");
+  e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, o); });
+  REQUIRE(e);
+  CHECK(e->kind() == errc::invalid_argument);
+  CHECK(ringzero_test::contains(e->what(), "malformed on rank(s) " + std::to_string(n - 1)));
+  if (r == n - 1)
+    CHECK(ringzero_test::contains(e->what(), "the tuning table's rule 'all_reduce " + std::to_string(n) +
+                                                 " 4096 direct' names direct, which the MPI backend does not run"));
+  // A file of comments only, on every rank: no table by mistake, refused naming the file.
+  const std::string empty = "/tmp/ringzero-empty-tuning-" + std::to_string(::getpid()) + ".txt";
+  std::FILE* file = std::fopen(empty.c_str(), "w");
+  REQUIRE(file != nullptr);
+  std::fputs("# ringzero tuning table\n\n", file);
+  std::fclose(file);
+  ::setenv("RINGZERO_MPI_TUNING", empty.c_str(), 1);
+  e = error_of([&] { mpi::communicator comm(MPI_COMM_WORLD, ringzero_test::throwing(false)); });
+  if (before)
+    ::setenv("RINGZERO_MPI_TUNING", before->c_str(), 1);
+  else
+    ::unsetenv("RINGZERO_MPI_TUNING");
+  std::remove(empty.c_str());
+  REQUIRE(e);
+  CHECK(e->kind() == errc::invalid_argument);
+  CHECK(ringzero_test::contains(e->what(), "RINGZERO_MPI_TUNING: the tuning table " + empty + " has no rules"));
 }

@@ -403,11 +403,23 @@ class communicator final : public ringzero::detail::backend_communicator {
       else if (const auto file = ringzero::detail::env_string("RINGZERO_MPI_TUNING"))
         try {
           tuning_ = tuning_table::read(*file);
+          if (tuning_.empty())
+            throw error(errc::invalid_argument, "the tuning table " + *file +
+                                                    " has no rules (only comments or blank lines): name a table that "
+                                                    "ringzero-mpi-compare --write-tuning wrote, or unset the variable");
         } catch (const error& e) {
           throw error(e.kind(), "RINGZERO_MPI_TUNING: " + e.message());
         } catch (const std::exception& e) {  // std::bad_alloc: reported in the handshake as the others
           throw error(errc::invalid_argument, "RINGZERO_MPI_TUNING=" + *file + ": " + e.what());
         }
+      // A rule for an algorithm this backend never runs would never apply: a mistake, named.
+      for (const tuning_rule& rule : tuning_.rules())
+        if (rule.algo != algorithm::ring && rule.algo != algorithm::halving_doubling && rule.algo != algorithm::native)
+          throw error(errc::invalid_argument,
+                      "the tuning table's rule '" + std::string(collective_name(rule.kind)) + " " +
+                          std::to_string(rule.world_size) + " " + std::to_string(rule.min_bytes) + " " +
+                          std::string(algorithm_name(rule.algo)) + "' names " + std::string(algorithm_name(rule.algo)) +
+                          ", which the MPI backend does not run (it runs ring, halving_doubling and native)");
     } catch (const error& e) {
       if (malformed_environment_.empty()) malformed_environment_ = e.message();
     }
