@@ -121,7 +121,7 @@ run_result train(const options& o, const ex::fashion_mnist& data, int ranks, int
     bind_views();  // a restored bucket layout moves the views
     std::optional<ck::checkpointer> saver;
     if (!o.checkpoint_dir.empty()) {
-      saver.emplace(o.checkpoint_dir);
+      saver.emplace(o.checkpoint_dir, ck::checkpointer_options{o.keep_checkpoints});
       saver->open(reducer, state);  // the root's lock, leftovers removed, room checked: before any training
     }
     // --micro-batch: every rank reads the one permutation of a world of one (the same for

@@ -62,6 +62,7 @@ struct options {
   int micro_batch = 0;         // >0: examples per micro-batch, micro-batch j of a global batch on rank j mod n
   bool reproducible = false;   // reducer_options::reproducible: each micro-batch's gradient is one contribution
   std::string checkpoint_dir;  // --checkpoint: save there at the end of every epoch
+  int keep_checkpoints = 0;    // --keep-checkpoints: keep only the newest N (0: all)
   std::string resume_dir;      // --resume: continue from the newest complete checkpoint there
   std::string init_from;       // --init-from: initial parameters from a safetensors file
   bool allow_nonfinite = false;  // --allow-nonfinite: --init-from accepts NaN and infinity
@@ -211,8 +212,14 @@ inline option_handles add_options(CLI::App& app, options& o) {
          "the number of GPUs, so several ranks may share one). Without a CUDA device, or in a build without CUDA, "
          "cuda fails at once with exit status 1 and says why")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--checkpoint", o.checkpoint_dir,
-                 "save a checkpoint into this directory at the end of every epoch (DIR/step-N/, DIR/latest; CPU only)");
+  auto* checkpoint = app.add_option(
+      "--checkpoint", o.checkpoint_dir,
+      "save a checkpoint into this directory at the end of every epoch (DIR/step-N/, DIR/latest; CPU only)");
+  app.add_option("--keep-checkpoints", o.keep_checkpoints,
+                 "keep only the newest N checkpoints in --checkpoint's directory (older ones are removed once a "
+                 "new one is complete; 0: keep all)")
+      ->check(CLI::Range(0, 1000000))
+      ->needs(checkpoint);
   auto* resume =
       app.add_option("--resume", o.resume_dir,
                      "continue from the newest complete checkpoint in this directory; --epochs counts the epochs done");

@@ -211,7 +211,7 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
   const int first_epoch = zx::restore(o, model, result.global_batch, lead);
   std::optional<zx::ck::checkpointer> saver;
   if (!o.checkpoint_dir.empty()) {
-    saver.emplace(o.checkpoint_dir);
+    saver.emplace(o.checkpoint_dir, zx::ck::checkpointer_options{o.keep_checkpoints});
     saver->open(model);  // the root's lock, leftovers removed, room checked: before any training
   }
   if (lead) {

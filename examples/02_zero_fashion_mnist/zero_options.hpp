@@ -55,6 +55,7 @@ struct options {
   bool progress = true;
   double min_accuracy = 0.0;         // exit with status 3 when the run ends below it (for tests)
   std::string checkpoint_dir;        // --checkpoint: save there at the end of every epoch
+  int keep_checkpoints = 0;          // --keep-checkpoints: keep only the newest N (0: all)
   std::string resume_dir;            // --resume: continue from the newest complete checkpoint there
   std::string init_from;             // --init-from: initial parameters from a safetensors file
   bool allow_nonfinite = false;      // --allow-nonfinite: --init-from accepts NaN and infinity
@@ -167,9 +168,14 @@ inline void add_options(CLI::App& app, options& o) {
   app.add_flag("--progress,!--no-progress", o.progress, "progress bar when stdout is a terminal (default on)");
   app.add_option("--min-accuracy", o.min_accuracy, "fail (exit status 3) if the final test accuracy (0 to 1) is lower")
       ->check(number_check({.low = 0, .high = 1}, "an accuracy from 0 to 1", "ACCURACY"));
-  app.add_option(
+  auto* checkpoint = app.add_option(
       "--checkpoint", o.checkpoint_dir,
       "save a checkpoint into this directory at the end of every epoch (DIR/step-N/, DIR/latest; docs/checkpoint.md)");
+  app.add_option("--keep-checkpoints", o.keep_checkpoints,
+                 "keep only the newest N checkpoints in --checkpoint's directory (older ones are removed once a "
+                 "new one is complete; 0: keep all)")
+      ->check(CLI::Range(0, 1000000))
+      ->needs(checkpoint);
   auto* resume =
       app.add_option("--resume", o.resume_dir,
                      "continue from the newest complete checkpoint in this directory (any --ranks and --stage); "

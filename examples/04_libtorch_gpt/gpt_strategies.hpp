@@ -67,6 +67,7 @@ struct options {
   std::string json_path;
   std::string checkpoint_dir;  // --checkpoint: save here every --checkpoint-every steps and at the end
   int checkpoint_every = 0;
+  int keep_checkpoints = 0;          // --keep-checkpoints: keep only the newest N (0: all)
   std::string resume_dir;            // --resume: continue from the newest checkpoint here
   std::uint64_t check_replicas = 0;  // --check-replicas N: verify_replicas every N steps
   std::string backend = "local";     // --backend local (threads) or mpi (one rank per process)

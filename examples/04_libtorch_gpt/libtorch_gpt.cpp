@@ -173,7 +173,7 @@ result train(const options& o, const corpus& c) {
     }
     std::optional<ck::checkpointer> saver;
     if (!o.checkpoint_dir.empty()) {
-      saver.emplace(o.checkpoint_dir);
+      saver.emplace(o.checkpoint_dir, ck::checkpointer_options{o.keep_checkpoints});
       training->open(*saver);  // before any training
     }
     auto save = [&](int steps_done) {
@@ -431,11 +431,16 @@ int main(int argc, char** argv) {
   app.add_option("--print-every", o.print_every, "print the loss every N steps")->check(CLI::Range(1, 1000000));
   app.add_option("--data", o.data, "directory of the fortune files");
   app.add_option("--json", o.json_path, "write losses, memory, plan and parameters to this JSON file");
-  app.add_option("--checkpoint", o.checkpoint_dir,
-                 "save checkpoints into this directory (at the end, and see "
-                 "--checkpoint-every)");
+  auto* checkpoint = app.add_option("--checkpoint", o.checkpoint_dir,
+                                    "save checkpoints into this directory (at the end, and see "
+                                    "--checkpoint-every)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "also save every N steps (0: only at the end)")
       ->check(CLI::Range(0, 10000000));
+  app.add_option("--keep-checkpoints", o.keep_checkpoints,
+                 "keep only the newest N checkpoints in --checkpoint's directory (older ones are removed once a "
+                 "new one is complete; 0: keep all)")
+      ->check(CLI::Range(0, 1000000))
+      ->needs(checkpoint);
   app.add_option("--resume", o.resume_dir,
                  "continue from the newest checkpoint in this directory (resharded to this --ranks and --strategy)");
   CLI11_PARSE(app, argc, argv);

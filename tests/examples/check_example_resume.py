@@ -15,7 +15,9 @@
   --hidden widths) or another optimizer, a missing --init-from file, --resume with --init-from;
   a --checkpoint root whose lock another job holds, a file as --checkpoint, a FIFO or a NaN as
   --init-from (all before any training step); a root without `latest` resumes from its complete
-  checkpoint, named, and Adam resuming AdamW's moments says so.
+  checkpoint, named, and Adam resuming AdamW's moments says so;
+- --keep-checkpoints 2 over 3 epochs leaves the newest two (`latest` the last) in both examples,
+  and is refused without --checkpoint.
 
 usage: check_example_resume.py ZERO_TRAINER DDP_TRAINER RINGZERO_CKPT
 Runs on 2000 training images (skipped, status 77, without Debian's dataset-fashion-mnist).
@@ -87,6 +89,17 @@ def main() -> int:
             straight_vs_resumed(zero, tmp, f"02-sim-stage3-bfloat16-offload-{offload}",
                                 ["--device", "sim", "--stage", "3", "--optimizer", "adamw", "--precision", "bfloat16",
                                  "--offload", offload])
+
+        # --keep-checkpoints 2 over 3 epochs: the root keeps the newest two, `latest` the last.
+        for trainer, name in ((zero, "02"), (ddp, "01")):
+            root = os.path.join(tmp, name + "-keep")
+            p = run(trainer, *SMALL, "--epochs", "3", "--checkpoint", root, "--keep-checkpoints", "2")
+            steps = sorted(d for d in os.listdir(root) if d.startswith("step-")) if os.path.isdir(root) else []
+            latest = open(os.path.join(root, "latest")).read().strip() if steps else ""
+            check(p.returncode == 0 and len(steps) == 2 and latest == steps[-1],
+                  f"{name}: --keep-checkpoints 2 after 3 epochs left {steps}, latest {latest!r}")
+            p = run(trainer, *SMALL, "--epochs", "1", "--keep-checkpoints", "2")
+            check(p.returncode != 0 and "--checkpoint" in p.stderr, f"{name}: --keep-checkpoints without --checkpoint")
 
         # Example 02 at another --ranks and --stage: the saved parameters come back bit for bit.
         root = os.path.join(tmp, "02-reshard")

@@ -205,7 +205,10 @@ ddp_sample = ddp_run["sample"] if ddp_run is not None else None
 for saved_as, resumes in (("zero3", ("zero3", "zero1", "ddp")), ("ddp", ("ddp", "zero1"))):
     ckpt = os.path.join(tmp, f"ckpt_{saved_as}")
     first = run(["--ranks", "2", "--strategy", saved_as, "--checkpoint", ckpt, "--checkpoint-every", "10", "--steps",
-                 str(HALF), *SMALL[2:]])
+                 str(HALF), *SMALL[2:]] + (["--keep-checkpoints", "1"] if saved_as == "zero3" else []))
+    kept = sorted(d for d in os.listdir(ckpt) if d.startswith("step-")) if os.path.isdir(ckpt) else []
+    if saved_as == "zero3" and kept != [f"step-{HALF:08d}"]:  # saved after steps 10, 20 and HALF; one kept
+        failures.append(f"--keep-checkpoints 1: the checkpoint root holds {kept}")
     for resumed_as in resumes:
         second = run(["--ranks", "2", "--strategy", resumed_as, "--resume", ckpt, *SMALL])
         label = f"--checkpoint at {saved_as}, --resume as {resumed_as}"

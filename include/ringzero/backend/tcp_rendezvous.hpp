@@ -379,7 +379,7 @@ inline std::string serve(const rendezvous_address& where, int world_size, const 
                   members.end());
     std::vector<pollfd> polls{{listener.fd, POLLIN, 0}};
     for (const member& m : members) polls.push_back({m.fd.fd, POLLIN, 0});
-    const int ready = ::poll(polls.data(), polls.size(), ms_until(deadline, 200));
+    const int ready = ::poll(polls.data(), polls.size(), ms_until(fatal ? told_until : deadline, 200));
     if (ready < 0 && errno != EINTR) throw error(errc::backend_failure, ctx, "poll() failed: " + errno_text(errno));
     if (ready <= 0) continue;
     for (std::size_t i = 1; i < polls.size(); ++i) {

@@ -125,7 +125,8 @@ inline void communicator::join(MPI_Comm comm) {
   if (!malformed.empty())
     raise(nullptr, errc::invalid_argument,
           (malformed_environment_.empty()
-               ? "a RINGZERO_* environment variable is malformed on rank(s) " + malformed + " (see that rank's error)"
+               ? "a RINGZERO_* environment variable or the tuning table is malformed on rank(s) " + malformed +
+                     " (see that rank's error)"
                : malformed_environment_ + " (malformed on rank(s) " + malformed + ")") +
               "; no rank made the communicator");
   auto agree = [&](const char* what, auto field, auto text) {
