@@ -273,16 +273,15 @@ TEST_CASE("ranks that disagree on the world size fail together, naming both size
 }
 
 TEST_CASE("ranks that say hello just after the world sizes disagreed are told the same, not left at a closed port") {
-  // Four ranks: rank 2 says WORLD_SIZE 3 first, ranks 1 and 3 connect 150 ms later (rank 0 has
-  // already failed the job): every rank gets the same error, none a closed connection.
+  // Four ranks: rank 2 says WORLD_SIZE 3 first and has its answer (rank 0 has failed the job)
+  // before ranks 1 and 3 start: every rank gets the same error, none a closed connection.
   const rendezvous_address where{"127.0.0.1", rdv_free_port()};
   rdv_outcome zero, one, two, three;
   std::thread z([&] { zero = rdv_call(where, 0, 4, "", rdv_payload(9), 10s); });
-  std::thread t([&] { two = rdv_call(where, 2, 3, "", "", 10s); });
-  std::this_thread::sleep_for(150ms);
+  two = rdv_call(where, 2, 3, "", "", 10s);
   std::thread o([&] { one = rdv_call(where, 1, 4, "", "", 10s); });
   three = rdv_call(where, 3, 4, "", "", 10s);
-  for (std::thread* th : {&z, &t, &o}) th->join();
+  for (std::thread* th : {&z, &o}) th->join();
   for (const auto* r : {&zero, &one, &two, &three}) {
     REQUIRE(r->failed);
     CHECK(r->kind == errc::invalid_argument);
