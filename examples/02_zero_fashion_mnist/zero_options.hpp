@@ -171,11 +171,7 @@ inline void add_options(CLI::App& app, options& o) {
   auto* checkpoint = app.add_option(
       "--checkpoint", o.checkpoint_dir,
       "save a checkpoint into this directory at the end of every epoch (DIR/step-N/, DIR/latest; docs/checkpoint.md)");
-  app.add_option("--keep-checkpoints", o.keep_checkpoints,
-                 "keep only the newest N checkpoints in --checkpoint's directory (older ones are removed once a "
-                 "new one is complete; 0: keep all)")
-      ->check(CLI::Range(0, 1000000))
-      ->needs(checkpoint);
+  add_keep_checkpoints(app, o.keep_checkpoints, checkpoint);
   auto* resume =
       app.add_option("--resume", o.resume_dir,
                      "continue from the newest complete checkpoint in this directory (any --ranks and --stage); "

@@ -68,6 +68,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "command_line.hpp"
 #include "gather_timing_json.hpp"
 #include "gpt_model.hpp"
 #include "gpt_strategies.hpp"
@@ -436,11 +437,7 @@ int main(int argc, char** argv) {
                                     "--checkpoint-every)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "also save every N steps (0: only at the end)")
       ->check(CLI::Range(0, 10000000));
-  app.add_option("--keep-checkpoints", o.keep_checkpoints,
-                 "keep only the newest N checkpoints in --checkpoint's directory (older ones are removed once a "
-                 "new one is complete; 0: keep all)")
-      ->check(CLI::Range(0, 1000000))
-      ->needs(checkpoint);
+  ex::add_keep_checkpoints(app, o.keep_checkpoints, checkpoint);
   app.add_option("--resume", o.resume_dir,
                  "continue from the newest checkpoint in this directory (resharded to this --ranks and --strategy)");
   CLI11_PARSE(app, argc, argv);
