@@ -69,14 +69,17 @@ class device_compute {
   static constexpr bool heap_holds_state = false;
   /// The float32 copies of a bfloat16 runtime (null with float32).
   const float_copies* copies() const noexcept { return copies_.base != nullptr ? &copies_ : nullptr; }
-  /// Calls `use` with a copy of `block` (`bytes` of host memory) in device memory, uploaded on
-  /// the compute stream; the copy is freed when `use` returns (which waits for what reads it).
+  /// Calls `use` with a copy of `block` (`bytes` of host memory) in device memory aligned to
+  /// `alignment` bytes, uploaded on the compute stream; the copy is freed when `use` returns
+  /// (which waits for what reads it).
   template <class F>
-  void with_parameter_block(const unsigned char* block, std::size_t bytes, F&& use) {
-    device_array<unsigned char> on_device(bytes);
-    primitive::cudart::check(cudaMemcpyAsync(on_device.get(), block, bytes, cudaMemcpyHostToDevice, stream_.get()),
+  void with_parameter_block(const unsigned char* block, std::size_t bytes, std::size_t alignment, F&& use) {
+    device_array<unsigned char> on_device(bytes + alignment);  // cudaMalloc aligns to 256 bytes only
+    const auto at = reinterpret_cast<std::uintptr_t>(on_device.get());
+    unsigned char* aligned = on_device.get() + (alignment - at % alignment) % alignment;
+    primitive::cudart::check(cudaMemcpyAsync(aligned, block, bytes, cudaMemcpyHostToDevice, stream_.get()),
                              "cudaMemcpyAsync (the parameter block)");
-    use(static_cast<void*>(on_device.get()));
+    use(static_cast<void*>(aligned));
   }
 
   void begin_epoch(std::span<const std::uint32_t> shard) {

@@ -48,11 +48,12 @@ class host_compute {
   static constexpr bool heap_holds_state = true;
   /// The float32 copies of a bfloat16 runtime (null with float32), converted on the calling thread.
   const float_copies* copies() const noexcept { return copies_.base != nullptr ? &copies_ : nullptr; }
-  /// Calls `use` with `block` (`bytes` of host memory) where the compute stream's memory is:
-  /// host memory, so the block itself.
+  /// Calls `use` with `block` (`bytes` of host memory, aligned to `alignment`) where the compute
+  /// stream's memory is: host memory, so the block itself.
   template <class F>
-  void with_parameter_block(unsigned char* block, std::size_t bytes, F&& use) {
+  void with_parameter_block(unsigned char* block, std::size_t bytes, std::size_t alignment, F&& use) {
     (void)bytes;
+    (void)alignment;
     use(static_cast<void*>(block));
   }
 

@@ -203,7 +203,7 @@ void train_rank(rz::communicator& comm, const zx::options& o, std::size_t train_
       rz::primitive::cast_into(block + layout.parameter_offset[i], type, initial.data() + t.offset, rz::dtype::float32,
                                t.count);
     }
-    compute.with_parameter_block(block, layout.bytes, [&](void* memory) {
+    compute.with_parameter_block(block, layout.bytes, layout.alignment, [&](void* memory) {
       zero::set_parameters_async(model, memory, layout.bytes);
       model.synchronize();  // the runtime's copies are done: the block may go
     });

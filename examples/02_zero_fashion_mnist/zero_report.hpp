@@ -277,9 +277,10 @@ inline void print_header(const options& o, const run_result& r, const zero::shar
   if (o.where.device != "cpu")
     fmt::print("  device {}: the runtime's device path; offload {}\n", o.where.device, o.offload);
   if (o.where.device != "cpu" && o.offload != "none")
-    fmt::print("  planned memory per rank: {:.1f} KiB in the device's memory, {:.1f} KiB in pinned host memory\n",
+    fmt::print("  planned memory per rank: {:.1f} KiB in the device's memory, {:.1f} KiB in host memory ({})\n",
                static_cast<double>(model.plan().device_memory().total()) / 1024.0,
-               static_cast<double>(model.plan().host_memory().total()) / 1024.0);
+               static_cast<double>(model.plan().host_memory().total()) / 1024.0,
+               o.where.device == "cuda" ? "pinned" : "the simulated device's offload space");
   if (o.precision == "bfloat16")
     fmt::print(
         "  precision bfloat16: parameters bfloat16, gradients {} (reduced in it), master weights and "

@@ -175,7 +175,7 @@ inline std::vector<int> hidden_widths(const std::vector<std::string>& values) {
 /// Adds --keep-checkpoints N to `app`, into `keep` (checkpoint::checkpointer_options::keep_last:
 /// only the newest N complete checkpoints stay in the root, older ones are removed once a new
 /// one is complete; 0 keeps all). It needs `checkpoint`, the trainer's --checkpoint option: alone
-/// it is refused by CLI11 (exit status 106, naming both).
+/// it is refused by CLI11 (a nonzero exit status, naming both).
 inline void add_keep_checkpoints(CLI::App& app, int& keep, CLI::Option* checkpoint) {
   app.add_option("--keep-checkpoints", keep,
                  "keep only the newest N checkpoints in --checkpoint's directory (older ones are removed once a new "

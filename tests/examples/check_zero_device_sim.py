@@ -116,7 +116,8 @@ def main() -> int:
                         plan = got["plan"]
                         device_kib = (plan["memory"]["total"] - plan["host_memory"]["total"]) / 1024
                         line = (f"planned memory per rank: {device_kib:.1f} KiB in the device's memory, "
-                                f"{plan['host_memory']['total'] / 1024:.1f} KiB in pinned host memory")
+                                f"{plan['host_memory']['total'] / 1024:.1f} KiB in host memory (the simulated "
+                                "device's offload space)")
                         if line not in stdout_of[name]:
                             bad.append(f"{config} stage {stage} {name}: no line '{line}' in the report")
                 last = cpu["epochs"][-1] if cpu["epochs"] else {}

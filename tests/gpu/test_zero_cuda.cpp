@@ -175,11 +175,13 @@ TEST_CASE("device path on CUDA: the whole model from and into a cudaMalloc block
           }
         void* block = nullptr;
         primitive::cudart::check(cudaMalloc(&block, l.bytes), "cudaMalloc");
-        primitive::cudart::check(cudaMemcpy(block, want.data(), l.bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+        // On the compute stream (the runtime's streams do not wait for the legacy default stream).
+        primitive::cudart::check(cudaMemcpyAsync(block, want.data(), l.bytes, cudaMemcpyHostToDevice, compute.get()),
+                                 "cudaMemcpyAsync");
         set_parameters_async(model, block, l.bytes);
         compute.synchronize();
         model.synchronize();
-        primitive::cudart::check(cudaMemset(block, 0xff, l.bytes), "cudaMemset");
+        primitive::cudart::check(cudaMemsetAsync(block, 0xff, l.bytes, compute.get()), "cudaMemsetAsync");
         read_parameters_async(model, block, l.bytes);
         compute.synchronize();
         model.synchronize();

@@ -9,8 +9,9 @@
 /// each rank in [1, world_size) must join exactly once, and ranks that name a job identity
 /// (`nccl::job_token_from_env`: RINGZERO_JOB_ID, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...) must
 /// name rank 0's. A world size that differs or a rank that joins twice (two jobs on one port
-/// without job identities) ends the exchange with the same error on every rank that joined; a
-/// connection of another job is answered with an error and the exchange goes on. Rank 0 waits
+/// without job identities) ends the exchange with the same error on every rank that joined, and
+/// on those that say hello within min(timeout, 1 s) after it (rank 0 keeps answering that
+/// long); a connection of another job is answered with an error and the exchange goes on. Rank 0 waits
 /// for the missing ranks until the timeout and then tells everyone which ranks never came.
 ///
 /// Wire format (all integers big-endian): a joining rank sends "RZTB", version (u32, 1), rank,

@@ -13,10 +13,9 @@
 /// stages 1-3's reduce_scatter), each call one flat buffer, in the runtime's order. Not hooked:
 /// the small agreement and norm collectives, hybrid sharding's replica average, and the
 /// gathers of `read_parameter`, `read_parameters_async` and checkpoints (the runtime's own
-/// all_gather). Refused (on every
-/// rank, at construction) with quantized communication or reproducible mode, which replace the
-/// same collectives, with a hook that does not support the memory space of the model's state,
-/// and when the ranks' hooks have different names.
+/// all_gather). Refused (on every rank, at construction) with quantized communication or
+/// reproducible mode, which replace the same collectives, with a hook that does not support the
+/// memory space of the model's state, and when the ranks' hooks have different names.
 ///
 /// Contract: every rank calls the same collectives on the communicator it is given, in the same
 /// order (as any collective); each call leaves its result where the call says before it

@@ -4,7 +4,9 @@
 /// exchanges that make every rank throw alike when they do not: the registered parameters
 /// against the plan, the plan request, options and fingerprint at construction (`agree`), the
 /// allocation of the model state (`agree_on_allocation`), and the learning rate at every step
-/// (`check_step`, with the micro-batch count and gradient sync). Each exchange is one small all_gather over the shard
+/// (`check_step`, with the micro-batch count and gradient sync), and whether every rank's
+/// arguments to a collective call passed their local checks (`agree_on_arguments`, over the
+/// shard communicator only). Each exchange is one small all_gather over the shard
 /// communicator, then over the replica communicator of hybrid sharding, staged through device memory when the
 /// communicator's buffers are device memory. Errors: errc::invalid_argument (refusals and differences, naming the ranks
 /// and each rank's value) or errc::internal (allocation), on every rank. Thread semantics: the model's (the rank's
@@ -46,7 +48,7 @@ inline std::string name_model_tag(const void* plan, std::uint64_t tag) noexcept 
     const std::uint64_t index = tag & ((std::uint64_t{1} << 48) - 1);
     if (purpose == static_cast<std::uint64_t>(call_purpose::agree))
       return index == 3   ? "the step's check (learning rate, micro-batch count, gradient sync)"
-             : index == 4 ? "the check of a collective call's arguments (read_parameters_async)"
+             : index == 4 ? "the check of a collective call's arguments (agree_on_arguments)"
                           : "the model agreement check (exchange " + std::to_string(index) + ")";
     if (purpose == static_cast<std::uint64_t>(call_purpose::norm)) return "the gradient norm's all_reduce";
     if (index >= p.buffers().size()) return {};

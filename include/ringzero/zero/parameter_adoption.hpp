@@ -134,7 +134,11 @@ class adoption_access {
       refused = std::current_exception();
     }
     if (gathers && m.comm_.world_size() > 1) {
-      m.synchronize();  // the communication stream is idle: the exchange runs on this thread
+      try {
+        m.synchronize();  // the communication stream is idle: the exchange runs on this thread
+      } catch (const error&) {
+        if (!refused) refused = std::current_exception();  // an earlier failure: this rank refuses
+      }
       m.agreement().agree_on_arguments(refused != nullptr, "read_parameters_async");
     }
     if (refused) std::rethrow_exception(refused);
@@ -221,8 +225,9 @@ inline void adopt_parameters(sharded_model& model, void* memory, std::uint64_t b
 /// stage 3 each rank keeps only its shard, as FSDP2's `fully_shard` shards a module's
 /// initialized parameters, and the gathered parameters are then at `parameter<T>(p)` between
 /// pre_forward and post_forward (units gathered at the time of the call are released, as a step
-/// releases them). The memory is not kept: once the compute stream's work enqueued
-/// before the call is done it may be changed or freed. `memory`: at least `layout.bytes` bytes,
+/// releases them). The memory is not kept: once the compute stream has run the work enqueued
+/// after the call began (e.g. after synchronizing the compute stream) it may be changed or
+/// freed. `memory`: at least `layout.bytes` bytes,
 /// aligned to `layout.alignment`, in the compute stream's space, the same values on every rank.
 /// Local. Call between steps. Ordered after the compute stream's work so far and before what it
 /// enqueues next; `memory` must stay unchanged until then (cudaMemcpyAsync's contract); errors of

@@ -165,14 +165,18 @@ class sharded_model {
 
   /// Sets parameter p (and its master weights) from `values` (`numel` float values, rounded to
   /// the parameter's dtype). Every rank must pass the same values; at stage 3 each rank keeps
-  /// only what it owns (unless kept whole). Local. Throws errc::invalid_argument on a size mismatch.
+  /// only what it owns (unless kept whole), and a gathered copy of p's unit shows the new values
+  /// too, except under quantized weight gathers, where every kept and prefetched unit is
+  /// released instead (`parameter<T>` then refuses until the next pre_* hook; a unit in use
+  /// keeps the raw values). Local. Throws errc::invalid_argument on a size mismatch.
   void set_parameter(std::size_t p, std::span<const float> values);
   /// Sets parameter p from `values`: `numel(p)` elements of the parameter's dtype T in the
   /// compute stream's memory (a trainer's own device buffer on the device path), copied on the
   /// streams with no host round trip (master weights: the values widened to float32). Ordered
   /// after the compute stream's work enqueued so far, and before what it enqueues after this
   /// call; `values` must stay unchanged until then (cudaMemcpyAsync's contract). Every rank
-  /// passes the same values. Local; errors of the copies surface at the next wait (`step()`).
+  /// passes the same values; gathered copies as for `set_parameter`. Local; errors of the
+  /// copies surface at the next wait (`step()`).
   /// Throws errc::invalid_argument when T is not the parameter's dtype.
   /// Also throws errc::invalid_argument (nothing copied) for a null `values` of a parameter with
   /// elements, and where the program's CUDA table can tell (zero/sharded_model.hpp,
@@ -664,7 +668,9 @@ class sharded_model {
   }
   /// Parameter p's `values` (in its dtype) copied in on the communication stream after the
   /// compute stream's work so far; the master weights from `master` (float32) or else widened
-  /// from `values`. Waits for nothing: `values` and `master` must outlive the copies.
+  /// from `values`; a gathered copy of p's unit gets them too (under quantized weight gathers
+  /// kept and prefetched units are released first). Waits for nothing: `values` and `master`
+  /// must outlive the copies.
   void write_parameter(std::size_t p, const unsigned char* values, const float* master);
   /// Parameter p copied into `out` (its dtype) on the communication stream (gathered there first
   /// when p's buffer is a shard and no unit holds p). Waits only when it needed a temporary.

@@ -512,7 +512,7 @@ TEST_CASE("tuning tables that differ between ranks, or an unreadable RINGZERO_MP
   CHECK(e->kind() == errc::invalid_argument);
   CHECK(ringzero_test::contains(e->what(), "malformed on rank(s) " + std::to_string(n - 1)));
   if (r == n - 1)
-    CHECK(ringzero_test::contains(e->what(), "the tuning table's rule 'all_reduce " + std::to_string(n) +
+    CHECK(ringzero_test::contains(e->what(), "communicator_options::tuning: the rule 'all_reduce " + std::to_string(n) +
                                                  " 4096 direct' names direct, which the MPI backend does not run"));
   // A file of comments only, on every rank: no table by mistake, refused naming the file.
   const std::string empty = "/tmp/ringzero-empty-tuning-" + std::to_string(::getpid()) + ".txt";

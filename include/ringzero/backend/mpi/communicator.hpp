@@ -413,10 +413,13 @@ class communicator final : public ringzero::detail::backend_communicator {
           throw error(errc::invalid_argument, "RINGZERO_MPI_TUNING=" + *file + ": " + e.what());
         }
       // A rule for an algorithm this backend never runs would never apply: a mistake, named.
+      // (Not `supports()`: native is unavailable only while sends are paced, and one table may
+      // serve paced and unpaced runs.)
       for (const tuning_rule& rule : tuning_.rules())
         if (rule.algo != algorithm::ring && rule.algo != algorithm::halving_doubling && rule.algo != algorithm::native)
           throw error(errc::invalid_argument,
-                      "the tuning table's rule '" + std::string(collective_name(rule.kind)) + " " +
+                      std::string(options.tuning ? "communicator_options::tuning" : "RINGZERO_MPI_TUNING") +
+                          ": the rule '" + std::string(collective_name(rule.kind)) + " " +
                           std::to_string(rule.world_size) + " " + std::to_string(rule.min_bytes) + " " +
                           std::string(algorithm_name(rule.algo)) + "' names " + std::string(algorithm_name(rule.algo)) +
                           ", which the MPI backend does not run (it runs ring, halving_doubling and native)");

@@ -89,8 +89,9 @@ struct communicator_options {
   /// Algorithm choices measured on this machine (core/tuning_table.hpp), which the cost model
   /// defers to where a rule covers the call and the algorithm is available (`ringzero-mpi-compare
   /// --write-tuning FILE` writes them; docs/mpi.md, "Tuning the algorithm choice"). Unset: the file named
-  /// by RINGZERO_MPI_TUNING (read on every rank; unreadable or malformed: refused on every rank),
-  /// else none. Every rank must have the same rules (checked when the communicator is made).
+  /// by RINGZERO_MPI_TUNING (read on every rank; unreadable or malformed, or without rules:
+  /// refused on every rank), else none. A rule naming an algorithm MPI never runs (`direct`) is
+  /// refused too. Every rank must have the same rules (checked when the communicator is made).
   std::optional<tuning_table> tuning;
 };
 
