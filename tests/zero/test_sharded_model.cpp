@@ -1244,6 +1244,9 @@ TEST_CASE("hybrid sharding: a difference inside one shard group is refused on ev
     const auto& [kind, what] = out[static_cast<std::size_t>(r)];
     INFO("rank " << r << ": " << what);
     CHECK(kind == errc::invalid_argument);
+    // The shard communicator names only the shard rank; the message names the job's.
+    CHECK(has(what, "global rank " + std::to_string(r) + " (rank " + std::to_string(r % 2) + " of replica group " +
+                        std::to_string(r / 2) + "): "));
     if (r >= 2)
       CHECK(has(what, "the ranks differ in learning rate: rank 0: 0.5; rank 1: 0.25"));
     else

@@ -41,6 +41,17 @@ enum class call_purpose : std::uint64_t { agree = 1, gather, read, reduce, repli
 /// check's errors (a tag_namer's function; `plan` is the model's shard_plan): e.g. "all_gather
 /// of unit 'h.1' (buffer 3: h.1.w, h.1.b)". "" for a tag that is not the runtime's, which then
 /// prints as a number. Pure: every rank with the same plan names a tag alike.
+/// Where a rank of hybrid sharding sits in the whole job, for its errors ("global rank 5 (rank 1
+/// of replica group 2): "; the shard communicator's own context names only the rank within its
+/// replica group, the ranks that shard one copy): replica group q (the rank's place in its
+/// replica communicator) holds global ranks q * group size + r, as `sharded_model::global_rank`.
+/// "" without a replica communicator. Pure.
+inline std::string hybrid_position(const communicator& shard, const communicator* replica) {
+  if (replica == nullptr) return {};
+  return "global rank " + std::to_string(replica->rank() * shard.world_size() + shard.rank()) + " (rank " +
+         std::to_string(shard.rank()) + " of replica group " + std::to_string(replica->rank()) + "): ";
+}
+
 inline std::string name_model_tag(const void* plan, std::uint64_t tag) noexcept {
   try {
     const auto& p = *static_cast<const shard_plan*>(plan);
@@ -159,7 +170,8 @@ class model_agreement {
 
  private:
   [[noreturn]] void raise(const std::string& message) const {
-    ringzero::detail::raise(comm_, errc::invalid_argument, "zero::sharded_model: " + message);
+    ringzero::detail::raise(comm_, errc::invalid_argument,
+                            "zero::sharded_model: " + hybrid_position(comm_, replica_) + message);
   }
 
   /// This rank's values of everything the ranks must share: its refusal, the plan request
@@ -427,8 +439,12 @@ inline void model_agreement::agree_on_allocation(const std::string& problem) {
                               : ringzero::detail::describe_ranks(failed) +
                                     " could not allocate the model state (see the error there); no rank starts";
   }
-  if (!problem.empty()) ringzero::detail::raise(comm_, errc::internal, "zero::sharded_model: " + problem);
-  if (!verdict.empty()) ringzero::detail::raise(comm_, errc::internal, "zero::sharded_model: " + verdict);
+  if (!problem.empty())
+    ringzero::detail::raise(comm_, errc::internal,
+                            "zero::sharded_model: " + hybrid_position(comm_, replica_) + problem);
+  if (!verdict.empty())
+    ringzero::detail::raise(comm_, errc::internal,
+                            "zero::sharded_model: " + hybrid_position(comm_, replica_) + verdict);
 }
 
 inline void model_agreement::agree_on_arguments(bool refused, const std::string& call) {

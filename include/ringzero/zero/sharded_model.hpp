@@ -453,7 +453,8 @@ class sharded_model {
   void allocate_everywhere();
 
   [[noreturn]] void raise(const std::string& message) const {
-    ringzero::detail::raise(comm_, errc::invalid_argument, "zero::sharded_model: " + message);
+    ringzero::detail::raise(comm_, errc::invalid_argument,
+                            "zero::sharded_model: " + detail::hybrid_position(comm_, replica_) + message);
   }
 
   /// Refuses (errc::invalid_argument naming `what` and this rank) trainer memory `p` for
