@@ -350,6 +350,23 @@ TEST_CASE(
   }
 }
 
+namespace {
+
+/// Every rank's parameters as the device path trained them (`device`) and as they lie in the
+/// trainer's memory (`in_memory`) are the host runtime's (`host`) bit for bit; each indexed by
+/// rank, then parameter.
+void check_device_and_memory(const std::vector<std::vector<std::vector<float>>>& device,
+                             const std::vector<std::vector<std::vector<float>>>& in_memory,
+                             const std::vector<std::vector<std::vector<float>>>& host) {
+  for (std::size_t r = 0; r < host.size(); ++r) {
+    CAPTURE(r);
+    CHECK(bitwise_equal(device[r], host[r]));
+    CHECK(bitwise_equal(in_memory[r], host[r]));
+  }
+}
+
+}  // namespace
+
 TEST_CASE("device path: parameters in the trainer's memory (adopt_parameters), stages 0-2, bitwise the host runtime") {
   // The compute stream's memory is the trainer's: the initial values written there (or the
   // model's copied there on the streams), the step updating them in place, on 2 and 3 ranks.
@@ -395,13 +412,9 @@ TEST_CASE("device path: parameters in the trainer's memory (adopt_parameters), s
         adopted.keep_parameters = true;
         device[r] = train_on_stream(model, compute, comm.rank(), adopted);
         compute.synchronize();
-        for (std::size_t p = 0; p < pl.size(); ++p) in_memory[r].push_back(mem.values<float>(l, p, pl[p].numel));
+        in_memory[r] = mem.every_parameter<float>(l, model.plan());
       });
-      for (std::size_t r = 0; r < host.size(); ++r) {
-        CAPTURE(r);
-        CHECK(bitwise_equal(device[r], host[r]));
-        CHECK(bitwise_equal(in_memory[r], host[r]));
-      }
+      check_device_and_memory(device, in_memory, host);
     }
 }
 
@@ -450,13 +463,9 @@ TEST_CASE("device path: set_parameters_async / read_parameters_async at stages 1
         read_parameters_async(model, out.base, l.bytes);
         compute.synchronize();
         model.synchronize();
-        for (std::size_t p = 0; p < pl.size(); ++p) in_memory[r].push_back(out.values<float>(l, p, pl[p].numel));
+        in_memory[r] = out.every_parameter<float>(l, model.plan());
       });
-      for (std::size_t r = 0; r < host.size(); ++r) {
-        CAPTURE(r);
-        CHECK(bitwise_equal(device[r], host[r]));
-        CHECK(bitwise_equal(in_memory[r], host[r]));
-      }
+      check_device_and_memory(device, in_memory, host);
     }
 }
 

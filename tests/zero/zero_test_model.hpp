@@ -152,6 +152,15 @@ struct trainer_memory {
     if (n > 0) std::memcpy(v.data(), base + l.parameter_offset[p], n * sizeof(T));
     return v;
   }
+  /// Every parameter of `plan` in this memory, as `values`.
+  template <class T>
+  std::vector<std::vector<T>> every_parameter(const ringzero::zero::adoption_layout& l,
+                                              const ringzero::zero::shard_plan& plan) const {
+    std::vector<std::vector<T>> all;
+    for (std::size_t p = 0; p < plan.placements().size(); ++p)
+      all.push_back(values<T>(l, p, static_cast<std::size_t>(plan.placements()[p].numel)));
+    return all;
+  }
 };
 
 /// Trains `model` (any stage) with the test loop and returns every parameter's final values

@@ -90,13 +90,18 @@ class tuning_table {
   /// True without rules.
   bool empty() const noexcept { return rules_.empty(); }
 
+  /// Rule `r` as one line of the text form, without the newline ("all_reduce 2 4194304 native").
+  /// Pure.
+  static std::string rule_text(const tuning_rule& r) {
+    return std::string(collective_name(r.kind)) + " " + std::to_string(r.world_size) + " " +
+           std::to_string(r.min_bytes) + " " + std::string(algorithm_name(r.algo));
+  }
+
   /// The text form (see the file comment), one line per rule after a header comment; `parse`
   /// reads it back equal.
   std::string text() const {
     std::string s = "# ringzero tuning table: COLLECTIVE WORLD_SIZE MIN_BYTES ALGORITHM (docs/mpi.md)\n";
-    for (const tuning_rule& r : rules_)
-      s += std::string(collective_name(r.kind)) + " " + std::to_string(r.world_size) + " " +
-           std::to_string(r.min_bytes) + " " + std::string(algorithm_name(r.algo)) + "\n";
+    for (const tuning_rule& r : rules_) s += rule_text(r) + "\n";
     return s;
   }
 

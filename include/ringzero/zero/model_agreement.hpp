@@ -169,9 +169,8 @@ class model_agreement {
   void check_step(double lr, std::uint64_t next_step, std::uint64_t micro_batches, bool sync_off);
 
  private:
-  [[noreturn]] void raise(const std::string& message) const {
-    ringzero::detail::raise(comm_, errc::invalid_argument,
-                            "zero::sharded_model: " + hybrid_position(comm_, replica_) + message);
+  [[noreturn]] void raise(const std::string& message, errc kind = errc::invalid_argument) const {
+    ringzero::detail::raise(comm_, kind, "zero::sharded_model: " + hybrid_position(comm_, replica_) + message);
   }
 
   /// This rank's values of everything the ranks must share: its refusal, the plan request
@@ -439,12 +438,8 @@ inline void model_agreement::agree_on_allocation(const std::string& problem) {
                               : ringzero::detail::describe_ranks(failed) +
                                     " could not allocate the model state (see the error there); no rank starts";
   }
-  if (!problem.empty())
-    ringzero::detail::raise(comm_, errc::internal,
-                            "zero::sharded_model: " + hybrid_position(comm_, replica_) + problem);
-  if (!verdict.empty())
-    ringzero::detail::raise(comm_, errc::internal,
-                            "zero::sharded_model: " + hybrid_position(comm_, replica_) + verdict);
+  if (!problem.empty()) raise(problem, errc::internal);
+  if (!verdict.empty()) raise(verdict, errc::internal);
 }
 
 inline void model_agreement::agree_on_arguments(bool refused, const std::string& call) {

@@ -419,9 +419,8 @@ class communicator final : public ringzero::detail::backend_communicator {
         if (rule.algo != algorithm::ring && rule.algo != algorithm::halving_doubling && rule.algo != algorithm::native)
           throw error(errc::invalid_argument,
                       std::string(options.tuning ? "communicator_options::tuning" : "RINGZERO_MPI_TUNING") +
-                          ": the rule '" + std::string(collective_name(rule.kind)) + " " +
-                          std::to_string(rule.world_size) + " " + std::to_string(rule.min_bytes) + " " +
-                          std::string(algorithm_name(rule.algo)) + "' names " + std::string(algorithm_name(rule.algo)) +
+                          ": the rule '" + tuning_table::rule_text(rule) + "' names " +
+                          std::string(algorithm_name(rule.algo)) +
                           ", which the MPI backend does not run (it runs ring, halving_doubling and native)");
     } catch (const error& e) {
       if (malformed_environment_.empty()) malformed_environment_ = e.message();
