@@ -453,6 +453,10 @@ TEST_CASE("tuning_table: rules by collective, world size and size; text round tr
                       "line 1: 3 field(s) (expected COLLECTIVE WORLD_SIZE MIN_BYTES ALGORITHM"));
   CHECK(rzt::contains(refusal("barrier 2 0 ring\n"), "covers a collective with a size, not barrier"));
   CHECK(rzt::contains(refusal("send 2 0 ring\n"), "not send"));
+  CHECK(rzt::contains(refusal("all_to_all 2 0 ring\nall_to_all 4 0 hd\n"),
+                      "line 2: a tuning rule names halving_doubling for all_to_all, which halving_doubling does "
+                      "not implement"));
+  CHECK(tuning_table::parse("all_to_all 4 0 native\nall_gather 4 0 halving_doubling\n", "ok").rules().size() == 2);
   CHECK(rzt::contains(refusal("all_reduce 2 0 ring\nall_reduce 2 0 native\n"),
                       "line 2: it repeats the collective, world size and size of an earlier line"));
   const std::string long_name(1000, 'x');

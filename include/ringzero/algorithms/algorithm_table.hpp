@@ -33,6 +33,21 @@ constexpr const collective_entry* find_collective(
   return d == nullptr ? nullptr : d->find(k);
 }
 
+namespace detail {
+/// True when every descriptor has an entry for exactly the collectives `algorithm_implements`
+/// (core/algorithm.hpp) names.
+constexpr bool table_matches_algorithm_implements() noexcept {
+  for (const algorithm_descriptor& d : algorithm_table)
+    for (int i = 0; i < collective_kind_count; ++i)
+      if ((d.find(static_cast<collective_kind>(i)) != nullptr) !=
+          algorithm_implements(d.id, static_cast<collective_kind>(i)))
+        return false;
+  return true;
+}
+}  // namespace detail
+static_assert(detail::table_matches_algorithm_implements(),
+              "algorithm_implements (core/algorithm.hpp) and the algorithm table disagree: update both");
+
 /// True when `a` is an algorithm whose backend moves the data itself (native).
 constexpr bool backend_moves_data(algorithm a) noexcept {
   const algorithm_descriptor* d = find_algorithm(a);

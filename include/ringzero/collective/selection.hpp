@@ -15,12 +15,6 @@
 
 namespace ringzero {
 
-/// True when ringzero has algorithm `a` for collective `k` (independent of the backend): when
-/// `a`'s descriptor has an entry for `k`. `automatic` implements everything (it resolves to one).
-constexpr bool algorithm_implements(algorithm a, collective_kind k) noexcept {
-  return a == algorithm::automatic || algorithms::find_collective(a, k) != nullptr;
-}
-
 /// True when `a` can run collective `k` on communicator `c`.
 inline bool algorithm_available(const communicator& c, algorithm a, collective_kind k) noexcept {
   return a != algorithm::automatic && algorithm_implements(a, k) && detail::transport_of(c).supports(a, k);

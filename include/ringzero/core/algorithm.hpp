@@ -70,6 +70,18 @@ constexpr std::optional<collective_kind> parse_collective(std::string_view s) no
   return collective_names.parse(s);
 }
 
+/// True when ringzero has algorithm `a`'s schedule for collective `k` on some backend (whether a
+/// backend runs it is `transport::supports`): every algorithm has every collective but the
+/// point-to-point send and recv, except halving_doubling, which has no all_to_all. `automatic`
+/// implements everything (it resolves to one). Kept here, apart from the algorithms, so that
+/// light headers (the tuning table) can check a choice; algorithms/algorithm_table.hpp checks at
+/// compile time that its descriptors say the same.
+constexpr bool algorithm_implements(algorithm a, collective_kind k) noexcept {
+  if (a == algorithm::automatic) return true;
+  if (k == collective_kind::send || k == collective_kind::recv) return false;
+  return !(a == algorithm::halving_doubling && k == collective_kind::all_to_all);
+}
+
 /// True for the collectives that combine values with a `reduce_op`.
 constexpr bool is_reduction(collective_kind k) noexcept {
   return k == collective_kind::all_reduce || k == collective_kind::reduce_scatter || k == collective_kind::reduce;

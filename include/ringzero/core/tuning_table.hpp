@@ -53,7 +53,9 @@ class tuning_table {
   tuning_table() = default;
 
   /// Adds `r`, replacing a rule with the same collective, world size and min_bytes. Throws
-  /// errc::invalid_argument for `automatic`, a point-to-point kind or a world size below 1.
+  /// errc::invalid_argument for `automatic`, a point-to-point kind or a world size below 1, and
+  /// for an algorithm ringzero does not implement for that collective (`algorithm_implements`:
+  /// halving_doubling's all_to_all).
   void add(const tuning_rule& r) {
     if (r.algo == algorithm::automatic)
       throw error(errc::invalid_argument, "a tuning rule must name an algorithm, not auto");
@@ -63,6 +65,10 @@ class tuning_table {
     if (r.world_size < 1)
       throw error(errc::invalid_argument,
                   "a tuning rule's world size must be at least 1, got " + std::to_string(r.world_size));
+    if (!algorithm_implements(r.algo, r.kind))
+      throw error(errc::invalid_argument, "a tuning rule names " + std::string(algorithm_name(r.algo)) + " for " +
+                                              std::string(collective_name(r.kind)) + ", which " +
+                                              std::string(algorithm_name(r.algo)) + " does not implement");
     auto at = std::lower_bound(rules_.begin(), rules_.end(), r,
                                [](const tuning_rule& a, const tuning_rule& b) { return key(a) < key(b); });
     if (at != rules_.end() && key(*at) == key(r))
