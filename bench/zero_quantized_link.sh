@@ -11,7 +11,10 @@
 #          [-n "PROCESS COUNTS" ("4")] [-q "WIDTHS" ("none int8 int4")] [-s STEPS (40)]
 #          [-b SEQUENCES PER PROCESS AND STEP (4)] [-r RUNS (1)] [-- EXTRA EXAMPLE OPTIONS]
 #   e.g. bench/zero_quantized_link.sh -n 2 -s 10   (a quick check)
-# Needs mpirun and jq. Exit status 0, or 1 on errors.
+# Needs mpirun and jq. Prints first which BLAS libtorch loads: the computation's speed (hence how
+# much of the link a step hides) depends on it; another one is chosen per run with e.g.
+# LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-serial (Debian's libopenblas0-serial).
+# Exit status 0, or 1 on errors.
 set -euo pipefail
 
 build=build-release
@@ -50,6 +53,11 @@ trap 'rm -rf "$tmp"' EXIT
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+# The computation's speed decides how much of the link a step can hide: say which BLAS libtorch's
+# matrix products run on (Debian: the reference BLAS unless an optimized one is installed).
+blas=$(ldd "$exe" | awk '/libblas\.so/ { print $3; exit }')
+echo "libtorch's BLAS: $( [ -n "$blas" ] && readlink -f "$blas" || echo "not found by ldd")"
+echo
 echo "| processes | quantized | step time (ms), runs | median | vs none | sent per step (KiB) | vs none | loss (last 20 steps) |"
 echo "|---|---|---|---|---|---|---|---|"
 for np in $counts; do
