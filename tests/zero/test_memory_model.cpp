@@ -1,10 +1,15 @@
-// The ZeRO paper's memory and communication model, reproduced exactly, and how real plans differ.
+// The ZeRO paper's memory and communication model, reproduced exactly, and how real plans differ;
+// and the host memory blocks the runtime allocates.
+#include <sys/mman.h>
+
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "ringzero/zero/host_buffer.hpp"
 #include "ringzero/zero/paper_comparison.hpp"
 
 using namespace ringzero;
@@ -235,4 +240,41 @@ TEST_CASE("offload::optimizer: the plan counts device and host memory apart, byt
   q.offload = static_cast<offload>(7);
   CHECK_THROWS_WITH_AS(shard_plan{q}, doctest::Contains("offload must be none, optimizer or parameters, got value 7"),
                        error);
+}
+
+TEST_CASE("host_buffer: blocks from 2 MiB up are 2 MiB-aligned, zeroed, and mapped to their last page only") {
+  // Nothing is mapped after a block's last page, so no huge page can hold its tail (a block never
+  // holds a huge page it does not use); the free unmaps exactly the block.
+  constexpr std::uint64_t mib = std::uint64_t{1} << 20;
+  const auto mapped = [](std::uintptr_t at) {  // is the page at `at` mapped? (a fixed probe there fails)
+    void* probe =
+        ::mmap(reinterpret_cast<void*>(at), 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (probe == MAP_FAILED) return true;
+    ::munmap(probe, 4096);
+    return probe != reinterpret_cast<void*>(at);  // a kernel before 4.17 may place it elsewhere
+  };
+  for (const std::uint64_t bytes : {2 * mib, 2 * mib + 1, 3 * mib + 5, 8 * mib, 1 * mib}) {
+    CAPTURE(bytes);
+    for (const bool touched : {false, true}) {
+      CAPTURE(touched);
+      std::uintptr_t at = 0;
+      {
+        zero::detail::host_buffer b =
+            touched ? zero::detail::host_buffer(bytes) : zero::detail::host_buffer::untouched(bytes);
+        REQUIRE(b.bytes() == bytes);
+        at = reinterpret_cast<std::uintptr_t>(b.data());
+        const unsigned char* d = b.data();
+        CHECK(std::all_of(d, d + bytes, [](unsigned char c) { return c == 0; }));
+        if (bytes < zero::detail::host_buffer::huge_bytes || touched) {
+          CHECK(at % zero::detail::host_buffer::page_bytes == 0);
+          continue;
+        }
+        CHECK(at % zero::detail::host_buffer::huge_bytes == 0);
+        const std::uintptr_t end = at + zero::detail::host_buffer::whole_pages(bytes);
+        CHECK(mapped(end - 4096));
+        CHECK(!mapped(end));
+      }
+      if (bytes >= zero::detail::host_buffer::huge_bytes && !touched) CHECK(!mapped(at));  // given back
+    }
+  }
 }

@@ -32,6 +32,10 @@ class host_buffer {
   static constexpr std::uint64_t page_bytes = 4096;
   /// `untouched` blocks of at least this many bytes are 2 MiB-aligned mappings (transparent huge pages).
   static constexpr std::uint64_t huge_bytes = std::uint64_t{2} << 20;
+  /// `bytes` rounded up to whole pages.
+  static constexpr std::size_t whole_pages(std::uint64_t bytes) noexcept {
+    return static_cast<std::size_t>((bytes + page_bytes - 1) / page_bytes * page_bytes);
+  }
   /// The host alignment of a block of `bytes`: a page from a page up, else primitive::host_alignment.
   static constexpr std::size_t host_alignment_for(std::uint64_t bytes) noexcept {
     return bytes >= page_bytes ? page_bytes : primitive::host_alignment;
@@ -63,25 +67,28 @@ class host_buffer {
     if (bytes < huge) return host_buffer(bytes, counter);
     if (bytes > static_cast<std::uint64_t>(static_cast<std::size_t>(-1)) - 2 * huge)
       throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes");
-    // One huge page more than needed, the unaligned ends given back at once: the block is the
-    // 2 MiB-aligned mapping [aligned, aligned + rounded), which the free function unmaps.
+    // One huge page more than needed, the ends given back at once: the block is the mapping
+    // [aligned, aligned + kept), 2 MiB-aligned and `bytes` rounded up to a page, which the free
+    // function unmaps. Its tail after the last whole huge page cannot take a huge page (the
+    // mapping does not cover it), so a block never holds more than a page it does not use.
     const auto rounded = static_cast<std::size_t>((bytes + huge - 1) / huge * huge);
     const std::size_t mapped = rounded + static_cast<std::size_t>(huge);
+    const std::size_t kept = whole_pages(bytes);
     void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw error(errc::internal, "zero: cannot allocate " + std::to_string(bytes) + " bytes");
     const auto base = reinterpret_cast<std::uintptr_t>(p);
     const std::uintptr_t aligned = (base + huge - 1) / huge * huge;
     if (aligned > base) (void)::munmap(p, aligned - base);
-    if (base + mapped > aligned + rounded)
-      (void)::munmap(reinterpret_cast<void*>(aligned + rounded), base + mapped - (aligned + rounded));
+    if (base + mapped > aligned + kept)
+      (void)::munmap(reinterpret_cast<void*>(aligned + kept), base + mapped - (aligned + kept));
     auto* data = reinterpret_cast<void*>(aligned);
 #if defined(MADV_HUGEPAGE)
-    (void)::madvise(data, rounded, MADV_HUGEPAGE);
+    (void)::madvise(data, kept, MADV_HUGEPAGE);
 #endif
     return host_buffer(primitive::memory_buffer::adopt(
         data, static_cast<std::size_t>(bytes), primitive::memory_space::host, -1,
         [](void*, void* d, std::size_t n, primitive::memory_space) noexcept {
-          (void)::munmap(d, (n + huge_bytes - 1) / huge_bytes * huge_bytes);  // the rounded block
+          (void)::munmap(d, whole_pages(n));  // the kept block
         },
         nullptr, counter));
   }

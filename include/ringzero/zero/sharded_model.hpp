@@ -650,6 +650,8 @@ class sharded_model {
   void start(const device_context* device, std::string problem);
   /// A buffer of `bytes` in the compute stream's memory space, zeroed on the communication stream,
   /// counted as `what`; a `from_hook` buffer (gather buffer, bucket) from the collective hook if it allocates.
+  /// Host memory of `host_buffer::huge_bytes` and more is `host_buffer::untouched`'s mapping
+  /// (transparent huge pages where the kernel has them), whose pages the zeroing maps.
   detail::host_buffer make_buffer(std::uint64_t bytes, memory_category what, bool from_hook = false);
   /// The counter of what `what` asked for (its additions also go to the total).
   primitive::memory_counter* counter(memory_category c) noexcept { return &memory_counter_.of(std::size_t(c)); }

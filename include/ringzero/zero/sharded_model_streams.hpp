@@ -119,6 +119,10 @@ inline detail::host_buffer sharded_model::make_buffer(std::uint64_t bytes, memor
             throw error(errc::invalid_argument, "the collective hook '" + hook_name(*options_.hook) +
                                                     "' allocated memory overlapping another of its buffers");
         }
+    } else if (space == primitive::memory_space::host && bytes >= detail::host_buffer::huge_bytes) {
+      // Huge pages where the kernel has them: fewer TLB misses in the optimizer step, and direct
+      // reads into it (an in-place checkpoint load) pin 2 MiB at a time.
+      b = detail::host_buffer::untouched(bytes, counter(what));
     } else {
       b = detail::host_buffer(primitive::memory_buffer::allocate(
           space, bytes, comm_stream_->device(), detail::host_buffer::host_alignment_for(bytes), counter(what)));
