@@ -21,6 +21,8 @@
 // - load: checkpoint::load into a fresh model after evicting the checkpoint's files (fresh
 //   memory for the copy it reads into), then checkpointer::load after evicting them again (the
 //   memory it keeps: the model's previous state, exchanged at each load; allocated by the first);
+//   then checkpoint::load with load_options::in_place into another new model (made before the
+//   clock starts, as a trainer makes its model before resuming) after evicting them again;
 // - async: the time async_save blocks the training thread (staging allocated by a first call),
 //   next to the same copy done by hand right after a step: memcpy of the model's own pieces into
 //   a staging buffer allocated once as the checkpointer's (pre-touched, pieces page-aligned), both
@@ -139,8 +141,8 @@ std::vector<std::pair<const unsigned char*, std::uint64_t>> model_pieces(rz::zer
 }
 
 struct timings {
-  std::vector<double> write, write_direct, save, read, read_direct, fresh_memory, load, load_kept, blocked,
-      memcpy_staging, step_alone, step_during;
+  std::vector<double> write, write_direct, save, read, read_direct, fresh_memory, load, load_kept, load_in_place,
+      blocked, memcpy_staging, step_alone, step_during;
 };
 
 }  // namespace
@@ -265,6 +267,16 @@ int main(int argc, char** argv) {
           ckpt.load(fresh, dir / "checkpoints");  // memory kept by the checkpointer (the first one allocates it)
           record(t.load_kept, slowest(seconds_since(t0)));
         }
+        {
+          rz::zero::sharded_model resumed(comm, q, options);  // made (its memory mapped) before the clock starts
+          if (r == 0) evict_tree(dir / "checkpoints" / ("bench-" + std::to_string(k)));
+          ck::load_options in_place;
+          in_place.in_place = true;
+          rz::barrier(comm);
+          t0 = clock_type::now();
+          ck::load(resumed, dir / "checkpoints", in_place);
+          record(t.load_in_place, slowest(seconds_since(t0)));
+        }
         // Asynchronous: the first call allocates the staging buffer; the measured one reuses it.
         if (k == 0) {
           ckpt.async_save(model, {}, "async-warm");
@@ -335,6 +347,8 @@ int main(int argc, char** argv) {
     against("checkpoint load (reshard-capable), cold", t.load, "buffered read", t.read, "O_DIRECT read", t.read_direct);
     against("checkpointer::load (memory kept), cold", t.load_kept, "buffered read", t.read, "O_DIRECT read",
             t.read_direct);
+    against("checkpoint load in place (fresh model), cold", t.load_in_place, "buffered read", t.read, "O_DIRECT read",
+            t.read_direct);
     fmt::print("{:<48} {:>10.3f}\n", "async_save: training thread blocked", median(t.blocked));
     fmt::print("{:<48} {:>10.3f}   ({:.3f} GiB per rank)\n", "memcpy of the same bytes to staging",
                median(t.memcpy_staging), static_cast<double>(staging_bytes) / (1u << 30));
@@ -351,6 +365,7 @@ int main(int argc, char** argv) {
                           {"fresh_memory_s", t.fresh_memory},
                           {"load_s", t.load},
                           {"load_kept_s", t.load_kept},
+                          {"load_in_place_s", t.load_in_place},
                           {"async_blocked_s", t.blocked},
                           {"memcpy_staging_s", t.memcpy_staging},
                           {"step_alone_s", t.step_alone},

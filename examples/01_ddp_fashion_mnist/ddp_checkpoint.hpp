@@ -88,7 +88,9 @@ inline int restore(const options& o, rz::ddp::gradient_reducer& reducer, ck::rep
     return 0;
   }
   if (o.resume_dir.empty()) return 0;
-  const ck::training_progress p = ck::load(reducer, state, o.resume_dir);
+  ck::load_options in_place;  // the replicas were just made: read straight into them
+  in_place.in_place = true;
+  const ck::training_progress p = ck::load(reducer, state, o.resume_dir, in_place);
   if (p.step_in_epoch != 0)
     throw rz::error(rz::errc::invalid_argument,
                     fmt::format("--resume {}: the checkpoint was saved in the middle of epoch {} (this "

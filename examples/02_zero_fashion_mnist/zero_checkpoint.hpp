@@ -44,7 +44,11 @@ inline int restore(const options& o, zero::sharded_model& model, int global_batc
     return 0;
   }
   if (o.resume_dir.empty()) return 0;
-  const ck::training_progress p = ck::load(model, o.resume_dir);
+  // In place: the model was just made, its state has nothing to lose, and the reads go straight
+  // into its memory (no second copy; docs/checkpoint.md, "Loading in place").
+  ck::load_options in_place;
+  in_place.in_place = true;
+  const ck::training_progress p = ck::load(model, o.resume_dir, in_place);
   if (p.step_in_epoch != 0)
     throw error(errc::invalid_argument, fmt::format("--resume {}: the checkpoint was saved in the middle of epoch {} "
                                                     "(this example resumes at epoch boundaries)",

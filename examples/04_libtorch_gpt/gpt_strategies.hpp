@@ -172,10 +172,13 @@ class zero_training final : public strategy_training {
   rz::replica_check verify_replicas() override { return rz::zero::verify_replicas(z_.model()); }
 
   ck::training_progress resume(const std::string& dir) override {
-    // Resharded to this run's --ranks and --strategy.
-    const ck::training_progress p = ck::load(z_.model(), dir);
-    z_.refresh();                    // the module's parameters onto the loaded memory
-    z_.model().reset_memory_peak();  // the load's second copy of the state is not training's
+    // Resharded to this run's --ranks and --strategy, in place: the model was just made, and the
+    // reads go straight into its memory (no second copy of the state).
+    ck::load_options in_place;
+    in_place.in_place = true;
+    const ck::training_progress p = ck::load(z_.model(), dir, in_place);
+    z_.refresh();  // the module's parameters onto the loaded memory
+    z_.model().reset_memory_peak();
     return p;
   }
 

@@ -120,7 +120,7 @@ TEST_CASE(
   CHECK(index.find("w1", ck::tensor_role::parameter)->fragments.size() == 2);  // both ranks wrote half
 }
 
-TEST_CASE("DDP trainer: saved on 2 ranks, loaded on 3 (every tensor whole on every rank)") {
+TEST_CASE("DDP trainer: saved on 2 ranks, loaded on 3 (every tensor whole on every rank), staged and in place") {
   scratch_dir root("ddp-reshard");
   std::vector<std::vector<float>> saved_w, saved_v;
   local::launch(2, [&](communicator& comm) {
@@ -135,14 +135,19 @@ TEST_CASE("DDP trainer: saved on 2 ranks, loaded on 3 (every tensor whole on eve
     p.optimizer_steps = t.steps;
     ck::checkpointer(root.path).save(reducer, t.state(), p, "two");
   });
-  local::launch(3, [&](communicator& comm) {
-    trainer t(-1.0f);
-    ddp::gradient_reducer reducer(comm, t.parameters(), small_buckets());
-    ck::replicated_state state = t.state();
-    ck::load(reducer, state, root.path / "two");
-    CHECK(same_bits(t.w, saved_w));
-    CHECK(same_bits(t.v, saved_v));
-  });
+  for (const bool in_place : {false, true}) {
+    CAPTURE(in_place);
+    local::launch(3, [&](communicator& comm) {
+      trainer t(-1.0f);
+      ddp::gradient_reducer reducer(comm, t.parameters(), small_buckets());
+      ck::replicated_state state = t.state();
+      ck::load_options o;
+      o.in_place = in_place;
+      ck::load(reducer, state, root.path / "two", o);
+      CHECK(same_bits(t.w, saved_w));
+      CHECK(same_bits(t.v, saved_v));
+    });
+  }
 }
 
 TEST_CASE("replicated_state refuses a shape that does not match its values and a tensor registered twice") {
@@ -153,4 +158,43 @@ TEST_CASE("replicated_state refuses a shape that does not match its values and a
   s.add_parameter("x", std::span<float>(x), {2, 3});
   CHECK_THROWS_WITH_AS(s.add_parameter("x", std::span<float>(x)), doctest::Contains("registered twice"),
                        ringzero::error);
+}
+
+TEST_CASE("DDP trainer: a load in the middle of a step is refused on every rank before any read, staged or in place") {
+  scratch_dir root("ddp-midstep");
+  local::launch(2, [&](communicator& comm) {
+    trainer t(0);
+    ddp::gradient_reducer reducer(comm, t.parameters(), small_buckets());
+    t.train(reducer, comm.rank(), 0, 1);
+    ck::checkpointer(root.path).save(reducer, t.state(), ck::training_progress{}, "one");
+  });
+  for (const bool in_place : {false, true}) {
+    CAPTURE(in_place);
+    std::vector<int> unchanged(2, 0);
+    const auto errors = errors_on_every_rank(2, [&](communicator& comm) {
+      trainer t(-1.0f);
+      ddp::gradient_reducer reducer(comm, t.parameters(), small_buckets());
+      ck::replicated_state state = t.state();
+      reducer.mark_ready(1);  // a step has begun
+      CHECK(!reducer.between_steps());
+      ck::load_options o;
+      o.in_place = in_place;
+      try {
+        ck::load(reducer, state, root.path / "one", o);
+      } catch (const ringzero::error&) {
+        const trainer fresh(-1.0f);
+        unchanged[static_cast<std::size_t>(comm.rank())] = same_bits(t.w, fresh.w) && same_bits(t.v, fresh.v);
+        reducer.mark_ready(0);  // the communicator is usable: the step completes
+        reducer.mark_ready(2);
+        reducer.finish();
+        throw;
+      }
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      CHECK(errors[static_cast<std::size_t>(r)].find("the state is unchanged") != std::string::npos);
+      CHECK(errors[static_cast<std::size_t>(r)].find("between steps") != std::string::npos);
+      CHECK(unchanged[static_cast<std::size_t>(r)] == 1);
+    }
+  }
 }

@@ -181,6 +181,63 @@ TEST_CASE("refusals of damaged checkpoints and of checkpoints of another model; 
   }
 }
 
+TEST_CASE(
+    "load_options::in_place: refused unchanged before any read; a damaged chunk says so on every rank; load again") {
+  scratch_dir root("in-place-refuse");
+  save_good(root.path);
+  const auto index = ck::read_index(root.path / "good");
+  const std::string file1 = ck::shard_file_name(1, 2);
+  ck::load_options in_place;
+  in_place.in_place = true;
+  // Found before reading (the index, the files' sizes, the model's tensors): the state is unchanged.
+  {
+    const fs::path dir = copy_of(root.path, "truncated");
+    fs::resize_file(dir / file1, fs::file_size(dir / file1) - 10);
+    const std::string e = refused_load(dir, 3, zero_test::test_parameters(), adamw(), in_place);
+    CHECK(contains(e, "the state is unchanged"));
+    CHECK(contains(e, "truncated"));
+    fs::remove(dir / file1);
+    CHECK(contains(refused_load(dir, 2, zero_test::test_parameters(), adamw(), in_place),
+                   "shard file of rank 1 is missing"));
+    auto params = zero_test::test_parameters();
+    params[1].shape = {9, 5};
+    CHECK(contains(refused_load(root.path / "good", 2, params, adamw(), in_place), "the state is unchanged"));
+  }
+  // Found while reading (a checksum): every rank is told that the state may be overwritten, and a
+  // load of a good checkpoint afterwards gives the state a fresh model gets.
+  const fs::path dir = copy_of(root.path, "flipped");
+  const auto* t = index.find("l1.w", ck::tensor_role::optimizer_state, 1);
+  REQUIRE(t != nullptr);
+  const auto& f = t->fragments.back();
+  std::string bytes = read_text(dir / index.files[f.file].name);
+  bytes[static_cast<std::size_t>(f.offset + 3)] ^= 0x10;
+  write_text(dir / index.files[f.file].name, bytes);
+  std::vector<int> recovered(3, 0);
+  const auto errors = errors_on_every_rank(3, [&](communicator& comm) {
+    sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    sharded_model fresh(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
+    initialise(m);
+    train(m, comm.rank(), 5, 6);
+    std::string message;
+    try {
+      ck::load(m, dir, in_place);
+    } catch (const ringzero::error& e) { message = e.what(); }
+    ck::load(m, root.path / "good", in_place);
+    ck::load(fresh, root.path / "good");
+    recovered[static_cast<std::size_t>(comm.rank())] = same_bits(parameters_of(m), parameters_of(fresh)) &&
+                                                       optimizer_bytes(m) == optimizer_bytes(fresh) &&
+                                                       m.optimizer().steps() == 2;
+    if (!message.empty()) throw ringzero::error(ringzero::errc::io_error, message);
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    const std::string& e = errors[static_cast<std::size_t>(r)];
+    CHECK(contains(e, "the state may be partly overwritten (load_options::in_place)"));
+    CHECK(contains(e, "checksum mismatch"));
+    CHECK(recovered[static_cast<std::size_t>(r)] == 1);
+  }
+}
+
 TEST_CASE("a load or save in the middle of a step is refused on every rank") {
   scratch_dir root("midstep");
   save_good(root.path);

@@ -123,6 +123,74 @@ TEST_CASE("resume is exact at stages 0-3 with SGD (momentum) and AdamW: 6 steps 
     }
 }
 
+TEST_CASE("load_options::in_place: into the model's own memory, nothing kept, bitwise the staged load, resharded") {
+  // Saved on 2 ranks at stage 2 after 3 AdamW steps; loaded on 3 ranks at stages 0-3, staged into
+  // one model and in place into another through a checkpointer; both then train 2 more steps.
+  scratch_dir root("in-place");
+  const optimizer_options o = adamw();
+  local::launch(2, [&](communicator& comm) {
+    sharded_model m(comm, request(zero_test::test_parameters(), 2, 16, o.state_count()), model_options(o));
+    initialise(m);
+    train(m, comm.rank(), 0, 3);
+    ck::checkpointer(root.path).save(m, {}, "s");
+  });
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    local::launch(3, [&](communicator& comm) {
+      const plan_request q = request(zero_test::test_parameters(), stage, 16, o.state_count());
+      sharded_model staged(comm, q, model_options(o)), in_place(comm, q, model_options(o));
+      ck::load(staged, root.path / "s");
+      zero::checkpoint_access access(in_place);
+      std::vector<const void*> memory;  // where the rank's state lives before the load
+      for (std::size_t b = 0; b < in_place.plan().buffers().size(); ++b) {
+        memory.push_back(access.held_parameters(b));
+        memory.push_back(in_place.optimizer().master(b));
+        for (int k = 0; k < o.state_count(); ++k) memory.push_back(in_place.optimizer().state(b, k));
+      }
+      ck::checkpointer loader(root.path);
+      ck::load_options lo;
+      lo.in_place = true;
+      loader.load(in_place, root.path / "s", lo);
+      CHECK(loader.load_memory_bytes() == 0);  // no second copy kept
+      CHECK(loader.staging_bytes() == 0);
+      std::vector<const void*> after;
+      for (std::size_t b = 0; b < in_place.plan().buffers().size(); ++b) {
+        after.push_back(access.held_parameters(b));
+        after.push_back(in_place.optimizer().master(b));
+        for (int k = 0; k < o.state_count(); ++k) after.push_back(in_place.optimizer().state(b, k));
+      }
+      CHECK(after == memory);  // read into, not exchanged
+      CHECK(in_place.optimizer().steps() == 3);
+      CHECK(same_bits(parameters_of(staged), parameters_of(in_place)));
+      CHECK(optimizer_bytes(staged) == optimizer_bytes(in_place));
+      train(staged, comm.rank(), 3, 5);
+      train(in_place, comm.rank(), 3, 5);
+      CHECK(same_bits(parameters_of(staged), parameters_of(in_place)));
+      CHECK(optimizer_bytes(staged) == optimizer_bytes(in_place));
+      // Parameters only: the optimizer's states and step count stay as they are.
+      const auto states_of = [&](sharded_model& m) {
+        std::vector<float> out;
+        for (std::size_t b = 0; b < m.plan().buffers().size(); ++b)
+          for (int k = 0; k < o.state_count(); ++k)
+            if (const float* s = m.optimizer().state(b, k); s != nullptr)
+              out.insert(out.end(), s, s + zero::checkpoint_access(m).optimizer_range(b).size());
+        return out;
+      };
+      sharded_model weights(comm, q, model_options(o));
+      initialise(weights);
+      train(weights, comm.rank(), 0, 1);
+      const std::vector<float> states_before = states_of(weights);
+      ck::load_options parameters_only = lo;
+      parameters_only.optimizer_state = false;
+      ck::load(weights, root.path / "s", parameters_only);
+      CHECK(weights.optimizer().steps() == 1);
+      ck::load(staged, root.path / "s", ck::load_options{.optimizer_state = false, .strict = true, .in_place = false});
+      CHECK(same_bits(parameters_of(staged), parameters_of(weights)));
+      CHECK(same_bits({states_of(weights)}, {states_before}));  // the states stayed
+    });
+  }
+}
+
 TEST_CASE("parameters in the trainer's memory (adopt_parameters): loads write into it, resumed == straight") {
   // A checkpointer's load of the optimizer states would otherwise exchange the model's memory for
   // its second copy; adopted parameters stay where the trainer has them, at stages 0-2, twice.

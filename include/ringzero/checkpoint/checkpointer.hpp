@@ -190,11 +190,16 @@ class checkpointer {
   /// it reads into fresh host staging and copies in on the model's stream (nothing kept). Nor
   /// is a model whose parameters are the trainer's memory (`zero::adopt_parameters`): it reads
   /// into the staging buffer, states included, and copies in. `release_load_memory()` frees the
-  /// kept copy.
+  /// kept copy. With `load_options::in_place` (host path) it reads into the model's memory and
+  /// keeps nothing (a copy kept by an earlier load is freed first).
   /// Errors as `checkpoint::load`'s.
   training_progress load(zero::sharded_model& model, const std::filesystem::path& path,
                          const load_options& options = {}) {
     wait();
+    if (options.in_place && !zero::checkpoint_access(model).through_stream()) {
+      spare_.clear();  // no second copy: a kept one from an earlier load goes too
+      return detail::load_zero(model, path, options, nullptr, nullptr);
+    }
     if (options.optimizer_state && !zero::checkpoint_access(model).parameters_adopted())
       return detail::load_zero(model, path, options, nullptr, &spare_);
     const std::uint64_t need = detail::zero_staging::bytes_needed(model, options.optimizer_state);

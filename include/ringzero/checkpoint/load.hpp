@@ -19,6 +19,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,16 +50,22 @@ std::pair<std::string, errc> problem_of(Body&& body) {
   return {std::string(), errc::io_error};
 }
 
-/// Runs `body` (the reading phase), agrees with every rank, and throws the shared verdict.
+/// Runs `body` (a reading phase), agrees with every rank, and throws the shared verdict, which
+/// says `state` (what became of the model's state).
 template <class Body>
-void load_phase(communicator& comm, communicator* replica, const std::filesystem::path& path, Body&& body) {
+void load_phase(communicator& comm, communicator* replica, const std::filesystem::path& path, Body&& body,
+                const char* state = "the state is unchanged") {
   const auto [problem, code] = problem_of(body);
   const verdict v = agree(comm, replica, problem, code);
   if (!v.text.empty())
     throw error(v.code,
                 error_context{std::string(backend_name(comm.backend())), comm.rank(), comm.world_size(), {}, -1},
-                "loading checkpoint '" + path.string() + "' failed, the state is unchanged: " + v.text);
+                "loading checkpoint '" + path.string() + "' failed, " + state + ": " + v.text);
 }
+
+/// What a failed in-place load says of the state (`load_options::in_place`).
+inline constexpr const char* overwritten_in_place =
+    "the state may be partly overwritten (load_options::in_place): load a checkpoint again before training on";
 
 /// Runs `body`, a load's commit into `model`. On the host path it cannot fail and runs alone; on
 /// the device path (copies on the runtime's stream, which may fail) every rank then learns
@@ -91,13 +98,18 @@ namespace detail {
 /// `load` of a sharded model. With the optimizer states: reading into `spare` (reused when it
 /// has the model's layout; else a fresh copy), exchanged with the model's state at the end.
 /// Without: reading into `arena` when it is large enough (else fresh staging), then copied.
+/// `load_options::in_place` on the host path: every check first, agreed by every rank; then
+/// the reads go straight into the model's memory (a second agreement says whether they all
+/// succeeded).
 inline training_progress load_zero(zero::sharded_model& model, const std::filesystem::path& path,
                                    const load_options& options, staging_buffer* arena, zero_spare* spare) {
   checkpoint_index index;
   std::filesystem::path dir;
   const zero_tensors z(model.plan(), model.optimizer().options());
   std::optional<zero_staging> staging;
-  load_phase(model.comm(), model.replica_comm(), path, [&] {
+  std::vector<const tensor_record*> records;
+  std::optional<fragment_reader> reader;
+  const auto check = [&] {
     if (!model.between_steps())
       throw error(errc::invalid_argument,
                   "a checkpoint can only be loaded between steps (after step(), before the next micro-batch)");
@@ -106,13 +118,30 @@ inline training_progress load_zero(zero::sharded_model& model, const std::filesy
     if (index.progress.loss_scale)
       if (std::string why = zero::loss_scaler::restore_problem(*index.progress.loss_scale); !why.empty())
         throw error(errc::io_error, "checkpoint '" + dir.string() + "': " + why);
-    const auto records = match_tensors(index, z.tensors, options, dir.string());
-    staging.emplace(model, z, options.optimizer_state, arena, spare);
-    fragment_reader reader(dir, index);
-    reader.check_files();
-    read_targets(reader, z.tensors, records, staging->targets());
-  });
-  commit_phase(model, path, [&] { staging->commit(index.progress.optimizer_steps); });
+    records = match_tensors(index, z.tensors, options, dir.string());
+    reader.emplace(dir, index);
+    reader->check_files();
+  };
+  // The device path's state is written through its stream: always staged.
+  if (options.in_place && !zero::checkpoint_access(model).through_stream()) {
+    load_phase(model.comm(), model.replica_comm(), path, check);
+    load_phase(
+        model.comm(), model.replica_comm(), path,
+        [&] {
+          zero::checkpoint_access(model).begin_restore();  // the trainer's reads of the old state come first
+          staging.emplace(model, z, options.optimizer_state, nullptr, nullptr, true);
+          read_targets(*reader, z.tensors, records, staging->targets());
+        },
+        overwritten_in_place);
+    staging->commit(index.progress.optimizer_steps);
+  } else {
+    load_phase(model.comm(), model.replica_comm(), path, [&] {
+      check();
+      staging.emplace(model, z, options.optimizer_state, arena, spare);
+      read_targets(*reader, z.tensors, records, staging->targets());
+    });
+    commit_phase(model, path, [&] { staging->commit(index.progress.optimizer_steps); });
+  }
   // With the optimizer states, the loss scaler continues too (when the model scales and the
   // checkpoint has a scale; an index without the good-step count restores 0).
   if (options.optimizer_state && model.scaler().enabled() && index.progress.loss_scale)
@@ -138,22 +167,20 @@ inline training_progress load(ddp::gradient_reducer& reducer, replicated_state& 
   const std::vector<tensor_spec> specs = state.specs();
   std::vector<detail::staging_buffer> staging(specs.size());
   std::vector<std::size_t> order;
+  std::vector<const tensor_record*> records;
+  std::optional<fragment_reader> reader;
   bool restore_layout = false, rebuilt = false;
-  detail::load_phase(reducer.comm(), nullptr, path, [&] {
+  const auto check = [&] {
+    if (!reducer.between_steps())  // before the reads: restore_layout would refuse it only after them
+      throw error(errc::invalid_argument,
+                  "a checkpoint can only be loaded between steps (after finish(), before the next mark_ready)");
     if (reducer.comm().space() != memory_space::host)
       throw error(errc::unsupported, "checkpoints of a DDP trainer's state in device memory are not supported yet");
     const std::filesystem::path dir = resolve_checkpoint(path);
     index = read_index(dir);
-    const auto records = detail::match_tensors(index, specs, options, dir.string());
-    std::vector<detail::load_target> targets;
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      if (records[i] == nullptr) continue;  // an optimizer state not asked for
-      staging[i] = detail::staging_buffer(specs[i].numel() * dtype_size(specs[i].type), false);
-      targets.push_back({i, 0, specs[i].numel(), staging[i].data()});
-    }
-    fragment_reader reader(dir, index);
-    reader.check_files();
-    detail::read_targets(reader, specs, records, targets);
+    records = detail::match_tensors(index, specs, options, dir.string());
+    reader.emplace(dir, index);
+    reader->check_files();
     if (index.extra.contains("reducer")) {
       const auto& r = index.extra["reducer"];
       if (r.value("parameters", std::uint64_t{0}) == reducer.parameter_count()) {
@@ -163,10 +190,34 @@ inline training_progress load(ddp::gradient_reducer& reducer, replicated_state& 
         restore_layout = order.size() == reducer.parameter_count();
       }
     }
-  });
-  for (std::size_t i = 0; i < specs.size(); ++i)
-    if (!staging[i].empty())
-      std::memcpy(state.entries()[i].data, staging[i].data(), static_cast<std::size_t>(staging[i].bytes()));
+  };
+  // Each tensor read into staging of its own, or (in place) into the trainer's memory.
+  const auto read = [&](bool in_place) {
+    std::vector<detail::load_target> targets;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (records[i] == nullptr) continue;  // an optimizer state not asked for
+      unsigned char* dst = state.entries()[i].data;
+      if (!in_place) {
+        staging[i] = detail::staging_buffer(specs[i].numel() * dtype_size(specs[i].type), false);
+        dst = staging[i].data();
+      }
+      targets.push_back({i, 0, specs[i].numel(), dst});
+    }
+    detail::read_targets(*reader, specs, records, targets);
+  };
+  if (options.in_place) {
+    detail::load_phase(reducer.comm(), nullptr, path, check);
+    detail::load_phase(
+        reducer.comm(), nullptr, path, [&] { read(true); }, detail::overwritten_in_place);
+  } else {
+    detail::load_phase(reducer.comm(), nullptr, path, [&] {
+      check();
+      read(false);
+    });
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      if (!staging[i].empty())
+        std::memcpy(state.entries()[i].data, staging[i].data(), static_cast<std::size_t>(staging[i].bytes()));
+  }
   if (restore_layout) reducer.restore_layout(order, rebuilt);
   return index.progress;
 }

@@ -34,6 +34,17 @@ struct load_options {
   /// Refuse a checkpoint holding parameters the model does not have (as PyTorch's
   /// load_state_dict(strict=True)). Missing tensors are always refused.
   bool strict = true;
+  /// Read straight into the model's memory, as PyTorch's Distributed Checkpoint loads into the
+  /// state dict's own tensors: no second copy of the state (none of its memory, none of its
+  /// page mapping), so a cold load runs at the disk's speed; the all-or-nothing promise is
+  /// given up for the reads. Every check that needs no data (the index, the tensors' names,
+  /// shapes and dtypes, the files and their sizes, between steps) still runs first and is agreed
+  /// by every rank, so a refused load leaves the state unchanged; a failure while reading (a
+  /// checksum mismatch, an I/O error) is raised on every rank saying that the state may be
+  /// partly overwritten: load a checkpoint again before training on. Meant for a resume into a
+  /// freshly made model, where the state has nothing to lose. A sharded model on the device path
+  /// is read through host staging as without it.
+  bool in_place = false;
 };
 
 namespace detail {

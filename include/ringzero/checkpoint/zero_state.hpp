@@ -303,7 +303,9 @@ class zero_spare {
 /// (`checkpoint_access::parameters_adopted`) the copied staging below, states included.
 /// Parameters only: one block holding the rank's held parameters and master weights. The copied
 /// staging is `arena` when given and large enough (memory reused from load to load), else
-/// allocated here (fresh zero pages), copied at commit.
+/// allocated here (fresh zero pages), copied at commit. `in_place` (host path only; the caller
+/// has called `checkpoint_access::begin_restore`): no staging, the targets are the model's own
+/// memory (`load_options::in_place`), and `commit` only sets the step count.
 class zero_staging {
  public:
   /// The bytes of copied staging a load into `model` needs (each part rounded up to 64 bytes).
@@ -315,8 +317,8 @@ class zero_staging {
 
   /// Staging for `model`, and the targets that fill it (`with_states`: the optimizer states too).
   zero_staging(zero::sharded_model& model, const zero_tensors& z, bool with_states, staging_buffer* arena = nullptr,
-               zero_spare* spare = nullptr)
-      : model_(model), with_states_(with_states) {
+               zero_spare* spare = nullptr, bool in_place = false)
+      : model_(model), with_states_(with_states), in_place_(in_place) {
     const zero::shard_plan& plan = model.plan();
     const auto& pl = plan.placements();
     // Part k of buffer b: which = -2 parameters, -1 master, k >= 0 optimizer state k.
@@ -324,8 +326,14 @@ class zero_staging {
     bool fresh = false;  // memory allocated here, whose pages the reads would map one by one
     // The device path's state is written through its stream: staged and copied, never exchanged;
     // so are parameters in the trainer's memory (adopt_parameters), which must stay where they are.
-    if (with_states && !zero::checkpoint_access(model).through_stream() &&
-        !zero::checkpoint_access(model).parameters_adopted()) {
+    if (in_place) {
+      if (zero::checkpoint_access(model).through_stream())
+        throw error(errc::internal, "an in-place load on the device path");  // load_zero stages those
+      for_each_part(model, with_states, [&](std::size_t b, int which, std::uint64_t) {
+        at[b][static_cast<std::size_t>(which + 2)] = model_part(b, which);
+      });
+    } else if (with_states && !zero::checkpoint_access(model).through_stream() &&
+               !zero::checkpoint_access(model).parameters_adopted()) {
       spare_ = spare != nullptr ? spare : &own_spare_;
       if (!spare_->fits(model)) {
         spare_->clear();  // the old copy's memory goes before the new one's comes
@@ -389,6 +397,10 @@ class zero_staging {
   /// `begin_restore` succeeded.
   void commit(std::uint64_t steps) {
     populator_.reset();  // the reads are done: nothing is left for it to map
+    if (in_place_) {     // read into the model's memory, after begin_restore
+      if (with_states_) zero::checkpoint_access(model_).optimizer().set_steps(steps);
+      return;
+    }
     zero::checkpoint_access(model_).begin_restore();
     if (spare_ != nullptr) {
       for (const place& g : gaps_)
@@ -455,6 +467,7 @@ class zero_staging {
   }
   zero::sharded_model& model_;
   bool with_states_;
+  bool in_place_;
   staging_buffer own_;
   zero_spare own_spare_;
   zero_spare* spare_ = nullptr;

@@ -174,6 +174,9 @@ class gradient_reducer {
   }
   /// True once the one rebuild of the buckets has happened (or `restore_layout` said so).
   bool layout_rebuilt() const noexcept { return rebuilt_; }
+  /// False between the first gradient of a synchronised step (`mark_ready`) and `finish()`: the
+  /// middle of a step, where a checkpoint cannot be loaded (as `zero::sharded_model::between_steps`).
+  bool between_steps() const noexcept { return !step_open_; }
   /// Installs the layout that `order` (a `layout_order()` of a reducer with the same parameters
   /// and options) gives, and marks the rebuild done when `rebuilt` (a checkpoint restore).
   /// Between steps only. Local: every rank must pass the same values. Throws
