@@ -76,6 +76,20 @@ std::string refused_load(const fs::path& dir, int world,
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+/// A copy of `root`/good named `name` with one bit flipped in the last fragment of 'l1.w''s
+/// exp_avg_sq; returns its directory and that fragment's file name.
+std::pair<fs::path, std::string> flipped_copy(const fs::path& root, const std::string& name,
+                                              const ck::checkpoint_index& index) {
+  const fs::path dir = copy_of(root, name);
+  const auto* t = index.find("l1.w", ck::tensor_role::optimizer_state, 1);
+  REQUIRE(t != nullptr);
+  const auto& f = t->fragments.back();
+  std::string bytes = read_text(dir / index.files[f.file].name);
+  bytes[static_cast<std::size_t>(f.offset + 3)] ^= 0x10;
+  write_text(dir / index.files[f.file].name, bytes);
+  return {dir, index.files[f.file].name};
+}
+
 void edit_index(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
   nlohmann::json j = nlohmann::json::parse(read_text(dir / "index.json"));
   edit(j);
@@ -100,16 +114,10 @@ TEST_CASE("refusals of damaged checkpoints and of checkpoints of another model; 
     CHECK(contains(e, "rank 1"));
   }
   SUBCASE("a flipped byte: checksum mismatch naming file, tensor and fragment") {
-    const fs::path dir = copy_of(root.path, "flipped");
-    const auto* t = index.find("l1.w", ck::tensor_role::optimizer_state, 1);
-    REQUIRE(t != nullptr);
-    const auto& f = t->fragments.back();
-    std::string bytes = read_text(dir / index.files[f.file].name);
-    bytes[static_cast<std::size_t>(f.offset + 3)] ^= 0x10;
-    write_text(dir / index.files[f.file].name, bytes);
+    const auto [dir, file] = flipped_copy(root.path, "flipped", index);
     const std::string e = refused_load(dir, 3);
     CHECK(contains(e, "checksum mismatch"));
-    CHECK(contains(e, index.files[f.file].name));
+    CHECK(contains(e, file));
     CHECK(contains(e, "'l1.w' (optimizer_state 1, exp_avg_sq)"));
     // The reader alone (what a verify tool runs) finds it too.
     const auto damaged = ck::read_index(dir);
@@ -205,13 +213,7 @@ TEST_CASE(
   }
   // Found while reading (a checksum): every rank is told that the state may be overwritten, and a
   // load of a good checkpoint afterwards gives the state a fresh model gets.
-  const fs::path dir = copy_of(root.path, "flipped");
-  const auto* t = index.find("l1.w", ck::tensor_role::optimizer_state, 1);
-  REQUIRE(t != nullptr);
-  const auto& f = t->fragments.back();
-  std::string bytes = read_text(dir / index.files[f.file].name);
-  bytes[static_cast<std::size_t>(f.offset + 3)] ^= 0x10;
-  write_text(dir / index.files[f.file].name, bytes);
+  const fs::path dir = flipped_copy(root.path, "flipped", index).first;
   std::vector<int> recovered(3, 0);
   const auto errors = errors_on_every_rank(3, [&](communicator& comm) {
     sharded_model m(comm, request(zero_test::test_parameters(), 3), model_options(adamw()));
