@@ -10,10 +10,10 @@ test accuracy. --compress powersgd:R registers torch.distributed's powerSGD_hook
 PowerSGDState(matrix_approximation_rank=R, start_powerSGD_iter=--powersgd-start) and PyTorch's
 other defaults (error feedback, warm start, min_compression_rate 2), as example 01 does.
 
-    python3 bench/powersgd_pytorch_reference.py --seeds 1 2 3               # none and powersgd:2
-    python3 bench/powersgd_pytorch_reference.py --compress powersgd:2 --seeds 1
+    /usr/bin/python3 bench/powersgd_pytorch_reference.py --seeds 1 2 3               # none and powersgd:2
+    /usr/bin/python3 bench/powersgd_pytorch_reference.py --compress powersgd:2 --seeds 1
 
-Needs Debian's python3-torch (PyTorch 1.13 with gloo). Prints one line per run and the medians.
+Needs Debian's python3-torch (PyTorch 1.13 with gloo) and the system Python that sees it. Prints one line per run and the medians.
 Not a test: nothing in the test command runs it (docs/performance.md quotes its results).
 """
 import argparse
