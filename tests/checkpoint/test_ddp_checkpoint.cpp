@@ -198,3 +198,60 @@ TEST_CASE("DDP trainer: a load in the middle of a step is refused on every rank 
     }
   }
 }
+
+TEST_CASE("DDP trainer: inside a no_sync accumulation window a save and a load are refused on every rank") {
+  // The window's gradients were computed with the parameters a load would replace, and a save
+  // would record a step count they are not part of (a sharded model refuses the same).
+  scratch_dir root("ddp-window");
+  local::launch(2, [&](communicator& comm) {
+    trainer t(0);
+    ddp::gradient_reducer reducer(comm, t.parameters(), small_buckets());
+    t.train(reducer, comm.rank(), 0, 1);
+    ck::checkpointer(root.path).save(reducer, t.state(), ck::training_progress{}, "one");
+  });
+  const trainer fresh(-1.0f);
+  for (const bool in_place : {false, true}) {
+    CAPTURE(in_place);
+    std::vector<int> unchanged(2, 0), resumed(2, 0);
+    const auto errors = errors_on_every_rank(2, [&](communicator& comm) {
+      trainer t(-1.0f);
+      ddp::gradient_reducer reducer(comm, t.parameters(), small_buckets());
+      ck::replicated_state state = t.state();
+      {
+        auto guard = reducer.no_sync();
+        for (std::size_t p = 0; p < 3; ++p) reducer.mark_ready(p);
+        reducer.finish();  // a finished micro-batch: its gradients stay in g for the next one
+      }
+      CHECK(reducer.accumulating());
+      CHECK(!reducer.between_steps());
+      ck::load_options o;
+      o.in_place = in_place;
+      std::string save_error;
+      try {
+        ck::checkpointer(root.path).save(reducer, state, ck::training_progress{}, "window");
+      } catch (const ringzero::error& e) { save_error = e.what(); }
+      CHECK(save_error.find("can only be saved between steps") != std::string::npos);
+      CHECK(save_error.find("no_sync") != std::string::npos);
+      CHECK(!std::filesystem::exists(root.path / "window"));
+      try {
+        ck::load(reducer, state, root.path / "one", o);
+      } catch (const ringzero::error&) {
+        unchanged[static_cast<std::size_t>(comm.rank())] = same_bits(t.w, fresh.w) && same_bits(t.v, fresh.v);
+        for (std::size_t p = 0; p < 3; ++p) reducer.mark_ready(p);  // the synchronised micro-batch ends it
+        reducer.finish();
+        CHECK(!reducer.accumulating());
+        CHECK(reducer.between_steps());
+        ck::load(reducer, state, root.path / "one", o);  // now between steps: accepted
+        resumed[static_cast<std::size_t>(comm.rank())] = !same_bits(t.w, fresh.w);
+        throw;
+      }
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      CHECK(errors[static_cast<std::size_t>(r)].find("the state is unchanged") != std::string::npos);
+      CHECK(errors[static_cast<std::size_t>(r)].find("accumulated under no_sync") != std::string::npos);
+      CHECK(unchanged[static_cast<std::size_t>(r)] == 1);
+      CHECK(resumed[static_cast<std::size_t>(r)] == 1);
+    }
+  }
+}

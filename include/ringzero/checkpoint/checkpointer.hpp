@@ -318,6 +318,10 @@ class checkpointer {
         {"reducer",
          {{"bucket_order", order}, {"rebuilt", reducer.layout_rebuilt()}, {"parameters", reducer.parameter_count()}}}};
     start_job(comm, nullptr, comm.rank(), std::move(layout), std::move(progress), std::move(name));
+    if (!reducer.between_steps())
+      refuse(errc::invalid_argument, std::string("a checkpoint can only be saved between steps (after the synchronised "
+                                                 "finish() and the optimizer step, before the next mark_ready)") +
+                                         detail::accumulation_window(reducer));
     if (comm.space() != memory_space::host)
       refuse(errc::unsupported, "checkpoints of a DDP trainer's state in device memory are not supported yet (the " +
                                     std::string(backend_name(comm.backend())) +

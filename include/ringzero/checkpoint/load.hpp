@@ -95,6 +95,15 @@ void commit_phase(zero::sharded_model& model, const std::filesystem::path& path,
 
 namespace detail {
 
+/// What a DDP trainer's refusal mid-step adds when the reducer is inside a no_sync accumulation
+/// window (empty otherwise): the gradients accumulated there belong to the parameters a load
+/// would replace, and a save would record a step count they are not part of.
+inline std::string accumulation_window(const ddp::gradient_reducer& reducer) {
+  if (!reducer.accumulating()) return {};
+  return ": gradients were accumulated under no_sync since the last synchronised finish(); end the accumulation "
+         "window with a synchronised micro-batch and the optimizer step first";
+}
+
 /// `load` of a sharded model. With the optimizer states: reading into `spare` (reused when it
 /// has the model's layout; else a fresh copy), exchanged with the model's state at the end.
 /// Without: reading into `arena` when it is large enough (else fresh staging), then copied.
@@ -172,8 +181,9 @@ inline training_progress load(ddp::gradient_reducer& reducer, replicated_state& 
   bool restore_layout = false, rebuilt = false;
   const auto check = [&] {
     if (!reducer.between_steps())  // before the reads: restore_layout would refuse it only after them
-      throw error(errc::invalid_argument,
-                  "a checkpoint can only be loaded between steps (after finish(), before the next mark_ready)");
+      throw error(errc::invalid_argument, std::string("a checkpoint can only be loaded between steps (after the "
+                                                      "synchronised finish(), before the next mark_ready)") +
+                                              detail::accumulation_window(reducer));
     if (reducer.comm().space() != memory_space::host)
       throw error(errc::unsupported, "checkpoints of a DDP trainer's state in device memory are not supported yet");
     const std::filesystem::path dir = resolve_checkpoint(path);

@@ -174,9 +174,14 @@ class gradient_reducer {
   }
   /// True once the one rebuild of the buckets has happened (or `restore_layout` said so).
   bool layout_rebuilt() const noexcept { return rebuilt_; }
-  /// False between the first gradient of a synchronised step (`mark_ready`) and `finish()`: the
-  /// middle of a step, where a checkpoint cannot be loaded (as `zero::sharded_model::between_steps`).
-  bool between_steps() const noexcept { return !step_open_; }
+  /// False between the first gradient of a synchronised step (`mark_ready`) and `finish()`, and
+  /// inside a no_sync accumulation window (`accumulating()`): the middle of a step, where a
+  /// checkpoint cannot be saved or loaded (as `zero::sharded_model::between_steps`).
+  bool between_steps() const noexcept { return !step_open_ && !accumulating_; }
+  /// True from a micro-batch under no_sync (a `mark_ready` / `mark_unused` or a `finish()` there)
+  /// until the synchronised `finish()` that reduces the accumulated gradients, or `join()`: the
+  /// trainer's gradients then hold micro-batches computed with the current parameters.
+  bool accumulating() const noexcept { return accumulating_; }
   /// Installs the layout that `order` (a `layout_order()` of a reducer with the same parameters
   /// and options) gives, and marks the rebuild done when `rebuilt` (a checkpoint restore).
   /// Between steps only. Local: every rank must pass the same values. Throws
@@ -497,6 +502,7 @@ class gradient_reducer {
     const bool sync = require_sync_;
     if (!sync) {  // accumulation micro-step: nothing to communicate
       ++unsynced_marks_;
+      accumulating_ = true;
       if (!options_.reproducible) return;  // reproducible: the micro-batch is deposited below
     }
     if (sync && !step_open_) open_step();
@@ -657,6 +663,7 @@ class gradient_reducer {
   bool rebuilt_ = false;
   std::uint64_t step_ = 0;
   std::uint64_t unsynced_marks_ = 0;  // marks under no_sync since the last finish()
+  bool accumulating_ = false;         // accumulating(): a no_sync micro-batch since the last sync step
   int step_contributors_ = 1;
   detail::reproducible_bucket_accumulators reproducible_;  // reproducible mode: one per bucket
   std::uint64_t reproducible_micro_steps_ = 0;  // micro-batches deposited under no_sync since the last sync step

@@ -179,6 +179,7 @@ inline void gradient_reducer::finish() {
     if (options_.reproducible) end_reproducible_micro_step();
     ++stats_.local_steps;
     unsynced_marks_ = 0;
+    accumulating_ = true;
     return;
   }
   if (!step_open_) open_step();
@@ -212,6 +213,7 @@ inline void gradient_reducer::finish() {
   if (rebuild_pending()) rebuild(/*have_order=*/true);
   close_step();
   unsynced_marks_ = 0;
+  accumulating_ = false;
 }
 
 inline void gradient_reducer::join() {
@@ -227,6 +229,7 @@ inline void gradient_reducer::join() {
     reproducible_.clear();
     reproducible_micro_steps_ = 0;
   }
+  accumulating_ = false;
   for (;;) {
     const int active = agree(/*active=*/false);
     if (active == 0) break;
